@@ -1,0 +1,101 @@
+# dted — top-level build.
+#
+# Non-recursive make: every layer describes itself in a fragment
+# (proto/proto.mk, gpu/gpu.mk, daemon/daemon.mk, client/client.mk,
+# tests/tests.mk) that appends to the lists below.  `make SANITIZE=1` (or
+# `make asan`) builds everything with ASan+UBSan into build-asan/.
+
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+B        := build-asan
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer \
+            -fno-sanitize-recover=undefined
+else
+B        := build
+SANFLAGS :=
+endif
+
+# A fresh machine has none of the libraries: install them before pkg-config
+# is asked about them.  The script is idempotent and quick when all is there.
+ifeq ($(filter clean distclean,$(MAKECMDGOALS)),)
+ifeq ($(wildcard $(B)/.deps-ok),)
+DEPS_STATUS := $(shell ./scripts/install-deps.sh >&2 && mkdir -p $(B) && touch $(B)/.deps-ok && echo ok)
+ifneq ($(DEPS_STATUS),ok)
+$(error scripts/install-deps.sh failed)
+endif
+endif
+endif
+
+CC       ?= cc
+NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+PYTHON   := /usr/bin/python3
+PKGS     := libuv ucx libprotobuf-c libzstd libsystemd inih jansson libxxhash
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm
+CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+            -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS   := -std=gnu11 -O2 -g -fPIC -pthread -D_GNU_SOURCE $(WARN) $(SANFLAGS) \
+            -I. -I$(B)/gen $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS  := -pthread $(SANFLAGS) $(EXTRA_LDFLAGS)
+
+DTE_VERSION := 0.1.0
+CFLAGS   += -DDTE_VERSION=\"$(DTE_VERSION)\"
+
+# Lists the fragments append to.
+BINS         :=   # programs under $(B)/bin
+LIBS         :=   # libraries under $(B)/lib
+INTERNAL_LIBS :=  # static libraries every test links (order: users first)
+UNIT_TESTS   :=   # CMocka binaries under $(B)/tests, built from tests/unit/<name>.c
+SYSTEM_TESTS :=   # executable scripts run from the repo root by `make test`
+GEN_HEADERS  :=   # generated headers every object depends on
+
+.PHONY: all test unit-test system-test asan clean distclean demo bench bench-scan \
+        test-gpu bench-gpu
+all:
+
+# Order matters only for variables: a fragment may use what an earlier one
+# defined (client.mk puts PROTO_OBJS and LAYOUT_OBJS into libdte).
+include proto/proto.mk
+include gpu/gpu.mk
+include daemon/layout/layout.mk
+include daemon/peer/peer.mk
+include daemon/daemon.mk
+include client/client.mk
+include tests/tests.mk
+
+all: $(BINS) $(LIBS)
+
+# Objects: $(B)/obj/<path>.o from <path>.c; headers tracked with -MMD.
+$(B)/obj/%.o: %.c $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+
+# Unit tests: one CMocka binary per module, linked with every internal library.
+$(B)/tests/%: tests/unit/%.c $(INTERNAL_LIBS) $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
+		$(PKG_LIBS) $(CMOCKA_LIBS) -ldl
+
+UNIT_BINS := $(addprefix $(B)/tests/,$(UNIT_TESTS))
+
+unit-test: all $(UNIT_BINS)
+	@B=$(B) ./tests/run-unit.sh $(UNIT_BINS)
+
+system-test: all
+	@B=$(B) PYTHON=$(PYTHON) ./tests/run-system.sh $(SYSTEM_TESTS)
+
+test: all $(UNIT_BINS)
+	@B=$(B) ./tests/run-unit.sh $(UNIT_BINS)
+	@B=$(B) PYTHON=$(PYTHON) ./tests/run-system.sh $(SYSTEM_TESTS)
+
+asan:
+	$(MAKE) SANITIZE=1 test
+
+clean:
+	rm -rf build build-asan
+
+distclean: clean

@@ -1,0 +1,1 @@
+# client layer build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# daemon layer build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# daemon/layout build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# daemon/peer build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# gpu layer build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# proto layer build fragment — see top-level Makefile

@@ -1,0 +1,1 @@
+# tests layer build fragment — see top-level Makefile
