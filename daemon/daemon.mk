@@ -1,1 +1,23 @@
-# daemon layer build fragment — see top-level Makefile
+# daemon/ — dted.  Every module but main.c also goes into libdted.a so unit
+# tests can drive conf, dispatch and the control server directly.
+DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
+               daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c
+DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
+
+$(B)/lib/libdted.a: $(DAEMON_OBJS)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+# The peer layer's library joins the link once daemon/peer/peer.mk builds it.
+DTED_LIBS := $(B)/lib/libdted.a $(B)/lib/libdtelayout.a \
+             $(filter $(B)/lib/libdtepeer.a,$(LIBS)) \
+             $(B)/lib/libdtecompute.a $(B)/lib/libdteproto.a
+
+# Never -lcuda: the CUDA backend is a dlopen()ed plugin (gpu/backend.h).
+$(B)/bin/dted: $(B)/obj/daemon/main.o $(DTED_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $< -o $@ $(LDFLAGS) -Wl,--start-group $(DTED_LIBS) -Wl,--end-group $(PKG_LIBS) -ldl
+
+BINS          += $(B)/bin/dted
+LIBS          += $(B)/lib/libdted.a
+INTERNAL_LIBS += $(B)/lib/libdted.a

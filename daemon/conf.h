@@ -1,0 +1,62 @@
+/* daemon/conf.h — dted configuration: conf/dted.conf plus command line.
+ *
+ * The file is INI (parsed by inih).  Every key has a default (documented in
+ * conf/dted.conf); unknown sections or keys are errors, so a typo never
+ * silently leaves a default in place.  Errors name file:line.
+ */
+#ifndef DTED_CONF_H
+#define DTED_CONF_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#define DCONF_DEFAULT_PATH   "/etc/dted/dted.conf"
+#define DCONF_DEFAULT_RUNDIR "/run/dted"
+#define DCONF_SOCKET_NAME    "dted.sock"
+#define DCONF_MAX_IDS        32
+#define DCONF_MIN_FRAME      1024u
+#define DCONF_MAX_FRAME      (256u * 1024u * 1024u)
+
+struct dconf {
+	/* [daemon] */
+	char     socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char     runtime_dir[PATH_MAX];
+	int      log_level;            /* enum dlog_level */
+	uint32_t max_frame_bytes;
+	uint32_t max_clients;
+	uid_t    allow_uids[DCONF_MAX_IDS];
+	unsigned n_allow_uids;
+	gid_t    allow_gids[DCONF_MAX_IDS];
+	unsigned n_allow_gids;
+	char     socket_group[64];     /* "" = leave the group as created */
+	char     compute_backend[8];   /* auto | cpu | cuda */
+	char     node_name[64];
+	/* [peer] — the UCX layer's listener (used by daemon/peer). */
+	char     peer_listen_address[64];
+	uint16_t peer_listen_port;
+};
+
+/* Fill every field with its default. */
+void dconf_defaults(struct dconf *c);
+
+/* Parse `path` on top of what `c` holds.  On error returns -1 and writes
+ * "file:line: what" to err; `c` may then be partly updated. */
+int dconf_load_file(struct dconf *c, const char *path, char *err, size_t errlen);
+
+/* Same, from a string; `name` stands in for the file name in errors. */
+int dconf_load_string(struct dconf *c, const char *text, const char *name,
+		      char *err, size_t errlen);
+
+/* Settle derived values (socket defaults to runtime_dir/dted.sock, node_name
+ * to the host name).  -1 with a message if the result is unusable. */
+int dconf_finish(struct dconf *c, char *err, size_t errlen);
+
+/* Whether a peer with these credentials may use the control socket:
+ * root, the daemon's own uid, allow_uids, or allow_gids (primary or any of
+ * the `ngroups` supplementary groups). */
+int dconf_peer_allowed(const struct dconf *c, uid_t uid, gid_t gid,
+		       const gid_t *groups, unsigned ngroups);
+
+#endif

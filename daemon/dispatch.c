@@ -1,0 +1,166 @@
+/* daemon/dispatch.c — decode, check, dispatch, encode one request. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/conf.h"
+#include "daemon/dispatch.h"
+#include "daemon/log.h"
+#include "proto/frame.h"
+
+/* Daemon-side handler per command; adding a command adds one row here. */
+static const dcmd_fn handlers[DTE_CMD__COUNT] = {
+	[DTE_CMD_HELLO] = dcmd_hello,
+	[DTE_CMD_PING] = dcmd_ping,
+	[DTE_CMD_STATUS] = dcmd_status,
+};
+
+struct dreply_block {
+	struct dreply_block *next;
+	max_align_t data[];
+};
+
+struct dreply {
+	struct dreply_block *blocks;
+	char msg[256];
+};
+
+void *dreply_alloc(struct dreply *r, size_t size)
+{
+	struct dreply_block *b = calloc(1, sizeof(*b) + size);
+
+	if (!b)
+		return NULL;
+	b->next = r->blocks;
+	r->blocks = b;
+	return b->data;
+}
+
+char *dreply_strdup(struct dreply *r, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *d = dreply_alloc(r, n);
+
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+static void dreply_free(struct dreply *r)
+{
+	while (r->blocks) {
+		struct dreply_block *b = r->blocks;
+
+		r->blocks = b->next;
+		free(b);
+	}
+}
+
+void dreply_msg(struct dreply *r, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+	va_end(ap);
+}
+
+#define fail(r, code, ...) (dreply_msg((r), __VA_ARGS__), (code))
+
+dcmd_fn ddispatch_handler(enum dte_cmd_id id)
+{
+	return (unsigned)id < DTE_CMD__COUNT ? handlers[id] : NULL;
+}
+
+static Dte__Status ladder(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
+			  Dte__Response *resp, struct dreply *r)
+{
+	const struct dte_cmd *cmd;
+	dcmd_fn fn;
+
+	if (s->denied) {
+		s->close_after = 1;
+		return fail(r, DTE__STATUS__STATUS_ERR_DENIED,
+			    "uid %u is not allowed to use this daemon (allow_uids/allow_gids)",
+			    (unsigned)s->uid);
+	}
+	if (req->cmd_case == DTE__REQUEST__CMD__NOT_SET) {
+		/* A command newer than this daemon arrives as an unknown field. */
+		s->close_after = 1;
+		if (req->base.n_unknown_fields)
+			return fail(r, DTE__STATUS__STATUS_ERR_UNKNOWN_COMMAND,
+				    "unknown command (field %u)", req->base.unknown_fields[0].tag);
+		return fail(r, DTE__STATUS__STATUS_ERR_PROTOCOL, "request names no command");
+	}
+	cmd = dte_cmd_by_field((unsigned)req->cmd_case);
+	if (!cmd || !(cmd->flags & DTE_CMD_DAEMON)) {
+		s->close_after = 1;
+		return fail(r, DTE__STATUS__STATUS_ERR_UNKNOWN_COMMAND,
+			    "command field %u is not served by the daemon", (unsigned)req->cmd_case);
+	}
+	if (!s->version && !(cmd->flags & DTE_CMD_NOHELLO)) {
+		s->close_after = 1;
+		return fail(r, DTE__STATUS__STATUS_ERR_PROTOCOL, "%s before hello", cmd->name);
+	}
+	fn = handlers[cmd->id];
+	if (!fn)
+		return fail(r, DTE__STATUS__STATUS_ERR_UNIMPLEMENTED,
+			    "%s is not implemented by this daemon", cmd->name);
+	return fn(srv, s, req, resp, r);
+}
+
+static int pack(Dte__Response *resp, uint32_t max, uint8_t **out, size_t *outlen)
+{
+	int rc = dte_frame_pack(&resp->base, max, out, outlen);
+
+	if (rc == DTE_FRAME_ETOOBIG) {
+		/* Never send what the client's reader would refuse. */
+		DLOG_E("reply to request %u over the frame cap (%u bytes)", resp->id, max);
+		resp->body_case = DTE__RESPONSE__BODY__NOT_SET;
+		resp->code = DTE__STATUS__STATUS_ERR_INTERNAL;
+		resp->message = "reply larger than max_frame_bytes";
+		rc = dte_frame_pack(&resp->base, max, out, outlen);
+	}
+	return rc == 0 ? 0 : -1;
+}
+
+int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len,
+	      uint8_t **out, size_t *outlen)
+{
+	Dte__Response resp = DTE__RESPONSE__INIT;
+	struct dreply r = { 0 };
+	Dte__Request *req;
+	int rc;
+
+	req = dte__request__unpack(NULL, len, body);
+	if (!req) {
+		DLOG_W("control: undecodable request (%zu bytes) from pid %d uid %u", len,
+		       (int)s->pid, (unsigned)s->uid);
+		s->close_after = 1;
+		return ddispatch_error(DTE__STATUS__STATUS_ERR_PROTOCOL, "undecodable request",
+				       out, outlen);
+	}
+	resp.id = req->id;
+	resp.code = ladder(srv, s, req, &resp, &r);
+	if (resp.code != DTE__STATUS__STATUS_OK) {
+		resp.body_case = DTE__RESPONSE__BODY__NOT_SET;
+		resp.message = r.msg[0] ? r.msg : "error";
+		DLOG_W("control: pid %d uid %u: %s", (int)s->pid, (unsigned)s->uid, resp.message);
+	} else {
+		resp.message = r.msg;
+	}
+	srv->requests++;
+	rc = pack(&resp, srv->conf->max_frame_bytes, out, outlen);
+	dte__request__free_unpacked(req, NULL);
+	dreply_free(&r);
+	return rc;
+}
+
+int ddispatch_error(Dte__Status code, const char *msg, uint8_t **out, size_t *outlen)
+{
+	Dte__Response resp = DTE__RESPONSE__INIT;
+
+	resp.code = code;
+	resp.message = (char *)msg;
+	return dte_frame_pack(&resp.base, DCONF_MAX_FRAME, out, outlen) == 0 ? 0 : -1;
+}

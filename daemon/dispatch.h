@@ -1,0 +1,71 @@
+/* daemon/dispatch.h — one request frame in, one reply frame out.
+ *
+ * The chrony-style ladder of checks (decodes, known command, daemon-side
+ * command, hello done, handler exists) lives here, apart from the socket
+ * code in ctl.c, so it can be driven by unit tests with raw bytes.
+ */
+#ifndef DTED_DISPATCH_H
+#define DTED_DISPATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "proto/cmdtab.h"
+#include "proto/dte.pb-c.h"
+
+struct dconf;
+
+/* Daemon-wide facts and counters the handlers report (owned by ctl.c). */
+struct dsrv {
+	const struct dconf *conf;
+	const char *backend;       /* compute backend name */
+	uint64_t start_ns;         /* uv_hrtime() at start */
+	uint32_t clients;          /* open control connections */
+	uint64_t requests;         /* requests answered */
+	uint64_t refused;          /* connections refused by credentials */
+	uint64_t bad_frames;       /* connections closed for protocol errors */
+};
+
+/* One control connection as the protocol sees it. */
+struct dsess {
+	uint32_t version;          /* negotiated; 0 until hello */
+	int denied;                /* credentials refused: answer ERR_DENIED */
+	int close_after;           /* set by the ladder or a handler */
+	uid_t uid;
+	gid_t gid;
+	pid_t pid;
+};
+
+/* Memory a handler allocates for its reply; freed after packing.  Strings
+ * may also point at static or long-lived storage. */
+struct dreply;
+void *dreply_alloc(struct dreply *r, size_t size);
+char *dreply_strdup(struct dreply *r, const char *s);
+/* The reply's human-readable message (errors should always set one). */
+void dreply_msg(struct dreply *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+typedef Dte__Status (*dcmd_fn)(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
+			       Dte__Response *resp, struct dreply *r);
+
+/* Handle one request body.  Always produces a reply frame in *out
+ * (malloc()ed) unless memory runs out (-1).  s->close_after says whether
+ * the connection must be closed once the reply is written. */
+int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len,
+	      uint8_t **out, size_t *outlen);
+
+/* A reply frame carrying only an error (for framing errors that never
+ * reach ddispatch).  -1 on allocation failure. */
+int ddispatch_error(Dte__Status code, const char *msg, uint8_t **out, size_t *outlen);
+
+/* Handler for a command, NULL when none (local or not yet implemented). */
+dcmd_fn ddispatch_handler(enum dte_cmd_id id);
+
+/* Handlers (daemon/cmd_*.c). */
+Dte__Status dcmd_hello(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+		       struct dreply *);
+Dte__Status dcmd_ping(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+		      struct dreply *);
+Dte__Status dcmd_status(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			struct dreply *);
+
+#endif

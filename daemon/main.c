@@ -1,0 +1,257 @@
+/* daemon/main.c — dted: option parsing, module init/fini, signals, loop.
+ *
+ * Modules start in one order and are unwound in exactly the reverse order;
+ * the loop must close clean (no handle left) before the process exits.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+#include "daemon/conf.h"
+#include "daemon/ctl.h"
+#include "daemon/daemonize.h"
+#include "daemon/dispatch.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
+#include "daemon/registry.h"
+#include "gpu/backend.h"
+
+struct opts {
+	const char *config;          /* NULL: DCONF_DEFAULT_PATH if it exists */
+	const char *socket;
+	int log_level;               /* -1: from the config */
+	int foreground;
+};
+
+static struct opts opt = { .log_level = -1 };
+static struct dconf conf;
+static struct dsrv srv;
+static uv_signal_t sig_term, sig_int, sig_hup;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: dted [options]\n"
+		"  -c, --config FILE     configuration (default %s if present)\n"
+		"  -s, --socket PATH     control socket (overrides [daemon] socket)\n"
+		"  -f, --foreground      do not detach (systemd, tests)\n"
+		"  -l, --log-level LVL   error|warn|notice|info|debug (overrides config)\n"
+		"  -h, --help            this text\n"
+		"  -V, --version         print the version and exit\n",
+		DCONF_DEFAULT_PATH);
+}
+
+static int parse_args(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "c:s:fl:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c': opt.config = optarg; break;
+		case 's': opt.socket = optarg; break;
+		case 'f': opt.foreground = 1; break;
+		case 'l':
+			opt.log_level = dlog_level_parse(optarg);
+			if (opt.log_level < 0) {
+				fprintf(stderr, "dted: --log-level: '%s' is not one of "
+					"error|warn|notice|info|debug\n", optarg);
+				return 2;
+			}
+			break;
+		case 'h': usage(stdout); exit(0);
+		case 'V': printf("dted %s (protocol %u)\n", DTE_VERSION, DTE_PROTO_VERSION); exit(0);
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "dted: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+/* Defaults, then the file, then the command line. */
+static int load_conf(struct dconf *c, char *err, size_t errlen)
+{
+	struct stat st;
+
+	dconf_defaults(c);
+	if (opt.config) {
+		if (dconf_load_file(c, opt.config, err, errlen) < 0)
+			return -1;
+	} else if (stat(DCONF_DEFAULT_PATH, &st) == 0) {
+		if (dconf_load_file(c, DCONF_DEFAULT_PATH, err, errlen) < 0)
+			return -1;
+	}
+	if (opt.socket) {
+		if (opt.socket[0] != '/' && opt.socket[0] != '.') {
+			snprintf(err, errlen, "--socket: '%s' is not a path", opt.socket);
+			return -1;
+		}
+		if (strlen(opt.socket) >= sizeof(c->socket)) {
+			snprintf(err, errlen, "--socket: path longer than %zu bytes",
+				 sizeof(c->socket) - 1);
+			return -1;
+		}
+		snprintf(c->socket, sizeof(c->socket), "%s", opt.socket);
+	}
+	if (opt.log_level >= 0)
+		c->log_level = opt.log_level;
+	return dconf_finish(c, err, errlen);
+}
+
+/* SIGHUP: re-read the file; apply what can change while running (log
+ * level, allow lists), say what needs a restart. */
+static void reload(void)
+{
+	struct dconf nc;
+	char err[512];
+
+	dnotify_reloading();
+	if (load_conf(&nc, err, sizeof(err)) < 0) {
+		DLOG_E("reload failed, keeping the running configuration: %s", err);
+		goto out;
+	}
+	dlog_set_level(nc.log_level);
+	conf.log_level = nc.log_level;
+	memcpy(conf.allow_uids, nc.allow_uids, sizeof(conf.allow_uids));
+	conf.n_allow_uids = nc.n_allow_uids;
+	memcpy(conf.allow_gids, nc.allow_gids, sizeof(conf.allow_gids));
+	conf.n_allow_gids = nc.n_allow_gids;
+	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
+	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
+	    strcmp(nc.compute_backend, conf.compute_backend) ||
+	    strcmp(nc.node_name, conf.node_name) || strcmp(nc.socket_group, conf.socket_group) ||
+	    strcmp(nc.peer_listen_address, conf.peer_listen_address) ||
+	    nc.peer_listen_port != conf.peer_listen_port)
+		DLOG_W("reload: socket, frame cap, client cap, backend, node name and [peer] "
+		       "changes take effect only after a restart");
+	DLOG_N("reloaded configuration; log level %s", dlog_level_name(dlog_get_level()));
+out:
+	dnotify_ready("serving");
+	dnotify_status("serving on %s, log level %s", dctl_path(),
+		       dlog_level_name(dlog_get_level()));
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	if (signum == SIGHUP) {
+		reload();
+		return;
+	}
+	DLOG_N("%s: shutting down", strsignal(signum));
+	dnotify_stopping();
+	uv_stop(h->loop);
+}
+
+static int signals_init(uv_loop_t *loop)
+{
+	uv_signal_init(loop, &sig_term);
+	uv_signal_init(loop, &sig_int);
+	uv_signal_init(loop, &sig_hup);
+	if (uv_signal_start(&sig_term, on_signal, SIGTERM) < 0 ||
+	    uv_signal_start(&sig_int, on_signal, SIGINT) < 0 ||
+	    uv_signal_start(&sig_hup, on_signal, SIGHUP) < 0)
+		return -1;
+	/* A client hanging up mid-reply must cost a write error, not the
+	 * daemon. */
+	signal(SIGPIPE, SIG_IGN);
+	return 0;
+}
+
+static void signals_fini(void)
+{
+	uv_close((uv_handle_t *)&sig_hup, NULL);
+	uv_close((uv_handle_t *)&sig_int, NULL);
+	uv_close((uv_handle_t *)&sig_term, NULL);
+}
+
+static void on_walk(uv_handle_t *h, void *arg)
+{
+	DLOG_E("handle of type %s still open at exit", uv_handle_type_name(h->type));
+}
+
+int main(int argc, char **argv)
+{
+	uv_loop_t loop;
+	char err[512], why[256] = "";
+	const struct dtc_backend *be;
+	int rc, exit_code = 1;
+
+	rc = parse_args(argc, argv);
+	if (rc)
+		return rc;
+	dlog_init(opt.log_level >= 0 ? (enum dlog_level)opt.log_level : DLOG_NOTICE);
+	if (load_conf(&conf, err, sizeof(err)) < 0) {
+		DLOG_E("%s", err);
+		return 1;
+	}
+	dlog_set_level(conf.log_level);
+	umask(0027);
+
+	be = dtc_backend_get(conf.compute_backend, why, sizeof(why));
+	if (why[0])
+		DLOG_W("compute backend: %s", why);
+
+	if (!opt.foreground && ddaemon_detach() < 0) {
+		DLOG_E("cannot detach: fork failed");
+		return 1;
+	}
+
+	srv.conf = &conf;
+	srv.backend = dtc_backend_name(be);
+	srv.start_ns = uv_hrtime();
+
+	if (uv_loop_init(&loop) < 0) {
+		DLOG_E("cannot create the event loop");
+		return 1;
+	}
+	dreg_init();
+	if (signals_init(&loop) < 0) {
+		DLOG_E("cannot install signal handlers");
+		goto out_signals;
+	}
+	if (dnotify_init(&loop) < 0)
+		goto out_notify;
+	if (dctl_init(&loop, &srv) < 0)
+		goto out_ctl;
+
+	DLOG_N("dted %s ready on %s (protocol %u, backend %s, node %s)", DTE_VERSION,
+	       dctl_path(), DTE_PROTO_VERSION, srv.backend, conf.node_name);
+	dnotify_ready("serving");
+	dnotify_status("serving on %s", dctl_path());
+	ddaemon_ready();
+
+	uv_run(&loop, UV_RUN_DEFAULT);
+	exit_code = 0;
+
+	dctl_fini();
+out_ctl:
+	dnotify_fini();
+out_notify:
+	signals_fini();
+out_signals:
+	dreg_fini();
+	/* Let close callbacks run, then insist nothing was left behind. */
+	uv_run(&loop, UV_RUN_DEFAULT);
+	if (uv_loop_close(&loop) != 0) {
+		uv_walk(&loop, on_walk, NULL);
+		exit_code = 1;
+	}
+	DLOG_N("dted exiting (status %d)", exit_code);
+	dlog_fini();
+	return exit_code;
+}
