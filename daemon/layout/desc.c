@@ -1,0 +1,92 @@
+/* daemon/layout/desc.c — "runtime:key=value,..." strings to layouts, as
+ * `dtectl plan --source/--sink` and job configs spell them. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/layout/gen.h"
+
+struct desc_key {
+	const char *name;
+	int64_t    *val;
+};
+
+/* Parses "k=v,k=v" against keys; every key must be known and integer. */
+static int desc_parse_kv(const char *who, const char *s, struct desc_key *keys, size_t nkeys,
+			 char *err, size_t errlen)
+{
+	char buf[256], *save = NULL, *tok;
+	size_t i;
+
+	if (strlen(s) >= sizeof(buf))
+		return dte_layout_err(err, errlen, "%s: options too long", who);
+	strcpy(buf, s);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(tok, '='), *end;
+		long long v;
+		if (!eq)
+			return dte_layout_err(err, errlen, "%s: option \"%s\" is not key=value", who, tok);
+		*eq = 0;
+		for (i = 0; i < nkeys; i++)
+			if (!strcmp(tok, keys[i].name))
+				break;
+		if (i == nkeys)
+			return dte_layout_err(err, errlen, "%s: unknown option \"%s\"", who, tok);
+		errno = 0;
+		v = strtoll(eq + 1, &end, 10);
+		if (errno || end == eq + 1 || *end)
+			return dte_layout_err(err, errlen, "%s: %s=\"%s\" is not an integer", who, tok, eq + 1);
+		*keys[i].val = v;
+	}
+	return 0;
+}
+
+int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
+			 const char *desc, int role, char *err, size_t errlen)
+{
+	const char *colon = strchr(desc, ':');
+	const char *opts = colon ? colon + 1 : "";
+	size_t kind = colon ? (size_t)(colon - desc) : strlen(desc);
+	int source = role == DTE_LAYOUT_SOURCE;
+	int rc;
+
+	dte_layout_init(l, role, spec->hash);
+#define IS(k) (kind == strlen(k) && !strncmp(desc, k, kind))
+	if (IS("json")) {
+		rc = dte_layout_load_json(l, spec, opts, err, errlen);
+	} else if (IS("megatron") && source) {
+		struct dte_megatron_cfg c = { 1, 1, 1, 0, 1 };
+		int64_t dopt = 1;
+		struct desc_key k[] = { { "tp", &c.tp }, { "dp", &c.dp }, { "ep", &c.ep },
+					{ "etp", &c.etp }, { "dopt", &dopt } };
+		rc = desc_parse_kv("megatron", opts, k, 5, err, errlen);
+		c.dist_opt = dopt != 0;
+		if (!rc && c.etp < 0)
+			rc = dte_layout_err(err, errlen, "megatron: etp must be >= 1");
+		if (!rc)
+			rc = dte_layout_megatron(l, spec, &c, err, errlen);
+	} else if (IS("fsdp") && source) {
+		struct dte_fsdp_cfg c = { 1 };
+		struct desc_key k[] = { { "dp", &c.dp } };
+		rc = desc_parse_kv("fsdp", opts, k, 1, err, errlen);
+		if (!rc)
+			rc = dte_layout_fsdp(l, spec, &c, err, errlen);
+	} else if ((IS("sglang") || IS("vllm")) && !source) {
+		struct dte_infer_cfg c = { 1, 1 };
+		struct desc_key k[] = { { "tp", &c.tp }, { "ep", &c.ep } };
+		int vllm = IS("vllm");
+		rc = desc_parse_kv(vllm ? "vllm" : "sglang", opts, k, 2, err, errlen);
+		if (!rc)
+			rc = vllm ? dte_layout_vllm(l, spec, &c, err, errlen)
+				  : dte_layout_sglang(l, spec, &c, err, errlen);
+	} else {
+		rc = dte_layout_err(err, errlen, "unknown %s layout \"%.*s\"; %s", source ? "source" : "sink",
+				    (int)kind, desc,
+				    source ? "sources: megatron:tp=,dp=[,ep=,etp=,dopt=], fsdp:dp=, json:FILE"
+					   : "sinks: sglang:tp=[,ep=], vllm:tp=[,ep=], json:FILE");
+	}
+#undef IS
+	if (rc)
+		dte_layout_fini(l);
+	return rc;
+}

@@ -1,0 +1,60 @@
+/* daemon/layout/gen_fsdp.c — FSDP2 trainer as a source.
+ *
+ * FSDP2 shards every parameter (HF names, HF shapes) on dim 0 over the dp
+ * ranks with torch.chunk semantics: chunk = ceil(d0 / dp) rows, rank r holds
+ * rows [r*chunk, min((r+1)*chunk, d0)); trailing ranks may hold a short or
+ * empty shard.  Each rank registers, per parameter it holds rows of, its
+ * local shard and the optimizer states as three fp32 buffers with ids
+ * 3*tensor_id + {0, 1, 2} (param, exp_avg, exp_avg_sq), row-major.
+ */
+#include <stdio.h>
+#include <string.h>
+#include "daemon/layout/gen.h"
+
+#define FSDP_MAX_DP 65536
+
+int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
+		    const struct dte_fsdp_cfg *cfg, char *err, size_t errlen)
+{
+	int64_t r, chunk, inner;
+	uint32_t i, d;
+
+	if (cfg->dp < 1 || cfg->dp > FSDP_MAX_DP)
+		return dte_layout_err(err, errlen, "fsdp: dp must be in [1, %d]", FSDP_MAX_DP);
+	snprintf(l->desc, sizeof(l->desc), "fsdp:dp=%lld", (long long)cfg->dp);
+	for (r = 0; r < cfg->dp; r++) {
+		for (i = 0; i < spec->n; i++) {
+			const struct dte_spec_tensor *t = &spec->t[i];
+			struct dte_piece p;
+			int64_t lo, hi, id = 3 * (int64_t)i;
+
+			chunk = (t->shape[0] + cfg->dp - 1) / cfg->dp;
+			lo = r * chunk;
+			hi = lo + chunk < t->shape[0] ? lo + chunk : t->shape[0];
+			if (hi <= lo)
+				continue;
+			inner = t->numel / t->shape[0];
+			memset(&p, 0, sizeof(p));
+			p.tensor = i;
+			p.ndim = t->ndim;
+			p.rank = (uint32_t)r;
+			p.buf = (uint32_t)id;
+			p.buf_m = (uint32_t)id + 1;
+			p.buf_v = (uint32_t)id + 2;
+			p.group = t->group;
+			for (d = 0; d < t->ndim; d++) {
+				p.lo[d] = d ? 0 : lo;
+				p.hi[d] = d ? t->shape[d] : hi;
+			}
+			for (d = t->ndim; d > 0; d--)
+				p.stride[d - 1] = d == t->ndim ? 1 : p.stride[d] * t->shape[d];
+			if (dte_layout_add_buffer(l, (uint32_t)r, id, (hi - lo) * inner, "%s", t->name) < 0 ||
+			    dte_layout_add_buffer(l, (uint32_t)r, id + 1, (hi - lo) * inner, "%s exp_avg", t->name) < 0 ||
+			    dte_layout_add_buffer(l, (uint32_t)r, id + 2, (hi - lo) * inner, "%s exp_avg_sq", t->name) < 0 ||
+			    dte_layout_add_piece(l, &p))
+				return dte_layout_err(err, errlen, "fsdp: out of memory");
+		}
+	}
+	dte_layout_sort_buffers(l);
+	return 0;
+}

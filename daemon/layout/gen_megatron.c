@@ -1,0 +1,425 @@
+/* daemon/layout/gen_megatron.c — Megatron-Core trainer as a source.
+ *
+ * Ranks (no PP/CP): rank = dp_idx * tp + tp_idx for dense parameters; the
+ * expert grid is tp-ep-dp ordered: rank = edp_idx * (ep*etp) + ep_idx * etp
+ * + etp_idx, with edp = tp*dp / (ep*etp).
+ *
+ * Local tensors per TP rank t (T = tp):
+ *   embedding.word_embeddings.weight [Vp/T, H], Vp = vocab padded to 128*T;
+ *     padded rows exist in the buffer but map to nothing;
+ *   linear_qkv.weight [(nq+2*nkv)/T * hd, H]: per query group g of the rank
+ *     [q heads of g; k_g; v_g] rows (and linear_qkv.bias likewise);
+ *   linear_proj.weight [H, nq*hd/T] (row parallel: split on dim 1);
+ *   linear_fc1.weight [2*I/T, H] = [gate rows; up rows] of this rank;
+ *   linear_fc2.weight [H, I/T];
+ *   norms (fused layer_norm_weight, q/k_layernorm, final_layernorm) and the
+ *     MoE router are replicated: only TP rank 0's copy is a source, so every
+ *     canonical element has exactly one source;
+ *   experts (TEGroupedMLP): per local expert linear_fc1.weight<e>
+ *     [2*Im/etp, H] = [gate; up], linear_fc2.weight<e> [H, Im/etp].
+ *
+ * Buffer assumption (distributed optimizer): all dense parameters of a rank
+ * live in one contiguous buffer, in reverse registration order (Megatron's
+ * param-and-grad buffer is filled back to front so backward fills buckets
+ * in order), one bucket, each parameter's start padded to a multiple of 64
+ * elements and the end padded to a multiple of lcm(dp, 128); DP rank d owns
+ * the flat range [d*L/dp, (d+1)*L/dp) and registers it as three fp32
+ * buffers (param, exp_avg, exp_avg_sq: ids 0, 1, 2) indexed by flat
+ * position minus the shard start.  Expert parameters have their own buffer,
+ * laid out the same way and sharded over the expert-data-parallel group
+ * (ids 3, 4, 5).  Registration order per layer: linear_proj.weight,
+ * linear_qkv.layer_norm_weight, linear_qkv.weight, linear_qkv.bias,
+ * q_layernorm.weight, k_layernorm.weight, then linear_fc1.layer_norm_weight,
+ * linear_fc1.weight, linear_fc2.weight (dense) or pre_mlp_layernorm.weight,
+ * router.weight, experts.linear_fc1.weight0.., experts.linear_fc2.weight0..
+ * (MoE); before the layers embedding, after them final_layernorm.weight and
+ * output_layer.weight (untied only).  Without the distributed optimizer,
+ * DP rank 0 is the source of the whole buffer.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/layout/gen.h"
+
+#define MG_PARAM_ALIGN 64
+#define MG_MAX_PARALLEL 4096
+
+struct mg_sub {
+	uint32_t tensor;
+	int64_t  clo[2], chi[2];   /* canonical box */
+	int64_t  llo[2];           /* where clo lands in the local tensor */
+};
+
+struct mg_param {
+	char     name[DTE_LAYOUT_NAME_MAX];
+	uint32_t ndim;
+	int64_t  shape[2];
+	int64_t  numel;
+	uint32_t group;
+	size_t   sub0, nsub;
+	int64_t  offset;           /* in the flat buffer */
+};
+
+struct mg_list {
+	struct mg_param *p;
+	size_t n, cap;
+	struct mg_sub *s;
+	size_t ns, caps;
+	int oom;
+};
+
+static void mg_list_fini(struct mg_list *m)
+{
+	free(m->p);
+	free(m->s);
+	memset(m, 0, sizeof(*m));
+}
+
+static void mg_param(struct mg_list *m, uint32_t ndim, int64_t d0, int64_t d1,
+		     uint32_t group, const char *name)
+{
+	struct mg_param *p;
+
+	if (m->oom)
+		return;
+	if (m->n == m->cap) {
+		size_t ncap = m->cap ? m->cap * 2 : 256;
+		void *np = realloc(m->p, ncap * sizeof(*m->p));
+		if (!np) {
+			m->oom = 1;
+			return;
+		}
+		m->p = np;
+		m->cap = ncap;
+	}
+	p = &m->p[m->n++];
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->ndim = ndim;
+	p->shape[0] = d0;
+	p->shape[1] = ndim > 1 ? d1 : 1;
+	p->numel = d0 * (ndim > 1 ? d1 : 1);
+	p->group = group;
+	p->sub0 = m->ns;
+}
+
+/* Canonical rows [c0, c0+rows) (all columns, or cols [c1, c1+cols) when
+ * cols > 0) of tensor land at local (l0, l1) of the current param. */
+static void mg_sub(struct mg_list *m, int32_t tensor, int64_t c0, int64_t rows,
+		   int64_t c1, int64_t cols, int64_t l0, int64_t l1, const struct dte_spec *spec)
+{
+	const struct dte_spec_tensor *t = &spec->t[tensor];
+	struct mg_sub *s;
+
+	if (m->oom || rows <= 0)
+		return;
+	if (m->ns == m->caps) {
+		size_t ncap = m->caps ? m->caps * 2 : 256;
+		void *np = realloc(m->s, ncap * sizeof(*m->s));
+		if (!np) {
+			m->oom = 1;
+			return;
+		}
+		m->s = np;
+		m->caps = ncap;
+	}
+	s = &m->s[m->ns++];
+	s->tensor = (uint32_t)tensor;
+	s->clo[0] = c0;
+	s->chi[0] = c0 + rows;
+	s->clo[1] = t->ndim > 1 ? c1 : 0;
+	s->chi[1] = t->ndim > 1 ? (cols > 0 ? c1 + cols : t->shape[1]) : 1;
+	s->llo[0] = l0;
+	s->llo[1] = l1;
+	m->p[m->n - 1].nsub++;
+}
+
+/* A replicated 1-D tensor (norm): a source only on TP rank 0. */
+static void mg_replicated(struct mg_list *m, const struct dte_spec *spec, int32_t tensor,
+			  int64_t tp_idx, const char *name)
+{
+	const struct dte_spec_tensor *t = &spec->t[tensor];
+
+	mg_param(m, t->ndim, t->shape[0], t->shape[1], t->group, name);
+	if (tp_idx == 0)
+		mg_sub(m, tensor, 0, t->shape[0], 0, 0, 0, 0, spec);
+}
+
+static void mg_vocab(struct mg_list *m, const struct dte_spec *spec, int32_t tensor,
+		     int64_t T, int64_t t, const char *name)
+{
+	int64_t V = spec->cfg.vocab, H = spec->cfg.hidden;
+	int64_t Vp = (V + 128 * T - 1) / (128 * T) * (128 * T);
+	int64_t per = Vp / T, lo = t * per, hi = lo + per < V ? lo + per : V;
+
+	mg_param(m, 2, per, H, DTE_SPEC_GROUP_DECAY, name);
+	if (hi > lo)
+		mg_sub(m, tensor, lo, hi - lo, 0, 0, 0, 0, spec);
+}
+
+static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64_t l,
+			   int64_t T, int64_t t)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t hd = c->head_dim, H = c->hidden, I = c->intermediate;
+	int64_t groups = c->kv_heads / T, qpg = c->heads / c->kv_heads, g;
+	int64_t grows = (qpg + 2) * hd;
+	char n[DTE_LAYOUT_NAME_MAX];
+
+#define LT(kind) dte_spec_layer_tensor(spec, l, kind)
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_proj.weight", (long long)l);
+	mg_param(m, 2, H, c->heads * hd / T, DTE_SPEC_GROUP_DECAY, n);
+	mg_sub(m, LT(DTE_SPEC_O), 0, H, t * c->heads * hd / T, c->heads * hd / T, 0, 0, spec);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.layer_norm_weight", (long long)l);
+	mg_replicated(m, spec, LT(DTE_SPEC_IN_NORM), t, n);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.weight", (long long)l);
+	mg_param(m, 2, groups * grows, H, DTE_SPEC_GROUP_DECAY, n);
+	for (g = 0; g < groups; g++) {
+		int64_t G = t * groups + g;
+		mg_sub(m, LT(DTE_SPEC_Q), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
+		mg_sub(m, LT(DTE_SPEC_K), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
+		mg_sub(m, LT(DTE_SPEC_V), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
+	}
+	if (c->attn_bias) {
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.bias", (long long)l);
+		mg_param(m, 1, groups * grows, 0, DTE_SPEC_GROUP_NO_DECAY, n);
+		for (g = 0; g < groups; g++) {
+			int64_t G = t * groups + g;
+			mg_sub(m, LT(DTE_SPEC_Q_BIAS), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
+			mg_sub(m, LT(DTE_SPEC_K_BIAS), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
+			mg_sub(m, LT(DTE_SPEC_V_BIAS), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
+		}
+	}
+	if (c->qk_norm) {
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.q_layernorm.weight", (long long)l);
+		mg_replicated(m, spec, LT(DTE_SPEC_Q_NORM), t, n);
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.k_layernorm.weight", (long long)l);
+		mg_replicated(m, spec, LT(DTE_SPEC_K_NORM), t, n);
+	}
+	if (c->moe_layer[l]) {
+		snprintf(n, sizeof(n), "decoder.layers.%lld.pre_mlp_layernorm.weight", (long long)l);
+		mg_replicated(m, spec, LT(DTE_SPEC_POST_NORM), t, n);
+		snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.router.weight", (long long)l);
+		mg_replicated(m, spec, LT(DTE_SPEC_ROUTER), t, n);
+		return;
+	}
+	snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.linear_fc1.layer_norm_weight", (long long)l);
+	mg_replicated(m, spec, LT(DTE_SPEC_POST_NORM), t, n);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.linear_fc1.weight", (long long)l);
+	mg_param(m, 2, 2 * I / T, H, DTE_SPEC_GROUP_DECAY, n);
+	mg_sub(m, LT(DTE_SPEC_GATE), t * I / T, I / T, 0, 0, 0, 0, spec);
+	mg_sub(m, LT(DTE_SPEC_UP), t * I / T, I / T, 0, 0, I / T, 0, spec);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.linear_fc2.weight", (long long)l);
+	mg_param(m, 2, H, I / T, DTE_SPEC_GROUP_DECAY, n);
+	mg_sub(m, LT(DTE_SPEC_DOWN), 0, H, t * I / T, I / T, 0, 0, spec);
+#undef LT
+}
+
+static void mg_layer_experts(struct mg_list *m, const struct dte_spec *spec, int64_t l,
+			     int64_t ep, int64_t ep_idx, int64_t etp, int64_t etp_idx)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t H = c->hidden, Ip = c->moe_intermediate / etp, El = c->experts / ep, e;
+	char n[DTE_LAYOUT_NAME_MAX];
+
+	for (e = 0; e < El; e++) {
+		int64_t E = ep_idx * El + e;
+		snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.experts.linear_fc1.weight%lld", (long long)l, (long long)e);
+		mg_param(m, 2, 2 * Ip, H, DTE_SPEC_GROUP_DECAY, n);
+		mg_sub(m, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_GATE), etp_idx * Ip, Ip, 0, 0, 0, 0, spec);
+		mg_sub(m, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_UP), etp_idx * Ip, Ip, 0, 0, Ip, 0, spec);
+	}
+	for (e = 0; e < El; e++) {
+		int64_t E = ep_idx * El + e;
+		snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.experts.linear_fc2.weight%lld", (long long)l, (long long)e);
+		mg_param(m, 2, H, Ip, DTE_SPEC_GROUP_DECAY, n);
+		mg_sub(m, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_DOWN), 0, H, etp_idx * Ip, Ip, 0, 0, spec);
+	}
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+	while (b) {
+		int64_t r = a % b;
+		a = b;
+		b = r;
+	}
+	return a;
+}
+
+/* Offsets in reverse registration order; returns the unpadded length. */
+static int64_t mg_assign_offsets(struct mg_list *m)
+{
+	int64_t off = 0;
+	size_t i;
+
+	for (i = m->n; i > 0; i--) {
+		struct mg_param *p = &m->p[i - 1];
+		off = (off + MG_PARAM_ALIGN - 1) / MG_PARAM_ALIGN * MG_PARAM_ALIGN;
+		p->offset = off;
+		off += p->numel;
+	}
+	return off;
+}
+
+/* Pieces of the flat shard [s, e) of the buffer described by m. */
+static int mg_emit_shard(struct dte_layout *l, const struct mg_list *m, uint32_t rank,
+			 uint32_t buf0, int64_t s, int64_t e, const struct dte_spec *spec)
+{
+	int64_t blo[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS], bhi[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS];
+	size_t i, k;
+	int nb, b;
+
+	for (i = 0; i < m->n; i++) {
+		const struct mg_param *p = &m->p[i];
+		int64_t a = p->offset > s ? p->offset : s;
+		int64_t z = p->offset + p->numel < e ? p->offset + p->numel : e;
+		if (a >= z || !p->nsub)
+			continue;
+		nb = dte_layout_flat_boxes(p->ndim, p->shape, a - p->offset, z - p->offset, blo, bhi);
+		for (b = 0; b < nb; b++) {
+			for (k = p->sub0; k < p->sub0 + p->nsub; k++) {
+				const struct mg_sub *sb = &m->s[k];
+				int64_t slo[2], shi[2], ilo[2], ihi[2];
+				struct dte_piece pc;
+				uint32_t d;
+
+				for (d = 0; d < p->ndim; d++) {
+					slo[d] = sb->llo[d];
+					shi[d] = sb->llo[d] + sb->chi[d] - sb->clo[d];
+				}
+				if (!dte_box_intersect(p->ndim, blo[b], bhi[b], slo, shi, ilo, ihi))
+					continue;
+				memset(&pc, 0, sizeof(pc));
+				pc.tensor = sb->tensor;
+				pc.ndim = spec->t[sb->tensor].ndim;
+				pc.rank = rank;
+				pc.buf = buf0;
+				pc.buf_m = buf0 + 1;
+				pc.buf_v = buf0 + 2;
+				pc.group = p->group;
+				pc.offset = p->offset - s;
+				for (d = 0; d < p->ndim; d++) {
+					pc.lo[d] = sb->clo[d] + ilo[d] - sb->llo[d];
+					pc.hi[d] = sb->clo[d] + ihi[d] - sb->llo[d];
+					pc.stride[d] = d + 1 < p->ndim ? p->shape[1] : 1;
+					pc.offset += ilo[d] * pc.stride[d];
+				}
+				if (dte_layout_add_piece(l, &pc))
+					return -1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* One buffer kind (dense or expert) of one rank: its DP shard. */
+static int mg_emit(struct dte_layout *l, const struct mg_list *m, int64_t total,
+		   const struct dte_megatron_cfg *cfg, int64_t dp, int64_t dp_idx,
+		   uint32_t rank, uint32_t buf0, const char *what, const struct dte_spec *spec)
+{
+	int64_t shard = total, s = 0;
+
+	if (!cfg->dist_opt && dp_idx != 0)
+		return 0;
+	if (cfg->dist_opt) {
+		int64_t pad = dp / gcd64(dp, 128) * 128;
+		shard = (total + pad - 1) / pad * pad / dp;
+		s = dp_idx * shard;
+	}
+	if (dte_layout_add_buffer(l, rank, buf0, shard, "%s param [%lld, %lld)", what, (long long)s, (long long)(s + shard)) < 0 ||
+	    dte_layout_add_buffer(l, rank, buf0 + 1, shard, "%s exp_avg", what) < 0 ||
+	    dte_layout_add_buffer(l, rank, buf0 + 2, shard, "%s exp_avg_sq", what) < 0)
+		return -1;
+	return mg_emit_shard(l, m, rank, buf0, s, s + shard, spec);
+}
+
+static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *cfg,
+		    int64_t etp, char *err, size_t errlen)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t world = cfg->tp * cfg->dp, l;
+	int dense = 0;
+
+	if (cfg->tp < 1 || cfg->dp < 1 || cfg->ep < 1 || etp < 1 || cfg->tp > MG_MAX_PARALLEL ||
+	    cfg->dp > MG_MAX_PARALLEL || cfg->ep > MG_MAX_PARALLEL || etp > MG_MAX_PARALLEL)
+		return dte_layout_err(err, errlen, "megatron: tp, dp, ep, etp must be in [1, %d]", MG_MAX_PARALLEL);
+	if (c->heads % cfg->tp)
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide num_attention_heads=%lld",
+				      (long long)cfg->tp, (long long)c->heads);
+	if (c->kv_heads % cfg->tp)
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads)",
+				      (long long)cfg->tp, (long long)c->kv_heads);
+	for (l = 0; l < c->layers; l++)
+		dense |= !c->moe_layer[l];
+	if (dense && c->intermediate % cfg->tp)
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide intermediate_size=%lld",
+				      (long long)cfg->tp, (long long)c->intermediate);
+	if (!c->experts)
+		return 0;
+	if (c->experts % cfg->ep)
+		return dte_layout_err(err, errlen, "megatron: ep=%lld does not divide num_experts=%lld",
+				      (long long)cfg->ep, (long long)c->experts);
+	if (c->moe_intermediate % etp)
+		return dte_layout_err(err, errlen, "megatron: etp=%lld does not divide moe_intermediate_size=%lld",
+				      (long long)etp, (long long)c->moe_intermediate);
+	if (world % (cfg->ep * etp))
+		return dte_layout_err(err, errlen, "megatron: ep*etp=%lld does not divide world size tp*dp=%lld",
+				      (long long)(cfg->ep * etp), (long long)world);
+	return 0;
+}
+
+int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
+			const struct dte_megatron_cfg *cfg, char *err, size_t errlen)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t T = cfg->tp, etp = cfg->etp ? cfg->etp : cfg->tp, t, d, layer;
+	int64_t world = cfg->tp * cfg->dp, edp, eg, total;
+	struct mg_list m;
+	int rc = -1;
+
+	if (mg_check(spec, cfg, etp, err, errlen))
+		return -1;
+	snprintf(l->desc, sizeof(l->desc), "megatron:tp=%lld,dp=%lld%s", (long long)T, (long long)cfg->dp,
+		 c->experts ? "+moe" : "");
+	memset(&m, 0, sizeof(m));
+	for (t = 0; t < T; t++) {
+		m.n = m.ns = 0;
+		mg_vocab(&m, spec, spec->embed, T, t, "embedding.word_embeddings.weight");
+		for (layer = 0; layer < c->layers; layer++)
+			mg_layer_dense(&m, spec, layer, T, t);
+		mg_replicated(&m, spec, spec->final_norm, t, "decoder.final_layernorm.weight");
+		if (spec->lm_head >= 0)
+			mg_vocab(&m, spec, spec->lm_head, T, t, "output_layer.weight");
+		if (m.oom)
+			goto oom;
+		total = mg_assign_offsets(&m);
+		for (d = 0; d < cfg->dp; d++)
+			if (mg_emit(l, &m, total, cfg, cfg->dp, d, (uint32_t)(d * T + t), 0, "dense", spec))
+				goto oom;
+	}
+	if (c->experts) {
+		edp = world / (cfg->ep * etp);
+		for (eg = 0; eg < cfg->ep * etp; eg++) {
+			int64_t etp_idx = eg % etp, ep_idx = eg / etp;
+			m.n = m.ns = 0;
+			for (layer = 0; layer < c->layers; layer++)
+				if (c->moe_layer[layer])
+					mg_layer_experts(&m, spec, layer, cfg->ep, ep_idx, etp, etp_idx);
+			if (m.oom)
+				goto oom;
+			total = mg_assign_offsets(&m);
+			for (d = 0; d < edp; d++)
+				if (mg_emit(l, &m, total, cfg, edp, d, (uint32_t)(d * cfg->ep * etp + eg), 3, "expert", spec))
+					goto oom;
+		}
+	}
+	dte_layout_sort_buffers(l);
+	rc = 0;
+	goto out;
+oom:
+	dte_layout_err(err, errlen, "megatron: out of memory");
+out:
+	mg_list_fini(&m);
+	return rc;
+}

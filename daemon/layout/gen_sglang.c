@@ -1,0 +1,237 @@
+/* daemon/layout/gen_sglang.c — SGLang inference replica as a sink (the
+ * fused HF-module layout vLLM shares; gen_vllm.c reuses it).
+ *
+ * TP rank t of T holds, as separate bf16 buffers (ids in this order):
+ *   model.embed_tokens.weight [Vp/T, H], Vp = vocab padded to a multiple of
+ *     64 (VocabParallelEmbedding); padded rows map to nothing;
+ *   per layer: input_layernorm.weight [H] (replicated),
+ *     self_attn.qkv_proj.weight [(nq/T + 2*kvl)*hd, H] = [q; k; v] where
+ *     kvl = nkv/T, or 1 with KV head t / (T/nkv) when T > nkv (replicated
+ *     KV heads: several ranks' rows come from one canonical element),
+ *     self_attn.qkv_proj.bias likewise, q_norm/k_norm [hd] (replicated),
+ *     self_attn.o_proj.weight [H, nq*hd/T] (row parallel, split on dim 1),
+ *     post_attention_layernorm.weight [H],
+ *     dense: mlp.gate_up_proj.weight [2*I/T, H] = [gate; up],
+ *            mlp.down_proj.weight [H, I/T];
+ *     MoE:   mlp.gate.weight [E, H] (replicated router),
+ *            mlp.experts.w13_weight [E/ep, 2*Im/mtp, H] = [gate; up] per
+ *            local expert, mlp.experts.w2_weight [E/ep, H, Im/mtp], where
+ *            mtp = T/ep, ep rank = t / mtp, MoE-TP rank = t % mtp, and ep
+ *            rank j holds experts [j*E/ep, (j+1)*E/ep);
+ *   model.norm.weight [H]; lm_head.weight [Vp/T, H] unless tied (tied:
+ *     SGLang's lm_head is the embedding, so nothing more to fill).
+ */
+#include <stdio.h>
+#include <string.h>
+#include "daemon/layout/gen.h"
+
+#define INFER_MAX_TP 4096
+#define INFER_VOCAB_PAD 64
+
+struct infer_ctx {
+	struct dte_layout      *l;
+	const struct dte_spec  *spec;
+	uint32_t                rank;
+	int64_t                 buf;   /* current buffer id */
+	int                     oom;
+};
+
+static void infer_buffer(struct infer_ctx *x, int64_t len, const char *fmt, long long layer)
+{
+	char name[DTE_LAYOUT_NAME_MAX];
+
+	snprintf(name, sizeof(name), fmt, layer);
+	x->buf = dte_layout_add_buffer(x->l, x->rank, -1, len, "%s", name);
+	if (x->buf < 0)
+		x->oom = 1;
+}
+
+/* Canonical rows [r0, r0+rows) x cols [c0, c0+cols) (cols 0 = all, or a
+ * 1-D tensor) at buffer offset off with row pitch `pitch`. */
+static void infer_piece(struct infer_ctx *x, int32_t tensor, int64_t r0, int64_t rows,
+			int64_t c0, int64_t cols, int64_t off, int64_t pitch)
+{
+	const struct dte_spec_tensor *t = &x->spec->t[tensor];
+	struct dte_piece p;
+
+	if (x->oom || rows <= 0)
+		return;
+	memset(&p, 0, sizeof(p));
+	p.tensor = (uint32_t)tensor;
+	p.ndim = t->ndim;
+	p.rank = x->rank;
+	p.buf = (uint32_t)x->buf;
+	p.offset = off;
+	p.lo[0] = r0;
+	p.hi[0] = r0 + rows;
+	if (t->ndim == 1) {
+		p.stride[0] = 1;
+	} else {
+		p.lo[1] = c0;
+		p.hi[1] = cols ? c0 + cols : t->shape[1];
+		p.stride[0] = pitch;
+		p.stride[1] = 1;
+	}
+	if (dte_layout_add_piece(x->l, &p))
+		x->oom = 1;
+}
+
+static void infer_replicated(struct infer_ctx *x, int32_t tensor, const char *fmt, long long layer)
+{
+	const struct dte_spec_tensor *t = &x->spec->t[tensor];
+
+	infer_buffer(x, t->numel, fmt, layer);
+	infer_piece(x, tensor, 0, t->shape[0], 0, 0, 0, t->ndim > 1 ? t->shape[1] : 1);
+}
+
+static void infer_vocab(struct infer_ctx *x, int32_t tensor, int64_t T, int64_t t, const char *name)
+{
+	int64_t V = x->spec->cfg.vocab, H = x->spec->cfg.hidden;
+	int64_t per = (V + INFER_VOCAB_PAD - 1) / INFER_VOCAB_PAD * INFER_VOCAB_PAD / T;
+	int64_t lo = t * per, hi = lo + per < V ? lo + per : V;
+
+	infer_buffer(x, per * H, name, 0);
+	infer_piece(x, tensor, lo, hi - lo, 0, 0, 0, H);
+}
+
+static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, int64_t ep)
+{
+	const struct dte_spec *spec = x->spec;
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t H = c->hidden, hd = c->head_dim, nql = c->heads / T;
+	int64_t kvl = T >= c->kv_heads ? 1 : c->kv_heads / T;
+	int64_t kv0 = T >= c->kv_heads ? t / (T / c->kv_heads) : t * kvl;
+	int64_t rows = (nql + 2 * kvl) * hd;
+	long long L = (long long)l;
+
+#define LT(kind) dte_spec_layer_tensor(spec, l, kind)
+	infer_replicated(x, LT(DTE_SPEC_IN_NORM), "model.layers.%lld.input_layernorm.weight", L);
+	infer_buffer(x, rows * H, "model.layers.%lld.self_attn.qkv_proj.weight", L);
+	infer_piece(x, LT(DTE_SPEC_Q), t * nql * hd, nql * hd, 0, 0, 0, H);
+	infer_piece(x, LT(DTE_SPEC_K), kv0 * hd, kvl * hd, 0, 0, nql * hd * H, H);
+	infer_piece(x, LT(DTE_SPEC_V), kv0 * hd, kvl * hd, 0, 0, (nql + kvl) * hd * H, H);
+	if (c->attn_bias) {
+		infer_buffer(x, rows, "model.layers.%lld.self_attn.qkv_proj.bias", L);
+		infer_piece(x, LT(DTE_SPEC_Q_BIAS), t * nql * hd, nql * hd, 0, 0, 0, 1);
+		infer_piece(x, LT(DTE_SPEC_K_BIAS), kv0 * hd, kvl * hd, 0, 0, nql * hd, 1);
+		infer_piece(x, LT(DTE_SPEC_V_BIAS), kv0 * hd, kvl * hd, 0, 0, (nql + kvl) * hd, 1);
+	}
+	if (c->qk_norm) {
+		infer_replicated(x, LT(DTE_SPEC_Q_NORM), "model.layers.%lld.self_attn.q_norm.weight", L);
+		infer_replicated(x, LT(DTE_SPEC_K_NORM), "model.layers.%lld.self_attn.k_norm.weight", L);
+	}
+	infer_buffer(x, H * nql * hd, "model.layers.%lld.self_attn.o_proj.weight", L);
+	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nql * hd, nql * hd, 0, nql * hd);
+	infer_replicated(x, LT(DTE_SPEC_POST_NORM), "model.layers.%lld.post_attention_layernorm.weight", L);
+	if (!c->moe_layer[l]) {
+		int64_t Il = c->intermediate / T;
+		infer_buffer(x, 2 * Il * H, "model.layers.%lld.mlp.gate_up_proj.weight", L);
+		infer_piece(x, LT(DTE_SPEC_GATE), t * Il, Il, 0, 0, 0, H);
+		infer_piece(x, LT(DTE_SPEC_UP), t * Il, Il, 0, 0, Il * H, H);
+		infer_buffer(x, H * Il, "model.layers.%lld.mlp.down_proj.weight", L);
+		infer_piece(x, LT(DTE_SPEC_DOWN), 0, H, t * Il, Il, 0, Il);
+	} else {
+		int64_t mtp = T / ep, ep_idx = t / mtp, mt = t % mtp;
+		int64_t El = c->experts / ep, Ip = c->moe_intermediate / mtp, e;
+		infer_replicated(x, LT(DTE_SPEC_ROUTER), "model.layers.%lld.mlp.gate.weight", L);
+		infer_buffer(x, El * 2 * Ip * H, "model.layers.%lld.mlp.experts.w13_weight", L);
+		for (e = 0; e < El; e++) {
+			int64_t E = ep_idx * El + e;
+			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_GATE), mt * Ip, Ip, 0, 0,
+				    e * 2 * Ip * H, H);
+			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_UP), mt * Ip, Ip, 0, 0,
+				    e * 2 * Ip * H + Ip * H, H);
+		}
+		infer_buffer(x, El * H * Ip, "model.layers.%lld.mlp.experts.w2_weight", L);
+		for (e = 0; e < El; e++)
+			infer_piece(x, dte_spec_expert_tensor(spec, l, ep_idx * El + e, DTE_SPEC_EXP_DOWN),
+				    0, H, mt * Ip, Ip, e * H * Ip, Ip);
+	}
+#undef LT
+}
+
+static int infer_check(const struct dte_spec *spec, const struct dte_infer_cfg *cfg,
+		       const char *who, char *err, size_t errlen)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t T = cfg->tp, Vp, l;
+	int dense = 0;
+
+	if (T < 1 || T > INFER_MAX_TP || cfg->ep < 1 || cfg->ep > INFER_MAX_TP)
+		return dte_layout_err(err, errlen, "%s: tp and ep must be in [1, %d]", who, INFER_MAX_TP);
+	if (c->heads % T)
+		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide num_attention_heads=%lld",
+				      who, (long long)T, (long long)c->heads);
+	if (T % c->kv_heads && c->kv_heads % T)
+		return dte_layout_err(err, errlen, "%s: tp=%lld and num_key_value_heads=%lld: neither divides the other, KV heads cannot be split or replicated",
+				      who, (long long)T, (long long)c->kv_heads);
+	Vp = (c->vocab + INFER_VOCAB_PAD - 1) / INFER_VOCAB_PAD * INFER_VOCAB_PAD;
+	if (Vp % T)
+		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide the padded vocab %lld",
+				      who, (long long)T, (long long)Vp);
+	for (l = 0; l < c->layers; l++)
+		dense |= !c->moe_layer[l];
+	if (dense && c->intermediate % T)
+		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide intermediate_size=%lld",
+				      who, (long long)T, (long long)c->intermediate);
+	if (!c->experts)
+		return cfg->ep > 1 ? dte_layout_err(err, errlen, "%s: ep=%lld but the model has no experts",
+						    who, (long long)cfg->ep) : 0;
+	if (T % cfg->ep)
+		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide tp=%lld",
+				      who, (long long)cfg->ep, (long long)T);
+	if (c->experts % cfg->ep)
+		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide num_experts=%lld",
+				      who, (long long)cfg->ep, (long long)c->experts);
+	if (c->moe_intermediate % (T / cfg->ep))
+		return dte_layout_err(err, errlen, "%s: MoE tensor parallel size tp/ep=%lld does not divide moe_intermediate_size=%lld",
+				      who, (long long)(T / cfg->ep), (long long)c->moe_intermediate);
+	return 0;
+}
+
+static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
+			  const struct dte_infer_cfg *cfg, const char *who,
+			  char *err, size_t errlen)
+{
+	struct infer_ctx x;
+	int64_t t, layer;
+
+	if (infer_check(spec, cfg, who, err, errlen))
+		return -1;
+	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld", who, (long long)cfg->tp, (long long)cfg->ep);
+	memset(&x, 0, sizeof(x));
+	x.l = l;
+	x.spec = spec;
+	for (t = 0; t < cfg->tp && !x.oom; t++) {
+		x.rank = (uint32_t)t;
+		infer_vocab(&x, spec->embed, cfg->tp, t, "model.embed_tokens.weight");
+		for (layer = 0; layer < spec->cfg.layers; layer++)
+			infer_layer(&x, layer, cfg->tp, t, cfg->ep);
+		infer_replicated(&x, spec->final_norm, "model.norm.weight", 0);
+		if (spec->lm_head >= 0)
+			infer_vocab(&x, spec->lm_head, cfg->tp, t, "lm_head.weight");
+	}
+	if (x.oom)
+		return dte_layout_err(err, errlen, "%s: out of memory", who);
+	dte_layout_sort_buffers(l);
+	return 0;
+}
+
+int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,
+		      const struct dte_infer_cfg *cfg, char *err, size_t errlen)
+{
+	return infer_generate(l, spec, cfg, "sglang", err, errlen);
+}
+
+/* vLLM: same module layout (QKVParallelLinear, MergedColumnParallelLinear,
+ * VocabParallelEmbedding padded to 64, FusedMoE w13/w2 with [w1; w3]).
+ * Difference: vLLM's expert parallelism (enable_expert_parallel) spans all
+ * TP ranks with MoE tensor parallel 1, so ep must be 1 or tp. */
+int dte_layout_vllm(struct dte_layout *l, const struct dte_spec *spec,
+		    const struct dte_infer_cfg *cfg, char *err, size_t errlen)
+{
+	if (cfg->ep != 1 && cfg->ep != cfg->tp)
+		return dte_layout_err(err, errlen, "vllm: expert parallel spans all tp ranks: ep must be 1 or tp=%lld, not %lld",
+				      (long long)cfg->tp, (long long)cfg->ep);
+	return infer_generate(l, spec, cfg, "vllm", err, errlen);
+}

@@ -1,0 +1,438 @@
+/* daemon/layout/layout.c — piece/buffer containers, box arithmetic, flat
+ * range decomposition and the per-layout consistency checks. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/layout/gen.h"
+#include "daemon/layout/layout.h"
+
+/* A bitmap check of overlapping strided pieces is bounded: beyond this the
+ * layout is refused rather than risk a huge allocation. */
+#define LAYOUT_BITMAP_MAX (INT64_C(1) << 28)
+
+int dte_layout_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+const char *dte_layout_box_str(char *buf, size_t len, uint32_t ndim,
+			       const int64_t *lo, const int64_t *hi)
+{
+	size_t o = 0;
+	uint32_t d;
+
+	o += (size_t)snprintf(buf + o, len - o, "[");
+	for (d = 0; d < ndim && o < len; d++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%lld:%lld", d ? ", " : "",
+				      (long long)lo[d], (long long)hi[d]);
+	if (o < len)
+		snprintf(buf + o, len - o, "]");
+	return buf;
+}
+
+void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash)
+{
+	memset(l, 0, sizeof(*l));
+	l->role = role;
+	l->spec_hash = spec_hash;
+}
+
+void dte_layout_fini(struct dte_layout *l)
+{
+	free(l->pieces);
+	free(l->bufs);
+	memset(l, 0, sizeof(*l));
+}
+
+static int layout_grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+	size_t ncap;
+	void *p;
+
+	if (n < *cap)
+		return 0;
+	ncap = *cap ? *cap * 2 : 64;
+	p = realloc(*arr, ncap * elem);
+	if (!p)
+		return -1;
+	*arr = p;
+	*cap = ncap;
+	return 0;
+}
+
+int dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p)
+{
+	if (layout_grow((void **)&l->pieces, &l->cap_pieces, l->npieces, sizeof(*p)))
+		return -1;
+	l->pieces[l->npieces++] = *p;
+	if (p->rank >= l->nranks)
+		l->nranks = p->rank + 1;
+	return 0;
+}
+
+int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
+			      const char *fmt, ...)
+{
+	struct dte_layout_buffer *b;
+	va_list ap;
+	size_t i;
+
+	if (layout_grow((void **)&l->bufs, &l->cap_bufs, l->nbufs, sizeof(*b)))
+		return -1;
+	/* Generators add a rank's buffers together, so scanning back is short. */
+	for (i = l->nbufs; id < 0 && i > 0; i--)
+		if (l->bufs[i - 1].rank == rank)
+			id = l->bufs[i - 1].id + 1;
+	if (id < 0)
+		id = 0;
+	b = &l->bufs[l->nbufs++];
+	memset(b, 0, sizeof(*b));
+	b->rank = rank;
+	b->id = (uint32_t)id;
+	b->length = length;
+	va_start(ap, fmt);
+	vsnprintf(b->name, sizeof(b->name), fmt, ap);
+	va_end(ap);
+	if (rank >= l->nranks)
+		l->nranks = rank + 1;
+	return id;
+}
+
+static int buf_cmp(const void *a, const void *b);
+
+void dte_layout_sort_buffers(struct dte_layout *l)
+{
+	qsort(l->bufs, l->nbufs, sizeof(*l->bufs), buf_cmp);
+}
+
+static int buf_cmp(const void *a, const void *b)
+{
+	const struct dte_layout_buffer *x = a, *y = b;
+
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *l,
+						       uint32_t rank, uint32_t id)
+{
+	struct dte_layout_buffer key;
+
+	key.rank = rank;
+	key.id = id;
+	/* Buffers are kept sorted by (rank, id): generators add them in that
+	 * order and the JSON loader sorts. */
+	return bsearch(&key, l->bufs, l->nbufs, sizeof(key), buf_cmp);
+}
+
+int64_t dte_piece_volume(const struct dte_piece *p)
+{
+	int64_t v = 1;
+	uint32_t d;
+
+	for (d = 0; d < p->ndim; d++)
+		v *= p->hi[d] - p->lo[d];
+	return v;
+}
+
+int64_t dte_box_intersect(uint32_t ndim, const int64_t *alo, const int64_t *ahi,
+			  const int64_t *blo, const int64_t *bhi,
+			  int64_t *olo, int64_t *ohi)
+{
+	int64_t v = 1;
+	uint32_t d;
+
+	for (d = 0; d < ndim; d++) {
+		int64_t lo = alo[d] > blo[d] ? alo[d] : blo[d];
+		int64_t hi = ahi[d] < bhi[d] ? ahi[d] : bhi[d];
+		if (hi <= lo)
+			return 0;
+		if (olo) {
+			olo[d] = lo;
+			ohi[d] = hi;
+		}
+		v *= hi - lo;
+	}
+	return v;
+}
+
+/* Recursive step: range [a, b) of the sub-tensor shape[0..ndim), with the
+ * outer coordinates fixed in prefix_lo/prefix_hi (depth dims). */
+static int flat_rec(uint32_t ndim, const int64_t *shape, uint32_t depth,
+		    const int64_t *prefix, int64_t a, int64_t b,
+		    int64_t lo[][DTE_MAX_DIMS], int64_t hi[][DTE_MAX_DIMS], int n)
+{
+	int64_t inner = 1, r0, r1, ra, rb;
+	int64_t pre[DTE_MAX_DIMS];
+	uint32_t d;
+
+	if (a >= b)
+		return n;
+	for (d = depth + 1; d < ndim; d++)
+		inner *= shape[d];
+	memcpy(pre, prefix, depth * sizeof(int64_t));
+	if (depth + 1 == ndim || (a % inner == 0 && b % inner == 0)) {
+		/* Whole rows of this dim (or the last dim): one box. */
+		for (d = 0; d < depth; d++) {
+			lo[n][d] = pre[d];
+			hi[n][d] = pre[d] + 1;
+		}
+		lo[n][depth] = a / inner;
+		hi[n][depth] = b / inner;
+		for (d = depth + 1; d < ndim; d++) {
+			lo[n][d] = 0;
+			hi[n][d] = shape[d];
+		}
+		return n + 1;
+	}
+	r0 = a / inner;
+	r1 = b / inner;
+	ra = a % inner;
+	rb = b % inner;
+	if (r0 == r1) {
+		pre[depth] = r0;
+		return flat_rec(ndim, shape, depth + 1, pre, ra, rb, lo, hi, n);
+	}
+	if (ra) {
+		pre[depth] = r0;
+		n = flat_rec(ndim, shape, depth + 1, pre, ra, inner, lo, hi, n);
+		r0++;
+	}
+	if (r0 < r1)
+		n = flat_rec(ndim, shape, depth, pre, r0 * inner, r1 * inner, lo, hi, n);
+	if (rb) {
+		pre[depth] = r1;
+		n = flat_rec(ndim, shape, depth + 1, pre, 0, rb, lo, hi, n);
+	}
+	return n;
+}
+
+int dte_layout_flat_boxes(uint32_t ndim, const int64_t *shape, int64_t a, int64_t b,
+			  int64_t lo[][DTE_MAX_DIMS], int64_t hi[][DTE_MAX_DIMS])
+{
+	int64_t numel = 1;
+	uint32_t d;
+
+	if (ndim == 0 || ndim > DTE_MAX_DIMS)
+		return -1;
+	for (d = 0; d < ndim; d++) {
+		if (shape[d] <= 0)
+			return -1;
+		numel *= shape[d];
+	}
+	if (a < 0 || b < a || b > numel)
+		return -1;
+	return flat_rec(ndim, shape, 0, NULL, a, b, lo, hi, 0);
+}
+
+/* Lowest and highest buffer index a piece touches. */
+static void piece_extent(const struct dte_piece *p, int64_t *min, int64_t *max)
+{
+	__int128 lo = p->offset, hi = p->offset;
+	uint32_t d;
+
+	for (d = 0; d < p->ndim; d++) {
+		__int128 span = (__int128)(p->hi[d] - p->lo[d] - 1) * p->stride[d];
+		if (span < 0)
+			lo += span;
+		else
+			hi += span;
+	}
+	*min = lo < INT64_MIN ? INT64_MIN : (int64_t)lo;
+	*max = hi > INT64_MAX ? INT64_MAX : (int64_t)hi;
+}
+
+struct extent {
+	uint32_t rank, buf;
+	int64_t  min, max;
+	size_t   piece;
+};
+
+static int extent_cmp(const void *a, const void *b)
+{
+	const struct extent *x = a, *y = b;
+
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	if (x->buf != y->buf)
+		return x->buf < y->buf ? -1 : 1;
+	if (x->min != y->min)
+		return x->min < y->min ? -1 : 1;
+	return x->piece < y->piece ? -1 : x->piece > y->piece;
+}
+
+static const char *piece_str(char *buf, size_t len, const struct dte_layout *l,
+			     const struct dte_spec *spec, size_t i)
+{
+	const struct dte_piece *p = &l->pieces[i];
+	char box[160];
+	const char *name = p->tensor < spec->n ? spec->t[p->tensor].name : "?";
+
+	snprintf(buf, len, "%s %s", name, dte_layout_box_str(box, sizeof(box), p->ndim, p->lo, p->hi));
+	return buf;
+}
+
+/* Marks every element of a piece in a bitmap over [base, base+nbits);
+ * returns 1 when an element was already marked. */
+static int piece_mark(const struct dte_piece *p, uint8_t *bits, int64_t base, int64_t nbits)
+{
+	int64_t idx[DTE_MAX_DIMS] = { 0 };
+	int64_t pos;
+	uint32_t d;
+
+	for (;;) {
+		pos = p->offset;
+		for (d = 0; d < p->ndim; d++)
+			pos += idx[d] * p->stride[d];
+		pos -= base;
+		if (pos >= 0 && pos < nbits) {
+			if (bits[pos >> 3] & (1u << (pos & 7)))
+				return 1;
+			bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+		}
+		for (d = p->ndim; d > 0; d--) {
+			if (++idx[d - 1] < p->hi[d - 1] - p->lo[d - 1])
+				break;
+			idx[d - 1] = 0;
+		}
+		if (d == 0)
+			return 0;
+	}
+}
+
+/* Pieces ext[a..b) share a buffer and their extents chain-overlap. */
+static int layout_check_cluster(const struct dte_layout *l, const struct dte_spec *spec,
+				const struct extent *ext, size_t a, size_t b,
+				char *err, size_t errlen)
+{
+	int64_t min = ext[a].min, max = ext[a].max, vol = 0, nbits;
+	char s1[256], s2[256];
+	uint8_t *bits;
+	size_t i, j;
+	int all_dense = 1;
+
+	for (i = a; i < b; i++) {
+		const struct dte_piece *p = &l->pieces[ext[i].piece];
+		int64_t v = dte_piece_volume(p);
+		if (ext[i].max - ext[i].min + 1 != v)
+			all_dense = 0;
+		if (ext[i].max > max)
+			max = ext[i].max;
+		vol += v;
+	}
+	if (all_dense) {
+		/* Dense extents that overlap share elements: name the pair. */
+		for (i = a + 1; i < b; i++)
+			for (j = a; j < i; j++)
+				if (ext[j].max >= ext[i].min)
+					goto overlap;
+		return 0;
+overlap:
+		return dte_layout_err(err, errlen, "overlapping pieces in rank %u buffer %u: %s and %s map to the same elements",
+				      ext[i].rank, ext[i].buf,
+				      piece_str(s1, sizeof(s1), l, spec, ext[j].piece),
+				      piece_str(s2, sizeof(s2), l, spec, ext[i].piece));
+	}
+	nbits = max - min + 1;
+	if (nbits > LAYOUT_BITMAP_MAX || vol > LAYOUT_BITMAP_MAX)
+		return dte_layout_err(err, errlen, "rank %u buffer %u: strided pieces interleave over %lld elements, too many to prove disjoint",
+				      ext[a].rank, ext[a].buf, (long long)nbits);
+	bits = calloc((size_t)(nbits + 7) / 8, 1);
+	if (!bits)
+		return dte_layout_err(err, errlen, "out of memory");
+	for (i = a; i < b; i++)
+		if (piece_mark(&l->pieces[ext[i].piece], bits, min, nbits)) {
+			free(bits);
+			return dte_layout_err(err, errlen, "overlapping pieces in rank %u buffer %u: %s maps onto elements another piece already maps",
+					      ext[i].rank, ext[i].buf,
+					      piece_str(s1, sizeof(s1), l, spec, ext[i].piece));
+		}
+	free(bits);
+	return 0;
+}
+
+static int layout_check_piece(const struct dte_layout *l, const struct dte_spec *spec,
+			      size_t i, char *err, size_t errlen)
+{
+	const struct dte_piece *p = &l->pieces[i];
+	const struct dte_spec_tensor *t;
+	const struct dte_layout_buffer *b;
+	uint32_t bufs[3], nb = l->role == DTE_LAYOUT_SOURCE ? 3 : 1, k, d;
+	int64_t min, max;
+	char s[256];
+
+	if (p->tensor >= spec->n)
+		return dte_layout_err(err, errlen, "piece %zu: tensor id %u not in the model spec", i, p->tensor);
+	t = &spec->t[p->tensor];
+	if (p->ndim != t->ndim)
+		return dte_layout_err(err, errlen, "piece %zu (%s): %u dims, tensor has %u", i, t->name, p->ndim, t->ndim);
+	for (d = 0; d < p->ndim; d++)
+		if (p->lo[d] < 0 || p->hi[d] <= p->lo[d] || p->hi[d] > t->shape[d])
+			return dte_layout_err(err, errlen, "piece %zu: box %s outside tensor %s", i,
+					      dte_layout_box_str(s, sizeof(s), p->ndim, p->lo, p->hi), t->name);
+	piece_extent(p, &min, &max);
+	bufs[0] = p->buf;
+	bufs[1] = p->buf_m;
+	bufs[2] = p->buf_v;
+	for (k = 0; k < nb; k++) {
+		b = dte_layout_buffer_find(l, p->rank, bufs[k]);
+		if (!b)
+			return dte_layout_err(err, errlen, "piece %zu (%s): rank %u has no buffer %u",
+					      i, piece_str(s, sizeof(s), l, spec, i), p->rank, bufs[k]);
+		if (min < 0 || max >= b->length)
+			return dte_layout_err(err, errlen, "piece %zu (%s) maps to [%lld, %lld] outside rank %u buffer %u (%s, %lld elements)",
+					      i, piece_str(s, sizeof(s), l, spec, i), (long long)min, (long long)max,
+					      p->rank, b->id, b->name, (long long)b->length);
+	}
+	return 0;
+}
+
+int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
+			char *err, size_t errlen)
+{
+	struct extent *ext;
+	size_t i, a;
+	int rc = 0;
+
+	if (l->spec_hash != spec->hash)
+		return dte_layout_err(err, errlen, "%s layout %s: model spec hash %016llx does not match the model's %016llx",
+				      l->role == DTE_LAYOUT_SOURCE ? "source" : "sink", l->desc,
+				      (unsigned long long)l->spec_hash, (unsigned long long)spec->hash);
+	for (i = 1; i < l->nbufs; i++)
+		if (buf_cmp(&l->bufs[i - 1], &l->bufs[i]) >= 0)
+			return dte_layout_err(err, errlen, "layout %s: buffer rank %u id %u listed twice or out of order",
+					      l->desc, l->bufs[i].rank, l->bufs[i].id);
+	for (i = 0; i < l->npieces; i++)
+		if (layout_check_piece(l, spec, i, err, errlen))
+			return -1;
+	ext = malloc((l->npieces + 1) * sizeof(*ext));
+	if (!ext)
+		return dte_layout_err(err, errlen, "out of memory");
+	for (i = 0; i < l->npieces; i++) {
+		ext[i].rank = l->pieces[i].rank;
+		ext[i].buf = l->pieces[i].buf;
+		ext[i].piece = i;
+		piece_extent(&l->pieces[i], &ext[i].min, &ext[i].max);
+	}
+	qsort(ext, l->npieces, sizeof(*ext), extent_cmp);
+	for (a = 0; a < l->npieces && !rc; a = i) {
+		int64_t max = ext[a].max;
+		for (i = a + 1; i < l->npieces && ext[i].rank == ext[a].rank &&
+			     ext[i].buf == ext[a].buf && ext[i].min <= max; i++)
+			if (ext[i].max > max)
+				max = ext[i].max;
+		if (i - a > 1)
+			rc = layout_check_cluster(l, spec, ext, a, i, err, errlen);
+	}
+	free(ext);
+	return rc;
+}

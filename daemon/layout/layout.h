@@ -1,0 +1,89 @@
+/* daemon/layout/layout.h — pieces and layouts.
+ *
+ * A piece says "these canonical elements live here": canonical tensor id, a
+ * box [lo, hi) per dim, and the affine map
+ *     buffer index = offset + sum_d (c_d - lo_d) * stride_d
+ * into one buffer of one rank (element units, signed strides).  A source
+ * piece names three buffers with that same map (param, exp_avg, exp_avg_sq)
+ * and an optimizer group.  A layout is every piece and buffer of one side of
+ * a job (all ranks of a trainer, or one inference replica).
+ */
+#ifndef DTE_LAYOUT_H
+#define DTE_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gpu/entry.h"
+#include "daemon/layout/spec.h"
+
+#define DTE_LAYOUT_NAME_MAX 96
+
+enum dte_layout_role { DTE_LAYOUT_SOURCE = 0, DTE_LAYOUT_SINK = 1 };
+
+struct dte_piece {
+	uint32_t tensor;                 /* canonical tensor id (spec) */
+	uint32_t ndim;                   /* = the tensor's ndim */
+	int64_t  lo[DTE_MAX_DIMS];
+	int64_t  hi[DTE_MAX_DIMS];
+	uint32_t rank;
+	uint32_t buf;                    /* sink: the buffer; source: param */
+	uint32_t buf_m, buf_v;           /* source: exp_avg, exp_avg_sq */
+	uint32_t group;                  /* source: optimizer group */
+	int64_t  offset;
+	int64_t  stride[DTE_MAX_DIMS];
+};
+
+struct dte_layout_buffer {
+	uint32_t rank;
+	uint32_t id;                     /* unique within the rank */
+	int64_t  length;                 /* elements */
+	char     name[DTE_LAYOUT_NAME_MAX];
+};
+
+struct dte_layout {
+	int                       role;  /* enum dte_layout_role */
+	uint64_t                  spec_hash;
+	uint32_t                  nranks;
+	char                      desc[128];
+	struct dte_piece         *pieces;
+	size_t                    npieces, cap_pieces;
+	struct dte_layout_buffer *bufs;
+	size_t                    nbufs, cap_bufs;
+};
+
+void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
+void dte_layout_fini(struct dte_layout *l);
+int  dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p);
+/* Adds a buffer with this id, or (id < 0) the rank's next id; returns
+ * the id or -1 on no memory. */
+int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
+			      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Generators call this once done: lookups want buffers sorted by (rank, id). */
+void dte_layout_sort_buffers(struct dte_layout *l);
+const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *l,
+						       uint32_t rank, uint32_t id);
+
+/* Number of elements in a piece's box. */
+int64_t dte_piece_volume(const struct dte_piece *p);
+/* Intersect two boxes of ndim dims; returns the volume (0: empty). */
+int64_t dte_box_intersect(uint32_t ndim, const int64_t *alo, const int64_t *ahi,
+			  const int64_t *blo, const int64_t *bhi,
+			  int64_t *olo, int64_t *ohi);
+
+/* Decompose the row-major flat range [a, b) of a tensor of this shape into
+ * at most 2*ndim-1 boxes; returns the count, -1 on a bad range. */
+int dte_layout_flat_boxes(uint32_t ndim, const int64_t *shape, int64_t a, int64_t b,
+			  int64_t lo[][DTE_MAX_DIMS], int64_t hi[][DTE_MAX_DIMS]);
+
+/* Checks a layout on its own: pieces name real tensors with in-range
+ * boxes, map inside their (declared) buffers, and no two pieces write the
+ * same buffer element.  Returns 0 or -1 with the reason. */
+int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
+			char *err, size_t errlen);
+
+/* "megatron:tp=2,dp=4", "fsdp:dp=8", "sglang:tp=4,ep=2", "vllm:tp=8",
+ * "json:FILE" → layout.  Role picks which side the string describes. */
+int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
+			 const char *desc, int role, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,63 @@
+/* daemon/layout/plan.h — transfer plans: source pieces intersected with
+ * sink pieces, validated, grouped per (source node -> sink node) link.
+ *
+ * Entries are computed for one sink replica; a plan for N replicas of the
+ * same sink layout reuses them (replica r's ranks are the same, its nodes
+ * shifted), and every entry names a detection: entries with the same source
+ * piece and canonical box (replicated norms, replicated KV heads, replicas)
+ * share one detection pass over the source.
+ */
+#ifndef DTE_PLAN_H
+#define DTE_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gpu/entry.h"
+#include "daemon/layout/layout.h"
+#include "daemon/layout/spec.h"
+
+#define DTE_PLAN_DEFAULT_RANKS_PER_NODE 8
+
+struct dte_plan_opts {
+	uint32_t sink_replicas;    /* 0 means 1 */
+	uint32_t ranks_per_node;   /* 0 means DTE_PLAN_DEFAULT_RANKS_PER_NODE */
+};
+
+struct dte_plan_entry {
+	uint32_t tensor;           /* canonical tensor id */
+	uint32_t src_piece;        /* index into the source layout's pieces */
+	uint32_t src_rank, src_buf, src_buf_m, src_buf_v, group;
+	uint32_t sink_piece;       /* index into the sink layout's pieces */
+	uint32_t sink_rank, sink_buf;
+	uint32_t link;             /* replica 0's link; replica r: + r * nlinks */
+	uint32_t detect;           /* shared detection id */
+	int64_t  lo[DTE_MAX_DIMS]; /* canonical box origin (extent in map) */
+	struct dte_box_map map;    /* src: param/exp_avg/exp_avg_sq; dst: sink_buf */
+};
+
+struct dte_plan_link {
+	uint32_t src_node, sink_node;
+	uint64_t entries, elements;
+};
+
+struct dte_plan {
+	struct dte_plan_entry *e;
+	size_t                 n;          /* entries of one replica */
+	struct dte_plan_link  *links;      /* nlinks per replica, replicas in order */
+	size_t                 nlinks;     /* links of one replica */
+	size_t                 ndetect;
+	uint32_t               sink_replicas, ranks_per_node;
+	uint32_t               src_nodes, sink_nodes;  /* sink_nodes per replica */
+	int64_t                elements;   /* sink elements of one replica */
+	int64_t                detect_elements; /* source elements scanned once */
+	size_t                 shared_entries;  /* entries of one replica sharing a detection with another */
+};
+
+/* Builds and validates; returns 0, or -1 with the reason (naming tensor and
+ * box for a gap or an overlap). *plan needs dte_plan_fini only on success. */
+int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		   const struct dte_layout *src, const struct dte_layout *sink,
+		   const struct dte_plan_opts *opts, char *err, size_t errlen);
+void dte_plan_fini(struct dte_plan *plan);
+
+#endif

@@ -1,0 +1,382 @@
+/* daemon/layout/spec.c — canonical tensors from an HF config.json. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include <xxhash.h>
+#include "daemon/layout/spec.h"
+
+/* Hard caps: config.json is input from outside. */
+#define SPEC_MAX_LAYERS  4096
+#define SPEC_MAX_EXPERTS 4096
+#define SPEC_MAX_DIM     (INT64_C(1) << 31)
+
+static int spec_err(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int spec_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+/* Integer field: required unless def >= 0. Bool true/false is not an int. */
+static int spec_int(json_t *root, const char *key, int64_t def, int64_t min,
+		    int64_t max, int64_t *out, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(root, key);
+
+	if (!v || json_is_null(v)) {
+		if (def < 0)
+			return spec_err(err, errlen, "config.json: missing \"%s\"", key);
+		*out = def;
+		return 0;
+	}
+	if (!json_is_integer(v))
+		return spec_err(err, errlen, "config.json: \"%s\" is not an integer", key);
+	*out = json_integer_value(v);
+	if (*out < min || *out > max)
+		return spec_err(err, errlen, "config.json: \"%s\" = %lld out of range [%lld, %lld]",
+				key, (long long)*out, (long long)min, (long long)max);
+	return 0;
+}
+
+static int spec_bool(json_t *root, const char *key, int def, int *out,
+		     char *err, size_t errlen)
+{
+	json_t *v = json_object_get(root, key);
+
+	if (!v || json_is_null(v)) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_boolean(v))
+		return spec_err(err, errlen, "config.json: \"%s\" is not a boolean", key);
+	*out = json_is_true(v);
+	return 0;
+}
+
+/* Families we know the tensor names of. */
+struct spec_family {
+	const char *model_type;
+	const char *architecture;
+	int         attn_bias;   /* default for attention_bias */
+	int         qk_norm;
+	int         moe;
+};
+
+static const struct spec_family spec_families[] = {
+	{ "llama",     "LlamaForCausalLM",    0, 0, 0 },
+	{ "mistral",   "MistralForCausalLM",  0, 0, 0 },
+	{ "qwen2",     "Qwen2ForCausalLM",    1, 0, 0 },
+	{ "qwen3",     "Qwen3ForCausalLM",    0, 1, 0 },
+	{ "qwen3_moe", "Qwen3MoeForCausalLM", 0, 1, 1 },
+};
+
+static const struct spec_family *spec_family_of(json_t *root, char *err, size_t errlen)
+{
+	json_t *mt = json_object_get(root, "model_type");
+	json_t *archs = json_object_get(root, "architectures");
+	const char *arch = NULL;
+	size_t i;
+
+	if (json_is_array(archs) && json_array_size(archs) > 0 &&
+	    json_is_string(json_array_get(archs, 0)))
+		arch = json_string_value(json_array_get(archs, 0));
+	for (i = 0; i < sizeof(spec_families) / sizeof(spec_families[0]); i++) {
+		if (json_is_string(mt) ? !strcmp(json_string_value(mt), spec_families[i].model_type)
+				       : (arch && !strcmp(arch, spec_families[i].architecture)))
+			return &spec_families[i];
+	}
+	spec_err(err, errlen, "config.json: unknown architecture (model_type \"%s\", architectures[0] \"%s\"); "
+		 "supported: llama, mistral, qwen2, qwen3, qwen3_moe",
+		 json_is_string(mt) ? json_string_value(mt) : "?", arch ? arch : "?");
+	return NULL;
+}
+
+static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_t errlen)
+{
+	const struct spec_family *fam;
+	int64_t dflt_hd;
+	json_t *only;
+	size_t i;
+
+	if (!json_is_object(root))
+		return spec_err(err, errlen, "config.json: top level is not an object");
+	fam = spec_family_of(root, err, errlen);
+	if (!fam)
+		return -1;
+	snprintf(c->model_type, sizeof(c->model_type), "%s", fam->model_type);
+	if (spec_int(root, "hidden_size", -1, 1, SPEC_MAX_DIM, &c->hidden, err, errlen) ||
+	    spec_int(root, "num_hidden_layers", -1, 1, SPEC_MAX_LAYERS, &c->layers, err, errlen) ||
+	    spec_int(root, "num_attention_heads", -1, 1, 65536, &c->heads, err, errlen) ||
+	    spec_int(root, "num_key_value_heads", c->heads, 1, 65536, &c->kv_heads, err, errlen) ||
+	    spec_int(root, "vocab_size", -1, 1, SPEC_MAX_DIM, &c->vocab, err, errlen) ||
+	    spec_int(root, "intermediate_size", -1, 1, SPEC_MAX_DIM, &c->intermediate, err, errlen))
+		return -1;
+	if (c->hidden % c->heads && !json_object_get(root, "head_dim"))
+		return spec_err(err, errlen, "config.json: hidden_size %lld not divisible by num_attention_heads %lld and no head_dim",
+				(long long)c->hidden, (long long)c->heads);
+	dflt_hd = c->hidden / c->heads;
+	if (spec_int(root, "head_dim", dflt_hd, 1, 65536, &c->head_dim, err, errlen))
+		return -1;
+	if (c->heads % c->kv_heads)
+		return spec_err(err, errlen, "config.json: num_attention_heads %lld not a multiple of num_key_value_heads %lld",
+				(long long)c->heads, (long long)c->kv_heads);
+	if (spec_bool(root, "tie_word_embeddings", 0, &c->tied, err, errlen) ||
+	    spec_bool(root, "attention_bias", fam->attn_bias, &c->attn_bias, err, errlen))
+		return -1;
+	c->qk_norm = fam->qk_norm;
+	c->moe_layer = calloc((size_t)c->layers, 1);
+	if (!c->moe_layer)
+		return spec_err(err, errlen, "out of memory");
+	if (!fam->moe)
+		return 0;
+	if (spec_int(root, "num_experts", -1, 1, SPEC_MAX_EXPERTS, &c->experts, err, errlen) ||
+	    spec_int(root, "moe_intermediate_size", -1, 1, SPEC_MAX_DIM, &c->moe_intermediate, err, errlen) ||
+	    spec_int(root, "decoder_sparse_step", 1, 1, SPEC_MAX_LAYERS, &c->sparse_step, err, errlen))
+		return -1;
+	for (i = 0; i < (size_t)c->layers; i++)
+		c->moe_layer[i] = ((int64_t)(i + 1) % c->sparse_step) == 0;
+	only = json_object_get(root, "mlp_only_layers");
+	if (only && !json_is_array(only))
+		return spec_err(err, errlen, "config.json: \"mlp_only_layers\" is not an array");
+	for (i = 0; only && i < json_array_size(only); i++) {
+		json_t *v = json_array_get(only, i);
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) >= c->layers)
+			return spec_err(err, errlen, "config.json: mlp_only_layers[%zu] is not a layer index", i);
+		c->moe_layer[json_integer_value(v)] = 0;
+	}
+	return 0;
+}
+
+struct spec_builder {
+	struct dte_spec *s;
+	uint32_t cap;
+};
+
+static int spec_add(struct spec_builder *b, enum dte_spec_kind kind, int32_t layer,
+		    int32_t expert, uint32_t ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+	__attribute__((format(printf, 8, 9)));
+
+static int spec_add(struct spec_builder *b, enum dte_spec_kind kind, int32_t layer,
+		    int32_t expert, uint32_t ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+{
+	struct dte_spec *s = b->s;
+	struct dte_spec_tensor *t;
+	va_list ap;
+
+	if (s->n == b->cap) {
+		uint32_t ncap = b->cap ? b->cap * 2 : 256;
+		void *p = realloc(s->t, ncap * sizeof(*s->t));
+		if (!p)
+			return -1;
+		s->t = p;
+		b->cap = ncap;
+	}
+	t = &s->t[s->n];
+	memset(t, 0, sizeof(*t));
+	va_start(ap, fmt);
+	vsnprintf(t->name, sizeof(t->name), fmt, ap);
+	va_end(ap);
+	t->ndim = ndim;
+	t->shape[0] = d0;
+	t->shape[1] = d1;
+	t->numel = ndim == 1 ? d0 : d0 * d1;
+	t->kind = (uint8_t)kind;
+	t->layer = layer;
+	t->expert = expert;
+	t->group = (ndim == 1) ? DTE_SPEC_GROUP_NO_DECAY : DTE_SPEC_GROUP_DECAY;
+	if (layer >= 0 && expert < 0)
+		s->layer_idx[layer * DTE_SPEC_NKINDS + kind] = (int32_t)s->n;
+	s->total_elems += t->numel;
+	s->n++;
+	return 0;
+}
+
+static int spec_build_tensors(struct dte_spec *s)
+{
+	const struct dte_spec_cfg *c = &s->cfg;
+	struct spec_builder b = { s, 0 };
+	int64_t H = c->hidden, hd = c->head_dim;
+	int32_t l, e;
+	size_t i;
+	int rc = 0;
+
+	s->layer_idx = malloc((size_t)c->layers * DTE_SPEC_NKINDS * sizeof(int32_t));
+	s->expert_base = malloc((size_t)c->layers * sizeof(int32_t));
+	if (!s->layer_idx || !s->expert_base)
+		return -1;
+	for (i = 0; i < (size_t)c->layers * DTE_SPEC_NKINDS; i++)
+		s->layer_idx[i] = -1;
+	s->embed = (int32_t)s->n;
+	rc |= spec_add(&b, DTE_SPEC_EMBED, -1, -1, 2, c->vocab, H, "model.embed_tokens.weight");
+	for (l = 0; l < c->layers && !rc; l++) {
+		const char *p = "model.layers";
+		s->expert_base[l] = -1;
+		rc |= spec_add(&b, DTE_SPEC_IN_NORM, l, -1, 1, H, 0, "%s.%d.input_layernorm.weight", p, l);
+		rc |= spec_add(&b, DTE_SPEC_Q, l, -1, 2, c->heads * hd, H, "%s.%d.self_attn.q_proj.weight", p, l);
+		rc |= spec_add(&b, DTE_SPEC_K, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.k_proj.weight", p, l);
+		rc |= spec_add(&b, DTE_SPEC_V, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.v_proj.weight", p, l);
+		if (c->attn_bias) {
+			rc |= spec_add(&b, DTE_SPEC_Q_BIAS, l, -1, 1, c->heads * hd, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+			rc |= spec_add(&b, DTE_SPEC_K_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+			rc |= spec_add(&b, DTE_SPEC_V_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+		}
+		if (c->qk_norm) {
+			rc |= spec_add(&b, DTE_SPEC_Q_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_K_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+		}
+		rc |= spec_add(&b, DTE_SPEC_O, l, -1, 2, H, c->heads * hd, "%s.%d.self_attn.o_proj.weight", p, l);
+		rc |= spec_add(&b, DTE_SPEC_POST_NORM, l, -1, 1, H, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+		if (!c->moe_layer[l]) {
+			int64_t I = c->intermediate;
+			rc |= spec_add(&b, DTE_SPEC_GATE, l, -1, 2, I, H, "%s.%d.mlp.gate_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_UP, l, -1, 2, I, H, "%s.%d.mlp.up_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_DOWN, l, -1, 2, H, I, "%s.%d.mlp.down_proj.weight", p, l);
+			continue;
+		}
+		rc |= spec_add(&b, DTE_SPEC_ROUTER, l, -1, 2, c->experts, H, "%s.%d.mlp.gate.weight", p, l);
+		s->expert_base[l] = (int32_t)s->n;
+		for (e = 0; e < c->experts && !rc; e++) {
+			int64_t I = c->moe_intermediate;
+			rc |= spec_add(&b, DTE_SPEC_EXP_GATE, l, e, 2, I, H, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+			rc |= spec_add(&b, DTE_SPEC_EXP_UP, l, e, 2, I, H, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+			rc |= spec_add(&b, DTE_SPEC_EXP_DOWN, l, e, 2, H, I, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+		}
+	}
+	s->final_norm = (int32_t)s->n;
+	rc |= spec_add(&b, DTE_SPEC_FINAL_NORM, -1, -1, 1, H, 0, "model.norm.weight");
+	s->lm_head = -1;
+	if (!c->tied) {
+		s->lm_head = (int32_t)s->n;
+		rc |= spec_add(&b, DTE_SPEC_LM_HEAD, -1, -1, 2, c->vocab, H, "lm_head.weight");
+	}
+	return rc;
+}
+
+/* Canonical serialization: per tensor name NUL ndim shape (LE int64), "bf16". */
+static uint64_t spec_hash(const struct dte_spec *s)
+{
+	XXH3_state_t *st = XXH3_createState();
+	uint64_t h = 0;
+	uint32_t i, d;
+
+	if (!st)
+		return 0;
+	XXH3_64bits_reset(st);
+	for (i = 0; i < s->n; i++) {
+		const struct dte_spec_tensor *t = &s->t[i];
+		uint8_t buf[8];
+		XXH3_64bits_update(st, t->name, strlen(t->name) + 1);
+		buf[0] = (uint8_t)t->ndim;
+		XXH3_64bits_update(st, buf, 1);
+		for (d = 0; d < t->ndim; d++) {
+			uint64_t v = (uint64_t)t->shape[d];
+			int k;
+			for (k = 0; k < 8; k++)
+				buf[k] = (uint8_t)(v >> (8 * k));
+			XXH3_64bits_update(st, buf, 8);
+		}
+		XXH3_64bits_update(st, "bf16", 4);
+	}
+	h = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return h;
+}
+
+static int spec_from_json(struct dte_spec *spec, json_t *root, char *err, size_t errlen)
+{
+	memset(spec, 0, sizeof(*spec));
+	if (spec_parse_cfg(&spec->cfg, root, err, errlen))
+		goto fail;
+	if (spec_build_tensors(spec)) {
+		spec_err(err, errlen, "out of memory building the model spec");
+		goto fail;
+	}
+	spec->hash = spec_hash(spec);
+	return 0;
+fail:
+	dte_spec_fini(spec);
+	return -1;
+}
+
+int dte_spec_load_string(struct dte_spec *spec, const char *json,
+			 char *err, size_t errlen)
+{
+	json_error_t jerr;
+	json_t *root;
+	int rc;
+
+	memset(spec, 0, sizeof(*spec));
+	root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return spec_err(err, errlen, "config.json: malformed JSON at line %d: %s",
+				jerr.line, jerr.text);
+	rc = spec_from_json(spec, root, err, errlen);
+	json_decref(root);
+	return rc;
+}
+
+int dte_spec_load_file(struct dte_spec *spec, const char *path,
+		       char *err, size_t errlen)
+{
+	json_error_t jerr;
+	json_t *root;
+	int rc;
+
+	memset(spec, 0, sizeof(*spec));
+	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return spec_err(err, errlen, "%s: malformed JSON at line %d: %s",
+				path, jerr.line, jerr.text);
+	rc = spec_from_json(spec, root, err, errlen);
+	json_decref(root);
+	return rc;
+}
+
+void dte_spec_fini(struct dte_spec *spec)
+{
+	free(spec->t);
+	free(spec->layer_idx);
+	free(spec->expert_base);
+	free(spec->cfg.moe_layer);
+	memset(spec, 0, sizeof(*spec));
+}
+
+int32_t dte_spec_find(const struct dte_spec *spec, const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < spec->n; i++)
+		if (!strcmp(spec->t[i].name, name))
+			return (int32_t)i;
+	return -1;
+}
+
+int32_t dte_spec_layer_tensor(const struct dte_spec *spec, int64_t layer,
+			      enum dte_spec_kind kind)
+{
+	if (layer < 0 || layer >= spec->cfg.layers || kind >= DTE_SPEC_NKINDS)
+		return -1;
+	return spec->layer_idx[layer * DTE_SPEC_NKINDS + kind];
+}
+
+int32_t dte_spec_expert_tensor(const struct dte_spec *spec, int64_t layer,
+			       int64_t expert, enum dte_spec_kind kind)
+{
+	if (layer < 0 || layer >= spec->cfg.layers || spec->expert_base[layer] < 0 ||
+	    expert < 0 || expert >= spec->cfg.experts ||
+	    kind < DTE_SPEC_EXP_GATE || kind > DTE_SPEC_EXP_DOWN)
+		return -1;
+	return spec->expert_base[layer] + (int32_t)(expert * 3 + (kind - DTE_SPEC_EXP_GATE));
+}

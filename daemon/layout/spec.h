@@ -1,0 +1,89 @@
+/* daemon/layout/spec.h — the model spec: the canonical (Hugging Face) tensors
+ * both sides of a job agree on, built from an HF config.json.
+ *
+ * Tensors are listed in a fixed order (embed, per layer: norms, attention,
+ * MLP or MoE, then final norm and lm_head), so a tensor id is stable for a
+ * given config; the spec hash covers names, shapes and the canonical dtype
+ * (BF16) and is what daemons compare at join.
+ */
+#ifndef DTE_SPEC_H
+#define DTE_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gpu/entry.h"
+
+#define DTE_SPEC_NAME_MAX 128
+
+/* What a canonical tensor is, for the generators. */
+enum dte_spec_kind {
+	DTE_SPEC_EMBED = 0,
+	DTE_SPEC_LM_HEAD,
+	DTE_SPEC_FINAL_NORM,
+	DTE_SPEC_IN_NORM,        /* per layer */
+	DTE_SPEC_Q, DTE_SPEC_K, DTE_SPEC_V,
+	DTE_SPEC_Q_BIAS, DTE_SPEC_K_BIAS, DTE_SPEC_V_BIAS,
+	DTE_SPEC_Q_NORM, DTE_SPEC_K_NORM,
+	DTE_SPEC_O,
+	DTE_SPEC_POST_NORM,
+	DTE_SPEC_GATE, DTE_SPEC_UP, DTE_SPEC_DOWN,   /* dense MLP */
+	DTE_SPEC_ROUTER,
+	DTE_SPEC_EXP_GATE, DTE_SPEC_EXP_UP, DTE_SPEC_EXP_DOWN, /* per expert */
+	DTE_SPEC_NKINDS
+};
+
+/* Optimizer groups the generators assign (Megatron/HF convention:
+ * no weight decay on norms and biases). */
+enum { DTE_SPEC_GROUP_DECAY = 0, DTE_SPEC_GROUP_NO_DECAY = 1 };
+
+struct dte_spec_tensor {
+	char     name[DTE_SPEC_NAME_MAX];
+	uint32_t ndim;
+	int64_t  shape[DTE_MAX_DIMS];
+	int64_t  numel;
+	uint8_t  kind;    /* enum dte_spec_kind */
+	uint8_t  group;   /* optimizer group */
+	int32_t  layer;   /* -1 for global tensors */
+	int32_t  expert;  /* -1 unless an expert tensor */
+};
+
+struct dte_spec_cfg {
+	char    model_type[32];
+	int64_t hidden, intermediate, moe_intermediate;
+	int64_t layers, heads, kv_heads, head_dim, vocab;
+	int64_t experts;          /* 0: dense model */
+	int64_t sparse_step;      /* decoder_sparse_step */
+	int     tied;             /* tie_word_embeddings */
+	int     attn_bias;        /* q/k/v biases (qwen2, attention_bias) */
+	int     qk_norm;          /* q_norm/k_norm per layer (qwen3) */
+	uint8_t *moe_layer;       /* [layers]: 1 when that layer has experts */
+};
+
+struct dte_spec {
+	struct dte_spec_cfg     cfg;
+	struct dte_spec_tensor *t;
+	uint32_t                n;
+	uint64_t                hash;
+	int64_t                 total_elems;
+	/* Lookup: id of (layer, kind) or -1; experts: base + e*3 + {0,1,2}. */
+	int32_t                *layer_idx;   /* [layers * DTE_SPEC_NKINDS] */
+	int32_t                *expert_base; /* [layers], -1 for dense layers */
+	int32_t                 embed, lm_head, final_norm;
+};
+
+/* Build from a config.json file / a JSON text. Returns 0 or -1 with a
+ * message in err. On error *spec is left zeroed (nothing to free). */
+int dte_spec_load_file(struct dte_spec *spec, const char *path,
+		       char *err, size_t errlen);
+int dte_spec_load_string(struct dte_spec *spec, const char *json,
+			 char *err, size_t errlen);
+void dte_spec_fini(struct dte_spec *spec);
+
+/* Id of a tensor, -1 when the spec has none. */
+int32_t dte_spec_find(const struct dte_spec *spec, const char *name);
+int32_t dte_spec_layer_tensor(const struct dte_spec *spec, int64_t layer,
+			      enum dte_spec_kind kind);
+int32_t dte_spec_expert_tensor(const struct dte_spec *spec, int64_t layer,
+			       int64_t expert, enum dte_spec_kind kind);
+
+#endif
