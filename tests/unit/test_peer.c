@@ -436,7 +436,8 @@ static void xchg_client(int port_fd)
 	free(X.medium_src);
 	free(X.large_src);
 	fflush(stdout);
-	_exit(0);
+	fflush(stdout);
+	exit(0);   /* not _exit: let LeakSanitizer check the child */
 }
 
 static void test_exchange(void **state)
@@ -636,7 +637,8 @@ static void survivor_main(int go_fd)
 	CHECK(dte_peer_connect(&n.ctx, "127.0.0.1", port, &n.peer) == 0);
 	CHECK(node_run_and_close_loop(&n) == 0);
 	CHECK(survivor_echoes == N_ECHO);
-	_exit(0);
+	fflush(stdout);
+	exit(0);   /* not _exit: let LeakSanitizer check the child */
 }
 
 static void test_kill_detected(void **state)
@@ -687,11 +689,275 @@ static void test_kill_detected(void **state)
 	assert_int_equal(n.downs, 2);
 }
 
+/* =================== connect to a port nobody listens on ================== */
+
+static void refused_up(dte_peer_ctx_t *ctx, dte_peer_t *peer)
+{
+	struct node *n = ctx->data;
+
+	n->ups++;
+}
+
+static void refused_down(dte_peer_ctx_t *ctx, dte_peer_t *peer, int status,
+                         const char *reason)
+{
+	struct node *n = ctx->data;
+
+	n->downs++;
+	n->last_down_status = status;
+	snprintf(n->last_down_reason, sizeof(n->last_down_reason), "%s", reason);
+	assert_int_equal(dte_peer_ctx_close(ctx, node_ctx_closed), 0);
+}
+
+/* A port that was free a moment ago. */
+static uint16_t free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	uint16_t port;
+
+	assert_true(fd >= 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+static void test_connect_refused(void **state)
+{
+	struct node n;
+	dte_peer_t *peer = NULL;
+	double t0;
+
+	assert_int_equal(node_init(&n, "lonely", 3, refused_up, refused_down), 0);
+	t0 = now_s();
+	assert_int_equal(dte_peer_connect(&n.ctx, "127.0.0.1", free_port(),
+	                                  &peer), 0);
+	assert_non_null(peer);
+	assert_int_equal(dte_peer_is_up(peer), 0);
+	/* Not up yet: user messages are refused, not queued. */
+	assert_int_equal(dte_peer_send(peer, MSG_SMALL, NULL, 0, NULL, 0, NULL,
+	                               NULL), -ENOTCONN);
+	assert_int_equal(node_run_and_close_loop(&n), 0);
+	assert_int_equal(n.ups, 0);
+	assert_int_equal(n.downs, 1);
+	assert_true(n.last_down_status < 0);
+	assert_true(now_s() - t0 < 10.0);
+	printf("peer-refused: status=%d reason=\"%s\"\n", n.last_down_status,
+	       n.last_down_reason);
+}
+
+/* ============================ argument checks ============================= */
+
+static void test_bad_args(void **state)
+{
+	char longname[DTE_PEER_NAME_MAX + 1];
+	dte_peer_params_t p = {
+		.field_mask = DTE_PEER_PARAM_FIELD_NODE_NAME,
+		.node_name = longname,
+	};
+	static char hdr[DTE_PEER_HEADER_MAX + 1];
+	dte_peer_mem_t *mem = (dte_peer_mem_t *)&p;   /* must stay untouched */
+	dte_peer_t *peer = (dte_peer_t *)&p;
+	struct node n;
+	uv_loop_t loop;
+	dte_peer_ctx_t ctx;
+	uint16_t port = 7;
+
+	memset(longname, 'x', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	uv_loop_init(&loop);
+	assert_int_equal(dte_peer_ctx_init(&ctx, &loop, &p), -EINVAL);
+	assert_int_equal(dte_peer_ctx_init(NULL, &loop, NULL), -EINVAL);
+	assert_int_equal(dte_peer_ctx_init(&ctx, NULL, NULL), -EINVAL);
+	assert_int_equal(uv_loop_close(&loop), 0);
+
+	assert_int_equal(node_init(&n, "args", 4, NULL, NULL), 0);
+	assert_int_equal(dte_peer_handler_set(&n.ctx, DTE_PEER_MSG_ID_MAX,
+	                                      x_recv_small, NULL, NULL), -EINVAL);
+	assert_int_equal(dte_peer_handler_set(&n.ctx, 1, NULL, xs_alloc_large,
+	                                      NULL), -EINVAL);
+	assert_int_equal(dte_peer_listen(&n.ctx, "not-an-address", 0, &port),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_listen(&n.ctx, NULL, 0, &port), -EINVAL);
+	assert_int_equal(port, 7);
+	assert_int_equal(dte_peer_connect(&n.ctx, "300.1.1.1", 5, &peer),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_connect(&n.ctx, "127.0.0.1", 0, &peer),
+	                 -EINVAL);
+	assert_ptr_equal(peer, (dte_peer_t *)&p);
+	assert_int_equal(dte_peer_mem_map(&n.ctx, NULL, 10, &mem), -EINVAL);
+	assert_int_equal(dte_peer_mem_map(&n.ctx, hdr, 0, &mem), -EINVAL);
+	assert_ptr_equal(mem, (dte_peer_mem_t *)&p);
+	assert_int_equal(dte_peer_mem_map(&n.ctx, hdr, sizeof(hdr), &mem), 0);
+	assert_int_equal(dte_peer_mem_unmap(&n.ctx, mem), 0);
+	assert_int_equal(dte_peer_listen(&n.ctx, "127.0.0.1", 0, &port), 0);
+	assert_true(port != 7 && port != 0);
+	assert_int_equal(dte_peer_listen(&n.ctx, "127.0.0.1", 0, &port),
+	                 -EALREADY);
+
+	/* A connecting peer: sends are checked before the state is. */
+	assert_int_equal(dte_peer_connect(&n.ctx, "127.0.0.1", port, &peer), 0);
+	assert_int_equal(dte_peer_send(peer, DTE_PEER_MSG_ID_MAX, NULL, 0, NULL,
+	                               0, NULL, NULL), -EINVAL);
+	assert_int_equal(dte_peer_send(peer, 1, hdr, sizeof(hdr), NULL, 0, NULL,
+	                               NULL), -EMSGSIZE);
+	assert_int_equal(dte_peer_send(peer, 1, NULL, 4, NULL, 0, NULL, NULL),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_send(peer, 1, NULL, 0, NULL, 1, NULL, NULL),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_send(peer, 1, NULL, 0, NULL, -1, NULL, NULL),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_send(NULL, 1, NULL, 0, NULL, 0, NULL, NULL),
+	                 -EINVAL);
+	assert_int_equal(dte_peer_close(NULL), -EINVAL);
+
+	/* Closing with a half-open peer and no loop turn in between. */
+	assert_int_equal(dte_peer_ctx_close(&n.ctx, node_ctx_closed), 0);
+	assert_int_equal(dte_peer_ctx_close(&n.ctx, node_ctx_closed), -EINVAL);
+	assert_int_equal(dte_peer_listen(&n.ctx, "127.0.0.1", 0, &port), -EINVAL);
+	assert_int_equal(node_run_and_close_loop(&n), 0);
+	assert_true(n.ctx_closed);
+}
+
+/* ================= malformed frames from a misbehaving peer =============== */
+
+static int bad_sentinel;
+
+static void bad_recv(dte_peer_t *peer, unsigned id, const void *hdr,
+                     size_t hlen, void *data, size_t len, void *arg)
+{
+	dte_peer_stats_t st;
+	uint32_t counts[2];
+
+	dte_peer_ctx_stats(dte_peer_ctx(peer), &st);
+	bad_sentinel++;
+	counts[0] = (uint32_t)st.dropped_bad;
+	counts[1] = (uint32_t)st.dropped_unknown;
+	assert_int_equal(dte_peer_send(peer, MSG_DONE, counts, sizeof(counts),
+	                               NULL, 0, NULL, NULL), 0);
+}
+
+static void bad_down(dte_peer_ctx_t *ctx, dte_peer_t *peer, int status,
+                     const char *reason)
+{
+	dte_peer_ctx_close(ctx, node_ctx_closed);
+}
+
+static void evil_done(dte_peer_t *peer, unsigned id, const void *hdr,
+                      size_t hlen, void *data, size_t len, void *arg)
+{
+	uint32_t counts[2];
+
+	CHECK(hlen == sizeof(counts));
+	memcpy(counts, hdr, sizeof(counts));
+	CHECK(counts[0] == 5);   /* short, long claim, magic, 2nd HELLO, huge */
+	CHECK(counts[1] == 1);   /* msg id out of range */
+	CHECK(dte_peer_close(peer) == 0);
+}
+
+static void evil_up(dte_peer_ctx_t *ctx, dte_peer_t *peer)
+{
+	struct dte_peer_wire_hdr wh = { DTE_PEER_MAGIC, 1, 0 };
+	struct dte_peer_hello hello = { .magic = DTE_PEER_MAGIC,
+	                                .version = DTE_PEER_VERSION };
+	uint8_t junk[16] = { 0 };
+	static uint8_t big[2 * DTE_PEER_HEADER_MAX];
+
+	/* Too short for the wire header. */
+	CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, 3, NULL, 0, NULL, 0,
+	                     NULL, NULL) == 0);
+	/* Claims 10 header bytes, carries 4. */
+	wh.hdr_len = 10;
+	CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, sizeof(wh), junk, 4,
+	                     NULL, 0, NULL, NULL) == 0);
+	/* Wrong magic. */
+	wh.magic = 0xdeadbeef;
+	wh.hdr_len = 4;
+	CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, sizeof(wh), junk, 4,
+	                     NULL, 0, NULL, NULL) == 0);
+	/* A second HELLO on an established peer. */
+	CHECK(dte_peer__send(peer, DTE_PEER_AM_HELLO, &hello, sizeof(hello),
+	                     NULL, 0, NULL, 0, NULL, NULL) == 0);
+	/* A user header over the cap, if UCX lets it through at all. */
+	wh.magic = DTE_PEER_MAGIC;
+	wh.hdr_len = sizeof(big);
+	if (sizeof(wh) + sizeof(big) <= ctx->max_am_header)
+		CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, sizeof(wh), big,
+		                     sizeof(big), NULL, 0, NULL, NULL) == 0);
+	else
+		CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, 3, NULL, 0, NULL,
+		                     0, NULL, NULL) == 0);
+	/* Well formed, id out of range. */
+	wh.msg_id = 300;
+	wh.hdr_len = 0;
+	CHECK(dte_peer__send(peer, DTE_PEER_AM_MSG, &wh, sizeof(wh), NULL, 0,
+	                     NULL, 0, NULL, NULL) == 0);
+	/* Sentinel. */
+	CHECK(dte_peer_send(peer, MSG_SMALL, NULL, 0, NULL, 0, NULL, NULL) == 0);
+}
+
+static void evil_down(dte_peer_ctx_t *ctx, dte_peer_t *peer, int status,
+                      const char *reason)
+{
+	CHECK(status == 0);
+	CHECK(dte_peer_ctx_close(ctx, node_ctx_closed) == 0);
+}
+
+static void evil_main(int port_fd)
+{
+	struct node n;
+	uint16_t port = read_port(port_fd);
+
+	CHECK(node_init(&n, "evil", 66, evil_up, evil_down) == 0);
+	CHECK(dte_peer_handler_set(&n.ctx, MSG_DONE, evil_done, NULL, NULL) == 0);
+	CHECK(dte_peer_connect(&n.ctx, "127.0.0.1", port, &n.peer) == 0);
+	CHECK(node_run_and_close_loop(&n) == 0);
+	fflush(stdout);
+	exit(0);   /* not _exit: let LeakSanitizer check the child */
+}
+
+static void test_malformed(void **state)
+{
+	struct node n;
+	uint16_t port;
+	int fds[2];
+	pid_t pid;
+
+	assert_int_equal(pipe(fds), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(fds[1]);
+		evil_main(fds[0]);
+	}
+	close(fds[0]);
+	bad_sentinel = 0;
+	assert_int_equal(node_init(&n, "victim", 1, NULL, bad_down), 0);
+	assert_int_equal(dte_peer_handler_set(&n.ctx, MSG_SMALL, bad_recv, NULL,
+	                                      NULL), 0);
+	assert_int_equal(dte_peer_listen(&n.ctx, "127.0.0.1", 0, &port), 0);
+	write_port(fds[1], port);
+	close(fds[1]);
+	assert_int_equal(node_run_and_close_loop(&n), 0);
+	assert_int_equal(wait_child(pid), 0);
+	assert_int_equal(bad_sentinel, 1);
+	assert_int_equal(n.ctx.stats.dropped_bad, 5);
+	assert_int_equal(n.ctx.stats.dropped_unknown, 1);
+	assert_int_equal(n.ctx.stats.msgs_recv, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_exchange),
 		cmocka_unit_test(test_kill_detected),
+		cmocka_unit_test(test_connect_refused),
+		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_malformed),
 	};
 
 	env_defaults();
