@@ -1,0 +1,20 @@
+/* client/dte_internal.h — libdte internals shared with dtectl (which links
+ * libdte.a).  Not installed; not part of the ABI. */
+#ifndef DTE_INTERNAL_H
+#define DTE_INTERNAL_H
+
+#include "client/dte.h"
+#include "proto/dte.pb-c.h"
+
+/* Client-side cap on reply frames. */
+#define DTE_CLIENT_MAX_FRAME (256u * 1024u * 1024u)
+
+/* One round trip.  Sets req->id.  On DTE_OK *resp holds the reply (free
+ * with dte__response__free_unpacked(resp, NULL)); a daemon-side error is
+ * returned as its dte_err with the daemon's message in dte_errmsg(). */
+int dte__call(dte_t *h, Dte__Request *req, Dte__Response **resp);
+
+/* Map a daemon status code to an enum dte_err. */
+int dte__status_to_err(Dte__Status code);
+
+#endif
