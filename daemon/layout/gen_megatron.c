@@ -33,8 +33,9 @@
  * linear_fc1.weight, linear_fc2.weight (dense) or pre_mlp_layernorm.weight,
  * router.weight, experts.linear_fc1.weight0.., experts.linear_fc2.weight0..
  * (MoE); before the layers embedding, after them final_layernorm.weight and
- * output_layer.weight (untied only).  Without the distributed optimizer,
- * DP rank 0 is the source of the whole buffer.
+ * output_layer.weight (untied only).  Without the distributed optimizer
+ * (dopt=0) nothing is padded and DP rank 0 is the source of the whole
+ * buffer (the other DP ranks hold identical replicas).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,15 +248,16 @@ static int64_t gcd64(int64_t a, int64_t b)
 	return a;
 }
 
-/* Offsets in reverse registration order; returns the unpadded length. */
-static int64_t mg_assign_offsets(struct mg_list *m)
+/* Offsets in reverse registration order; returns the unpadded length.
+ * Megatron pads only for the distributed optimizer. */
+static int64_t mg_assign_offsets(struct mg_list *m, int dist_opt)
 {
-	int64_t off = 0;
+	int64_t off = 0, align = dist_opt ? MG_PARAM_ALIGN : 1;
 	size_t i;
 
 	for (i = m->n; i > 0; i--) {
 		struct mg_param *p = &m->p[i - 1];
-		off = (off + MG_PARAM_ALIGN - 1) / MG_PARAM_ALIGN * MG_PARAM_ALIGN;
+		off = (off + align - 1) / align * align;
 		p->offset = off;
 		off += p->numel;
 	}
@@ -393,7 +395,7 @@ int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
 			mg_vocab(&m, spec, spec->lm_head, T, t, "output_layer.weight");
 		if (m.oom)
 			goto oom;
-		total = mg_assign_offsets(&m);
+		total = mg_assign_offsets(&m, cfg->dist_opt);
 		for (d = 0; d < cfg->dp; d++)
 			if (mg_emit(l, &m, total, cfg, cfg->dp, d, (uint32_t)(d * T + t), 0, "dense", spec))
 				goto oom;
@@ -408,7 +410,7 @@ int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
 					mg_layer_experts(&m, spec, layer, cfg->ep, ep_idx, etp, etp_idx);
 			if (m.oom)
 				goto oom;
-			total = mg_assign_offsets(&m);
+			total = mg_assign_offsets(&m, cfg->dist_opt);
 			for (d = 0; d < edp; d++)
 				if (mg_emit(l, &m, total, cfg, edp, d, (uint32_t)(d * cfg->ep * etp + eg), 3, "expert", spec))
 					goto oom;
