@@ -366,6 +366,14 @@ class Trainer:
         """'decay' or 'no_decay': the group a source piece belongs to."""
         return "no_decay" if is_replicated(name) else "decay"
 
+    def close(self):
+        """Drop the optimizer's references to the arena tensors, so that
+        model.close() can unmap them."""
+        self.opt.state.clear()
+        for g in self.opt.param_groups:
+            g["params"] = []
+        self.param_info.clear()
+
     def state_in_shm(self):
         """True when every param and moment is still the arena's own memory."""
         m = self.model

@@ -15,6 +15,7 @@ import collections
 import fcntl
 import mmap
 import os
+import sys
 
 import torch
 
@@ -84,12 +85,14 @@ class Arena:
         except BaseException:
             os.close(self.fd)
             raise
-        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._make_views()
         self.base = self._bytes.data_ptr()
+
+    def _make_views(self):
+        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._tensors = collections.OrderedDict()
         for name, (off, nbytes, dtype, shape) in self._entries.items():
-            numel = nbytes // torch.empty((), dtype=dtype).element_size()
-            flat = self._bytes[off:off + nbytes].view(dtype) if numel else \
+            flat = self._bytes[off:off + nbytes].view(dtype) if nbytes else \
                 torch.empty(0, dtype=dtype)
             self._tensors[name] = flat.view(shape)
 
@@ -119,12 +122,23 @@ class Arena:
         return self.base <= start and end <= self.base + self.size
 
     def close(self):
-        """Unmap and close the fd.  Tensors handed out must be dropped first
-        (mmap refuses to close while they are alive: that is a BufferError)."""
+        """Unmap and close the fd.
+
+        Every tensor handed out must be dropped first: torch.frombuffer keeps
+        the mmap object alive but does not pin the mapping, so unmapping under
+        a live tensor would turn its next access into a segfault.  A live
+        tensor (seen as an extra reference to the mmap) makes close() raise
+        BufferError and leaves the arena as it was.
+        """
         if self._mm is None:
             return
-        self._tensors.clear()
+        self._tensors = None
         self._bytes = None
+        # References: self._mm and getrefcount's argument; any more is a tensor.
+        if sys.getrefcount(self._mm) > 2:
+            self._make_views()
+            raise BufferError("shm: arena %r still has live tensors; drop them "
+                              "before close()" % self.label)
         self._mm.close()
         self._mm = None
         os.close(self.fd)
