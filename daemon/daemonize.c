@@ -52,10 +52,23 @@ int ddaemon_detach(void)
 
 void ddaemon_ready(void)
 {
-	if (ready_fd >= 0) {
-		if (write(ready_fd, "R", 1) != 1)
-			DLOG_W("could not signal readiness to the parent");
-		close(ready_fd);
-		ready_fd = -1;
+	int nul;
+
+	if (ready_fd < 0)
+		return;
+	/* Startup errors went to the terminal; from here on the terminal may
+	 * be gone, so logs go to syslog and stdio to /dev/null (which also
+	 * lets a caller waiting for our output see EOF). */
+	dlog_to_syslog();
+	nul = open("/dev/null", O_RDWR);
+	if (nul >= 0) {
+		dup2(nul, STDOUT_FILENO);
+		dup2(nul, STDERR_FILENO);
+		if (nul > STDERR_FILENO)
+			close(nul);
 	}
+	if (write(ready_fd, "R", 1) != 1)
+		DLOG_W("could not signal readiness to the parent");
+	close(ready_fd);
+	ready_fd = -1;
 }

@@ -1,6 +1,6 @@
 /* daemon/daemonize.h — detach from the terminal, chronyd style.
  *
- * The parent stays until the child says it is ready (socket bound) or
+ * Logs go to syslog once detached.  The parent stays until the child says it is ready (socket bound) or
  * dies, so `dted` without --foreground still exits non-zero when startup
  * fails.
  */

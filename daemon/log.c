@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 #include "daemon/log.h"
@@ -15,6 +16,7 @@ static const char *const level_names[] = {
 
 static enum dlog_level cur_level = DLOG_NOTICE;
 static int to_journal;
+static int to_syslog;
 
 /* JOURNAL_STREAM is inherited by children that may have redirected stderr;
  * only trust it when it names the stderr we actually have. */
@@ -39,7 +41,16 @@ void dlog_init(enum dlog_level level)
 
 void dlog_fini(void)
 {
+	if (to_syslog)
+		closelog();
+	to_syslog = 0;
 	fflush(stderr);
+}
+
+void dlog_to_syslog(void)
+{
+	openlog("dted", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	to_syslog = 1;
 }
 
 void dlog_set_level(enum dlog_level level)
@@ -77,6 +88,12 @@ void dlog(enum dlog_level level, const char *fmt, ...)
 
 	if (level > cur_level)
 		return;
+	if (to_syslog) {
+		va_start(ap, fmt);
+		vsyslog((int)level, fmt, ap);
+		va_end(ap);
+		return;
+	}
 	if (to_journal) {
 		n = snprintf(line, sizeof(line), "<%d>", (int)level);
 	} else {

@@ -19,6 +19,10 @@ enum dlog_level {
 void dlog_init(enum dlog_level level);
 void dlog_fini(void);
 
+/* From now on log to syslog (a detached daemon has no stderr worth
+ * writing to). */
+void dlog_to_syslog(void);
+
 void dlog_set_level(enum dlog_level level);
 enum dlog_level dlog_get_level(void);
 
