@@ -1,0 +1,276 @@
+/* tests/unit/test_plan.c — plans: coverage over the real model matrix,
+ * element accounting, gaps and overlaps named, replicas and links. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include "daemon/layout/gen.h"
+#include "daemon/layout/plan.h"
+
+#define DATA "tests/data/layout/"
+
+static void spec_load(struct dte_spec *s, const char *path)
+{
+	char err[256];
+
+	if (dte_spec_load_file(s, path, err, sizeof(err)))
+		fail_msg("%s", err);
+}
+
+/* Sink elements an SGLang replica holds, computed from the config alone:
+ * norms and the router on every rank, KV rows replicated when tp > kv. */
+static int64_t sglang_elements(const struct dte_spec *s, int64_t tp)
+{
+	const struct dte_spec_cfg *c = &s->cfg;
+	int64_t kvrep = tp > c->kv_heads ? tp / c->kv_heads : 1, n = 0;
+	uint32_t i;
+
+	for (i = 0; i < s->n; i++) {
+		const struct dte_spec_tensor *t = &s->t[i];
+		switch (t->kind) {
+		case DTE_SPEC_K: case DTE_SPEC_V: case DTE_SPEC_K_BIAS: case DTE_SPEC_V_BIAS:
+			n += t->numel * kvrep;
+			break;
+		case DTE_SPEC_IN_NORM: case DTE_SPEC_POST_NORM: case DTE_SPEC_FINAL_NORM:
+		case DTE_SPEC_Q_NORM: case DTE_SPEC_K_NORM: case DTE_SPEC_ROUTER:
+			n += t->numel * tp;
+			break;
+		default:
+			n += t->numel;
+		}
+	}
+	return n;
+}
+
+struct matrix {
+	int plans, refused;
+};
+
+static void run_matrix(const char *model, const char *const *srcs, size_t nsrc,
+		       const char *const *sinks, size_t nsink, struct matrix *m)
+{
+	struct dte_layout *sl = calloc(nsrc, sizeof(*sl)), *kl = calloc(nsink, sizeof(*kl));
+	int *sok = calloc(nsrc, sizeof(int)), *kok = calloc(nsink, sizeof(int));
+	struct dte_spec s;
+	char err[512];
+	size_t i, j;
+
+	spec_load(&s, model);
+	for (i = 0; i < nsrc; i++) {
+		sok[i] = !dte_layout_from_desc(&sl[i], &s, srcs[i], DTE_LAYOUT_SOURCE, err, sizeof(err));
+		/* The only acceptable refusal: a clear divisibility reason. */
+		if (!sok[i] && !strstr(err, "does not divide"))
+			fail_msg("%s %s: unexpected error: %s", model, srcs[i], err);
+		m->refused += !sok[i];
+	}
+	for (j = 0; j < nsink; j++) {
+		kok[j] = !dte_layout_from_desc(&kl[j], &s, sinks[j], DTE_LAYOUT_SINK, err, sizeof(err));
+		if (!kok[j] && !strstr(err, "does not divide") && !strstr(err, "neither divides"))
+			fail_msg("%s %s: unexpected error: %s", model, sinks[j], err);
+		m->refused += !kok[j];
+	}
+	for (i = 0; i < nsrc; i++) {
+		for (j = 0; j < nsink; j++) {
+			struct dte_plan p;
+			struct dte_plan_opts o = { 1, 8 };
+			int64_t tp;
+			if (!sok[i] || !kok[j])
+				continue;
+			if (dte_plan_build(&p, &s, &sl[i], &kl[j], &o, err, sizeof(err)))
+				fail_msg("%s %s -> %s: %s", model, srcs[i], sinks[j], err);
+			tp = kl[j].nranks;
+			if (p.elements != sglang_elements(&s, tp))
+				fail_msg("%s %s -> %s: %lld sink elements, expected %lld", model, srcs[i], sinks[j],
+					 (long long)p.elements, (long long)sglang_elements(&s, tp));
+			/* Each source element is scanned once, whatever the fan-out. */
+			assert_int_equal(p.detect_elements, s.total_elems);
+			m->plans++;
+			dte_plan_fini(&p);
+		}
+	}
+	for (i = 0; i < nsrc; i++)
+		if (sok[i])
+			dte_layout_fini(&sl[i]);
+	for (j = 0; j < nsink; j++)
+		if (kok[j])
+			dte_layout_fini(&kl[j]);
+	free(sl);
+	free(kl);
+	free(sok);
+	free(kok);
+	dte_spec_fini(&s);
+}
+
+static void test_matrix_dense(void **state)
+{
+	static const char *const models[] = { DATA "models/qwen3-0.6b.json", DATA "models/qwen3-8b.json",
+					      DATA "models/llama-3.1-8b.json" };
+	static const char *const srcs[] = {
+		"megatron:tp=1,dp=1", "megatron:tp=1,dp=2", "megatron:tp=1,dp=4",
+		"megatron:tp=2,dp=1", "megatron:tp=2,dp=2", "megatron:tp=2,dp=4",
+		"megatron:tp=4,dp=1", "megatron:tp=4,dp=2", "megatron:tp=4,dp=4",
+		"megatron:tp=8,dp=1", "megatron:tp=8,dp=2", "megatron:tp=8,dp=4",
+		"megatron:tp=2,dp=4,dopt=0", "fsdp:dp=2", "fsdp:dp=4",
+	};
+	static const char *const sinks[] = { "sglang:tp=1", "sglang:tp=2", "sglang:tp=4", "sglang:tp=8",
+					     "vllm:tp=8" };
+	struct matrix m = { 0, 0 };
+	size_t i;
+
+	for (i = 0; i < 3; i++)
+		run_matrix(models[i], srcs, 15, sinks, 5, &m);
+	assert_int_equal(m.plans, 3 * 15 * 5);
+	print_message("dense matrix: %d plans exact\n", m.plans);
+}
+
+static void test_matrix_moe(void **state)
+{
+	static const char *const srcs[] = {
+		"megatron:tp=1,dp=4,ep=4,etp=1", "megatron:tp=2,dp=1", "megatron:tp=2,dp=2,ep=2,etp=1",
+		"megatron:tp=2,dp=4,ep=8,etp=1", "megatron:tp=4,dp=1", "megatron:tp=4,dp=2,ep=2",
+		"megatron:tp=4,dp=4,ep=16,etp=1", "megatron:tp=8,dp=1", "megatron:tp=1,dp=2",
+		"megatron:tp=2,dp=2,ep=3",
+	};
+	static const char *const sinks[] = { "sglang:tp=1", "sglang:tp=2,ep=2", "sglang:tp=4",
+					     "sglang:tp=8,ep=8", "sglang:tp=8,ep=2", "vllm:tp=4,ep=4" };
+	struct matrix m = { 0, 0 };
+
+	run_matrix(DATA "models/qwen3-30b-a3b.json", srcs, 10, sinks, 6, &m);
+	/* tp=8 (4 KV groups) and ep=3 (128 experts) are refused with a reason. */
+	assert_int_equal(m.refused, 2);
+	assert_int_equal(m.plans, 8 * 6);
+	print_message("moe matrix: %d plans exact, %d configs refused\n", m.plans, m.refused);
+}
+
+static char tmp[64];
+
+static void json_layout(struct dte_layout *l, const struct dte_spec *s, int role, const char *text)
+{
+	char desc[96], err[512];
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "/tmp/dte-plan-XXXXXX");
+	fd = mkstemp(tmp);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	snprintf(desc, sizeof(desc), "json:%s", tmp);
+	if (dte_layout_from_desc(l, s, desc, role, err, sizeof(err)))
+		fail_msg("%s", err);
+	unlink(tmp);
+}
+
+/* A source missing part of one tensor: the gap is named with its box. */
+static void test_gap_and_overlap_named(void **state)
+{
+	struct dte_spec s;
+	struct dte_layout src, sink;
+	struct dte_plan p;
+	char err[512] = "";
+
+	spec_load(&s, DATA "tiny-llama-gqa.json");   /* norm [64] */
+	json_layout(&sink, &s, DTE_LAYOUT_SINK,
+		    "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"strides\":[1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,0],\"hi\":[64,64],\"rank\":1,\"buffer\":0,\"strides\":[64,1]}]}");
+	json_layout(&src, &s, DTE_LAYOUT_SOURCE,
+		    "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,0],\"hi\":[64,40],\"rank\":0,\"buffer\":3,\"exp_avg\":4,\"exp_avg_sq\":5,\"strides\":[40,1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,40],\"hi\":[30,64],\"rank\":1,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[24,1]}]}");
+	assert_int_equal(dte_plan_build(&p, &s, &src, &sink, NULL, err, sizeof(err)), -1);
+	if (!strstr(err, "gap in tensor model.layers.0.self_attn.o_proj.weight: box [30:64, 40:64]"))
+		fail_msg("gap error: %s", err);
+	dte_layout_fini(&src);
+
+	json_layout(&src, &s, DTE_LAYOUT_SOURCE,
+		    "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,0],\"hi\":[64,40],\"rank\":0,\"buffer\":3,\"exp_avg\":4,\"exp_avg_sq\":5,\"strides\":[40,1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,32],\"hi\":[64,64],\"rank\":1,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[32,1]}]}");
+	assert_int_equal(dte_plan_build(&p, &s, &src, &sink, NULL, err, sizeof(err)), -1);
+	if (!strstr(err, "overlap in tensor model.layers.0.self_attn.o_proj.weight: box [0:64, 32:40]"))
+		fail_msg("overlap error: %s", err);
+	dte_layout_fini(&src);
+
+	/* Fixed: exact, 2 sink pieces, 3 entries; box maps land in bounds. */
+	json_layout(&src, &s, DTE_LAYOUT_SOURCE,
+		    "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,0],\"hi\":[64,40],\"rank\":0,\"buffer\":3,\"exp_avg\":4,\"exp_avg_sq\":5,\"strides\":[40,1]},"
+		    "{\"tensor\":\"model.layers.0.self_attn.o_proj.weight\",\"lo\":[0,40],\"hi\":[64,64],\"rank\":9,\"buffer\":0,\"exp_avg\":1,\"exp_avg_sq\":2,\"strides\":[24,1]}]}");
+	assert_int_equal(dte_plan_build(&p, &s, &src, &sink, NULL, err, sizeof(err)), 0);
+	assert_int_equal(p.n, 3);
+	assert_int_equal(p.elements, 64 + 64 * 64);
+	/* rank 9 lives on node 1 (8 ranks a node); sinks on node 2. */
+	assert_int_equal(p.src_nodes, 2);
+	assert_int_equal(p.nlinks, 2);
+	assert_int_equal(p.links[1].src_node, 1);
+	assert_int_equal(p.links[1].sink_node, 2);
+	assert_int_equal(p.links[1].elements, 64 * 24);
+	/* Entries go tensor by tensor: o_proj (rank 0, then rank 9), norm. */
+	assert_int_equal(p.e[1].src_rank, 9);
+	assert_int_equal(p.e[1].map.dst_offset, 40);
+	assert_int_equal(p.e[1].map.src_offset, 0);
+	assert_int_equal(p.e[1].map.extent[1], 24);
+	assert_int_equal(p.e[1].map.src_stride[0], 24);
+	assert_int_equal(p.e[1].map.dst_stride[0], 64);
+	dte_plan_fini(&p);
+	/* Swapped roles are refused. */
+	assert_int_equal(dte_plan_build(&p, &s, &sink, &src, NULL, err, sizeof(err)), -1);
+	dte_layout_fini(&src);
+	dte_layout_fini(&sink);
+	dte_spec_fini(&s);
+}
+
+static void test_replicas_share_detection(void **state)
+{
+	struct dte_spec s;
+	struct dte_layout src, sink;
+	struct dte_plan p1, p3;
+	struct dte_plan_opts o1 = { 1, 8 }, o3 = { 3, 4 };
+	char err[512];
+	size_t i;
+
+	spec_load(&s, DATA "tiny-qwen3-mqa-tied.json");   /* 1 KV head: sink tp 8 replicates it 8x */
+	assert_int_equal(dte_layout_from_desc(&src, &s, "megatron:tp=1,dp=2", DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
+	assert_int_equal(dte_layout_from_desc(&sink, &s, "sglang:tp=8", DTE_LAYOUT_SINK, err, sizeof(err)), 0);
+	assert_int_equal(dte_plan_build(&p1, &s, &src, &sink, &o1, err, sizeof(err)), 0);
+	assert_int_equal(dte_plan_build(&p3, &s, &src, &sink, &o3, err, sizeof(err)), 0);
+	/* KV heads and norms go to 8 ranks from one detection each. */
+	assert_true(p1.ndetect < p1.n);
+	assert_true(p1.shared_entries > 0);
+	assert_int_equal(p1.detect_elements, s.total_elems);
+	/* Replicas reuse the same entries and detections. */
+	assert_int_equal(p3.n, p1.n);
+	assert_int_equal(p3.ndetect, p1.ndetect);
+	/* 4 ranks a node: source 1 node, each replica 2 sink nodes. */
+	assert_int_equal(p3.src_nodes, 1);
+	assert_int_equal(p3.sink_nodes, 2);
+	assert_int_equal(p3.nlinks, 2);
+	for (i = 0; i < 3; i++) {
+		assert_int_equal(p3.links[i * 2].sink_node, 1 + 2 * i);
+		assert_int_equal(p3.links[i * 2 + 1].sink_node, 2 + 2 * i);
+		assert_int_equal(p3.links[i * 2].elements + p3.links[i * 2 + 1].elements, p3.elements);
+	}
+	for (i = 0; i < p1.n; i++)
+		assert_true(p1.e[i].detect < p1.ndetect);
+	dte_plan_fini(&p1);
+	dte_plan_fini(&p3);
+	dte_layout_fini(&src);
+	dte_layout_fini(&sink);
+	dte_spec_fini(&s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_matrix_dense),
+		cmocka_unit_test(test_matrix_moe),
+		cmocka_unit_test(test_gap_and_overlap_named),
+		cmocka_unit_test(test_replicas_share_detection),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,173 @@
+/* tests/unit/test_spec.c — model spec from HF config.json. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+#include "daemon/layout/spec.h"
+
+#define MODELS "tests/data/layout/models/"
+#define DATA   "tests/data/layout/"
+
+static void load(struct dte_spec *s, const char *path)
+{
+	char err[512] = "";
+	int rc = dte_spec_load_file(s, path, err, sizeof(err));
+
+	if (rc)
+		fail_msg("%s: %s", path, err);
+}
+
+/* Parameter counts published for these checkpoints. */
+static void test_real_models_param_counts(void **state)
+{
+	static const struct { const char *file; int64_t elems; uint32_t tensors; } m[] = {
+		{ MODELS "qwen3-0.6b.json",    596049920LL,   1 + 28 * 11 + 1 },
+		{ MODELS "qwen3-8b.json",      8190735360LL,  1 + 36 * 11 + 2 },
+		{ MODELS "llama-3.1-8b.json",  8030261248LL,  1 + 32 * 9 + 2 },
+		{ MODELS "qwen3-30b-a3b.json", 30532122624LL, 1 + 48 * (9 + 128 * 3) + 2 },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
+		struct dte_spec s;
+		load(&s, m[i].file);
+		assert_int_equal(s.total_elems, m[i].elems);
+		assert_int_equal(s.n, m[i].tensors);
+		dte_spec_fini(&s);
+	}
+}
+
+static void test_names_and_shapes(void **state)
+{
+	struct dte_spec s;
+	int32_t id;
+
+	load(&s, MODELS "qwen3-30b-a3b.json");
+	id = dte_spec_find(&s, "model.layers.47.mlp.experts.127.down_proj.weight");
+	assert_true(id >= 0);
+	assert_int_equal(id, dte_spec_expert_tensor(&s, 47, 127, DTE_SPEC_EXP_DOWN));
+	assert_int_equal(s.t[id].shape[0], 2048);
+	assert_int_equal(s.t[id].shape[1], 768);
+	id = dte_spec_layer_tensor(&s, 3, DTE_SPEC_ROUTER);
+	assert_string_equal(s.t[id].name, "model.layers.3.mlp.gate.weight");
+	assert_int_equal(s.t[id].shape[0], 128);
+	id = dte_spec_layer_tensor(&s, 0, DTE_SPEC_K_NORM);
+	assert_string_equal(s.t[id].name, "model.layers.0.self_attn.k_norm.weight");
+	assert_int_equal(s.t[id].shape[0], 128);
+	assert_int_equal(s.t[id].group, DTE_SPEC_GROUP_NO_DECAY);
+	assert_int_equal(dte_spec_layer_tensor(&s, 0, DTE_SPEC_GATE), -1);
+	assert_int_equal(dte_spec_expert_tensor(&s, 0, 128, DTE_SPEC_EXP_UP), -1);
+	assert_true(s.lm_head >= 0);
+	assert_string_equal(s.t[s.lm_head].name, "lm_head.weight");
+	assert_int_equal(s.t[s.lm_head].group, DTE_SPEC_GROUP_DECAY);
+	dte_spec_fini(&s);
+
+	load(&s, MODELS "qwen3-0.6b.json");   /* tied */
+	assert_int_equal(s.lm_head, -1);
+	assert_int_equal(dte_spec_find(&s, "lm_head.weight"), -1);
+	assert_string_equal(s.t[s.embed].name, "model.embed_tokens.weight");
+	dte_spec_fini(&s);
+
+	load(&s, DATA "tiny-qwen2-bias.json");  /* qwen2: q/k/v biases by default */
+	id = dte_spec_find(&s, "model.layers.1.self_attn.k_proj.bias");
+	assert_true(id >= 0);
+	assert_int_equal(s.t[id].shape[0], 2 * 12);
+	assert_int_equal(dte_spec_find(&s, "model.layers.0.self_attn.q_norm.weight"), -1);
+	dte_spec_fini(&s);
+
+	load(&s, DATA "tiny-qwen3-moe.json");   /* mlp_only_layers: [1] */
+	assert_true(dte_spec_layer_tensor(&s, 1, DTE_SPEC_GATE) >= 0);
+	assert_int_equal(dte_spec_layer_tensor(&s, 1, DTE_SPEC_ROUTER), -1);
+	assert_true(dte_spec_layer_tensor(&s, 2, DTE_SPEC_ROUTER) >= 0);
+	dte_spec_fini(&s);
+}
+
+static void test_hash_stable(void **state)
+{
+	static const char a[] = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+		"\"num_hidden_layers\":2,\"num_attention_heads\":8,\"num_key_value_heads\":2,"
+		"\"vocab_size\":300}";
+	static const char b[] = "{ \"vocab_size\": 300, \"num_key_value_heads\": 2,\n"
+		"  \"num_attention_heads\": 8, \"num_hidden_layers\": 2, \"rms_norm_eps\": 1e-5,\n"
+		"  \"intermediate_size\": 96, \"hidden_size\": 64, \"model_type\": \"llama\" }";
+	static const char c[] = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+		"\"num_hidden_layers\":2,\"num_attention_heads\":8,\"num_key_value_heads\":2,"
+		"\"vocab_size\":301}";
+	struct dte_spec sa, sb, sc, sd;
+	char err[256];
+
+	assert_int_equal(dte_spec_load_string(&sa, a, err, sizeof(err)), 0);
+	assert_int_equal(dte_spec_load_string(&sb, b, err, sizeof(err)), 0);
+	assert_int_equal(dte_spec_load_string(&sc, c, err, sizeof(err)), 0);
+	load(&sd, DATA "tiny-llama-gqa.json");
+	assert_true(sa.hash != 0);
+	/* Key order, spacing and fields that do not shape tensors don't matter. */
+	assert_true(sa.hash == sb.hash);
+	assert_true(sa.hash == sd.hash);
+	/* One more vocab row does. */
+	assert_true(sa.hash != sc.hash);
+	dte_spec_fini(&sa);
+	dte_spec_fini(&sb);
+	dte_spec_fini(&sc);
+	dte_spec_fini(&sd);
+}
+
+static void expect_error(const char *json, const char *needle)
+{
+	struct dte_spec s;
+	char err[512] = "";
+
+	assert_int_equal(dte_spec_load_string(&s, json, err, sizeof(err)), -1);
+	if (!strstr(err, needle))
+		fail_msg("error \"%s\" does not mention \"%s\"", err, needle);
+	assert_null(s.t);
+}
+
+static void test_bad_configs(void **state)
+{
+	struct dte_spec s;
+	char err[512] = "";
+
+	assert_int_equal(dte_spec_load_file(&s, DATA "bad-malformed.json", err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "malformed JSON"));
+	assert_int_equal(dte_spec_load_file(&s, DATA "bad-unknown-arch.json", err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "unknown architecture"));
+	assert_non_null(strstr(err, "gpt2"));
+	assert_int_equal(dte_spec_load_file(&s, DATA "bad-missing-field.json", err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "intermediate_size"));
+	assert_int_equal(dte_spec_load_file(&s, DATA "no-such-file.json", err, sizeof(err)), -1);
+	expect_error("[1, 2]", "not an object");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"num_key_value_heads\":3,"
+		     "\"vocab_size\":300}", "num_key_value_heads");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":-64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":300}", "hidden_size");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":\"64\",\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":300}", "not an integer");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":100000,\"num_attention_heads\":8,\"vocab_size\":300}", "num_hidden_layers");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":300,"
+		     "\"tie_word_embeddings\":1}", "tie_word_embeddings");
+	expect_error("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":300}", "num_experts");
+	expect_error("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"intermediate_size\":96,"
+		     "\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":300,\"num_experts\":4,"
+		     "\"moe_intermediate_size\":8,\"mlp_only_layers\":[7]}", "mlp_only_layers");
+	expect_error("{\"model_type\":\"llama\",\"model_type\":\"qwen3\"}", "malformed");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_real_models_param_counts),
+		cmocka_unit_test(test_names_and_shapes),
+		cmocka_unit_test(test_hash_stable),
+		cmocka_unit_test(test_bad_configs),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
