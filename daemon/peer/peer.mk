@@ -12,3 +12,12 @@ LIBS += $(B)/lib/libdtepeer.a
 INTERNAL_LIBS += $(B)/lib/libdtepeer.a
 
 UNIT_TESTS += test_peer
+
+# dte-peer-probe: checks the transport between two nodes (echo, staged
+# rendezvous, throughput, failure detection); the system tests drive it.
+$(B)/bin/dte-peer-probe: $(B)/obj/daemon/peer/peer_probe.o $(B)/lib/libdtepeer.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(PKG_LIBS)
+
+BINS += $(B)/bin/dte-peer-probe
+SYSTEM_TESTS += tests/system/peer_loopback.sh tests/system/peer_netns.sh
