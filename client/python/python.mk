@@ -1,0 +1,9 @@
+# client/python build fragment — see top-level Makefile.
+# Pure Python: nothing to build.  The tests run with $(PYTHON) (Debian's
+# python3 with torch) via their shebang, importing dte from the source tree.
+PY_TESTS := tests/system/py_shm.py tests/system/py_models.py tests/system/py_train.py
+SYSTEM_TESTS += $(PY_TESTS)
+
+.PHONY: py-test
+py-test:
+	@B=$(B) PYTHON=$(PYTHON) ./tests/run-system.sh $(PY_TESTS)

@@ -1,0 +1,12 @@
+# dte: Python side of dted.  A plain setup.py (no pyproject build isolation)
+# so `pip install client/python` works offline with Debian's setuptools, in a
+# venv made with --system-site-packages (torch and numpy come from Debian).
+from setuptools import setup
+
+setup(
+    name="dte",
+    version="0.1.0",
+    description="dted client: trainer/inference helpers for sparse weight sync",
+    packages=["dte"],
+    python_requires=">=3.9",
+)
