@@ -19,4 +19,4 @@ LIBS += $(B)/lib/libdtelayout.a
 BINS += $(B)/bin/dte-plan
 INTERNAL_LIBS += $(B)/lib/libdtelayout.a
 UNIT_TESTS += test_spec test_layout test_plan
-#SYSTEM
+SYSTEM_TESTS += tests/system/layout_cli.sh tests/system/layout_reference.py
