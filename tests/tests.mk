@@ -1,9 +1,9 @@
 # tests/ — foundation tests (control protocol, config, daemon, client).
 # Other layers append their own UNIT_TESTS / SYSTEM_TESTS in their fragments.
-UNIT_TESTS   += test_frame test_conf test_proto test_msgfmt
+UNIT_TESTS   += test_frame test_conf test_proto test_msgfmt test_client
 SYSTEM_TESTS += tests/system/foundation.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
 # repeats the proto and layout objects).
-$(B)/tests/test_msgfmt: $(B)/lib/libdte.a
-$(B)/tests/test_msgfmt: INTERNAL_LIBS += $(B)/lib/libdte.a
+$(B)/tests/test_msgfmt $(B)/tests/test_client: $(B)/lib/libdte.a
+$(B)/tests/test_msgfmt $(B)/tests/test_client: INTERNAL_LIBS += $(B)/lib/libdte.a

@@ -1,0 +1,162 @@
+/* tests/unit/test_client.c — libdte against the real control server
+ * (daemon/ctl.c on a libuv loop in a thread): connect, status with an old
+ * (smaller) struct, typed errors, and one handle shared by threads. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <uv.h>
+#include "client/dte.h"
+#include "daemon/conf.h"
+#include "daemon/ctl.h"
+#include "daemon/log.h"
+#include "daemon/registry.h"
+
+static struct dconf conf;
+static struct dsrv srv;
+static uv_loop_t loop;
+static uv_async_t stop_async;
+static pthread_t loop_thread;
+static char dir[64];
+
+static void on_stop(uv_async_t *a)
+{
+	dctl_fini();
+	uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *run_loop(void *arg)
+{
+	uv_run(&loop, UV_RUN_DEFAULT);
+	return NULL;
+}
+
+static int setup(void **state)
+{
+	char err[128];
+
+	dlog_init(DLOG_ERROR);
+	snprintf(dir, sizeof(dir), "/tmp/dte-client-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	dconf_defaults(&conf);
+	snprintf(conf.socket, sizeof(conf.socket), "%s/d.sock", dir);
+	if (dconf_finish(&conf, err, sizeof(err)) < 0)
+		return -1;
+	srv.conf = &conf;
+	srv.backend = "cpu";
+	srv.start_ns = uv_hrtime();
+	dreg_init();
+	uv_loop_init(&loop);
+	uv_async_init(&loop, &stop_async, on_stop);
+	if (dctl_init(&loop, &srv) < 0)
+		return -1;
+	return pthread_create(&loop_thread, NULL, run_loop, NULL) ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+	uv_async_send(&stop_async);
+	pthread_join(loop_thread, NULL);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&loop), 0);
+	assert_int_equal(access(conf.socket, F_OK), -1);
+	rmdir(dir);
+	return 0;
+}
+
+static void test_status_full_and_old_struct(void **state)
+{
+	struct dte_status st = { .size = sizeof(st) };
+	dte_t *h = NULL;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	assert_int_equal(dte_status(h, &st), DTE_OK);
+	assert_string_equal(st.version, DTE_VERSION);
+	assert_int_equal(st.protocol, 1);
+	assert_int_equal(st.pid, getpid());
+	assert_string_equal(st.backend, "cpu");
+	assert_true(st.clients >= 1);
+	assert_true(st.field_mask & DTE_STATUS_BAD_FRAMES);
+
+	/* A caller built when the struct ended at `protocol`: nothing past it
+	 * is written, and the mask says so. */
+	union {
+		struct dte_status st;
+		unsigned char raw[sizeof(struct dte_status)];
+	} old;
+	size_t cut = offsetof(struct dte_status, protocol) + sizeof(old.st.protocol);
+
+	memset(&old, 0xAB, sizeof(old));
+	old.st.size = cut;
+	assert_int_equal(dte_status(h, &old.st), DTE_OK);
+	assert_int_equal(old.st.field_mask, DTE_STATUS_VERSION | DTE_STATUS_PROTOCOL);
+	for (size_t i = cut; i < sizeof(old); i++)
+		assert_int_equal(old.raw[i], 0xAB);
+
+	struct dte_status tiny = { .size = 4 };
+
+	assert_int_equal(dte_status(h, &tiny), DTE_ERR_INVAL);
+	dte_close(h);
+}
+
+static void test_errors(void **state)
+{
+	dte_t *h = (dte_t *)0x1;
+
+	assert_int_equal(dte_connect("/nonexistent/dted.sock", &h), DTE_ERR_UNREACHABLE);
+	assert_ptr_equal(h, (dte_t *)0x1); /* output untouched on failure */
+	assert_non_null(strstr(dte_errmsg(NULL), "/nonexistent/dted.sock"));
+	assert_string_equal(dte_strerror(DTE_ERR_DENIED), "permission denied");
+	assert_string_equal(dte_strerror(-999), "unknown error");
+	assert_int_equal(dte_connect(NULL, NULL), DTE_ERR_INVAL);
+}
+
+static void *hammer(void *arg)
+{
+	dte_t *h = arg;
+	long bad = 0;
+
+	for (int i = 0; i < 200; i++) {
+		struct dte_status st = { .size = sizeof(st) };
+		uint64_t rtt;
+
+		if (dte_ping(h, &rtt) != DTE_OK || dte_status(h, &st) != DTE_OK ||
+		    strcmp(st.version, DTE_VERSION))
+			bad++;
+	}
+	return (void *)bad;
+}
+
+static void test_shared_handle_threads(void **state)
+{
+	pthread_t t[4];
+	dte_t *h;
+	void *bad;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, hammer, h), 0);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(pthread_join(t[i], &bad), 0);
+		assert_int_equal((long)bad, 0);
+	}
+	dte_close(h);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_status_full_and_old_struct),
+		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_shared_handle_threads),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
