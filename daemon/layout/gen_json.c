@@ -123,20 +123,24 @@ static int json_piece(struct dte_layout *l, const struct dte_spec *spec, json_t 
 	return 0;
 }
 
-/* Without a "buffers" list: each (rank, id) is as long as its pieces reach. */
-static int json_infer_buffers(struct dte_layout *l)
+/* Without a "buffers" list: each (rank, id) is as long as its pieces reach
+ * (within the cap; the bounds themselves are checked by validation). */
+static int json_infer_buffers(struct dte_layout *l, char *err, size_t errlen)
 {
 	size_t i, k;
 
 	for (i = 0; i < l->npieces; i++) {
 		const struct dte_piece *p = &l->pieces[i];
 		uint32_t ids[3] = { p->buf, p->buf_m, p->buf_v };
-		int64_t max = p->offset;
+		__int128 max = p->offset;
 		uint32_t d, nb = l->role == DTE_LAYOUT_SOURCE ? 3 : 1;
 
 		for (d = 0; d < p->ndim; d++)
 			if (p->stride[d] > 0 && p->hi[d] > p->lo[d])
-				max += (p->hi[d] - p->lo[d] - 1) * p->stride[d];
+				max += (__int128)(p->hi[d] - p->lo[d] - 1) * p->stride[d];
+		if (max >= JSON_MAX_BUF)
+			return dte_layout_err(err, errlen, "pieces[%zu]: reaches past %lld elements of its buffer",
+					      i, (long long)JSON_MAX_BUF);
 		for (k = 0; k < nb; k++) {
 			struct dte_layout_buffer *b = NULL;
 			size_t j;
@@ -145,11 +149,11 @@ static int json_infer_buffers(struct dte_layout *l)
 					b = &l->bufs[j];
 			if (!b) {
 				if (dte_layout_add_buffer(l, p->rank, ids[k], 0, "buffer %u", ids[k]) < 0)
-					return -1;
+					return dte_layout_err(err, errlen, "out of memory");
 				b = &l->bufs[l->nbufs - 1];
 			}
-			if (max + 1 > b->length)
-				b->length = max + 1;
+			if ((int64_t)max + 1 > b->length)
+				b->length = (int64_t)max + 1;
 		}
 	}
 	return 0;
@@ -215,11 +219,8 @@ int dte_layout_load_json(struct dte_layout *l, const struct dte_spec *spec,
 		if (json_piece(l, spec, json_array_get(pieces, i), i, &last, err, errlen))
 			goto out;
 	bufs = json_object_get(root, "buffers");
-	if (bufs ? json_buffers(l, bufs, err, errlen) : json_infer_buffers(l)) {
-		if (!bufs)
-			dte_layout_err(err, errlen, "out of memory");
+	if (bufs ? json_buffers(l, bufs, err, errlen) : json_infer_buffers(l, err, errlen))
 		goto out;
-	}
 	dte_layout_sort_buffers(l);
 	rc = 0;
 out:

@@ -179,7 +179,8 @@ static int flat_rec(uint32_t ndim, const int64_t *shape, uint32_t depth,
 		return n;
 	for (d = depth + 1; d < ndim; d++)
 		inner *= shape[d];
-	memcpy(pre, prefix, depth * sizeof(int64_t));
+	if (depth)
+		memcpy(pre, prefix, depth * sizeof(int64_t));
 	if (depth + 1 == ndim || (a % inner == 0 && b % inner == 0)) {
 		/* Whole rows of this dim (or the last dim): one box. */
 		for (d = 0; d < depth; d++) {

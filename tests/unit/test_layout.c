@@ -228,6 +228,10 @@ static void test_declarative_json(void **state)
 		DTE_LAYOUT_SINK, "has no buffer 0");
 	expect_json_error(&s, "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"strides\":[-1]}]}",
 		DTE_LAYOUT_SINK, "outside");
+	expect_json_error(&s, "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":0,\"buffer\":0,\"strides\":[281474976710656]}]}",
+		DTE_LAYOUT_SINK, "reaches past");
+	expect_json_error(&s, "{\"pieces\":[{\"tensor\":\"lm_head.weight\",\"lo\":[0,0],\"hi\":[300,64],\"rank\":0,\"buffer\":0,\"offset\":0,\"strides\":[-281474976710656,1]}]}",
+		DTE_LAYOUT_SINK, "outside");
 	expect_json_error(&s, "{\"pieces\":[]}", DTE_LAYOUT_SINK, "non-empty");
 	expect_json_error(&s, "{\"pieces\":[1", DTE_LAYOUT_SINK, "malformed JSON");
 	expect_json_error(&s, "{\"pieces\":[{\"tensor\":\"model.norm.weight\",\"lo\":[0],\"hi\":[64],\"rank\":-1,\"buffer\":0,\"strides\":[1]}]}",
