@@ -303,6 +303,12 @@ static void peer_conn_request_cb(ucp_conn_request_h req, void *arg)
 
 	if (ucp_conn_request_query(req, &ra) == UCS_OK)
 		peer_format_addr(&ra.client_address, addr, sizeof(addr));
+	if (ctx->closing) {
+		dte_peer__log(ctx, LOG_INFO, "connection from %s refused: closing",
+		              addr);
+		ucp_listener_reject(ctx->listener, req);
+		return;
+	}
 	peer = dte_peer__new(ctx, addr);
 	if (!peer) {
 		dte_peer__log(ctx, LOG_ERR, "connection from %s: out of memory",

@@ -231,11 +231,18 @@ ucx_error:
 }
 
 /* Every peer is gone: release UCX, then the uv handles (the poll first
- * leaves epoll, so destroying the worker's fd afterwards is safe). */
+ * leaves epoll, so destroying the worker's fd afterwards is safe).  The
+ * listener lives until here, refusing newcomers: UCX 1.13's tcp sockcm
+ * crashes in its async thread when a listener is destroyed while a
+ * connection it accepted is still being set up. */
 static void peer_ctx_finish(dte_peer_ctx_t *ctx)
 {
 	dte_peer_mem_t *m;
 
+	if (ctx->listener) {
+		ucp_listener_destroy(ctx->listener);
+		ctx->listener = NULL;
+	}
 	uv_close((uv_handle_t *)&ctx->poll, peer_ctx_handle_closed);
 	uv_close((uv_handle_t *)&ctx->prepare, peer_ctx_handle_closed);
 	while ((m = ctx->mems)) {
@@ -257,16 +264,12 @@ int dte_peer_ctx_close(dte_peer_ctx_t *ctx, dte_peer_ctx_close_cb cb)
 		return -EINVAL;
 	ctx->closing = 1;
 	ctx->close_cb = cb;
-	if (ctx->listener) {
-		ucp_listener_destroy(ctx->listener);
-		ctx->listener = NULL;
-	}
 	for (p = ctx->peers; p; p = next) {
 		next = p->next;
 		if (p->state != DTE_PEER_CLOSING)
 			dte_peer_close(p);
 	}
-	/* The prepare callback finishes the job on the next loop turn. */
+	/* The listener goes in peer_ctx_finish, once every peer is down. */
 	return 0;
 }
 

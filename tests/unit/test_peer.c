@@ -133,7 +133,7 @@ static int node_init(struct node *n, const char *name, uint64_t id,
 		return rc;
 	n->ctx.data = n;
 	uv_timer_init(&n->loop, &n->watchdog);
-	uv_timer_start(&n->watchdog, node_watchdog_cb, 60000, 0);
+	uv_timer_start(&n->watchdog, node_watchdog_cb, 20000, 0);
 	uv_timer_init(&n->loop, &n->tick);
 	return 0;
 }
@@ -449,6 +449,7 @@ static void test_exchange(void **state)
 	pid_t pid;
 
 	assert_int_equal(pipe(fds), 0);
+	fflush(stdout);
 	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
@@ -650,6 +651,7 @@ static void test_kill_detected(void **state)
 	memset(&K, 0, sizeof(K));
 	assert_int_equal(pipe(vfd), 0);
 	assert_int_equal(pipe(sfd), 0);
+	fflush(stdout);
 	K.victim = fork();
 	assert_true(K.victim >= 0);
 	if (K.victim == 0) {
@@ -658,6 +660,7 @@ static void test_kill_detected(void **state)
 		close(vfd[1]);
 		victim_main(vfd[0]);
 	}
+	fflush(stdout);
 	survivor = fork();
 	assert_true(survivor >= 0);
 	if (survivor == 0) {
@@ -928,6 +931,7 @@ static void test_malformed(void **state)
 	pid_t pid;
 
 	assert_int_equal(pipe(fds), 0);
+	fflush(stdout);
 	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
