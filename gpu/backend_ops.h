@@ -1,0 +1,50 @@
+/* gpu/backend_ops.h — what a compute backend implements (internal).
+ *
+ * compute.c validates entries, lengths and hyper-parameters on the host and
+ * then calls these with pointers the backend understands (host for cpu,
+ * device for cuda).  Positions and bitmaps may live on the device, so the
+ * checks that read them (scatter's position check) belong to the backend.
+ * This struct is also the ABI of the cuda plugin (gpu/plugin.h): append
+ * fields, never reorder. */
+#ifndef DTC_BACKEND_OPS_H
+#define DTC_BACKEND_OPS_H
+
+#include <stdint.h>
+#include "gpu/entry.h"
+#include "gpu/elem.h"
+
+struct dtc_backend_ops {
+	int (*scan)(const struct dte_box_map *e, const struct dtc_consts *k,
+		    const float *param, const float *m, const float *v,
+		    uint64_t *bitmap, int mode, uint64_t *count);
+	int (*sparse_from_bitmap)(const struct dte_box_map *e, const uint64_t *bitmap,
+				  const float *param, uint64_t *pos, uint16_t *val,
+				  uint64_t cap, uint64_t *n);
+	int (*dense_extract)(const struct dte_box_map *e, const float *param, uint16_t *out);
+	int (*scatter)(const struct dte_box_map *e, const uint64_t *pos, const uint16_t *val,
+		       uint64_t n, uint16_t *dst);
+	int (*dense_apply)(const struct dte_box_map *e, const uint16_t *vals, uint16_t *dst);
+	int (*checksum_buffer)(const uint16_t *buf, uint64_t len, uint64_t *sum);
+	int (*checksum_entry)(const struct dte_box_map *e, const float *param, uint64_t *sum);
+
+	/* Device memory (NULL for host backends).  dir: 0 host->device,
+	 * 1 device->host, 2 device->device.  Synchronous. */
+	void *(*mem_alloc)(uint64_t bytes);
+	void (*mem_free)(void *p);
+	int (*mem_copy)(void *dst, const void *src, uint64_t bytes, int dir);
+	int (*mem_set)(void *dst, int byte, uint64_t bytes);
+	/* Milliseconds of device time for `iters` copies of `bytes` (bench). */
+	int (*time_copy)(void *dst, const void *src, uint64_t bytes, int iters, double *ms);
+	void (*fini)(void);
+};
+
+struct dtc_backend {
+	const char *name;
+	const struct dtc_backend_ops *ops;
+	char device[128];	/* human-readable device description */
+};
+
+/* The cpu backend's ops (gpu/cpu.c). */
+extern const struct dtc_backend_ops dtc_cpu_ops;
+
+#endif

@@ -1,0 +1,68 @@
+/* gpu/codec.h — payload encodings (DESIGN §5).
+ *
+ * Sparse payload of one plan entry:
+ *     count        LEB128 varint
+ *     positions    `count` gap codes, gap = pos - prev - 1 (prev = -1 first):
+ *                    0xxxxxxx                 gap 0..127
+ *                    10xxxxxx yyyyyyyy        gap 128 + x·256 + y (..16511)
+ *                    0xC0 <LEB128 gap>        any larger gap
+ *                  (so positions are strictly increasing by construction)
+ *     values       `count` BF16, 2 bytes little-endian each
+ * Dense payload: box_size BF16 values, little-endian, canonical order.
+ *
+ * Chunk: a payload (or several) framed for the wire or storage, optionally
+ * zstd-compressed, with an xxh3-64 of the raw bytes:
+ *     "DTC1" | codec u8 (0 raw, 1 zstd) | 3 zero bytes |
+ *     raw_len u64 | stored_len u64 | xxh3 u64 | stored bytes      (LE)
+ *
+ * Decoders treat input as hostile: every length and position is checked
+ * before use, errors are DTC_ETRUNC / DTC_ECORRUPT / DTC_ERANGE, and no
+ * byte outside [in, in+len) is read.  On error, what was written to the
+ * output arrays is unspecified; counts are written only on success.
+ */
+#ifndef DTC_CODEC_H
+#define DTC_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Upper bound of the encoded size of `count` positions and values. */
+size_t dtc_sparse_bound(uint64_t count);
+
+/* Encode sorted, unique positions (< box_size) and their values. */
+int dtc_sparse_encode(const uint64_t *pos, const uint16_t *val, uint64_t count,
+		      uint64_t box_size, uint8_t *out, size_t cap, size_t *outlen);
+
+/* Read and sanity-check the count (it must fit in len and box_size), so a
+ * caller can size pos/val before dtc_sparse_decode(). */
+int dtc_sparse_count(const uint8_t *in, size_t len, uint64_t box_size, uint64_t *count);
+
+/* Decode and validate the whole payload; `cap` is the room in pos/val. */
+int dtc_sparse_decode(const uint8_t *in, size_t len, uint64_t box_size,
+		      uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *count);
+
+/* Dense: values only; the decoder insists on exactly box_size values. */
+int dtc_dense_encode(const uint16_t *vals, uint64_t box_size, uint8_t *out, size_t cap,
+		     size_t *outlen);
+int dtc_dense_decode(const uint8_t *in, size_t len, uint64_t box_size, uint16_t *vals);
+
+#define DTC_CHUNK_HDR	32
+#define DTC_CODEC_RAW	0
+#define DTC_CODEC_ZSTD	1
+
+/* Bound on the framed size of `len` raw bytes. */
+size_t dtc_chunk_bound(size_t len);
+
+/* Frame `len` bytes; zlevel 0 stores raw, 1..3 tries zstd at that level
+ * (kept only if smaller). */
+int dtc_chunk_pack(const void *in, size_t len, int zlevel, uint8_t *out, size_t cap,
+		   size_t *outlen);
+
+/* Header fields of a chunk (checked for consistency with len). */
+int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec);
+
+/* Unframe, decompress, verify the checksum; `cap` is the room in out. */
+int dtc_chunk_unpack(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
+		     size_t *outlen);
+
+#endif

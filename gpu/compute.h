@@ -1,0 +1,116 @@
+/* gpu/compute.h — the compute plane's public API.
+ *
+ * Kernels over one plan entry (gpu/entry.h), run by a backend
+ * (gpu/backend.h): the cpu backend takes host pointers, the cuda backend
+ * device pointers.  Lengths are in elements.  Every function validates the
+ * entry against the buffer lengths it is given before touching memory, and
+ * returns 0 or a negative DTC_E* code (dtc_strerror() names it); outputs are
+ * written only on success.
+ *
+ * Detect is two passes: dtc_scan() computes the step's changed set as a
+ * bitmap over box positions (1 bit per element, bit p of word p/64) and its
+ * population count; dtc_sparse_from_bitmap() then emits the sorted
+ * box-relative positions and BF16 values.  With DTC_SCAN_OR the same scan
+ * ORs into a dirty bitmap that persists across steps (mark, DESIGN §2.6).
+ */
+#ifndef DTC_COMPUTE_H
+#define DTC_COMPUTE_H
+
+#include <stdint.h>
+#include "gpu/entry.h"
+#include "gpu/elem.h"
+
+struct dtc_backend;
+
+enum dtc_status {
+	DTC_OK = 0,
+	DTC_EINVAL = -1,	/* bad argument (NULL, bad hyper-parameters) */
+	DTC_EBOX = -2,		/* entry maps outside its buffers, or bad shape */
+	DTC_ERANGE = -3,	/* a position is outside the box */
+	DTC_ETRUNC = -4,	/* payload ends early */
+	DTC_ECORRUPT = -5,	/* payload malformed (bad header, unsorted, trailing bytes) */
+	DTC_ENOSPC = -6,	/* output capacity too small */
+	DTC_ENOMEM = -7,
+	DTC_ECHECKSUM = -8,	/* chunk checksum mismatch */
+	DTC_EDEVICE = -9,	/* backend/device failure */
+};
+
+const char *dtc_strerror(int status);
+
+/* One optimizer group's hyper-parameters for the step being inverted.
+ * lr is the learning rate the step actually used. */
+struct dtc_hparams {
+	double lr;
+	double beta1;
+	double beta2;
+	double eps;
+	double weight_decay;
+	int64_t step;		/* the optimizer's step count after this step, >= 1 */
+	int32_t variant;	/* enum dtc_variant */
+};
+
+/* Derive the FP32 constants the forward used; DTC_EINVAL (with a reason in
+ * `why`, may be NULL) for values that make the inverse meaningless. */
+int dtc_hparams_derive(const struct dtc_hparams *hp, struct dtc_consts *k,
+		       char *why, unsigned whylen);
+
+/* A source piece's three FP32 buffers, same mapping, `len` elements each. */
+struct dtc_src {
+	const float *param;
+	const float *exp_avg;
+	const float *exp_avg_sq;
+	uint64_t len;
+};
+
+/* Number of elements in the box (product of extents); 0 for a bad shape. */
+uint64_t dtc_box_size(const struct dte_box_map *e);
+/* uint64 words a bitmap over the box needs. */
+uint64_t dtc_bitmap_words(const struct dte_box_map *e);
+
+/* Check shape and that every src (dst) index lies in [0, len); a len of
+ * UINT64_MAX skips that side. */
+int dtc_entry_check(const struct dte_box_map *e, uint64_t src_len, uint64_t dst_len);
+
+enum dtc_scan_mode {
+	DTC_SCAN_SET = 0,	/* bitmap := this step's changed set */
+	DTC_SCAN_OR = 1,	/* bitmap |= this step's changed set (mark) */
+};
+
+/* Pass 1 of detect / mark.  `count` gets the population of the resulting
+ * bitmap.  Bits past the box end in the last word are left zero. */
+int dtc_scan(const struct dtc_backend *be, const struct dte_box_map *e,
+	     const struct dtc_consts *k, const struct dtc_src *src,
+	     uint64_t *bitmap, uint64_t bitmap_words, int mode, uint64_t *count);
+
+/* Pass 2: positions (ascending) and BF16 values of the set bits; `cap`
+ * is the room in pos/val, `n` gets the number written. */
+int dtc_sparse_from_bitmap(const struct dtc_backend *be, const struct dte_box_map *e,
+			   const uint64_t *bitmap, uint64_t bitmap_words,
+			   const float *param, uint64_t param_len,
+			   uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *n);
+
+/* BF16 of every box element, canonical order; `out` holds box_size. */
+int dtc_dense_extract(const struct dtc_backend *be, const struct dte_box_map *e,
+		      const float *param, uint64_t param_len, uint16_t *out);
+
+/* Write val[i] at the destination of box position pos[i].  Every position
+ * is checked (< box size, destination inside dst_len) before anything is
+ * written: on error dst is untouched. */
+int dtc_scatter_apply(const struct dtc_backend *be, const struct dte_box_map *e,
+		      const uint64_t *pos, const uint16_t *val, uint64_t n,
+		      uint16_t *dst, uint64_t dst_len);
+
+/* Dense apply: vals in canonical order, box_size of them. */
+int dtc_dense_apply(const struct dtc_backend *be, const struct dte_box_map *e,
+		    const uint16_t *vals, uint16_t *dst, uint64_t dst_len);
+
+/* Σ mix(i, buf[i]) over a whole destination buffer. */
+int dtc_checksum_buffer(const struct dtc_backend *be, const uint16_t *buf, uint64_t len,
+			uint64_t *sum);
+
+/* The entry's expected contribution to its destination buffer's checksum:
+ * Σ mix(dst index, bf16(param[src index])) over the box. */
+int dtc_checksum_entry(const struct dtc_backend *be, const struct dte_box_map *e,
+		       const float *param, uint64_t param_len, uint64_t *sum);
+
+#endif

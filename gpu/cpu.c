@@ -1,0 +1,407 @@
+/* The cpu backend: plain C over host memory, the reference for cuda.
+ *
+ * Large boxes are split into word-aligned position ranges, one per core, so
+ * threads never share a bitmap word.  The scan decides 64 elements (one
+ * bitmap word) at a time through a fixed-length loop the compiler
+ * vectorizes; target_clones picks AVX-512/AVX2 at load time.  Strict IEEE
+ * semantics come from the build flags (-ffp-contract=off), which vector
+ * code keeps: per-lane sqrt/div/mul/add round exactly like scalar ones. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "gpu/backend_ops.h"
+#include "gpu/box.h"
+#include "gpu/compute.h"
+#include "gpu/cpu.h"
+
+#define PAR_MIN_ELEMS	(1u << 20)	/* below this one thread is faster */
+#define MAX_THREADS	16
+
+static int cpu_threads(void)
+{
+	static int n;
+	int t = __atomic_load_n(&n, __ATOMIC_RELAXED);
+
+	if (t == 0) {
+		const char *s = getenv("DTC_CPU_THREADS");
+		long c = s ? strtol(s, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+
+		t = c < 1 ? 1 : c > MAX_THREADS ? MAX_THREADS : (int)c;
+		__atomic_store_n(&n, t, __ATOMIC_RELAXED);
+	}
+	return t;
+}
+
+/* Work over [lo, hi) of some index space; returns a sum to reduce. */
+typedef uint64_t (*range_fn)(void *ctx, uint64_t lo, uint64_t hi);
+
+struct part {
+	range_fn fn;
+	void *ctx;
+	uint64_t lo, hi, out;
+	pthread_t tid;
+	int started;
+};
+
+static void *part_main(void *arg)
+{
+	struct part *p = arg;
+
+	p->out = p->fn(p->ctx, p->lo, p->hi);
+	return NULL;
+}
+
+/* Split [0, n) into per-thread ranges whose bounds are multiples of
+ * `align`, run them, and return the sum of their results. */
+static uint64_t run_split(range_fn fn, void *ctx, uint64_t n, uint64_t align, uint64_t elems)
+{
+	struct part parts[MAX_THREADS] = { 0 };
+	int nt = elems >= PAR_MIN_ELEMS ? cpu_threads() : 1;
+	uint64_t sum = 0, chunk;
+
+	if (nt == 1 || n < (uint64_t)nt * align)
+		return fn(ctx, 0, n);
+	chunk = (n / (uint64_t)nt + align - 1) / align * align;
+	for (int i = 0; i < nt; i++) {
+		parts[i].fn = fn;
+		parts[i].ctx = ctx;
+		parts[i].lo = chunk * (uint64_t)i < n ? chunk * (uint64_t)i : n;
+		parts[i].hi = i == nt - 1 || chunk * (uint64_t)(i + 1) > n ? n : chunk * (uint64_t)(i + 1);
+		parts[i].started = 0;
+	}
+	for (int i = 1; i < nt; i++)
+		parts[i].started = pthread_create(&parts[i].tid, NULL, part_main, &parts[i]) == 0;
+	parts[0].out = fn(ctx, parts[0].lo, parts[0].hi);
+	for (int i = 1; i < nt; i++) {
+		if (parts[i].started)
+			pthread_join(parts[i].tid, NULL);
+		else
+			parts[i].out = fn(ctx, parts[i].lo, parts[i].hi);
+	}
+	for (int i = 0; i < nt; i++)
+		sum += parts[i].out;
+	return sum;
+}
+
+/* Move a walker (at position *cur) forward or anywhere to position p. */
+static void walk_to(struct box_walk *w, uint64_t *cur, uint64_t p)
+{
+	if (p >= *cur && p - *cur < (uint64_t)(w->row_len - w->col))
+		w->col += (int64_t)(p - *cur);
+	else
+		box_walk_seek(w, w->e, p);
+	*cur = p;
+}
+
+/* ---- scan ------------------------------------------------------------ */
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
+#define DTC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DTC_CLONES
+#endif
+
+/* One bitmap word: bit i set when element i may have changed.  Exactly 64
+ * lanes so the loops have a fixed trip count and vectorize. */
+DTC_CLONES
+uint64_t dtc_cpu_flags64(const struct dtc_consts *kp, const float *p, const float *m,
+			 const float *v)
+{
+	struct dtc_consts k = *kp;
+	int32_t f[64];
+	uint64_t w = 0;
+
+	if (k.variant == DTC_VARIANT_FUSED) {
+		for (int i = 0; i < 64; i++)
+			f[i] = dtc_adamw_changed_u(&k, p[i], dtc_adamw_u_fused(&k, m[i], v[i]));
+	} else {
+		for (int i = 0; i < 64; i++)
+			f[i] = dtc_adamw_changed_u(&k, p[i], dtc_adamw_u_torch(&k, m[i], v[i]));
+	}
+	for (int i = 0; i < 64; i++)
+		w |= (uint64_t)(uint32_t)f[i] << i;
+	return w;
+}
+
+struct scan_ctx {
+	struct dte_box_map e;
+	struct dtc_consts k;
+	const float *p, *m, *v;
+	uint64_t *bitmap;
+	uint64_t size;
+	int mode;
+};
+
+static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
+{
+	struct scan_ctx *c = arg;
+	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t count = 0;
+
+	if (w0 >= w1)
+		return 0;
+	box_walk_seek(&w, &c->e, w0 * 64);
+	for (uint64_t wi = w0; wi < w1; wi++) {
+		uint64_t n = c->size - wi * 64 < 64 ? c->size - wi * 64 : 64;
+		uint64_t bits;
+
+		if (n == 64 && s1 == 1 && w.col + 64 <= w.row_len) {
+			int64_t s = box_src_index(&w);
+
+			bits = dtc_cpu_flags64(&c->k, c->p + s, c->m + s, c->v + s);
+			w.col += 64;
+			if (w.col == w.row_len && wi + 1 < w1)
+				box_walk_next_row(&w);
+		} else {
+			float tp[64], tm[64], tv[64];
+
+			for (uint64_t i = 0; i < 64; i++) {
+				if (i < n) {
+					int64_t s = box_src_index(&w);
+
+					tp[i] = c->p[s];
+					tm[i] = c->m[s];
+					tv[i] = c->v[s];
+					if (wi * 64 + i + 1 < c->size)
+						box_walk_step(&w);
+				} else {
+					tp[i] = tm[i] = tv[i] = 0;
+				}
+			}
+			bits = dtc_cpu_flags64(&c->k, tp, tm, tv);
+		}
+		if (c->mode == DTC_SCAN_OR)
+			bits |= c->bitmap[wi];
+		if (n < 64)	/* bits past the box end stay zero */
+			bits &= ((uint64_t)1 << n) - 1;
+		c->bitmap[wi] = bits;
+		count += (uint64_t)__builtin_popcountll(bits);
+	}
+	return count;
+}
+
+static int cpu_scan(const struct dte_box_map *e, const struct dtc_consts *k,
+		    const float *param, const float *m, const float *v,
+		    uint64_t *bitmap, int mode, uint64_t *count)
+{
+	struct scan_ctx c;
+
+	c.e = *e;
+	c.k = *k;
+	c.p = param;
+	c.m = m;
+	c.v = v;
+	c.bitmap = bitmap;
+	c.size = dtc_box_size(e);
+	c.mode = mode;
+	*count = run_split(scan_range, &c, (c.size + 63) / 64, 64, c.size);
+	return DTC_OK;
+}
+
+/* ---- sparse from bitmap ---------------------------------------------- */
+
+static int cpu_sparse(const struct dte_box_map *e, const uint64_t *bitmap, const float *param,
+		      uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *n)
+{
+	uint64_t size = dtc_box_size(e), words = (size + 63) / 64, total = 0, out = 0, cur = 0;
+	struct box_walk w;
+
+	for (uint64_t i = 0; i < words; i++)
+		total += (uint64_t)__builtin_popcountll(i + 1 == words && size % 64 ?
+			bitmap[i] & (((uint64_t)1 << (size % 64)) - 1) : bitmap[i]);
+	if (total > cap)
+		return DTC_ENOSPC;
+	box_walk_seek(&w, e, 0);
+	for (uint64_t i = 0; i < words; i++) {
+		uint64_t bits = bitmap[i];
+
+		while (bits) {
+			uint64_t p = i * 64 + (uint64_t)__builtin_ctzll(bits);
+
+			bits &= bits - 1;
+			if (p >= size)
+				break;
+			walk_to(&w, &cur, p);
+			pos[out] = p;
+			val[out] = dtc_bf16_rne(param[box_src_index(&w)]);
+			out++;
+		}
+	}
+	*n = out;
+	return DTC_OK;
+}
+
+/* ---- dense extract / apply ------------------------------------------- */
+
+struct dense_ctx {
+	struct dte_box_map e;
+	const float *param;
+	uint16_t *out;		/* extract: canonical order */
+	const uint16_t *vals;	/* apply: canonical order */
+	uint16_t *dst;
+	uint64_t size;
+};
+
+static uint64_t extract_range(void *arg, uint64_t lo, uint64_t hi)
+{
+	struct dense_ctx *c = arg;
+	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t p = lo;
+
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, lo);
+	while (p < hi) {
+		uint64_t run = (uint64_t)(w.row_len - w.col);
+		const float *src = c->param + box_src_index(&w);
+		uint16_t *o = c->out + p;
+
+		if (run > hi - p)
+			run = hi - p;
+		if (s1 == 1) {
+			for (uint64_t i = 0; i < run; i++)
+				o[i] = dtc_bf16_rne(src[i]);
+		} else {
+			for (uint64_t i = 0; i < run; i++)
+				o[i] = dtc_bf16_rne(src[(int64_t)i * s1]);
+		}
+		p += run;
+		if (p < hi)
+			box_walk_next_row(&w);
+	}
+	return 0;
+}
+
+static int cpu_extract(const struct dte_box_map *e, const float *param, uint16_t *out)
+{
+	struct dense_ctx c = { .param = param, .out = out, .size = dtc_box_size(e) };
+
+	c.e = *e;
+	run_split(extract_range, &c, c.size, 64, c.size);
+	return DTC_OK;
+}
+
+static uint64_t apply_range(void *arg, uint64_t lo, uint64_t hi)
+{
+	struct dense_ctx *c = arg;
+	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t p = lo;
+
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, lo);
+	while (p < hi) {
+		uint64_t run = (uint64_t)(w.row_len - w.col);
+		uint16_t *dst = c->dst + box_dst_index(&w);
+
+		if (run > hi - p)
+			run = hi - p;
+		if (d1 == 1)
+			memcpy(dst, c->vals + p, run * sizeof(uint16_t));
+		else
+			for (uint64_t i = 0; i < run; i++)
+				dst[(int64_t)i * d1] = c->vals[p + i];
+		p += run;
+		if (p < hi)
+			box_walk_next_row(&w);
+	}
+	return 0;
+}
+
+static int cpu_dense_apply(const struct dte_box_map *e, const uint16_t *vals, uint16_t *dst)
+{
+	struct dense_ctx c = { .vals = vals, .dst = dst, .size = dtc_box_size(e) };
+
+	c.e = *e;
+	run_split(apply_range, &c, c.size, 64, c.size);
+	return DTC_OK;
+}
+
+/* ---- scatter ---------------------------------------------------------- */
+
+static int cpu_scatter(const struct dte_box_map *e, const uint64_t *pos, const uint16_t *val,
+		       uint64_t n, uint16_t *dst)
+{
+	uint64_t size = dtc_box_size(e), cur = 0;
+	struct box_walk w;
+
+	/* The entry was checked against dst's length, so a position inside
+	 * the box is a destination inside the buffer. */
+	for (uint64_t i = 0; i < n; i++)
+		if (pos[i] >= size)
+			return DTC_ERANGE;
+	box_walk_seek(&w, e, 0);
+	for (uint64_t i = 0; i < n; i++) {
+		walk_to(&w, &cur, pos[i]);
+		dst[box_dst_index(&w)] = val[i];
+	}
+	return DTC_OK;
+}
+
+/* ---- checksums -------------------------------------------------------- */
+
+struct csum_ctx {
+	struct dte_box_map e;
+	const uint16_t *buf;
+	const float *param;
+};
+
+static uint64_t csum_buf_range(void *arg, uint64_t lo, uint64_t hi)
+{
+	const uint16_t *b = ((struct csum_ctx *)arg)->buf;
+	uint64_t s = 0;
+
+	for (uint64_t i = lo; i < hi; i++)
+		s += dtc_csum_term(i, b[i]);
+	return s;
+}
+
+static int cpu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
+{
+	struct csum_ctx c = { .buf = buf };
+
+	*sum = run_split(csum_buf_range, &c, len, 64, len);
+	return DTC_OK;
+}
+
+static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi)
+{
+	struct csum_ctx *c = arg;
+	struct box_walk w;
+	uint64_t s = 0;
+
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, lo);
+	for (uint64_t p = lo; p < hi; p++) {
+		s += dtc_csum_term((uint64_t)box_dst_index(&w),
+				   dtc_bf16_rne(c->param[box_src_index(&w)]));
+		if (p + 1 < hi)
+			box_walk_step(&w);
+	}
+	return s;
+}
+
+static int cpu_checksum_entry(const struct dte_box_map *e, const float *param, uint64_t *sum)
+{
+	struct csum_ctx c = { .param = param };
+	uint64_t size = dtc_box_size(e);
+
+	c.e = *e;
+	*sum = run_split(csum_entry_range, &c, size, 64, size);
+	return DTC_OK;
+}
+
+const struct dtc_backend_ops dtc_cpu_ops = {
+	.scan = cpu_scan,
+	.sparse_from_bitmap = cpu_sparse,
+	.dense_extract = cpu_extract,
+	.scatter = cpu_scatter,
+	.dense_apply = cpu_dense_apply,
+	.checksum_buffer = cpu_checksum_buffer,
+	.checksum_entry = cpu_checksum_entry,
+};

@@ -1,0 +1,206 @@
+/* gpu/elem.h — the element math, shared by the C backends and nvcc.
+ *
+ * Everything that decides a bit of output lives here, once: BF16 rounding,
+ * the AdamW inverse for both forward variants, the guard that turns an
+ * inexact inverse into a "provably unchanged / maybe changed" verdict, and
+ * the checksum mix.  The CPU backend is the reference for the CUDA one, so
+ * both must evaluate exactly these FP32 operations in exactly this order:
+ * compile with -ffp-contract=off (cc) and --fmad=false (nvcc); a fused
+ * multiply-add would round differently from torch's CPU arithmetic.
+ */
+#ifndef DTC_ELEM_H
+#define DTC_ELEM_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define DTC_HD __host__ __device__
+#else
+#define DTC_HD
+#endif
+
+/* Which forward the trainer ran; the inverse mirrors its FP32 op order. */
+enum dtc_variant {
+	DTC_VARIANT_TORCH = 0,	/* torch.optim.AdamW: single-tensor, foreach */
+	DTC_VARIANT_FUSED = 1,	/* Apex / TransformerEngine FusedAdam, adam_w_mode */
+};
+
+/* Per-step FP32 constants, derived on the host from the group's
+ * hyper-parameters exactly as the forward derives them (hparams.c), so
+ * the per-element code below does no double arithmetic. */
+struct dtc_consts {
+	int32_t variant;	/* enum dtc_variant */
+	float decay;		/* torch: 1 - lr*wd, the multiplier applied to θ first */
+	float inv_decay;	/* 1 / decay, for the inverse */
+	float neg_step;		/* torch: -(lr / (1 - β1^t)) */
+	float bc2_sqrt;		/* torch: sqrt(1 - β2^t) */
+	float bc1;		/* fused: 1 - β1^t */
+	float bc2;		/* fused: 1 - β2^t */
+	float eps;
+	float lr;		/* fused: lr as the kernel sees it */
+	float wd;		/* fused: weight decay as the kernel sees it */
+};
+
+DTC_HD static inline uint32_t dtc_f32_bits(float x)
+{
+	union { float f; uint32_t u; } c;
+
+	c.f = x;
+	return c.u;
+}
+
+DTC_HD static inline float dtc_bits_f32(uint32_t u)
+{
+	union { float f; uint32_t u; } c;
+
+	c.u = u;
+	return c.f;
+}
+
+/* FP32 -> BF16, round to nearest, ties to even.  Adding 0x7fff plus the
+ * lowest kept bit carries into the kept half exactly when the dropped half
+ * is above the midpoint (or at it with an odd kept bit); the carry moves
+ * the largest finite values to Inf, as RNE must.  NaN is kept a NaN with
+ * its sign and forced quiet (the carry could otherwise make it Inf). */
+DTC_HD static inline uint16_t dtc_bf16_rne(float x)
+{
+	uint32_t u = dtc_f32_bits(x);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x0040u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+DTC_HD static inline float dtc_bf16_f32(uint16_t b)
+{
+	return dtc_bits_f32((uint32_t)b << 16);
+}
+
+DTC_HD static inline float dtc_fabsf(float x)
+{
+	return dtc_bits_f32(dtc_f32_bits(x) & 0x7fffffffu);
+}
+
+DTC_HD static inline int dtc_f32_finite(float x)
+{
+	return (dtc_f32_bits(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+/* Correctly rounded sqrt on both sides (IEEE, like torch's vsqrtps). */
+#ifdef __CUDA_ARCH__
+#define DTC_SQRTF(x) __fsqrt_rn(x)
+#else
+#define DTC_SQRTF(x) __builtin_sqrtf(x)
+#endif
+
+/* The θ-independent part of the step, as the forward computed it, signed
+ * so that θ_t = decay(θ_{t-1}) + u.
+ *   torch:  D = sqrt(v)/sqrt(bc2) + eps;  u = (-step_size * m) / D
+ *   fused:  D = sqrt(v/bc2) + eps;        u = -(lr * ((m/bc1) / D))
+ * (torch's addcdiv evaluates value*t1/t2 left to right; FusedAdam's
+ * decay*θ_old term is folded back in by the inverse's 1/decay.) */
+DTC_HD static inline float dtc_adamw_u_torch(const struct dtc_consts *k, float m, float v)
+{
+	float d = DTC_SQRTF(v) / k->bc2_sqrt + k->eps;
+
+	return (k->neg_step * m) / d;
+}
+
+DTC_HD static inline float dtc_adamw_u_fused(const struct dtc_consts *k, float m, float v)
+{
+	float mhat = m / k->bc1;
+	float vhat = v / k->bc2;
+	float d = DTC_SQRTF(vhat) + k->eps;
+
+	return -(k->lr * (mhat / d));
+}
+
+DTC_HD static inline float dtc_adamw_u(const struct dtc_consts *k, float m, float v)
+{
+	return k->variant == DTC_VARIANT_FUSED ? dtc_adamw_u_fused(k, m, v)
+					       : dtc_adamw_u_torch(k, m, v);
+}
+
+/* Forward parameter update from θ_{t-1} and the new moments, mirroring
+ * the trainer's FP32 order (used by tests and fixtures, not by detect). */
+DTC_HD static inline float dtc_adamw_forward(const struct dtc_consts *k, float theta_prev,
+					     float m, float v)
+{
+	if (k->variant == DTC_VARIANT_FUSED) {
+		float mhat = m / k->bc1;
+		float vhat = v / k->bc2;
+		float d = DTC_SQRTF(vhat) + k->eps;
+		float update = mhat / d + k->wd * theta_prev;
+
+		return theta_prev - k->lr * update;
+	}
+	return theta_prev * k->decay + dtc_adamw_u(k, m, v);
+}
+
+/* The reconstruction θ̂ of θ_{t-1}, its error bound, and the verdict.
+ *
+ * Bound (torch; fused is the same shape).  The forward rounds twice,
+ * θd = θ_{t-1}·c (1+δ1) and θ_t = (θd + u)(1+δ2), and u is reproduced
+ * exactly, so θ_{t-1} = (θ_t − u − r2 − r1)/c with |r1| ≤ ulp(θd)/2,
+ * |r2| ≤ ulp(θ_t)/2.  Our θ̂ = fl(fl(θ_t − u)·fl(1/c)) adds ulp(a)/2 and
+ * about ulp(θ̂) more.  With ulp(x) ≤ 2^-23|x| (+2^-149 for subnormals),
+ * c ≥ 1/2 and |a|, |θd| ≈ c|θ̂| this is ≤ 2^-24 (4|θ̂| + 2|θ_t|) plus a few
+ * subnormal ulps.  For fused, lr·upd and the decay term add two roundings
+ * of the size of u, ≤ 2^-24·3|u| (u itself may then differ from the
+ * forward's by a rounding or two, also ∝ |u|).  We take twice that:
+ *     e = 2^-23 (4|θ̂| + 2|θ_t| + 4|u|) + 2^-146,
+ * and the computation of e and θ̂ ± e (relative 2^-23) fits in the slack.
+ * An element is reported unchanged only when every value in [θ̂−e, θ̂+e]
+ * rounds to θ_t's BF16 (RNE is monotone, so checking both ends is enough).
+ * Non-finite θ_t is always reported. */
+#define DTC_GUARD_ULP	1.1920928955078125e-07f	/* 2^-23 */
+#define DTC_GUARD_TINY	1.1210387714598537e-44f	/* 2^-146 */
+
+DTC_HD static inline float dtc_adamw_prev(const struct dtc_consts *k, float theta, float u)
+{
+	return (theta - u) * k->inv_decay;
+}
+
+DTC_HD static inline float dtc_guard_bound(float theta_hat, float theta, float u)
+{
+	return DTC_GUARD_ULP * (4.0f * dtc_fabsf(theta_hat) + 2.0f * dtc_fabsf(theta) +
+				4.0f * dtc_fabsf(u)) + DTC_GUARD_TINY;
+}
+
+/* 1 when θ's BF16 may differ from θ_{t-1}'s, 0 when it provably does not;
+ * u from dtc_adamw_u*() (kernels call the variant's own to keep the
+ * variant branch out of their loops). */
+DTC_HD static inline int dtc_adamw_changed_u(const struct dtc_consts *k, float theta, float u)
+{
+	float th = dtc_adamw_prev(k, theta, u);
+	float e = dtc_guard_bound(th, theta, u);
+	uint16_t b = dtc_bf16_rne(theta);
+	uint16_t blo = dtc_bf16_rne(th - e);
+	uint16_t bhi = dtc_bf16_rne(th + e);
+
+	return (blo != b) | (bhi != b) | !dtc_f32_finite(theta);
+}
+
+DTC_HD static inline int dtc_adamw_changed(const struct dtc_consts *k, float theta,
+					   float m, float v)
+{
+	return dtc_adamw_changed_u(k, theta, dtc_adamw_u(k, m, v));
+}
+
+/* Checksum term of one destination element: a splitmix64 finalizer over
+ * (index, bits).  Sums mod 2^64 of these are order-independent, so partial
+ * sums from several senders add up to the receiver's recomputation. */
+DTC_HD static inline uint64_t dtc_mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+DTC_HD static inline uint64_t dtc_csum_term(uint64_t index, uint16_t bits)
+{
+	return dtc_mix64((index << 16) | bits);
+}
+
+#endif

@@ -1,0 +1,261 @@
+/* Element math: BF16 rounding against an independent reference, the AdamW
+ * inverse + guard against a simulated forward, hyper-parameter checks. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include "gpu/compute.h"
+#include "gpu/elem.h"
+
+static uint64_t rng_state = 0x1234567887654321ull;
+
+static uint64_t rnd(void)
+{
+	return dtc_mix64(rng_state++);
+}
+
+static double unif(void)
+{
+	return (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+static double gauss(void)
+{
+	double u = unif(), v = unif();
+
+	return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+/* Reference RNE by exact comparison of distances in double: both
+ * candidates and x are exact in double and their differences too. */
+static uint16_t ref_bf16(float x)
+{
+	uint32_t u = dtc_f32_bits(x), mag = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+	uint16_t lo, hi, r;
+	double dx, dlo, dhi;
+
+	if (isnan(x))
+		return 0xffff;	/* marker: caller checks NaN-ness */
+	if (isinf(x))
+		return (uint16_t)(sign | 0x7f80u);
+	lo = (uint16_t)(mag >> 16);
+	hi = (uint16_t)(lo + 1);
+	dx = (double)dtc_bits_f32(mag);
+	dlo = (double)dtc_bits_f32((uint32_t)lo << 16);
+	dhi = hi == 0x7f80 ? ldexp(1.0, 128) : (double)dtc_bits_f32((uint32_t)hi << 16);
+	if (dx - dlo < dhi - dx)
+		r = lo;
+	else if (dx - dlo > dhi - dx)
+		r = hi;
+	else
+		r = (lo & 1) ? hi : lo;
+	return (uint16_t)(sign | r);
+}
+
+static void check_one(uint32_t bits)
+{
+	float x = dtc_bits_f32(bits);
+	uint16_t got = dtc_bf16_rne(x), want = ref_bf16(x);
+
+	if (isnan(x)) {
+		/* NaN stays NaN, quiet, same sign */
+		assert_true(isnan(dtc_bf16_f32(got)));
+		assert_true(got & 0x0040);
+		assert_int_equal(got & 0x8000, (bits >> 16) & 0x8000);
+		return;
+	}
+	if (got != want)
+		fail_msg("bf16(0x%08x) = 0x%04x, reference 0x%04x", bits, got, want);
+}
+
+static void test_bf16_edges(void **state)
+{
+	static const struct { uint32_t in; uint16_t out; } cases[] = {
+		{ 0x00000000, 0x0000 }, { 0x80000000, 0x8000 },	/* ±0 */
+		{ 0x7f800000, 0x7f80 }, { 0xff800000, 0xff80 },	/* ±Inf */
+		{ 0x7f7fffff, 0x7f80 }, { 0xff7fffff, 0xff80 },	/* max finite -> Inf */
+		{ 0x7f7f7fff, 0x7f7f },				/* just below half */
+		{ 0x7f7f8000, 0x7f80 },				/* tie, odd -> Inf */
+		{ 0x7f7e8000, 0x7f7e },				/* tie, even stays */
+		{ 0x3f808000, 0x3f80 }, { 0x3f818000, 0x3f82 },	/* ties to even */
+		{ 0x3f808001, 0x3f81 },				/* above tie */
+		{ 0x00000001, 0x0000 }, { 0x80000001, 0x8000 },	/* min subnormal */
+		{ 0x00008000, 0x0000 }, { 0x00018000, 0x0002 },	/* subnormal ties */
+		{ 0x007fffff, 0x0080 },				/* subnormal -> normal */
+		{ 0x00400000, 0x0040 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint16_t got = dtc_bf16_rne(dtc_bits_f32(cases[i].in));
+
+		if (got != cases[i].out)
+			fail_msg("bf16(0x%08x) = 0x%04x, want 0x%04x", cases[i].in, got, cases[i].out);
+		check_one(cases[i].in);
+	}
+	/* NaNs, including ones whose payload sits only in the dropped half
+	 * (naive rounding would turn them into Inf) and the all-ones one. */
+	check_one(0x7f800001);
+	check_one(0xff800001);
+	check_one(0x7fc00000);
+	check_one(0x7fffffff);
+	check_one(0xffffffff);
+	check_one(0x7f80ffff);
+}
+
+static void test_bf16_random(void **state)
+{
+	for (int i = 0; i < 4000000; i++)
+		check_one((uint32_t)rnd());
+	/* every bf16 value with a dense walk of its neighbourhood */
+	for (uint32_t hi = 0; hi < 0x10000; hi++)
+		for (uint32_t lo = 0x7ffe; lo <= 0x8001; lo++)
+			check_one(hi << 16 | lo);
+	/* round trip: a bf16 value converts to itself */
+	for (uint32_t b = 0; b < 0x10000; b++)
+		if (!isnan(dtc_bf16_f32((uint16_t)b)))
+			assert_int_equal(dtc_bf16_rne(dtc_bf16_f32((uint16_t)b)), b);
+}
+
+static void derive(struct dtc_consts *k, int variant, double lr, double wd, int64_t step)
+{
+	struct dtc_hparams hp = { lr, 0.9, 0.999, 1e-8, wd, step, variant };
+	char why[128];
+
+	assert_int_equal(dtc_hparams_derive(&hp, k, why, sizeof(why)), DTC_OK);
+}
+
+/* Simulated AdamW steps with the forward from elem.h: every real BF16
+ * change must be flagged, and few unchanged elements may be. */
+static void run_guard(int variant, double lr, double wd, int n, int steps, double max_fp)
+{
+	float *th = malloc(sizeof(float) * (size_t)n), *m = calloc((size_t)n, sizeof(float));
+	float *v = calloc((size_t)n, sizeof(float));
+	uint64_t fn = 0, fp = 0, changed = 0, total = 0;
+
+	assert_non_null(th);
+	assert_non_null(m);
+	assert_non_null(v);
+	for (int i = 0; i < n; i++) {
+		/* most weights ~N(0, 0.02); some tiny, some zero, some subnormal */
+		double s = i % 97 == 0 ? 1e-6 : i % 89 == 0 ? 1e-30 : 0.02;
+
+		th[i] = i % 101 == 0 ? 0.0f : (float)(gauss() * s);
+		if (i % 103 == 0)
+			th[i] = dtc_bits_f32((uint32_t)(rnd() & 0x807fffffu));
+	}
+	for (int t = 1; t <= steps; t++) {
+		struct dtc_consts k;
+
+		derive(&k, variant, lr, wd, t);
+		for (int i = 0; i < n; i++) {
+			double g = gauss() * 1e-3 * (i % 13 == 0 ? 30 : 1);
+			float gf = i % 17 == 0 ? 0.0f : (float)g;
+			float prev = th[i];
+
+			m[i] = 0.9f * m[i] + 0.1f * gf;
+			v[i] = 0.999f * v[i] + 0.001f * gf * gf;
+			th[i] = dtc_adamw_forward(&k, prev, m[i], v[i]);
+			{
+				int truth = dtc_bf16_rne(prev) != dtc_bf16_rne(th[i]);
+				int flag = dtc_adamw_changed(&k, th[i], m[i], v[i]);
+
+				changed += (uint64_t)truth;
+				fn += (uint64_t)(truth && !flag);
+				fp += (uint64_t)(!truth && flag);
+				total++;
+			}
+		}
+	}
+	print_message("variant=%d lr=%g wd=%g changed=%.3f%% fn=%llu fp=%.4f%%\n", variant, lr, wd,
+		      100.0 * (double)changed / (double)total, (unsigned long long)fn,
+		      100.0 * (double)fp / (double)total);
+	assert_int_equal(fn, 0);
+	assert_true((double)fp / (double)total <= max_fp);
+	assert_true(changed > 0);
+	free(th);
+	free(m);
+	free(v);
+}
+
+static void test_guard_torch(void **state)
+{
+	run_guard(DTC_VARIANT_TORCH, 1e-5, 0.1, 100000, 8, 1e-3);
+	run_guard(DTC_VARIANT_TORCH, 1e-7, 0.0, 100000, 8, 1e-3);
+	run_guard(DTC_VARIANT_TORCH, 1e-4, 0.01, 100000, 8, 1e-3);
+}
+
+static void test_guard_fused(void **state)
+{
+	run_guard(DTC_VARIANT_FUSED, 1e-5, 0.1, 100000, 8, 1e-3);
+	run_guard(DTC_VARIANT_FUSED, 1e-6, 0.0, 100000, 8, 1e-3);
+	run_guard(DTC_VARIANT_FUSED, 1e-4, 0.01, 100000, 8, 1e-3);
+}
+
+/* The guard must fire: an element with no update whose BF16 cannot have
+ * moved is quiet; NaN/Inf weights are always reported. */
+static void test_guard_directed(void **state)
+{
+	struct dtc_consts k;
+
+	derive(&k, DTC_VARIANT_TORCH, 1e-5, 0.0, 3);
+	assert_int_equal(dtc_adamw_changed(&k, 0.015625f, 0.0f, 0.0f), 0);
+	assert_int_equal(dtc_adamw_changed(&k, NAN, 0.0f, 0.0f), 1);
+	assert_int_equal(dtc_adamw_changed(&k, INFINITY, 0.0f, 0.0f), 1);
+	assert_int_equal(dtc_adamw_changed(&k, 0.5f, NAN, 1.0f), 1);
+	/* θ_t exactly on a BF16 rounding midpoint with a tiny update: the
+	 * previous value may be on either side, so it must be flagged. */
+	assert_int_equal(dtc_adamw_changed(&k, dtc_bits_f32(0x3f808000), 1e-9f, 1.0f), 1);
+}
+
+static void test_hparams(void **state)
+{
+	struct dtc_hparams ok = { 1e-5, 0.9, 0.999, 1e-8, 0.1, 1, DTC_VARIANT_TORCH };
+	struct dtc_hparams hp;
+	struct dtc_consts k;
+	char why[128];
+
+	assert_int_equal(dtc_hparams_derive(&ok, &k, why, sizeof(why)), DTC_OK);
+	assert_true(k.decay == (float)(1 - 1e-5 * 0.1));
+	assert_true(k.neg_step == (float)(-(1e-5 / (1 - 0.9))));
+	hp = ok, hp.step = 0;
+	assert_int_equal(dtc_hparams_derive(&hp, &k, why, sizeof(why)), DTC_EINVAL);
+	assert_non_null(strstr(why, "step"));
+	hp = ok, hp.beta1 = 1.0;
+	assert_int_equal(dtc_hparams_derive(&hp, &k, why, sizeof(why)), DTC_EINVAL);
+	hp = ok, hp.lr = NAN;
+	assert_int_equal(dtc_hparams_derive(&hp, &k, why, sizeof(why)), DTC_EINVAL);
+	hp = ok, hp.lr = 1.0, hp.weight_decay = 0.9;
+	assert_int_equal(dtc_hparams_derive(&hp, &k, why, sizeof(why)), DTC_EINVAL);
+	hp = ok, hp.variant = 7;
+	assert_int_equal(dtc_hparams_derive(&hp, &k, NULL, 0), DTC_EINVAL);
+	assert_int_equal(dtc_hparams_derive(NULL, &k, NULL, 0), DTC_EINVAL);
+}
+
+static void test_mix(void **state)
+{
+	/* index and bits both matter; no trivial collisions nearby */
+	assert_true(dtc_csum_term(0, 1) != dtc_csum_term(1, 0));
+	assert_true(dtc_csum_term(5, 0x3f80) != dtc_csum_term(5, 0x3f81));
+	for (uint64_t i = 0; i < 1000; i++)
+		assert_true(dtc_csum_term(i, 0) != dtc_csum_term(i + 1, 0));
+	assert_string_equal(dtc_strerror(DTC_ERANGE), "position outside the entry's box");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bf16_edges),
+		cmocka_unit_test(test_bf16_random),
+		cmocka_unit_test(test_guard_torch),
+		cmocka_unit_test(test_guard_fused),
+		cmocka_unit_test(test_guard_directed),
+		cmocka_unit_test(test_hparams),
+		cmocka_unit_test(test_mix),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
