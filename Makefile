@@ -64,6 +64,7 @@ include daemon/peer/peer.mk
 include daemon/daemon.mk
 include client/client.mk
 include tests/tests.mk
+include client/python/python.mk
 
 all: $(BINS) $(LIBS)
 
