@@ -65,6 +65,7 @@ include daemon/daemon.mk
 include client/client.mk
 include tests/tests.mk
 include client/python/python.mk
+include packaging/packaging.mk
 
 all: $(BINS) $(LIBS)
 
