@@ -1,10 +1,76 @@
 # gpu/ — compute core (element math, kernels, codec, backends).
-COMPUTE_SRCS := gpu/backend.c
+#
+# Every FP32 operation of the element math must round exactly as the
+# trainer's did, on every backend: no FMA contraction, no errno-checking
+# sqrt (which would keep the scan from vectorizing).
+COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/compute.c gpu/codec.c gpu/backend.c
 COMPUTE_OBJS := $(COMPUTE_SRCS:%.c=$(B)/obj/%.o)
+COMPUTE_LIBS := -lzstd -lxxhash -ldl -lm
+DTC_FPFLAGS  := -ffp-contract=off -fno-math-errno
+
+$(B)/obj/gpu/%.o: CFLAGS += $(DTC_FPFLAGS)
+$(B)/obj/gpu/cpu.o: CFLAGS += -O3
 
 $(B)/lib/libdtecompute.a: $(COMPUTE_OBJS)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
-LIBS += $(B)/lib/libdtecompute.a
+# A shared copy for ctypes (tests/system/adamw_fixtures.py).  Built without
+# sanitizers even under SANITIZE=1: Python cannot load an ASan library
+# without preloading the runtime; the unit tests cover ASan/UBSan.
+COMPUTE_PLAIN_CFLAGS := $(filter-out $(SANFLAGS),$(CFLAGS)) $(DTC_FPFLAGS)
+$(B)/lib/libdtecompute.so: $(COMPUTE_SRCS) gpu/*.h
+	@mkdir -p $(dir $@)
+	$(CC) $(COMPUTE_PLAIN_CFLAGS) -O3 -shared -o $@ $(COMPUTE_SRCS) -pthread $(COMPUTE_LIBS)
+
+LIBS += $(B)/lib/libdtecompute.a $(B)/lib/libdtecompute.so
 INTERNAL_LIBS += $(B)/lib/libdtecompute.a
+
+# The cuda plugin: static cudart so that nothing else links CUDA; built
+# whenever nvcc exists (it cannot run without a driver, which is fine).
+ifneq ($(NVCC),)
+CUDA_SRCS   := gpu/cuda/kernels.cu
+NVCCFLAGS   := -O3 -std=c++17 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
+               -Xcompiler -fPIC,-Wall -I.
+$(B)/lib/dte-cuda.so: $(CUDA_SRCS) gpu/*.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -shared -o $@ $(CUDA_SRCS) \
+		-Xlinker --no-undefined -l:libcudart_static.a -lstdc++ -ldl -lpthread -lrt
+LIBS += $(B)/lib/dte-cuda.so
+endif
+
+# Unit tests (baseline x86-64 has no FMA, so their inline element math
+# cannot be contracted either).
+UNIT_TESTS += test_elem test_codec test_kernels test_backend
+
+SYSTEM_TESTS += tests/system/adamw_fixtures.py
+
+# Programs that are neither installed nor run by `make test`.
+$(B)/tests/bench_scan: gpu/bench_scan.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \
+		$(COMPUTE_LIBS)
+
+$(B)/tests/test_cuda: tests/gpu/test_cuda.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \
+		$(COMPUTE_LIBS)
+
+$(B)/tests/bench_gpu: gpu/bench_gpu.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \
+		$(COMPUTE_LIBS)
+
+bench-scan: $(B)/tests/bench_scan
+	$(B)/tests/bench_scan
+
+ifneq ($(NVCC),)
+test-gpu: $(B)/tests/test_cuda $(B)/lib/dte-cuda.so
+	$(B)/tests/test_cuda $(B)/lib/dte-cuda.so
+
+bench-gpu: $(B)/tests/bench_gpu $(B)/lib/dte-cuda.so
+	$(B)/tests/bench_gpu $(B)/lib/dte-cuda.so
+else
+test-gpu bench-gpu:
+	@echo "$@: nvcc not found; the cuda plugin cannot be built here" >&2; exit 1
+endif
