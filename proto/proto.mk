@@ -5,21 +5,44 @@ PROTO_GEN_H := $(B)/gen/proto/dte.pb-c.h
 PROTO_SRCS  := proto/frame.c proto/cmdtab.c
 PROTO_OBJS  := $(B)/obj/gen/proto/dte.pb-c.o $(PROTO_SRCS:%.c=$(B)/obj/%.o)
 
+# peer.proto: daemon-to-daemon records; only the daemon needs them, so they
+# go into libdteproto.a but not into libdte.
+PEER_PROTO_GEN_C := $(B)/gen/proto/peer.pb-c.c
+PEER_PROTO_GEN_H := $(B)/gen/proto/peer.pb-c.h
+PEER_PROTO_OBJS  := $(B)/obj/gen/proto/peer.pb-c.o
+
 # protoc-c writes both files at once; the .c rule makes the header.
-$(PROTO_GEN_C): proto/dte.proto
+$(B)/gen/proto/%.pb-c.c: proto/%.proto
 	@mkdir -p $(dir $@)
 	protoc-c --proto_path=. --c_out=$(B)/gen $<
-$(PROTO_GEN_H): $(PROTO_GEN_C)
+$(B)/gen/proto/%.pb-c.h: $(B)/gen/proto/%.pb-c.c
 	@test -f $@ || { rm -f $<; echo "protoc-c did not write $@" >&2; exit 1; }
 
-$(B)/obj/gen/proto/dte.pb-c.o: $(PROTO_GEN_C) $(PROTO_GEN_H)
+$(B)/obj/gen/proto/%.pb-c.o: $(B)/gen/proto/%.pb-c.c $(B)/gen/proto/%.pb-c.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/lib/libdteproto.a: $(PROTO_OBJS)
+# proto/peer.proto: daemon-to-daemon records (daemon/job*, daemon/route_ucx).
+PEER_PROTO_GEN_C := $(B)/gen/proto/peer.pb-c.c
+PEER_PROTO_GEN_H := $(B)/gen/proto/peer.pb-c.h
+PROTO_OBJS  += $(B)/obj/gen/proto/peer.pb-c.o
+
+$(PEER_PROTO_GEN_C): proto/peer.proto
+	@mkdir -p $(dir $@)
+	protoc-c --proto_path=. --c_out=$(B)/gen $<
+$(PEER_PROTO_GEN_H): $(PEER_PROTO_GEN_C)
+	@test -f $@ || { rm -f $<; echo "protoc-c did not write $@" >&2; exit 1; }
+
+$(B)/obj/gen/proto/peer.pb-c.o: $(PEER_PROTO_GEN_C) $(PEER_PROTO_GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+GEN_HEADERS += $(PEER_PROTO_GEN_H)
+
+$(B)/lib/libdteproto.a: $(PROTO_OBJS) $(PEER_PROTO_OBJS)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
-GEN_HEADERS   += $(PROTO_GEN_H)
+GEN_HEADERS   += $(PROTO_GEN_H) $(PEER_PROTO_GEN_H)
 LIBS          += $(B)/lib/libdteproto.a
 INTERNAL_LIBS += $(B)/lib/libdteproto.a
