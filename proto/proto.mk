@@ -12,32 +12,19 @@ PEER_PROTO_GEN_H := $(B)/gen/proto/peer.pb-c.h
 PEER_PROTO_OBJS  := $(B)/obj/gen/proto/peer.pb-c.o
 
 # protoc-c writes both files at once; the .c rule makes the header.
-$(B)/gen/proto/%.pb-c.c: proto/%.proto
+# Static pattern rules: the generated files are real targets, never
+# intermediates make would delete.
+PROTO_ALL_C := $(PROTO_GEN_C) $(PEER_PROTO_GEN_C)
+PROTO_ALL_H := $(PROTO_GEN_H) $(PEER_PROTO_GEN_H)
+$(PROTO_ALL_C): $(B)/gen/proto/%.pb-c.c: proto/%.proto
 	@mkdir -p $(dir $@)
 	protoc-c --proto_path=. --c_out=$(B)/gen $<
-$(B)/gen/proto/%.pb-c.h: $(B)/gen/proto/%.pb-c.c
+$(PROTO_ALL_H): $(B)/gen/proto/%.pb-c.h: $(B)/gen/proto/%.pb-c.c
 	@test -f $@ || { rm -f $<; echo "protoc-c did not write $@" >&2; exit 1; }
 
-$(B)/obj/gen/proto/%.pb-c.o: $(B)/gen/proto/%.pb-c.c $(B)/gen/proto/%.pb-c.h
+$(PROTO_ALL_C:$(B)/gen/%.c=$(B)/obj/gen/%.o): $(B)/obj/gen/proto/%.pb-c.o: $(B)/gen/proto/%.pb-c.c $(B)/gen/proto/%.pb-c.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-
-# proto/peer.proto: daemon-to-daemon records (daemon/job*, daemon/route_ucx).
-PEER_PROTO_GEN_C := $(B)/gen/proto/peer.pb-c.c
-PEER_PROTO_GEN_H := $(B)/gen/proto/peer.pb-c.h
-PROTO_OBJS  += $(B)/obj/gen/proto/peer.pb-c.o
-
-$(PEER_PROTO_GEN_C): proto/peer.proto
-	@mkdir -p $(dir $@)
-	protoc-c --proto_path=. --c_out=$(B)/gen $<
-$(PEER_PROTO_GEN_H): $(PEER_PROTO_GEN_C)
-	@test -f $@ || { rm -f $<; echo "protoc-c did not write $@" >&2; exit 1; }
-
-$(B)/obj/gen/proto/peer.pb-c.o: $(PEER_PROTO_GEN_C) $(PEER_PROTO_GEN_H)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
-
-GEN_HEADERS += $(PEER_PROTO_GEN_H)
 
 $(B)/lib/libdteproto.a: $(PROTO_OBJS) $(PEER_PROTO_OBJS)
 	@mkdir -p $(dir $@)

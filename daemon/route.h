@@ -1,0 +1,82 @@
+/* daemon/route.h — how peer.proto records travel between job engines.
+ *
+ * The sync engine (daemon/job*.c) speaks only in peer.proto records:
+ * (type, protobuf header, optional data).  It hands every record to
+ * route_send() with the destination daemon's node name, and receives every
+ * record through job_peer_recv(), whether it came from this daemon or from
+ * another one.  So the coordinator, source and sink logic is the same code
+ * for one daemon and for a cluster.
+ *
+ * Local records (destination is this daemon) go into a queue drained from
+ * the loop, never by a direct call: a handler that sends never re-enters
+ * another handler.  Remote records go to the remote router (route_ucx.c)
+ * through struct route_remote; with none installed, a send to another node
+ * fails with -EHOSTUNREACH and a logged reason.
+ *
+ * Module state is per process (one dted, one loop), chrony style.
+ */
+#ifndef DTED_ROUTE_H
+#define DTED_ROUTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include <protobuf-c/protobuf-c.h>
+#include "proto/peer.pb-c.h"
+
+/* What a remote router provides.  All calls run on the loop thread. */
+struct route_remote {
+	/* Send one record to daemon `node` (its HELLO name); `address`
+	 * ("host:port", may be NULL when the router already knows the node)
+	 * is where to connect if there is no connection yet.  `node` may be
+	 * NULL when only the address is known (the first JOIN to a
+	 * coordinator).  hdr is the packed record (any size: a PLAN can be
+	 * far larger than one AM header; carry it whole), data follows it
+	 * (PAYLOAD only).  Both are borrowed: copy what must outlive the call.
+	 * Returns 0 or a negative errno; failures later (peer died) are
+	 * reported with route_node_down(). */
+	int (*send)(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
+		    const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
+	void *arg;
+};
+
+/* self_node: this daemon's node name; self_address: its peer listener
+ * ("host:port"), "" when it has none. */
+int  route_init(uv_loop_t *loop, const char *self_node, const char *self_address);
+/* Drops queued records; their data is freed. */
+void route_fini(void);
+
+/* Install (or, with NULL, remove) the remote router; the struct is copied. */
+void route_set_remote(const struct route_remote *remote);
+
+const char *route_self_node(void);
+const char *route_self_address(void);
+
+/* True when (node, address) names this daemon: node equal to our name, or
+ * no node and an address that is "local", "" or our own. */
+int route_is_self(const char *node, const char *address);
+
+/* Send one record.  msg is packed here; data (len bytes, PAYLOAD only, may
+ * be NULL) is copied for local delivery.  Returns 0 or a negative errno. */
+int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
+	       const ProtobufCMessage *msg, const void *data, size_t len);
+
+/* The remote router hands every received record here (from_node is the
+ * sender's HELLO name); it is delivered to job_peer_recv() at once. */
+void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		   size_t hdrlen, const void *data, size_t len);
+
+/* The remote router saw daemon `node` go away. */
+void route_node_down(const char *node);
+
+/* Records queued for local delivery (tests). */
+size_t route_pending(void);
+
+/* Implemented by the sync engine (daemon/job.c).  hdr/data are borrowed
+ * for the call.  Malformed or refused records are logged and counted,
+ * never trusted. */
+void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		   size_t hdrlen, const void *data, size_t len);
+void job_peer_down(const char *node);
+
+#endif
