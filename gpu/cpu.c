@@ -102,26 +102,66 @@ static void walk_to(struct box_walk *w, uint64_t *cur, uint64_t p)
 #define DTC_CLONES
 #endif
 
-/* One bitmap word: bit i set when element i may have changed.  Exactly 64
- * lanes so the loops have a fixed trip count and vectorize. */
-DTC_CLONES
-uint64_t dtc_cpu_flags64(const struct dtc_consts *kp, const float *p, const float *m,
-			 const float *v)
+/* Pack 64 flags (bytes of 0/1) into a word: one multiply gathers the low
+ * bits of 8 bytes into the top byte (no carries: each lands on its own bit). */
+static inline uint64_t pack64(const uint8_t *f)
 {
-	struct dtc_consts k = *kp;
-	int32_t f[64];
 	uint64_t w = 0;
 
-	if (k.variant == DTC_VARIANT_FUSED) {
-		for (int i = 0; i < 64; i++)
-			f[i] = dtc_adamw_changed_u(&k, p[i], dtc_adamw_u_fused(&k, m[i], v[i]));
-	} else {
-		for (int i = 0; i < 64; i++)
-			f[i] = dtc_adamw_changed_u(&k, p[i], dtc_adamw_u_torch(&k, m[i], v[i]));
+	for (int i = 0; i < 8; i++) {
+		uint64_t x;
+
+		memcpy(&x, f + 8 * i, 8);
+		w |= ((x * 0x0102040810204080ull) >> 56) << (8 * i);
 	}
-	for (int i = 0; i < 64; i++)
-		w |= (uint64_t)(uint32_t)f[i] << i;
 	return w;
+}
+
+#define BLOCK_WORDS 16
+
+/* Verdicts for nw (<= BLOCK_WORDS) bitmap words of consecutive elements:
+ * bit i of out[j] set when element 64j+i may have changed
+ * (dtc_adamw_flag).  The cheap test runs over fixed 64-lane loops
+ * (vectorized); the few elements it cannot clear are gathered and run
+ * through the full inverse together, also vectorized. */
+DTC_CLONES
+void dtc_cpu_flags(const struct dtc_consts *kp, const float *p, const float *m, const float *v,
+		   int nw, uint64_t *out)
+{
+	struct dtc_consts k = *kp;
+	float cp[64 * BLOCK_WORDS], cm[64 * BLOCK_WORDS], cv[64 * BLOCK_WORDS];
+	uint16_t idx[64 * BLOCK_WORDS];
+	uint8_t q[64], f[64 * BLOCK_WORDS];
+	int nn = 0;
+
+	for (int j = 0; j < nw; j++) {
+		const float *pj = p + 64 * j, *mj = m + 64 * j, *vj = v + 64 * j;
+		uint64_t need;
+
+		for (int i = 0; i < 64; i++)
+			q[i] = (uint8_t)!dtc_adamw_quiet(&k, pj[i], mj[i], vj[i]);
+		need = pack64(q);
+		out[j] = 0;
+		while (need) {
+			int i = __builtin_ctzll(need);
+
+			need &= need - 1;
+			idx[nn] = (uint16_t)(64 * j + i);
+			cp[nn] = pj[i];
+			cm[nn] = mj[i];
+			cv[nn] = vj[i];
+			nn++;
+		}
+	}
+	if (k.variant == DTC_VARIANT_FUSED) {
+		for (int i = 0; i < nn; i++)
+			f[i] = (uint8_t)dtc_adamw_changed_u(&k, cp[i], dtc_adamw_u_fused(&k, cm[i], cv[i]));
+	} else {
+		for (int i = 0; i < nn; i++)
+			f[i] = (uint8_t)dtc_adamw_changed_u(&k, cp[i], dtc_adamw_u_torch(&k, cm[i], cv[i]));
+	}
+	for (int i = 0; i < nn; i++)
+		out[idx[i] / 64] |= (uint64_t)f[i] << (idx[i] % 64);
 }
 
 struct scan_ctx {
@@ -145,15 +185,28 @@ static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
 	box_walk_seek(&w, &c->e, w0 * 64);
 	for (uint64_t wi = w0; wi < w1; wi++) {
 		uint64_t n = c->size - wi * 64 < 64 ? c->size - wi * 64 : 64;
-		uint64_t bits;
+		uint64_t bits, blk[BLOCK_WORDS];
 
 		if (n == 64 && s1 == 1 && w.col + 64 <= w.row_len) {
+			/* as many whole words as this row and range still hold */
 			int64_t s = box_src_index(&w);
+			uint64_t nw = (uint64_t)(w.row_len - w.col) / 64, full = (c->size - wi * 64) / 64;
 
-			bits = dtc_cpu_flags64(&c->k, c->p + s, c->m + s, c->v + s);
-			w.col += 64;
-			if (w.col == w.row_len && wi + 1 < w1)
+			nw = nw < full ? nw : full;
+			nw = nw < w1 - wi ? nw : w1 - wi;
+			nw = nw < BLOCK_WORDS ? nw : BLOCK_WORDS;
+			dtc_cpu_flags(&c->k, c->p + s, c->m + s, c->v + s, (int)nw, blk);
+			w.col += (int64_t)(64 * nw);
+			if (w.col == w.row_len)
 				box_walk_next_row(&w);
+			for (uint64_t j = 0; j + 1 < nw; j++, wi++) {
+				bits = blk[j];
+				if (c->mode == DTC_SCAN_OR)
+					bits |= c->bitmap[wi];
+				c->bitmap[wi] = bits;
+				count += (uint64_t)__builtin_popcountll(bits);
+			}
+			bits = blk[nw - 1];
 		} else {
 			float tp[64], tm[64], tv[64];
 
@@ -164,13 +217,13 @@ static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
 					tp[i] = c->p[s];
 					tm[i] = c->m[s];
 					tv[i] = c->v[s];
-					if (wi * 64 + i + 1 < c->size)
-						box_walk_step(&w);
+					box_walk_step(&w);
 				} else {
 					tp[i] = tm[i] = tv[i] = 0;
 				}
 			}
-			bits = dtc_cpu_flags64(&c->k, tp, tm, tv);
+			dtc_cpu_flags(&c->k, tp, tm, tv, 1, blk);
+			bits = blk[0];
 		}
 		if (c->mode == DTC_SCAN_OR)
 			bits |= c->bitmap[wi];

@@ -5,8 +5,9 @@
 #include <stdint.h>
 #include "gpu/elem.h"
 
-/* Verdicts for 64 consecutive elements as one bitmap word. */
-uint64_t dtc_cpu_flags64(const struct dtc_consts *k, const float *p, const float *m,
-			 const float *v);
+/* Verdicts (dtc_adamw_flag) for nw <= 16 words of 64 consecutive
+ * elements, one bitmap word each. */
+void dtc_cpu_flags(const struct dtc_consts *k, const float *p, const float *m, const float *v,
+		   int nw, uint64_t *out);
 
 #endif

@@ -39,6 +39,12 @@ struct dtc_consts {
 	float eps;
 	float lr;		/* fused: lr as the kernel sees it */
 	float wd;		/* fused: weight decay as the kernel sees it */
+	/* dtc_adamw_quiet(): |u| <= q_s·|m| / max(sqrt(v)/sqrt(1/q_q2), q_eps),
+	 * step bound |Δθ| <= q_k1·|u| + q_k2·|θ_t|, all rounded to the safe side. */
+	float q_s;		/* S·k1, padded up */
+	float q_q2;		/* Q², padded down */
+	float q_eps;		/* eps, or 0 when too small to use safely */
+	float q_k2;
 };
 
 DTC_HD static inline uint32_t dtc_f32_bits(float x)
@@ -167,6 +173,42 @@ DTC_HD static inline float dtc_guard_bound(float theta_hat, float theta, float u
 				4.0f * dtc_fabsf(u)) + DTC_GUARD_TINY;
 }
 
+/* A sufficient test for "unchanged" without sqrt or division, so the scan
+ * runs at memory speed and only elements near a BF16 boundary pay for the
+ * full inverse.
+ *
+ * In magnitude, |θ_{t-1}| - |θ_t| = |θ_t|(1/c - 1) ± k1|u| ± ε with
+ * ε <= 2^-21|θ_t| + (k1 - 1/c)|u| (the rounding analysis of the bound below,
+ * c >= 1/2): decay only ever grows the previous magnitude, and the u term
+ * grows it exactly when m has θ's sign (u = -(step)·m/D with D > 0, both
+ * variants).  |u| <= S|m| / max(sqrt(v)·Q, eps) since D is the sum of
+ * those two terms (torch: S = |step|, Q = 1/sqrt(bc2); fused: S = lr/bc1,
+ * Q = 1/sqrt(bc2)).  The BF16 rounding interval of θ_t is [L, U] with
+ * L, U the FP32 midpoints around bf16(θ_t) (exact bit patterns, also
+ * across a binade edge), so θ_t - L and U - θ_t are exact.  If the step
+ * bound stays strictly inside on the side it can move to, and the error
+ * alone stays inside on the other, the BF16 did not change.  The u test is
+ * squared to avoid sqrt, a² < r²·v·Q², used only where r²·v·Q² is a normal
+ * number far from underflow; constants carry a 2^-10 margin for the FP32
+ * rounding of these few products and the budgets a 1% one. */
+DTC_HD static inline int dtc_adamw_quiet(const struct dtc_consts *k, float theta, float m, float v)
+{
+	uint32_t b = dtc_f32_bits(theta), ab = b & 0x7fffffffu;
+	uint32_t mid = ((ab + 0x7fffu + ((ab >> 16) & 1u)) >> 16) << 16;
+	float x = dtc_bits_f32(ab);
+	float dlo = x - dtc_bits_f32(mid - 0x8000u);
+	float dhi = dtc_bits_f32(mid + 0x8000u) - x;
+	float r_up = 0.99f * dhi - x * k->q_k2;
+	float r_dn = 0.99f * dlo - x * 9.5367431640625e-07f;	/* 2^-20 */
+	int up = ((b ^ dtc_f32_bits(m)) >> 31) == 0;	/* u grows |θ_{t-1}| */
+	float r = up ? r_up : r_dn;
+	float a = k->q_s * dtc_fabsf(m);
+	float rr = r * r * v * k->q_q2;
+	int ok = (ab < 0x7f000000u) & (mid >= 0x00800000u) & (r_up > 0.0f) & (r_dn > 0.0f);
+
+	return ok & ((a < r * k->q_eps) | ((a * a < rr) & (rr > 7.888609052210118e-31f)));	/* 2^-100 */
+}
+
 /* 1 when θ's BF16 may differ from θ_{t-1}'s, 0 when it provably does not;
  * u from dtc_adamw_u*() (kernels call the variant's own to keep the
  * variant branch out of their loops). */
@@ -185,6 +227,13 @@ DTC_HD static inline int dtc_adamw_changed(const struct dtc_consts *k, float the
 					   float m, float v)
 {
 	return dtc_adamw_changed_u(k, theta, dtc_adamw_u(k, m, v));
+}
+
+/* The verdict every backend reports: the cheap test first, the full
+ * inverse only where it cannot decide. */
+DTC_HD static inline int dtc_adamw_flag(const struct dtc_consts *k, float theta, float m, float v)
+{
+	return !dtc_adamw_quiet(k, theta, m, v) && dtc_adamw_changed(k, theta, m, v);
 }
 
 /* Checksum term of one destination element: a splitmix64 finalizer over

@@ -56,6 +56,20 @@ int dtc_hparams_derive(const struct dtc_hparams *hp, struct dtc_consts *k,
 		c.decay = (float)(1.0 - (double)c.lr * (double)c.wd);
 	}
 	c.inv_decay = (float)(1.0 / (double)c.decay);
+	{
+		/* dtc_adamw_quiet(): see elem.h for where k1, k2 come from. */
+		double inv_c = 1.0 / (double)c.decay;
+		double k1 = inv_c * (1.0 + 0x1p-20), k2 = inv_c - 1.0 + 0x1p-21;
+		double s = hp->variant == DTC_VARIANT_TORCH ? fabs((double)c.neg_step)
+							    : (double)c.lr / (double)c.bc1;
+		double q2 = 1.0 / (hp->variant == DTC_VARIANT_TORCH ? (double)c.bc2_sqrt * c.bc2_sqrt
+								    : (double)c.bc2);
+
+		c.q_s = (float)(s * k1 * (1.0 + 0x1p-10));
+		c.q_q2 = (float)(q2 * (1.0 - 0x1p-10));
+		c.q_eps = (double)c.eps >= 0x1p-60 ? (float)((double)c.eps * (1.0 - 0x1p-10)) : 0.0f;
+		c.q_k2 = (float)(k2 * (1.0 + 0x1p-10));
+	}
 	*k = c;
 	return DTC_OK;
 }

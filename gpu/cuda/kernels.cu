@@ -90,10 +90,14 @@ __global__ void scan_kernel(struct dte_box_map e, struct dtc_consts k, const flo
 
 		if (i < size) {
 			int64_t s = src_of(e, i);
-			float u = VARIANT == DTC_VARIANT_FUSED ? dtc_adamw_u_fused(&k, m[s], v[s])
-							       : dtc_adamw_u_torch(&k, m[s], v[s]);
+			float ps = p[s], ms = m[s], vs = v[s];
 
-			f = dtc_adamw_changed_u(&k, p[s], u);
+			if (!dtc_adamw_quiet(&k, ps, ms, vs)) {
+				float u = VARIANT == DTC_VARIANT_FUSED ? dtc_adamw_u_fused(&k, ms, vs)
+								       : dtc_adamw_u_torch(&k, ms, vs);
+
+				f = dtc_adamw_changed_u(&k, ps, u);
+			}
 		}
 		bits = __ballot_sync(0xffffffffu, f);
 		if (lane == 0) {

@@ -53,11 +53,6 @@ class HParams(C.Structure):
                 ("variant", C.c_int32)]
 
 
-class Consts(C.Structure):
-    _fields_ = [("variant", C.c_int32)] + [(f, C.c_float) for f in (
-        "decay", "inv_decay", "neg_step", "bc2_sqrt", "bc1", "bc2", "eps", "lr", "wd")]
-
-
 class BoxMap(C.Structure):
     _fields_ = [("ndim", C.c_uint32), ("extent", C.c_int64 * 6), ("src_offset", C.c_int64),
                 ("src_stride", C.c_int64 * 6), ("dst_offset", C.c_int64),
@@ -72,8 +67,8 @@ class Src(C.Structure):
 def load():
     lib = C.CDLL(LIB)
     lib.dtc_backend_cpu.restype = C.c_void_p
-    lib.dtc_hparams_derive.argtypes = [C.POINTER(HParams), C.POINTER(Consts), C.c_char_p, C.c_uint]
-    lib.dtc_scan.argtypes = [C.c_void_p, C.POINTER(BoxMap), C.POINTER(Consts), C.POINTER(Src),
+    lib.dtc_hparams_derive.argtypes = [C.POINTER(HParams), C.c_void_p, C.c_char_p, C.c_uint]
+    lib.dtc_scan.argtypes = [C.c_void_p, C.POINTER(BoxMap), C.c_void_p, C.POINTER(Src),
                              C.c_void_p, C.c_uint64, C.c_int, C.POINTER(C.c_uint64)]
     lib.dtc_sparse_from_bitmap.argtypes = [C.c_void_p, C.POINTER(BoxMap), C.c_void_p, C.c_uint64,
                                            C.c_void_p, C.c_uint64, C.c_void_p, C.c_void_p,
@@ -157,12 +152,14 @@ def run_config(lib, be, flavour, lr, wd, seed):
             m, v = st["exp_avg"], st["exp_avg_sq"]
 
         hp = HParams(lr, BETAS[0], BETAS[1], EPS, wd, t, variant)
-        k = Consts()
-        rc = lib.dtc_hparams_derive(C.byref(hp), C.byref(k), why, len(why))
+        # struct dtc_consts is only passed through: keep it opaque (and
+        # roomy) so its fields can change without touching this script
+        k = C.create_string_buffer(1024)
+        rc = lib.dtc_hparams_derive(C.byref(hp), k, why, len(why))
         assert rc == 0, why.value
         src = Src(ptr(param), ptr(m), ptr(v), N)
         count = C.c_uint64()
-        rc = lib.dtc_scan(be, C.byref(box), C.byref(k), C.byref(src), ptr(bitmap), words, 0,
+        rc = lib.dtc_scan(be, C.byref(box), k, C.byref(src), ptr(bitmap), words, 0,
                           C.byref(count))
         assert rc == 0, lib.dtc_strerror(rc)
         flags = np.unpackbits(bitmap.numpy().view(np.uint8), bitorder="little")[:N].view(bool)

@@ -134,7 +134,7 @@ static void run_guard(int variant, double lr, double wd, int n, int steps, doubl
 {
 	float *th = malloc(sizeof(float) * (size_t)n), *m = calloc((size_t)n, sizeof(float));
 	float *v = calloc((size_t)n, sizeof(float));
-	uint64_t fn = 0, fp = 0, changed = 0, total = 0;
+	uint64_t fn = 0, fp = 0, changed = 0, total = 0, quiet = 0;
 
 	assert_non_null(th);
 	assert_non_null(m);
@@ -161,7 +161,14 @@ static void run_guard(int variant, double lr, double wd, int n, int steps, doubl
 			th[i] = dtc_adamw_forward(&k, prev, m[i], v[i]);
 			{
 				int truth = dtc_bf16_rne(prev) != dtc_bf16_rne(th[i]);
-				int flag = dtc_adamw_changed(&k, th[i], m[i], v[i]);
+				int flag = dtc_adamw_flag(&k, th[i], m[i], v[i]);
+				int full = dtc_adamw_changed(&k, th[i], m[i], v[i]);
+
+				/* the cheap test only ever clears, never misses */
+				if (truth && !dtc_adamw_changed(&k, th[i], m[i], v[i]))
+					fn++;
+				quiet += (uint64_t)dtc_adamw_quiet(&k, th[i], m[i], v[i]);
+				assert_true(flag <= full);
 
 				changed += (uint64_t)truth;
 				fn += (uint64_t)(truth && !flag);
@@ -170,11 +177,12 @@ static void run_guard(int variant, double lr, double wd, int n, int steps, doubl
 			}
 		}
 	}
-	print_message("variant=%d lr=%g wd=%g changed=%.3f%% fn=%llu fp=%.4f%%\n", variant, lr, wd,
-		      100.0 * (double)changed / (double)total, (unsigned long long)fn,
-		      100.0 * (double)fp / (double)total);
+	print_message("variant=%d lr=%g wd=%g changed=%.3f%% fn=%llu fp=%.4f%% quiet=%.2f%%\n",
+		      variant, lr, wd, 100.0 * (double)changed / (double)total, (unsigned long long)fn,
+		      100.0 * (double)fp / (double)total, 100.0 * (double)quiet / (double)total);
 	assert_int_equal(fn, 0);
 	assert_true((double)fp / (double)total <= max_fp);
+	assert_true(quiet > total / 3);	/* the fast path does its job */
 	assert_true(changed > 0);
 	free(th);
 	free(m);
@@ -209,6 +217,38 @@ static void test_guard_directed(void **state)
 	/* θ_t exactly on a BF16 rounding midpoint with a tiny update: the
 	 * previous value may be on either side, so it must be flagged. */
 	assert_int_equal(dtc_adamw_changed(&k, dtc_bits_f32(0x3f808000), 1e-9f, 1.0f), 1);
+}
+
+/* Adversarial: previous weights a few ulps from a BF16 rounding midpoint
+ * (also just below powers of two, where the ulp halves), updates of every
+ * size, both signs, both variants: the reported verdict never misses. */
+static void test_guard_midpoints(void **state)
+{
+	uint64_t fn = 0, n = 0;
+
+	for (int variant = 0; variant < 2; variant++) {
+		for (int it = 0; it < 400000; it++) {
+			struct dtc_consts k;
+			uint32_t hi = (uint32_t)(rnd() % 0x7f00u) | (rnd() & 1 ? 0x8000u : 0);
+			uint32_t bits = it % 3 == 0 ? (hi & 0xff80u) << 16 : (hi << 16) | 0x8000u;
+			float prev = dtc_bits_f32(bits + (uint32_t)(int32_t)(rnd() % 33) - 16u);
+			float m = (float)(gauss() * pow(10.0, -(double)(rnd() % 12)));
+			float v = (float)(m * m * (0.5 + unif() * 4)) + (rnd() % 5 == 0 ? 0.0f : 1e-30f);
+			double lr = pow(10.0, -3.0 - (double)(rnd() % 6)), wd = (rnd() % 3) * 0.05;
+			float theta;
+			int truth;
+
+			derive(&k, variant, lr, wd, 1 + (int64_t)(rnd() % 50));
+			theta = dtc_adamw_forward(&k, prev, m, v);
+			truth = dtc_bf16_rne(prev) != dtc_bf16_rne(theta);
+			fn += (uint64_t)(truth && !dtc_adamw_flag(&k, theta, m, v));
+			n += (uint64_t)truth;
+		}
+	}
+	print_message("midpoints: changed=%llu missed=%llu\n", (unsigned long long)n,
+		      (unsigned long long)fn);
+	assert_true(n > 1000);
+	assert_int_equal(fn, 0);
 }
 
 static void test_hparams(void **state)
@@ -253,6 +293,7 @@ int main(void)
 		cmocka_unit_test(test_guard_torch),
 		cmocka_unit_test(test_guard_fused),
 		cmocka_unit_test(test_guard_directed),
+		cmocka_unit_test(test_guard_midpoints),
 		cmocka_unit_test(test_hparams),
 		cmocka_unit_test(test_mix),
 	};

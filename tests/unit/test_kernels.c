@@ -200,7 +200,7 @@ static void check_detect(const struct dte_box_map *e, struct fixture *f, const s
 	assert_int_equal(dtc_scan(cpu, e, k, &s, bm, words, DTC_SCAN_SET, &count), DTC_OK);
 	for (uint64_t p = 0; p < size; p++) {
 		int64_t i = ref_index(e, p, 0);
-		int flag = dtc_adamw_changed(k, f->p[i], f->m[i], f->v[i]);
+		int flag = dtc_adamw_flag(k, f->p[i], f->m[i], f->v[i]);
 
 		if (((bm[p / 64] >> (p % 64)) & 1) != (uint64_t)flag)
 			fail_msg("pos %llu: bitmap %d, element says %d", (unsigned long long)p, !flag, flag);
