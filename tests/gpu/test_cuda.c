@@ -153,7 +153,7 @@ int main(int argc, char **argv)
 	};
 	const char *names[] = { "flat", "offset", "transposed", "negative", "interleaved" };
 	const struct dtc_backend *cpu = dtc_backend_cpu(), *gpu;
-	float *p = malloc(len * 4), *m = calloc(len, 4), *v = calloc(len, 4);
+	float *p, *m, *v;
 	char why[512];
 
 	gpu = dtc_backend_load("cuda", argc > 1 ? argv[1] : NULL, why, sizeof(why));
@@ -162,6 +162,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	printf("test-gpu: device %s\n", dtc_backend_device(gpu));
+	p = malloc(len * 4);
+	m = calloc(len, 4);
+	v = calloc(len, 4);
+	if (!p || !m || !v) {
+		fprintf(stderr, "test-gpu: out of memory\n");
+		return 1;
+	}
 	/* AdamW fixture: weights ~0.02, a few zero/tiny, both variants, 3 steps */
 	for (uint64_t i = 0; i < len; i++)
 		p[i] = i % 101 == 0 ? 0.0f : gaussf() * (i % 97 == 0 ? 1e-6f : 0.02f);
