@@ -26,6 +26,7 @@ void dconf_defaults(struct dconf *c)
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
+	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, struct parse_ctx *p, const char *key)
@@ -184,6 +185,18 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_listen_port = (uint16_t)x;
 		return 1;
 	}
+	if (strcmp(key, "advertise_address") == 0) {
+		if (*v && dconf_parse_hostport(v, NULL, 0, NULL) < 0)
+			return bad_value(p, key, v, "HOST:PORT, IPv6 as [addr]:port");
+		return copy_str(c->peer_advertise_address, sizeof(c->peer_advertise_address),
+				v, p, key);
+	}
+	if (strcmp(key, "staging_size") == 0) {
+		if (!parse_u64(v, DCONF_MIN_STAGING, DCONF_MAX_STAGING, 1, &x))
+			return bad_value(p, key, v, "bytes in 1M..64G, K/M/G suffix allowed");
+		c->peer_staging_bytes = x;
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -277,5 +290,40 @@ int dconf_peer_allowed(const struct dconf *c, uid_t uid, gid_t gid,
 			if (c->allow_gids[i] == groups[j])
 				return 1;
 	}
+	return 0;
+}
+
+int dconf_parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *port)
+{
+	const char *colon, *h = s, *hend;
+	char *end;
+	unsigned long x;
+
+	if (*s == '[') {
+		hend = strchr(s, ']');
+		if (!hend || hend[1] != ':')
+			return -1;
+		h = s + 1;
+		colon = hend + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon || memchr(s, ':', (size_t)(colon - s)))
+			return -1;
+		hend = colon;
+	}
+	if (hend == h || !isdigit((unsigned char)colon[1]))
+		return -1;
+	errno = 0;
+	x = strtoul(colon + 1, &end, 10);
+	if (errno || *end || x > 65535)
+		return -1;
+	if (host) {
+		if ((size_t)(hend - h) >= hostlen)
+			return -1;
+		memcpy(host, h, (size_t)(hend - h));
+		host[hend - h] = '\0';
+	}
+	if (port)
+		*port = (uint16_t)x;
 	return 0;
 }

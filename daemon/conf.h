@@ -18,6 +18,9 @@
 #define DCONF_MAX_IDS        32
 #define DCONF_MIN_FRAME      1024u
 #define DCONF_MAX_FRAME      (256u * 1024u * 1024u)
+#define DCONF_DEFAULT_STAGING (64ull << 20)
+#define DCONF_MIN_STAGING    (1ull << 20)
+#define DCONF_MAX_STAGING    (64ull << 30)
 
 struct dconf {
 	/* [daemon] */
@@ -36,6 +39,11 @@ struct dconf {
 	/* [peer] — the UCX layer's listener (used by daemon/peer). */
 	char     peer_listen_address[64];
 	uint16_t peer_listen_port;
+	/* host:port other daemons are told to connect to ("" = the listen
+	 * address, or this host's first non-loopback IPv4 when that is a
+	 * wildcard, with the bound port). */
+	char     peer_advertise_address[96];
+	uint64_t peer_staging_bytes;   /* UCX-registered receive staging */
 };
 
 /* Fill every field with its default. */
@@ -52,6 +60,10 @@ int dconf_load_string(struct dconf *c, const char *text, const char *name,
 /* Settle derived values (socket defaults to runtime_dir/dted.sock, node_name
  * to the host name).  -1 with a message if the result is unusable. */
 int dconf_finish(struct dconf *c, char *err, size_t errlen);
+
+/* "host:port" or "[v6addr]:port" into its parts (host may be NULL to
+ * only validate).  -1 when malformed or host does not fit. */
+int dconf_parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *port);
 
 /* Whether a peer with these credentials may use the control socket:
  * root, the daemon's own uid, allow_uids, or allow_gids (primary or any of
