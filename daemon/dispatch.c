@@ -13,6 +13,7 @@ static const dcmd_fn handlers[DTE_CMD__COUNT] = {
 	[DTE_CMD_HELLO] = dcmd_hello,
 	[DTE_CMD_PING] = dcmd_ping,
 	[DTE_CMD_STATUS] = dcmd_status,
+	[DTE_CMD_PEERS] = dcmd_peers,
 };
 
 struct dreply_block {

@@ -67,5 +67,8 @@ Dte__Status dcmd_ping(struct dsrv *, struct dsess *, const Dte__Request *, Dte__
 		      struct dreply *);
 Dte__Status dcmd_status(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
 			struct dreply *);
+/* daemon/cmd_peer.c */
+Dte__Status dcmd_peers(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+		       struct dreply *);
 
 #endif

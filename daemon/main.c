@@ -18,6 +18,7 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/registry.h"
+#include "daemon/route_ucx.h"
 #include "gpu/backend.h"
 
 struct opts {
@@ -25,6 +26,7 @@ struct opts {
 	const char *socket;
 	int log_level;               /* -1: from the config */
 	int foreground;
+	const char *peer_listen;     /* HOST:PORT, overrides [peer] */
 };
 
 static struct opts opt = { .log_level = -1 };
@@ -40,6 +42,7 @@ static void usage(FILE *f)
 		"  -s, --socket PATH     control socket (overrides [daemon] socket)\n"
 		"  -f, --foreground      do not detach (systemd, tests)\n"
 		"  -l, --log-level LVL   error|warn|notice|info|debug (overrides config)\n"
+		"  -p, --peer-listen HOST:PORT  peer (UCX) listener, port 0 = any (overrides [peer])\n"
 		"  -h, --help            this text\n"
 		"  -V, --version         print the version and exit\n",
 		DCONF_DEFAULT_PATH);
@@ -52,13 +55,14 @@ static int parse_args(int argc, char **argv)
 		{ "socket", required_argument, NULL, 's' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "log-level", required_argument, NULL, 'l' },
+		{ "peer-listen", required_argument, NULL, 'p' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
 
-	while ((c = getopt_long(argc, argv, "c:s:fl:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:s:fl:p:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'c': opt.config = optarg; break;
 		case 's': opt.socket = optarg; break;
@@ -71,6 +75,7 @@ static int parse_args(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'p': opt.peer_listen = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		case 'V': printf("dted %s (protocol %u)\n", DTE_VERSION, DTE_PROTO_VERSION); exit(0);
 		default: usage(stderr); return 2;
@@ -110,6 +115,12 @@ static int load_conf(struct dconf *c, char *err, size_t errlen)
 	}
 	if (opt.log_level >= 0)
 		c->log_level = opt.log_level;
+	if (opt.peer_listen &&
+	    dconf_parse_hostport(opt.peer_listen, c->peer_listen_address,
+				 sizeof(c->peer_listen_address), &c->peer_listen_port) < 0) {
+		snprintf(err, errlen, "--peer-listen: '%s' is not HOST:PORT", opt.peer_listen);
+		return -1;
+	}
 	return dconf_finish(c, err, errlen);
 }
 
@@ -179,6 +190,38 @@ static void signals_fini(void)
 	uv_close((uv_handle_t *)&sig_term, NULL);
 }
 
+/* The peer transport.  A listener that cannot bind (port taken) is an
+ * error, but the daemon still serves its clients and still reaches other
+ * daemons: links it opens carry traffic both ways. */
+static int peers_init(uv_loop_t *loop)
+{
+	struct droute_ucx_params p = {
+		.node = conf.node_name,
+		.listen_address = conf.peer_listen_address,
+		.listen_port = conf.peer_listen_port,
+		.advertise = conf.peer_advertise_address,
+		.staging_bytes = (size_t)conf.peer_staging_bytes,
+	};
+	struct droute_ucx *r;
+	int rc;
+
+	rc = droute_ucx_init(&r, loop, &p);
+	if (rc < 0 && p.listen_address[0]) {
+		DLOG_E("peers: no listener; other daemons cannot connect to this one first");
+		p.listen_address = NULL;
+		rc = droute_ucx_init(&r, loop, &p);
+	}
+	if (rc < 0)
+		return rc;
+	droute_ucx_set_daemon(r);
+	return 0;
+}
+
+static void peers_fini(void)
+{
+	droute_ucx_close(droute_ucx_daemon(), NULL, NULL);
+}
+
 static void on_walk(uv_handle_t *h, void *arg)
 {
 	DLOG_E("handle of type %s still open at exit", uv_handle_type_name(h->type));
@@ -226,6 +269,8 @@ int main(int argc, char **argv)
 	}
 	if (dnotify_init(&loop) < 0)
 		goto out_notify;
+	if (peers_init(&loop) < 0)
+		DLOG_E("peers: UCX unavailable; this daemon serves local jobs only");
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
 
@@ -240,6 +285,7 @@ int main(int argc, char **argv)
 
 	dctl_fini();
 out_ctl:
+	peers_fini();
 	dnotify_fini();
 out_notify:
 	signals_fini();

@@ -21,6 +21,7 @@
 #include <xxhash.h>
 #include "daemon/conf.h"
 #include "daemon/log.h"
+#include "daemon/registry.h"
 #include "daemon/route_ucx.h"
 #include "proto/peer.pb-c.h"
 
@@ -144,6 +145,11 @@ static const char *node_label(const struct rnode *n)
 static void node_state(struct rnode *n, enum rstate s)
 {
 	if (n->state != s) {
+		/* `dtectl status` counts the nodes that are up. */
+		if (s == N_UP)
+			dreg_peer_added();
+		else if (n->state == N_UP)
+			dreg_peer_removed();
 		n->state = s;
 		n->since_ns = uv_hrtime();
 	}
@@ -1171,6 +1177,7 @@ static void router_free(struct droute_ucx *r)
 
 	while ((n = r->nodes)) {
 		r->nodes = n->next;
+		node_state(n, N_DOWN);
 		node_drop_pending(r, n);
 		free(n);
 	}

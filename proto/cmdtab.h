@@ -33,6 +33,8 @@ enum dte_cmd_flags {
 	  "round trip to the daemon")                                          \
 	X(STATUS, "status", 12, DTE_CMD_DAEMON, "status",                      \
 	  "daemon version, protocol, uptime, backend, jobs, peers, clients")   \
+	X(PEERS, "peers", 30, DTE_CMD_DAEMON, "peers",                         \
+	  "other daemons: node, address, state, messages/bytes in/out, since") \
 	X(PLAN, "plan", 0, 0, "plan [options] (see `dtectl plan --help`)",     \
 	  "dry-run a layout plan: coverage, bytes per link (no daemon)")
 
