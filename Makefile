@@ -12,7 +12,9 @@ SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer \
             -fno-sanitize-recover=undefined
 else
 B        := build
-SANFLAGS :=
+# Hardening for the shipped build (lintian: bindnow, fortify).
+SANFLAGS := -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+HARDEN_LDFLAGS := -Wl,-z,relro,-z,now
 endif
 
 # A fresh machine has none of the libraries: install them before pkg-config
@@ -38,7 +40,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
             -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS   := -std=gnu11 -O2 -g -fPIC -pthread -D_GNU_SOURCE $(WARN) $(SANFLAGS) \
             -I. -I$(B)/gen $(PKG_CFLAGS) $(EXTRA_CFLAGS)
-LDFLAGS  := -pthread $(SANFLAGS) $(EXTRA_LDFLAGS)
+LDFLAGS  := -pthread $(SANFLAGS) $(HARDEN_LDFLAGS) $(EXTRA_LDFLAGS)
 
 DTE_VERSION := 0.1.0
 CFLAGS   += -DDTE_VERSION=\"$(DTE_VERSION)\"
@@ -61,6 +63,7 @@ include proto/proto.mk
 include gpu/gpu.mk
 include daemon/layout/layout.mk
 include daemon/peer/peer.mk
+include daemon/storage/storage.mk
 include daemon/daemon.mk
 include client/client.mk
 include tests/tests.mk
@@ -101,3 +104,4 @@ clean:
 	rm -rf build build-asan
 
 distclean: clean
+include tests/fuzz/fuzz.mk
