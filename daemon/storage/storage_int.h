@@ -1,0 +1,154 @@
+/* daemon/storage/storage_int.h — pieces shared inside daemon/storage:
+ * the chunk codec, the manifest, and file-system helpers. */
+#ifndef DTE_STORAGE_INT_H
+#define DTE_STORAGE_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "daemon/storage/storage.h"
+
+#define DTS_ERR(err, errlen, ...) \
+	do { if ((err) && (errlen)) snprintf((err), (errlen), __VA_ARGS__); } while (0)
+
+#define DTS_MANIFEST_MAX  (64u << 20)    /* bytes of one manifest file */
+#define DTS_TENSORS_MAX   (1u << 22)
+#define DTS_CHUNKS_MAX    (1u << 20)
+#define DTS_CHUNK_NAME    16
+
+/* ---- chunk codec (chunk.c) ------------------------------------------
+ * Raw chunk (before dtc_chunk_pack adds zstd and the inner xxh3):
+ *     "DTSC" | format u8 (1) | kind u8 (0 sparse, 1 dense) | 2 zero bytes
+ *     segments until the end:  tensor varint | len varint | payload[len]
+ * Sparse payload: gpu/codec.h's sparse encoding (count, gap codes, values)
+ *   with the 2·count value bytes split into planes: all high bytes (sign,
+ *   exponent), then all low bytes (mantissa).  The high bytes of nearby
+ *   weights are nearly equal, which zstd finds only when they sit together.
+ * Dense payload: start varint | high plane[n] | low plane[n].
+ */
+#define DTS_CHUNK_MAGIC   "DTSC"
+#define DTS_CHUNK_HDR     8
+#define DTS_KIND_SPARSE   0
+#define DTS_KIND_DENSE    1
+#define DTS_SEG_HDR_MAX   20
+
+struct dts_buf {
+	uint8_t *p;
+	size_t   len, cap;
+};
+
+void dts_buf_fini(struct dts_buf *b);
+int dts_buf_reserve(struct dts_buf *b, size_t more);
+
+/* Start a raw chunk of `kind` in b (b->len = 0 first). */
+int dts_chunk_start(struct dts_buf *b, int kind);
+
+/* Append a sparse segment of at most `count` elements that fits in `room`
+ * more bytes; *taken is how many went in (0: not even one fits). */
+int dts_chunk_put_sparse(struct dts_buf *b, struct dts_buf *scratch, uint32_t tensor,
+			 uint64_t numel, const uint64_t *pos, const uint16_t *val,
+			 uint64_t count, size_t room, uint64_t *taken);
+
+/* Append a dense segment: values [start, start+count) of a tensor. */
+int dts_chunk_put_dense(struct dts_buf *b, uint32_t tensor, uint64_t start,
+			const uint16_t *val, uint64_t count);
+
+/* Where decoded segments go: per tensor, `cap` elements (the manifest's
+ * count, or numel for dense), `fill` so far.  Decoding checks positions
+ * against numel and against the previous segment of that tensor, and
+ * never writes past cap. */
+struct dts_sink {
+	uint32_t                ntensors;
+	const uint64_t         *numel;
+	struct dts_tensor_data *t;
+	uint64_t               *cap;
+	uint64_t               *fill;
+};
+
+int dts_chunk_decode(const uint8_t *raw, size_t len, int kind, struct dts_sink *s,
+		     char *err, size_t errlen);
+
+/* Map a gpu/codec.h status to a storage one. */
+int dts_from_dtc(int rc);
+
+/* ---- manifest (manifest.c) ----------------------------------------- */
+
+struct dts_mchunk {
+	char     file[DTS_CHUNK_NAME];
+	uint64_t raw, stored, xxh3;
+};
+
+struct dts_mpart {
+	struct dts_mchunk *c;
+	size_t             n;
+	uint64_t           raw, stored, elems;
+};
+
+struct dts_manifest {
+	uint32_t         format;
+	char             job[DTS_JOB_NAME_MAX];
+	uint64_t         version;
+	int64_t          base;       /* -1: no base (keyframe only) */
+	int              keyframe;
+	uint64_t         spec_hash;
+	uint32_t         ntensors;
+	uint64_t        *numel;
+	uint64_t        *changed;    /* per tensor, in the delta */
+	struct dts_mpart delta;      /* elems = Σ changed */
+	struct dts_mpart key;        /* elems = Σ numel when keyframe */
+	double           created;
+};
+
+void dts_manifest_fini(struct dts_manifest *m);
+
+/* Strict parse + schema check; on error *m is left empty. */
+int dts_manifest_parse(const char *text, size_t len, struct dts_manifest *m,
+		       char *err, size_t errlen);
+
+/* JSON text (malloc'd, NUL-terminated), NULL on allocation failure. */
+char *dts_manifest_dump(const struct dts_manifest *m);
+
+int dts_manifest_load(const char *path, struct dts_manifest *m, char *err, size_t errlen);
+
+/* Whether the manifest agrees with `expect` (job, version checked by caller). */
+int dts_manifest_check_model(const struct dts_manifest *m, const struct dts_model *expect,
+			     char *err, size_t errlen);
+
+int dts_mpart_add(struct dts_mpart *p, const struct dts_mchunk *c);
+
+/* ---- files (fsutil.c) ----------------------------------------------- */
+
+/* Test hooks (env DTE_STORAGE_HOOK): "chunk-pause" or "manifest-pause"
+ * stop the writer half way through that file (after an fsync, so the
+ * partial bytes are really there) until it is killed. */
+enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST };
+
+/* Write `name` in `dir` atomically: temp file, fsync, rename, fsync dir. */
+int dts_write_atomic(const char *dir, const char *name, const void *data, size_t len,
+		     enum dts_hook hook, char *err, size_t errlen);
+
+/* Write a new file (O_EXCL) and fsync it; the caller fsyncs the dir. */
+int dts_write_file(const char *path, const void *data, size_t len, enum dts_hook hook,
+		   char *err, size_t errlen);
+
+int dts_read_file(const char *path, size_t cap, uint8_t **data, size_t *len,
+		  char *err, size_t errlen);
+int dts_fsync_dir(const char *dir);
+int dts_mkdir(const char *path, char *err, size_t errlen);
+
+/* Remove the files in a version directory, then the directory. */
+int dts_rm_version_dir(const char *dir, uint64_t *bytes);
+
+/* Committed versions (v<N>.manifest), ascending; uncommitted v<N>/ dirs. */
+int dts_scan(const char *jobdir, uint64_t **committed, size_t *nc,
+	     uint64_t **dirs, size_t *nd, char *err, size_t errlen);
+
+/* "<root>/<job>" etc. into buf; DTS_EINVAL when it does not fit. */
+int dts_path(char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Parse "v<N>" + suffix exactly (decimal, no sign, no leading zeros). */
+int dts_parse_vname(const char *name, const char *suffix, uint64_t *v);
+
+double dts_now(void);
+
+#endif
