@@ -12,6 +12,9 @@
 #define SPEC_MAX_LAYERS  4096
 #define SPEC_MAX_EXPERTS 4096
 #define SPEC_MAX_DIM     (INT64_C(1) << 31)
+/* Far above any real model (Qwen3-235B: ~38k tensors), far below what
+ * SPEC_MAX_LAYERS x SPEC_MAX_EXPERTS would allocate (~10 GB of tensors). */
+#define SPEC_MAX_TENSORS (1 << 20)
 
 static int spec_err(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -144,6 +147,9 @@ static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_
 	    spec_int(root, "moe_intermediate_size", -1, 1, SPEC_MAX_DIM, &c->moe_intermediate, err, errlen) ||
 	    spec_int(root, "decoder_sparse_step", 1, 1, SPEC_MAX_LAYERS, &c->sparse_step, err, errlen))
 		return -1;
+	if (c->layers * (c->experts * 3 + 16) > SPEC_MAX_TENSORS)
+		return spec_err(err, errlen, "config.json: %lld layers of %lld experts are over %d tensors",
+				(long long)c->layers, (long long)c->experts, SPEC_MAX_TENSORS);
 	for (i = 0; i < (size_t)c->layers; i++)
 		c->moe_layer[i] = ((int64_t)(i + 1) % c->sparse_step) == 0;
 	only = json_object_get(root, "mlp_only_layers");
@@ -191,14 +197,17 @@ static int spec_add(struct spec_builder *b, enum dte_spec_kind kind, int32_t lay
 	t->ndim = ndim;
 	t->shape[0] = d0;
 	t->shape[1] = d1;
-	t->numel = ndim == 1 ? d0 : d0 * d1;
+	/* Each dim is capped, their product and the model's sum are not. */
+	t->numel = d0;
+	if ((ndim == 2 && __builtin_mul_overflow(d0, d1, &t->numel)) ||
+	    __builtin_add_overflow(s->total_elems, t->numel, &s->total_elems))
+		return -2;
 	t->kind = (uint8_t)kind;
 	t->layer = layer;
 	t->expert = expert;
 	t->group = (ndim == 1) ? DTE_SPEC_GROUP_NO_DECAY : DTE_SPEC_GROUP_DECAY;
 	if (layer >= 0 && expert < 0)
 		s->layer_idx[layer * DTE_SPEC_NKINDS + kind] = (int32_t)s->n;
-	s->total_elems += t->numel;
 	s->n++;
 	return 0;
 }
@@ -296,11 +305,15 @@ static uint64_t spec_hash(const struct dte_spec *s)
 
 static int spec_from_json(struct dte_spec *spec, json_t *root, char *err, size_t errlen)
 {
+	int rc;
+
 	memset(spec, 0, sizeof(*spec));
 	if (spec_parse_cfg(&spec->cfg, root, err, errlen))
 		goto fail;
-	if (spec_build_tensors(spec)) {
-		spec_err(err, errlen, "out of memory building the model spec");
+	rc = spec_build_tensors(spec);
+	if (rc) {
+		spec_err(err, errlen, rc == -2 ? "config.json: model has more than 2^63 elements"
+					      : "out of memory building the model spec");
 		goto fail;
 	}
 	spec->hash = spec_hash(spec);

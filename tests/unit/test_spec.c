@@ -160,6 +160,22 @@ static void test_bad_configs(void **state)
 	expect_error("{\"model_type\":\"llama\",\"model_type\":\"qwen3\"}", "malformed");
 }
 
+/* Found by tests/fuzz/fuzz_spec: every dim is capped, but their product
+ * (q_proj: heads*head_dim x hidden) and the model's total overflowed int64
+ * (UB), and 4096 layers x 4096 experts asked for ~10 GB of tensors. */
+static void test_oversized_configs(void **state)
+{
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":2147483648,\"intermediate_size\":1,"
+		     "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":2147483648}",
+		     "more than 2^63 elements");
+	expect_error("{\"model_type\":\"llama\",\"hidden_size\":2147483648,\"intermediate_size\":1,"
+		     "\"num_hidden_layers\":1,\"num_attention_heads\":65536,\"head_dim\":65536,"
+		     "\"vocab_size\":1}", "more than 2^63 elements");
+	expect_error("{\"model_type\":\"qwen3_moe\",\"hidden_size\":8,\"intermediate_size\":8,"
+		     "\"moe_intermediate_size\":8,\"num_hidden_layers\":4096,\"num_attention_heads\":1,"
+		     "\"num_experts\":4096,\"vocab_size\":8}", "tensors");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -167,6 +183,7 @@ int main(void)
 		cmocka_unit_test(test_names_and_shapes),
 		cmocka_unit_test(test_hash_stable),
 		cmocka_unit_test(test_bad_configs),
+		cmocka_unit_test(test_oversized_configs),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
