@@ -104,6 +104,7 @@ struct droute_ucx {
 	dte_peer_mem_t *stage_mem;
 	struct rfree *free_ext;
 	struct droute_ucx_stats st;
+	size_t parked_bytes;       /* held by every node's parked list */
 	void (*close_cb)(void *);
 	void *close_arg;
 };
@@ -304,6 +305,7 @@ static struct rlink *node_up_link(const struct rnode *n)
 
 static void park_free(struct droute_ucx *r, struct rpark *pk)
 {
+	r->parked_bytes -= pk->len;
 	if (pk->in_staging)
 		stage_free(r, pk->data, pk->len);
 	else
@@ -676,8 +678,18 @@ static void unpark(struct droute_ucx *r, struct rnode *n, uint64_t key)
 static int park(struct droute_ucx *r, struct rnode *n, uint64_t key, uint64_t version,
 		const uint8_t *msg, size_t msglen, void *data, size_t len, int in_staging)
 {
-	struct rpark *pk = calloc(1, sizeof(*pk)), **pp;
+	struct rpark *pk, **pp;
 
+	/* Parked bytes are unacknowledged input from a peer: capped, so a
+	 * stream of PAYLOADs without COUNTS cannot eat the daemon's memory. */
+	if (r->parked_bytes + len > r->p.queue_max_bytes) {
+		n->dropped++;
+		DLOG_W("route: PAYLOAD v%llu (%zu bytes) from %s dropped: %zu bytes already wait "
+		       "for their COUNTS", (unsigned long long)version, len, node_label(n),
+		       r->parked_bytes);
+		return 0;
+	}
+	pk = calloc(1, sizeof(*pk));
 	if (!pk || !(pk->msg = malloc(msglen ? msglen : 1)))
 		goto nomem;
 	memcpy(pk->msg, msg, msglen);
@@ -699,6 +711,7 @@ static int park(struct droute_ucx *r, struct rnode *n, uint64_t key, uint64_t ve
 	for (pp = &n->parked; *pp; pp = &(*pp)->next)
 		;
 	*pp = pk;
+	r->parked_bytes += len;
 	r->st.parked++;
 	DLOG_D("route: PAYLOAD v%llu from %s parked until its COUNTS arrives",
 	       (unsigned long long)version, node_label(n));

@@ -57,7 +57,8 @@ struct droute_ucx_params {
 	const char *advertise;        /* "host:port"; NULL/"": derived */
 	size_t staging_bytes;         /* 0: no staging region */
 	unsigned park_timeout_ms;     /* 0: 30 s */
-	size_t queue_max_bytes;       /* per node while connecting; 0: 1 GiB */
+	/* Per node while connecting, and all parked PAYLOADs together; 0: 1 GiB. */
+	size_t queue_max_bytes;
 	droute_recv_fn recv;
 	droute_down_fn down;
 	void *arg;

@@ -48,6 +48,7 @@ struct side {
 };
 
 static uv_loop_t loop;
+static size_t next_queue_max;   /* for the next side_start; 0 = default */
 
 static uint8_t pattern(uint64_t seed, size_t i)
 {
@@ -117,6 +118,7 @@ static void side_start(struct side *s, const char *name, int listen, unsigned pa
 		.listen_port = 0,
 		.staging_bytes = 4u << 20,
 		.park_timeout_ms = park_ms,
+		.queue_max_bytes = next_queue_max,
 		.recv = on_recv,
 		.down = on_down,
 		.arg = s,
@@ -446,6 +448,44 @@ static void test_park_expiry(void **state)
 	free(d);
 }
 
+/* Parked payloads are capped: beyond the cap a PAYLOAD without COUNTS is
+ * dropped at once (a peer cannot make the daemon hoard memory). */
+static void test_park_cap(void **state)
+{
+	struct side a, b;
+	struct droute_peer_info info[2];
+	uint8_t h[256];
+	size_t n, len = 1536u << 10;
+	uint8_t *d = pattern_buf(5, len);
+	struct droute_ucx_stats st;
+
+	next_queue_max = 2u << 20;
+	side_start(&b, "sink", 1, 0);
+	next_queue_max = 0;
+	side_start(&a, "source", 0, 0);
+	for (uint64_t v = 5; v <= 6; v++) {
+		n = pack_payload(h, v, 1, 2);
+		assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
+							h, n, d, len), 0);
+	}
+	run_until(ngot_cond, &(struct want){ &b, 1 }, 0.5);
+	droute_ucx_stats(b.r, &st);
+	assert_int_equal(st.parked, 1);
+	assert_int_equal(droute_ucx_peers(b.r, info, 2), 1);
+	assert_int_equal(info[0].dropped, 1);
+	/* The parked one still completes when its COUNTS comes. */
+	n = pack_counts(h, 5, 1, 2);
+	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_COUNTS, h, n,
+						NULL, 0), 0);
+	assert_true(wait_got(&b, 2));
+	assert_int_equal(b.got[1].type, T_PAYLOAD);
+	assert_int_equal(b.got[1].version, 5);
+	assert_true(b.got[1].data_ok);
+	side_stop(&a);
+	side_stop(&b);
+	free(d);
+}
+
 /* A daemon that restarts under the same name: the survivor reports the
  * old incarnation down exactly once, then talks to the new one. */
 static void test_restart(void **state)
@@ -608,6 +648,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_by_address_then_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_before_counts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_expiry, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_park_cap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unreachable, setup, teardown),
 	};
