@@ -21,3 +21,4 @@ $(B)/bin/dte-storage: $(B)/obj/daemon/storage/storage_main.o $(B)/lib/libdtestor
 LIBS += $(B)/lib/libdtestorage.a
 BINS += $(B)/bin/dte-storage
 INTERNAL_LIBS += $(B)/lib/libdtestorage.a
+UNIT_TESTS += test_storage test_storage_watch
