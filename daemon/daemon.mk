@@ -3,7 +3,7 @@
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
-DAEMON_SRCS += daemon/route_ucx.c daemon/cmd_peer.c
+DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 
 include daemon/route_ucx.mk

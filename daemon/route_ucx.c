@@ -1316,3 +1316,14 @@ const dte_peer_ctx_t *droute_ucx_ctx(const struct droute_ucx *r)
 {
 	return r ? &r->ctx : NULL;
 }
+
+
+void droute_ucx_set_handlers(struct droute_ucx *r, droute_recv_fn recv, droute_down_fn down,
+			     void *arg)
+{
+	if (!r)
+		return;
+	r->p.recv = recv;
+	r->p.down = down;
+	r->p.arg = arg;
+}

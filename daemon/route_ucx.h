@@ -120,6 +120,15 @@ unsigned droute_ucx_peers_up(const struct droute_ucx *r);
 void droute_ucx_stats(const struct droute_ucx *r, struct droute_ucx_stats *out);
 const dte_peer_ctx_t *droute_ucx_ctx(const struct droute_ucx *r);
 
+/* Replace where received records and down reports go. */
+void droute_ucx_set_handlers(struct droute_ucx *r, droute_recv_fn recv, droute_down_fn down,
+			     void *arg);
+
+/* (route_ucx_engine.c) Make r the remote side of daemon/route.h: records the engine sends to
+ * other nodes go out here, records received go to route_deliver(), lost
+ * nodes to route_node_down().  NULL uninstalls (before closing r). */
+void droute_ucx_attach_engine(struct droute_ucx *r);
+
 /* The daemon's router (set by main.c; NULL when peers are off). */
 struct droute_ucx *droute_ucx_daemon(void);
 void droute_ucx_set_daemon(struct droute_ucx *r);

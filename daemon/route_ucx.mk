@@ -6,7 +6,8 @@ UNIT_TESTS += test_route_ucx
 # dte-peer-forge: a misbehaving peer (wrong token, unknown job, stale base,
 # out-of-range or corrupt payloads) for the system tests.
 $(B)/bin/dte-peer-forge: $(B)/obj/tests/forge/dte_peer_forge.o $(B)/lib/libdted.a \
-		$(B)/lib/libdtepeer.a $(B)/lib/libdtecompute.a $(B)/lib/libdteproto.a
+		$(B)/lib/libdtelayout.a $(B)/lib/libdtepeer.a $(B)/lib/libdtecompute.a \
+		$(B)/lib/libdteproto.a
 	@mkdir -p $(dir $@)
 	$(CC) $< -o $@ $(LDFLAGS) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
 		$(PKG_LIBS) -ldl

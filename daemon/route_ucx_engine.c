@@ -1,0 +1,33 @@
+/* daemon/route_ucx_engine.c — the UCX router as daemon/route.h's remote
+ * side (kept apart so tools and tests use the router without the engine). */
+#include "daemon/route.h"
+#include "daemon/route_ucx.h"
+
+static int engine_send(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
+		       const uint8_t *hdr, size_t hdrlen, const void *data, size_t len)
+{
+	return droute_ucx_send_packed(arg, node, address, (unsigned)type, hdr, hdrlen, data, len);
+}
+
+static void engine_recv(void *arg, const char *from, unsigned type, const uint8_t *msg,
+			size_t msglen, const void *data, size_t len)
+{
+	route_deliver(from, (Dtep__PeerMsgType)type, msg, msglen, data, len);
+}
+
+static void engine_down(void *arg, const char *node, const char *reason)
+{
+	route_node_down(node);
+}
+
+void droute_ucx_attach_engine(struct droute_ucx *r)
+{
+	struct route_remote rr = { .send = engine_send, .arg = r };
+
+	if (!r) {
+		route_set_remote(NULL);
+		return;
+	}
+	droute_ucx_set_handlers(r, engine_recv, engine_down, r);
+	route_set_remote(&rr);
+}
