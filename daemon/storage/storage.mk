@@ -22,3 +22,4 @@ LIBS += $(B)/lib/libdtestorage.a
 BINS += $(B)/bin/dte-storage
 INTERNAL_LIBS += $(B)/lib/libdtestorage.a
 UNIT_TESTS += test_storage test_storage_watch
+SYSTEM_TESTS += tests/system/storage_basic.py
