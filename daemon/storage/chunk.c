@@ -200,8 +200,10 @@ static int decode_sparse(const uint8_t *p, size_t len, uint32_t t, struct dts_si
 	/* dtc_sparse_count guarantees len >= 3c, so the planes are inside. */
 	memcpy(scratch, p, len - 2 * c);
 	planes_join(scratch + len - 2 * c, p + len - 2 * c, c);
-	rc = dtc_sparse_decode(scratch, len, s->numel[t], td->pos + s->fill[t],
-			       td->val + s->fill[t], room, &got);
+	/* A tensor the manifest lists as unchanged has no arrays (NULL), yet
+	 * may still get an empty segment: no pointer arithmetic on NULL. */
+	rc = dtc_sparse_decode(scratch, len, s->numel[t], td->pos ? td->pos + s->fill[t] : NULL,
+			       td->val ? td->val + s->fill[t] : NULL, room, &got);
 	if (rc != DTC_OK) {
 		DTS_ERR(err, errlen, "tensor %u: sparse segment: %s", t, dtc_strerror(rc));
 		return rc == DTC_ERANGE ? DTS_ERANGE : DTS_ECORRUPT;

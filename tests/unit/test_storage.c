@@ -408,6 +408,34 @@ static void test_chunk_hostile(void **state)
 	dts_buf_fini(&scratch);
 }
 
+/* Found by tests/fuzz/fuzz_manifest: an empty sparse segment for a tensor
+ * the manifest lists as unchanged (the reader allocates no arrays for it)
+ * did pointer arithmetic on NULL (UB, UBSan aborts).  It must decode as
+ * zero elements; a non-empty one must be refused. */
+static void test_chunk_empty_segment_unchanged_tensor(void **state)
+{
+	struct dts_buf b = { 0 }, scratch = { 0 };
+	uint64_t box = 64, cap = 0, fill = 0, taken, pos = 3;
+	uint16_t val = 7;
+	struct dts_tensor_data td = { 0, NULL, NULL };
+	struct dts_sink s = { 1, &box, &td, &cap, &fill };
+	char err[256];
+
+	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, &pos, &val, 0, 1 << 10, &taken),
+			 DTS_OK);
+	assert_int_equal(dts_chunk_decode(b.p, b.len, DTS_KIND_SPARSE, &s, err, sizeof(err)), DTS_OK);
+	assert_int_equal(fill, 0);
+	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, &pos, &val, 1, 1 << 10, &taken),
+			 DTS_OK);
+	assert_int_not_equal(dts_chunk_decode(b.p, b.len, DTS_KIND_SPARSE, &s, err, sizeof(err)),
+			     DTS_OK);
+	assert_int_equal(fill, 0);
+	dts_buf_fini(&b);
+	dts_buf_fini(&scratch);
+}
+
 /* ---- writer + reader ------------------------------------------------ */
 
 static void test_write_read_exact(void **state)
@@ -686,6 +714,7 @@ int main(void)
 		cmocka_unit_test(test_manifest_schema),
 		cmocka_unit_test(test_chunk_roundtrip),
 		cmocka_unit_test(test_chunk_hostile),
+		cmocka_unit_test(test_chunk_empty_segment_unchanged_tensor),
 		cmocka_unit_test_setup_teardown(test_write_read_exact, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_writer_refuses_bad_input, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_chunk_repaired, fx_setup, fx_teardown),
