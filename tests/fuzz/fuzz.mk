@@ -34,11 +34,16 @@ FUZZ_TARGETS += fuzz_peer_proto
 FUZZ_BINS    += $(FUZZ_B)/fuzz_peer_proto
 endif
 
-# Storage manifests, once daemon/storage/ has a manifest parser.
-FUZZ_STORAGE_SRCS := $(wildcard daemon/storage/*.c)
+# Storage manifests and chunks (daemon/storage/storage.mk defines the
+# sources once that layer is in the tree).
+ifneq ($(STORAGE_SRCS),)
+FUZZ_TARGETS += fuzz_manifest
+FUZZ_BINS    += $(FUZZ_B)/fuzz_manifest
+endif
 
 # Per-layer archives of the product's sources, rebuilt with clang.
-FUZZ_LAYERS := proto compute layout peer daemon
+FUZZ_LAYERS := proto compute layout peer daemon $(if $(STORAGE_SRCS),storage)
+fuzz_srcs_storage := $(STORAGE_SRCS)
 fuzz_srcs_proto   := $(PROTO_SRCS)
 fuzz_srcs_compute := $(COMPUTE_SRCS)
 fuzz_srcs_layout  := $(LAYOUT_SRCS)

@@ -271,6 +271,45 @@ def seeds_peer_proto():
     write("fuzz_peer_proto", "applied", b"\x06" + job + fv(2, 11) + fv(4, 1) + fl(5, "checksum"))
 
 
+# --- fuzz_manifest: [mode u8][manifest text] or [1][kind][nt][numel,cap]...[raw chunk] ---
+def seeds_manifest():
+    chunk0 = {"file": "d00000.dtc", "raw": 2519, "stored": 2551, "xxh3": "86d25c96e1f2b9b4"}
+    delta = {"format": 1, "job": "j", "version": 1, "base": 0, "kind": "delta",
+             "spec_hash": "0fce6c2d29b333cc", "created": 1795986520.86,
+             "tensors": {"numel": [1000, 50000], "changed": [18, 782]},
+             "delta": {"chunks": [chunk0], "elements": 800, "raw": 2519, "stored": 2551}}
+    write("fuzz_manifest", "delta", b"\x00" + json.dumps(delta).encode())
+    key = dict(delta, version=0, base=-1, kind="keyframe")
+    key["tensors"] = {"numel": [1000, 50000], "changed": [0, 0]}
+    key["delta"] = {"chunks": [], "elements": 0, "raw": 0, "stored": 0}
+    key["keyframe"] = {"chunks": [dict(chunk0, file="k00000.dtc", raw=102000, stored=60000)],
+                       "elements": 51000, "raw": 102000, "stored": 60000}
+    write("fuzz_manifest", "keyframe", b"\x00" + json.dumps(key).encode())
+    both = dict(key, version=2, base=1)
+    both["tensors"] = delta["tensors"]
+    both["delta"] = delta["delta"]
+    write("fuzz_manifest", "delta-and-keyframe", b"\x00" + json.dumps(both).encode())
+
+    def planes(vals):
+        return bytes(v >> 8 for v in vals) + bytes(v & 0xFF for v in vals)
+
+    def seg(tensor, payload):
+        return varint(tensor) + varint(len(payload)) + payload
+
+    pos, vals = [1, 5, 6, 200], [0x3F80, 0x4000, 0xBF80, 0x0001]
+    sp = sparse(256, pos, [])  # count and gaps; the values follow as planes
+    sp = sp + planes(vals)
+    raw = b"DTSC" + bytes([1, 0, 0, 0]) + seg(0, sp) + seg(1, sparse(64, [0, 63], []) + planes([7, 8]))
+    # kind 0, 1 + 1 = 2 tensors: numel 256 (cap 4) and 64 (cap 2)
+    write("fuzz_manifest", "chunk-sparse", bytes([1, 0, 1, 255, 4, 63, 2]) + raw)
+    dense = varint(0) + planes(list(range(16)))
+    raw = b"DTSC" + bytes([1, 1, 0, 0]) + seg(0, dense) + seg(0, varint(16) + planes([9] * 16))
+    write("fuzz_manifest", "chunk-dense", bytes([1, 1, 0, 31]) + raw)
+    # Found by the fuzzer: an empty segment for a tensor with cap 0 (no arrays).
+    write("fuzz_manifest", "chunk-empty-segment-cap0", bytes.fromhex(
+        "01000128003f024454534301000000000e0001030080413f40bf0080008001010702003ef7000708"))
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -283,6 +322,7 @@ def main():
     seeds_layout()
     seeds_spec()
     seeds_peer_proto()
+    seeds_manifest()
 
 
 if __name__ == "__main__":
