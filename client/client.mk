@@ -1,6 +1,6 @@
 # client/ — libdte (C API, dte.h) and dtectl.  libdte carries the protocol
 # and the layout code too, so the Python binding needs nothing else.
-CLIENT_SRCS := client/dte.c client/dte_cmds.c client/msgfmt.c
+CLIENT_SRCS := client/dte.c client/dte_cmds.c client/dte_sync.c client/msgfmt.c
 CLIENT_OBJS := $(CLIENT_SRCS:%.c=$(B)/obj/%.o)
 LIBDTE_OBJS := $(CLIENT_OBJS) $(PROTO_OBJS) $(LAYOUT_OBJS)
 

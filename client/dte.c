@@ -18,6 +18,7 @@ struct dte {
 	int fd;                     /* -1 once the stream is unusable */
 	uint32_t next_id;
 	uint32_t version;           /* negotiated protocol version */
+	unsigned timeout_ms;        /* per request (dte_set_timeout) */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[256];
 };
@@ -79,6 +80,7 @@ int dte__status_to_err(Dte__Status code)
 	case DTE__STATUS__STATUS_ERR_BUSY: return DTE_ERR_BUSY;
 	case DTE__STATUS__STATUS_ERR_UNIMPLEMENTED: return DTE_ERR_UNIMPLEMENTED;
 	case DTE__STATUS__STATUS_ERR_INTERNAL: return DTE_ERR_INTERNAL;
+	case DTE__STATUS__STATUS_ERR_TIMEOUT: return DTE_ERR_TIMEOUT;
 	default: return DTE_ERR_PROTOCOL;
 	}
 }
@@ -102,6 +104,8 @@ int dte_set_timeout(dte_t *h, unsigned ms)
 	pthread_mutex_lock(&h->lock);
 	if (h->fd >= 0 && set_timeouts(h->fd, ms) < 0)
 		rc = seterr(h->err, DTE_ERR_IO, "setsockopt: %s", strerror(errno));
+	else
+		h->timeout_ms = ms;
 	pthread_mutex_unlock(&h->lock);
 	return rc;
 }
@@ -118,6 +122,35 @@ static int broken(dte_t *h, int err, const char *what, int e)
 		err = DTE_ERR_TIMEOUT;
 	return seterr(h->err, err, "%s %s: %s", what, h->path,
 		      e ? strerror(e) : "connection closed by the daemon");
+}
+
+/* The first bytes carry the descriptor (SCM_RIGHTS), so it arrives with
+ * the frame it belongs to. */
+static int send_fd_first(dte_t *h, const uint8_t *p, size_t n, int fd, size_t *sent)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			      .msg_controllen = sizeof(u.buf) };
+	struct cmsghdr *c;
+	ssize_t w;
+
+	memset(&u, 0, sizeof(u));
+	c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	do
+		w = sendmsg(h->fd, &msg, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	if (w <= 0)
+		return broken(h, DTE_ERR_IO, "sending to", w < 0 ? errno : 0);
+	*sent = (size_t)w;
+	return DTE_OK;
 }
 
 static int send_all(dte_t *h, const uint8_t *p, size_t n)
@@ -183,11 +216,11 @@ out:
 	return rc;
 }
 
-static int call_locked(dte_t *h, Dte__Request *req, Dte__Response **out)
+static int call_locked(dte_t *h, Dte__Request *req, int fd, Dte__Response **out)
 {
 	Dte__Response *resp = NULL;
 	uint8_t *buf;
-	size_t len;
+	size_t len, sent = 0;
 	int rc;
 
 	if (h->fd < 0)
@@ -197,7 +230,9 @@ static int call_locked(dte_t *h, Dte__Request *req, Dte__Response **out)
 	if (rc < 0)
 		return seterr(h->err, rc == DTE_FRAME_ENOMEM ? DTE_ERR_NOMEM : DTE_ERR_INVAL,
 			      "cannot encode request: %s", dte_frame_strerror(rc));
-	rc = send_all(h, buf, len);
+	rc = fd >= 0 ? send_fd_first(h, buf, len, fd, &sent) : DTE_OK;
+	if (rc == DTE_OK)
+		rc = send_all(h, buf + sent, len - sent);
 	free(buf);
 	if (rc < 0)
 		return rc;
@@ -231,7 +266,26 @@ int dte__call(dte_t *h, Dte__Request *req, Dte__Response **resp)
 	if (!h || !req || !resp)
 		return DTE_ERR_INVAL;
 	pthread_mutex_lock(&h->lock);
-	rc = call_locked(h, req, resp);
+	rc = call_locked(h, req, -1, resp);
+	pthread_mutex_unlock(&h->lock);
+	return rc;
+}
+
+int dte__call_ex(dte_t *h, Dte__Request *req, int fd, unsigned wait_ms, Dte__Response **resp)
+{
+	unsigned ms;
+	int rc;
+
+	if (!h || !req || !resp)
+		return DTE_ERR_INVAL;
+	pthread_mutex_lock(&h->lock);
+	/* A call the daemon answers only after wait_ms must not time out first. */
+	ms = h->timeout_ms && wait_ms ? h->timeout_ms + wait_ms : h->timeout_ms;
+	if (wait_ms && h->fd >= 0)
+		set_timeouts(h->fd, ms);
+	rc = call_locked(h, req, fd, resp);
+	if (wait_ms && h->fd >= 0)
+		set_timeouts(h->fd, h->timeout_ms);
 	pthread_mutex_unlock(&h->lock);
 	return rc;
 }
@@ -259,7 +313,7 @@ int dte_hello(dte_t *h, struct dte_hello_info *out)
 	req.cmd_case = DTE__REQUEST__CMD_HELLO;
 	req.hello = &hello;
 	pthread_mutex_lock(&h->lock);
-	rc = call_locked(h, &req, &resp);
+	rc = call_locked(h, &req, -1, &resp);
 	if (rc == DTE_OK) {
 		const Dte__HelloReply *r = resp->hello;
 
@@ -329,7 +383,8 @@ int dte_connect(const char *path, dte_t **out)
 			    "cannot connect to dted at %s: %s", path, strerror(e));
 		goto fail;
 	}
-	if (set_timeouts(h->fd, 30000) < 0) {
+	h->timeout_ms = 30000;
+	if (set_timeouts(h->fd, h->timeout_ms) < 0) {
 		rc = seterr(connect_err, DTE_ERR_IO, "setsockopt: %s", strerror(errno));
 		goto fail;
 	}

@@ -118,6 +118,130 @@ struct dte_status {
 
 int dte_status(dte_t *h, struct dte_status *out);
 
+/* ------------------------------------------------------------------------
+ * Same-cluster sync (docs/SYNC.md).  A source (trainer rank) and a sink
+ * (inference rank) register their buffers, attach to a job with a layout
+ * and a rank, then publish / wait (source) or wait_staged / apply (sink).
+ * Buffers and participants belong to the handle's connection and are
+ * released when it closes.
+ * ---------------------------------------------------------------------- */
+
+enum dte_dtype { DTE_FP32 = 0, DTE_BF16 = 1 };
+enum dte_role { DTE_SOURCE = 0, DTE_SINK = 1 };
+enum dte_adamw { DTE_ADAMW_TORCH = 0, DTE_ADAMW_FUSED = 1 };
+
+/* Host buffer: `fd` is a memfd sealed with F_SEAL_SHRINK; the daemon maps
+ * [offset, offset + length * elemsize) of it.  The caller keeps its fd. */
+int dte_buffer_register_fd(dte_t *h, int fd, uint64_t offset, uint64_t length, int dtype,
+			   const char *name, uint64_t *id);
+/* GPU buffer: a CUDA IPC memory handle (+ offset into that allocation) and
+ * the IPC event the trainer records after each step (may be NULL). */
+int dte_buffer_register_cuda(dte_t *h, const void *ipc_handle, size_t handle_len,
+			     const void *ipc_event, size_t event_len, int device, uint64_t offset,
+			     uint64_t length, int dtype, const char *name, uint64_t *id);
+int dte_buffer_unregister(dte_t *h, uint64_t id);
+
+struct dte_job_params {
+	size_t      size;               /* in: sizeof(struct dte_job_params) */
+	const char *name;
+	const char *model_config;       /* HF config.json text */
+	const char *coordinator;        /* "local" or host:port; NULL = local */
+	const char *token;
+	uint32_t    publish_interval;   /* K; 0 = 1 */
+	const char *transport;          /* NULL = "ucx" */
+};
+
+/* *created (may be NULL): 0 when the job existed with these parameters. */
+int dte_job_create(dte_t *h, const struct dte_job_params *p, int *created);
+
+struct dte_attach_params {
+	size_t          size;           /* in: sizeof(struct dte_attach_params) */
+	const char     *job;
+	const char     *token;
+	int             role;           /* enum dte_role */
+	const char     *layout;         /* "megatron:tp=2", "sglang:tp=2", ... */
+	uint32_t        rank;
+	uint32_t        replica;        /* sinks */
+	const uint64_t *buffers;        /* one per layout buffer of the rank, by id */
+	size_t          nbuffers;
+};
+
+/* Returns once the coordinator planned with the participant. */
+int dte_attach(dte_t *h, const struct dte_attach_params *p, uint64_t *participant);
+int dte_detach(dte_t *h, const char *job, uint64_t participant);
+
+/* One optimizer group's hyper-parameters; the array index is the layout's
+ * group id (0: with weight decay, 1: without). */
+struct dte_hparams {
+	double lr;                      /* the lr the step used */
+	double beta1, beta2, eps, weight_decay;
+	int    variant;                 /* enum dte_adamw */
+};
+
+enum dte_publish_field {
+	DTE_PUBLISH_COUNTS = 1u << 0,   /* sinks, dense */
+	DTE_PUBLISH_SIZES = 1u << 1,    /* changed, elements, bytes */
+	DTE_PUBLISH_TIME = 1u << 2,
+};
+
+struct dte_publish_info {
+	size_t   size;                  /* in: sizeof(struct dte_publish_info) */
+	uint64_t field_mask;            /* out: DTE_PUBLISH_* filled */
+	uint32_t sinks, dense;
+	uint64_t changed, elements, bytes;
+	double   capture_ms;
+};
+
+/* Captures version `version` after optimizer step `step` and returns; the
+ * trainer may step again.  info may be NULL. */
+int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		int64_t step, const struct dte_hparams *groups, size_t ngroups,
+		struct dte_publish_info *info);
+/* After every optimizer step when publishing every K > 1 steps. */
+int dte_mark(dte_t *h, const char *job, uint64_t participant, int64_t step,
+	     const struct dte_hparams *groups, size_t ngroups, uint64_t *dirty);
+/* Returns when every sink applied `version`; DTE_ERR_TIMEOUT otherwise. */
+int dte_wait(dte_t *h, const char *job, uint64_t version, unsigned timeout_ms);
+
+/* Sink: the newest staged version (newer than the applied one). */
+int dte_wait_staged(dte_t *h, const char *job, uint64_t participant, unsigned timeout_ms,
+		    uint64_t *version);
+
+enum dte_apply_field {
+	DTE_APPLY_VERSION = 1u << 0,
+	DTE_APPLY_CHECKSUM = 1u << 1,   /* checksum_ok, checksum_failures */
+	DTE_APPLY_TIME = 1u << 2,
+};
+
+struct dte_apply_info {
+	size_t   size;                  /* in: sizeof(struct dte_apply_info) */
+	uint64_t field_mask;
+	uint64_t version;               /* what the buffers hold now */
+	uint32_t applied;               /* staged versions applied */
+	int      checksum_ok;
+	uint64_t checksum_failures;
+	double   apply_ms;
+};
+
+/* Applies every staged version <= version, in order, and verifies. */
+int dte_apply(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+	      struct dte_apply_info *info);
+int dte_query_version(dte_t *h, const char *job, uint64_t participant, uint64_t *applied,
+		      uint64_t *staged);
+
+/* No daemon needed: the buffers rank `rank` of a layout expects, so a
+ * client can allocate matching memory.  Writes min(cap, count) entries and
+ * the count to *n; err (may be NULL) says why on DTE_ERR_INVAL. */
+struct dte_layout_buffer_info {
+	uint32_t id;
+	int64_t  length;                /* elements */
+	char     name[96];
+};
+
+int dte_layout_buffers(const char *model_config, const char *layout, int role, uint32_t rank,
+		       struct dte_layout_buffer_info *out, size_t cap, size_t *n, char *err,
+		       size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

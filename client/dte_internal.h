@@ -14,6 +14,11 @@
  * returned as its dte_err with the daemon's message in dte_errmsg(). */
 int dte__call(dte_t *h, Dte__Request *req, Dte__Response **resp);
 
+/* The same, passing descriptor fd (>= 0) with SCM_RIGHTS alongside the
+ * request, and allowing wait_ms more than the handle's timeout for the
+ * reply (requests the daemon answers when a condition holds). */
+int dte__call_ex(dte_t *h, Dte__Request *req, int fd, unsigned wait_ms, Dte__Response **resp);
+
 /* Map a daemon status code to an enum dte_err. */
 int dte__status_to_err(Dte__Status code);
 

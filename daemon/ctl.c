@@ -1,5 +1,6 @@
 /* daemon/ctl.c — control socket: accept, credentials, frames, replies. */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -41,11 +42,18 @@ static struct {
 	int owns_path;               /* unlink at exit (not when activated) */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct conn *conns;
+	uint64_t next_conn_id;
 } ctl;
 
 static void conn_closed(uv_handle_t *h)
 {
 	struct conn *c = (struct conn *)h;
+
+	while (c->sess.nfds)
+		close(dsess_take_fd(&c->sess));
+	/* Buffers and participants die with the connection that made them. */
+	if (ctl.srv->conn_gone)
+		ctl.srv->conn_gone(c->sess.conn_id);
 
 	if (c->prev)
 		c->prev->next = c->next;
@@ -149,11 +157,52 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	*buf = uv_buf_init((char *)c->rbuf, sizeof(c->rbuf));
 }
 
+static void fd_taken(uv_handle_t *h)
+{
+	free(h);
+}
+
+/* libuv (ipc pipe) received descriptors with SCM_RIGHTS; it hands them out
+ * only through uv_accept into a handle, so take each through a throwaway
+ * pipe handle and keep a dup.  More than the session holds is abuse. */
+static int take_fds(struct conn *c)
+{
+	while (uv_pipe_pending_count(&c->pipe) > 0) {
+		uv_pipe_t *tmp = malloc(sizeof(*tmp));
+		uv_os_fd_t fd;
+		int dup_fd = -1;
+
+		if (!tmp)
+			return -1;
+		uv_pipe_init(ctl.loop, tmp, 0);
+		if (uv_accept((uv_stream_t *)&c->pipe, (uv_stream_t *)tmp) == 0 &&
+		    uv_fileno((uv_handle_t *)tmp, &fd) == 0)
+			dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		uv_close((uv_handle_t *)tmp, fd_taken);
+		if (dup_fd < 0)
+			return -1;
+		if (c->sess.nfds >= DSESS_MAX_FDS) {
+			close(dup_fd);
+			DLOG_W("control: pid %d sent more than %d descriptors without using them; "
+			       "closing", (int)c->sess.pid, DSESS_MAX_FDS);
+			return -1;
+		}
+		c->sess.fds[c->sess.nfds++] = dup_fd;
+	}
+	return 0;
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
 	struct conn *c = (struct conn *)stream;
 	const uint8_t *p = (const uint8_t *)buf->base;
 	size_t left = nread > 0 ? (size_t)nread : 0;
+
+	if (take_fds(c) < 0) {
+		ctl.srv->bad_frames++;
+		conn_close(c);
+		return;
+	}
 
 	if (nread < 0) {
 		if (dte_frame_partial(&c->rd))
@@ -183,7 +232,8 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 			conn_close(c);
 			return;
 		}
-		conn_send(c, out, olen);
+		if (out)	/* NULL: the handler answers later (dctl_reply) */
+			conn_send(c, out, olen);
 		if (c->sess.close_after && !c->closing) {
 			if (!c->sess.denied)
 				ctl.srv->bad_frames++;
@@ -233,7 +283,10 @@ static void on_connection(uv_stream_t *server, int status)
 		DLOG_E("control: out of memory accepting a client");
 		return;
 	}
-	uv_pipe_init(ctl.loop, &c->pipe, 0);
+	/* ipc: libuv reads with recvmsg and keeps SCM_RIGHTS descriptors
+	 * (register_buffer) instead of dropping them. */
+	uv_pipe_init(ctl.loop, &c->pipe, 1);
+	c->sess.conn_id = ++ctl.next_conn_id;
 	dte_frame_reader_init(&c->rd, ctl.srv->conf->max_frame_bytes);
 	c->next = ctl.conns;
 	if (ctl.conns)
@@ -391,6 +444,27 @@ void dctl_fini(void)
 		unlink(ctl.path);
 		ctl.owns_path = 0;
 	}
+}
+
+int dctl_reply(uint64_t conn_id, Dte__Response *resp)
+{
+	uint8_t *out;
+	size_t len;
+
+	for (struct conn *c = ctl.conns; c; c = c->next) {
+		if (c->sess.conn_id != conn_id)
+			continue;
+		c->sess.deferred = 0;
+		if (c->closing)
+			return -1;
+		if (ddispatch_pack(resp, ctl.srv->conf->max_frame_bytes, &out, &len) < 0) {
+			conn_close(c);
+			return -1;
+		}
+		conn_send(c, out, len);
+		return 0;
+	}
+	return -1;
 }
 
 const char *dctl_path(void)

@@ -21,6 +21,10 @@ int dctl_init(uv_loop_t *loop, struct dsrv *srv);
  * process created it.  Handles finish closing on the next loop run. */
 void dctl_fini(void);
 
+/* Send a deferred reply (see dreply_defer) to connection conn_id; -1 when
+ * that connection is gone or closing (the reply is dropped). */
+int dctl_reply(uint64_t conn_id, Dte__Response *resp);
+
 /* Path served ("(socket activation)" when adopted from systemd). */
 const char *dctl_path(void);
 

@@ -14,6 +14,20 @@ static const dcmd_fn handlers[DTE_CMD__COUNT] = {
 	[DTE_CMD_PING] = dcmd_ping,
 	[DTE_CMD_STATUS] = dcmd_status,
 	[DTE_CMD_PEERS] = dcmd_peers,
+	[DTE_CMD_REGISTER_BUFFER] = dcmd_register_buffer,
+	[DTE_CMD_UNREGISTER_BUFFER] = dcmd_unregister_buffer,
+	[DTE_CMD_JOB_CREATE] = dcmd_job_create,
+	[DTE_CMD_ATTACH] = dcmd_attach,
+	[DTE_CMD_DETACH] = dcmd_detach,
+	[DTE_CMD_PUBLISH] = dcmd_publish,
+	[DTE_CMD_MARK] = dcmd_mark,
+	[DTE_CMD_WAIT] = dcmd_wait,
+	[DTE_CMD_WAIT_STAGED] = dcmd_wait_staged,
+	[DTE_CMD_APPLY] = dcmd_apply,
+	[DTE_CMD_QUERY_VERSION] = dcmd_query_version,
+	[DTE_CMD_JOBS] = dcmd_jobs,
+	[DTE_CMD_JOB] = dcmd_job,
+	[DTE_CMD_HISTORY] = dcmd_history,
 };
 
 struct dreply_block {
@@ -23,8 +37,26 @@ struct dreply_block {
 
 struct dreply {
 	struct dreply_block *blocks;
-	char msg[256];
+	int deferred;
+	char msg[512];
 };
+
+void dreply_defer(struct dreply *r)
+{
+	r->deferred = 1;
+}
+
+int dsess_take_fd(struct dsess *s)
+{
+	int fd;
+
+	if (!s->nfds)
+		return -1;
+	fd = s->fds[0];
+	memmove(s->fds, s->fds + 1, (s->nfds - 1) * sizeof(s->fds[0]));
+	s->nfds--;
+	return fd;
+}
 
 void *dreply_alloc(struct dreply *r, size_t size)
 {
@@ -103,6 +135,10 @@ static Dte__Status ladder(struct dsrv *srv, struct dsess *s, const Dte__Request 
 		s->close_after = 1;
 		return fail(r, DTE__STATUS__STATUS_ERR_PROTOCOL, "%s before hello", cmd->name);
 	}
+	if (s->deferred)
+		return fail(r, DTE__STATUS__STATUS_ERR_BUSY,
+			    "%s while an earlier request on this connection still waits for "
+			    "its reply (one pending wait per connection)", cmd->name);
 	fn = handlers[cmd->id];
 	if (!fn)
 		return fail(r, DTE__STATUS__STATUS_ERR_UNIMPLEMENTED,
@@ -143,6 +179,15 @@ int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len
 	}
 	resp.id = req->id;
 	resp.code = ladder(srv, s, req, &resp, &r);
+	if (r.deferred && resp.code == DTE__STATUS__STATUS_OK) {
+		s->deferred = 1;
+		srv->requests++;
+		dte__request__free_unpacked(req, NULL);
+		dreply_free(&r);
+		*out = NULL;
+		*outlen = 0;
+		return 0;
+	}
 	if (resp.code != DTE__STATUS__STATUS_OK) {
 		resp.body_case = DTE__RESPONSE__BODY__NOT_SET;
 		resp.message = r.msg[0] ? r.msg : "error";
@@ -155,6 +200,11 @@ int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len
 	dte__request__free_unpacked(req, NULL);
 	dreply_free(&r);
 	return rc;
+}
+
+int ddispatch_pack(Dte__Response *resp, uint32_t max, uint8_t **out, size_t *outlen)
+{
+	return pack(resp, max, out, outlen);
 }
 
 int ddispatch_error(Dte__Status code, const char *msg, uint8_t **out, size_t *outlen)

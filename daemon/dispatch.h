@@ -24,7 +24,14 @@ struct dsrv {
 	uint64_t requests;         /* requests answered */
 	uint64_t refused;          /* connections refused by credentials */
 	uint64_t bad_frames;       /* connections closed for protocol errors */
+	/* A control connection went away (its buffers and participants go
+	 * with it); NULL when no layer cares. */
+	void (*conn_gone)(uint64_t conn_id);
 };
+
+#define DSESS_MAX_FDS 4
+
+/* A handler answers later (daemon/job_*.c) instead of in its reply. */
 
 /* One control connection as the protocol sees it. */
 struct dsess {
@@ -34,7 +41,16 @@ struct dsess {
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
+	uint64_t conn_id;          /* unique per connection, never reused; 0 in tests */
+	int deferred;              /* a request waits for a deferred reply */
+	/* Descriptors received with SCM_RIGHTS, oldest first; a handler that
+	 * takes one owns it (dsess_take_fd). ctl.c closes what is left. */
+	int fds[DSESS_MAX_FDS];
+	unsigned nfds;
 };
+
+/* The oldest received descriptor, or -1 when none arrived. */
+int dsess_take_fd(struct dsess *s);
 
 /* Memory a handler allocates for its reply; freed after packing.  Strings
  * may also point at static or long-lived storage. */
@@ -44,6 +60,11 @@ char *dreply_strdup(struct dreply *r, const char *s);
 /* The reply's human-readable message (errors should always set one). */
 void dreply_msg(struct dreply *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The handler will answer later with dctl_reply(); ddispatch() then
+ * produces no frame (*out NULL) and the session refuses further requests
+ * until that reply went out. */
+void dreply_defer(struct dreply *r);
+
 typedef Dte__Status (*dcmd_fn)(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 			       Dte__Response *resp, struct dreply *r);
 
@@ -52,6 +73,9 @@ typedef Dte__Status (*dcmd_fn)(struct dsrv *srv, struct dsess *s, const Dte__Req
  * the connection must be closed once the reply is written. */
 int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len,
 	      uint8_t **out, size_t *outlen);
+
+/* Pack a reply built outside ddispatch (deferred answers). */
+int ddispatch_pack(Dte__Response *resp, uint32_t max, uint8_t **out, size_t *outlen);
 
 /* A reply frame carrying only an error (for framing errors that never
  * reach ddispatch).  -1 on allocation failure. */
@@ -70,5 +94,24 @@ Dte__Status dcmd_status(struct dsrv *, struct dsess *, const Dte__Request *, Dte
 /* daemon/cmd_peer.c */
 Dte__Status dcmd_peers(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
 		       struct dreply *);
+
+/* Sync engine handlers (daemon/cmd_job.c). */
+#define DCMD_DECL(n) Dte__Status dcmd_##n(struct dsrv *, struct dsess *, const Dte__Request *, \
+					  Dte__Response *, struct dreply *);
+DCMD_DECL(register_buffer)
+DCMD_DECL(unregister_buffer)
+DCMD_DECL(job_create)
+DCMD_DECL(attach)
+DCMD_DECL(detach)
+DCMD_DECL(publish)
+DCMD_DECL(mark)
+DCMD_DECL(wait)
+DCMD_DECL(wait_staged)
+DCMD_DECL(apply)
+DCMD_DECL(query_version)
+DCMD_DECL(jobs)
+DCMD_DECL(job)
+DCMD_DECL(history)
+#undef DCMD_DECL
 
 #endif

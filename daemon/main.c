@@ -18,6 +18,8 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/registry.h"
+#include "daemon/job.h"
+#include "daemon/route.h"
 #include "daemon/route_ucx.h"
 #include "gpu/backend.h"
 
@@ -271,6 +273,16 @@ int main(int argc, char **argv)
 		goto out_notify;
 	if (peers_init(&loop) < 0)
 		DLOG_E("peers: UCX unavailable; this daemon serves local jobs only");
+	if (route_init(&loop, conf.node_name, droute_ucx_address(droute_ucx_daemon())) < 0) {
+		DLOG_E("cannot start record routing");
+		goto out_route;
+	}
+	droute_ucx_attach_engine(droute_ucx_daemon());
+	if (job_init(&loop, be, srv.backend) < 0) {
+		DLOG_E("cannot start the sync engine");
+		goto out_job;
+	}
+	srv.conn_gone = job_conn_gone;
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
 
@@ -285,6 +297,11 @@ int main(int argc, char **argv)
 
 	dctl_fini();
 out_ctl:
+	job_fini();
+out_job:
+	droute_ucx_attach_engine(NULL);
+	route_fini();
+out_route:
 	peers_fini();
 	dnotify_fini();
 out_notify:

@@ -33,6 +33,38 @@ enum dte_cmd_flags {
 	  "round trip to the daemon")                                          \
 	X(STATUS, "status", 12, DTE_CMD_DAEMON, "status",                      \
 	  "daemon version, protocol, uptime, backend, jobs, peers, clients")   \
+	X(REGISTER_BUFFER, "register_buffer", 13, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,\
+	  "register_buffer (libdte only: passes a file descriptor)",           \
+	  "register a shared-memory buffer (fd with SCM_RIGHTS)")              \
+	X(UNREGISTER_BUFFER, "unregister_buffer", 14,                          \
+	  DTE_CMD_DAEMON | DTE_CMD_HIDDEN, "unregister_buffer BUFFER",         \
+	  "release a buffer this connection registered")                       \
+	X(JOB_CREATE, "job_create", 15, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,       \
+	  "job_create name=NAME model_config=JSON coordinator=local token=T",  \
+	  "create (or join) a job")                                            \
+	X(ATTACH, "attach", 16, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,               \
+	  "attach (libdte)", "attach a source or sink participant")            \
+	X(DETACH, "detach", 17, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,               \
+	  "detach JOB PARTICIPANT", "detach a participant")                    \
+	X(PUBLISH, "publish", 18, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,             \
+	  "publish (libdte)", "capture and send a version")                    \
+	X(MARK, "mark", 19, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,                   \
+	  "mark (libdte)", "record one optimizer step's changes (K > 1)")      \
+	X(WAIT, "wait", 20, DTE_CMD_DAEMON,                                    \
+	  "wait JOB VERSION [TIMEOUT_MS]",                                     \
+	  "wait until every sink applied a version")                           \
+	X(WAIT_STAGED, "wait_staged", 21, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,     \
+	  "wait_staged (libdte)", "wait for a staged version (sink)")          \
+	X(APPLY, "apply", 22, DTE_CMD_DAEMON | DTE_CMD_HIDDEN,                 \
+	  "apply (libdte)", "apply staged versions (sink)")                    \
+	X(QUERY_VERSION, "query_version", 23, DTE_CMD_DAEMON | DTE_CMD_HIDDEN, \
+	  "query_version (libdte)", "a sink's applied and staged versions")    \
+	X(JOBS, "jobs", 24, DTE_CMD_DAEMON, "jobs",                            \
+	  "jobs on this daemon: epoch, participants, newest version")          \
+	X(JOB, "job", 25, DTE_CMD_DAEMON, "job NAME",                          \
+	  "one job: members, participants, plan epoch, versions")              \
+	X(HISTORY, "history", 26, DTE_CMD_DAEMON, "history NAME [LIMIT]",      \
+	  "per version: mode, changed %, bytes, capture/transfer/apply ms")    \
 	X(PEERS, "peers", 30, DTE_CMD_DAEMON, "peers",                         \
 	  "other daemons: node, address, state, messages/bytes in/out, since") \
 	X(PLAN, "plan", 0, 0, "plan [options] (see `dtectl plan --help`)",     \

@@ -1,0 +1,1079 @@
+/* daemon/job.c — jobs, local participants, records in, deferred answers. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "daemon/ctl.h"
+#include "daemon/dispatch.h"
+#include "daemon/job_int.h"
+#include "daemon/log.h"
+#include "daemon/registry.h"
+#include "daemon/route.h"
+#include "gpu/compute.h"
+
+struct jengine jeng;
+
+/* Deferred control answers: attach (plan arrived), wait, wait_staged. */
+enum { JW_ATTACH, JW_WAIT, JW_STAGED };
+
+struct jwaiter {
+	int kind;
+	uint64_t conn;
+	uint32_t req_id;
+	char job[JOB_NAME_MAX];
+	uint64_t arg;             /* participant (attach, staged) or version (wait) */
+	uint64_t deadline;        /* uv_hrtime ns */
+	struct jwaiter *next;
+};
+
+#define ATTACH_TIMEOUT_MS 15000u
+#define WAIT_TICK_MS 20
+
+static uint64_t global_refused;
+
+Dte__Status jfail(char *err, size_t errlen, Dte__Status code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+double job_ms_since(uint64_t t0)
+{
+	return (double)(uv_hrtime() - t0) / 1e6;
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+struct job *job_find(const char *name)
+{
+	for (struct job *j = jeng.jobs; j; j = j->next)
+		if (name && !strcmp(j->name, name))
+			return j;
+	return NULL;
+}
+
+struct jlocal *job_local(struct job *j, uint64_t id)
+{
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->info.id == id)
+			return l;
+	return NULL;
+}
+
+struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn)
+{
+	struct jlocal *l = job_local(j, id);
+
+	return l && l->owner == conn ? l : NULL;
+}
+
+const struct jpinfo *job_part(const struct job *j, uint64_t id)
+{
+	for (size_t i = 0; i < j->nparts; i++)
+		if (j->parts[i].id == id)
+			return &j->parts[i];
+	return NULL;
+}
+
+const char *job_node_address(const struct job *j, const char *node)
+{
+	for (size_t i = 0; i < j->naddr; i++)
+		if (!strcmp(j->addr_node[i], node))
+			return j->addr_addr[i];
+	return NULL;
+}
+
+struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst)
+{
+	for (size_t i = 0; i < j->npairs; i++)
+		if (j->pairs[i].src == src && j->pairs[i].dst == dst)
+			return &j->pairs[i];
+	return NULL;
+}
+
+struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot)
+{
+	for (size_t i = 0; i < l->nbufs; i++) {
+		if (l->buf_ids[i] == layout_id) {
+			if (slot)
+				*slot = i;
+			return l->bufs[i];
+		}
+	}
+	return NULL;
+}
+
+void job_fill_ref(const struct job *j, Dtep__JobRef *ref)
+{
+	dtep__job_ref__init(ref);
+	ref->job = (char *)j->name;
+	ref->token = (char *)j->token;
+}
+
+int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	int rc = route_send(node, job_node_address(j, node), type, msg, data, len);
+
+	if (rc < 0)
+		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
+		       strerror(-rc));
+	return rc;
+}
+
+/* ------------------------------------------------------------- membership */
+
+void job_send_join(struct job *j)
+{
+	Dtep__Join m = DTEP__JOIN__INIT;
+	Dtep__JobRef ref;
+	Dtep__Participant *pa = NULL, **pp = NULL;
+	size_t n = 0, i = 0;
+	int rc;
+
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		n++;
+	if (n) {
+		pa = calloc(n, sizeof(*pa));
+		pp = calloc(n, sizeof(*pp));
+		if (!pa || !pp) {
+			DLOG_E("job %s: out of memory building JOIN", j->name);
+			goto out;
+		}
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next, i++) {
+		dtep__participant__init(&pa[i]);
+		pa[i].id = l->info.id;
+		pa[i].role = l->info.role == JROLE_SOURCE ? DTEP__ROLE__ROLE_SOURCE : DTEP__ROLE__ROLE_SINK;
+		pa[i].layout = l->info.layout;
+		pa[i].rank = l->info.rank;
+		pa[i].replica = l->info.replica;
+		pa[i].node = (char *)route_self_node();
+		pp[i] = &pa[i];
+	}
+	job_fill_ref(j, &ref);
+	m.job = &ref;
+	m.spec_hash = j->spec.hash;
+	m.node = (char *)route_self_node();
+	m.address = (char *)route_self_address();
+	m.n_participants = n;
+	m.participants = pp;
+	rc = route_send(j->is_coord ? route_self_node() : NULL, j->is_coord ? NULL : j->coordinator,
+			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
+	if (rc < 0) {
+		DLOG_W("job %s: cannot reach the coordinator %s: %s", j->name, j->coordinator,
+		       strerror(-rc));
+		for (struct jlocal *l = j->locals; l; l = l->next)
+			if (!l->announced && !l->refused[0])
+				snprintf(l->refused, sizeof(l->refused),
+					 "cannot reach the coordinator %s: %s", j->coordinator,
+					 strerror(-rc));
+	}
+out:
+	free(pa);
+	free(pp);
+}
+
+static void jlocal_free(struct jlocal *l)
+{
+	jsink_free(l);
+	for (size_t i = 0; i < l->nbufs; i++)
+		if (l->bufs[i])
+			dbuf_unref(l->bufs[i]);
+	free(l->bufs);
+	free(l->buf_ids);
+	free(l);
+}
+
+static void jlocal_remove(struct job *j, struct jlocal *l)
+{
+	struct jlocal **pp;
+
+	for (pp = &j->locals; *pp; pp = &(*pp)->next) {
+		if (*pp == l) {
+			*pp = l->next;
+			break;
+		}
+	}
+	jlocal_free(l);
+}
+
+/* ---------------------------------------------------------------- waiters */
+
+static void reply_deferred(struct jwaiter *w, Dte__Status code, const char *msg,
+			   Dte__Response__BodyCase bc, void *body)
+{
+	Dte__Response resp = DTE__RESPONSE__INIT;
+
+	resp.id = w->req_id;
+	resp.code = code;
+	resp.message = (char *)(msg ? msg : "");
+	if (code == DTE__STATUS__STATUS_OK) {
+		resp.body_case = bc;
+		switch (bc) {
+		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
+		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
+		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
+		default: break;
+		}
+	} else {
+		DLOG_I("control: connection %llu: %s", (unsigned long long)w->conn, msg);
+	}
+	dctl_reply(w->conn, &resp);
+}
+
+/* 1 when the waiter was answered. */
+static int waiter_try(struct jwaiter *w, int expired)
+{
+	struct job *j = job_find(w->job);
+	char msg[640];
+
+	if (!j) {
+		reply_deferred(w, DTE__STATUS__STATUS_ERR_NOT_FOUND, "job vanished", 0, NULL);
+		return 1;
+	}
+	switch (w->kind) {
+	case JW_ATTACH: {
+		struct jlocal *l = job_local(j, w->arg);
+		Dte__AttachReply rep = DTE__ATTACH_REPLY__INIT;
+
+		if (l && l->announced) {
+			rep.participant = l->info.id;
+			rep.epoch = j->epoch;
+			rep.complete = j->complete;
+			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_ATTACH, &rep);
+			return 1;
+		}
+		if (!l || l->refused[0] || expired) {
+			snprintf(msg, sizeof(msg), "attach to job %s refused: %s", j->name,
+				 !l ? "participant gone" : l->refused[0] ? l->refused :
+				 "the coordinator did not answer in time");
+			if (l) {
+				jlocal_remove(j, l);
+				job_send_join(j);
+			}
+			reply_deferred(w, DTE__STATUS__STATUS_ERR_INVALID, msg, 0, NULL);
+			return 1;
+		}
+		return 0;
+	}
+	case JW_WAIT: {
+		Dte__WaitReply rep = DTE__WAIT_REPLY__INIT;
+		uint32_t sinks = 0;
+
+		if (jsrc_wait_done(j, w->arg, &sinks)) {
+			rep.version = w->arg;
+			rep.sinks = sinks;
+			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT, &rep);
+			return 1;
+		}
+		if (expired) {
+			snprintf(msg, sizeof(msg), "job %s: version %llu not applied by every sink in time",
+				 j->name, (unsigned long long)w->arg);
+			reply_deferred(w, DTE__STATUS__STATUS_ERR_TIMEOUT, msg, 0, NULL);
+			return 1;
+		}
+		return 0;
+	}
+	case JW_STAGED: {
+		struct jlocal *l = job_local(j, w->arg);
+		Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+
+		if (l && jsink_newest_staged(l) > l->applied) {
+			rep.version = jsink_newest_staged(l);
+			rep.applied = l->applied;
+			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
+			return 1;
+		}
+		if (!l || expired) {
+			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
+				 l ? "no new version staged in time" : "participant gone");
+			reply_deferred(w, l ? DTE__STATUS__STATUS_ERR_TIMEOUT : DTE__STATUS__STATUS_ERR_NOT_FOUND,
+				       msg, 0, NULL);
+			return 1;
+		}
+		return 0;
+	}
+	}
+	return 1;
+}
+
+static void timer_update(void);
+
+void job_check_waiters(void)
+{
+	uint64_t now = uv_hrtime();
+	struct jwaiter **pp = &jeng.waiters;
+
+	while (*pp) {
+		struct jwaiter *w = *pp;
+
+		if (waiter_try(w, now >= w->deadline)) {
+			*pp = w->next;
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+	timer_update();
+}
+
+static void on_tick(uv_timer_t *t)
+{
+	job_check_waiters();
+}
+
+static void timer_update(void)
+{
+	if (!jeng.timer_init)
+		return;
+	if (jeng.waiters && !jeng.timer_on) {
+		uv_timer_start(&jeng.timer, on_tick, WAIT_TICK_MS, WAIT_TICK_MS);
+		jeng.timer_on = 1;
+	} else if (!jeng.waiters && jeng.timer_on) {
+		uv_timer_stop(&jeng.timer);
+		jeng.timer_on = 0;
+	}
+}
+
+static int waiter_add(int kind, uint64_t conn, uint32_t req_id, const char *job, uint64_t arg,
+		      uint32_t timeout_ms)
+{
+	struct jwaiter *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return -1;
+	w->kind = kind;
+	w->conn = conn;
+	w->req_id = req_id;
+	snprintf(w->job, sizeof(w->job), "%s", job);
+	w->arg = arg;
+	w->deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
+	w->next = jeng.waiters;
+	jeng.waiters = w;
+	timer_update();
+	return 0;
+}
+
+/* --------------------------------------------------------------- lifecycle */
+
+int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name)
+{
+	const char *node = route_self_node();
+
+	memset(&jeng, 0, sizeof(jeng));
+	jeng.loop = loop;
+	jeng.be = be;
+	jeng.backend_name = backend_name;
+	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u);
+	if (loop) {
+		if (uv_timer_init(loop, &jeng.timer) < 0)
+			return -1;
+		jeng.timer_init = 1;
+	}
+	return 0;
+}
+
+static void job_free(struct job *j)
+{
+	while (j->locals) {
+		struct jlocal *l = j->locals;
+
+		j->locals = l->next;
+		jlocal_free(l);
+	}
+	jplan_free(j);
+	jcoord_free(j);
+	dte_spec_fini(&j->spec);
+	free(j->config);
+	free(j);
+}
+
+void job_fini(void)
+{
+	while (jeng.waiters) {
+		struct jwaiter *w = jeng.waiters;
+
+		jeng.waiters = w->next;
+		free(w);
+	}
+	while (jeng.jobs) {
+		struct job *j = jeng.jobs;
+
+		jeng.jobs = j->next;
+		job_free(j);
+		dreg_job_removed();
+	}
+	if (jeng.timer_init) {
+		uv_close((uv_handle_t *)&jeng.timer, NULL);
+		jeng.timer_init = 0;
+	}
+	dbuf_fini();
+}
+
+void job_conn_gone(uint64_t conn)
+{
+	struct jwaiter **pp = &jeng.waiters;
+
+	while (*pp) {
+		struct jwaiter *w = *pp;
+
+		if (w->conn == conn) {
+			*pp = w->next;
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+	for (struct job *j = jeng.jobs; j; j = j->next) {
+		int changed = 0;
+		struct jlocal *l = j->locals, *next;
+
+		for (; l; l = next) {
+			next = l->next;
+			if (l->owner != conn)
+				continue;
+			DLOG_N("job %s: %s participant %llx (%s rank %u) left with its connection",
+			       j->name, l->info.role == JROLE_SOURCE ? "source" : "sink",
+			       (unsigned long long)l->info.id, l->info.layout, l->info.rank);
+			jlocal_remove(j, l);
+			changed = 1;
+		}
+		if (changed)
+			job_send_join(j);
+	}
+	dbuf_release_owner(conn);
+	timer_update();
+	job_check_waiters();
+}
+
+/* ----------------------------------------------------------------- create */
+
+static int name_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n == 0 || n >= JOB_NAME_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && !strchr("._-", s[i]))
+			return 0;
+	return 1;
+}
+
+#define FAIL(code, ...) jfail(err, errlen, code, __VA_ARGS__)
+
+Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+		       size_t errlen)
+{
+	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
+	const char *transport = rq->transport && *rq->transport ? rq->transport : "ucx";
+	uint32_t k = rq->publish_interval ? rq->publish_interval : 1;
+	char serr[256];
+	struct dte_spec spec;
+	struct job *j;
+
+	if (!name_ok(rq->name))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+			    "job name must be 1..%d characters of [A-Za-z0-9._-]", JOB_NAME_MAX - 1);
+	if (!rq->token || !*rq->token || strlen(rq->token) >= sizeof(j->token))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: token must be 1..%zu characters",
+			    rq->name, sizeof(j->token) - 1);
+	if (strcmp(coord, "local") && !strchr(coord, ':'))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+			    "job %s: coordinator must be \"local\" or host:port, not \"%s\"", rq->name, coord);
+	if (strlen(coord) >= sizeof(j->coordinator))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: coordinator address too long", rq->name);
+	if (strcmp(transport, "ucx"))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: transport \"%s\" unknown (ucx)",
+			    rq->name, transport);
+	if (k > 1000000)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: publish interval %u out of range",
+			    rq->name, k);
+	if (!rq->model_config || !*rq->model_config)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: model_config (config.json text) missing",
+			    rq->name);
+	if (dte_spec_load_string(&spec, rq->model_config, serr, sizeof(serr)) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: model config: %s", rq->name, serr);
+	j = job_find(rq->name);
+	if (j) {
+		const char *why = spec.hash != j->spec.hash ? "model" :
+				  strcmp(j->token, rq->token) ? "token" :
+				  strcmp(j->coordinator, coord) ? "coordinator" :
+				  j->interval != k ? "publish interval" : NULL;
+
+		dte_spec_fini(&spec);
+		if (why)
+			return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+				    "job %s exists on this daemon with a different %s", rq->name, why);
+		rep->created = 0;
+		rep->coordinator = j->is_coord;
+		rep->spec_hash = j->spec.hash;
+		rep->tensors = j->spec.n;
+		return DTE__STATUS__STATUS_OK;
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j || !(j->config = strdup(rq->model_config))) {
+		free(j);
+		dte_spec_fini(&spec);
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	}
+	snprintf(j->name, sizeof(j->name), "%s", rq->name);
+	snprintf(j->token, sizeof(j->token), "%s", rq->token);
+	snprintf(j->coordinator, sizeof(j->coordinator), "%s", coord);
+	snprintf(j->transport, sizeof(j->transport), "%s", transport);
+	j->spec = spec;
+	j->interval = k;
+	j->is_coord = route_is_self(NULL, coord);
+	j->next = jeng.jobs;
+	jeng.jobs = j;
+	dreg_job_added();
+	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
+	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
+	rep->created = 1;
+	rep->coordinator = j->is_coord;
+	rep->spec_hash = j->spec.hash;
+	rep->tensors = j->spec.n;
+	return DTE__STATUS__STATUS_OK;
+}
+
+/* ----------------------------------------------------------------- attach */
+
+Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+		       int *deferred, char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct dte_layout lay;
+	struct jlocal *l = NULL;
+	char lerr[256];
+	int role;
+	size_t n = 0, i, k;
+	Dte__Status st;
+
+	*deferred = 0;
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\" (job_create first)",
+			    rq->job ? rq->job : "");
+	if (!rq->token || strcmp(rq->token, j->token))
+		return FAIL(DTE__STATUS__STATUS_ERR_DENIED, "job %s: wrong token", j->name);
+	if (rq->role && !strcmp(rq->role, "source"))
+		role = JROLE_SOURCE;
+	else if (rq->role && !strcmp(rq->role, "sink"))
+		role = JROLE_SINK;
+	else
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: role must be source or sink", j->name);
+	if (!rq->layout || !*rq->layout || strlen(rq->layout) >= JOB_DESC_MAX)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: layout description missing or too long",
+			    j->name);
+	if (jlayout_build(j, role, rq->layout, rq->rank, &lay, lerr, sizeof(lerr)) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", j->name, lerr);
+	for (i = 0; i < lay.nbufs; i++)
+		n += lay.bufs[i].rank == rq->rank;
+	st = DTE__STATUS__STATUS_ERR_INVALID;
+	if (rq->n_buffers != n) {
+		FAIL(st, "job %s: %s rank %u has %zu buffers; %zu named", j->name, rq->layout, rq->rank,
+		     n, rq->n_buffers);
+		goto fail;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l || !(l->bufs = calloc(n ? n : 1, sizeof(*l->bufs))) ||
+	    !(l->buf_ids = calloc(n ? n : 1, sizeof(*l->buf_ids)))) {
+		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		goto fail;
+	}
+	l->nbufs = n;
+	/* lay.bufs is sorted by (rank, id): the rank's buffers in id order. */
+	for (i = 0, k = 0; i < lay.nbufs; i++) {
+		const struct dte_layout_buffer *lb = &lay.bufs[i];
+		struct dbuf *b;
+		int want = role == JROLE_SOURCE ? DBUF_FP32 : DBUF_BF16;
+
+		if (lb->rank != rq->rank)
+			continue;
+		b = dbuf_get(conn, rq->buffers[k]);
+		if (!b) {
+			FAIL(st, "job %s: buffer %llu is not registered on this connection", j->name,
+			     (unsigned long long)rq->buffers[k]);
+			goto fail;
+		}
+		if (b->dtype != want) {
+			FAIL(st, "job %s: buffer %llu (%s) is %s; a %s needs %s", j->name,
+			     (unsigned long long)b->id, lb->name, dbuf_dtype_name(b->dtype),
+			     role == JROLE_SOURCE ? "source" : "sink", dbuf_dtype_name(want));
+			goto fail;
+		}
+		if (b->length < (uint64_t)lb->length) {
+			FAIL(st, "job %s: buffer %llu (%s) holds %llu elements; the layout needs %lld",
+			     j->name, (unsigned long long)b->id, lb->name,
+			     (unsigned long long)b->length, (long long)lb->length);
+			goto fail;
+		}
+		for (size_t q = 0; q < k; q++)
+			if (l->bufs[q] == b && role == JROLE_SINK) {
+				FAIL(st, "job %s: buffer %llu named twice", j->name, (unsigned long long)b->id);
+				goto fail;
+			}
+		l->bufs[k] = b;
+		l->buf_ids[k] = lb->id;
+		k++;
+	}
+	for (struct jlocal *o = j->locals; o; o = o->next) {
+		if (o->info.role == role && o->info.rank == rq->rank && o->info.replica == rq->replica &&
+		    !strcmp(o->info.layout, rq->layout)) {
+			FAIL(st, "job %s: %s rank %u replica %u is already attached on this daemon",
+			     j->name, rq->layout, rq->rank, rq->replica);
+			goto fail;
+		}
+	}
+	for (i = 0; i < n; i++)
+		dbuf_ref(l->bufs[i]);
+	l->info.id = ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+	l->info.role = role;
+	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
+	l->info.rank = rq->rank;
+	l->info.replica = rq->replica;
+	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
+	l->owner = conn;
+	l->covered = -1;
+	l->next = j->locals;
+	j->locals = l;
+	dte_layout_fini(&lay);
+	DLOG_N("job %s: %s %s rank %u replica %u attached as %llx", j->name,
+	       role == JROLE_SOURCE ? "source" : "sink", l->info.layout, l->info.rank,
+	       l->info.replica, (unsigned long long)l->info.id);
+	job_send_join(j);
+	if (waiter_add(JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
+		jlocal_remove(j, l);
+		job_send_join(j);
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	}
+	*deferred = 1;
+	return DTE__STATUS__STATUS_OK;
+fail:
+	if (l) {
+		free(l->bufs);
+		free(l->buf_ids);
+		free(l);
+	}
+	dte_layout_fini(&lay);
+	return st;
+}
+
+Dte__Status job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct jlocal *l;
+
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+	l = job_local_owned(j, rq->participant, conn);
+	if (!l)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			    "job %s: participant %llx is not attached by this connection", j->name,
+			    (unsigned long long)rq->participant);
+	jlocal_remove(j, l);
+	job_send_join(j);
+	job_check_waiters();
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	uint32_t sinks = 0;
+
+	*deferred = 0;
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+	if (jsrc_wait_done(j, rq->version, &sinks)) {
+		rep->version = rq->version;
+		rep->sinks = sinks;
+		return DTE__STATUS__STATUS_OK;
+	}
+	if (rq->timeout_ms == 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_TIMEOUT, "job %s: version %llu not applied everywhere yet",
+			    j->name, (unsigned long long)rq->version);
+	if (waiter_add(JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	*deferred = 1;
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+			    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct jlocal *l;
+
+	*deferred = 0;
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+	l = job_local_owned(j, rq->participant, conn);
+	if (!l || l->info.role != JROLE_SINK)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			    "job %s: no sink participant %llx on this connection", j->name,
+			    (unsigned long long)rq->participant);
+	if (jsink_newest_staged(l) > l->applied) {
+		rep->version = jsink_newest_staged(l);
+		rep->applied = l->applied;
+		return DTE__STATUS__STATUS_OK;
+	}
+	if (rq->timeout_ms == 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_TIMEOUT, "job %s: nothing staged", j->name);
+	if (waiter_add(JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	*deferred = 1;
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+			      Dte__QueryVersionReply *rep, char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct jlocal *l;
+
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+	l = job_local_owned(j, rq->participant, conn);
+	if (!l)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			    "job %s: participant %llx is not attached by this connection", j->name,
+			    (unsigned long long)rq->participant);
+	rep->applied = l->info.role == JROLE_SINK ? l->applied : l->last_version;
+	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : l->last_version;
+	rep->checksum_failures = l->checksum_failures;
+	return DTE__STATUS__STATUS_OK;
+}
+
+/* -------------------------------------------------------------- records in */
+
+static void refuse(const char *from, const char *job, Dtep__PeerMsgType type, const char *reason)
+{
+	Dtep__Refused m = DTEP__REFUSED__INIT;
+
+	global_refused++;
+	DLOG_W("peer %s: refused %s record for job %s: %s", from, dtep__peer_msg_type__descriptor.values[
+	       type < dtep__peer_msg_type__descriptor.n_values ? type : 0].name, job ? job : "?", reason);
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED)
+		return;
+	m.job = (char *)(job ? job : "");
+	m.type = type;
+	m.reason = (char *)reason;
+	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
+}
+
+/* The job a record names, if its token matches. */
+static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref)
+{
+	struct job *j;
+	char why[160];
+
+	if (!ref || !ref->job) {
+		refuse(from, NULL, type, "record names no job");
+		return NULL;
+	}
+	j = job_find(ref->job);
+	if (!j) {
+		snprintf(why, sizeof(why), "unknown job \"%.64s\"", ref->job);
+		refuse(from, ref->job, type, why);
+		return NULL;
+	}
+	if (!ref->token || strcmp(ref->token, j->token)) {
+		j->refused++;
+		refuse(from, ref->job, type, "wrong token");
+		return NULL;
+	}
+	return j;
+}
+
+static void on_refused(const char *from, const Dtep__Refused *m)
+{
+	struct job *j = job_find(m->job);
+
+	DLOG_W("peer %s refused our record %d for job %s: %s", from, (int)m->type, m->job, m->reason);
+	if (!j)
+		return;
+	j->refused++;
+	if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN)
+		for (struct jlocal *l = j->locals; l; l = l->next)
+			if (!l->announced)
+				snprintf(l->refused, sizeof(l->refused), "coordinator: %s", m->reason);
+}
+
+void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
+		   const void *data, size_t len)
+{
+	ProtobufCMessage *msg = NULL;
+	const ProtobufCMessageDescriptor *d;
+	struct job *j;
+
+	switch (type) {
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN: d = &dtep__join__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE: d = &dtep__leave__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN: d = &dtep__plan__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: d = &dtep__counts__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: d = &dtep__payload__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: d = &dtep__staged__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: d = &dtep__applied__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED: d = &dtep__refused__descriptor; break;
+	default:
+		global_refused++;
+		DLOG_W("peer %s: unknown record type %d dropped", from, (int)type);
+		return;
+	}
+	msg = protobuf_c_message_unpack(d, NULL, hdrlen, hdr);
+	if (!msg) {
+		global_refused++;
+		DLOG_W("peer %s: undecodable record of type %d (%zu bytes) dropped", from, (int)type, hdrlen);
+		return;
+	}
+	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
+		refuse(from, NULL, type, "unexpected data after a record that carries none");
+		goto out;
+	}
+	switch (type) {
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN: {
+		const Dtep__Join *m = (const Dtep__Join *)msg;
+
+		if ((j = check_ref(from, type, m->job))) {
+			if (!j->is_coord)
+				refuse(from, j->name, type, "this daemon is not the job's coordinator");
+			else
+				jcoord_join(j, from, m);
+		}
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE: {
+		const Dtep__Leave *m = (const Dtep__Leave *)msg;
+
+		if ((j = check_ref(from, type, m->job)) && j->is_coord)
+			jcoord_leave(j, from, m);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN: {
+		const Dtep__Plan *m = (const Dtep__Plan *)msg;
+
+		if ((j = check_ref(from, type, m->job)))
+			jplan_recv(j, from, m);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {
+		const Dtep__Counts *m = (const Dtep__Counts *)msg;
+
+		if ((j = check_ref(from, type, m->job)))
+			jsink_counts(j, from, m, hdr, hdrlen);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: {
+		const Dtep__Payload *m = (const Dtep__Payload *)msg;
+
+		if ((j = check_ref(from, type, m->job)))
+			jsink_payload(j, from, m, data, len);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
+		const Dtep__Staged *m = (const Dtep__Staged *)msg;
+
+		if ((j = check_ref(from, type, m->job)))
+			jsrc_staged(j, m);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: {
+		const Dtep__Applied *m = (const Dtep__Applied *)msg;
+
+		if ((j = check_ref(from, type, m->job)))
+			jsrc_applied(j, m);
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED:
+		on_refused(from, (const Dtep__Refused *)msg);
+		break;
+	default:
+		break;
+	}
+out:
+	protobuf_c_message_free_unpacked(msg, NULL);
+	job_check_waiters();
+}
+
+void job_peer_down(const char *node)
+{
+	for (struct job *j = jeng.jobs; j; j = j->next)
+		if (j->is_coord)
+			jcoord_node_down(j, node);
+	job_check_waiters();
+}
+
+/* ----------------------------------------------------------- introspection */
+
+static const char *role_name(int role)
+{
+	return role == JROLE_SOURCE ? "source" : "sink";
+}
+
+Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r)
+{
+	size_t n = 0, i = 0;
+
+	for (struct job *j = jeng.jobs; j; j = j->next)
+		n++;
+	rep->n_jobs = n;
+	rep->jobs = n ? dreply_alloc(r, n * sizeof(*rep->jobs)) : NULL;
+	if (n && !rep->jobs)
+		return DTE__STATUS__STATUS_ERR_INTERNAL;
+	for (struct job *j = jeng.jobs; j; j = j->next, i++) {
+		Dte__JobSummary *s = dreply_alloc(r, sizeof(*s));
+		uint64_t v = 0;
+
+		if (!s)
+			return DTE__STATUS__STATUS_ERR_INTERNAL;
+		dte__job_summary__init(s);
+		s->name = j->name;
+		s->coordinator = j->is_coord;
+		s->epoch = j->epoch;
+		s->complete = j->complete;
+		s->participants = (uint32_t)j->nparts;
+		for (struct jlocal *l = j->locals; l; l = l->next) {
+			s->local_participants++;
+			if (l->info.role == JROLE_SOURCE && l->last_version > v)
+				v = l->last_version;
+			if (l->info.role == JROLE_SINK && l->applied > v)
+				v = l->applied;
+		}
+		s->version = v;
+		rep->jobs[i] = s;
+	}
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+		     size_t errlen)
+{
+	struct job *j = job_find(name);
+	size_t n = 0, i;
+
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", name ? name : "");
+	rep->name = j->name;
+	rep->coordinator = j->coordinator;
+	rep->is_coordinator = j->is_coord;
+	rep->spec_hash = j->spec.hash;
+	rep->publish_interval = j->interval;
+	rep->epoch = j->epoch;
+	rep->complete = j->complete;
+	rep->versions = j->published;
+	rep->refused = j->refused;
+	for (i = 0; i < j->npairs; i++)
+		rep->entries += j->pairs[i].n;
+	for (struct jmember *m = j->members; m; m = m->next)
+		n++;
+	if (!n)
+		n = j->naddr;
+	rep->members = n ? dreply_alloc(r, n * sizeof(char *)) : NULL;
+	i = 0;
+	if (j->members)
+		for (struct jmember *m = j->members; m && rep->members; m = m->next)
+			rep->members[i++] = m->node;
+	else
+		for (; i < j->naddr && rep->members; i++)
+			rep->members[i] = j->addr_node[i];
+	rep->n_members = rep->members ? n : 0;
+	/* The plan's participants, plus local ones not planned yet. */
+	n = j->nparts;
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (!job_part(j, l->info.id))
+			n++;
+	rep->participants = n ? dreply_alloc(r, n * sizeof(*rep->participants)) : NULL;
+	if (n && !rep->participants)
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	rep->n_participants = n;
+	for (i = 0; i < n; i++) {
+		Dte__ParticipantInfo *p = dreply_alloc(r, sizeof(*p));
+		const struct jpinfo *pi;
+		struct jlocal *l;
+
+		if (!p)
+			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		dte__participant_info__init(p);
+		if (i < j->nparts) {
+			pi = &j->parts[i];
+		} else {
+			size_t k = j->nparts;
+
+			for (l = j->locals; l; l = l->next)
+				if (!job_part(j, l->info.id) && k++ == i)
+					break;
+			pi = &l->info;
+		}
+		l = job_local(j, pi->id);
+		p->id = pi->id;
+		p->role = (char *)role_name(pi->role);
+		p->layout = (char *)pi->layout;
+		p->rank = pi->rank;
+		p->replica = pi->replica;
+		p->node = (char *)pi->node;
+		p->local = l != NULL;
+		if (l) {
+			p->version = pi->role == JROLE_SINK ? l->applied : l->last_version;
+			p->staged = pi->role == JROLE_SINK ? jsink_newest_staged(l) : 0;
+			p->checksum_failures = l->checksum_failures;
+		} else if (pi->role == JROLE_SINK) {
+			/* What the sources here heard from it. */
+			for (size_t q = 0; q < j->npairs; q++) {
+				if (j->pairs[q].dst != pi->id)
+					continue;
+				if (j->pairs[q].applied > p->version)
+					p->version = j->pairs[q].applied;
+				if (j->pairs[q].staged > p->staged)
+					p->staged = j->pairs[q].staged;
+			}
+		}
+		rep->participants[i] = p;
+	}
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+			struct dreply *r, char *err, size_t errlen)
+{
+	struct job *j = job_find(name);
+	size_t have, n, first;
+
+	if (!j)
+		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", name ? name : "");
+	have = j->nhist < JOB_HISTORY ? j->nhist : JOB_HISTORY;
+	n = limit && limit < have ? limit : have;
+	first = j->nhist - n;
+	rep->versions = n ? dreply_alloc(r, n * sizeof(*rep->versions)) : NULL;
+	if (n && !rep->versions)
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	rep->n_versions = n;
+	for (size_t i = 0; i < n; i++) {
+		const struct jhist *h = &j->hist[(first + i) % JOB_HISTORY];
+		Dte__VersionRecord *v = dreply_alloc(r, sizeof(*v));
+
+		if (!v)
+			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		dte__version_record__init(v);
+		v->version = h->version;
+		v->step = h->step;
+		v->mode = (char *)(h->dense && h->sparse ? "mixed" : h->dense ? "dense" : "sparse");
+		v->changed_pct = h->elements ? 100.0 * (double)h->changed / (double)h->elements : 0.0;
+		v->bytes = h->bytes;
+		v->capture_ms = h->capture_ms;
+		v->transfer_ms = h->transfer_ms;
+		v->apply_ms = h->apply_ms;
+		v->checksum = (char *)(h->failed ? "failed" : h->ok >= h->sinks && h->sinks ? "ok" :
+				       h->sinks ? "pending" : "none");
+		v->sinks = h->sinks;
+		rep->versions[i] = v;
+	}
+	return DTE__STATUS__STATUS_OK;
+}

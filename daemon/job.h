@@ -1,0 +1,61 @@
+/* daemon/job.h — the same-cluster sync engine (docs/SYNC.md).
+ *
+ * Jobs, participants, the coordinator's plans, the source side (capture,
+ * COUNTS/PAYLOAD) and the sink side (staging, apply, verify).  Everything
+ * between daemons, including this daemon talking to itself, is a
+ * peer.proto record through daemon/route.h.  Control handlers live in
+ * daemon/cmd_job.c; they call the functions below and answer from the
+ * Dte__ messages these fill.  One loop thread; module state, chrony style.
+ */
+#ifndef DTED_JOB_H
+#define DTED_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include "proto/dte.pb-c.h"
+
+/* Bump only when an existing peer.proto message changes meaning
+ * (history in proto/peer.proto). */
+#define PEER_PROTO_VERSION 1u
+
+struct dtc_backend;
+struct dreply;
+
+int  job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name);
+void job_fini(void);
+
+/* A control connection closed: its participants detach, its waits end,
+ * its buffers are released. */
+void job_conn_gone(uint64_t conn_id);
+
+/* Control operations.  Each returns a Dte__Status and, on error, a reason
+ * in err.  `conn` is the caller's connection id, `req_id` its request id
+ * (for deferred answers). */
+Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+		       size_t errlen);
+/* DTE__STATUS__STATUS_OK with *deferred = 1: the answer comes later. */
+Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+		       int *deferred, char *err, size_t errlen);
+Dte__Status job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
+Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__PublishReply *rep,
+			char *err, size_t errlen);
+Dte__Status job_mark(uint64_t conn, const Dte__MarkRequest *rq, Dte__MarkReply *rep, char *err,
+		     size_t errlen);
+Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
+Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+			    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
+Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
+		      char *err, size_t errlen);
+Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+			      Dte__QueryVersionReply *rep, char *err, size_t errlen);
+
+/* Introspection; strings and arrays are allocated from r. */
+Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r);
+Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+		     size_t errlen);
+Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+			struct dreply *r, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,684 @@
+/* daemon/job_coord.c — membership and plans.
+ *
+ * Coordinator side: members JOIN with all their participants; every change
+ * re-plans (C's dte_plan_build per sink layout, mapped onto the attached
+ * participants) and sends each member the PLAN part it needs.  Member
+ * side: a PLAN is validated against the local buffers before it replaces
+ * the previous one; pair state (what a sink holds, dirty bitmaps) survives
+ * a re-plan when the pair's entries are unchanged.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "daemon/job_int.h"
+#include "daemon/layout/plan.h"
+#include "daemon/log.h"
+#include "daemon/route.h"
+#include "gpu/compute.h"
+
+int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
+		  struct dte_layout *l, char *err, size_t errlen)
+{
+	if (!strncmp(desc, "json:", 5)) {
+		/* The daemon would read a file a client names. */
+		snprintf(err, errlen, "json: layouts are not accepted from clients; use a generator "
+			 "(megatron:, fsdp:, sglang:, vllm:)");
+		return -1;
+	}
+	if (dte_layout_from_desc(l, &j->spec, desc,
+				 role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK, err, errlen))
+		return -1;
+	if (rank >= l->nranks) {
+		snprintf(err, errlen, "%s has ranks 0..%u; rank %u does not exist", desc,
+			 l->nranks ? l->nranks - 1 : 0, rank);
+		dte_layout_fini(l);
+		return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ coordinator */
+
+static void member_free(struct jmember *m)
+{
+	free(m->p);
+	free(m);
+}
+
+void jcoord_free(struct job *j)
+{
+	while (j->members) {
+		struct jmember *m = j->members;
+
+		j->members = m->next;
+		member_free(m);
+	}
+}
+
+struct sinkplan {
+	char desc[JOB_DESC_MAX];
+	struct dte_layout lay;
+	struct dte_plan plan;
+	int ok;
+};
+
+/* A built plan, the participants it maps and what each member gets. */
+struct built {
+	struct jpinfo **parts;
+	size_t nparts;
+	Dtep__Entry *e;
+	const struct jpinfo **esrc, **edst;
+	size_t ne, cape;
+	int complete;
+};
+
+static int built_add(struct built *b, const struct dte_plan_entry *pe, const struct jpinfo *src,
+		     const struct jpinfo *dst, uint32_t id)
+{
+	Dtep__Entry *e;
+
+	if (b->ne == b->cape) {
+		size_t nc = b->cape ? b->cape * 2 : 256;
+		void *ne = realloc(b->e, nc * sizeof(*b->e));
+		void *ns = ne ? realloc(b->esrc, nc * sizeof(*b->esrc)) : NULL;
+		void *nd = ns ? realloc(b->edst, nc * sizeof(*b->edst)) : NULL;
+
+		if (ne)
+			b->e = ne;
+		if (ns)
+			b->esrc = ns;
+		if (!nd)
+			return -1;
+		b->edst = nd;
+		b->cape = nc;
+	}
+	e = &b->e[b->ne];
+	dtep__entry__init(e);
+	e->id = id;
+	e->src = src->id;
+	e->dst = dst->id;
+	e->tensor = pe->tensor;
+	e->group = pe->group;
+	e->dst_buffer = pe->sink_buf;
+	e->src_buffer = pe->src_buf;
+	e->src_buffer_m = pe->src_buf_m;
+	e->src_buffer_v = pe->src_buf_v;
+	/* Arrays point into the dte_plan, alive until the PLANs went out. */
+	e->n_extent = pe->map.ndim;
+	e->extent = (int64_t *)pe->map.extent;
+	e->src_offset = pe->map.src_offset;
+	e->n_src_stride = pe->map.ndim;
+	e->src_stride = (int64_t *)pe->map.src_stride;
+	e->dst_offset = pe->map.dst_offset;
+	e->n_dst_stride = pe->map.ndim;
+	e->dst_stride = (int64_t *)pe->map.dst_stride;
+	b->esrc[b->ne] = src;
+	b->edst[b->ne] = dst;
+	b->ne++;
+	return 0;
+}
+
+static void send_plans(struct job *j, struct built *b)
+{
+	size_t nm = 0, i, k;
+	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
+	Dtep__Participant **pp = calloc(b->nparts ? b->nparts : 1, sizeof(*pp));
+	Dtep__Entry **sel = calloc(b->ne ? b->ne : 1, sizeof(*sel));
+	Dtep__Plan__AddressesEntry *ae = NULL, **ap = NULL;
+	Dtep__JobRef ref;
+
+	for (struct jmember *m = j->members; m; m = m->next)
+		nm++;
+	ae = calloc(nm ? nm : 1, sizeof(*ae));
+	ap = calloc(nm ? nm : 1, sizeof(*ap));
+	if (!pa || !pp || !sel || !ae || !ap) {
+		DLOG_E("job %s: out of memory sending plans", j->name);
+		goto out;
+	}
+	for (i = 0; i < b->nparts; i++) {
+		const struct jpinfo *p = b->parts[i];
+
+		dtep__participant__init(&pa[i]);
+		pa[i].id = p->id;
+		pa[i].role = p->role == JROLE_SOURCE ? DTEP__ROLE__ROLE_SOURCE : DTEP__ROLE__ROLE_SINK;
+		pa[i].layout = (char *)p->layout;
+		pa[i].rank = p->rank;
+		pa[i].replica = p->replica;
+		pa[i].node = (char *)p->node;
+		pp[i] = &pa[i];
+	}
+	i = 0;
+	for (struct jmember *m = j->members; m; m = m->next, i++) {
+		dtep__plan__addresses_entry__init(&ae[i]);
+		ae[i].key = m->node;
+		ae[i].value = m->address;
+		ap[i] = &ae[i];
+	}
+	job_fill_ref(j, &ref);
+	for (struct jmember *m = j->members; m; m = m->next) {
+		Dtep__Plan plan = DTEP__PLAN__INIT;
+
+		for (i = 0, k = 0; i < b->ne; i++)
+			if (!strcmp(b->esrc[i]->node, m->node) || !strcmp(b->edst[i]->node, m->node))
+				sel[k++] = &b->e[i];
+		plan.job = &ref;
+		plan.epoch = j->coord_epoch;
+		plan.complete = b->complete;
+		plan.n_participants = b->nparts;
+		plan.participants = pp;
+		plan.n_entries = k;
+		plan.entries = sel;
+		plan.n_addresses = nm;
+		plan.addresses = ap;
+		if (route_send(m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &plan.base,
+			       NULL, 0) < 0)
+			DLOG_W("job %s: cannot send plan epoch %llu to %s", j->name,
+			       (unsigned long long)j->coord_epoch, m->node);
+	}
+out:
+	free(pa);
+	free(pp);
+	free(sel);
+	free(ae);
+	free(ap);
+}
+
+static void replan(struct job *j)
+{
+	struct built b;
+	struct dte_layout src;
+	struct sinkplan *sp = NULL;
+	size_t nsp = 0, n = 0, i, s;
+	const struct jpinfo **srcby = NULL;
+	uint32_t *cnt = NULL;
+	const char *srcdesc = NULL;
+	char err[512];
+	int have_src = 0;
+
+	memset(&b, 0, sizeof(b));
+	for (struct jmember *m = j->members; m; m = m->next)
+		n += m->n;
+	b.parts = calloc(n ? n : 1, sizeof(*b.parts));
+	sp = calloc(n ? n : 1, sizeof(*sp));
+	if (!b.parts || !sp)
+		goto oom;
+	for (struct jmember *m = j->members; m; m = m->next)
+		for (i = 0; i < m->n; i++) {
+			b.parts[b.nparts++] = &m->p[i];
+			if (m->p[i].role == JROLE_SOURCE && !srcdesc)
+				srcdesc = m->p[i].layout;
+		}
+	j->coord_epoch++;
+	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, &src, err, sizeof(err)) == 0) {
+		have_src = 1;
+		srcby = calloc(src.nranks, sizeof(*srcby));
+		cnt = calloc(src.nranks, sizeof(*cnt));
+		if (!srcby || !cnt)
+			goto oom;
+		for (i = 0; i < b.nparts; i++)
+			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < src.nranks &&
+			    !srcby[b.parts[i]->rank])
+				srcby[b.parts[i]->rank] = b.parts[i];
+		b.complete = 1;
+		for (i = 0; i < src.npieces; i++)
+			if (!srcby[src.pieces[i].rank])
+				b.complete = 0;
+	}
+	/* One plan per distinct sink layout; replicas reuse it. */
+	for (i = 0; have_src && i < b.nparts; i++) {
+		const struct jpinfo *p = b.parts[i];
+		struct dte_plan_opts opts = { 1, 0 };
+
+		if (p->role != JROLE_SINK)
+			continue;
+		for (s = 0; s < nsp; s++)
+			if (!strcmp(sp[s].desc, p->layout))
+				break;
+		if (s < nsp)
+			continue;
+		snprintf(sp[nsp].desc, sizeof(sp[nsp].desc), "%s", p->layout);
+		if (jlayout_build(j, JROLE_SINK, p->layout, p->rank, &sp[nsp].lay, err, sizeof(err)) == 0) {
+			if (dte_plan_build(&sp[nsp].plan, &j->spec, &src, &sp[nsp].lay, &opts, err,
+					   sizeof(err)) == 0)
+				sp[nsp].ok = 1;
+			else
+				DLOG_E("job %s: plan %s -> %s: %s", j->name, srcdesc, p->layout, err);
+			if (!sp[nsp].ok)
+				dte_layout_fini(&sp[nsp].lay);
+		}
+		nsp++;
+	}
+	for (i = 0; have_src && i < b.nparts; i++) {
+		const struct jpinfo *dst = b.parts[i];
+
+		if (dst->role != JROLE_SINK)
+			continue;
+		for (s = 0; s < nsp && strcmp(sp[s].desc, dst->layout); s++)
+			;
+		if (s == nsp || !sp[s].ok)
+			continue;
+		memset(cnt, 0, src.nranks * sizeof(*cnt));
+		for (size_t q = 0; q < sp[s].plan.n; q++) {
+			const struct dte_plan_entry *pe = &sp[s].plan.e[q];
+
+			if (pe->sink_rank != dst->rank || pe->src_rank >= src.nranks || !srcby[pe->src_rank])
+				continue;
+			if (built_add(&b, pe, srcby[pe->src_rank], dst, cnt[pe->src_rank]++) < 0)
+				goto oom;
+		}
+	}
+	DLOG_N("job %s: plan epoch %llu: %zu participants, %zu entries%s", j->name,
+	       (unsigned long long)j->coord_epoch, b.nparts, b.ne, b.complete ? "" : " (incomplete)");
+	send_plans(j, &b);
+	goto out;
+oom:
+	DLOG_E("job %s: out of memory planning", j->name);
+out:
+	for (s = 0; s < nsp; s++)
+		if (sp[s].ok) {
+			dte_plan_fini(&sp[s].plan);
+			dte_layout_fini(&sp[s].lay);
+		}
+	if (have_src)
+		dte_layout_fini(&src);
+	free(sp);
+	free(srcby);
+	free(cnt);
+	free(b.parts);
+	free(b.e);
+	free(b.esrc);
+	free(b.edst);
+}
+
+static void refuse_join(struct job *j, const char *from, const char *why)
+{
+	Dtep__Refused m = DTEP__REFUSED__INIT;
+
+	j->refused++;
+	DLOG_W("job %s: JOIN from %s refused: %s", j->name, from, why);
+	m.job = j->name;
+	m.type = DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN;
+	m.reason = (char *)why;
+	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
+}
+
+static struct jmember *member_find(struct job *j, const char *node)
+{
+	for (struct jmember *m = j->members; m; m = m->next)
+		if (!strcmp(m->node, node))
+			return m;
+	return NULL;
+}
+
+static void member_remove(struct job *j, const char *node)
+{
+	for (struct jmember **pp = &j->members; *pp; pp = &(*pp)->next) {
+		if (!strcmp((*pp)->node, node)) {
+			struct jmember *m = *pp;
+
+			*pp = m->next;
+			member_free(m);
+			return;
+		}
+	}
+}
+
+void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
+{
+	const char *node = m->node && *m->node ? m->node : from;
+	struct jpinfo *np = NULL;
+	struct jmember *mem;
+	char why[512], err[384];
+	size_t i;
+
+	if (m->spec_hash != j->spec.hash) {
+		snprintf(why, sizeof(why), "model spec %016llx differs from the job's %016llx",
+			 (unsigned long long)m->spec_hash, (unsigned long long)j->spec.hash);
+		refuse_join(j, from, why);
+		return;
+	}
+	if (strlen(node) >= JOB_NODE_MAX || (m->address && strlen(m->address) >= JOB_ADDR_MAX)) {
+		refuse_join(j, from, "node name or address too long");
+		return;
+	}
+	if (m->n_participants > 65536) {
+		refuse_join(j, from, "too many participants");
+		return;
+	}
+	np = calloc(m->n_participants ? m->n_participants : 1, sizeof(*np));
+	if (!np) {
+		refuse_join(j, from, "coordinator out of memory");
+		return;
+	}
+	for (i = 0; i < m->n_participants; i++) {
+		const Dtep__Participant *p = m->participants[i];
+		struct dte_layout l;
+		int role = p->role == DTEP__ROLE__ROLE_SOURCE ? JROLE_SOURCE : JROLE_SINK;
+
+		if (!p->layout || strlen(p->layout) >= JOB_DESC_MAX ||
+		    jlayout_build(j, role, p->layout ? p->layout : "", p->rank, &l, err, sizeof(err)) < 0) {
+			snprintf(why, sizeof(why), "participant %llx: %s", (unsigned long long)p->id,
+				 p->layout && strlen(p->layout) < JOB_DESC_MAX ? err : "bad layout");
+			goto refused;
+		}
+		dte_layout_fini(&l);
+		/* Sources must all describe one trainer; ranks and sink slots are unique. */
+		for (struct jmember *o = j->members; o; o = o->next) {
+			if (!strcmp(o->node, node))
+				continue;
+			for (size_t q = 0; q < o->n; q++) {
+				const struct jpinfo *x = &o->p[q];
+
+				if (x->role != role)
+					continue;
+				if (role == JROLE_SOURCE && strcmp(x->layout, p->layout)) {
+					snprintf(why, sizeof(why), "source layout %s differs from the job's %s",
+						 p->layout, x->layout);
+					goto refused;
+				}
+				if (x->rank == p->rank && x->replica == p->replica &&
+				    !strcmp(x->layout, p->layout)) {
+					snprintf(why, sizeof(why), "%s %s rank %u replica %u is already "
+						 "attached on %s", role == JROLE_SOURCE ? "source" : "sink",
+						 p->layout, p->rank, p->replica, o->node);
+					goto refused;
+				}
+			}
+		}
+		np[i].id = p->id;
+		np[i].role = role;
+		snprintf(np[i].layout, sizeof(np[i].layout), "%s", p->layout);
+		np[i].rank = p->rank;
+		np[i].replica = p->replica;
+		snprintf(np[i].node, sizeof(np[i].node), "%s", node);
+	}
+	mem = member_find(j, node);
+	if (!m->n_participants) {
+		free(np);
+		if (mem) {
+			member_remove(j, node);
+			replan(j);
+		}
+		return;
+	}
+	if (!mem) {
+		mem = calloc(1, sizeof(*mem));
+		if (!mem) {
+			snprintf(why, sizeof(why), "coordinator out of memory");
+			goto refused;
+		}
+		snprintf(mem->node, sizeof(mem->node), "%s", node);
+		mem->next = j->members;
+		j->members = mem;
+	}
+	snprintf(mem->address, sizeof(mem->address), "%s", m->address ? m->address : "");
+	free(mem->p);
+	mem->p = np;
+	mem->n = m->n_participants;
+	replan(j);
+	return;
+refused:
+	free(np);
+	refuse_join(j, from, why);
+}
+
+void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m)
+{
+	const char *node = m->node && *m->node ? m->node : from;
+	struct jmember *mem = member_find(j, node);
+	size_t i, k;
+
+	if (!mem)
+		return;
+	for (i = 0, k = 0; i < mem->n; i++) {
+		int gone = 0;
+
+		for (size_t q = 0; q < m->n_participants; q++)
+			gone |= m->participants[q] == mem->p[i].id;
+		if (!gone)
+			mem->p[k++] = mem->p[i];
+	}
+	mem->n = k;
+	if (!k)
+		member_remove(j, node);
+	replan(j);
+}
+
+void jcoord_node_down(struct job *j, const char *node)
+{
+	if (!member_find(j, node))
+		return;
+	DLOG_W("job %s: member %s went down; re-planning without it", j->name, node);
+	member_remove(j, node);
+	replan(j);
+}
+
+/* ---------------------------------------------------------------- member */
+
+void jplan_free(struct job *j)
+{
+	for (size_t i = 0; i < j->npairs; i++) {
+		jpair_free_state(&j->pairs[i]);
+		free(j->pairs[i].e);
+	}
+	free(j->pairs);
+	j->pairs = NULL;
+	j->npairs = 0;
+	free(j->parts);
+	j->parts = NULL;
+	j->nparts = 0;
+	free(j->addr_node);
+	free(j->addr_addr);
+	j->addr_node = NULL;
+	j->addr_addr = NULL;
+	j->naddr = 0;
+}
+
+static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e, char *err,
+			  size_t errlen)
+{
+	struct jlocal *sl = job_local(j, m->src), *dl = job_local(j, m->dst);
+	uint32_t nd = (uint32_t)m->n_extent;
+	struct dbuf *p, *mm, *v, *d;
+	uint64_t slen;
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	if (nd < 1 || nd > DTE_MAX_DIMS || m->n_src_stride != nd || m->n_dst_stride != nd) {
+		snprintf(err, errlen, "entry %u: %u dims with %zu/%zu strides", m->id, nd,
+			 m->n_src_stride, m->n_dst_stride);
+		return -1;
+	}
+	e->tensor = m->tensor;
+	e->group = m->group;
+	e->src_buf = m->src_buffer;
+	e->src_buf_m = m->src_buffer_m;
+	e->src_buf_v = m->src_buffer_v;
+	e->dst_buf = m->dst_buffer;
+	e->map.ndim = nd;
+	e->map.src_offset = m->src_offset;
+	e->map.dst_offset = m->dst_offset;
+	for (uint32_t d0 = 0; d0 < nd; d0++) {
+		e->map.extent[d0] = m->extent[d0];
+		e->map.src_stride[d0] = m->src_stride[d0];
+		e->map.dst_stride[d0] = m->dst_stride[d0];
+	}
+	e->box = dtc_box_size(&e->map);
+	if (!e->box) {
+		snprintf(err, errlen, "entry %u: empty or bad box", m->id);
+		return -1;
+	}
+	if (e->group >= JOB_MAX_GROUPS) {
+		snprintf(err, errlen, "entry %u: optimizer group %u out of range", m->id, e->group);
+		return -1;
+	}
+	/* Every index must land inside the buffers registered here. */
+	if (sl) {
+		p = jlocal_buf(sl, e->src_buf, NULL);
+		mm = jlocal_buf(sl, e->src_buf_m, NULL);
+		v = jlocal_buf(sl, e->src_buf_v, NULL);
+		if (!p || !mm || !v) {
+			snprintf(err, errlen, "entry %u: source buffers %u/%u/%u not attached", m->id,
+				 e->src_buf, e->src_buf_m, e->src_buf_v);
+			return -1;
+		}
+		slen = p->length < mm->length ? p->length : mm->length;
+		slen = slen < v->length ? slen : v->length;
+		if ((rc = dtc_entry_check(&e->map, slen, UINT64_MAX)) != DTC_OK) {
+			snprintf(err, errlen, "entry %u: source side: %s", m->id, dtc_strerror(rc));
+			return -1;
+		}
+	}
+	if (dl) {
+		d = jlocal_buf(dl, e->dst_buf, NULL);
+		if (!d) {
+			snprintf(err, errlen, "entry %u: sink buffer %u not attached", m->id, e->dst_buf);
+			return -1;
+		}
+		if ((rc = dtc_entry_check(&e->map, UINT64_MAX, d->length)) != DTC_OK) {
+			snprintf(err, errlen, "entry %u: sink side: %s", m->id, dtc_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static uint64_t pair_hash(const struct jpair *p)
+{
+	XXH64_state_t *st = XXH64_createState();
+	uint64_t h;
+
+	if (!st)
+		return 0;
+	XXH64_reset(st, 0);
+	for (size_t i = 0; i < p->n; i++)
+		XXH64_update(st, &p->e[i], sizeof(p->e[i]));
+	h = XXH64_digest(st);
+	XXH64_freeState(st);
+	return h;
+}
+
+void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
+{
+	struct jpinfo *parts = NULL;
+	struct jpair *pairs = NULL;
+	size_t npairs = 0, i, k;
+	char err[200];
+
+	if (m->epoch <= j->epoch) {
+		DLOG_D("job %s: stale plan epoch %llu (have %llu) ignored", j->name,
+		       (unsigned long long)m->epoch, (unsigned long long)j->epoch);
+		return;
+	}
+	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536) {
+		snprintf(err, sizeof(err), "plan too large");
+		goto bad;
+	}
+	parts = calloc(m->n_participants ? m->n_participants : 1, sizeof(*parts));
+	pairs = calloc(m->n_entries ? m->n_entries : 1, sizeof(*pairs));
+	if (!parts || !pairs) {
+		snprintf(err, sizeof(err), "out of memory");
+		goto bad;
+	}
+	for (i = 0; i < m->n_participants; i++) {
+		const Dtep__Participant *p = m->participants[i];
+
+		if (!p->layout || !p->node || strlen(p->layout) >= JOB_DESC_MAX ||
+		    strlen(p->node) >= JOB_NODE_MAX) {
+			snprintf(err, sizeof(err), "participant %zu malformed", i);
+			goto bad;
+		}
+		parts[i].id = p->id;
+		parts[i].role = p->role == DTEP__ROLE__ROLE_SOURCE ? JROLE_SOURCE : JROLE_SINK;
+		snprintf(parts[i].layout, sizeof(parts[i].layout), "%s", p->layout);
+		parts[i].rank = p->rank;
+		parts[i].replica = p->replica;
+		snprintf(parts[i].node, sizeof(parts[i].node), "%s", p->node);
+	}
+	/* Group entries into (src, dst) pairs, entries in id order. */
+	for (i = 0; i < m->n_entries; i++) {
+		const Dtep__Entry *me = m->entries[i];
+		struct jpair *p = NULL;
+
+		if (!job_local(j, me->src) && !job_local(j, me->dst))
+			continue;
+		for (k = 0; k < npairs; k++)
+			if (pairs[k].src == me->src && pairs[k].dst == me->dst)
+				p = &pairs[k];
+		if (!p) {
+			p = &pairs[npairs++];
+			p->src = me->src;
+			p->dst = me->dst;
+		}
+		if (me->id != p->n) {
+			snprintf(err, sizeof(err), "entry ids of pair %llx->%llx not in order",
+				 (unsigned long long)me->src, (unsigned long long)me->dst);
+			goto bad;
+		}
+		if (!(p->n & (p->n + 1))) {	/* grow at 0, 1, 3, 7, ... */
+			void *ne = realloc(p->e, (2 * p->n + 1) * sizeof(*p->e));
+
+			if (!ne) {
+				snprintf(err, sizeof(err), "out of memory");
+				goto bad;
+			}
+			p->e = ne;
+		}
+		if (entry_from_msg(j, me, &p->e[p->n], err, sizeof(err)) < 0)
+			goto bad;
+		p->n++;
+	}
+	for (k = 0; k < npairs; k++) {
+		struct jpair *old;
+
+		pairs[k].hash = pair_hash(&pairs[k]);
+		old = job_pair(j, pairs[k].src, pairs[k].dst);
+		if (old && old->hash == pairs[k].hash) {
+			pairs[k].dirty = old->dirty;
+			old->dirty = NULL;
+			pairs[k].last_sent = old->last_sent;
+			pairs[k].need_dense = old->need_dense;
+			pairs[k].staged = old->staged;
+			pairs[k].applied = old->applied;
+		} else {
+			pairs[k].need_dense = 1;
+		}
+	}
+	jplan_free(j);
+	j->epoch = m->epoch;
+	j->complete = m->complete;
+	j->parts = parts;
+	j->nparts = m->n_participants;
+	j->pairs = pairs;
+	j->npairs = npairs;
+	j->plan_error[0] = '\0';
+	j->addr_node = calloc(m->n_addresses ? m->n_addresses : 1, sizeof(*j->addr_node));
+	j->addr_addr = calloc(m->n_addresses ? m->n_addresses : 1, sizeof(*j->addr_addr));
+	if (j->addr_node && j->addr_addr) {
+		for (i = 0; i < m->n_addresses; i++) {
+			snprintf(j->addr_node[j->naddr], JOB_NODE_MAX, "%s", m->addresses[i]->key ? m->addresses[i]->key : "");
+			snprintf(j->addr_addr[j->naddr], JOB_ADDR_MAX, "%s", m->addresses[i]->value ? m->addresses[i]->value : "");
+			j->naddr++;
+		}
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (job_part(j, l->info.id))
+			l->announced = 1;
+	jsink_replanned(j);
+	DLOG_I("job %s: plan epoch %llu from %s: %zu participants, %zu local pairs%s", j->name,
+	       (unsigned long long)j->epoch, from, j->nparts, j->npairs,
+	       j->complete ? "" : " (incomplete)");
+	return;
+bad:
+	DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name, (unsigned long long)m->epoch,
+	       from, err);
+	snprintf(j->plan_error, sizeof(j->plan_error), "%s", err);
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (!l->announced && !l->refused[0])
+			snprintf(l->refused, sizeof(l->refused), "plan rejected: %s", err);
+	for (k = 0; k < npairs; k++)
+		free(pairs[k].e);
+	free(pairs);
+	free(parts);
+}

@@ -1,0 +1,233 @@
+/* daemon/job_int.h — the sync engine's internal objects (not for other
+ * layers).  Files: job.c (jobs, participants, records in, waits),
+ * job_coord.c (membership, plans), job_src.c (capture, mark, acks),
+ * job_sink.c (staging, apply, verify). */
+#ifndef DTED_JOB_INT_H
+#define DTED_JOB_INT_H
+
+#include <stdint.h>
+#include <uv.h>
+#include "daemon/buf.h"
+#include "daemon/job.h"
+#include "daemon/layout/layout.h"
+#include "daemon/layout/spec.h"
+#include "gpu/entry.h"
+#include "proto/peer.pb-c.h"
+
+#define JOB_NAME_MAX   64
+#define JOB_NODE_MAX   64
+#define JOB_ADDR_MAX   96
+#define JOB_DESC_MAX   128
+#define JOB_HISTORY    512
+#define JOB_MAX_GROUPS 16
+
+enum { JROLE_SOURCE = 0, JROLE_SINK = 1 };
+
+/* A participant as the plan names it (any node). */
+struct jpinfo {
+	uint64_t id;
+	int      role;
+	char     layout[JOB_DESC_MAX];
+	uint32_t rank, replica;
+	char     node[JOB_NODE_MAX];
+};
+
+/* One plan entry as this daemon uses it. */
+struct jentry {
+	uint32_t tensor, group;
+	uint32_t src_buf, src_buf_m, src_buf_v;   /* layout buffer ids, source rank */
+	uint32_t dst_buf;                         /* layout buffer id, sink rank */
+	uint64_t box;                             /* elements */
+	struct dte_box_map map;
+};
+
+/* Every entry from one source participant to one sink participant. */
+struct jpair {
+	uint64_t src, dst;
+	struct jentry *e;
+	size_t n;
+	uint64_t hash;            /* of the entries: same hash keeps the state */
+	/* source side */
+	uint64_t **dirty;         /* per entry: bitmap of marked steps */
+	uint64_t last_sent;       /* version last sent (0: none) */
+	int need_dense;
+	uint64_t staged, applied; /* what the sink acknowledged */
+};
+
+/* A version collected for one local sink from its sources. */
+struct jpend_src {
+	uint64_t src;
+	Dtep__Counts *counts;     /* unpacked COUNTS, NULL until it came */
+	uint8_t *payload;
+	size_t len;
+	int have_payload;
+};
+
+struct jpend {
+	uint64_t version, epoch;
+	struct jpend_src *s;
+	size_t n;
+	struct jpend *next;
+};
+
+/* A decoded write of one entry, self-contained (plans may change). */
+struct jwrite {
+	uint32_t dst_slot;        /* index into the sink's buffers */
+	int dense;
+	struct dte_box_map map;
+	uint64_t n;               /* positions (sparse) */
+	uint64_t *pos;
+	uint16_t *val;            /* n values, or box values when dense */
+};
+
+struct jstaged {
+	uint64_t version;
+	int all_dense;
+	struct jwrite *w;
+	size_t n;
+	uint64_t *expect;         /* per sink buffer slot: Σ partials */
+	uint8_t *covered;         /* per slot: some entry maps into it */
+	uint64_t *srcs;           /* sources to acknowledge */
+	size_t nsrcs;
+	struct jstaged *next;
+};
+
+/* A participant attached on this daemon. */
+struct jlocal {
+	struct jpinfo info;
+	uint64_t owner;           /* control connection */
+	size_t nbufs;
+	uint32_t *buf_ids;        /* layout buffer ids of its rank, ascending */
+	struct dbuf **bufs;
+	int announced;            /* a PLAN including it arrived */
+	char refused[256];        /* the coordinator refused it: why */
+	/* source */
+	uint64_t last_version;
+	int64_t covered;          /* last optimizer step in the dirty state */
+	int gap;                  /* a step was missed since the last publish */
+	uint64_t dirty_count;
+	/* sink */
+	uint64_t held;            /* newest staged (or applied) version */
+	uint64_t applied;
+	uint64_t checksum_failures;
+	struct jpend *pend;
+	struct jstaged *staged;
+	struct jlocal *next;
+};
+
+/* Coordinator's view of one member daemon. */
+struct jmember {
+	char node[JOB_NODE_MAX];
+	char address[JOB_ADDR_MAX];
+	struct jpinfo *p;
+	size_t n;
+	struct jmember *next;
+};
+
+struct jhist {
+	uint64_t version;
+	int64_t step;
+	int sparse, dense;        /* pairs */
+	uint64_t changed, elements, bytes;
+	double capture_ms, transfer_ms, apply_ms;
+	uint64_t t_captured;      /* uv_hrtime */
+	uint32_t pairs, staged_acks;
+	uint32_t ok, failed;      /* sink apply results */
+	uint32_t sinks;
+};
+
+struct job {
+	char name[JOB_NAME_MAX];
+	char token[128];
+	char coordinator[JOB_ADDR_MAX];
+	char transport[16];
+	char *config;             /* config.json text */
+	struct dte_spec spec;
+	uint32_t interval;        /* K */
+	int is_coord;
+	/* this daemon's participants */
+	struct jlocal *locals;
+	/* the plan part this daemon holds */
+	uint64_t epoch;
+	int complete;
+	struct jpinfo *parts;
+	size_t nparts;
+	struct jpair *pairs;
+	size_t npairs;
+	char (*addr_node)[JOB_NODE_MAX];
+	char (*addr_addr)[JOB_ADDR_MAX];
+	size_t naddr;
+	char plan_error[256];
+	/* coordinator */
+	struct jmember *members;
+	uint64_t coord_epoch;
+	/* counters and history */
+	uint64_t refused;
+	uint64_t published;
+	struct jhist hist[JOB_HISTORY];
+	size_t nhist;             /* records ever; ring index nhist % JOB_HISTORY */
+	struct job *next;
+};
+
+struct jengine {
+	uv_loop_t *loop;
+	const struct dtc_backend *be;
+	const char *backend_name;
+	struct job *jobs;
+	uint32_t next_local;
+	uint32_t node_hash;
+	uv_timer_t timer;
+	int timer_init, timer_on;
+	struct jwaiter *waiters;
+};
+
+extern struct jengine jeng;
+
+/* job.c */
+Dte__Status jfail(char *err, size_t errlen, Dte__Status code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+struct job *job_find(const char *name);
+struct jlocal *job_local(struct job *j, uint64_t id);
+struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn);
+const struct jpinfo *job_part(const struct job *j, uint64_t id);
+const char *job_node_address(const struct job *j, const char *node);
+/* Send a record to the daemon holding participant `id` (or node). */
+int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, const void *data, size_t len);
+void job_fill_ref(const struct job *j, Dtep__JobRef *ref);
+void job_check_waiters(void);
+/* Find a pair of the current plan, NULL when none. */
+struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
+struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
+void job_send_join(struct job *j);
+double job_ms_since(uint64_t t0);
+
+/* job_coord.c */
+void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
+void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
+void jcoord_node_down(struct job *j, const char *node);
+void jcoord_free(struct job *j);
+/* Builds a layout for a participant description; 0 or -1 with err. */
+int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
+		  struct dte_layout *l, char *err, size_t errlen);
+/* Member side: a PLAN arrived. */
+void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m);
+void jplan_free(struct job *j);
+
+/* job_src.c */
+void jsrc_staged(struct job *j, const Dtep__Staged *m);
+void jsrc_applied(struct job *j, const Dtep__Applied *m);
+void jpair_free_state(struct jpair *p);
+int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks);
+struct jhist *jhist_find(struct job *j, uint64_t version);
+
+/* job_sink.c */
+void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
+		  size_t hdrlen);
+void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
+		   size_t len);
+void jsink_free(struct jlocal *l);
+void jsink_replanned(struct job *j);
+uint64_t jsink_newest_staged(const struct jlocal *l);
+
+#endif

@@ -1,0 +1,662 @@
+/* daemon/job_sink.c — the sink side: collect COUNTS and PAYLOADs per
+ * version, decode them (every position checked against its entry) into
+ * staging, and apply staged versions in order when the client asks,
+ * verifying each buffer's checksum against the sum of the partials.
+ *
+ * A version is staged whole or not at all: a sparse pair must build on
+ * exactly the version the sink holds (staged or applied last), otherwise
+ * the version is refused (APPLIED base_mismatch) and the sources repair
+ * densely.  A version that is dense from every source supersedes what is
+ * staged before it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/job_int.h"
+#include "daemon/log.h"
+#include "daemon/route.h"
+#include "gpu/codec.h"
+#include "gpu/compute.h"
+#include "gpu/elem.h"
+
+static void staged_free(struct jstaged *s)
+{
+	for (size_t i = 0; i < s->n; i++) {
+		free(s->w[i].pos);
+		free(s->w[i].val);
+	}
+	free(s->w);
+	free(s->expect);
+	free(s->covered);
+	free(s->srcs);
+	free(s);
+}
+
+static void pend_free(struct jpend *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		if (p->s[i].counts)
+			dtep__counts__free_unpacked(p->s[i].counts, NULL);
+		free(p->s[i].payload);
+	}
+	free(p->s);
+	free(p);
+}
+
+static void pend_drop(struct jlocal *l, struct jpend *p)
+{
+	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	pend_free(p);
+}
+
+void jsink_free(struct jlocal *l)
+{
+	while (l->pend) {
+		struct jpend *p = l->pend;
+
+		l->pend = p->next;
+		pend_free(p);
+	}
+	while (l->staged) {
+		struct jstaged *s = l->staged;
+
+		l->staged = s->next;
+		staged_free(s);
+	}
+}
+
+uint64_t jsink_newest_staged(const struct jlocal *l)
+{
+	const struct jstaged *s = l->staged;
+
+	while (s && s->next)
+		s = s->next;
+	return s ? s->version : l->applied;
+}
+
+void jsink_replanned(struct job *j)
+{
+	for (struct jlocal *l = j->locals; l; l = l->next) {
+		struct jpend *p = l->pend, *next;
+
+		for (; p; p = next) {
+			next = p->next;
+			if (p->epoch != j->epoch)
+				pend_drop(l, p);
+		}
+	}
+}
+
+/* One APPLIED per source daemon of the sink. */
+static void send_applied(struct job *j, struct jlocal *l, uint64_t version, const uint64_t *srcs,
+			 size_t nsrcs, Dtep__ApplyResult result, const char *msg, double ms)
+{
+	Dtep__Applied m = DTEP__APPLIED__INIT;
+	Dtep__JobRef ref;
+	const char *sent[64];
+	size_t nsent = 0;
+
+	job_fill_ref(j, &ref);
+	m.job = &ref;
+	m.version = version;
+	m.dst = l->info.id;
+	m.result = result;
+	m.message = (char *)(msg ? msg : "");
+	m.apply_ms = ms;
+	for (size_t i = 0; i < nsrcs; i++) {
+		const struct jpinfo *p = job_part(j, srcs[i]);
+		size_t k;
+
+		if (!p)
+			continue;
+		for (k = 0; k < nsent && strcmp(sent[k], p->node); k++)
+			;
+		if (k < nsent)
+			continue;
+		if (nsent < 64)
+			sent[nsent++] = p->node;
+		job_send_to_node(j, p->node, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL, 0);
+	}
+}
+
+static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
+			   Dtep__ApplyResult result, const char *why)
+{
+	uint64_t *srcs = calloc(p->n ? p->n : 1, sizeof(*srcs));
+
+	DLOG_W("job %s: sink %llx refuses version %llu: %s", j->name,
+	       (unsigned long long)l->info.id, (unsigned long long)p->version, why);
+	j->refused++;
+	if (srcs) {
+		for (size_t i = 0; i < p->n; i++)
+			srcs[i] = p->s[i].src;
+		send_applied(j, l, p->version, srcs, p->n, result, why, 0);
+	}
+	free(srcs);
+}
+
+static int pend_complete(const struct jpend *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		const struct jpend_src *s = &p->s[i];
+
+		if (!s->counts)
+			return 0;
+		if (s->counts->payload_bytes && !(s->have_payload && s->len == s->counts->payload_bytes))
+			return 0;
+	}
+	return 1;
+}
+
+static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
+{
+	struct jpend *p;
+	size_t n = 0;
+
+	for (p = l->pend; p; p = p->next)
+		if (p->version == version)
+			return p;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	for (size_t i = 0; i < j->npairs; i++)
+		n += j->pairs[i].dst == l->info.id;
+	p->s = calloc(n ? n : 1, sizeof(*p->s));
+	if (!p->s) {
+		free(p);
+		return NULL;
+	}
+	for (size_t i = 0; i < j->npairs; i++)
+		if (j->pairs[i].dst == l->info.id)
+			p->s[p->n++].src = j->pairs[i].src;
+	p->version = version;
+	p->epoch = j->epoch;
+	p->next = l->pend;
+	l->pend = p;
+	return p;
+}
+
+static struct jpend_src *pend_src(struct jpend *p, uint64_t src)
+{
+	for (size_t i = 0; i < p->n; i++)
+		if (p->s[i].src == src)
+			return &p->s[i];
+	return NULL;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t x = 0;
+
+	for (int b = 0; b < 8; b++)
+		x |= (uint64_t)p[b] << (8 * b);
+	return x;
+}
+
+/* Decode one source's part of a version into writes. */
+static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s,
+		      struct jstaged *st, char *err, size_t errlen)
+{
+	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+	const Dtep__Counts *c = s->counts;
+	int dense = c->mode == DTEP__MODE__MODE_DENSE;
+	uint8_t *raw = NULL;
+	size_t raw_len = 0, off = 0, bound = 0;
+	int rc = -1;
+
+	if (!pair || pair->n != c->n_counts) {
+		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
+			 (unsigned long long)s->src, c->n_counts, pair ? pair->n : 0);
+		return -1;
+	}
+	for (size_t i = 0; i < pair->n; i++)
+		if (c->counts[i])
+			bound += 8 + (dense ? 2 * pair->e[i].box : dtc_sparse_bound(c->counts[i]));
+	if (s->len) {
+		uint64_t claimed;
+		int codec;
+
+		if (dtc_chunk_info(s->payload, s->len, &claimed, &codec) != DTC_OK || claimed > bound) {
+			snprintf(err, errlen, "source %llx: payload header invalid or larger than its "
+				 "counts allow", (unsigned long long)s->src);
+			return -1;
+		}
+		raw = malloc(claimed ? claimed : 1);
+		if (!raw || dtc_chunk_unpack(s->payload, s->len, raw, claimed, &raw_len) != DTC_OK) {
+			snprintf(err, errlen, "source %llx: payload corrupt (checksum or framing)",
+				 (unsigned long long)s->src);
+			goto out;
+		}
+	} else if (bound) {
+		snprintf(err, errlen, "source %llx: counts announce data but no payload came",
+			 (unsigned long long)s->src);
+		return -1;
+	}
+	for (size_t i = 0; i < pair->n; i++) {
+		const struct jentry *e = &pair->e[i];
+		struct jwrite *w = &st->w[st->n];
+		uint64_t cnt = c->counts[i], len, got = 0;
+		size_t slot;
+		int r;
+
+		if (!jlocal_buf(l, e->dst_buf, &slot)) {
+			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
+			goto out;
+		}
+		memset(w, 0, sizeof(*w));
+		w->dst_slot = (uint32_t)slot;
+		w->dense = dense;
+		w->map = e->map;
+		st->covered[slot] = 1;
+		st->n++;
+		if (dense && cnt != e->box) {
+			snprintf(err, errlen, "entry %zu: dense count %llu, box %llu", i,
+				 (unsigned long long)cnt, (unsigned long long)e->box);
+			goto out;
+		}
+		if (cnt > e->box) {
+			snprintf(err, errlen, "entry %zu: %llu positions in a box of %llu", i,
+				 (unsigned long long)cnt, (unsigned long long)e->box);
+			goto out;
+		}
+		if (!cnt)
+			continue;
+		if (raw_len - off < 8 || (len = get64(raw + off)) > raw_len - off - 8) {
+			snprintf(err, errlen, "entry %zu: payload truncated", i);
+			goto out;
+		}
+		off += 8;
+		if (dense) {
+			w->val = malloc(e->box * sizeof(*w->val));
+			r = w->val ? dtc_dense_decode(raw + off, len, e->box, w->val) : DTC_ENOMEM;
+			w->n = e->box;
+		} else {
+			w->pos = malloc(cnt * sizeof(*w->pos));
+			w->val = malloc(cnt * sizeof(*w->val));
+			r = w->pos && w->val ? dtc_sparse_decode(raw + off, len, e->box, w->pos, w->val,
+								 cnt, &got) : DTC_ENOMEM;
+			if (r == DTC_OK && got != cnt)
+				r = DTC_ECORRUPT;
+			w->n = cnt;
+		}
+		if (r != DTC_OK) {
+			snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
+			goto out;
+		}
+		off += len;
+	}
+	if (off != raw_len) {
+		snprintf(err, errlen, "source %llx: %zu bytes after the last entry",
+			 (unsigned long long)s->src, raw_len - off);
+		goto out;
+	}
+	for (size_t i = 0; i < c->n_checksums; i++) {
+		size_t slot;
+
+		if (!jlocal_buf(l, c->checksums[i]->dst_buffer, &slot)) {
+			snprintf(err, errlen, "checksum names buffer %u this sink does not have",
+				 c->checksums[i]->dst_buffer);
+			goto out;
+		}
+		st->expect[slot] += c->checksums[i]->partial;
+	}
+	rc = 0;
+out:
+	free(raw);
+	return rc;
+}
+
+static struct jstaged *decode(struct job *j, struct jlocal *l, const struct jpend *p, char *err,
+			      size_t errlen)
+{
+	struct jstaged *st = calloc(1, sizeof(*st));
+	size_t nw = 0;
+
+	for (size_t i = 0; i < p->n; i++)
+		nw += p->s[i].counts->n_counts;
+	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
+	    !(st->expect = calloc(l->nbufs ? l->nbufs : 1, sizeof(*st->expect))) ||
+	    !(st->covered = calloc(l->nbufs ? l->nbufs : 1, 1)) ||
+	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs)))) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	st->version = p->version;
+	st->all_dense = 1;
+	for (size_t i = 0; i < p->n; i++) {
+		st->srcs[st->nsrcs++] = p->s[i].src;
+		st->all_dense &= p->s[i].counts->mode == DTEP__MODE__MODE_DENSE;
+		if (decode_src(j, l, &p->s[i], st, err, errlen) < 0)
+			goto fail;
+	}
+	return st;
+fail:
+	if (st)
+		staged_free(st);
+	return NULL;
+}
+
+static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *st)
+{
+	for (size_t i = 0; i < st->nsrcs; i++) {
+		Dtep__Staged m = DTEP__STAGED__INIT;
+		Dtep__JobRef ref;
+		const struct jpinfo *p = job_part(j, st->srcs[i]);
+
+		if (!p)
+			continue;
+		job_fill_ref(j, &ref);
+		m.job = &ref;
+		m.version = st->version;
+		m.src = st->srcs[i];
+		m.dst = l->info.id;
+		job_send_to_node(j, p->node, DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, &m.base, NULL, 0);
+	}
+}
+
+/* Stage whatever can be staged now, in version order. */
+static void try_stage(struct job *j, struct jlocal *l)
+{
+	char err[256];
+
+	for (;;) {
+		struct jpend *p, *best = NULL;
+		struct jstaged *st;
+		int wait = 0;
+
+		for (p = l->pend; p; p = p->next) {
+			if (p->version <= l->held) {
+				pend_drop(l, p);
+				p = l->pend;
+				if (!p)
+					break;
+				continue;
+			}
+			if (pend_complete(p) && (!best || p->version < best->version))
+				best = p;
+		}
+		if (!best)
+			return;
+		for (size_t i = 0; i < best->n; i++) {
+			const Dtep__Counts *c = best->s[i].counts;
+			int have_base = 0;
+
+			if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version == l->held)
+				continue;
+			for (p = l->pend; p; p = p->next)
+				have_base |= p->version == c->base_version && c->base_version > l->held;
+			if (have_base) {
+				wait = 1;	/* its base is still on the way */
+				continue;
+			}
+			snprintf(err, sizeof(err), "sparse from %llx builds on version %llu; sink holds %llu",
+				 (unsigned long long)best->s[i].src, (unsigned long long)c->base_version,
+				 (unsigned long long)l->held);
+			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH, err);
+			pend_drop(l, best);
+			best = NULL;
+			break;
+		}
+		if (!best)
+			continue;
+		if (wait)
+			return;
+		st = decode(j, l, best, err, sizeof(err));
+		if (!st) {
+			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, err);
+			pend_drop(l, best);
+			continue;
+		}
+		if (st->all_dense) {
+			/* Everything before it is overwritten anyway. */
+			while (l->staged) {
+				struct jstaged *o = l->staged;
+
+				l->staged = o->next;
+				staged_free(o);
+			}
+		}
+		{
+			struct jstaged **pp = &l->staged;
+
+			while (*pp)
+				pp = &(*pp)->next;
+			*pp = st;
+		}
+		l->held = st->version;
+		pend_drop(l, best);
+		send_staged(j, l, st);
+		DLOG_D("job %s: sink %llx staged version %llu (%s)", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)st->version,
+		       st->all_dense ? "dense" : "sparse");
+	}
+}
+
+static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
+			       uint64_t version, Dtep__PeerMsgType type)
+{
+	struct jlocal *l = job_local(j, dst);
+
+	if (!l || l->info.role != JROLE_SINK) {
+		DLOG_I("job %s: record for sink %llx, not attached here (dropped)", j->name,
+		       (unsigned long long)dst);
+		return NULL;
+	}
+	if (epoch != j->epoch) {
+		char why[128];
+		uint64_t src = 0;
+		Dtep__Applied m = DTEP__APPLIED__INIT;
+		Dtep__JobRef ref;
+
+		(void)src;
+		snprintf(why, sizeof(why), "plan epoch %llu, sink has %llu", (unsigned long long)epoch,
+			 (unsigned long long)j->epoch);
+		DLOG_I("job %s: version %llu for sink %llx refused: %s", j->name,
+		       (unsigned long long)version, (unsigned long long)dst, why);
+		j->refused++;
+		job_fill_ref(j, &ref);
+		m.job = &ref;
+		m.version = version;
+		m.dst = dst;
+		m.result = DTEP__APPLY_RESULT__APPLY_REFUSED;
+		m.message = why;
+		if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
+			route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL, 0);
+		return NULL;
+	}
+	return l;
+}
+
+void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
+		  size_t hdrlen)
+{
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS);
+	const struct jpair *pair;
+	struct jpend *p;
+	struct jpend_src *s;
+
+	if (!l)
+		return;
+	pair = job_pair(j, m->src, m->dst);
+	if (!pair || pair->n != m->n_counts || m->version == 0 ||
+	    (m->mode != DTEP__MODE__MODE_SPARSE && m->mode != DTEP__MODE__MODE_DENSE) ||
+	    m->payload_bytes > ((uint64_t)1 << 40)) {
+		j->refused++;
+		DLOG_W("job %s: COUNTS from %s for %llx->%llx v%llu malformed (pair %s, %zu counts)",
+		       j->name, from, (unsigned long long)m->src, (unsigned long long)m->dst,
+		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
+		return;
+	}
+	if (m->version <= l->held) {
+		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
+		       (unsigned long long)m->version, (unsigned long long)l->info.id,
+		       (unsigned long long)l->held);
+		return;
+	}
+	p = pend_get(j, l, m->version);
+	s = p ? pend_src(p, m->src) : NULL;
+	if (!s || s->counts) {
+		DLOG_W("job %s: COUNTS from %llx for version %llu %s", j->name,
+		       (unsigned long long)m->src, (unsigned long long)m->version,
+		       p ? "duplicated or unexpected" : "(out of memory)");
+		return;
+	}
+	s->counts = dtep__counts__unpack(NULL, hdrlen, hdr);
+	try_stage(j, l);
+}
+
+void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
+		   size_t len)
+{
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD);
+	struct jpend *p;
+	struct jpend_src *s;
+
+	if (!l)
+		return;
+	if (m->version <= l->held)
+		return;
+	if (!len || len > ((size_t)1 << 40)) {
+		j->refused++;
+		return;
+	}
+	p = pend_get(j, l, m->version);
+	s = p ? pend_src(p, m->src) : NULL;
+	if (!s || s->have_payload) {
+		DLOG_W("job %s: PAYLOAD from %llx for version %llu unexpected", j->name,
+		       (unsigned long long)m->src, (unsigned long long)m->version);
+		return;
+	}
+	s->payload = malloc(len);
+	if (!s->payload)
+		return;
+	memcpy(s->payload, data, len);
+	s->len = len;
+	s->have_payload = 1;
+	try_stage(j, l);
+}
+
+/* Σ mix(index, bits) over the box's destination elements (an odometer
+ * over all but the last dim, the last dim as the inner loop). */
+static uint64_t box_checksum(const struct dte_box_map *m, const uint16_t *dst)
+{
+	int64_t idx[DTE_MAX_DIMS] = { 0 };
+	int last = (int)m->ndim - 1, d;
+	uint64_t sum = 0;
+
+	for (;;) {
+		int64_t base = m->dst_offset;
+
+		for (d = 0; d < last; d++)
+			base += idx[d] * m->dst_stride[d];
+		for (int64_t i = 0; i < m->extent[last]; i++) {
+			int64_t at = base + i * m->dst_stride[last];
+
+			sum += dtc_csum_term((uint64_t)at, dst[at]);
+		}
+		for (d = last - 1; d >= 0 && ++idx[d] == m->extent[d]; d--)
+			idx[d] = 0;
+		if (d < 0)
+			return sum;
+	}
+}
+
+Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
+		      char *err, size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct jstaged *last = NULL;
+	struct jlocal *l;
+	uint64_t t0 = uv_hrtime();
+	uint32_t n = 0;
+	int ok = 1, failed_apply = 0;
+	char why[256] = "";
+
+	if (!j) {
+		snprintf(err, errlen, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+	}
+	l = job_local_owned(j, rq->participant, conn);
+	if (!l || l->info.role != JROLE_SINK) {
+		snprintf(err, errlen, "job %s: no sink participant %llx on this connection", j->name,
+			 (unsigned long long)rq->participant);
+		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+	}
+	if (!l->staged || l->staged->version > rq->version) {
+		if (rq->version <= l->applied) {
+			rep->version = l->applied;
+			rep->checksum_ok = 1;
+			rep->checksum_failures = l->checksum_failures;
+			return DTE__STATUS__STATUS_OK;
+		}
+		snprintf(err, errlen, "job %s: version %llu is not staged (newest staged %llu, applied %llu)",
+			 j->name, (unsigned long long)rq->version,
+			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)l->applied);
+		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+	}
+	while (l->staged && l->staged->version <= rq->version) {
+		struct jstaged *st = l->staged;
+
+		l->staged = st->next;
+		for (size_t i = 0; i < st->n && !failed_apply; i++) {
+			const struct jwrite *w = &st->w[i];
+			struct dbuf *b = l->bufs[w->dst_slot];
+			int r;
+
+			if (!w->n)
+				continue;
+			r = w->dense ? dtc_dense_apply(jeng.be, &w->map, w->val, b->ptr, b->length)
+				     : dtc_scatter_apply(jeng.be, &w->map, w->pos, w->val, w->n, b->ptr,
+							 b->length);
+			if (r != DTC_OK) {
+				snprintf(why, sizeof(why), "apply of version %llu: %s",
+					 (unsigned long long)st->version, dtc_strerror(r));
+				failed_apply = 1;
+			}
+		}
+		if (last)
+			staged_free(last);
+		last = st;
+		n++;
+	}
+	/* The content must now be exactly what the sources computed. */
+	for (size_t s = 0; s < l->nbufs && !failed_apply; s++) {
+		uint64_t sum = 0;
+
+		if (!last->covered[s])
+			continue;
+		for (size_t i = 0; i < last->n; i++)
+			if (last->w[i].dst_slot == s)
+				sum += box_checksum(&last->w[i].map, l->bufs[s]->ptr);
+		if (sum != last->expect[s]) {
+			ok = 0;
+			snprintf(why, sizeof(why), "buffer %s: checksum %016llx, expected %016llx",
+				 l->bufs[s]->name, (unsigned long long)sum,
+				 (unsigned long long)last->expect[s]);
+			break;
+		}
+	}
+	if (failed_apply)
+		ok = 0;
+	l->applied = last->version;
+	if (!ok) {
+		l->checksum_failures++;
+		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)last->version, why);
+	}
+	rep->apply_ms = job_ms_since(t0);
+	send_applied(j, l, last->version, last->srcs, last->nsrcs,
+		     ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
+		     why, rep->apply_ms);
+	rep->version = last->version;
+	rep->applied = n;
+	rep->checksum_ok = ok;
+	rep->checksum_failures = l->checksum_failures;
+	staged_free(last);
+	return DTE__STATUS__STATUS_OK;
+}
