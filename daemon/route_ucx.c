@@ -66,6 +66,8 @@ struct rlink {
 	struct rnode *node;        /* NULL until greeted (accepted links) */
 	dte_peer_t *peer;
 	int outgoing, up, stale;   /* stale: superseded by a restart */
+	uint64_t inc;              /* the remote daemon's incarnation */
+	char addr[DROUTE_ADDR_MAX];/* what it advertised, used once it is current */
 	struct rslot *inflight;
 };
 
@@ -293,12 +295,30 @@ static struct rnode *node_new(struct droute_ucx *r, const char *name, const char
 	return n;
 }
 
+static int link_live(const struct rlink *l)
+{
+	return l->up && !l->stale && dte_peer_is_up(l->peer);
+}
+
+/* A live link to the node's current incarnation: the one records go on. */
 static struct rlink *node_up_link(const struct rnode *n)
 {
 	struct rlink *l;
 
 	for (l = n->links; l; l = l->next)
-		if (l->up && !l->stale && dte_peer_is_up(l->peer))
+		if (link_live(l) && l->inc == n->incarnation)
+			return l;
+	return NULL;
+}
+
+/* A live link from another incarnation that greeted while the current
+ * one was still up (a restart not yet noticed, or an impostor). */
+static struct rlink *node_other_link(const struct rnode *n)
+{
+	struct rlink *l;
+
+	for (l = n->links; l; l = l->next)
+		if (link_live(l) && l->inc != n->incarnation)
 			return l;
 	return NULL;
 }
@@ -754,7 +774,11 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 		}
 		memcpy(addr, hdr, hlen);
 		addr[hlen] = '\0';
-		if (droute_ucx_learn(r, n->name, addr) < 0) {
+		if (dconf_parse_hostport(addr, NULL, 0, NULL) == 0 && l->inc != n->incarnation) {
+			/* Not (yet) the node's current incarnation: an address
+			 * from it must not redirect our connects. */
+			snprintf(l->addr, sizeof(l->addr), "%s", addr);
+		} else if (droute_ucx_learn(r, n->name, addr) < 0) {
 			r->st.bad++;
 			DLOG_W("route: node %s advertised a malformed address", n->name);
 		}
@@ -841,11 +865,10 @@ static void send_addr(struct droute_ucx *r, struct rlink *l)
 	}
 }
 
-/* A node came back under a new incarnation: its old links carry nothing
- * the new daemon knows about; the engine hears "down" once, before any
- * record of the new one. */
-static void node_restarted(struct droute_ucx *r, struct rnode *n, struct rlink *keep,
-			   uint64_t inc)
+/* A node came back under a new incarnation and the old one has no live
+ * link left: what the old daemon knew is gone, so the engine hears "down"
+ * once, before any record of the new one is used. */
+static void node_restarted(struct droute_ucx *r, struct rnode *n, uint64_t inc)
 {
 	struct rlink *l;
 
@@ -853,7 +876,7 @@ static void node_restarted(struct droute_ucx *r, struct rnode *n, struct rlink *
 	DLOG_N("route: node %s restarted (incarnation %016llx -> %016llx)", n->name,
 	       (unsigned long long)n->incarnation, (unsigned long long)inc);
 	for (l = n->links; l; l = l->next) {
-		if (l == keep || l->stale)
+		if (l->inc == inc || l->stale || !l->up)
 			continue;
 		l->stale = 1;
 		dte_peer_close(l->peer);   /* -EALREADY when already closing */
@@ -954,13 +977,27 @@ static void on_up(dte_peer_ctx_t *ctx, dte_peer_t *peer)
 	}
 	if (!l->node)
 		link_add(n, l);
-	if (n->incarnation && n->incarnation != inc)
-		node_restarted(r, n, l, inc);
-	n->incarnation = inc;
-	n->down_told = 0;
+	l->inc = inc;
 	l->up = 1;
 	if (l->outgoing)
 		n->connecting = 0;
+	if (n->incarnation && n->incarnation != inc) {
+		if (node_up_link(n)) {
+			/* The current incarnation still answers: a restart whose
+			 * old links have not failed yet, or someone using its
+			 * name.  Records from this link are taken (the engine
+			 * checks job tokens); ours keep going to the current one
+			 * until its last link goes. */
+			DLOG_N("route: node %s: a second incarnation (%016llx) connected while "
+			       "%016llx is up; it takes over when the old links go", n->name,
+			       (unsigned long long)inc, (unsigned long long)n->incarnation);
+			send_addr(r, l);
+			return;
+		}
+		node_restarted(r, n, inc);
+	}
+	n->incarnation = inc;
+	n->down_told = 0;
 	n->last_fail_ns = 0;
 	node_state(n, N_UP);
 	DLOG_I("route: node %s up (%s link)", n->name, l->outgoing ? "outgoing" : "accepted");
@@ -991,6 +1028,17 @@ static void on_down(dte_peer_ctx_t *ctx, dte_peer_t *peer, int status, const cha
 		return;
 	if (node_up_link(n))
 		return;
+	if ((o = node_other_link(n))) {
+		/* The old incarnation's last link went: the new one takes over. */
+		node_restarted(r, n, o->inc);
+		n->incarnation = o->inc;
+		n->down_told = 0;
+		if (o->addr[0])
+			droute_ucx_learn(r, n->name, o->addr);
+		node_state(n, N_UP);
+		node_flush(n, o);
+		return;
+	}
 	for (o = n->links; o; o = o->next)
 		if (!o->stale && o->outgoing && !o->up)
 			return;        /* our own connect may still succeed */

@@ -533,6 +533,66 @@ static void test_restart(void **state)
 	side_stop(&a);
 }
 
+/* Someone greeting with a live node's name (an impostor, or a restart
+ * whose old link has not failed yet) disturbs nothing: its records are
+ * delivered (the engine checks tokens), ours keep going to the node that
+ * is up, and it takes over only when the old node's last link goes. */
+static void test_second_incarnation(void **state)
+{
+	struct side a, b, c, b2;
+	struct droute_peer_info info[4];
+	const struct droute_peer_info *pi;
+	uint8_t h[256];
+	size_t n = pack_counts(h, 1, 1, 2);
+	uint64_t inc_b;
+
+	side_start(&a, "coord", 1, 0);
+	side_start(&b, "member", 1, 0);
+	assert_int_equal(droute_ucx_send_packed(b.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
+						NULL, 0), 0);
+	assert_true(wait_got(&a, 1));
+	inc_b = find_peer(&a, "member", info, 4)->incarnation;
+
+	side_start(&c, "member", 1, 0);   /* the impostor, with a listener */
+	assert_int_equal(droute_ucx_send_packed(c.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
+						NULL, 0), 0);
+	assert_true(wait_got(&a, 2));
+	assert_string_equal(a.got[1].from, "member");
+	pi = find_peer(&a, "member", info, 4);
+	assert_int_equal(pi->incarnation, inc_b);
+	assert_string_equal(pi->address, droute_ucx_address(b.r));
+	assert_int_equal(pi->links, 2);
+	assert_int_equal(droute_ucx_send_packed(a.r, "member", NULL, T_COUNTS, h, n, NULL, 0), 0);
+	assert_true(wait_got(&b, 1));
+	run_until(ngot_cond, &(struct want){ &c, 1 }, 0.3);
+	assert_int_equal(c.ngot, 0);
+	side_stop(&c);
+	run_until(downs_cond, &(struct want){ &a, 1 }, 0.5);
+	assert_int_equal(a.downs, 0);
+	assert_int_equal(droute_ucx_send_packed(a.r, "member", NULL, T_COUNTS, h, n, NULL, 0), 0);
+	assert_true(wait_got(&b, 2));
+
+	/* A real restart seen before the old link failed: b2 greets while b
+	 * is up; when b goes, b2 takes over with one "down" for b. */
+	side_start(&b2, "member", 1, 0);
+	assert_int_equal(droute_ucx_send_packed(b2.r, NULL, droute_ucx_address(a.r), T_COUNTS, h,
+						n, NULL, 0), 0);
+	assert_true(wait_got(&a, 3));
+	assert_int_equal(a.downs, 0);
+	side_stop(&b);
+	assert_true(wait_downs(&a, 1, 10));
+	assert_string_equal(a.down_reason, "restarted");
+	pi = find_peer(&a, "member", info, 4);
+	assert_true(pi->incarnation != inc_b);
+	assert_string_equal(pi->state, "up");
+	assert_string_equal(pi->address, droute_ucx_address(b2.r));
+	assert_int_equal(droute_ucx_send_packed(a.r, "member", NULL, T_COUNTS, h, n, NULL, 0), 0);
+	assert_true(wait_got(&b2, 1));
+	assert_int_equal(a.downs, 1);
+	side_stop(&b2);
+	side_stop(&a);
+}
+
 /* Records for an address nobody listens on are dropped and reported
  * down; quick retries are refused instead of piling up connects. */
 static void test_unreachable(void **state)
@@ -650,6 +710,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_park_expiry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_cap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_incarnation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unreachable, setup, teardown),
 	};
 
