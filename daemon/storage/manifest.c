@@ -172,7 +172,7 @@ static int parse_part(json_t *o, const char *key, char kind, struct dts_mpart *p
 				  err, errlen)) ||
 		    (rc = get_hex(c, "xxh3", &ch.xxh3, err, errlen)))
 			goto fail;
-		if (ch.stored < DTC_CHUNK_HDR || ch.stored > dtc_chunk_bound(ch.raw) ||
+		if (ch.stored < 3 * DTC_CHUNK_HDR || ch.stored > dtc_chunk_bound(ch.raw) + 2 * DTC_CHUNK_HDR ||
 		    ch.raw < DTS_CHUNK_HDR) {
 			DTS_ERR(err, errlen, "manifest: %s chunk %s has impossible sizes", key, file);
 			rc = DTS_EMANIFEST;

@@ -67,8 +67,9 @@ static int load_chunk(const char *vdir, const struct dts_mchunk *c, int kind,
 		      struct dts_sink *s, uint64_t version, char *err, size_t errlen)
 {
 	char path[4096 + 32], why[256] = "";
-	uint8_t *data = NULL, *raw = NULL;
-	size_t len, rawlen;
+	struct dts_buf raw = { 0 };
+	uint8_t *data = NULL;
+	size_t len;
 	int rc;
 
 	if (dts_path(path, sizeof(path), "%s/%s", vdir, c->file))
@@ -90,21 +91,14 @@ static int load_chunk(const char *vdir, const struct dts_mchunk *c, int kind,
 		rc = DTS_ECHECKSUM;
 		goto out;
 	}
-	if (!(raw = malloc(c->raw ? c->raw : 1))) {
-		rc = DTS_ENOMEM;
+	if ((rc = dts_chunk_unpack(data, len, c->raw, &raw, why, sizeof(why))) != DTS_OK) {
+		DTS_ERR(err, errlen, "v%" PRIu64 " chunk %s: %s", version, c->file, why);
 		goto out;
 	}
-	rc = dtc_chunk_unpack(data, len, raw, c->raw, &rawlen);
-	if (rc != DTC_OK || rawlen != c->raw) {
-		DTS_ERR(err, errlen, "v%" PRIu64 " chunk %s: %s", version, c->file,
-			rc != DTC_OK ? dtc_strerror(rc) : "raw size differs from the manifest");
-		rc = rc == DTC_ECHECKSUM ? DTS_ECHECKSUM : DTS_ECORRUPT;
-		goto out;
-	}
-	if ((rc = dts_chunk_decode(raw, rawlen, kind, s, why, sizeof(why))) != DTS_OK)
+	if ((rc = dts_chunk_decode(raw.p, raw.len, kind, s, why, sizeof(why))) != DTS_OK)
 		DTS_ERR(err, errlen, "v%" PRIu64 " chunk %s: %s", version, c->file, why);
 out:
-	free(raw);
+	dts_buf_fini(&raw);
 	free(data);
 	return rc;
 }

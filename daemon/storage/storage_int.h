@@ -16,16 +16,22 @@
 #define DTS_CHUNK_NAME    16
 
 /* ---- chunk codec (chunk.c) ------------------------------------------
- * Raw chunk (before dtc_chunk_pack adds zstd and the inner xxh3):
- *     "DTSC" | format u8 (1) | kind u8 (0 sparse, 1 dense) | 2 zero bytes
- *     segments until the end:  tensor varint | len varint | payload[len]
- * Sparse payload: gpu/codec.h's sparse encoding (count, gap codes, values)
- *   with the 2·count value bytes split into planes: all high bytes (sign,
- *   exponent), then all low bytes (mantissa).  The high bytes of nearby
- *   weights are nearly equal, which zstd finds only when they sit together.
- * Dense payload: start varint | high plane[n] | low plane[n].
+ * Logical raw chunk (what dts_chunk_decode reads):
+ *     "DTSC" | format u8 (2) | kind u8 (0 sparse, 1 dense) | 2 zero bytes |
+ *     meta_len varint | n varint | meta[meta_len] | high[n] | low[n]
+ * meta is a list of segments; their values, in order, are the n entries
+ * of two byte planes: high bytes (sign, exponent) and low bytes (mantissa)
+ * of each BF16 value.
+ *     sparse segment: tensor varint | glen varint | gpu/codec.h's sparse
+ *                     encoding without its values (count, gap codes)[glen]
+ *     dense segment:  tensor varint | start varint | count varint
+ * The chunk file holds three gpu/codec.h chunk frames (zstd + xxh3 each):
+ * [header, lengths, meta], high plane, low plane — separate frames so that
+ * zstd keeps separate statistics for each (measured on AdamW updates at lr
+ * 1e-6: 2.25 instead of 2.65 bytes per changed element in one frame).
  */
 #define DTS_CHUNK_MAGIC   "DTSC"
+#define DTS_CHUNK_FORMAT  2
 #define DTS_CHUNK_HDR     8
 #define DTS_KIND_SPARSE   0
 #define DTS_KIND_DENSE    1
@@ -39,18 +45,42 @@ struct dts_buf {
 void dts_buf_fini(struct dts_buf *b);
 int dts_buf_reserve(struct dts_buf *b, size_t more);
 
-/* Start a raw chunk of `kind` in b (b->len = 0 first). */
-int dts_chunk_start(struct dts_buf *b, int kind);
+/* A chunk being built: meta and the two planes. */
+struct dts_chunk {
+	int            kind;
+	struct dts_buf meta, hi, lo;
+};
 
-/* Append a sparse segment of at most `count` elements that fits in `room`
- * more bytes; *taken is how many went in (0: not even one fits). */
-int dts_chunk_put_sparse(struct dts_buf *b, struct dts_buf *scratch, uint32_t tensor,
+void dts_chunk_start(struct dts_chunk *c, int kind);
+void dts_chunk_fini(struct dts_chunk *c);
+int dts_chunk_empty(const struct dts_chunk *c);
+
+/* Upper bound of the logical raw size so far. */
+size_t dts_chunk_size(const struct dts_chunk *c);
+
+/* Append a sparse segment of at most `count` elements that grows the raw
+ * chunk by at most `room` bytes; *taken is how many went in (0: not even
+ * one fits). */
+int dts_chunk_put_sparse(struct dts_chunk *c, struct dts_buf *scratch, uint32_t tensor,
 			 uint64_t numel, const uint64_t *pos, const uint16_t *val,
 			 uint64_t count, size_t room, uint64_t *taken);
 
 /* Append a dense segment: values [start, start+count) of a tensor. */
-int dts_chunk_put_dense(struct dts_buf *b, uint32_t tensor, uint64_t start,
+int dts_chunk_put_dense(struct dts_chunk *c, uint32_t tensor, uint64_t start,
 			const uint16_t *val, uint64_t count);
+
+/* The logical raw chunk in one buffer (tests, fuzz seeds). */
+int dts_chunk_serialize(const struct dts_chunk *c, struct dts_buf *raw);
+
+/* The chunk file (three frames) into file; *rawlen: logical raw size.
+ * head is scratch space. */
+int dts_chunk_pack(const struct dts_chunk *c, int zlevel, struct dts_buf *head,
+		   struct dts_buf *file, uint64_t *rawlen);
+
+/* Chunk file back to the logical raw chunk of exactly rawlen bytes,
+ * checking every frame's xxh3 and zstd integrity. */
+int dts_chunk_unpack(const uint8_t *file, size_t len, uint64_t rawlen, struct dts_buf *raw,
+		     char *err, size_t errlen);
 
 /* Where decoded segments go: per tensor, `cap` elements (the manifest's
  * count, or numel for dense), `fill` so far.  Decoding checks positions

@@ -28,7 +28,8 @@ struct dts_writer {
 	struct dts_manifest m;
 	int64_t             last_sparse;   /* tensor id, -1 before the first */
 	uint32_t            next_dense;
-	struct dts_buf      dbuf, kbuf, scratch, packed;
+	struct dts_chunk    dch, kch;
+	struct dts_buf      scratch, hbuf, packed;
 };
 
 static int64_t newest(const char *jobdir, char *err, size_t errlen, int *rc)
@@ -107,9 +108,10 @@ void dts_writer_close(struct dts_writer *w)
 	if (w->active)
 		dts_writer_abort(w);
 	dts_manifest_fini(&w->m);
-	dts_buf_fini(&w->dbuf);
-	dts_buf_fini(&w->kbuf);
+	dts_chunk_fini(&w->dch);
+	dts_chunk_fini(&w->kch);
 	dts_buf_fini(&w->scratch);
+	dts_buf_fini(&w->hbuf);
 	dts_buf_fini(&w->packed);
 	free(w->numel);
 	free(w);
@@ -144,7 +146,8 @@ static void reset_version(struct dts_writer *w)
 	memset(&w->m.delta, 0, sizeof(w->m.delta));
 	memset(&w->m.key, 0, sizeof(w->m.key));
 	memset(w->m.changed, 0, w->ntensors * sizeof(*w->m.changed));
-	w->dbuf.len = w->kbuf.len = 0;
+	dts_chunk_start(&w->dch, DTS_KIND_SPARSE);
+	dts_chunk_start(&w->kch, DTS_KIND_DENSE);
 	w->last_sparse = -1;
 	w->next_dense = 0;
 }
@@ -190,41 +193,35 @@ int dts_writer_begin(struct dts_writer *w, uint64_t version, unsigned flags,
 	return DTS_OK;
 }
 
-/* Compress the raw chunk in b, write it as the next file of `part`. */
-static int flush(struct dts_writer *w, struct dts_buf *b, struct dts_mpart *part,
+/* Compress the chunk being built, write it as the next file of `part`. */
+static int flush(struct dts_writer *w, struct dts_chunk *ch, struct dts_mpart *part,
 		 char letter, char *err, size_t errlen)
 {
 	struct dts_mchunk c;
 	char path[4096 + 32];
-	size_t bound = dtc_chunk_bound(b->len), outlen;
 	int rc;
 
-	memset(&c, 0, sizeof(c));
-	if (b->len <= DTS_CHUNK_HDR)
+	if (dts_chunk_empty(ch))
 		return DTS_OK;
 	if (part->n >= DTS_CHUNK_FILES_MAX) {
 		DTS_ERR(err, errlen, "writer: more than %u chunks in one version; raise max chunk",
 			DTS_CHUNK_FILES_MAX);
 		return DTS_EINVAL;
 	}
-	w->packed.len = 0;
-	if ((rc = dts_buf_reserve(&w->packed, bound)) != DTS_OK)
+	memset(&c, 0, sizeof(c));
+	if ((rc = dts_chunk_pack(ch, w->zlevel, &w->hbuf, &w->packed, &c.raw)) != DTS_OK) {
+		DTS_ERR(err, errlen, "writer: chunk pack: %s", dts_strerror(rc));
 		return rc;
-	rc = dtc_chunk_pack(b->p, b->len, w->zlevel, w->packed.p, bound, &outlen);
-	if (rc != DTC_OK) {
-		DTS_ERR(err, errlen, "writer: chunk pack: %s", dtc_strerror(rc));
-		return dts_from_dtc(rc);
 	}
 	snprintf(c.file, sizeof(c.file), "%c%05zu.dtc", letter, part->n);
-	c.raw = b->len;
-	c.stored = outlen;
-	c.xxh3 = XXH3_64bits(w->packed.p, outlen);
+	c.stored = w->packed.len;
+	c.xxh3 = XXH3_64bits(w->packed.p, w->packed.len);
 	snprintf(path, sizeof(path), "%s/%s", w->vdir, c.file);
-	if ((rc = dts_write_file(path, w->packed.p, outlen, DTS_HOOK_CHUNK, err, errlen)))
+	if ((rc = dts_write_file(path, w->packed.p, w->packed.len, DTS_HOOK_CHUNK, err, errlen)))
 		return rc;
 	if ((rc = dts_mpart_add(part, &c)) != DTS_OK)
 		return rc;
-	b->len = 0;
+	dts_chunk_start(ch, ch->kind);
 	return DTS_OK;
 }
 
@@ -258,10 +255,11 @@ int dts_writer_put_sparse(struct dts_writer *w, uint32_t tensor, const uint64_t 
 	while (count) {
 		uint64_t taken;
 
-		if (!w->dbuf.len && (rc = dts_chunk_start(&w->dbuf, DTS_KIND_SPARSE)))
-			return rc;
-		rc = dts_chunk_put_sparse(&w->dbuf, &w->scratch, tensor, w->numel[tensor], pos,
-					  val, count, w->max_chunk - w->dbuf.len, &taken);
+		size_t used = dts_chunk_size(&w->dch);
+
+		rc = dts_chunk_put_sparse(&w->dch, &w->scratch, tensor, w->numel[tensor], pos,
+					  val, count, used < w->max_chunk ? w->max_chunk - used : 0,
+					  &taken);
 		if (rc != DTS_OK) {
 			DTS_ERR(err, errlen, "writer: tensor %u: positions must be strictly "
 				"increasing and below %" PRIu64 " (%s)", tensor, w->numel[tensor],
@@ -269,7 +267,11 @@ int dts_writer_put_sparse(struct dts_writer *w, uint32_t tensor, const uint64_t 
 			return rc;
 		}
 		if (!taken) {
-			if ((rc = flush(w, &w->dbuf, &w->m.delta, 'd', err, errlen)))
+			if (dts_chunk_empty(&w->dch)) {
+				DTS_ERR(err, errlen, "writer: max chunk too small");
+				return DTS_EINVAL;
+			}
+			if ((rc = flush(w, &w->dch, &w->m.delta, 'd', err, errlen)))
 				return rc;
 			continue;
 		}
@@ -292,21 +294,19 @@ int dts_writer_put_dense(struct dts_writer *w, uint32_t tensor, const uint16_t *
 		return DTS_EINVAL;
 	}
 	while (start < w->numel[tensor]) {
-		size_t room;
+		size_t used = dts_chunk_size(&w->kch), room;
 		uint64_t n;
 
-		if (!w->kbuf.len && (rc = dts_chunk_start(&w->kbuf, DTS_KIND_DENSE)))
-			return rc;
-		room = w->max_chunk - w->kbuf.len;
+		room = used < w->max_chunk ? w->max_chunk - used : 0;
 		n = room > DTS_SEG_HDR_MAX + 10 ? (room - DTS_SEG_HDR_MAX - 10) / 2 : 0;
 		if (n > w->numel[tensor] - start)
 			n = w->numel[tensor] - start;
 		if (n < 64 && n < w->numel[tensor] - start) {
-			if ((rc = flush(w, &w->kbuf, &w->m.key, 'k', err, errlen)))
+			if ((rc = flush(w, &w->kch, &w->m.key, 'k', err, errlen)))
 				return rc;
 			continue;
 		}
-		if ((rc = dts_chunk_put_dense(&w->kbuf, tensor, start, val + start, n)))
+		if ((rc = dts_chunk_put_dense(&w->kch, tensor, start, val + start, n)))
 			return rc;
 		start += n;
 	}
@@ -329,8 +329,8 @@ int dts_writer_commit(struct dts_writer *w, char *err, size_t errlen)
 			w->m.version, w->ntensors, w->next_dense);
 		return DTS_EINVAL;
 	}
-	if ((rc = flush(w, &w->dbuf, &w->m.delta, 'd', err, errlen)) ||
-	    (rc = flush(w, &w->kbuf, &w->m.key, 'k', err, errlen)))
+	if ((rc = flush(w, &w->dch, &w->m.delta, 'd', err, errlen)) ||
+	    (rc = flush(w, &w->kch, &w->m.key, 'k', err, errlen)))
 		return rc;
 	if (dts_fsync_dir(w->vdir) != DTS_OK) {
 		DTS_ERR(err, errlen, "writer: fsync %s failed", w->vdir);

@@ -180,7 +180,7 @@ static void path_of(struct fx *f, char *buf, size_t len, const char *rel)
 static char *sample_manifest(void)
 {
 	static uint64_t nm[2] = { 100, 50 }, ch[2] = { 3, 0 };
-	struct dts_mchunk c = { "d00000.dtc", 40, 60, 0xfeedfacecafebeefull };
+	struct dts_mchunk c = { "d00000.dtc", 40, 160, 0xfeedfacecafebeefull };
 	struct dts_mchunk k = { "k00000.dtc", 308, 200, 0x0123456789abcdefull };
 	struct dts_manifest m;
 	char *text;
@@ -224,7 +224,7 @@ static void test_manifest_roundtrip(void **state)
 	assert_int_equal(m.delta.n, 1);
 	assert_string_equal(m.delta.c[0].file, "d00000.dtc");
 	assert_true(m.delta.c[0].xxh3 == 0xfeedfacecafebeefull);
-	assert_int_equal(m.delta.c[0].stored, 60);
+	assert_int_equal(m.delta.c[0].stored, 160);
 	assert_int_equal(m.key.n, 1);
 	assert_int_equal(m.key.elems, 150);
 	assert_true(m.key.c[0].xxh3 == 0x0123456789abcdefull);
@@ -282,7 +282,8 @@ static void test_manifest_schema(void **state)
 	expect_refused("\"numel\":[100,50]", "\"numel\":[100,49]", "keyframe has");
 	expect_refused("\"spec_hash\":\"deadbeef00112233\"", "\"spec_hash\":\"xyz\"", "hex");
 	expect_refused("\"raw\":40,", "\"raw\":41,", "totals");
-	expect_refused("\"stored\":60,", "\"stored\":6000000,", "impossible");
+	expect_refused("\"stored\":160,", "\"stored\":6000000,", "impossible");
+	expect_refused("\"stored\":160,", "\"stored\":95,", "impossible");
 	expect_refused("\"job\":\"job-1\"", "\"job\":\"a/b\"", "job");
 	expect_refused("\"version\":42", "\"version\":42,\"version\":43", "JSON");
 	expect_refused("{", "[", "JSON");
@@ -290,25 +291,30 @@ static void test_manifest_schema(void **state)
 
 /* ---- chunk codec ---------------------------------------------------- */
 
-static void decode_into(const struct dts_buf *b, int kind, uint64_t n_numel, uint64_t cap,
+static void decode_into(const struct dts_chunk *c, int kind, uint64_t n_numel, uint64_t cap,
 			uint64_t *pos, uint16_t *val, int expect)
 {
 	struct dts_tensor_data td = { 0, pos, val };
 	uint64_t capv = cap, fill = 0;
 	struct dts_sink s = { 1, &n_numel, &td, &capv, &fill };
-	uint8_t *copy = malloc(b->len);
+	struct dts_buf raw = { 0 };
+	uint8_t *copy;
 	char err[256];
 
-	memcpy(copy, b->p, b->len);
-	assert_int_equal(dts_chunk_decode(copy, b->len, kind, &s, err, sizeof(err)), expect);
+	assert_int_equal(dts_chunk_serialize(c, &raw), DTS_OK);
+	copy = malloc(raw.len);
+	memcpy(copy, raw.p, raw.len);
+	assert_int_equal(dts_chunk_decode(copy, raw.len, kind, &s, err, sizeof(err)), expect);
 	if (expect == DTS_OK)
 		assert_int_equal(fill, cap);
 	free(copy);
+	dts_buf_fini(&raw);
 }
 
 static void test_chunk_roundtrip(void **state)
 {
-	struct dts_buf b = { 0 }, scratch = { 0 };
+	struct dts_chunk b = { 0 };
+	struct dts_buf scratch = { 0 }, raw = { 0 };
 	uint64_t n = 20000, box = 1u << 22, *pos = malloc(n * 8), *out = malloc(n * 8), taken, p = 0;
 	uint16_t *val = malloc(n * 2), *vout = malloc(n * 2);
 
@@ -317,7 +323,7 @@ static void test_chunk_roundtrip(void **state)
 		pos[i] = p;
 		val[i] = (uint16_t)rnd();
 	}
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	/* Two segments of one tensor: the split the writer makes. */
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, pos, val, n / 2, 1 << 20,
 					      &taken), DTS_OK);
@@ -328,35 +334,33 @@ static void test_chunk_roundtrip(void **state)
 	assert_memory_equal(out, pos, n * 8);
 	assert_memory_equal(vout, val, n * 2);
 	/* Too little room: takes fewer, never overflows the room. */
-	b.len = 0;
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, pos, val, n, 3000, &taken),
 			 DTS_OK);
 	assert_true(taken > 0 && taken < n);
-	assert_true(b.len <= DTS_CHUNK_HDR + 3000);
+	assert_int_equal(dts_chunk_serialize(&b, &raw), DTS_OK);
+	assert_true(raw.len <= DTS_CHUNK_HDR + 20 + 3000);
 	/* Positions beyond the tensor: refused as out of range. */
-	b.len = 0;
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, pos, val, n, 1 << 20, &taken),
 			 DTS_OK);
 	decode_into(&b, DTS_KIND_SPARSE, pos[n - 1], n, out, vout, DTS_ERANGE);
 	/* More elements than the manifest announced: refused, nothing past cap. */
 	decode_into(&b, DTS_KIND_SPARSE, box, n - 1, out, vout, DTS_ECORRUPT);
 	/* Dense round trip. */
-	b.len = 0;
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_DENSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_DENSE);
 	assert_int_equal(dts_chunk_put_dense(&b, 0, 0, val, 1000), DTS_OK);
 	assert_int_equal(dts_chunk_put_dense(&b, 0, 1000, val + 1000, 500), DTS_OK);
 	decode_into(&b, DTS_KIND_DENSE, 1500, 1500, NULL, vout, DTS_OK);
 	assert_memory_equal(vout, val, 1500 * 2);
 	/* Out-of-order dense segments and the wrong kind are refused. */
 	decode_into(&b, DTS_KIND_SPARSE, 1500, 1500, out, vout, DTS_ECORRUPT);
-	b.len = 0;
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_DENSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_DENSE);
 	assert_int_equal(dts_chunk_put_dense(&b, 0, 10, val, 100), DTS_OK);
 	decode_into(&b, DTS_KIND_DENSE, 1500, 1500, NULL, vout, DTS_ERANGE);
-	dts_buf_fini(&b);
+	dts_chunk_fini(&b);
 	dts_buf_fini(&scratch);
+	dts_buf_fini(&raw);
 	free(pos);
 	free(out);
 	free(val);
@@ -367,7 +371,8 @@ static void test_chunk_roundtrip(void **state)
  * an error or to something inside the sink: never out of bounds (ASan). */
 static void test_chunk_hostile(void **state)
 {
-	struct dts_buf b = { 0 }, scratch = { 0 };
+	struct dts_chunk b = { 0 };
+	struct dts_buf scratch = { 0 }, raw = { 0 };
 	uint64_t n = 300, box = 5000, pos[300], out[300], taken;
 	uint16_t val[300], vout[300];
 
@@ -375,16 +380,17 @@ static void test_chunk_hostile(void **state)
 		pos[i] = i * 16 + rnd() % 16;
 		val[i] = (uint16_t)rnd();
 	}
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, pos, val, n, 1 << 16, &taken),
 			 DTS_OK);
-	for (size_t len = 0; len < b.len; len++) {
+	assert_int_equal(dts_chunk_serialize(&b, &raw), DTS_OK);
+	for (size_t len = 0; len < raw.len; len++) {
 		struct dts_tensor_data td = { 0, out, vout };
 		uint64_t cap = n, fill = 0;
 		struct dts_sink s = { 1, &box, &td, &cap, &fill };
 		uint8_t *p = malloc(len ? len : 1);
 
-		memcpy(p, b.p, len);
+		memcpy(p, raw.p, len);
 		assert_int_not_equal(dts_chunk_decode(p, len, DTS_KIND_SPARSE, &s, NULL, 0) == DTS_OK &&
 				     fill == n, 1);
 		free(p);
@@ -393,19 +399,20 @@ static void test_chunk_hostile(void **state)
 		struct dts_tensor_data td = { 0, out, vout };
 		uint64_t cap = n, fill = 0;
 		struct dts_sink s = { 1, &box, &td, &cap, &fill };
-		uint8_t *p = malloc(b.len);
+		uint8_t *p = malloc(raw.len);
 
-		memcpy(p, b.p, b.len);
-		p[rnd() % b.len] ^= (uint8_t)(1 + rnd() % 255);
-		if (dts_chunk_decode(p, b.len, DTS_KIND_SPARSE, &s, NULL, 0) == DTS_OK) {
+		memcpy(p, raw.p, raw.len);
+		p[rnd() % raw.len] ^= (uint8_t)(1 + rnd() % 255);
+		if (dts_chunk_decode(p, raw.len, DTS_KIND_SPARSE, &s, NULL, 0) == DTS_OK) {
 			assert_true(fill <= n);
 			for (uint64_t i = 0; i < fill; i++)
 				assert_true(out[i] < box && (!i || out[i] > out[i - 1]));
 		}
 		free(p);
 	}
-	dts_buf_fini(&b);
+	dts_chunk_fini(&b);
 	dts_buf_fini(&scratch);
+	dts_buf_fini(&raw);
 }
 
 /* Found by tests/fuzz/fuzz_manifest: an empty sparse segment for a tensor
@@ -414,26 +421,31 @@ static void test_chunk_hostile(void **state)
  * zero elements; a non-empty one must be refused. */
 static void test_chunk_empty_segment_unchanged_tensor(void **state)
 {
-	struct dts_buf b = { 0 }, scratch = { 0 };
+	struct dts_chunk b = { 0 };
+	struct dts_buf scratch = { 0 }, raw = { 0 };
 	uint64_t box = 64, cap = 0, fill = 0, taken, pos = 3;
 	uint16_t val = 7;
 	struct dts_tensor_data td = { 0, NULL, NULL };
 	struct dts_sink s = { 1, &box, &td, &cap, &fill };
 	char err[256];
 
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, &pos, &val, 0, 1 << 10, &taken),
 			 DTS_OK);
-	assert_int_equal(dts_chunk_decode(b.p, b.len, DTS_KIND_SPARSE, &s, err, sizeof(err)), DTS_OK);
+	assert_int_equal(dts_chunk_serialize(&b, &raw), DTS_OK);
+	assert_int_equal(dts_chunk_decode(raw.p, raw.len, DTS_KIND_SPARSE, &s, err, sizeof(err)),
+			 DTS_OK);
 	assert_int_equal(fill, 0);
-	assert_int_equal(dts_chunk_start(&b, DTS_KIND_SPARSE), DTS_OK);
+	dts_chunk_start(&b, DTS_KIND_SPARSE);
 	assert_int_equal(dts_chunk_put_sparse(&b, &scratch, 0, box, &pos, &val, 1, 1 << 10, &taken),
 			 DTS_OK);
-	assert_int_not_equal(dts_chunk_decode(b.p, b.len, DTS_KIND_SPARSE, &s, err, sizeof(err)),
+	assert_int_equal(dts_chunk_serialize(&b, &raw), DTS_OK);
+	assert_int_not_equal(dts_chunk_decode(raw.p, raw.len, DTS_KIND_SPARSE, &s, err, sizeof(err)),
 			     DTS_OK);
 	assert_int_equal(fill, 0);
-	dts_buf_fini(&b);
+	dts_chunk_fini(&b);
 	dts_buf_fini(&scratch);
+	dts_buf_fini(&raw);
 }
 
 /* ---- writer + reader ------------------------------------------------ */
