@@ -27,3 +27,7 @@ $(B)/bin/dted: $(B)/obj/daemon/main.o $(DTED_LIBS)
 BINS          += $(B)/bin/dted
 LIBS          += $(B)/lib/libdted.a
 INTERNAL_LIBS += $(B)/lib/libdted.a
+
+# The sync engine's tests: buffers and the engine in-process, and one real
+# dted with a torch trainer and SGLang-layout sinks.
+SYSTEM_TESTS += tests/system/sync_local.py

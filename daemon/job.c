@@ -266,8 +266,13 @@ static int waiter_try(struct jwaiter *w, int expired)
 	case JW_WAIT: {
 		Dte__WaitReply rep = DTE__WAIT_REPLY__INIT;
 		uint32_t sinks = 0;
+		int st = jsrc_wait_done(j, w->arg, &sinks, msg, sizeof(msg));
 
-		if (jsrc_wait_done(j, w->arg, &sinks)) {
+		if (st < 0) {
+			reply_deferred(w, DTE__STATUS__STATUS_ERR_INTERNAL, msg, 0, NULL);
+			return 1;
+		}
+		if (st > 0) {
 			rep.version = w->arg;
 			rep.sinks = sinks;
 			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT, &rep);
@@ -688,11 +693,15 @@ Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 {
 	struct job *j = job_find(rq->job);
 	uint32_t sinks = 0;
+	int st;
 
 	*deferred = 0;
 	if (!j)
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
-	if (jsrc_wait_done(j, rq->version, &sinks)) {
+	st = jsrc_wait_done(j, rq->version, &sinks, err, errlen);
+	if (st < 0)
+		return DTE__STATUS__STATUS_ERR_INTERNAL;
+	if (st > 0) {
 		rep->version = rq->version;
 		rep->sinks = sinks;
 		return DTE__STATUS__STATUS_OK;

@@ -52,6 +52,7 @@ struct jpair {
 	uint64_t last_sent;       /* version last sent (0: none) */
 	int need_dense;
 	uint64_t staged, applied; /* what the sink acknowledged */
+	uint64_t failed;          /* newest version the sink reported not applied */
 };
 
 /* A version collected for one local sink from its sources. */
@@ -218,7 +219,9 @@ void jplan_free(struct job *j);
 void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
 void jpair_free_state(struct jpair *p);
-int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks);
+/* 1: every sink fed from here applied version; 0: not yet; -1: a sink
+ * reported it failed (why in err). */
+int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
 struct jhist *jhist_find(struct job *j, uint64_t version);
 
 /* job_sink.c */

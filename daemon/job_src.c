@@ -536,8 +536,11 @@ void jsrc_applied(struct job *j, const Dtep__Applied *m)
 		}
 		if (ok && m->version > p->applied)
 			p->applied = m->version;
-		if (!ok)	/* whatever the sink holds now, the next version repairs it */
+		if (!ok) {	/* whatever the sink holds now, the next version repairs it */
 			p->need_dense = 1;
+			if (m->version > p->failed)
+				p->failed = m->version;
+		}
 	}
 	if (!seen)
 		return;
@@ -564,7 +567,7 @@ void jsrc_applied(struct job *j, const Dtep__Applied *m)
 	}
 }
 
-int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks)
+int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen)
 {
 	uint32_t n = 0;
 	int done = 1;
@@ -579,8 +582,16 @@ int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks)
 			if (j->pairs[q].dst == p->dst && job_local(j, j->pairs[q].src))
 				first = 0;
 		n += first;
-		if (p->applied < version)
-			done = 0;
+		if (p->applied >= version)
+			continue;
+		if (p->failed >= version) {
+			snprintf(err, errlen, "sink %llx did not apply version %llu cleanly (checksum or "
+				 "refusal, see the daemon log); the next version repairs it densely",
+				 (unsigned long long)p->dst, (unsigned long long)p->failed);
+			*sinks = n;
+			return -1;
+		}
+		done = 0;
 	}
 	*sinks = n;
 	return done;

@@ -1,0 +1,252 @@
+"""ctypes binding over libdte (client/dte.h): the daemon's control API.
+
+Only what the sync API needs: connect, buffers, jobs, source (publish,
+mark, wait) and sink (wait_staged, apply, query_version), plus the layout
+helper that tells a client which buffers its rank must register.  Errors
+raise DteError with libdte's code and the daemon's message.
+
+The library is found at $DTE_LIB, else $B/lib/libdte.so.0 (B defaults to
+"build" under the repository), else by the loader's search path.
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+SOURCE, SINK = 0, 1
+FP32, BF16 = 0, 1
+ADAMW_TORCH, ADAMW_FUSED = 0, 1
+
+ERR_TIMEOUT = -5
+ERR_BAD_REQUEST = -10
+ERR_NOT_FOUND = -11
+ERR_DENIED = -8
+
+
+class DteError(RuntimeError):
+    def __init__(self, code, msg):
+        super().__init__("%s (%d)" % (msg, code))
+        self.code = code
+        self.msg = msg
+
+
+class _PublishInfo(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("field_mask", ctypes.c_uint64),
+                ("sinks", ctypes.c_uint32), ("dense", ctypes.c_uint32),
+                ("changed", ctypes.c_uint64), ("elements", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64), ("capture_ms", ctypes.c_double)]
+
+
+class _ApplyInfo(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("field_mask", ctypes.c_uint64),
+                ("version", ctypes.c_uint64), ("applied", ctypes.c_uint32),
+                ("checksum_ok", ctypes.c_int), ("checksum_failures", ctypes.c_uint64),
+                ("apply_ms", ctypes.c_double)]
+
+
+class _HParams(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("variant", ctypes.c_int)]
+
+
+class _JobParams(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("model_config", ctypes.c_char_p), ("coordinator", ctypes.c_char_p),
+                ("token", ctypes.c_char_p), ("publish_interval", ctypes.c_uint32),
+                ("transport", ctypes.c_char_p)]
+
+
+class _AttachParams(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("job", ctypes.c_char_p),
+                ("token", ctypes.c_char_p), ("role", ctypes.c_int),
+                ("layout", ctypes.c_char_p), ("rank", ctypes.c_uint32),
+                ("replica", ctypes.c_uint32), ("buffers", ctypes.POINTER(ctypes.c_uint64)),
+                ("nbuffers", ctypes.c_size_t)]
+
+
+class _LayoutBuffer(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("length", ctypes.c_int64),
+                ("name", ctypes.c_char * 96)]
+
+
+def _find_lib():
+    env = os.environ.get("DTE_LIB")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    b = os.environ.get("B", "build")
+    cand = os.path.join(b if os.path.isabs(b) else os.path.join(root, b), "lib", "libdte.so.0")
+    if os.path.exists(cand):
+        return cand
+    return ctypes.util.find_library("dte") or "libdte.so.0"
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is not None:
+        return _lib
+    L = ctypes.CDLL(_find_lib())
+    h, u64, i64, u32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint32
+    pu64 = ctypes.POINTER(ctypes.c_uint64)
+    sig = {
+        "dte_connect": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)],
+        "dte_close": [h],
+        "dte_errmsg": [h],
+        "dte_strerror": [ctypes.c_int],
+        "dte_set_timeout": [h, ctypes.c_uint],
+        "dte_buffer_register_fd": [h, ctypes.c_int, u64, u64, ctypes.c_int, ctypes.c_char_p, pu64],
+        "dte_buffer_register_cuda": [h, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                     ctypes.c_size_t, ctypes.c_int, u64, u64, ctypes.c_int,
+                                     ctypes.c_char_p, pu64],
+        "dte_buffer_unregister": [h, u64],
+        "dte_job_create": [h, ctypes.POINTER(_JobParams), ctypes.POINTER(ctypes.c_int)],
+        "dte_attach": [h, ctypes.POINTER(_AttachParams), pu64],
+        "dte_detach": [h, ctypes.c_char_p, u64],
+        "dte_publish": [h, ctypes.c_char_p, u64, u64, i64, ctypes.POINTER(_HParams),
+                        ctypes.c_size_t, ctypes.POINTER(_PublishInfo)],
+        "dte_mark": [h, ctypes.c_char_p, u64, i64, ctypes.POINTER(_HParams), ctypes.c_size_t, pu64],
+        "dte_wait": [h, ctypes.c_char_p, u64, ctypes.c_uint],
+        "dte_wait_staged": [h, ctypes.c_char_p, u64, ctypes.c_uint, pu64],
+        "dte_apply": [h, ctypes.c_char_p, u64, u64, ctypes.POINTER(_ApplyInfo)],
+        "dte_query_version": [h, ctypes.c_char_p, u64, pu64, pu64],
+        "dte_layout_buffers": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, u32,
+                               ctypes.POINTER(_LayoutBuffer), ctypes.c_size_t,
+                               ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t],
+    }
+    for name, args in sig.items():
+        f = getattr(L, name)
+        f.argtypes = args
+        f.restype = None if name == "dte_close" else \
+            ctypes.c_char_p if name in ("dte_errmsg", "dte_strerror") else ctypes.c_int
+    _lib = L
+    return L
+
+
+def _b(s):
+    return s.encode() if isinstance(s, str) else s
+
+
+def _groups(groups):
+    """groups: list of dicts/objects with lr, beta1, beta2, eps, weight_decay
+    (index = layout group id: 0 decay, 1 no decay)."""
+    arr = (_HParams * max(len(groups), 1))()
+    for i, g in enumerate(groups):
+        get = g.get if isinstance(g, dict) else (lambda k, d=None, g=g: getattr(g, k, d))
+        arr[i] = _HParams(get("lr"), get("beta1"), get("beta2"), get("eps"),
+                          get("weight_decay"),
+                          ADAMW_FUSED if get("variant", "torch") == "fused" else ADAMW_TORCH)
+    return arr, len(groups)
+
+
+def layout_buffers(model_config, layout, role, rank):
+    """[(id, length, name)] of the buffers rank `rank` of a layout expects."""
+    L = lib()
+    cap = 4096
+    out = (_LayoutBuffer * cap)()
+    n = ctypes.c_size_t()
+    err = ctypes.create_string_buffer(256)
+    rc = L.dte_layout_buffers(_b(model_config), _b(layout), role, rank, out, cap,
+                              ctypes.byref(n), err, 256)
+    if rc:
+        raise DteError(rc, err.value.decode())
+    return [(out[i].id, out[i].length, out[i].name.decode()) for i in range(min(n.value, cap))]
+
+
+class Client:
+    """One connection to dted (libdte handle)."""
+
+    def __init__(self, socket_path=None):
+        L = lib()
+        hp = ctypes.c_void_p()
+        rc = L.dte_connect(_b(socket_path) if socket_path else None, ctypes.byref(hp))
+        if rc:
+            raise DteError(rc, L.dte_errmsg(None).decode())
+        self._h = hp
+
+    def _check(self, rc):
+        if rc:
+            raise DteError(rc, (lib().dte_errmsg(self._h) or b"").decode())
+
+    def close(self):
+        if self._h:
+            lib().dte_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def register_fd(self, fd, offset, length, dtype, name=""):
+        out = ctypes.c_uint64()
+        self._check(lib().dte_buffer_register_fd(self._h, fd, offset, length, dtype, _b(name),
+                                                 ctypes.byref(out)))
+        return out.value
+
+    def register_cuda(self, handle, offset, length, dtype, event=b"", device=0, name=""):
+        out = ctypes.c_uint64()
+        self._check(lib().dte_buffer_register_cuda(self._h, handle, len(handle), event or None,
+                                                   len(event), device, offset, length, dtype,
+                                                   _b(name), ctypes.byref(out)))
+        return out.value
+
+    def unregister(self, buf):
+        self._check(lib().dte_buffer_unregister(self._h, buf))
+
+    def job_create(self, name, model_config, token, coordinator="local", interval=1):
+        p = _JobParams(ctypes.sizeof(_JobParams), _b(name), _b(model_config), _b(coordinator),
+                       _b(token), interval, b"ucx")
+        created = ctypes.c_int()
+        self._check(lib().dte_job_create(self._h, ctypes.byref(p), ctypes.byref(created)))
+        return bool(created.value)
+
+    def attach(self, job, token, role, layout, rank, buffers, replica=0):
+        arr = (ctypes.c_uint64 * max(len(buffers), 1))(*buffers)
+        p = _AttachParams(ctypes.sizeof(_AttachParams), _b(job), _b(token), role, _b(layout),
+                          rank, replica, arr, len(buffers))
+        out = ctypes.c_uint64()
+        self._check(lib().dte_attach(self._h, ctypes.byref(p), ctypes.byref(out)))
+        return out.value
+
+    def detach(self, job, participant):
+        self._check(lib().dte_detach(self._h, _b(job), participant))
+
+    def publish(self, job, participant, version, step, groups):
+        arr, n = _groups(groups)
+        info = _PublishInfo(ctypes.sizeof(_PublishInfo))
+        self._check(lib().dte_publish(self._h, _b(job), participant, version, step, arr, n,
+                                      ctypes.byref(info)))
+        return {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:]}
+
+    def mark(self, job, participant, step, groups):
+        arr, n = _groups(groups)
+        dirty = ctypes.c_uint64()
+        self._check(lib().dte_mark(self._h, _b(job), participant, step, arr, n,
+                                   ctypes.byref(dirty)))
+        return dirty.value
+
+    def wait(self, job, version, timeout_ms=30000):
+        self._check(lib().dte_wait(self._h, _b(job), version, timeout_ms))
+
+    def wait_staged(self, job, participant, timeout_ms=30000):
+        out = ctypes.c_uint64()
+        self._check(lib().dte_wait_staged(self._h, _b(job), participant, timeout_ms,
+                                          ctypes.byref(out)))
+        return out.value
+
+    def apply(self, job, participant, version):
+        info = _ApplyInfo(ctypes.sizeof(_ApplyInfo))
+        self._check(lib().dte_apply(self._h, _b(job), participant, version, ctypes.byref(info)))
+        return {k: getattr(info, k) for k, _ in _ApplyInfo._fields_[2:]}
+
+    def query_version(self, job, participant):
+        a, s = ctypes.c_uint64(), ctypes.c_uint64()
+        self._check(lib().dte_query_version(self._h, _b(job), participant, ctypes.byref(a),
+                                            ctypes.byref(s)))
+        return a.value, s.value

@@ -1,0 +1,440 @@
+#!/usr/bin/python3
+"""Same-cluster sync inside one dted (docs/SYNC.md), end to end.
+
+A trainer (Megatron-Core TP=2, two source ranks, FP32 θ/m/v in memfds laid
+out exactly as the C generator expects) runs real torch AdamW steps and
+publishes every version through a real dted; sinks (SGLang TP=2: replica 0
+in this process, replica 1 in a child process that is SIGKILLed and
+restarted, replica 2 attaching at version 20) apply every version.  After
+each version every sink element must be bit-identical to RNE(θ_t) mapped
+through the independent Python converter (dte.sglang.hf_to_sglang).
+Phases: K=1, K=4 with marks (sparse, exact), K=4 without marks (dense,
+exact), then bad input (wrong token, unknown job, out-of-range and
+unsealed registrations, another client's buffer) must be refused with a
+clear error while the daemon keeps serving.
+"""
+
+import collections
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+B = os.environ.get("B", "build")
+if not os.path.isabs(B):
+    B = os.path.join(ROOT, B)
+os.environ["B"] = B
+
+import torch  # noqa: E402
+
+from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
+from dte.checks import Checks  # noqa: E402
+from dte.shm import Arena  # noqa: E402
+
+JOB, TOKEN = "qwen-sync", "s3cret"
+CFG = qwen3.make_config(None, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                        vocab_size=512)
+CFG_TEXT = json.dumps(CFG)
+TP = 2
+SRC_LAYOUT, SINK_LAYOUT = "megatron:tp=2", "sglang:tp=2"
+LR, WARMUP = 1e-5, 5
+
+
+# ---------------------------------------------------------------- trainer
+def c_registration_order(cfg):
+    """Megatron's param registration order (gen_megatron.c): the flat
+    buffer holds them in reverse, each start aligned to 64 elements, which
+    is what shm.Arena's 256-byte alignment gives for FP32."""
+    names = ["embedding.word_embeddings.weight"]
+    for n in range(cfg["num_hidden_layers"]):
+        p = "decoder.layers.%d." % n
+        names += [p + "self_attention.linear_proj.weight",
+                  p + "self_attention.linear_qkv.layer_norm_weight",
+                  p + "self_attention.linear_qkv.weight",
+                  p + "self_attention.q_layernorm.weight",
+                  p + "self_attention.k_layernorm.weight",
+                  p + "mlp.linear_fc1.layer_norm_weight",
+                  p + "mlp.linear_fc1.weight",
+                  p + "mlp.linear_fc2.weight"]
+    names.append("decoder.final_layernorm.weight")
+    if not cfg["tie_word_embeddings"]:
+        names.append("output_layer.weight")
+    return names
+
+
+_shard_shapes = megatron.shard_shapes
+
+
+def flat_order_shapes(cfg, tp):
+    s = _shard_shapes(cfg, tp)
+    order = list(reversed(c_registration_order(qwen3.make_config(cfg))))
+    assert sorted(order) == sorted(s), "registration list out of date with dte.megatron"
+    return collections.OrderedDict((n, s[n]) for n in order)
+
+
+def groups_of(rec):
+    return [{"lr": g.lr, "beta1": g.beta1, "beta2": g.beta2, "eps": g.eps,
+             "weight_decay": g.weight_decay} for g in rec["groups"]]
+
+
+# ------------------------------------------------------------------ sinks
+class Replica:
+    """SGLang TP=2 sink replica in this process."""
+
+    def __init__(self, c, sock, replica, label):
+        self.replica = replica
+        self.model = sglang.SGLangModel(CFG, tp=TP, label=label)
+        self.cli = _lib.Client(sock)
+        self.parts = []
+        for r in range(TP):
+            self.parts.append(attach_sink(self.cli, self.model.arenas[r], r, replica))
+
+    def step(self, timeout_ms=20000):
+        out = []
+        for p in self.parts:
+            v = self.cli.wait_staged(JOB, p, timeout_ms)
+            out.append(self.cli.apply(JOB, p, v))
+        self.last = out
+        return out
+
+    def tensors(self, r):
+        return self.model.weights(r)
+
+
+def attach_sink(cli, arena, rank, replica):
+    want = _lib.layout_buffers(CFG_TEXT, SINK_LAYOUT, _lib.SINK, rank)
+    ids = []
+    for _bid, length, name in want:
+        loc = arena.loc(name)
+        assert loc.nbytes == 2 * length, "%s: arena %d bytes, layout %d elements" % (
+            name, loc.nbytes, length)
+        ids.append(cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
+    return cli.attach(JOB, TOKEN, _lib.SINK, SINK_LAYOUT, rank, ids, replica=replica)
+
+
+def child_main(sock, replica):
+    """A sink replica in its own process: apply whatever is staged, forever."""
+    model = sglang.SGLangModel(CFG, tp=TP, label="child%d" % replica)
+    cli = _lib.Client(sock)
+    parts = [attach_sink(cli, model.arenas[r], r, replica) for r in range(TP)]
+    print("READY %s" % " ".join(str(model.arenas[r].fd) for r in range(TP)), flush=True)
+    while True:
+        for p in parts:
+            try:
+                v = cli.wait_staged(JOB, p, 100)
+            except _lib.DteError as e:
+                if e.code == _lib.ERR_TIMEOUT:
+                    continue
+                raise
+            r = cli.apply(JOB, p, v)
+            if not r["checksum_ok"]:
+                print("CHECKSUM-FAILED %d" % v, flush=True)
+
+
+class ChildReplica:
+    """A sink replica in a child process; its memory read through /proc."""
+
+    def __init__(self, sock, replica):
+        self.replica = replica
+        self.proc = subprocess.Popen([sys.executable, __file__, "--sink-child", sock, str(replica)],
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise RuntimeError("sink child did not start: %r" % line)
+        self.layout = sglang.SGLangModel(CFG, tp=TP, label="childview%d" % replica)
+        self.maps = []
+        for r, fd in enumerate(line[1:]):
+            own = os.open("/proc/%d/fd/%s" % (self.proc.pid, fd), os.O_RDONLY)
+            size = os.fstat(own).st_size
+            self.maps.append(mmap.mmap(own, size, mmap.MAP_SHARED, mmap.PROT_READ))
+            os.close(own)
+
+    def tensors(self, r):
+        out = {}
+        for name in self.layout.shapes:
+            loc = self.layout.arenas[r].loc(name)
+            raw = self.maps[r][loc.offset:loc.offset + loc.nbytes]
+            out[name] = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).view(loc.shape)
+        return out
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        for m in self.maps:
+            m.close()
+        self.maps = []
+        self.layout.close()
+
+
+# -------------------------------------------------------------- checking
+def expected(model):
+    """RNE(θ_t) of the trainer's FP32 weights, converted independently."""
+    hf = collections.OrderedDict((n, t.to(torch.bfloat16)) for n, t in model.to_hf().items())
+    return sglang.hf_to_sglang(hf, CFG, TP)
+
+
+def exact(want, got_tensors):
+    bad = []
+    for name, w in want.items():
+        g = got_tensors[name]
+        if not torch.equal(w.view(torch.int16), g.view(torch.int16)):
+            n = int((w.view(torch.int16) != g.view(torch.int16)).sum())
+            bad.append("%s (%d of %d)" % (name, n, w.numel()))
+    return bad
+
+
+def dtectl(sock, *args):
+    r = subprocess.run([os.path.join(B, "bin", "dtectl"), "--socket", sock] + list(args),
+                       capture_output=True, text=True)
+    return r
+
+
+def bad_input(c, sock, trainer_cli, src_ids):
+    E = _lib.DteError
+    other = _lib.Client(sock)
+    ar = Arena("bad", [("w", (64,), "bf16")])
+    c.raises(E, lambda: other.attach(JOB, "wrong", _lib.SINK, SINK_LAYOUT, 0, []),
+             "wrong token refused")
+    try:
+        other.attach(JOB, "wrong", _lib.SINK, SINK_LAYOUT, 0, [])
+    except E as e:
+        c.check(e.code == _lib.ERR_DENIED and "token" in e.msg, "wrong token: %s" % e.msg)
+    c.raises(E, lambda: other.attach("no-such-job", TOKEN, _lib.SINK, SINK_LAYOUT, 0, []),
+             "unknown job refused")
+    c.raises(E, lambda: other.register_fd(ar.fd, ar.size, 64, _lib.BF16, "past the end"),
+             "registration offset past the end refused")
+    c.raises(E, lambda: other.register_fd(ar.fd, 0, ar.size, _lib.BF16, "too long"),
+             "registration length past the end refused")
+    c.raises(E, lambda: other.register_fd(ar.fd, 1, 8, _lib.BF16, "misaligned"),
+             "misaligned registration offset refused")
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, 4096)
+    c.raises(E, lambda: other.register_fd(unsealed, 0, 64, _lib.BF16, "unsealed"),
+             "unsealed memfd refused")
+    os.close(unsealed)
+    # Another connection's buffers (the trainer's) cannot be named.
+    try:
+        other.attach(JOB, TOKEN, _lib.SOURCE, SRC_LAYOUT, 0, src_ids)
+        c.check(False, "another client's buffers: attach succeeded")
+    except E as e:
+        c.check("not registered on this connection" in e.msg,
+                "another client's buffers refused: %s" % e.msg)
+    c.raises(E, lambda: other.unregister(src_ids[0]), "unregistering another client's buffer refused")
+    c.raises(E, lambda: other.apply(JOB, 12345, 1), "apply for a participant not ours refused")
+    good = other.register_fd(ar.fd, 0, 64, _lib.BF16, "ok")
+    c.check(good > 0, "a valid registration after the refusals works")
+    c.raises(E, lambda: other.attach(JOB, TOKEN, _lib.SINK, SINK_LAYOUT, 0, [good]),
+             "attach with the wrong number of buffers refused")
+    c.raises(E, lambda: other.attach(JOB, TOKEN, _lib.SINK, "sglang:tp=3", 0, [good]),
+             "impossible layout refused")
+    c.raises(E, lambda: other.register_cuda(b"x" * 64, 0, 64, _lib.BF16),
+             "CUDA IPC buffer refused without a CUDA device")
+    other.close()
+    ar.close()
+    st = dtectl(sock, "status")
+    c.check(st.returncode == 0 and "jobs: 1" in st.stdout, "daemon still serving: %s" %
+            st.stdout.replace("\n", " ")[:120])
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--sink-child":
+        torch.set_num_threads(1)
+        child_main(sys.argv[2], int(sys.argv[3]))
+        return
+    c = Checks("sync-local")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    tmp = tempfile.mkdtemp(prefix="dte-sync-local-")
+    sock = os.path.join(tmp, "dted.sock")
+    log = open(os.path.join(tmp, "dted.log"), "w+")
+    conf = os.path.join(tmp, "dted.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nnode_name = sync-local\nlog_level = info\n")
+    daemon = subprocess.Popen([os.path.join(B, "bin", "dted"), "--foreground", "--config", conf,
+                               "--socket", sock, "--peer-listen", "127.0.0.1:0"],
+                              stderr=log, stdout=log)
+    children = []
+    versions = exact_versions = 0
+    sparse_pct = []
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        megatron.shard_shapes = flat_order_shapes
+        model = megatron.MegatronModel(CFG, tp=TP, seed=0, label="sync-src")
+        trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
+        task = toy.ToyTask(CFG["vocab_size"])
+        tcli = _lib.Client(sock)
+        c.check(tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1), "job created")
+        c.check(not tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1), "job_create is idempotent")
+        c.raises(_lib.DteError, lambda: tcli.job_create(JOB, CFG_TEXT, "other", "local", 1),
+                 "same job with another token refused")
+        src_parts, src_ids = [], []
+        for r in range(TP):
+            want = _lib.layout_buffers(CFG_TEXT, SRC_LAYOUT, _lib.SOURCE, r)
+            ids = []
+            for (bid, length, name), kind in zip(want, ("param", "exp_avg", "exp_avg_sq")):
+                a = model.arenas[r][kind]
+                last = a.loc(a.names()[-1])
+                c.check(last.offset + last.nbytes <= 4 * length <= a.size,
+                        "rank %d %s: arena fits the layout's %d elements" % (r, kind, length))
+                ids.append(tcli.register_fd(a.fd, 0, length, _lib.FP32, "%s r%d" % (kind, r)))
+            src_ids += ids
+            src_parts.append(tcli.attach(JOB, TOKEN, _lib.SOURCE, SRC_LAYOUT, r, ids))
+        rep0 = Replica(c, sock, 0, "sink-r0")
+        child = ChildReplica(sock, 1)
+        children.append(child)
+        sinks = {0: rep0, 1: child}
+        late = None
+        step = 0
+        version = 0
+        modes = {}
+
+        def publish(rec, wait_fails=False):
+            nonlocal version
+            version += 1
+            infos = [tcli.publish(JOB, p, version, rec["step"], groups_of(rec)) for p in src_parts]
+            for s in sinks.values():
+                if isinstance(s, Replica):
+                    s.step()
+            if wait_fails:
+                c.raises(_lib.DteError, lambda: tcli.wait(JOB, version, 30000),
+                         "wait reports the sink that failed its checksum")
+            else:
+                tcli.wait(JOB, version, 30000)
+            return infos
+
+        def verify(tag, skip=()):
+            nonlocal versions, exact_versions
+            want = expected(model)
+            ok = True
+            for k, s in sorted(sinks.items()):
+                for r in range(TP):
+                    if (k, r) in skip:
+                        continue
+                    bad = exact(want[r], s.tensors(r))
+                    if bad:
+                        ok = False
+                        print("version %d %s replica %d rank %d differs: %s" % (
+                            version, tag, k, r, ", ".join(bad[:4])), flush=True)
+            versions += 1
+            exact_versions += ok
+            return ok
+
+        # Phase A: K=1, a late sink at 20, a sink killed and restarted at 25.
+        for v in range(1, 31):
+            step += 1
+            rec = trainer.step(*task.batch_at(step))
+            if v == 20:
+                late = Replica(c, sock, 2, "sink-late")
+                sinks[2] = late
+            if v == 25:
+                child.kill()
+                child = ChildReplica(sock, 1)
+                children.append(child)
+                sinks[1] = child
+            infos = publish(rec, wait_fails=v == 28)
+            modes[version] = infos
+            if v == 28:
+                # The corruption below is caught by the checksum, not by luck.
+                c.check(not rep0.last[0]["checksum_ok"] and rep0.last[1]["checksum_ok"],
+                        "corrupted sink buffer: checksum failure reported (%s)" % rep0.last)
+                verify("K=1", skip={(0, 0)})
+                continue
+            if v == 29:
+                c.check(rep0.last[0]["checksum_ok"] and infos[0]["dense"] == 1,
+                        "after a checksum failure: that sink repaired densely (%s)" % infos[0])
+            verify("K=1")
+            if v == 27:
+                w = rep0.tensors(0)["model.layers.0.self_attn.o_proj.weight"]
+                w[0].fill_(1234.0)
+        c.check(all(i["dense"] == i["sinks"] for i in modes[1]), "version 1 is dense")
+        c.check(any(i["dense"] == 0 for v in range(2, 20) for i in modes[v]),
+                "K=1 versions go sparse")
+        c.check(all(0 < i["dense"] < i["sinks"] for i in modes[20]),
+                "version 20: only the new sinks dense (%s)" % modes[20])
+        # Phase B: K=4 with marks.
+        for v in range(10):
+            for k in range(4):
+                step += 1
+                rec = trainer.step(*task.batch_at(step))
+                if k < 3:
+                    for p in src_parts:
+                        tcli.mark(JOB, p, rec["step"], groups_of(rec))
+            infos = publish(rec)
+            modes[version] = infos
+            verify("K=4 marks")
+        c.check(all(i["dense"] == 0 for v in range(version - 9, version + 1) for i in modes[v]),
+                "K=4 with marks: every version sparse")
+        # Phase C: K=4 without marks: a gap, so dense.
+        for v in range(10):
+            for k in range(4):
+                step += 1
+                rec = trainer.step(*task.batch_at(step))
+            infos = publish(rec)
+            modes[version] = infos
+            verify("K=4 no marks")
+        c.check(all(i["dense"] == i["sinks"] for v in range(version - 9, version + 1)
+                    for i in modes[v]), "K=4 without marks: every version dense")
+        # Back to K=1: sparse again on top of the dense ones.
+        for v in range(3):
+            step += 1
+            rec = trainer.step(*task.batch_at(step))
+            infos = publish(rec)
+            modes[version] = infos
+            verify("K=1 again")
+        c.check(all(i["dense"] == 0 for i in modes[version]), "sparse again after dense versions")
+        c.check(exact_versions == versions, "every version exact on every sink (%d/%d)" %
+                (exact_versions, versions))
+
+        # What operators see.
+        h = dtectl(sock, "--json", "history", JOB)
+        hist = json.loads(h.stdout).get("versions", []) if h.returncode == 0 else []
+        c.check(len(hist) == version, "history has every version (%d)" % len(hist))
+        c.check(all(x.get("checksum") == ("failed" if x["version"] == 28 else "ok") for x in hist),
+                "history: checksum ok, failed at the corrupted version 28")
+        c.check(any(x.get("mode") == "sparse" for x in hist) and
+                any(x.get("mode") == "dense" for x in hist), "history shows sparse and dense")
+        j = dtectl(sock, "job", JOB)
+        c.check(j.returncode == 0 and "complete: true" in j.stdout and "is_coordinator: true" in j.stdout,
+                "dtectl job: complete, coordinator")
+        jl = dtectl(sock, "jobs")
+        c.check(jl.returncode == 0 and JOB in jl.stdout, "dtectl jobs lists the job")
+        sparse_pct = [x["changed_pct"] for x in hist if x.get("mode") == "sparse"]
+        print("history tail: %s" % json.dumps(hist[-2:]))
+        bad_input(c, sock, tcli, src_ids[:3])
+        c.check(daemon.poll() is None, "daemon alive at the end")
+        tcli.close()
+        trainer.close()
+    finally:
+        for ch in children:
+            if ch.proc.poll() is None:
+                ch.proc.send_signal(signal.SIGKILL)
+                ch.proc.wait()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            rc = daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = -9
+        c.check(rc == 0, "dted exits cleanly (status %s)" % rc)
+        log.seek(0)
+        text = log.read()
+        if c.passed != c.total:
+            print("--- dted log (tail) ---\n" + "\n".join(text.splitlines()[-40:]))
+    print("sync-local: versions=%d exact=%d/%d sinks=%d" % (versions, exact_versions, versions,
+                                                             2 * TP + TP))
+    c.finish(versions=versions, sparse_changed_pct="%.1f" % (
+        sum(sparse_pct) / len(sparse_pct) if sparse_pct else 0))
+
+
+if __name__ == "__main__":
+    main()
