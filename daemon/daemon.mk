@@ -30,4 +30,5 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
+UNIT_TESTS   += test_buf
 SYSTEM_TESTS += tests/system/sync_local.py
