@@ -33,13 +33,15 @@ static int cpu_threads(void)
 	return t;
 }
 
-/* Work over [lo, hi) of some index space; returns a sum to reduce. */
-typedef uint64_t (*range_fn)(void *ctx, uint64_t lo, uint64_t hi);
+/* Work over [lo, hi) of some index space, as part number `part` of a
+ * split; returns a sum to reduce. */
+typedef uint64_t (*range_fn)(void *ctx, uint64_t lo, uint64_t hi, int part);
 
 struct part {
 	range_fn fn;
 	void *ctx;
 	uint64_t lo, hi, out;
+	int index;
 	pthread_t tid;
 	int started;
 };
@@ -48,37 +50,61 @@ static void *part_main(void *arg)
 {
 	struct part *p = arg;
 
-	p->out = p->fn(p->ctx, p->lo, p->hi);
+	p->out = p->fn(p->ctx, p->lo, p->hi, p->index);
 	return NULL;
 }
 
 /* Split [0, n) into per-thread ranges whose bounds are multiples of
- * `align`, run them, and return the sum of their results. */
-static uint64_t run_split(range_fn fn, void *ctx, uint64_t n, uint64_t align, uint64_t elems)
+ * `align` (one range when `elems` is too small to pay for threads);
+ * returns the number of parts. */
+static int split_plan(struct part *parts, uint64_t n, uint64_t align, uint64_t elems)
 {
-	struct part parts[MAX_THREADS] = { 0 };
 	int nt = elems >= PAR_MIN_ELEMS ? cpu_threads() : 1;
-	uint64_t sum = 0, chunk;
+	uint64_t chunk;
 
-	if (nt == 1 || n < (uint64_t)nt * align)
-		return fn(ctx, 0, n);
+	if (nt == 1 || n < (uint64_t)nt * align) {
+		parts[0].lo = 0;
+		parts[0].hi = n;
+		parts[0].index = 0;
+		return 1;
+	}
 	chunk = (n / (uint64_t)nt + align - 1) / align * align;
+	for (int i = 0; i < nt; i++) {
+		parts[i].lo = chunk * (uint64_t)i < n ? chunk * (uint64_t)i : n;
+		parts[i].hi = i == nt - 1 || chunk * (uint64_t)(i + 1) > n ? n : chunk * (uint64_t)(i + 1);
+		parts[i].index = i;
+	}
+	return nt;
+}
+
+/* Run fn over every part (the caller's thread takes part 0); each part's
+ * result lands in its `out`. */
+static void split_run(struct part *parts, int nt, range_fn fn, void *ctx)
+{
 	for (int i = 0; i < nt; i++) {
 		parts[i].fn = fn;
 		parts[i].ctx = ctx;
-		parts[i].lo = chunk * (uint64_t)i < n ? chunk * (uint64_t)i : n;
-		parts[i].hi = i == nt - 1 || chunk * (uint64_t)(i + 1) > n ? n : chunk * (uint64_t)(i + 1);
 		parts[i].started = 0;
 	}
 	for (int i = 1; i < nt; i++)
 		parts[i].started = pthread_create(&parts[i].tid, NULL, part_main, &parts[i]) == 0;
-	parts[0].out = fn(ctx, parts[0].lo, parts[0].hi);
+	part_main(&parts[0]);
 	for (int i = 1; i < nt; i++) {
 		if (parts[i].started)
 			pthread_join(parts[i].tid, NULL);
 		else
-			parts[i].out = fn(ctx, parts[i].lo, parts[i].hi);
+			part_main(&parts[i]);
 	}
+}
+
+/* Split, run, and return the sum of the parts' results. */
+static uint64_t run_split(range_fn fn, void *ctx, uint64_t n, uint64_t align, uint64_t elems)
+{
+	struct part parts[MAX_THREADS];
+	int nt = split_plan(parts, n, align, elems);
+	uint64_t sum = 0;
+
+	split_run(parts, nt, fn, ctx);
 	for (int i = 0; i < nt; i++)
 		sum += parts[i].out;
 	return sum;
@@ -98,8 +124,10 @@ static void walk_to(struct box_walk *w, uint64_t *cur, uint64_t p)
 
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
 #define DTC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define DTC_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
 #else
 #define DTC_CLONES
+#define DTC_POPCNT_CLONES
 #endif
 
 /* Pack 64 flags (bytes of 0/1) into a word: one multiply gathers the low
@@ -117,7 +145,7 @@ static inline uint64_t pack64(const uint8_t *f)
 	return w;
 }
 
-#define BLOCK_WORDS 16
+#define BLOCK_WORDS DTC_CPU_BLOCK_WORDS
 
 /* Verdicts for nw (<= BLOCK_WORDS) bitmap words of consecutive elements:
  * bit i of out[j] set when element 64j+i may have changed
@@ -164,7 +192,24 @@ void dtc_cpu_flags(const struct dtc_consts *kp, const float *p, const float *m, 
 		out[idx[i] / 64] |= (uint64_t)f[i] << (idx[i] % 64);
 }
 
+dtc_cpu_flags_fn dtc_cpu_flags_best(void)
+{
+	static dtc_cpu_flags_fn best;
+	dtc_cpu_flags_fn f = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		const char *s = getenv("DTC_CPU_SIMD");
+
+		f = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_flags_avx512();
+		if (!f)
+			f = dtc_cpu_flags;
+		__atomic_store_n(&best, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
 struct scan_ctx {
+	dtc_cpu_flags_fn flags;
 	struct dte_box_map e;
 	struct dtc_consts k;
 	const float *p, *m, *v;
@@ -173,7 +218,7 @@ struct scan_ctx {
 	int mode;
 };
 
-static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
+static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1, int part)
 {
 	struct scan_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
@@ -195,7 +240,7 @@ static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
 			nw = nw < full ? nw : full;
 			nw = nw < w1 - wi ? nw : w1 - wi;
 			nw = nw < BLOCK_WORDS ? nw : BLOCK_WORDS;
-			dtc_cpu_flags(&c->k, c->p + s, c->m + s, c->v + s, (int)nw, blk);
+			c->flags(&c->k, c->p + s, c->m + s, c->v + s, (int)nw, blk);
 			w.col += (int64_t)(64 * nw);
 			if (w.col == w.row_len)
 				box_walk_next_row(&w);
@@ -222,7 +267,7 @@ static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1)
 					tp[i] = tm[i] = tv[i] = 0;
 				}
 			}
-			dtc_cpu_flags(&c->k, tp, tm, tv, 1, blk);
+			c->flags(&c->k, tp, tm, tv, 1, blk);
 			bits = blk[0];
 		}
 		if (c->mode == DTC_SCAN_OR)
@@ -241,6 +286,7 @@ static int cpu_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 {
 	struct scan_ctx c;
 
+	c.flags = dtc_cpu_flags_best();
 	c.e = *e;
 	c.k = *k;
 	c.p = param;
@@ -255,34 +301,104 @@ static int cpu_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 
 /* ---- sparse from bitmap ---------------------------------------------- */
 
-static int cpu_sparse(const struct dte_box_map *e, const uint64_t *bitmap, const float *param,
-		      uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *n)
+/* Both cores: each part of the bitmap counts its bits, a prefix sum gives
+ * every part the place of its first output, and the parts fill in
+ * parallel, so the output is the same sorted list one thread would write. */
+struct sparse_ctx {
+	struct dte_box_map e;
+	const uint64_t *bitmap;
+	const float *param;
+	uint64_t *pos;
+	uint16_t *val;
+	uint64_t size, words;
+	uint64_t base[MAX_THREADS];
+};
+
+/* Word i of the bitmap without the bits past the box end. */
+static inline uint64_t bm_word(const struct sparse_ctx *c, uint64_t i)
 {
-	uint64_t size = dtc_box_size(e), words = (size + 63) / 64, total = 0, out = 0, cur = 0;
+	uint64_t b = c->bitmap[i];
+
+	if (i + 1 == c->words && c->size % 64)
+		b &= ((uint64_t)1 << (c->size % 64)) - 1;
+	return b;
+}
+
+DTC_POPCNT_CLONES
+static uint64_t sparse_count(void *arg, uint64_t lo, uint64_t hi, int part)
+{
+	const struct sparse_ctx *c = arg;
+	uint64_t n = 0;
+
+	for (uint64_t i = lo; i < hi; i++)
+		n += (uint64_t)__builtin_popcountll(bm_word(c, i));
+	return n;
+}
+
+#define SPARSE_PREFETCH 16	/* words ahead: enough to cover a DRAM miss */
+
+static uint64_t sparse_fill(void *arg, uint64_t lo, uint64_t hi, int part)
+{
+	const struct sparse_ctx *c = arg;
+	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
+	uint64_t out = c->base[part], cur = lo * 64;
+	uint64_t *pos = c->pos;
+	uint16_t *val = c->val;
 	struct box_walk w;
 
-	for (uint64_t i = 0; i < words; i++)
-		total += (uint64_t)__builtin_popcountll(i + 1 == words && size % 64 ?
-			bitmap[i] & (((uint64_t)1 << (size % 64)) - 1) : bitmap[i]);
-	if (total > cap)
-		return DTC_ENOSPC;
-	box_walk_seek(&w, e, 0);
-	for (uint64_t i = 0; i < words; i++) {
-		uint64_t bits = bitmap[i];
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, cur);
+	for (uint64_t i = lo; i < hi; i++) {
+		uint64_t bits = bm_word(c, i);
 
+		/* θ is read only where bits are set: prefetch the lines of a word
+		 * ahead when it is in this contiguous row (the hardware does not
+		 * follow a sparse pattern). */
+		if (s1 == 1) {
+			uint64_t d = 64 * (i + SPARSE_PREFETCH) - cur;
+
+			if (d + 64 <= (uint64_t)(w.row_len - w.col)) {
+				const float *a = c->param + box_src_index(&w) + d;
+
+				for (int l = 0; l < 4; l++)
+					__builtin_prefetch(a + 16 * l);
+			}
+		}
 		while (bits) {
 			uint64_t p = i * 64 + (uint64_t)__builtin_ctzll(bits);
 
 			bits &= bits - 1;
-			if (p >= size)
-				break;
 			walk_to(&w, &cur, p);
 			pos[out] = p;
-			val[out] = dtc_bf16_rne(param[box_src_index(&w)]);
+			val[out] = dtc_bf16_rne(c->param[box_src_index(&w)]);
 			out++;
 		}
 	}
-	*n = out;
+	return 0;
+}
+
+static int cpu_sparse(const struct dte_box_map *e, const uint64_t *bitmap, const float *param,
+		      uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *n)
+{
+	struct part parts[MAX_THREADS];
+	struct sparse_ctx c = { .bitmap = bitmap, .param = param, .pos = pos, .val = val };
+	uint64_t total = 0;
+	int nt;
+
+	c.e = *e;
+	c.size = dtc_box_size(e);
+	c.words = (c.size + 63) / 64;
+	nt = split_plan(parts, c.words, 8, c.size);
+	split_run(parts, nt, sparse_count, &c);
+	for (int i = 0; i < nt; i++) {
+		c.base[i] = total;
+		total += parts[i].out;
+	}
+	if (total > cap)
+		return DTC_ENOSPC;
+	split_run(parts, nt, sparse_fill, &c);
+	*n = total;
 	return DTC_OK;
 }
 
@@ -297,7 +413,7 @@ struct dense_ctx {
 	uint64_t size;
 };
 
-static uint64_t extract_range(void *arg, uint64_t lo, uint64_t hi)
+static uint64_t extract_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct dense_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
@@ -337,7 +453,7 @@ static int cpu_extract(const struct dte_box_map *e, const float *param, uint16_t
 	return DTC_OK;
 }
 
-static uint64_t apply_range(void *arg, uint64_t lo, uint64_t hi)
+static uint64_t apply_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct dense_ctx *c = arg;
 	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
@@ -403,7 +519,7 @@ struct csum_ctx {
 	const float *param;
 };
 
-static uint64_t csum_buf_range(void *arg, uint64_t lo, uint64_t hi)
+static uint64_t csum_buf_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	const uint16_t *b = ((struct csum_ctx *)arg)->buf;
 	uint64_t s = 0;
@@ -421,7 +537,7 @@ static int cpu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
 	return DTC_OK;
 }
 
-static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi)
+static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct csum_ctx *c = arg;
 	struct box_walk w;

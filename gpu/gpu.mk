@@ -3,13 +3,13 @@
 # Every FP32 operation of the element math must round exactly as the
 # trainer's did, on every backend: no FMA contraction, no errno-checking
 # sqrt (which would keep the scan from vectorizing).
-COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/compute.c gpu/codec.c gpu/backend.c
+COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/cpu_avx512.c gpu/compute.c gpu/codec.c gpu/backend.c
 COMPUTE_OBJS := $(COMPUTE_SRCS:%.c=$(B)/obj/%.o)
 COMPUTE_LIBS := -lzstd -lxxhash -ldl -lm
 DTC_FPFLAGS  := -ffp-contract=off -fno-math-errno
 
 $(B)/obj/gpu/%.o: CFLAGS += $(DTC_FPFLAGS)
-$(B)/obj/gpu/cpu.o: CFLAGS += -O3
+$(B)/obj/gpu/cpu.o $(B)/obj/gpu/cpu_avx512.o: CFLAGS += -O3
 
 $(B)/lib/libdtecompute.a: $(COMPUTE_OBJS)
 	@mkdir -p $(dir $@)
@@ -41,7 +41,7 @@ endif
 
 # Unit tests (baseline x86-64 has no FMA, so their inline element math
 # cannot be contracted either).
-UNIT_TESTS += test_elem test_codec test_kernels test_backend
+UNIT_TESTS += test_elem test_codec test_kernels test_backend test_cpu_simd
 
 SYSTEM_TESTS += tests/system/adamw_fixtures.py
 

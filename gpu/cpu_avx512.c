@@ -1,0 +1,164 @@
+/* The scan's AVX-512 kernel: same verdicts as dtc_cpu_flags(), at memory
+ * speed.
+ *
+ * The compiler's vectorization of the generic loop spends ~1 ns per
+ * element in cache (byte flags, packing, spills) and far more per element
+ * the cheap test cannot clear (a scalar gather).  Here the cheap test
+ * (dtc_adamw_quiet) runs 16 lanes at a time straight into mask registers,
+ * the lanes it cannot clear are compressed into a short list in registers
+ * (vcompressps; its store-to-memory form is microcoded on some cores, so
+ * the full vector is stored and the tail overwritten), the full inverse
+ * decides that list with elem.h's own code, and pdep deposits those
+ * verdicts back at the lanes they came from.
+ *
+ * quiet16() mirrors dtc_adamw_quiet() operation for operation: the same
+ * FP32 multiplies, subtractions and ordered comparisons in the same order,
+ * the same 32-bit integer wrap-arounds, so the bitmap is bit-identical to
+ * the reference (tests/unit/test_cpu_simd.c checks random and edge-case
+ * inputs against it). */
+#include <string.h>
+#include "gpu/cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,bmi2,popcnt")))
+
+struct quiet_consts {
+	__m512 q_k2, q_s, q_q2, q_eps;
+};
+
+AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, __m512 m,
+				       __m512 v)
+{
+	const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+	const __m512i half = _mm512_set1_epi32(0x8000);
+	const __m512 zero = _mm512_setzero_ps();
+	const __m512 c099 = _mm512_set1_ps(0.99f);
+	__m512i b = _mm512_castps_si512(th);
+	__m512i ab = _mm512_and_si512(b, absmask);
+	__m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 16), _mm512_set1_epi32(1));
+	__m512i mid = _mm512_slli_epi32(_mm512_srli_epi32(
+		_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x7fff)), odd), 16), 16);
+	__m512 x = _mm512_castsi512_ps(ab);
+	__m512 dlo = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_sub_epi32(mid, half)));
+	__m512 dhi = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(mid, half)), x);
+	__m512 r_up = _mm512_sub_ps(_mm512_mul_ps(c099, dhi), _mm512_mul_ps(x, c->q_k2));
+	__m512 r_dn = _mm512_sub_ps(_mm512_mul_ps(c099, dlo),
+				    _mm512_mul_ps(x, _mm512_set1_ps(9.5367431640625e-07f)));
+	/* sign of θ equals sign of m: u grows |θ_{t-1}| */
+	__mmask16 up = _mm512_cmpge_epi32_mask(_mm512_xor_si512(b, _mm512_castps_si512(m)),
+					       _mm512_setzero_si512());
+	__m512 r = _mm512_mask_blend_ps(up, r_dn, r_up);
+	__m512 a = _mm512_mul_ps(c->q_s, _mm512_castsi512_ps(
+		_mm512_and_si512(_mm512_castps_si512(m), absmask)));
+	__m512 rr = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(r, r), v), c->q_q2);
+	__mmask16 ok, t1, t2;
+
+	ok = _mm512_cmplt_epu32_mask(ab, _mm512_set1_epi32(0x7f000000)) &
+	     _mm512_cmpge_epu32_mask(mid, _mm512_set1_epi32(0x00800000)) &
+	     _mm512_cmp_ps_mask(r_up, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(r_dn, zero, _CMP_GT_OQ);
+	t1 = _mm512_cmp_ps_mask(a, _mm512_mul_ps(r, c->q_eps), _CMP_LT_OQ);
+	t2 = _mm512_cmp_ps_mask(_mm512_mul_ps(a, a), rr, _CMP_LT_OQ) &
+	     _mm512_cmp_ps_mask(rr, _mm512_set1_ps(7.888609052210118e-31f), _CMP_GT_OQ);
+	return ok & (t1 | t2);
+}
+
+#define LIST (64 * DTC_CPU_BLOCK_WORDS)
+
+/* The full inverse over 16 gathered elements as a lane mask.  elem.h's
+ * code as written, in a fixed-length loop the compiler turns into one
+ * pass of vector code (a loop of unknown length would leave short lists
+ * to its scalar epilogue). */
+AVX512 static inline __mmask16 decide16(const struct dtc_consts *k, const float *p,
+					const float *m, const float *v)
+{
+	int32_t f[16];
+
+	if (k->variant == DTC_VARIANT_FUSED) {
+		for (int i = 0; i < 16; i++)
+			f[i] = dtc_adamw_changed_u(k, p[i], dtc_adamw_u_fused(k, m[i], v[i]));
+	} else {
+		for (int i = 0; i < 16; i++)
+			f[i] = dtc_adamw_changed_u(k, p[i], dtc_adamw_u_torch(k, m[i], v[i]));
+	}
+	return _mm512_test_epi32_mask(_mm512_loadu_si512(f), _mm512_set1_epi32(1));
+}
+
+AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, const float *m,
+				const float *v, int nw, uint64_t *out)
+{
+	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+	struct dtc_consts k = *kp;
+	struct quiet_consts c = { _mm512_set1_ps(k.q_k2), _mm512_set1_ps(k.q_s),
+				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps) };
+	/* +16: each compress stores a whole vector past the list's end */
+	int32_t idx[LIST + 16];
+	float cp[LIST], cm[LIST], cv[LIST];
+	uint16_t vb[LIST / 16 + 8];	/* verdict bits, read 64 at a time */
+	uint64_t need[DTC_CPU_BLOCK_WORDS];
+	int nn = 0, padded;
+	uint64_t off = 0;
+
+	/* Pass over the block: the cheap test; only the indices of the lanes
+	 * it cannot clear are kept (compressing θ, m, v themselves costs
+	 * three times as much and the list is short). */
+	for (int j = 0; j < nw; j++) {
+		uint64_t w = 0;
+
+		for (int q = 0; q < 4; q++) {
+			int o = 64 * j + 16 * q;
+			__mmask16 nq = (__mmask16)~quiet16(&c, _mm512_loadu_ps(p + o),
+							    _mm512_loadu_ps(m + o),
+							    _mm512_loadu_ps(v + o));
+
+			_mm512_storeu_si512(idx + nn, _mm512_maskz_compress_epi32(
+				nq, _mm512_add_epi32(iota, _mm512_set1_epi32(o))));
+			nn += _mm_popcnt_u32(nq);
+			w |= (uint64_t)nq << (16 * q);
+		}
+		need[j] = w;
+	}
+	/* Gather the list (still in L1), padded with zeros to whole vectors:
+	 * the padding's verdicts are computed but never deposited. */
+	padded = (nn + 15) & ~15;
+	for (int i = 0; i < nn; i++) {
+		cp[i] = p[idx[i]];
+		cm[i] = m[idx[i]];
+		cv[i] = v[idx[i]];
+	}
+	for (int i = nn; i < padded; i++)
+		cp[i] = cm[i] = cv[i] = 0.0f;
+	for (int i = 0; i < padded / 16; i++)
+		vb[i] = decide16(&k, cp + 16 * i, cm + 16 * i, cv + 16 * i);
+	memset(vb + padded / 16, 0, 8 * sizeof(vb[0]));
+	/* Deposit: word j's verdicts are the next popcount(need[j]) bits of
+	 * the list, in order; pdep puts them on the lanes they came from. */
+	for (int j = 0; j < nw; j++) {
+		uint64_t lo, hi, s = off % 16;
+
+		memcpy(&lo, vb + off / 16, sizeof(lo));
+		memcpy(&hi, vb + off / 16 + 4, sizeof(hi));
+		out[j] = _pdep_u64(s ? lo >> s | hi << (64 - s) : lo, need[j]);
+		off += (uint64_t)_mm_popcnt_u64(need[j]);
+	}
+}
+
+dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
+{
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("bmi2") &&
+	    __builtin_cpu_supports("popcnt"))
+		return flags_avx512;
+	return NULL;
+}
+
+#else
+
+dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
+{
+	return NULL;
+}
+
+#endif
