@@ -133,7 +133,7 @@ def main():
         check(p.returncode == -signal.SIGKILL, "v%d: writer not killed" % v)
         check(not os.path.exists(os.path.join(root, JOB, "v%d.manifest" % v)),
               "v%d: a manifest exists after the kill" % v)
-        return line.strip()
+        return "%s@v%d" % (what, v)
 
     def reader(name, watch):
         cmd = [TOOL, "read", root, JOB, "--spec", spec, "--name", name, "--watch", watch,
@@ -268,7 +268,7 @@ def main():
     check(not leftovers, "gc left %s" % leftovers)
 
     subprocess.run(["rm", "-rf", tmp])
-    print("kills: %s" % " | ".join(kills), flush=True)
+    print("kills: SIGKILL in %s; no partial version applied" % ", ".join(kills), flush=True)
     print("storage-readers: %s write_s=%.1f keyframe_bytes=%d keyframes=%d" % (
         " ".join("%s=%d/%d" % (n, s[1], s[0]) for n, s in sorted(summary.items())), t_write,
         key_bytes // max(nkey, 1), nkey), flush=True)
