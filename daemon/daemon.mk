@@ -30,5 +30,5 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
-UNIT_TESTS   += test_buf
+UNIT_TESTS   += test_buf test_job
 SYSTEM_TESTS += tests/system/sync_local.py

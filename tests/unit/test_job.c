@@ -1,0 +1,519 @@
+/* tests/unit/test_job.c — the sync engine in-process: one daemon's loop,
+ * real memfd buffers, a Megatron TP=1 source stepping AdamW in C and an
+ * SGLang TP=1 sink.  Dense then sparse versions must land exactly
+ * (checked element by element through C's plan, apart from the engine's
+ * kernels); records from a misbehaving peer (wrong token, unknown job,
+ * garbage, out-of-range positions, bad counts, corrupt payload, stale
+ * base) are refused and write nothing; the next version repairs densely. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <uv.h>
+#include "daemon/buf.h"
+#include "daemon/job_int.h"
+#include "daemon/layout/plan.h"
+#include "daemon/log.h"
+#include "daemon/route.h"
+#include "gpu/backend.h"
+#include "gpu/codec.h"
+#include "gpu/compute.h"
+
+#define SRC_CONN 1
+#define SINK_CONN 2
+#define MAXB 64
+
+static uv_loop_t loop;
+static char *config;
+static struct dte_spec spec;
+
+struct side {
+	size_t n;
+	uint64_t ids[MAXB];
+	uint32_t layout_ids[MAXB];
+	void *mem[MAXB];
+	size_t bytes[MAXB];
+	uint64_t participant;
+};
+
+static struct side src, sink;
+
+static void spin(void)
+{
+	for (int i = 0; i < 20; i++)
+		uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *s = calloc(1, 65536);
+	size_t n;
+
+	assert_non_null(f);
+	n = fread(s, 1, 65535, f);
+	s[n] = 0;
+	fclose(f);
+	return s;
+}
+
+static void side_register(struct side *sd, uint64_t conn, const char *desc, int role)
+{
+	struct dte_layout l;
+	char err[256];
+
+	assert_int_equal(dte_layout_from_desc(&l, &spec, desc, role, err, sizeof(err)), 0);
+	sd->n = 0;
+	for (size_t i = 0; i < l.nbufs; i++) {
+		size_t es = role == DTE_LAYOUT_SOURCE ? 4 : 2, bytes;
+		int fd;
+
+		if (l.bufs[i].rank != 0)
+			continue;
+		bytes = (size_t)l.bufs[i].length * es;
+		fd = memfd_create("tj", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		assert_true(fd >= 0);
+		assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+		sd->mem[sd->n] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		assert_true(sd->mem[sd->n] != MAP_FAILED);
+		sd->bytes[sd->n] = bytes;
+		sd->layout_ids[sd->n] = l.bufs[i].id;
+		assert_int_equal(dbuf_register_fd(conn, fd, 0, (uint64_t)l.bufs[i].length,
+						  role == DTE_LAYOUT_SOURCE ? DBUF_FP32 : DBUF_BF16,
+						  l.bufs[i].name, &sd->ids[sd->n], err, sizeof(err)), 0);
+		sd->n++;
+	}
+	dte_layout_fini(&l);
+}
+
+static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const char *desc)
+{
+	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
+	struct job *j = job_find("tj");
+	char err[512];
+	int deferred = 0;
+
+	rq.job = "tj";
+	rq.token = "tok";
+	rq.role = (char *)role;
+	rq.layout = (char *)desc;
+	rq.n_buffers = sd->n;
+	rq.buffers = sd->ids;
+	assert_int_equal(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)), DTE__STATUS__STATUS_OK);
+	assert_true(deferred);
+	spin();
+	/* The plan came back: the participant is announced. */
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->owner == conn && !strcmp(l->info.layout, desc)) {
+			assert_true(l->announced);
+			sd->participant = l->info.id;
+		}
+	assert_int_not_equal(sd->participant, 0);
+	return sd->participant;
+}
+
+static float frand(unsigned *s)
+{
+	*s = *s * 1103515245u + 12345u;
+	return (float)((*s >> 8) & 0xffff) / 65536.0f;
+}
+
+static struct dtc_hparams hp_of(int64_t step)
+{
+	struct dtc_hparams hp = { .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+				  .weight_decay = 0.0, .step = step, .variant = DTC_VARIANT_TORCH };
+	return hp;
+}
+
+/* One AdamW step over every element of the source (one group's hypers
+ * for all: weight decay 0, so the groups agree). */
+static void adamw_step(int64_t step, unsigned seed)
+{
+	struct dtc_hparams hp = hp_of(step);
+	struct dtc_consts k;
+	float *p = src.mem[0], *m = src.mem[1], *v = src.mem[2];
+	size_t n = src.bytes[0] / 4;
+
+	assert_int_equal(dtc_hparams_derive(&hp, &k, NULL, 0), 0);
+	for (size_t i = 0; i < n; i++) {
+		float g = (frand(&seed) - 0.5f) * 0.02f;
+
+		if (step == 1)
+			p[i] = (frand(&seed) - 0.5f) * 0.2f;
+		m[i] = 0.9f * m[i] + 0.1f * g;
+		v[i] = 0.95f * v[i] + 0.05f * g * g;
+		p[i] = dtc_adamw_forward(&k, p[i], m[i], v[i]);
+	}
+}
+
+static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
+{
+	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
+	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
+	struct dtc_hparams hp = hp_of(step);
+	char err[512];
+	Dte__Status st;
+
+	for (int i = 0; i < 2; i++) {
+		dte__hparams__init(&g[i]);
+		g[i].lr = hp.lr;
+		g[i].beta1 = hp.beta1;
+		g[i].beta2 = hp.beta2;
+		g[i].eps = hp.eps;
+		g[i].weight_decay = 0.0;
+	}
+	rq.job = "tj";
+	rq.participant = src.participant;
+	rq.version = version;
+	rq.step = step;
+	rq.n_groups = 2;
+	rq.groups = gp;
+	dte__publish_reply__init(rep);
+	st = job_publish(SRC_CONN, &rq, rep, err, sizeof(err));
+	if (st)
+		print_message("publish: %s\n", err);
+	spin();
+	return st;
+}
+
+static uint64_t staged(void)
+{
+	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
+	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	char err[256];
+
+	rq.job = "tj";
+	rq.participant = sink.participant;
+	assert_int_equal(job_query_version(SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
+	return rep.staged;
+}
+
+static void apply_ok(uint64_t version)
+{
+	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	char err[256];
+
+	rq.job = "tj";
+	rq.participant = sink.participant;
+	rq.version = version;
+	assert_int_equal(job_apply(SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(rep.version, version);
+	assert_true(rep.checksum_ok);
+	spin();
+}
+
+/* Every mapped sink element equals RNE(param) through C's own plan. */
+static void check_exact(void)
+{
+	struct dte_layout sl, kl;
+	struct dte_plan plan;
+	struct dte_plan_opts o = { 1, 0 };
+	char err[256];
+	uint64_t checked = 0;
+
+	assert_int_equal(dte_layout_from_desc(&sl, &spec, "megatron:tp=1", DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
+	assert_int_equal(dte_layout_from_desc(&kl, &spec, "sglang:tp=1", DTE_LAYOUT_SINK, err, sizeof(err)), 0);
+	assert_int_equal(dte_plan_build(&plan, &spec, &sl, &kl, &o, err, sizeof(err)), 0);
+	for (size_t i = 0; i < plan.n; i++) {
+		const struct dte_plan_entry *e = &plan.e[i];
+		const float *p = NULL;
+		const uint16_t *d = NULL;
+		int64_t idx[DTE_MAX_DIMS] = { 0 };
+		uint64_t box = dtc_box_size(&e->map);
+
+		for (size_t b = 0; b < src.n; b++)
+			if (src.layout_ids[b] == e->src_buf)
+				p = src.mem[b];
+		for (size_t b = 0; b < sink.n; b++)
+			if (sink.layout_ids[b] == e->sink_buf)
+				d = sink.mem[b];
+		assert_non_null(p);
+		assert_non_null(d);
+		for (uint64_t q = 0; q < box; q++) {
+			int64_t si = e->map.src_offset, di = e->map.dst_offset;
+
+			for (uint32_t k = 0; k < e->map.ndim; k++) {
+				si += idx[k] * e->map.src_stride[k];
+				di += idx[k] * e->map.dst_stride[k];
+			}
+			if (d[di] != dtc_bf16_rne(p[si]))
+				fail_msg("entry %zu element %llu: sink %04x want %04x", i,
+					 (unsigned long long)q, d[di], dtc_bf16_rne(p[si]));
+			checked++;
+			for (int k = (int)e->map.ndim - 1; k >= 0 && ++idx[k] == e->map.extent[k]; k--)
+				idx[k] = 0;
+		}
+	}
+	assert_int_equal(checked, (uint64_t)plan.elements);
+	dte_plan_fini(&plan);
+	dte_layout_fini(&sl);
+	dte_layout_fini(&kl);
+}
+
+static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
+		 const void *data, size_t len)
+{
+	size_t n = protobuf_c_message_get_packed_size(m);
+	uint8_t *buf = malloc(n ? n : 1);
+
+	protobuf_c_message_pack(m, buf);
+	job_peer_recv(from, type, buf, n, data, len);
+	free(buf);
+	spin();
+}
+
+static size_t snapshot(void **out)
+{
+	size_t total = 0, off = 0;
+
+	for (size_t b = 0; b < sink.n; b++)
+		total += sink.bytes[b];
+	*out = malloc(total);
+	for (size_t b = 0; b < sink.n; b++) {
+		memcpy((uint8_t *)*out + off, sink.mem[b], sink.bytes[b]);
+		off += sink.bytes[b];
+	}
+	return total;
+}
+
+static int unchanged(const void *snap)
+{
+	size_t off = 0;
+
+	for (size_t b = 0; b < sink.n; b++) {
+		if (memcmp((const uint8_t *)snap + off, sink.mem[b], sink.bytes[b]))
+			return 0;
+		off += sink.bytes[b];
+	}
+	return 1;
+}
+
+/* COUNTS (+ PAYLOAD of `raw` framed as a chunk) for entry 0 of the pair. */
+static void send_forged(struct job *j, const char *token, uint64_t version, uint64_t base,
+			int mode, uint64_t count0, const uint8_t *enc, size_t enclen, int corrupt)
+{
+	struct jpair *p = job_pair(j, src.participant, sink.participant);
+	Dtep__Counts c = DTEP__COUNTS__INIT;
+	Dtep__Payload pl = DTEP__PAYLOAD__INIT;
+	Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+	uint64_t *counts = calloc(p->n, sizeof(*counts));
+	uint8_t raw[4096], chunk[8192];
+	size_t clen = 0;
+
+	assert_true(enclen + 8 <= sizeof(raw));
+	counts[0] = count0;
+	for (int b = 0; b < 8; b++)
+		raw[b] = (uint8_t)((uint64_t)enclen >> (8 * b));
+	memcpy(raw + 8, enc, enclen);
+	assert_int_equal(dtc_chunk_pack(raw, enclen + 8, 0, chunk, sizeof(chunk), &clen), 0);
+	if (corrupt)
+		chunk[clen - 1] ^= 0x55;
+	ref.job = "tj";
+	ref.token = (char *)token;
+	c.job = &ref;
+	c.epoch = j->epoch;
+	c.version = version;
+	c.base_version = base;
+	c.mode = mode;
+	c.src = src.participant;
+	c.dst = sink.participant;
+	c.n_counts = p->n;
+	c.counts = counts;
+	c.payload_bytes = clen;
+	feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &c.base, NULL, 0);
+	pl.job = &ref;
+	pl.epoch = j->epoch;
+	pl.version = version;
+	pl.src = src.participant;
+	pl.dst = sink.participant;
+	feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base, chunk, clen);
+	free(counts);
+}
+
+static void test_sync_and_misbehaving_peer(void **state)
+{
+	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
+	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+	Dte__PublishReply pr;
+	struct job *j;
+	char err[512];
+	void *snap;
+	uint64_t box0, refused0;
+
+	jc.name = "tj";
+	jc.model_config = config;
+	jc.token = "tok";
+	jc.coordinator = "local";
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), 0);
+	assert_true(jr.created && jr.coordinator);
+	jc.token = "other";
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_non_null(strstr(err, "token"));
+	jc.name = "bad name!";
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	jc.name = "tj2";
+	jc.token = "tok";
+	jc.model_config = "{\"model_type\": \"nonsense\"}";
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	j = job_find("tj");
+
+	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
+	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach(&src, SRC_CONN, "source", "megatron:tp=1");
+	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
+	assert_true(j->complete);
+	assert_non_null(job_pair(j, src.participant, sink.participant));
+
+	/* v1 dense, v2 sparse: both exact. */
+	adamw_step(1, 11);
+	assert_int_equal(publish(1, 1, &pr), 0);
+	assert_int_equal(pr.dense, 1);
+	assert_int_equal(staged(), 1);
+	apply_ok(1);
+	check_exact();
+	adamw_step(2, 22);
+	assert_int_equal(publish(2, 2, &pr), 0);
+	assert_int_equal(pr.dense, 0);
+	assert_true(pr.changed > 0 && pr.changed < pr.elements);
+	assert_int_equal(staged(), 2);
+	apply_ok(2);
+	check_exact();
+	{
+		uint32_t sinks;
+
+		assert_int_equal(jsrc_wait_done(j, 2, &sinks, err, sizeof(err)), 1);
+		assert_int_equal(sinks, 1);
+		assert_int_equal(jsrc_wait_done(j, 3, &sinks, err, sizeof(err)), 0);
+	}
+
+	/* A misbehaving peer. */
+	snapshot(&snap);
+	refused0 = j->refused;
+	box0 = job_pair(j, src.participant, sink.participant)->e[0].box;
+	{
+		uint8_t garbage[64];
+
+		memset(garbage, 0xff, sizeof(garbage));
+		for (int t = 0; t <= 9; t++)
+			job_peer_recv("evil", (Dtep__PeerMsgType)t, garbage, sizeof(garbage), garbage, 3);
+		spin();
+	}
+	{
+		/* Position == box size: one past the end of entry 0. */
+		uint8_t enc[32];
+		size_t n = 0;
+		uint64_t g = box0;
+
+		enc[n++] = 1;		/* count */
+		enc[n++] = 0xC0;	/* escape: LEB128 gap */
+		do {
+			enc[n++] = (uint8_t)((g & 0x7f) | (g >= 0x80 ? 0x80 : 0));
+			g >>= 7;
+		} while (g);
+		enc[n++] = 0x80;
+		enc[n++] = 0x3f;
+		send_forged(j, "wrong-token", 3, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
+		assert_true(j->refused > refused0);
+		send_forged(j, "tok", 3, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
+		assert_int_equal(staged(), 2);
+		assert_true(unchanged(snap));
+		/* More positions than the box holds. */
+		send_forged(j, "tok", 4, 2, DTEP__MODE__MODE_SPARSE, box0 + 1, enc, n, 0);
+		assert_int_equal(staged(), 2);
+		/* A dense count that is not the box. */
+		send_forged(j, "tok", 5, 0, DTEP__MODE__MODE_DENSE, 1, enc, n, 0);
+		assert_int_equal(staged(), 2);
+		/* A valid position, but a corrupt chunk. */
+		n = 0;
+		enc[n++] = 1;
+		enc[n++] = 0;
+		enc[n++] = 0x80;
+		enc[n++] = 0x3f;
+		send_forged(j, "tok", 6, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 1);
+		assert_int_equal(staged(), 2);
+		/* Valid, but on a base the sink does not hold. */
+		send_forged(j, "tok", 7, 1, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
+		assert_int_equal(staged(), 2);
+		assert_true(unchanged(snap));
+		/* Unknown job and an unknown participant: dropped. */
+		{
+			Dtep__Staged s = DTEP__STAGED__INIT;
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+
+			ref.job = "no-such-job";
+			ref.token = "tok";
+			s.job = &ref;
+			s.version = 99;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, &s.base, NULL, 0);
+			ref.job = "tj";
+			s.src = 12345;
+			s.dst = 67890;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, &s.base, NULL, 0);
+		}
+	}
+	assert_true(unchanged(snap));
+	free(snap);
+	/* The refusals reached the source: the next version repairs densely. */
+	adamw_step(3, 33);
+	assert_int_equal(publish(8, 3, &pr), 0);
+	assert_int_equal(pr.dense, 1);
+	assert_int_equal(staged(), 8);
+	apply_ok(8);
+	check_exact();
+
+	/* Connections go: participants leave, buffers are released. */
+	job_conn_gone(SINK_CONN);
+	spin();
+	assert_false(j->complete && j->nparts == 2);
+	assert_int_equal(j->nparts, 1);
+	job_conn_gone(SRC_CONN);
+	spin();
+	assert_int_equal(dbuf_count(NULL), 0);
+	for (size_t b = 0; b < src.n; b++)
+		munmap(src.mem[b], src.bytes[b]);
+	for (size_t b = 0; b < sink.n; b++)
+		munmap(sink.mem[b], sink.bytes[b]);
+}
+
+static int setup(void **state)
+{
+	char err[256];
+
+	dlog_init(DLOG_ERROR);
+	config = slurp("tests/data/layout/tiny-llama-gqa.json");
+	if (dte_spec_load_string(&spec, config, err, sizeof(err)) < 0)
+		return -1;
+	uv_loop_init(&loop);
+	if (route_init(&loop, "unit", "") < 0)
+		return -1;
+	return job_init(&loop, dtc_backend_cpu(), "cpu");
+}
+
+static int teardown(void **state)
+{
+	job_fini();
+	route_fini();
+	uv_run(&loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&loop), 0);
+	dte_spec_fini(&spec);
+	free(config);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_sync_and_misbehaving_peer),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
