@@ -8,11 +8,11 @@
 #
 #   make fuzz          builds $(B)/fuzz/fuzz_* (clang -fsanitize=fuzzer,...)
 #   make fuzz-smoke    runs each target from tests/fuzz/corpus/<target>/ for
-#                      FUZZ_SECONDS (default 20) and prints
+#                      FUZZ_SECONDS (default 15) and prints
 #                      "fuzz: targets=N execs=E crashes=0"
 
 FUZZ_CC      ?= clang
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 15
 FUZZ_B       := $(B)/fuzz
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                 -fno-omit-frame-pointer
