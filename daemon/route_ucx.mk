@@ -13,3 +13,7 @@ $(B)/bin/dte-peer-forge: $(B)/obj/tests/forge/dte_peer_forge.o $(B)/lib/libdted.
 		$(PKG_LIBS) -ldl
 
 BINS += $(B)/bin/dte-peer-forge
+
+# Three daemons, real UCX, real AdamW: loopback, then network namespaces.
+# Both import tests/system/sync_local.py (the single-daemon harness).
+SYSTEM_TESTS += tests/system/cluster_sync.py tests/system/cluster_sync_netns.py

@@ -15,10 +15,16 @@
  *   "staged job=J token=T version=V src=S dst=D"
  *   "applied job=J token=T version=V dst=D result=N message=TEXT"
  *   "raw type=N hex=0a03..."          (bytes no encoder would produce)
+ *   "encode out=FILE [entries=..] [box=..] [chunk=..] [truncate=..] [corrupt=..]"
+ *                                     (payload data into FILE, nothing sent:
+ *                                      its size is the COUNTS' payload_bytes)
  *   "sleep ms=N"                      (pause between records)
- * entries= encodes one sparse payload per ';'-separated entry (gpu/codec.h)
- * with box_size `box` (default: large enough for any position given, so
- * out-of-range positions can be forged); xxh3 defaults to the data's.
+ * entries= encodes the engine's payload layout: for each ';'-separated entry
+ * with positions, a u64 little-endian length and its sparse encoding
+ * (gpu/codec.h) with box_size `box` (default: large enough for any position
+ * given, so out-of-range positions can be forged; an empty entry adds
+ * nothing, as a zero count does); chunk=Z then frames it as the sources do.
+ * xxh3 defaults to the data's.
  *
  * Every record received is printed as one line
  *   recv TYPE from NODE job=.. [version=..] [reason=..]
@@ -171,6 +177,7 @@ static uint8_t *payload_data(const struct kv *f, size_t *len, char *err, size_t 
 
 		for (e = strtok_r(copy, ";", &save); e; e = strtok_r(NULL, ";", &save)) {
 			size_t n, cap, got;
+			uint64_t le;
 			uint64_t *pos = list_u64(e, &n), box = getu(f, "box", 0), maxp = 0;
 			uint16_t *val = calloc(n ? n : 1, sizeof(*val));
 			uint8_t *grown;
@@ -179,11 +186,16 @@ static uint8_t *payload_data(const struct kv *f, size_t *len, char *err, size_t 
 				val[i] = value;
 				maxp = pos[i] > maxp ? pos[i] : maxp;
 			}
+			if (!n) {
+				free(pos);
+				free(val);
+				continue;
+			}
 			if (!box)
 				box = maxp + 1;
 			cap = dtc_sparse_bound(n);
-			grown = realloc(out, used + cap);
-			if (!grown || dtc_sparse_encode(pos, val, n, box, grown + used, cap, &got) < 0) {
+			grown = realloc(out, used + 8 + cap);
+			if (!grown || dtc_sparse_encode(pos, val, n, box, grown + used + 8, cap, &got) < 0) {
 				snprintf(err, errlen, "cannot encode entry '%s' (sorted, < box?)", e);
 				free(grown ? grown : out);
 				free(pos);
@@ -192,7 +204,9 @@ static uint8_t *payload_data(const struct kv *f, size_t *len, char *err, size_t 
 				return NULL;
 			}
 			out = grown;
-			used += got;
+			le = got;    /* little-endian hosts only, as the daemon */
+			memcpy(out + used, &le, 8);
+			used += 8 + got;
 			free(pos);
 			free(val);
 		}
@@ -230,6 +244,21 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 
 	ref.job = (char *)get(f, "job", "");
 	ref.token = (char *)get(f, "token", "");
+	if (!strcmp(type, "encode")) {
+		FILE *fo;
+
+		data = payload_data(f, &dlen, err, errlen);
+		fo = fopen(get(f, "out", ""), "wb");
+		rc = data && fo && fwrite(data, 1, dlen, fo) == dlen ? 0 : -EIO;
+		if (fo && fclose(fo) != 0)
+			rc = -EIO;
+		if (rc < 0 && !err[0])
+			snprintf(err, errlen, "cannot write out=%s", get(f, "out", ""));
+		else if (!rc)
+			printf("encoded bytes=%zu\n", dlen);
+		free(data);
+		return rc;
+	}
 	if (!strcmp(type, "counts")) {
 		Dtep__Counts m = DTEP__COUNTS__INIT;
 		Dtep__Checksum cs[MAXF], *csp[MAXF];
