@@ -149,7 +149,9 @@ static void reload(void)
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
 	    strcmp(nc.node_name, conf.node_name) || strcmp(nc.socket_group, conf.socket_group) ||
 	    strcmp(nc.peer_listen_address, conf.peer_listen_address) ||
-	    nc.peer_listen_port != conf.peer_listen_port)
+	    nc.peer_listen_port != conf.peer_listen_port ||
+	    strcmp(nc.peer_advertise_address, conf.peer_advertise_address) ||
+	    nc.peer_staging_bytes != conf.peer_staging_bytes)
 		DLOG_W("reload: socket, frame cap, client cap, backend, node name and [peer] "
 		       "changes take effect only after a restart");
 	DLOG_N("reloaded configuration; log level %s", dlog_level_name(dlog_get_level()));
