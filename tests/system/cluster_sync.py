@@ -206,7 +206,9 @@ def main():
         def dev_of(d):
             return d.dev
 
-        megatron.shard_shapes = sl.flat_order_shapes
+        # The trainer's arenas laid out as the C generator's flat buffer.
+        megatron.shard_shapes = getattr(sl, "flat_order_shapes", None) or \
+            megatron.flat_buffer_shapes
         model = megatron.MegatronModel(sl.CFG, tp=TP, seed=0, label="cl-src")
         trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
         task = toy.ToyTask(sl.CFG["vocab_size"])
