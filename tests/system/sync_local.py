@@ -31,6 +31,21 @@ if not os.path.isabs(B):
     B = os.path.join(ROOT, B)
 os.environ["B"] = B
 
+
+def asan_reexec():
+    """A sanitized libdte.so needs the ASan runtime loaded first: run this
+    script again with it preloaded (the daemon is sanitized on its own)."""
+    if "asan" not in os.path.basename(B) or os.environ.get("DTE_SYNC_ASAN"):
+        return
+    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
+                        text=True).stdout.strip()
+    env = dict(os.environ, DTE_SYNC_ASAN="1", LD_PRELOAD=rt,
+               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+asan_reexec()
+
 import torch  # noqa: E402
 
 from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
