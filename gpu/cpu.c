@@ -218,6 +218,7 @@ struct scan_ctx {
 	int mode;
 };
 
+DTC_POPCNT_CLONES
 static uint64_t scan_range(void *arg, uint64_t w0, uint64_t w1, int part)
 {
 	struct scan_ctx *c = arg;
