@@ -68,6 +68,42 @@ def shard_shapes(cfg, tp):
     return s
 
 
+def registration_order(cfg):
+    """Megatron-Core's parameter registration order (daemon/layout/
+    gen_megatron.c documents the same list): per layer linear_proj,
+    linear_qkv.layer_norm_weight, linear_qkv, q/k_layernorm, then
+    linear_fc1.layer_norm_weight, linear_fc1, linear_fc2."""
+    cfg = qwen3.make_config(cfg)
+    names = ["embedding.word_embeddings.weight"]
+    for n in range(cfg["num_hidden_layers"]):
+        p = "decoder.layers.%d." % n
+        names += [p + "self_attention.linear_proj.weight",
+                  p + "self_attention.linear_qkv.layer_norm_weight",
+                  p + "self_attention.linear_qkv.weight",
+                  p + "self_attention.q_layernorm.weight",
+                  p + "self_attention.k_layernorm.weight",
+                  p + "mlp.linear_fc1.layer_norm_weight",
+                  p + "mlp.linear_fc1.weight",
+                  p + "mlp.linear_fc2.weight"]
+    names.append("decoder.final_layernorm.weight")
+    if not cfg["tie_word_embeddings"]:
+        names.append("output_layer.weight")
+    return names
+
+
+def flat_buffer_shapes(cfg, tp):
+    """shard_shapes in the order of Megatron's distributed-optimizer flat
+    buffer: reverse registration order (the buffer is filled back to
+    front).  shm.Arena's 256-byte alignment is the 64-element padding of
+    each parameter's start, so an arena built in this order is byte for
+    byte the flat buffer `megatron:tp=N` expects."""
+    s = shard_shapes(cfg, tp)
+    order = list(reversed(registration_order(cfg)))
+    if sorted(order) != sorted(s):
+        raise RuntimeError("megatron: registration order out of date with shard_shapes")
+    return collections.OrderedDict((n, s[n]) for n in order)
+
+
 def is_replicated(name):
     """Norm weights are whole on every rank; everything else is a shard."""
     return name.endswith("layer_norm_weight") or name.endswith("layernorm.weight")
@@ -181,11 +217,14 @@ class MegatronModel(torch.nn.Module):
     arenas[r] = {'param': Arena, 'exp_avg': Arena, 'exp_avg_sq': Arena}.
     """
 
-    def __init__(self, cfg=None, tp=2, hf=None, seed=0, label="megatron"):
+    def __init__(self, cfg=None, tp=2, hf=None, seed=0, label="megatron", flat=False):
         super().__init__()
         self.cfg = qwen3.make_config(cfg)
         self.tp = tp
-        self.shapes = shard_shapes(self.cfg, tp)
+        # flat=True: arenas laid out as the distributed optimizer's flat
+        # buffer, so one fd per kind and rank is what the daemon registers.
+        self.flat = flat
+        self.shapes = (flat_buffer_shapes if flat else shard_shapes)(self.cfg, tp)
         if hf is None:
             hf = qwen3.init_hf_weights(self.cfg, seed=seed)
         init = hf_to_megatron(hf, self.cfg, tp)

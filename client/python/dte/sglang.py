@@ -342,6 +342,10 @@ HANDLERS = {"ping": _cmd_ping, "locs": _cmd_locs, "load_hf": _cmd_load_hf,
 
 def run_standin(conn, cfg=None, tp=2, label="standin"):
     """Serve an SGLangModel over conn until 'stop' or the parent goes away."""
+    # The sink_* commands (dte.sink): this process registers its own arenas
+    # with its daemon and applies versions between two commands.
+    from . import sink
+    sink.install(HANDLERS)
     model = SGLangModel(cfg, tp, label=label)
     try:
         while True:
@@ -365,6 +369,7 @@ def run_standin(conn, cfg=None, tp=2, label="standin"):
                 conn.send(("error", "%s: %s\n%s" % (type(e).__name__, e,
                                                     traceback.format_exc(limit=3))))
     finally:
+        sink.close_model(model)
         model.close()
 
 

@@ -1,0 +1,317 @@
+"""`make demo`: real training synced version by version to a real-layout engine.
+
+Two dted daemons on loopback — a trainer node (the job's coordinator) and an
+inference node, talking over UCX (tcp on lo) — in a temporary runtime
+directory.  The trainer is the embedded default Qwen3-architecture model in
+the Megatron-Core TP=2 layout (FP32 θ, m, v in memfds), trained with real
+torch AdamW on CPU on the toy task.  The inference side is the SGLang-layout
+TP=2 stand-in in its own process, which registers its BF16 arenas with its
+own daemon and applies each version when told.
+
+Every version prints: step, loss, changed %, sparse bytes (what went on the
+wire), dense bytes (2 bytes per element a full sync would send), sync ms
+(publish to every sink applied) and exact?: the stand-in's logits on a fixed
+batch equal, bit for bit, the logits the same forward code gives on RNE(θ_t)
+converted by the independent HF->SGLang converter.
+
+    /usr/bin/python3 -m dte.demo [--versions N] [--nodes 1|2] ...
+
+Ends with `demo: versions=N exact=N/N sparse_bytes=S dense_bytes=D ratio=R`
+and exits non-zero unless every version is exact, the loss fell and no
+process it started is left.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+JOB, TOKEN = "demo", "demo-token"
+
+
+def build_dir():
+    b = os.environ.get("B", "build")
+    return b if os.path.isabs(b) else os.path.join(ROOT, b)
+
+
+def asan_reexec():
+    """A sanitizer build's libdte needs the ASan runtime loaded first in the
+    Python process that ctypes-loads it (and in the stand-in it spawns):
+    re-exec once with it preloaded.  The daemons get the caller's
+    environment back (child_env)."""
+    lib = os.path.join(build_dir(), "lib", "libdte.so.0")
+    if os.environ.get("DTE_ASAN_REEXEC") or not os.path.exists(lib):
+        return
+    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    m = re.search(r"libasan\.so\S* => (\S+)", deps)
+    if not m:
+        return
+    env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
+               DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
+               ASAN_OPTIONS="detect_leaks=0")
+    os.execve(sys.executable, [sys.executable, "-m", "dte.demo"] + sys.argv[1:], env)
+
+
+def child_env(extra=None):
+    e = dict(os.environ)
+    if e.pop("DTE_ASAN_REEXEC", None):
+        e.pop("LD_PRELOAD", None)
+        e["ASAN_OPTIONS"] = e.pop("DTE_ORIG_ASAN_OPTIONS", "")
+    e.update(extra or {})
+    return e
+
+
+class Daemon:
+    """One dted in the demo's runtime directory."""
+
+    def __init__(self, tmp, name):
+        self.name = name
+        self.tmp = tmp
+        self.sock = os.path.join(tmp, name + ".sock")
+        self.logpath = os.path.join(tmp, name + ".log")
+        self.proc = None
+        self.address = None
+
+    def start(self, timeout=30.0):
+        conf = os.path.join(self.tmp, self.name + ".conf")
+        with open(conf, "w") as f:
+            f.write("[daemon]\nnode_name = %s\nlog_level = info\nruntime_dir = %s\n"
+                    "[peer]\nstaging_size = 16M\n" % (self.name, self.tmp))
+        with open(self.logpath, "w") as log:
+            self.proc = subprocess.Popen(
+                [os.path.join(build_dir(), "bin", "dted"), "--foreground", "--config", conf,
+                 "--socket", self.sock, "--peer-listen", "127.0.0.1:0"],
+                stdout=log, stderr=log,
+                env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError("dted %s exited at start:\n%s" % (self.name, self.tail()))
+            if os.path.exists(self.sock):
+                r = subprocess.run([os.path.join(build_dir(), "bin", "dtectl"), "--socket",
+                                    self.sock, "--json", "peers"], capture_output=True,
+                                   text=True, env=child_env())
+                if r.returncode == 0:
+                    try:
+                        self.address = json.loads(r.stdout).get("address")
+                    except ValueError:
+                        self.address = None
+                    if self.address:
+                        return self
+            time.sleep(0.05)
+        raise RuntimeError("dted %s did not come up:\n%s" % (self.name, self.tail()))
+
+    def stop(self, timeout=15.0):
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return -9
+
+    def tail(self, n=25):
+        try:
+            with open(self.logpath, errors="replace") as f:
+                return "\n".join(f.read().splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def leftovers(tmp, pids):
+    """Processes still alive that this demo started: by pid, and any whose
+    command line names the runtime directory."""
+    left = []
+    for pid in pids:
+        if pid and os.path.exists("/proc/%d" % pid):
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    if f.read().split(")")[-1].split()[0] != "Z":
+                        left.append(pid)
+            except OSError:
+                pass
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                if tmp.encode() in f.read() and int(d) not in left:
+                    left.append(int(d))
+        except OSError:
+            pass
+    return left
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="dte.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--versions", type=int, default=20, help="synced versions (default 20)")
+    ap.add_argument("--warm-steps", type=int, default=12,
+                    help="unsynced warm-start steps at --warm-lr (the 'SFT checkpoint')")
+    ap.add_argument("--warm-lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-6, help="lr of the synced RL-like phase")
+    ap.add_argument("--nodes", type=int, choices=(1, 2), default=2,
+                    help="2: trainer and inference daemons over UCX; 1: one daemon")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    ap.add_argument("--check-weights", action="store_true",
+                    help="also compare every stand-in weight with RNE(θ) (tests)")
+    ap.add_argument("--keep", action="store_true", help="keep the runtime directory")
+    a = ap.parse_args(argv)
+    if a.versions < 1 or a.warm_steps < 0 or a.lr <= 0 or a.warm_lr <= 0:
+        ap.error("versions >= 1, warm-steps >= 0 and positive learning rates")
+    return a
+
+
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    asan_reexec()
+    signal.signal(signal.SIGTERM, _sigterm)
+
+    import torch
+    from . import megatron, qwen3, sglang, toy
+    from .sink import StandinSink
+    from .source import Source
+
+    torch.manual_seed(0)
+    torch.set_num_threads(max(args.threads, 1))
+    cfg = qwen3.make_config(None)
+    cfg_text = json.dumps(cfg)
+    TP = 2
+    tmp = tempfile.mkdtemp(prefix="dte-demo-")
+    daemons, standin, src, model, trainer = [], None, None, None, None
+    pids = []
+    failed = True
+    rows = []
+    print("demo: model Qwen3 (embedded default: hidden %d, %d layers, %d heads / %d KV, "
+          "vocab %d), trainer megatron:tp=%d -> stand-in sglang:tp=%d" % (
+              cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
+              cfg["num_key_value_heads"], cfg["vocab_size"], TP, TP), flush=True)
+    print("demo: runtime directory %s" % tmp, flush=True)
+    try:
+        model = megatron.MegatronModel(cfg, tp=TP, seed=0, flat=True, label="demo-trainer")
+        trainer = megatron.Trainer(model, lr=args.warm_lr)
+        task = toy.ToyTask(cfg["vocab_size"])
+        eval_tokens = task.eval_tokens
+
+        # The "SFT checkpoint": a few unsynced steps at a high lr, so the loss
+        # visibly falls; sync starts from there (its version 1 is dense).
+        losses = []
+        for s in range(args.warm_steps):
+            losses.append(trainer.step(*task.batch_at(s))["loss"])
+        if losses:
+            print("demo: warm start (unsynced, lr %g): loss %s" % (
+                args.warm_lr, " ".join("%.2f" % x for x in losses)), flush=True)
+        for g in trainer.opt.param_groups:
+            g["lr"] = args.lr
+        trainer.sched.base_lrs = [args.lr] * len(trainer.opt.param_groups)
+        print("demo: synced phase: %d versions, one per AdamW step at lr %g (same AdamW "
+              "state continued), publish interval 1" % (args.versions, args.lr), flush=True)
+
+        trainer_d = Daemon(tmp, "trainer").start()
+        daemons.append(trainer_d)
+        pids.append(trainer_d.proc.pid)
+        if args.nodes == 2:
+            infer_d = Daemon(tmp, "inference").start()
+            daemons.append(infer_d)
+            pids.append(infer_d.proc.pid)
+            coord = trainer_d.address
+            print("demo: two daemons over UCX (tcp on lo): trainer node %s (coordinator), "
+                  "inference node %s" % (trainer_d.address, infer_d.address), flush=True)
+        else:
+            infer_d, coord = trainer_d, "local"
+            print("demo: one daemon: source and sink on the same node (memory path, no UCX)",
+                  flush=True)
+
+        src = Source.megatron(model, trainer.opt, trainer_d.sock, JOB, TOKEN)
+        standin = sglang.Standin(cfg, tp=TP, label="demo-standin", timeout=120.0)
+        pids.append(standin.proc.pid)
+        sink = StandinSink(standin, infer_d.sock, JOB, TOKEN, cfg_text, coordinator=coord)
+        print("demo: stand-in pid %d attached %d sink ranks on %s" % (
+            standin.proc.pid, len(sink.parts), infer_d.name), flush=True)
+
+        hdr = "%4s %5s %7s %8s %11s %11s %6s %8s  %s" % (
+            "ver", "step", "loss", "changed%", "sparse_B", "dense_B", "mode", "sync_ms", "exact?")
+        print(hdr + "\n" + "-" * len(hdr), flush=True)
+        step0 = args.warm_steps
+        first_loss = losses[0] if losses else None
+        for v in range(1, args.versions + 1):
+            rec = trainer.step(*task.batch_at(step0 + v - 1))
+            if first_loss is None:
+                first_loss = rec["loss"]
+            t0 = time.perf_counter()
+            info = src.publish(v)                 # captured: the trainer may step again
+            sink.apply(v, 60000)                  # the engine's safe point
+            src.wait(v, 60000)                    # every sink applied v
+            sync_ms = (time.perf_counter() - t0) * 1e3
+            with torch.no_grad():
+                ref = sglang.reference_logits(model.to_hf(), cfg, TP, eval_tokens)
+            got = standin.logits(eval_tokens)
+            ok = torch.equal(ref, got)
+            if ok and args.check_weights:
+                want = {n: t.to(torch.bfloat16) for n, t in model.to_hf().items()}
+                have = standin.to_hf()
+                ok = all(torch.equal(want[n].view(torch.int16), have[n].view(torch.int16))
+                         for n in want)
+            dense_b = 2 * info["elements"]
+            mode = "dense" if info["dense"] else "sparse"
+            pct = 100.0 * info["changed"] / max(info["elements"], 1)
+            rows.append((v, rec, info, dense_b, sync_ms, ok))
+            print("%4d %5d %7.4f %8.2f %11d %11d %6s %8.1f  %s" % (
+                v, rec["step"], rec["loss"], pct, info["bytes"], dense_b, mode, sync_ms,
+                "yes" if ok else "NO"), flush=True)
+        failed = False
+    finally:
+        if standin is not None:
+            standin.stop()
+        if src is not None:
+            src.close()
+        if trainer is not None:
+            trainer.close()
+        if model is not None:
+            model.close()
+        codes = {d.name: d.stop() for d in daemons}
+        left = leftovers(tmp, pids)
+        if failed or any(codes.values()) or left:
+            for d in daemons:
+                print("--- %s log (tail) ---\n%s" % (d.name, d.tail()), file=sys.stderr)
+        if not args.keep and not failed:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    n = len(rows)
+    exact = sum(1 for r in rows if r[5])
+    sparse_b = sum(r[2]["bytes"] for r in rows)
+    dense_b = sum(r[3] for r in rows)
+    later = rows[1:]
+    if later:
+        sb, db = sum(r[2]["bytes"] for r in later), sum(r[3] for r in later)
+        pct = [100.0 * r[2]["changed"] / max(r[2]["elements"], 1) for r in later]
+        print("demo: versions 2..%d (sparse): %.2f%% of BF16 elements changed per step on "
+              "average, %d bytes against %d dense (%.1fx), mean sync %.1f ms" % (
+                  n, sum(pct) / len(pct), sb, db, db / max(sb, 1),
+                  sum(r[4] for r in later) / len(later)))
+    last_loss = rows[-1][1]["loss"] if rows else None
+    fell = first_loss is not None and last_loss is not None and last_loss < first_loss
+    print("demo: loss %.3f -> %.3f (%s)" % (first_loss, last_loss,
+                                            "fell" if fell else "DID NOT FALL"))
+    print("demo: daemons exited %s; processes left: %s" % (
+        ", ".join("%s=%s" % kv for kv in codes.items()), left or "none"))
+    print("demo: versions=%d exact=%d/%d sparse_bytes=%d dense_bytes=%d ratio=%.1f" % (
+        n, exact, n, sparse_b, dense_b, dense_b / max(sparse_b, 1)), flush=True)
+    ok = n == args.versions and exact == n and fell and not left and not any(codes.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Trainer side: publish a torch model's AdamW updates through dted.
+
+A Source is one trainer process's view of a job: it registers, per trainer
+rank it hosts, the three FP32 buffers a layout expects (param, exp_avg,
+exp_avg_sq) and attaches them; it watches the optimizer so every step's
+hyper-parameters are the ones torch actually used; and it exposes
+publish / mark / wait (docs/SYNC.md).
+
+    src = Source.megatron(model, trainer.opt, socket, job, token)   # TP layout
+    src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # FSDP, dp=1
+    loss.backward(); opt.step()             # captured by the Source
+    src.publish(v)                          # async: returns once captured
+    src.publish(v, wait=True)               # sync: returns once every sink applied
+
+Host memory goes to the daemon as memfds (shm.Arena); CUDA tensors as IPC
+handles of their allocations plus an IPC event the Source records after
+every optimizer step (register_cuda_tensor).
+
+The daemon's layouts know two optimizer groups: 0 for tensors with weight
+decay (every matrix) and 1 for those without (1-D: norms, biases).  The
+Source maps torch's param_groups onto them by the dimension of the params
+each holds and refuses an optimizer it cannot describe that way, or one
+whose update is not invertible (amsgrad, maximize).
+"""
+
+import collections
+import types
+
+import torch
+
+from . import _lib
+from .shm import Arena
+
+LAYOUT_GROUPS = 2  # 0: weight decay (matrices), 1: no decay (1-D)
+
+KINDS = ("param", "exp_avg", "exp_avg_sq")
+
+
+def layout_group(param):
+    """The daemon's group id for a parameter: 1-D tensors carry no decay."""
+    return 1 if param.dim() == 1 else 0
+
+
+class SourceError(RuntimeError):
+    pass
+
+
+StepRecord = collections.namedtuple("StepRecord", "step groups")
+
+
+class StepCapture:
+    """Wraps optimizer.step: reads each group's hyper-parameters right
+    before torch uses them (a scheduler stepped afterwards, as Megatron
+    does, cannot make the record lie) and the step count right after."""
+
+    def __init__(self, optimizer, on_step=None):
+        if not isinstance(optimizer, torch.optim.AdamW):
+            raise SourceError("source: only torch.optim.AdamW is invertible here, not %s"
+                              % type(optimizer).__name__)
+        self.opt = optimizer
+        self.on_step = on_step
+        self.last = None
+        self.steps = 0
+        self.members = [[] for _ in range(LAYOUT_GROUPS)]
+        for gi, g in enumerate(optimizer.param_groups):
+            if g.get("amsgrad") or g.get("maximize"):
+                raise SourceError("source: param group %d uses amsgrad/maximize; its update "
+                                  "cannot be inverted" % gi)
+            held = {layout_group(p) for p in g["params"]}
+            for lg in held:
+                self.members[lg].append(gi)
+        if not any(self.members):
+            raise SourceError("source: the optimizer holds no parameters")
+        self._orig = optimizer.step
+        capture = self
+
+        def step(opt, *args, **kwargs):
+            hyper = capture._hyper()
+            out = capture._orig(*args, **kwargs)
+            capture._after(hyper)
+            return out
+
+        # A bound method, so that a scheduler created later can still wrap it.
+        optimizer.step = types.MethodType(step, optimizer)
+
+    def _hyper(self):
+        out = []
+        for lg, gis in enumerate(self.members):
+            seen = {}
+            for gi in gis:
+                g = self.opt.param_groups[gi]
+                seen[gi] = {"lr": float(g["lr"]), "beta1": float(g["betas"][0]),
+                            "beta2": float(g["betas"][1]), "eps": float(g["eps"]),
+                            "weight_decay": float(g["weight_decay"]), "variant": "torch"}
+            values = list(seen.values())
+            if any(v != values[0] for v in values[1:]):
+                raise SourceError("source: param groups %s disagree on hyper-parameters (%s) but "
+                                  "the layout has one group for all %s tensors" % (
+                                      gis, values, "1-D" if lg else "matrix"))
+            out.append(values[0] if values else None)
+        # A layout group with no params in this optimizer: any values do.
+        fill = next(v for v in out if v is not None)
+        return [v if v is not None else fill for v in out]
+
+    def _after(self, hyper):
+        steps = set()
+        for g in self.opt.param_groups:
+            for p in g["params"]:
+                st = self.opt.state.get(p)
+                if st and "step" in st:
+                    steps.add(int(float(st["step"])))
+        if len(steps) != 1:
+            raise SourceError("source: parameters disagree on the step count %s" % sorted(steps))
+        self.steps += 1
+        self.last = StepRecord(steps.pop(), hyper)
+        if self.on_step:
+            self.on_step(self.last)
+
+    def detach(self):
+        """Put the optimizer's own step back."""
+        if self.opt is not None:
+            self.opt.step = self._orig
+            self.opt = None
+
+
+# ---- CUDA: IPC handles of the storages ------------------------------------------
+
+def cuda_ipc_region(t):
+    """(handle bytes, byte offset of t in the allocation, device) of a CUDA
+    tensor, through the same torch call its multiprocessing uses."""
+    if not t.is_cuda:
+        raise SourceError("source: %s is not a CUDA tensor" % (t.device,))
+    if not t.is_contiguous():
+        raise SourceError("source: CUDA tensors must be contiguous to be registered")
+    storage = t.storage()
+    share = getattr(storage, "_share_cuda_", None) or storage._untyped()._share_cuda_
+    device, handle, _size, storage_off, _rc_h, _rc_off, _ev, _ev_sync = share()
+    offset = int(storage_off) + t.storage_offset() * t.element_size()
+    return bytes(handle), offset, int(device)
+
+
+def register_cuda_tensor(cli, t, dtype, name="", event=None):
+    """Register a CUDA tensor's memory with the daemon; returns the buffer id."""
+    handle, offset, device = cuda_ipc_region(t)
+    ev = bytes(event.ipc_handle()) if event is not None else b""
+    return cli.register_cuda(handle, offset, t.numel(), dtype, ev, device, name)
+
+
+# ---- the Source -------------------------------------------------------------------
+
+class Source:
+    """One trainer process: its ranks attached to a job as sources."""
+
+    def __init__(self, socket, job, token, model_config, layout, coordinator="local",
+                 interval=1, client=None):
+        self.job, self.token, self.layout = job, token, layout
+        self.model_config = model_config
+        self.cli = client or _lib.Client(socket)
+        self._own_cli = client is None
+        self.created = self.cli.job_create(job, model_config, token, coordinator, interval)
+        self.parts = []          # participant id per attached rank
+        self.ranks = []
+        self.capture = None
+        self.event = None        # CUDA IPC event recorded after each step
+        self.arenas = []         # arenas this Source made (hf path) and must close
+        self.published = None    # the step of the last publish
+
+    # -- registration --
+    def expected(self, rank):
+        """[(id, length, name)] of the buffers `rank` must register."""
+        return _lib.layout_buffers(self.model_config, self.layout, _lib.SOURCE, rank)
+
+    def attach_host(self, rank, regions):
+        """regions: one (fd, offset, nbytes) per expected buffer, in order."""
+        want = self.expected(rank)
+        if len(regions) != len(want):
+            raise SourceError("source: rank %d of %s needs %d buffers, got %d" % (
+                rank, self.layout, len(want), len(regions)))
+        ids = []
+        for (_bid, length, name), (fd, offset, nbytes) in zip(want, regions):
+            if nbytes < 4 * length:
+                raise SourceError("source: rank %d buffer %r holds %d bytes, the layout needs "
+                                  "%d FP32 elements" % (rank, name, nbytes, length))
+            ids.append(self.cli.register_fd(fd, offset, length, _lib.FP32, name))
+        return self._attach(rank, ids)
+
+    def attach_cuda(self, rank, tensors):
+        """tensors: one contiguous FP32 CUDA tensor per expected buffer."""
+        want = self.expected(rank)
+        if len(tensors) != len(want):
+            raise SourceError("source: rank %d of %s needs %d buffers, got %d" % (
+                rank, self.layout, len(want), len(tensors)))
+        if self.event is None:
+            self.event = torch.cuda.Event(interprocess=True)
+            self.event.record()
+        ids = []
+        for (_bid, length, name), t in zip(want, tensors):
+            if t.dtype != torch.float32 or t.numel() < length:
+                raise SourceError("source: rank %d buffer %r: need FP32 with %d elements, got "
+                                  "%s with %d" % (rank, name, length, t.dtype, t.numel()))
+            ids.append(register_cuda_tensor(self.cli, t, _lib.FP32, name, self.event))
+        return self._attach(rank, ids)
+
+    def _attach(self, rank, ids):
+        part = self.cli.attach(self.job, self.token, _lib.SOURCE, self.layout, rank, ids)
+        self.parts.append(part)
+        self.ranks.append(rank)
+        return part
+
+    def track(self, optimizer):
+        """Capture every optimizer step from now on."""
+        if self.capture is not None:
+            raise SourceError("source: already tracking an optimizer")
+        self.capture = StepCapture(optimizer, self._stepped)
+        return self
+
+    def _stepped(self, rec):
+        if self.event is not None:
+            self.event.record()  # the daemon waits on it before reading
+
+    # -- per step --
+    def _record(self):
+        if self.capture is None or self.capture.last is None:
+            raise SourceError("source: no optimizer step captured yet (call track() first)")
+        return self.capture.last
+
+    def publish(self, version, wait=False, timeout_ms=60000):
+        """Capture `version` on every attached rank (the trainer may step
+        again when this returns); with wait=True also wait until every sink
+        applied it.  Returns the summed publish info."""
+        rec = self._record()
+        total = collections.Counter()
+        for part in self.parts:
+            info = self.cli.publish(self.job, part, version, rec.step, rec.groups)
+            for k in ("sinks", "dense", "changed", "elements", "bytes"):
+                total[k] += info[k]
+            total["capture_ms"] = max(total["capture_ms"], info["capture_ms"])
+        self.published = rec.step
+        if wait:
+            self.wait(version, timeout_ms)
+        out = dict(total)
+        out["step"] = rec.step
+        return out
+
+    def mark(self):
+        """After each step that is not published (publish interval K > 1)."""
+        rec = self._record()
+        return sum(self.cli.mark(self.job, part, rec.step, rec.groups) for part in self.parts)
+
+    def wait(self, version, timeout_ms=60000):
+        """Returns when every sink applied `version` (DteError on timeout)."""
+        self.cli.wait(self.job, version, timeout_ms)
+
+    def close(self):
+        if self.capture is not None:
+            self.capture.detach()
+            self.capture = None
+        if self._own_cli and self.cli is not None:
+            self.cli.close()
+        self.cli = None
+        for a in self.arenas:
+            try:
+                a.close()
+            except BufferError:
+                pass  # the model still uses it: unmapped when the last view goes
+        self.arenas = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- ready-made sources --
+    @classmethod
+    def megatron(cls, model, optimizer, socket, job, token, coordinator="local", interval=1,
+                 model_config=None):
+        """A dte.megatron.MegatronModel built with flat=True (its arenas are
+        the distributed optimizer's flat buffers) and the AdamW whose state
+        lives in those arenas."""
+        import json
+        if not getattr(model, "flat", False):
+            raise SourceError("source: build the MegatronModel with flat=True, so each rank's "
+                              "arenas are the flat buffers megatron:tp=N expects")
+        for r, ps in enumerate(model.params):
+            for n, p in ps.items():
+                st = optimizer.state.get(p, {})
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    t = st.get(kind)
+                    if t is None or t.data_ptr() != model.arenas[r][kind].tensor(n).data_ptr():
+                        raise SourceError("source: rank %d %s %s is not in the shm arena "
+                                          "(create the AdamW state there first)" % (r, n, kind))
+        cfg_text = model_config or json.dumps(model.cfg)
+        src = cls(socket, job, token, cfg_text, "megatron:tp=%d" % model.tp, coordinator,
+                  interval)
+        try:
+            for r in range(model.tp):
+                src.attach_host(r, [(model.arenas[r][k].fd, 0, model.arenas[r][k].size)
+                                    for k in KINDS])
+            src.track(optimizer)
+        except Exception:
+            src.close()
+            raise
+        return src
+
+    @classmethod
+    def hf(cls, named_params, optimizer, socket, job, token, model_config, coordinator="local",
+           interval=1, label="hf-source"):
+        """An unsharded model under HF names (dict(model.named_parameters()))
+        as rank 0 of fsdp:dp=1.  Its FP32 params and AdamW moments are moved
+        into shm arenas (values kept), so the daemon reads the very memory
+        torch updates."""
+        named = collections.OrderedDict(named_params)
+        for n, p in named.items():
+            if p.dtype != torch.float32 or p.is_cuda:
+                raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU "
+                                  "params" % (n, p.dtype, p.device))
+        specs = [(n, tuple(p.shape), torch.float32) for n, p in named.items()]
+        arenas = {k: Arena("%s-%s" % (label, k), specs) for k in KINDS}
+        src = None
+        try:
+            for n, p in named.items():
+                st = optimizer.state.setdefault(p, {})
+                arenas["param"].tensor(n).copy_(p.detach())
+                p.data = arenas["param"].tensor(n)
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    t = arenas[kind].tensor(n)
+                    if kind in st:
+                        t.copy_(st[kind])
+                    else:
+                        t.zero_()
+                    st[kind] = t
+                st.setdefault("step", torch.tensor(0.0))
+            src = cls(socket, job, token, model_config, "fsdp:dp=1", coordinator, interval)
+            src.arenas = list(arenas.values())
+            regions = []
+            for _bid, _length, bname in src.expected(0):
+                base, _, kind = bname.partition(" ")
+                kind = kind or "param"
+                if base not in named or kind not in arenas:
+                    raise SourceError("source: the layout wants %r, which the model does not "
+                                      "have" % bname)
+                loc = arenas[kind].loc(base)
+                regions.append((loc.fd, loc.offset, loc.nbytes))
+            src.attach_host(0, regions)
+            src.track(optimizer)
+        except Exception:
+            if src is not None:
+                src.close()
+            raise
+        return src
+
