@@ -7,3 +7,11 @@ SYSTEM_TESTS += $(PY_TESTS)
 .PHONY: py-test
 py-test:
 	@B=$(B) PYTHON=$(PYTHON) ./tests/run-system.sh $(PY_TESTS)
+
+# The demo's pipeline, short (tests/system/demo_short.py runs dte.demo).
+SYSTEM_TESTS += tests/system/demo_short.py
+
+# make demo: builds, then trains the default model and syncs every version
+# to the stand-in through two daemons (DEMO_ARGS, e.g. --versions 40).
+demo: all
+	@B=$(B) PYTHONPATH=$(CURDIR)/client/python $(PYTHON) -m dte.demo $(DEMO_ARGS)

@@ -80,6 +80,10 @@ class StepCapture:
             capture._after(hyper)
             return out
 
+        # A scheduler made earlier already counts steps inside _orig; say so,
+        # or it warns that step() was overridden.
+        if getattr(self._orig, "_with_counter", False):
+            step._with_counter = True
         # A bound method, so that a scheduler created later can still wrap it.
         optimizer.step = types.MethodType(step, optimizer)
 
