@@ -5,6 +5,7 @@
 #include <string.h>
 #include "daemon/log.h"
 #include "daemon/route.h"
+#include "daemon/testhook.h"
 
 struct rec {
 	struct rec *next;
@@ -64,6 +65,10 @@ int route_init(uv_loop_t *loop, const char *self_node, const char *self_address)
 	snprintf(rt.address, sizeof(rt.address), "%s", self_address ? self_address : "");
 	if (uv_idle_init(loop, &rt.idle) < 0)
 		return -1;
+	if (testhook_init(loop) < 0) {
+		uv_close((uv_handle_t *)&rt.idle, NULL);
+		return -1;
+	}
 	rt.init = 1;
 	return 0;
 }
@@ -83,6 +88,7 @@ void route_fini(void)
 	rt.head = rt.tail = NULL;
 	rt.pending = 0;
 	uv_close((uv_handle_t *)&rt.idle, NULL);
+	testhook_fini();
 	rt.init = 0;
 }
 
@@ -170,7 +176,9 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	if (!hdr)
 		return -ENOMEM;
 	protobuf_c_message_pack(msg, hdr);
-	rc = rt.remote.send(rt.remote.arg, node, address, type, hdr, hdrlen, data, len);
+	/* A test hook may drop it (the daemon is dying on purpose). */
+	rc = testhook_send(type, hdr, hdrlen) ? 0 :
+	     rt.remote.send(rt.remote.arg, node, address, type, hdr, hdrlen, data, len);
 	if (hdr != stackbuf)
 		free(hdr);
 	return rc;
@@ -179,6 +187,9 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len)
 {
+	/* A test hook may corrupt, duplicate or hold back remote records. */
+	if (testhook_deliver(from_node, type, hdr, hdrlen, data, len))
+		return;
 	job_peer_recv(from_node, type, hdr, hdrlen, data, len);
 }
 

@@ -1,0 +1,292 @@
+/* daemon/testhook.c — env-gated fault injection (see testhook.h). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/log.h"
+#include "daemon/route.h"
+#include "daemon/testhook.h"
+
+enum fault {
+	F_NONE,
+	F_DIE_COUNTS,
+	F_DIE_PAYLOAD,
+	F_CORRUPT,
+	F_DUP,
+	F_REORDER,
+};
+
+static const struct {
+	const char *name;
+	enum fault f;
+} faults[] = {
+	{ "die-in-counts", F_DIE_COUNTS },
+	{ "die-in-payload", F_DIE_PAYLOAD },
+	{ "corrupt-payload", F_CORRUPT },
+	{ "dup", F_DUP },
+	{ "reorder", F_REORDER },
+};
+
+struct held {
+	char from[64];
+	Dtep__PeerMsgType type;
+	uint8_t *hdr;
+	size_t hdrlen;
+	uint8_t *data;
+	size_t len;
+};
+
+static struct {
+	enum fault fault;
+	uint64_t first, period;
+	uv_loop_t *loop;
+	uv_timer_t timer;
+	int timer_init;
+	int dying;
+	uint64_t seen_version;   /* counts hits within one version */
+	unsigned seen;
+	uint64_t corrupted;      /* last version corrupted (once each) */
+	struct held *held;
+} th;
+
+static int version_hit(uint64_t v)
+{
+	if (v < th.first)
+		return 0;
+	return th.period ? (v - th.first) % th.period == 0 : v == th.first;
+}
+
+/* The version a data-path record belongs to; 0 for the other types. */
+static uint64_t record_version(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
+{
+	uint64_t v = 0;
+
+	switch (type) {
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {
+		Dtep__Counts *m = dtep__counts__unpack(NULL, hdrlen, hdr);
+
+		if (m) {
+			v = m->version;
+			dtep__counts__free_unpacked(m, NULL);
+		}
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: {
+		Dtep__Payload *m = dtep__payload__unpack(NULL, hdrlen, hdr);
+
+		if (m) {
+			v = m->version;
+			dtep__payload__free_unpacked(m, NULL);
+		}
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
+		Dtep__Staged *m = dtep__staged__unpack(NULL, hdrlen, hdr);
+
+		if (m) {
+			v = m->version;
+			dtep__staged__free_unpacked(m, NULL);
+		}
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: {
+		Dtep__Applied *m = dtep__applied__unpack(NULL, hdrlen, hdr);
+
+		if (m) {
+			v = m->version;
+			dtep__applied__free_unpacked(m, NULL);
+		}
+		break;
+	}
+	default:
+		break;
+	}
+	return v;
+}
+
+static void held_free(struct held *h)
+{
+	if (!h)
+		return;
+	free(h->hdr);
+	free(h->data);
+	free(h);
+}
+
+static void held_flush(void)
+{
+	struct held *h = th.held;
+
+	if (!h)
+		return;
+	th.held = NULL;
+	job_peer_recv(h->from, h->type, h->hdr, h->hdrlen, h->data, h->len);
+	held_free(h);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+	if (th.dying) {
+		DLOG_W("test hook: SIGKILL now");
+		raise(SIGKILL);
+		return;
+	}
+	held_flush();
+}
+
+int testhook_init(uv_loop_t *loop)
+{
+	const char *env = getenv("DTE_TEST_HOOK");
+	const char *at;
+	char *end;
+	size_t i, n;
+
+	memset(&th, 0, sizeof(th));
+	if (!env || !*env)
+		return 0;
+	at = strchr(env, '@');
+	n = at ? (size_t)(at - env) : strlen(env);
+	for (i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		if (strlen(faults[i].name) == n && !strncmp(env, faults[i].name, n))
+			th.fault = faults[i].f;
+	if (th.fault == F_NONE || !at) {
+		DLOG_W("test hook: ignoring DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>])",
+		       env);
+		th.fault = F_NONE;
+		return 0;
+	}
+	th.first = strtoull(at + 1, &end, 10);
+	if (*end == '/')
+		th.period = strtoull(end + 1, &end, 10);
+	if (*end || !th.first) {
+		DLOG_W("test hook: ignoring DTE_TEST_HOOK=\"%s\" (bad version)", env);
+		th.fault = F_NONE;
+		return 0;
+	}
+	if (uv_timer_init(loop, &th.timer) < 0)
+		return -1;
+	th.timer_init = 1;
+	th.loop = loop;
+	DLOG_W("test hook armed: %s", env);
+	return 0;
+}
+
+void testhook_fini(void)
+{
+	/* Shutting down: the engine is going away, so drop rather than deliver. */
+	held_free(th.held);
+	th.held = NULL;
+	if (th.timer_init) {
+		uv_timer_stop(&th.timer);
+		uv_close((uv_handle_t *)&th.timer, NULL);
+		th.timer_init = 0;
+	}
+	th.fault = F_NONE;
+}
+
+int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
+{
+	Dtep__PeerMsgType want;
+	uint64_t v;
+
+	if (th.dying)
+		return 1;
+	if (th.fault != F_DIE_COUNTS && th.fault != F_DIE_PAYLOAD)
+		return 0;
+	want = th.fault == F_DIE_COUNTS ? DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS
+					: DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD;
+	if (type != want)
+		return 0;
+	v = record_version(type, hdr, hdrlen);
+	if (!version_hit(v))
+		return 0;
+	if (v != th.seen_version) {
+		th.seen_version = v;
+		th.seen = 0;
+	}
+	if (++th.seen < 2)
+		return 0;
+	DLOG_W("test hook: %s at version %llu: dropping every send, SIGKILL in 300 ms",
+	       th.fault == F_DIE_COUNTS ? "die-in-counts" : "die-in-payload",
+	       (unsigned long long)v);
+	th.dying = 1;
+	uv_timer_start(&th.timer, on_timer, 300, 0);
+	return 1;
+}
+
+static int hold(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
+		const void *data, size_t len)
+{
+	struct held *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return 0;
+	snprintf(h->from, sizeof(h->from), "%s", from ? from : "");
+	h->type = type;
+	h->hdr = malloc(hdrlen ? hdrlen : 1);
+	h->data = len ? malloc(len) : NULL;
+	if (!h->hdr || (len && !h->data)) {
+		held_free(h);
+		return 0;     /* no memory: deliver in order rather than lose it */
+	}
+	memcpy(h->hdr, hdr, hdrlen);
+	h->hdrlen = hdrlen;
+	if (len)
+		memcpy(h->data, data, len);
+	h->len = len;
+	th.held = h;
+	uv_timer_start(&th.timer, on_timer, 50, 0);
+	return 1;
+}
+
+int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		     size_t hdrlen, const void *data, size_t len)
+{
+	uint64_t v;
+
+	if (th.fault != F_CORRUPT && th.fault != F_DUP && th.fault != F_REORDER)
+		return 0;
+	if (th.fault == F_REORDER && th.held) {
+		/* The newcomer overtakes the held record. */
+		uv_timer_stop(&th.timer);
+		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+		held_flush();
+		return 1;
+	}
+	v = record_version(type, hdr, hdrlen);
+	if (!v || !version_hit(v))
+		return 0;
+	switch (th.fault) {
+	case F_CORRUPT: {
+		uint8_t *copy;
+
+		if (type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD || !len || th.corrupted == v)
+			return 0;
+		copy = malloc(len);
+		if (!copy)
+			return 0;
+		memcpy(copy, data, len);
+		copy[len / 2] ^= 0x5a;
+		th.corrupted = v;
+		DLOG_W("test hook: corrupt-payload: version %llu byte %zu of %zu from %s flipped",
+		       (unsigned long long)v, len / 2, len, from_node);
+		job_peer_recv(from_node, type, hdr, hdrlen, copy, len);
+		free(copy);
+		return 1;
+	}
+	case F_DUP:
+		DLOG_W("test hook: dup: version %llu record type %d from %s twice",
+		       (unsigned long long)v, (int)type, from_node);
+		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+		return 1;
+	case F_REORDER:
+		if (!hold(from_node, type, hdr, hdrlen, data, len))
+			return 0;
+		DLOG_W("test hook: reorder: version %llu record type %d from %s held back",
+		       (unsigned long long)v, (int)type, from_node);
+		return 1;
+	default:
+		return 0;
+	}
+}

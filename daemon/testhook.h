@@ -1,0 +1,54 @@
+/* daemon/testhook.h — fault injection for tests/faults (DTE_TEST_HOOK).
+ *
+ * Compiled into every dted and inert unless the environment variable
+ * DTE_TEST_HOOK is set when the daemon starts.  It names one fault and the
+ * versions it hits:
+ *
+ *   DTE_TEST_HOOK=<fault>@<version>[/<period>]
+ *
+ * the fault fires at <version> and, with a period, again at every
+ * <version> + k·<period> (so one daemon serves several trials).  Faults:
+ *
+ *   die-in-counts     sender: the second remote COUNTS of the version is
+ *                     dropped with everything after it and the daemon
+ *                     SIGKILLs itself 300 ms later (what was handed to UCX
+ *                     before gets out): sinks hold some COUNTS, not all.
+ *   die-in-payload    the same at the second remote PAYLOAD: a sink holds
+ *                     COUNTS announcing a payload that never comes.
+ *   corrupt-payload   receiver: one byte in the middle of the first
+ *                     non-empty PAYLOAD of the version is flipped.
+ *   dup               receiver: every COUNTS/PAYLOAD/STAGED/APPLIED of the
+ *                     version is delivered twice.
+ *   reorder           receiver: every record of the version is held back
+ *                     until the next record arrives, which overtakes it
+ *                     (adjacent pairs swap; a held record with no
+ *                     follower goes after 50 ms).
+ *
+ * A hook that fires logs "test hook: ..." at warning level, so a test can
+ * tell it did.  Module state is per process, like route.c.
+ */
+#ifndef DTED_TESTHOOK_H
+#define DTED_TESTHOOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include "proto/peer.pb-c.h"
+
+/* Reads DTE_TEST_HOOK; an unknown fault is logged and ignored.  Returns 0
+ * (no hook, or one armed) or -1 on a loop error. */
+int  testhook_init(uv_loop_t *loop);
+/* Delivers a held record (if any) and closes the timer. */
+void testhook_fini(void);
+
+/* Before a remote send.  Returns 1 when the record must be dropped (the
+ * daemon is about to die), 0 to send it. */
+int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen);
+
+/* Instead of delivering a received record directly: returns 1 when the
+ * hook took the record over (delivered it altered, twice, or held it),
+ * 0 when the caller delivers it as usual. */
+int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		     size_t hdrlen, const void *data, size_t len);
+
+#endif
