@@ -65,8 +65,9 @@ bench-scan: $(B)/tests/bench_scan
 	$(B)/tests/bench_scan
 
 ifneq ($(NVCC),)
-test-gpu: $(B)/tests/test_cuda $(B)/lib/dte-cuda.so
+test-gpu: $(B)/tests/test_cuda $(B)/lib/dte-cuda.so all
 	$(B)/tests/test_cuda $(B)/lib/dte-cuda.so
+	B=$(B) DTE_CUDA_PLUGIN=$(CURDIR)/$(B)/lib/dte-cuda.so $(PYTHON) tests/gpu/py_cuda_ipc.py
 
 bench-gpu: $(B)/tests/bench_gpu $(B)/lib/dte-cuda.so
 	$(B)/tests/bench_gpu $(B)/lib/dte-cuda.so

@@ -45,7 +45,7 @@ if __name__ == "__main__" and not os.environ.get("DTE_ASAN_REEXEC"):
 
 import torch  # noqa: E402
 
-from dte import _lib, megatron, qwen3, sglang  # noqa: E402
+from dte import megatron, qwen3, sglang  # noqa: E402
 from dte.checks import Checks  # noqa: E402
 from dte.sink import Sink, SinkError  # noqa: E402
 from dte.source import Source, SourceError, StepCapture  # noqa: E402
@@ -79,7 +79,6 @@ def run_demo(c):
             "sparse versions change a few %% of elements (%s)" % [x[3] for x in rows[1:]])
     c.check("processes left: none" in r.stdout, "no process left behind")
     c.check("two daemons over UCX" in r.stdout, "trainer and inference on separate daemons")
-    print(last[-1])
 
 
 def start_daemon(tmp):

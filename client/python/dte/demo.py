@@ -217,7 +217,8 @@ def main(argv=None):
             g["lr"] = args.lr
         trainer.sched.base_lrs = [args.lr] * len(trainer.opt.param_groups)
         print("demo: synced phase: %d versions, one per AdamW step at lr %g (same AdamW "
-              "state continued), publish interval 1" % (args.versions, args.lr), flush=True)
+              "state continued), publish interval 1; loss is that step's batch (8 batches "
+              "cycle)" % (args.versions, args.lr), flush=True)
 
         trainer_d = Daemon(tmp, "trainer").start()
         daemons.append(trainer_d)
