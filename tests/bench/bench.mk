@@ -1,0 +1,11 @@
+# tests/bench/ — `make bench`: every figure of DESIGN §8 in one run
+# (docs/BENCHMARKS.md, docs/bench-*.png, one `bench ...` line per figure).
+# Needs root for the network namespaces of the end-to-end figure; about
+# 10 minutes and 8 GiB on a 2-core machine.
+
+$(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
+
+bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec
+	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
