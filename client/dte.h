@@ -242,6 +242,29 @@ int dte_layout_buffers(const char *model_config, const char *layout, int role, u
 		       struct dte_layout_buffer_info *out, size_t cap, size_t *n, char *err,
 		       size_t errlen);
 
+/* No daemon needed: where each runtime tensor of rank `rank` lives, so a
+ * trainer or server can allocate its tensors at exactly those places.
+ * Names are the runtime's (Megatron-Core: decoder.layers.0.self_attention.
+ * linear_qkv.weight; SGLang/vLLM: model.layers.0.self_attn.qkv_proj.weight;
+ * FSDP2: the HF name), shapes are local (row-major), `buffer` is the
+ * layout buffer id (for a source: the param buffer; exp_avg and exp_avg_sq
+ * use the same offset in theirs) and `offset` is in elements from the
+ * buffer's start.  With Megatron's distributed optimizer over dp > 1 a
+ * tensor can straddle DP shards: its offset is relative to this rank's
+ * shard and may lie outside it.  Writes min(cap, count) entries and the
+ * count to *n; json: layouts describe no tensors (count 0). */
+struct dte_layout_tensor_info {
+	uint32_t buffer;
+	uint32_t ndim;
+	int64_t  offset;                /* elements */
+	int64_t  shape[6];
+	char     name[96];
+};
+
+int dte_layout_tensors(const char *model_config, const char *layout, int role, uint32_t rank,
+		       struct dte_layout_tensor_info *out, size_t cap, size_t *n, char *err,
+		       size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -374,19 +374,19 @@ int dte_query_version(dte_t *h, const char *job, uint64_t participant, uint64_t 
 	return DTE_OK;
 }
 
-int dte_layout_buffers(const char *model_config, const char *layout, int role, uint32_t rank,
-		       struct dte_layout_buffer_info *out, size_t cap, size_t *n, char *err,
-		       size_t errlen)
+/* Builds the layout a client asks about; DTE_OK, or DTE_ERR_INVAL with
+ * the reason in err. */
+static int client_layout(const char *fn, const char *model_config, const char *layout, int role,
+			 size_t cap, const void *out, const size_t *n, struct dte_layout *l,
+			 char *err, size_t errlen)
 {
 	struct dte_spec spec;
-	struct dte_layout l;
 	char e[256];
-	size_t k = 0;
 
 	if (!model_config || !layout || !n || (cap && !out) ||
 	    (role != DTE_SOURCE && role != DTE_SINK)) {
 		if (err && errlen)
-			snprintf(err, errlen, "dte_layout_buffers: bad argument");
+			snprintf(err, errlen, "%s: bad argument", fn);
 		return DTE_ERR_INVAL;
 	}
 	if (dte_spec_load_string(&spec, model_config, e, sizeof(e)) < 0) {
@@ -394,13 +394,28 @@ int dte_layout_buffers(const char *model_config, const char *layout, int role, u
 			snprintf(err, errlen, "model config: %s", e);
 		return DTE_ERR_INVAL;
 	}
-	if (dte_layout_from_desc(&l, &spec, layout, role == DTE_SOURCE ? DTE_LAYOUT_SOURCE :
+	if (dte_layout_from_desc(l, &spec, layout, role == DTE_SOURCE ? DTE_LAYOUT_SOURCE :
 				 DTE_LAYOUT_SINK, e, sizeof(e))) {
 		if (err && errlen)
 			snprintf(err, errlen, "%s", e);
 		dte_spec_fini(&spec);
 		return DTE_ERR_INVAL;
 	}
+	dte_spec_fini(&spec);
+	return DTE_OK;
+}
+
+int dte_layout_buffers(const char *model_config, const char *layout, int role, uint32_t rank,
+		       struct dte_layout_buffer_info *out, size_t cap, size_t *n, char *err,
+		       size_t errlen)
+{
+	struct dte_layout l;
+	size_t k = 0;
+	int rc = client_layout("dte_layout_buffers", model_config, layout, role, cap, out, n, &l,
+			       err, errlen);
+
+	if (rc != DTE_OK)
+		return rc;
 	for (size_t i = 0; i < l.nbufs; i++) {
 		if (l.bufs[i].rank != rank)
 			continue;
@@ -413,6 +428,41 @@ int dte_layout_buffers(const char *model_config, const char *layout, int role, u
 	}
 	*n = k;
 	dte_layout_fini(&l);
-	dte_spec_fini(&spec);
+	return DTE_OK;
+}
+
+_Static_assert(sizeof(((struct dte_layout_tensor_info *)0)->shape) ==
+	       DTE_MAX_DIMS * sizeof(int64_t), "dte.h shape[] must hold DTE_MAX_DIMS dims");
+_Static_assert(sizeof(((struct dte_layout_tensor_info *)0)->name) == DTE_LAYOUT_NAME_MAX,
+	       "dte.h name[] must hold DTE_LAYOUT_NAME_MAX");
+
+int dte_layout_tensors(const char *model_config, const char *layout, int role, uint32_t rank,
+		       struct dte_layout_tensor_info *out, size_t cap, size_t *n, char *err,
+		       size_t errlen)
+{
+	struct dte_layout l;
+	size_t k = 0;
+	int rc = client_layout("dte_layout_tensors", model_config, layout, role, cap, out, n, &l,
+			       err, errlen);
+
+	if (rc != DTE_OK)
+		return rc;
+	for (size_t i = 0; i < l.ntensors; i++) {
+		const struct dte_layout_tensor *t = &l.tensors[i];
+
+		if (t->rank != rank)
+			continue;
+		if (k < cap) {
+			memset(&out[k], 0, sizeof(out[k]));
+			out[k].buffer = t->buf;
+			out[k].ndim = t->ndim;
+			out[k].offset = t->offset;
+			memcpy(out[k].shape, t->shape, t->ndim * sizeof(t->shape[0]));
+			snprintf(out[k].name, sizeof(out[k].name), "%s", t->name);
+		}
+		k++;
+	}
+	*n = k;
+	dte_layout_fini(&l);
 	return DTE_OK;
 }

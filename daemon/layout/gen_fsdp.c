@@ -26,7 +26,7 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 		for (i = 0; i < spec->n; i++) {
 			const struct dte_spec_tensor *t = &spec->t[i];
 			struct dte_piece p;
-			int64_t lo, hi, id = 3 * (int64_t)i;
+			int64_t lo, hi, id = 3 * (int64_t)i, shape[DTE_MAX_DIMS];
 
 			chunk = (t->shape[0] + cfg->dp - 1) / cfg->dp;
 			lo = r * chunk;
@@ -52,6 +52,11 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 			    dte_layout_add_buffer(l, (uint32_t)r, id + 1, (hi - lo) * inner, "%s exp_avg", t->name) < 0 ||
 			    dte_layout_add_buffer(l, (uint32_t)r, id + 2, (hi - lo) * inner, "%s exp_avg_sq", t->name) < 0 ||
 			    dte_layout_add_piece(l, &p))
+				return dte_layout_err(err, errlen, "fsdp: out of memory");
+			shape[0] = hi - lo;
+			for (d = 1; d < t->ndim; d++)
+				shape[d] = t->shape[d];
+			if (dte_layout_add_tensor(l, (uint32_t)r, (uint32_t)id, 0, t->ndim, shape, t->name))
 				return dte_layout_err(err, errlen, "fsdp: out of memory");
 		}
 	}

@@ -333,6 +333,14 @@ static int mg_emit(struct dte_layout *l, const struct mg_list *m, int64_t total,
 	    dte_layout_add_buffer(l, rank, buf0 + 1, shard, "%s exp_avg", what) < 0 ||
 	    dte_layout_add_buffer(l, rank, buf0 + 2, shard, "%s exp_avg_sq", what) < 0)
 		return -1;
+	/* Where the trainer's tensors live, so a client can allocate there. */
+	for (size_t i = 0; i < m->n; i++) {
+		const struct mg_param *p = &m->p[i];
+
+		if (p->offset < s + shard && p->offset + p->numel > s &&
+		    dte_layout_add_tensor(l, rank, buf0, p->offset - s, p->ndim, p->shape, p->name))
+			return -1;
+	}
 	return mg_emit_shard(l, m, rank, buf0, s, s + shard, spec);
 }
 

@@ -36,13 +36,19 @@ struct infer_ctx {
 	int                     oom;
 };
 
-static void infer_buffer(struct infer_ctx *x, int64_t len, const char *fmt, long long layer)
+/* One runtime tensor of shape {d0[, d1[, d2]]} (0 ends the shape) in a
+ * buffer of its own. */
+static void infer_buffer(struct infer_ctx *x, const char *fmt, long long layer, int64_t d0,
+			 int64_t d1, int64_t d2)
 {
 	char name[DTE_LAYOUT_NAME_MAX];
+	int64_t shape[3] = { d0, d1, d2 };
+	uint32_t nd = d1 ? d2 ? 3 : 2 : 1;
 
 	snprintf(name, sizeof(name), fmt, layer);
-	x->buf = dte_layout_add_buffer(x->l, x->rank, -1, len, "%s", name);
-	if (x->buf < 0)
+	x->buf = dte_layout_add_buffer(x->l, x->rank, -1, d0 * (d1 ? d1 : 1) * (d2 ? d2 : 1), "%s",
+				       name);
+	if (x->buf < 0 || dte_layout_add_tensor(x->l, x->rank, (uint32_t)x->buf, 0, nd, shape, name))
 		x->oom = 1;
 }
 
@@ -80,7 +86,7 @@ static void infer_replicated(struct infer_ctx *x, int32_t tensor, const char *fm
 {
 	const struct dte_spec_tensor *t = &x->spec->t[tensor];
 
-	infer_buffer(x, t->numel, fmt, layer);
+	infer_buffer(x, fmt, layer, t->shape[0], t->ndim > 1 ? t->shape[1] : 0, 0);
 	infer_piece(x, tensor, 0, t->shape[0], 0, 0, 0, t->ndim > 1 ? t->shape[1] : 1);
 }
 
@@ -90,7 +96,7 @@ static void infer_vocab(struct infer_ctx *x, int32_t tensor, int64_t T, int64_t 
 	int64_t per = (V + INFER_VOCAB_PAD - 1) / INFER_VOCAB_PAD * INFER_VOCAB_PAD / T;
 	int64_t lo = t * per, hi = lo + per < V ? lo + per : V;
 
-	infer_buffer(x, per * H, name, 0);
+	infer_buffer(x, name, 0, per, H, 0);
 	infer_piece(x, tensor, lo, hi - lo, 0, 0, 0, H);
 }
 
@@ -106,12 +112,12 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
 	infer_replicated(x, LT(DTE_SPEC_IN_NORM), "model.layers.%lld.input_layernorm.weight", L);
-	infer_buffer(x, rows * H, "model.layers.%lld.self_attn.qkv_proj.weight", L);
+	infer_buffer(x, "model.layers.%lld.self_attn.qkv_proj.weight", L, rows, H, 0);
 	infer_piece(x, LT(DTE_SPEC_Q), t * nql * hd, nql * hd, 0, 0, 0, H);
 	infer_piece(x, LT(DTE_SPEC_K), kv0 * hd, kvl * hd, 0, 0, nql * hd * H, H);
 	infer_piece(x, LT(DTE_SPEC_V), kv0 * hd, kvl * hd, 0, 0, (nql + kvl) * hd * H, H);
 	if (c->attn_bias) {
-		infer_buffer(x, rows, "model.layers.%lld.self_attn.qkv_proj.bias", L);
+		infer_buffer(x, "model.layers.%lld.self_attn.qkv_proj.bias", L, rows, 0, 0);
 		infer_piece(x, LT(DTE_SPEC_Q_BIAS), t * nql * hd, nql * hd, 0, 0, 0, 1);
 		infer_piece(x, LT(DTE_SPEC_K_BIAS), kv0 * hd, kvl * hd, 0, 0, nql * hd, 1);
 		infer_piece(x, LT(DTE_SPEC_V_BIAS), kv0 * hd, kvl * hd, 0, 0, (nql + kvl) * hd, 1);
@@ -120,21 +126,21 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 		infer_replicated(x, LT(DTE_SPEC_Q_NORM), "model.layers.%lld.self_attn.q_norm.weight", L);
 		infer_replicated(x, LT(DTE_SPEC_K_NORM), "model.layers.%lld.self_attn.k_norm.weight", L);
 	}
-	infer_buffer(x, H * nql * hd, "model.layers.%lld.self_attn.o_proj.weight", L);
+	infer_buffer(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nql * hd, 0);
 	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nql * hd, nql * hd, 0, nql * hd);
 	infer_replicated(x, LT(DTE_SPEC_POST_NORM), "model.layers.%lld.post_attention_layernorm.weight", L);
 	if (!c->moe_layer[l]) {
 		int64_t Il = c->intermediate / T;
-		infer_buffer(x, 2 * Il * H, "model.layers.%lld.mlp.gate_up_proj.weight", L);
+		infer_buffer(x, "model.layers.%lld.mlp.gate_up_proj.weight", L, 2 * Il, H, 0);
 		infer_piece(x, LT(DTE_SPEC_GATE), t * Il, Il, 0, 0, 0, H);
 		infer_piece(x, LT(DTE_SPEC_UP), t * Il, Il, 0, 0, Il * H, H);
-		infer_buffer(x, H * Il, "model.layers.%lld.mlp.down_proj.weight", L);
+		infer_buffer(x, "model.layers.%lld.mlp.down_proj.weight", L, H, Il, 0);
 		infer_piece(x, LT(DTE_SPEC_DOWN), 0, H, t * Il, Il, 0, Il);
 	} else {
 		int64_t mtp = T / ep, ep_idx = t / mtp, mt = t % mtp;
 		int64_t El = c->experts / ep, Ip = c->moe_intermediate / mtp, e;
 		infer_replicated(x, LT(DTE_SPEC_ROUTER), "model.layers.%lld.mlp.gate.weight", L);
-		infer_buffer(x, El * 2 * Ip * H, "model.layers.%lld.mlp.experts.w13_weight", L);
+		infer_buffer(x, "model.layers.%lld.mlp.experts.w13_weight", L, El, 2 * Ip, H);
 		for (e = 0; e < El; e++) {
 			int64_t E = ep_idx * El + e;
 			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_GATE), mt * Ip, Ip, 0, 0,
@@ -142,7 +148,7 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_UP), mt * Ip, Ip, 0, 0,
 				    e * 2 * Ip * H + Ip * H, H);
 		}
-		infer_buffer(x, El * H * Ip, "model.layers.%lld.mlp.experts.w2_weight", L);
+		infer_buffer(x, "model.layers.%lld.mlp.experts.w2_weight", L, El, H, Ip);
 		for (e = 0; e < El; e++)
 			infer_piece(x, dte_spec_expert_tensor(spec, l, ep_idx * El + e, DTE_SPEC_EXP_DOWN),
 				    0, H, mt * Ip, Ip, e * H * Ip, Ip);

@@ -49,6 +49,7 @@ void dte_layout_fini(struct dte_layout *l)
 {
 	free(l->pieces);
 	free(l->bufs);
+	free(l->tensors);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -75,6 +76,26 @@ int dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p)
 	l->pieces[l->npieces++] = *p;
 	if (p->rank >= l->nranks)
 		l->nranks = p->rank + 1;
+	return 0;
+}
+
+int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
+			  uint32_t ndim, const int64_t *shape, const char *name)
+{
+	struct dte_layout_tensor *t;
+
+	if (ndim < 1 || ndim > DTE_MAX_DIMS)
+		return -1;
+	if (layout_grow((void **)&l->tensors, &l->cap_tensors, l->ntensors, sizeof(*t)))
+		return -1;
+	t = &l->tensors[l->ntensors++];
+	memset(t, 0, sizeof(*t));
+	t->rank = rank;
+	t->buf = buf;
+	t->ndim = ndim;
+	t->offset = offset;
+	memcpy(t->shape, shape, ndim * sizeof(*shape));
+	snprintf(t->name, sizeof(t->name), "%s", name);
 	return 0;
 }
 

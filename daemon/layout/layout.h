@@ -40,6 +40,19 @@ struct dte_layout_buffer {
 	char     name[DTE_LAYOUT_NAME_MAX];
 };
 
+/* A runtime tensor of one rank as that runtime names and allocates it
+ * (Megatron's linear_qkv.weight, SGLang's qkv_proj.weight): row-major,
+ * `offset` elements into buffer `buf` of the rank (a source's param,
+ * exp_avg and exp_avg_sq buffers share the offset).  With Megatron's
+ * distributed optimizer over dp > 1 a tensor can straddle DP shards: the
+ * offset is relative to this shard's start and may lie outside it. */
+struct dte_layout_tensor {
+	uint32_t rank, buf, ndim;
+	int64_t  offset;
+	int64_t  shape[DTE_MAX_DIMS];
+	char     name[DTE_LAYOUT_NAME_MAX];
+};
+
 struct dte_layout {
 	int                       role;  /* enum dte_layout_role */
 	uint64_t                  spec_hash;
@@ -49,6 +62,8 @@ struct dte_layout {
 	size_t                    npieces, cap_pieces;
 	struct dte_layout_buffer *bufs;
 	size_t                    nbufs, cap_bufs;
+	struct dte_layout_tensor *tensors;  /* generators that know them (not json:) */
+	size_t                    ntensors, cap_tensors;
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
@@ -58,6 +73,8 @@ int  dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p);
  * the id or -1 on no memory. */
 int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
 			      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+int  dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
+			   uint32_t ndim, const int64_t *shape, const char *name);
 /* Generators call this once done: lookups want buffers sorted by (rank, id). */
 void dte_layout_sort_buffers(struct dte_layout *l);
 const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *l,

@@ -88,6 +88,8 @@ _shard_shapes = megatron.shard_shapes
 
 
 def flat_order_shapes(cfg, tp):
+    """Kept for tests/system/cluster_sync.py, which still installs it as
+    dte.megatron.shard_shapes; this test places tensors with placement=."""
     s = _shard_shapes(cfg, tp)
     order = list(reversed(c_registration_order(qwen3.make_config(cfg))))
     assert sorted(order) == sorted(s), "registration list out of date with dte.megatron"
@@ -105,7 +107,7 @@ class Replica:
 
     def __init__(self, c, sock, replica, label):
         self.replica = replica
-        self.model = sglang.SGLangModel(CFG, tp=TP, label=label)
+        self.model = sglang.SGLangModel(CFG, tp=TP, label=label, placement=SINK_LAYOUT)
         self.cli = _lib.Client(sock)
         self.parts = []
         for r in range(TP):
@@ -283,8 +285,14 @@ def main():
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        megatron.shard_shapes = flat_order_shapes
-        model = megatron.MegatronModel(CFG, tp=TP, seed=0, label="sync-src")
+        # Every tensor where the daemon's layout says it lives (libdte's
+        # dte_layout_tensors), not where this test assumes.
+        model = megatron.MegatronModel(CFG, tp=TP, seed=0, label="sync-src",
+                                       placement=SRC_LAYOUT)
+        for r in range(TP):
+            for pl in _lib.layout_tensors(CFG_TEXT, SRC_LAYOUT, _lib.SOURCE, r):
+                loc = model.arenas[r]["param"].loc(pl.name)
+                assert loc.offset == 4 * pl.offset and loc.shape == pl.shape, pl
         trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
         task = toy.ToyTask(CFG["vocab_size"])
         tcli = _lib.Client(sock)

@@ -9,6 +9,7 @@ The library is found at $DTE_LIB, else $B/lib/libdte.so.0 (B defaults to
 "build" under the repository), else by the loader's search path.
 """
 
+import collections
 import ctypes
 import ctypes.util
 import os
@@ -48,6 +49,12 @@ class _HParams(ctypes.Structure):
     _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double),
                 ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
                 ("weight_decay", ctypes.c_double), ("variant", ctypes.c_int)]
+
+
+class _LayoutTensor(ctypes.Structure):
+    _fields_ = [("buffer", ctypes.c_uint32), ("ndim", ctypes.c_uint32),
+                ("offset", ctypes.c_int64), ("shape", ctypes.c_int64 * 6),
+                ("name", ctypes.c_char * 96)]
 
 
 class _JobParams(ctypes.Structure):
@@ -117,6 +124,9 @@ def lib():
         "dte_layout_buffers": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, u32,
                                ctypes.POINTER(_LayoutBuffer), ctypes.c_size_t,
                                ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t],
+        "dte_layout_tensors": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, u32,
+                               ctypes.POINTER(_LayoutTensor), ctypes.c_size_t,
+                               ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t],
     }
     for name, args in sig.items():
         f = getattr(L, name)
@@ -155,6 +165,32 @@ def layout_buffers(model_config, layout, role, rank):
     if rc:
         raise DteError(rc, err.value.decode())
     return [(out[i].id, out[i].length, out[i].name.decode()) for i in range(min(n.value, cap))]
+
+
+TensorPlace = collections.namedtuple("TensorPlace", "name shape buffer offset")
+
+
+def layout_tensors(model_config, layout, role, rank):
+    """[TensorPlace(name, shape, buffer, offset)] of rank `rank`: every
+    runtime tensor (Megatron / SGLang / FSDP names), its local shape, the
+    layout buffer it lives in and its offset there in elements, in the
+    generator's order.  A source's exp_avg / exp_avg_sq tensors sit at the
+    same offsets in their buffers."""
+    L = lib()
+    n = ctypes.c_size_t()
+    err = ctypes.create_string_buffer(256)
+    cap = 1024
+    while True:
+        out = (_LayoutTensor * cap)()
+        rc = L.dte_layout_tensors(_b(model_config), _b(layout), role, rank, out, cap,
+                                  ctypes.byref(n), err, 256)
+        if rc:
+            raise DteError(rc, err.value.decode())
+        if n.value <= cap:
+            break
+        cap = n.value
+    return [TensorPlace(out[i].name.decode(), tuple(out[i].shape[:out[i].ndim]),
+                        out[i].buffer, out[i].offset) for i in range(n.value)]
 
 
 class Client:

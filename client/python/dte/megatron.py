@@ -18,6 +18,7 @@ source of replicated elements.
 """
 
 import collections
+import json
 
 import torch
 
@@ -68,6 +69,10 @@ def shard_shapes(cfg, tp):
     return s
 
 
+# Tests rebind shard_shapes to flat_buffer_shapes; this stays the original.
+_plain_shard_shapes = shard_shapes
+
+
 def registration_order(cfg):
     """Megatron-Core's parameter registration order (daemon/layout/
     gen_megatron.c documents the same list): per layer linear_proj,
@@ -97,11 +102,44 @@ def flat_buffer_shapes(cfg, tp):
     front).  shm.Arena's 256-byte alignment is the 64-element padding of
     each parameter's start, so an arena built in this order is byte for
     byte the flat buffer `megatron:tp=N` expects."""
-    s = shard_shapes(cfg, tp)
+    s = _plain_shard_shapes(cfg, tp)
     order = list(reversed(registration_order(cfg)))
     if sorted(order) != sorted(s):
         raise RuntimeError("megatron: registration order out of date with shard_shapes")
     return collections.OrderedDict((n, s[n]) for n in order)
+
+
+def placed_specs(cfg, shapes, placement, rank, role, dtype, esize):
+    """Arena specs that put every tensor where a layout says.
+
+    placement: a layout string ("megatron:tp=2", "sglang:tp=2"), asked of
+    libdte (dte_layout_tensors) for this rank, or the rank's list of
+    _lib.TensorPlace.  Returns (specs with byte offsets, {name: buffer id},
+    {buffer id: length in elements or None}); ValueError when the layout's
+    tensors are not exactly `shapes`."""
+    from . import _lib
+    lengths = {}
+    if isinstance(placement, str):
+        text = json.dumps(cfg)
+        places = _lib.layout_tensors(text, placement, role, rank)
+        lengths = {b: n for b, n, _ in _lib.layout_buffers(text, placement, role, rank)}
+    else:
+        places = list(placement)
+    got = {p.name: tuple(p.shape) for p in places}
+    if got != {n: tuple(v) for n, v in shapes.items()}:
+        missing = sorted(set(shapes) - set(got))[:3]
+        extra = sorted(set(got) - set(shapes))[:3]
+        wrong = sorted(n for n in set(got) & set(shapes) if got[n] != tuple(shapes[n]))[:3]
+        raise ValueError("placement for rank %d does not match this model: missing %s, "
+                         "unknown %s, other shape %s" % (rank, missing, extra, wrong))
+    specs, where = [], {}
+    for p in sorted(places, key=lambda q: (q.buffer, q.offset)):
+        if p.offset < 0:
+            raise ValueError("placement: %s at offset %d (a DP shard boundary); this model "
+                             "holds whole tensors" % (p.name, p.offset))
+        specs.append((p.name, tuple(p.shape), dtype, p.offset * esize))
+        where[p.name] = p.buffer
+    return specs, where, lengths
 
 
 def is_replicated(name):
@@ -217,13 +255,17 @@ class MegatronModel(torch.nn.Module):
     arenas[r] = {'param': Arena, 'exp_avg': Arena, 'exp_avg_sq': Arena}.
     """
 
-    def __init__(self, cfg=None, tp=2, hf=None, seed=0, label="megatron", flat=False):
+    def __init__(self, cfg=None, tp=2, hf=None, seed=0, label="megatron", flat=False,
+                 placement=None):
         super().__init__()
         self.cfg = qwen3.make_config(cfg)
         self.tp = tp
         # flat=True: arenas laid out as the distributed optimizer's flat
         # buffer, so one fd per kind and rank is what the daemon registers.
-        self.flat = flat
+        # placement= (a layout string such as "megatron:tp=2", or per rank a
+        # list of dte._lib.TensorPlace): every tensor at the offset the
+        # daemon's layout gives it, asked of libdte rather than assumed.
+        self.flat = flat or placement is not None
         self.shapes = (flat_buffer_shapes if flat else shard_shapes)(self.cfg, tp)
         if hf is None:
             hf = qwen3.init_hf_weights(self.cfg, seed=seed)
@@ -233,7 +275,17 @@ class MegatronModel(torch.nn.Module):
         self.params = []
         self._plist = torch.nn.ParameterList()
         for r in range(tp):
-            ar = {kind: Arena("%s-tp%d-%s" % (label, r, kind), specs)
+            size = 0
+            if placement is not None:
+                from . import _lib
+                specs, where, lengths = placed_specs(
+                    self.cfg, self.shapes, placement if isinstance(placement, str)
+                    else placement[r], r, _lib.SOURCE, torch.float32, 4)
+                if set(where.values()) != {0}:
+                    raise ValueError("placement: this model keeps dense tensors only "
+                                     "(layout buffer 0)")
+                size = 4 * (lengths.get(0) or 0)
+            ar = {kind: Arena("%s-tp%d-%s" % (label, r, kind), specs, min_size=size)
                   for kind in ("param", "exp_avg", "exp_avg_sq")}
             self.arenas.append(ar)
             ps = collections.OrderedDict()

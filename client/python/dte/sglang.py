@@ -202,12 +202,30 @@ def _one_thread():
 class SGLangModel:
     """Qwen3 with SGLang's per-rank BF16 tensors in one shm arena per rank."""
 
-    def __init__(self, cfg=None, tp=2, label="sglang"):
+    def __init__(self, cfg=None, tp=2, label="sglang", placement=None):
+        """placement= (a layout string such as "sglang:tp=2", or per rank a
+        list of dte._lib.TensorPlace): each rank's arena holds its tensors in
+        the layout's buffer order, and buffer_ids[r][name] is the layout
+        buffer each one is registered as (one buffer per tensor)."""
         self.cfg = qwen3.make_config(cfg)
         self.tp = tp
         self.shapes = shard_shapes(self.cfg, tp)
         specs = [(n, s, torch.bfloat16) for n, s in self.shapes.items()]
-        self.arenas = [Arena("%s-tp%d" % (label, r), specs) for r in range(tp)]
+        self.buffer_ids = None
+        if placement is None:
+            self.arenas = [Arena("%s-tp%d" % (label, r), specs) for r in range(tp)]
+            return
+        from . import _lib
+        from .megatron import placed_specs
+        self.arenas, self.buffer_ids = [], []
+        for r in range(tp):
+            placed, where, _ = placed_specs(self.cfg, self.shapes, placement if isinstance(
+                placement, str) else placement[r], r, _lib.SINK, torch.bfloat16, 2)
+            # One buffer per tensor, each at its buffer's start: the arena
+            # packs them (aligned) in buffer-id order.
+            self.arenas.append(Arena("%s-tp%d" % (label, r),
+                                     [(n, sh, dt) for n, sh, dt, _ in placed]))
+            self.buffer_ids.append(where)
 
     def weights(self, r):
         """Rank r's live BF16 tensors {sglang_name: tensor}."""

@@ -47,15 +47,22 @@ class Arena:
     torch.bfloat16 (or 'fp32'/'bf16').  Tensors are zero-filled.  Two arenas
     built from the same specs have the same offsets, which is how one source
     piece maps param, exp_avg and exp_avg_sq with a single mapping.
+
+    A spec may carry a fourth item, the tensor's byte offset, to place it
+    exactly where a layout says (dte._lib.layout_tensors); placed tensors
+    must come in ascending, non-overlapping order.  min_size: the arena is
+    at least this many bytes (a layout buffer longer than its tensors).
     """
 
-    def __init__(self, label, specs, align=ALIGN):
+    def __init__(self, label, specs, align=ALIGN, min_size=0):
         if align <= 0 or align & (align - 1):
             raise ValueError("shm: align must be a power of two")
         self.label = label
         self._entries = collections.OrderedDict()
         off = 0
-        for name, shape, dtype in specs:
+        for spec in specs:
+            name, shape, dtype = spec[:3]
+            at = spec[3] if len(spec) > 3 else None
             if isinstance(dtype, str):
                 if dtype not in DTYPES:
                     raise ValueError("shm: unsupported dtype %r" % dtype)
@@ -69,12 +76,19 @@ class Arena:
             numel = 1
             for s in shape:
                 numel *= s
-            off = _align(off, align)
-            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            esize = torch.empty((), dtype=dtype).element_size()
+            if at is None:
+                off = _align(off, align)
+            elif at < off or at % esize:
+                raise ValueError("shm: %r placed at byte %d: overlaps the previous tensor "
+                                 "(ends at %d) or is not %d-byte aligned" % (name, at, off, esize))
+            else:
+                off = at
+            nbytes = numel * esize
             self._entries[name] = (off, nbytes, dtype, shape)
             off += nbytes
         # mmap refuses length 0; an empty arena still gets one page.
-        self.size = max(_align(off, mmap.PAGESIZE), mmap.PAGESIZE)
+        self.size = max(_align(max(off, int(min_size)), mmap.PAGESIZE), mmap.PAGESIZE)
         self.fd = os.memfd_create("dte-" + label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
