@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -45,7 +46,7 @@ if __name__ == "__main__" and not os.environ.get("DTE_ASAN_REEXEC"):
 
 import torch  # noqa: E402
 
-from dte import megatron, qwen3, sglang  # noqa: E402
+from dte import _lib, megatron, qwen3, sglang  # noqa: E402
 from dte.checks import Checks  # noqa: E402
 from dte.sink import Sink, SinkError  # noqa: E402
 from dte.source import Source, SourceError, StepCapture  # noqa: E402
@@ -162,6 +163,18 @@ def refusals(c):
              "amsgrad refused (not invertible)")
     c.raises(SourceError, lambda: StepCapture(torch.optim.SGD([p], lr=0.1)),
              "a non-AdamW optimizer refused")
+    if hasattr(_lib, "layout_tensors"):
+        # The arena-vs-layout placement check, both ways.
+        me = types.SimpleNamespace(model_config=json.dumps(cfg), layout="megatron:tp=2")
+        c.raises(SourceError, lambda: Source.check_places(me, 0, model.arenas[0]["param"]),
+                 "an arena not in the flat-buffer order refused by placement")
+        flat = megatron.MegatronModel(cfg, tp=2, seed=0, label="refuse-flat", flat=True)
+        try:
+            Source.check_places(me, 1, flat.arenas[1]["param"])
+            c.check(True, "a flat arena matches the layout's placement")
+        except SourceError as e:
+            c.check(False, "flat arena placement: %s" % e)
+        flat.close()
     cap = StepCapture(torch.optim.AdamW([p], lr=1e-3))
     c.check(cap.last is None, "nothing captured before a step")
     tr.close()

@@ -205,6 +205,27 @@ class Source:
             ids.append(register_cuda_tensor(self.cli, t, _lib.FP32, name, self.event))
         return self._attach(rank, ids)
 
+    def check_places(self, rank, arena):
+        """Where the layout says each tensor of `rank` lives in its first
+        buffer must be where `arena` holds it (the moments' arenas share the
+        offsets).  Needs libdte's layout_tensors; skipped without it."""
+        places = getattr(_lib, "layout_tensors", None)
+        if places is None:
+            return
+        for pl in places(self.model_config, self.layout, _lib.SOURCE, rank):
+            if pl.buffer != 0:
+                continue
+            try:
+                loc = arena.loc(pl.name)
+            except KeyError:
+                raise SourceError("source: the layout places %r, which the arena does not "
+                                  "hold" % pl.name) from None
+            if loc.offset != 4 * pl.offset or tuple(loc.shape) != tuple(pl.shape):
+                raise SourceError("source: %r is at byte %d with shape %s in the arena, the "
+                                  "layout says byte %d with shape %s" % (
+                                      pl.name, loc.offset, tuple(loc.shape), 4 * pl.offset,
+                                      tuple(pl.shape)))
+
     def _attach(self, rank, ids):
         part = self.cli.attach(self.job, self.token, _lib.SOURCE, self.layout, rank, ids)
         self.parts.append(part)
@@ -299,6 +320,7 @@ class Source:
                   interval)
         try:
             for r in range(model.tp):
+                src.check_places(r, model.arenas[r]["param"])
                 src.attach_host(r, [(model.arenas[r][k].fd, 0, model.arenas[r][k].size)
                                     for k in KINDS])
             src.track(optimizer)
