@@ -6,7 +6,8 @@ model, fsdp:dp=1: three CUDA tensors per canonical tensor); a sink's BF16
 weights live on the GPU in the SGLang TP=2 layout.  Both register through
 dte.source.register_cuda_tensor (IPC handle of the allocation + byte offset,
 and the Source's interprocess event recorded after every step) with a dted
-on the cuda backend ($B/lib/dte-cuda.so).  Real AdamW steps on the GPU;
+on the cuda backend ($B/lib/dte-cuda.so).  Real AdamW steps on the GPU (a
+linear loss with fresh random directions, so no model code mixes devices);
 after every version each sink element must equal RNE(θ_t) bit for bit.
 
 Without a CUDA device it says so and exits 1: `make test-gpu` is meant for
@@ -92,11 +93,11 @@ def main():
 
         gen = torch.Generator().manual_seed(9)
         for v in range(1, VERSIONS + 1):
-            tokens = torch.randint(0, cfg["vocab_size"], (2, 17), generator=gen).to(dev)
+            # A linear loss with fresh random directions: real gradients for
+            # every element, no model code that might mix devices.
             opt.zero_grad(set_to_none=True)
-            logits = qwen3.forward(params, cfg, tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     tokens[:, 1:].reshape(-1))
+            loss = sum((p * torch.randn(p.shape, generator=gen).to(dev)).sum()
+                       for p in params.values())
             loss.backward()
             opt.step()
             info = src.publish(v)
