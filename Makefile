@@ -106,3 +106,4 @@ clean:
 
 distclean: clean
 include tests/fuzz/fuzz.mk
+include tests/faults/faults.mk

@@ -1,0 +1,265 @@
+"""Processes for the fault matrix (tests/faults/faults.py).
+
+The trainer and, where a scenario kills one, a sink replica run in child
+processes so SIGKILL hits a real process; both speak one line per command
+on stdin/stdout.  The trainer writes RNE(θ_v) (through the independent
+Python converter, sync_local.expected) to <work>/exp_<v>.pt *before* it
+publishes v, so whatever version a sink reports can be checked element by
+element, even when the trainer dies mid-publish.
+
+Daemons, network namespaces and dte-peer-forge come from
+tests/system/cluster_sync_lib.py; the model, layouts and checks from
+tests/system/sync_local.py.
+"""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
+B = os.environ.get("B", "build")
+if not os.path.isabs(B):
+    B = os.path.join(ROOT, B)
+os.environ["B"] = B
+
+import cluster_sync_lib as csl  # noqa: E402
+
+
+class HookDaemon(csl.Daemon):
+    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h)."""
+
+    def __init__(self, *a, hook=None, **kw):
+        super().__init__(*a, **kw)
+        self.hook = hook
+
+    def env(self):
+        e = super().env()
+        e.pop("DTE_TEST_HOOK", None)
+        if self.hook:
+            e["DTE_TEST_HOOK"] = self.hook
+        return e
+
+    def wait_dead(self, timeout=10.0):
+        """The daemon killed itself (a die-in-* hook): reap it."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        return True
+
+
+class LineProc:
+    """A child speaking one line per command."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)] + args,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     cwd=ROOT, env=csl.child_env(_py_env()))
+        self.buf = ""
+
+    def send(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def readline(self, timeout=60.0):
+        end = time.time() + timeout
+        fd = self.proc.stdout.fileno()
+        while "\n" not in self.buf:
+            left = end - time.time()
+            if left <= 0:
+                raise TimeoutError("child %d: no answer" % self.proc.pid)
+            r, _, _ = select.select([fd], [], [], left)
+            if r:
+                chunk = os.read(fd, 65536).decode()
+                if not chunk:
+                    raise EOFError("child %d exited (%s)" % (self.proc.pid, self.proc.poll()))
+                self.buf += chunk
+        line, self.buf = self.buf.split("\n", 1)
+        return line
+
+    def ask(self, line, timeout=60.0):
+        self.send(line)
+        return self.readline(timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.send("quit")
+                self.proc.wait(10)
+            except Exception:
+                self.kill()
+
+
+def _py_env():
+    # A sanitizer build's libdte.so needs the ASan runtime preloaded in the
+    # child Python too (cluster_sync_lib.asan_reexec did it for us).
+    e = {}
+    if os.environ.get("DTE_ASAN_REEXEC"):
+        e = {"LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), "ASAN_OPTIONS": "detect_leaks=0",
+             "DTE_ASAN_REEXEC": "1", "DTE_SYNC_ASAN": "1"}
+    return e
+
+
+class TrainerProc(LineProc):
+    """Megatron TP=2 trainer (real AdamW) in a child process."""
+
+    def __init__(self, work, seed):
+        super().__init__(["--trainer", work, str(seed)])
+        assert self.readline(120) == "READY"
+
+    def connect(self, sock, coord_addr):
+        r = self.ask("connect %s %s" % (sock, coord_addr))
+        if not r.startswith("ok"):
+            raise RuntimeError("trainer connect: %s" % r)
+
+    def publish(self, v, timeout=60.0):
+        """Returns (ok, dense, sinks, message)."""
+        r = self.ask("publish %d" % v, timeout).split(" ", 3)
+        if r[0] == "ok":
+            return True, int(r[1]), int(r[2]), ""
+        return False, 0, 0, " ".join(r[1:])
+
+    def wait(self, v, timeout_ms):
+        r = self.ask("wait %d %d" % (v, timeout_ms), timeout_ms / 1000.0 + 30)
+        return r == "ok", r
+
+
+class SinkProc(LineProc):
+    """One SGLang TP=2 replica in a child process, applying what is staged."""
+
+    def __init__(self, work, sock, coord_addr, replica, rank):
+        super().__init__(["--sink", work, sock, coord_addr, str(replica), str(rank)])
+        assert self.readline(120) == "READY"
+
+    def query(self):
+        """(applied version, path of its weights dump)."""
+        r = self.ask("query").split()
+        return int(r[1]), r[2]
+
+
+# ------------------------------------------------------------- children
+def publish_retry(cli, sl, part, v, rec):
+    """A re-attached source waits for the coordinator's new plan: the job
+    is `incomplete` until then.  The step is not repeated."""
+    end = time.time() + 15
+    while True:
+        try:
+            return cli.publish(sl.JOB, part, v, rec["step"], sl.groups_of(rec))
+        except Exception as e:
+            if "incomplete" not in str(e) or time.time() > end:
+                raise
+            time.sleep(0.05)
+
+
+def _trainer_main(work, seed):
+    import torch
+    import sync_local as sl
+    from dte import _lib, megatron, toy
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    megatron.shard_shapes = getattr(sl, "flat_order_shapes", None) or megatron.flat_buffer_shapes
+    model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=seed, label="ft-src%d" % seed)
+    trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
+    task = toy.ToyTask(sl.CFG["vocab_size"])
+    cli, parts = None, []
+    step = 0
+    print("READY", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        try:
+            if cmd[0] == "quit":
+                break
+            if cmd[0] == "connect":
+                if cli:
+                    try:
+                        cli.close()
+                    except Exception:
+                        pass
+                cli = _lib.Client(cmd[1])
+                cli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, cmd[2], 1)
+                parts = []
+                for r in range(sl.TP):
+                    want = _lib.layout_buffers(sl.CFG_TEXT, sl.SRC_LAYOUT, _lib.SOURCE, r)
+                    ids = []
+                    for (bid, length, bname), kind in zip(want, ("param", "exp_avg",
+                                                                 "exp_avg_sq")):
+                        a = model.arenas[r][kind]
+                        ids.append(cli.register_fd(a.fd, 0, length, _lib.FP32,
+                                                   "%s r%d" % (kind, r)))
+                    parts.append(cli.attach(sl.JOB, sl.TOKEN, _lib.SOURCE, sl.SRC_LAYOUT, r, ids))
+                print("ok", flush=True)
+            elif cmd[0] == "publish":
+                v = int(cmd[1])
+                step += 1
+                rec = trainer.step(*task.batch_at(step))
+                want = sl.expected(model)
+                tmp = os.path.join(work, "exp_%d.pt.tmp" % v)
+                torch.save(want, tmp)
+                os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
+                infos = [publish_retry(cli, sl, p, v, rec) for p in parts]
+                print("ok %d %d" % (sum(i["dense"] for i in infos),
+                                    sum(i["sinks"] for i in infos)), flush=True)
+            elif cmd[0] == "wait":
+                cli.wait(sl.JOB, int(cmd[1]), int(cmd[2]))
+                print("ok", flush=True)
+            else:
+                print("err unknown command", flush=True)
+        except Exception as e:  # reported to the parent, which decides
+            print("err %s" % str(e).replace("\n", " "), flush=True)
+
+
+def _sink_main(work, sock, coord_addr, replica, rank):
+    import torch
+    import sync_local as sl
+    from dte import _lib, sglang
+
+    torch.set_num_threads(1)
+    model = sglang.SGLangModel(sl.CFG, tp=sl.TP, label="fs-%d-%d-%d" % (os.getpid(), replica,
+                                                                          rank))
+    cli = _lib.Client(sock)
+    cli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, coord_addr, 1)
+    part = sl.attach_sink(cli, model.arenas[rank], rank, replica)
+    applied = 0
+    print("READY", flush=True)
+    while True:
+        r, _, _ = select.select([sys.stdin], [], [], 0.02)
+        if r:
+            line = sys.stdin.readline()
+            if not line or line.startswith("quit"):
+                break
+            if line.startswith("query"):
+                applied = cli.query_version(sl.JOB, part)[0]
+                path = os.path.join(work, "sink_%d_%d.pt" % (os.getpid(), applied))
+                torch.save({k: t.clone() for k, t in model.weights(rank).items()}, path)
+                print("version %d %s" % (applied, path), flush=True)
+            continue
+        try:
+            v = cli.wait_staged(sl.JOB, part, 20)
+        except _lib.DteError as e:
+            if e.code == _lib.ERR_TIMEOUT:
+                continue
+            raise
+        if v > applied:
+            cli.apply(sl.JOB, part, v)
+            applied = v
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--trainer":
+        _trainer_main(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "--sink":
+        _sink_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))

@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""Soak: many versions through two real daemons, daemon memory must not grow.
+
+A tiny Qwen3 (Megatron TP=2 trainer with real AdamW in this process) on
+daemon "src" (also the coordinator), one SGLang TP=2 sink replica on daemon
+"sink" over UCX.  Every apply must pass its checksum; every 50th version and
+the last are compared element by element with RNE(θ).  The resident set of
+both daemons is read from /proc after a warm-up (10 % of the run) and at
+the end.
+
+  soak.py [--versions N]
+Final line: `soak: versions=N rss_growth_pct=X` (X: the larger daemon's
+growth; fails at X >= 1).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import faults_lib  # noqa: E402,F401  (sys.path and B)
+import cluster_sync_lib as csl  # noqa: E402
+
+csl.asan_reexec([sys.executable] + sys.argv)
+
+import torch  # noqa: E402
+
+import sync_local as sl  # noqa: E402
+from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
+
+# Smaller than sync_local's model: the soak is about many versions.
+sl.CFG = qwen3.make_config(None, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           vocab_size=256)
+sl.CFG_TEXT = json.dumps(sl.CFG)
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--versions", type=int, default=1000)
+    args = ap.parse_args()
+    n = args.versions
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    work = csl.Workdir("dte-soak-")
+    src = csl.Daemon(work.path, "src", log_level="notice")
+    sink = csl.Daemon(work.path, "sink", log_level="notice")
+    fails = []
+    rss0 = rss1 = None
+    v = checked = 0
+    t0 = time.time()
+    try:
+        src.start()
+        sink.start()
+        megatron.shard_shapes = getattr(sl, "flat_order_shapes", None) or \
+            megatron.flat_buffer_shapes
+        model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=0, label="soak-src")
+        trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
+        task = toy.ToyTask(sl.CFG["vocab_size"])
+        tcli = _lib.Client(src.sock)
+        tcli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, "local", 1)
+        parts = []
+        for r in range(sl.TP):
+            want = _lib.layout_buffers(sl.CFG_TEXT, sl.SRC_LAYOUT, _lib.SOURCE, r)
+            ids = [tcli.register_fd(model.arenas[r][k].fd, 0, length, _lib.FP32, k)
+                   for (_b, length, _n), k in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
+            parts.append(tcli.attach(sl.JOB, sl.TOKEN, _lib.SOURCE, sl.SRC_LAYOUT, r, ids))
+        rep = sglang.SGLangModel(sl.CFG, tp=sl.TP, label="soak-sink")
+        scli = _lib.Client(sink.sock)
+        scli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, src.address, 1)
+        sparts = [sl.attach_sink(scli, rep.arenas[r], r, 0) for r in range(sl.TP)]
+        warm = max(n // 10, 1)
+        for v in range(1, n + 1):
+            rec = trainer.step(*task.batch_at(v))
+            for p in parts:
+                tcli.publish(sl.JOB, p, v, rec["step"], sl.groups_of(rec))
+            for p in sparts:
+                got = scli.wait_staged(sl.JOB, p, 20000)
+                res = scli.apply(sl.JOB, p, got)
+                if not res["checksum_ok"] or got != v:
+                    fails.append("v%d: staged %d checksum_ok=%s" % (v, got, res["checksum_ok"]))
+            tcli.wait(sl.JOB, v, 20000)
+            if v % 50 == 0 or v == n:
+                want = sl.expected(model)
+                for r in range(sl.TP):
+                    bad = sl.exact(want[r], rep.weights(r))
+                    if bad:
+                        fails.append("v%d rank %d differs: %s" % (v, r, bad[:3]))
+                checked += 1
+            if v == warm:
+                rss0 = (rss_kb(src.proc.pid), rss_kb(sink.proc.pid))
+            if len(fails) > 5:
+                break
+        rss1 = (rss_kb(src.proc.pid), rss_kb(sink.proc.pid))
+        hist = src.ctl_json("history", sl.JOB) or {}
+        modes = [x.get("mode") for x in hist.get("versions", [])]
+        print("soak: history keeps %d versions (%d sparse)" % (len(modes), modes.count("sparse")))
+        scli.close()
+        tcli.close()
+        trainer.close()
+    finally:
+        rcs = [src.stop(), sink.stop()]
+        if any(rcs):
+            fails.append("daemons exited %s" % rcs)
+        if fails:
+            print(src.log_tail(10))
+            print(sink.log_tail(10))
+        work.close(keep=bool(fails))
+    growth = 0.0
+    if rss0 and rss1:
+        growth = max(100.0 * (b - a) / a for a, b in zip(rss0, rss1))
+        print("soak: rss_kb src %d -> %d, sink %d -> %d (after v%d and at v%d)" % (
+            rss0[0], rss1[0], rss0[1], rss1[1], max(n // 10, 1), v))
+    for f in fails[:6]:
+        print("FAIL: " + f)
+    print("soak: %.1f s, %.1f ms/version, %d exact checks" % (
+        time.time() - t0, 1000 * (time.time() - t0) / max(v, 1), checked))
+    print("soak: versions=%d rss_growth_pct=%.2f" % (v, growth), flush=True)
+    sys.exit(0 if not fails and rss0 and growth < 1.0 and v == n else 1)
+
+
+if __name__ == "__main__":
+    main()
