@@ -136,11 +136,32 @@ def cuda_ipc_region(t):
         raise SourceError("source: %s is not a CUDA tensor" % (t.device,))
     if not t.is_contiguous():
         raise SourceError("source: CUDA tensors must be contiguous to be registered")
-    storage = t.storage()
-    share = getattr(storage, "_share_cuda_", None) or storage._untyped()._share_cuda_
-    device, handle, _size, storage_off, _rc_h, _rc_off, _ev, _ev_sync = share()
+    # torch >= 2 deprecates TypedStorage; 1.13 has only tensor.storage().
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    device, handle, _size, storage_off, _rc_h, _rc_off, _ev, _ev_sync = storage._share_cuda_()
     offset = int(storage_off) + t.storage_offset() * t.element_size()
-    return bytes(handle), offset, int(device)
+    return _cuda_ipc_mem_handle(bytes(handle)), offset, int(device)
+
+
+CUDA_IPC_HANDLE_SIZE = 64
+
+
+def _cuda_ipc_mem_handle(h):
+    """The cudaIpcMemHandle_t inside torch's shareable handle.  torch 1.x
+    gives the 64 raw bytes; torch 2.x prefixes a version byte and a type
+    byte: 'c' (a cudaMalloc block, then the 64 bytes) or 'e' (an expandable
+    segment, exported as cuMem handles that cudaIpcOpenMemHandle cannot
+    open)."""
+    if len(h) == CUDA_IPC_HANDLE_SIZE:
+        return h
+    if len(h) == CUDA_IPC_HANDLE_SIZE + 2 and h[1:2] == b"c":
+        return h[2:]
+    if len(h) >= 2 and h[1:2] == b"e":
+        raise SourceError("source: the tensor lives in an expandable segment "
+                          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which has no "
+                          "CUDA IPC memory handle; allocate registered tensors without it")
+    raise SourceError("source: unknown torch shareable CUDA handle (%d bytes, starts %r)"
+                      % (len(h), h[:2]))
 
 
 def register_cuda_tensor(cli, t, dtype, name="", event=None):
