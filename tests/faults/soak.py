@@ -11,6 +11,12 @@ the end.
   soak.py [--versions N]
 Final line: `soak: versions=N rss_growth_pct=X` (X: the larger daemon's
 growth; fails at X >= 1).
+
+  soak.py --valgrind [--versions N]      (make valgrind)
+Both daemons run under valgrind --leak-check=full --error-exitcode=1
+(suppressions: tests/faults/valgrind.supp) through start, N versions and a
+SIGTERM stop; either one exiting non-zero fails.  Final line:
+`valgrind: daemons=2 versions=N errors=E`.
 """
 
 import argparse
@@ -50,11 +56,20 @@ def rss_kb(pid):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--versions", type=int, default=1000)
+    ap.add_argument("--valgrind", action="store_true")
     args = ap.parse_args()
     n = args.versions
     torch.manual_seed(0)
     torch.set_num_threads(1)
     work = csl.Workdir("dte-soak-")
+    if args.valgrind:
+        wrap = os.path.join(work.path, "vg-dted")
+        with open(wrap, "w") as f:
+            f.write("#!/bin/sh\nexec valgrind -q --leak-check=full --error-exitcode=1 "
+                    "--suppressions=%s --log-file=%s/vg.%%p.log %s \"$@\"\n" % (
+                        os.path.join(HERE, "valgrind.supp"), work.path, csl.DTED))
+        os.chmod(wrap, 0o755)
+        csl.DTED = wrap
     src = csl.Daemon(work.path, "src", log_level="notice")
     sink = csl.Daemon(work.path, "sink", log_level="notice")
     fails = []
@@ -62,8 +77,8 @@ def main():
     v = checked = 0
     t0 = time.time()
     try:
-        src.start()
-        sink.start()
+        src.start(timeout=120 if args.valgrind else 20)
+        sink.start(timeout=120 if args.valgrind else 20)
         megatron.shard_shapes = getattr(sl, "flat_order_shapes", None) or \
             megatron.flat_buffer_shapes
         model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=0, label="soak-src")
@@ -111,9 +126,14 @@ def main():
         tcli.close()
         trainer.close()
     finally:
-        rcs = [src.stop(), sink.stop()]
+        rcs = [src.stop(timeout=120), sink.stop(timeout=120)]
         if any(rcs):
             fails.append("daemons exited %s" % rcs)
+        if args.valgrind:
+            for name in sorted(os.listdir(work.path)):
+                if name.startswith("vg.") and os.path.getsize(os.path.join(work.path, name)):
+                    with open(os.path.join(work.path, name)) as f:
+                        print("--- %s ---\n%s" % (name, f.read()[-6000:]))
         if fails:
             print(src.log_tail(10))
             print(sink.log_tail(10))
@@ -125,6 +145,9 @@ def main():
             rss0[0], rss1[0], rss0[1], rss1[1], max(n // 10, 1), v))
     for f in fails[:6]:
         print("FAIL: " + f)
+    if args.valgrind:
+        print("valgrind: daemons=2 versions=%d errors=%d" % (v, sum(1 for r in rcs if r)))
+        sys.exit(0 if not fails and v == n else 1)
     print("soak: %.1f s, %.1f ms/version, %d exact checks" % (
         time.time() - t0, 1000 * (time.time() - t0) / max(v, 1), checked))
     print("soak: versions=%d rss_growth_pct=%.2f" % (v, growth), flush=True)
