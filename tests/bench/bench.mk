@@ -7,5 +7,20 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
-bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec
+bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec $(B)/tests/bench_snapshot
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
+
+# Snapshot-diff detection (detect = snapshot), the benchmarks' baseline.
+UNIT_TESTS += test_job_snapshot
+# Needs only the compute library, so it links only that.
+$(B)/tests/test_job_snapshot: tests/unit/test_job_snapshot.c $(B)/obj/daemon/job_snapshot.o \
+		$(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
+		$(B)/lib/libdtecompute.a $(COMPUTE_LIBS) $(CMOCKA_LIBS)
+
+$(B)/tests/bench_snapshot: tests/bench/bench_snapshot.c $(B)/obj/daemon/job_snapshot.o \
+		$(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
+		$(B)/lib/libdtecompute.a $(COMPUTE_LIBS)

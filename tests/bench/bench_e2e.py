@@ -1,0 +1,351 @@
+"""End-to-end, stall and memory figures: two real dted daemons in two
+network namespaces joined by one veth pair, shaped with tc tbf.
+
+The source daemon (namespace A) holds a Qwen3-shaped model of 276,836,608
+elements (> 2^28) as fsdp:dp=1: FP32 θ, m, v in memfds (3.3 GiB) that torch
+AdamW (foreach=False, so no full-size temporaries) updates in place with
+synthetic Gaussian gradients.  The sink daemon (namespace B) serves one
+SGLang tp=1 sink (BF16, 0.55 GiB).  For each link rate the previous sink
+disconnects and a fresh one attaches, so the next version goes dense (what
+a broadcast system sends, by dted's own dense path); the version after it
+goes sparse.  Timed from the publish call to `wait` returning (every sink
+applied, checksum verified); the trainer's stall is the publish call alone.
+
+Daemon memory is sampled every 10 ms from /proc/PID/status: RssAnon
+(private anonymous memory: the memfds the clients share are RssShmem, not
+counted) and VmHWM (peak RSS, shared pages included).
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
+
+from cluster_sync_lib import Daemon  # noqa: E402
+from dte import _lib, qwen3, sglang  # noqa: E402
+from dte.shm import Arena  # noqa: E402
+from dte.sink import Sink  # noqa: E402
+
+JOB, TOKEN = "bench", "bench-token"
+LR = 1e-6
+MODEL = dict(hidden_size=4096, intermediate_size=8192, num_hidden_layers=1,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+             tie_word_embeddings=True)
+
+
+def model_config():
+    return qwen3.make_config(None, **MODEL)
+
+
+def model_elements():
+    import math
+    return sum(math.prod(s) for s in qwen3.hf_tensor_shapes(model_config()).values())
+
+
+class Link:
+    """Namespaces A and B and one veth pair between them, 10.233.T.1/.2."""
+
+    def __init__(self):
+        pid = os.getpid()
+        self.ns = ["dtb%da" % pid, "dtb%db" % pid]
+        self.dev = ["dtbv%da" % (pid % 100000), "dtbv%db" % (pid % 100000)]
+        tag = pid % 200 + 20
+        self.addr = ["10.233.%d.1" % tag, "10.233.%d.2" % tag]
+        self.made = []
+        self.rate = None
+
+    @staticmethod
+    def available():
+        if os.geteuid() != 0:
+            return "needs root (network namespaces)"
+        for tool in ("ip", "tc"):
+            if subprocess.run(["which", tool], capture_output=True).returncode:
+                return "needs %s" % tool
+        return None
+
+    def _run(self, *cmd):
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+        if r.returncode:
+            raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+
+    def setup(self):
+        for ns in self.ns:
+            self._run("ip", "netns", "add", ns)
+            self.made.append(ns)
+        self._run("ip", "link", "add", self.dev[0], "netns", self.ns[0], "type", "veth", "peer",
+                  "name", self.dev[1], "netns", self.ns[1])
+        for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+            self._run("ip", "-n", ns, "addr", "add", addr + "/24", "dev", dev)
+            self._run("ip", "-n", ns, "link", "set", "lo", "up")
+            self._run("ip", "-n", ns, "link", "set", dev, "up")
+        # UCX refuses a device whose carrier is not up yet.
+        end = time.time() + 10
+        for ns, dev in zip(self.ns, self.dev):
+            while time.time() < end:
+                r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "dev", dev],
+                                   capture_output=True, text=True)
+                if "state UP" in r.stdout:
+                    break
+                time.sleep(0.05)
+        return self
+
+    def shape(self, gbit):
+        """tbf at `gbit` on both directions.  The bucket holds 2 ms of the
+        rate (at least 256 KiB, more than a GSO packet), so the long-run
+        rate is `gbit` and bursts stay short."""
+        burst = max(256 * 1024, int(gbit * 1e9 / 8 * 0.002))
+        for ns, dev in zip(self.ns, self.dev):
+            self._run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                      "%dgbit" % gbit, "burst", str(burst), "latency", "50ms")
+        self.rate = gbit
+
+    def commands(self, gbit):
+        burst = max(256 * 1024, int(gbit * 1e9 / 8 * 0.002))
+        return "tc -n NS qdisc replace dev VETH root tbf rate %dgbit burst %d latency 50ms" % (
+            gbit, burst)
+
+    def close(self):
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.made = []
+
+
+class MemSampler:
+    """Peak RssAnon per labelled window and VmHWM, for a set of pids."""
+
+    def __init__(self, pids):
+        self.pids = dict(pids)
+        self.label = None
+        self.peak = {}
+        self.hwm = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    @staticmethod
+    def read(pid):
+        out = {}
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("RssAnon", "VmHWM", "RssShmem", "VmRSS"):
+                    out[k] = int(v.split()[0]) * 1024
+        return out
+
+    def _loop(self):
+        while not self._stop.is_set():
+            lab = self.label
+            for name, pid in self.pids.items():
+                try:
+                    st = self.read(pid)
+                except (OSError, ValueError):
+                    continue
+                self.hwm[name] = st.get("VmHWM", 0)
+                if lab:
+                    key = (lab, name)
+                    self.peak[key] = max(self.peak.get(key, 0), st.get("RssAnon", 0))
+            time.sleep(0.01)
+
+    def window(self, label):
+        self.label = label
+        time.sleep(0.02)
+
+    def stop(self):
+        self._stop.set()
+        self._t.join()
+
+
+class Trainer:
+    """θ, m, v of every HF tensor in three memfd arenas; torch AdamW."""
+
+    def __init__(self, cfg):
+        shapes = qwen3.hf_tensor_shapes(cfg)
+        specs = [(n, tuple(s), torch.float32) for n, s in shapes.items()]
+        self.arenas = {k: Arena("bench-%s" % k, specs) for k in ("param", "exp_avg", "exp_avg_sq")}
+        g = torch.Generator().manual_seed(0)
+        self.params = {}
+        for n in shapes:
+            t = self.arenas["param"].tensor(n)
+            if t.dim() == 1:
+                t.fill_(1.0)
+            else:
+                t.normal_(0.0, 0.02, generator=g)
+            self.params[n] = torch.nn.Parameter(t)
+        mats = [p for p in self.params.values() if p.dim() > 1]
+        vecs = [p for p in self.params.values() if p.dim() == 1]
+        self.opt = torch.optim.AdamW([{"params": mats, "weight_decay": 0.01},
+                                      {"params": vecs, "weight_decay": 0.0}],
+                                     lr=LR, betas=(0.9, 0.999), eps=1e-8, foreach=False)
+        for n, p in self.params.items():
+            st = self.opt.state[p]
+            st["step"] = torch.tensor(0.0)
+            st["exp_avg"] = self.arenas["exp_avg"].tensor(n)
+            st["exp_avg_sq"] = self.arenas["exp_avg_sq"].tensor(n)
+        self.gen = torch.Generator().manual_seed(1)
+        self.elements = sum(p.numel() for p in self.params.values())
+
+    def step(self):
+        for p in self.params.values():
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.normal_(0.0, 1e-3, generator=self.gen)
+        self.opt.step()
+        step = int(float(self.opt.state[next(iter(self.params.values()))]["step"]))
+        groups = [{"lr": float(g["lr"]), "beta1": float(g["betas"][0]),
+                   "beta2": float(g["betas"][1]), "eps": float(g["eps"]),
+                   "weight_decay": float(g["weight_decay"]), "variant": "torch"}
+                  for g in self.opt.param_groups]
+        return step, groups
+
+    def attach(self, cli, cfg_text):
+        want = _lib.layout_buffers(cfg_text, "fsdp:dp=1", _lib.SOURCE, 0)
+        ids = []
+        for _bid, length, bname in want:
+            base, _, kind = bname.partition(" ")
+            loc = self.arenas[kind or "param"].loc(base)
+            ids.append(cli.register_fd(loc.fd, loc.offset, length, _lib.FP32, bname))
+        return cli.attach(JOB, TOKEN, _lib.SOURCE, "fsdp:dp=1", 0, ids)
+
+    def close(self):
+        self.opt = None
+        self.params = {}
+        for a in self.arenas.values():
+            try:
+                a.close()
+            except BufferError:
+                pass
+
+
+def wait_plan(srcd, sink_part, timeout=60.0):
+    """Until the coordinator's plan holds exactly this sink (and is complete)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        j = srcd.ctl_json("job", JOB, check=False) or {}
+        sinks = [p for p in j.get("participants", []) if p.get("role") == "sink"]
+        if j.get("complete") and len(sinks) == 1 and int(sinks[0].get("id", -1)) == sink_part:
+            return j
+        time.sleep(0.05)
+    raise RuntimeError("plan with sink %x not in place: %s" % (sink_part, j))
+
+
+def history(srcd, version):
+    h = srcd.ctl_json("history", JOB) or {}
+    for v in h.get("versions", []):
+        if int(v.get("version", -1)) == version:
+            return v
+    return {}
+
+
+def run(work, links, detect="adamw", log=print, mem_only=False):
+    """One fresh pair of daemons and one job in `detect` mode; per link
+    rate in `links`: a dense version to a fresh sink, then SPARSE_PER_LINK
+    sparse versions.  Returns the measured rows."""
+    cfg = model_config()
+    import json
+    cfg_text = json.dumps(cfg)
+    net = Link().setup()
+    daemons, sampler, tr, cli, sink, eng = [], None, None, None, None, None
+    out = {"detect": detect, "links": [], "elements": None}
+    try:
+        srcd = Daemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
+                      log_level="warning")
+        snkd = Daemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
+                      log_level="warning")
+        for d in (srcd, snkd):
+            daemons.append(d)   # stopped in finally even when start() fails
+            d.start()
+        sampler = MemSampler({"source": srcd.proc.pid, "sink": snkd.proc.pid})
+        t = time.time()
+        tr = Trainer(cfg)
+        out["elements"] = tr.elements
+        log("e2e-detail: %s model %d elements ready in %.1f s" % (detect, tr.elements,
+                                                                  time.time() - t))
+        cli = _lib.Client(srcd.sock)
+        if detect == "adamw":
+            cli.job_create(JOB, cfg_text, TOKEN, "local", 1)
+        else:
+            cli.job_create(JOB, cfg_text, TOKEN, "local", 1, detect=detect)
+        part = tr.attach(cli, cfg_text)
+        version = 0
+        for k, gbit in enumerate(links):
+            net.shape(gbit)
+            if sink is not None:
+                sink.close()
+                eng.close()
+            eng = sglang.SGLangModel(cfg, tp=1, label="bench-sink%d" % k)
+            sink = Sink.sglang(eng, snkd.sock, JOB, TOKEN, cfg_text, coordinator=srcd.address,
+                               replica=k)
+            wait_plan(srcd, sink.parts[0])
+            row = {"gbit": gbit, "sparse": []}
+            for mode in ("dense", "sparse", "sparse"):
+                step, groups = tr.step()
+                version += 1
+                sampler.window("%s-%d-%s" % (gbit, version, mode))
+                t0 = time.perf_counter()
+                info = cli.publish(JOB, part, version, step, groups)
+                t1 = time.perf_counter()
+                sink.apply(version, timeout_ms=300000)
+                cli.wait(JOB, version, 300000)
+                t2 = time.perf_counter()
+                sampler.window(None)
+                got = "dense" if info["dense"] else "sparse"
+                if got != mode:
+                    raise RuntimeError("version %d went %s, expected %s" % (version, got, mode))
+                h = history(srcd, version)
+                m = {"version": version, "total_s": t2 - t0, "publish_s": t1 - t0,
+                     "bytes": info["bytes"], "changed": info["changed"],
+                     "elements": info["elements"], "capture_ms": h.get("capture_ms"),
+                     "transfer_ms": h.get("transfer_ms"), "apply_ms": h.get("apply_ms"),
+                     "src_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
+                                                   "source"), 0),
+                     "sink_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
+                                                    "sink"), 0)}
+                log("e2e-detail: %s link=%dGbit v%d %s total_s=%.3f publish_s=%.3f bytes=%d "
+                    "changed=%d src_anon_mb=%.0f sink_anon_mb=%.0f" % (
+                        detect, gbit, version, mode, m["total_s"], m["publish_s"], m["bytes"],
+                        m["changed"], m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
+                if mode == "dense":
+                    row["dense"] = m
+                else:
+                    row["sparse"].append(m)
+            out["links"].append(row)
+            if mem_only:
+                break
+        out["hwm"] = dict(sampler.hwm)
+        out["idle_anon"] = {n: MemSampler.read(p)["RssAnon"] for n, p in sampler.pids.items()}
+    finally:
+        if sampler:
+            sampler.stop()
+        if sink is not None:
+            sink.close()
+        if eng is not None:
+            eng.close()
+        if cli is not None:
+            cli.close()
+        if tr is not None:
+            tr.close()
+        for d in daemons:
+            d.stop()
+        net.close()
+    out["shape_cmd"] = net.commands(1)
+    return out
+
+
+def summarize(rows):
+    """Median of the sparse versions' times per link."""
+    for row in rows["links"]:
+        sp = row["sparse"]
+        row["sparse_s"] = statistics.median(m["total_s"] for m in sp)
+        row["sparse_bytes"] = statistics.median(m["bytes"] for m in sp)
+        row["stall_s"] = statistics.median(m["publish_s"] for m in sp)
+        row["dense_s"] = row["dense"]["total_s"]
+    return rows
