@@ -3,7 +3,7 @@
 # `make test`); a one-trial smoke of the same matrix is a system test.
 .PHONY: test-faults soak valgrind
 
-SYSTEM_TESTS += tests/faults/faults_smoke.sh
+SYSTEM_TESTS += tests/faults/faults_smoke.sh tests/system/isolation.py
 
 test-faults: all
 	B=$(B) $(PYTHON) tests/faults/faults.py --trials 10

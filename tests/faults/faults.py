@@ -203,10 +203,16 @@ def check_sinks(cl, sinks, when):
     return bad, got
 
 
-def check_procs(cl):
+def check_procs(cl, target=0, wait_s=0.0):
+    """Sink processes apply on their own: give them until target."""
     bad, got = [], []
     for p in cl.sinkprocs:
+        end = time.time() + wait_s
         a, path = p.query()
+        while a < target and time.time() < end:
+            os.unlink(path)
+            time.sleep(0.05)
+            a, path = p.query()
         got.append(a)
         if a == 0:
             continue
@@ -244,7 +250,7 @@ def trial(cl, tally, name, v, fault, log):
     for k in (1, 2):
         ok, msg = publish(cl, v + k, CLEAN_WAIT_S)
         bad, got = check_sinks(cl, cl.sinks, "recovery")
-        pb, pg = check_procs(cl) if cl.sinkprocs else ([], [])
+        pb, pg = check_procs(cl, v + k, CLEAN_WAIT_S) if cl.sinkprocs else ([], [])
         wrong += bad + pb
         if not ok:
             log("%s v%d: publish failed: %s" % (name, v + k, msg))
@@ -321,8 +327,7 @@ def clients(d):
 
 def sources_on(d):
     j = d.ctl_json("job", JOB) or {}
-    return [x for x in j.get("participants", []) if x.get("role") == "source" and
-            x.get("node", d.name) == d.name]
+    return [x for x in j.get("participants", []) if x.get("role") == "source" and x.get("local")]
 
 
 def catch_up_all(sinks, v, wait_s):
