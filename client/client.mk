@@ -16,9 +16,13 @@ $(B)/lib/libdte.so.0: $(LIBDTE_OBJS)
 $(B)/lib/libdte.so: $(B)/lib/libdte.so.0
 	ln -sf libdte.so.0 $@
 
-$(B)/bin/dtectl: $(B)/obj/client/dtectl.o $(B)/lib/libdte.a
+# `dtectl storage` is dte-storage's code (libdtestorage, which needs the
+# codec in libdtecompute); the layout spec it uses comes from libdte.
+DTECTL_LIBS := $(B)/lib/libdtestorage.a $(B)/lib/libdte.a $(B)/lib/libdtecompute.a
+
+$(B)/bin/dtectl: $(B)/obj/client/dtectl.o $(DTECTL_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $< -o $@ $(LDFLAGS) $(B)/lib/libdte.a $(PKG_LIBS) -ldl
+	$(CC) $< -o $@ $(LDFLAGS) -Wl,--start-group $(DTECTL_LIBS) -Wl,--end-group $(PKG_LIBS) -ldl
 
 BINS += $(B)/bin/dtectl
 LIBS += $(B)/lib/libdte.a $(B)/lib/libdte.so.0 $(B)/lib/libdte.so

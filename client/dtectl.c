@@ -13,6 +13,7 @@
 #include "client/dte_internal.h"
 #include "client/msgfmt.h"
 #include "daemon/layout/plan_cli.h"
+#include "daemon/storage/storage_cli.h"
 #include "proto/cmdtab.h"
 
 enum { EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
@@ -179,9 +180,125 @@ static int cmd_status(struct ctx *c)
 	return 0;
 }
 
+/* Prints a reply body; returns the exit status.  NULL: field by field. */
+typedef int (*printer_fn)(struct ctx *c, const ProtobufCMessage *body, const char *message);
+
+static int print_generic(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	if (c->json)
+		emit_json(dte_msg_to_json(body));
+	else
+		dte_msg_print(stdout, body, "");
+	if (message && message[0] && !c->json)
+		printf("message: %s\n", message);
+	return 0;
+}
+
+/* verify: exit 1 when a sink's buffers did not match, so scripts notice. */
+static int print_verify(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	const Dte__VerifyReply *v = (const Dte__VerifyReply *)body;
+
+	print_generic(c, body, message);
+	return v && v->mismatch ? EXIT_FAILED : 0;
+}
+
+/* `k="v",k2="v2"` (the exposition's escaping) into a JSON object. */
+static json_t *labels_json(const char *p)
+{
+	json_t *o = json_object();
+
+	while (o && *p) {
+		const char *eq = strchr(p, '=');
+		char key[64], *val;
+		size_t n = 0, cap;
+
+		if (!eq || eq[1] != '"' || (size_t)(eq - p) >= sizeof(key))
+			break;
+		memcpy(key, p, (size_t)(eq - p));
+		key[eq - p] = '\0';
+		p = eq + 2;
+		cap = strlen(p) + 1;
+		val = malloc(cap);
+		if (!val)
+			break;
+		for (; *p && *p != '"'; p++) {
+			if (*p == '\\' && p[1]) {
+				p++;
+				val[n++] = *p == 'n' ? '\n' : *p;
+			} else {
+				val[n++] = *p;
+			}
+		}
+		val[n] = '\0';
+		json_object_set_new(o, key, json_string(val));
+		free(val);
+		if (*p == '"')
+			p++;
+		if (*p == ',')
+			p++;
+	}
+	return o;
+}
+
+/* metrics: the Prometheus text as the daemon rendered it; --json gives
+ * every sample with its labels as an object. */
+static int print_metrics(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	const Dte__MetricsReply *m = (const Dte__MetricsReply *)body;
+	json_t *j, *arr;
+
+	if (!m)
+		return fail(DTE_ERR_PROTOCOL, "metrics: empty reply");
+	if (!c->json) {
+		fputs(m->text ? m->text : "", stdout);
+		return 0;
+	}
+	j = json_object();
+	arr = json_array();
+	for (size_t i = 0; i < m->n_samples; i++)
+		json_array_append_new(arr, json_pack("{s:s, s:o, s:f}", "name", m->samples[i]->name,
+						     "labels", labels_json(m->samples[i]->labels),
+						     "value", m->samples[i]->value));
+	json_object_set_new(j, "samples", arr);
+	json_object_set_new(j, "text", json_string(m->text ? m->text : ""));
+	emit_json(j);
+	return 0;
+}
+
+/* config: `section.key: value (source)` per key; --json nests
+ * {section: {key: {value, source}}}. */
+static int print_config(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	const Dte__ConfigReply *r = (const Dte__ConfigReply *)body;
+	json_t *j = c->json ? json_object() : NULL;
+
+	if (!r)
+		return fail(DTE_ERR_PROTOCOL, "config: empty reply");
+	for (size_t i = 0; i < r->n_entries; i++) {
+		const Dte__ConfigEntry *e = r->entries[i];
+
+		if (!j) {
+			printf("%s.%s: %s (%s)\n", e->section, e->key, e->value, e->source);
+			continue;
+		}
+		json_t *sec = json_object_get(j, e->section);
+
+		if (!sec) {
+			sec = json_object();
+			json_object_set_new(j, e->section, sec);
+		}
+		json_object_set_new(sec, e->key, json_pack("{s:s, s:s}", "value", e->value,
+							   "source", e->source));
+	}
+	if (j)
+		emit_json(j);
+	return 0;
+}
+
 /* Any daemon command: arguments fill the request message by descriptor,
- * the reply body prints by descriptor. */
-static int cmd_generic(struct ctx *c)
+ * the reply body prints by descriptor unless the command has a printer. */
+static int call_daemon(struct ctx *c, printer_fn print)
 {
 	const ProtobufCFieldDescriptor *rf =
 		protobuf_c_message_descriptor_get_field(&dte__request__descriptor, c->cmd->field);
@@ -219,12 +336,7 @@ static int cmd_generic(struct ctx *c)
 		const ProtobufCMessage *body =
 			bf ? *(ProtobufCMessage *const *)((const char *)resp + bf->offset) : NULL;
 
-		if (c->json)
-			emit_json(dte_msg_to_json(body));
-		else
-			dte_msg_print(stdout, body, "");
-		if (resp->message && resp->message[0] && !c->json)
-			printf("message: %s\n", resp->message);
+		rc = (print ? print : print_generic)(c, body, resp->message);
 		dte__response__free_unpacked(resp, NULL);
 	}
 	dte_close(h);
@@ -250,6 +362,48 @@ static int cmd_plan(struct ctx *c)
 	return rc;
 }
 
+/* storage needs no daemon either: dte-storage's code, same arguments. */
+static int cmd_storage(struct ctx *c)
+{
+	char **av = calloc((size_t)c->argc + 3, sizeof(*av));
+	int ac = 0, rc;
+
+	if (!av)
+		return fail(DTE_ERR_NOMEM, NULL);
+	av[ac++] = "storage";
+	if (c->json)
+		av[ac++] = "--json";
+	for (int i = 0; i < c->argc; i++)
+		av[ac++] = c->argv[i];
+	rc = dte_storage_cli(ac, av);
+	free(av);
+	return rc;
+}
+
+static int cmd_generic(struct ctx *c)
+{
+	return call_daemon(c, NULL);
+}
+
+static int cmd_verify(struct ctx *c)
+{
+	return call_daemon(c, print_verify);
+}
+
+static int cmd_metrics(struct ctx *c)
+{
+	int rc = no_args(c);
+
+	return rc ? rc : call_daemon(c, print_metrics);
+}
+
+static int cmd_config(struct ctx *c)
+{
+	int rc = no_args(c);
+
+	return rc ? rc : call_daemon(c, print_config);
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(struct ctx *c);
@@ -258,10 +412,15 @@ static const struct {
 	{ "ping", cmd_ping },
 	{ "status", cmd_status },
 	{ "plan", cmd_plan },
+	{ "storage", cmd_storage },
+	{ "verify", cmd_verify },
+	{ "metrics", cmd_metrics },
+	{ "config", cmd_config },
 };
 
 /* Global options may come before or after the command name (not inside
- * `plan`'s own arguments, which are passed through untouched). */
+ * `plan`'s or `storage`'s own arguments, which are passed through
+ * untouched). */
 static int take_option(struct ctx *c, int argc, char **argv, int *i)
 {
 	const char *a = argv[*i];
@@ -298,7 +457,7 @@ int main(int argc, char **argv)
 	for (i = 1; i < argc; i++) {
 		int t;
 
-		if (name && !strcmp(name, "plan")) {
+		if (name && (!strcmp(name, "plan") || !strcmp(name, "storage"))) {
 			rest[nrest++] = argv[i];
 			continue;
 		}

@@ -11,6 +11,27 @@
 #include "daemon/conf.h"
 #include "daemon/log.h"
 
+/* Section and name of every key, in enum dconf_key order. */
+static const struct {
+	const char *section, *key;
+} keytab[DCONF_K__COUNT] = {
+	[DCONF_K_RUNTIME_DIR] = { "daemon", "runtime_dir" },
+	[DCONF_K_SOCKET] = { "daemon", "socket" },
+	[DCONF_K_SOCKET_GROUP] = { "daemon", "socket_group" },
+	[DCONF_K_ALLOW_UIDS] = { "daemon", "allow_uids" },
+	[DCONF_K_ALLOW_GIDS] = { "daemon", "allow_gids" },
+	[DCONF_K_LOG_LEVEL] = { "daemon", "log_level" },
+	[DCONF_K_MAX_FRAME_BYTES] = { "daemon", "max_frame_bytes" },
+	[DCONF_K_MAX_CLIENTS] = { "daemon", "max_clients" },
+	[DCONF_K_COMPUTE_BACKEND] = { "daemon", "compute_backend" },
+	[DCONF_K_NODE_NAME] = { "daemon", "node_name" },
+	[DCONF_K_METRICS_LISTEN] = { "daemon", "metrics_listen" },
+	[DCONF_K_PEER_LISTEN_ADDRESS] = { "peer", "listen_address" },
+	[DCONF_K_PEER_LISTEN_PORT] = { "peer", "listen_port" },
+	[DCONF_K_PEER_ADVERTISE_ADDRESS] = { "peer", "advertise_address" },
+	[DCONF_K_PEER_STAGING_SIZE] = { "peer", "staging_size" },
+};
+
 struct parse_ctx {
 	struct dconf *c;
 	char msg[256];          /* first handler error, without file:line */
@@ -120,6 +141,32 @@ static int bad_value(struct parse_ctx *p, const char *key, const char *v, const 
 	return 0;
 }
 
+/* off | on (loopback, the default port) | PORT (loopback) | HOST:PORT.
+ * Stored as "host:port", "" when off. */
+static int metrics_listen(struct parse_ctx *p, const char *key, const char *v)
+{
+	struct dconf *c = p->c;
+	uint64_t x;
+
+	if (!*v || !strcmp(v, "off") || !strcmp(v, "no") || !strcmp(v, "false")) {
+		c->metrics_listen[0] = '\0';
+		return 1;
+	}
+	if (!strcmp(v, "on") || !strcmp(v, "yes") || !strcmp(v, "true")) {
+		snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s:%d", DCONF_METRICS_HOST,
+			 DCONF_METRICS_PORT);
+		return 1;
+	}
+	if (parse_u64(v, 1, 65535, 0, &x)) {
+		snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s:%u", DCONF_METRICS_HOST,
+			 (unsigned)x);
+		return 1;
+	}
+	if (dconf_parse_hostport(v, NULL, 0, NULL) < 0)
+		return bad_value(p, key, v, "off, on, PORT or HOST:PORT (IPv6 as [addr]:port)");
+	return copy_str(c->metrics_listen, sizeof(c->metrics_listen), v, p, key);
+}
+
 static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 {
 	struct dconf *c = p->c;
@@ -168,6 +215,8 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 	}
 	if (strcmp(key, "node_name") == 0)
 		return copy_str(c->node_name, sizeof(c->node_name), v, p, key);
+	if (strcmp(key, "metrics_listen") == 0)
+		return metrics_listen(p, key, v);
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [daemon]", key);
 	return 0;
 }
@@ -201,9 +250,17 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 	return 0;
 }
 
+static void mark_file(struct dconf *c, const char *section, const char *key)
+{
+	for (unsigned i = 0; i < DCONF_K__COUNT; i++)
+		if (!strcmp(keytab[i].section, section) && !strcmp(keytab[i].key, key))
+			c->src[i] = DCONF_SRC_FILE;
+}
+
 static int on_entry(void *user, const char *section, const char *key, const char *value)
 {
 	struct parse_ctx *p = user;
+	int ok;
 
 	/* inih keeps going after an error and reports the first line; keep
 	 * the first message so it matches that line. */
@@ -215,10 +272,12 @@ static int on_entry(void *user, const char *section, const char *key, const char
 		snprintf(p->msg, sizeof(p->msg), "unknown section [%s]", section);
 		return 0;
 	}
-	if (strcmp(section, "daemon") == 0)
-		return daemon_key(p, key, value);
-	if (strcmp(section, "peer") == 0)
-		return peer_key(p, key, value);
+	if (strcmp(section, "daemon") == 0 || strcmp(section, "peer") == 0) {
+		ok = section[0] == 'd' ? daemon_key(p, key, value) : peer_key(p, key, value);
+		if (ok)
+			mark_file(p->c, section, key);
+		return ok;
+	}
 	if (*section)
 		snprintf(p->msg, sizeof(p->msg), "unknown section [%s]", section);
 	else
@@ -325,5 +384,69 @@ int dconf_parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *po
 	}
 	if (port)
 		*port = (uint16_t)x;
+	return 0;
+}
+
+void dconf_mark_flag(struct dconf *c, enum dconf_key i)
+{
+	if ((unsigned)i < DCONF_K__COUNT)
+		c->src[i] = DCONF_SRC_FLAG;
+}
+
+static void fmt_ids(char *val, size_t vlen, const unsigned *ids, unsigned n)
+{
+	size_t o = 0;
+
+	val[0] = '\0';
+	for (unsigned i = 0; i < n && o < vlen; i++) {
+		int k = snprintf(val + o, vlen - o, "%s%u", i ? "," : "", ids[i]);
+
+		if (k < 0)
+			break;
+		o += (size_t)k;
+	}
+}
+
+int dconf_describe(const struct dconf *c, unsigned i, const char **section, const char **key,
+		   char *val, size_t vlen, const char **source)
+{
+	static const char *const srcname[] = { "default", "file", "flag" };
+
+	if (i >= DCONF_K__COUNT || !vlen)
+		return -1;
+	*section = keytab[i].section;
+	*key = keytab[i].key;
+	*source = c->src[i] < 3 ? srcname[c->src[i]] : "?";
+	switch ((enum dconf_key)i) {
+	case DCONF_K_RUNTIME_DIR: snprintf(val, vlen, "%s", c->runtime_dir); break;
+	case DCONF_K_SOCKET: snprintf(val, vlen, "%s", c->socket); break;
+	case DCONF_K_SOCKET_GROUP: snprintf(val, vlen, "%s", c->socket_group); break;
+	case DCONF_K_ALLOW_UIDS:
+		fmt_ids(val, vlen, (const unsigned *)c->allow_uids, c->n_allow_uids);
+		break;
+	case DCONF_K_ALLOW_GIDS:
+		fmt_ids(val, vlen, (const unsigned *)c->allow_gids, c->n_allow_gids);
+		break;
+	case DCONF_K_LOG_LEVEL:
+		snprintf(val, vlen, "%s", dlog_level_name((enum dlog_level)c->log_level));
+		break;
+	case DCONF_K_MAX_FRAME_BYTES: snprintf(val, vlen, "%u", c->max_frame_bytes); break;
+	case DCONF_K_MAX_CLIENTS: snprintf(val, vlen, "%u", c->max_clients); break;
+	case DCONF_K_COMPUTE_BACKEND: snprintf(val, vlen, "%s", c->compute_backend); break;
+	case DCONF_K_NODE_NAME: snprintf(val, vlen, "%s", c->node_name); break;
+	case DCONF_K_METRICS_LISTEN:
+		snprintf(val, vlen, "%s", c->metrics_listen[0] ? c->metrics_listen : "off");
+		break;
+	case DCONF_K_PEER_LISTEN_ADDRESS: snprintf(val, vlen, "%s", c->peer_listen_address); break;
+	case DCONF_K_PEER_LISTEN_PORT: snprintf(val, vlen, "%u", c->peer_listen_port); break;
+	case DCONF_K_PEER_ADVERTISE_ADDRESS:
+		snprintf(val, vlen, "%s", c->peer_advertise_address);
+		break;
+	case DCONF_K_PEER_STAGING_SIZE:
+		snprintf(val, vlen, "%llu", (unsigned long long)c->peer_staging_bytes);
+		break;
+	case DCONF_K__COUNT:
+		return -1;
+	}
 	return 0;
 }

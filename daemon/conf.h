@@ -21,6 +21,26 @@
 #define DCONF_DEFAULT_STAGING (64ull << 20)
 #define DCONF_MIN_STAGING    (1ull << 20)
 #define DCONF_MAX_STAGING    (64ull << 30)
+/* metrics_listen = on: loopback only, this port. */
+#define DCONF_METRICS_HOST   "127.0.0.1"
+#define DCONF_METRICS_PORT   9370
+
+/* Where a key's effective value came from (`dtectl config`). */
+enum dconf_src {
+	DCONF_SRC_DEFAULT = 0,
+	DCONF_SRC_FILE,
+	DCONF_SRC_FLAG,
+};
+
+/* Every key, [section] key order as in conf/dted.conf. */
+enum dconf_key {
+	DCONF_K_RUNTIME_DIR, DCONF_K_SOCKET, DCONF_K_SOCKET_GROUP, DCONF_K_ALLOW_UIDS,
+	DCONF_K_ALLOW_GIDS, DCONF_K_LOG_LEVEL, DCONF_K_MAX_FRAME_BYTES, DCONF_K_MAX_CLIENTS,
+	DCONF_K_COMPUTE_BACKEND, DCONF_K_NODE_NAME, DCONF_K_METRICS_LISTEN,
+	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
+	DCONF_K_PEER_STAGING_SIZE,
+	DCONF_K__COUNT
+};
 
 struct dconf {
 	/* [daemon] */
@@ -36,6 +56,8 @@ struct dconf {
 	char     socket_group[64];     /* "" = leave the group as created */
 	char     compute_backend[8];   /* auto | cpu | cuda */
 	char     node_name[64];
+	/* HTTP listener for GET /metrics, "host:port"; "" = off (default). */
+	char     metrics_listen[96];
 	/* [peer] — the UCX layer's listener (used by daemon/peer). */
 	char     peer_listen_address[64];
 	uint16_t peer_listen_port;
@@ -44,6 +66,7 @@ struct dconf {
 	 * wildcard, with the bound port). */
 	char     peer_advertise_address[96];
 	uint64_t peer_staging_bytes;   /* UCX-registered receive staging */
+	unsigned char src[DCONF_K__COUNT];  /* enum dconf_src per key */
 };
 
 /* Fill every field with its default. */
@@ -64,6 +87,15 @@ int dconf_finish(struct dconf *c, char *err, size_t errlen);
 /* "host:port" or "[v6addr]:port" into its parts (host may be NULL to
  * only validate).  -1 when malformed or host does not fit. */
 int dconf_parse_hostport(const char *s, char *host, size_t hostlen, uint16_t *port);
+
+/* Key i's section and name; its effective value written to val (lists
+ * comma separated, sizes in bytes); its source as "default", "file" or
+ * "flag".  -1 when i is out of range. */
+int dconf_describe(const struct dconf *c, unsigned i, const char **section, const char **key,
+		   char *val, size_t vlen, const char **source);
+
+/* A command-line flag set key i. */
+void dconf_mark_flag(struct dconf *c, enum dconf_key i);
 
 /* Whether a peer with these credentials may use the control socket:
  * root, the daemon's own uid, allow_uids, or allow_gids (primary or any of

@@ -7,6 +7,9 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/testhook.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
+# Operations: metrics (and their HTTP listener), verify/resync, config,
+# log-level.
+DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 
 include daemon/route_ucx.mk
@@ -33,3 +36,7 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job
 SYSTEM_TESTS += tests/system/sync_local.py
+
+# Operations: the metrics registry and exposition; every dtectl command
+# against a real dted with real versions.
+UNIT_TESTS   += test_metrics

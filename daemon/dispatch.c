@@ -6,6 +6,7 @@
 #include "daemon/conf.h"
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "proto/frame.h"
 
 /* Daemon-side handler per command; adding a command adds one row here. */
@@ -28,7 +29,29 @@ static const dcmd_fn handlers[DTE_CMD__COUNT] = {
 	[DTE_CMD_JOBS] = dcmd_jobs,
 	[DTE_CMD_JOB] = dcmd_job,
 	[DTE_CMD_HISTORY] = dcmd_history,
+	[DTE_CMD_VERIFY] = dcmd_verify,
+	[DTE_CMD_RESYNC] = dcmd_resync,
+	[DTE_CMD_METRICS] = dcmd_metrics,
+	[DTE_CMD_CONFIG] = dcmd_config,
+	[DTE_CMD_LOG_LEVEL] = dcmd_log_level,
 };
+
+/* The `reason` label of dted_refused_total for a refused request. */
+static const char *refusal_reason(Dte__Status code)
+{
+	switch (code) {
+	case DTE__STATUS__STATUS_ERR_PROTOCOL: return "protocol";
+	case DTE__STATUS__STATUS_ERR_VERSION: return "version";
+	case DTE__STATUS__STATUS_ERR_UNKNOWN_COMMAND: return "unknown_command";
+	case DTE__STATUS__STATUS_ERR_DENIED: return "denied";
+	case DTE__STATUS__STATUS_ERR_INVALID: return "invalid";
+	case DTE__STATUS__STATUS_ERR_NOT_FOUND: return "not_found";
+	case DTE__STATUS__STATUS_ERR_BUSY: return "busy";
+	case DTE__STATUS__STATUS_ERR_UNIMPLEMENTED: return "unimplemented";
+	case DTE__STATUS__STATUS_ERR_TIMEOUT: return "timeout";
+	default: return "internal";
+	}
+}
 
 struct dreply_block {
 	struct dreply_block *next;
@@ -174,11 +197,20 @@ int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len
 		DLOG_W("control: undecodable request (%zu bytes) from pid %d uid %u", len,
 		       (int)s->pid, (unsigned)s->uid);
 		s->close_after = 1;
+		dmetrics_add(DM_REFUSED, refusal_reason(DTE__STATUS__STATUS_ERR_PROTOCOL), 1);
 		return ddispatch_error(DTE__STATUS__STATUS_ERR_PROTOCOL, "undecodable request",
 				       out, outlen);
 	}
 	resp.id = req->id;
 	resp.code = ladder(srv, s, req, &resp, &r);
+	{
+		const struct dte_cmd *cmd = dte_cmd_by_field((unsigned)req->cmd_case);
+
+		/* Only names from the table: a client cannot mint label values. */
+		dmetrics_add(DM_CONTROL_REQUESTS, cmd ? cmd->name : "unknown", 1);
+		if (resp.code != DTE__STATUS__STATUS_OK)
+			dmetrics_add(DM_REFUSED, refusal_reason(resp.code), 1);
+	}
 	if (r.deferred && resp.code == DTE__STATUS__STATUS_OK) {
 		s->deferred = 1;
 		srv->requests++;

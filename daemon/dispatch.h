@@ -95,6 +95,20 @@ Dte__Status dcmd_status(struct dsrv *, struct dsess *, const Dte__Request *, Dte
 Dte__Status dcmd_peers(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
 		       struct dreply *);
 
+/* Operator commands (daemon/cmd_ops.c); init registers the gauges the
+ * metrics read from srv. */
+void dcmd_ops_init(struct dsrv *srv);
+Dte__Status dcmd_verify(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			struct dreply *);
+Dte__Status dcmd_resync(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			struct dreply *);
+Dte__Status dcmd_metrics(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			 struct dreply *);
+Dte__Status dcmd_config(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			struct dreply *);
+Dte__Status dcmd_log_level(struct dsrv *, struct dsess *, const Dte__Request *, Dte__Response *,
+			   struct dreply *);
+
 /* Sync engine handlers (daemon/cmd_job.c). */
 #define DCMD_DECL(n) Dte__Status dcmd_##n(struct dsrv *, struct dsess *, const Dte__Request *, \
 					  Dte__Response *, struct dreply *);

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_int.h"
+#include "daemon/job_ops.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/route.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -56,6 +58,7 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 
 void jsink_free(struct jlocal *l)
 {
+	jops_sink_free(l);
 	while (l->pend) {
 		struct jpend *p = l->pend;
 
@@ -132,6 +135,8 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 	DLOG_W("job %s: sink %llx refuses version %llu: %s", j->name,
 	       (unsigned long long)l->info.id, (unsigned long long)p->version, why);
 	j->refused++;
+	dmetrics_add(DM_REFUSED, result == DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH ?
+		     "base_mismatch" : "bad_payload", 1);
 	if (srcs) {
 		for (size_t i = 0; i < p->n; i++)
 			srcs[i] = p->s[i].src;
@@ -367,6 +372,7 @@ static void try_stage(struct job *j, struct jlocal *l)
 	for (;;) {
 		struct jpend *p, *best = NULL;
 		struct jstaged *st;
+		uint64_t t_stage;
 		int wait = 0;
 
 		for (p = l->pend; p; p = p->next) {
@@ -406,7 +412,9 @@ static void try_stage(struct job *j, struct jlocal *l)
 			continue;
 		if (wait)
 			return;
+		t_stage = uv_hrtime();
 		st = decode(j, l, best, err, sizeof(err));
+		dmetrics_observe(DM_PHASE_SECONDS, "stage", job_ms_since(t_stage) / 1e3);
 		if (!st) {
 			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, err);
 			pend_drop(l, best);
@@ -459,6 +467,7 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 		DLOG_I("job %s: version %llu for sink %llx refused: %s", j->name,
 		       (unsigned long long)version, (unsigned long long)dst, why);
 		j->refused++;
+		dmetrics_add(DM_REFUSED, "stale_epoch", 1);
 		job_fill_ref(j, &ref);
 		m.job = &ref;
 		m.version = version;
@@ -644,12 +653,16 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 	if (failed_apply)
 		ok = 0;
 	l->applied = last->version;
+	jops_applied(l, last);
+	dmetrics_add(DM_VERSIONS_APPLIED, NULL, n);
 	if (!ok) {
+		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 		l->checksum_failures++;
 		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)last->version, why);
 	}
 	rep->apply_ms = job_ms_since(t0);
+	dmetrics_observe(DM_PHASE_SECONDS, "apply", rep->apply_ms / 1e3);
 	send_applied(j, l, last->version, last->srcs, last->nsrcs,
 		     ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
 		     why, rep->apply_ms);

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_int.h"
+#include "daemon/job_ops.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/route.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -453,12 +455,16 @@ Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__Publi
 	bytes0 = h->bytes;
 	for (size_t i = 0; i < j->npairs; i++) {
 		struct jpair *p = &j->pairs[i];
+		uint64_t pair_bytes0;
 		int sparse;
 
 		if (p->src != l->info.id)
 			continue;
 		sparse = stepped && !p->need_dense && p->dirty && p->last_sent &&
 			 p->last_sent == l->last_version;
+		if (!sparse)
+			dmetrics_add(DM_DENSE_FALLBACKS, jops_dense_reason(j, l, p, stepped), 1);
+		pair_bytes0 = h->bytes;
 		if (capture_pair(j, l, p, rq->version, sparse, h, err, errlen) < 0) {
 			DLOG_E("job %s: capture of version %llu for %llx failed: %s", j->name,
 			       (unsigned long long)rq->version, (unsigned long long)p->dst, err);
@@ -466,6 +472,7 @@ Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__Publi
 			l->gap = 1;
 			return DTE__STATUS__STATUS_ERR_INTERNAL;
 		}
+		dmetrics_add(DM_WIRE_BYTES, sparse ? "sparse" : "dense", (double)(h->bytes - pair_bytes0));
 		if (p->last_sent == rq->version) {
 			p->need_dense = 0;
 			sinks++;
@@ -496,6 +503,12 @@ Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__Publi
 	rep->elements = h->elements - elems0;
 	rep->bytes = h->bytes - bytes0;
 	rep->capture_ms = job_ms_since(t0);
+	dmetrics_add(DM_VERSIONS_PUBLISHED, NULL, 1);
+	dmetrics_add(DM_ELEMENTS_CHANGED, NULL, (double)rep->changed);
+	dmetrics_add(DM_ELEMENTS_COVERED, NULL, (double)rep->elements);
+	if (rep->elements && !dense)
+		dmetrics_set(DM_CHANGED_RATIO, NULL, (double)rep->changed / (double)rep->elements);
+	dmetrics_observe(DM_PHASE_SECONDS, "capture", rep->capture_ms / 1e3);
 	DLOG_D("job %s: version %llu step %lld captured: %u sinks (%u dense), %llu of %llu elements, "
 	       "%llu bytes, %.2f ms", j->name, (unsigned long long)rq->version, (long long)rq->step,
 	       sinks, dense, (unsigned long long)rep->changed, (unsigned long long)rep->elements,
@@ -515,8 +528,10 @@ void jsrc_staged(struct job *j, const Dtep__Staged *m)
 	if (m->version > p->staged)
 		p->staged = m->version;
 	h = jhist_find(j, m->version);
-	if (h && ++h->staged_acks == h->pairs)
+	if (h && ++h->staged_acks == h->pairs) {
 		h->transfer_ms = job_ms_since(h->t_captured);
+		dmetrics_observe(DM_PHASE_SECONDS, "transfer", h->transfer_ms / 1e3);
+	}
 }
 
 void jsrc_applied(struct job *j, const Dtep__Applied *m)

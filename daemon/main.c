@@ -15,7 +15,10 @@
 #include "daemon/ctl.h"
 #include "daemon/daemonize.h"
 #include "daemon/dispatch.h"
+#include "daemon/http_metrics.h"
+#include "daemon/job_ops.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/notify.h"
 #include "daemon/registry.h"
 #include "daemon/job.h"
@@ -114,14 +117,21 @@ static int load_conf(struct dconf *c, char *err, size_t errlen)
 			return -1;
 		}
 		snprintf(c->socket, sizeof(c->socket), "%s", opt.socket);
+		dconf_mark_flag(c, DCONF_K_SOCKET);
 	}
-	if (opt.log_level >= 0)
+	if (opt.log_level >= 0) {
 		c->log_level = opt.log_level;
+		dconf_mark_flag(c, DCONF_K_LOG_LEVEL);
+	}
 	if (opt.peer_listen &&
 	    dconf_parse_hostport(opt.peer_listen, c->peer_listen_address,
 				 sizeof(c->peer_listen_address), &c->peer_listen_port) < 0) {
 		snprintf(err, errlen, "--peer-listen: '%s' is not HOST:PORT", opt.peer_listen);
 		return -1;
+	}
+	if (opt.peer_listen) {
+		dconf_mark_flag(c, DCONF_K_PEER_LISTEN_ADDRESS);
+		dconf_mark_flag(c, DCONF_K_PEER_LISTEN_PORT);
 	}
 	return dconf_finish(c, err, errlen);
 }
@@ -151,9 +161,10 @@ static void reload(void)
 	    strcmp(nc.peer_listen_address, conf.peer_listen_address) ||
 	    nc.peer_listen_port != conf.peer_listen_port ||
 	    strcmp(nc.peer_advertise_address, conf.peer_advertise_address) ||
-	    nc.peer_staging_bytes != conf.peer_staging_bytes)
-		DLOG_W("reload: socket, frame cap, client cap, backend, node name and [peer] "
-		       "changes take effect only after a restart");
+	    nc.peer_staging_bytes != conf.peer_staging_bytes ||
+	    strcmp(nc.metrics_listen, conf.metrics_listen))
+		DLOG_W("reload: socket, frame cap, client cap, backend, node name, metrics_listen "
+		       "and [peer] changes take effect only after a restart");
 	DLOG_N("reloaded configuration; log level %s", dlog_level_name(dlog_get_level()));
 out:
 	dnotify_ready("serving");
@@ -267,6 +278,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	dreg_init();
+	dmetrics_init();
+	dcmd_ops_init(&srv);
 	if (signals_init(&loop) < 0) {
 		DLOG_E("cannot install signal handlers");
 		goto out_signals;
@@ -287,6 +300,10 @@ int main(int argc, char **argv)
 	srv.conn_gone = job_conn_gone;
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
+	/* Off by default; a listener that cannot bind is logged, not fatal:
+	 * `dtectl metrics` still works. */
+	if (conf.metrics_listen[0])
+		dhttp_init(&loop, conf.metrics_listen);
 
 	DLOG_N("dted %s ready on %s (protocol %u, backend %s, node %s)", DTE_VERSION,
 	       dctl_path(), DTE_PROTO_VERSION, srv.backend, conf.node_name);
@@ -297,9 +314,11 @@ int main(int argc, char **argv)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	exit_code = 0;
 
+	dhttp_fini();
 	dctl_fini();
 out_ctl:
 	job_fini();
+	jops_fini();
 out_job:
 	droute_ucx_attach_engine(NULL);
 	route_fini();
@@ -309,6 +328,7 @@ out_route:
 out_notify:
 	signals_fini();
 out_signals:
+	dmetrics_fini();
 	dreg_fini();
 	/* Let close callbacks run, then insist nothing was left behind. */
 	uv_run(&loop, UV_RUN_DEFAULT);

@@ -68,7 +68,21 @@ enum dte_cmd_flags {
 	X(PEERS, "peers", 30, DTE_CMD_DAEMON, "peers",                         \
 	  "other daemons: node, address, state, messages/bytes in/out, since") \
 	X(PLAN, "plan", 0, 0, "plan [options] (see `dtectl plan --help`)",     \
-	  "dry-run a layout plan: coverage, bytes per link (no daemon)")
+	  "dry-run a layout plan: coverage, bytes per link (no daemon)")        \
+	X(VERIFY, "verify", 40, DTE_CMD_DAEMON, "verify JOB",                  \
+	  "recompute local sinks' checksums now: ok, or mismatch (dense repair)")\
+	X(RESYNC, "resync", 41, DTE_CMD_DAEMON, "resync JOB [SINK]",           \
+	  "send the next version dense to every sink of a job, or to one")     \
+	X(STORAGE, "storage", 0, 0,                                            \
+	  "storage SUBCOMMAND [options] (see `dtectl storage --help`)",        \
+	  "shared-storage versions: write, ls, gc, verify, read (no daemon)")   \
+	X(METRICS, "metrics", 42, DTE_CMD_DAEMON, "metrics",                   \
+	  "counters, gauges and histograms in Prometheus text format")         \
+	X(CONFIG, "config", 43, DTE_CMD_DAEMON, "config",                      \
+	  "effective configuration: every key, its value and its source")      \
+	X(LOG_LEVEL, "log-level", 44, DTE_CMD_DAEMON,                          \
+	  "log-level [error|warn|notice|info|debug]",                          \
+	  "show the daemon's log level, or set it until restart or SIGHUP")
 
 enum dte_cmd_id {
 #define DTE_CMD_ENUM(id, name, field, flags, usage, summary) DTE_CMD_##id,

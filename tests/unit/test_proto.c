@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -275,8 +276,14 @@ static void test_cmdtab_consistent(void **state)
 			protobuf_c_message_descriptor_get_field(&dte__request__descriptor, c->field);
 		const ProtobufCFieldDescriptor *rs =
 			protobuf_c_message_descriptor_get_field(&dte__response__descriptor, c->field);
+		/* A command name may use '-' where a proto identifier has '_'. */
+		char ident[64];
 
-		if (!rq || !rs || strcmp(rq->name, c->name) || strcmp(rs->name, c->name))
+		snprintf(ident, sizeof(ident), "%s", c->name);
+		for (char *p = ident; *p; p++)
+			if (*p == '-')
+				*p = '_';
+		if (!rq || !rs || strcmp(rq->name, ident) || strcmp(rs->name, ident))
 			fail_msg("%s: field %u is not '%s' in Request.cmd and Response.body",
 				 c->name, c->field, c->name);
 		assert_ptr_equal(dte_cmd_by_field(c->field), c);

@@ -1,0 +1,44 @@
+/* daemon/job_ops.h — operator actions on the sync engine (`dtectl verify`,
+ * `dtectl resync`) and the engine hooks they need.
+ *
+ * verify recomputes, for every local sink of a job, the checksum of each
+ * buffer over the elements the plan maps into it, and compares it with
+ * what the version it applied last should hold (the sum of the sources'
+ * partials, kept at apply).  A mismatch counts as a checksum failure and
+ * makes the sink's sources send the next version densely, exactly as a
+ * failed apply does (DESIGN §2.3).
+ *
+ * resync forces the next version dense for a job's sinks, or for one.
+ */
+#ifndef DTED_JOB_OPS_H
+#define DTED_JOB_OPS_H
+
+#include <stddef.h>
+#include "proto/dte.pb-c.h"
+
+struct dreply;
+struct job;
+struct jlocal;
+struct jpair;
+struct jstaged;
+
+Dte__Status job_verify(const char *name, Dte__VerifyReply *rep, struct dreply *r, char *err,
+		       size_t errlen);
+Dte__Status job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
+		       size_t errlen);
+
+/* After job_fini: drops what resync remembered. */
+void jops_fini(void);
+
+/* job_sink.c: a sink applied up to st (its checksums were just checked);
+ * remember what its buffers must hold for a later verify. */
+void jops_applied(struct jlocal *l, const struct jstaged *st);
+/* job_sink.c: the sink goes away. */
+void jops_sink_free(struct jlocal *l);
+
+/* job_src.c: why pair p is captured dense this version (a metric label):
+ * initial, resync, repair, step_gap, missed_version. */
+const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
+			      const struct jpair *p, int stepped);
+
+#endif

@@ -1,0 +1,479 @@
+/* daemon/metrics.c — registry and Prometheus text exposition. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/metrics.h"
+
+enum { T_COUNTER, T_GAUGE, T_HISTOGRAM };
+
+/* Phase latencies: 100 µs (a small apply) to 30 s (a dense 60 GB model
+ * over a slow link). */
+static const double phase_buckets[] = {
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+};
+#define NB_MAX (sizeof(phase_buckets) / sizeof(phase_buckets[0]))
+
+struct family {
+	const char *name, *help;
+	int type;
+	const char *label;               /* NULL: no label */
+	const double *buckets;
+	unsigned nbuckets;
+};
+
+#define HIST(b) (b), (unsigned)(sizeof(b) / sizeof((b)[0]))
+static const struct family fam[DM__COUNT] = {
+	[DM_BUILD_INFO] = { "dted_build_info", "dted version; always 1", T_GAUGE, "version" },
+	[DM_UPTIME] = { "dted_uptime_seconds", "Seconds since the daemon started", T_GAUGE },
+	[DM_CLIENTS] = { "dted_control_clients", "Control connections open now", T_GAUGE },
+	[DM_JOBS] = { "dted_jobs", "Jobs this daemon knows", T_GAUGE },
+	[DM_PEERS_UP] = { "dted_peers_up", "Peer daemons with a live link", T_GAUGE },
+	[DM_CONTROL_REQUESTS] = { "dted_control_requests_total",
+				  "Control requests answered, by command", T_COUNTER, "command" },
+	[DM_REFUSED] = { "dted_refused_total",
+			 "Requests, connections and peer records refused, by reason", T_COUNTER,
+			 "reason" },
+	[DM_VERSIONS_PUBLISHED] = { "dted_versions_published_total",
+				    "Versions captured by local sources", T_COUNTER },
+	[DM_VERSIONS_APPLIED] = { "dted_versions_applied_total",
+				  "Versions applied by local sinks", T_COUNTER },
+	[DM_WIRE_BYTES] = { "dted_wire_bytes_total",
+			    "Payload bytes sent to sinks, by encoding", T_COUNTER, "mode" },
+	[DM_ELEMENTS_CHANGED] = { "dted_elements_changed_total",
+				  "Elements sent: changed (sparse) or every one (dense)", T_COUNTER },
+	[DM_ELEMENTS_COVERED] = { "dted_elements_covered_total",
+				  "Elements the captures covered", T_COUNTER },
+	[DM_CHANGED_RATIO] = { "dted_changed_ratio",
+			       "Changed fraction of the elements of the last sparse capture",
+			       T_GAUGE },
+	[DM_PHASE_SECONDS] = { "dted_phase_seconds",
+			       "Time per version phase (capture, transfer, stage, apply)",
+			       T_HISTOGRAM, "phase", HIST(phase_buckets) },
+	[DM_CHECKSUM_FAILURES] = { "dted_checksum_failures_total",
+				   "Sink buffers whose checksum did not match after apply",
+				   T_COUNTER },
+	[DM_DENSE_FALLBACKS] = { "dted_dense_fallbacks_total",
+				 "Source-to-sink pairs sent dense, by reason", T_COUNTER, "reason" },
+	[DM_VERIFY] = { "dted_verify_total", "Sinks verified on request, by result", T_COUNTER,
+			"result" },
+	[DM_RESYNCS] = { "dted_resyncs_total", "Pairs forced dense by a resync request",
+			 T_COUNTER },
+};
+
+struct series {
+	char label[DMETRICS_LABEL_MAX];
+	double value;                    /* counter, gauge; histogram: sum */
+	unsigned long long count;        /* histogram */
+	unsigned long long bucket[NB_MAX];  /* histogram, not cumulative */
+};
+
+struct fam_state {
+	struct series s[DMETRICS_SERIES];
+	unsigned n;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fam_state st[DM__COUNT];
+static void (*collector)(void *);
+static void *collector_arg;
+
+/* Locked.  The series for a label value; the last slot is "_other" once
+ * the family is full.  NULL only for a bad id. */
+/* A label value as stored: at most DMETRICS_LABEL_MAX - 1 bytes, cut at
+ * a character boundary so the exposition stays UTF-8. */
+static void label_key(char *key, const char *label)
+{
+	size_t k = strlen(label);
+
+	if (k < DMETRICS_LABEL_MAX) {
+		memcpy(key, label, k + 1);
+		return;
+	}
+	k = DMETRICS_LABEL_MAX - 1;
+	while (k && ((unsigned char)label[k] & 0xC0) == 0x80)
+		k--;	/* label[k] now starts a character (or k == 0) */
+	memcpy(key, label, k);
+	key[k] = '\0';
+}
+
+/* Locked.  The series for a label value; the last slot is "_other" once
+ * the family is full.  NULL only for a bad id. */
+static struct series *series_get(enum dmetric_id id, const char *label)
+{
+	char key[DMETRICS_LABEL_MAX];
+	struct fam_state *f;
+	unsigned i;
+
+	if ((unsigned)id >= DM__COUNT)
+		return NULL;
+	f = &st[id];
+	label_key(key, fam[id].label && label ? label : "");
+	for (i = 0; i < f->n; i++)
+		if (strcmp(f->s[i].label, key) == 0)
+			return &f->s[i];
+	if (f->n >= DMETRICS_SERIES - 1 && strcmp(key, "_other")) {
+		for (i = 0; i < f->n; i++)
+			if (strcmp(f->s[i].label, "_other") == 0)
+				return &f->s[i];
+		snprintf(key, sizeof(key), "_other");
+	}
+	if (f->n == DMETRICS_SERIES)
+		return &f->s[DMETRICS_SERIES - 1];
+	memset(&f->s[f->n], 0, sizeof(f->s[f->n]));
+	memcpy(f->s[f->n].label, key, sizeof(key));
+	return &f->s[f->n++];
+}
+
+void dmetrics_add(enum dmetric_id id, const char *label, double n)
+{
+	struct series *s;
+
+	if (!(n >= 0))
+		return;
+	pthread_mutex_lock(&lock);
+	s = series_get(id, label);
+	if (s && fam[id].type != T_HISTOGRAM)
+		s->value += n;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_set(enum dmetric_id id, const char *label, double v)
+{
+	struct series *s;
+
+	pthread_mutex_lock(&lock);
+	s = series_get(id, label);
+	if (s && fam[id].type == T_GAUGE)
+		s->value = v;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_raise(enum dmetric_id id, const char *label, double v)
+{
+	struct series *s;
+
+	pthread_mutex_lock(&lock);
+	s = series_get(id, label);
+	if (s && fam[id].type == T_COUNTER && v > s->value)
+		s->value = v;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_observe(enum dmetric_id id, const char *label, double v)
+{
+	struct series *s;
+
+	if (isnan(v))
+		return;
+	pthread_mutex_lock(&lock);
+	s = series_get(id, label);
+	if (s && fam[id].type == T_HISTOGRAM) {
+		unsigned b;
+
+		for (b = 0; b < fam[id].nbuckets && v > fam[id].buckets[b]; b++)
+			;
+		if (b < fam[id].nbuckets)
+			s->bucket[b]++;
+		s->count++;
+		s->value += v;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_set_collector(void (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&lock);
+	collector = fn;
+	collector_arg = arg;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_init(void)
+{
+	static const char *const modes[] = { "sparse", "dense" };
+	static const char *const phases[] = { "capture", "transfer", "stage", "apply" };
+	static const char *const results[] = { "ok", "mismatch" };
+
+	pthread_mutex_lock(&lock);
+	memset(st, 0, sizeof(st));
+	for (unsigned i = 0; i < 2; i++) {
+		series_get(DM_WIRE_BYTES, modes[i]);
+		series_get(DM_VERIFY, results[i]);
+	}
+	for (unsigned i = 0; i < 4; i++)
+		series_get(DM_PHASE_SECONDS, phases[i]);
+	series_get(DM_BUILD_INFO, DTE_VERSION)->value = 1;
+	for (unsigned i = 0; i < DM__COUNT; i++)
+		if (!fam[i].label)
+			series_get((enum dmetric_id)i, NULL);
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_fini(void)
+{
+	pthread_mutex_lock(&lock);
+	memset(st, 0, sizeof(st));
+	collector = NULL;
+	collector_arg = NULL;
+	pthread_mutex_unlock(&lock);
+}
+
+size_t dmetrics_escape_label(char *dst, size_t cap, const char *v)
+{
+	size_t n = 0;
+
+	for (; *v; v++) {
+		const char *rep = *v == '\\' ? "\\\\" : *v == '"' ? "\\\"" : *v == '\n' ? "\\n" : NULL;
+		char one[2] = { *v, 0 };
+
+		if (!rep)
+			rep = one;
+		for (; *rep; rep++, n++)
+			if (n + 1 < cap)
+				dst[n] = *rep;
+	}
+	if (cap)
+		dst[n < cap ? n : cap - 1] = '\0';
+	return n;
+}
+
+/* HELP text escapes only \\ and \n. */
+static void escape_help(char *dst, size_t cap, const char *v)
+{
+	size_t n = 0;
+
+	for (; *v && n + 2 < cap; v++) {
+		if (*v == '\\' || *v == '\n') {
+			dst[n++] = '\\';
+			dst[n++] = *v == '\n' ? 'n' : '\\';
+		} else {
+			dst[n++] = *v;
+		}
+	}
+	dst[n] = '\0';
+}
+
+static void fmt_value(char *buf, size_t cap, double v)
+{
+	if (isnan(v))
+		snprintf(buf, cap, "NaN");
+	else if (isinf(v))
+		snprintf(buf, cap, v > 0 ? "+Inf" : "-Inf");
+	else if (v == floor(v) && fabs(v) < 1e15)
+		snprintf(buf, cap, "%.0f", v);
+	else
+		snprintf(buf, cap, "%.17g", v);
+}
+
+/* One walk over every sample, shared by the text and the sample list. */
+struct walker {
+	void (*family)(struct walker *w, const struct family *f);
+	void (*sample)(struct walker *w, const char *name, const char *labels, double v);
+	int failed;
+};
+
+static void series_labels(char *dst, size_t cap, const struct family *f, const struct series *s,
+			  const char *le)
+{
+	char esc[DMETRICS_LABEL_MAX * 2 + 8];
+	int n = 0;
+
+	dst[0] = '\0';
+	if (f->label) {
+		dmetrics_escape_label(esc, sizeof(esc), s->label);
+		n = snprintf(dst, cap, "%s=\"%s\"", f->label, esc);
+	}
+	if (le && n >= 0 && (size_t)n < cap)
+		snprintf(dst + n, cap - (size_t)n, "%sle=\"%s\"", n ? "," : "", le);
+}
+
+static void walk(struct walker *w)
+{
+	char name[96], labels[sizeof(((struct dmetric_sample *)0)->labels)], le[32];
+
+	for (unsigned i = 0; i < DM__COUNT; i++) {
+		const struct family *f = &fam[i];
+
+		w->family(w, f);
+		for (unsigned k = 0; k < st[i].n; k++) {
+			const struct series *s = &st[i].s[k];
+
+			if (f->type != T_HISTOGRAM) {
+				series_labels(labels, sizeof(labels), f, s, NULL);
+				w->sample(w, f->name, labels, s->value);
+				continue;
+			}
+			unsigned long long cum = 0;
+
+			snprintf(name, sizeof(name), "%s_bucket", f->name);
+			for (unsigned b = 0; b < f->nbuckets; b++) {
+				cum += s->bucket[b];
+				snprintf(le, sizeof(le), "%g", f->buckets[b]);
+				series_labels(labels, sizeof(labels), f, s, le);
+				w->sample(w, name, labels, (double)cum);
+			}
+			series_labels(labels, sizeof(labels), f, s, "+Inf");
+			w->sample(w, name, labels, (double)s->count);
+			series_labels(labels, sizeof(labels), f, s, NULL);
+			snprintf(name, sizeof(name), "%s_sum", f->name);
+			w->sample(w, name, labels, s->value);
+			snprintf(name, sizeof(name), "%s_count", f->name);
+			w->sample(w, name, labels, (double)s->count);
+		}
+	}
+}
+
+static void collect(void)
+{
+	void (*fn)(void *);
+	void *arg;
+
+	pthread_mutex_lock(&lock);
+	fn = collector;
+	arg = collector_arg;
+	pthread_mutex_unlock(&lock);
+	if (fn)
+		fn(arg);
+}
+
+/* ---- text ---- */
+
+struct text_walker {
+	struct walker w;
+	char *p;
+	size_t n, cap;
+};
+
+static void text_put(struct text_walker *t, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void text_put(struct text_walker *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (t->w.failed)
+		return;
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->w.failed = 1;
+			return;
+		}
+		if ((size_t)n < t->cap - t->n) {
+			t->n += (size_t)n;
+			return;
+		}
+		size_t nc = t->cap * 2 + (size_t)n;
+		char *np = realloc(t->p, nc);
+
+		if (!np) {
+			t->w.failed = 1;
+			return;
+		}
+		t->p = np;
+		t->cap = nc;
+	}
+}
+
+static void text_family(struct walker *w, const struct family *f)
+{
+	struct text_walker *t = (struct text_walker *)w;
+	char help[256];
+
+	escape_help(help, sizeof(help), f->help);
+	text_put(t, "# HELP %s %s\n# TYPE %s %s\n", f->name, help, f->name,
+		 f->type == T_COUNTER ? "counter" : f->type == T_GAUGE ? "gauge" : "histogram");
+}
+
+static void text_sample(struct walker *w, const char *name, const char *labels, double v)
+{
+	struct text_walker *t = (struct text_walker *)w;
+	char val[40];
+
+	fmt_value(val, sizeof(val), v);
+	if (labels[0])
+		text_put(t, "%s{%s} %s\n", name, labels, val);
+	else
+		text_put(t, "%s %s\n", name, val);
+}
+
+char *dmetrics_render(size_t *len)
+{
+	struct text_walker t = { .w = { text_family, text_sample, 0 } };
+
+	collect();
+	t.cap = 8192;
+	t.p = malloc(t.cap);
+	if (!t.p)
+		return NULL;
+	t.p[0] = '\0';
+	pthread_mutex_lock(&lock);
+	walk(&t.w);
+	pthread_mutex_unlock(&lock);
+	if (t.w.failed) {
+		free(t.p);
+		return NULL;
+	}
+	if (len)
+		*len = t.n;
+	return t.p;
+}
+
+/* ---- samples ---- */
+
+struct sample_walker {
+	struct walker w;
+	struct dmetric_sample *s;
+	size_t n, cap;
+};
+
+static void sample_family(struct walker *w, const struct family *f)
+{
+}
+
+static void sample_sample(struct walker *w, const char *name, const char *labels, double v)
+{
+	struct sample_walker *sw = (struct sample_walker *)w;
+
+	if (w->failed)
+		return;
+	if (sw->n == sw->cap) {
+		size_t nc = sw->cap ? sw->cap * 2 : 128;
+		struct dmetric_sample *np = realloc(sw->s, nc * sizeof(*np));
+
+		if (!np) {
+			w->failed = 1;
+			return;
+		}
+		sw->s = np;
+		sw->cap = nc;
+	}
+	snprintf(sw->s[sw->n].name, sizeof(sw->s[sw->n].name), "%s", name);
+	snprintf(sw->s[sw->n].labels, sizeof(sw->s[sw->n].labels), "%s", labels);
+	sw->s[sw->n].value = v;
+	sw->n++;
+}
+
+int dmetrics_samples(struct dmetric_sample **out, size_t *n)
+{
+	struct sample_walker sw = { .w = { sample_family, sample_sample, 0 } };
+
+	collect();
+	pthread_mutex_lock(&lock);
+	walk(&sw.w);
+	pthread_mutex_unlock(&lock);
+	if (sw.w.failed) {
+		free(sw.s);
+		return -1;
+	}
+	*out = sw.s;
+	*n = sw.n;
+	return 0;
+}

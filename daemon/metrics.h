@@ -1,0 +1,78 @@
+/* daemon/metrics.h — the daemon's counters, gauges and histograms, and
+ * their Prometheus text exposition (format 0.0.4).
+ *
+ * Every family is declared once in metrics.c (name, help, type, at most
+ * one label, fixed histogram buckets), so what `dtectl metrics` and the
+ * HTTP listener print cannot drift from what the code updates.  A family
+ * with a label holds at most DMETRICS_SERIES series; label values beyond
+ * that are counted under "_other", so a hostile or runaway label cannot
+ * grow memory.  Updates take one mutex: they happen per version or per
+ * request, never per element, and may come from a capture worker thread.
+ */
+#ifndef DTED_METRICS_H
+#define DTED_METRICS_H
+
+#include <stddef.h>
+
+#define DMETRICS_SERIES    32
+#define DMETRICS_LABEL_MAX 64
+
+enum dmetric_id {
+	DM_BUILD_INFO,            /* gauge{version} = 1 */
+	DM_UPTIME,                /* gauge, seconds */
+	DM_CLIENTS,               /* gauge: control connections open */
+	DM_JOBS,                  /* gauge */
+	DM_PEERS_UP,              /* gauge: peer daemons with a live link */
+	DM_CONTROL_REQUESTS,      /* counter{command} */
+	DM_REFUSED,               /* counter{reason} */
+	DM_VERSIONS_PUBLISHED,    /* counter */
+	DM_VERSIONS_APPLIED,      /* counter */
+	DM_WIRE_BYTES,            /* counter{mode}: payload bytes sent */
+	DM_ELEMENTS_CHANGED,      /* counter: elements sent (sparse) or extracted (dense) */
+	DM_ELEMENTS_COVERED,      /* counter: elements the captures covered */
+	DM_CHANGED_RATIO,         /* gauge: changed/covered of the last sparse capture */
+	DM_PHASE_SECONDS,         /* histogram{phase}: capture, transfer, stage, apply */
+	DM_CHECKSUM_FAILURES,     /* counter */
+	DM_DENSE_FALLBACKS,       /* counter{reason} */
+	DM_VERIFY,                /* counter{result} */
+	DM_RESYNCS,               /* counter */
+	DM__COUNT
+};
+
+/* Sets up the registry (build info, the label values that should show as
+ * 0 before anything happened).  Idempotent; fini forgets every value. */
+void dmetrics_init(void);
+void dmetrics_fini(void);
+
+/* `label` is the value of the family's label (NULL for a family without
+ * one).  Counters only go up: dmetrics_add ignores negative amounts. */
+void dmetrics_add(enum dmetric_id id, const char *label, double n);
+void dmetrics_set(enum dmetric_id id, const char *label, double v);
+void dmetrics_observe(enum dmetric_id id, const char *label, double v);
+/* A mirrored monotonic count kept elsewhere (e.g. ctl.c's refusals):
+ * raises the counter to `v`, never lowers it. */
+void dmetrics_raise(enum dmetric_id id, const char *label, double v);
+
+/* Called before every rendering to refresh pull-style gauges. */
+void dmetrics_set_collector(void (*fn)(void *arg), void *arg);
+
+/* The whole exposition, malloc()ed and NUL-terminated; NULL when out of
+ * memory.  Runs the collector first. */
+char *dmetrics_render(size_t *len);
+
+/* One sample line, for structured (--json) output. */
+struct dmetric_sample {
+	char name[80];            /* with _bucket/_sum/_count for histograms */
+	char labels[160];         /* `k="v",k2="v2"` as in the text, "" for none */
+	double value;
+};
+
+/* Every sample in rendering order, malloc()ed; -1 when out of memory.
+ * Runs the collector first. */
+int dmetrics_samples(struct dmetric_sample **out, size_t *n);
+
+/* Escape a label value for the text format (\\, \", \n) into dst;
+ * returns the length it needed (like snprintf). */
+size_t dmetrics_escape_label(char *dst, size_t cap, const char *v);
+
+#endif
