@@ -178,6 +178,7 @@ inst 0644 "$PKG/dted.service" "$r/usr/lib/systemd/system/dted.service"
 inst 0644 "$PKG/dted.socket" "$r/usr/lib/systemd/system/dted.socket"
 inst 0644 "$PKG/dted.sysusers" "$r/usr/lib/sysusers.d/dted.conf"
 inst 0644 "$PKG/dted.tmpfiles" "$r/usr/lib/tmpfiles.d/dted.conf"
+inst 0644 "$PKG/dtectl.bash-completion" "$r/usr/share/bash-completion/completions/dtectl"
 
 # The packaged configuration lets group dte (created by the package) past
 # the credential check; everything else stays at the documented defaults.
