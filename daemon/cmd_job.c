@@ -123,13 +123,18 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 {
 	Dte__PublishReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
+	int deferred = 0;
+	Dte__Status st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__publish_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_PUBLISH;
 	resp->publish = rep;
-	return done(r, job_publish(s->conn_id, req->publish, rep, err, sizeof(err)), err);
+	st = job_publish(s->conn_id, req->id, req->publish, rep, &deferred, err, sizeof(err));
+	if (st == DTE__STATUS__STATUS_OK && deferred)
+		dreply_defer(r);
+	return done(r, st, err);
 }
 
 Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -137,13 +142,18 @@ Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 {
 	Dte__MarkReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
+	int deferred = 0;
+	Dte__Status st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__mark_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_MARK;
 	resp->mark = rep;
-	return done(r, job_mark(s->conn_id, req->mark, rep, err, sizeof(err)), err);
+	st = job_mark(s->conn_id, req->id, req->mark, rep, &deferred, err, sizeof(err));
+	if (st == DTE__STATUS__STATUS_OK && deferred)
+		dreply_defer(r);
+	return done(r, st, err);
 }
 
 Dte__Status dcmd_wait(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

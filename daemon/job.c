@@ -119,7 +119,11 @@ void job_fill_ref(const struct job *j, Dtep__JobRef *ref)
 int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 		     const ProtobufCMessage *msg, const void *data, size_t len)
 {
-	int rc = route_send(node, job_node_address(j, node), type, msg, data, len);
+	int rc;
+
+	if (jeng.drop_send && jeng.drop_send(node, type, msg))
+		return 0;	/* lost on the way, as far as anyone here can tell */
+	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
 
 	if (rc < 0)
 		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
@@ -206,12 +210,12 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 
 /* ---------------------------------------------------------------- waiters */
 
-static void reply_deferred(struct jwaiter *w, Dte__Status code, const char *msg,
-			   Dte__Response__BodyCase bc, void *body)
+void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg,
+	       Dte__Response__BodyCase bc, void *body)
 {
 	Dte__Response resp = DTE__RESPONSE__INIT;
 
-	resp.id = w->req_id;
+	resp.id = req_id;
 	resp.code = code;
 	resp.message = (char *)(msg ? msg : "");
 	if (code == DTE__STATUS__STATUS_OK) {
@@ -220,12 +224,20 @@ static void reply_deferred(struct jwaiter *w, Dte__Status code, const char *msg,
 		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
 		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
 		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
-		default: break;
+		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
+		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
+		default: resp.body_case = DTE__RESPONSE__BODY__NOT_SET; break;
 		}
 	} else {
-		DLOG_I("control: connection %llu: %s", (unsigned long long)w->conn, msg);
+		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
 	}
-	dctl_reply(w->conn, &resp);
+	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
+}
+
+static void reply_deferred(struct jwaiter *w, Dte__Status code, const char *msg,
+			   Dte__Response__BodyCase bc, void *body)
+{
+	job_reply(w->conn, w->req_id, code, msg, bc, body);
 }
 
 /* 1 when the waiter was answered. */
@@ -402,6 +414,17 @@ static void job_free(struct job *j)
 
 void job_fini(void)
 {
+	/* A worker may still read client memory: let it finish before
+	 * everything is unmapped; its completion (if the loop runs again)
+	 * only frees the task. */
+	for (struct jcap *c = jeng.inflight; c; c = c->next) {
+		if (uv_cancel((uv_req_t *)&c->work) == 0)
+			__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
+			uv_sleep(1);
+		c->orphan = 1;
+	}
+	jeng.inflight = NULL;
 	while (jeng.waiters) {
 		struct jwaiter *w = jeng.waiters;
 

@@ -5,7 +5,8 @@
  * between daemons, including this daemon talking to itself, is a
  * peer.proto record through daemon/route.h.  Control handlers live in
  * daemon/cmd_job.c; they call the functions below and answer from the
- * Dte__ messages these fill.  One loop thread; module state, chrony style.
+ * Dte__ messages these fill.  One loop thread owns all state (chrony
+ * style); only captures run on libuv's worker threads (job_capture.c).
  */
 #ifndef DTED_JOB_H
 #define DTED_JOB_H
@@ -38,10 +39,13 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 		       int *deferred, char *err, size_t errlen);
 Dte__Status job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
-Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__PublishReply *rep,
-			char *err, size_t errlen);
-Dte__Status job_mark(uint64_t conn, const Dte__MarkRequest *rq, Dte__MarkReply *rep, char *err,
-		     size_t errlen);
+/* Publish and mark capture on a worker thread (the loop keeps serving):
+ * with *deferred = 1 the answer comes when the capture is done.  A mark
+ * that needs no scan is answered at once. */
+Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+			Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
+Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+		     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
 Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
 Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,

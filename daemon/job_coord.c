@@ -638,6 +638,8 @@ void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
 			pairs[k].dirty = old->dirty;
 			old->dirty = NULL;
 			pairs[k].last_sent = old->last_sent;
+			pairs[k].prev_sent = old->prev_sent;
+			pairs[k].sent_epoch = old->sent_epoch;
 			pairs[k].need_dense = old->need_dense;
 			pairs[k].staged = old->staged;
 			pairs[k].applied = old->applied;

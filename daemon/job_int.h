@@ -11,6 +11,7 @@
 #include "daemon/job.h"
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
+#include "gpu/compute.h"
 #include "gpu/entry.h"
 #include "proto/peer.pb-c.h"
 
@@ -50,6 +51,8 @@ struct jpair {
 	/* source side */
 	uint64_t **dirty;         /* per entry: bitmap of marked steps */
 	uint64_t last_sent;       /* version last sent (0: none) */
+	uint64_t prev_sent;       /* the one sent before it (0: none) */
+	uint64_t sent_epoch;      /* plan epoch last_sent went out under */
 	int need_dense;
 	uint64_t staged, applied; /* what the sink acknowledged */
 	uint64_t failed;          /* newest version the sink reported not applied */
@@ -107,10 +110,12 @@ struct jlocal {
 	int64_t covered;          /* last optimizer step in the dirty state */
 	int gap;                  /* a step was missed since the last publish */
 	uint64_t dirty_count;
+	int busy;                 /* a capture of it is on a worker */
 	/* sink */
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t applied;
 	uint64_t checksum_failures;
+	uint64_t staging_drops;   /* staged chains dropped at max_staged_versions */
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jlocal *next;
@@ -170,6 +175,58 @@ struct job {
 	struct job *next;
 };
 
+/* A capture (mark or publish) on a worker thread: job_capture.c runs it,
+ * job_src.c prepares it and finishes it on the loop.  The task owns all
+ * of it; nothing here points into a job. */
+enum { JCAP_MARK = 0, JCAP_PUBLISH = 1 };
+
+struct jcap_pair {
+	uint64_t dst, hash;
+	struct jentry *e;         /* copy of the pair's entries */
+	size_t n;
+	uint32_t *det;            /* per entry: its detection */
+	uint64_t **dirty;         /* taken from the pair; NULL: none */
+	int want_dirty;           /* allocate dirty if missing (it is scanned) */
+	int sparse, remote;
+	/* results */
+	uint64_t *counts;
+	uint32_t *cbuf;           /* per destination buffer: its partial checksum */
+	uint64_t *csum;
+	size_t nck;
+	uint8_t *chunk;
+	size_t chunk_len;
+	uint64_t changed, elements;
+};
+
+struct jcap {
+	uv_work_t work;
+	int kind;
+	char job[JOB_NAME_MAX];
+	uint64_t participant, conn;
+	uint32_t req_id;
+	uint64_t epoch, version;
+	int64_t step;
+	int scan;                 /* OR this step into the dirty bitmaps */
+	struct dtc_consts k[JOB_MAX_GROUPS];
+	size_t ngroups;
+	size_t nbufs;
+	uint32_t *buf_ids;
+	struct dbuf **bufs;       /* referenced until the task ends */
+	struct jcap_pair *p;
+	size_t np;
+	uint64_t t0;
+	int rc, finished, orphan;
+	char err[256];
+	/* what the worker did */
+	double work_ms;
+	uint64_t detections, scans, scan_entries, scan_elements, dirty;
+	struct jcap *next;        /* jeng.inflight */
+};
+
+/* Worker side: 0, or -1 with c->err. */
+int  jcap_run(struct jcap *c);
+void jcap_free(struct jcap *c);
+
 struct jengine {
 	uv_loop_t *loop;
 	const struct dtc_backend *be;
@@ -180,7 +237,15 @@ struct jengine {
 	uv_timer_t timer;
 	int timer_init, timer_on;
 	struct jwaiter *waiters;
+	struct jcap *inflight;    /* captures on workers */
+	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
+	/* Deferred control answers go here (dctl_reply unless a test sets it). */
+	int (*reply)(uint64_t conn, Dte__Response *resp);
+	/* Tests: return nonzero to drop an outgoing record (a lost message). */
+	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg);
 };
+
+#define JOB_MAX_STAGED_DEFAULT 8
 
 extern struct jengine jeng;
 
@@ -202,6 +267,10 @@ struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
 struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
 void job_send_join(struct job *j);
 double job_ms_since(uint64_t t0);
+/* A deferred answer to request req_id of connection conn; body (of case
+ * bc) only when code is OK. */
+void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg,
+	       Dte__Response__BodyCase bc, void *body);
 
 /* job_coord.c */
 void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);

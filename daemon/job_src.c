@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/buf.h"
 #include "daemon/job_int.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
@@ -30,31 +31,6 @@ void jpair_free_state(struct jpair *p)
 		free(p->dirty);
 		p->dirty = NULL;
 	}
-}
-
-static int pair_dirty_alloc(struct jpair *p)
-{
-	if (p->dirty)
-		return 0;
-	p->dirty = calloc(p->n ? p->n : 1, sizeof(*p->dirty));
-	if (!p->dirty)
-		return -1;
-	for (size_t i = 0; i < p->n; i++) {
-		p->dirty[i] = calloc(dtc_bitmap_words(&p->e[i].map), sizeof(uint64_t));
-		if (!p->dirty[i]) {
-			jpair_free_state(p);
-			return -1;
-		}
-	}
-	return 0;
-}
-
-static void pair_dirty_clear(struct jpair *p)
-{
-	if (!p->dirty)
-		return;
-	for (size_t i = 0; i < p->n; i++)
-		memset(p->dirty[i], 0, dtc_bitmap_words(&p->e[i].map) * sizeof(uint64_t));
 }
 
 /* Per group constants from the request; -1 with the reason. */
@@ -83,60 +59,154 @@ static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step, struct 
 	return 0;
 }
 
-static int src_view(const struct jlocal *l, const struct jentry *e, struct dtc_src *s)
+/* The rule for building on an unacknowledged version (docs/SYNC.md,
+ * "Sparse or dense").  Version v goes sparse to p's sink, on top of v−1
+ * (what this source published last), only when all of these hold:
+ *   1. v−1 went to this sink (last_sent) and every optimizer step since
+ *      it is in the pair's dirty bitmap (`stepped`, marks for K > 1);
+ *   2. nothing failed since: no refusal, checksum failure or send error
+ *      (need_dense clear);
+ *   3. the sink acknowledged STAGED for the version sent before v−1, or a
+ *      later one: at most one unacknowledged version lies under a sparse
+ *      one, so a lost version costs one refusal, never a chain of them;
+ *   4. v−1 went out under the current plan epoch, or the sink acknowledged
+ *      it: a re-plan makes sinks drop versions of the old epoch in flight.
+ * Whatever is sent, the sink applies a sparse version only on exactly the
+ * base it names; a refusal sets need_dense, so the next version is dense. */
+static int pair_can_sparse(const struct job *j, const struct jlocal *l, const struct jpair *p,
+			   int stepped)
 {
-	struct dbuf *p = jlocal_buf(l, e->src_buf, NULL);
-	struct dbuf *m = jlocal_buf(l, e->src_buf_m, NULL);
-	struct dbuf *v = jlocal_buf(l, e->src_buf_v, NULL);
-
-	if (!p || !m || !v || !p->ptr || !m->ptr || !v->ptr)
-		return -1;
-	s->param = p->ptr;
-	s->exp_avg = m->ptr;
-	s->exp_avg_sq = v->ptr;
-	s->len = p->length < m->length ? p->length : m->length;
-	s->len = s->len < v->length ? s->len : v->length;
-	return 0;
+	if (!stepped || p->need_dense || !p->last_sent || p->last_sent != l->last_version)
+		return 0;
+	if (p->staged < p->prev_sent)
+		return 0;
+	return p->sent_epoch == j->epoch || p->staged >= p->last_sent;
 }
 
-/* OR step's changed set into every sparse-capable pair of l. */
-static int scan_or(struct job *j, struct jlocal *l, const struct dtc_consts *k, size_t ngroups,
-		   char *err, size_t errlen)
+/* ------------------------------------------------------------- captures */
+
+static void cap_work(uv_work_t *w)
 {
+	struct jcap *c = (struct jcap *)w;
+
+	c->rc = jcap_run(c);
+	__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+}
+
+static void cap_after(uv_work_t *w, int status);
+
+/* A task over l's pairs (all of them, or only `scanned` ones for a mark);
+ * dirty bitmaps move into it. */
+static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t conn,
+			    uint32_t req_id, int64_t step, const struct dtc_consts *k, size_t ngroups)
+{
+	struct jcap *c = calloc(1, sizeof(*c));
+	size_t n = 0;
+
+	if (!c)
+		return NULL;
+	c->kind = kind;
+	snprintf(c->job, sizeof(c->job), "%s", j->name);
+	c->participant = l->info.id;
+	c->conn = conn;
+	c->req_id = req_id;
+	c->epoch = j->epoch;
+	c->step = step;
+	memcpy(c->k, k, ngroups * sizeof(*k));
+	c->ngroups = ngroups;
+	c->t0 = uv_hrtime();
+	c->buf_ids = calloc(l->nbufs ? l->nbufs : 1, sizeof(*c->buf_ids));
+	c->bufs = calloc(l->nbufs ? l->nbufs : 1, sizeof(*c->bufs));
+	for (size_t i = 0; i < j->npairs; i++)
+		n += j->pairs[i].src == l->info.id;
+	c->p = calloc(n ? n : 1, sizeof(*c->p));
+	if (!c->buf_ids || !c->bufs || !c->p)
+		goto fail;
 	for (size_t i = 0; i < j->npairs; i++) {
-		struct jpair *p = &j->pairs[i];
+		const struct jpair *p = &j->pairs[i];
+		struct jcap_pair *cp = &c->p[c->np];
 
-		if (p->src != l->info.id || p->need_dense)
+		if (p->src != l->info.id)
 			continue;
-		if (pair_dirty_alloc(p) < 0)
-			return snprintf(err, errlen, "out of memory"), -1;
-		for (size_t q = 0; q < p->n; q++) {
-			const struct jentry *e = &p->e[q];
-			struct dtc_src s;
-			uint64_t cnt;
-			int rc;
+		cp->dst = p->dst;
+		cp->hash = p->hash;
+		cp->n = p->n;
+		cp->e = malloc((p->n ? p->n : 1) * sizeof(*cp->e));
+		if (!cp->e)
+			goto fail;
+		memcpy(cp->e, p->e, p->n * sizeof(*cp->e));
+		c->np++;
+	}
+	for (size_t i = 0; i < l->nbufs; i++) {
+		c->buf_ids[i] = l->buf_ids[i];
+		c->bufs[i] = l->bufs[i];
+		if (c->bufs[i])
+			dbuf_ref(c->bufs[i]);
+		c->nbufs++;
+	}
+	return c;
+fail:
+	jcap_free(c);
+	return NULL;
+}
 
-			if (e->group >= ngroups)
-				return snprintf(err, errlen, "optimizer group %u has no hyper-parameters "
-						"(%zu given)", e->group, ngroups), -1;
-			if (src_view(l, e, &s) < 0)
-				return snprintf(err, errlen, "source buffers missing"), -1;
-			rc = dtc_scan(jeng.be, &e->map, &k[e->group], &s, p->dirty[q],
-				      dtc_bitmap_words(&e->map), DTC_SCAN_OR, &cnt);
-			if (rc != DTC_OK)
-				return snprintf(err, errlen, "scan: %s", dtc_strerror(rc)), -1;
+static void cap_take_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp)
+{
+	struct jpair *p = job_pair(j, c->participant, cp->dst);
+
+	cp->dirty = p->dirty;
+	p->dirty = NULL;
+}
+
+/* The bitmaps go back to their pair (cleared after a publish) if it is
+ * still the same pair and has none meanwhile; freed otherwise. */
+static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp, int clear)
+{
+	struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
+
+	if (!cp->dirty)
+		return;
+	if (p && p->hash == cp->hash && !p->dirty && p->n == cp->n) {
+		if (clear)
+			for (size_t q = 0; q < cp->n; q++)
+				memset(cp->dirty[q], 0, dtc_bitmap_words(&cp->e[q].map) * sizeof(uint64_t));
+		p->dirty = cp->dirty;
+		cp->dirty = NULL;
+	}
+}
+
+static void cap_start(struct jlocal *l, struct jcap *c)
+{
+	l->busy = 1;
+	c->next = jeng.inflight;
+	jeng.inflight = c;
+	if (!jeng.loop || uv_queue_work(jeng.loop, &c->work, cap_work, cap_after) < 0) {
+		/* No loop (or no thread pool): capture here, answer the same way. */
+		cap_work(&c->work);
+		cap_after(&c->work, 0);
+	}
+}
+
+static void cap_unlink(struct jcap *c)
+{
+	for (struct jcap **pp = &jeng.inflight; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			return;
 		}
 	}
-	return 0;
 }
 
-Dte__Status job_mark(uint64_t conn, const Dte__MarkRequest *rq, Dte__MarkReply *rep, char *err,
-		     size_t errlen)
+/* ------------------------------------------------------------------ mark */
+
+Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+		     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct dtc_consts k[JOB_MAX_GROUPS];
 	struct jlocal *l;
 
+	*deferred = 0;
 	if (!j)
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
@@ -144,17 +214,29 @@ Dte__Status job_mark(uint64_t conn, const Dte__MarkRequest *rq, Dte__MarkReply *
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
+	if (l->busy)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
 	if (derive_groups(rq->groups, rq->n_groups, rq->step, k, err, errlen) < 0)
 		return DTE__STATUS__STATUS_ERR_INVALID;
 	if (l->last_version && rq->step == l->covered + 1 && !l->gap) {
-		if (scan_or(j, l, k, rq->n_groups, err, errlen) < 0) {
-			l->gap = 1;
-			return DTE__STATUS__STATUS_ERR_INVALID;
+		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
+
+		if (!c)
+			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		c->scan = 1;
+		for (size_t i = 0; i < c->np; i++) {
+			struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
+
+			c->p[i].want_dirty = !p->need_dense;
+			cap_take_dirty(j, c, &c->p[i]);
 		}
-		l->covered = rq->step;
-	} else if (rq->step > l->covered) {
+		*deferred = 1;
+		cap_start(l, c);
+		return DTE__STATUS__STATUS_OK;
+	}
+	if (rq->step > l->covered) {
 		/* Before the first publish nothing builds on marks (it is dense);
 		 * after it, a missed step means the next publish is dense. */
 		if (l->last_version && !l->gap) {
@@ -181,26 +263,28 @@ Dte__Status job_mark(uint64_t conn, const Dte__MarkRequest *rq, Dte__MarkReply *
 	return DTE__STATUS__STATUS_OK;
 }
 
-/* Growable byte buffer for one pair's raw payload. */
-struct bytes {
-	uint8_t *p;
-	size_t n, cap;
-};
-
-static int bytes_reserve(struct bytes *b, size_t more)
+static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
-	if (b->n + more <= b->cap)
-		return 0;
-	size_t nc = b->cap ? b->cap : 4096;
-	while (nc < b->n + more)
-		nc *= 2;
-	void *np = realloc(b->p, nc);
-	if (!np)
-		return -1;
-	b->p = np;
-	b->cap = nc;
-	return 0;
+	Dte__MarkReply rep = DTE__MARK_REPLY__INIT;
+
+	for (size_t i = 0; i < c->np; i++)
+		cap_return_dirty(j, c, &c->p[i], 0);
+	if (c->rc < 0) {
+		char msg[512];
+
+		l->gap = 1;
+		snprintf(msg, sizeof(msg), "job %s: mark of step %lld: %s", j->name, (long long)c->step,
+			 c->err);
+		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_INVALID, msg, 0, NULL);
+		return;
+	}
+	l->covered = c->step;
+	rep.dirty = c->dirty;
+	rep.gap = l->gap;
+	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_MARK, &rep);
 }
+
+/* --------------------------------------------------------------- publish */
 
 struct jhist *jhist_find(struct job *j, uint64_t version)
 {
@@ -232,196 +316,76 @@ static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
 	return h;
 }
 
-/* Capture one pair into COUNTS + PAYLOAD and send them. */
-static int capture_pair(struct job *j, struct jlocal *l, struct jpair *p, uint64_t version,
-			int sparse, struct jhist *h, char *err, size_t errlen)
+/* COUNTS, then PAYLOAD when there is one, of a captured pair; -1 when the
+ * COUNTS could not go (that sink misses this version). */
+static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair *cp,
+		     uint64_t base)
 {
-	Dtep__Counts c = DTEP__COUNTS__INIT;
+	Dtep__Counts m = DTEP__COUNTS__INIT;
 	Dtep__Payload pl = DTEP__PAYLOAD__INIT;
 	Dtep__JobRef ref;
-	const struct jpinfo *dst = job_part(j, p->dst);
-	uint64_t *counts = calloc(p->n ? p->n : 1, sizeof(*counts));
-	uint32_t *cbuf = calloc(p->n ? p->n : 1, sizeof(*cbuf));
-	uint64_t *csum = calloc(p->n ? p->n : 1, sizeof(*csum));
-	Dtep__Checksum *ck = NULL, **ckp = NULL;
-	size_t nck = 0, i;
-	struct bytes raw = { 0 };
-	uint8_t *chunk = NULL;
-	size_t chunk_len = 0;
-	int rc = -1, remote;
+	const struct jpinfo *dst = job_part(j, cp->dst);
+	Dtep__Checksum *ck = calloc(cp->nck ? cp->nck : 1, sizeof(*ck));
+	Dtep__Checksum **ckp = calloc(cp->nck ? cp->nck : 1, sizeof(*ckp));
+	int rc = -1;
 
-	if (!dst || !counts || !cbuf || !csum) {
-		snprintf(err, errlen, dst ? "out of memory" : "sink participant not in the plan");
+	if (!dst || !ck || !ckp)
 		goto out;
-	}
-	remote = !route_is_self(dst->node, NULL);
-	for (i = 0; i < p->n; i++) {
-		const struct jentry *e = &p->e[i];
-		struct dtc_src s;
-		uint64_t sum = 0, cnt = 0;
-		size_t k, len = 0;
-		int r;
-
-		if (src_view(l, e, &s) < 0) {
-			snprintf(err, errlen, "source buffers missing");
-			goto out;
-		}
-		if ((r = dtc_checksum_entry(jeng.be, &e->map, s.param, s.len, &sum)) != DTC_OK) {
-			snprintf(err, errlen, "checksum: %s", dtc_strerror(r));
-			goto out;
-		}
-		for (k = 0; k < nck && cbuf[k] != e->dst_buf; k++)
-			;
-		if (k == nck) {
-			cbuf[nck] = e->dst_buf;
-			csum[nck++] = 0;
-		}
-		csum[k] += sum;
-		if (sparse) {
-			uint64_t words = dtc_bitmap_words(&e->map), n = 0;
-			uint64_t *pos;
-			uint16_t *val;
-
-			for (uint64_t x = 0; x < words; x++)
-				cnt += (uint64_t)__builtin_popcountll(p->dirty[i][x]);
-			counts[i] = cnt;
-			h->elements += e->box;
-			if (!cnt)
-				continue;
-			pos = malloc(cnt * sizeof(*pos));
-			val = malloc(cnt * sizeof(*val));
-			if (!pos || !val || bytes_reserve(&raw, 8 + dtc_sparse_bound(cnt)) < 0) {
-				free(pos);
-				free(val);
-				snprintf(err, errlen, "out of memory");
-				goto out;
-			}
-			r = dtc_sparse_from_bitmap(jeng.be, &e->map, p->dirty[i], words, s.param, s.len,
-						   pos, val, cnt, &n);
-			if (r == DTC_OK && n != cnt)
-				r = DTC_ECORRUPT;
-			if (r == DTC_OK)
-				r = dtc_sparse_encode(pos, val, n, e->box, raw.p + raw.n + 8,
-						      raw.cap - raw.n - 8, &len);
-			free(pos);
-			free(val);
-			if (r != DTC_OK) {
-				snprintf(err, errlen, "sparse capture: %s", dtc_strerror(r));
-				goto out;
-			}
-		} else {
-			uint16_t *vals = malloc(e->box * sizeof(*vals));
-
-			counts[i] = cnt = e->box;
-			h->elements += e->box;
-			if (!vals || bytes_reserve(&raw, 8 + 2 * e->box) < 0) {
-				free(vals);
-				snprintf(err, errlen, "out of memory");
-				goto out;
-			}
-			r = dtc_dense_extract(jeng.be, &e->map, s.param, s.len, vals);
-			if (r == DTC_OK)
-				r = dtc_dense_encode(vals, e->box, raw.p + raw.n + 8, raw.cap - raw.n - 8, &len);
-			free(vals);
-			if (r != DTC_OK) {
-				snprintf(err, errlen, "dense capture: %s", dtc_strerror(r));
-				goto out;
-			}
-		}
-		for (int b = 0; b < 8; b++)
-			raw.p[raw.n + b] = (uint8_t)((uint64_t)len >> (8 * b));
-		raw.n += 8 + len;
-		h->changed += cnt;
-	}
-	if (raw.n) {
-		chunk = malloc(dtc_chunk_bound(raw.n));
-		if (!chunk) {
-			snprintf(err, errlen, "out of memory");
-			goto out;
-		}
-		/* Memory is faster than zstd; a link usually is not. */
-		if (dtc_chunk_pack(raw.p, raw.n, remote ? 1 : 0, chunk, dtc_chunk_bound(raw.n),
-				   &chunk_len) != DTC_OK) {
-			snprintf(err, errlen, "payload framing failed");
-			goto out;
-		}
-	}
-	ck = calloc(nck ? nck : 1, sizeof(*ck));
-	ckp = calloc(nck ? nck : 1, sizeof(*ckp));
-	if (!ck || !ckp) {
-		snprintf(err, errlen, "out of memory");
-		goto out;
-	}
-	for (i = 0; i < nck; i++) {
+	for (size_t i = 0; i < cp->nck; i++) {
 		dtep__checksum__init(&ck[i]);
-		ck[i].dst_buffer = cbuf[i];
-		ck[i].partial = csum[i];
+		ck[i].dst_buffer = cp->cbuf[i];
+		ck[i].partial = cp->csum[i];
 		ckp[i] = &ck[i];
 	}
 	job_fill_ref(j, &ref);
-	c.job = &ref;
-	c.epoch = j->epoch;
-	c.version = version;
-	c.base_version = sparse ? p->last_sent : 0;
-	c.mode = sparse ? DTEP__MODE__MODE_SPARSE : DTEP__MODE__MODE_DENSE;
-	c.src = p->src;
-	c.dst = p->dst;
-	c.n_counts = p->n;
-	c.counts = counts;
-	c.n_checksums = nck;
-	c.checksums = ckp;
-	c.payload_bytes = chunk_len;
-	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &c.base, NULL, 0) < 0) {
-		p->need_dense = 1;
-		rc = 0;		/* that sink misses this version; the rest proceed */
+	m.job = &ref;
+	m.epoch = j->epoch;
+	m.version = c->version;
+	m.base_version = cp->sparse ? base : 0;
+	m.mode = cp->sparse ? DTEP__MODE__MODE_SPARSE : DTEP__MODE__MODE_DENSE;
+	m.src = c->participant;
+	m.dst = cp->dst;
+	m.n_counts = cp->n;
+	m.counts = cp->counts;
+	m.n_checksums = cp->nck;
+	m.checksums = ckp;
+	m.payload_bytes = cp->chunk_len;
+	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m.base, NULL, 0) < 0)
 		goto out;
-	}
-	if (chunk_len) {
+	rc = 0;
+	if (cp->chunk_len) {
 		uint64_t x = 0;
 
 		for (int b = 0; b < 8; b++)
-			x |= (uint64_t)chunk[24 + b] << (8 * b);
+			x |= (uint64_t)cp->chunk[24 + b] << (8 * b);
 		pl.job = &ref;
 		pl.epoch = j->epoch;
-		pl.version = version;
-		pl.src = p->src;
-		pl.dst = p->dst;
-		pl.encoding = chunk[4];
+		pl.version = c->version;
+		pl.src = c->participant;
+		pl.dst = cp->dst;
+		pl.encoding = cp->chunk[4];
 		pl.xxh3 = x;
 		if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
-				     chunk, chunk_len) < 0)
-			p->need_dense = 1;
+				     cp->chunk, cp->chunk_len) < 0)
+			rc = 1;	/* sent, but the sink will refuse it incomplete */
 	}
-	h->bytes += chunk_len;
-	h->pairs++;
-	if (sparse)
-		h->sparse++;
-	else
-		h->dense++;
-	p->last_sent = version;
-	rc = 0;
 out:
-	free(counts);
-	free(cbuf);
-	free(csum);
 	free(ck);
 	free(ckp);
-	free(raw.p);
-	free(chunk);
 	return rc;
 }
 
-Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__PublishReply *rep,
-			char *err, size_t errlen)
+Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+			Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct dtc_consts k[JOB_MAX_GROUPS];
-	uint64_t t0 = uv_hrtime(), changed0, elems0, bytes0;
 	struct jlocal *l;
-	struct jhist *h;
+	struct jcap *c;
 	int stepped, first;
-	uint32_t sinks = 0, dense = 0;
 
+	*deferred = 0;
+	(void)rep;
 	if (!j)
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
@@ -429,6 +393,8 @@ Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__Publi
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
+	if (l->busy)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: a capture is still running", j->name);
 	if (!l->announced)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: not planned yet", j->name);
 	if (!j->complete)
@@ -446,74 +412,165 @@ Dte__Status job_publish(uint64_t conn, const Dte__PublishRequest *rq, Dte__Publi
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
 	stepped = !first && !l->gap && (rq->step == l->covered || rq->step == l->covered + 1);
-	if (stepped && rq->step == l->covered + 1 &&
-	    scan_or(j, l, k, rq->n_groups, err, errlen) < 0)
-		return DTE__STATUS__STATUS_ERR_INVALID;
-	h = hist_get(j, rq->version, rq->step);
-	changed0 = h->changed;
-	elems0 = h->elements;
-	bytes0 = h->bytes;
-	for (size_t i = 0; i < j->npairs; i++) {
-		struct jpair *p = &j->pairs[i];
-		uint64_t pair_bytes0;
-		int sparse;
+	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
+	if (!c)
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	c->version = rq->version;
+	c->scan = stepped && rq->step == l->covered + 1;
+	for (size_t i = 0; i < c->np; i++) {
+		struct jcap_pair *cp = &c->p[i];
+		struct jpair *p = job_pair(j, l->info.id, cp->dst);
+		const struct jpinfo *dst = job_part(j, cp->dst);
 
-		if (p->src != l->info.id)
-			continue;
-		sparse = stepped && !p->need_dense && p->dirty && p->last_sent &&
-			 p->last_sent == l->last_version;
-		if (!sparse)
+		cp->want_dirty = c->scan && !p->need_dense;
+		cp->sparse = pair_can_sparse(j, l, p, stepped) && (p->dirty || cp->want_dirty);
+		cp->remote = dst && !route_is_self(dst->node, NULL);
+		if (!cp->sparse)
 			dmetrics_add(DM_DENSE_FALLBACKS, jops_dense_reason(j, l, p, stepped), 1);
-		pair_bytes0 = h->bytes;
-		if (capture_pair(j, l, p, rq->version, sparse, h, err, errlen) < 0) {
-			DLOG_E("job %s: capture of version %llu for %llx failed: %s", j->name,
-			       (unsigned long long)rq->version, (unsigned long long)p->dst, err);
-			p->need_dense = 1;
-			l->gap = 1;
-			return DTE__STATUS__STATUS_ERR_INTERNAL;
-		}
-		dmetrics_add(DM_WIRE_BYTES, sparse ? "sparse" : "dense", (double)(h->bytes - pair_bytes0));
-		if (p->last_sent == rq->version) {
-			p->need_dense = 0;
-			sinks++;
-			dense += !sparse;
-		}
-		pair_dirty_clear(p);
+		cap_take_dirty(j, c, cp);
 	}
-	l->last_version = rq->version;
-	l->covered = rq->step;
+	*deferred = 1;
+	cap_start(l, c);
+	return DTE__STATUS__STATUS_OK;
+}
+
+static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
+{
+	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
+	uint64_t base = l->last_version;
+	uint32_t sinks = 0, dense = 0;
+	struct jhist *h;
+
+	if (c->rc < 0) {
+		char msg[512];
+
+		DLOG_E("job %s: capture of version %llu failed: %s", j->name,
+		       (unsigned long long)c->version, c->err);
+		for (size_t i = 0; i < c->np; i++) {
+			struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
+
+			if (p)
+				p->need_dense = 1;
+		}
+		l->gap = 1;
+		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
+			 (unsigned long long)c->version, c->err);
+		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_INTERNAL, msg, 0, NULL);
+		return;
+	}
+	h = hist_get(j, c->version, c->step);
+	for (size_t i = 0; i < c->np; i++) {
+		struct jcap_pair *cp = &c->p[i];
+		struct jpair *p = job_pair(j, l->info.id, cp->dst);
+		int rc;
+
+		if (!p || p->hash != cp->hash) {
+			/* Re-planned while capturing: these entries are not the
+			 * pair's any more; its next version is dense. */
+			if (p)
+				p->need_dense = 1;
+			continue;
+		}
+		rc = send_pair(j, c, cp, base);
+		if (rc < 0) {
+			p->need_dense = 1;	/* that sink misses this version; the rest proceed */
+			continue;
+		}
+		if (rc > 0)
+			p->need_dense = 1;
+		dmetrics_add(DM_WIRE_BYTES, cp->sparse ? "sparse" : "dense", (double)cp->chunk_len);
+		h->bytes += cp->chunk_len;
+		h->changed += cp->changed;
+		h->elements += cp->elements;
+		h->pairs++;
+		if (cp->sparse)
+			h->sparse++;
+		else
+			h->dense++;
+		p->prev_sent = p->last_sent;
+		p->last_sent = c->version;
+		p->sent_epoch = j->epoch;
+		if (!rc)
+			p->need_dense = 0;
+		sinks++;
+		dense += !cp->sparse;
+		rep.changed += cp->changed;
+		rep.elements += cp->elements;
+		rep.bytes += cp->chunk_len;
+	}
+	for (size_t i = 0; i < c->np; i++)
+		cap_return_dirty(j, c, &c->p[i], 1);
+	l->last_version = c->version;
+	l->covered = c->step;
 	l->gap = 0;
-	h->capture_ms += job_ms_since(t0);
+	h->capture_ms += job_ms_since(c->t0);
 	h->t_captured = uv_hrtime();
 	h->sinks = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
-		int once = p->last_sent == rq->version && job_local(j, p->src);
+		int once = p->last_sent == c->version && job_local(j, p->src);
 
 		for (size_t q = 0; once && q < i; q++)
-			if (j->pairs[q].dst == p->dst && j->pairs[q].last_sent == rq->version &&
+			if (j->pairs[q].dst == p->dst && j->pairs[q].last_sent == c->version &&
 			    job_local(j, j->pairs[q].src))
 				once = 0;
 		h->sinks += once;
 	}
-	rep->version = rq->version;
-	rep->sinks = sinks;
-	rep->dense = dense;
-	rep->changed = h->changed - changed0;
-	rep->elements = h->elements - elems0;
-	rep->bytes = h->bytes - bytes0;
-	rep->capture_ms = job_ms_since(t0);
+	rep.version = c->version;
+	rep.sinks = sinks;
+	rep.dense = dense;
+	rep.capture_ms = job_ms_since(c->t0);
 	dmetrics_add(DM_VERSIONS_PUBLISHED, NULL, 1);
-	dmetrics_add(DM_ELEMENTS_CHANGED, NULL, (double)rep->changed);
-	dmetrics_add(DM_ELEMENTS_COVERED, NULL, (double)rep->elements);
-	if (rep->elements && !dense)
-		dmetrics_set(DM_CHANGED_RATIO, NULL, (double)rep->changed / (double)rep->elements);
-	dmetrics_observe(DM_PHASE_SECONDS, "capture", rep->capture_ms / 1e3);
+	dmetrics_add(DM_ELEMENTS_CHANGED, NULL, (double)rep.changed);
+	dmetrics_add(DM_ELEMENTS_COVERED, NULL, (double)rep.elements);
+	if (rep.elements && !dense)
+		dmetrics_set(DM_CHANGED_RATIO, NULL, (double)rep.changed / (double)rep.elements);
+	dmetrics_observe(DM_PHASE_SECONDS, "capture", rep.capture_ms / 1e3);
 	DLOG_D("job %s: version %llu step %lld captured: %u sinks (%u dense), %llu of %llu elements, "
-	       "%llu bytes, %.2f ms", j->name, (unsigned long long)rq->version, (long long)rq->step,
-	       sinks, dense, (unsigned long long)rep->changed, (unsigned long long)rep->elements,
-	       (unsigned long long)rep->bytes, rep->capture_ms);
-	return DTE__STATUS__STATUS_OK;
+	       "%llu bytes, %.2f ms (worker %.2f ms; %llu detections, %llu scans for %llu entries)",
+	       j->name, (unsigned long long)c->version, (long long)c->step, sinks, dense,
+	       (unsigned long long)rep.changed, (unsigned long long)rep.elements,
+	       (unsigned long long)rep.bytes, rep.capture_ms, c->work_ms,
+	       (unsigned long long)c->detections, (unsigned long long)c->scans,
+	       (unsigned long long)c->scan_entries);
+	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+}
+
+/* Loop thread, the worker is done: bookkeeping, sends, the answer. */
+static void cap_after(uv_work_t *w, int status)
+{
+	struct jcap *c = (struct jcap *)w;
+	struct job *j;
+	struct jlocal *l;
+
+	if (c->orphan) {	/* job_fini ran: everything it pointed to is gone */
+		jcap_free(c);
+		return;
+	}
+	cap_unlink(c);
+	if (status < 0 && c->rc == 0) {
+		c->rc = -1;
+		snprintf(c->err, sizeof(c->err), "capture cancelled");
+	}
+	j = job_find(c->job);
+	l = j ? job_local(j, c->participant) : NULL;
+	if (!l) {
+		for (size_t i = 0; j && i < c->np; i++)
+			cap_return_dirty(j, c, &c->p[i], 0);
+		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			  "the participant went away during the capture", 0, NULL);
+	} else {
+		l->busy = 0;
+		if (c->kind == JCAP_MARK)
+			mark_done(j, l, c);
+		else
+			publish_done(j, l, c);
+	}
+	for (size_t i = 0; i < c->nbufs; i++)
+		if (c->bufs[i])
+			dbuf_unref(c->bufs[i]);
+	jcap_free(c);
+	job_check_waiters();
 }
 
 /* ------------------------------------------------------------------ acks */

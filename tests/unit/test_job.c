@@ -154,6 +154,44 @@ static void adamw_step(int64_t step, unsigned seed)
 	}
 }
 
+/* Deferred answers (publish, mark) land here instead of a socket. */
+static struct {
+	int n;
+	uint64_t conn;
+	uint32_t id;
+	Dte__Status code;
+	char msg[512];
+	Dte__PublishReply pub;
+	Dte__MarkReply mark;
+} answer;
+
+static int catch_reply(uint64_t conn, Dte__Response *resp)
+{
+	answer.n++;
+	answer.conn = conn;
+	answer.id = resp->id;
+	answer.code = resp->code;
+	snprintf(answer.msg, sizeof(answer.msg), "%s", resp->message ? resp->message : "");
+	if (resp->body_case == DTE__RESPONSE__BODY_PUBLISH)
+		answer.pub = *resp->publish;
+	if (resp->body_case == DTE__RESPONSE__BODY_MARK)
+		answer.mark = *resp->mark;
+	return 0;
+}
+
+/* Runs the loop until the deferred answer number n came. */
+static void await_answer(int n)
+{
+	uint64_t t0 = uv_hrtime();
+
+	while (answer.n < n) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		if (uv_hrtime() - t0 > 30000000000ull)
+			fail_msg("no deferred answer in 30 s");
+		uv_sleep(1);
+	}
+}
+
 static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 {
 	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
@@ -177,7 +215,21 @@ static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *re
 	rq.n_groups = 2;
 	rq.groups = gp;
 	dte__publish_reply__init(rep);
-	st = job_publish(SRC_CONN, &rq, rep, err, sizeof(err));
+	{
+		int deferred = 0, before = answer.n;
+
+		st = job_publish(SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
+		if (st == DTE__STATUS__STATUS_OK && deferred) {
+			/* Captured on a worker: the answer comes through the loop. */
+			await_answer(before + 1);
+			assert_int_equal(answer.conn, SRC_CONN);
+			assert_int_equal(answer.id, 41);
+			st = answer.code;
+			snprintf(err, sizeof(err), "%s", answer.msg);
+			if (st == DTE__STATUS__STATUS_OK)
+				*rep = answer.pub;
+		}
+	}
 	if (st)
 		print_message("publish: %s\n", err);
 	spin();
@@ -495,7 +547,10 @@ static int setup(void **state)
 	uv_loop_init(&loop);
 	if (route_init(&loop, "unit", "") < 0)
 		return -1;
-	return job_init(&loop, dtc_backend_cpu(), "cpu");
+	if (job_init(&loop, dtc_backend_cpu(), "cpu") < 0)
+		return -1;
+	jeng.reply = catch_reply;
+	return 0;
 }
 
 static int teardown(void **state)
