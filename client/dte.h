@@ -148,7 +148,14 @@ struct dte_job_params {
 	const char *coordinator;        /* "local" or host:port; NULL = local */
 	const char *token;
 	uint32_t    publish_interval;   /* K; 0 = 1 */
-	const char *transport;          /* NULL = "ucx" */
+	const char *transport;          /* NULL = "ucx"; "storage", "both" */
+	/* Storage transport (docs/STORAGE.md); NULL / 0 take the defaults. */
+	const char *storage_root;       /* directory both clusters mount */
+	const char *storage_role;       /* "writer" (default) | "reader" */
+	uint32_t    keyframe_every;     /* N (10) */
+	uint32_t    keep_versions;      /* K (32) */
+	uint32_t    keep_keyframes;     /* M (2) */
+	const char *storage_watch;      /* reader: "inotify" (default) | "poll" */
 };
 
 /* *created (may be NULL): 0 when the job existed with these parameters. */

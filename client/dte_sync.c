@@ -103,6 +103,14 @@ int dte_job_create(dte_t *h, const struct dte_job_params *p, int *created)
 	jc.publish_interval = p->publish_interval;
 	jc.transport = (char *)(FITS(struct dte_job_params, p, transport) && p->transport ?
 				p->transport : "ucx");
+	if (FITS(struct dte_job_params, p, storage_watch)) {
+		jc.storage_root = (char *)(p->storage_root ? p->storage_root : "");
+		jc.storage_role = (char *)(p->storage_role ? p->storage_role : "");
+		jc.keyframe_every = p->keyframe_every;
+		jc.keep_versions = p->keep_versions;
+		jc.keep_keyframes = p->keep_keyframes;
+		jc.storage_watch = (char *)(p->storage_watch ? p->storage_watch : "");
+	}
 	req.cmd_case = DTE__REQUEST__CMD_JOB_CREATE;
 	req.job_create = &jc;
 	rc = do_call(h, &req, -1, 0, &resp);

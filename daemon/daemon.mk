@@ -7,6 +7,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/testhook.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
+# A job's storage transport over daemon/storage (docs/STORAGE.md).
+DAEMON_SRCS += daemon/job_storage.c
 # Operations: metrics (and their HTTP listener), verify/resync, config,
 # log-level.
 DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c
@@ -19,7 +21,7 @@ $(B)/lib/libdted.a: $(DAEMON_OBJS)
 	$(AR) rcs $@ $^
 
 # The peer layer's library joins the link once daemon/peer/peer.mk builds it.
-DTED_LIBS := $(B)/lib/libdted.a $(B)/lib/libdtelayout.a \
+DTED_LIBS := $(B)/lib/libdted.a $(B)/lib/libdtestorage.a $(B)/lib/libdtelayout.a \
              $(filter $(B)/lib/libdtepeer.a,$(LIBS)) \
              $(B)/lib/libdtecompute.a $(B)/lib/libdteproto.a
 
@@ -40,3 +42,8 @@ SYSTEM_TESTS += tests/system/sync_local.py
 # Operations: the metrics registry and exposition; every dtectl command
 # against a real dted with real versions.
 UNIT_TESTS   += test_metrics
+SYSTEM_TESTS += tests/system/ops.py
+
+# Two groups of daemons that share only a directory: a trainer's group
+# writes, SGLang sinks' groups read (tests/system/storage_sync.py).
+SYSTEM_TESTS += tests/system/storage_sync.py

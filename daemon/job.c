@@ -8,6 +8,7 @@
 #include "daemon/ctl.h"
 #include "daemon/dispatch.h"
 #include "daemon/job_int.h"
+#include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
 #include "daemon/route.h"
@@ -407,6 +408,7 @@ static void job_free(struct job *j)
 	}
 	jplan_free(j);
 	jcoord_free(j);
+	jstore_free(j);
 	dte_spec_fini(&j->spec);
 	free(j->config);
 	free(j);
@@ -501,7 +503,7 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 		       size_t errlen)
 {
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
-	const char *transport = rq->transport && *rq->transport ? rq->transport : "ucx";
+	struct jstore_cfg scfg;
 	uint32_t k = rq->publish_interval ? rq->publish_interval : 1;
 	char serr[256];
 	struct dte_spec spec;
@@ -518,9 +520,8 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 			    "job %s: coordinator must be \"local\" or host:port, not \"%s\"", rq->name, coord);
 	if (strlen(coord) >= sizeof(j->coordinator))
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: coordinator address too long", rq->name);
-	if (strcmp(transport, "ucx"))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: transport \"%s\" unknown (ucx)",
-			    rq->name, transport);
+	if (jstore_parse(rq, &scfg, serr, sizeof(serr)) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", rq->name, serr);
 	if (k > 1000000)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: publish interval %u out of range",
 			    rq->name, k);
@@ -534,7 +535,8 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 		const char *why = spec.hash != j->spec.hash ? "model" :
 				  strcmp(j->token, rq->token) ? "token" :
 				  strcmp(j->coordinator, coord) ? "coordinator" :
-				  j->interval != k ? "publish interval" : NULL;
+				  j->interval != k ? "publish interval" :
+				  !jstore_same_job(j, &scfg) ? "transport or storage configuration" : NULL;
 
 		dte_spec_fini(&spec);
 		if (why)
@@ -555,13 +557,19 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	snprintf(j->name, sizeof(j->name), "%s", rq->name);
 	snprintf(j->token, sizeof(j->token), "%s", rq->token);
 	snprintf(j->coordinator, sizeof(j->coordinator), "%s", coord);
-	snprintf(j->transport, sizeof(j->transport), "%s", transport);
+	snprintf(j->transport, sizeof(j->transport), "%s", jstore_transport_name(scfg.transport));
 	j->spec = spec;
 	j->interval = k;
 	j->is_coord = route_is_self(NULL, coord);
 	j->next = jeng.jobs;
 	jeng.jobs = j;
 	dreg_job_added();
+	if (jstore_start(j, &scfg, serr, sizeof(serr)) < 0) {
+		jeng.jobs = j->next;
+		job_free(j);
+		dreg_job_removed();
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: storage: %s", rq->name, serr);
+	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
 	rep->created = 1;
@@ -599,6 +607,8 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	if (!rq->layout || !*rq->layout || strlen(rq->layout) >= JOB_DESC_MAX)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: layout description missing or too long",
 			    j->name);
+	if (jstore_attach_check(j, role, lerr, sizeof(lerr)) < 0)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "%s", lerr);
 	if (jlayout_build(j, role, rq->layout, rq->rank, &lay, lerr, sizeof(lerr)) < 0)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", j->name, lerr);
 	for (i = 0; i < lay.nbufs; i++)
@@ -1002,6 +1012,7 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 	rep->complete = j->complete;
 	rep->versions = j->published;
 	rep->refused = j->refused;
+	jstore_info(j, rep);
 	for (i = 0; i < j->npairs; i++)
 		rep->entries += j->pairs[i].n;
 	for (struct jmember *m = j->members; m; m = m->next)
@@ -1105,6 +1116,7 @@ Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep
 		v->checksum = (char *)(h->failed ? "failed" : h->ok >= h->sinks && h->sinks ? "ok" :
 				       h->sinks ? "pending" : "none");
 		v->sinks = h->sinks;
+		v->note = (char *)h->note;
 		rep->versions[i] = v;
 	}
 	return DTE__STATUS__STATUS_OK;

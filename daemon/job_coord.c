@@ -12,6 +12,7 @@
 #include <string.h>
 #include <xxhash.h>
 #include "daemon/job_int.h"
+#include "daemon/job_storage.h"
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
@@ -26,9 +27,15 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 			 "(megatron:, fsdp:, sglang:, vllm:)");
 		return -1;
 	}
-	if (dte_layout_from_desc(l, &j->spec, desc,
-				 role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK, err, errlen))
+	if (role == JROLE_SINK && !strcmp(desc, JSTORE_CANON_LAYOUT)) {
+		/* The storage writer's sink (job_storage.c). */
+		if (jstore_canonical_layout(&j->spec, l, err, errlen))
+			return -1;
+	} else if (dte_layout_from_desc(l, &j->spec, desc,
+					role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
+					err, errlen)) {
 		return -1;
+	}
 	if (rank >= l->nranks) {
 		snprintf(err, errlen, "%s has ranks 0..%u; rank %u does not exist", desc,
 			 l->nranks ? l->nranks - 1 : 0, rank);

@@ -140,6 +140,7 @@ struct jhist {
 	uint32_t pairs, staged_acks;
 	uint32_t ok, failed;      /* sink apply results */
 	uint32_t sinks;
+	char note[96];            /* storage: refusal reason, keyframe */
 };
 
 struct job {
@@ -147,6 +148,7 @@ struct job {
 	char token[128];
 	char coordinator[JOB_ADDR_MAX];
 	char transport[16];
+	struct jstore *store;     /* transport storage/both (job_storage.c) */
 	char *config;             /* config.json text */
 	struct dte_spec spec;
 	uint32_t interval;        /* K */

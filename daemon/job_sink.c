@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_int.h"
+#include "daemon/job_storage.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -517,6 +518,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	}
 	s->counts = dtep__counts__unpack(NULL, hdrlen, hdr);
 	try_stage(j, l);
+	jstore_sink_staged(j, l);
 }
 
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
@@ -548,6 +550,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	s->len = len;
 	s->have_payload = 1;
 	try_stage(j, l);
+	jstore_sink_staged(j, l);
 }
 
 /* Σ mix(index, bits) over the box's destination elements (an odometer

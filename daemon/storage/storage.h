@@ -90,6 +90,8 @@ int64_t dts_writer_head(const struct dts_writer *w);
 int dts_writer_keyframe_due(const struct dts_writer *w, uint64_t version);
 
 #define DTS_BEGIN_KEYFRAME 1u   /* write a keyframe even if not due */
+#define DTS_BEGIN_NOBASE   2u   /* a keyframe without base even at head+1: the
+				   caller does not know head's content */
 
 /* Start version `version`: head+1 (delta from head, plus a keyframe when
  * due), or any later version as a keyframe without base (a writer that
@@ -117,6 +119,12 @@ int dts_writer_commit(struct dts_writer *w, char *err, size_t errlen);
 
 /* Drop the version begun (its chunk files are removed). */
 void dts_writer_abort(struct dts_writer *w);
+
+/* Keyframe on request, from any process that sees the directory: a
+ * request file <root>/<job>/keyframe.request that the writer consumes
+ * (dts_keyframe_take: 1 when there was one, and it is removed). */
+int dts_keyframe_request(const char *root, const char *job, char *err, size_t errlen);
+int dts_keyframe_take(const char *root, const char *job);
 
 /* ---- reader ---------------------------------------------------------- */
 

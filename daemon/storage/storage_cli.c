@@ -46,6 +46,8 @@ static void usage(FILE *f)
 		"       dte-storage gc ROOT JOB [--keep K] [--keep-keyframes M] [--stale-after S]\n"
 		"                         [--dry-run] [--json]\n"
 		"       dte-storage verify ROOT JOB [--spec F | --config F] [--json]\n"
+		"       dte-storage keyframe ROOT JOB   (the writing dted makes its next\n"
+		"                         version a keyframe)\n"
 		"  --spec F: JSON {\"tensors\":[{\"name\":..,\"numel\":..},..][,\"spec_hash\":\"hex16\"]}\n"
 		"  --config F: a Hugging Face config.json (the model spec of dted)\n"
 		"  --delta F: \"DTSD1\\0\\0\\0\" u32 ntensors u32 0, per tensor u64 count,\n"
@@ -429,6 +431,18 @@ static int cmd_verify(struct cli *c)
 	return bad ? 1 : 0;
 }
 
+/* ---- keyframe ------------------------------------------------------- */
+
+static int cmd_keyframe(struct cli *c)
+{
+	char err[256];
+
+	if (dts_keyframe_request(c->pos[0], c->pos[1], err, sizeof(err)))
+		return cli_err("keyframe: %s", err);
+	printf("keyframe: requested for %s (the writer's next version)\n", c->pos[1]);
+	return 0;
+}
+
 int dte_storage_cli(int argc, char **argv)
 {
 	struct cli c;
@@ -446,8 +460,11 @@ int dte_storage_cli(int argc, char **argv)
 		rc = cli_write(&c);
 	else if (!strcmp(c.sub, "read"))
 		rc = cli_read(&c);
+	else if (!strcmp(c.sub, "keyframe"))
+		rc = cmd_keyframe(&c);
 	else
-		rc = cli_err("unknown subcommand \"%s\" (write, read, ls, gc, verify)", c.sub) + 1;
+		rc = cli_err("unknown subcommand \"%s\" (write, read, ls, gc, verify, keyframe)",
+			     c.sub) + 1;
 	free(c.numel);
 	return rc;
 }

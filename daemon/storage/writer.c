@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 #include "daemon/storage/storage_int.h"
 #include "gpu/codec.h"
@@ -174,8 +175,10 @@ int dts_writer_begin(struct dts_writer *w, uint64_t version, unsigned flags,
 	w->m.format = DTS_FORMAT;
 	snprintf(w->m.job, sizeof(w->m.job), "%s", w->job);
 	w->m.version = version;
-	w->m.base = w->head >= 0 && version == (uint64_t)w->head + 1 ? w->head : -1;
-	w->m.keyframe = (flags & DTS_BEGIN_KEYFRAME) || dts_writer_keyframe_due(w, version);
+	w->m.base = w->head >= 0 && version == (uint64_t)w->head + 1 &&
+		    !(flags & DTS_BEGIN_NOBASE) ? w->head : -1;
+	w->m.keyframe = (flags & (DTS_BEGIN_KEYFRAME | DTS_BEGIN_NOBASE)) ||
+			dts_writer_keyframe_due(w, version);
 	w->m.spec_hash = w->spec_hash;
 	w->m.ntensors = w->ntensors;
 	/* A writer killed before its commit leaves chunks nobody refers to. */
@@ -363,4 +366,29 @@ void dts_writer_abort(struct dts_writer *w)
 		return;
 	dts_rm_version_dir(w->vdir, NULL);
 	w->active = 0;
+}
+
+#define KEYFRAME_REQUEST "keyframe.request"
+
+int dts_keyframe_request(const char *root, const char *job, char *err, size_t errlen)
+{
+	char dir[4096];
+	const char *text = "{\"keyframe\":true}\n";
+
+	if (!root || !dts_job_name_ok(job) || dts_path(dir, sizeof(dir), "%s/%s", root, job)) {
+		DTS_ERR(err, errlen, "keyframe request: bad root or job");
+		return DTS_EINVAL;
+	}
+	return dts_write_atomic(dir, KEYFRAME_REQUEST, text, strlen(text), DTS_HOOK_NONE, err,
+				errlen);
+}
+
+int dts_keyframe_take(const char *root, const char *job)
+{
+	char path[4096];
+
+	if (!root || !dts_job_name_ok(job) ||
+	    dts_path(path, sizeof(path), "%s/%s/" KEYFRAME_REQUEST, root, job))
+		return 0;
+	return unlink(path) == 0;
 }

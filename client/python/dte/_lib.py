@@ -61,7 +61,10 @@ class _JobParams(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("name", ctypes.c_char_p),
                 ("model_config", ctypes.c_char_p), ("coordinator", ctypes.c_char_p),
                 ("token", ctypes.c_char_p), ("publish_interval", ctypes.c_uint32),
-                ("transport", ctypes.c_char_p)]
+                ("transport", ctypes.c_char_p), ("storage_root", ctypes.c_char_p),
+                ("storage_role", ctypes.c_char_p), ("keyframe_every", ctypes.c_uint32),
+                ("keep_versions", ctypes.c_uint32), ("keep_keyframes", ctypes.c_uint32),
+                ("storage_watch", ctypes.c_char_p)]
 
 
 class _AttachParams(ctypes.Structure):
@@ -235,9 +238,13 @@ class Client:
     def unregister(self, buf):
         self._check(lib().dte_buffer_unregister(self._h, buf))
 
-    def job_create(self, name, model_config, token, coordinator="local", interval=1):
+    def job_create(self, name, model_config, token, coordinator="local", interval=1,
+                   transport="ucx", storage_root=None, storage_role=None, keyframe_every=0,
+                   keep_versions=0, keep_keyframes=0, storage_watch=None):
+        """transport "storage"/"both" with storage_* as in dte.h (docs/STORAGE.md)."""
         p = _JobParams(ctypes.sizeof(_JobParams), _b(name), _b(model_config), _b(coordinator),
-                       _b(token), interval, b"ucx")
+                       _b(token), interval, _b(transport), _b(storage_root), _b(storage_role),
+                       keyframe_every, keep_versions, keep_keyframes, _b(storage_watch))
         created = ctypes.c_int()
         self._check(lib().dte_job_create(self._h, ctypes.byref(p), ctypes.byref(created)))
         return bool(created.value)

@@ -1,0 +1,1055 @@
+/* daemon/job_storage.c — the storage transport of a job (job_storage.h,
+ * docs/STORAGE.md).
+ *
+ * Writer: one daemon writes, the coordinator, because the library
+ * assumes one writer per version.  Sources on any daemon feed it through
+ * the engine (a sink participant with the canonical layout), so several
+ * source daemons, K > 1 marks and dense repair work exactly as between
+ * daemons; the price is one canonical BF16 copy of the model (2 B per
+ * element) on the coordinator, which is also what lets it write the
+ * delta against verified content and keyframes at any version.
+ *
+ * Reader: verification is the library's (manifest schema, spec hash,
+ * chunk sizes and xxh3, every position inside its tensor and sorted);
+ * after apply each sink buffer's checksum is compared with a prediction:
+ * for a dense version the sum over its values, for a delta the previous
+ * verified sum minus the old elements' terms plus the new ones.  The old
+ * values are read from the sink buffer when the version is staged, which
+ * holds the previous version because a version is staged only once every
+ * local sink applied the one before it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "daemon/job_int.h"
+#include "daemon/job_storage.h"
+#include "daemon/log.h"
+#include "daemon/route.h"
+#include "daemon/storage/storage.h"
+#include "daemon/storage/watch.h"
+#include "gpu/compute.h"
+#include "gpu/elem.h"
+
+#define DEF_KEYFRAME_EVERY 10u
+#define DEF_KEEP_VERSIONS  32u
+#define DEF_KEEP_KEYFRAMES 2u
+#define READER_STALE_S     600.0   /* gc ignores readers silent for this long */
+#define WATCH_MS           200u    /* backstop (inotify) or poll period */
+#define APPLY_POLL_MS      10u     /* while staged versions wait for apply */
+/* Buffer owners that are not control connections (those count from 1). */
+#define OWNER_BASE         (1ull << 62)
+
+/* A local sink participant fed from storage. */
+struct rsink {
+	uint64_t id;
+	struct dte_layout lay;
+	size_t *piece, *slot;      /* this rank's pieces and their buffer slots */
+	size_t np, nslots;
+	uint64_t *P, *Pnew;        /* per slot: verified and predicted checksums */
+	int need_dense, pending;
+	uint64_t fails0;
+	struct rsink *next;
+};
+
+struct jstore {
+	struct jstore_cfg cfg;
+	struct job *job;           /* NULL once the job is gone */
+	uint64_t *toff;            /* [ntensors + 1]: tensor starts, canonical flat */
+	uint64_t *numel;
+	struct dts_model model;
+	/* writer */
+	struct dts_writer *w;
+	uint64_t owner, canon;
+	struct dbuf *mirror;
+	int mirror_known;          /* the mirror holds the writer's head */
+	/* reader */
+	struct dts_reader *r;
+	struct dts_watch watch;
+	uv_timer_t timer;
+	int handles, timer_on;
+	int64_t staging;           /* version staged to the sinks, -1 none */
+	struct rsink *sinks;
+	uint64_t broken;
+	char error[256];
+};
+
+static uint64_t owners;
+
+const char *jstore_transport_name(int t)
+{
+	return t == JSTORE_STORAGE ? "storage" : t == JSTORE_BOTH ? "both" : "ucx";
+}
+
+int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *c, char *err, size_t errlen)
+{
+	const char *t = rq->transport && *rq->transport ? rq->transport : "ucx";
+	const char *role = rq->storage_role && *rq->storage_role ? rq->storage_role : "writer";
+	const char *watch = rq->storage_watch && *rq->storage_watch ? rq->storage_watch : "inotify";
+
+	memset(c, 0, sizeof(*c));
+	if (!strcmp(t, "ucx"))
+		c->transport = JSTORE_UCX;
+	else if (!strcmp(t, "storage"))
+		c->transport = JSTORE_STORAGE;
+	else if (!strcmp(t, "both"))
+		c->transport = JSTORE_BOTH;
+	else
+		return snprintf(err, errlen, "transport \"%s\" unknown (ucx, storage, both)", t), -1;
+	if (c->transport == JSTORE_UCX)
+		return 0;
+	if (!rq->storage_root || rq->storage_root[0] != '/' ||
+	    strlen(rq->storage_root) >= sizeof(c->root) - 256)
+		return snprintf(err, errlen, "transport %s needs storage_root, an absolute path", t), -1;
+	snprintf(c->root, sizeof(c->root), "%s", rq->storage_root);
+	if (!strcmp(role, "reader"))
+		c->reader = 1;
+	else if (strcmp(role, "writer"))
+		return snprintf(err, errlen, "storage_role \"%s\" unknown (writer, reader)", role), -1;
+	if (c->reader && c->transport != JSTORE_STORAGE)
+		return snprintf(err, errlen, "a reader job takes transport storage, not %s", t), -1;
+	if ((c->watch_mode = dts_watch_mode_parse(watch)) < 0)
+		return snprintf(err, errlen, "storage_watch \"%s\" unknown (inotify, poll)", watch), -1;
+	c->keyframe_every = rq->keyframe_every ? rq->keyframe_every : DEF_KEYFRAME_EVERY;
+	c->keep_versions = rq->keep_versions ? rq->keep_versions : DEF_KEEP_VERSIONS;
+	c->keep_keyframes = rq->keep_keyframes ? rq->keep_keyframes : DEF_KEEP_KEYFRAMES;
+	if (c->keyframe_every > 1000000 || c->keep_versions > 1000000 || c->keep_keyframes > 1000)
+		return snprintf(err, errlen, "keyframe_every, keep_versions or keep_keyframes out of "
+				"range"), -1;
+	return 0;
+}
+
+int jstore_same_job(const struct job *j, const struct jstore_cfg *b)
+{
+	const struct jstore_cfg *a = j->store ? &j->store->cfg : NULL;
+
+	if (!a)
+		return b->transport == JSTORE_UCX;
+	return a->transport == b->transport && a->reader == b->reader &&
+	       !strcmp(a->root, b->root) && a->keyframe_every == b->keyframe_every &&
+	       a->keep_versions == b->keep_versions && a->keep_keyframes == b->keep_keyframes;
+}
+
+int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
+			    size_t errlen)
+{
+	int64_t off = 0;
+
+	dte_layout_init(l, DTE_LAYOUT_SINK, spec->hash);
+	snprintf(l->desc, sizeof(l->desc), "%s", JSTORE_CANON_LAYOUT);
+	for (uint32_t t = 0; t < spec->n; t++) {
+		const struct dte_spec_tensor *st = &spec->t[t];
+		struct dte_piece p;
+		int64_t s = 1;
+
+		memset(&p, 0, sizeof(p));
+		p.tensor = t;
+		p.ndim = st->ndim;
+		p.offset = off;
+		for (int d = (int)st->ndim - 1; d >= 0; d--) {
+			p.hi[d] = st->shape[d];
+			p.stride[d] = s;
+			s *= st->shape[d];
+		}
+		if (dte_layout_add_piece(l, &p) < 0)
+			goto oom;
+		off += st->numel;
+	}
+	if (dte_layout_add_buffer(l, 0, 0, off, "canonical") < 0)
+		goto oom;
+	l->nranks = 1;
+	dte_layout_sort_buffers(l);
+	return 0;
+oom:
+	dte_layout_fini(l);
+	snprintf(err, errlen, "out of memory");
+	return -1;
+}
+
+int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
+{
+	const struct jstore *s = j->store;
+
+	if (!s)
+		return 0;
+	if (s->cfg.reader && role == JROLE_SOURCE)
+		return snprintf(err, errlen, "job %s reads from storage: sources attach to the "
+				"writer's job on their own cluster", j->name), -1;
+	if (!s->cfg.reader && s->cfg.transport == JSTORE_STORAGE && role == JROLE_SINK)
+		return snprintf(err, errlen, "job %s writes to storage only: sinks attach to a reader "
+				"job (storage_role reader) or the job uses transport both", j->name), -1;
+	return 0;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static struct jhist *hist_add(struct job *j, uint64_t version)
+{
+	struct jhist *h = &j->hist[j->nhist % JOB_HISTORY];
+
+	memset(h, 0, sizeof(*h));
+	h->version = version;
+	j->nhist++;
+	return h;
+}
+
+static void unravel(const struct dte_spec_tensor *t, uint64_t idx, int64_t *c)
+{
+	for (int d = (int)t->ndim - 1; d >= 0; d--) {
+		c[d] = (int64_t)(idx % (uint64_t)t->shape[d]);
+		idx /= (uint64_t)t->shape[d];
+	}
+}
+
+/* Every version of [from, to] into flat, starting from the newest keyframe
+ * at or before `to` (the library verifies each part it loads). */
+static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, size_t errlen)
+{
+	struct dts_catalog cat;
+	ssize_t k = -1;
+	int rc = -1;
+
+	if (dts_catalog_load(&cat, s->cfg.root, s->job->name, 0, err, errlen))
+		return -1;
+	for (size_t i = 0; i < cat.nv; i++)
+		if (cat.v[i].version <= to && cat.v[i].keyframe && !cat.v[i].bad)
+			k = (ssize_t)i;
+	if (k < 0) {
+		snprintf(err, errlen, "no readable keyframe at or before v%llu", (unsigned long long)to);
+		goto out;
+	}
+	for (size_t i = (size_t)k; i < cat.nv && cat.v[i].version <= to; i++) {
+		const struct dts_cat_version *cv = &cat.v[i];
+		int key = i == (size_t)k || cv->base < 0;
+		struct dts_version *v;
+
+		if (cv->version != cat.v[k].version + (i - (size_t)k)) {
+			snprintf(err, errlen, "v%llu missing in the chain from keyframe v%llu",
+				 (unsigned long long)(cat.v[k].version + (i - (size_t)k)),
+				 (unsigned long long)cat.v[k].version);
+			goto out;
+		}
+		if (dts_version_load(s->cfg.root, s->job->name, cv->version,
+				     key ? DTS_PART_KEYFRAME : DTS_PART_DELTA, &s->model, &v, err, errlen))
+			goto out;
+		for (uint32_t t = 0; t < v->ntensors && t < s->model.ntensors; t++) {
+			const struct dts_tensor_data *td = &v->t[t];
+
+			if (v->dense)
+				memcpy(flat + s->toff[t], td->val, s->numel[t] * sizeof(uint16_t));
+			else
+				for (uint64_t q = 0; q < td->count; q++)
+					flat[s->toff[t] + td->pos[q]] = td->val[q];
+		}
+		dts_version_free(v);
+		if (cv->version == to)
+			rc = 0;
+	}
+	if (rc)
+		snprintf(err, errlen, "v%llu is not committed", (unsigned long long)to);
+out:
+	dts_catalog_fini(&cat);
+	return rc;
+}
+
+/* ------------------------------------------------------------- writer */
+
+struct change {
+	uint64_t idx;
+	uint16_t val;
+};
+
+static int change_cmp(const void *a, const void *b)
+{
+	const struct change *x = a, *y = b;
+
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* What a staged version really changes in the mirror (flagged elements
+ * whose value did not move are dropped), in canonical order. */
+static int collect_changes(const struct jstore *s, const struct jstaged *st, struct change **out,
+			   size_t *nout)
+{
+	const uint16_t *m = s->mirror->ptr;
+	uint64_t total = s->toff[s->model.ntensors];
+	struct change *ch = NULL;
+	size_t n = 0, cap = 0;
+
+	for (size_t i = 0; i < st->n; i++) {
+		const struct jwrite *w = &st->w[i];
+		const struct dte_box_map *map = &w->map;
+
+		for (uint64_t k = 0; k < w->n; k++) {
+			uint64_t rel = w->dense ? k : w->pos[k], at = 0;
+			int64_t dst = map->dst_offset;
+
+			for (int d = (int)map->ndim - 1; d >= 0; d--) {
+				dst += (int64_t)(rel % (uint64_t)map->extent[d]) * map->dst_stride[d];
+				rel /= (uint64_t)map->extent[d];
+			}
+			if (dst < 0 || (uint64_t)dst >= total) {
+				free(ch);
+				return -1;
+			}
+			at = (uint64_t)dst;
+			if (m[at] == w->val[k])
+				continue;
+			if (n == cap) {
+				size_t nc = cap ? 2 * cap : 4096;
+				void *p = realloc(ch, nc * sizeof(*ch));
+
+				if (!p) {
+					free(ch);
+					return -1;
+				}
+				ch = p;
+				cap = nc;
+			}
+			ch[n].idx = at;
+			ch[n++].val = w->val[k];
+		}
+	}
+	if (n)
+		qsort(ch, n, sizeof(*ch), change_cmp);
+	*out = ch;
+	*nout = n;
+	return 0;
+}
+
+static void writer_commit(struct jstore *s, struct job *j, uint64_t version,
+			  const struct change *ch, size_t n, int nobase)
+{
+	const uint16_t *m = s->mirror->ptr;
+	unsigned flags = nobase ? DTS_BEGIN_NOBASE : 0;
+	uint64_t *pos = NULL;
+	uint16_t *val = NULL;
+	struct dts_gc_cfg gc = { s->cfg.keep_versions, s->cfg.keep_keyframes, READER_STALE_S, 0 };
+	struct dts_gc_result res;
+	struct jhist *h;
+	char err[512];
+	int rc, requested = dts_keyframe_take(s->cfg.root, j->name);
+
+	if (requested)
+		flags |= DTS_BEGIN_KEYFRAME;
+	if ((rc = dts_writer_begin(s->w, version, flags, err, sizeof(err))))
+		goto fail;
+	if (dts_writer_has_base(s->w) && n) {
+		size_t i = 0;
+
+		pos = malloc(n * sizeof(*pos));
+		val = malloc(n * sizeof(*val));
+		if (!pos || !val) {
+			snprintf(err, sizeof(err), "out of memory");
+			rc = DTS_ENOMEM;
+			goto fail;
+		}
+		for (uint32_t t = 0; t < s->model.ntensors && i < n; t++) {
+			size_t k = 0;
+
+			for (; i < n && ch[i].idx < s->toff[t + 1]; i++, k++) {
+				pos[k] = ch[i].idx - s->toff[t];
+				val[k] = ch[i].val;
+			}
+			if (k && (rc = dts_writer_put_sparse(s->w, t, pos, val, k, err, sizeof(err))))
+				goto fail;
+		}
+	}
+	if (dts_writer_needs_dense(s->w))
+		for (uint32_t t = 0; t < s->model.ntensors; t++)
+			if ((rc = dts_writer_put_dense(s->w, t, m + s->toff[t], err, sizeof(err))))
+				goto fail;
+	if ((rc = dts_writer_commit(s->w, err, sizeof(err))))
+		goto fail;
+	h = jhist_find(j, version);
+	if (h)
+		snprintf(h->note, sizeof(h->note), "storage: %zu changed%s", n,
+			 version % s->cfg.keyframe_every == 0 || requested || nobase ? ", keyframe" : "");
+	DLOG_D("job %s: storage v%llu committed: %zu changed%s", j->name,
+	       (unsigned long long)version, n, requested ? " (keyframe requested)" : "");
+	if (dts_gc(s->cfg.root, j->name, &gc, &res, err, sizeof(err)))
+		DLOG_W("job %s: storage gc: %s", j->name, err);
+	else if (res.removed || res.orphans_removed)
+		DLOG_I("job %s: storage gc removed %llu versions (%llu bytes), %llu leftovers; "
+		       "floor v%lld", j->name, (unsigned long long)res.removed,
+		       (unsigned long long)res.removed_bytes, (unsigned long long)res.orphans_removed,
+		       (long long)res.floor);
+	goto out;
+fail:
+	dts_writer_abort(s->w);
+	DLOG_E("job %s: storage v%llu not written (%s): %s", j->name, (unsigned long long)version,
+	       dts_strerror(rc), err);
+	if ((h = jhist_find(j, version)))
+		snprintf(h->note, sizeof(h->note), "storage write failed: %.60s", err);
+out:
+	free(pos);
+	free(val);
+}
+
+static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
+{
+	while (l->staged) {
+		const struct jstaged *st = l->staged;
+		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+		uint64_t version = st->version;
+		int all_dense = st->all_dense, known = s->mirror_known;
+		struct change *ch = NULL;
+		size_t n = 0;
+		char err[256];
+
+		if (collect_changes(s, st, &ch, &n) < 0) {
+			DLOG_E("job %s: storage v%llu: out of memory or a write outside the mirror",
+			       j->name, (unsigned long long)version);
+			known = 0;
+		}
+		rq.job = j->name;
+		rq.participant = l->info.id;
+		rq.version = version;
+		if (job_apply(s->owner, &rq, &rep, err, sizeof(err)) != DTE__STATUS__STATUS_OK) {
+			DLOG_E("job %s: storage v%llu: %s", j->name, (unsigned long long)version, err);
+			free(ch);
+			s->mirror_known = 0;
+			return;
+		}
+		if (!rep.checksum_ok) {
+			/* The sources repair the mirror densely at the next version. */
+			s->mirror_known = 0;
+		} else if (!known && !all_dense) {
+			DLOG_W("job %s: storage v%llu not written: the canonical copy is not known "
+			       "good before it (the next dense version repairs)", j->name,
+			       (unsigned long long)version);
+		} else {
+			writer_commit(s, j, version, ch, n, !known);
+			s->mirror_known = 1;
+		}
+		free(ch);
+	}
+}
+
+static int writer_start(struct jstore *s, struct job *j, char *err, size_t errlen)
+{
+	struct dts_writer_cfg wc;
+	struct jlocal *l = NULL;
+	uint64_t total = s->toff[s->model.ntensors], id;
+	int64_t head;
+	int fd;
+
+	memset(&wc, 0, sizeof(wc));
+	wc.root = s->cfg.root;
+	wc.job = j->name;
+	wc.model = s->model;
+	wc.keyframe_every = s->cfg.keyframe_every;
+	if (dts_writer_open(&s->w, &wc, err, errlen))
+		return -1;
+	/* The canonical copy lives in a sealed memfd like any sink's buffer. */
+	fd = memfd_create("dted-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 2 : 2)) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		snprintf(err, errlen, "canonical copy: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	s->owner = OWNER_BASE + ++owners;
+	if (dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16, "storage canonical",
+			     &id, err, errlen) < 0)
+		return -1;
+	s->mirror = dbuf_get(s->owner, id);
+	head = dts_writer_head(s->w);
+	s->mirror_known = 1;
+	if (head >= 0) {
+		char why[512];
+
+		if (rebuild(s, (uint64_t)head, s->mirror->ptr, why, sizeof(why)) < 0) {
+			DLOG_W("job %s: storage head v%lld unreadable (%s); the next version is a "
+			       "keyframe without base", j->name, (long long)head, why);
+			s->mirror_known = 0;
+		} else {
+			DLOG_N("job %s: storage resumes after v%lld", j->name, (long long)head);
+		}
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l || !(l->bufs = calloc(1, sizeof(*l->bufs))) ||
+	    !(l->buf_ids = calloc(1, sizeof(*l->buf_ids)))) {
+		if (l)
+			free(l->bufs);
+		free(l);
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	l->nbufs = 1;
+	l->bufs[0] = s->mirror;
+	dbuf_ref(s->mirror);
+	l->info.id = ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+	l->info.role = JROLE_SINK;
+	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
+	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
+	l->owner = s->owner;
+	l->covered = -1;
+	l->next = j->locals;
+	j->locals = l;
+	s->canon = l->info.id;
+	DLOG_N("job %s: storage writer on %s/%s (keyframe every %u, keep %u versions, %u "
+	       "keyframes), head v%lld", j->name, s->cfg.root, j->name, s->cfg.keyframe_every,
+	       s->cfg.keep_versions, s->cfg.keep_keyframes, (long long)head);
+	job_send_join(j);
+	return 0;
+}
+
+/* ------------------------------------------------------------- reader */
+
+static void rsink_free(struct rsink *rs)
+{
+	dte_layout_fini(&rs->lay);
+	free(rs->piece);
+	free(rs->slot);
+	free(rs->P);
+	free(rs->Pnew);
+	free(rs);
+}
+
+static struct rsink *rsink_new(struct job *j, struct jlocal *l)
+{
+	struct rsink *rs = calloc(1, sizeof(*rs));
+	char err[256];
+
+	if (!rs)
+		return NULL;
+	if (jlayout_build(j, JROLE_SINK, l->info.layout, l->info.rank, &rs->lay, err, sizeof(err))) {
+		DLOG_E("job %s: sink %llx: %s", j->name, (unsigned long long)l->info.id, err);
+		free(rs);
+		return NULL;
+	}
+	rs->piece = calloc(rs->lay.npieces + 1, sizeof(*rs->piece));
+	rs->slot = calloc(rs->lay.npieces + 1, sizeof(*rs->slot));
+	rs->P = calloc(l->nbufs + 1, sizeof(*rs->P));
+	rs->Pnew = calloc(l->nbufs + 1, sizeof(*rs->Pnew));
+	if (!rs->piece || !rs->slot || !rs->P || !rs->Pnew) {
+		rsink_free(rs);
+		return NULL;
+	}
+	for (size_t i = 0; i < rs->lay.npieces; i++) {
+		const struct dte_piece *p = &rs->lay.pieces[i];
+		size_t slot;
+
+		if (p->rank != l->info.rank || !jlocal_buf(l, p->buf, &slot) ||
+		    p->tensor >= j->spec.n)
+			continue;
+		rs->piece[rs->np] = i;
+		rs->slot[rs->np++] = slot;
+	}
+	rs->nslots = l->nbufs;
+	rs->id = l->info.id;
+	rs->need_dense = 1;
+	return rs;
+}
+
+/* The sinks list follows the job's local sinks. */
+static void sync_sinks(struct jstore *s, struct job *j)
+{
+	for (struct rsink **pp = &s->sinks; *pp;) {
+		struct jlocal *l = job_local(j, (*pp)->id);
+
+		if (!l) {
+			struct rsink *gone = *pp;
+
+			*pp = gone->next;
+			rsink_free(gone);
+		} else {
+			pp = &(*pp)->next;
+		}
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next) {
+		struct rsink *rs;
+
+		if (l->info.role != JROLE_SINK || !l->announced)
+			continue;
+		for (rs = s->sinks; rs && rs->id != l->info.id; rs = rs->next)
+			;
+		if (rs || !(rs = rsink_new(j, l)))
+			continue;
+		rs->next = s->sinks;
+		s->sinks = rs;
+	}
+}
+
+static struct dte_box_map piece_map(const struct dte_piece *p)
+{
+	struct dte_box_map m;
+
+	memset(&m, 0, sizeof(m));
+	m.ndim = p->ndim;
+	m.dst_offset = p->offset;
+	for (uint32_t d = 0; d < p->ndim; d++) {
+		m.extent[d] = p->hi[d] - p->lo[d];
+		m.dst_stride[d] = p->stride[d];
+	}
+	return m;
+}
+
+static struct jstaged *staged_new(size_t nw, size_t nslots)
+{
+	struct jstaged *st = calloc(1, sizeof(*st));
+
+	if (!st)
+		return NULL;
+	st->w = calloc(nw + 1, sizeof(*st->w));
+	st->expect = calloc(nslots + 1, sizeof(*st->expect));
+	st->covered = calloc(nslots + 1, 1);
+	if (!st->w || !st->expect || !st->covered) {
+		free(st->w);
+		free(st->expect);
+		free(st->covered);
+		free(st);
+		return NULL;
+	}
+	return st;
+}
+
+static void staged_drop(struct jstaged *st)
+{
+	for (size_t i = 0; i < st->n; i++) {
+		free(st->w[i].pos);
+		free(st->w[i].val);
+	}
+	free(st->w);
+	free(st->expect);
+	free(st->covered);
+	free(st->srcs);
+	free(st);
+}
+
+/* Dense: tv[t] holds every value of tensor t. */
+static struct jstaged *stage_dense(const struct job *j, const struct jlocal *l, struct rsink *rs,
+				   const uint16_t *const *tv)
+{
+	struct jstaged *st = staged_new(rs->np, rs->nslots);
+
+	if (!st)
+		return NULL;
+	memset(rs->Pnew, 0, rs->nslots * sizeof(*rs->Pnew));
+	for (size_t q = 0; q < rs->np; q++) {
+		const struct dte_piece *p = &rs->lay.pieces[rs->piece[q]];
+		const struct dte_spec_tensor *t = &j->spec.t[p->tensor];
+		struct jwrite *w = &st->w[st->n++];
+		int64_t idx[DTE_MAX_DIMS] = { 0 };
+		uint64_t vol = (uint64_t)dte_piece_volume(p), k = 0;
+		int last = (int)p->ndim - 1, d;
+
+		w->dst_slot = (uint32_t)rs->slot[q];
+		w->dense = 1;
+		w->map = piece_map(p);
+		w->n = vol;
+		st->covered[rs->slot[q]] = 1;
+		if (!vol)
+			continue;
+		if (!(w->val = malloc(vol * sizeof(*w->val)))) {
+			staged_drop(st);
+			return NULL;
+		}
+		for (;;) {
+			int64_t flat = 0, dst = p->offset;
+
+			for (d = 0; d < (int)p->ndim; d++) {
+				int64_t ts = 1;
+
+				for (int e = d + 1; e < (int)t->ndim; e++)
+					ts *= t->shape[e];
+				flat += (p->lo[d] + idx[d]) * ts;
+				dst += idx[d] * p->stride[d];
+			}
+			w->val[k] = tv[p->tensor][flat];
+			rs->Pnew[rs->slot[q]] += dtc_csum_term((uint64_t)dst, w->val[k]);
+			k++;
+			for (d = last; d >= 0 && ++idx[d] == p->hi[d] - p->lo[d]; d--)
+				idx[d] = 0;
+			if (d < 0)
+				break;
+		}
+	}
+	st->all_dense = 1;
+	for (size_t i = 0; i < rs->nslots; i++)
+		st->expect[i] = rs->Pnew[i];
+	return st;
+}
+
+/* Sparse: the changed canonical elements that fall in this rank's pieces. */
+static struct jstaged *stage_sparse(const struct job *j, const struct jlocal *l, struct rsink *rs,
+				    const struct dts_version *v, char *err, size_t errlen)
+{
+	struct jstaged *st = staged_new(rs->np, rs->nslots);
+
+	if (!st)
+		return snprintf(err, errlen, "out of memory"), NULL;
+	memcpy(rs->Pnew, rs->P, rs->nslots * sizeof(*rs->Pnew));
+	for (size_t q = 0; q < rs->np; q++) {
+		const struct dte_piece *p = &rs->lay.pieces[rs->piece[q]];
+		const struct dte_spec_tensor *t = &j->spec.t[p->tensor];
+		const struct dts_tensor_data *td = p->tensor < v->ntensors ? &v->t[p->tensor] : NULL;
+		const struct dbuf *b = l->bufs[rs->slot[q]];
+		const uint16_t *cur = b->ptr;
+		struct jwrite *w = &st->w[st->n++];
+		uint64_t n = 0;
+
+		w->dst_slot = (uint32_t)rs->slot[q];
+		w->map = piece_map(p);
+		st->covered[rs->slot[q]] = 1;
+		if (!td || !td->count)
+			continue;
+		w->pos = malloc(td->count * sizeof(*w->pos));
+		w->val = malloc(td->count * sizeof(*w->val));
+		if (!w->pos || !w->val) {
+			snprintf(err, errlen, "out of memory");
+			goto fail;
+		}
+		for (uint64_t k = 0; k < td->count; k++) {
+			int64_t c[DTE_MAX_DIMS], dst = p->offset, rel = 0;
+			int d, in = 1;
+
+			unravel(t, td->pos[k], c);
+			for (d = 0; d < (int)p->ndim && in; d++)
+				in = c[d] >= p->lo[d] && c[d] < p->hi[d];
+			if (!in)
+				continue;
+			for (d = 0; d < (int)p->ndim; d++) {
+				rel = rel * (p->hi[d] - p->lo[d]) + (c[d] - p->lo[d]);
+				dst += (c[d] - p->lo[d]) * p->stride[d];
+			}
+			if (dst < 0 || (uint64_t)dst >= b->length) {
+				snprintf(err, errlen, "tensor %u element %llu maps outside buffer %s",
+					 p->tensor, (unsigned long long)td->pos[k], b->name);
+				goto fail;
+			}
+			rs->Pnew[rs->slot[q]] += dtc_csum_term((uint64_t)dst, td->val[k]) -
+						 dtc_csum_term((uint64_t)dst, cur[dst]);
+			w->pos[n] = (uint64_t)rel;
+			w->val[n++] = td->val[k];
+		}
+		w->n = n;
+	}
+	for (size_t i = 0; i < rs->nslots; i++)
+		st->expect[i] = rs->Pnew[i];
+	return st;
+fail:
+	staged_drop(st);
+	return NULL;
+}
+
+static void reader_tick(struct jstore *s);
+
+static void on_timer(uv_timer_t *t)
+{
+	reader_tick(t->data);
+}
+
+static void on_watch(struct dts_watch *w)
+{
+	reader_tick(w->data);
+}
+
+static void timer_update(struct jstore *s)
+{
+	int want = s->job && s->staging >= 0;
+
+	if (want && !s->timer_on)
+		uv_timer_start(&s->timer, on_timer, APPLY_POLL_MS, APPLY_POLL_MS);
+	else if (!want && s->timer_on)
+		uv_timer_stop(&s->timer);
+	s->timer_on = want;
+}
+
+/* Every sink that had the staged version applied it (or went away). */
+static int reader_resolve(struct jstore *s, struct job *j)
+{
+	struct jhist *h = jhist_find(j, (uint64_t)s->staging);
+	char err[256];
+
+	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
+		struct jlocal *l = job_local(j, rs->id);
+
+		if (!rs->pending || !l)
+			continue;
+		if (l->applied < (uint64_t)s->staging)
+			return 0;
+		rs->pending = 0;
+		if (l->checksum_failures != rs->fails0) {
+			rs->need_dense = 1;
+			if (h)
+				h->failed++;
+			DLOG_W("job %s: sink %llx: storage v%lld failed its checksum; rebuilt "
+			       "densely at the next version", j->name, (unsigned long long)rs->id,
+			       (long long)s->staging);
+		} else {
+			memcpy(rs->P, rs->Pnew, rs->nslots * sizeof(*rs->P));
+			if (h)
+				h->ok++;
+		}
+	}
+	if (dts_reader_ack(s->r, (uint64_t)s->staging, err, sizeof(err)))
+		DLOG_W("job %s: storage: cannot record position v%lld: %s", j->name,
+		       (long long)s->staging, err);
+	s->staging = -1;
+	return 1;
+}
+
+static void reader_refused(struct jstore *s, struct job *j, int rc, const char *why)
+{
+	struct jhist *h = hist_add(j, (uint64_t)(dts_reader_position(s->r) + 1));
+
+	s->broken++;
+	j->refused++;
+	snprintf(s->error, sizeof(s->error), "%s: %.200s", dts_strerror(rc), why);
+	snprintf(h->note, sizeof(h->note), "refused: %.80s", s->error);
+	DLOG_W("job %s: storage version refused (%s): %s", j->name, dts_strerror(rc), why);
+}
+
+static void reader_tick(struct jstore *s)
+{
+	struct job *j = s->job;
+	struct dts_version *v = NULL;
+	uint16_t *flat = NULL;
+	const uint16_t **tv = NULL;
+	struct jhist *h;
+	char err[512];
+	int rc, staged = 0;
+
+	if (!j)
+		return;
+	sync_sinks(s, j);
+	if (s->staging >= 0 && !reader_resolve(s, j))
+		goto out;
+	if (!s->sinks)
+		goto out;
+	rc = dts_reader_next(s->r, &v, err, sizeof(err));
+	if (rc == DTS_EAGAIN)
+		goto out;
+	if (rc != DTS_OK) {
+		reader_refused(s, j, rc, err);
+		goto out;
+	}
+	tv = calloc(s->model.ntensors, sizeof(*tv));
+	if (!tv)
+		goto oom;
+	if (v->dense) {
+		for (uint32_t t = 0; t < s->model.ntensors; t++)
+			tv[t] = v->t[t].val;
+	} else {
+		for (struct rsink *rs = s->sinks; rs && !flat; rs = rs->next) {
+			if (!rs->need_dense)
+				continue;
+			flat = malloc(s->toff[s->model.ntensors] * sizeof(*flat) + 2);
+			if (!flat)
+				goto oom;
+			if (rebuild(s, v->version, flat, err, sizeof(err)) < 0) {
+				DLOG_W("job %s: storage: cannot rebuild v%llu for new or repaired sinks: "
+				       "%s", j->name, (unsigned long long)v->version, err);
+				free(flat);
+				flat = NULL;
+				break;
+			}
+			for (uint32_t t = 0; t < s->model.ntensors; t++)
+				tv[t] = flat + s->toff[t];
+		}
+	}
+	h = hist_add(j, v->version);
+	h->changed = v->changed;
+	h->bytes = v->stored;
+	h->elements = s->toff[s->model.ntensors];
+	h->t_captured = uv_hrtime();
+	j->published++;
+	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
+		struct jlocal *l = job_local(j, rs->id);
+		struct jstaged *st, **pp;
+		int dense = v->dense || rs->need_dense;
+
+		if (!l || (dense && !tv[0] && s->model.ntensors))
+			continue;	/* stays need_dense until a rebuild works */
+		st = dense ? stage_dense(j, l, rs, tv) : stage_sparse(j, l, rs, v, err, sizeof(err));
+		if (!st) {
+			DLOG_E("job %s: sink %llx: storage v%llu not staged: %s", j->name,
+			       (unsigned long long)rs->id, (unsigned long long)v->version,
+			       dense ? "out of memory" : err);
+			rs->need_dense = 1;
+			continue;
+		}
+		st->version = v->version;
+		for (pp = &l->staged; *pp; pp = &(*pp)->next)
+			;
+		*pp = st;
+		l->held = v->version;
+		rs->pending = 1;
+		rs->need_dense = 0;
+		rs->fails0 = l->checksum_failures;
+		h->sinks++;
+		if (dense)
+			h->dense++;
+		else
+			h->sparse++;
+		staged++;
+	}
+	if (v->dense)
+		snprintf(h->note, sizeof(h->note), "keyframe v%llu", (unsigned long long)v->version);
+	h->transfer_ms = job_ms_since(h->t_captured);
+	s->staging = (int64_t)v->version;
+	if (!staged)
+		reader_resolve(s, j);	/* nothing to wait for: move on */
+	job_check_waiters();
+	goto out;
+oom:
+	DLOG_E("job %s: storage: out of memory", j->name);
+out:
+	free(tv);
+	free(flat);
+	dts_version_free(v);
+	timer_update(s);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+	struct jstore *s = h->data;
+
+	if (--s->handles == 0)
+		free(s);
+}
+
+static void on_watch_closed(struct dts_watch *w)
+{
+	struct jstore *s = w->data;
+
+	if (--s->handles == 0)
+		free(s);
+}
+
+static int reader_start(struct jstore *s, struct job *j, char *err, size_t errlen)
+{
+	struct dts_reader_cfg rc;
+	const char *node = route_self_node();
+	int e;
+
+	memset(&rc, 0, sizeof(rc));
+	rc.root = s->cfg.root;
+	rc.job = j->name;
+	rc.name = dts_job_name_ok(node) ? node : "dted";
+	rc.model = s->model;
+	if (dts_reader_open(&s->r, &rc, err, errlen))
+		return -1;
+	s->staging = -1;
+	if (!jeng.loop)
+		return 0;	/* unit tests without a loop: ticks never run */
+	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0) {
+		snprintf(err, errlen, "timer: %s", uv_strerror(e));
+		return -1;
+	}
+	s->timer.data = s;
+	s->handles++;
+	{
+		char dir[4096 + 160];
+
+		snprintf(dir, sizeof(dir), "%s/%s", s->cfg.root, j->name);
+		if ((e = dts_watch_start(&s->watch, jeng.loop, dir, s->cfg.watch_mode, WATCH_MS,
+					 on_watch, s)) < 0) {
+			snprintf(err, errlen, "watching %s: %s", dir, uv_strerror(e));
+			return -1;
+		}
+		s->handles++;
+	}
+	DLOG_N("job %s: storage reader on %s/%s as \"%s\" (%s)", j->name, s->cfg.root, j->name,
+	       rc.name, s->cfg.watch_mode == DTS_WATCH_POLL ? "polling" : "inotify");
+	return 0;
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen)
+{
+	struct jstore *s;
+
+	if (cfg->transport == JSTORE_UCX)
+		return 0;
+	if (!(s = calloc(1, sizeof(*s))) ||
+	    !(s->toff = calloc(j->spec.n + 1, sizeof(*s->toff))) ||
+	    !(s->numel = calloc(j->spec.n + 1, sizeof(*s->numel)))) {
+		if (s)
+			free(s->toff);
+		free(s);
+		return snprintf(err, errlen, "out of memory"), -1;
+	}
+	s->cfg = *cfg;
+	s->job = j;
+	for (uint32_t t = 0; t < j->spec.n; t++) {
+		s->numel[t] = (uint64_t)j->spec.t[t].numel;
+		s->toff[t + 1] = s->toff[t] + s->numel[t];
+	}
+	s->model.spec_hash = j->spec.hash;
+	s->model.ntensors = j->spec.n;
+	s->model.numel = s->numel;
+	s->staging = -1;
+	j->store = s;
+	if (cfg->reader ? reader_start(s, j, err, errlen) :
+	    j->is_coord ? writer_start(s, j, err, errlen) : 0) {
+		jstore_free(j);
+		return -1;
+	}
+	return 0;
+}
+
+void jstore_free(struct job *j)
+{
+	struct jstore *s = j->store;
+
+	if (!s)
+		return;
+	j->store = NULL;
+	s->job = NULL;
+	if (s->w)
+		dts_writer_close(s->w);
+	if (s->owner)
+		dbuf_release_owner(s->owner);
+	dts_reader_close(s->r);
+	while (s->sinks) {
+		struct rsink *rs = s->sinks;
+
+		s->sinks = rs->next;
+		rsink_free(rs);
+	}
+	free(s->toff);
+	free(s->numel);
+	s->toff = NULL;
+	s->numel = NULL;
+	if (!s->handles) {
+		free(s);
+		return;
+	}
+	/* Freed once libuv closed every handle. */
+	if (s->handles == 2)
+		dts_watch_stop(&s->watch, on_watch_closed);
+	if (s->timer_on)
+		uv_timer_stop(&s->timer);
+	uv_close((uv_handle_t *)&s->timer, on_closed);
+}
+
+void jstore_sink_staged(struct job *j, struct jlocal *l)
+{
+	struct jstore *s = j->store;
+
+	if (s && s->w && l->info.id == s->canon)
+		writer_staged(s, j, l);
+}
+
+void jstore_info(const struct job *j, Dte__JobReply *rep)
+{
+	const struct jstore *s = j->store;
+
+	rep->transport = (char *)jstore_transport_name(s ? s->cfg.transport : JSTORE_UCX);
+	if (!s)
+		return;
+	rep->storage_root = (char *)s->cfg.root;
+	rep->storage_role = (char *)(s->cfg.reader ? "reader" : "writer");
+	rep->storage_head = s->w ? dts_writer_head(s->w) : s->r ? dts_reader_position(s->r) : -1;
+	rep->storage_broken = s->broken;
+	rep->storage_error = (char *)s->error;
+}

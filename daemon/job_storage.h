@@ -1,0 +1,72 @@
+/* daemon/job_storage.h — the storage transport of a job (docs/STORAGE.md):
+ * the sync engine on one side of a shared directory, daemon/storage on
+ * the other.
+ *
+ * Writer (transport storage or both, on the job's coordinator): a
+ * daemon-owned sink participant with the "canonical" layout (one BF16
+ * buffer holding every spec tensor row-major, back to back) joins the
+ * plan like any sink.  Sources capture into it with the engine's own
+ * sparse/dense rules, COUNTS/PAYLOAD and checksums; once a version is
+ * staged there it is applied and verified like any sink, the canonical
+ * delta (what really changed against the verified previous content) is
+ * written as chunks, a keyframe is added every N versions or on request,
+ * and the manifest is committed last; then retention runs.
+ *
+ * Reader (role reader, transport storage): local sink participants are
+ * fed from the directory instead of from sources: the newest keyframe,
+ * then every version in order, each fully verified by the library, mapped
+ * through the sink layout's pieces, staged for wait_staged/apply and
+ * checked after apply against a predicted checksum.
+ */
+#ifndef DTED_JOB_STORAGE_H
+#define DTED_JOB_STORAGE_H
+
+#include <stddef.h>
+#include "proto/dte.pb-c.h"
+
+struct job;
+struct jlocal;
+struct dte_spec;
+struct dte_layout;
+
+/* The sink layout of the writer's participant. */
+#define JSTORE_CANON_LAYOUT "canonical"
+
+struct jstore_cfg {
+	int      transport;        /* enum below */
+	int      reader;           /* role reader (else writer) */
+	char     root[4096];
+	uint32_t keyframe_every;
+	uint32_t keep_versions;
+	uint32_t keep_keyframes;
+	int      watch_mode;       /* enum dts_watch_mode */
+};
+
+enum { JSTORE_UCX = 0, JSTORE_STORAGE = 1, JSTORE_BOTH = 2 };
+
+/* Parse and check the storage fields of a JobCreate; -1 with the reason. */
+int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *cfg, char *err,
+		 size_t errlen);
+/* Whether the job has this configuration (idempotent create). */
+int jstore_same_job(const struct job *j, const struct jstore_cfg *c);
+const char *jstore_transport_name(int transport);
+
+/* After the job is linked: open the writer or reader.  -1 with the reason. */
+int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen);
+/* Before the job is freed (its locals are gone already). */
+void jstore_free(struct job *j);
+
+/* The canonical sink layout (rank 0, buffer 0). */
+int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
+			    size_t errlen);
+
+/* Whether a participant of this role may attach here; -1 with the reason. */
+int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
+
+/* job_sink.c: a version was staged for local sink l. */
+void jstore_sink_staged(struct job *j, struct jlocal *l);
+
+/* dtectl job */
+void jstore_info(const struct job *j, Dte__JobReply *rep);
+
+#endif
