@@ -37,7 +37,7 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job
-SYSTEM_TESTS += tests/system/sync_local.py
+SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py
 
 # Operations: the metrics registry and exposition; every dtectl command
 # against a real dted with real versions.

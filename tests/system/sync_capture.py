@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""Capture runs off dted's loop (docs/SYNC.md, "One version").
+
+One dted, a Megatron TP=1 source over ~47 M FP32 elements (θ/m/v placed
+where libdte's dte_layout_tensors says) and an SGLang TP=1 sink.  While the
+first (dense) publish is being captured, another client's `dtectl ping`
+and `dtectl status` must come back before the publish answer: ordering,
+not timing — the publish itself must take long enough (≥ 0.5 s) for the
+check to mean something, or the test fails as inconclusive.  The sink
+then applies the version and every sink element equals RNE(θ).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+B = os.environ.get("B", "build")
+if not os.path.isabs(B):
+    B = os.path.join(ROOT, B)
+os.environ["B"] = B
+
+
+def asan_reexec():
+    """A sanitized libdte.so needs the ASan runtime preloaded."""
+    if "asan" not in os.path.basename(B) or os.environ.get("DTE_SYNC_ASAN"):
+        return
+    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
+                        text=True).stdout.strip()
+    env = dict(os.environ, DTE_SYNC_ASAN="1", LD_PRELOAD=rt,
+               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+asan_reexec()
+
+import torch  # noqa: E402
+
+from dte import _lib, qwen3  # noqa: E402
+from dte.checks import Checks  # noqa: E402
+from dte.shm import Arena  # noqa: E402
+
+JOB, TOKEN = "capture-async", "t0k"
+# ~47 M source elements: vocab 8000 x 1024 twice (untied) + 2 layers.
+CFG = qwen3.make_config(None, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                        vocab_size=8000)
+CFG_TEXT = json.dumps(CFG)
+SRC, SINK = "megatron:tp=1", "sglang:tp=1"
+
+
+def dtectl(sock, *args):
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(B, "bin", "dtectl"), "--socket", sock] + list(args),
+                       capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stdout + r.stderr, time.monotonic() - t0
+
+
+def main():
+    c = Checks("sync-capture")
+    elems, pub = 0, []
+    tmp = tempfile.mkdtemp(prefix="dte-capture-")
+    sock = os.path.join(tmp, "dted.sock")
+    conf = os.path.join(tmp, "dted.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nnode_name = capture\nlog_level = info\n")
+    log = open(os.path.join(tmp, "dted.log"), "w+")
+    daemon = subprocess.Popen([os.path.join(B, "bin", "dted"), "--foreground", "--config", conf,
+                               "--socket", sock, "--peer-listen", "127.0.0.1:0"],
+                              stderr=log, stdout=log)
+    arenas = []
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        cli = _lib.Client(sock)
+        cli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
+        # Source: three arenas with every tensor where the layout puts it.
+        places = _lib.layout_tensors(CFG_TEXT, SRC, _lib.SOURCE, 0)
+        bufs = _lib.layout_buffers(CFG_TEXT, SRC, _lib.SOURCE, 0)
+        length = bufs[0][1]
+        specs = [(p.name, p.shape, "fp32", 4 * p.offset) for p in sorted(places, key=lambda p: p.offset)]
+        src = {k: Arena("cap-%s" % k, specs, min_size=4 * length)
+               for k in ("param", "exp_avg", "exp_avg_sq")}
+        arenas += list(src.values())
+        gen = torch.Generator().manual_seed(7)
+        for p in places:
+            src["param"].tensor(p.name).copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            src["exp_avg_sq"].tensor(p.name).fill_(1e-6)
+        ids = [cli.register_fd(src[k].fd, 0, length, _lib.FP32, k)
+               for k in ("param", "exp_avg", "exp_avg_sq")]
+        spart = cli.attach(JOB, TOKEN, _lib.SOURCE, SRC, 0, ids)
+        # Sink: one arena, one registered buffer per tensor.
+        sp = _lib.layout_tensors(CFG_TEXT, SINK, _lib.SINK, 0)
+        sink = Arena("cap-sink", [(p.name, p.shape, "bf16") for p in sorted(sp, key=lambda p: p.buffer)])
+        arenas.append(sink)
+        sids = []
+        for p in sorted(sp, key=lambda p: p.buffer):
+            loc = sink.loc(p.name)
+            sids.append(cli.register_fd(loc.fd, loc.offset, loc.nbytes // 2, _lib.BF16, p.name))
+        kpart = cli.attach(JOB, TOKEN, _lib.SINK, SINK, 0, sids)
+        elems = sum(b[1] for b in bufs[:1])
+        print("source elements %d (%.2f GB of θ/m/v)" % (elems, 12 * elems / 1e9))
+
+        groups = [{"lr": 1e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}] * 2
+        events = []
+        lock = threading.Lock()
+
+        def publish():
+            # The participant's own connection; nothing else uses cli meanwhile.
+            t0 = time.monotonic()
+            info = cli.publish(JOB, spart, 1, 1, groups)
+            with lock:
+                events.append(("publish", time.monotonic(), time.monotonic() - t0, info))
+
+        th = threading.Thread(target=publish)
+        th.start()
+        time.sleep(0.15)
+        for cmd in ("ping", "status"):
+            rc, out, dt = dtectl(sock, cmd)
+            c.check(rc == 0, "dtectl %s answered during the capture (%.3f s)" % (cmd, dt))
+            with lock:
+                events.append((cmd, time.monotonic(), dt, None))
+        th.join(120)
+        order = [e[0] for e in events]
+        pub = [e for e in events if e[0] == "publish"]
+        c.check(pub and pub[0][2] >= 0.5,
+                "the capture took long enough to test against (%.2f s >= 0.5 s)" %
+                (pub[0][2] if pub else -1))
+        c.check(order == ["ping", "status", "publish"],
+                "ping and status answered before the publish that started first: %s" % order)
+        # The answer says captured, and the version lands exactly.
+        v = cli.wait_staged(JOB, kpart, 60000)
+        r = cli.apply(JOB, kpart, v)
+        c.check(v == 1 and r["checksum_ok"], "version 1 staged and applied, checksum ok")
+        bad = 0
+        want = {}
+        for p in places:
+            want[p.name] = src["param"].tensor(p.name).to(torch.bfloat16)
+        # Spot-check through the HF names: embedding rows (same in both runtimes).
+        e_src = want["embedding.word_embeddings.weight"][:CFG["vocab_size"]]
+        e_dst = sink.tensor("model.embed_tokens.weight")[:CFG["vocab_size"]]
+        bad += int((e_src.view(torch.int16) != e_dst.view(torch.int16)).sum())
+        n_src = want["decoder.final_layernorm.weight"]
+        n_dst = sink.tensor("model.norm.weight")
+        bad += int((n_src.view(torch.int16) != n_dst.view(torch.int16)).sum())
+        del e_src, e_dst, n_src, n_dst, want
+        c.check(bad == 0, "sink embedding and final norm equal RNE(θ) (%d differ)" % bad)
+        cli.close()
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(20)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        for a in arenas:
+            try:
+                a.close()
+            except BufferError:
+                pass
+    c.finish(elements=elems, publish_s="%.2f" % (pub[0][2] if pub else -1))
+
+
+if __name__ == "__main__":
+    main()
