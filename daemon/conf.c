@@ -30,6 +30,7 @@ static const struct {
 	[DCONF_K_PEER_LISTEN_PORT] = { "peer", "listen_port" },
 	[DCONF_K_PEER_ADVERTISE_ADDRESS] = { "peer", "advertise_address" },
 	[DCONF_K_PEER_STAGING_SIZE] = { "peer", "staging_size" },
+	[DCONF_K_MAX_STAGED_VERSIONS] = { "daemon", "max_staged_versions" },
 };
 
 struct parse_ctx {
@@ -44,6 +45,7 @@ void dconf_defaults(struct dconf *c)
 	c->log_level = DLOG_NOTICE;
 	c->max_frame_bytes = 4u * 1024u * 1024u;
 	c->max_clients = 1024;
+	c->max_staged_versions = 8;
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
@@ -200,6 +202,12 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 		if (!parse_u64(v, 1, 65536, 0, &x))
 			return bad_value(p, key, v, "1..65536");
 		c->max_clients = (uint32_t)x;
+		return 1;
+	}
+	if (strcmp(key, "max_staged_versions") == 0) {
+		if (!parse_u64(v, 1, 4096, 0, &x))
+			return bad_value(p, key, v, "1..4096");
+		c->max_staged_versions = (uint32_t)x;
 		return 1;
 	}
 	if (strcmp(key, "allow_uids") == 0)
@@ -432,6 +440,7 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 		break;
 	case DCONF_K_MAX_FRAME_BYTES: snprintf(val, vlen, "%u", c->max_frame_bytes); break;
 	case DCONF_K_MAX_CLIENTS: snprintf(val, vlen, "%u", c->max_clients); break;
+	case DCONF_K_MAX_STAGED_VERSIONS: snprintf(val, vlen, "%u", c->max_staged_versions); break;
 	case DCONF_K_COMPUTE_BACKEND: snprintf(val, vlen, "%s", c->compute_backend); break;
 	case DCONF_K_NODE_NAME: snprintf(val, vlen, "%s", c->node_name); break;
 	case DCONF_K_METRICS_LISTEN:

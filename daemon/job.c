@@ -398,6 +398,11 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	return 0;
 }
 
+void job_set_max_staged(uint32_t n)
+{
+	jeng.max_staged = n;
+}
+
 static void job_free(struct job *j)
 {
 	while (j->locals) {

@@ -25,6 +25,10 @@ struct dreply;
 
 int  job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name);
 void job_fini(void);
+/* How many versions a sink may hold staged and unapplied (config
+ * max_staged_versions); past it its staging is dropped and its next
+ * version is dense (daemon/job_sink.c). */
+void job_set_max_staged(uint32_t n);
 
 /* A control connection closed: its participants detach, its waits end,
  * its buffers are released. */

@@ -240,6 +240,7 @@ struct jengine {
 	int timer_init, timer_on;
 	struct jwaiter *waiters;
 	struct jcap *inflight;    /* captures on workers */
+	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	/* Deferred control answers go here (dctl_reply unless a test sets it). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);

@@ -365,6 +365,43 @@ static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *s
 	}
 }
 
+/* A sink that never applies must not stage without bound.  Past
+ * max_staged_versions the staged chain goes: every version in it builds on
+ * the one before (a dense one starts a new chain, see try_stage), so
+ * dropping the oldest would leave a hole under all the rest; the sink
+ * falls back to what it applied and its sources are told (APPLIED
+ * refused), so their next version is dense.  Sparse versions in flight on
+ * the dropped ones are refused by the base check. */
+static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *newest)
+{
+	uint32_t cap = jeng.max_staged ? jeng.max_staged : JOB_MAX_STAGED_DEFAULT;
+	uint64_t *srcs, version = newest->version;
+	size_t n = 0, nsrcs = newest->nsrcs;
+	char why[160];
+
+	for (const struct jstaged *s = l->staged; s; s = s->next)
+		n++;
+	if (n <= cap)
+		return;
+	srcs = malloc((nsrcs ? nsrcs : 1) * sizeof(*srcs));
+	if (srcs)
+		memcpy(srcs, newest->srcs, nsrcs * sizeof(*srcs));
+	while (l->staged) {
+		struct jstaged *s = l->staged;
+
+		l->staged = s->next;
+		staged_free(s);
+	}
+	l->held = l->applied;
+	l->staging_drops++;
+	snprintf(why, sizeof(why), "%zu versions staged and none applied (max_staged_versions %u): "
+		 "staging dropped, next version dense", n, cap);
+	DLOG_W("job %s: sink %llx: %s", j->name, (unsigned long long)l->info.id, why);
+	if (srcs)
+		send_applied(j, l, version, srcs, nsrcs, DTEP__APPLY_RESULT__APPLY_REFUSED, why, 0);
+	free(srcs);
+}
+
 /* Stage whatever can be staged now, in version order. */
 static void try_stage(struct job *j, struct jlocal *l)
 {
@@ -443,6 +480,7 @@ static void try_stage(struct job *j, struct jlocal *l)
 		DLOG_D("job %s: sink %llx staged version %llu (%s)", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)st->version,
 		       st->all_dense ? "dense" : "sparse");
+		staging_cap(j, l, st);
 	}
 }
 

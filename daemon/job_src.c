@@ -566,6 +566,10 @@ static void cap_after(uv_work_t *w, int status)
 		else
 			publish_done(j, l, c);
 	}
+	if (c->rc == 0) {
+		jeng.scans += c->scans;
+		jeng.scan_entries += c->scan_entries;
+	}
 	for (size_t i = 0; i < c->nbufs; i++)
 		if (c->bufs[i])
 			dbuf_unref(c->bufs[i]);

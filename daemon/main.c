@@ -154,6 +154,8 @@ static void reload(void)
 	conf.n_allow_uids = nc.n_allow_uids;
 	memcpy(conf.allow_gids, nc.allow_gids, sizeof(conf.allow_gids));
 	conf.n_allow_gids = nc.n_allow_gids;
+	conf.max_staged_versions = nc.max_staged_versions;
+	job_set_max_staged(conf.max_staged_versions);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -298,6 +300,7 @@ int main(int argc, char **argv)
 		goto out_job;
 	}
 	srv.conn_gone = job_conn_gone;
+	job_set_max_staged(conf.max_staged_versions);
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
 	/* Off by default; a listener that cannot bind is logged, not fatal:

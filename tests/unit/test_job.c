@@ -28,6 +28,7 @@
 
 #define SRC_CONN 1
 #define SINK_CONN 2
+#define SINK2_CONN 3
 #define MAXB 64
 
 static uv_loop_t loop;
@@ -43,7 +44,8 @@ struct side {
 	uint64_t participant;
 };
 
-static struct side src, sink;
+static struct side src, sink, sink2;
+static uint32_t attach_replica;   /* replica of the next attach */
 
 static void spin(void)
 {
@@ -107,6 +109,7 @@ static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const c
 	rq.layout = (char *)desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
+	rq.replica = attach_replica;
 	assert_int_equal(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)), DTE__STATUS__STATUS_OK);
 	assert_true(deferred);
 	spin();
@@ -179,6 +182,23 @@ static int catch_reply(uint64_t conn, Dte__Response *resp)
 	return 0;
 }
 
+/* A lost message: records of `drop_type` for version `drop_version`
+ * (COUNTS, PAYLOAD, STAGED) never leave. */
+static Dtep__PeerMsgType drop_type;
+static uint64_t drop_version;
+
+static int drop_some(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *m)
+{
+	uint64_t v = type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS ? ((const Dtep__Counts *)m)->version :
+		     type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ? ((const Dtep__Payload *)m)->version :
+		     type == DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED ? ((const Dtep__Staged *)m)->version : 0;
+
+	if (type == drop_type && v >= drop_version && v < drop_version + 2)
+		return 1;
+	return drop_type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS &&
+	       type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && v == drop_version;
+}
+
 /* Runs the loop until the deferred answer number n came. */
 static void await_answer(int n)
 {
@@ -236,6 +256,18 @@ static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *re
 	return st;
 }
 
+static uint64_t staged_of(const struct side *k, uint64_t conn)
+{
+	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
+	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	char err[256];
+
+	rq.job = "tj";
+	rq.participant = k->participant;
+	assert_int_equal(job_query_version(conn, &rq, &rep, err, sizeof(err)), 0);
+	return rep.staged;
+}
+
 static uint64_t staged(void)
 {
 	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
@@ -248,23 +280,28 @@ static uint64_t staged(void)
 	return rep.staged;
 }
 
-static void apply_ok(uint64_t version)
+static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 {
 	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
 	char err[256];
 
 	rq.job = "tj";
-	rq.participant = sink.participant;
+	rq.participant = k->participant;
 	rq.version = version;
-	assert_int_equal(job_apply(SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(job_apply(conn, &rq, &rep, err, sizeof(err)), 0);
 	assert_int_equal(rep.version, version);
 	assert_true(rep.checksum_ok);
 	spin();
 }
 
+static void apply_ok(uint64_t version)
+{
+	apply_side_ok(&sink, SINK_CONN, version);
+}
+
 /* Every mapped sink element equals RNE(param) through C's own plan. */
-static void check_exact(void)
+static void check_exact_side(const struct side *ks)
 {
 	struct dte_layout sl, kl;
 	struct dte_plan plan;
@@ -285,9 +322,9 @@ static void check_exact(void)
 		for (size_t b = 0; b < src.n; b++)
 			if (src.layout_ids[b] == e->src_buf)
 				p = src.mem[b];
-		for (size_t b = 0; b < sink.n; b++)
-			if (sink.layout_ids[b] == e->sink_buf)
-				d = sink.mem[b];
+		for (size_t b = 0; b < ks->n; b++)
+			if (ks->layout_ids[b] == e->sink_buf)
+				d = ks->mem[b];
 		assert_non_null(p);
 		assert_non_null(d);
 		for (uint64_t q = 0; q < box; q++) {
@@ -309,6 +346,11 @@ static void check_exact(void)
 	dte_plan_fini(&plan);
 	dte_layout_fini(&sl);
 	dte_layout_fini(&kl);
+}
+
+static void check_exact(void)
+{
+	check_exact_side(&sink);
 }
 
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
@@ -521,6 +563,119 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(staged(), 8);
 	apply_ok(8);
 	check_exact();
+
+	/* The sink misses version 10 (COUNTS and PAYLOAD lost) while the
+	 * source believes it sent it: sparse 11 on base 10 reaches a sink at
+	 * 9, which refuses it and writes nothing; 12 is dense and exact. */
+	adamw_step(4, 44);
+	assert_int_equal(publish(9, 4, &pr), 0);
+	assert_int_equal(pr.dense, 0);
+	assert_int_equal(staged(), 9);
+	jeng.drop_send = drop_some;
+	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
+	drop_version = 10;
+	adamw_step(5, 55);
+	assert_int_equal(publish(10, 5, &pr), 0);
+	assert_int_equal(pr.dense, 0);
+	assert_int_equal(staged(), 9);
+	jeng.drop_send = NULL;
+	refused0 = j->refused;
+	snapshot(&snap);
+	adamw_step(6, 66);
+	assert_int_equal(publish(11, 6, &pr), 0);
+	assert_int_equal(pr.dense, 0);          /* the rule allows it: 9 was acknowledged */
+	assert_int_equal(staged(), 9);          /* ... and the sink refuses it */
+	assert_true(j->refused > refused0);
+	assert_true(unchanged(snap));
+	free(snap);
+	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	{
+		uint32_t sinks;
+
+		assert_int_equal(jsrc_wait_done(j, 11, &sinks, err, sizeof(err)), -1);
+	}
+	adamw_step(7, 77);
+	assert_int_equal(publish(12, 7, &pr), 0);
+	assert_int_equal(pr.dense, 1);
+	assert_int_equal(staged(), 12);
+	apply_ok(12);
+	check_exact();
+
+	/* At most one unacknowledged version under a sparse one: with the
+	 * STAGED of 13 and 14 lost, 14 may still build on 13 (12 was
+	 * acknowledged), 15 may not. */
+	jeng.drop_send = drop_some;
+	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED;
+	drop_version = 13;
+	adamw_step(8, 88);
+	assert_int_equal(publish(13, 8, &pr), 0);
+	assert_int_equal(pr.dense, 0);
+	adamw_step(9, 99);
+	assert_int_equal(publish(14, 9, &pr), 0);
+	assert_int_equal(pr.dense, 0);
+	adamw_step(10, 100);
+	assert_int_equal(publish(15, 10, &pr), 0);
+	assert_int_equal(pr.dense, 1);
+	jeng.drop_send = NULL;
+	assert_int_equal(staged(), 15);
+	apply_ok(15);
+	check_exact();
+
+	/* A second replica of the same sink layout: every entry of the two
+	 * pairs reads the same source box, so each detection is scanned once
+	 * for both, and both land exact. */
+	side_register(&sink2, SINK2_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach_replica = 1;
+	attach(&sink2, SINK2_CONN, "sink", "sglang:tp=1");
+	attach_replica = 0;
+	adamw_step(11, 111);
+	assert_int_equal(publish(16, 11, &pr), 0);
+	assert_int_equal(pr.sinks, 2);
+	assert_int_equal(pr.dense, 1);          /* the new replica starts dense */
+	apply_side_ok(&sink2, SINK2_CONN, 16);
+	apply_ok(16);
+	{
+		uint64_t scans0 = jeng.scans, served0 = jeng.scan_entries;
+		size_t entries = job_pair(j, src.participant, sink.participant)->n;
+
+		adamw_step(12, 122);
+		assert_int_equal(publish(17, 12, &pr), 0);
+		assert_int_equal(pr.dense, 0);
+		assert_int_equal(jeng.scan_entries - served0, 2 * entries);
+		assert_true(jeng.scans - scans0 <= entries);
+		assert_int_equal(jeng.scan_entries - served0, 2 * (jeng.scans - scans0));
+	}
+	apply_ok(17);
+	apply_side_ok(&sink2, SINK2_CONN, 17);
+	check_exact();
+	check_exact_side(&sink2);
+
+	/* A sink that never applies: past max_staged_versions its staging
+	 * goes, its sources hear so, and its next version is dense; the other
+	 * replica keeps applying sparse. */
+	jeng.max_staged = 3;
+	for (uint64_t v = 18; v <= 21; v++) {
+		adamw_step((int64_t)v - 5, (unsigned)v);
+		assert_int_equal(publish(v, (int64_t)v - 5, &pr), 0);
+		assert_int_equal(pr.dense, 0);
+		apply_side_ok(&sink2, SINK2_CONN, v);
+	}
+	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
+	assert_int_equal(job_local(j, sink.participant)->staging_drops, 1);
+	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	adamw_step(17, 222);
+	assert_int_equal(publish(22, 17, &pr), 0);
+	assert_int_equal(pr.dense, 1);          /* for the sink that dropped */
+	assert_int_equal(pr.sinks, 2);
+	assert_int_equal(staged(), 22);
+	apply_ok(22);
+	apply_side_ok(&sink2, SINK2_CONN, 22);
+	check_exact();
+	check_exact_side(&sink2);
+	jeng.max_staged = 0;
+	assert_int_equal(staged_of(&sink2, SINK2_CONN), 22);
+	job_conn_gone(SINK2_CONN);
+	spin();
 
 	/* Connections go: participants leave, buffers are released. */
 	job_conn_gone(SINK_CONN);
