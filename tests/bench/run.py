@@ -12,10 +12,13 @@ figure:
     bench memory daemon_peak_mb=A snapshot_mb=B reduction=P
 A figure that cannot run here (no root for namespaces) says so on its line.
 Environment: B (build dir), BENCH_LINKS (e.g. "1,10,100"), BENCH_NO_DOC=1.
+The raw results go to $B/bench-results.json; `run.py --report FILE` renders
+the doc again from such a file.
 """
 
 import datetime
 import inspect
+import json
 import os
 import platform
 import statistics
@@ -75,6 +78,12 @@ def scan(n):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--report":
+        # Re-render the doc from a saved run (no new measurements).
+        with open(sys.argv[2]) as f:
+            res = json.load(f)
+        report.write(res, ROOT)
+        return
     links = [int(x) for x in os.environ.get("BENCH_LINKS", "1,10,100").split(",")]
     res = {"machine": machine(), "links": links}
     n = bench_e2e.model_elements()
@@ -120,6 +129,8 @@ def main():
     lines = summary(res)
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
+    with open(os.path.join(B, "bench-results.json"), "w") as f:
+        json.dump(res, f, indent=1)
     if not os.environ.get("BENCH_NO_DOC"):
         report.write(res, ROOT)
         log("wrote docs/BENCHMARKS.md and docs/bench-*.png")
