@@ -362,10 +362,36 @@ static int cmd_plan(struct ctx *c)
 	return rc;
 }
 
-/* storage needs no daemon either: dte-storage's code, same arguments. */
+/* `storage ls|gc|verify|keyframe JOB`: a job the daemon knows with the
+ * storage transport names its root; NULL when it does not. */
+static char *storage_root_of(struct ctx *c, const char *job)
+{
+	Dte__Request req = DTE__REQUEST__INIT;
+	Dte__JobRequest jr = DTE__JOB_REQUEST__INIT;
+	Dte__Response *resp = NULL;
+	char *root = NULL;
+	dte_t *h;
+
+	if (dte_connect(c->socket, &h) < 0)
+		return NULL;
+	jr.name = (char *)job;
+	req.cmd_case = DTE__REQUEST__CMD_JOB;
+	req.job = &jr;
+	if (dte__call(h, &req, &resp) == 0 && resp->body_case == DTE__RESPONSE__BODY_JOB &&
+	    resp->job->storage_root && resp->job->storage_root[0])
+		root = strdup(resp->job->storage_root);
+	if (resp)
+		dte__response__free_unpacked(resp, NULL);
+	dte_close(h);
+	return root;
+}
+
+/* storage needs no daemon either: dte-storage's code, same arguments;
+ * `ls|gc|verify|keyframe JOB` (no ROOT) asks the daemon for the root. */
 static int cmd_storage(struct ctx *c)
 {
-	char **av = calloc((size_t)c->argc + 3, sizeof(*av));
+	char **av = calloc((size_t)c->argc + 4, sizeof(*av));
+	char *root = NULL;
 	int ac = 0, rc;
 
 	if (!av)
@@ -373,9 +399,18 @@ static int cmd_storage(struct ctx *c)
 	av[ac++] = "storage";
 	if (c->json)
 		av[ac++] = "--json";
-	for (int i = 0; i < c->argc; i++)
+	if (c->argc >= 2 && c->argv[1][0] != '/' && c->argv[1][0] != '.' &&
+	    (c->argc == 2 || c->argv[2][0] == '-') &&
+	    (!strcmp(c->argv[0], "ls") || !strcmp(c->argv[0], "gc") ||
+	     !strcmp(c->argv[0], "verify") || !strcmp(c->argv[0], "keyframe")))
+		root = storage_root_of(c, c->argv[1]);
+	for (int i = 0; i < c->argc; i++) {
+		if (i == 1 && root)
+			av[ac++] = root;
 		av[ac++] = c->argv[i];
+	}
 	rc = dte_storage_cli(ac, av);
+	free(root);
 	free(av);
 	return rc;
 }

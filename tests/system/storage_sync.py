@@ -359,9 +359,8 @@ def main():
             c.check(int(after.get("storage_broken", 0)) == int(before.get("storage_broken", 0)) + 1
                     and reason in err.lower(), "%s of v%d refused: %s" % (what, v, err))
             c.check(rb.nothing_staged(100) is None, "%s: nothing of v%d staged" % (what, v))
-            r = subprocess.run([os.path.join(B, "bin", "dte-storage"), "keyframe", store, JOB],
-                               capture_output=True, text=True)
-            c.check(r.returncode == 0, "keyframe requested: %s" % r.stdout.strip())
+            r = a.ctl("storage", "keyframe", JOB)    # the daemon knows the root
+            c.check(r.returncode == 0, "keyframe requested: %s%s" % (r.stdout.strip(), r.stderr))
             v = publish_next(w)
             c.check(storage_ls(store).get("versions", [{}])[-1].get("kind") == "keyframe",
                     "v%d is the requested keyframe" % v)
@@ -405,6 +404,12 @@ def main():
         readers = {r["name"]: r["version"] for r in ls.get("readers", [])}
         c.check(readers.get("grp-b") == state["version"] and readers.get("grp-c") == state["version"],
                 "readers' positions registered: %s" % readers)
+        r = b.ctl("storage", "ls", JOB)
+        c.check(r.returncode == 0 and ("v%d" % state["version"]) in r.stdout and "grp-c" in r.stdout,
+                "dtectl storage ls JOB on a reader daemon: %s" % (r.stdout + r.stderr)[-300:])
+        r = a.ctl("storage", "gc", JOB, "--keep", str(KEEP), "--keep-keyframes", str(KEEP_KEYS))
+        c.check(r.returncode == 0 and "gc: floor=" in r.stdout, "dtectl storage gc JOB: %s" % (
+            r.stdout + r.stderr).strip())
         ja = json.loads(a.ctl("--json", "job", JOB).stdout or "{}")
         c.check(ja.get("storage_role") == "writer" and int(ja.get("storage_head", -1)) ==
                 state["version"], "dtectl job on A: writer head v%s" % ja.get("storage_head"))
@@ -424,6 +429,8 @@ def main():
         for d in daemons:
             rcs.append(d.stop())
         c.check(all(x in (0, -9) for x in rcs[-3:]), "daemons exit cleanly (%s)" % rcs)
+        c.check(not any("AddressSanitizer" in d.text() or "runtime error" in d.text()
+                        for d in daemons), "no sanitizer report in any daemon log")
         if c.passed != c.total:
             for d in daemons[-3:]:
                 print("--- %s log (tail) ---\n%s" % (d.name, "\n".join(d.text().splitlines()[-25:])))
