@@ -40,14 +40,16 @@ static struct {
 	enum fault fault;
 	uint64_t first, period;
 	uv_loop_t *loop;
-	uv_timer_t timer;
-	int timer_init;
 	int dying;
 	uint64_t seen_version;   /* counts hits within one version */
 	unsigned seen;
 	uint64_t corrupted;      /* last version corrupted (once each) */
 	struct held *held;
 } th;
+
+/* Outside th: th is reset at init, a handle the loop knows must not be. */
+static uv_timer_t timer;
+static int timer_init;
 
 static int version_hit(uint64_t v)
 {
@@ -141,7 +143,10 @@ int testhook_init(uv_loop_t *loop)
 	char *end;
 	size_t i, n;
 
+	held_free(th.held);
 	memset(&th, 0, sizeof(th));
+	if (timer_init)
+		uv_timer_stop(&timer);   /* a second init reuses it */
 	if (!env || !*env)
 		return 0;
 	at = strchr(env, '@');
@@ -156,16 +161,23 @@ int testhook_init(uv_loop_t *loop)
 		return 0;
 	}
 	th.first = strtoull(at + 1, &end, 10);
-	if (*end == '/')
-		th.period = strtoull(end + 1, &end, 10);
-	if (*end || !th.first) {
+	if (*end == '/') {
+		const char *p = end + 1;
+
+		th.period = strtoull(p, &end, 10);
+		if (end == p || !th.period)
+			end = (char *)p - 1;   /* "V/" or "V/0": refuse below */
+	}
+	if (*end || !th.first || at[1] < '0' || at[1] > '9') {
 		DLOG_W("test hook: ignoring DTE_TEST_HOOK=\"%s\" (bad version)", env);
 		th.fault = F_NONE;
 		return 0;
 	}
-	if (uv_timer_init(loop, &th.timer) < 0)
-		return -1;
-	th.timer_init = 1;
+	if (!timer_init) {
+		if (uv_timer_init(loop, &timer) < 0)
+			return -1;
+		timer_init = 1;
+	}
 	th.loop = loop;
 	DLOG_W("test hook armed: %s", env);
 	return 0;
@@ -176,10 +188,10 @@ void testhook_fini(void)
 	/* Shutting down: the engine is going away, so drop rather than deliver. */
 	held_free(th.held);
 	th.held = NULL;
-	if (th.timer_init) {
-		uv_timer_stop(&th.timer);
-		uv_close((uv_handle_t *)&th.timer, NULL);
-		th.timer_init = 0;
+	if (timer_init) {
+		uv_timer_stop(&timer);
+		uv_close((uv_handle_t *)&timer, NULL);
+		timer_init = 0;
 	}
 	th.fault = F_NONE;
 }
@@ -210,7 +222,7 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
 	       th.fault == F_DIE_COUNTS ? "die-in-counts" : "die-in-payload",
 	       (unsigned long long)v);
 	th.dying = 1;
-	uv_timer_start(&th.timer, on_timer, 300, 0);
+	uv_timer_start(&timer, on_timer, 300, 0);
 	return 1;
 }
 
@@ -235,7 +247,7 @@ static int hold(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, si
 		memcpy(h->data, data, len);
 	h->len = len;
 	th.held = h;
-	uv_timer_start(&th.timer, on_timer, 50, 0);
+	uv_timer_start(&timer, on_timer, 50, 0);
 	return 1;
 }
 
@@ -248,7 +260,7 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 		return 0;
 	if (th.fault == F_REORDER && th.held) {
 		/* The newcomer overtakes the held record. */
-		uv_timer_stop(&th.timer);
+		uv_timer_stop(&timer);
 		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
 		held_flush();
 		return 1;

@@ -3,6 +3,7 @@
 # `make test`); a one-trial smoke of the same matrix is a system test.
 .PHONY: test-faults soak valgrind
 
+UNIT_TESTS   += test_testhook
 SYSTEM_TESTS += tests/faults/faults_smoke.sh tests/system/isolation.py
 
 test-faults: all
