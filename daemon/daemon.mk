@@ -47,3 +47,4 @@ SYSTEM_TESTS += tests/system/ops.py
 # Two groups of daemons that share only a directory: a trainer's group
 # writes, SGLang sinks' groups read (tests/system/storage_sync.py).
 SYSTEM_TESTS += tests/system/storage_sync.py
+UNIT_TESTS   += test_job_storage
