@@ -36,6 +36,23 @@ struct dtc_backend_ops {
 	/* Milliseconds of device time for `iters` copies of `bytes` (bench). */
 	int (*time_copy)(void *dst, const void *src, uint64_t bytes, int iters, double *ms);
 	void (*fini)(void);
+
+	/* --- ABI 2: the engine's GPU path (NULL for host backends) --- */
+	/* Σ mix(dst index, dst[dst index]) over the box: a sink's content where
+	 * the entry writes, checked after apply. */
+	int (*checksum_box)(const struct dte_box_map *e, const uint16_t *dst, uint64_t *sum);
+	/* Map another process's allocation from its cudaIpcMemHandle (`len`
+	 * bytes): *base its first byte, *bytes its size, so registrations can
+	 * be checked against it.  A handle already open yields the same mapping
+	 * with one more reference; ipc_close drops one. */
+	int (*ipc_open)(const void *handle, uint64_t len, void **base, uint64_t *bytes);
+	int (*ipc_close)(void *base);
+	/* An interprocess event (cudaIpcEventHandle): open (shared and counted
+	 * like memory handles), make every later op wait for its latest record,
+	 * close. */
+	int (*event_open)(const void *handle, uint64_t len, void **ev);
+	int (*event_wait)(void *ev);
+	void (*event_close)(void *ev);
 };
 
 struct dtc_backend {

@@ -9,7 +9,7 @@
 
 #include "gpu/backend_ops.h"
 
-#define DTC_PLUGIN_ABI		1
+#define DTC_PLUGIN_ABI		2	/* 2: checksum_box, IPC memory and events */
 #define DTC_PLUGIN_SYMBOL	"dtc_cuda_plugin_open"
 #define DTC_PLUGIN_FILE		"dte-cuda.so"
 

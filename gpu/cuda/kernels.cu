@@ -3,13 +3,29 @@
  * Same element math as the cpu backend (gpu/elem.h, built with
  * --fmad=false), so outputs match it bit for bit.  Detect is two passes
  * like the cpu one: scan writes the changed bitmap (a warp's ballot is one
- * 32-bit half of a bitmap word, so no two warps share a word) and the
- * count; sparse_from_bitmap prefix-sums per-word populations (cub) and each
- * set bit writes its output slot, so the output is sorted and deterministic.
- * Every op is synchronous on the legacy default stream for now. */
+ * 32-bit half of a bitmap word, so no two warps share a word and no store
+ * needs an atomic) and the count; sparse_from_bitmap prefix-sums per-word
+ * populations (cub) and each word's thread writes its run of output slots,
+ * so the output is sorted and deterministic.
+ *
+ * Every op runs on the legacy default stream and returns once its results
+ * are usable by the caller (host outputs copied back, device outputs
+ * complete), so a caller never needs a sync of its own.  Small scratch
+ * (counters, per-word counts, cub's temp) is kept per process and only
+ * grows: cudaMalloc/cudaFree per call cost more than a 2^28-element scan's
+ * kernels (cudaFree synchronises the whole device).  A mutex guards it;
+ * ops are synchronous anyway.
+ *
+ * The engine's GPU path (daemon/job_cuda.c) also needs CUDA IPC: opened
+ * memory handles are cached by handle and reference-counted, because a
+ * process may open a given handle only once and torch hands out one handle
+ * per caching-allocator segment, shared by every tensor inside it. */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <cub/device/device_scan.cuh>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "gpu/plugin.h"
 #include "gpu/compute.h"
@@ -33,15 +49,47 @@ static uint64_t box_size_h(const struct dte_box_map *e)
 	return n;
 }
 
-static int check(cudaError_t e)
+static int cu_err(cudaError_t e)
 {
-	if (e == cudaSuccess)
-		e = cudaDeviceSynchronize();
 	if (e != cudaSuccess) {
 		fprintf(stderr, "dte-cuda: %s\n", cudaGetErrorString(e));
 		return DTC_EDEVICE;
 	}
 	return DTC_OK;
+}
+
+/* Launch errors now, execution errors once the stream drained. */
+static int check(cudaError_t e)
+{
+	if (e == cudaSuccess)
+		e = cudaDeviceSynchronize();
+	return cu_err(e);
+}
+
+/* Process-wide scratch, grow-only; hold `lk` while using it. */
+enum { SCR_SMALL, SCR_WC, SCR_OFF, SCR_TMP, SCR_N };
+static struct {
+	void *p[SCR_N];
+	size_t len[SCR_N];
+} scr;
+static pthread_mutex_t lk = PTHREAD_MUTEX_INITIALIZER;
+
+static void *scratch(int slot, size_t bytes)
+{
+	void *p;
+
+	if (bytes <= scr.len[slot])
+		return scr.p[slot];
+	if (bytes < 2 * scr.len[slot])
+		bytes = 2 * scr.len[slot];
+	if (cudaMalloc(&p, bytes) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	cudaFree(scr.p[slot]);
+	scr.p[slot] = p;
+	scr.len[slot] = bytes;
+	return p;
 }
 
 /* Source / destination index of box position p (row-major over extent). */
@@ -75,6 +123,29 @@ __device__ __forceinline__ int64_t dst_of(const struct dte_box_map &e, uint64_t 
 	return idx;
 }
 
+/* dtc_adamw_flag() with the variant fixed at compile time. */
+template <int VARIANT>
+__device__ __forceinline__ int flag_of(const struct dtc_consts &k, float ps, float ms, float vs)
+{
+	if (dtc_adamw_quiet(&k, ps, ms, vs))
+		return 0;
+	return dtc_adamw_changed_u(&k, ps, VARIANT == DTC_VARIANT_FUSED ? dtc_adamw_u_fused(&k, ms, vs)
+									: dtc_adamw_u_torch(&k, ms, vs));
+}
+
+/* Store one 32-bit half of a bitmap word; `base` is its first position. */
+__device__ __forceinline__ unsigned put_bits(uint32_t *bitmap, uint64_t base, uint64_t size,
+					     unsigned bits, int mode)
+{
+	unsigned valid = size - base >= 32 ? 0xffffffffu : (1u << (unsigned)(size - base)) - 1;
+
+	if (mode == DTC_SCAN_OR)
+		bits |= bitmap[base / 32] & valid;
+	bitmap[base / 32] = bits;
+	return (unsigned)__popc(bits);
+}
+
+/* Any box: one element per thread, a warp's ballot is one 32-bit half. */
 template <int VARIANT>
 __global__ void scan_kernel(struct dte_box_map e, struct dtc_consts k, const float *__restrict__ p,
 			    const float *__restrict__ m, const float *__restrict__ v,
@@ -90,29 +161,80 @@ __global__ void scan_kernel(struct dte_box_map e, struct dtc_consts k, const flo
 
 		if (i < size) {
 			int64_t s = src_of(e, i);
-			float ps = p[s], ms = m[s], vs = v[s];
 
-			if (!dtc_adamw_quiet(&k, ps, ms, vs)) {
-				float u = VARIANT == DTC_VARIANT_FUSED ? dtc_adamw_u_fused(&k, ms, vs)
-								       : dtc_adamw_u_torch(&k, ms, vs);
-
-				f = dtc_adamw_changed_u(&k, ps, u);
-			}
+			f = flag_of<VARIANT>(k, p[s], m[s], v[s]);
 		}
 		bits = __ballot_sync(0xffffffffu, f);
-		if (lane == 0) {
-			uint64_t base = i - lane;
-			unsigned valid = size - base >= 32 ? 0xffffffffu
-							   : (1u << (unsigned)(size - base)) - 1;
-
-			if (mode == DTC_SCAN_OR)
-				bits |= bitmap[i / 32] & valid;
-			bitmap[i / 32] = bits;
-			local += __popc(bits);
-		}
+		if (lane == 0)
+			local += put_bits(bitmap, i, size, bits, mode);
 	}
 	if (lane == 0 && local)
 		atomicAdd(count, (unsigned long long)local);
+}
+
+/* Contiguous, 16-byte aligned sources (what box_coalesce makes of most
+ * entries): each thread loads four elements of each array with one
+ * 16-byte load, so four times the bytes are in flight per thread and the
+ * scan runs at memory speed.  Lane L holds elements 4L..4L+3 of the warp's
+ * 128 as a nibble; eight lanes OR their nibbles into one 32-bit half. */
+template <int VARIANT>
+__global__ void scan4_kernel(struct dtc_consts k, const float4 *__restrict__ p,
+			     const float4 *__restrict__ m, const float4 *__restrict__ v,
+			     uint32_t *bitmap, int mode, uint64_t size, unsigned long long *count)
+{
+	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	uint64_t quads = (size + 3) / 4, limit = (quads + 31) / 32 * 32;
+	unsigned lane = threadIdx.x & 31, local = 0;
+
+	for (uint64_t q = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; q < limit; q += stride) {
+		unsigned nib = 0, w;
+
+		if (q * 4 + 3 < size) {
+			float4 a = p[q], b = m[q], c = v[q];
+
+			nib = (unsigned)flag_of<VARIANT>(k, a.x, b.x, c.x) |
+			      (unsigned)flag_of<VARIANT>(k, a.y, b.y, c.y) << 1 |
+			      (unsigned)flag_of<VARIANT>(k, a.z, b.z, c.z) << 2 |
+			      (unsigned)flag_of<VARIANT>(k, a.w, b.w, c.w) << 3;
+		} else if (q < quads) {
+			const float *pf = (const float *)p, *mf = (const float *)m;
+			const float *vf = (const float *)v;
+
+			for (uint64_t j = q * 4; j < size; j++)
+				nib |= (unsigned)flag_of<VARIANT>(k, pf[j], mf[j], vf[j]) << (j - q * 4);
+		}
+		w = nib << (4 * (lane & 7));
+		w |= __shfl_xor_sync(0xffffffffu, w, 1);
+		w |= __shfl_xor_sync(0xffffffffu, w, 2);
+		w |= __shfl_xor_sync(0xffffffffu, w, 4);
+		if ((lane & 7) == 0 && q * 4 < size)
+			local += put_bits(bitmap, q * 4, size, w, mode);
+	}
+	local += __shfl_xor_sync(0xffffffffu, local, 8);
+	local += __shfl_xor_sync(0xffffffffu, local, 16);
+	if (lane == 0 && local)
+		atomicAdd(count, (unsigned long long)local);
+}
+
+static int aligned16(const void *a)
+{
+	return ((uintptr_t)a & 15) == 0;
+}
+
+template <int VARIANT>
+static void scan_launch(const struct dte_box_map *e, const struct dtc_consts *k, const float *param,
+			const float *m, const float *v, uint32_t *bm32, int mode, uint64_t size,
+			unsigned long long *dcount)
+{
+	const float *p1 = param + e->src_offset, *m1 = m + e->src_offset, *v1 = v + e->src_offset;
+
+	if (e->ndim == 1 && e->src_stride[0] == 1 && aligned16(p1) && aligned16(m1) && aligned16(v1))
+		scan4_kernel<VARIANT><<<grid_for((size + 3) / 4), THREADS>>>(
+			*k, (const float4 *)p1, (const float4 *)m1, (const float4 *)v1, bm32, mode, size,
+			dcount);
+	else
+		scan_kernel<VARIANT><<<grid_for(size), THREADS>>>(*e, *k, param, m, v, bm32, mode, size,
+								   dcount);
 }
 
 static int cu_scan(const struct dte_box_map *e, const struct dtc_consts *k, const float *param,
@@ -123,36 +245,39 @@ static int cu_scan(const struct dte_box_map *e, const struct dtc_consts *k, cons
 	uint32_t *bm32 = (uint32_t *)bitmap;
 	int rc;
 
-	if (cudaMalloc(&dcount, sizeof(*dcount)) != cudaSuccess)
+	pthread_mutex_lock(&lk);
+	if (!(dcount = (unsigned long long *)scratch(SCR_SMALL, 64))) {
+		pthread_mutex_unlock(&lk);
 		return DTC_ENOMEM;
-	cudaMemset(dcount, 0, sizeof(*dcount));
+	}
+	cudaMemsetAsync(dcount, 0, sizeof(*dcount));
 	/* No warp covers the upper half of the last word when the box ends in
 	 * its lower half; bits past the box end must read as zero. */
 	if ((size + 31) / 32 < words * 2)
-		cudaMemset(bm32 + words * 2 - 1, 0, 4);
+		cudaMemsetAsync(bm32 + words * 2 - 1, 0, 4);
 	if (k->variant == DTC_VARIANT_FUSED)
-		scan_kernel<DTC_VARIANT_FUSED><<<grid_for(size), THREADS>>>(*e, *k, param, m, v, bm32,
-									     mode, size, dcount);
+		scan_launch<DTC_VARIANT_FUSED>(e, k, param, m, v, bm32, mode, size, dcount);
 	else
-		scan_kernel<DTC_VARIANT_TORCH><<<grid_for(size), THREADS>>>(*e, *k, param, m, v, bm32,
-									     mode, size, dcount);
-	rc = check(cudaGetLastError());
-	if (rc == DTC_OK && cudaMemcpy(&hcount, dcount, sizeof(hcount), cudaMemcpyDeviceToHost) != cudaSuccess)
-		rc = DTC_EDEVICE;
-	cudaFree(dcount);
+		scan_launch<DTC_VARIANT_TORCH>(e, k, param, m, v, bm32, mode, size, dcount);
+	/* The copy back waits for the kernel; no device-wide sync needed. */
+	rc = cu_err(cudaGetLastError());
+	if (rc == DTC_OK)
+		rc = cu_err(cudaMemcpy(&hcount, dcount, sizeof(hcount), cudaMemcpyDeviceToHost));
+	pthread_mutex_unlock(&lk);
 	if (rc == DTC_OK)
 		*count = hcount;
 	return rc;
 }
 
-/* Population of each word, masked to the box. */
+/* Population of each word, masked to the box; wc[words] = 0 so that an
+ * exclusive scan over words + 1 leaves the total in its last slot. */
 __global__ void word_count_kernel(const uint64_t *bitmap, uint64_t words, uint64_t size,
 				  uint64_t *wc)
 {
 	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
 
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
-		uint64_t b = bitmap[i];
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i <= words; i += stride) {
+		uint64_t b = i < words ? bitmap[i] : 0;
 
 		if (i == words - 1 && size % 64)
 			b &= (1ull << (size % 64)) - 1;
@@ -160,20 +285,26 @@ __global__ void word_count_kernel(const uint64_t *bitmap, uint64_t words, uint64
 	}
 }
 
+/* One thread per bitmap word writes that word's run of outputs: adjacent
+ * threads write adjacent runs, and only changed elements' θ is read. */
 __global__ void fill_kernel(struct dte_box_map e, const uint64_t *bitmap, const uint64_t *off,
-			    const float *param, uint64_t size, uint64_t *pos, uint16_t *val)
+			    const float *param, uint64_t words, uint64_t size, uint64_t *pos,
+			    uint16_t *val)
 {
 	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
 
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < size; i += stride) {
-		uint64_t w = bitmap[i / 64];
-		unsigned b = (unsigned)(i % 64);
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
+		uint64_t w = bitmap[i], o = off[i];
 
-		if (w >> b & 1) {
-			uint64_t o = off[i / 64] + (uint64_t)__popcll(w & ((1ull << b) - 1));
+		if (i == words - 1 && size % 64)
+			w &= (1ull << (size % 64)) - 1;
+		while (w) {
+			uint64_t at = i * 64 + (uint64_t)(__ffsll((long long)w) - 1);
 
-			pos[o] = i;
-			val[o] = dtc_bf16_rne(param[src_of(e, i)]);
+			pos[o] = at;
+			val[o] = dtc_bf16_rne(param[src_of(e, at)]);
+			o++;
+			w &= w - 1;
 		}
 	}
 }
@@ -181,41 +312,37 @@ __global__ void fill_kernel(struct dte_box_map e, const uint64_t *bitmap, const 
 static int cu_sparse(const struct dte_box_map *e, const uint64_t *bitmap, const float *param,
 		     uint64_t *pos, uint16_t *val, uint64_t cap, uint64_t *n)
 {
-	uint64_t size = box_size_h(e), words = (size + 63) / 64, last_off = 0, last_wc = 0;
-	uint64_t *wc = NULL, *off = NULL;
-	void *tmp = NULL;
+	uint64_t size = box_size_h(e), words = (size + 63) / 64, total = 0;
+	uint64_t *wc, *off;
+	void *tmp;
 	size_t tmp_bytes = 0;
 	int rc = DTC_ENOMEM;
 
-	if (cudaMalloc(&wc, words * 8) != cudaSuccess || cudaMalloc(&off, words * 8) != cudaSuccess)
+	pthread_mutex_lock(&lk);
+	wc = (uint64_t *)scratch(SCR_WC, (words + 1) * 8);
+	off = (uint64_t *)scratch(SCR_OFF, (words + 1) * 8);
+	cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, wc, off, (int64_t)(words + 1));
+	tmp = scratch(SCR_TMP, tmp_bytes ? tmp_bytes : 1);
+	if (!wc || !off || !tmp)
 		goto out;
-	word_count_kernel<<<grid_for(words), THREADS>>>(bitmap, words, size, wc);
-	cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, wc, off, (int64_t)words);
-	if (cudaMalloc(&tmp, tmp_bytes ? tmp_bytes : 1) != cudaSuccess)
+	word_count_kernel<<<grid_for(words + 1), THREADS>>>(bitmap, words, size, wc);
+	cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, wc, off, (int64_t)(words + 1));
+	if ((rc = cu_err(cudaGetLastError())) != DTC_OK ||
+	    (rc = cu_err(cudaMemcpy(&total, off + words, 8, cudaMemcpyDeviceToHost))) != DTC_OK)
 		goto out;
-	cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, wc, off, (int64_t)words);
-	if ((rc = check(cudaGetLastError())) != DTC_OK)
-		goto out;
-	if (cudaMemcpy(&last_off, off + words - 1, 8, cudaMemcpyDeviceToHost) != cudaSuccess ||
-	    cudaMemcpy(&last_wc, wc + words - 1, 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
-		rc = DTC_EDEVICE;
-		goto out;
-	}
-	if (last_off + last_wc > cap) {
+	if (total > cap) {
 		rc = DTC_ENOSPC;
 		goto out;
 	}
-	if (last_off + last_wc) {
-		fill_kernel<<<grid_for(size), THREADS>>>(*e, bitmap, off, param, size, pos, val);
+	if (total) {
+		fill_kernel<<<grid_for(words), THREADS>>>(*e, bitmap, off, param, words, size, pos, val);
 		if ((rc = check(cudaGetLastError())) != DTC_OK)
 			goto out;
 	}
-	*n = last_off + last_wc;
+	*n = total;
 	rc = DTC_OK;
 out:
-	cudaFree(tmp);
-	cudaFree(off);
-	cudaFree(wc);
+	pthread_mutex_unlock(&lk);
 	return rc;
 }
 
@@ -258,14 +385,17 @@ static int cu_scatter(const struct dte_box_map *e, const uint64_t *pos, const ui
 {
 	int *dbad, bad = 0, rc;
 
-	if (cudaMalloc(&dbad, sizeof(int)) != cudaSuccess)
+	pthread_mutex_lock(&lk);
+	if (!(dbad = (int *)scratch(SCR_SMALL, 64))) {
+		pthread_mutex_unlock(&lk);
 		return DTC_ENOMEM;
-	cudaMemset(dbad, 0, sizeof(int));
+	}
+	cudaMemsetAsync(dbad, 0, sizeof(int));
 	range_check_kernel<<<grid_for(n), THREADS>>>(pos, n, box_size_h(e), dbad);
-	rc = check(cudaGetLastError());
-	if (rc == DTC_OK && cudaMemcpy(&bad, dbad, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess)
-		rc = DTC_EDEVICE;
-	cudaFree(dbad);
+	rc = cu_err(cudaGetLastError());
+	if (rc == DTC_OK)
+		rc = cu_err(cudaMemcpy(&bad, dbad, sizeof(int), cudaMemcpyDeviceToHost));
+	pthread_mutex_unlock(&lk);
 	if (rc != DTC_OK)
 		return rc;
 	if (bad)
@@ -320,39 +450,59 @@ __global__ void csum_entry_kernel(struct dte_box_map e, const float *param, uint
 	reduce_add(s, sum);
 }
 
-static int sum_finish(unsigned long long *dsum, int rc, uint64_t *sum)
+/* Σ mix(dst index, dst[dst index]) over the box: what a sink holds where
+ * the entry wrote, compared after apply with what the sources computed. */
+__global__ void csum_box_kernel(struct dte_box_map e, const uint16_t *dst, uint64_t size,
+				unsigned long long *sum)
 {
-	unsigned long long h = 0;
+	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	unsigned long long s = 0;
 
-	if (rc == DTC_OK && cudaMemcpy(&h, dsum, sizeof(h), cudaMemcpyDeviceToHost) != cudaSuccess)
-		rc = DTC_EDEVICE;
-	cudaFree(dsum);
-	if (rc == DTC_OK)
-		*sum = h;
-	return rc;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < size; i += stride) {
+		int64_t at = dst_of(e, i);
+
+		s += dtc_csum_term((uint64_t)at, dst[at]);
+	}
+	reduce_add(s, sum);
 }
+
+/* Run one reduction into the scratch sum and copy it back. */
+#define CSUM_RUN(launch, out) do { \
+	unsigned long long *dsum_, h_ = 0; \
+	int rc_; \
+	pthread_mutex_lock(&lk); \
+	if (!(dsum_ = (unsigned long long *)scratch(SCR_SMALL, 64))) { \
+		pthread_mutex_unlock(&lk); \
+		return DTC_ENOMEM; \
+	} \
+	cudaMemsetAsync(dsum_, 0, sizeof(*dsum_)); \
+	launch; \
+	rc_ = cu_err(cudaGetLastError()); \
+	if (rc_ == DTC_OK) \
+		rc_ = cu_err(cudaMemcpy(&h_, dsum_, sizeof(h_), cudaMemcpyDeviceToHost)); \
+	pthread_mutex_unlock(&lk); \
+	if (rc_ == DTC_OK) \
+		*(out) = h_; \
+	return rc_; \
+} while (0)
 
 static int cu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
 {
-	unsigned long long *dsum;
-
-	if (cudaMalloc(&dsum, sizeof(*dsum)) != cudaSuccess)
-		return DTC_ENOMEM;
-	cudaMemset(dsum, 0, sizeof(*dsum));
-	csum_buf_kernel<<<grid_for(len), THREADS>>>(buf, len, dsum);
-	return sum_finish(dsum, check(cudaGetLastError()), sum);
+	CSUM_RUN((csum_buf_kernel<<<grid_for(len), THREADS>>>(buf, len, dsum_)), sum);
 }
 
 static int cu_checksum_entry(const struct dte_box_map *e, const float *param, uint64_t *sum)
 {
-	unsigned long long *dsum;
 	uint64_t size = box_size_h(e);
 
-	if (cudaMalloc(&dsum, sizeof(*dsum)) != cudaSuccess)
-		return DTC_ENOMEM;
-	cudaMemset(dsum, 0, sizeof(*dsum));
-	csum_entry_kernel<<<grid_for(size), THREADS>>>(*e, param, size, dsum);
-	return sum_finish(dsum, check(cudaGetLastError()), sum);
+	CSUM_RUN((csum_entry_kernel<<<grid_for(size), THREADS>>>(*e, param, size, dsum_)), sum);
+}
+
+static int cu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, uint64_t *sum)
+{
+	uint64_t size = box_size_h(e);
+
+	CSUM_RUN((csum_box_kernel<<<grid_for(size), THREADS>>>(*e, dst, size, dsum_)), sum);
 }
 
 static void *cu_alloc(uint64_t bytes)
@@ -403,9 +553,182 @@ static int cu_time_copy(void *dst, const void *src, uint64_t bytes, int iters, d
 	return rc;
 }
 
+/* Opened IPC handles (memory and events), keyed by the handle's bytes. */
+struct ipc_open_rec {
+	unsigned char handle[64];
+	int is_event;
+	void *obj;		/* device base, or the cudaEvent_t */
+	uint64_t bytes;
+	unsigned refs;
+	struct ipc_open_rec *next;
+};
+static struct ipc_open_rec *ipc_list;
+
+static struct ipc_open_rec *ipc_find(const void *handle, int is_event)
+{
+	for (struct ipc_open_rec *r = ipc_list; r; r = r->next)
+		if (r->is_event == is_event && !memcmp(r->handle, handle, 64))
+			return r;
+	return NULL;
+}
+
+static struct ipc_open_rec *ipc_add(const void *handle, int is_event, void *obj, uint64_t bytes)
+{
+	struct ipc_open_rec *r = (struct ipc_open_rec *)calloc(1, sizeof(*r));
+
+	if (!r)
+		return NULL;
+	memcpy(r->handle, handle, 64);
+	r->is_event = is_event;
+	r->obj = obj;
+	r->bytes = bytes;
+	r->refs = 1;
+	r->next = ipc_list;
+	ipc_list = r;
+	return r;
+}
+
+static void ipc_unlink(struct ipc_open_rec *r)
+{
+	for (struct ipc_open_rec **pp = &ipc_list; *pp; pp = &(*pp)->next) {
+		if (*pp == r) {
+			*pp = r->next;
+			break;
+		}
+	}
+	free(r);
+}
+
+/* The allocation's size comes from the driver (cuMemGetAddressRange),
+ * reached through cudart so the plugin still links no libcuda. */
+typedef CUresult (*addr_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+
+static int alloc_range(void *p, uint64_t *bytes)
+{
+	static addr_range_fn fn;
+	cudaDriverEntryPointQueryResult q;
+	CUdeviceptr base = 0;
+	size_t size = 0;
+
+	if (!fn && (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&fn, 12000,
+						     cudaEnableDefault, &q) != cudaSuccess ||
+		    q != cudaDriverEntryPointSuccess || !fn)) {
+		fn = NULL;
+		return DTC_EDEVICE;
+	}
+	if (fn(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS ||
+	    (CUdeviceptr)(uintptr_t)p < base || (CUdeviceptr)(uintptr_t)p - base >= size)
+		return DTC_EDEVICE;
+	*bytes = size - ((CUdeviceptr)(uintptr_t)p - base);
+	return DTC_OK;
+}
+
+static int cu_ipc_open(const void *handle, uint64_t len, void **base, uint64_t *bytes)
+{
+	cudaIpcMemHandle_t h;
+	struct ipc_open_rec *r;
+	void *p = NULL;
+	uint64_t size = 0;
+	int rc = DTC_OK;
+
+	if (!handle || len != sizeof(h))
+		return DTC_EINVAL;
+	memcpy(&h, handle, sizeof(h));
+	pthread_mutex_lock(&lk);
+	if ((r = ipc_find(handle, 0))) {
+		r->refs++;
+		p = r->obj;
+		size = r->bytes;
+	} else if ((rc = cu_err(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess))) == DTC_OK) {
+		if ((rc = alloc_range(p, &size)) != DTC_OK || !ipc_add(handle, 0, p, size)) {
+			cudaIpcCloseMemHandle(p);
+			rc = rc != DTC_OK ? rc : DTC_ENOMEM;
+		}
+	} else {
+		cudaGetLastError();
+	}
+	pthread_mutex_unlock(&lk);
+	if (rc == DTC_OK) {
+		*base = p;
+		*bytes = size;
+	}
+	return rc;
+}
+
+static int cu_ipc_close(void *base)
+{
+	int rc = DTC_EINVAL;
+
+	pthread_mutex_lock(&lk);
+	for (struct ipc_open_rec *r = ipc_list; r; r = r->next) {
+		if (r->is_event || r->obj != base)
+			continue;
+		rc = DTC_OK;
+		if (--r->refs == 0) {
+			/* Work still queued on the mapping must finish first. */
+			cudaDeviceSynchronize();
+			rc = cu_err(cudaIpcCloseMemHandle(base));
+			ipc_unlink(r);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&lk);
+	return rc;
+}
+
+static int cu_event_open(const void *handle, uint64_t len, void **ev)
+{
+	cudaIpcEventHandle_t h;
+	struct ipc_open_rec *r;
+	cudaEvent_t e = NULL;
+	int rc = DTC_OK;
+
+	if (!handle || len != sizeof(h))
+		return DTC_EINVAL;
+	memcpy(&h, handle, sizeof(h));
+	pthread_mutex_lock(&lk);
+	if ((r = ipc_find(handle, 1))) {
+		r->refs++;
+		e = (cudaEvent_t)r->obj;
+	} else if ((rc = cu_err(cudaIpcOpenEventHandle(&e, h))) == DTC_OK) {
+		if (!ipc_add(handle, 1, (void *)e, 0)) {
+			cudaEventDestroy(e);
+			rc = DTC_ENOMEM;
+		}
+	} else {
+		cudaGetLastError();
+	}
+	pthread_mutex_unlock(&lk);
+	if (rc == DTC_OK)
+		*ev = (void *)e;
+	return rc;
+}
+
+/* Ops run on the legacy default stream, so one wait orders all of them. */
+static int cu_event_wait(void *ev)
+{
+	return cu_err(cudaStreamWaitEvent(0, (cudaEvent_t)ev, 0));
+}
+
+static void cu_event_close(void *ev)
+{
+	pthread_mutex_lock(&lk);
+	for (struct ipc_open_rec *r = ipc_list; r; r = r->next) {
+		if (!r->is_event || r->obj != ev)
+			continue;
+		if (--r->refs == 0) {
+			cudaEventDestroy((cudaEvent_t)ev);
+			ipc_unlink(r);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&lk);
+}
+
 static const struct dtc_backend_ops cuda_ops = {
 	cu_scan, cu_sparse, cu_extract, cu_scatter, cu_dense_apply, cu_checksum_buffer,
 	cu_checksum_entry, cu_alloc, cu_free, cu_copy, cu_set, cu_time_copy, NULL,
+	cu_checksum_box, cu_ipc_open, cu_ipc_close, cu_event_open, cu_event_wait, cu_event_close,
 };
 
 extern "C" int dtc_cuda_plugin_open(unsigned abi, const struct dtc_backend_ops **ops,

@@ -123,6 +123,17 @@ static void compare_entry(const struct dtc_backend *cpu, const struct dtc_backen
 	rc1 = dtc_checksum_entry(cpu, e, p, len, &cs);
 	rc2 = dtc_checksum_entry(gpu, e, dp, len, &gs);
 	CHECK(rc1 == 0 && rc2 == 0 && cs == gs, "%s: entry checksum differs", what);
+	/* What a sink checks after apply: the box of the destination, which
+	 * after a dense apply holds exactly what the entry checksum promised. */
+	{
+		uint64_t cb = 0, gb = 0;
+
+		rc1 = dtc_checksum_box(cpu, e, cdst, len, &cb);
+		rc2 = dtc_checksum_box(gpu, e, ddst, len, &gb);
+		CHECK(rc1 == 0 && rc2 == 0 && cb == gb && cb == cs,
+		      "%s: box checksum rc %d/%d cpu %016llx cuda %016llx entry %016llx", what, rc1, rc2,
+		      (unsigned long long)cb, (unsigned long long)gb, (unsigned long long)cs);
+	}
 
 	o->mem_free(dp);
 	o->mem_free(dm);
@@ -147,11 +158,16 @@ int main(int argc, char **argv)
 	struct dte_box_map entries[] = {
 		{ 1, { 1 << 22 }, 0, { 1 }, 0, { 1 } },
 		{ 1, { 1000003 }, 17, { 1 }, 5, { 1 } },
+		/* 16-byte aligned and contiguous (the vector scan), ending mid-quad
+		 * and mid-word; and one shorter than a warp's 128 elements */
+		{ 1, { 1000003 }, 64, { 1 }, 7, { 1 } },
+		{ 1, { 37 }, 4, { 1 }, 100, { 1 } },
 		{ 2, { 1024, 4096 }, 0, { 1, 1024 }, 0, { 4096, 1 } },		/* transposed */
 		{ 2, { 1000, 4000 }, (1 << 22) - 1, { -4000, -1 }, 3999999, { -4000, -1 } },
 		{ 3, { 8, 512, 300 }, 1, { 2 * 512 * 300, 600, 2 }, 0, { 300, 2400, 1 } },
 	};
-	const char *names[] = { "flat", "offset", "transposed", "negative", "interleaved" };
+	const char *names[] = { "flat", "offset", "aligned-tail", "short", "transposed", "negative",
+				"interleaved" };
 	const struct dtc_backend *cpu = dtc_backend_cpu(), *gpu;
 	float *p, *m, *v;
 	char why[512];

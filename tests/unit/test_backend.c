@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "gpu/backend.h"
+#include "gpu/compute.h"
 
 static const char *bdir(void)
 {
@@ -99,6 +100,42 @@ static void test_unknown_and_cached(void **state)
 	assert_ptr_equal(a, b);	/* the first call decides */
 }
 
+/* The host side of the GPU path's helpers: the destination checksum walks
+ * any box (transposed, negative strides) like a brute-force sum, refuses a
+ * box outside the buffer, and the device calls decline on cpu. */
+static void test_checksum_box_and_dev_on_cpu(void **state)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	struct dte_box_map t = { 2, { 3, 5 }, 0, { 0, 0 }, 14, { -1, -3 } };	/* transposed, reversed */
+	uint16_t dst[32];
+	uint64_t sum = 0, want = 0, bytes = 0;
+	uint8_t h[64] = { 0 };
+	void *base = NULL, *ev = NULL;
+
+	for (int i = 0; i < 32; i++)
+		dst[i] = (uint16_t)(0x3f80 + 7 * i);
+	for (int64_t a = 0; a < 3; a++)
+		for (int64_t b = 0; b < 5; b++) {
+			int64_t at = 14 - a - 3 * b;
+
+			want += dtc_csum_term((uint64_t)at, dst[at]);
+		}
+	assert_int_equal(dtc_checksum_box(cpu, &t, dst, 32, &sum), DTC_OK);
+	assert_true(sum == want);
+	dst[14] ^= 1;	/* one bit in the box changes the sum */
+	assert_int_equal(dtc_checksum_box(cpu, &t, dst, 32, &sum), DTC_OK);
+	assert_true(sum != want);
+	assert_int_equal(dtc_checksum_box(cpu, &t, dst, 14, &sum), DTC_EBOX);
+	assert_int_equal(dtc_checksum_box(cpu, &t, NULL, 32, &sum), DTC_EINVAL);
+
+	assert_false(dtc_dev_has(cpu));
+	assert_null(dtc_dev_alloc(cpu, 64));
+	assert_int_equal(dtc_dev_ipc_open(cpu, h, sizeof(h), &base, &bytes), DTC_EINVAL);
+	assert_int_equal(dtc_dev_event_open(cpu, h, sizeof(h), &ev), DTC_EINVAL);
+	assert_int_equal(dtc_dev_copy(cpu, dst, dst, 2, 0), DTC_EINVAL);
+	assert_null(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -108,6 +145,7 @@ int main(void)
 		cmocka_unit_test(test_env_override),
 		cmocka_unit_test(test_real_plugin),
 		cmocka_unit_test(test_unknown_and_cached),
+		cmocka_unit_test(test_checksum_box_and_dev_on_cpu),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
