@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/buf.h"
+#include "daemon/job_cuda.h"
 #include "daemon/log.h"
 
 /* No single registration may claim more than this (a sanity cap, not a
@@ -69,6 +70,8 @@ static struct dbuf *add(uint64_t owner, int dtype, uint64_t length, const char *
 	bufs.list = b;
 	return b;
 }
+
+static void destroy(struct dbuf *b);
 
 static int check_shape(int dtype, uint64_t offset, uint64_t length, char *err, size_t errlen)
 {
@@ -179,6 +182,11 @@ int dbuf_register_cuda(uint64_t owner, const char *backend, const void *handle,
 	memcpy(b->ipc_handle, handle, handle_len);
 	if (event_len)
 		memcpy(b->ipc_event, event, event_len);
+	/* Opened now, so a bad handle or range is refused at registration. */
+	if (jcuda_buf_open(b, handle, handle_len, event, event_len, offset, err, errlen) < 0) {
+		destroy(b);
+		return -1;
+	}
 	*id = b->id;
 	return 0;
 }
@@ -201,7 +209,9 @@ static void destroy(struct dbuf *b)
 			break;
 		}
 	}
-	if (b->map)
+	if (b->cuda)
+		jcuda_buf_close(b);
+	else if (b->map)
 		munmap(b->map, b->map_len);
 	free(b);
 }

@@ -26,13 +26,14 @@ struct dbuf {
 	uint64_t owner;          /* control connection id */
 	int      dtype;          /* enum dbuf_dtype */
 	uint64_t length;         /* elements */
-	int      cuda;           /* GPU path: ptr is NULL until opened */
-	void    *ptr;            /* first element (host) */
-	void    *map;            /* the whole mapping, for munmap */
+	int      cuda;           /* GPU path: ptr is a device address */
+	void    *ptr;            /* first element (host, or device when cuda) */
+	void    *map;            /* the whole mapping, for munmap (cuda: the IPC base) */
 	size_t   map_len;
 	uint8_t  ipc_handle[DBUF_IPC_HANDLE_MAX];
 	uint8_t  ipc_event[DBUF_IPC_HANDLE_MAX];
 	uint64_t ipc_offset;
+	void    *ipc_ev;         /* opened trainer event (job_cuda.c), or NULL */
 	int      device;
 	char     name[64];
 	unsigned refs;           /* participants using it */

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 #include "daemon/ctl.h"
 #include "daemon/dispatch.h"
+#include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
@@ -389,6 +390,7 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	jeng.loop = loop;
 	jeng.be = be;
 	jeng.backend_name = backend_name;
+	jcuda_init(be);
 	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u);
 	if (loop) {
 		if (uv_timer_init(loop, &jeng.timer) < 0)
@@ -432,6 +434,7 @@ void job_fini(void)
 		c->orphan = 1;
 	}
 	jeng.inflight = NULL;
+	jcuda_fini();
 	while (jeng.waiters) {
 		struct jwaiter *w = jeng.waiters;
 

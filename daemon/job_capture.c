@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -108,6 +109,9 @@ static int cap_src(const struct jcap *c, const struct jentry *e, struct dtc_src 
 	struct dbuf *v = cap_buf(c, e->src_buf_v);
 
 	if (!p || !m || !v || !p->ptr || !m->ptr || !v->ptr)
+		return -1;
+	/* GPU sources: device reads wait for the trainer's optimizer step. */
+	if (jcuda_wait(p) < 0 || jcuda_wait(m) < 0 || jcuda_wait(v) < 0)
 		return -1;
 	s->param = p->ptr;
 	s->exp_avg = m->ptr;
@@ -221,7 +225,7 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				goto out;
 			}
 			if (members == 1) {
-				r = dtc_scan(jeng.be, &e->map, &c->k[e->group], &s, one, words, DTC_SCAN_OR,
+				r = jdev_scan(&e->map, &c->k[e->group], &s, one, words, DTC_SCAN_OR,
 					     &cnt);
 			} else {
 				if (words > tmp_words) {
@@ -233,7 +237,7 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 						goto out;
 					}
 				}
-				r = dtc_scan(jeng.be, &e->map, &c->k[e->group], &s, tmp, words, DTC_SCAN_SET,
+				r = jdev_scan(&e->map, &c->k[e->group], &s, tmp, words, DTC_SCAN_SET,
 					     &cnt);
 				for (size_t m = dets[g].first; r == DTC_OK &&
 				     m < dets[g].first + dets[g].members; m++) {
@@ -319,7 +323,7 @@ static int entry_checksum(struct jcap *c, struct det *d, const struct jentry *e,
 			return 0;
 		}
 	}
-	if ((r = dtc_checksum_entry(jeng.be, &e->map, s->param, s->len, &k.sum)) != DTC_OK)
+	if ((r = jdev_checksum_entry(&e->map, s->param, s->len, &k.sum)) != DTC_OK)
 		return CAPFAIL("checksum: %s", dtc_strerror(r));
 	*sum = k.sum;
 	if (d->left > 1 && (np = realloc(d->cs, (d->ncs + 1) * sizeof(*d->cs)))) {
@@ -346,7 +350,7 @@ static int entry_dense(struct jcap *c, struct det *d, const struct jentry *e,
 		free(enc);
 		return CAPFAIL("out of memory");
 	}
-	r = dtc_dense_extract(jeng.be, &e->map, s->param, s->len, vals);
+	r = jdev_dense_extract(&e->map, s->param, s->len, vals);
 	if (r == DTC_OK)
 		r = dtc_dense_encode(vals, e->box, enc, 2 * e->box + 64, &len);
 	free(vals);
@@ -401,7 +405,7 @@ static int entry_sparse(struct jcap *c, struct det *d, const struct jentry *e,
 			free(enc);
 			return CAPFAIL("out of memory");
 		}
-		r = dtc_sparse_from_bitmap(jeng.be, &e->map, bitmap, words, s->param, s->len, pos, val,
+		r = jdev_sparse_from_bitmap(&e->map, bitmap, words, s->param, s->len, pos, val,
 					   cnt, &n);
 		if (r == DTC_OK && n != cnt)
 			r = DTC_ECORRUPT;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "daemon/job_storage.h"
 #include "daemon/job_ops.h"
@@ -660,9 +661,8 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 
 			if (!w->n)
 				continue;
-			r = w->dense ? dtc_dense_apply(jeng.be, &w->map, w->val, b->ptr, b->length)
-				     : dtc_scatter_apply(jeng.be, &w->map, w->pos, w->val, w->n, b->ptr,
-							 b->length);
+			r = w->dense ? jdev_dense_apply(&w->map, w->val, b->ptr, b->length)
+				     : jdev_scatter_apply(&w->map, w->pos, w->val, w->n, b->ptr, b->length);
 			if (r != DTC_OK) {
 				snprintf(why, sizeof(why), "apply of version %llu: %s",
 					 (unsigned long long)st->version, dtc_strerror(r));
@@ -680,9 +680,22 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 
 		if (!last->covered[s])
 			continue;
-		for (size_t i = 0; i < last->n; i++)
-			if (last->w[i].dst_slot == s)
-				sum += box_checksum(&last->w[i].map, l->bufs[s]->ptr);
+		for (size_t i = 0; i < last->n; i++) {
+			uint64_t part = 0;
+
+			if (last->w[i].dst_slot != s)
+				continue;
+			if (!l->bufs[s]->cuda)
+				part = box_checksum(&last->w[i].map, l->bufs[s]->ptr);
+			else if (jdev_checksum_box(&last->w[i].map, l->bufs[s]->ptr, l->bufs[s]->length,
+						   &part) != DTC_OK)
+				failed_apply = 1;	/* unreadable is not verified */
+			sum += part;
+		}
+		if (failed_apply) {
+			snprintf(why, sizeof(why), "buffer %s: device checksum failed", l->bufs[s]->name);
+			break;
+		}
 		if (sum != last->expect[s]) {
 			ok = 0;
 			snprintf(why, sizeof(why), "buffer %s: checksum %016llx, expected %016llx",
