@@ -370,5 +370,11 @@ const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
 		return "repair";
 	if (!stepped)
 		return "step_gap";
-	return "missed_version";
+	if (p->last_sent != src->last_version)
+		return "missed_version";
+	/* job_src.c's rule: at most one unacknowledged version under a
+	 * sparse one, and none sent under an older plan. */
+	if (p->staged < p->prev_sent)
+		return "unacked_base";
+	return "replan";
 }

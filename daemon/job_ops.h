@@ -37,7 +37,8 @@ void jops_applied(struct jlocal *l, const struct jstaged *st);
 void jops_sink_free(struct jlocal *l);
 
 /* job_src.c: why pair p is captured dense this version (a metric label):
- * initial, resync, repair, step_gap, missed_version. */
+ * initial, resync, repair, step_gap, missed_version, unacked_base,
+ * replan. */
 const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
 			      const struct jpair *p, int stepped);
 
