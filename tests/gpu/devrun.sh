@@ -37,9 +37,9 @@ run)
 		$PY -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())'
 	} >"$OUT/env.log" 2>&1
 	rc=0
-	timeout 150 "$D/tests/test_cuda" "$D/lib/dte-cuda.so" >"$OUT/test_cuda.log" 2>&1 || rc=1
-	timeout 90 "$D/tests/bench_gpu" "$D/lib/dte-cuda.so" >"$OUT/bench_gpu.log" 2>&1 || rc=1
-	timeout 200 $PY tests/gpu/py_cuda_ipc.py >"$OUT/py_cuda_ipc.log" 2>&1 || rc=1
+	timeout 80 "$D/tests/test_cuda" "$D/lib/dte-cuda.so" >"$OUT/test_cuda.log" 2>&1 || rc=1
+	timeout 50 "$D/tests/bench_gpu" "$D/lib/dte-cuda.so" >"$OUT/bench_gpu.log" 2>&1 || rc=1
+	timeout 100 $PY tests/gpu/py_cuda_ipc.py >"$OUT/py_cuda_ipc.log" 2>&1 || rc=1
 	tail -n 3 "$OUT"/*.log
 	exit $rc
 	;;
