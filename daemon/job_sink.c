@@ -592,31 +592,6 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	jstore_sink_staged(j, l);
 }
 
-/* Σ mix(index, bits) over the box's destination elements (an odometer
- * over all but the last dim, the last dim as the inner loop). */
-static uint64_t box_checksum(const struct dte_box_map *m, const uint16_t *dst)
-{
-	int64_t idx[DTE_MAX_DIMS] = { 0 };
-	int last = (int)m->ndim - 1, d;
-	uint64_t sum = 0;
-
-	for (;;) {
-		int64_t base = m->dst_offset;
-
-		for (d = 0; d < last; d++)
-			base += idx[d] * m->dst_stride[d];
-		for (int64_t i = 0; i < m->extent[last]; i++) {
-			int64_t at = base + i * m->dst_stride[last];
-
-			sum += dtc_csum_term((uint64_t)at, dst[at]);
-		}
-		for (d = last - 1; d >= 0 && ++idx[d] == m->extent[d]; d--)
-			idx[d] = 0;
-		if (d < 0)
-			return sum;
-	}
-}
-
 Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
 		      char *err, size_t errlen)
 {
@@ -685,15 +660,14 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 
 			if (last->w[i].dst_slot != s)
 				continue;
-			if (!l->bufs[s]->cuda)
-				part = box_checksum(&last->w[i].map, l->bufs[s]->ptr);
-			else if (jdev_checksum_box(&last->w[i].map, l->bufs[s]->ptr, l->bufs[s]->length,
-						   &part) != DTC_OK)
+			/* Host or device: the backend's (vectorized, threaded) box sum. */
+			if (jdev_checksum_box(&last->w[i].map, l->bufs[s]->ptr, l->bufs[s]->length,
+					      &part) != DTC_OK)
 				failed_apply = 1;	/* unreadable is not verified */
 			sum += part;
 		}
 		if (failed_apply) {
-			snprintf(why, sizeof(why), "buffer %s: device checksum failed", l->bufs[s]->name);
+			snprintf(why, sizeof(why), "buffer %s: checksum failed", l->bufs[s]->name);
 			break;
 		}
 		if (sum != last->expect[s]) {

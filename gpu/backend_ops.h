@@ -37,7 +37,8 @@ struct dtc_backend_ops {
 	int (*time_copy)(void *dst, const void *src, uint64_t bytes, int iters, double *ms);
 	void (*fini)(void);
 
-	/* --- ABI 2: the engine's GPU path (NULL for host backends) --- */
+	/* --- ABI 2: the engine's GPU path (NULL for host backends, but cpu
+	 * implements checksum_box: the sink's verification on host memory) --- */
 	/* Σ mix(dst index, dst[dst index]) over the box: a sink's content where
 	 * the entry writes, checked after apply. */
 	int (*checksum_box)(const struct dte_box_map *e, const uint16_t *dst, uint64_t *sum);
