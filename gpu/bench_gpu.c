@@ -27,7 +27,7 @@ int main(int argc, char **argv)
 	struct dte_box_map e = { 1, { 0 }, 0, { 1 }, 0, { 1 } };
 	const struct dtc_backend *gpu;
 	const struct dtc_backend_ops *o;
-	double best = 1e30, copy_ms = 0, bytes;
+	double best = 1e30, scan_best = 0, copy_ms = 0, bytes;
 	float *hp_, *hm, *hv, *dp, *dm, *dv;
 	uint64_t *dbm, *dpos;
 	uint16_t *dval;
@@ -74,16 +74,23 @@ int main(int argc, char **argv)
 	}
 	src = (struct dtc_src){ dp, dm, dv, n };
 	for (int r = 0; r < 5; r++) {
-		double t0 = now(), t1;
+		double t0 = now(), t1, t2;
 
-		if (dtc_scan(gpu, &e, &k, &src, dbm, words, DTC_SCAN_SET, &count) != DTC_OK ||
-		    dtc_sparse_from_bitmap(gpu, &e, dbm, words, dp, n, dpos, dval, n / 4, &out) != DTC_OK) {
-			fprintf(stderr, "bench-gpu: detect failed\n");
+		if (dtc_scan(gpu, &e, &k, &src, dbm, words, DTC_SCAN_SET, &count) != DTC_OK) {
+			fprintf(stderr, "bench-gpu: scan failed\n");
 			return 1;
 		}
 		t1 = now();
-		if (r > 0 && t1 - t0 < best)
-			best = t1 - t0;
+		if (dtc_sparse_from_bitmap(gpu, &e, dbm, words, dp, n, dpos, dval, n / 4, &out) != DTC_OK) {
+			fprintf(stderr, "bench-gpu: sparse failed\n");
+			return 1;
+		}
+		t2 = now();
+		/* first round warms the plugin's scratch */
+		if (r > 0 && t2 - t0 < best) {
+			best = t2 - t0;
+			scan_best = t1 - t0;
+		}
 	}
 	/* copy m over v: same buffers, bytes read + written per copy = 2 * n * 4 */
 	o->time_copy(dv, dm, n * 4, 10, &copy_ms);
@@ -92,9 +99,10 @@ int main(int argc, char **argv)
 		double copy_gbps = 2.0 * (double)n * 4 * 10 / (copy_ms / 1e3) / 1e9;
 		double gbps = bytes / best / 1e9;
 
-		printf("scan-gpu-detail: device=%s changed=%llu (%.3f%%) detect_ms=%.3f copy_ms=%.3f\n",
-		       dtc_backend_device(gpu), (unsigned long long)count,
-		       100.0 * (double)count / (double)n, best * 1e3, copy_ms / 10);
+		printf("scan-gpu-detail: device=%s changed=%llu (%.3f%%) detect_ms=%.3f (scan %.3f, "
+		       "sparse %.3f) copy_ms=%.3f\n", dtc_backend_device(gpu), (unsigned long long)count,
+		       100.0 * (double)count / (double)n, best * 1e3, scan_best * 1e3,
+		       (best - scan_best) * 1e3, copy_ms / 10);
 		printf("scan-gpu: elements=%llu GBps=%.1f copy_GBps=%.1f ratio=%.2f\n",
 		       (unsigned long long)n, gbps, copy_gbps, gbps / copy_gbps);
 	}

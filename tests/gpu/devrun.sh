@@ -23,6 +23,13 @@ pack)
 	done
 	cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 /usr/lib/x86_64-linux-gnu/ucx/libucx_perftest_*.so.0 \
 		"$D/syslib/ucx/" 2>/dev/null
+	# A binary caught mid-relink (another make running) would travel empty.
+	for f in "$D"/bin/* "$D"/lib/* "$D"/tests/*; do
+		if [ ! -s "$f" ]; then
+			echo "devrun: $f is empty (still being linked?); run pack again" >&2
+			exit 1
+		fi
+	done
 	du -sh "$D"
 	;;
 run)
