@@ -156,6 +156,8 @@ struct dte_job_params {
 	uint32_t    keep_versions;      /* K (32) */
 	uint32_t    keep_keyframes;     /* M (2) */
 	const char *storage_watch;      /* reader: "inotify" (default) | "poll" */
+	const char *detect;             /* NULL = "adamw"; "snapshot" (docs/SYNC.md) */
+	uint32_t    zstd_level;         /* remote payloads: 0 raw (default), 1..3 zstd */
 };
 
 /* *created (may be NULL): 0 when the job existed with these parameters. */

@@ -111,6 +111,10 @@ int dte_job_create(dte_t *h, const struct dte_job_params *p, int *created)
 		jc.keep_keyframes = p->keep_keyframes;
 		jc.storage_watch = (char *)(p->storage_watch ? p->storage_watch : "");
 	}
+	if (FITS(struct dte_job_params, p, zstd_level)) {
+		jc.detect = (char *)(p->detect ? p->detect : "");
+		jc.zstd_level = p->zstd_level;
+	}
 	req.cmd_case = DTE__REQUEST__CMD_JOB_CREATE;
 	req.job_create = &jc;
 	rc = do_call(h, &req, -1, 0, &resp);

@@ -4,7 +4,7 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
                daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
                daemon/job_coord.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
-               daemon/job_cuda.c \
+               daemon/job_cuda.c daemon/job_snapshot.c \
                daemon/testhook.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
@@ -39,6 +39,8 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py
+# The same with detect = snapshot (daemon/job_snapshot.c).
+SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 
 # Operations: the metrics registry and exposition; every dtectl command
 # against a real dted with real versions.

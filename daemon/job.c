@@ -513,6 +513,7 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
 	struct jstore_cfg scfg;
 	uint32_t k = rq->publish_interval ? rq->publish_interval : 1;
+	int detect;
 	char serr[256];
 	struct dte_spec spec;
 	struct job *j;
@@ -533,6 +534,16 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	if (k > 1000000)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: publish interval %u out of range",
 			    rq->name, k);
+	if (!rq->detect || !*rq->detect || !strcmp(rq->detect, "adamw"))
+		detect = JDETECT_ADAMW;
+	else if (!strcmp(rq->detect, "snapshot"))
+		detect = JDETECT_SNAPSHOT;
+	else
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+			    "job %s: detect \"%s\" unknown (adamw, snapshot)", rq->name, rq->detect);
+	if (rq->zstd_level > 3)
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: zstd_level %u out of range (0..3)",
+			    rq->name, rq->zstd_level);
 	if (!rq->model_config || !*rq->model_config)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: model_config (config.json text) missing",
 			    rq->name);
@@ -544,6 +555,8 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 				  strcmp(j->token, rq->token) ? "token" :
 				  strcmp(j->coordinator, coord) ? "coordinator" :
 				  j->interval != k ? "publish interval" :
+				  j->detect != detect ? "detect mode" :
+				  j->zstd_level != rq->zstd_level ? "zstd level" :
 				  !jstore_same_job(j, &scfg) ? "transport or storage configuration" : NULL;
 
 		dte_spec_fini(&spec);
@@ -568,6 +581,8 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	snprintf(j->transport, sizeof(j->transport), "%s", jstore_transport_name(scfg.transport));
 	j->spec = spec;
 	j->interval = k;
+	j->detect = detect;
+	j->zstd_level = rq->zstd_level;
 	j->is_coord = route_is_self(NULL, coord);
 	j->next = jeng.jobs;
 	jeng.jobs = j;

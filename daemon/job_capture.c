@@ -22,6 +22,8 @@
 #include <xxhash.h>
 #include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
+#include "daemon/job_snapshot.h"
+#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
@@ -192,7 +194,7 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 			if (!(p->dirty[q] = calloc(dtc_bitmap_words(&p->e[q].map), sizeof(uint64_t))))
 				return CAPFAIL("out of memory");
 	}
-	if (!c->scan)
+	if (!c->scan || c->detect != JDETECT_ADAMW)
 		return 0;
 	for (size_t g = 0; g < ndets; g++) {
 		const struct jentry *e = NULL;
@@ -255,6 +257,73 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 			c->scans++;
 			c->scan_elements += e->box;
 			c->scan_entries += members;
+		}
+	}
+	rc = 0;
+out:
+	free(tmp);
+	return rc;
+}
+
+/* detect = snapshot: every entry of every pair compares the current BF16
+ * values with those kept from the pair's previous capture, ORs the
+ * difference into its dirty bitmap (when it keeps one) and keeps the
+ * current values.  It runs on every capture, dense ones included, so the
+ * kept values are always those of the version last captured for the pair:
+ * the base the next sparse version is checked against.  No sharing between
+ * pairs (each keeps its own copy): the baseline costs what it costs. */
+static int snapshot_all(struct jcap *c)
+{
+	uint64_t *tmp = NULL;
+	size_t tmp_words = 0;
+	int rc = -1;
+
+	for (size_t i = 0; i < c->np; i++) {
+		struct jcap_pair *p = &c->p[i];
+
+		if (!p->snap && !(p->snap = calloc(p->n ? p->n : 1, sizeof(*p->snap)))) {
+			CAPFAIL("out of memory");
+			goto out;
+		}
+		for (size_t q = 0; q < p->n; q++) {
+			const struct jentry *e = &p->e[q];
+			const struct dbuf *b = cap_buf(c, e->src_buf);
+			uint64_t words = dtc_bitmap_words(&e->map), cnt = 0;
+			uint64_t *bm = p->dirty ? p->dirty[q] : NULL;
+			struct dtc_src s;
+			int r;
+
+			if (cap_src(c, e, &s) < 0) {
+				CAPFAIL("source buffers missing");
+				goto out;
+			}
+			if (b->cuda) {
+				CAPFAIL("detect = snapshot needs host source buffers");
+				goto out;
+			}
+			if (!bm) {
+				/* Dense for this pair: only the kept values move on. */
+				if (words > tmp_words) {
+					free(tmp);
+					tmp_words = 0;
+					if (!(tmp = malloc(words * sizeof(*tmp)))) {
+						CAPFAIL("out of memory");
+						goto out;
+					}
+					tmp_words = words;
+				}
+				memset(tmp, 0, words * sizeof(*tmp));
+				bm = tmp;
+			}
+			r = jsnap_scan(&p->snap[q], dtc_backend_cpu(), &e->map, s.param, s.len, bm,
+				       words, &cnt);
+			if (r != DTC_OK) {
+				CAPFAIL("snapshot scan: %s", dtc_strerror(r));
+				goto out;
+			}
+			c->scans++;
+			c->scan_elements += e->box;
+			c->scan_entries++;
 		}
 	}
 	rc = 0;
@@ -484,8 +553,10 @@ static int capture_pair(struct jcap *c, struct jcap_pair *p, struct det *dets)
 		size_t bound = dtc_chunk_bound(raw.n);
 
 		p->chunk = malloc(bound);
-		/* Memory is faster than zstd; a link usually is not. */
-		if (!p->chunk || dtc_chunk_pack(raw.p, raw.n, p->remote ? 1 : 0, p->chunk, bound,
+		/* Memory is faster than zstd, and a same-cluster link usually
+		 * is too: zstd only where the job asks for it (zstd_level). */
+		if (!p->chunk || dtc_chunk_pack(raw.p, raw.n, p->remote ? (int)c->zstd_level : 0,
+						p->chunk, bound,
 						&p->chunk_len) != DTC_OK) {
 			CAPFAIL("payload framing failed");
 			goto out;
@@ -509,6 +580,8 @@ int jcap_run(struct jcap *c)
 		goto out;
 	c->detections = ndets;
 	if (scan_all(c, refs, dets, ndets) < 0)
+		goto out;
+	if (c->detect == JDETECT_SNAPSHOT && snapshot_all(c) < 0)
 		goto out;
 	if (c->kind == JCAP_MARK) {
 		c->dirty = 0;
@@ -544,6 +617,7 @@ void jcap_free(struct jcap *c)
 				free(p->dirty[q]);
 			free(p->dirty);
 		}
+		jsnap_free_all(p->snap, p->n);
 		free(p->e);
 		free(p->det);
 		free(p->counts);

@@ -23,6 +23,10 @@
 #define JOB_MAX_GROUPS 16
 
 enum { JROLE_SOURCE = 0, JROLE_SINK = 1 };
+/* Change detection (job option `detect`, docs/SYNC.md). */
+enum { JDETECT_ADAMW = 0, JDETECT_SNAPSHOT = 1 };
+
+struct jsnap;
 
 /* A participant as the plan names it (any node). */
 struct jpinfo {
@@ -50,6 +54,7 @@ struct jpair {
 	uint64_t hash;            /* of the entries: same hash keeps the state */
 	/* source side */
 	uint64_t **dirty;         /* per entry: bitmap of marked steps */
+	struct jsnap *snap;       /* detect = snapshot: per entry, values last captured */
 	uint64_t last_sent;       /* version last sent (0: none) */
 	uint64_t prev_sent;       /* the one sent before it (0: none) */
 	uint64_t sent_epoch;      /* plan epoch last_sent went out under */
@@ -152,6 +157,8 @@ struct job {
 	char *config;             /* config.json text */
 	struct dte_spec spec;
 	uint32_t interval;        /* K */
+	int detect;               /* JDETECT_*: how a source finds changed elements */
+	uint32_t zstd_level;      /* payloads to other nodes; 0 raw */
 	int is_coord;
 	/* this daemon's participants */
 	struct jlocal *locals;
@@ -188,6 +195,7 @@ struct jcap_pair {
 	size_t n;
 	uint32_t *det;            /* per entry: its detection */
 	uint64_t **dirty;         /* taken from the pair; NULL: none */
+	struct jsnap *snap;       /* detect = snapshot: taken from the pair like dirty */
 	int want_dirty;           /* allocate dirty if missing (it is scanned) */
 	int sparse, remote;
 	/* results */
@@ -209,6 +217,8 @@ struct jcap {
 	uint64_t epoch, version;
 	int64_t step;
 	int scan;                 /* OR this step into the dirty bitmaps */
+	int detect;               /* JDETECT_* of the job */
+	uint32_t zstd_level;      /* remote pairs' payloads */
 	struct dtc_consts k[JOB_MAX_GROUPS];
 	size_t ngroups;
 	size_t nbufs;

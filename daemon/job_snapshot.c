@@ -82,3 +82,10 @@ void jsnap_fini(struct jsnap *s)
 	s->vals = NULL;
 	s->n = 0;
 }
+
+void jsnap_free_all(struct jsnap *s, size_t n)
+{
+	for (size_t i = 0; s && i < n; i++)
+		jsnap_fini(&s[i]);
+	free(s);
+}

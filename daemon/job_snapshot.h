@@ -4,6 +4,7 @@
 #ifndef DTE_JOB_SNAPSHOT_H
 #define DTE_JOB_SNAPSHOT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "gpu/compute.h"
 
@@ -27,5 +28,8 @@ int jsnap_keep(struct jsnap *s, const uint16_t *vals, uint64_t n);
 
 /* Forget the kept values (re-plan, job end): the next scan sets all. */
 void jsnap_fini(struct jsnap *s);
+
+/* jsnap_fini of each of n, then free(s); NULL is fine. */
+void jsnap_free_all(struct jsnap *s, size_t n);
 
 #endif

@@ -15,6 +15,7 @@
 #include "daemon/buf.h"
 #include "daemon/job_int.h"
 #include "daemon/job_ops.h"
+#include "daemon/job_snapshot.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
@@ -31,6 +32,8 @@ void jpair_free_state(struct jpair *p)
 		free(p->dirty);
 		p->dirty = NULL;
 	}
+	jsnap_free_all(p->snap, p->n);
+	p->snap = NULL;
 }
 
 /* Per group constants from the request; -1 with the reason. */
@@ -106,6 +109,8 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 	if (!c)
 		return NULL;
 	c->kind = kind;
+	c->detect = j->detect;
+	c->zstd_level = j->zstd_level;
 	snprintf(c->job, sizeof(c->job), "%s", j->name);
 	c->participant = l->info.id;
 	c->conn = conn;
@@ -156,6 +161,8 @@ static void cap_take_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp)
 
 	cp->dirty = p->dirty;
 	p->dirty = NULL;
+	cp->snap = p->snap;
+	p->snap = NULL;
 }
 
 /* The bitmaps go back to their pair (cleared after a publish) if it is
@@ -164,6 +171,11 @@ static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp
 {
 	struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
 
+	/* Kept values follow the same rule (jcap_free frees them otherwise). */
+	if (cp->snap && p && p->hash == cp->hash && !p->snap && p->n == cp->n) {
+		p->snap = cp->snap;
+		cp->snap = NULL;
+	}
 	if (!cp->dirty)
 		return;
 	if (p && p->hash == cp->hash && !p->dirty && p->n == cp->n) {

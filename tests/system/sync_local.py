@@ -12,6 +12,10 @@ Phases: K=1, K=4 with marks (sparse, exact), K=4 without marks (dense,
 exact), then bad input (wrong token, unknown job, out-of-range and
 unsealed registrations, another client's buffer) must be refused with a
 clear error while the daemon keeps serving.
+
+DTE_DETECT=snapshot runs every phase with the job option detect = snapshot
+(the sources diff against the BF16 values they last captured instead of
+inverting AdamW): the same exactness on every sink, every version.
 """
 
 import collections
@@ -30,6 +34,7 @@ B = os.environ.get("B", "build")
 if not os.path.isabs(B):
     B = os.path.join(ROOT, B)
 os.environ["B"] = B
+DETECT = os.environ.get("DTE_DETECT") or None
 
 
 def asan_reexec():
@@ -296,8 +301,17 @@ def main():
         trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
         task = toy.ToyTask(CFG["vocab_size"])
         tcli = _lib.Client(sock)
-        c.check(tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1), "job created")
-        c.check(not tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1), "job_create is idempotent")
+        c.check(tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1, detect=DETECT),
+                "job created (detect %s)" % (DETECT or "adamw"))
+        c.check(not tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1, detect=DETECT),
+                "job_create is idempotent")
+        other = "adamw" if DETECT == "snapshot" else "snapshot"
+        c.raises(_lib.DteError, lambda: tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1,
+                                                        detect=other),
+                 "same job with detect %s refused" % other)
+        c.raises(_lib.DteError, lambda: tcli.job_create(JOB + "-x", CFG_TEXT, TOKEN, "local", 1,
+                                                        detect="telepathy"),
+                 "unknown detect mode refused")
         c.raises(_lib.DteError, lambda: tcli.job_create(JOB, CFG_TEXT, "other", "local", 1),
                  "same job with another token refused")
         src_parts, src_ids = [], []

@@ -64,7 +64,8 @@ class _JobParams(ctypes.Structure):
                 ("transport", ctypes.c_char_p), ("storage_root", ctypes.c_char_p),
                 ("storage_role", ctypes.c_char_p), ("keyframe_every", ctypes.c_uint32),
                 ("keep_versions", ctypes.c_uint32), ("keep_keyframes", ctypes.c_uint32),
-                ("storage_watch", ctypes.c_char_p)]
+                ("storage_watch", ctypes.c_char_p), ("detect", ctypes.c_char_p),
+                ("zstd_level", ctypes.c_uint32)]
 
 
 class _AttachParams(ctypes.Structure):
@@ -240,11 +241,15 @@ class Client:
 
     def job_create(self, name, model_config, token, coordinator="local", interval=1,
                    transport="ucx", storage_root=None, storage_role=None, keyframe_every=0,
-                   keep_versions=0, keep_keyframes=0, storage_watch=None):
-        """transport "storage"/"both" with storage_* as in dte.h (docs/STORAGE.md)."""
+                   keep_versions=0, keep_keyframes=0, storage_watch=None, detect=None,
+                   zstd_level=0):
+        """transport "storage"/"both" with storage_* as in dte.h (docs/STORAGE.md);
+        detect "adamw" (default) or "snapshot", zstd_level for remote payloads
+        (docs/SYNC.md)."""
         p = _JobParams(ctypes.sizeof(_JobParams), _b(name), _b(model_config), _b(coordinator),
                        _b(token), interval, _b(transport), _b(storage_root), _b(storage_role),
-                       keyframe_every, keep_versions, keep_keyframes, _b(storage_watch))
+                       keyframe_every, keep_versions, keep_keyframes, _b(storage_watch),
+                       _b(detect), zstd_level)
         created = ctypes.c_int()
         self._check(lib().dte_job_create(self._h, ctypes.byref(p), ctypes.byref(created)))
         return bool(created.value)
