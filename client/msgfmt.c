@@ -58,8 +58,17 @@ static json_t *scalar_json(const ProtobufCFieldDescriptor *fd, const void *p)
 		return json_integer(*(const uint32_t *)p);
 	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
 		return json_integer(*(const int64_t *)p);
-	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
-		return json_integer((json_int_t)*(const uint64_t *)p);
+	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: {
+		uint64_t v = *(const uint64_t *)p;
+		char buf[24];
+
+		/* jansson integers are int64: larger values (checksums) go out as
+		 * decimal strings rather than wrapping negative. */
+		if (v <= (uint64_t)INT64_MAX)
+			return json_integer((json_int_t)v);
+		snprintf(buf, sizeof(buf), "%" PRIu64, v);
+		return json_string(buf);
+	}
 	case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
 	case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
 	case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);

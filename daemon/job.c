@@ -391,7 +391,9 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	jeng.be = be;
 	jeng.backend_name = backend_name;
 	jcuda_init(be);
-	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u);
+	/* 31 bits: participant ids (node_hash << 32 | local) stay below 2^63,
+	 * so they survive JSON tools that hold integers as int64. */
+	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
 	if (loop) {
 		if (uv_timer_init(loop, &jeng.timer) < 0)
 			return -1;
@@ -601,6 +603,11 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	rep->tensors = j->spec.n;
 	return DTE__STATUS__STATUS_OK;
 }
+uint64_t job_participant_id_new(void)
+{
+	return ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+}
+
 
 /* ----------------------------------------------------------------- attach */
 
@@ -694,7 +701,7 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	}
 	for (i = 0; i < n; i++)
 		dbuf_ref(l->bufs[i]);
-	l->info.id = ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+	l->info.id = job_participant_id_new();
 	l->info.role = role;
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
 	l->info.rank = rq->rank;

@@ -315,4 +315,7 @@ void jsink_free(struct jlocal *l);
 void jsink_replanned(struct job *j);
 uint64_t jsink_newest_staged(const struct jlocal *l);
 
+/* A participant id unique in every job: this node's hash, then a counter. */
+uint64_t job_participant_id_new(void);
+
 #endif

@@ -484,7 +484,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	l->nbufs = 1;
 	l->bufs[0] = s->mirror;
 	dbuf_ref(s->mirror);
-	l->info.id = ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+	l->info.id = job_participant_id_new();
 	l->info.role = JROLE_SINK;
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());

@@ -46,6 +46,15 @@ static void test_text_and_json(void **state)
 	assert_string_equal(json_string_value(json_object_get(j, "backend")), "cpu");
 	assert_int_equal(json_integer_value(json_object_get(j, "uptime_s")), 12);
 	assert_int_equal(json_integer_value(json_object_get(j, "peers")), 0);
+	/* above INT64_MAX: a decimal string, never a wrapped negative number */
+	assert_string_equal(json_string_value(json_object_get(j, "refused")),
+			    "18446744073709551615");
+	json_decref(j);
+
+	st.refused = 9223372036854775807ull;
+	j = dte_msg_to_json(&st.base);
+	assert_true(json_is_integer(json_object_get(j, "refused")));
+	assert_true(json_integer_value(json_object_get(j, "refused")) == INT64_MAX);
 	json_decref(j);
 }
 
