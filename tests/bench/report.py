@@ -181,9 +181,10 @@ def write_e2e(w, res, e2e, snap, sc):
     w("")
     w("Link rate reached by the dense payload (its bytes over the source's capture→staged "
       "transfer time): %s. Where that is far below the setting, the link was not the limit. "
-      "Sparse time is dominated by capture (the publish call: single-threaded on the daemon "
-      "loop, checksum over every element, scan, extraction, encoding, zstd) and by the sink's "
-      "apply, not by the wire; the run shared its 2 cores with other builds and tests." % (
+      "Sparse time is dominated by capture (the publish call: on a worker thread, the scan and "
+      "the expected checksum over every element on both cores, then extraction and encoding; "
+      "payloads raw, zstd_level 0) and by the sink's apply with its full-content checksum, "
+      "not by the wire; the run shared its 2 cores with other builds and tests." % (
           ", ".join("%d Gbit/s → %s" % (r["gbit"], _rate(r["dense"])) for r in e2e["links"])))
     w("")
     w("![e2e](bench-e2e.png)")
@@ -191,9 +192,10 @@ def write_e2e(w, res, e2e, snap, sc):
     w("## Trainer stall")
     w("")
     w("Publish call → return (the trainer may step again) on the sparse versions above: median "
-      "%.3f s against the scan floor %.3f s (ratio %.2f). Capture runs on the daemon's loop "
-      "before the reply: scan, sparse extraction, checksums, encoding and zstd are all inside "
-      "the stall today." % (e2e["stall_s"], sc["detect_s"], e2e["stall_s"] / sc["detect_s"]))
+      "%.3f s against the scan floor %.3f s (ratio %.2f). The publish answers once the "
+      "capture (on a worker thread; the loop keeps serving) is done, because the trainer may "
+      "overwrite θ after it: scan, the expected checksum over θ, sparse extraction and "
+      "encoding are all inside the stall." % (e2e["stall_s"], sc["detect_s"], e2e["stall_s"] / sc["detect_s"]))
     w("")
     w("## Daemon memory")
     w("")
