@@ -23,6 +23,7 @@
 #include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "daemon/job_snapshot.h"
+#include "daemon/testhook.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -576,6 +577,7 @@ int jcap_run(struct jcap *c)
 	uint64_t t0 = uv_hrtime();
 	int rc = -1;
 
+	testhook_capture(c->version);
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;

@@ -1,5 +1,7 @@
 /* daemon/testhook.c — env-gated fault injection (see testhook.h). */
 #include <signal.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@ enum fault {
 	F_CORRUPT,
 	F_DUP,
 	F_REORDER,
+	F_CAPTURE_STALL,
 };
 
 static const struct {
@@ -25,6 +28,7 @@ static const struct {
 	{ "corrupt-payload", F_CORRUPT },
 	{ "dup", F_DUP },
 	{ "reorder", F_REORDER },
+	{ "capture-stall", F_CAPTURE_STALL },
 };
 
 struct held {
@@ -300,5 +304,21 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 		return 1;
 	default:
 		return 0;
+	}
+}
+
+void testhook_capture(uint64_t version)
+{
+	const char *release = getenv("DTE_TEST_HOOK_RELEASE");
+	struct timespec tick = { 0, 10 * 1000 * 1000 };
+
+	if (th.fault != F_CAPTURE_STALL || !version_hit(version))
+		return;
+	/* Worker thread: th is read-only once init has run, and nothing here
+	 * logs (the log module belongs to the loop thread). */
+	for (int i = 0; i < 6000; i++) {
+		if (release && access(release, F_OK) == 0)
+			return;
+		nanosleep(&tick, NULL);
 	}
 }

@@ -23,6 +23,9 @@
  *                     until the next record arrives, which overtakes it
  *                     (adjacent pairs swap; a held record with no
  *                     follower goes after 50 ms).
+ *   capture-stall     the capture worker of the version waits (at most
+ *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
+ *                     exists: the loop must keep serving meanwhile.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
  * tell it did.  Module state is per process, like route.c.
@@ -50,5 +53,8 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen);
  * 0 when the caller delivers it as usual. */
 int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		     size_t hdrlen, const void *data, size_t len);
+
+/* At the start of a capture, on the worker thread (capture-stall). */
+void testhook_capture(uint64_t version);
 
 #endif
