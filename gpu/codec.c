@@ -253,6 +253,33 @@ int dtc_chunk_pack(const void *in, size_t len, int zlevel, uint8_t *out, size_t 
 	return DTC_OK;
 }
 
+int dtc_chunk_seal_raw(uint8_t *buf, size_t len)
+{
+	if (!buf)
+		return DTC_EINVAL;
+	chunk_header(buf, DTC_CODEC_RAW, len, len, XXH3_64bits(buf + DTC_CHUNK_HDR, len));
+	return DTC_OK;
+}
+
+int dtc_chunk_view(const uint8_t *in, size_t len, const uint8_t **raw, size_t *raw_len)
+{
+	uint64_t n;
+	int codec, rc;
+
+	if (!raw || !raw_len)
+		return DTC_EINVAL;
+	if ((rc = dtc_chunk_info(in, len, &n, &codec)) != DTC_OK)
+		return rc;
+	*raw = NULL;
+	*raw_len = (size_t)n;
+	if (codec != DTC_CODEC_RAW)
+		return DTC_OK;
+	if (XXH3_64bits(in + DTC_CHUNK_HDR, (size_t)n) != get_u64(in + 24))
+		return DTC_ECHECKSUM;
+	*raw = in + DTC_CHUNK_HDR;
+	return DTC_OK;
+}
+
 int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec)
 {
 	uint64_t raw, stored;

@@ -58,6 +58,15 @@ size_t dtc_chunk_bound(size_t len);
 int dtc_chunk_pack(const void *in, size_t len, int zlevel, uint8_t *out, size_t cap,
 		   size_t *outlen);
 
+/* Frame in place, raw: `buf` holds DTC_CHUNK_HDR free bytes and then the
+ * `len` payload bytes; writes the header, so buf becomes a chunk of
+ * DTC_CHUNK_HDR + len bytes without a second copy of the payload. */
+int dtc_chunk_seal_raw(uint8_t *buf, size_t len);
+
+/* A raw-stored chunk's payload in place, checksum verified (*raw points
+ * into `in`); *raw = NULL when it is compressed (use dtc_chunk_unpack). */
+int dtc_chunk_view(const uint8_t *in, size_t len, const uint8_t **raw, size_t *raw_len);
+
 /* Header fields of a chunk (checked for consistency with len). */
 int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec);
 

@@ -290,6 +290,36 @@ static void test_chunk(void **state)
 	free(out);
 }
 
+/* Sealed in place == packed raw; a view reads it without a copy, refuses a
+ * flipped byte and leaves compressed chunks to dtc_chunk_unpack. */
+static void test_chunk_in_place(void **state)
+{
+	size_t n = 5000, cap = dtc_chunk_bound(n), len, vlen;
+	uint8_t *buf = malloc(DTC_CHUNK_HDR + n), *packed = malloc(cap);
+	const uint8_t *view;
+
+	for (size_t i = 0; i < n; i++)
+		buf[DTC_CHUNK_HDR + i] = (uint8_t)(i % 5 ? 0 : rnd());
+	assert_int_equal(dtc_chunk_seal_raw(buf, n), DTC_OK);
+	assert_int_equal(dtc_chunk_pack(buf + DTC_CHUNK_HDR, n, 0, packed, cap, &len), DTC_OK);
+	assert_int_equal(len, DTC_CHUNK_HDR + n);
+	assert_memory_equal(buf, packed, len);
+	assert_int_equal(dtc_chunk_view(buf, len, &view, &vlen), DTC_OK);
+	assert_ptr_equal(view, buf + DTC_CHUNK_HDR);
+	assert_int_equal(vlen, n);
+	buf[DTC_CHUNK_HDR + n / 2] ^= 1;
+	assert_int_equal(dtc_chunk_view(buf, len, &view, &vlen), DTC_ECHECKSUM);
+	assert_int_equal(dtc_chunk_view(buf, len - 1, &view, &vlen), DTC_ETRUNC);
+	assert_int_not_equal(dtc_chunk_view(buf, 10, &view, &vlen), DTC_OK);
+	assert_int_equal(dtc_chunk_pack(buf + DTC_CHUNK_HDR, n, 3, packed, cap, &len), DTC_OK);
+	assert_int_equal(dtc_chunk_view(packed, len, &view, &vlen), DTC_OK);
+	assert_null(view);
+	assert_int_equal(vlen, n);
+	assert_int_equal(dtc_chunk_seal_raw(NULL, 0), DTC_EINVAL);
+	free(buf);
+	free(packed);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -299,6 +329,7 @@ int main(void)
 		cmocka_unit_test(test_corrupt),
 		cmocka_unit_test(test_dense),
 		cmocka_unit_test(test_chunk),
+		cmocka_unit_test(test_chunk_in_place),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
