@@ -333,27 +333,45 @@ out:
 	return rc;
 }
 
-/* Growable byte buffer for one pair's raw payload. */
+/* Growable byte buffer for one pair's framed payload: DTC_CHUNK_HDR bytes
+ * kept free at the front, then length-prefixed entry payloads encoded in
+ * place, so the buffer becomes the chunk without another copy. */
 struct bytes {
 	uint8_t *p;
 	size_t n, cap;
 };
 
-static int bytes_put(struct bytes *b, const uint8_t *data, size_t len)
+/* Room for `len` more bytes (pages past what is written stay untouched, so
+ * a generous bound costs address space, not memory). */
+static int bytes_reserve(struct bytes *b, size_t len)
 {
-	if (b->n + 8 + len > b->cap) {
+	if (!b->n)
+		b->n = DTC_CHUNK_HDR;
+	if (b->n + len > b->cap) {
 		size_t nc = b->cap ? b->cap : 4096;
 		void *np;
 
-		while (nc < b->n + 8 + len)
+		while (nc < b->n + len)
 			nc *= 2;
 		if (!(np = realloc(b->p, nc)))
 			return -1;
 		b->p = np;
 		b->cap = nc;
 	}
+	return 0;
+}
+
+static void bytes_len(struct bytes *b, size_t at, size_t len)
+{
 	for (int i = 0; i < 8; i++)
-		b->p[b->n + i] = (uint8_t)((uint64_t)len >> (8 * i));
+		b->p[at + i] = (uint8_t)((uint64_t)len >> (8 * i));
+}
+
+static int bytes_put(struct bytes *b, const uint8_t *data, size_t len)
+{
+	if (bytes_reserve(b, 8 + len) < 0)
+		return -1;
+	bytes_len(b, b->n, len);
 	if (len)
 		memcpy(b->p + b->n + 8, data, len);
 	b->n += 8 + len;
@@ -466,33 +484,34 @@ static int entry_sparse(struct jcap *c, struct det *d, const struct jentry *e,
 	*count = cnt;
 	enc = NULL;
 	if (cnt) {
+		size_t at, bound = dtc_sparse_bound(cnt);
+
+		/* Encoded straight into the pair's payload: no per-entry copy. */
 		pos = malloc(cnt * sizeof(*pos));
 		val = malloc(cnt * sizeof(*val));
-		enc = malloc(dtc_sparse_bound(cnt));
-		if (!pos || !val || !enc) {
+		if (!pos || !val || bytes_reserve(raw, 8 + bound) < 0) {
 			free(pos);
 			free(val);
-			free(enc);
 			return CAPFAIL("out of memory");
 		}
+		at = raw->n;
 		r = jdev_sparse_from_bitmap(&e->map, bitmap, words, s->param, s->len, pos, val,
 					   cnt, &n);
 		if (r == DTC_OK && n != cnt)
 			r = DTC_ECORRUPT;
 		if (r == DTC_OK)
-			r = dtc_sparse_encode(pos, val, n, e->box, enc, dtc_sparse_bound(cnt), &len);
+			r = dtc_sparse_encode(pos, val, n, e->box, raw->p + at + 8, bound, &len);
 		free(pos);
 		free(val);
-		if (r != DTC_OK) {
-			free(enc);
+		if (r != DTC_OK)
 			return CAPFAIL("sparse capture: %s", dtc_strerror(r));
-		}
-		if (bytes_put(raw, enc, len) < 0) {
-			free(enc);
-			return CAPFAIL("out of memory");
-		}
+		bytes_len(raw, at, len);
+		raw->n += 8 + len;
+		/* Other members with the same bitmap reuse it: keep an exact copy. */
+		if (d->left > 1 && (enc = malloc(len)))
+			memcpy(enc, raw->p + at + 8, len);
 	}
-	if (d->left > 1 && (np = realloc(d->sp, (d->nsp + 1) * sizeof(*d->sp)))) {
+	if (d->left > 1 && (!cnt || enc) && (np = realloc(d->sp, (d->nsp + 1) * sizeof(*d->sp)))) {
 		d->sp = np;
 		d->sp[d->nsp].bitmap = bitmap;
 		d->sp[d->nsp].enc = enc;
@@ -550,15 +569,22 @@ static int capture_pair(struct jcap *c, struct jcap_pair *p, struct det *dets)
 		if (--d->left == 0)
 			det_release(d);
 	}
-	if (raw.n) {
-		size_t bound = dtc_chunk_bound(raw.n);
+	if (raw.n > DTC_CHUNK_HDR) {
+		size_t len = raw.n - DTC_CHUNK_HDR, bound = dtc_chunk_bound(len);
+		int zl = p->remote ? (int)c->zstd_level : 0;
 
-		p->chunk = malloc(bound);
 		/* Memory is faster than zstd, and a same-cluster link usually
-		 * is too: zstd only where the job asks for it (zstd_level). */
-		if (!p->chunk || dtc_chunk_pack(raw.p, raw.n, p->remote ? (int)c->zstd_level : 0,
-						p->chunk, bound,
-						&p->chunk_len) != DTC_OK) {
+		 * is too: zstd only where the job asks for it (zstd_level).
+		 * Stored raw, the payload buffer is framed in place and handed
+		 * over as the chunk. */
+		if (!zl) {
+			dtc_chunk_seal_raw(raw.p, len);
+			p->chunk = raw.p;
+			p->chunk_len = raw.n;
+			raw.p = NULL;
+		} else if (!(p->chunk = malloc(bound)) ||
+			   dtc_chunk_pack(raw.p + DTC_CHUNK_HDR, len, zl, p->chunk, bound,
+					  &p->chunk_len) != DTC_OK) {
 			CAPFAIL("payload framing failed");
 			goto out;
 		}

@@ -213,6 +213,7 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
 	uint8_t *raw = NULL;
+	const uint8_t *data = NULL, *view = NULL;
 	size_t raw_len = 0, off = 0, bound = 0;
 	int rc = -1;
 
@@ -233,12 +234,20 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 				 "counts allow", (unsigned long long)s->src);
 			return -1;
 		}
-		raw = malloc(claimed ? claimed : 1);
-		if (!raw || dtc_chunk_unpack(s->payload, s->len, raw, claimed, &raw_len) != DTC_OK) {
+		/* Stored raw (the same-cluster default), it is decoded where it
+		 * was received: no second copy of the payload. */
+		if (dtc_chunk_view(s->payload, s->len, &view, &raw_len) != DTC_OK ||
+		    (!view && (!(raw = malloc(claimed ? claimed : 1)) ||
+			       dtc_chunk_unpack(s->payload, s->len, raw, claimed,
+						&raw_len) != DTC_OK))) {
 			snprintf(err, errlen, "source %llx: payload corrupt (checksum or framing)",
 				 (unsigned long long)s->src);
 			goto out;
 		}
+		if (view)
+			data = view;
+		else
+			data = raw;
 	} else if (bound) {
 		snprintf(err, errlen, "source %llx: counts announce data but no payload came",
 			 (unsigned long long)s->src);
@@ -273,19 +282,19 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 		}
 		if (!cnt)
 			continue;
-		if (raw_len - off < 8 || (len = get64(raw + off)) > raw_len - off - 8) {
+		if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8) {
 			snprintf(err, errlen, "entry %zu: payload truncated", i);
 			goto out;
 		}
 		off += 8;
 		if (dense) {
 			w->val = malloc(e->box * sizeof(*w->val));
-			r = w->val ? dtc_dense_decode(raw + off, len, e->box, w->val) : DTC_ENOMEM;
+			r = w->val ? dtc_dense_decode(data + off, len, e->box, w->val) : DTC_ENOMEM;
 			w->n = e->box;
 		} else {
 			w->pos = malloc(cnt * sizeof(*w->pos));
 			w->val = malloc(cnt * sizeof(*w->val));
-			r = w->pos && w->val ? dtc_sparse_decode(raw + off, len, e->box, w->pos, w->val,
+			r = w->pos && w->val ? dtc_sparse_decode(data + off, len, e->box, w->pos, w->val,
 								 cnt, &got) : DTC_ENOMEM;
 			if (r == DTC_OK && got != cnt)
 				r = DTC_ECORRUPT;
