@@ -4,6 +4,7 @@
  * the loop must close clean (no handle left) before the process exits.
  */
 #include <getopt.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,6 +251,14 @@ int main(int argc, char **argv)
 	char err[512], why[256] = "";
 	const struct dtc_backend *be;
 	int rc, exit_code = 1;
+
+	/* Capture buffers (positions, values, payloads: MiB to GiB, once per
+	 * version, on whichever worker thread runs it) come from mmap and go
+	 * back to the kernel when freed.  glibc's default raises this
+	 * threshold after the first such free, and then freed buffers stay in
+	 * each worker's arena: a sparse sync held the leftovers of earlier
+	 * versions on top of its own (issue 8, daemon memory). */
+	mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
 	rc = parse_args(argc, argv);
 	if (rc)
