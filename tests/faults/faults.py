@@ -21,9 +21,9 @@ a version is in flight, the trainer process and a sink process SIGKILLed
 mid-publish (their buffers released, the job goes on), the link to sink2
 cut and restored mid-transfer (veth down/up between network namespaces),
 a payload byte corrupted in flight, records duplicated and reordered (test
-hooks in the router), and a disk that fills up under a storage root (a
-small tmpfs; storage is not yet wired into jobs, so the storage writer and
-reader tools are driven directly).
+hooks in the router), and a disk that fills up under the root of a real
+daemon storage job (a small tmpfs; its own writer and reader groups, see
+sc_disk_full).
 
   faults.py [--trials N] [--only a,b]      default 10 trials per scenario
 Final line: `faults: scenarios=S trials=T torn=0 wrong=0 recovered=R`.
@@ -446,142 +446,202 @@ HOOKED = {"corrupt-payload": "test hook: corrupt-payload",
 
 
 # ------------------------------------------------------------ disk full
-def sc_disk_full(tally, trials, work, log):
-    """dte-storage write onto a tmpfs that fills up: the write fails with a
-    clear error and leaves no manifest; the reader stays exact at the
-    version before; with space back the same version is written again and
-    the reader reaches it exactly."""
-    import numpy as np
-    import storage_basic as sb
+DISK_MB = 32
 
+
+def fill(mnt, path):
+    """Take every free block of the tmpfs: the next write there is ENOSPC."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (1 << 20, 1 << 16, 4096, 512, 1):
+            buf = b"\0" * chunk
+            while True:
+                try:
+                    if os.write(fd, buf) < chunk:
+                        break
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return os.statvfs(mnt).f_bavail
+
+
+class StoreReaders:
+    """The reader group (storage_sync.Readers) keeping each rank's applied
+    version across calls, so `applied` is what the sinks really hold."""
+
+    def __init__(self, ss, daemon, store):
+        self.g = ss.Readers(daemon, store, "f-disk")
+        self.held = [0] * ss.TP
+
+    def catch_up(self, version, wait_s):
+        end = time.time() + wait_s
+        while min(self.held) < version and time.time() < end:
+            for i, p in enumerate(self.g.parts):
+                try:
+                    v = self.g.cli.wait_staged(JOB_DISK, p, 100)
+                except _lib.DteError as e:
+                    if e.code == _lib.ERR_TIMEOUT:
+                        continue
+                    raise
+                self.held[i] = self.g.cli.apply(JOB_DISK, p, v)["version"]
+        return self.applied()
+
+    def applied(self):
+        return min(self.held) if self.held[0] == self.held[-1] else -1
+
+
+JOB_DISK = "qwen-store"
+
+
+def sc_disk_full(tally, trials, work, log):
+    """A real storage job whose root is a small tmpfs: a writer group
+    (coordinator daemon + Megatron TP=2 trainer, real AdamW) and a reader
+    group (SGLang TP=2 sinks on another daemon) sharing only that directory.
+    Each trial fills the tmpfs, publishes v: the writer daemon's commit
+    fails with ENOSPC, says so (log, dtectl history) and keeps serving; the
+    readers apply nothing of v and stay exact at what they hold.  With the
+    space back, two clean publishes must bring them exactly to the newest."""
     name = "disk-full"
-    t = tally.scenario(name)
+    if os.geteuid() != 0:
+        print("faults: disk-full skipped (needs root to mount a tmpfs)", flush=True)
+        return
     mnt = os.path.join(work, "small")
     os.mkdir(mnt)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", mnt],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % DISK_MB, "tmpfs", mnt],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        log("disk-full: skipped (cannot mount a tmpfs: %s)" % r.stderr.strip())
+        print("faults: disk-full skipped (cannot mount a tmpfs: %s)" % r.stderr.strip(),
+              flush=True)
         return
-    tool = sb.TOOL if os.path.isabs(sb.TOOL) else os.path.join(fl.ROOT, sb.TOOL)
-    reader = None
+    os.environ.setdefault("DTE_STORAGE_ASAN", "1")   # faults.py already re-exec'd for ASan
+    import storage_sync as ss
+    from dte import megatron, toy
+
+    t = tally.scenario(name)
+    store = os.path.join(mnt, "root")
+    os.mkdir(store)
+    filler = os.path.join(mnt, "filler")
+    daemons, wants = [], {}
+    model = megatron.MegatronModel(ss.CFG, tp=ss.TP, seed=0, label="f-disk-src",
+                                   placement=ss.SRC_LAYOUT)
+    trainer = megatron.Trainer(model, lr=ss.LR, warmup=ss.WARMUP)
+    task = toy.ToyTask(ss.CFG["vocab_size"])
+    st = {"step": 0}
+    w = rd = None
+
+    def publish(v):
+        """One AdamW step published as v; True when the job completed it."""
+        st["step"] += 1
+        rec = trainer.step(*task.batch_at(st["step"]))
+        wants[v] = ss.expected(model)
+        try:
+            w.publish(v, rec, wait=True)
+            return True, ""
+        except _lib.DteError as e:
+            return False, str(e)
+
+    def exact_at(v):
+        if v <= 0:
+            return []
+        if v not in wants:
+            return ["readers report v%d that no trainer published" % v]
+        return ss.exact(wants[v], rd.g)
+
+    def history_note(d, v):
+        h = json.loads(d.ctl("--json", "history", JOB_DISK).stdout or "{}").get("versions", [])
+        return next((x.get("note", "") for x in h if int(x.get("version", -1)) == v), None)
+
     try:
-        root = os.path.join(mnt, "root")
-        os.mkdir(root)
-        tr = sb.Trainer()
-        spec = os.path.join(work, "spec.json")
-        with open(spec, "w") as f:
-            json.dump({"tensors": [{"name": n, "numel": k} for n, k in zip(tr.names, tr.numel)]},
-                      f)
-        filler = os.path.join(mnt, "filler")
-
-        def write(v, cur, prev):
-            dfile, dense = os.path.join(work, "delta.bin"), os.path.join(work, "dense.bin")
-            cur.astype("<u2").tofile(dense)
-            cmd = [tool, "write", root, "policy", "--spec", spec, "--version", str(v),
-                   "--dense", dense, "--keyframe-every", "10"]
-            if prev is not None:
-                sb.write_delta(dfile, tr.numel, prev, cur)
-                cmd += ["--delta", dfile]
-            return subprocess.run(cmd, capture_output=True, text=True)
-
-        def position():
-            try:
-                with open(os.path.join(root, "policy", "readers", "R")) as f:
-                    return json.load(f)["version"]
-            except (OSError, ValueError):
-                return -1
-
-        ref = {}
-        prev = None
-        v = 0
-        last = 3 * trials + 2
-        reader = subprocess.Popen([tool, "read", root, "policy", "--spec", spec, "--name", "R",
-                                   "--watch", "poll", "--interval-ms", "50", "--until",
-                                   str(last), "--timeout", "300"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def step_write(expect_ok=True):
-            nonlocal prev, v
-            if v:
-                tr.step()
-            cur = tr.bf16()
-            ref[v] = sb.xxh3(cur)
-            r = write(v, cur, prev)
-            return cur, r
-
-        def wait_reader(want, timeout=20):
-            end = time.time() + timeout
-            while time.time() < end and position() < want:
-                time.sleep(0.02)
-            return position()
-
-        cur, r = step_write()
-        prev = cur
-        v += 1
+        a = ss.Daemon(work, "grp-a")
+        daemons.append(a)
+        w = ss.Writer(model, a, store)
+        b = ss.Daemon(work, "grp-b")
+        daemons.append(b)
+        rd = StoreReaders(ss, b, store)
+        v = 1
+        for v in (1, 2):                        # warm: a keyframe, then a delta
+            publish(v)
+            rd.catch_up(v, CLEAN_WAIT_S)
+        bad = exact_at(rd.applied())
+        if rd.applied() != 2 or bad:
+            log("disk-full: not exact before the faults (at v%d): %s" % (rd.applied(), bad[:2]))
+        v = 3
         for i in range(trials):
             t[0] += 1
             tally.trials += 1
-            st = os.statvfs(mnt)
-            free = st.f_bavail * st.f_frsize
-            with open(filler, "wb") as f:
-                try:
-                    f.write(b"\0" * max(free - 64 * 1024, 0))
-                except OSError:
-                    pass
-            cur, r = step_write()
-            failed = r.returncode != 0
-            man = os.path.exists(os.path.join(root, "policy", "v%d.manifest" % v))
-            if not failed or man:
-                log("disk-full v%d: write on a full disk: rc=%d manifest=%s" %
-                    (v, r.returncode, man))
-            elif "space" not in r.stderr.lower():
-                log("disk-full v%d: unclear error: %s" % (v, r.stderr.strip()[-200:]))
-            time.sleep(0.2)
-            at = position()
-            if at >= v:
+            before = rd.applied()
+            left = fill(mnt, filler)
+            ok, msg = publish(v)
+            at = rd.catch_up(v, FAULT_WAIT_S)
+            alive = a.proc.poll() is None
+            man = os.path.exists(os.path.join(store, JOB_DISK, "v%d.manifest" % v))
+            note = history_note(a, v) or ""
+            logged = "storage v%d not written" % v in a.text()
+            torn = []
+            if at != before or man:
+                torn.append("readers moved v%d -> v%d on a failed write (manifest %s)" %
+                            (before, at, man))
+            torn += exact_at(at)
+            if torn:
                 t[1] += 1
                 tally.torn += 1
-                log("disk-full v%d: TORN: reader moved to v%d on a failed write" % (v, at))
+                log("disk-full v%d TORN: %s" % (v, "; ".join(torn[:3])))
+            clear = logged and "space" in a.text().lower() and "storage write failed" in note
+            if not alive or not clear:
+                log("disk-full v%d: failure not reported clearly (alive=%s log=%s history=%r "
+                    "publish=%s %s free_blocks=%d)" % (v, alive, logged, note, ok, msg, left))
+            if i == 0:
+                line = next((x for x in a.text().splitlines()
+                             if "storage v%d not written" % v in x), "")
+                print("  disk-full v%d: writer log: %s" % (v, line.split("job ", 1)[-1]))
+                print("  disk-full v%d: dtectl history note: %s" % (v, note), flush=True)
             os.unlink(filler)
-            ok = True
-            for k in range(2):
-                if k:
-                    v += 1
-                    cur, r = step_write()
-                else:
-                    r = write(v, cur, prev)   # the failed version again
-                if r.returncode != 0:
-                    ok = False
-                    log("disk-full v%d: write with space back failed: %s" % (v, r.stderr[-200:]))
-                prev = cur
-            v += 1
-            if wait_reader(v - 1) >= v - 1 and ok:
+            rec, wrong = False, []
+            for k in (1, 2):
+                ok, msg = publish(v + k)
+                at = rd.catch_up(v + k, CLEAN_WAIT_S)
+                bad = exact_at(at)
+                wrong += bad
+                if not ok:
+                    log("disk-full v%d: publish with space back failed: %s" % (v + k, msg))
+                if ok and not bad and at == v + k:
+                    rec = True     # still publish the second: it must stay exact
+            if wrong:
+                t[2] += 1
+                tally.wrong += 1
+                log("disk-full v%d WRONG: %s" % (v, "; ".join(wrong[:4])))
+            if rec:
                 t[3] += 1
                 tally.recovered += 1
             else:
-                log("disk-full: reader at v%d, wanted v%d" % (position(), v - 1))
-            # Keep room for the next trial's fill.
-            subprocess.run([tool, "gc", root, "policy", "--keep", "2", "--keep-keyframes", "1"],
-                           capture_output=True)
-        # Every version the reader applied must hash like the trainer's.
-        while v <= last:
-            cur, r = step_write()
-            prev = cur
-            v += 1
-        out, err = reader.communicate(timeout=60)
-        reader = None
-        applied = [dict(x.split("=", 1) for x in line.split()[1:]) for line in out.splitlines()
-                   if line.startswith("applied ")]
-        bad = [a for a in applied if ref.get(int(a["version"])) != a["xxh3"]]
-        if bad or not applied:
-            t[2] += 1
-            tally.wrong += 1
-            log("disk-full: WRONG: %d of %d applied versions differ" % (len(bad), len(applied)))
+                log("disk-full v%d: not recovered within two publishes (readers at v%d)" %
+                    (v, rd.applied()))
+            v += 3
+        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+        if int(j.get("storage_head", -1)) != v - 1:
+            log("disk-full: writer head v%s, wanted v%d" % (j.get("storage_head"), v - 1))
+    except Exception as e:
+        import traceback
+        traceback.print_exc()
+        log("disk-full: harness error: %s" % e)
     finally:
-        if reader:
-            reader.kill()
-            reader.wait()
+        if w:
+            w.close()
+        if rd:
+            try:
+                rd.g.cli.close()
+            except Exception:
+                pass
+        rcs = [d.stop() for d in daemons]
+        if any(x not in (0, None) for x in rcs):
+            log("disk-full: daemons exited %s" % rcs)
+        if any("AddressSanitizer" in d.text() or "runtime error" in d.text() for d in daemons):
+            log("disk-full: sanitizer report in a daemon log")
+        if t[0] != t[3] or any(x not in (0, None) for x in rcs):
+            for d in daemons:
+                print("--- %s log (tail) ---\n%s" % (d.name, "\n".join(d.text().splitlines()[-20:])))
+        trainer.close()
         subprocess.run(["umount", mnt], capture_output=True)
 
 
