@@ -331,6 +331,7 @@ static void writer_commit(struct jstore *s, struct job *j, uint64_t version,
 	struct dts_gc_result res;
 	struct jhist *h;
 	char err[512];
+	const char *cause;
 	int rc, requested = dts_keyframe_take(s->cfg.root, j->name);
 
 	if (requested)
@@ -382,8 +383,18 @@ fail:
 	dts_writer_abort(s->w);
 	DLOG_E("job %s: storage v%llu not written (%s): %s", j->name, (unsigned long long)version,
 	       dts_strerror(rc), err);
+	/* The errno text ends err after a long path: a 96-byte history note
+	 * cut at the front would hide "No space left on device", so the note
+	 * and dtectl job carry the cause first.  broken counts versions the
+	 * writer could not commit (a reader counts refused ones). */
+	cause = strrchr(err, ':');
+	cause = cause && cause[1] == ' ' ? cause + 2 : err;
+	s->broken++;
+	snprintf(s->error, sizeof(s->error), "v%llu not written: %s: %.200s",
+		 (unsigned long long)version, dts_strerror(rc), err);
 	if ((h = jhist_find(j, version)))
-		snprintf(h->note, sizeof(h->note), "storage write failed: %.60s", err);
+		snprintf(h->note, sizeof(h->note), "storage write failed (%s): %.60s",
+			 dts_strerror(rc), cause);
 out:
 	free(pos);
 	free(val);
