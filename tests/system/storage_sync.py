@@ -17,36 +17,18 @@ and repaired from a requested keyframe; group C joins after 30 versions and
 starts exact from a keyframe.
 """
 
-import collections
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
+from harness import B, groups_of  # noqa: E402  (groups_of: also for importers)
 
-
-def asan_reexec():
-    """A sanitized libdte.so needs the ASan runtime loaded first."""
-    if "asan" not in os.path.basename(B) or os.environ.get("DTE_STORAGE_ASAN"):
-        return
-    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
-                        text=True).stdout.strip()
-    env = dict(os.environ, DTE_STORAGE_ASAN="1", LD_PRELOAD=rt,
-               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-asan_reexec()
+harness.asan_preload_reexec("DTE_STORAGE_ASAN")
 
 import torch  # noqa: E402
 
@@ -74,17 +56,9 @@ class Daemon:
             os.unlink(self.sock)
         self.logpath = os.path.join(self.dir, "dted.log")
         self.log = open(self.logpath, "a+")
-        conf = os.path.join(self.dir, "dted.conf")
-        with open(conf, "w") as f:
-            f.write("[daemon]\nnode_name = %s\nlog_level = info\n" % name)
-        self.proc = subprocess.Popen(
-            [os.path.join(B, "bin", "dted"), "--foreground", "--config", conf, "--socket",
-             self.sock, "--peer-listen", "127.0.0.1:0"], stdout=self.log, stderr=self.log,
-            env=dict(os.environ, **(env or {})))
-        for _ in range(200):
-            if os.path.exists(self.sock):
-                break
-            time.sleep(0.05)
+        self.proc, _ = harness.start_dted(self.dir, name, self.log,
+                                          env=dict(os.environ, **(env or {})))
+        harness.wait_socket(self.sock, 200)
 
     def text(self):
         with open(self.logpath) as f:
@@ -114,13 +88,7 @@ class Daemon:
             return -9
 
     def ctl(self, *args):
-        return subprocess.run([os.path.join(B, "bin", "dtectl"), "--socket", self.sock] +
-                              list(args), capture_output=True, text=True)
-
-
-def groups_of(rec):
-    return [{"lr": g.lr, "beta1": g.beta1, "beta2": g.beta2, "eps": g.eps,
-             "weight_decay": g.weight_decay} for g in rec["groups"]]
+        return harness.dtectl(self.sock, *args)
 
 
 class Writer:
@@ -206,19 +174,13 @@ class Readers:
 
 
 def expected(model):
-    hf = collections.OrderedDict((n, t.to(torch.bfloat16)) for n, t in model.to_hf().items())
-    return sglang.hf_to_sglang(hf, CFG, TP)
+    return harness.expected_sglang(model, CFG, TP)
 
 
 def exact(want, grp):
     bad = []
     for r in range(TP):
-        got = grp.tensors(r)
-        for name, w in want[r].items():
-            g = got[name]
-            if not torch.equal(w.view(torch.int16), g.view(torch.int16)):
-                n = int((w.view(torch.int16) != g.view(torch.int16)).sum())
-                bad.append("rank %d %s (%d of %d)" % (r, name, n, w.numel()))
+        bad += harness.mismatches(want[r], grp.tensors(r), "rank %d " % r)
     return bad
 
 

@@ -14,31 +14,13 @@ could not.  The sink then applies the version, checked against RNE(θ).
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
 
-
-def asan_reexec():
-    """A sanitized libdte.so needs the ASan runtime preloaded."""
-    if "asan" not in os.path.basename(B) or os.environ.get("DTE_SYNC_ASAN"):
-        return
-    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
-                        text=True).stdout.strip()
-    env = dict(os.environ, DTE_SYNC_ASAN="1", LD_PRELOAD=rt,
-               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-asan_reexec()
+harness.asan_preload_reexec("DTE_SYNC_ASAN")
 
 import torch  # noqa: E402
 
@@ -57,8 +39,7 @@ SRC, SINK = "megatron:tp=1", "sglang:tp=1"
 
 def dtectl(sock, *args):
     t0 = time.monotonic()
-    r = subprocess.run([os.path.join(B, "bin", "dtectl"), "--socket", sock] + list(args),
-                       capture_output=True, text=True, timeout=60)
+    r = harness.dtectl(sock, *args, timeout=60)
     return r.returncode, r.stdout + r.stderr, time.monotonic() - t0
 
 
@@ -66,22 +47,13 @@ def main():
     c = Checks("sync-capture")
     elems, pub = 0, []
     tmp = tempfile.mkdtemp(prefix="dte-capture-")
-    sock = os.path.join(tmp, "dted.sock")
-    conf = os.path.join(tmp, "dted.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = capture\nlog_level = info\n")
     log = open(os.path.join(tmp, "dted.log"), "w+")
     release = os.path.join(tmp, "release")
     env = dict(os.environ, DTE_TEST_HOOK="capture-stall@1", DTE_TEST_HOOK_RELEASE=release)
-    daemon = subprocess.Popen([os.path.join(B, "bin", "dted"), "--foreground", "--config", conf,
-                               "--socket", sock, "--peer-listen", "127.0.0.1:0"],
-                              stderr=log, stdout=log, env=env)
+    daemon, sock = harness.start_dted(tmp, "capture", log, env=env)
     arenas = []
     try:
-        for _ in range(100):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
+        harness.wait_socket(sock)
         cli = _lib.Client(sock)
         cli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
         # Source: three arenas with every tensor where the layout puts it.

@@ -18,7 +18,6 @@ DTE_DETECT=snapshot runs every phase with the job option detect = snapshot
 inverting AdamW): the same exactness on every sink, every version.
 """
 
-import collections
 import json
 import mmap
 import os
@@ -26,30 +25,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
+from harness import ROOT, groups_of  # noqa: E402  (groups_of: also for importers)
+
 DETECT = os.environ.get("DTE_DETECT") or None
-
-
-def asan_reexec():
-    """A sanitized libdte.so needs the ASan runtime loaded first: run this
-    script again with it preloaded (the daemon is sanitized on its own)."""
-    if "asan" not in os.path.basename(B) or os.environ.get("DTE_SYNC_ASAN"):
-        return
-    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
-                        text=True).stdout.strip()
-    env = dict(os.environ, DTE_SYNC_ASAN="1", LD_PRELOAD=rt,
-               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
-
-asan_reexec()
+harness.asan_preload_reexec("DTE_SYNC_ASAN")
 
 import torch  # noqa: E402
 
@@ -68,42 +49,9 @@ LR, WARMUP = 1e-5, 5
 
 
 # ---------------------------------------------------------------- trainer
-def c_registration_order(cfg):
-    """Megatron's param registration order (gen_megatron.c): the flat
-    buffer holds them in reverse, each start aligned to 64 elements, which
-    is what shm.Arena's 256-byte alignment gives for FP32."""
-    names = ["embedding.word_embeddings.weight"]
-    for n in range(cfg["num_hidden_layers"]):
-        p = "decoder.layers.%d." % n
-        names += [p + "self_attention.linear_proj.weight",
-                  p + "self_attention.linear_qkv.layer_norm_weight",
-                  p + "self_attention.linear_qkv.weight",
-                  p + "self_attention.q_layernorm.weight",
-                  p + "self_attention.k_layernorm.weight",
-                  p + "mlp.linear_fc1.layer_norm_weight",
-                  p + "mlp.linear_fc1.weight",
-                  p + "mlp.linear_fc2.weight"]
-    names.append("decoder.final_layernorm.weight")
-    if not cfg["tie_word_embeddings"]:
-        names.append("output_layer.weight")
-    return names
-
-
-_shard_shapes = megatron.shard_shapes
-
-
-def flat_order_shapes(cfg, tp):
-    """Kept for tests/system/cluster_sync.py, which still installs it as
-    dte.megatron.shard_shapes; this test places tensors with placement=."""
-    s = _shard_shapes(cfg, tp)
-    order = list(reversed(c_registration_order(qwen3.make_config(cfg))))
-    assert sorted(order) == sorted(s), "registration list out of date with dte.megatron"
-    return collections.OrderedDict((n, s[n]) for n in order)
-
-
-def groups_of(rec):
-    return [{"lr": g.lr, "beta1": g.beta1, "beta2": g.beta2, "eps": g.eps,
-             "weight_decay": g.weight_decay} for g in rec["groups"]]
+# Kept for cluster_sync.py, isolation.py and tests/faults, which install it
+# as dte.megatron.shard_shapes; this test places tensors with placement=.
+flat_order_shapes = megatron.flat_buffer_shapes
 
 
 # ------------------------------------------------------------------ sinks
@@ -198,24 +146,14 @@ class ChildReplica:
 # -------------------------------------------------------------- checking
 def expected(model):
     """RNE(θ_t) of the trainer's FP32 weights, converted independently."""
-    hf = collections.OrderedDict((n, t.to(torch.bfloat16)) for n, t in model.to_hf().items())
-    return sglang.hf_to_sglang(hf, CFG, TP)
+    return harness.expected_sglang(model, CFG, TP)
 
 
 def exact(want, got_tensors):
-    bad = []
-    for name, w in want.items():
-        g = got_tensors[name]
-        if not torch.equal(w.view(torch.int16), g.view(torch.int16)):
-            n = int((w.view(torch.int16) != g.view(torch.int16)).sum())
-            bad.append("%s (%d of %d)" % (name, n, w.numel()))
-    return bad
+    return harness.mismatches(want, got_tensors)
 
 
-def dtectl(sock, *args):
-    r = subprocess.run([os.path.join(B, "bin", "dtectl"), "--socket", sock] + list(args),
-                       capture_output=True, text=True)
-    return r
+dtectl = harness.dtectl
 
 
 def bad_input(c, sock, trainer_cli, src_ids):
@@ -274,22 +212,13 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-sync-local-")
-    sock = os.path.join(tmp, "dted.sock")
     log = open(os.path.join(tmp, "dted.log"), "w+")
-    conf = os.path.join(tmp, "dted.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = sync-local\nlog_level = info\n")
-    daemon = subprocess.Popen([os.path.join(B, "bin", "dted"), "--foreground", "--config", conf,
-                               "--socket", sock, "--peer-listen", "127.0.0.1:0"],
-                              stderr=log, stdout=log)
+    daemon, sock = harness.start_dted(tmp, "sync-local", log)
     children = []
     versions = exact_versions = 0
     sparse_pct = []
     try:
-        for _ in range(100):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
+        harness.wait_socket(sock)
         # Every tensor where the daemon's layout says it lives (libdte's
         # dte_layout_tensors), not where this test assumes.
         model = megatron.MegatronModel(CFG, tp=TP, seed=0, label="sync-src",

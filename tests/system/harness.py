@@ -1,0 +1,136 @@
+"""What the Python system tests share: where the tree and the build are,
+the ASan re-exec, starting one dted, dtectl, and the bit-exactness check.
+
+Importing this sets ROOT/B (B made absolute and exported, so daemons and
+child processes see the same build) and puts client/python on sys.path.
+It must not import torch: the ASan re-exec has to happen before anything
+loads libdte, so torch (and dte.*) are imported by the callers afterwards
+or lazily here.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PYDIR = os.path.join(ROOT, "client", "python")
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+B = os.environ.get("B", "build")
+if not os.path.isabs(B):
+    B = os.path.join(ROOT, B)
+os.environ["B"] = B
+DTED = os.path.join(B, "bin", "dted")
+DTECTL = os.path.join(B, "bin", "dtectl")
+
+
+# ------------------------------------------------------------------- ASan
+# Two rules, on purpose.  asan_preload_reexec keeps the preload for every
+# child (the single-daemon tests spawn sink processes that load libdte
+# too, and their dted is sanitized on its own).  asan_reexec remembers the
+# caller's ASAN_OPTIONS so child_env can hand daemons and tools the
+# caller's environment back without the preload.
+
+def asan_preload_reexec(guard):
+    """When B is an ASan build, run this script again with the ASan runtime
+    preloaded (leak checks off for Python itself); guard names the variable
+    that marks the second run."""
+    if "asan" not in os.path.basename(B) or os.environ.get(guard):
+        return
+    rt = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
+                        text=True).stdout.strip()
+    env = dict(os.environ, LD_PRELOAD=rt,
+               ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+    env[guard] = "1"
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def asan_reexec(argv=None):
+    """A sanitizer build's libdte needs the ASan runtime loaded first in
+    the Python process that ctypes-loads it: re-exec once (argv, by default
+    this script) with the runtime libdte links against preloaded."""
+    lib = os.path.join(B, "lib", "libdte.so.0")
+    if os.environ.get("DTE_ASAN_REEXEC") or not os.path.exists(lib):
+        return
+    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    m = re.search(r"libasan\.so\S* => (\S+)", deps)
+    if not m:
+        return
+    argv = argv or [sys.executable] + sys.argv
+    env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
+               DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
+               ASAN_OPTIONS="detect_leaks=0")
+    os.execve(argv[0], argv, env)
+
+
+def child_env(extra=None):
+    """Environment for dted/tools: no preload, the caller's ASAN_OPTIONS."""
+    e = dict(os.environ)
+    if e.pop("DTE_ASAN_REEXEC", None):
+        e.pop("LD_PRELOAD", None)
+        e["ASAN_OPTIONS"] = e.pop("DTE_ORIG_ASAN_OPTIONS", "")
+    e.update(extra or {})
+    return e
+
+
+# ------------------------------------------------------------------ daemon
+def start_dted(dirpath, name, log, conf_name="dted.conf", sock_name="dted.sock",
+               extra_conf="", env=None):
+    """Write dirpath/conf_name ([daemon] node_name, log_level = info, then
+    extra_conf) and start a foreground dted on dirpath/sock_name listening
+    for peers on loopback; stdout and stderr go to the open file log.
+    Returns (proc, sock).  The caller waits (wait_socket) and stops it."""
+    sock = os.path.join(dirpath, sock_name)
+    conf = os.path.join(dirpath, conf_name)
+    with open(conf, "w") as f:
+        f.write("[daemon]\nnode_name = %s\nlog_level = info\n%s" % (name, extra_conf))
+    proc = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
+                             "--peer-listen", "127.0.0.1:0"], stdout=log, stderr=log, env=env)
+    return proc, sock
+
+
+def wait_socket(sock, tries=100):
+    """Poll for the control socket every 50 ms; the checks that follow
+    report a daemon that never came up."""
+    for _ in range(tries):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+
+
+def dtectl(sock, *args, **kw):
+    """dtectl --socket sock args...; the CompletedProcess, text mode."""
+    return subprocess.run([DTECTL, "--socket", sock] + list(args), capture_output=True,
+                          text=True, **kw)
+
+
+# ---------------------------------------------------------------- checking
+def groups_of(rec):
+    """A captured step's optimizer groups as the dicts publish takes."""
+    return [{"lr": g.lr, "beta1": g.beta1, "beta2": g.beta2, "eps": g.eps,
+             "weight_decay": g.weight_decay} for g in rec["groups"]]
+
+
+def expected_sglang(model, cfg, tp):
+    """RNE(θ_t) of the trainer's FP32 weights, converted independently
+    (dte.sglang.hf_to_sglang): one dict of BF16 tensors per sink rank."""
+    import collections
+    import torch
+    from dte import sglang
+    hf = collections.OrderedDict((n, t.to(torch.bfloat16)) for n, t in model.to_hf().items())
+    return sglang.hf_to_sglang(hf, cfg, tp)
+
+
+def mismatches(want, got, prefix=""):
+    """Every tensor of want whose bits differ from got's (compared as int16,
+    so -0/+0 and NaN payloads count): "<prefix>name (n of total)"."""
+    import torch
+    bad = []
+    for name, w in want.items():
+        g = got[name]
+        if not torch.equal(w.view(torch.int16), g.view(torch.int16)):
+            n = int((w.view(torch.int16) != g.view(torch.int16)).sum())
+            bad.append("%s%s (%d of %d)" % (prefix, name, n, w.numel()))
+    return bad
