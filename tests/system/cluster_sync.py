@@ -26,14 +26,9 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-sys.path.insert(0, HERE)
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
+
+B = harness.B
 
 from cluster_sync_lib import Daemon, Netns, Workdir, asan_reexec, child_env, forge  # noqa: E402,E501
 

@@ -9,45 +9,19 @@ network lives; only daemon-to-daemon traffic crosses the namespaces.
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
 
-B = os.environ.get("B", "build")
-DTED = os.path.abspath(os.path.join(B, "bin", "dted"))
-DTECTL = os.path.abspath(os.path.join(B, "bin", "dtectl"))
+import harness
+
+# One implementation each in harness.py; the names stay here for importers.
+B, DTED, DTECTL = harness.B, harness.DTED, harness.DTECTL
+asan_reexec, child_env = harness.asan_reexec, harness.child_env
+
 FORGE = os.path.abspath(os.path.join(B, "bin", "dte-peer-forge"))
-
-
-def asan_reexec(argv):
-    """A sanitizer build's libdte needs the ASan runtime loaded first in
-    the Python process that ctypes-loads it: re-exec once with it
-    preloaded (leak checks off for Python itself; the daemons and tools
-    run with the caller's ASAN_OPTIONS)."""
-    lib = os.path.join(B, "lib", "libdte.so.0")
-    if os.environ.get("DTE_ASAN_REEXEC") or not os.path.exists(lib):
-        return
-    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    m = re.search(r"libasan\.so\S* => (\S+)", deps)
-    if not m:
-        return
-    env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
-               DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
-               ASAN_OPTIONS="detect_leaks=0")
-    os.execve(argv[0], argv, env)
-
-
-def child_env(extra=None):
-    """Environment for dted/tools: no preload, the caller's ASAN_OPTIONS."""
-    e = dict(os.environ)
-    if e.pop("DTE_ASAN_REEXEC", None):
-        e.pop("LD_PRELOAD", None)
-        e["ASAN_OPTIONS"] = e.pop("DTE_ORIG_ASAN_OPTIONS", "")
-    e.update(extra or {})
-    return e
 
 
 class Daemon:

@@ -14,35 +14,20 @@
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import types
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-PYDIR = os.path.join(ROOT, "client", "python")
-sys.path.insert(0, PYDIR)
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
+from harness import B, PYDIR, ROOT  # noqa: E402
 
 from dte import demo  # noqa: E402
 
 # The same ASan rule as the demo's, for this process's own libdte use.
-if __name__ == "__main__" and not os.environ.get("DTE_ASAN_REEXEC"):
-    lib = os.path.join(B, "lib", "libdte.so.0")
-    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout \
-        if os.path.exists(lib) else ""
-    m = re.search(r"libasan\.so\S* => (\S+)", deps)
-    if m:
-        env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
-                   DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
-                   ASAN_OPTIONS="detect_leaks=0")
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+if __name__ == "__main__":
+    harness.asan_reexec()
 
 import torch  # noqa: E402
 

@@ -20,30 +20,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-PYDIR = os.path.join(ROOT, "client", "python")
-sys.path.insert(0, PYDIR)
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-os.environ["B"] = B
+import harness  # sets ROOT and B, puts client/python on sys.path
+from harness import DTECTL, DTED, ROOT, child_env  # noqa: E402
 
 # A sanitized libdte.so needs the ASan runtime loaded first (as demo_short).
-if __name__ == "__main__" and not os.environ.get("DTE_ASAN_REEXEC"):
-    lib = os.path.join(B, "lib", "libdte.so.0")
-    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout \
-        if os.path.exists(lib) else ""
-    m = re.search(r"libasan\.so\S* => (\S+)", deps)
-    if m:
-        env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
-                   DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
-                   ASAN_OPTIONS="detect_leaks=0")
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+if __name__ == "__main__":
+    harness.asan_reexec()
 
 import torch  # noqa: E402
 
@@ -53,17 +38,6 @@ from dte.sink import Sink  # noqa: E402
 from dte.source import Source  # noqa: E402
 
 JOB, TOKEN = "ops-job", "ops-token"
-DTECTL = os.path.join(B, "bin", "dtectl")
-DTED = os.path.join(B, "bin", "dted")
-
-
-def child_env():
-    """Programs we run must not inherit the ASan preload meant for us."""
-    e = dict(os.environ)
-    if e.pop("DTE_ASAN_REEXEC", None):
-        e.pop("LD_PRELOAD", None)
-        e["ASAN_OPTIONS"] = e.pop("DTE_ORIG_ASAN_OPTIONS", "")
-    return e
 
 
 def free_port():
