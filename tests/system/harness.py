@@ -9,7 +9,6 @@ or lazily here.
 """
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ if not os.path.isabs(B):
 os.environ["B"] = B
 DTED = os.path.join(B, "bin", "dted")
 DTECTL = os.path.join(B, "bin", "dtectl")
+
+from dte import demo  # noqa: E402  (stdlib only: safe before the ASan re-exec)
 
 
 # ------------------------------------------------------------------- ASan
@@ -50,29 +51,13 @@ def asan_preload_reexec(guard):
 def asan_reexec(argv=None):
     """A sanitizer build's libdte needs the ASan runtime loaded first in
     the Python process that ctypes-loads it: re-exec once (argv, by default
-    this script) with the runtime libdte links against preloaded."""
-    lib = os.path.join(B, "lib", "libdte.so.0")
-    if os.environ.get("DTE_ASAN_REEXEC") or not os.path.exists(lib):
-        return
-    deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    m = re.search(r"libasan\.so\S* => (\S+)", deps)
-    if not m:
-        return
-    argv = argv or [sys.executable] + sys.argv
-    env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
-               DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
-               ASAN_OPTIONS="detect_leaks=0")
-    os.execve(argv[0], argv, env)
+    this script) with the runtime libdte links against preloaded.  The
+    demo's rule (dte.demo), so tests and demo cannot drift apart."""
+    demo.asan_reexec(argv or [sys.executable] + sys.argv)
 
 
-def child_env(extra=None):
-    """Environment for dted/tools: no preload, the caller's ASAN_OPTIONS."""
-    e = dict(os.environ)
-    if e.pop("DTE_ASAN_REEXEC", None):
-        e.pop("LD_PRELOAD", None)
-        e["ASAN_OPTIONS"] = e.pop("DTE_ORIG_ASAN_OPTIONS", "")
-    e.update(extra or {})
-    return e
+# Environment for dted/tools: no preload, the caller's ASAN_OPTIONS.
+child_env = demo.child_env
 
 
 # ------------------------------------------------------------------ daemon

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import harness  # sets ROOT and B, puts client/python on sys.path
-from harness import DTECTL, DTED, ROOT, child_env  # noqa: E402
+from harness import DTECTL, ROOT, child_env  # noqa: E402
 
 # A sanitized libdte.so needs the ASan runtime loaded first (as demo_short).
 if __name__ == "__main__":
@@ -387,17 +387,13 @@ def main():
     c = Checks("ops")
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-ops-")
-    sock = os.path.join(tmp, "ops.sock")
     port = free_port()
-    conf = os.path.join(tmp, "ops.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = ops\nlog_level = info\nruntime_dir = %s\n"
-                "metrics_listen = 127.0.0.1:%d\n[peer]\nstaging_size = 16M\n" % (tmp, port))
     log = open(os.path.join(tmp, "ops.log"), "w")
-    env = child_env()
-    env.update({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"})
-    d = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
-                          "--peer-listen", "127.0.0.1:0"], stdout=log, stderr=log, env=env)
+    d, sock = harness.start_dted(
+        tmp, "ops", log, conf_name="ops.conf", sock_name="ops.sock",
+        extra_conf="runtime_dir = %s\nmetrics_listen = 127.0.0.1:%d\n[peer]\n"
+                   "staging_size = 16M\n" % (tmp, port),
+        env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
     ctl = Ctl(sock)
     run = None
     cfg = qwen3.make_config(None, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

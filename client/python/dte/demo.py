@@ -41,11 +41,12 @@ def build_dir():
     return b if os.path.isabs(b) else os.path.join(ROOT, b)
 
 
-def asan_reexec():
+def asan_reexec(argv=None):
     """A sanitizer build's libdte needs the ASan runtime loaded first in the
     Python process that ctypes-loads it (and in the stand-in it spawns):
-    re-exec once with it preloaded.  The daemons get the caller's
-    environment back (child_env)."""
+    re-exec once with it preloaded, running argv (by default this demo;
+    the system tests pass their own command line).  The daemons get the
+    caller's environment back (child_env)."""
     lib = os.path.join(build_dir(), "lib", "libdte.so.0")
     if os.environ.get("DTE_ASAN_REEXEC") or not os.path.exists(lib):
         return
@@ -56,7 +57,8 @@ def asan_reexec():
     env = dict(os.environ, DTE_ASAN_REEXEC="1", LD_PRELOAD=m.group(1),
                DTE_ORIG_ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", ""),
                ASAN_OPTIONS="detect_leaks=0")
-    os.execve(sys.executable, [sys.executable, "-m", "dte.demo"] + sys.argv[1:], env)
+    argv = argv or [sys.executable, "-m", "dte.demo"] + sys.argv[1:]
+    os.execve(argv[0], argv, env)
 
 
 def child_env(extra=None):
