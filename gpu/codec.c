@@ -8,9 +8,9 @@
 #define GAP1_MAX	128u
 #define GAP2_MAX	(128u + 16384u)
 #define GAP_ESCAPE	0xC0u
-#define VARINT_MAX	10
+#define VARINT_MAX	DTC_VARINT_MAX
 
-static size_t varint_put(uint8_t *p, uint64_t v)
+size_t dtc_varint_put(uint8_t *p, uint64_t v)
 {
 	size_t n = 0;
 
@@ -22,8 +22,7 @@ static size_t varint_put(uint8_t *p, uint64_t v)
 	return n;
 }
 
-/* LEB128 from [*p, end): rejects truncation and values over 64 bits. */
-static int varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v)
+int dtc_varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v)
 {
 	uint64_t r = 0;
 
@@ -74,7 +73,7 @@ int dtc_sparse_encode(const uint64_t *pos, const uint16_t *val, uint64_t count,
 
 	if ((count && (!pos || !val)) || !out || !outlen || count > box_size)
 		return DTC_EINVAL;
-	n = varint_put(tmp, count);
+	n = dtc_varint_put(tmp, count);
 	if (n > cap)
 		return DTC_ENOSPC;
 	memcpy(out, tmp, n);
@@ -95,7 +94,7 @@ int dtc_sparse_encode(const uint64_t *pos, const uint16_t *val, uint64_t count,
 			n = 2;
 		} else {
 			tmp[0] = GAP_ESCAPE;
-			n = 1 + varint_put(tmp + 1, gap);
+			n = 1 + dtc_varint_put(tmp + 1, gap);
 		}
 		if (cap - o < n)
 			return DTC_ENOSPC;
@@ -121,7 +120,7 @@ int dtc_sparse_count(const uint8_t *in, size_t len, uint64_t box_size, uint64_t 
 
 	if (!in || !count)
 		return DTC_EINVAL;
-	if ((rc = varint_get(&p, end, &c)) != DTC_OK)
+	if ((rc = dtc_varint_get(&p, end, &c)) != DTC_OK)
 		return rc;
 	if (c > box_size)
 		return DTC_ECORRUPT;
@@ -143,7 +142,7 @@ int dtc_sparse_decode(const uint8_t *in, size_t len, uint64_t box_size,
 		return rc;
 	if (c > cap || (c && (!pos || !val)))
 		return c > cap ? DTC_ENOSPC : DTC_EINVAL;
-	(void)varint_get(&p, end, &c);	/* skip the count, checked above */
+	(void)dtc_varint_get(&p, end, &c);	/* skip the count, checked above */
 	for (uint64_t i = 0; i < c; i++) {
 		uint64_t gap;
 		uint8_t b;
@@ -158,7 +157,7 @@ int dtc_sparse_decode(const uint8_t *in, size_t len, uint64_t box_size,
 				return DTC_ETRUNC;
 			gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *p++;
 		} else if (b == GAP_ESCAPE) {
-			if ((rc = varint_get(&p, end, &gap)) != DTC_OK)
+			if ((rc = dtc_varint_get(&p, end, &gap)) != DTC_OK)
 				return rc;
 			if (gap < GAP2_MAX)
 				return DTC_ECORRUPT;	/* non-canonical: refuse */

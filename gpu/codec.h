@@ -74,4 +74,12 @@ int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec)
 int dtc_chunk_unpack(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
 		     size_t *outlen);
 
+/* LEB128 varints, shared with the storage chunk format.  put writes at
+ * most DTC_VARINT_MAX bytes and returns how many; get reads from
+ * [*p, end), advances *p, and rejects truncation (DTC_ETRUNC) and values
+ * over 64 bits (DTC_ECORRUPT). */
+#define DTC_VARINT_MAX 10
+size_t dtc_varint_put(uint8_t *p, uint64_t v);
+int dtc_varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v);
+
 #endif

@@ -7,7 +7,6 @@
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
-#define VARINT_MAX 10
 
 int dts_from_dtc(int rc)
 {
@@ -46,39 +45,6 @@ int dts_buf_reserve(struct dts_buf *b, size_t more)
 	return DTS_OK;
 }
 
-static size_t varint_put(uint8_t *p, uint64_t v)
-{
-	size_t n = 0;
-
-	while (v >= 0x80) {
-		p[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	p[n++] = (uint8_t)v;
-	return n;
-}
-
-static int varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-	uint64_t r = 0;
-
-	for (unsigned i = 0, shift = 0; i < VARINT_MAX; i++, shift += 7) {
-		uint8_t b;
-
-		if (*p >= end)
-			return DTS_ECORRUPT;
-		b = *(*p)++;
-		if (i == VARINT_MAX - 1 && b > 1)
-			return DTS_ECORRUPT;
-		r |= (uint64_t)(b & 0x7f) << shift;
-		if (!(b & 0x80)) {
-			*v = r;
-			return DTS_OK;
-		}
-	}
-	return DTS_ECORRUPT;
-}
-
 void dts_chunk_fini(struct dts_chunk *c)
 {
 	dts_buf_fini(&c->meta);
@@ -94,7 +60,7 @@ void dts_chunk_start(struct dts_chunk *c, int kind)
 
 size_t dts_chunk_size(const struct dts_chunk *c)
 {
-	return DTS_CHUNK_HDR + 2 * VARINT_MAX + c->meta.len + c->hi.len + c->lo.len;
+	return DTS_CHUNK_HDR + 2 * DTC_VARINT_MAX + c->meta.len + c->hi.len + c->lo.len;
 }
 
 int dts_chunk_empty(const struct dts_chunk *c)
@@ -122,10 +88,10 @@ static int meta_put(struct dts_chunk *c, const uint64_t *v, int nv, const uint8_
 {
 	int rc;
 
-	if ((rc = dts_buf_reserve(&c->meta, (size_t)nv * VARINT_MAX + len)))
+	if ((rc = dts_buf_reserve(&c->meta, (size_t)nv * DTC_VARINT_MAX + len)))
 		return rc;
 	for (int i = 0; i < nv; i++)
-		c->meta.len += varint_put(c->meta.p + c->meta.len, v[i]);
+		c->meta.len += dtc_varint_put(c->meta.p + c->meta.len, v[i]);
 	if (len)
 		memcpy(c->meta.p + c->meta.len, bytes, len);
 	c->meta.len += len;
@@ -143,7 +109,7 @@ int dts_chunk_put_sparse(struct dts_chunk *c, struct dts_buf *scratch, uint32_t 
 	*taken = 0;
 	if (c->kind != DTS_KIND_SPARSE)
 		return DTS_EINVAL;
-	if (room <= DTS_SEG_HDR_MAX + VARINT_MAX || !count)
+	if (room <= DTS_SEG_HDR_MAX + DTC_VARINT_MAX || !count)
 		return DTS_OK;
 	room -= DTS_SEG_HDR_MAX;
 	/* Every element takes at least 3 bytes; shrink until it fits. */
@@ -200,7 +166,7 @@ static int head_build(const struct dts_chunk *c, struct dts_buf *out)
 	int rc;
 
 	out->len = 0;
-	if ((rc = dts_buf_reserve(out, DTS_CHUNK_HDR + 2 * VARINT_MAX + c->meta.len)))
+	if ((rc = dts_buf_reserve(out, DTS_CHUNK_HDR + 2 * DTC_VARINT_MAX + c->meta.len)))
 		return rc;
 	memcpy(out->p, DTS_CHUNK_MAGIC, 4);
 	out->p[4] = DTS_CHUNK_FORMAT;
@@ -208,7 +174,7 @@ static int head_build(const struct dts_chunk *c, struct dts_buf *out)
 	out->p[6] = out->p[7] = 0;
 	out->len = DTS_CHUNK_HDR;
 	for (int i = 0; i < 2; i++)
-		out->len += varint_put(out->p + out->len, lens[i]);
+		out->len += dtc_varint_put(out->p + out->len, lens[i]);
 	if (c->meta.len)
 		memcpy(out->p + out->len, c->meta.p, c->meta.len);
 	out->len += c->meta.len;
@@ -320,14 +286,14 @@ static int decode_sparse(const uint8_t **pp, const uint8_t *end, uint32_t t,
 	const uint8_t *g, *q;
 	int rc;
 
-	if (varint_get(pp, end, &glen) != DTS_OK || !glen || glen > (uint64_t)(end - *pp)) {
+	if (dtc_varint_get(pp, end, &glen) != DTC_OK || !glen || glen > (uint64_t)(end - *pp)) {
 		DTS_ERR(err, errlen, "tensor %u: truncated sparse segment", t);
 		return DTS_ECORRUPT;
 	}
 	g = *pp;
 	*pp += glen;
 	q = g;
-	if (varint_get(&q, g + glen, &c) != DTS_OK || c > (uint64_t)(g + glen - q) ||
+	if (dtc_varint_get(&q, g + glen, &c) != DTC_OK || c > (uint64_t)(g + glen - q) ||
 	    c > pl->n - pl->used) {
 		DTS_ERR(err, errlen, "tensor %u: sparse segment count does not fit", t);
 		return DTS_ECORRUPT;
@@ -367,7 +333,7 @@ static int decode_dense(const uint8_t **pp, const uint8_t *end, uint32_t t,
 {
 	uint64_t start, n;
 
-	if (varint_get(pp, end, &start) != DTS_OK || varint_get(pp, end, &n) != DTS_OK ||
+	if (dtc_varint_get(pp, end, &start) != DTC_OK || dtc_varint_get(pp, end, &n) != DTC_OK ||
 	    n > pl->n - pl->used) {
 		DTS_ERR(err, errlen, "tensor %u: malformed dense segment", t);
 		return DTS_ECORRUPT;
@@ -399,7 +365,7 @@ int dts_chunk_decode(const uint8_t *raw, size_t len, int kind, struct dts_sink *
 			kind == DTS_KIND_DENSE ? "dense" : "sparse", DTS_CHUNK_FORMAT);
 		return DTS_ECORRUPT;
 	}
-	if (varint_get(&p, rend, &mlen) != DTS_OK || varint_get(&p, rend, &plen) != DTS_OK ||
+	if (dtc_varint_get(&p, rend, &mlen) != DTC_OK || dtc_varint_get(&p, rend, &plen) != DTC_OK ||
 	    mlen > (uint64_t)(rend - p) || plen > ((uint64_t)(rend - p) - mlen) / 2 ||
 	    mlen + 2 * plen != (uint64_t)(rend - p)) {
 		DTS_ERR(err, errlen, "chunk sections do not add up to its %zu bytes", len);
@@ -415,7 +381,7 @@ int dts_chunk_decode(const uint8_t *raw, size_t len, int kind, struct dts_sink *
 	while (p < end) {
 		uint64_t t;
 
-		if (varint_get(&p, end, &t) != DTS_OK) {
+		if (dtc_varint_get(&p, end, &t) != DTC_OK) {
 			DTS_ERR(err, errlen, "truncated segment header");
 			rc = DTS_ECORRUPT;
 			goto out;
