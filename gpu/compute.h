@@ -16,6 +16,7 @@
 #ifndef DTC_COMPUTE_H
 #define DTC_COMPUTE_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "gpu/entry.h"
 #include "gpu/elem.h"
@@ -112,5 +113,42 @@ int dtc_checksum_buffer(const struct dtc_backend *be, const uint16_t *buf, uint6
  * Σ mix(dst index, bf16(param[src index])) over the box. */
 int dtc_checksum_entry(const struct dtc_backend *be, const struct dte_box_map *e,
 		       const float *param, uint64_t param_len, uint64_t *sum);
+
+/* ---- one-pass detect and payload apply (host backends) ------------------
+ * The capture and apply paths the daemon runs on host memory: detect reads
+ * θ, m, v once and leaves the entry's sparse payload (gpu/codec.h format)
+ * and, on request, its expected checksum; apply writes a payload straight
+ * from its encoded bytes.  Both are defined by the two-pass calls above
+ * (same bytes, same sums; tests/unit/test_detect.c holds them to that) and
+ * need a backend whose buffers are host memory (DTC_EINVAL otherwise). */
+
+/* A growable malloc'd byte buffer; payloads are appended at n. */
+struct dtc_bytes {
+	uint8_t *p;
+	size_t n, cap;
+};
+
+/* Append the entry's sparse payload for this step to out: the positions
+ * dtc_scan(DTC_SCAN_SET) flags, together with the set bits of `mark` when
+ * it is not NULL (the dirty bitmap of earlier marked steps, mark_words
+ * long), in the bytes dtc_sparse_encode() would write for them and their
+ * BF16 values.  *count gets the number of positions; with csum non-NULL,
+ * *csum gets dtc_checksum_entry() of the entry, from the same read of θ.
+ * On error out->n is unchanged (out->p may have been reallocated). */
+int dtc_detect(const struct dtc_backend *be, const struct dte_box_map *e,
+	       const struct dtc_consts *k, const struct dtc_src *src,
+	       const uint64_t *mark, uint64_t mark_words,
+	       struct dtc_bytes *out, uint64_t *count, uint64_t *csum);
+
+/* Apply one entry's encoded sparse payload (len bytes at in) to dst.  The
+ * whole payload is validated first (dtc_sparse_decode's checks, and every
+ * destination inside dst_len): on any error dst is untouched.  *count gets
+ * the number of positions written; with delta non-NULL, *delta is
+ * increased by Σ mix(i, new) − mix(i, old) over the destination indices i
+ * written, old being what dst held just before: the change of
+ * dtc_checksum_box() over the box, mod 2^64. */
+int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			     uint64_t *count, uint64_t *delta);
 
 #endif
