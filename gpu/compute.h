@@ -151,4 +151,14 @@ int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_
 			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			     uint64_t *count, uint64_t *delta);
 
+/* The same by decode + dtc_scatter_apply (gpu/apply.c): the definition the
+ * one-pass version is tested against. */
+int dtc_sparse_apply_payload_ref(const struct dtc_backend *be, const struct dte_box_map *e,
+				 const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+				 uint64_t *count, uint64_t *delta);
+
+/* dtc_sparse_decode()'s checks without its output: what a sink runs when
+ * it stages a payload it will apply later with the call above. */
+int dtc_sparse_payload_check(const uint8_t *in, size_t len, uint64_t box_size, uint64_t *count);
+
 #endif

@@ -3,14 +3,14 @@
 # Every FP32 operation of the element math must round exactly as the
 # trainer's did, on every backend: no FMA contraction, no errno-checking
 # sqrt (which would keep the scan from vectorizing).
-COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/cpu_avx512.c gpu/compute.c gpu/detect.c gpu/codec.c gpu/backend.c \
+COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/cpu_avx512.c gpu/compute.c gpu/detect.c gpu/apply.c gpu/codec.c gpu/backend.c \
                 gpu/backend_dev.c
 COMPUTE_OBJS := $(COMPUTE_SRCS:%.c=$(B)/obj/%.o)
 COMPUTE_LIBS := -lzstd -lxxhash -ldl -lm
 DTC_FPFLAGS  := -ffp-contract=off -fno-math-errno
 
 $(B)/obj/gpu/%.o: CFLAGS += $(DTC_FPFLAGS)
-$(B)/obj/gpu/cpu.o $(B)/obj/gpu/cpu_avx512.o: CFLAGS += -O3
+$(B)/obj/gpu/cpu.o $(B)/obj/gpu/cpu_avx512.o $(B)/obj/gpu/apply.o: CFLAGS += -O3
 
 $(B)/lib/libdtecompute.a: $(COMPUTE_OBJS)
 	@mkdir -p $(dir $@)

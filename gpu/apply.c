@@ -1,0 +1,310 @@
+/* dtc_sparse_apply_payload() on host memory, straight from the encoded
+ * bytes (gpu/codec.h format): no decoded position/value arrays.
+ *
+ * Two passes over the payload, neither over the box: the first only
+ * decodes and checks (dtc_sparse_decode's rules), so a bad payload leaves
+ * dst untouched; the second decodes again and, per position, reads the old
+ * value, writes the new one and adds mix(i, new) − mix(i, old) to the
+ * delta.  The check pass notes where each of a few equal shares of the
+ * positions starts in the gap stream, so large payloads are written by
+ * several threads, each from its own cut (only when the map provably sends
+ * distinct positions to distinct elements, so no two threads share one). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "gpu/backend_ops.h"
+#include "gpu/box.h"
+#include "gpu/codec.h"
+#include "gpu/compute.h"
+
+#define GAP1_MAX	128u
+#define GAP2_MAX	(128u + 16384u)
+#define GAP_ESCAPE	0xC0u
+#define APPLY_PAR_MIN	(1u << 16)	/* positions; below this one thread is faster */
+#define APPLY_MAX_PARTS	8
+
+/* Where one share of the positions starts: its first element, the byte
+ * of its gap code, and the smallest position it may have (prev + 1). */
+struct cut {
+	uint64_t first;
+	size_t off;
+	uint64_t next;
+};
+
+static int host_backend(const struct dtc_backend *be)
+{
+	return be && be->ops && !be->ops->mem_alloc;
+}
+
+static int apply_threads(void)
+{
+	static int n;
+	int t = __atomic_load_n(&n, __ATOMIC_RELAXED);
+
+	if (t == 0) {
+		const char *s = getenv("DTC_CPU_THREADS");
+		long c = s ? strtol(s, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+
+		t = c < 1 ? 1 : c > APPLY_MAX_PARTS ? APPLY_MAX_PARTS : (int)c;
+		__atomic_store_n(&n, t, __ATOMIC_RELAXED);
+	}
+	return t;
+}
+
+/* One gap code at *p (bounds-checked against end). */
+static inline int gap_get(const uint8_t **p, const uint8_t *end, uint64_t *gap)
+{
+	uint8_t b;
+	int rc;
+
+	if (*p >= end)
+		return DTC_ETRUNC;
+	b = *(*p)++;
+	if (b < 0x80) {
+		*gap = b;
+	} else if (b < GAP_ESCAPE) {
+		if (*p >= end)
+			return DTC_ETRUNC;
+		*gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *(*p)++;
+	} else if (b == GAP_ESCAPE) {
+		if ((rc = dtc_varint_get(p, end, gap)) != DTC_OK)
+			return rc;
+		if (*gap < GAP2_MAX)
+			return DTC_ECORRUPT;	/* non-canonical: refuse */
+	} else {
+		return DTC_ECORRUPT;
+	}
+	return DTC_OK;
+}
+
+/* The check pass: dtc_sparse_decode's validation without its output.
+ * *vals gets the byte offset of the values; cuts[k] (k < ncuts) where
+ * share k of ncuts starts. */
+static int payload_scan(const uint8_t *in, size_t len, uint64_t box_size, uint64_t *count,
+			size_t *vals, struct cut *cuts, int ncuts)
+{
+	const uint8_t *p = in, *end = in + len;
+	uint64_t c, next = 0;
+	int rc, k = 0;
+
+	if ((rc = dtc_sparse_count(in, len, box_size, &c)) != DTC_OK)
+		return rc;
+	(void)dtc_varint_get(&p, end, &c);	/* skip the count, checked above */
+	for (uint64_t i = 0; i < c; i++) {
+		uint64_t gap;
+
+		if (k < ncuts && i == c * (uint64_t)k / (uint64_t)ncuts) {
+			cuts[k].first = i;
+			cuts[k].off = (size_t)(p - in);
+			cuts[k].next = next;
+			k++;
+		}
+		if ((rc = gap_get(&p, end, &gap)) != DTC_OK)
+			return rc;
+		if (next >= box_size || gap >= box_size - next)
+			return DTC_ERANGE;
+		next += gap + 1;
+	}
+	if ((uint64_t)(end - p) < 2 * c)
+		return DTC_ETRUNC;
+	if ((uint64_t)(end - p) > 2 * c)
+		return DTC_ECORRUPT;
+	for (; k < ncuts; k++) {
+		cuts[k].first = c;
+		cuts[k].off = (size_t)(p - in);
+		cuts[k].next = next;
+	}
+	*count = c;
+	*vals = (size_t)(p - in);
+	return DTC_OK;
+}
+
+int dtc_sparse_payload_check(const uint8_t *in, size_t len, uint64_t box_size, uint64_t *count)
+{
+	size_t vals;
+
+	if (!in || !count)
+		return DTC_EINVAL;
+	return payload_scan(in, len, box_size, count, &vals, NULL, 0);
+}
+
+/* The write pass over positions [first, last) of an already checked
+ * payload, starting at gap byte p with next as the smallest position. */
+struct share {
+	const struct dte_box_map *e;	/* coalesced on the dst side */
+	const uint8_t *p, *end, *vals;
+	uint64_t first, last, next;
+	uint16_t *dst;
+	int want_delta;
+	uint64_t delta;
+	pthread_t tid;
+	int started;
+};
+
+static void share_write(struct share *s)
+{
+	const struct dte_box_map *e = s->e;
+	const int64_t d1 = e->dst_stride[e->ndim - 1];
+	const uint8_t *p = s->p, *v = s->vals + 2 * s->first;
+	uint16_t *dst = s->dst;
+	struct box_walk w;
+	uint64_t d = 0, cur, gap = 0;
+
+	if (s->first >= s->last)
+		return;
+	/* The first position, then the walk follows the gaps. */
+	(void)gap_get(&p, s->end, &gap);
+	cur = s->next + gap;
+	box_walk_seek(&w, e, cur);
+	for (uint64_t i = s->first;;) {
+		int64_t at = w.dst_row + w.col * d1;
+		uint16_t nv = (uint16_t)(v[0] | (v[1] << 8));
+
+		if (s->want_delta)
+			d += dtc_csum_term((uint64_t)at, nv) - dtc_csum_term((uint64_t)at, dst[at]);
+		dst[at] = nv;
+		v += 2;
+		if (++i == s->last)
+			break;
+		(void)gap_get(&p, s->end, &gap);
+		cur += gap + 1;
+		w.col += (int64_t)gap + 1;
+		if (w.col >= w.row_len) {
+			int64_t col = w.col - w.row_len;
+
+			if (col < w.row_len) {
+				box_walk_next_row(&w);
+				w.col = col;
+			} else {
+				box_walk_seek(&w, e, cur);
+			}
+		}
+	}
+	s->delta = d;
+}
+
+static void *share_main(void *arg)
+{
+	share_write(arg);
+	return NULL;
+}
+
+/* Distinct positions reach distinct elements: with dims ordered by
+ * |stride|, each stride exceeds the reach of the smaller ones.  A
+ * sufficient test (false negatives only cost the threads). */
+static int map_injective(const struct dte_box_map *e)
+{
+	uint64_t s[DTE_MAX_DIMS], x[DTE_MAX_DIMS], reach = 0;
+	uint32_t n = 0;
+
+	for (uint32_t d = 0; d < e->ndim; d++) {
+		if (e->extent[d] == 1)
+			continue;
+		s[n] = (uint64_t)(e->dst_stride[d] < 0 ? -e->dst_stride[d] : e->dst_stride[d]);
+		x[n++] = (uint64_t)e->extent[d];
+	}
+	for (uint32_t a = 1; a < n; a++)	/* insertion sort by stride */
+		for (uint32_t b = a; b > 0 && s[b - 1] > s[b]; b--) {
+			uint64_t t = s[b];
+
+			s[b] = s[b - 1];
+			s[b - 1] = t;
+			t = x[b];
+			x[b] = x[b - 1];
+			x[b - 1] = t;
+		}
+	for (uint32_t d = 0; d < n; d++) {
+		if (s[d] <= reach)
+			return 0;
+		/* entry_check bounded the span by dst_len: no overflow here */
+		reach += (x[d] - 1) * s[d];
+	}
+	return 1;
+}
+
+/* The reference: decode into arrays, delta from dst before the scatter. */
+int dtc_sparse_apply_payload_ref(const struct dtc_backend *be, const struct dte_box_map *e,
+				 const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+				 uint64_t *count, uint64_t *delta)
+{
+	uint64_t n = 0, got = 0, d = 0, *pos = NULL;
+	uint16_t *val = NULL;
+	int rc;
+
+	if (!host_backend(be) || !in || !dst || !count)
+		return DTC_EINVAL;
+	if ((rc = dtc_entry_check(e, UINT64_MAX, dst_len)) != DTC_OK)
+		return rc;
+	if ((rc = dtc_sparse_count(in, len, dtc_box_size(e), &n)) != DTC_OK)
+		return rc;
+	if (n && (!(pos = malloc(n * sizeof(*pos))) || !(val = malloc(n * sizeof(*val))))) {
+		rc = DTC_ENOMEM;
+		goto out;
+	}
+	if ((rc = dtc_sparse_decode(in, len, dtc_box_size(e), pos, val, n, &got)) != DTC_OK)
+		goto out;
+	if (delta) {
+		for (uint64_t i = 0; i < got; i++) {
+			uint64_t di = (uint64_t)box_dst_of(e, pos[i]);	/* scalars too */
+
+			d += dtc_csum_term(di, val[i]) - dtc_csum_term(di, dst[di]);
+		}
+	}
+	if ((rc = dtc_scatter_apply(be, e, pos, val, got, dst, dst_len)) != DTC_OK)
+		goto out;
+	*count = got;
+	if (delta)
+		*delta += d;
+out:
+	free(pos);
+	free(val);
+	return rc;
+}
+
+int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			     uint64_t *count, uint64_t *delta)
+{
+	struct cut cuts[APPLY_MAX_PARTS];
+	struct share sh[APPLY_MAX_PARTS];
+	struct dte_box_map m;
+	uint64_t n = 0, d = 0;
+	size_t vals = 0;
+	int rc, parts = 1;
+
+	if (!host_backend(be) || !in || !dst || !count)
+		return DTC_EINVAL;
+	if ((rc = dtc_entry_check(e, UINT64_MAX, dst_len)) != DTC_OK)
+		return rc;
+	/* How many shares can only be known after the count: read it first. */
+	if ((rc = dtc_sparse_count(in, len, dtc_box_size(e), &n)) != DTC_OK)
+		return rc;
+	if (n >= APPLY_PAR_MIN && map_injective(e))
+		parts = apply_threads();
+	if ((rc = payload_scan(in, len, dtc_box_size(e), &n, &vals, cuts, parts)) != DTC_OK)
+		return rc;
+	box_coalesce(e, BOX_DST, &m);
+	for (int k = 0; k < parts; k++) {
+		sh[k] = (struct share){
+			.e = &m, .p = in + cuts[k].off, .end = in + vals, .vals = in + vals,
+			.first = cuts[k].first, .last = k + 1 < parts ? cuts[k + 1].first : n,
+			.next = cuts[k].next, .dst = dst, .want_delta = delta != NULL,
+		};
+	}
+	for (int k = 1; k < parts; k++)
+		sh[k].started = pthread_create(&sh[k].tid, NULL, share_main, &sh[k]) == 0;
+	share_write(&sh[0]);
+	for (int k = 1; k < parts; k++) {
+		if (sh[k].started)
+			pthread_join(sh[k].tid, NULL);
+		else
+			share_write(&sh[k]);
+	}
+	for (int k = 0; k < parts; k++)
+		d += sh[k].delta;
+	*count = n;
+	if (delta)
+		*delta += d;
+	return DTC_OK;
+}
