@@ -1,0 +1,261 @@
+/* dtc_sparse_apply_payload (gpu/apply.c) against its definition,
+ * dtc_sparse_apply_payload_ref: random boxes (strided, negative,
+ * transposed, scalar), large payloads that take the threaded path, an
+ * aliasing map that must not, corrupt and truncated payloads (dst
+ * untouched), and the delta against checksum_box(after) − (before). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include "gpu/backend.h"
+#include "gpu/codec.h"
+#include "gpu/compute.h"
+#include "gpu/elem.h"
+
+static uint64_t seed = 11;
+
+static uint64_t rnd(void)
+{
+	return dtc_mix64(seed++);
+}
+
+/* A random box over a buffer of `len` elements: 1..4 dims, each dim's
+ * destination stride a permutation of a row-major layout, sign random. */
+static void random_map(struct dte_box_map *e, uint64_t len_cap, uint64_t *need)
+{
+	uint32_t nd = 1 + (uint32_t)(rnd() % 4), perm[DTE_MAX_DIMS];
+	int64_t stride = 1 + (int64_t)(rnd() % 2);	/* 2: interleaved */
+	int64_t lo = 0, hi = 0;
+
+	memset(e, 0, sizeof(*e));
+	e->ndim = nd;
+	for (uint32_t d = 0; d < nd; d++) {
+		e->extent[d] = 1 + (int64_t)(rnd() % (nd == 1 ? len_cap / 2 : 24));
+		perm[d] = d;
+	}
+	for (uint32_t d = nd; d-- > 1;) {	/* Fisher-Yates: transposed storage */
+		uint32_t k = (uint32_t)(rnd() % (d + 1)), t = perm[d];
+
+		perm[d] = perm[k];
+		perm[k] = t;
+	}
+	for (uint32_t i = nd; i-- > 0;) {
+		uint32_t d = perm[i];
+
+		e->dst_stride[d] = rnd() & 1 ? -stride : stride;
+		stride *= e->extent[d];
+	}
+	for (uint32_t d = 0; d < nd; d++) {
+		int64_t span = (e->extent[d] - 1) * e->dst_stride[d];
+
+		if (span < 0)
+			lo += span;
+		else
+			hi += span;
+	}
+	e->dst_offset = -lo + (int64_t)(rnd() % 5);
+	*need = (uint64_t)(e->dst_offset + hi + 1);
+}
+
+/* A payload of about `frac` (out of 1024) of the box, random values. */
+static uint8_t *make_payload(uint64_t box, unsigned frac, size_t *len, uint64_t *cnt)
+{
+	uint64_t *pos = malloc((box ? box : 1) * sizeof(*pos)), n = 0;
+	uint16_t *val = malloc((box ? box : 1) * sizeof(*val));
+	uint8_t *out;
+
+	assert_non_null(pos);
+	assert_non_null(val);
+	for (uint64_t p = 0; p < box; p++) {
+		if (rnd() % 1024 < frac) {
+			pos[n] = p;
+			val[n++] = (uint16_t)rnd();
+		}
+	}
+	/* an occasional big jump exercises the escape code and the seek */
+	out = malloc(dtc_sparse_bound(n));
+	assert_non_null(out);
+	assert_int_equal(dtc_sparse_encode(pos, val, n, box, out, dtc_sparse_bound(n), len), DTC_OK);
+	free(pos);
+	free(val);
+	*cnt = n;
+	return out;
+}
+
+static void fill(uint16_t *b, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		b[i] = (uint16_t)rnd();
+}
+
+static void one_case(const struct dte_box_map *e, uint64_t need, unsigned frac)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	uint64_t box = dtc_box_size(e), cnt, n1 = 0, n2 = 0, d1 = 5, d2 = 5, before, after;
+	uint16_t *a = malloc(need * sizeof(*a)), *b = malloc(need * sizeof(*b));
+	size_t len;
+	uint8_t *pl = make_payload(box, frac, &len, &cnt);
+
+	assert_non_null(a);
+	assert_non_null(b);
+	fill(a, need);
+	memcpy(b, a, need * sizeof(*a));
+	assert_int_equal(dtc_checksum_box(cpu, e, a, need, &before), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload(cpu, e, pl, len, a, need, &n1, &d1), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload_ref(cpu, e, pl, len, b, need, &n2, &d2), DTC_OK);
+	assert_int_equal(n1, cnt);
+	assert_int_equal(n2, cnt);
+	assert_memory_equal(a, b, need * sizeof(*a));
+	assert_true(d1 == d2);
+	assert_int_equal(dtc_checksum_box(cpu, e, a, need, &after), DTC_OK);
+	assert_true(d1 - 5 == after - before);
+	/* Idempotent: the second apply changes nothing, delta 0. */
+	d1 = 0;
+	assert_int_equal(dtc_sparse_apply_payload(cpu, e, pl, len, a, need, &n1, &d1), DTC_OK);
+	assert_true(d1 == 0);
+	assert_memory_equal(a, b, need * sizeof(*a));
+	free(pl);
+	free(a);
+	free(b);
+}
+
+static void test_random_boxes(void **state)
+{
+	for (int t = 0; t < 300; t++) {
+		struct dte_box_map e;
+		uint64_t need;
+
+		random_map(&e, 4096, &need);
+		one_case(&e, need, (unsigned)(rnd() % 1025));
+	}
+}
+
+static void test_scalar_and_fixed(void **state)
+{
+	/* scalar; transposed 2-D; negative strides; interleaved */
+	static const struct dte_box_map maps[] = {
+		{ 0, { 0 }, 0, { 0 }, 5, { 0 } },
+		{ 2, { 20, 50 }, 0, { 0 }, 0, { 1, 20 } },
+		{ 2, { 10, 30 }, 0, { 0 }, 299, { -30, -1 } },
+		{ 2, { 5, 100 }, 0, { 0 }, 3, { 201, 2 } },
+	};
+
+	for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]); i++)
+		for (unsigned frac = 0; frac <= 1024; frac += 256)
+			one_case(&maps[i], 1100, frac);
+}
+
+/* Big enough for the threaded path: a row-major 2-D and a transposed one. */
+static void test_large_threaded(void **state)
+{
+	struct dte_box_map rowm = { 2, { 1024, 1536 }, 0, { 0 }, 7, { 1536, 1 } };
+	struct dte_box_map tr = { 2, { 1536, 1024 }, 0, { 0 }, 0, { 1, 1536 } };
+
+	setenv("DTC_CPU_THREADS", "4", 0);
+	one_case(&rowm, 1024 * 1536 + 7, 80);
+	one_case(&tr, 1024 * 1536, 300);
+	one_case(&rowm, 1024 * 1536 + 7, 3);	/* sparse: long escaped gaps */
+}
+
+/* A map that sends two positions to one element (stride 0): no threads,
+ * and the same result as the reference. */
+static void test_aliasing_map(void **state)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	struct dte_box_map e = { 2, { 512, 512 }, 0, { 0 }, 0, { 0, 1 } };
+	uint64_t box = dtc_box_size(&e), cnt, n1, n2;
+	uint16_t a[512], b[512];
+	size_t len;
+	uint8_t *pl = make_payload(box, 400, &len, &cnt);
+
+	assert_true(cnt >= (1u << 16));
+	fill(a, 512);
+	memcpy(b, a, sizeof(a));
+	assert_int_equal(dtc_sparse_apply_payload(cpu, &e, pl, len, a, 512, &n1, NULL), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload_ref(cpu, &e, pl, len, b, 512, &n2, NULL), DTC_OK);
+	assert_memory_equal(a, b, sizeof(a));
+	free(pl);
+}
+
+/* Every truncation and many one-byte corruptions: the same status as the
+ * decoder, and dst untouched whenever it is an error. */
+static void test_bad_payloads(void **state)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	struct dte_box_map e = { 2, { 40, 200 }, 0, { 0 }, 3, { 1, 40 } };
+	uint64_t box = dtc_box_size(&e), cnt, n, d;
+	uint16_t a[8100], b[8100];
+	uint64_t *pos = malloc(box * sizeof(*pos));
+	uint16_t *val = malloc(box * sizeof(*val));
+	size_t len;
+	uint8_t *pl = make_payload(box, 30, &len, &cnt), *bad = malloc(len + 4);
+	int errors = 0;
+
+	assert_non_null(bad);
+	fill(a, 8100);
+	memcpy(b, a, sizeof(a));
+	for (size_t cut = 0; cut < len; cut++) {
+		int rc = dtc_sparse_apply_payload(cpu, &e, pl, cut, a, 8100, &n, &d);
+
+		assert_int_not_equal(rc, DTC_OK);
+		assert_int_equal(dtc_sparse_payload_check(pl, cut, box, &n), rc);
+		assert_memory_equal(a, b, sizeof(a));
+	}
+	for (int t = 0; t < 4000; t++) {
+		size_t at = (size_t)(rnd() % len);
+		int rc, want;
+		uint64_t got;
+
+		memcpy(bad, pl, len);
+		bad[at] ^= (uint8_t)(1 + rnd() % 255);
+		want = dtc_sparse_decode(bad, len, box, pos, val, box, &got);
+		assert_int_equal(dtc_sparse_payload_check(bad, len, box, &n), want);
+		rc = dtc_sparse_apply_payload(cpu, &e, bad, len, a, 8100, &n, &d);
+		assert_int_equal(rc, want);
+		if (rc != DTC_OK) {
+			errors++;
+			assert_memory_equal(a, b, sizeof(a));
+		} else {
+			/* a value byte: still well-formed; restore the baseline */
+			memcpy(a, b, sizeof(a));
+		}
+	}
+	assert_true(errors > 100);
+	/* Trailing bytes and a position past the box. */
+	memcpy(bad, pl, len);
+	bad[len] = 0;
+	assert_int_equal(dtc_sparse_apply_payload(cpu, &e, bad, len + 1, a, 8100, &n, &d),
+			 DTC_ECORRUPT);
+	assert_int_equal(dtc_sparse_apply_payload(cpu, &e, pl, len, a, 8100, &n, &d), DTC_OK);
+	memcpy(b, a, sizeof(a));
+	assert_int_not_equal(dtc_sparse_apply_payload(cpu, &e, pl, len, a, 8000, &n, &d),
+			     DTC_OK);	/* dst too short for the box */
+	{
+		struct dte_box_map small = e;
+
+		small.extent[1] = 100;	/* same payload, half the box */
+		assert_int_equal(dtc_sparse_apply_payload(cpu, &small, pl, len, a, 8100, &n, &d),
+				 DTC_ERANGE);
+	}
+	assert_memory_equal(a, b, sizeof(a));
+	free(pl);
+	free(bad);
+	free(pos);
+	free(val);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_random_boxes),
+		cmocka_unit_test(test_scalar_and_fixed),
+		cmocka_unit_test(test_large_threaded),
+		cmocka_unit_test(test_aliasing_map),
+		cmocka_unit_test(test_bad_payloads),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
