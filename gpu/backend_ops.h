@@ -13,6 +13,8 @@
 #include "gpu/entry.h"
 #include "gpu/elem.h"
 
+struct dtc_bytes;
+
 struct dtc_backend_ops {
 	int (*scan)(const struct dte_box_map *e, const struct dtc_consts *k,
 		    const float *param, const float *m, const float *v,
@@ -54,6 +56,15 @@ struct dtc_backend_ops {
 	int (*event_open)(const void *handle, uint64_t len, void **ev);
 	int (*event_wait)(void *ev);
 	void (*event_close)(void *ev);
+
+	/* --- host backends only (NULL in the cuda plugin; dtc_detect() reads
+	 * it only for a backend without mem_alloc) --- */
+	/* dtc_detect() in one pass over θ, m, v: the entry was checked and
+	 * merged (BOX_SRC, and BOX_DST when csum is not NULL); mark is NULL or
+	 * covers the box.  Appends the payload to out; count and csum as there. */
+	int (*detect)(const struct dte_box_map *e, const struct dtc_consts *k, const float *param,
+		      const float *m, const float *v, const uint64_t *mark,
+		      struct dtc_bytes *out, uint64_t *count, uint64_t *csum);
 };
 
 struct dtc_backend {

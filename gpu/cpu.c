@@ -12,8 +12,10 @@
 #include <unistd.h>
 #include "gpu/backend_ops.h"
 #include "gpu/box.h"
+#include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "gpu/cpu.h"
+#include "gpu/detect.h"
 
 #define PAR_MIN_ELEMS	(1u << 20)	/* below this one thread is faster */
 #define MAX_THREADS	16
@@ -406,6 +408,235 @@ static int cpu_sparse(const struct dte_box_map *e, const uint64_t *bitmap, const
 	return DTC_OK;
 }
 
+/* ---- one-pass detect ------------------------------------------------- */
+
+/* Each thread walks its word range in blocks of up to BLOCK_WORDS words
+ * (θ, m, v of a block fit in L1): the block kernel decides the verdicts,
+ * writes the gap codes and values of the set bits while θ is still in L1,
+ * and sums the checksum terms from the same loads.  The parts' streams are
+ * then joined: count, the gaps of part 0, 1, ... (each part's first gap
+ * re-encoded from the previous part's last position), the values. */
+struct detect_ctx {
+	dtc_cpu_flags_fn flags;
+	dtc_cpu_detect_fn block;
+	struct dte_box_map e;
+	struct dtc_consts k;
+	const float *p, *m, *v;
+	const uint64_t *mark;
+	uint64_t size;
+	int csum;
+	struct dtc_cpu_emit part[MAX_THREADS];
+	int failed[MAX_THREADS];
+};
+
+static int emit_grow(void **buf, size_t *cap, size_t used, size_t more, size_t elem)
+{
+	size_t nc = *cap;
+	void *np;
+
+	if (*cap - used >= more)
+		return 0;
+	while (nc - used < more)
+		nc = nc < 4096 ? 4096 : 2 * nc;
+	if (!(np = realloc(*buf, nc * elem)))
+		return -1;
+	*buf = np;
+	*cap = nc;
+	return 0;
+}
+
+/* Room for one more block of BLOCK_WORDS words. */
+static int emit_reserve(struct dtc_cpu_emit *s)
+{
+	return emit_grow((void **)&s->gap, &s->gcap, s->ngap, DTC_CPU_GAP_ROOM(BLOCK_WORDS), 1) ||
+	       emit_grow((void **)&s->val, &s->vcap, s->nval, DTC_CPU_VAL_ROOM(BLOCK_WORDS), 2);
+}
+
+static uint64_t detect_range(void *arg, uint64_t w0, uint64_t w1, int part)
+{
+	struct detect_ctx *c = arg;
+	struct dtc_cpu_emit *s = &c->part[part];
+	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t sum = 0;
+
+	s->start = s->next = w0 * 64;
+	if (w0 >= w1)
+		return 0;
+	box_walk_seek(&w, &c->e, w0 * 64);
+	for (uint64_t wi = w0; wi < w1;) {
+		uint64_t n = c->size - wi * 64 < 64 ? c->size - wi * 64 : 64;
+
+		if (emit_reserve(s)) {
+			c->failed[part] = 1;
+			return 0;
+		}
+		if (n == 64 && s1 == 1 && w.col + 64 <= w.row_len) {
+			/* as many whole words as this row and range still hold */
+			int64_t si = box_src_index(&w);
+			uint64_t nw = (uint64_t)(w.row_len - w.col) / 64, full = (c->size - wi * 64) / 64;
+
+			nw = nw < full ? nw : full;
+			nw = nw < w1 - wi ? nw : w1 - wi;
+			nw = nw < BLOCK_WORDS ? nw : BLOCK_WORDS;
+			sum += c->block(&c->k, c->p + si, c->m + si, c->v + si, (int)nw,
+					c->mark ? c->mark + wi : NULL, wi * 64, box_dst_index(&w), d1,
+					c->csum, s);
+			w.col += (int64_t)(64 * nw);
+			if (w.col == w.row_len)
+				box_walk_next_row(&w);
+			wi += nw;
+		} else {
+			/* a word across rows, strided, or the box's last: gathered */
+			float tp[64], tm[64], tv[64];
+			int64_t di[64];
+			uint64_t bits;
+
+			for (uint64_t i = 0; i < 64; i++) {
+				if (i < n) {
+					int64_t si = box_src_index(&w);
+
+					tp[i] = c->p[si];
+					tm[i] = c->m[si];
+					tv[i] = c->v[si];
+					di[i] = box_dst_index(&w);
+					box_walk_step(&w);
+				} else {
+					tp[i] = tm[i] = tv[i] = 0;
+				}
+			}
+			c->flags(&c->k, tp, tm, tv, 1, &bits);
+			if (c->mark)
+				bits |= c->mark[wi];
+			if (n < 64)	/* bits past the box end are not positions */
+				bits &= ((uint64_t)1 << n) - 1;
+			dtc_cpu_emit_word(s, bits, wi * 64, tp);
+			if (c->csum)
+				for (uint64_t i = 0; i < n; i++)
+					sum += dtc_csum_term((uint64_t)di[i], dtc_bf16_rne(tp[i]));
+			wi++;
+		}
+	}
+	return sum;
+}
+
+/* Read one gap code (written by dtc_cpu_put_gap, so well formed). */
+static size_t get_gap(const uint8_t *g, uint64_t *gap)
+{
+	size_t n = 1;
+	unsigned shift = 0;
+
+	if (g[0] < 0x80) {
+		*gap = g[0];
+		return 1;
+	}
+	if (g[0] < 0xC0) {
+		*gap = 128 + ((uint64_t)(g[0] & 0x3f) << 8) + g[1];
+		return 2;
+	}
+	*gap = 0;
+	do {
+		*gap |= (uint64_t)(g[n] & 0x7f) << shift;
+		shift += 7;
+	} while (g[n++] & 0x80);
+	return n;
+}
+
+static void put_values(uint8_t *o, const uint16_t *val, size_t n)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(o, val, n * sizeof(*val));
+#else
+	for (size_t i = 0; i < n; i++) {
+		o[2 * i] = (uint8_t)val[i];
+		o[2 * i + 1] = (uint8_t)(val[i] >> 8);
+	}
+#endif
+}
+
+/* Append the parts' streams to out as one payload. */
+static int detect_join(struct dtc_cpu_emit *parts, int nt, struct dtc_bytes *out,
+		       uint64_t *count)
+{
+	uint8_t first[MAX_THREADS][1 + DTC_VARINT_MAX], *o;
+	size_t flen[MAX_THREADS], skip[MAX_THREADS], total;
+	uint64_t cnt = 0, next = 0;
+	int rc;
+
+	for (int i = 0; i < nt; i++)
+		cnt += parts[i].nval;
+	total = dtc_varint_put(first[0], cnt) + 2 * cnt;
+	for (int i = 0; i < nt; i++) {
+		uint64_t gap;
+
+		flen[i] = skip[i] = 0;
+		if (!parts[i].nval)
+			continue;
+		skip[i] = get_gap(parts[i].gap, &gap);
+		flen[i] = dtc_cpu_put_gap(first[i], parts[i].start + gap - next);
+		next = parts[i].next;
+		total += flen[i] + parts[i].ngap - skip[i];
+	}
+	if ((rc = dtc_bytes_reserve(out, total)) != DTC_OK)
+		return rc;
+	o = out->p + out->n;
+	o += dtc_varint_put(o, cnt);
+	for (int i = 0; i < nt; i++) {
+		if (!parts[i].nval)
+			continue;
+		memcpy(o, first[i], flen[i]);
+		memcpy(o + flen[i], parts[i].gap + skip[i], parts[i].ngap - skip[i]);
+		o += flen[i] + parts[i].ngap - skip[i];
+	}
+	for (int i = 0; i < nt; i++) {
+		put_values(o, parts[i].val, parts[i].nval);
+		o += 2 * parts[i].nval;
+	}
+	out->n += total;
+	*count = cnt;
+	return DTC_OK;
+}
+
+static int cpu_detect(const struct dte_box_map *e, const struct dtc_consts *k, const float *param,
+		      const float *m, const float *v, const uint64_t *mark,
+		      struct dtc_bytes *out, uint64_t *count, uint64_t *csum)
+{
+	struct part parts[MAX_THREADS];
+	struct detect_ctx *c;
+	uint64_t sum = 0;
+	int nt, rc = DTC_OK;
+
+	if (!(c = calloc(1, sizeof(*c))))
+		return DTC_ENOMEM;
+	c->flags = dtc_cpu_flags_best();
+	c->block = dtc_cpu_detect_best();
+	c->e = *e;
+	c->k = *k;
+	c->p = param;
+	c->m = m;
+	c->v = v;
+	c->mark = mark;
+	c->size = dtc_box_size(e);
+	c->csum = csum != NULL;
+	nt = split_plan(parts, (c->size + 63) / 64, 64, c->size);
+	split_run(parts, nt, detect_range, c);
+	for (int i = 0; i < nt; i++) {
+		sum += parts[i].out;
+		if (c->failed[i])
+			rc = DTC_ENOMEM;
+	}
+	if (rc == DTC_OK)
+		rc = detect_join(c->part, nt, out, count);
+	if (rc == DTC_OK && csum)
+		*csum = sum;
+	for (int i = 0; i < nt; i++) {
+		free(c->part[i].gap);
+		free(c->part[i].val);
+	}
+	free(c);
+	return rc;
+}
+
 /* ---- dense extract / apply ------------------------------------------- */
 
 struct dense_ctx {
@@ -645,6 +876,37 @@ static int cpu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, ui
 	return DTC_OK;
 }
 
+/* The portable detect block: the generic verdicts, the scalar emitter,
+ * the vectorized checksum run (θ is in L1 by then). */
+uint64_t dtc_cpu_detect_block(const struct dtc_consts *k, const float *p, const float *m,
+			      const float *v, int nw, const uint64_t *mark, uint64_t pos,
+			      int64_t dbase, int64_t dstride, int csum, struct dtc_cpu_emit *s)
+{
+	uint64_t blk[BLOCK_WORDS];
+
+	dtc_cpu_flags(k, p, m, v, nw, blk);
+	for (int j = 0; j < nw; j++)
+		dtc_cpu_emit_word(s, blk[j] | (mark ? mark[j] : 0), pos + 64 * (uint64_t)j,
+				  p + 64 * j);
+	return csum ? csum_run_fp32(p, 1, dbase, dstride, 64 * (uint64_t)nw) : 0;
+}
+
+dtc_cpu_detect_fn dtc_cpu_detect_best(void)
+{
+	static dtc_cpu_detect_fn best;
+	dtc_cpu_detect_fn f = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		const char *s = getenv("DTC_CPU_SIMD");
+
+		f = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_detect_avx512();
+		if (!f)
+			f = dtc_cpu_detect_block;
+		__atomic_store_n(&best, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
 const struct dtc_backend_ops dtc_cpu_ops = {
 	.scan = cpu_scan,
 	.sparse_from_bitmap = cpu_sparse,
@@ -654,4 +916,5 @@ const struct dtc_backend_ops dtc_cpu_ops = {
 	.checksum_buffer = cpu_checksum_buffer,
 	.checksum_entry = cpu_checksum_entry,
 	.checksum_box = cpu_checksum_box,
+	.detect = cpu_detect,
 };

@@ -2,6 +2,7 @@
 #ifndef DTC_CPU_H
 #define DTC_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "gpu/elem.h"
 
@@ -24,5 +25,87 @@ dtc_cpu_flags_fn dtc_cpu_flags_avx512(void);
 /* The kernel the scan uses: the fastest one this CPU runs, unless the
  * environment says DTC_CPU_SIMD=generic. */
 dtc_cpu_flags_fn dtc_cpu_flags_best(void);
+
+/* ---- one-pass detect (dtc_detect) ---------------------------------------
+ * A thread's output: the gap codes (gpu/codec.h) and BF16 values of the
+ * positions it emits, kept apart, each gap taken from `next` (the last
+ * position + 1; the part's first position when nothing was emitted yet,
+ * so the first code is re-encoded when the parts are joined). */
+struct dtc_cpu_emit {
+	uint8_t *gap;
+	uint16_t *val;
+	size_t ngap, gcap;	/* bytes */
+	size_t nval, vcap;	/* values: the part's count */
+	uint64_t start;		/* the part's first box position */
+	uint64_t next;
+};
+
+/* Room a block of nw words may use past ngap / nval: one gap code of any
+ * size, the others under 64·nw (2 bytes), and a whole vector store. */
+#define DTC_CPU_GAP_ROOM(nw)	(2 * 64 * (size_t)(nw) + 11 + 64)
+#define DTC_CPU_VAL_ROOM(nw)	(64 * (size_t)(nw) + 32)
+
+/* Detect nw <= DTC_CPU_BLOCK_WORDS words of 64 consecutive elements at box
+ * position pos (a multiple of 64): the verdicts of the flags kernels, ORed
+ * with mark[0..nw) when mark is not NULL, appended to s as gap codes and
+ * values (the caller reserved DTC_CPU_*_ROOM(nw)).  With csum set, returns
+ * Σ dtc_csum_term(dbase + i·dstride, bf16(p[i])) over the 64·nw elements
+ * (mod 2^64), else 0. */
+typedef uint64_t (*dtc_cpu_detect_fn)(const struct dtc_consts *k, const float *p, const float *m,
+				      const float *v, int nw, const uint64_t *mark, uint64_t pos,
+				      int64_t dbase, int64_t dstride, int csum,
+				      struct dtc_cpu_emit *s);
+
+uint64_t dtc_cpu_detect_block(const struct dtc_consts *k, const float *p, const float *m,
+			      const float *v, int nw, const uint64_t *mark, uint64_t pos,
+			      int64_t dbase, int64_t dstride, int csum, struct dtc_cpu_emit *s);
+dtc_cpu_detect_fn dtc_cpu_detect_avx512(void);
+/* Chosen like dtc_cpu_flags_best(). */
+dtc_cpu_detect_fn dtc_cpu_detect_best(void);
+
+/* The gap code of gpu/codec.h (tests hold it to dtc_sparse_encode()). */
+static inline size_t dtc_cpu_put_gap(uint8_t *g, uint64_t gap)
+{
+	size_t n = 1;
+
+	if (gap < 128) {
+		g[0] = (uint8_t)gap;
+		return 1;
+	}
+	if (gap < 128 + 16384) {
+		gap -= 128;
+		g[0] = (uint8_t)(0x80 | (gap >> 8));
+		g[1] = (uint8_t)gap;
+		return 2;
+	}
+	g[0] = 0xC0;
+	while (gap >= 0x80) {
+		g[n++] = (uint8_t)(gap | 0x80);
+		gap >>= 7;
+	}
+	g[n++] = (uint8_t)gap;
+	return n;
+}
+
+/* Append the set bits of one word at box position pos, values from p. */
+static inline void dtc_cpu_emit_word(struct dtc_cpu_emit *s, uint64_t bits, uint64_t pos,
+				     const float *p)
+{
+	uint8_t *g = s->gap + s->ngap;
+	uint16_t *val = s->val + s->nval;
+	uint64_t next = s->next;
+
+	while (bits) {
+		int i = __builtin_ctzll(bits);
+
+		bits &= bits - 1;
+		g += dtc_cpu_put_gap(g, pos + (uint64_t)i - next);
+		*val++ = dtc_bf16_rne(p[i]);
+		next = pos + (uint64_t)i + 1;
+	}
+	s->ngap = (size_t)(g - s->gap);
+	s->nval = (size_t)(val - s->val);
+	s->next = next;
+}
 
 #endif

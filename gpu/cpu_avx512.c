@@ -154,9 +154,19 @@ dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
 	return NULL;
 }
 
+dtc_cpu_detect_fn dtc_cpu_detect_avx512(void)
+{
+	return NULL;
+}
+
 #else
 
 dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
+{
+	return NULL;
+}
+
+dtc_cpu_detect_fn dtc_cpu_detect_avx512(void)
 {
 	return NULL;
 }

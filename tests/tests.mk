@@ -1,6 +1,7 @@
 # tests/ — foundation tests (control protocol, config, daemon, client).
 # Other layers append their own UNIT_TESTS / SYSTEM_TESTS in their fragments.
 UNIT_TESTS   += test_frame test_conf test_proto test_msgfmt test_client test_apply
+UNIT_TESTS   += test_detect
 SYSTEM_TESTS += tests/system/foundation.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
