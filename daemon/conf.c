@@ -31,6 +31,7 @@ static const struct {
 	[DCONF_K_PEER_ADVERTISE_ADDRESS] = { "peer", "advertise_address" },
 	[DCONF_K_PEER_STAGING_SIZE] = { "peer", "staging_size" },
 	[DCONF_K_MAX_STAGED_VERSIONS] = { "daemon", "max_staged_versions" },
+	[DCONF_K_VERIFY_FULL_EVERY] = { "daemon", "verify_full_every" },
 };
 
 struct parse_ctx {
@@ -46,6 +47,7 @@ void dconf_defaults(struct dconf *c)
 	c->max_frame_bytes = 4u * 1024u * 1024u;
 	c->max_clients = 1024;
 	c->max_staged_versions = 8;
+	c->verify_full_every = 16;
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
@@ -208,6 +210,12 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 		if (!parse_u64(v, 1, 4096, 0, &x))
 			return bad_value(p, key, v, "1..4096");
 		c->max_staged_versions = (uint32_t)x;
+		return 1;
+	}
+	if (strcmp(key, "verify_full_every") == 0) {
+		if (!parse_u64(v, 1, 1u << 20, 0, &x))
+			return bad_value(p, key, v, "1..1048576");
+		c->verify_full_every = (uint32_t)x;
 		return 1;
 	}
 	if (strcmp(key, "allow_uids") == 0)
@@ -441,6 +449,7 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_MAX_FRAME_BYTES: snprintf(val, vlen, "%u", c->max_frame_bytes); break;
 	case DCONF_K_MAX_CLIENTS: snprintf(val, vlen, "%u", c->max_clients); break;
 	case DCONF_K_MAX_STAGED_VERSIONS: snprintf(val, vlen, "%u", c->max_staged_versions); break;
+	case DCONF_K_VERIFY_FULL_EVERY: snprintf(val, vlen, "%u", c->verify_full_every); break;
 	case DCONF_K_COMPUTE_BACKEND: snprintf(val, vlen, "%s", c->compute_backend); break;
 	case DCONF_K_NODE_NAME: snprintf(val, vlen, "%s", c->node_name); break;
 	case DCONF_K_METRICS_LISTEN:

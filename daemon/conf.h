@@ -38,7 +38,7 @@ enum dconf_key {
 	DCONF_K_ALLOW_GIDS, DCONF_K_LOG_LEVEL, DCONF_K_MAX_FRAME_BYTES, DCONF_K_MAX_CLIENTS,
 	DCONF_K_COMPUTE_BACKEND, DCONF_K_NODE_NAME, DCONF_K_METRICS_LISTEN,
 	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
-	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS,
+	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS, DCONF_K_VERIFY_FULL_EVERY,
 	DCONF_K__COUNT
 };
 
@@ -60,6 +60,8 @@ struct dconf {
 	char     metrics_listen[96];
 	/* Versions a sink may hold staged, unapplied (daemon/job_sink.c). */
 	uint32_t max_staged_versions;
+	/* A sink's full checksum pass every N applies (job_sink.c). */
+	uint32_t verify_full_every;
 	/* [peer] — the UCX layer's listener (used by daemon/peer). */
 	char     peer_listen_address[64];
 	uint16_t peer_listen_port;

@@ -29,6 +29,9 @@ void job_fini(void);
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink.c). */
 void job_set_max_staged(uint32_t n);
+/* A sink recomputes every checksum at least every n applied versions
+ * (config verify_full_every; docs/SYNC.md). */
+void job_set_verify_full_every(uint32_t n);
 
 /* A control connection closed: its participants detach, its waits end,
  * its buffers are released. */

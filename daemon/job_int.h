@@ -79,7 +79,10 @@ struct jpend {
 	struct jpend *next;
 };
 
-/* A decoded write of one entry, self-contained (plans may change). */
+/* A write of one entry, self-contained (plans may change).  Host
+ * buffers keep the checked payload bytes (enc, inside the version's held
+ * payloads) and apply from them; CUDA buffers and the storage writer's
+ * mirror get decoded positions and values. */
 struct jwrite {
 	uint32_t dst_slot;        /* index into the sink's buffers */
 	int dense;
@@ -87,6 +90,8 @@ struct jwrite {
 	uint64_t n;               /* positions (sparse) */
 	uint64_t *pos;
 	uint16_t *val;            /* n values, or box values when dense */
+	const uint8_t *enc;       /* or: the entry's payload (sparse codec or dense LE values) */
+	size_t enc_len;
 };
 
 struct jstaged {
@@ -98,6 +103,8 @@ struct jstaged {
 	uint8_t *covered;         /* per slot: some entry maps into it */
 	uint64_t *srcs;           /* sources to acknowledge */
 	size_t nsrcs;
+	uint8_t **held;           /* payload buffers the writes' enc point into */
+	size_t nheld;
 	struct jstaged *next;
 };
 
@@ -121,6 +128,13 @@ struct jlocal {
 	uint64_t applied;
 	uint64_t checksum_failures;
 	uint64_t staging_drops;   /* staged chains dropped at max_staged_versions */
+	/* Verified state (docs/SYNC.md): per slot, the checksum of the boxes
+	 * of the last applied version, valid while vkey (those boxes and
+	 * buffers) is nonzero; sparse applies onto it add their deltas. */
+	uint64_t *vsum;
+	uint64_t vkey;
+	uint32_t since_full;      /* versions verified incrementally since the last full pass */
+	uint64_t full_verifies, incremental_verifies;
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jlocal *next;
@@ -252,6 +266,7 @@ struct jengine {
 	struct jcap *inflight;    /* captures on workers */
 	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
+	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
 	/* Deferred control answers go here (dctl_reply unless a test sets it). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
 	/* Tests: return nonzero to drop an outgoing record (a lost message). */
@@ -259,6 +274,7 @@ struct jengine {
 };
 
 #define JOB_MAX_STAGED_DEFAULT 8
+#define JOB_VERIFY_FULL_EVERY_DEFAULT 16
 
 extern struct jengine jeng;
 

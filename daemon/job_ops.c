@@ -264,6 +264,7 @@ static void verify_one(struct job *j, struct jlocal *l, Dte__SinkVerify *out, st
 	if (!out->mismatched)
 		return;
 	l->checksum_failures++;
+	l->vkey = 0;	/* the next apply verifies in full */
 	dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 	DLOG_E("job %s: verify: sink %llx version %llu: %u of %u buffers differ (%s); dense repair "
 	       "requested", j->name, (unsigned long long)l->info.id, (unsigned long long)v->version,

@@ -19,6 +19,8 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
+#include "daemon/testhook.h"
+#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "gpu/elem.h"
@@ -29,6 +31,9 @@ static void staged_free(struct jstaged *s)
 		free(s->w[i].pos);
 		free(s->w[i].val);
 	}
+	for (size_t i = 0; i < s->nheld; i++)
+		free(s->held[i]);
+	free(s->held);
 	free(s->w);
 	free(s->expect);
 	free(s->covered);
@@ -61,6 +66,9 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 void jsink_free(struct jlocal *l)
 {
 	jops_sink_free(l);
+	free(l->vsum);
+	l->vsum = NULL;
+	l->vkey = 0;
 	while (l->pend) {
 		struct jpend *p = l->pend;
 
@@ -205,17 +213,64 @@ static uint64_t get64(const uint8_t *p)
 	return x;
 }
 
-/* Decode one source's part of a version into writes. */
-static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s,
-		      struct jstaged *st, char *err, size_t errlen)
+/* Whether entries into this buffer are applied from their payload bytes
+ * (host memory) or decoded at staging: device memory is scattered from
+ * host arrays by the cuda backend, and the storage writer reads the
+ * decoded writes of its mirror to find what changed. */
+static int keep_encoded(const struct job *j, const struct jlocal *l, const struct dbuf *b)
+{
+	if (b->cuda)
+		return 0;
+	return !(j->store && !strcmp(l->info.layout, JSTORE_CANON_LAYOUT));
+}
+
+/* Check (or decode) one entry's bytes into w.  0 or a DTC_* code. */
+static int stage_entry(struct jwrite *w, int enc, const struct jentry *e, uint64_t cnt,
+		       const uint8_t *p, uint64_t len)
+{
+	uint64_t got = 0;
+	int r;
+
+	w->n = w->dense ? e->box : cnt;
+	if (enc && w->dense) {
+		if (len != 2 * e->box)
+			return len < 2 * e->box ? DTC_ETRUNC : DTC_ECORRUPT;
+	} else if (enc) {
+		if ((r = dtc_sparse_payload_check(p, len, e->box, &got)) != DTC_OK)
+			return r;
+		if (got != cnt)
+			return DTC_ECORRUPT;
+	} else if (w->dense) {
+		if (!(w->val = malloc(e->box * sizeof(*w->val))))
+			return DTC_ENOMEM;
+		return dtc_dense_decode(p, len, e->box, w->val);
+	} else {
+		w->pos = malloc(cnt * sizeof(*w->pos));
+		w->val = malloc(cnt * sizeof(*w->val));
+		if (!w->pos || !w->val)
+			return DTC_ENOMEM;
+		if ((r = dtc_sparse_decode(p, len, e->box, w->pos, w->val, cnt, &got)) != DTC_OK)
+			return r;
+		return got == cnt ? DTC_OK : DTC_ECORRUPT;
+	}
+	w->enc = p;
+	w->enc_len = (size_t)len;
+	return DTC_OK;
+}
+
+/* Stage one source's part of a version: every entry checked (positions
+ * against its box), kept encoded or decoded (keep_encoded); the payload
+ * bytes move into st, which owns them from here on. */
+static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, struct jstaged *st,
+		      char *err, size_t errlen)
 {
 	const struct jpair *pair = job_pair(j, s->src, l->info.id);
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
-	uint8_t *raw = NULL;
-	const uint8_t *data = NULL, *view = NULL;
+	uint8_t *raw = NULL, *data = NULL;
+	const uint8_t *view = NULL;
 	size_t raw_len = 0, off = 0, bound = 0;
-	int rc = -1;
+	int rc = -1, wrong_value = 0, encoded = 0;
 
 	if (!pair || pair->n != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
@@ -234,7 +289,7 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 				 "counts allow", (unsigned long long)s->src);
 			return -1;
 		}
-		/* Stored raw (the same-cluster default), it is decoded where it
+		/* Stored raw (the same-cluster default), it is staged where it
 		 * was received: no second copy of the payload. */
 		if (dtc_chunk_view(s->payload, s->len, &view, &raw_len) != DTC_OK ||
 		    (!view && (!(raw = malloc(claimed ? claimed : 1)) ||
@@ -244,10 +299,8 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 				 (unsigned long long)s->src);
 			goto out;
 		}
-		if (view)
-			data = view;
-		else
-			data = raw;
+		data = view ? s->payload + (view - s->payload) : raw;
+		wrong_value = !dense && testhook_sink_value(st->version);
 	} else if (bound) {
 		snprintf(err, errlen, "source %llx: counts announce data but no payload came",
 			 (unsigned long long)s->src);
@@ -256,11 +309,12 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 	for (size_t i = 0; i < pair->n; i++) {
 		const struct jentry *e = &pair->e[i];
 		struct jwrite *w = &st->w[st->n];
-		uint64_t cnt = c->counts[i], len, got = 0;
+		uint64_t cnt = c->counts[i], len;
+		struct dbuf *b;
 		size_t slot;
 		int r;
 
-		if (!jlocal_buf(l, e->dst_buf, &slot)) {
+		if (!(b = jlocal_buf(l, e->dst_buf, &slot))) {
 			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
 			goto out;
 		}
@@ -287,22 +341,20 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 			goto out;
 		}
 		off += 8;
-		if (dense) {
-			w->val = malloc(e->box * sizeof(*w->val));
-			r = w->val ? dtc_dense_decode(data + off, len, e->box, w->val) : DTC_ENOMEM;
-			w->n = e->box;
-		} else {
-			w->pos = malloc(cnt * sizeof(*w->pos));
-			w->val = malloc(cnt * sizeof(*w->val));
-			r = w->pos && w->val ? dtc_sparse_decode(data + off, len, e->box, w->pos, w->val,
-								 cnt, &got) : DTC_ENOMEM;
-			if (r == DTC_OK && got != cnt)
-				r = DTC_ECORRUPT;
-			w->n = cnt;
-		}
+		r = stage_entry(w, keep_encoded(j, l, b), e, cnt, data + off, len);
+		encoded |= w->enc != NULL;
 		if (r != DTC_OK) {
 			snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
 			goto out;
+		}
+		if (wrong_value) {
+			/* After every check: a well-formed payload with one wrong
+			 * value, which only the checksum can catch. */
+			if (w->enc)
+				data[off + len - 1] ^= 0x01;
+			else
+				w->val[w->n - 1] ^= 0x0100;
+			wrong_value = 0;
 		}
 		off += len;
 	}
@@ -321,13 +373,21 @@ static int decode_src(struct job *j, struct jlocal *l, const struct jpend_src *s
 		}
 		st->expect[slot] += c->checksums[i]->partial;
 	}
+	/* The bytes the writes point into (none when all were decoded). */
+	if (encoded) {
+		st->held[st->nheld++] = raw ? raw : s->payload;
+		if (raw)
+			free(s->payload);
+		s->payload = NULL;
+		raw = NULL;
+	}
 	rc = 0;
 out:
 	free(raw);
 	return rc;
 }
 
-static struct jstaged *decode(struct job *j, struct jlocal *l, const struct jpend *p, char *err,
+static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, char *err,
 			      size_t errlen)
 {
 	struct jstaged *st = calloc(1, sizeof(*st));
@@ -338,7 +398,8 @@ static struct jstaged *decode(struct job *j, struct jlocal *l, const struct jpen
 	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
 	    !(st->expect = calloc(l->nbufs ? l->nbufs : 1, sizeof(*st->expect))) ||
 	    !(st->covered = calloc(l->nbufs ? l->nbufs : 1, 1)) ||
-	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs)))) {
+	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs))) ||
+	    !(st->held = calloc(p->n ? p->n : 1, sizeof(*st->held)))) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
@@ -601,15 +662,117 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	jstore_sink_staged(j, l);
 }
 
+/* The boxes and buffers a verified sum is over: same key, same sum
+ * domain.  Never 0 (0 means "not verified"). */
+static uint64_t verify_key(const struct jlocal *l, const struct jstaged *st)
+{
+	uint64_t h = dtc_mix64(st->n + 1);
+
+	for (size_t i = 0; i < st->n; i++) {
+		const struct jwrite *w = &st->w[i];
+		const struct dbuf *b = l->bufs[w->dst_slot];
+		const int64_t *m = (const int64_t *)&w->map;
+
+		h = dtc_mix64(h ^ w->dst_slot) + (uint64_t)(uintptr_t)b->ptr + b->length;
+		h = dtc_mix64(h ^ w->map.ndim);
+		for (size_t k = 1; k < sizeof(w->map) / sizeof(*m); k++)
+			h = dtc_mix64(h ^ (uint64_t)m[k]);
+	}
+	return h ? h : 1;
+}
+
+/* Dense values straight from the payload when they can be read in place
+ * (little-endian, 2-byte aligned), else through a decoded copy. */
+static int apply_dense_enc(const struct jwrite *w, struct dbuf *b)
+{
+	uint16_t *tmp = NULL;
+	int r;
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	if (!((uintptr_t)w->enc & 1))
+		return jdev_dense_apply(&w->map, (const uint16_t *)(const void *)w->enc, b->ptr,
+					b->length);
+#endif
+	if (!(tmp = malloc(w->n * sizeof(*tmp))))
+		return DTC_ENOMEM;
+	r = dtc_dense_decode(w->enc, w->enc_len, w->n, tmp);
+	if (r == DTC_OK)
+		r = jdev_dense_apply(&w->map, tmp, b->ptr, b->length);
+	free(tmp);
+	return r;
+}
+
+/* Write one staged version; delta[slot] gets the checksum change of the
+ * sparse payload writes.  Returns 1 when every write it made is in delta
+ * (so the version can be verified incrementally), 0 when not, -1 with why
+ * on a failed write. */
+static int apply_version(struct jlocal *l, const struct jstaged *st, uint64_t *delta, char *why,
+			 size_t whylen)
+{
+	int tracked = !st->all_dense;
+
+	for (size_t i = 0; i < st->n; i++) {
+		const struct jwrite *w = &st->w[i];
+		struct dbuf *b = l->bufs[w->dst_slot];
+		uint64_t got = 0;
+		int r;
+
+		if (!w->n)
+			continue;
+		if (w->enc && !w->dense) {
+			r = dtc_sparse_apply_payload(dtc_backend_cpu(), &w->map, w->enc, w->enc_len,
+						     b->ptr, b->length, &got, &delta[w->dst_slot]);
+		} else {
+			tracked = 0;
+			r = w->enc ? apply_dense_enc(w, b)
+			    : w->dense ? jdev_dense_apply(&w->map, w->val, b->ptr, b->length)
+			    : jdev_scatter_apply(&w->map, w->pos, w->val, w->n, b->ptr, b->length);
+		}
+		if (r != DTC_OK) {
+			snprintf(why, whylen, "apply of version %llu: %s",
+				 (unsigned long long)st->version, dtc_strerror(r));
+			return -1;
+		}
+	}
+	return tracked;
+}
+
+/* Σ mix over the boxes of st, per covered slot, into sum[]. */
+static int full_sums(struct jlocal *l, const struct jstaged *st, uint64_t *sum)
+{
+	memset(sum, 0, l->nbufs * sizeof(*sum));
+	for (size_t i = 0; i < st->n; i++) {
+		const struct jwrite *w = &st->w[i];
+		uint64_t part = 0;
+
+		/* Host or device: the backend's (vectorized, threaded) box sum. */
+		if (jdev_checksum_box(&w->map, l->bufs[w->dst_slot]->ptr,
+				      l->bufs[w->dst_slot]->length, &part) != DTC_OK)
+			return -1;	/* unreadable is not verified */
+		sum[w->dst_slot] += part;
+	}
+	return 0;
+}
+
+void job_set_verify_full_every(uint32_t n)
+{
+	jeng.verify_full_every = n;
+}
+
+static uint32_t full_every(void)
+{
+	return jeng.verify_full_every ? jeng.verify_full_every : JOB_VERIFY_FULL_EVERY_DEFAULT;
+}
+
 Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
 		      char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct jstaged *last = NULL;
 	struct jlocal *l;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = uv_hrtime(), *sum = NULL, *delta = NULL, key = 0;
 	uint32_t n = 0;
-	int ok = 1, failed_apply = 0;
+	int ok = 1, failed_apply = 0, incremental;
 	char why[256] = "";
 
 	if (!j) {
@@ -634,61 +797,70 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)l->applied);
 		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
 	}
+	sum = calloc(l->nbufs ? l->nbufs : 1, sizeof(*sum));
+	delta = calloc(l->nbufs ? l->nbufs : 1, sizeof(*delta));
+	if (!l->vsum)
+		l->vsum = calloc(l->nbufs ? l->nbufs : 1, sizeof(*l->vsum));
+	if (!sum || !delta || !l->vsum) {
+		free(sum);
+		free(delta);
+		snprintf(err, errlen, "job %s: out of memory", j->name);
+		return DTE__STATUS__STATUS_ERR_INTERNAL;
+	}
+	/* Incremental only onto a verified state over the same boxes, for
+	 * sparse versions whose every write reported its delta, and not past
+	 * verify_full_every versions since the last full pass. */
+	incremental = l->vkey != 0;
 	while (l->staged && l->staged->version <= rq->version) {
 		struct jstaged *st = l->staged;
 
 		l->staged = st->next;
-		for (size_t i = 0; i < st->n && !failed_apply; i++) {
-			const struct jwrite *w = &st->w[i];
-			struct dbuf *b = l->bufs[w->dst_slot];
-			int r;
+		if (!failed_apply) {
+			int t = apply_version(l, st, delta, why, sizeof(why));
 
-			if (!w->n)
-				continue;
-			r = w->dense ? jdev_dense_apply(&w->map, w->val, b->ptr, b->length)
-				     : jdev_scatter_apply(&w->map, w->pos, w->val, w->n, b->ptr, b->length);
-			if (r != DTC_OK) {
-				snprintf(why, sizeof(why), "apply of version %llu: %s",
-					 (unsigned long long)st->version, dtc_strerror(r));
+			if (t < 0)
 				failed_apply = 1;
-			}
+			key = verify_key(l, st);
+			incremental &= t == 1 && key == l->vkey;
 		}
 		if (last)
 			staged_free(last);
 		last = st;
 		n++;
 	}
+	incremental &= l->since_full + n < full_every();
 	/* The content must now be exactly what the sources computed. */
+	if (!failed_apply && incremental) {
+		for (size_t s = 0; s < l->nbufs; s++)
+			sum[s] = l->vsum[s] + delta[s];
+	} else if (!failed_apply && full_sums(l, last, sum) < 0) {
+		failed_apply = 1;
+		snprintf(why, sizeof(why), "checksum failed: a box outside its buffer");
+	}
 	for (size_t s = 0; s < l->nbufs && !failed_apply; s++) {
-		uint64_t sum = 0;
-
-		if (!last->covered[s])
+		if (!last->covered[s] || sum[s] == last->expect[s])
 			continue;
-		for (size_t i = 0; i < last->n; i++) {
-			uint64_t part = 0;
-
-			if (last->w[i].dst_slot != s)
-				continue;
-			/* Host or device: the backend's (vectorized, threaded) box sum. */
-			if (jdev_checksum_box(&last->w[i].map, l->bufs[s]->ptr, l->bufs[s]->length,
-					      &part) != DTC_OK)
-				failed_apply = 1;	/* unreadable is not verified */
-			sum += part;
-		}
-		if (failed_apply) {
-			snprintf(why, sizeof(why), "buffer %s: checksum failed", l->bufs[s]->name);
-			break;
-		}
-		if (sum != last->expect[s]) {
-			ok = 0;
-			snprintf(why, sizeof(why), "buffer %s: checksum %016llx, expected %016llx",
-				 l->bufs[s]->name, (unsigned long long)sum,
-				 (unsigned long long)last->expect[s]);
-			break;
-		}
+		ok = 0;
+		snprintf(why, sizeof(why), "buffer %s: checksum %016llx, expected %016llx (%s)",
+			 l->bufs[s]->name, (unsigned long long)sum[s],
+			 (unsigned long long)last->expect[s], incremental ? "incremental" : "full pass");
+		break;
 	}
 	if (failed_apply)
 		ok = 0;
+	if (ok) {
+		memcpy(l->vsum, sum, l->nbufs * sizeof(*sum));
+		l->vkey = key;
+		l->since_full = incremental ? l->since_full + n : 0;
+	} else {
+		l->vkey = 0;	/* the next apply recomputes everything */
+	}
+	if (!failed_apply) {
+		if (incremental)
+			l->incremental_verifies++;
+		else
+			l->full_verifies++;
+	}
 	l->applied = last->version;
 	jops_applied(l, last);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, n);
@@ -697,6 +869,10 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 		l->checksum_failures++;
 		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)last->version, why);
+	} else {
+		DLOG_D("job %s: sink %llx version %llu verified (%s)", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)last->version,
+		       incremental ? "incremental" : "full pass");
 	}
 	rep->apply_ms = job_ms_since(t0);
 	dmetrics_observe(DM_PHASE_SECONDS, "apply", rep->apply_ms / 1e3);
@@ -708,5 +884,7 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 	rep->checksum_ok = ok;
 	rep->checksum_failures = l->checksum_failures;
 	staged_free(last);
+	free(sum);
+	free(delta);
 	return DTE__STATUS__STATUS_OK;
 }

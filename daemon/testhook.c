@@ -17,6 +17,7 @@ enum fault {
 	F_DUP,
 	F_REORDER,
 	F_CAPTURE_STALL,
+	F_WRONG_VALUE,
 };
 
 static const struct {
@@ -29,6 +30,7 @@ static const struct {
 	{ "dup", F_DUP },
 	{ "reorder", F_REORDER },
 	{ "capture-stall", F_CAPTURE_STALL },
+	{ "wrong-value", F_WRONG_VALUE },
 };
 
 struct held {
@@ -305,6 +307,16 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 	default:
 		return 0;
 	}
+}
+
+int testhook_sink_value(uint64_t version)
+{
+	if (th.fault != F_WRONG_VALUE || !version_hit(version) || th.corrupted == version)
+		return 0;
+	th.corrupted = version;
+	DLOG_W("test hook: wrong-value: version %llu: one staged value flipped",
+	       (unsigned long long)version);
+	return 1;
 }
 
 void testhook_capture(uint64_t version)

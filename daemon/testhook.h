@@ -23,6 +23,10 @@
  *                     until the next record arrives, which overtakes it
  *                     (adjacent pairs swap; a held record with no
  *                     follower goes after 50 ms).
+ *   wrong-value       sink: once the version's first sparse source part
+ *                     has passed every staging check, one of its values is
+ *                     flipped: a well-formed payload with a wrong value,
+ *                     which only the apply's checksum can catch.
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.
@@ -53,6 +57,10 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen);
  * 0 when the caller delivers it as usual. */
 int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		     size_t hdrlen, const void *data, size_t len);
+
+/* The sink is staging a sparse source part of `version`: 1 when it must
+ * flip one value of it (wrong-value; once per version). */
+int testhook_sink_value(uint64_t version);
 
 /* At the start of a capture, on the worker thread (capture-stall). */
 void testhook_capture(uint64_t version);
