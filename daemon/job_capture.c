@@ -1,19 +1,26 @@
 /* daemon/job_capture.c — the expensive half of mark and publish, run off
- * the loop thread (uv_queue_work): scan, sparse/dense extract, checksums,
- * encode.  A task owns everything it touches: copies of the pairs'
- * entries, the dirty bitmaps (taken from the pairs while it runs), and a
- * reference on every source buffer (so a client that goes away cannot
- * unmap them under the worker).  The loop only decides (job_src.c) and
- * sends (job_src.c, after the worker is done).
+ * the loop (uv_queue_work): detect, dense extract, checksums, framing.  A
+ * task owns everything it touches: copies of the pairs' entries, the dirty
+ * bitmaps of marks (taken from the pairs while it runs), and a reference
+ * on every source buffer (so a client that goes away cannot unmap them
+ * under the worker).  The loop only decides and sends (job_src.c).
+ *
+ * A publish of host buffers reads θ, m, v once per detection: dtc_detect()
+ * scans the step, ORs in the pair's marks (K > 1), appends the encoded
+ * payload to the pair's buffer and returns the entry's checksum from the
+ * same read.  No per-element state is kept between versions for K = 1: the
+ * dirty bitmap exists only from a version's first mark to its publish.
+ * Device buffers (jdev_*) and detect = snapshot scan into a bitmap first
+ * and extract from it.
  *
  * One detection per source box: entries of different pairs that read the
  * same source elements (same buffers, group and source map: replicated
- * norms and KV heads, sink replicas) are scanned once per version and every
- * destination's bitmap gets the result; dense values and encodings are
- * shared the same way, checksums whenever the destination map is the same
- * too (replicas).  The plan names these detections (dte_plan_entry.detect);
- * the daemon derives them again from the entries it holds, so a peer's
- * PLAN cannot make it skip a scan it needs.
+ * norms and KV heads, sink replicas) are detected once per version; the
+ * other members copy the encoded bytes when their marks are the same, and
+ * the checksum when their destination map is the same (replicas).  The
+ * plan names these detections (dte_plan_entry.detect); the daemon derives
+ * them again from the entries it holds, so a peer's PLAN cannot make it
+ * skip a scan it needs.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,25 +49,26 @@ struct det_ref {
 	uint32_t pair, entry;
 };
 
-/* Results shared between the members of one detection. */
+/* Results shared between the members of one detection: a destination
+ * map's checksum (the sink buffer id does not enter the sum), and encoded
+ * bytes already in some pair's payload (pair, offset, length), looked up
+ * by the bitmap they were built from (detect: the mark, NULL for none). */
 struct det_csum {
-	uint32_t dst_buf;
 	int64_t dst_offset, dst_stride[DTE_MAX_DIMS];
 	uint64_t sum;
 };
 
 struct det_sparse {
-	const uint64_t *bitmap;   /* a member's dirty bitmap (alive for the task) */
-	uint8_t *enc;
-	size_t len;
+	const uint64_t *bitmap;   /* a member's bitmap (alive for the task), or NULL */
+	size_t pair, at, len;
 	uint64_t count;
 };
 
 struct det {
 	size_t first, members;    /* its entries: refs[first .. first + members) */
 	uint32_t left;            /* members not captured yet */
-	uint8_t *dense;           /* encoded dense values */
-	size_t dense_len;
+	int have_dense;           /* dense bytes at dense.pair/at/len */
+	struct det_sparse dense;
 	struct det_csum *cs;
 	size_t ncs;
 	struct det_sparse *sp;
@@ -174,8 +182,20 @@ static int group_detections(struct jcap *c, struct det_ref **refs, struct det **
 	return 0;
 }
 
-/* Pass 1: this step's changed set, once per detection, ORed into every
- * member pair's dirty bitmap (pairs without one are captured dense). */
+/* Host sources: their publish reads θ, m, v once in dtc_detect(), which
+ * scans the step itself; a separate scan is for marks, device sources and
+ * the snapshot baseline. */
+static int entry_host(const struct jcap *c, const struct jentry *e)
+{
+	const struct dbuf *p = cap_buf(c, e->src_buf), *m = cap_buf(c, e->src_buf_m);
+	const struct dbuf *v = cap_buf(c, e->src_buf_v);
+
+	return p && m && v && !p->cuda && !m->cuda && !v->cuda;
+}
+
+/* Pass 1 of a mark (and of a publish of device sources): this step's
+ * changed set, once per detection, ORed into every member pair's dirty
+ * bitmap (pairs without one are captured dense). */
 static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det *dets,
 		    size_t ndets)
 {
@@ -211,7 +231,7 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				one = p->dirty[refs[m].entry];
 			}
 		}
-		if (!members)
+		if (!members || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
 			continue;
 		{
 			uint64_t words = dtc_bitmap_words(&e->map), cnt;
@@ -333,17 +353,13 @@ out:
 	return rc;
 }
 
-/* Growable byte buffer for one pair's framed payload: DTC_CHUNK_HDR bytes
- * kept free at the front, then length-prefixed entry payloads encoded in
- * place, so the buffer becomes the chunk without another copy. */
-struct bytes {
-	uint8_t *p;
-	size_t n, cap;
-};
-
-/* Room for `len` more bytes (pages past what is written stay untouched, so
- * a generous bound costs address space, not memory). */
-static int bytes_reserve(struct bytes *b, size_t len)
+/* One pair's payload (struct dtc_bytes, p->raw) is framed in place:
+ * DTC_CHUNK_HDR bytes kept free at the front, then length-prefixed entry
+ * payloads appended straight into it, so the buffer becomes the chunk
+ * without another copy.  Its growth is dtc_detect()'s: doubling, and pages
+ * past what is written stay untouched (large buffers are mmap'd), so a
+ * generous bound costs address space, not memory. */
+static int bytes_reserve(struct dtc_bytes *b, size_t len)
 {
 	if (!b->n)
 		b->n = DTC_CHUNK_HDR;
@@ -361,132 +377,157 @@ static int bytes_reserve(struct bytes *b, size_t len)
 	return 0;
 }
 
-static void bytes_len(struct bytes *b, size_t at, size_t len)
+static void bytes_len(struct dtc_bytes *b, size_t at, size_t len)
 {
 	for (int i = 0; i < 8; i++)
 		b->p[at + i] = (uint8_t)((uint64_t)len >> (8 * i));
 }
 
-static int bytes_put(struct bytes *b, const uint8_t *data, size_t len)
+/* Append a copy of bytes another member already encoded (in any pair's
+ * payload, this one's included: its address is taken after the reserve). */
+static int bytes_put_shared(struct jcap *c, struct dtc_bytes *b, const struct det_sparse *s)
 {
-	if (bytes_reserve(b, 8 + len) < 0)
-		return -1;
-	bytes_len(b, b->n, len);
-	if (len)
-		memcpy(b->p + b->n + 8, data, len);
-	b->n += 8 + len;
+	if (bytes_reserve(b, 8 + s->len) < 0)
+		return CAPFAIL("out of memory");
+	bytes_len(b, b->n, s->len);
+	memcpy(b->p + b->n + 8, c->p[s->pair].raw.p + s->at, s->len);
+	b->n += 8 + s->len;
 	return 0;
 }
 
 static void det_release(struct det *d)
 {
-	free(d->dense);
-	d->dense = NULL;
 	free(d->cs);
 	d->cs = NULL;
 	d->ncs = 0;
-	for (size_t i = 0; i < d->nsp; i++)
-		free(d->sp[i].enc);
 	free(d->sp);
 	d->sp = NULL;
 	d->nsp = 0;
+	d->have_dense = 0;
+}
+
+static int csum_find(const struct det *d, const struct jentry *e, uint64_t *sum)
+{
+	for (size_t i = 0; i < d->ncs; i++) {
+		if (d->cs[i].dst_offset == e->map.dst_offset &&
+		    !memcmp(d->cs[i].dst_stride, e->map.dst_stride,
+			    e->map.ndim * sizeof(e->map.dst_stride[0]))) {
+			*sum = d->cs[i].sum;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Kept only while other members may want it (a failed realloc just means
+ * they compute it again). */
+static void csum_keep(struct det *d, const struct jentry *e, uint64_t sum)
+{
+	void *np;
+
+	if (d->left <= 1 || !(np = realloc(d->cs, (d->ncs + 1) * sizeof(*d->cs))))
+		return;
+	d->cs = np;
+	memset(&d->cs[d->ncs], 0, sizeof(d->cs[d->ncs]));
+	d->cs[d->ncs].dst_offset = e->map.dst_offset;
+	memcpy(d->cs[d->ncs].dst_stride, e->map.dst_stride,
+	       e->map.ndim * sizeof(e->map.dst_stride[0]));
+	d->cs[d->ncs].sum = sum;
+	d->ncs++;
 }
 
 /* The entry's checksum contribution, computed once per destination map. */
 static int entry_checksum(struct jcap *c, struct det *d, const struct jentry *e,
 			  const struct dtc_src *s, uint64_t *sum)
 {
-	struct det_csum k;
-	void *np;
 	int r;
 
-	memset(&k, 0, sizeof(k));
-	k.dst_buf = e->dst_buf;
-	k.dst_offset = e->map.dst_offset;
-	memcpy(k.dst_stride, e->map.dst_stride, e->map.ndim * sizeof(k.dst_stride[0]));
-	for (size_t i = 0; i < d->ncs; i++) {
-		if (d->cs[i].dst_buf == k.dst_buf && d->cs[i].dst_offset == k.dst_offset &&
-		    !memcmp(d->cs[i].dst_stride, k.dst_stride, sizeof(k.dst_stride))) {
-			*sum = d->cs[i].sum;
-			return 0;
-		}
-	}
-	if ((r = jdev_checksum_entry(&e->map, s->param, s->len, &k.sum)) != DTC_OK)
+	if (csum_find(d, e, sum))
+		return 0;
+	if ((r = jdev_checksum_entry(&e->map, s->param, s->len, sum)) != DTC_OK)
 		return CAPFAIL("checksum: %s", dtc_strerror(r));
-	*sum = k.sum;
-	if (d->left > 1 && (np = realloc(d->cs, (d->ncs + 1) * sizeof(*d->cs)))) {
-		d->cs = np;
-		d->cs[d->ncs++] = k;
-	}
+	csum_keep(d, e, *sum);
 	return 0;
 }
 
-static int entry_dense(struct jcap *c, struct det *d, const struct jentry *e,
-		       const struct dtc_src *s, struct bytes *raw)
+static const struct det_sparse *sp_find(const struct det *d, const uint64_t *bitmap,
+					uint64_t words)
 {
+	for (size_t i = 0; i < d->nsp; i++) {
+		const uint64_t *o = d->sp[i].bitmap;
+
+		if (o == bitmap || (o && bitmap && !memcmp(o, bitmap, words * sizeof(*o))))
+			return &d->sp[i];
+	}
+	return NULL;
+}
+
+static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t at, size_t len,
+		    uint64_t count)
+{
+	void *np;
+
+	if (d->left <= 1 || !(np = realloc(d->sp, (d->nsp + 1) * sizeof(*d->sp))))
+		return;
+	d->sp = np;
+	d->sp[d->nsp].bitmap = bitmap;
+	d->sp[d->nsp].pair = pair;
+	d->sp[d->nsp].at = at;
+	d->sp[d->nsp].len = len;
+	d->sp[d->nsp].count = count;
+	d->nsp++;
+}
+
+static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
+		       const struct dtc_src *s)
+{
+	struct dtc_bytes *raw = &c->p[pi].raw;
 	uint16_t *vals;
-	uint8_t *enc;
-	size_t len = 0;
+	size_t at, len = 0;
 	int r;
 
-	if (d->dense)
-		return bytes_put(raw, d->dense, d->dense_len) < 0 ? CAPFAIL("out of memory") : 0;
-	vals = malloc(e->box * sizeof(*vals));
-	enc = malloc(2 * e->box + 64);
-	if (!vals || !enc) {
-		free(vals);
-		free(enc);
+	if (d->have_dense)
+		return bytes_put_shared(c, raw, &d->dense);
+	if (bytes_reserve(raw, 8 + 2 * e->box) < 0 || !(vals = malloc(e->box * sizeof(*vals))))
 		return CAPFAIL("out of memory");
-	}
+	at = raw->n;
 	r = jdev_dense_extract(&e->map, s->param, s->len, vals);
 	if (r == DTC_OK)
-		r = dtc_dense_encode(vals, e->box, enc, 2 * e->box + 64, &len);
+		r = dtc_dense_encode(vals, e->box, raw->p + at + 8, raw->cap - at - 8, &len);
 	free(vals);
-	if (r != DTC_OK) {
-		free(enc);
+	if (r != DTC_OK)
 		return CAPFAIL("dense capture: %s", dtc_strerror(r));
-	}
-	if (bytes_put(raw, enc, len) < 0) {
-		free(enc);
-		return CAPFAIL("out of memory");
-	}
+	bytes_len(raw, at, len);
+	raw->n += 8 + len;
 	if (d->left > 1) {
-		d->dense = enc;
-		d->dense_len = len;
-	} else {
-		free(enc);
+		d->have_dense = 1;
+		d->dense = (struct det_sparse){ .pair = pi, .at = at + 8, .len = len };
 	}
 	return 0;
 }
 
-static int entry_sparse(struct jcap *c, struct det *d, const struct jentry *e,
-			const struct dtc_src *s, const uint64_t *bitmap, struct bytes *raw,
-			uint64_t *count)
+/* Sparse from a bitmap (device sources, detect = snapshot): extract, then
+ * encode straight into the pair's payload. */
+static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
+			const struct dtc_src *s, const uint64_t *bitmap, uint64_t *count)
 {
+	struct dtc_bytes *raw = &c->p[pi].raw;
 	uint64_t words = dtc_bitmap_words(&e->map), cnt = 0, n = 0;
+	const struct det_sparse *sh = sp_find(d, bitmap, words);
 	uint64_t *pos;
 	uint16_t *val;
-	uint8_t *enc;
-	size_t len = 0;
-	void *np;
+	size_t at = 0, len = 0, bound;
 	int r;
 
-	for (size_t i = 0; i < d->nsp; i++) {
-		if (!memcmp(d->sp[i].bitmap, bitmap, words * sizeof(*bitmap))) {
-			*count = d->sp[i].count;
-			if (!d->sp[i].count)
-				return 0;
-			return bytes_put(raw, d->sp[i].enc, d->sp[i].len) < 0 ? CAPFAIL("out of memory") : 0;
-		}
+	if (sh) {
+		*count = sh->count;
+		return sh->count ? bytes_put_shared(c, raw, sh) : 0;
 	}
 	for (uint64_t x = 0; x < words; x++)
 		cnt += (uint64_t)__builtin_popcountll(bitmap[x]);
 	*count = cnt;
-	enc = NULL;
 	if (cnt) {
-		size_t at, bound = dtc_sparse_bound(cnt);
-
-		/* Encoded straight into the pair's payload: no per-entry copy. */
+		bound = dtc_sparse_bound(cnt);
 		pos = malloc(cnt * sizeof(*pos));
 		val = malloc(cnt * sizeof(*val));
 		if (!pos || !val || bytes_reserve(raw, 8 + bound) < 0) {
@@ -507,28 +548,64 @@ static int entry_sparse(struct jcap *c, struct det *d, const struct jentry *e,
 			return CAPFAIL("sparse capture: %s", dtc_strerror(r));
 		bytes_len(raw, at, len);
 		raw->n += 8 + len;
-		/* Other members with the same bitmap reuse it: keep an exact copy. */
-		if (d->left > 1 && (enc = malloc(len)))
-			memcpy(enc, raw->p + at + 8, len);
 	}
-	if (d->left > 1 && (!cnt || enc) && (np = realloc(d->sp, (d->nsp + 1) * sizeof(*d->sp)))) {
-		d->sp = np;
-		d->sp[d->nsp].bitmap = bitmap;
-		d->sp[d->nsp].enc = enc;
-		d->sp[d->nsp].len = len;
-		d->sp[d->nsp].count = cnt;
-		d->nsp++;
-	} else {
-		free(enc);
-	}
+	sp_keep(d, bitmap, pi, at + 8, len, cnt);
 	return 0;
 }
 
-/* Pass 2: one pair's counts, partial checksums and framed payload. */
-static int capture_pair(struct jcap *c, struct jcap_pair *p, struct det *dets)
+/* Host sources, detect = adamw: one dtc_detect() per detection reads θ,
+ * m, v once, appends the payload (this step's changed set ORed with the
+ * pair's marks, if any) to the pair's buffer and gives the checksum from
+ * the same read.  Members with the same marks copy the bytes; one with
+ * another destination map then needs its own checksum pass over θ. */
+static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
+			const struct dtc_src *s, const uint64_t *mark, uint64_t *count,
+			uint64_t *sum)
 {
-	struct bytes raw = { 0 };
-	int rc = -1;
+	struct dtc_bytes *raw = &c->p[pi].raw;
+	uint64_t words = dtc_bitmap_words(&e->map), cnt = 0;
+	const struct det_sparse *sh = sp_find(d, mark, words);
+	int have_sum = csum_find(d, e, sum), r;
+	size_t at;
+
+	c->scan_entries++;
+	if (sh) {
+		*count = sh->count;
+		if (sh->count && bytes_put_shared(c, raw, sh) < 0)
+			return -1;
+		return have_sum ? 0 : entry_checksum(c, d, e, s, sum);
+	}
+	if (e->group >= c->ngroups)
+		return CAPFAIL("optimizer group %u has no hyper-parameters (%zu given)", e->group,
+			       c->ngroups);
+	if (bytes_reserve(raw, 8) < 0)
+		return CAPFAIL("out of memory");
+	at = raw->n;
+	raw->n += 8;
+	r = dtc_detect(dtc_backend_cpu(), &e->map, &c->k[e->group], s, mark, mark ? words : 0,
+		       raw, &cnt, have_sum ? NULL : sum);
+	if (r != DTC_OK) {
+		raw->n = at;
+		return CAPFAIL("detect: %s", dtc_strerror(r));
+	}
+	c->scans++;
+	c->scan_elements += e->box;
+	if (!cnt)
+		raw->n = at;	/* an empty entry sends nothing (COUNTS says 0) */
+	else
+		bytes_len(raw, at, raw->n - at - 8);
+	*count = cnt;
+	sp_keep(d, mark, pi, at + 8, cnt ? raw->n - at - 8 : 0, cnt);
+	if (!have_sum)
+		csum_keep(d, e, *sum);
+	return 0;
+}
+
+/* One pair's counts, partial checksums and payload: everything that reads
+ * the source buffers. */
+static int capture_pair(struct jcap *c, size_t pi, struct det *dets)
+{
+	struct jcap_pair *p = &c->p[pi];
 
 	p->counts = calloc(p->n ? p->n : 1, sizeof(*p->counts));
 	p->cbuf = calloc(p->n ? p->n : 1, sizeof(*p->cbuf));
@@ -542,12 +619,23 @@ static int capture_pair(struct jcap *c, struct jcap_pair *p, struct det *dets)
 		uint64_t sum = 0, cnt = 0;
 		size_t k;
 
-		if (cap_src(c, e, &s) < 0) {
-			CAPFAIL("source buffers missing");
-			goto out;
+		if (cap_src(c, e, &s) < 0)
+			return CAPFAIL("source buffers missing");
+		if (!p->sparse) {
+			cnt = e->box;
+			if (entry_checksum(c, d, e, &s, &sum) < 0 || entry_dense(c, d, pi, e, &s) < 0)
+				return -1;
+		} else if (c->detect == JDETECT_ADAMW && entry_host(c, e)) {
+			if (entry_detect(c, d, pi, e, &s, p->dirty ? p->dirty[i] : NULL, &cnt,
+					 &sum) < 0)
+				return -1;
+		} else {
+			if (!p->dirty)
+				return CAPFAIL("sparse capture without a changed set");
+			if (entry_checksum(c, d, e, &s, &sum) < 0 ||
+			    entry_sparse(c, d, pi, e, &s, p->dirty[i], &cnt) < 0)
+				return -1;
 		}
-		if (entry_checksum(c, d, e, &s, &sum) < 0)
-			goto out;
 		for (k = 0; k < p->nck && p->cbuf[k] != e->dst_buf; k++)
 			;
 		if (k == p->nck) {
@@ -556,43 +644,43 @@ static int capture_pair(struct jcap *c, struct jcap_pair *p, struct det *dets)
 		}
 		p->csum[k] += sum;
 		p->elements += e->box;
-		if (p->sparse) {
-			if (entry_sparse(c, d, e, &s, p->dirty[i], &raw, &cnt) < 0)
-				goto out;
-		} else {
-			cnt = e->box;
-			if (entry_dense(c, d, e, &s, &raw) < 0)
-				goto out;
-		}
 		p->counts[i] = cnt;
 		p->changed += cnt;
 		if (--d->left == 0)
 			det_release(d);
 	}
-	if (raw.n > DTC_CHUNK_HDR) {
-		size_t len = raw.n - DTC_CHUNK_HDR, bound = dtc_chunk_bound(len);
-		int zl = p->remote ? (int)c->zstd_level : 0;
+	return 0;
+}
 
-		/* Memory is faster than zstd, and a same-cluster link usually
-		 * is too: zstd only where the job asks for it (zstd_level).
-		 * Stored raw, the payload buffer is framed in place and handed
-		 * over as the chunk. */
-		if (!zl) {
-			dtc_chunk_seal_raw(raw.p, len);
-			p->chunk = raw.p;
-			p->chunk_len = raw.n;
-			raw.p = NULL;
-		} else if (!(p->chunk = malloc(bound)) ||
-			   dtc_chunk_pack(raw.p + DTC_CHUNK_HDR, len, zl, p->chunk, bound,
-					  &p->chunk_len) != DTC_OK) {
-			CAPFAIL("payload framing failed");
-			goto out;
-		}
+/* The payload becomes the chunk: framed in place when raw, or packed. */
+static int frame_pair(struct jcap *c, struct jcap_pair *p)
+{
+	size_t len, bound;
+	int zl = p->remote ? (int)c->zstd_level : 0;
+
+	if (p->raw.n <= DTC_CHUNK_HDR) {
+		free(p->raw.p);
+		p->raw = (struct dtc_bytes){ 0 };
+		return 0;
 	}
-	rc = 0;
-out:
-	free(raw.p);
-	return rc;
+	len = p->raw.n - DTC_CHUNK_HDR;
+	/* Memory is faster than zstd, and a same-cluster link usually is
+	 * too: zstd only where the job asks for it (zstd_level). */
+	if (!zl) {
+		dtc_chunk_seal_raw(p->raw.p, len);
+		p->chunk = p->raw.p;
+		p->chunk_len = p->raw.n;
+		p->raw = (struct dtc_bytes){ 0 };
+		return 0;
+	}
+	bound = dtc_chunk_bound(len);
+	if (!(p->chunk = malloc(bound)) ||
+	    dtc_chunk_pack(p->raw.p + DTC_CHUNK_HDR, len, zl, p->chunk, bound,
+			   &p->chunk_len) != DTC_OK)
+		return CAPFAIL("payload framing failed");
+	free(p->raw.p);
+	p->raw = (struct dtc_bytes){ 0 };
+	return 0;
 }
 
 int jcap_run(struct jcap *c)
@@ -621,7 +709,11 @@ int jcap_run(struct jcap *c)
 		goto out;
 	}
 	for (size_t i = 0; i < c->np; i++)
-		if (capture_pair(c, &c->p[i], dets) < 0)
+		if (capture_pair(c, i, dets) < 0)
+			goto out;
+	c->read_ms = (double)(uv_hrtime() - t0) / 1e6;
+	for (size_t i = 0; i < c->np; i++)
+		if (frame_pair(c, &c->p[i]) < 0)
 			goto out;
 	rc = 0;
 out:
@@ -651,6 +743,7 @@ void jcap_free(struct jcap *c)
 		free(p->counts);
 		free(p->cbuf);
 		free(p->csum);
+		free(p->raw.p);
 		free(p->chunk);
 	}
 	free(c->p);

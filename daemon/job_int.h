@@ -122,6 +122,7 @@ struct jlocal {
 	int64_t covered;          /* last optimizer step in the dirty state */
 	int gap;                  /* a step was missed since the last publish */
 	uint64_t dirty_count;
+	int marked;               /* a mark scanned since the last publish */
 	int busy;                 /* a capture of it is on a worker */
 	/* sink */
 	uint64_t held;            /* newest staged (or applied) version */
@@ -208,9 +209,9 @@ struct jcap_pair {
 	struct jentry *e;         /* copy of the pair's entries */
 	size_t n;
 	uint32_t *det;            /* per entry: its detection */
-	uint64_t **dirty;         /* taken from the pair; NULL: none */
+	uint64_t **dirty;         /* taken from the pair (marks); NULL: none */
 	struct jsnap *snap;       /* detect = snapshot: taken from the pair like dirty */
-	int want_dirty;           /* allocate dirty if missing (it is scanned) */
+	int want_dirty;           /* allocate dirty if missing (a scan fills it) */
 	int sparse, remote;
 	/* results */
 	uint64_t *counts;
@@ -220,6 +221,7 @@ struct jcap_pair {
 	uint8_t *chunk;
 	size_t chunk_len;
 	uint64_t changed, elements;
+	struct dtc_bytes raw;     /* the payload while it is built */
 };
 
 struct jcap {
@@ -245,6 +247,7 @@ struct jcap {
 	char err[256];
 	/* what the worker did */
 	double work_ms;
+	double read_ms;           /* of which the source buffers were read */
 	uint64_t detections, scans, scan_entries, scan_elements, dirty;
 	struct jcap *next;        /* jeng.inflight */
 };

@@ -367,7 +367,7 @@ const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
 	}
 	if (!p->last_sent || !src->last_version)
 		return "initial";
-	if (p->need_dense || !p->dirty)
+	if (p->need_dense || (src->marked && !p->dirty))
 		return "repair";
 	if (!stepped)
 		return "step_gap";

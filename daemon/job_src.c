@@ -165,23 +165,20 @@ static void cap_take_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp)
 	p->snap = NULL;
 }
 
-/* The bitmaps go back to their pair (cleared after a publish) if it is
- * still the same pair and has none meanwhile; freed otherwise. */
-static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp, int clear)
+/* What the task took from the pair goes back if it is still the same
+ * pair and has none meanwhile; freed otherwise (by jcap_free).  Dirty
+ * bitmaps go back only from a mark: a publish consumes them, so a job that
+ * publishes every step holds no per-element state between versions. */
+static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp, int keep)
 {
 	struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
 
-	/* Kept values follow the same rule (jcap_free frees them otherwise). */
+	/* Kept values follow the same rule, publish or mark. */
 	if (cp->snap && p && p->hash == cp->hash && !p->snap && p->n == cp->n) {
 		p->snap = cp->snap;
 		cp->snap = NULL;
 	}
-	if (!cp->dirty)
-		return;
-	if (p && p->hash == cp->hash && !p->dirty && p->n == cp->n) {
-		if (clear)
-			for (size_t q = 0; q < cp->n; q++)
-				memset(cp->dirty[q], 0, dtc_bitmap_words(&cp->e[q].map) * sizeof(uint64_t));
+	if (cp->dirty && keep && p && p->hash == cp->hash && !p->dirty && p->n == cp->n) {
 		p->dirty = cp->dirty;
 		cp->dirty = NULL;
 	}
@@ -280,7 +277,7 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 	Dte__MarkReply rep = DTE__MARK_REPLY__INIT;
 
 	for (size_t i = 0; i < c->np; i++)
-		cap_return_dirty(j, c, &c->p[i], 0);
+		cap_return_dirty(j, c, &c->p[i], 1);
 	if (c->rc < 0) {
 		char msg[512];
 
@@ -291,6 +288,7 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 		return;
 	}
 	l->covered = c->step;
+	l->marked = 1;
 	rep.dirty = c->dirty;
 	rep.gap = l->gap;
 	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_MARK, &rep);
@@ -394,7 +392,7 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	struct dtc_consts k[JOB_MAX_GROUPS];
 	struct jlocal *l;
 	struct jcap *c;
-	int stepped, first;
+	int stepped, first, dev = 0;
 
 	*deferred = 0;
 	(void)rep;
@@ -429,13 +427,19 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
 	c->version = rq->version;
 	c->scan = stepped && rq->step == l->covered + 1;
+	for (size_t i = 0; i < l->nbufs; i++)
+		dev |= l->bufs[i] && l->bufs[i]->cuda;
 	for (size_t i = 0; i < c->np; i++) {
 		struct jcap_pair *cp = &c->p[i];
 		struct jpair *p = job_pair(j, l->info.id, cp->dst);
 		const struct jpinfo *dst = job_part(j, cp->dst);
 
-		cp->want_dirty = c->scan && !p->need_dense;
-		cp->sparse = pair_can_sparse(j, l, p, stepped) && (p->dirty || cp->want_dirty);
+		/* Steps marked since the last publish are in the pair's dirty
+		 * bitmap; this one is scanned by the capture (host: inside
+		 * dtc_detect; device and snapshot: into a bitmap for this
+		 * version only). */
+		cp->sparse = pair_can_sparse(j, l, p, stepped) && (p->dirty || !l->marked);
+		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		cp->remote = dst && !route_is_self(dst->node, NULL);
 		if (!cp->sparse)
 			dmetrics_add(DM_DENSE_FALLBACKS, jops_dense_reason(j, l, p, stepped), 1);
@@ -511,10 +515,11 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		rep.bytes += cp->chunk_len;
 	}
 	for (size_t i = 0; i < c->np; i++)
-		cap_return_dirty(j, c, &c->p[i], 1);
+		cap_return_dirty(j, c, &c->p[i], 0);
 	l->last_version = c->version;
 	l->covered = c->step;
 	l->gap = 0;
+	l->marked = 0;
 	h->capture_ms += job_ms_since(c->t0);
 	h->t_captured = uv_hrtime();
 	h->sinks = 0;
@@ -568,7 +573,7 @@ static void cap_after(uv_work_t *w, int status)
 	l = j ? job_local(j, c->participant) : NULL;
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
-			cap_return_dirty(j, c, &c->p[i], 0);
+			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
 		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			  "the participant went away during the capture", 0, NULL);
 	} else {

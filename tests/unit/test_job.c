@@ -478,6 +478,8 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(publish(2, 2, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_true(pr.changed > 0 && pr.changed < pr.elements);
+	/* K = 1: no per-element state kept between versions. */
+	assert_null(job_pair(j, src.participant, sink.participant)->dirty);
 	assert_int_equal(staged(), 2);
 	apply_ok(2);
 	check_exact();
