@@ -454,7 +454,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
 	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
 	uint64_t base = l->last_version;
-	uint32_t sinks = 0, dense = 0;
+	uint32_t sinks = 0;
 	struct jhist *h;
 
 	if (c->rc < 0) {
@@ -474,7 +474,32 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_INTERNAL, msg, 0, NULL);
 		return;
 	}
+	/* The trainer's buffers are no longer read: answer first (it may
+	 * step again), then send.  The answer counts what was captured; a
+	 * pair whose COUNTS cannot go after it misses this version and goes
+	 * dense next (need_dense), which `wait` reports as for any sink. */
+	for (size_t i = 0; i < c->np; i++) {
+		struct jcap_pair *cp = &c->p[i];
+		struct jpair *p = job_pair(j, l->info.id, cp->dst);
+
+		if (!p || p->hash != cp->hash)
+			continue;
+		rep.sinks++;
+		rep.dense += !cp->sparse;
+		rep.changed += cp->changed;
+		rep.elements += cp->elements;
+		rep.bytes += cp->chunk_len;
+	}
+	l->last_version = c->version;
+	l->covered = c->step;
+	l->gap = 0;
+	l->marked = 0;
+	rep.version = c->version;
+	rep.capture_ms = job_ms_since(c->t0);
+	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+
 	h = hist_get(j, c->version, c->step);
+	h->capture_ms += rep.capture_ms;
 	for (size_t i = 0; i < c->np; i++) {
 		struct jcap_pair *cp = &c->p[i];
 		struct jpair *p = job_pair(j, l->info.id, cp->dst);
@@ -509,18 +534,9 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		if (!rc)
 			p->need_dense = 0;
 		sinks++;
-		dense += !cp->sparse;
-		rep.changed += cp->changed;
-		rep.elements += cp->elements;
-		rep.bytes += cp->chunk_len;
 	}
 	for (size_t i = 0; i < c->np; i++)
 		cap_return_dirty(j, c, &c->p[i], 0);
-	l->last_version = c->version;
-	l->covered = c->step;
-	l->gap = 0;
-	l->marked = 0;
-	h->capture_ms += job_ms_since(c->t0);
 	h->t_captured = uv_hrtime();
 	h->sinks = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
@@ -533,24 +549,20 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 				once = 0;
 		h->sinks += once;
 	}
-	rep.version = c->version;
-	rep.sinks = sinks;
-	rep.dense = dense;
-	rep.capture_ms = job_ms_since(c->t0);
 	dmetrics_add(DM_VERSIONS_PUBLISHED, NULL, 1);
 	dmetrics_add(DM_ELEMENTS_CHANGED, NULL, (double)rep.changed);
 	dmetrics_add(DM_ELEMENTS_COVERED, NULL, (double)rep.elements);
-	if (rep.elements && !dense)
+	if (rep.elements && !rep.dense)
 		dmetrics_set(DM_CHANGED_RATIO, NULL, (double)rep.changed / (double)rep.elements);
 	dmetrics_observe(DM_PHASE_SECONDS, "capture", rep.capture_ms / 1e3);
-	DLOG_D("job %s: version %llu step %lld captured: %u sinks (%u dense), %llu of %llu elements, "
-	       "%llu bytes, %.2f ms (worker %.2f ms; %llu detections, %llu scans for %llu entries)",
-	       j->name, (unsigned long long)c->version, (long long)c->step, sinks, dense,
-	       (unsigned long long)rep.changed, (unsigned long long)rep.elements,
-	       (unsigned long long)rep.bytes, rep.capture_ms, c->work_ms,
-	       (unsigned long long)c->detections, (unsigned long long)c->scans,
+	DLOG_D("job %s: version %llu step %lld captured: %u sinks (%u dense, %u sent), %llu of %llu "
+	       "elements, %llu bytes, answered at %.2f ms, sent at %.2f ms (worker %.2f ms, "
+	       "reading the source %.2f ms; %llu detections, %llu scans for %llu entries)",
+	       j->name, (unsigned long long)c->version, (long long)c->step, rep.sinks, rep.dense,
+	       sinks, (unsigned long long)rep.changed, (unsigned long long)rep.elements,
+	       (unsigned long long)rep.bytes, rep.capture_ms, job_ms_since(c->t0), c->work_ms,
+	       c->read_ms, (unsigned long long)c->detections, (unsigned long long)c->scans,
 	       (unsigned long long)c->scan_entries);
-	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 }
 
 /* Loop thread, the worker is done: bookkeeping, sends, the answer. */
