@@ -142,14 +142,20 @@ struct share {
 	int started;
 };
 
+/* Positions are decoded a batch ahead of the writes and their cache
+ * lines prefetched, so the read-modify-writes of scattered elements
+ * overlap instead of each waiting for its miss. */
+#define APPLY_BATCH 64
+
 static void share_write(struct share *s)
 {
 	const struct dte_box_map *e = s->e;
 	const int64_t d1 = e->dst_stride[e->ndim - 1];
 	const uint8_t *p = s->p, *v = s->vals + 2 * s->first;
 	uint16_t *dst = s->dst;
+	int64_t at[APPLY_BATCH];
 	struct box_walk w;
-	uint64_t d = 0, cur, gap = 0;
+	uint64_t d = 0, cur, gap = 0, i = s->first;
 
 	if (s->first >= s->last)
 		return;
@@ -157,29 +163,37 @@ static void share_write(struct share *s)
 	(void)gap_get(&p, s->end, &gap);
 	cur = s->next + gap;
 	box_walk_seek(&w, e, cur);
-	for (uint64_t i = s->first;;) {
-		int64_t at = w.dst_row + w.col * d1;
-		uint16_t nv = (uint16_t)(v[0] | (v[1] << 8));
+	while (i < s->last) {
+		uint64_t nb = s->last - i < APPLY_BATCH ? s->last - i : APPLY_BATCH;
 
-		if (s->want_delta)
-			d += dtc_csum_term((uint64_t)at, nv) - dtc_csum_term((uint64_t)at, dst[at]);
-		dst[at] = nv;
-		v += 2;
-		if (++i == s->last)
-			break;
-		(void)gap_get(&p, s->end, &gap);
-		cur += gap + 1;
-		w.col += (int64_t)gap + 1;
-		if (w.col >= w.row_len) {
-			int64_t col = w.col - w.row_len;
+		for (uint64_t k = 0; k < nb; k++) {
+			at[k] = w.dst_row + w.col * d1;
+			__builtin_prefetch(&dst[at[k]], 1);
+			if (i + k + 1 == s->last)
+				break;
+			(void)gap_get(&p, s->end, &gap);
+			cur += gap + 1;
+			w.col += (int64_t)gap + 1;
+			if (w.col >= w.row_len) {
+				int64_t col = w.col - w.row_len;
 
-			if (col < w.row_len) {
-				box_walk_next_row(&w);
-				w.col = col;
-			} else {
-				box_walk_seek(&w, e, cur);
+				if (col < w.row_len) {
+					box_walk_next_row(&w);
+					w.col = col;
+				} else {
+					box_walk_seek(&w, e, cur);
+				}
 			}
 		}
+		for (uint64_t k = 0; k < nb; k++, v += 2) {
+			uint16_t nv = (uint16_t)(v[0] | (v[1] << 8));
+
+			if (s->want_delta)
+				d += dtc_csum_term((uint64_t)at[k], nv) -
+				     dtc_csum_term((uint64_t)at[k], dst[at[k]]);
+			dst[at[k]] = nv;
+		}
+		i += nb;
 	}
 	s->delta = d;
 }
