@@ -17,6 +17,7 @@ Megatron TP=2 trainer publishes, an SGLang TP=2 sink applies every version.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -165,6 +166,8 @@ def main():
         if c.passed != c.total:
             log.seek(0)
             print("--- dted log (tail) ---\n" + "\n".join(log.read().splitlines()[-40:]))
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     c.finish(versions=version)
 
 
