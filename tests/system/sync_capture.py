@@ -43,6 +43,14 @@ def dtectl(sock, *args):
     return r.returncode, r.stdout + r.stderr, time.monotonic() - t0
 
 
+def rss_anon(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main():
     c = Checks("sync-capture")
     elems, pub = 0, []
@@ -128,6 +136,20 @@ def main():
         bad += int((n_src.view(torch.int16) != n_dst.view(torch.int16)).sum())
         del e_src, e_dst, n_src, n_dst, want
         c.check(bad == 0, "sink embedding and final norm equal RNE(θ) (%d differ)" % bad)
+        # K = 1 keeps no per-element state between versions: sparse
+        # versions 2 and 3 leave the daemon's private memory where version
+        # 1 left it (a dirty bitmap kept per pair would add elems/8 bytes).
+        anon = [rss_anon(daemon.pid)]
+        for v in (2, 3):
+            info = cli.publish(JOB, spart, v, v, groups)
+            r = cli.apply(JOB, kpart, cli.wait_staged(JOB, kpart, 60000))
+            c.check(not info["dense"] and r["checksum_ok"],
+                    "version %d sparse, applied, checksum ok" % v)
+            anon.append(rss_anon(daemon.pid))
+        grow = anon[-1] - anon[0]
+        print("daemon RssAnon after versions 1-3: %s kB" % [a // 1024 for a in anon])
+        c.check(grow < elems // 16, "no dirty bitmap kept between K=1 versions: RssAnon %s kB, "
+                "grew %d kB (a bitmap is %d kB)" % (anon, grow // 1024, elems // 8192))
         cli.close()
     finally:
         daemon.terminate()
