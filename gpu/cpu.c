@@ -429,6 +429,46 @@ struct detect_ctx {
 	int failed[MAX_THREADS];
 };
 
+/* The streams of the last call are kept for the next one (up to
+ * POOL_KEEP bytes each): fresh pages cost a fault and a clear each, which
+ * was a fifth of the op at a few percent changed.  A call that finds the
+ * pool taken (concurrent detects) allocates its own. */
+#define POOL_KEEP ((size_t)64 << 20)
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct dtc_cpu_emit pool[MAX_THREADS];
+static int pool_taken;
+
+static int pool_take(struct dtc_cpu_emit *parts)
+{
+	int got = 0;
+
+	pthread_mutex_lock(&pool_lock);
+	if (!pool_taken) {
+		pool_taken = got = 1;
+		memcpy(parts, pool, sizeof(pool));
+	}
+	pthread_mutex_unlock(&pool_lock);
+	return got;
+}
+
+static void pool_give(struct dtc_cpu_emit *parts, int taken)
+{
+	for (int i = 0; i < MAX_THREADS; i++) {
+		if (!taken || parts[i].gcap > POOL_KEEP || parts[i].vcap * 2 > POOL_KEEP) {
+			free(parts[i].gap);
+			free(parts[i].val);
+			parts[i] = (struct dtc_cpu_emit){ 0 };
+		}
+	}
+	if (!taken)
+		return;
+	pthread_mutex_lock(&pool_lock);
+	memcpy(pool, parts, sizeof(pool));
+	pool_taken = 0;
+	pthread_mutex_unlock(&pool_lock);
+}
+
 static int emit_grow(void **buf, size_t *cap, size_t used, size_t more, size_t elem)
 {
 	size_t nc = *cap;
@@ -460,6 +500,7 @@ static uint64_t detect_range(void *arg, uint64_t w0, uint64_t w1, int part)
 	struct box_walk w;
 	uint64_t sum = 0;
 
+	s->ngap = s->nval = 0;
 	s->start = s->next = w0 * 64;
 	if (w0 >= w1)
 		return 0;
@@ -604,10 +645,11 @@ static int cpu_detect(const struct dte_box_map *e, const struct dtc_consts *k, c
 	struct part parts[MAX_THREADS];
 	struct detect_ctx *c;
 	uint64_t sum = 0;
-	int nt, rc = DTC_OK;
+	int nt, pooled, rc = DTC_OK;
 
 	if (!(c = calloc(1, sizeof(*c))))
 		return DTC_ENOMEM;
+	pooled = pool_take(c->part);
 	c->flags = dtc_cpu_flags_best();
 	c->block = dtc_cpu_detect_best();
 	c->e = *e;
@@ -629,10 +671,7 @@ static int cpu_detect(const struct dte_box_map *e, const struct dtc_consts *k, c
 		rc = detect_join(c->part, nt, out, count);
 	if (rc == DTC_OK && csum)
 		*csum = sum;
-	for (int i = 0; i < nt; i++) {
-		free(c->part[i].gap);
-		free(c->part[i].val);
-	}
+	pool_give(c->part, pooled);
 	free(c);
 	return rc;
 }

@@ -144,6 +144,91 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 	}
 }
 
+/* ---- one-pass detect block ---------------------------------------------
+ * After the verdicts, while the block is in L1: the set bits' gap codes
+ * and values one by one (a few percent of lanes: a vectorized emitter that
+ * visits every lane measured slower), then, when asked, the checksum
+ * terms of every lane, 16 at a time: BF16 by dtc_bf16_rne()'s integer
+ * steps, widened to two vectors of 64-bit lanes and mixed there (vpmullq:
+ * AVX-512DQ), the dst index carried as a running (index << 16) plus
+ * splitmix's increment. */
+#define AVX512DQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi2,popcnt")))
+
+AVX512 static inline __m512i bf16x16(__m512i u)
+{
+	__m512i hi = _mm512_srli_epi32(u, 16);
+	__mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+						_mm512_set1_epi32(0x7f800000));
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+						       _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+
+	return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+}
+
+/* dtc_mix64() after its increment, on 8 lanes. */
+AVX512DQ static inline __m512i mix8(__m512i x)
+{
+	x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
+	x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ull));
+	x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
+	x = _mm512_mullo_epi64(x, _mm512_set1_epi64((long long)0x94d049bb133111ebull));
+	return _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+}
+
+/* Σ dtc_csum_term(dbase + i·dstride, bf16(p[i])) over n (a multiple of
+ * 16) elements.  (Four 256-bit lanes groups instead measured slower.) */
+AVX512DQ static uint64_t csum_avx512(const float *p, uint64_t n, int64_t dbase, int64_t dstride)
+{
+	__m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+	uint64_t d = (uint64_t)dstride << 16;
+	__m512i key0, key1, step = _mm512_set1_epi64((long long)(16 * d));
+	uint64_t lane[8], sum = 0;
+
+	/* key of lane i: (dbase + i·dstride) << 16, plus splitmix's increment */
+	key0 = _mm512_add_epi64(_mm512_set1_epi64((long long)(((uint64_t)dbase << 16) +
+							      0x9e3779b97f4a7c15ull)),
+				_mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+						   _mm512_set1_epi64((long long)d)));
+	key1 = _mm512_add_epi64(key0, _mm512_set1_epi64((long long)(8 * d)));
+	for (uint64_t i = 0; i < n; i += 16) {
+		__m512i b = bf16x16(_mm512_loadu_si512(p + i));
+
+		acc0 = _mm512_add_epi64(acc0, mix8(_mm512_add_epi64(
+			key0, _mm512_cvtepu32_epi64(_mm512_castsi512_si256(b)))));
+		acc1 = _mm512_add_epi64(acc1, mix8(_mm512_add_epi64(
+			key1, _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(b, 1)))));
+		key0 = _mm512_add_epi64(key0, step);
+		key1 = _mm512_add_epi64(key1, step);
+	}
+	/* not _mm512_reduce_add_epi64: GCC's adds signed lanes (UBSan) */
+	_mm512_storeu_si512(lane, _mm512_add_epi64(acc0, acc1));
+	for (int i = 0; i < 8; i++)
+		sum += lane[i];
+	return sum;
+}
+
+AVX512DQ static uint64_t detect_avx512(const struct dtc_consts *k, const float *p, const float *m,
+				       const float *v, int nw, const uint64_t *mark, uint64_t pos,
+				       int64_t dbase, int64_t dstride, int csum,
+				       struct dtc_cpu_emit *s)
+{
+	uint64_t blk[DTC_CPU_BLOCK_WORDS];
+
+	flags_avx512(k, p, m, v, nw, blk);
+	for (int j = 0; j < nw; j++)
+		dtc_cpu_emit_word(s, blk[j] | (mark ? mark[j] : 0), pos + 64 * (uint64_t)j,
+				  p + 64 * j);
+	return csum ? csum_avx512(p, 64 * (uint64_t)nw, dbase, dstride) : 0;
+}
+
+dtc_cpu_detect_fn dtc_cpu_detect_avx512(void)
+{
+	__builtin_cpu_init();
+	if (dtc_cpu_flags_avx512() && __builtin_cpu_supports("avx512dq"))
+		return detect_avx512;
+	return NULL;
+}
+
 dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
 {
 	__builtin_cpu_init();
@@ -151,11 +236,6 @@ dtc_cpu_flags_fn dtc_cpu_flags_avx512(void)
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("bmi2") &&
 	    __builtin_cpu_supports("popcnt"))
 		return flags_avx512;
-	return NULL;
-}
-
-dtc_cpu_detect_fn dtc_cpu_detect_avx512(void)
-{
 	return NULL;
 }
 
