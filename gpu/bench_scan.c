@@ -1,10 +1,15 @@
-/* bench-scan: detect (scan + sparse) over 2^27 elements held in memory
- * (θ, m, v in FP32, 1.5 GiB) against the streaming-read bandwidth of the
- * same bytes measured in the same run by a plain multi-threaded sum.
- * The inputs are one simulated AdamW step (lr 1e-6 unless given), so a
- * realistic few percent of elements change.  Usage: bench_scan [N [lr]].
- * Final line:
+/* bench-scan: detect over 2^27 elements held in memory (θ, m, v in FP32,
+ * 1.5 GiB) against the streaming-read bandwidth of the same bytes measured
+ * in the same run by a plain multi-threaded sum.  "detect" is dtc_detect()
+ * as the daemon calls it: the one-pass op, encoded payload included,
+ * without and with the entry checksum; the two-pass kernels (scan, then
+ * sparse from the bitmap) are timed alongside for comparison.  The inputs
+ * are one simulated AdamW step (lr 1e-6 unless given), so a realistic few
+ * percent of elements change.  Usage: bench_scan [N [lr]].  Final lines:
+ *     scan-csum: elements=N GBps=X ratio_with_csum=R
  *     scan: elements=N GBps=X stream_GBps=Y ratio=Z
+ * ratio: detect (no checksum) throughput over 12 B/element divided by the
+ * stream bandwidth.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -112,10 +117,12 @@ static void run_threads(void *(*fn)(void *), struct job *jobs, int nt)
 
 int main(int argc, char **argv)
 {
-	uint64_t n = (uint64_t)1 << 27, words, count = 0, out = 0, sink = 0;
+	uint64_t n = (uint64_t)1 << 27, words, count = 0, out = 0, sink = 0, dcount = 0, ccount = 0;
+	uint64_t csum = 0, csum_ref = 0;
 	struct dtc_hparams hp = { 1e-6, 0.9, 0.999, 1e-8, 0.1, 2, DTC_VARIANT_TORCH };
 	const struct dtc_backend *cpu = dtc_backend_cpu();
-	struct phase st = { 1e30, 1e30, 0, 0 }, p1 = st, p2 = st, det = st;
+	struct phase st = { 1e30, 1e30, 0, 0 }, p1 = st, p2 = st, two = st, det = st, detc = st;
+	struct dtc_bytes pay = { 0 };
 	double bytes;
 	struct job jobs[16];
 	struct dtc_consts k;
@@ -161,7 +168,22 @@ int main(int argc, char **argv)
 		for (int i = 0; i < nt; i++)
 			sink += jobs[i].sum;
 
+		pay.n = 0;
 		phase_start(&det);
+		if (dtc_detect(cpu, &e, &k, &src, NULL, 0, &pay, &dcount, NULL) != DTC_OK) {
+			fprintf(stderr, "bench-scan: detect failed\n");
+			return 1;
+		}
+		phase_stop(&det);
+		pay.n = 0;
+		phase_start(&detc);
+		if (dtc_detect(cpu, &e, &k, &src, NULL, 0, &pay, &ccount, &csum) != DTC_OK) {
+			fprintf(stderr, "bench-scan: detect failed\n");
+			return 1;
+		}
+		phase_stop(&detc);
+
+		phase_start(&two);
 		phase_start(&p1);
 		if (dtc_scan(cpu, &e, &k, &src, bitmap, words, DTC_SCAN_SET, &count) != DTC_OK) {
 			fprintf(stderr, "bench-scan: scan failed\n");
@@ -174,17 +196,30 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		phase_stop(&p2);
-		phase_stop(&det);
+		phase_stop(&two);
 	}
-	printf("scan-detail: threads=%d lr=%g changed=%llu (%.3f%%) detect_s=%.4f (scan %.4f, sparse %.4f) "
+	/* the one-pass op must have found what the two passes did */
+	if (dtc_checksum_entry(cpu, &e, p, n, &csum_ref) != DTC_OK || dcount != count ||
+	    ccount != count || csum != csum_ref) {
+		fprintf(stderr, "bench-scan: detect disagrees with scan/checksum_entry\n");
+		return 1;
+	}
+	printf("scan-detail: threads=%d lr=%g changed=%llu (%.3f%%) payload_bytes=%zu "
+	       "detect_s=%.4f detect_csum_s=%.4f twopass_s=%.4f (scan %.4f, sparse %.4f) "
 	       "stream_s=%.4f pass1_ratio=%.2f sink=%llx\n",
-	       nt, hp.lr, (unsigned long long)count, 100.0 * (double)count / (double)n, det.wall,
-	       p1.wall, p2.wall, st.wall, st.wall / p1.wall, (unsigned long long)(sink & 0xf));
-	printf("scan-cpu: core_ns_per_element: stream=%.3f detect=%.3f scan=%.3f sparse=%.3f "
-	       "cpu_ratio=%.2f\n", st.cpu / (double)n * 1e9, det.cpu / (double)n * 1e9,
-	       p1.cpu / (double)n * 1e9, p2.cpu / (double)n * 1e9, st.cpu / det.cpu);
+	       nt, hp.lr, (unsigned long long)count, 100.0 * (double)count / (double)n, pay.n,
+	       det.wall, detc.wall, two.wall, p1.wall, p2.wall, st.wall, st.wall / p1.wall,
+	       (unsigned long long)(sink & 0xf));
+	printf("scan-cpu: core_ns_per_element: stream=%.3f detect=%.3f detect_csum=%.3f scan=%.3f "
+	       "sparse=%.3f cpu_ratio=%.2f cpu_ratio_with_csum=%.2f\n",
+	       st.cpu / (double)n * 1e9, det.cpu / (double)n * 1e9, detc.cpu / (double)n * 1e9,
+	       p1.cpu / (double)n * 1e9, p2.cpu / (double)n * 1e9, st.cpu / det.cpu,
+	       st.cpu / detc.cpu);
+	printf("scan-csum: elements=%llu GBps=%.2f ratio_with_csum=%.2f\n", (unsigned long long)n,
+	       bytes / detc.wall / 1e9, st.wall / detc.wall);
 	printf("scan: elements=%llu GBps=%.2f stream_GBps=%.2f ratio=%.2f\n", (unsigned long long)n,
 	       bytes / det.wall / 1e9, bytes / st.wall / 1e9, st.wall / det.wall);
+	free(pay.p);
 	free(p);
 	free(m);
 	free(v);
