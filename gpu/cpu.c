@@ -595,44 +595,67 @@ static void put_values(uint8_t *o, const uint16_t *val, size_t n)
 #endif
 }
 
-/* Append the parts' streams to out as one payload. */
-static int detect_join(struct dtc_cpu_emit *parts, int nt, struct dtc_bytes *out,
-		       uint64_t *count)
+/* Where each part's bytes go in the payload. */
+struct join_ctx {
+	const struct dtc_cpu_emit *s;
+	uint8_t first[MAX_THREADS][1 + DTC_VARINT_MAX];
+	size_t flen[MAX_THREADS], skip[MAX_THREADS];
+	uint8_t *gap_at[MAX_THREADS], *val_at[MAX_THREADS];
+};
+
+/* Copy part `part`'s gaps (its first re-encoded) and values into place;
+ * the parts copy in parallel (a payload is tens of MB at 2^27 elements). */
+static uint64_t join_copy(void *arg, uint64_t lo, uint64_t hi, int part)
 {
-	uint8_t first[MAX_THREADS][1 + DTC_VARINT_MAX], *o;
-	size_t flen[MAX_THREADS], skip[MAX_THREADS], total;
+	struct join_ctx *j = arg;
+	const struct dtc_cpu_emit *s = &j->s[part];
+
+	if (s->nval) {
+		memcpy(j->gap_at[part], j->first[part], j->flen[part]);
+		memcpy(j->gap_at[part] + j->flen[part], s->gap + j->skip[part],
+		       s->ngap - j->skip[part]);
+		put_values(j->val_at[part], s->val, s->nval);
+	}
+	return 0;
+}
+
+/* Append the parts' streams to out as one payload. */
+static int detect_join(struct part *parts, const struct dtc_cpu_emit *s, int nt,
+		       struct dtc_bytes *out, uint64_t *count)
+{
+	struct join_ctx j = { .s = s };
 	uint64_t cnt = 0, next = 0;
+	uint8_t *o, *vo;
+	size_t total;
 	int rc;
 
 	for (int i = 0; i < nt; i++)
-		cnt += parts[i].nval;
-	total = dtc_varint_put(first[0], cnt) + 2 * cnt;
+		cnt += s[i].nval;
+	total = dtc_varint_put(j.first[0], cnt) + 2 * cnt;
 	for (int i = 0; i < nt; i++) {
 		uint64_t gap;
 
-		flen[i] = skip[i] = 0;
-		if (!parts[i].nval)
+		j.flen[i] = j.skip[i] = 0;
+		if (!s[i].nval)
 			continue;
-		skip[i] = get_gap(parts[i].gap, &gap);
-		flen[i] = dtc_cpu_put_gap(first[i], parts[i].start + gap - next);
-		next = parts[i].next;
-		total += flen[i] + parts[i].ngap - skip[i];
+		j.skip[i] = get_gap(s[i].gap, &gap);
+		j.flen[i] = dtc_cpu_put_gap(j.first[i], s[i].start + gap - next);
+		next = s[i].next;
+		total += j.flen[i] + s[i].ngap - j.skip[i];
 	}
 	if ((rc = dtc_bytes_reserve(out, total)) != DTC_OK)
 		return rc;
 	o = out->p + out->n;
 	o += dtc_varint_put(o, cnt);
+	vo = out->p + out->n + total - 2 * cnt;
 	for (int i = 0; i < nt; i++) {
-		if (!parts[i].nval)
-			continue;
-		memcpy(o, first[i], flen[i]);
-		memcpy(o + flen[i], parts[i].gap + skip[i], parts[i].ngap - skip[i]);
-		o += flen[i] + parts[i].ngap - skip[i];
+		j.gap_at[i] = o;
+		j.val_at[i] = vo;
+		if (s[i].nval)
+			o += j.flen[i] + s[i].ngap - j.skip[i];
+		vo += 2 * s[i].nval;
 	}
-	for (int i = 0; i < nt; i++) {
-		put_values(o, parts[i].val, parts[i].nval);
-		o += 2 * parts[i].nval;
-	}
+	split_run(parts, nt, join_copy, &j);
 	out->n += total;
 	*count = cnt;
 	return DTC_OK;
@@ -668,7 +691,7 @@ static int cpu_detect(const struct dte_box_map *e, const struct dtc_consts *k, c
 			rc = DTC_ENOMEM;
 	}
 	if (rc == DTC_OK)
-		rc = detect_join(c->part, nt, out, count);
+		rc = detect_join(parts, c->part, nt, out, count);
 	if (rc == DTC_OK && csum)
 		*csum = sum;
 	pool_give(c->part, pooled);

@@ -29,8 +29,8 @@ dtc_cpu_flags_fn dtc_cpu_flags_best(void);
 /* ---- one-pass detect (dtc_detect) ---------------------------------------
  * A thread's output: the gap codes (gpu/codec.h) and BF16 values of the
  * positions it emits, kept apart, each gap taken from `next` (the last
- * position + 1; the part's first position when nothing was emitted yet,
- * so the first code is re-encoded when the parts are joined). */
+ * position + 1; `start` before the first, so the first code is re-encoded
+ * from the previous part's last position when the parts are joined). */
 struct dtc_cpu_emit {
 	uint8_t *gap;
 	uint16_t *val;
