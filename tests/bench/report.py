@@ -92,8 +92,9 @@ def write(res, root):
     w("## Detection scan")
     w("")
     w("`%s` — θ, m, v in FP32 (12 B/element) of one simulated AdamW step at lr 1e-6, "
-      "detect (scan + sparse extraction) against a multi-threaded streaming read of the same "
-      "bytes, best of 7 each, both cores:" % sc["cmd"])
+      "detect (dtc_detect: one pass, encoded payload included; scan-csum adds the entry "
+      "checksum) against a multi-threaded streaming read of the same bytes, best of 7 each, "
+      "both cores:" % sc["cmd"])
     w("")
     w("```")
     L.extend(sc["lines"])
