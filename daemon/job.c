@@ -123,7 +123,7 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 {
 	int rc;
 
-	if (jeng.drop_send && jeng.drop_send(node, type, msg))
+	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len))
 		return 0;	/* lost on the way, as far as anyone here can tell */
 	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
 
@@ -398,6 +398,10 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 		if (uv_timer_init(loop, &jeng.timer) < 0)
 			return -1;
 		jeng.timer_init = 1;
+		/* Workers hand payload parts to the loop as they frame them. */
+		if (uv_async_init(loop, &jeng.parts_async, jsrc_parts_ready) < 0)
+			return -1;
+		jeng.parts_async_init = 1;
 	}
 	return 0;
 }
@@ -453,6 +457,12 @@ void job_fini(void)
 	if (jeng.timer_init) {
 		uv_close((uv_handle_t *)&jeng.timer, NULL);
 		jeng.timer_init = 0;
+	}
+	/* Every worker has ended (above): nothing wakes it any more; parts
+	 * still queued go with their orphaned task. */
+	if (jeng.parts_async_init) {
+		uv_close((uv_handle_t *)&jeng.parts_async, NULL);
+		jeng.parts_async_init = 0;
 	}
 	dbuf_fini();
 }

@@ -62,6 +62,7 @@ struct det_sparse {
 	const uint64_t *bitmap;   /* a member's bitmap (alive for the task), or NULL */
 	size_t pair, at, len;
 	uint64_t count;
+	uint8_t *own;             /* a copy, once the pair's part holding them went out */
 };
 
 struct det {
@@ -383,6 +384,11 @@ static void bytes_len(struct dtc_bytes *b, size_t at, size_t len)
 		b->p[at + i] = (uint8_t)((uint64_t)len >> (8 * i));
 }
 
+static const uint8_t *shared_bytes(const struct jcap *c, const struct det_sparse *s)
+{
+	return s->own ? s->own : c->p[s->pair].raw.p + s->at;
+}
+
 /* Append a copy of bytes another member already encoded (in any pair's
  * payload, this one's included: its address is taken after the reserve). */
 static int bytes_put_shared(struct jcap *c, struct dtc_bytes *b, const struct det_sparse *s)
@@ -390,7 +396,7 @@ static int bytes_put_shared(struct jcap *c, struct dtc_bytes *b, const struct de
 	if (bytes_reserve(b, 8 + s->len) < 0)
 		return CAPFAIL("out of memory");
 	bytes_len(b, b->n, s->len);
-	memcpy(b->p + b->n + 8, c->p[s->pair].raw.p + s->at, s->len);
+	memcpy(b->p + b->n + 8, shared_bytes(c, s), s->len);
 	b->n += 8 + s->len;
 	return 0;
 }
@@ -400,6 +406,10 @@ static void det_release(struct det *d)
 	free(d->cs);
 	d->cs = NULL;
 	d->ncs = 0;
+	for (size_t i = 0; i < d->nsp; i++)
+		free(d->sp[i].own);
+	free(d->dense.own);
+	d->dense.own = NULL;
 	free(d->sp);
 	d->sp = NULL;
 	d->nsp = 0;
@@ -475,6 +485,7 @@ static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t a
 	d->sp[d->nsp].at = at;
 	d->sp[d->nsp].len = len;
 	d->sp[d->nsp].count = count;
+	d->sp[d->nsp].own = NULL;
 	d->nsp++;
 }
 
@@ -601,9 +612,89 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 	return 0;
 }
 
+/* Bytes other members of a detection still want to copy must outlive the
+ * part that holds them: copied out before it goes. */
+static int keep_shared(struct jcap *c, struct det *dets, size_t ndets, size_t pi)
+{
+	for (size_t g = 0; g < ndets; g++) {
+		struct det *d = &dets[g];
+		struct det_sparse *one[1] = { d->have_dense ? &d->dense : NULL };
+
+		if (!d->left)
+			continue;
+		for (size_t i = 0; i <= d->nsp; i++) {
+			struct det_sparse *x = i < d->nsp ? &d->sp[i] : one[0];
+
+			if (!x || x->own || x->pair != pi || !x->len)
+				continue;
+			if (!(x->own = malloc(x->len)))
+				return CAPFAIL("out of memory");
+			memcpy(x->own, c->p[pi].raw.p + x->at, x->len);
+		}
+	}
+	return 0;
+}
+
+static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len);
+
+/* The entries [part_first, end) built so far go to the loop as one framed
+ * part (sent while the worker goes on); the next part starts empty. */
+static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi, uint32_t end)
+{
+	struct jcap_pair *p = &c->p[pi];
+	struct jcap_part *q;
+
+	if (p->raw.n <= DTC_CHUNK_HDR)
+		return 0;
+	if (p->nparts >= JOB_MAX_PARTS)
+		return CAPFAIL("more than %d payload parts", JOB_MAX_PARTS);
+	if (keep_shared(c, dets, ndets, pi) < 0)
+		return -1;
+	if (!(q = calloc(1, sizeof(*q))))
+		return CAPFAIL("out of memory");
+	if (frame_part(c, p, &q->chunk, &q->len) < 0) {
+		free(q);
+		return -1;
+	}
+	q->pair = pi;
+	q->part = p->nparts++;
+	q->first = p->part_first;
+	q->entries = end - p->part_first;
+	p->part_first = end;
+	p->chunk_len += q->len;
+	uv_mutex_lock(&c->mu);
+	*c->q_tail = q;
+	c->q_tail = &q->next;
+	uv_mutex_unlock(&c->mu);
+	if (c->notify)
+		uv_async_send(&jeng.parts_async);
+	return 0;
+}
+
+struct jcap_part *jcap_take_parts(struct jcap *c)
+{
+	struct jcap_part *q;
+
+	uv_mutex_lock(&c->mu);
+	q = c->q;
+	c->q = NULL;
+	c->q_tail = &c->q;
+	uv_mutex_unlock(&c->mu);
+	return q;
+}
+
+void jcap_part_free(struct jcap_part *p)
+{
+	if (p) {
+		free(p->chunk);
+		free(p);
+	}
+}
+
 /* One pair's counts, partial checksums and payload: everything that reads
- * the source buffers. */
-static int capture_pair(struct jcap *c, size_t pi, struct det *dets)
+ * the source buffers.  Its payload goes in parts of about part_bytes, each
+ * as soon as it is complete. */
+static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndets)
 {
 	struct jcap_pair *p = &c->p[pi];
 
@@ -648,36 +739,37 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets)
 		p->changed += cnt;
 		if (--d->left == 0)
 			det_release(d);
+		if (p->raw.n > DTC_CHUNK_HDR && p->raw.n - DTC_CHUNK_HDR >= c->part_bytes &&
+		    flush_part(c, dets, ndets, pi, (uint32_t)(i + 1)) < 0)
+			return -1;
 	}
-	return 0;
+	return flush_part(c, dets, ndets, pi, (uint32_t)p->n);
 }
 
-/* The payload becomes the chunk: framed in place when raw, or packed. */
-static int frame_pair(struct jcap *c, struct jcap_pair *p)
+/* The part's bytes become its chunk: framed in place when raw, or packed;
+ * either way the pair's buffer starts over empty. */
+static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len)
 {
-	size_t len, bound;
+	size_t len = p->raw.n - DTC_CHUNK_HDR, bound;
 	int zl = p->remote ? (int)c->zstd_level : 0;
 
-	if (p->raw.n <= DTC_CHUNK_HDR) {
-		free(p->raw.p);
-		p->raw = (struct dtc_bytes){ 0 };
-		return 0;
-	}
-	len = p->raw.n - DTC_CHUNK_HDR;
 	/* Memory is faster than zstd, and a same-cluster link usually is
 	 * too: zstd only where the job asks for it (zstd_level). */
 	if (!zl) {
 		dtc_chunk_seal_raw(p->raw.p, len);
-		p->chunk = p->raw.p;
-		p->chunk_len = p->raw.n;
+		*chunk = p->raw.p;
+		*chunk_len = p->raw.n;
 		p->raw = (struct dtc_bytes){ 0 };
 		return 0;
 	}
 	bound = dtc_chunk_bound(len);
-	if (!(p->chunk = malloc(bound)) ||
-	    dtc_chunk_pack(p->raw.p + DTC_CHUNK_HDR, len, zl, p->chunk, bound,
-			   &p->chunk_len) != DTC_OK)
+	if (!(*chunk = malloc(bound)) ||
+	    dtc_chunk_pack(p->raw.p + DTC_CHUNK_HDR, len, zl, *chunk, bound,
+			   chunk_len) != DTC_OK) {
+		free(*chunk);
+		*chunk = NULL;
 		return CAPFAIL("payload framing failed");
+	}
 	free(p->raw.p);
 	p->raw = (struct dtc_bytes){ 0 };
 	return 0;
@@ -708,13 +800,12 @@ int jcap_run(struct jcap *c)
 		rc = 0;
 		goto out;
 	}
+	if (!c->part_bytes)
+		c->part_bytes = JOB_PART_BYTES_DEFAULT;
 	for (size_t i = 0; i < c->np; i++)
-		if (capture_pair(c, i, dets) < 0)
+		if (capture_pair(c, i, dets, ndets) < 0)
 			goto out;
 	c->read_ms = (double)(uv_hrtime() - t0) / 1e6;
-	for (size_t i = 0; i < c->np; i++)
-		if (frame_pair(c, &c->p[i]) < 0)
-			goto out;
 	rc = 0;
 out:
 	for (size_t g = 0; dets && g < ndets; g++)
@@ -744,7 +835,15 @@ void jcap_free(struct jcap *c)
 		free(p->cbuf);
 		free(p->csum);
 		free(p->raw.p);
-		free(p->chunk);
+	}
+	if (c->mu_init) {
+		struct jcap_part *q = jcap_take_parts(c), *next;
+
+		for (; q; q = next) {
+			next = q->next;
+			jcap_part_free(q);
+		}
+		uv_mutex_destroy(&c->mu);
 	}
 	free(c->p);
 	free(c->buf_ids);

@@ -63,21 +63,36 @@ struct jpair {
 	uint64_t failed;          /* newest version the sink reported not applied */
 };
 
-/* A version collected for one local sink from its sources. */
+/* One PAYLOAD part as received: entries [first, first + entries) of the
+ * pair, framed (peer.proto, Payload). */
+struct jpart {
+	uint32_t part, first, entries;
+	uint8_t *data;
+	size_t len;
+};
+
+/* A version collected for one local sink from its sources.  Parts come
+ * while the source still detects, COUNTS last (naming how many parts and
+ * bytes); either may overtake the other on the wire. */
 struct jpend_src {
 	uint64_t src;
 	Dtep__Counts *counts;     /* unpacked COUNTS, NULL until it came */
-	uint8_t *payload;
-	size_t len;
-	int have_payload;
+	struct jpart *parts;
+	size_t nparts, cap;
+	uint64_t bytes;           /* Σ parts' len */
 };
 
 struct jpend {
 	uint64_t version, epoch;
 	struct jpend_src *s;
 	size_t n;
+	int refused;              /* refused already: later records of it are dropped */
 	struct jpend *next;
 };
+
+/* At most this many parts per (pair, version): 2^16 · the part size is
+ * far past any model, and a peer cannot make a sink track more. */
+#define JOB_MAX_PARTS 65536
 
 /* A write of one entry, self-contained (plans may change).  Host
  * buffers keep the checked payload bytes (enc, inside the version's held
@@ -218,10 +233,23 @@ struct jcap_pair {
 	uint32_t *cbuf;           /* per destination buffer: its partial checksum */
 	uint64_t *csum;
 	size_t nck;
-	uint8_t *chunk;
-	size_t chunk_len;
+	size_t chunk_len;         /* Σ of its parts' framed bytes */
 	uint64_t changed, elements;
-	struct dtc_bytes raw;     /* the payload while it is built */
+	struct dtc_bytes raw;     /* the part being built */
+	uint32_t part_first;      /* first entry of that part */
+	uint32_t nparts;          /* parts framed by the worker */
+	/* loop side */
+	uint32_t parts_sent;
+	int parts_lost;           /* a part could not go: no COUNTS, dense next */
+};
+
+/* A framed part the worker handed to the loop (jcap.q), sent at once. */
+struct jcap_part {
+	struct jcap_part *next;
+	size_t pair;              /* index in jcap.p */
+	uint32_t part, first, entries;
+	uint8_t *chunk;
+	size_t len;
 };
 
 struct jcap {
@@ -235,6 +263,11 @@ struct jcap {
 	int scan;                 /* OR this step into the dirty bitmaps */
 	int detect;               /* JDETECT_* of the job */
 	uint32_t zstd_level;      /* remote pairs' payloads */
+	size_t part_bytes;        /* a part goes once its payload reaches this */
+	int notify;               /* wake the loop (jeng.parts_async) per part */
+	uv_mutex_t mu;            /* guards q between the worker and the loop */
+	int mu_init;
+	struct jcap_part *q, **q_tail;
 	struct dtc_consts k[JOB_MAX_GROUPS];
 	size_t ngroups;
 	size_t nbufs;
@@ -252,9 +285,13 @@ struct jcap {
 	struct jcap *next;        /* jeng.inflight */
 };
 
-/* Worker side: 0, or -1 with c->err. */
+/* Worker side: 0, or -1 with c->err.  Parts are queued on c->q as they
+ * are framed. */
 int  jcap_run(struct jcap *c);
 void jcap_free(struct jcap *c);
+/* Loop side: takes the parts queued so far (NULL when none). */
+struct jcap_part *jcap_take_parts(struct jcap *c);
+void jcap_part_free(struct jcap_part *p);
 
 struct jengine {
 	uv_loop_t *loop;
@@ -270,13 +307,24 @@ struct jengine {
 	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
+	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
+	uv_async_t parts_async;   /* a worker framed a part (job_src.c sends it) */
+	int parts_async_init;
 	/* Deferred control answers go here (dctl_reply unless a test sets it). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
 	/* Tests: return nonzero to drop an outgoing record (a lost message). */
-	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg);
+	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
+			 const void *data, size_t len);
 };
 
 #define JOB_MAX_STAGED_DEFAULT 8
+/* A pair's payload goes in parts of about this size while the source is
+ * still detecting (docs/SYNC.md): 34 ms of a 1 Gbit/s link, 0.3 ms of a
+ * 100 Gbit/s one, so the wire starts early and the tail after the last
+ * detection is short, while the per-part cost (one record, its xxh3,
+ * which framing pays anyway) stays negligible.  Parts end at entry
+ * boundaries, so an entry larger than this is one part. */
+#define JOB_PART_BYTES_DEFAULT ((size_t)4 << 20)
 #define JOB_VERIFY_FULL_EVERY_DEFAULT 16
 
 extern struct jengine jeng;
@@ -319,6 +367,8 @@ void jplan_free(struct job *j);
 /* job_src.c */
 void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
+/* jeng.parts_async: send the parts every running capture framed. */
+void jsrc_parts_ready(uv_async_t *h);
 void jpair_free_state(struct jpair *p);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */

@@ -41,13 +41,23 @@ static void staged_free(struct jstaged *s)
 	free(s);
 }
 
+static void pend_src_clear(struct jpend_src *s)
+{
+	if (s->counts)
+		dtep__counts__free_unpacked(s->counts, NULL);
+	s->counts = NULL;
+	for (size_t k = 0; k < s->nparts; k++)
+		free(s->parts[k].data);
+	free(s->parts);
+	s->parts = NULL;
+	s->nparts = s->cap = 0;
+	s->bytes = 0;
+}
+
 static void pend_free(struct jpend *p)
 {
-	for (size_t i = 0; i < p->n; i++) {
-		if (p->s[i].counts)
-			dtep__counts__free_unpacked(p->s[i].counts, NULL);
-		free(p->s[i].payload);
-	}
+	for (size_t i = 0; i < p->n; i++)
+		pend_src_clear(&p->s[i]);
 	free(p->s);
 	free(p);
 }
@@ -155,27 +165,92 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 	free(srcs);
 }
 
+/* A version refused while its records still arrive: what it held goes,
+ * the entry stays (no data) so later parts of it are dropped, until a
+ * newer version is staged or the pending cap takes it. */
+static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
+{
+	refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+	for (size_t i = 0; i < p->n; i++)
+		pend_src_clear(&p->s[i]);
+	p->refused = 1;
+}
+
+/* Whether one source's records so far agree with each other: 0, or -1
+ * with why.  Parts may come before their COUNTS, so this runs on every
+ * arrival; duplicates are caught when a part is added. */
+static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
+{
+	const Dtep__Counts *c = s->counts;
+
+	if (!c)
+		return 0;
+	if (s->nparts > c->parts || s->bytes > c->payload_bytes ||
+	    (s->nparts == c->parts && s->bytes != c->payload_bytes)) {
+		snprintf(why, whylen, "source %llx: %zu parts of %llu bytes, COUNTS names %u of %llu",
+			 (unsigned long long)s->src, s->nparts, (unsigned long long)s->bytes, c->parts,
+			 (unsigned long long)c->payload_bytes);
+		return -1;
+	}
+	for (size_t k = 0; k < s->nparts; k++) {
+		if (s->parts[k].part >= c->parts) {
+			snprintf(why, whylen, "source %llx: part %u past the %u COUNTS names",
+				 (unsigned long long)s->src, s->parts[k].part, c->parts);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static int pend_complete(const struct jpend *p)
 {
+	if (p->refused)
+		return 0;
 	for (size_t i = 0; i < p->n; i++) {
 		const struct jpend_src *s = &p->s[i];
 
-		if (!s->counts)
-			return 0;
-		if (s->counts->payload_bytes && !(s->have_payload && s->len == s->counts->payload_bytes))
+		if (!s->counts || s->nparts != s->counts->parts || s->bytes != s->counts->payload_bytes)
 			return 0;
 	}
 	return 1;
 }
 
+static int pend_all_dense(const struct jpend *p)
+{
+	for (size_t i = 0; i < p->n; i++)
+		if (!p->s[i].counts || p->s[i].counts->mode != DTEP__MODE__MODE_DENSE)
+			return 0;
+	return 1;
+}
+
+static uint32_t staged_cap(void)
+{
+	return jeng.max_staged ? jeng.max_staged : JOB_MAX_STAGED_DEFAULT;
+}
+
 static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 {
-	struct jpend *p;
+	struct jpend *p, *oldest = NULL;
 	size_t n = 0;
 
-	for (p = l->pend; p; p = p->next)
+	for (p = l->pend; p; p = p->next) {
 		if (p->version == version)
 			return p;
+		if (!oldest || p->version < oldest->version)
+			oldest = p;
+		n++;
+	}
+	/* Versions still arriving count against the staging cap too: parts
+	 * of a capture that failed (no COUNTS ever comes) or of versions a
+	 * peer invents cannot pile up. */
+	if (n >= staged_cap() && oldest) {
+		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
+		       j->name, (unsigned long long)l->info.id, n,
+		       (unsigned long long)oldest->version);
+		l->staging_drops++;
+		pend_drop(l, oldest);
+	}
+	n = 0;
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
@@ -258,65 +333,42 @@ static int stage_entry(struct jwrite *w, int enc, const struct jentry *e, uint64
 	return DTC_OK;
 }
 
-/* Stage one source's part of a version: every entry checked (positions
- * against its box), kept encoded or decoded (keep_encoded); the payload
- * bytes move into st, which owns them from here on. */
+static int part_cmp(const void *a, const void *b)
+{
+	const struct jpart *x = a, *y = b;
+
+	return x->part < y->part ? -1 : x->part > y->part;
+}
+
+/* Stage one source's part of a version: its parts in order (ranges in
+ * entry order, no overlap, every entry with a count inside one), every
+ * entry checked (positions against its box), kept encoded or decoded
+ * (keep_encoded); the parts' bytes move into st, which owns them from
+ * here on. */
 static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, struct jstaged *st,
 		      char *err, size_t errlen)
 {
 	const struct jpair *pair = job_pair(j, s->src, l->info.id);
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
-	uint8_t *raw = NULL, *data = NULL;
-	const uint8_t *view = NULL;
-	size_t raw_len = 0, off = 0, bound = 0;
-	int rc = -1, wrong_value = 0, encoded = 0;
+	size_t w0 = st->n, covered = 0;
+	int wrong_value = 0;
 
 	if (!pair || pair->n != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
 			 (unsigned long long)s->src, c->n_counts, pair ? pair->n : 0);
 		return -1;
 	}
-	for (size_t i = 0; i < pair->n; i++)
-		if (c->counts[i])
-			bound += 8 + (dense ? 2 * pair->e[i].box : dtc_sparse_bound(c->counts[i]));
-	if (s->len) {
-		uint64_t claimed;
-		int codec;
-
-		if (dtc_chunk_info(s->payload, s->len, &claimed, &codec) != DTC_OK || claimed > bound) {
-			snprintf(err, errlen, "source %llx: payload header invalid or larger than its "
-				 "counts allow", (unsigned long long)s->src);
-			return -1;
-		}
-		/* Stored raw (the same-cluster default), it is staged where it
-		 * was received: no second copy of the payload. */
-		if (dtc_chunk_view(s->payload, s->len, &view, &raw_len) != DTC_OK ||
-		    (!view && (!(raw = malloc(claimed ? claimed : 1)) ||
-			       dtc_chunk_unpack(s->payload, s->len, raw, claimed,
-						&raw_len) != DTC_OK))) {
-			snprintf(err, errlen, "source %llx: payload corrupt (checksum or framing)",
-				 (unsigned long long)s->src);
-			goto out;
-		}
-		data = view ? s->payload + (view - s->payload) : raw;
-		wrong_value = !dense && testhook_sink_value(st->version);
-	} else if (bound) {
-		snprintf(err, errlen, "source %llx: counts announce data but no payload came",
-			 (unsigned long long)s->src);
-		return -1;
-	}
 	for (size_t i = 0; i < pair->n; i++) {
 		const struct jentry *e = &pair->e[i];
 		struct jwrite *w = &st->w[st->n];
-		uint64_t cnt = c->counts[i], len;
+		uint64_t cnt = c->counts[i];
 		struct dbuf *b;
 		size_t slot;
-		int r;
 
 		if (!(b = jlocal_buf(l, e->dst_buf, &slot))) {
 			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
-			goto out;
+			return -1;
 		}
 		memset(w, 0, sizeof(*w));
 		w->dst_slot = (uint32_t)slot;
@@ -327,41 +379,116 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		if (dense && cnt != e->box) {
 			snprintf(err, errlen, "entry %zu: dense count %llu, box %llu", i,
 				 (unsigned long long)cnt, (unsigned long long)e->box);
-			goto out;
+			return -1;
 		}
 		if (cnt > e->box) {
 			snprintf(err, errlen, "entry %zu: %llu positions in a box of %llu", i,
 				 (unsigned long long)cnt, (unsigned long long)e->box);
-			goto out;
+			return -1;
 		}
-		if (!cnt)
-			continue;
-		if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8) {
-			snprintf(err, errlen, "entry %zu: payload truncated", i);
-			goto out;
-		}
-		off += 8;
-		r = stage_entry(w, keep_encoded(j, l, b), e, cnt, data + off, len);
-		encoded |= w->enc != NULL;
-		if (r != DTC_OK) {
-			snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
-			goto out;
-		}
-		if (wrong_value) {
-			/* After every check: a well-formed payload with one wrong
-			 * value, which only the checksum can catch. */
-			if (w->enc)
-				data[off + len - 1] ^= 0x01;
-			else
-				w->val[w->n - 1] ^= 0x0100;
-			wrong_value = 0;
-		}
-		off += len;
 	}
-	if (off != raw_len) {
-		snprintf(err, errlen, "source %llx: %zu bytes after the last entry",
-			 (unsigned long long)s->src, raw_len - off);
-		goto out;
+	qsort(s->parts, s->nparts, sizeof(*s->parts), part_cmp);
+	for (size_t k = 0; k < s->nparts; k++) {
+		struct jpart *pt = &s->parts[k];
+		uint8_t *raw = NULL, *data;
+		const uint8_t *view = NULL;
+		size_t raw_len = 0, off = 0, bound = 0;
+		uint64_t claimed;
+		int codec, encoded = 0;
+
+		if (pt->part != k || pt->first < covered || pt->entries == 0 ||
+		    pt->entries > pair->n - pt->first) {
+			snprintf(err, errlen, "source %llx: part %u (entries %u..+%u) missing, out of "
+				 "order or overlapping", (unsigned long long)s->src, pt->part, pt->first,
+				 pt->entries);
+			return -1;
+		}
+		for (size_t i = covered; i < pt->first; i++) {
+			if (c->counts[i]) {
+				snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
+					 (unsigned long long)c->counts[i]);
+				return -1;
+			}
+		}
+		covered = (size_t)pt->first + pt->entries;
+		for (size_t i = pt->first; i < covered; i++)
+			if (c->counts[i])
+				bound += 8 + (dense ? 2 * pair->e[i].box :
+					      dtc_sparse_bound(c->counts[i]));
+		if (dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK || claimed > bound) {
+			snprintf(err, errlen, "source %llx part %u: header invalid or larger than its "
+				 "counts allow", (unsigned long long)s->src, pt->part);
+			return -1;
+		}
+		/* Stored raw (the same-cluster default), it is staged where it
+		 * was received: no second copy of the payload. */
+		if (dtc_chunk_view(pt->data, pt->len, &view, &raw_len) != DTC_OK ||
+		    (!view && (!(raw = malloc(claimed ? claimed : 1)) ||
+			       dtc_chunk_unpack(pt->data, pt->len, raw, claimed,
+						&raw_len) != DTC_OK))) {
+			snprintf(err, errlen, "source %llx part %u: corrupt (checksum or framing)",
+				 (unsigned long long)s->src, pt->part);
+			free(raw);
+			return -1;
+		}
+		data = view ? pt->data + (view - pt->data) : raw;
+		if (!k)
+			wrong_value = !dense && testhook_sink_value(st->version);
+		for (size_t i = pt->first; i < covered; i++) {
+			const struct jentry *e = &pair->e[i];
+			struct jwrite *w = &st->w[w0 + i];
+			uint64_t cnt = c->counts[i], len;
+			int r;
+
+			if (!cnt)
+				continue;
+			if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8) {
+				snprintf(err, errlen, "entry %zu: payload truncated", i);
+				free(raw);
+				return -1;
+			}
+			off += 8;
+			r = stage_entry(w, keep_encoded(j, l, l->bufs[w->dst_slot]), e, cnt, data + off,
+					len);
+			encoded |= w->enc != NULL;
+			if (r != DTC_OK) {
+				snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
+				free(raw);
+				return -1;
+			}
+			if (wrong_value) {
+				/* After every check: a well-formed payload with one
+				 * wrong value, which only the checksum can catch. */
+				if (w->enc)
+					data[off + len - 1] ^= 0x01;
+				else
+					w->val[w->n - 1] ^= 0x0100;
+				wrong_value = 0;
+			}
+			off += len;
+		}
+		if (off != raw_len) {
+			snprintf(err, errlen, "source %llx part %u: %zu bytes after the last entry",
+				 (unsigned long long)s->src, pt->part, raw_len - off);
+			free(raw);
+			return -1;
+		}
+		/* The bytes the writes point into (none when all were decoded). */
+		if (encoded) {
+			st->held[st->nheld++] = raw ? raw : pt->data;
+			if (raw)
+				free(pt->data);
+			pt->data = NULL;
+		} else {
+			free(raw);
+		}
+	}
+	for (size_t i = covered; i < pair->n; i++) {
+		if (c->counts[i]) {
+			snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
+				 (unsigned long long)c->counts[i]);
+			return -1;
+		}
 	}
 	for (size_t i = 0; i < c->n_checksums; i++) {
 		size_t slot;
@@ -369,37 +496,28 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		if (!jlocal_buf(l, c->checksums[i]->dst_buffer, &slot)) {
 			snprintf(err, errlen, "checksum names buffer %u this sink does not have",
 				 c->checksums[i]->dst_buffer);
-			goto out;
+			return -1;
 		}
 		st->expect[slot] += c->checksums[i]->partial;
 	}
-	/* The bytes the writes point into (none when all were decoded). */
-	if (encoded) {
-		st->held[st->nheld++] = raw ? raw : s->payload;
-		if (raw)
-			free(s->payload);
-		s->payload = NULL;
-		raw = NULL;
-	}
-	rc = 0;
-out:
-	free(raw);
-	return rc;
+	return 0;
 }
 
 static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, char *err,
 			      size_t errlen)
 {
 	struct jstaged *st = calloc(1, sizeof(*st));
-	size_t nw = 0;
+	size_t nw = 0, nparts = 0;
 
-	for (size_t i = 0; i < p->n; i++)
+	for (size_t i = 0; i < p->n; i++) {
 		nw += p->s[i].counts->n_counts;
+		nparts += p->s[i].nparts;
+	}
 	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
 	    !(st->expect = calloc(l->nbufs ? l->nbufs : 1, sizeof(*st->expect))) ||
 	    !(st->covered = calloc(l->nbufs ? l->nbufs : 1, 1)) ||
 	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs))) ||
-	    !(st->held = calloc(p->n ? p->n : 1, sizeof(*st->held)))) {
+	    !(st->held = calloc(nparts ? nparts : 1, sizeof(*st->held)))) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
@@ -445,7 +563,7 @@ static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *s
  * the dropped ones are refused by the base check. */
 static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *newest)
 {
-	uint32_t cap = jeng.max_staged ? jeng.max_staged : JOB_MAX_STAGED_DEFAULT;
+	uint32_t cap = staged_cap();
 	uint64_t *srcs, version = newest->version;
 	size_t n = 0, nsrcs = newest->nsrcs;
 	char why[160];
@@ -484,17 +602,19 @@ static void try_stage(struct job *j, struct jlocal *l)
 		uint64_t t_stage;
 		int wait = 0;
 
-		for (p = l->pend; p; p = p->next) {
-			if (p->version <= l->held) {
-				pend_drop(l, p);
-				p = l->pend;
-				if (!p)
-					break;
-				continue;
+		/* Versions the sink holds already (or older) go. */
+		while ((p = l->pend) && p->version <= l->held)
+			pend_drop(l, p);
+		for (struct jpend *next; p && p->next; p = next) {
+			next = p->next;
+			if (next->version <= l->held) {
+				pend_drop(l, next);
+				next = p;
 			}
+		}
+		for (p = l->pend; p; p = p->next)
 			if (pend_complete(p) && (!best || p->version < best->version))
 				best = p;
-		}
 		if (!best)
 			return;
 		for (size_t i = 0; i < best->n; i++) {
@@ -519,8 +639,20 @@ static void try_stage(struct job *j, struct jlocal *l)
 		}
 		if (!best)
 			continue;
-		if (wait)
-			return;
+		if (wait) {
+			/* A version dense from every source needs no base: it
+			 * goes ahead of sparse ones waiting on a base that may
+			 * never complete (a part lost with its sender). */
+			struct jpend *dense = NULL;
+
+			for (p = l->pend; p; p = p->next)
+				if (p->version > best->version && pend_complete(p) && pend_all_dense(p) &&
+				    (!dense || p->version < dense->version))
+					dense = p;
+			if (!dense)
+				return;
+			best = dense;
+		}
 		t_stage = uv_hrtime();
 		st = decode(j, l, best, err, sizeof(err));
 		dmetrics_observe(DM_PHASE_SECONDS, "stage", job_ms_since(t_stage) / 1e3);
@@ -598,13 +730,15 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;
+	char why[192];
 
 	if (!l)
 		return;
 	pair = job_pair(j, m->src, m->dst);
 	if (!pair || pair->n != m->n_counts || m->version == 0 ||
 	    (m->mode != DTEP__MODE__MODE_SPARSE && m->mode != DTEP__MODE__MODE_DENSE) ||
-	    m->payload_bytes > ((uint64_t)1 << 40)) {
+	    m->payload_bytes > ((uint64_t)1 << 40) || m->parts > JOB_MAX_PARTS ||
+	    !m->parts != !m->payload_bytes) {
 		j->refused++;
 		DLOG_W("job %s: COUNTS from %s for %llx->%llx v%llu malformed (pair %s, %zu counts)",
 		       j->name, from, (unsigned long long)m->src, (unsigned long long)m->dst,
@@ -618,6 +752,8 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		return;
 	}
 	p = pend_get(j, l, m->version);
+	if (p && p->refused)
+		return;
 	s = p ? pend_src(p, m->src) : NULL;
 	if (!s || s->counts) {
 		DLOG_W("job %s: COUNTS from %llx for version %llu %s", j->name,
@@ -626,38 +762,92 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		return;
 	}
 	s->counts = dtep__counts__unpack(NULL, hdrlen, hdr);
+	if (!s->counts)
+		return;
+	if (pend_src_check(s, why, sizeof(why)) < 0)
+		pend_refuse(j, l, p, why);
 	try_stage(j, l);
 	jstore_sink_staged(j, l);
 }
 
+/* One PAYLOAD part: kept until its COUNTS and every other part named
+ * there are in (try_stage).  A part that cannot belong to an acceptable
+ * version is dropped; one that contradicts the version's other records
+ * (a duplicate, a range past the pair, an index past what COUNTS names)
+ * refuses the version. */
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len)
 {
 	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD);
+	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;
+	struct jpart *pt;
+	char why[192];
 
 	if (!l)
 		return;
-	if (m->version <= l->held)
+	if (m->version <= l->held) {
+		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
+		       j->name, m->part, (unsigned long long)m->version,
+		       (unsigned long long)l->info.id, (unsigned long long)l->held);
 		return;
-	if (!len || len > ((size_t)1 << 40)) {
+	}
+	pair = job_pair(j, m->src, m->dst);
+	if (!len || len > ((size_t)1 << 40) || !pair || m->version == 0 ||
+	    m->part >= JOB_MAX_PARTS) {
 		j->refused++;
+		DLOG_W("job %s: PAYLOAD from %s for %llx->%llx v%llu malformed (dropped)", j->name,
+		       from, (unsigned long long)m->src, (unsigned long long)m->dst,
+		       (unsigned long long)m->version);
 		return;
 	}
 	p = pend_get(j, l, m->version);
+	if (p && p->refused)
+		return;
 	s = p ? pend_src(p, m->src) : NULL;
-	if (!s || s->have_payload) {
+	if (!s) {
 		DLOG_W("job %s: PAYLOAD from %llx for version %llu unexpected", j->name,
 		       (unsigned long long)m->src, (unsigned long long)m->version);
 		return;
 	}
-	s->payload = malloc(len);
-	if (!s->payload)
+	if (!m->entries || m->first_entry >= pair->n || m->entries > pair->n - m->first_entry) {
+		snprintf(why, sizeof(why), "source %llx: part %u names entries %u..+%u of %zu",
+			 (unsigned long long)m->src, m->part, m->first_entry, m->entries, pair->n);
+		pend_refuse(j, l, p, why);
+		try_stage(j, l);
 		return;
-	memcpy(s->payload, data, len);
-	s->len = len;
-	s->have_payload = 1;
+	}
+	for (size_t k = 0; k < s->nparts; k++) {
+		if (s->parts[k].part == m->part) {
+			snprintf(why, sizeof(why), "source %llx: part %u twice",
+				 (unsigned long long)m->src, m->part);
+			pend_refuse(j, l, p, why);
+			try_stage(j, l);
+			return;
+		}
+	}
+	if (s->nparts == s->cap) {
+		size_t nc = s->cap ? 2 * s->cap : 4;
+		void *np = realloc(s->parts, nc * sizeof(*s->parts));
+
+		if (!np)
+			return;
+		s->parts = np;
+		s->cap = nc;
+	}
+	pt = &s->parts[s->nparts];
+	if (!(pt->data = malloc(len)))
+		return;
+	memcpy(pt->data, data, len);
+	pt->len = len;
+	pt->part = m->part;
+	pt->first = m->first_entry;
+	pt->entries = m->entries;
+	s->nparts++;
+	s->bytes += len;
+	if (pend_src_check(s, why, sizeof(why)) < 0)
+		pend_refuse(j, l, p, why);
 	try_stage(j, l);
 	jstore_sink_staged(j, l);
 }

@@ -108,6 +108,13 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 
 	if (!c)
 		return NULL;
+	if (uv_mutex_init(&c->mu) < 0) {
+		free(c);
+		return NULL;
+	}
+	c->mu_init = 1;
+	c->q_tail = &c->q;
+	c->part_bytes = jeng.part_bytes;
 	c->kind = kind;
 	c->detect = j->detect;
 	c->zstd_level = j->zstd_level;
@@ -189,6 +196,7 @@ static void cap_start(struct jlocal *l, struct jcap *c)
 	l->busy = 1;
 	c->next = jeng.inflight;
 	jeng.inflight = c;
+	c->notify = jeng.parts_async_init;
 	if (!jeng.loop || uv_queue_work(jeng.loop, &c->work, cap_work, cap_after) < 0) {
 		/* No loop (or no thread pool): capture here, answer the same way. */
 		cap_work(&c->work);
@@ -326,20 +334,80 @@ static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
 	return h;
 }
 
-/* COUNTS, then PAYLOAD when there is one, of a captured pair; -1 when the
- * COUNTS could not go (that sink misses this version). */
+/* Parts go as the worker frames them, COUNTS last (publish_done), once
+ * the capture knows every count and checksum.  A part that cannot go
+ * (re-plan, unknown sink, send error) loses the pair this version: no
+ * COUNTS follows, so the sink never stages it, and the next is dense. */
+static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
+		      const struct jcap_part *q)
+{
+	Dtep__Payload pl = DTEP__PAYLOAD__INIT;
+	Dtep__JobRef ref;
+	const struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
+	const struct jpinfo *dst = j ? job_part(j, cp->dst) : NULL;
+	uint64_t x = 0;
+
+	if (cp->parts_lost)
+		return;
+	if (!p || p->hash != cp->hash || j->epoch != c->epoch || !dst) {
+		cp->parts_lost = 1;
+		return;
+	}
+	for (int b = 0; b < 8; b++)
+		x |= (uint64_t)q->chunk[24 + b] << (8 * b);
+	job_fill_ref(j, &ref);
+	pl.job = &ref;
+	pl.epoch = j->epoch;
+	pl.version = c->version;
+	pl.src = c->participant;
+	pl.dst = cp->dst;
+	pl.encoding = q->chunk[4];
+	pl.xxh3 = x;
+	pl.part = q->part;
+	pl.first_entry = q->first;
+	pl.entries = q->entries;
+	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
+			     q->chunk, q->len) < 0)
+		cp->parts_lost = 1;
+	else
+		cp->parts_sent++;
+}
+
+/* Send whatever parts c's worker framed so far, in order. */
+static void send_parts(struct jcap *c)
+{
+	struct jcap_part *q = jcap_take_parts(c), *next;
+	struct job *j = q ? job_find(c->job) : NULL;
+
+	for (; q; q = next) {
+		next = q->next;
+		if (c->kind == JCAP_PUBLISH && q->pair < c->np)
+			send_part(j, c, &c->p[q->pair], q);
+		jcap_part_free(q);
+	}
+}
+
+void jsrc_parts_ready(uv_async_t *h)
+{
+	(void)h;
+	for (struct jcap *c = jeng.inflight; c; c = c->next)
+		send_parts(c);
+}
+
+/* COUNTS of a captured pair, after all its parts; -1 when it could not go
+ * (that sink misses this version). */
 static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair *cp,
 		     uint64_t base)
 {
 	Dtep__Counts m = DTEP__COUNTS__INIT;
-	Dtep__Payload pl = DTEP__PAYLOAD__INIT;
 	Dtep__JobRef ref;
 	const struct jpinfo *dst = job_part(j, cp->dst);
 	Dtep__Checksum *ck = calloc(cp->nck ? cp->nck : 1, sizeof(*ck));
 	Dtep__Checksum **ckp = calloc(cp->nck ? cp->nck : 1, sizeof(*ckp));
 	int rc = -1;
 
-	if (!dst || !ck || !ckp)
+	if (!dst || !ck || !ckp || cp->parts_lost || cp->parts_sent != cp->nparts ||
+	    j->epoch != c->epoch)
 		goto out;
 	for (size_t i = 0; i < cp->nck; i++) {
 		dtep__checksum__init(&ck[i]);
@@ -360,25 +428,10 @@ static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair
 	m.n_checksums = cp->nck;
 	m.checksums = ckp;
 	m.payload_bytes = cp->chunk_len;
+	m.parts = cp->nparts;
 	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m.base, NULL, 0) < 0)
 		goto out;
 	rc = 0;
-	if (cp->chunk_len) {
-		uint64_t x = 0;
-
-		for (int b = 0; b < 8; b++)
-			x |= (uint64_t)cp->chunk[24 + b] << (8 * b);
-		pl.job = &ref;
-		pl.epoch = j->epoch;
-		pl.version = c->version;
-		pl.src = c->participant;
-		pl.dst = cp->dst;
-		pl.encoding = cp->chunk[4];
-		pl.xxh3 = x;
-		if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
-				     cp->chunk, cp->chunk_len) < 0)
-			rc = 1;	/* sent, but the sink will refuse it incomplete */
-	}
 out:
 	free(ck);
 	free(ckp);
@@ -457,6 +510,8 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	uint32_t sinks = 0;
 	struct jhist *h;
 
+	/* Parts framed since the last wake-up go before anything else. */
+	send_parts(c);
 	if (c->rc < 0) {
 		char msg[512];
 
@@ -517,8 +572,6 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			p->need_dense = 1;	/* that sink misses this version; the rest proceed */
 			continue;
 		}
-		if (rc > 0)
-			p->need_dense = 1;
 		dmetrics_add(DM_WIRE_BYTES, cp->sparse ? "sparse" : "dense", (double)cp->chunk_len);
 		h->bytes += cp->chunk_len;
 		h->changed += cp->changed;
@@ -531,8 +584,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		p->prev_sent = p->last_sent;
 		p->last_sent = c->version;
 		p->sent_epoch = j->epoch;
-		if (!rc)
-			p->need_dense = 0;
+		p->need_dense = 0;
 		sinks++;
 	}
 	for (size_t i = 0; i < c->np; i++)

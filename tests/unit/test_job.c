@@ -4,7 +4,8 @@
  * (checked element by element through C's plan, apart from the engine's
  * kernels); records from a misbehaving peer (wrong token, unknown job,
  * garbage, out-of-range positions, bad counts, corrupt payload, stale
- * base) are refused and write nothing; the next version repairs densely. */
+ * base) are refused and write nothing; the next version repairs densely.
+ * test_parts: payloads in many parts, out of order, and bad parts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -187,7 +188,8 @@ static int catch_reply(uint64_t conn, Dte__Response *resp)
 static Dtep__PeerMsgType drop_type;
 static uint64_t drop_version;
 
-static int drop_some(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *m)
+static int drop_some(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *m,
+		     const void *data, size_t len)
 {
 	uint64_t v = type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS ? ((const Dtep__Counts *)m)->version :
 		     type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ? ((const Dtep__Payload *)m)->version :
@@ -693,6 +695,310 @@ static void test_sync_and_misbehaving_peer(void **state)
 		munmap(sink.mem[b], sink.bytes[b]);
 }
 
+/* ------------------------------------------------------------ parts */
+
+/* Records of COUNTS and PAYLOAD for hold_version are kept here instead of
+ * sent, so the test can deliver them in any order, twice, or altered. */
+struct rec {
+	Dtep__PeerMsgType type;
+	uint8_t *msg, *data;
+	size_t mlen, len;
+};
+
+static struct rec held_recs[1024];
+static size_t nheld;
+static uint64_t hold_version, payloads_seen;
+
+static uint64_t rec_version(Dtep__PeerMsgType type, const ProtobufCMessage *m)
+{
+	return type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS ? ((const Dtep__Counts *)m)->version :
+	       type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ? ((const Dtep__Payload *)m)->version : 0;
+}
+
+static int hold_some(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *m,
+		     const void *data, size_t len)
+{
+	struct rec *r = &held_recs[nheld];
+
+	payloads_seen += type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD;
+	if (!hold_version || rec_version(type, m) != hold_version)
+		return 0;
+	assert_true(nheld < sizeof(held_recs) / sizeof(held_recs[0]));
+	r->type = type;
+	r->mlen = protobuf_c_message_get_packed_size(m);
+	r->msg = malloc(r->mlen ? r->mlen : 1);
+	protobuf_c_message_pack(m, r->msg);
+	r->len = len;
+	r->data = malloc(len ? len : 1);
+	if (len)
+		memcpy(r->data, data, len);
+	nheld++;
+	return 1;
+}
+
+static void held_clear(void)
+{
+	for (size_t i = 0; i < nheld; i++) {
+		free(held_recs[i].msg);
+		free(held_recs[i].data);
+	}
+	nheld = 0;
+}
+
+static void feed_rec(const struct rec *r)
+{
+	job_peer_recv("evil", r->type, r->msg, r->mlen, r->data, r->len);
+	spin();
+}
+
+/* A held part fed with its fields changed. */
+static void feed_part_as(const struct rec *r, int64_t part, int64_t first, int64_t entries,
+			 uint64_t version)
+{
+	Dtep__Payload *m = dtep__payload__unpack(NULL, r->mlen, r->msg);
+	struct rec x = *r;
+
+	assert_non_null(m);
+	if (part >= 0)
+		m->part = (uint32_t)part;
+	if (first >= 0)
+		m->first_entry = (uint32_t)first;
+	if (entries >= 0)
+		m->entries = (uint32_t)entries;
+	if (version)
+		m->version = version;
+	x.mlen = protobuf_c_message_get_packed_size(&m->base);
+	x.msg = malloc(x.mlen);
+	protobuf_c_message_pack(&m->base, x.msg);
+	feed_rec(&x);
+	free(x.msg);
+	dtep__payload__free_unpacked(m, NULL);
+}
+
+static const Dtep__Payload *held_part(size_t i, Dtep__Payload **keep)
+{
+	assert_int_equal(held_recs[i].type, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD);
+	*keep = dtep__payload__unpack(NULL, held_recs[i].mlen, held_recs[i].msg);
+	assert_non_null(*keep);
+	return *keep;
+}
+
+static size_t pending(struct job *j)
+{
+	size_t n = 0;
+
+	for (const struct jpend *p = job_local(j, sink.participant)->pend; p; p = p->next)
+		n++;
+	return n;
+}
+
+/* A version published with its records held: the parts, then COUNTS. */
+static void publish_held(uint64_t v, int64_t step, int dense)
+{
+	Dte__PublishReply pr;
+
+	held_clear();
+	hold_version = v;
+	adamw_step(step, (unsigned)(step * 7919));
+	assert_int_equal(publish(v, step, &pr), 0);
+	assert_int_equal(pr.dense, dense);
+	hold_version = 0;
+	assert_true(nheld >= 3);
+	assert_int_equal(held_recs[nheld - 1].type, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS);
+}
+
+static void publish_exact(uint64_t v, int64_t step, int dense)
+{
+	Dte__PublishReply pr;
+
+	adamw_step(step, (unsigned)(step * 7919));
+	payloads_seen = 0;
+	assert_int_equal(publish(v, step, &pr), 0);
+	assert_int_equal(pr.dense, dense);
+	assert_true(payloads_seen > 4);        /* many parts, not one */
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+}
+
+/* Payload parts: with a tiny part size every version goes in many parts
+ * before its COUNTS; over many versions (staged singly and in chains) the
+ * sink lands exact.  Delivered COUNTS first and parts backwards it still
+ * stages; a duplicate part, a missing one, one past the count COUNTS
+ * names, overlapping ranges and parts of versions the sink will not take
+ * are refused or dropped, write nothing, and never pile up. */
+static void test_parts(void **state)
+{
+	struct job *j = job_find("tj");
+	uint64_t v = 100, refused0;
+	int64_t step = 0;
+	void *snap;
+	Dtep__Payload *pm;
+
+	jeng.part_bytes = 512;
+	src.participant = sink.participant = 0;
+	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
+	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach(&src, SRC_CONN, "source", "megatron:tp=1");
+	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
+	assert_true(j->complete);
+	jeng.drop_send = hold_some;
+
+	/* Many versions: dense, then sparse; some applied as a chain of 3. */
+	publish_exact(v++, ++step, 1);
+	for (int i = 0; i < 12; i++) {
+		Dte__PublishReply pr;
+
+		if (i % 4 != 3) {
+			publish_exact(v++, ++step, 0);
+			continue;
+		}
+		for (int k = 0; k < 3; k++) {
+			step++;
+			adamw_step(step, (unsigned)(step * 7919));
+			assert_int_equal(publish(v++, step, &pr), 0);
+			assert_int_equal(pr.dense, 0);
+		}
+		assert_int_equal(staged(), v - 1);
+		apply_ok(v - 1);
+		check_exact();
+	}
+
+	/* Out of order: COUNTS first, then the parts last to first. */
+	publish_held(v, ++step, 0);
+	feed_rec(&held_recs[nheld - 1]);
+	assert_int_equal(staged(), v - 1);
+	for (size_t k = nheld - 1; k-- > 0;)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	v++;
+
+	/* A duplicate part refuses the version; the rest of it is dropped and
+	 * the next version repairs densely. */
+	snapshot(&snap);
+	publish_held(v, ++step, 0);
+	refused0 = j->refused;
+	feed_rec(&held_recs[0]);
+	feed_rec(&held_recs[0]);
+	assert_true(j->refused > refused0);
+	for (size_t k = 1; k < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(staged(), v - 1);
+	assert_true(unchanged(snap));
+	free(snap);
+	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	v++;
+	publish_exact(v++, ++step, 1);
+
+	/* A missing part: never staged; a sparse version on it waits, the
+	 * dense one after them takes over and nothing stays pending. */
+	publish_held(v, ++step, 0);
+	for (size_t k = 0; k < nheld; k++)
+		if (k != 1)
+			feed_rec(&held_recs[k]);
+	assert_int_equal(staged(), v - 1);
+	assert_true(pending(j) >= 1);
+	v++;
+	{
+		Dte__PublishReply pr;
+
+		step++;
+		adamw_step(step, (unsigned)(step * 7919));
+		assert_int_equal(publish(v, step, &pr), 0);
+		assert_int_equal(pr.dense, 0);
+		assert_int_equal(staged(), v - 2);
+	}
+	v++;
+	publish_exact(v++, ++step, 1);
+	assert_int_equal(pending(j), 0);
+
+	/* A part past the number COUNTS names. */
+	snapshot(&snap);
+	publish_held(v, ++step, 0);
+	refused0 = j->refused;
+	held_part(0, &pm);
+	feed_part_as(&held_recs[0], (int64_t)nheld - 1, -1, -1, 0);
+	dtep__payload__free_unpacked(pm, NULL);
+	for (size_t k = 0; k < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_true(j->refused > refused0);
+	assert_int_equal(staged(), v - 1);
+	assert_true(unchanged(snap));
+	free(snap);
+	v++;
+	publish_exact(v++, ++step, 1);
+
+	/* Overlapping ranges: part 1 claims part 0's first entry too. */
+	snapshot(&snap);
+	publish_held(v, ++step, 0);
+	refused0 = j->refused;
+	{
+		const Dtep__Payload *p0 = held_part(0, &pm);
+		uint32_t first0 = p0->first_entry;
+
+		dtep__payload__free_unpacked(pm, NULL);
+		held_part(1, &pm);
+		feed_rec(&held_recs[0]);
+		feed_part_as(&held_recs[1], -1, first0, pm->first_entry + pm->entries - first0, 0);
+		dtep__payload__free_unpacked(pm, NULL);
+	}
+	for (size_t k = 2; k < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_true(j->refused > refused0);
+	assert_int_equal(staged(), v - 1);
+	assert_true(unchanged(snap));
+	free(snap);
+	v++;
+	publish_exact(v++, ++step, 1);
+
+	/* Parts of versions the sink will not take: one it already holds is
+	 * dropped; invented ones whose COUNTS never come stay under the
+	 * staging cap; a stale epoch is refused. */
+	publish_held(v, ++step, 0);
+	snapshot(&snap);
+	feed_part_as(&held_recs[0], -1, -1, -1, v - 1);
+	assert_int_equal(pending(j), 0);
+	for (uint64_t x = 0; x < 20; x++)
+		feed_part_as(&held_recs[0], -1, -1, -1, v + 1000 + x);
+	assert_true(pending(j) <= JOB_MAX_STAGED_DEFAULT);
+	refused0 = j->refused;
+	{
+		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[0].mlen, held_recs[0].msg);
+		struct rec x = held_recs[0];
+
+		m->epoch = j->epoch + 5;
+		x.mlen = protobuf_c_message_get_packed_size(&m->base);
+		x.msg = malloc(x.mlen);
+		protobuf_c_message_pack(&m->base, x.msg);
+		feed_rec(&x);
+		free(x.msg);
+		dtep__payload__free_unpacked(m, NULL);
+	}
+	assert_true(j->refused > refused0);
+	assert_true(unchanged(snap));
+	free(snap);
+	/* The held version itself still stages exact when it all comes. */
+	for (size_t k = 0; k < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	held_clear();
+
+	jeng.drop_send = NULL;
+	jeng.part_bytes = 0;
+	job_conn_gone(SINK_CONN);
+	job_conn_gone(SRC_CONN);
+	spin();
+	assert_int_equal(dbuf_count(NULL), 0);
+	for (size_t b = 0; b < src.n; b++)
+		munmap(src.mem[b], src.bytes[b]);
+	for (size_t b = 0; b < sink.n; b++)
+		munmap(sink.mem[b], sink.bytes[b]);
+}
+
 static int setup(void **state)
 {
 	char err[256];
@@ -725,6 +1031,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sync_and_misbehaving_peer),
+		cmocka_unit_test(test_parts),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
