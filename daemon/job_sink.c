@@ -426,8 +426,8 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		    (!view && (!(raw = malloc(claimed ? claimed : 1)) ||
 			       dtc_chunk_unpack(pt->data, pt->len, raw, claimed,
 						&raw_len) != DTC_OK))) {
-			snprintf(err, errlen, "source %llx part %u: corrupt (checksum or framing)",
-				 (unsigned long long)s->src, pt->part);
+			snprintf(err, errlen, "source %llx: payload corrupt (checksum or framing) in "
+				 "part %u", (unsigned long long)s->src, pt->part);
 			free(raw);
 			return -1;
 		}

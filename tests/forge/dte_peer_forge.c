@@ -6,10 +6,14 @@
  *
  * Each RECORD is one shell argument: a type and key=value fields,
  *   "counts job=J token=T epoch=E version=V base=B mode=sparse|dense
- *           src=S dst=D counts=1,0,7 checksums=BUF:PARTIAL,.. payload_bytes=N"
+ *           src=S dst=D counts=1,0,7 checksums=BUF:PARTIAL,.. payload_bytes=N
+ *           [parts=N]"         (parts default: 1 when payload_bytes, else 0)
  *   "payload job=J token=T epoch=E version=V src=S dst=D encoding=N
  *           [xxh3=N] [data=@FILE] [entries=P,P,..;P,..] [box=N] [value=HEX]
- *           [chunk=ZLEVEL] [truncate=N] [corrupt=OFFSET]"
+ *           [chunk=ZLEVEL] [truncate=N] [corrupt=OFFSET]
+ *           [part=N] [first_entry=N] [part_entries=N]"
+ *                                     (one part 0 over every entry of the
+ *                                      last COUNTS sent, unless given)
  *   "join job=J token=T node=N address=A spec_hash=H"
  *   "leave job=J token=T node=N participants=1,2"
  *   "staged job=J token=T version=V src=S dst=D"
@@ -234,6 +238,9 @@ static uint8_t *payload_data(const struct kv *f, size_t *len, char *err, size_t 
 	return out;
 }
 
+/* Entries of the last COUNTS sent: a PAYLOAD's part covers them by default. */
+static uint32_t last_counts;
+
 static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 {
 	Dtep__JobRef ref = DTEP__JOB_REF__INIT;
@@ -275,6 +282,8 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.dst = getu(f, "dst", 0);
 		m.counts = list_u64(get(f, "counts", NULL), &m.n_counts);
 		m.payload_bytes = getu(f, "payload_bytes", 0);
+		m.parts = (uint32_t)getu(f, "parts", m.payload_bytes ? 1 : 0);
+		last_counts = (uint32_t)m.n_counts;
 		while (c && *c && m.n_checksums < MAXF) {
 			char *end;
 
@@ -304,6 +313,9 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.dst = getu(f, "dst", 0);
 		m.encoding = (uint32_t)getu(f, "encoding", 0);
 		m.xxh3 = get(f, "xxh3", NULL) ? getu(f, "xxh3", 0) : XXH3_64bits(data, dlen);
+		m.part = (uint32_t)getu(f, "part", 0);
+		m.first_entry = (uint32_t)getu(f, "first_entry", 0);
+		m.entries = (uint32_t)getu(f, "part_entries", last_counts - m.first_entry);
 		plen = dtep__payload__get_packed_size(&m);
 		packed = malloc(plen + 1);
 		dtep__payload__pack(&m, packed);
