@@ -387,7 +387,8 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			return -1;
 		}
 	}
-	qsort(s->parts, s->nparts, sizeof(*s->parts), part_cmp);
+	if (s->nparts)
+		qsort(s->parts, s->nparts, sizeof(*s->parts), part_cmp);
 	for (size_t k = 0; k < s->nparts; k++) {
 		struct jpart *pt = &s->parts[k];
 		uint8_t *raw = NULL, *data;
