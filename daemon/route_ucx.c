@@ -786,7 +786,7 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 	}
 	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
 		key = msg_key(type, msg, msglen, &version);
-		if (key == 1 || seen(n, key)) {
+		if (key == 1 || r->p.payload_any_order || seen(n, key)) {
 			deliver(r, n, type, msg, msglen, data, len);
 		} else {
 			kept = park(r, n, key, version, msg, msglen, data, len, staged);

@@ -19,7 +19,9 @@
  * later small records), so the router parks a PAYLOAD until the COUNTS with
  * the same (job, version, src, dst) from the same node has been handed over:
  * the engine always sees COUNTS first.  A PAYLOAD whose COUNTS never comes
- * is dropped after park_timeout_ms, logged and counted.
+ * is dropped after park_timeout_ms, logged and counted.  An engine that
+ * takes PAYLOADs in any order (peer protocol 2: payload parts go before
+ * their COUNTS) sets payload_any_order and gets each one as it lands.
  *
  * Everything runs on the loop thread.  Errors are negative errno values.
  */
@@ -59,6 +61,9 @@ struct droute_ucx_params {
 	unsigned park_timeout_ms;     /* 0: 30 s */
 	/* Per node while connecting, and all parked PAYLOADs together; 0: 1 GiB. */
 	size_t queue_max_bytes;
+	/* Hand PAYLOADs over as they arrive instead of parking them until
+	 * their COUNTS: held once by the engine, not twice. */
+	int payload_any_order;
 	droute_recv_fn recv;
 	droute_down_fn down;
 	void *arg;

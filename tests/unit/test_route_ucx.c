@@ -49,6 +49,7 @@ struct side {
 
 static uv_loop_t loop;
 static size_t next_queue_max;   /* for the next side_start; 0 = default */
+static int next_any_order;      /* for the next side_start: payload_any_order */
 
 static uint8_t pattern(uint64_t seed, size_t i)
 {
@@ -119,6 +120,7 @@ static void side_start(struct side *s, const char *name, int listen, unsigned pa
 		.staging_bytes = 4u << 20,
 		.park_timeout_ms = park_ms,
 		.queue_max_bytes = next_queue_max,
+		.payload_any_order = next_any_order,
 		.recv = on_recv,
 		.down = on_down,
 		.arg = s,
@@ -406,6 +408,48 @@ static void test_payload_before_counts(void **state)
 	free(d1);
 	free(d2);
 	free(d3);
+}
+
+/* payload_any_order (peer protocol 2, what dted sets): a PAYLOAD reaches
+ * the engine as it lands, before its COUNTS, nothing parked; a staged one
+ * gives its staging extent back at once, so the next one stages too. */
+static void test_payload_any_order(void **state)
+{
+	struct side a, b;
+	uint8_t h[256];
+	size_t n, big = 3u << 20;   /* most of the 4 MiB staging */
+	uint8_t *d1 = pattern_buf(1, big), *d2 = pattern_buf(2, big);
+	struct droute_ucx_stats st;
+
+	next_any_order = 1;
+	side_start(&b, "sink", 1, 0);
+	next_any_order = 0;
+	side_start(&a, "source", 0, 0);
+	n = pack_payload(h, 1, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
+						h, n, d1, big), 0);
+	assert_true(wait_got(&b, 1));
+	assert_int_equal(b.got[0].type, T_PAYLOAD);
+	assert_int_equal(b.got[0].version, 1);
+	assert_int_equal(b.got[0].len, big);
+	assert_true(b.got[0].data_ok);
+	n = pack_payload(h, 2, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d2, big), 0);
+	assert_true(wait_got(&b, 2));
+	assert_int_equal(b.got[1].version, 2);
+	assert_true(b.got[1].data_ok);
+	n = pack_counts(h, 2, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_COUNTS, h, n, NULL, 0), 0);
+	assert_true(wait_got(&b, 3));
+	assert_int_equal(b.got[2].type, T_COUNTS);
+	droute_ucx_stats(b.r, &st);
+	assert_int_equal(st.parked, 0);
+	assert_int_equal(st.staged, 2);
+
+	side_stop(&a);
+	side_stop(&b);
+	free(d1);
+	free(d2);
 }
 
 /* A PAYLOAD whose COUNTS never comes is dropped after the timeout and
@@ -707,6 +751,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_args, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_by_address_then_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_before_counts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_payload_any_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_expiry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_cap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
