@@ -190,6 +190,33 @@ static int plan_add(struct plan_ctx *x, size_t si, size_t ki, const int64_t *lo,
 	return 0;
 }
 
+/* plan_add() for the box [lo, hi), cut into entries of at most
+ * DTE_PLAN_ENTRY_MAX elements: slabs along dimension d holding as many
+ * whole sub-boxes of the inner dimensions as fit, or, when one sub-box is
+ * already too big, one index of d at a time, cut further inside. */
+static int plan_add_split(struct plan_ctx *x, size_t si, size_t ki, int64_t *lo, int64_t *hi,
+			  uint32_t d)
+{
+	uint32_t ndim = x->src->pieces[si].ndim;
+	int64_t inner = 1, step, l0 = lo[d], h0 = hi[d];
+	int rc = 0;
+
+	for (uint32_t i = d + 1; i < ndim; i++)
+		inner *= hi[i] - lo[i];
+	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX)
+		return plan_add(x, si, ki, lo, hi);
+	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	for (int64_t a = l0; a < h0 && !rc; a += step) {
+		lo[d] = a;
+		hi[d] = a + step < h0 ? a + step : h0;
+		rc = inner > DTE_PLAN_ENTRY_MAX && d + 1 < ndim ? plan_add_split(x, si, ki, lo, hi, d + 1)
+								: plan_add(x, si, ki, lo, hi);
+	}
+	lo[d] = l0;
+	hi[d] = h0;
+	return rc;
+}
+
 static int plan_tensor(struct plan_ctx *x, uint32_t t)
 {
 	size_t s0 = x->src_start[t], s1 = x->src_start[t + 1];
@@ -208,7 +235,7 @@ static int plan_tensor(struct plan_ctx *x, uint32_t t)
 			int64_t v = dte_box_intersect(k->ndim, s->lo, s->hi, k->lo, k->hi, lo, hi);
 			if (!v)
 				continue;
-			if (plan_add(x, x->src_idx[i], x->sink_idx[j], lo, hi))
+			if (plan_add_split(x, x->src_idx[i], x->sink_idx[j], lo, hi, 0))
 				return -1;
 			covered += v;
 		}

@@ -18,6 +18,12 @@
 
 #define DTE_PLAN_DEFAULT_RANKS_PER_NODE 8
 
+/* Largest entry, in elements: a bigger intersection is cut into slabs of
+ * whole rows (of the outermost dimension that allows it), so a capture
+ * can send a large tensor's payload in parts while it still detects the
+ * rest, and its per-entry scratch stays a few MiB. */
+#define DTE_PLAN_ENTRY_MAX ((int64_t)1 << 24)
+
 struct dte_plan_opts {
 	uint32_t sink_replicas;    /* 0 means 1 */
 	uint32_t ranks_per_node;   /* 0 means DTE_PLAN_DEFAULT_RANKS_PER_NODE */

@@ -49,6 +49,7 @@ static int64_t sglang_elements(const struct dte_spec *s, int64_t tp)
 
 struct matrix {
 	int plans, refused;
+	int64_t cut_entries;       /* entries of tensors over DTE_PLAN_ENTRY_MAX */
 };
 
 static void run_matrix(const char *model, const char *const *srcs, size_t nsrc,
@@ -89,6 +90,17 @@ static void run_matrix(const char *model, const char *const *srcs, size_t nsrc,
 					 (long long)p.elements, (long long)sglang_elements(&s, tp));
 			/* Each source element is scanned once, whatever the fan-out. */
 			assert_int_equal(p.detect_elements, s.total_elems);
+			/* No entry over the cap; big tensors come in slabs. */
+			for (size_t q = 0; q < p.n; q++) {
+				int64_t vol = 1;
+
+				for (uint32_t d = 0; d < p.e[q].map.ndim; d++)
+					vol *= p.e[q].map.extent[d];
+				if (vol > DTE_PLAN_ENTRY_MAX)
+					fail_msg("%s %s -> %s: entry %zu has %lld elements", model, srcs[i],
+						 sinks[j], q, (long long)vol);
+				m->cut_entries += s.t[p.e[q].tensor].numel > DTE_PLAN_ENTRY_MAX;
+			}
 			m->plans++;
 			dte_plan_fini(&p);
 		}
@@ -119,12 +131,14 @@ static void test_matrix_dense(void **state)
 	};
 	static const char *const sinks[] = { "sglang:tp=1", "sglang:tp=2", "sglang:tp=4", "sglang:tp=8",
 					     "vllm:tp=8" };
-	struct matrix m = { 0, 0 };
+	struct matrix m = { 0, 0, 0 };
 	size_t i;
 
 	for (i = 0; i < 3; i++)
 		run_matrix(models[i], srcs, 15, sinks, 5, &m);
 	assert_int_equal(m.plans, 3 * 15 * 5);
+	/* qwen3-8b / llama-3.1-8b embeddings (> 2^24 elements) were cut */
+	assert_true(m.cut_entries > 0);
 	print_message("dense matrix: %d plans exact\n", m.plans);
 }
 
@@ -138,7 +152,7 @@ static void test_matrix_moe(void **state)
 	};
 	static const char *const sinks[] = { "sglang:tp=1", "sglang:tp=2,ep=2", "sglang:tp=4",
 					     "sglang:tp=8,ep=8", "sglang:tp=8,ep=2", "vllm:tp=4,ep=4" };
-	struct matrix m = { 0, 0 };
+	struct matrix m = { 0, 0, 0 };
 
 	run_matrix(DATA "models/qwen3-30b-a3b.json", srcs, 10, sinks, 6, &m);
 	/* tp=8 (4 KV groups) and ep=3 (128 experts) are refused with a reason. */
