@@ -89,10 +89,22 @@ def main():
     n = bench_e2e.model_elements()
     log("machine: %(cpu)s, %(cores)d cores, %(mem_gib).1f GiB, kernel %(kernel)s" % res["machine"])
 
-    log("scan: bench_scan over %d elements" % n)
-    res["scan"] = scan(n)
-    for line in res["scan"]["lines"]:
-        log(line)
+    # The VM's compute speed drifts minute to minute (shared host), more
+    # than its memory bandwidth, and a ratio of the two drifts with it:
+    # bench_scan runs three times across the bench (each run a complete
+    # same-run ratio); the figure is their median, and the floor the e2e and
+    # stall figures divide by is the fastest detect seen (conservative).
+    scans = []
+
+    def scan_run(when):
+        log("scan: bench_scan over %d elements (%s)" % (n, when))
+        r = scan(n)
+        r["when"] = when
+        for line in r["lines"]:
+            log(line)
+        scans.append(r)
+
+    scan_run("first")
 
     cmd = [os.path.join(B, "tests", "bench_snapshot"), str(n)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -100,6 +112,7 @@ def main():
                           cmd="%s/tests/bench_snapshot %d" % (os.path.relpath(B, ROOT), n))
     log(r.stdout.strip())
 
+    scan_run("after the snapshot baseline")
     log("codec: real AdamW steps, lr sweep")
     res["codec"] = bench_codec.run({"bench_codec": os.path.join(B, "tests", "bench_codec"),
                                     "dte_storage": os.path.join(B, "bin", "dte-storage")},
@@ -126,6 +139,11 @@ def main():
                 log("e2e: snapshot baseline not measured: %s" % e)
         subprocess.run(["rm", "-rf", work])
 
+    scan_run("after the end-to-end runs")
+    res["scans"] = scans
+    res["scan"] = dict(sorted(scans, key=lambda r: r["ratio"])[len(scans) // 2])
+    res["scan"]["floor_s"] = min(r["detect_s"] for r in scans)
+    res["scan"]["floor_csum_s"] = min(float(r["scan-detail"]["detect_csum_s"]) for r in scans)
     lines = summary(res)
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
@@ -144,7 +162,7 @@ def summary(res):
     lines.append("bench codec bytes_per_change=%.2f sparse_vs_dense=%.4f" % (
         row["bpc_storage"], row["storage"] / row["dense"]))
     e2e = res["e2e"]
-    scan_s = res["scan"]["detect_s"]
+    scan_s = res["scan"].get("floor_s", res["scan"]["detect_s"])
     if not e2e:
         for gbit in res["links"]:
             lines.append("bench e2e link=%d skipped (needs root and ip netns)" % gbit)
