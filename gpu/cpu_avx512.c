@@ -25,7 +25,7 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,bmi2,popcnt")))
 
 struct quiet_consts {
-	__m512 q_k2, q_s, q_q2, q_eps;
+	__m512 q_k2, q_s, q_q2, e2;
 };
 
 AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, __m512 m,
@@ -33,35 +33,35 @@ AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, 
 {
 	const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
 	const __m512i half = _mm512_set1_epi32(0x8000);
-	const __m512 zero = _mm512_setzero_ps();
-	const __m512 c099 = _mm512_set1_ps(0.99f);
 	__m512i b = _mm512_castps_si512(th);
 	__m512i ab = _mm512_and_si512(b, absmask);
-	__m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 16), _mm512_set1_epi32(1));
-	__m512i mid = _mm512_slli_epi32(_mm512_srli_epi32(
-		_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x7fff)), odd), 16), 16);
+	__m512i base = _mm512_and_si512(_mm512_add_epi32(ab, half), _mm512_set1_epi32((int)0xffff0000u));
 	__m512 x = _mm512_castsi512_ps(ab);
-	__m512 dlo = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_sub_epi32(mid, half)));
-	__m512 dhi = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(mid, half)), x);
-	__m512 r_up = _mm512_sub_ps(_mm512_mul_ps(c099, dhi), _mm512_mul_ps(x, c->q_k2));
-	__m512 r_dn = _mm512_sub_ps(_mm512_mul_ps(c099, dlo),
+	__m512 dlo = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_sub_epi32(base, half)));
+	__m512 dhi = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(base, half)), x);
+	__m512 r_up = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(0.99f), dhi),
+				    _mm512_mul_ps(x, c->q_k2));
+	__m512 r_dn = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(0.99f), dlo),
 				    _mm512_mul_ps(x, _mm512_set1_ps(9.5367431640625e-07f)));
+	__m512 r_min = _mm512_min_ps(r_up, r_dn);
 	/* sign of θ equals sign of m: u grows |θ_{t-1}| */
 	__mmask16 up = _mm512_cmpge_epi32_mask(_mm512_xor_si512(b, _mm512_castps_si512(m)),
 					       _mm512_setzero_si512());
 	__m512 r = _mm512_mask_blend_ps(up, r_dn, r_up);
 	__m512 a = _mm512_mul_ps(c->q_s, _mm512_castsi512_ps(
 		_mm512_and_si512(_mm512_castps_si512(m), absmask)));
-	__m512 rr = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(r, r), v), c->q_q2);
-	__mmask16 ok, t1, t2;
+	__m512 rr = _mm512_mul_ps(_mm512_mul_ps(r, r),
+				  _mm512_max_ps(_mm512_mul_ps(v, c->q_q2), c->e2));
+	__mmask16 ok;
 
-	ok = _mm512_cmplt_epu32_mask(ab, _mm512_set1_epi32(0x7f000000)) &
-	     _mm512_cmpge_epu32_mask(mid, _mm512_set1_epi32(0x00800000)) &
-	     _mm512_cmp_ps_mask(r_up, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(r_dn, zero, _CMP_GT_OQ);
-	t1 = _mm512_cmp_ps_mask(a, _mm512_mul_ps(r, c->q_eps), _CMP_LT_OQ);
-	t2 = _mm512_cmp_ps_mask(_mm512_mul_ps(a, a), rr, _CMP_LT_OQ) &
-	     _mm512_cmp_ps_mask(rr, _mm512_set1_ps(7.888609052210118e-31f), _CMP_GT_OQ);
-	return ok & (t1 | t2);
+	ok = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(base, _mm512_set1_epi32(0x00800000)),
+				     _mm512_set1_epi32(0x47000000));
+	ok = _mm512_mask_cmp_ps_mask(ok, r_min, _mm512_set1_ps(1.1102230246251565e-16f),
+				     _CMP_GT_OQ);
+	ok = _mm512_mask_cmplt_epu32_mask(ok, _mm512_sub_epi32(_mm512_castps_si512(rr),
+							       _mm512_set1_epi32(0x0d800000)),
+					  _mm512_set1_epi32(0x72000000));
+	return _mm512_mask_cmp_ps_mask(ok, _mm512_mul_ps(a, a), rr, _CMP_LT_OQ);
 }
 
 #define LIST (64 * DTC_CPU_BLOCK_WORDS)
@@ -91,7 +91,7 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	struct dtc_consts k = *kp;
 	struct quiet_consts c = { _mm512_set1_ps(k.q_k2), _mm512_set1_ps(k.q_s),
-				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps) };
+				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps * k.q_eps) };
 	/* +16: each compress stores a whole vector past the list's end */
 	int32_t idx[LIST + 16];
 	float cp[LIST], cm[LIST], cv[LIST];

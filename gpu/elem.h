@@ -183,30 +183,59 @@ DTC_HD static inline float dtc_guard_bound(float theta_hat, float theta, float u
  * grows it exactly when m has θ's sign (u = -(step)·m/D with D > 0, both
  * variants).  |u| <= S|m| / max(sqrt(v)·Q, eps) since D is the sum of
  * those two terms (torch: S = |step|, Q = 1/sqrt(bc2); fused: S = lr/bc1,
- * Q = 1/sqrt(bc2)).  The BF16 rounding interval of θ_t is [L, U] with
- * L, U the FP32 midpoints around bf16(θ_t) (exact bit patterns, also
- * across a binade edge), so θ_t - L and U - θ_t are exact.  If the step
- * bound stays strictly inside on the side it can move to, and the error
- * alone stays inside on the other, the BF16 did not change.  The u test is
- * squared to avoid sqrt, a² < r²·v·Q², used only where r²·v·Q² is a normal
- * number far from underflow; constants carry a 2^-10 margin for the FP32
- * rounding of these few products and the budgets a 1% one. */
+ * Q = 1/sqrt(bc2)).
+ *
+ * Interval.  base = (|θ_t| + 0x8000) & 0xffff0000 is |θ_t| rounded to BF16
+ * with ties away; L = base - 0x8000 and U = base + 0x8000 are the FP32
+ * midpoints around it (exact bit patterns, also across a binade edge), so
+ * x - L and U - x (x = |θ_t|) are exact.  Off a tie this is RNE's BF16, and
+ * every value strictly inside (L, U) rounds to it; at a tie x = L, so
+ * dlo = 0 and the test below fails: no need to know the tie's direction.
+ *
+ * Margins.  r_up = 0.99·dhi - x·k2 and r_dn = 0.99·dlo - x·2^-20 are the
+ * room left on each side once the ε and decay terms are spent; the 1% of
+ * the distance absorbs their own FP32 rounding (<= 2^-23 of dhi or dlo),
+ * so the computed r is below the true room.  If the step bound stays
+ * strictly inside on the side it can move to (r) and the error alone
+ * stays inside on the other (both r_up, r_dn > 0), the BF16 did not change.
+ * The step test is k1|u| < r, i.e. a < r·max(sqrt(v)·Q, eps) with
+ * a = k1·S|m|, decided squared and without sqrt:
+ *     a² < rr = r²·w,  w = max(v·Q², eps²).
+ * q_s, q_q2, q_eps carry a 2^-10 margin (hparams.c) that covers the
+ * relative 2^-24 of each of the few FP32 products here, provided none of
+ * them is subnormal or overflows.  Guards make that so, with one unsigned
+ * range check each on the bit patterns:
+ *   base in [2^-126, 2^16): x normal, and since r < U - L <= 2^-6·x,
+ *       r² < 2^20;
+ *   min(r_up, r_dn) > 2^-53: both rooms positive, and r² > 2^-106 normal;
+ *   rr in [2^-100, Inf): no overflow, rr normal, and w >= rr/r² > 2^-121
+ *       normal too (a subnormal w, say an underflowed v·Q² with eps = 0,
+ *       could be rounded up by far more than the margin).
+ * Weights of 2^16 or more, or so small that r <= 2^-53, simply take the
+ * full inverse.
+ * a² needs no guard: if it overflows the test fails; if it underflows,
+ * true a² <= fl(a²) + 2^-150, far below rr's 2^-100.  A NaN in m or v
+ * fails the comparisons (max picks eps² over a NaN v·Q², as maxps does). */
 DTC_HD static inline int dtc_adamw_quiet(const struct dtc_consts *k, float theta, float m, float v)
 {
 	uint32_t b = dtc_f32_bits(theta), ab = b & 0x7fffffffu;
-	uint32_t mid = ((ab + 0x7fffu + ((ab >> 16) & 1u)) >> 16) << 16;
+	uint32_t base = (ab + 0x8000u) & 0xffff0000u;
 	float x = dtc_bits_f32(ab);
-	float dlo = x - dtc_bits_f32(mid - 0x8000u);
-	float dhi = dtc_bits_f32(mid + 0x8000u) - x;
+	float dlo = x - dtc_bits_f32(base - 0x8000u);
+	float dhi = dtc_bits_f32(base + 0x8000u) - x;
 	float r_up = 0.99f * dhi - x * k->q_k2;
 	float r_dn = 0.99f * dlo - x * 9.5367431640625e-07f;	/* 2^-20 */
+	float r_min = r_up < r_dn ? r_up : r_dn;
 	int up = ((b ^ dtc_f32_bits(m)) >> 31) == 0;	/* u grows |θ_{t-1}| */
 	float r = up ? r_up : r_dn;
 	float a = k->q_s * dtc_fabsf(m);
-	float rr = r * r * v * k->q_q2;
-	int ok = (ab < 0x7f000000u) & (mid >= 0x00800000u) & (r_up > 0.0f) & (r_dn > 0.0f);
+	float vq = v * k->q_q2, e2 = k->q_eps * k->q_eps;
+	float rr = r * r * (vq > e2 ? vq : e2);
+	int ok = (base - 0x00800000u < 0x47000000u) &			/* [2^-126, 2^16) */
+		 (r_min > 1.1102230246251565e-16f) &			/* 2^-53 */
+		 (dtc_f32_bits(rr) - 0x0d800000u < 0x72000000u);	/* [2^-100, Inf) */
 
-	return ok & ((a < r * k->q_eps) | ((a * a < rr) & (rr > 7.888609052210118e-31f)));	/* 2^-100 */
+	return ok & (a * a < rr);
 }
 
 /* 1 when θ's BF16 may differ from θ_{t-1}'s, 0 when it provably does not;

@@ -251,6 +251,49 @@ static void test_guard_midpoints(void **state)
 	assert_int_equal(fn, 0);
 }
 
+/* The cheap test alone, where its FP32 products over- or underflow: weights
+ * from subnormal to 2^126, moments from 1e-45 to 1e38, eps 0 or tiny.  It
+ * may only clear elements whose BF16 did not move.  (A huge weight with a
+ * subnormal v once made r²·v overflow to Inf and cleared a real change.) */
+static void test_quiet_extremes(void **state)
+{
+	struct dtc_consts k;
+	uint64_t bad = 0, quiet = 0, changed = 0, n = 0;
+	float theta;
+
+	/* θ 1e25, v subnormal, eps 1e-8: u = 1e23 moves the BF16 */
+	derive(&k, DTC_VARIANT_TORCH, 1e-6, 0.0, 1);
+	theta = dtc_adamw_forward(&k, 1e25f, -1e20f, 1e-45f);
+	assert_true(dtc_bf16_rne(theta) != dtc_bf16_rne(1e25f));
+	assert_int_equal(dtc_adamw_quiet(&k, theta, -1e20f, 1e-45f), 0);
+	for (int it = 0; it < 2000000; it++) {
+		struct dtc_hparams hp = { pow(10.0, -2.0 - (double)(rnd() % 7)), 0.9, 0.999,
+					  rnd() % 3 == 0 ? 0.0 : rnd() % 2 ? 1e-8 : 1e-30,
+					  (rnd() % 3) * 0.05, 1 + (int64_t)(rnd() % 20),
+					  (int)(rnd() % 2) };
+		float prev = (float)ldexp(1.0 + unif(), (int)(rnd() % 270) - 140) *
+			     (rnd() % 2 ? 1.0f : -1.0f);
+		float m = (float)(pow(10.0, (double)(rnd() % 70) - 35.0) * (unif() - 0.5));
+		float v = rnd() % 4 == 0 ? (float)ldexp(unif(), -126 - (int)(rnd() % 24))
+					 : (float)pow(10.0, (double)(rnd() % 84) - 45.0) * (float)unif();
+		int q, truth;
+
+		assert_int_equal(dtc_hparams_derive(&hp, &k, NULL, 0), DTC_OK);
+		theta = dtc_adamw_forward(&k, prev, m, v);
+		truth = dtc_bf16_rne(prev) != dtc_bf16_rne(theta);
+		q = dtc_adamw_quiet(&k, theta, m, v);
+		bad += (uint64_t)(truth && q);
+		quiet += (uint64_t)q;
+		changed += (uint64_t)truth;
+		n++;
+	}
+	print_message("quiet extremes: n=%llu changed=%llu quiet=%llu wrongly quiet=%llu\n",
+		      (unsigned long long)n, (unsigned long long)changed, (unsigned long long)quiet,
+		      (unsigned long long)bad);
+	assert_true(changed > n / 20 && quiet > n / 20);
+	assert_int_equal(bad, 0);
+}
+
 static void test_hparams(void **state)
 {
 	struct dtc_hparams ok = { 1e-5, 0.9, 0.999, 1e-8, 0.1, 1, DTC_VARIANT_TORCH };
@@ -294,6 +337,7 @@ int main(void)
 		cmocka_unit_test(test_guard_fused),
 		cmocka_unit_test(test_guard_directed),
 		cmocka_unit_test(test_guard_midpoints),
+		cmocka_unit_test(test_quiet_extremes),
 		cmocka_unit_test(test_hparams),
 		cmocka_unit_test(test_mix),
 	};
