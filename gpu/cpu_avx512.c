@@ -25,7 +25,7 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,bmi2,popcnt")))
 
 struct quiet_consts {
-	__m512 q_k2, q_s, q_q2, e2;
+	__m512 c_up, q_s, q_q2, e2;
 };
 
 AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, __m512 m,
@@ -37,12 +37,10 @@ AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, 
 	__m512i ab = _mm512_and_si512(b, absmask);
 	__m512i base = _mm512_and_si512(_mm512_add_epi32(ab, half), _mm512_set1_epi32((int)0xffff0000u));
 	__m512 x = _mm512_castsi512_ps(ab);
-	__m512 dlo = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_sub_epi32(base, half)));
-	__m512 dhi = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(base, half)), x);
-	__m512 r_up = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(0.99f), dhi),
-				    _mm512_mul_ps(x, c->q_k2));
-	__m512 r_dn = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(0.99f), dlo),
-				    _mm512_mul_ps(x, _mm512_set1_ps(9.5367431640625e-07f)));
+	__m512 r_up = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(base, half)),
+				    _mm512_mul_ps(x, c->c_up));
+	__m512 r_dn = _mm512_sub_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.9999989867210388f)),
+				    _mm512_castsi512_ps(_mm512_sub_epi32(base, half)));
 	__m512 r_min = _mm512_min_ps(r_up, r_dn);
 	/* sign of θ equals sign of m: u grows |θ_{t-1}| */
 	__mmask16 up = _mm512_cmpge_epi32_mask(_mm512_xor_si512(b, _mm512_castps_si512(m)),
@@ -90,7 +88,8 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 {
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	struct dtc_consts k = *kp;
-	struct quiet_consts c = { _mm512_set1_ps(k.q_k2), _mm512_set1_ps(k.q_s),
+	struct quiet_consts c = { _mm512_set1_ps((1.0f + k.q_k2) + 1.1920928955078125e-07f),
+				  _mm512_set1_ps(k.q_s),
 				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps * k.q_eps) };
 	/* +16: each compress stores a whole vector past the list's end */
 	int32_t idx[LIST + 16];

@@ -190,14 +190,21 @@ DTC_HD static inline float dtc_guard_bound(float theta_hat, float theta, float u
  * midpoints around it (exact bit patterns, also across a binade edge), so
  * x - L and U - x (x = |θ_t|) are exact.  Off a tie this is RNE's BF16, and
  * every value strictly inside (L, U) rounds to it; at a tie x = L, so
- * dlo = 0 and the test below fails: no need to know the tie's direction.
+ * r_dn < 0 and the test below fails: no need to know the tie's direction.
  *
- * Margins.  r_up = 0.99·dhi - x·k2 and r_dn = 0.99·dlo - x·2^-20 are the
- * room left on each side once the ε and decay terms are spent; the 1% of
- * the distance absorbs their own FP32 rounding (<= 2^-23 of dhi or dlo),
- * so the computed r is below the true room.  If the step bound stays
- * strictly inside on the side it can move to (r) and the error alone
- * stays inside on the other (both r_up, r_dn > 0), the BF16 did not change.
+ * Rooms.  The true room on the side |θ| may grow to is U - x - x·k2, on
+ * the other x - L - x·2^-20 (k2 from hparams.c bounds the decay and ε
+ * terms, 2^-20 is twice ε's 2^-21).  They are computed as
+ *     r_up = U - fl(x·c_up),  c_up = fl(1 + q_k2) + 2^-23,
+ *     r_dn = fl(x·c_dn) - L,  c_dn = 1 - 17·2^-24 = 1 - 2^-20 - 2^-24,
+ * and both subtractions are exact (Sterbenz: the product is within a
+ * factor 2 of U or L, or the room is negative anyway).  fl(x·c) is off by
+ * at most 2^-24·x·c: on the down side the spare 2^-24 covers it; on the
+ * up side the 2^-23 covers c_up's own rounding (<= 2^-24) and q_k2's
+ * 2^-10 padding of k2 (k2 >= 2^-21) the product's.  So each computed room
+ * is at most the true one.  If the step bound stays strictly inside on the
+ * side it can move to (r) and the error alone stays inside on the other
+ * (both r_up, r_dn > 0), the BF16 did not change.
  * The step test is k1|u| < r, i.e. a < r·max(sqrt(v)·Q, eps) with
  * a = k1·S|m|, decided squared and without sqrt:
  *     a² < rr = r²·w,  w = max(v·Q², eps²).
@@ -205,7 +212,7 @@ DTC_HD static inline float dtc_guard_bound(float theta_hat, float theta, float u
  * relative 2^-24 of each of the few FP32 products here, provided none of
  * them is subnormal or overflows.  Guards make that so, with one unsigned
  * range check each on the bit patterns:
- *   base in [2^-126, 2^16): x normal, and since r < U - L <= 2^-6·x,
+ *   base in [2^-126, 2^16): x normal, and since r < U - L < 2^-6·x,
  *       r² < 2^20;
  *   min(r_up, r_dn) > 2^-53: both rooms positive, and r² > 2^-106 normal;
  *   rr in [2^-100, Inf): no overflow, rr normal, and w >= rr/r² > 2^-121
@@ -221,10 +228,9 @@ DTC_HD static inline int dtc_adamw_quiet(const struct dtc_consts *k, float theta
 	uint32_t b = dtc_f32_bits(theta), ab = b & 0x7fffffffu;
 	uint32_t base = (ab + 0x8000u) & 0xffff0000u;
 	float x = dtc_bits_f32(ab);
-	float dlo = x - dtc_bits_f32(base - 0x8000u);
-	float dhi = dtc_bits_f32(base + 0x8000u) - x;
-	float r_up = 0.99f * dhi - x * k->q_k2;
-	float r_dn = 0.99f * dlo - x * 9.5367431640625e-07f;	/* 2^-20 */
+	float c_up = (1.0f + k->q_k2) + 1.1920928955078125e-07f;		/* 2^-23 */
+	float r_up = dtc_bits_f32(base + 0x8000u) - x * c_up;
+	float r_dn = x * 0.9999989867210388f - dtc_bits_f32(base - 0x8000u);	/* 1 - 17·2^-24 */
 	float r_min = r_up < r_dn ? r_up : r_dn;
 	int up = ((b ^ dtc_f32_bits(m)) >> 31) == 0;	/* u grows |θ_{t-1}| */
 	float r = up ? r_up : r_dn;
