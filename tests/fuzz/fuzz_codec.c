@@ -18,6 +18,11 @@
  *    the destination untouched on error;
  *  - a chunk unpacks to exactly its raw_len, and repacking at any level
  *    unpacks to the same bytes;
+ *  - the one-pass payload check accepts exactly what decode accepts (same
+ *    count); the one-pass payload apply succeeds exactly when decode does
+ *    and the box maps inside the destination, then writes what scatter
+ *    writes and reports the checksum change of the destination as its
+ *    delta; on error it leaves the destination untouched;
  *  - round trip: for positions and values taken from the input,
  *    sparse/dense decode(unpack(pack(encode(x)))) == x at zstd levels 0-3.
  */
@@ -169,6 +174,52 @@ static void check_dense_apply(const struct fz_entry *fe, const uint16_t *vals)
 	free(ref);
 }
 
+static uint64_t buf_sum(const uint16_t *d, uint64_t n)
+{
+	uint64_t s = 0;
+
+	for (uint64_t i = 0; i < n; i++)
+		s += dtc_csum_term(i, d[i]);
+	return s;
+}
+
+/* The one-pass check and apply straight from the payload bytes, against
+ * the decoder's verdict (ok, and pos/val/n when ok). */
+static void check_payload(const struct fz_entry *fe, const uint8_t *in, size_t len, uint64_t box,
+			  int ok, const uint64_t *pos, const uint16_t *val, uint64_t n)
+{
+	uint64_t cnt = UINT64_MAX, delta = 0, before;
+	uint16_t *ref, *dst;
+	int rc = dtc_sparse_payload_check(in, len, box, &cnt);
+
+	FUZZ_CHECK((rc == DTC_OK) == ok, "payload check says %s, decode %s", dtc_strerror(rc),
+		   ok ? "ok" : "refuses");
+	FUZZ_CHECK(!ok || cnt == n, "payload check counted %llu, decode %llu",
+		   (unsigned long long)cnt, (unsigned long long)n);
+	if (!fe->box || fe->box == UINT64_MAX)
+		return;
+	dst = new_dst(fe->dst_len, &ref);
+	before = buf_sum(dst, fe->dst_len);
+	cnt = UINT64_MAX;
+	rc = dtc_sparse_apply_payload(cpu, &fe->e, in, len, dst, fe->dst_len, &cnt, &delta);
+	if (ok && fe->in_range) {
+		FUZZ_CHECK(rc == DTC_OK, "payload apply failed: %s", dtc_strerror(rc));
+		FUZZ_CHECK(cnt == n, "payload apply wrote %llu of %llu", (unsigned long long)cnt,
+			   (unsigned long long)n);
+		for (uint64_t i = 0; i < n; i++)
+			ref[(uint64_t)ref_dst(&fe->e, pos[i])] = val[i];
+		FUZZ_CHECK(delta == buf_sum(dst, fe->dst_len) - before,
+			   "payload apply delta is not the checksum change");
+	} else {
+		FUZZ_CHECK(rc != DTC_OK, "payload apply accepted a bad payload or entry");
+		FUZZ_CHECK(delta == 0, "delta changed on error");
+	}
+	FUZZ_CHECK(memcmp(dst, ref, fe->dst_len * sizeof(*dst)) == 0,
+		   "payload apply wrote what the reference did not (rc %d)", rc);
+	free(dst);
+	free(ref);
+}
+
 /* Encode, frame at `zlevel`, unframe and decode again: must give x back. */
 static void sparse_roundtrip(const uint64_t *pos, const uint16_t *val, uint64_t n, uint64_t box,
 			     int zlevel)
@@ -214,6 +265,7 @@ static void fuzz_sparse(const struct fz_entry *fe, const uint8_t *in, size_t len
 	if (dtc_sparse_count(in, len, box, &count) != DTC_OK) {
 		FUZZ_CHECK(dtc_sparse_decode(in, len, box, NULL, NULL, 0, &n) != DTC_OK,
 			   "decode accepted what count refused");
+		check_payload(fe, in, len, box, 0, NULL, NULL, 0);
 		return;
 	}
 	FUZZ_CHECK(count <= box && count <= len / 3, "count %llu does not fit (len %zu)",
@@ -236,8 +288,10 @@ static void fuzz_sparse(const struct fz_entry *fe, const uint8_t *in, size_t len
 		sparse_roundtrip(pos, val, n, box, zlevel);
 		if (fe->box && fe->box != UINT64_MAX)
 			check_scatter(fe, pos, val, n);
+		check_payload(fe, in, len, box, 1, pos, val, n);
 	} else {
 		FUZZ_CHECK(n == UINT64_MAX, "count written on error");
+		check_payload(fe, in, len, box, 0, NULL, NULL, 0);
 	}
 	free(pos);
 	free(val);
