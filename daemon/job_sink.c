@@ -1051,6 +1051,7 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 			l->incremental_verifies++;
 		else
 			l->full_verifies++;
+		dmetrics_add(DM_APPLY_VERIFY, incremental ? "incremental" : "full", 1);
 	}
 	l->applied = last->version;
 	jops_applied(l, last);

@@ -89,6 +89,10 @@ static const struct family fam[DM__COUNT] = {
 	[DM_RESYNCS] = { .name = "dted_resyncs_total",
 		.help = "Pairs forced dense by a resync request",
 		.type = T_COUNTER },
+	[DM_APPLY_VERIFY] = { .name = "dted_apply_verifications_total",
+		.help = "Sink checksum checks after apply, by kind (incremental, full)",
+		.type = T_COUNTER,
+		.label = "kind" },
 };
 
 struct series {
@@ -224,12 +228,14 @@ void dmetrics_init(void)
 	static const char *const modes[] = { "sparse", "dense" };
 	static const char *const phases[] = { "capture", "transfer", "stage", "apply" };
 	static const char *const results[] = { "ok", "mismatch" };
+	static const char *const kinds[] = { "incremental", "full" };
 
 	pthread_mutex_lock(&lock);
 	memset(st, 0, sizeof(st));
 	for (unsigned i = 0; i < 2; i++) {
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
+		series_get(DM_APPLY_VERIFY, kinds[i]);
 	}
 	for (unsigned i = 0; i < 4; i++)
 		series_get(DM_PHASE_SECONDS, phases[i]);

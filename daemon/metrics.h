@@ -36,6 +36,7 @@ enum dmetric_id {
 	DM_DENSE_FALLBACKS,       /* counter{reason} */
 	DM_VERIFY,                /* counter{result} */
 	DM_RESYNCS,               /* counter */
+	DM_APPLY_VERIFY,          /* counter{kind}: sink checks after apply */
 	DM__COUNT
 };
 

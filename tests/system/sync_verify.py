@@ -150,6 +150,14 @@ def main():
         ok, same = publish()
         c.check(ok and same and results[version][2],
                 "after verify: version %d dense, exact" % version)
+        # Both kinds of check ran and are counted for operators.
+        mt = harness.dtectl(sock, "metrics").stdout
+        kinds = {}
+        for line in mt.splitlines():
+            if line.startswith("dted_apply_verifications_total{"):
+                kinds[line.split('"')[1]] = float(line.split()[-1])
+        c.check(kinds.get("incremental", 0) >= 1 and kinds.get("full", 0) >= 1,
+                "metrics count incremental and full checks: %s" % kinds)
         c.check(daemon.poll() is None, "daemon alive")
         print("sync-verify: outside-apply corruptions caught by %s; exact %d/%d" %
               (caught_by, exact, version))
