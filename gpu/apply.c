@@ -12,11 +12,11 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "gpu/backend_ops.h"
 #include "gpu/box.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
+#include "gpu/detect.h"
 
 #define GAP1_MAX	128u
 #define GAP2_MAX	(128u + 16384u)
@@ -31,26 +31,6 @@ struct cut {
 	size_t off;
 	uint64_t next;
 };
-
-static int host_backend(const struct dtc_backend *be)
-{
-	return be && be->ops && !be->ops->mem_alloc;
-}
-
-static int apply_threads(void)
-{
-	static int n;
-	int t = __atomic_load_n(&n, __ATOMIC_RELAXED);
-
-	if (t == 0) {
-		const char *s = getenv("DTC_CPU_THREADS");
-		long c = s ? strtol(s, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-
-		t = c < 1 ? 1 : c > APPLY_MAX_PARTS ? APPLY_MAX_PARTS : (int)c;
-		__atomic_store_n(&n, t, __ATOMIC_RELAXED);
-	}
-	return t;
-}
 
 /* One gap code at *p (bounds-checked against end). */
 static inline int gap_get(const uint8_t **p, const uint8_t *end, uint64_t *gap)
@@ -246,7 +226,7 @@ int dtc_sparse_apply_payload_ref(const struct dtc_backend *be, const struct dte_
 	uint16_t *val = NULL;
 	int rc;
 
-	if (!host_backend(be) || !in || !dst || !count)
+	if (!dtc_host_backend(be) || !in || !dst || !count)
 		return DTC_EINVAL;
 	if ((rc = dtc_entry_check(e, UINT64_MAX, dst_len)) != DTC_OK)
 		return rc;
@@ -287,7 +267,7 @@ int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_
 	size_t vals = 0;
 	int rc, parts = 1;
 
-	if (!host_backend(be) || !in || !dst || !count)
+	if (!dtc_host_backend(be) || !in || !dst || !count)
 		return DTC_EINVAL;
 	if ((rc = dtc_entry_check(e, UINT64_MAX, dst_len)) != DTC_OK)
 		return rc;
@@ -295,7 +275,7 @@ int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_
 	if ((rc = dtc_sparse_count(in, len, dtc_box_size(e), &n)) != DTC_OK)
 		return rc;
 	if (n >= APPLY_PAR_MIN && map_injective(e))
-		parts = apply_threads();
+		parts = dtc_cpu_threads() < APPLY_MAX_PARTS ? dtc_cpu_threads() : APPLY_MAX_PARTS;
 	if ((rc = payload_scan(in, len, dtc_box_size(e), &n, &vals, cuts, parts)) != DTC_OK)
 		return rc;
 	box_coalesce(e, BOX_DST, &m);

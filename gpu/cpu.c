@@ -20,7 +20,7 @@
 #define PAR_MIN_ELEMS	(1u << 20)	/* below this one thread is faster */
 #define MAX_THREADS	16
 
-static int cpu_threads(void)
+int dtc_cpu_threads(void)
 {
 	static int n;
 	int t = __atomic_load_n(&n, __ATOMIC_RELAXED);
@@ -61,7 +61,7 @@ static void *part_main(void *arg)
  * returns the number of parts. */
 static int split_plan(struct part *parts, uint64_t n, uint64_t align, uint64_t elems)
 {
-	int nt = elems >= PAR_MIN_ELEMS ? cpu_threads() : 1;
+	int nt = elems >= PAR_MIN_ELEMS ? dtc_cpu_threads() : 1;
 	uint64_t chunk;
 
 	if (nt == 1 || n < (uint64_t)nt * align) {

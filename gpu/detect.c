@@ -9,11 +9,6 @@
 #include "gpu/compute.h"
 #include "gpu/detect.h"
 
-static int host_backend(const struct dtc_backend *be)
-{
-	return be && be->ops && !be->ops->mem_alloc;
-}
-
 int dtc_bytes_reserve(struct dtc_bytes *b, size_t more)
 {
 	size_t need = b->n + more, nc;
@@ -43,7 +38,7 @@ static int detect_check(const struct dtc_backend *be, const struct dte_box_map *
 {
 	int rc;
 
-	if (!host_backend(be) || !out || !count || !k || !src || !src->param ||
+	if (!dtc_host_backend(be) || !out || !count || !k || !src || !src->param ||
 	    !src->exp_avg || !src->exp_avg_sq ||
 	    (k->variant != DTC_VARIANT_TORCH && k->variant != DTC_VARIANT_FUSED))
 		return DTC_EINVAL;
