@@ -32,6 +32,7 @@ static const struct {
 	[DCONF_K_PEER_STAGING_SIZE] = { "peer", "staging_size" },
 	[DCONF_K_MAX_STAGED_VERSIONS] = { "daemon", "max_staged_versions" },
 	[DCONF_K_VERIFY_FULL_EVERY] = { "daemon", "verify_full_every" },
+	[DCONF_K_PEER_PART_SIZE] = { "peer", "part_size" },
 };
 
 struct parse_ctx {
@@ -52,6 +53,7 @@ void dconf_defaults(struct dconf *c)
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
+	c->peer_part_bytes = DCONF_DEFAULT_PART;
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, struct parse_ctx *p, const char *key)
@@ -262,6 +264,12 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_staging_bytes = x;
 		return 1;
 	}
+	if (strcmp(key, "part_size") == 0) {
+		if (!parse_u64(v, DCONF_MIN_PART, DCONF_MAX_PART, 1, &x))
+			return bad_value(p, key, v, "bytes in 64K..1G, K/M/G suffix allowed");
+		c->peer_part_bytes = x;
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -462,6 +470,9 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 		break;
 	case DCONF_K_PEER_STAGING_SIZE:
 		snprintf(val, vlen, "%llu", (unsigned long long)c->peer_staging_bytes);
+		break;
+	case DCONF_K_PEER_PART_SIZE:
+		snprintf(val, vlen, "%llu", (unsigned long long)c->peer_part_bytes);
 		break;
 	case DCONF_K__COUNT:
 		return -1;

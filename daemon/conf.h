@@ -21,6 +21,11 @@
 #define DCONF_DEFAULT_STAGING (64ull << 20)
 #define DCONF_MIN_STAGING    (1ull << 20)
 #define DCONF_MAX_STAGING    (64ull << 30)
+/* Payload part size (a source sends a pair's payload in parts of about
+ * this many bytes while it still detects). */
+#define DCONF_DEFAULT_PART   (4ull << 20)
+#define DCONF_MIN_PART       (64ull << 10)
+#define DCONF_MAX_PART       (1ull << 30)
 /* metrics_listen = on: loopback only, this port. */
 #define DCONF_METRICS_HOST   "127.0.0.1"
 #define DCONF_METRICS_PORT   9370
@@ -39,6 +44,7 @@ enum dconf_key {
 	DCONF_K_COMPUTE_BACKEND, DCONF_K_NODE_NAME, DCONF_K_METRICS_LISTEN,
 	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
 	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS, DCONF_K_VERIFY_FULL_EVERY,
+	DCONF_K_PEER_PART_SIZE,
 	DCONF_K__COUNT
 };
 
@@ -70,6 +76,7 @@ struct dconf {
 	 * wildcard, with the bound port). */
 	char     peer_advertise_address[96];
 	uint64_t peer_staging_bytes;   /* UCX-registered receive staging */
+	uint64_t peer_part_bytes;      /* payload part size */
 	unsigned char src[DCONF_K__COUNT];  /* enum dconf_src per key */
 };
 

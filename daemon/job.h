@@ -32,6 +32,10 @@ void job_set_max_staged(uint32_t n);
 /* A sink recomputes every checksum at least every n applied versions
  * (config verify_full_every; docs/SYNC.md). */
 void job_set_verify_full_every(uint32_t n);
+/* A source sends a pair's payload in parts of about n bytes while it
+ * still detects (config part_size; docs/SYNC.md); applies from the next
+ * capture on. */
+void job_set_part_bytes(size_t n);
 
 /* A control connection closed: its participants detach, its waits end,
  * its buffers are released. */

@@ -387,6 +387,11 @@ static void send_parts(struct jcap *c)
 	}
 }
 
+void job_set_part_bytes(size_t n)
+{
+	jeng.part_bytes = n;
+}
+
 void jsrc_parts_ready(uv_async_t *h)
 {
 	(void)h;

@@ -159,6 +159,8 @@ static void reload(void)
 	job_set_max_staged(conf.max_staged_versions);
 	conf.verify_full_every = nc.verify_full_every;
 	job_set_verify_full_every(conf.verify_full_every);
+	conf.peer_part_bytes = nc.peer_part_bytes;
+	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -315,6 +317,7 @@ int main(int argc, char **argv)
 	}
 	srv.conn_gone = job_conn_gone;
 	job_set_max_staged(conf.max_staged_versions);
+	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(conf.verify_full_every);
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;

@@ -188,10 +188,13 @@ def main():
             net.setup()
         names = ["coord", "sink1", "sink2"]
         for i, n in enumerate(names):
+            # The smallest part size: every dense version and most sparse
+            # ones go as several PAYLOAD parts over UCX, before COUNTS.
             if net:
-                d = Daemon(work.path, n, host=net.addrs[i], netns=net.names[i], dev=net.devs[i])
+                d = Daemon(work.path, n, host=net.addrs[i], netns=net.names[i], dev=net.devs[i],
+                           part_size="64K")
             else:
-                d = Daemon(work.path, n)
+                d = Daemon(work.path, n, part_size="64K")
             daemons.append(d.start())
         coord, sink1, sink2 = daemons
 

@@ -28,8 +28,9 @@ class Daemon:
     """One dted: config file, control socket, log, peer listener."""
 
     def __init__(self, tmp, name, host="127.0.0.1", netns=None, dev="lo",
-                 log_level="info"):
+                 log_level="info", part_size=None):
         self.tmp = tmp
+        self.part_size = part_size
         self.name = name
         self.host = host
         self.netns = netns
@@ -52,6 +53,8 @@ class Daemon:
         with open(self.conf, "w") as f:
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n"
                     "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp))
+            if self.part_size:
+                f.write("part_size = %s\n" % self.part_size)
         cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
                "--peer-listen", "%s:0" % self.host]
         if self.netns:

@@ -31,6 +31,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.max_frame_bytes, 4u << 20);
 	assert_string_equal(c.compute_backend, "auto");
 	assert_int_equal(c.peer_listen_port, 7370);
+	assert_int_equal(c.peer_part_bytes, 4u << 20);
 	assert_true(c.node_name[0] != '\0');
 }
 
@@ -60,7 +61,8 @@ static void test_values(void **state)
 			      "compute_backend = cpu\n"
 			      "node_name = n1\n"
 			      "[peer]\n"
-			      "listen_port = 9000\n",
+			      "listen_port = 9000\n"
+			      "part_size = 256K\n",
 			      err, sizeof(err)), 0);
 	assert_int_equal(dconf_finish(&c, err, sizeof(err)), 0);
 	assert_string_equal(c.socket, "/tmp/x/dted.sock");
@@ -73,6 +75,7 @@ static void test_values(void **state)
 	assert_int_equal(c.n_allow_gids, 1);
 	assert_string_equal(c.node_name, "n1");
 	assert_int_equal(c.peer_listen_port, 9000);
+	assert_int_equal(c.peer_part_bytes, 256u << 10);
 }
 
 struct bad_case {
@@ -98,6 +101,8 @@ static void test_errors_name_file_line(void **state)
 		{ "[daemon]\nallow_uids = no-such-user-xyz\n", "unknown user 'no-such-user-xyz'", 2 },
 		{ "[daemon]\nallow_gids = 5, no-such-group-xyz\n", "unknown group", 2 },
 		{ "[peer]\nlisten_port = 70000\n", "listen_port: invalid value", 2 },
+		{ "[peer]\npart_size = 1K\n", "part_size: invalid value", 2 },
+		{ "[peer]\npart_size = 2G\n", "part_size: invalid value", 2 },
 		{ "[peer]\nlisten_addr = x\n", "unknown key 'listen_addr' in [peer]", 2 },
 		{ "x = 1\n", "outside any section", 1 },
 		{ "[daemon]\nthis line has no equals\n", "syntax error", 2 },
