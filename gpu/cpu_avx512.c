@@ -83,21 +83,21 @@ AVX512 static inline __mmask16 decide16(const struct dtc_consts *k, const float 
 	return _mm512_test_epi32_mask(_mm512_loadu_si512(f), _mm512_set1_epi32(1));
 }
 
-AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, const float *m,
-				const float *v, int nw, uint64_t *out)
+/* The cheap test over a block, then the full inverse over the lanes it
+ * could not clear.  Leaves the block-relative indices of those lanes in
+ * idx[0..*nn), their verdicts in vb (bit i % 16 of vb[i / 16]; none set
+ * past *nn) and which lanes of word j they came from in need[j]. */
+AVX512 static inline void flags_list(const struct dtc_consts *kp, const float *p, const float *m,
+				     const float *v, int nw, int32_t *idx, uint16_t *vb,
+				     uint64_t *need, int *nn_out)
 {
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	struct dtc_consts k = *kp;
 	struct quiet_consts c = { _mm512_set1_ps((1.0f + k.q_k2) + 1.1920928955078125e-07f),
 				  _mm512_set1_ps(k.q_s),
 				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps * k.q_eps) };
-	/* +16: each compress stores a whole vector past the list's end */
-	int32_t idx[LIST + 16];
 	float cp[LIST], cm[LIST], cv[LIST];
-	uint16_t vb[LIST / 16 + 8];	/* verdict bits, read 64 at a time */
-	uint64_t need[DTC_CPU_BLOCK_WORDS];
 	int nn = 0, padded;
-	uint64_t off = 0;
 
 	/* Pass over the block: the cheap test; only the indices of the lanes
 	 * it cannot clear are kept (compressing θ, m, v themselves costs
@@ -118,8 +118,8 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 		}
 		need[j] = w;
 	}
-	/* Gather the list (still in L1), padded with zeros to whole vectors:
-	 * the padding's verdicts are computed but never deposited. */
+	/* Gather the list (still in L1), padded with zeros to whole vectors;
+	 * the padding's verdicts are cleared. */
 	padded = (nn + 15) & ~15;
 	for (int i = 0; i < nn; i++) {
 		cp[i] = p[idx[i]];
@@ -130,9 +130,18 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 		cp[i] = cm[i] = cv[i] = 0.0f;
 	for (int i = 0; i < padded / 16; i++)
 		vb[i] = decide16(&k, cp + 16 * i, cm + 16 * i, cv + 16 * i);
+	if (nn % 16)
+		vb[nn / 16] &= (uint16_t)((1u << (nn % 16)) - 1);
 	memset(vb + padded / 16, 0, 8 * sizeof(vb[0]));
-	/* Deposit: word j's verdicts are the next popcount(need[j]) bits of
-	 * the list, in order; pdep puts them on the lanes they came from. */
+	*nn_out = nn;
+}
+
+/* Deposit: word j's verdicts are the next popcount(need[j]) bits of the
+ * list, in order; pdep puts them on the lanes they came from. */
+AVX512 static inline void deposit(const uint16_t *vb, const uint64_t *need, int nw, uint64_t *out)
+{
+	uint64_t off = 0;
+
 	for (int j = 0; j < nw; j++) {
 		uint64_t lo, hi, s = off % 16;
 
@@ -141,6 +150,19 @@ AVX512 static void flags_avx512(const struct dtc_consts *kp, const float *p, con
 		out[j] = _pdep_u64(s ? lo >> s | hi << (64 - s) : lo, need[j]);
 		off += (uint64_t)_mm_popcnt_u64(need[j]);
 	}
+}
+
+AVX512 static void flags_avx512(const struct dtc_consts *k, const float *p, const float *m,
+				const float *v, int nw, uint64_t *out)
+{
+	/* +16: each compress stores a whole vector past the list's end */
+	int32_t idx[LIST + 16];
+	uint16_t vb[LIST / 16 + 8];	/* verdict bits, read 64 at a time */
+	uint64_t need[DTC_CPU_BLOCK_WORDS];
+	int nn;
+
+	flags_list(k, p, m, v, nw, idx, vb, need, &nn);
+	deposit(vb, need, nw, out);
 }
 
 /* ---- one-pass detect block ---------------------------------------------
@@ -206,17 +228,75 @@ AVX512DQ static uint64_t csum_avx512(const float *p, uint64_t n, int64_t dbase, 
 	return sum;
 }
 
+/* Append the changed lanes of a block, given as a sorted list of
+ * block-relative indices, to s: values by gather, gaps 16 at a time as
+ * single bytes where all 16 fit one (gaps of a few percent of lanes mostly
+ * do), else one by one.  The first gap is from s->next, a box position. */
+AVX512 static void emit_list(struct dtc_cpu_emit *s, const int32_t *cpos, int c, uint64_t pos,
+			     const float *p)
+{
+	uint8_t *g = s->gap + s->ngap;
+	uint16_t *val = s->val + s->nval;
+
+	if (c == 0)
+		return;
+	for (int i = 0; i < c; i += 16) {
+		__mmask16 live = c - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - i)) - 1);
+		__m512i ix = _mm512_maskz_loadu_epi32(live, cpos + i);
+		__m512i th = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, ix, p, 4);
+
+		/* whole 32-byte store: the tail is overwritten or past nval */
+		_mm256_storeu_si256((__m256i *)(val + i), _mm512_cvtepi32_epi16(bf16x16(th)));
+	}
+	g += dtc_cpu_put_gap(g, pos + (uint64_t)cpos[0] - s->next);
+	for (int i = 1; i < c; i += 16) {
+		int n = c - i >= 16 ? 16 : c - i;
+		__mmask16 live = (__mmask16)((1u << n) - 1);
+		__m512i gap = _mm512_sub_epi32(_mm512_sub_epi32(_mm512_maskz_loadu_epi32(live, cpos + i),
+								_mm512_maskz_loadu_epi32(live, cpos + i - 1)),
+					       _mm512_set1_epi32(1));
+
+		if (!_mm512_mask_cmpge_epu32_mask(live, gap, _mm512_set1_epi32(128))) {
+			_mm_storeu_si128((__m128i *)g, _mm512_cvtepi32_epi8(gap));
+			g += n;
+		} else {
+			for (int t = i; t < i + n; t++)
+				g += dtc_cpu_put_gap(g, (uint64_t)(cpos[t] - cpos[t - 1] - 1));
+		}
+	}
+	s->ngap = (size_t)(g - s->gap);
+	s->nval += (size_t)c;
+	s->next = pos + (uint64_t)cpos[c - 1] + 1;
+}
+
 AVX512DQ static uint64_t detect_avx512(const struct dtc_consts *k, const float *p, const float *m,
 				       const float *v, int nw, const uint64_t *mark, uint64_t pos,
 				       int64_t dbase, int64_t dstride, int csum,
 				       struct dtc_cpu_emit *s)
 {
-	uint64_t blk[DTC_CPU_BLOCK_WORDS];
+	int32_t idx[LIST + 16], cpos[LIST + 16];
+	uint16_t vb[LIST / 16 + 8];
+	uint64_t need[DTC_CPU_BLOCK_WORDS];
+	int nn, c = 0;
 
-	flags_avx512(k, p, m, v, nw, blk);
-	for (int j = 0; j < nw; j++)
-		dtc_cpu_emit_word(s, blk[j] | (mark ? mark[j] : 0), pos + 64 * (uint64_t)j,
-				  p + 64 * j);
+	flags_list(k, p, m, v, nw, idx, vb, need, &nn);
+	if (mark) {
+		uint64_t blk[DTC_CPU_BLOCK_WORDS];
+
+		deposit(vb, need, nw, blk);
+		for (int j = 0; j < nw; j++)
+			dtc_cpu_emit_word(s, blk[j] | mark[j], pos + 64 * (uint64_t)j, p + 64 * j);
+	} else {
+		/* the changed lanes: the list compressed by its verdicts */
+		for (int i = 0; i < nn; i += 16) {
+			__mmask16 f = vb[i / 16];
+
+			_mm512_storeu_si512(cpos + c, _mm512_maskz_compress_epi32(
+				f, _mm512_loadu_si512(idx + i)));
+			c += _mm_popcnt_u32(f);
+		}
+		emit_list(s, cpos, c, pos, p);
+	}
 	return csum ? csum_avx512(p, 64 * (uint64_t)nw, dbase, dstride) : 0;
 }
 

@@ -43,11 +43,13 @@ static void derive(struct dtc_consts *k, int variant, double lr)
 	assert_int_equal(dtc_hparams_derive(&hp, k, NULL, 0), DTC_OK);
 }
 
-enum fill { FILL_ADAMW, FILL_QUIET, FILL_NAN };
+enum fill { FILL_ADAMW, FILL_SPARSE, FILL_QUIET, FILL_NAN };
 
 /* One simulated AdamW step over len elements: a few percent change; a
  * sprinkle of specials (NaN, Inf, subnormal, zero) for the odd paths.
- * QUIET: m = 0 and θ on a BF16 value, nothing changes; NAN: all do. */
+ * SPARSE is the same step at a tenth of the learning rate (gaps of a
+ * hundred or more, so short and long gap codes mix); QUIET: m = 0 and θ on
+ * a BF16 value, nothing changes; NAN: all do. */
 static void fill(const struct dtc_consts *k, float *p, float *m, float *v, uint64_t len,
 		 enum fill how)
 {
@@ -242,7 +244,7 @@ static void run_shapes(void **state, enum fill how, int with_mark, int dense_mar
 		for (int variant = 0; variant < 2; variant++) {
 			struct dtc_consts k;
 
-			derive(&k, variant, variant ? 3e-6 : 1e-6);
+			derive(&k, variant, (variant ? 3e-6 : 1e-6) * (how == FILL_SPARSE ? 0.1 : 1));
 			fill(&k, d->p, d->m, d->v, shapes[i].src_len, how);
 			if (with_mark)
 				fill_mark(d->mark, dtc_bitmap_words(&shapes[i].e), dense_mark);
@@ -258,6 +260,8 @@ static void run_shapes(void **state, enum fill how, int with_mark, int dense_mar
 		assert_int_equal(total, 0);
 	else if (how == FILL_QUIET)
 		assert_true(total > 64 * NSHAPES && total < elems / 500);
+	else if (how == FILL_SPARSE)
+		assert_true(total > elems / 2000 && total < elems / 50);
 	else
 		assert_true(total > elems / 200 && total < elems);
 }
@@ -265,6 +269,11 @@ static void run_shapes(void **state, enum fill how, int with_mark, int dense_mar
 static void test_adamw(void **state)
 {
 	run_shapes(state, FILL_ADAMW, 0, 0);
+}
+
+static void test_sparse(void **state)
+{
+	run_shapes(state, FILL_SPARSE, 0, 0);
 }
 
 static void test_adamw_mark(void **state)
@@ -409,6 +418,7 @@ int main(void)
 		cmocka_unit_test(test_gap_codes),
 		cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_adamw),
+		cmocka_unit_test(test_sparse),
 		cmocka_unit_test(test_adamw_mark),
 		cmocka_unit_test(test_quiet),
 		cmocka_unit_test(test_mark_only),
