@@ -64,6 +64,19 @@ AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, 
 
 #define LIST (64 * DTC_CPU_BLOCK_WORDS)
 
+/* How far ahead the block pass asks for θ, m and v, into L2.  The
+ * hardware prefetchers stop at each 4 KiB page, and a block is exactly a
+ * page of each array, so every block began with three demand misses (and,
+ * in a VM, three nested page walks) while the core sat idle.  One prefetch
+ * per array per 16 lanes, 3 KiB ahead, starts the next pages' walks and
+ * fills during this block's arithmetic.  Measured in one process against
+ * no prefetch (bench_scan's setup, 2^27 elements, 2 threads, four runs):
+ * detect 0.072-0.078 s against 0.107-0.121 s; 1.5 and 4 KiB ahead, or into
+ * L1, were slower than 2-3 KiB into L2.  Prefetches never fault, so
+ * asking past the end of an array is harmless (the address is formed as
+ * an integer, not as a pointer past the array). */
+#define PREFETCH_AHEAD 3072
+
 /* The full inverse over 16 gathered elements as a lane mask.  elem.h's
  * code as written, in a fixed-length loop the compiler turns into one
  * pass of vector code (a loop of unknown length would leave short lists
@@ -107,10 +120,13 @@ AVX512 static inline void flags_list(const struct dtc_consts *kp, const float *p
 
 		for (int q = 0; q < 4; q++) {
 			int o = 64 * j + 16 * q;
-			__mmask16 nq = (__mmask16)~quiet16(&c, _mm512_loadu_ps(p + o),
-							    _mm512_loadu_ps(m + o),
-							    _mm512_loadu_ps(v + o));
+			__mmask16 nq;
 
+			_mm_prefetch((const char *)((uintptr_t)(p + o) + PREFETCH_AHEAD), _MM_HINT_T1);
+			_mm_prefetch((const char *)((uintptr_t)(m + o) + PREFETCH_AHEAD), _MM_HINT_T1);
+			_mm_prefetch((const char *)((uintptr_t)(v + o) + PREFETCH_AHEAD), _MM_HINT_T1);
+			nq = (__mmask16)~quiet16(&c, _mm512_loadu_ps(p + o), _mm512_loadu_ps(m + o),
+						 _mm512_loadu_ps(v + o));
 			_mm512_storeu_si512(idx + nn, _mm512_maskz_compress_epi32(
 				nq, _mm512_add_epi32(iota, _mm512_set1_epi32(o))));
 			nn += _mm_popcnt_u32(nq);
