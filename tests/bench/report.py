@@ -93,11 +93,15 @@ def write(res, root):
     w("")
     w("`%s` — θ, m, v in FP32 (12 B/element) of one simulated AdamW step at lr 1e-6, "
       "detect (dtc_detect: one pass, encoded payload included; scan-csum adds the entry "
-      "checksum) against a multi-threaded streaming read of the same bytes, best of 7 each, "
-      "both cores. It ran three times across the bench (the machine's compute speed drifts "
-      "with its neighbours more than its memory bandwidth does); the figure is the median "
-      "run's ratio, and the floor the end-to-end and stall figures divide by is the fastest "
-      "detect of the three (%.3f s; with the checksum %.3f s). The median run:" % (
+      "checksum) against a multi-threaded streaming read of the same bytes (plain and with "
+      "the scan's software prefetch, the faster of the two), both cores. The phases run in "
+      "turn for a warm-up round and 9 rounds; each round gives one ratio, stream time over "
+      "detect time seconds apart, and a run's ratio is the median round's (the machine's "
+      "speeds drift with its neighbours within a minute, and the best of each phase alone "
+      "can pair a quiet moment with a busy one; `best_ratio` is that pairing, shown for "
+      "comparison). It ran three times across the bench; the figure is the median run's "
+      "ratio, and the floor the end-to-end and stall figures divide by is the fastest "
+      "detect of all rounds (%.3f s; with the checksum %.3f s). The median run:" % (
           sc["cmd"], sc.get("floor_s", sc["detect_s"]),
           sc.get("floor_csum_s", float("nan"))))
     w("")
