@@ -5,7 +5,10 @@
  * without and with the entry checksum; the two-pass kernels (scan, then
  * sparse from the bitmap) are timed alongside for comparison.  The inputs
  * are one simulated AdamW step (lr 1e-6 unless given), so a realistic few
- * percent of elements change.  Usage: bench_scan [N [lr]].  Final lines:
+ * percent of elements change.  Usage: bench_scan [N [lr [memfd]]]; with
+ * memfd the arrays live in memfds mapped shared, the pages the daemon
+ * reads on the CPU path (a trainer's), instead of anonymous memory.
+ * Final lines:
  *     scan-csum: elements=N GBps=X ratio_with_csum=R
  *     scan: elements=N GBps=X stream_GBps=Y ratio=Z
  * ratio: detect (no checksum) throughput over 12 B/element divided by the
@@ -24,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include "gpu/backend.h"
 #include "gpu/compute.h"
 #include "gpu/elem.h"
@@ -146,6 +150,34 @@ static double median(double *x, int n)
 	return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
 }
 
+/* n bytes: anonymous, or a memfd mapped shared (as dted maps a
+ * trainer's buffers). */
+static void *alloc_array(size_t n, int memfd)
+{
+	void *p;
+	int fd;
+
+	if (!memfd)
+		return aligned_alloc(64, n);
+	if ((fd = memfd_create("bench-scan", MFD_CLOEXEC)) < 0)
+		return NULL;
+	if (ftruncate(fd, (off_t)n) < 0) {
+		close(fd);
+		return NULL;
+	}
+	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void free_array(void *p, size_t n, int memfd)
+{
+	if (memfd)
+		munmap(p, n);
+	else
+		free(p);
+}
+
 static void run_threads(void *(*fn)(void *), struct job *jobs, int nt)
 {
 	pthread_t tid[16];
@@ -174,20 +206,22 @@ int main(int argc, char **argv)
 	uint64_t *bitmap, *pos;
 	uint16_t *val;
 	float *p, *m, *v;
-	int nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+	int nt = (int)sysconf(_SC_NPROCESSORS_ONLN), memfd = 0;
 
 	if (argc > 1)
 		n = strtoull(argv[1], NULL, 0);
 	if (argc > 2)
 		hp.lr = strtod(argv[2], NULL);
+	if (argc > 3)
+		memfd = strcmp(argv[3], "memfd") == 0;
 	if (nt < 1 || nt > 16)
 		nt = nt < 1 ? 1 : 16;
 	n = n / 128 * 128;
 	e.extent[0] = (int64_t)n;
 	words = (n + 63) / 64;
-	p = aligned_alloc(64, n * 4);
-	m = aligned_alloc(64, n * 4);
-	v = aligned_alloc(64, n * 4);
+	p = alloc_array(n * 4, memfd);
+	m = alloc_array(n * 4, memfd);
+	v = alloc_array(n * 4, memfd);
 	bitmap = aligned_alloc(64, words * 8);
 	pos = malloc(n / 4 * 8);	/* room for 25% changed */
 	val = malloc(n / 4 * 2);
@@ -267,11 +301,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench-scan: detect disagrees with scan/checksum_entry\n");
 		return 1;
 	}
-	printf("scan-detail: threads=%d lr=%g changed=%llu (%.3f%%) payload_bytes=%zu "
+	printf("scan-detail: threads=%d memory=%s lr=%g changed=%llu (%.3f%%) payload_bytes=%zu "
 	       "detect_s=%.4f detect_csum_s=%.4f twopass_s=%.4f (scan %.4f, sparse %.4f) "
 	       "stream_s=%.4f pass1_ratio=%.2f best_ratio=%.2f rounds=%d median_detect_s=%.4f "
 	       "median_detect_csum_s=%.4f median_stream_s=%.4f sink=%llx\n",
-	       nt, hp.lr, (unsigned long long)count, 100.0 * (double)count / (double)n, pay.n,
+	       nt, memfd ? "memfd" : "anon", hp.lr, (unsigned long long)count,
+	       100.0 * (double)count / (double)n, pay.n,
 	       det.wall, detc.wall, two.wall, p1.wall, p2.wall, st.wall, st.wall / p1.wall,
 	       st.wall / det.wall, REPS, median(t_det, REPS), median(t_csum, REPS),
 	       median(t_st, REPS), (unsigned long long)(sink & 0xf));
@@ -286,9 +321,9 @@ int main(int argc, char **argv)
 	printf("scan: elements=%llu GBps=%.2f stream_GBps=%.2f ratio=%.2f\n", (unsigned long long)n,
 	       bytes / median(t_det, REPS) / 1e9, bytes / median(t_st, REPS) / 1e9, ratio);
 	free(pay.p);
-	free(p);
-	free(m);
-	free(v);
+	free_array(p, n * 4, memfd);
+	free_array(m, n * 4, memfd);
+	free_array(v, n * 4, memfd);
 	free(bitmap);
 	free(pos);
 	free(val);
