@@ -153,6 +153,11 @@ struct jlocal {
 	uint64_t full_verifies, incremental_verifies;
 	struct jpend *pend;
 	struct jstaged *staged;
+	/* The storage writer's canonical sink holds its APPLIED back until
+	 * the version is committed to storage (job_storage.c), so a trainer's
+	 * wait(v) still means "v is in storage". */
+	int defer_applied;
+	struct japplied *deferred;
 	struct jlocal *next;
 };
 
@@ -381,6 +386,8 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len);
 void jsink_free(struct jlocal *l);
+/* Send the APPLIED a defer_applied sink held back at its last apply. */
+void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
 uint64_t jsink_newest_staged(const struct jlocal *l);
 

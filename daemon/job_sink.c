@@ -73,8 +73,28 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 	pend_free(p);
 }
 
+/* An APPLIED held back (jlocal.defer_applied). */
+struct japplied {
+	uint64_t version;
+	uint64_t *srcs;
+	size_t nsrcs;
+	Dtep__ApplyResult result;
+	char why[256];
+	double ms;
+};
+
+static void japplied_free(struct japplied *a)
+{
+	if (a) {
+		free(a->srcs);
+		free(a);
+	}
+}
+
 void jsink_free(struct jlocal *l)
 {
+	japplied_free(l->deferred);
+	l->deferred = NULL;
 	jops_sink_free(l);
 	free(l->vsum);
 	l->vsum = NULL;
@@ -145,6 +165,44 @@ static void send_applied(struct job *j, struct jlocal *l, uint64_t version, cons
 			sent[nsent++] = p->node;
 		job_send_to_node(j, p->node, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL, 0);
 	}
+}
+
+void jsink_send_deferred(struct job *j, struct jlocal *l)
+{
+	struct japplied *a = l->deferred;
+
+	if (!a)
+		return;
+	l->deferred = NULL;
+	send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, a->ms);
+	japplied_free(a);
+}
+
+/* Send an APPLIED now, or hold it for jsink_send_deferred() (one held
+ * before it, not yet sent, goes first). */
+static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
+			     const uint64_t *srcs, size_t nsrcs, Dtep__ApplyResult result,
+			     const char *why, double ms)
+{
+	struct japplied *a;
+
+	if (!l->defer_applied || !(a = calloc(1, sizeof(*a))) ||
+	    !(a->srcs = malloc((nsrcs ? nsrcs : 1) * sizeof(*srcs)))) {
+		if (l->defer_applied) {
+			free(a);
+			jsink_send_deferred(j, l);
+		}
+		send_applied(j, l, version, srcs, nsrcs, result, why, ms);
+		return;
+	}
+	a->version = version;
+	memcpy(a->srcs, srcs, nsrcs * sizeof(*srcs));
+	a->nsrcs = nsrcs;
+	a->result = result;
+	snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
+	a->ms = ms;
+	jsink_send_deferred(j, l);
+	l->deferred = a;
 }
 
 static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
@@ -1068,9 +1126,9 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 	}
 	rep->apply_ms = job_ms_since(t0);
 	dmetrics_observe(DM_PHASE_SECONDS, "apply", rep->apply_ms / 1e3);
-	send_applied(j, l, last->version, last->srcs, last->nsrcs,
-		     ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
-		     why, rep->apply_ms);
+	applied_or_defer(j, l, last->version, last->srcs, last->nsrcs,
+			 ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
+			 why, rep->apply_ms);
 	rep->version = last->version;
 	rep->applied = n;
 	rep->checksum_ok = ok;

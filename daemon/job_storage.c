@@ -66,6 +66,8 @@ struct jstore {
 	uint64_t owner, canon;
 	struct dbuf *mirror;
 	int mirror_known;          /* the mirror holds the writer's head */
+	int64_t head;              /* the writer's head, as the loop may read it */
+	struct wcommit *wc;        /* the commit on a worker thread, or NULL */
 	/* reader */
 	struct dts_reader *r;
 	struct dts_watch watch;
@@ -320,23 +322,42 @@ static int collect_changes(const struct jstore *s, const struct jstaged *st, str
 	return 0;
 }
 
-static void writer_commit(struct jstore *s, struct job *j, uint64_t version,
-			  const struct change *ch, size_t n, int nobase)
+/* One version's commit, done on a libuv worker: compressing and writing
+ * the chunks, the fsyncs and the gc take seconds for a large model, and
+ * on the loop they would stall every other client and peer meanwhile.
+ * While it runs the loop leaves the writer, the mirror (no version is
+ * applied to it: writer_staged waits) and the tensor table alone. */
+struct wcommit {
+	uv_work_t work;
+	struct jstore *s;
+	char job[JOB_NAME_MAX];
+	uint64_t version;
+	struct change *ch;
+	size_t n;
+	unsigned flags;
+	int requested;
+	int finished;              /* commit_work returned (atomic) */
+	int orphan;                /* the store went at shutdown: only free this */
+	/* results, for the loop */
+	int rc;
+	char err[512];
+	struct dts_gc_result gc;
+	int gc_rc;
+	char gc_err[256];
+};
+
+static void commit_work(uv_work_t *req)
 {
+	struct wcommit *c = req->data;
+	struct jstore *s = c->s;
 	const uint16_t *m = s->mirror->ptr;
-	unsigned flags = nobase ? DTS_BEGIN_NOBASE : 0;
+	struct dts_gc_cfg gc = { s->cfg.keep_versions, s->cfg.keep_keyframes, READER_STALE_S, 0 };
 	uint64_t *pos = NULL;
 	uint16_t *val = NULL;
-	struct dts_gc_cfg gc = { s->cfg.keep_versions, s->cfg.keep_keyframes, READER_STALE_S, 0 };
-	struct dts_gc_result res;
-	struct jhist *h;
-	char err[512];
-	const char *cause;
-	int rc, requested = dts_keyframe_take(s->cfg.root, j->name);
+	size_t n = c->n;
+	int rc;
 
-	if (requested)
-		flags |= DTS_BEGIN_KEYFRAME;
-	if ((rc = dts_writer_begin(s->w, version, flags, err, sizeof(err))))
+	if ((rc = dts_writer_begin(s->w, c->version, c->flags, c->err, sizeof(c->err))))
 		goto fail;
 	if (dts_writer_has_base(s->w) && n) {
 		size_t i = 0;
@@ -344,65 +365,145 @@ static void writer_commit(struct jstore *s, struct job *j, uint64_t version,
 		pos = malloc(n * sizeof(*pos));
 		val = malloc(n * sizeof(*val));
 		if (!pos || !val) {
-			snprintf(err, sizeof(err), "out of memory");
+			snprintf(c->err, sizeof(c->err), "out of memory");
 			rc = DTS_ENOMEM;
 			goto fail;
 		}
 		for (uint32_t t = 0; t < s->model.ntensors && i < n; t++) {
 			size_t k = 0;
 
-			for (; i < n && ch[i].idx < s->toff[t + 1]; i++, k++) {
-				pos[k] = ch[i].idx - s->toff[t];
-				val[k] = ch[i].val;
+			for (; i < n && c->ch[i].idx < s->toff[t + 1]; i++, k++) {
+				pos[k] = c->ch[i].idx - s->toff[t];
+				val[k] = c->ch[i].val;
 			}
-			if (k && (rc = dts_writer_put_sparse(s->w, t, pos, val, k, err, sizeof(err))))
+			if (k && (rc = dts_writer_put_sparse(s->w, t, pos, val, k, c->err,
+							     sizeof(c->err))))
 				goto fail;
 		}
 	}
 	if (dts_writer_needs_dense(s->w))
 		for (uint32_t t = 0; t < s->model.ntensors; t++)
-			if ((rc = dts_writer_put_dense(s->w, t, m + s->toff[t], err, sizeof(err))))
+			if ((rc = dts_writer_put_dense(s->w, t, m + s->toff[t], c->err,
+						       sizeof(c->err))))
 				goto fail;
-	if ((rc = dts_writer_commit(s->w, err, sizeof(err))))
+	if ((rc = dts_writer_commit(s->w, c->err, sizeof(c->err))))
 		goto fail;
-	h = jhist_find(j, version);
-	if (h)
-		snprintf(h->note, sizeof(h->note), "storage: %zu changed%s", n,
-			 version % s->cfg.keyframe_every == 0 || requested || nobase ? ", keyframe" : "");
-	DLOG_D("job %s: storage v%llu committed: %zu changed%s", j->name,
-	       (unsigned long long)version, n, requested ? " (keyframe requested)" : "");
-	if (dts_gc(s->cfg.root, j->name, &gc, &res, err, sizeof(err)))
-		DLOG_W("job %s: storage gc: %s", j->name, err);
-	else if (res.removed || res.orphans_removed)
-		DLOG_I("job %s: storage gc removed %llu versions (%llu bytes), %llu leftovers; "
-		       "floor v%lld", j->name, (unsigned long long)res.removed,
-		       (unsigned long long)res.removed_bytes, (unsigned long long)res.orphans_removed,
-		       (long long)res.floor);
+	c->gc_rc = dts_gc(s->cfg.root, c->job, &gc, &c->gc, c->gc_err, sizeof(c->gc_err));
 	goto out;
 fail:
 	dts_writer_abort(s->w);
-	DLOG_E("job %s: storage v%llu not written (%s): %s", j->name, (unsigned long long)version,
-	       dts_strerror(rc), err);
-	/* The errno text ends err after a long path: a 96-byte history note
-	 * cut at the front would hide "No space left on device", so the note
-	 * and dtectl job carry the cause first.  broken counts versions the
-	 * writer could not commit (a reader counts refused ones). */
-	cause = strrchr(err, ':');
-	cause = cause && cause[1] == ' ' ? cause + 2 : err;
-	s->broken++;
-	snprintf(s->error, sizeof(s->error), "v%llu not written: %s: %.200s",
-		 (unsigned long long)version, dts_strerror(rc), err);
-	if ((h = jhist_find(j, version)))
-		snprintf(h->note, sizeof(h->note), "storage write failed (%s): %.60s",
-			 dts_strerror(rc), cause);
 out:
+	c->rc = rc;
 	free(pos);
 	free(val);
+	__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+}
+
+static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l);
+
+/* Back on the loop: report the commit, then go on with what was staged
+ * meanwhile. */
+static void commit_after(uv_work_t *req, int status)
+{
+	struct wcommit *c = req->data;
+	struct jstore *s = c->s;
+	struct job *j;
+	struct jhist *h;
+	const char *cause;
+
+	if (c->orphan) {
+		free(c->ch);
+		free(c);
+		return;
+	}
+	j = s->job;
+	s->wc = NULL;
+	s->head = dts_writer_head(s->w);
+	if (c->rc == 0) {
+		int keyframe = c->version % s->cfg.keyframe_every == 0 || c->requested ||
+			       (c->flags & DTS_BEGIN_NOBASE);
+
+		if ((h = jhist_find(j, c->version)))
+			snprintf(h->note, sizeof(h->note), "storage: %zu changed%s", c->n,
+				 keyframe ? ", keyframe" : "");
+		DLOG_D("job %s: storage v%llu committed: %zu changed%s", j->name,
+		       (unsigned long long)c->version, c->n,
+		       c->requested ? " (keyframe requested)" : "");
+		if (c->gc_rc)
+			DLOG_W("job %s: storage gc: %s", j->name, c->gc_err);
+		else if (c->gc.removed || c->gc.orphans_removed)
+			DLOG_I("job %s: storage gc removed %llu versions (%llu bytes), %llu "
+			       "leftovers; floor v%lld", j->name,
+			       (unsigned long long)c->gc.removed,
+			       (unsigned long long)c->gc.removed_bytes,
+			       (unsigned long long)c->gc.orphans_removed, (long long)c->gc.floor);
+	} else {
+		DLOG_E("job %s: storage v%llu not written (%s): %s", j->name,
+		       (unsigned long long)c->version, dts_strerror(c->rc), c->err);
+		/* The errno text ends err after a long path: a 96-byte history
+		 * note cut at the front would hide "No space left on device", so
+		 * the note and dtectl job carry the cause first.  broken counts
+		 * versions the writer could not commit (a reader counts refused
+		 * ones). */
+		cause = strrchr(c->err, ':');
+		cause = cause && cause[1] == ' ' ? cause + 2 : c->err;
+		s->broken++;
+		snprintf(s->error, sizeof(s->error), "v%llu not written: %s: %.200s",
+			 (unsigned long long)c->version, dts_strerror(c->rc), c->err);
+		if ((h = jhist_find(j, c->version)))
+			snprintf(h->note, sizeof(h->note), "storage write failed (%s): %.60s",
+				 dts_strerror(c->rc), cause);
+	}
+	free(c->ch);
+	free(c);
+	(void)status;
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->info.id == s->canon) {
+			jsink_send_deferred(j, l);
+			writer_staged(s, j, l);
+			break;
+		}
+}
+
+/* Hand version's changes (ch, n: taken over) to a worker to commit. */
+static void writer_commit(struct jstore *s, struct job *j, uint64_t version, struct change *ch,
+			  size_t n, int nobase)
+{
+	struct wcommit *c = calloc(1, sizeof(*c));
+	int e = 0;
+
+	if (!c) {
+		free(ch);
+		s->broken++;
+		snprintf(s->error, sizeof(s->error), "v%llu not written: out of memory",
+			 (unsigned long long)version);
+		DLOG_E("job %s: storage v%llu not written: out of memory", j->name,
+		       (unsigned long long)version);
+		return;
+	}
+	c->work.data = c;
+	c->s = s;
+	snprintf(c->job, sizeof(c->job), "%s", j->name);
+	c->version = version;
+	c->ch = ch;
+	c->n = n;
+	c->requested = dts_keyframe_take(s->cfg.root, j->name);
+	c->flags = (nobase ? DTS_BEGIN_NOBASE : 0) | (c->requested ? DTS_BEGIN_KEYFRAME : 0);
+	s->wc = c;
+	if (!jeng.loop || (e = uv_queue_work(jeng.loop, &c->work, commit_work, commit_after)) < 0) {
+		if (jeng.loop)
+			DLOG_W("job %s: storage v%llu: no worker (%s); writing on the loop",
+			       j->name, (unsigned long long)version, uv_strerror(e));
+		commit_work(&c->work);
+		commit_after(&c->work, 0);
+	}
 }
 
 static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 {
-	while (l->staged) {
+	/* One version at a time: the next one is applied to the mirror only
+	 * once the commit before it is done with the mirror. */
+	while (l->staged && !s->wc) {
 		const struct jstaged *st = l->staged;
 		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
 		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
@@ -434,9 +535,12 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 			       "good before it (the next dense version repairs)", j->name,
 			       (unsigned long long)version);
 		} else {
-			writer_commit(s, j, version, ch, n, !known);
+			/* its APPLIED goes once the commit is back */
 			s->mirror_known = 1;
+			writer_commit(s, j, version, ch, n, !known);
+			continue;
 		}
+		jsink_send_deferred(j, l);
 		free(ch);
 	}
 }
@@ -470,7 +574,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 			     &id, err, errlen) < 0)
 		return -1;
 	s->mirror = dbuf_get(s->owner, id);
-	head = dts_writer_head(s->w);
+	head = s->head = dts_writer_head(s->w);
 	s->mirror_known = 1;
 	if (head >= 0) {
 		char why[512];
@@ -501,6 +605,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = s->owner;
 	l->covered = -1;
+	l->defer_applied = 1;
 	l->next = j->locals;
 	j->locals = l;
 	s->canon = l->info.id;
@@ -1008,14 +1113,8 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 	return 0;
 }
 
-void jstore_free(struct job *j)
+static void store_destroy(struct jstore *s)
 {
-	struct jstore *s = j->store;
-
-	if (!s)
-		return;
-	j->store = NULL;
-	s->job = NULL;
 	if (s->w)
 		dts_writer_close(s->w);
 	if (s->owner)
@@ -1043,6 +1142,29 @@ void jstore_free(struct job *j)
 	uv_close((uv_handle_t *)&s->timer, on_closed);
 }
 
+void jstore_free(struct job *j)
+{
+	struct jstore *s = j->store;
+
+	if (!s)
+		return;
+	j->store = NULL;
+	s->job = NULL;
+	if (s->wc) {
+		/* Jobs go at shutdown (job_fini): a commit on a worker reads the
+		 * writer, the mirror and the tensor table, so let it finish (the
+		 * version it writes was applied; its APPLIED stays unsent), and
+		 * leave its completion, if the loop runs again, to free itself. */
+		struct wcommit *c = s->wc;
+
+		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
+			uv_sleep(1);
+		c->orphan = 1;
+		s->wc = NULL;
+	}
+	store_destroy(s);
+}
+
 void jstore_sink_staged(struct job *j, struct jlocal *l)
 {
 	struct jstore *s = j->store;
@@ -1060,7 +1182,7 @@ void jstore_info(const struct job *j, Dte__JobReply *rep)
 		return;
 	rep->storage_root = (char *)s->cfg.root;
 	rep->storage_role = (char *)(s->cfg.reader ? "reader" : "writer");
-	rep->storage_head = s->w ? dts_writer_head(s->w) : s->r ? dts_reader_position(s->r) : -1;
+	rep->storage_head = s->w ? s->head : s->r ? dts_reader_position(s->r) : -1;
 	rep->storage_broken = s->broken;
 	rep->storage_error = (char *)s->error;
 }

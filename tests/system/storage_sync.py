@@ -87,8 +87,8 @@ class Daemon:
             self.proc.kill()
             return -9
 
-    def ctl(self, *args):
-        return harness.dtectl(self.sock, *args)
+    def ctl(self, *args, **kw):
+        return harness.dtectl(self.sock, *args, **kw)
 
 
 class Writer:
@@ -271,6 +271,18 @@ def main():
             rec = train()
             w.publish(v, rec, wait=False)
             paused = a.wait_log("paused in " + hook)
+            # The commit runs on a worker thread: with it stuck in the
+            # middle of a file, the daemon still answers at once.
+            t0 = time.time()
+            try:
+                r = a.ctl("--json", "job", JOB, timeout=5)
+                j = json.loads(r.stdout or "{}")
+            except subprocess.TimeoutExpired:
+                r, j = None, {}
+            c.check(r is not None and r.returncode == 0 and
+                    int(j.get("storage_head", -1)) == state["version"],
+                    "paused in a %s: dtectl job answered in %.2f s, storage head v%s" % (
+                        hook, time.time() - t0, j.get("storage_head")))
             w.close()
             a.kill()
             c.check(paused, "writer paused half way through a %s of v%d" % (hook, v))
