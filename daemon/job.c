@@ -166,6 +166,7 @@ void job_send_join(struct job *j)
 	job_fill_ref(j, &ref);
 	m.job = &ref;
 	m.spec_hash = j->spec.hash;
+	m.peer_proto = PEER_PROTO_VERSION;
 	m.node = (char *)route_self_node();
 	m.address = (char *)route_self_address();
 	m.n_participants = n;

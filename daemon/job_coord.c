@@ -170,6 +170,7 @@ static void send_plans(struct job *j, struct built *b)
 			if (!strcmp(b->esrc[i]->node, m->node) || !strcmp(b->edst[i]->node, m->node))
 				sel[k++] = &b->e[i];
 		plan.job = &ref;
+		plan.peer_proto = PEER_PROTO_VERSION;
 		plan.epoch = j->coord_epoch;
 		plan.complete = b->complete;
 		plan.n_participants = b->nparts;
@@ -339,6 +340,14 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	char why[512], err[384];
 	size_t i;
 
+	if (m->peer_proto != PEER_PROTO_VERSION) {
+		snprintf(why, sizeof(why), "peer protocol %u%s; this coordinator speaks %u "
+			 "(run the same dted release on every node of a job)", m->peer_proto,
+			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
+			 PEER_PROTO_VERSION);
+		refuse_join(j, from, why);
+		return;
+	}
 	if (m->spec_hash != j->spec.hash) {
 		snprintf(why, sizeof(why), "model spec %016llx differs from the job's %016llx",
 			 (unsigned long long)m->spec_hash, (unsigned long long)j->spec.hash);
@@ -577,6 +586,13 @@ void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
 		DLOG_D("job %s: stale plan epoch %llu (have %llu) ignored", j->name,
 		       (unsigned long long)m->epoch, (unsigned long long)j->epoch);
 		return;
+	}
+	if (m->peer_proto != PEER_PROTO_VERSION) {
+		snprintf(err, sizeof(err), "the coordinator speaks peer protocol %u%s, this daemon %u "
+			 "(run the same dted release on every node of a job)", m->peer_proto,
+			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
+			 PEER_PROTO_VERSION);
+		goto bad;
 	}
 	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536) {
 		snprintf(err, sizeof(err), "plan too large");

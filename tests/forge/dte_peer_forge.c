@@ -14,7 +14,8 @@
  *           [part=N] [first_entry=N] [part_entries=N]"
  *                                     (one part 0 over every entry of the
  *                                      last COUNTS sent, unless given)
- *   "join job=J token=T node=N address=A spec_hash=H"
+ *   "join job=J token=T node=N address=A spec_hash=H [peer_proto=N]"
+ *                                     (peer_proto default: this build's)
  *   "leave job=J token=T node=N participants=1,2"
  *   "staged job=J token=T version=V src=S dst=D"
  *   "applied job=J token=T version=V dst=D result=N message=TEXT"
@@ -43,6 +44,7 @@
 #include <string.h>
 #include <uv.h>
 #include <xxhash.h>
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/route_ucx.h"
 #include "gpu/codec.h"
@@ -325,6 +327,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		t = DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN;
 		m.job = &ref;
 		m.spec_hash = getu(f, "spec_hash", 0);
+		m.peer_proto = (uint32_t)getu(f, "peer_proto", PEER_PROTO_VERSION);
 		m.node = (char *)get(f, "node", "");
 		m.address = (char *)get(f, "address", "");
 		plen = dtep__join__get_packed_size(&m);

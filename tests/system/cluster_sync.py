@@ -125,6 +125,16 @@ def misbehave(c, tmp, target, coord, ns_of, dev_of, sink, held, sources, epoch, 
     c.check(len(refused) == 2 and "reason=wrong token" in refused[0] and
             'unknown job "nojob"' in refused[1], "forged wrong token / unknown job refused: %s" %
             refused)
+    # A JOIN from a daemon of another peer protocol, or of another model:
+    # the coordinator refuses it with the reason, the job goes on.
+    rc, out = forge(coord.address,
+                    ["join job=%s token=%s node=oldpeer address=10.9.9.9:1 spec_hash=%d "
+                     "peer_proto=%d" % (JOB, TOKEN, h, p) for h, p in ((0, 1), (0, 0), (1, 2))],
+                    expect=3, netns=ns_of(coord), dev=dev_of(coord))
+    refused = [x for x in out if x.startswith("recv REFUSED")]
+    c.check(len(refused) == 3 and "peer protocol 1;" in refused[0] and
+            "peer protocol 0 (a dted from before" in refused[1] and "model spec" in refused[2],
+            "forged JOINs of peer protocol 1 and 0, and of another model, refused: %s" % refused)
     # 3: stale base: every source announces a sparse version on an old base.
     far = held + 1000
     recs = [counts(far, held - 3, s["id"], [0] * n_for[s["id"]]) for s in sources]
