@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,7 +20,33 @@
 static struct {
 	struct dbuf *list;
 	uint64_t next_id;
+	uint64_t maps;		/* mappings made, for map_hint() */
 } bufs;
+
+/* Where to ask the kernel to put a buffer's mapping.  Left to itself it
+ * packs consecutive mappings top-down, so a trainer's θ, m and v of one
+ * tensor, registered one after the other, sit exactly their size apart
+ * (often a power of two), and the detect that streams them side by side
+ * ran 25-40% slower there than over the same pages mapped apart (measured
+ * on this project's Zen 4 VM, over a Qwen3-shaped model's memfds: 0.20 vs
+ * 0.15 s; some structure the CPU indexes by address bits aliases).  Each
+ * mapping is therefore hinted at a page spread over [32 TiB, 96 TiB) by a
+ * hash of its number (application memory under ASan too): a hint only, so
+ * where that range is taken or does not exist (smaller address spaces)
+ * the kernel places it as usual. */
+static void *map_hint(void)
+{
+#if UINTPTR_MAX > 0xffffffffu
+	uint64_t x = ++bufs.maps * 0x9e3779b97f4a7c15ull;
+
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	x ^= x >> 31;
+	return (void *)(uintptr_t)((1ull << 45) + (x % (1ull << 46) & ~0xfffull));
+#else
+	return NULL;
+#endif
+}
 
 static int err_out(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -133,7 +160,7 @@ int dbuf_register_fd(uint64_t owner, int fd, uint64_t offset, uint64_t length, i
 	}
 	start = offset / (uint64_t)page * (uint64_t)page;
 	lead = offset - start;
-	map = mmap(NULL, lead + bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+	map = mmap(map_hint(), lead + bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
 	if (map == MAP_FAILED) {
 		err_out(err, errlen, "mmap: %s", strerror(errno));
 		goto out;
