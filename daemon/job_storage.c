@@ -465,9 +465,10 @@ static void commit_after(uv_work_t *req, int status)
 		}
 }
 
-/* Hand version's changes (ch, n: taken over) to a worker to commit. */
-static void writer_commit(struct jstore *s, struct job *j, uint64_t version, struct change *ch,
-			  size_t n, int nobase)
+/* Hand version's changes (ch, n: taken over) to a worker to commit; l is
+ * the canonical sink, whose held APPLIED goes once the commit is back. */
+static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uint64_t version,
+			  struct change *ch, size_t n, int nobase)
 {
 	struct wcommit *c = calloc(1, sizeof(*c));
 	int e = 0;
@@ -479,6 +480,7 @@ static void writer_commit(struct jstore *s, struct job *j, uint64_t version, str
 			 (unsigned long long)version);
 		DLOG_E("job %s: storage v%llu not written: out of memory", j->name,
 		       (unsigned long long)version);
+		jsink_send_deferred(j, l);
 		return;
 	}
 	c->work.data = c;
@@ -537,7 +539,7 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 		} else {
 			/* its APPLIED goes once the commit is back */
 			s->mirror_known = 1;
-			writer_commit(s, j, version, ch, n, !known);
+			writer_commit(s, j, l, version, ch, n, !known);
 			continue;
 		}
 		jsink_send_deferred(j, l);

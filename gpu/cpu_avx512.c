@@ -182,9 +182,10 @@ AVX512 static void flags_avx512(const struct dtc_consts *k, const float *p, cons
 }
 
 /* ---- one-pass detect block ---------------------------------------------
- * After the verdicts, while the block is in L1: the set bits' gap codes
- * and values one by one (a few percent of lanes: a vectorized emitter that
- * visits every lane measured slower), then, when asked, the checksum
+ * After the verdicts, while the block is in L1: the changed lanes' gap
+ * codes and values, taken from the verdict list 16 at a time (emit_list;
+ * with marks ORed in, set bit by set bit: an emitter that visits every
+ * lane measured slower than either), then, when asked, the checksum
  * terms of every lane, 16 at a time: BF16 by dtc_bf16_rne()'s integer
  * steps, widened to two vectors of 64-bit lanes and mixed there (vpmullq:
  * AVX-512DQ), the dst index carried as a running (index << 16) plus
