@@ -17,6 +17,7 @@
  *   "join job=J token=T node=N address=A spec_hash=H [peer_proto=N]"
  *                                     (peer_proto default: this build's)
  *   "leave job=J token=T node=N participants=1,2"
+ *   "plan job=J token=T epoch=E [peer_proto=N]"   (no participants, no entries)
  *   "staged job=J token=T version=V src=S dst=D"
  *   "applied job=J token=T version=V dst=D result=N message=TEXT"
  *   "raw type=N hex=0a03..."          (bytes no encoder would produce)
@@ -344,6 +345,16 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		packed = malloc(plen + 1);
 		dtep__leave__pack(&m, packed);
 		free(m.participants);
+	} else if (!strcmp(type, "plan")) {
+		Dtep__Plan m = DTEP__PLAN__INIT;
+
+		t = DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN;
+		m.job = &ref;
+		m.epoch = getu(f, "epoch", 0);
+		m.peer_proto = (uint32_t)getu(f, "peer_proto", PEER_PROTO_VERSION);
+		plen = dtep__plan__get_packed_size(&m);
+		packed = malloc(plen + 1);
+		dtep__plan__pack(&m, packed);
 	} else if (!strcmp(type, "staged")) {
 		Dtep__Staged m = DTEP__STAGED__INIT;
 

@@ -135,6 +135,16 @@ def misbehave(c, tmp, target, coord, ns_of, dev_of, sink, held, sources, epoch, 
     c.check(len(refused) == 3 and "peer protocol 1;" in refused[0] and
             "peer protocol 0 (a dted from before" in refused[1] and "model spec" in refused[2],
             "forged JOINs of peer protocol 1 and 0, and of another model, refused: %s" % refused)
+    # A PLAN from a coordinator of another peer protocol: the member
+    # rejects it with the reason (and keeps the plan it has).
+    rc, out = forge(target.address, ["plan job=%s token=%s epoch=%d peer_proto=1" %
+                                     (JOB, TOKEN, 1 << 40)], netns=ns, dev=dev)
+    want = "rejected: the coordinator speaks peer protocol 1"
+    t_end = time.time() + 5
+    while want not in target.log_text() and time.time() < t_end:
+        time.sleep(0.05)
+    c.check(rc == 0 and want in target.log_text(),
+            "forged PLAN of peer protocol 1 rejected by %s" % target.name)
     # 3: stale base: every source announces a sparse version on an old base.
     far = held + 1000
     recs = [counts(far, held - 3, s["id"], [0] * n_for[s["id"]]) for s in sources]
