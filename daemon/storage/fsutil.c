@@ -79,8 +79,22 @@ int dts_parse_vname(const char *name, const char *suffix, uint64_t *v)
 	return 1;
 }
 
+/* "-pause": until killed; "chunk-slow": 2 s, once per process, then the
+ * write goes on. */
 static void hook_pause(enum dts_hook hook, const char *path)
 {
+	const char *h = getenv("DTE_STORAGE_HOOK");
+
+	if (h && !strcmp(h, "chunk-slow")) {
+		static int done;
+
+		if (__atomic_exchange_n(&done, 1, __ATOMIC_RELAXED))
+			return;
+		fprintf(stderr, "dte-storage hook: slowed in chunk %s\n", path);
+		fflush(stderr);
+		sleep(2);
+		return;
+	}
 	fprintf(stderr, "dte-storage hook: paused in %s %s\n",
 		hook == DTS_HOOK_CHUNK ? "chunk" : "manifest", path);
 	fflush(stderr);
@@ -94,7 +108,7 @@ static enum dts_hook hook_armed(void)
 
 	if (!h)
 		return DTS_HOOK_NONE;
-	if (!strcmp(h, "chunk-pause"))
+	if (!strcmp(h, "chunk-pause") || !strcmp(h, "chunk-slow"))
 		return DTS_HOOK_CHUNK;
 	if (!strcmp(h, "manifest-pause"))
 		return DTS_HOOK_MANIFEST;
@@ -124,9 +138,9 @@ static int write_all(int fd, const void *data, size_t len, enum dts_hook hook,
 	if (half) {
 		if (write_n(fd, data, half) < 0 || fsync(fd) < 0)
 			return -1;
-		hook_pause(hook, path);
+		hook_pause(hook, path);	/* returns for "chunk-slow" only */
 	}
-	return write_n(fd, data, len);
+	return write_n(fd, (const uint8_t *)data + half, len - half);
 }
 
 int dts_fsync_dir(const char *dir)

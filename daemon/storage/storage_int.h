@@ -149,7 +149,8 @@ int dts_mpart_add(struct dts_mpart *p, const struct dts_mchunk *c);
 
 /* Test hooks (env DTE_STORAGE_HOOK): "chunk-pause" or "manifest-pause"
  * stop the writer half way through that file (after an fsync, so the
- * partial bytes are really there) until it is killed. */
+ * partial bytes are really there) until it is killed; "chunk-slow" holds
+ * the first chunk written half way for 2 s, then finishes it. */
 enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST };
 
 /* Write `name` in `dir` atomically: temp file, fsync, rename, fsync dir. */

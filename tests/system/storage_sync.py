@@ -292,6 +292,22 @@ def main():
             c.check(not exact(wants[state["version"]], rb), "readers still hold v%d intact" %
                     state["version"])
             # The trainer moved on; the next writer publishes its state as v.
+        # SIGTERM while a commit is on the worker (held 2 s half way through
+        # its first chunk): dted waits for it, the version lands whole and
+        # the daemon exits cleanly.
+        a = start("grp-a", {"DTE_STORAGE_HOOK": "chunk-slow"})
+        w = Writer(model, a, store)
+        v = state["version"] + 1
+        rec = train()
+        w.publish(v, rec, wait=False)
+        slowed = a.wait_log("slowed in chunk")
+        w.close()
+        rc = a.stop()
+        c.check(slowed and rc == 0 and os.path.exists(os.path.join(jobdir, "v%d.manifest" % v)),
+                "SIGTERM during a commit of v%d: slowed=%s exit=%s, manifest %s" % (
+                    v, slowed, rc, os.path.exists(os.path.join(jobdir, "v%d.manifest" % v))))
+        state["version"] = v
+        wants[v] = expected(model)
         a = start("grp-a")
         w = Writer(model, a, store)
         for _ in range(5):
