@@ -12,6 +12,7 @@
 #include "daemon/buf.h"
 #include "daemon/job_cuda.h"
 #include "daemon/log.h"
+#include "gpu/elem.h"
 
 /* No single registration may claim more than this (a sanity cap, not a
  * memory policy: the memory is the client's). */
@@ -37,11 +38,8 @@ static struct {
 static void *map_hint(void)
 {
 #if UINTPTR_MAX > 0xffffffffu
-	uint64_t x = ++bufs.maps * 0x9e3779b97f4a7c15ull;
+	uint64_t x = dtc_mix64(++bufs.maps);
 
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	x ^= x >> 31;
 	return (void *)(uintptr_t)((1ull << 45) + (x % (1ull << 46) & ~0xfffull));
 #else
 	return NULL;
