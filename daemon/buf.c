@@ -12,7 +12,7 @@
 #include "daemon/buf.h"
 #include "daemon/job_cuda.h"
 #include "daemon/log.h"
-#include "gpu/elem.h"
+#include "gpu/compute.h"
 
 /* No single registration may claim more than this (a sanity cap, not a
  * memory policy: the memory is the client's). */
@@ -24,26 +24,11 @@ static struct {
 	uint64_t maps;		/* mappings made, for map_hint() */
 } bufs;
 
-/* Where to ask the kernel to put a buffer's mapping.  Left to itself it
- * packs consecutive mappings top-down, so a trainer's θ, m and v of one
- * tensor, registered one after the other, sit exactly their size apart
- * (often a power of two), and the detect that streams them side by side
- * ran 25-40% slower there than over the same pages mapped apart (measured
- * on this project's Zen 4 VM, over a Qwen3-shaped model's memfds: 0.20 vs
- * 0.15 s; some structure the CPU indexes by address bits aliases).  Each
- * mapping is therefore hinted at a page spread over [32 TiB, 96 TiB) by a
- * hash of its number (application memory under ASan too): a hint only, so
- * where that range is taken or does not exist (smaller address spaces)
- * the kernel places it as usual. */
+/* Each mapping apart from the others (gpu/compute.h: the scan streams θ,
+ * m and v side by side, and adjacent mappings alias). */
 static void *map_hint(void)
 {
-#if UINTPTR_MAX > 0xffffffffu
-	uint64_t x = dtc_mix64(++bufs.maps);
-
-	return (void *)(uintptr_t)((1ull << 45) + (x % (1ull << 46) & ~0xfffull));
-#else
-	return NULL;
-#endif
+	return dtc_spread_hint(++bufs.maps);
 }
 
 static int err_out(char *err, size_t errlen, const char *fmt, ...)

@@ -139,3 +139,15 @@ int dtc_checksum_entry(const struct dtc_backend *be, const struct dte_box_map *e
 		*sum = s;
 	return rc;
 }
+
+void *dtc_spread_hint(uint64_t k)
+{
+#if UINTPTR_MAX > 0xffffffffu
+	uint64_t x = dtc_mix64(k);
+
+	return (void *)(uintptr_t)((1ull << 45) + (x % (1ull << 46) & ~0xfffull));
+#else
+	(void)k;
+	return NULL;
+#endif
+}
