@@ -127,6 +127,21 @@ struct share {
  * overlap instead of each waiting for its miss. */
 #define APPLY_BATCH 64
 
+/* Σ mix(at, new) − mix(at, old) over a batch: no carried dependency but
+ * the sum, so it vectorizes (8 lanes of 64-bit multiplies on AVX-512); as
+ * the write loop's scalar tail it cost a fifth of the apply. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+static uint64_t delta_batch(const int64_t *at, const uint16_t *nv, const uint16_t *ov, uint64_t n)
+{
+	uint64_t d = 0;
+
+	for (uint64_t k = 0; k < n; k++)
+		d += dtc_csum_term((uint64_t)at[k], nv[k]) - dtc_csum_term((uint64_t)at[k], ov[k]);
+	return d;
+}
+
 static void share_write(struct share *s)
 {
 	const struct dte_box_map *e = s->e;
@@ -134,6 +149,7 @@ static void share_write(struct share *s)
 	const uint8_t *p = s->p, *v = s->vals + 2 * s->first;
 	uint16_t *dst = s->dst;
 	int64_t at[APPLY_BATCH];
+	uint16_t nv[APPLY_BATCH], ov[APPLY_BATCH];
 	struct box_walk w;
 	uint64_t d = 0, cur, gap = 0, i = s->first;
 
@@ -165,14 +181,16 @@ static void share_write(struct share *s)
 				}
 			}
 		}
+		/* Old value read, new one written, in order (a later position
+		 * reads what an earlier one wrote, should two share an element);
+		 * then the delta of the batch in one loop that vectorizes. */
 		for (uint64_t k = 0; k < nb; k++, v += 2) {
-			uint16_t nv = (uint16_t)(v[0] | (v[1] << 8));
-
-			if (s->want_delta)
-				d += dtc_csum_term((uint64_t)at[k], nv) -
-				     dtc_csum_term((uint64_t)at[k], dst[at[k]]);
-			dst[at[k]] = nv;
+			nv[k] = (uint16_t)(v[0] | (v[1] << 8));
+			ov[k] = dst[at[k]];
+			dst[at[k]] = nv[k];
 		}
+		if (s->want_delta)
+			d += delta_batch(at, nv, ov, nb);
 		i += nb;
 	}
 	s->delta = d;

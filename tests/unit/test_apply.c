@@ -160,24 +160,37 @@ static void test_large_threaded(void **state)
 	one_case(&rowm, 1024 * 1536 + 7, 3);	/* sparse: long escaped gaps */
 }
 
-/* A map that sends two positions to one element (stride 0): no threads,
- * and the same result as the reference. */
-static void test_aliasing_map(void **state)
+/* Maps that send several positions to one element (stride 0): no
+ * threads, the same result as the reference, and a delta that still
+ * matches the buffer's checksum change (each write's old value is what the
+ * write before it to that element left).  With a period of 16 elements,
+ * one batch of the apply's writes hits the same element many times. */
+static void aliasing_case(uint32_t rows, uint32_t cols, unsigned frac)
 {
 	const struct dtc_backend *cpu = dtc_backend_cpu();
-	struct dte_box_map e = { 2, { 512, 512 }, 0, { 0 }, 0, { 0, 1 } };
-	uint64_t box = dtc_box_size(&e), cnt, n1, n2;
+	struct dte_box_map e = { 2, { rows, cols }, 0, { 0 }, 0, { 0, 1 } };
+	uint64_t box = dtc_box_size(&e), cnt, n1, n2, d = 0, before, after;
 	uint16_t a[512], b[512];
 	size_t len;
-	uint8_t *pl = make_payload(box, 400, &len, &cnt);
+	uint8_t *pl = make_payload(box, frac, &len, &cnt);
 
+	assert_true(cols <= 512);
 	assert_true(cnt >= (1u << 16));
-	fill(a, 512);
-	memcpy(b, a, sizeof(a));
-	assert_int_equal(dtc_sparse_apply_payload(cpu, &e, pl, len, a, 512, &n1, NULL), DTC_OK);
-	assert_int_equal(dtc_sparse_apply_payload_ref(cpu, &e, pl, len, b, 512, &n2, NULL), DTC_OK);
-	assert_memory_equal(a, b, sizeof(a));
+	fill(a, cols);
+	memcpy(b, a, cols * sizeof(*a));
+	assert_int_equal(dtc_checksum_buffer(cpu, a, cols, &before), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload(cpu, &e, pl, len, a, cols, &n1, &d), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload_ref(cpu, &e, pl, len, b, cols, &n2, NULL), DTC_OK);
+	assert_memory_equal(a, b, cols * sizeof(*a));
+	assert_int_equal(dtc_checksum_buffer(cpu, a, cols, &after), DTC_OK);
+	assert_true(d == after - before);
 	free(pl);
+}
+
+static void test_aliasing_map(void **state)
+{
+	aliasing_case(512, 512, 400);
+	aliasing_case(16384, 16, 600);
 }
 
 /* Every truncation and many one-byte corruptions: the same status as the
