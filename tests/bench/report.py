@@ -106,11 +106,11 @@ def bounds(res):
             "swapped for the old ones so a failed version can be rolled back, would take the "
             "apply off that sum; the checksum stays. The checksum is compute "
             "(splitmix64 per element, about %.0f%% of the detect's time on these 2 cores, "
-            "where the detect itself is compute-bound: %.2f of the stream); on a GPU the same "
-            "kernels are bound by HBM reads and the mix hides under them "
+            "where the detect, at %.2f of the stream, leaves no memory stall for the mix to "
+            "hide in); on a GPU the same kernels are bound by HBM reads "
             "(`make bench-gpu`)." % (
-                flc, flc / fl, ap * 1e3, 100 * lines, 100 * chg, flc + ap, (flc + ap) / fl, 100.0 * (flc - fl) / fl,
-                sc["ratio"]))
+                flc, flc / fl, ap * 1e3, 100 * lines, 100 * chg, flc + ap, (flc + ap) / fl,
+                100.0 * (flc - fl) / fl, sc["ratio"]))
 
 
 def write(res, root):
