@@ -20,13 +20,38 @@ done
 
 if [ -z "$missing" ]; then
 	echo "install-deps: all packages present"
-	exit 0
+else
+	echo "install-deps: installing:$missing"
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 
-echo "install-deps: installing:$missing"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing
+# --- The upstream venv -----------------------------------------------------
+# Tests that call real upstream code on a CPU (torch 2.x FSDP2 and AdamW,
+# megatron-core's optimizer layout, SGLang's and vLLM's weight loaders) run in
+# a venv of Debian's python3.11 with the pins below; Debian's python3-torch
+# (1.13) paths keep working beside it.  scripts/venv-requirements.txt is
+# installed with dependencies, scripts/venv-nodeps.txt without (only their
+# pure-Python layout and loader code is used).  A stamp of both files' hash
+# makes this a no-op when nothing changed.  DTE_NO_VENV=1 skips it.
+[ "${DTE_NO_VENV:-0}" = 1 ] && exit 0
+here=$(cd "$(dirname "$0")" && pwd)
+VENV=${DTE_VENV:-/opt/dted-venv}
+want=$(cat "$here/venv-requirements.txt" "$here/venv-nodeps.txt" | sha256sum | cut -c1-16)
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.dte-stamp" 2>/dev/null)" = "$want" ]; then
+	echo "install-deps: venv $VENV up to date"
+	exit 0
+fi
+echo "install-deps: building venv $VENV"
+[ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+	--find-links /opt/wheels -r "$here/venv-requirements.txt"
+grep -qvE '^\s*(#|$)' "$here/venv-nodeps.txt" && \
+	"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+	-r "$here/venv-nodeps.txt"
+echo "$want" > "$VENV/.dte-stamp"
+echo "install-deps: venv $VENV ready"
