@@ -41,6 +41,9 @@ fi
 [ "${DTE_NO_VENV:-0}" = 1 ] && exit 0
 here=$(cd "$(dirname "$0")" && pwd)
 VENV=${DTE_VENV:-/opt/dted-venv}
+# One builder at a time: parallel builds and test runs share the venv.
+exec 9>"$VENV.lock"
+flock 9
 want=$(cat "$here/venv-requirements.txt" "$here/venv-nodeps.txt" | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.dte-stamp" 2>/dev/null)" = "$want" ]; then
 	echo "install-deps: venv $VENV up to date"
