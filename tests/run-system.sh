@@ -1,21 +1,49 @@
 #!/bin/sh
-# Run every system test script given, each in turn; print one summary line.
+# Run every system test script given, each in turn; report each as passed,
+# failed or skipped; print one summary line; fail if any failed.
+#
+# Skip convention: a script that cannot run here prints one line
+# `SKIP: <reason>` on stdout and exits 77.  Exit 77 without that line is a
+# failure (the reason is part of the result).  Result lines (`name: k=v`)
+# of a passing script are shown under it.
+#
+# With RESULTS=<file> set, one record per script is appended to it for
+# tests/run-all.sh: "pass\t<name>", "fail\t<name>\t<log>", "skip\t<name>\t<reason>".
 set -u
-pass=0; fail=0
+tab=$(printf '\t')
+pass=0; fail=0; skip=0
+record() {
+	[ -n "${RESULTS:-}" ] && printf '%s\n' "$*" >>"$RESULTS"
+	return 0
+}
 mkdir -p "${B:-build}/tests"
 for t in "$@"; do
 	name=$(basename "$t")
 	log="${B:-build}/tests/$name.log"
 	start=$(date +%s)
-	if "$t" >"$log" 2>&1; then
+	"$t" >"$log" 2>&1
+	rc=$?
+	secs=$(( $(date +%s) - start ))
+	why=$(sed -n 's/^SKIP: *//p' "$log" | tail -1)
+	if [ "$rc" -eq 0 ]; then
 		pass=$((pass + 1))
-		printf 'ok    %s (%ss)\n' "$name" "$(( $(date +%s) - start ))"
+		record "pass${tab}$name"
+		printf 'ok    %s (%ss)\n' "$name" "$secs"
 		grep -E '^[a-z0-9-]+: ' "$log" | tail -3 | sed 's/^/      /'
+	elif [ "$rc" -eq 77 ] && [ -n "$why" ]; then
+		skip=$((skip + 1))
+		record "skip${tab}$name${tab}$why"
+		printf 'SKIP  %s: %s\n' "$name" "$why"
 	else
 		fail=$((fail + 1))
-		printf 'FAIL  %s (log: %s)\n' "$name" "$log"
+		record "fail${tab}$name${tab}$log"
+		if [ "$rc" -eq 77 ]; then
+			printf 'FAIL  %s (exit 77 without a "SKIP: reason" line; log: %s)\n' "$name" "$log"
+		else
+			printf 'FAIL  %s (exit %d, %ss; log: %s)\n' "$name" "$rc" "$secs" "$log"
+		fi
 		tail -40 "$log"
 	fi
 done
-echo "system: $pass passed, $fail failed"
+echo "system: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -1,17 +1,84 @@
 #!/bin/sh
-# Run every CMocka binary given; print one summary line; fail if any failed.
+# Run every CMocka binary given; report each test case as passed, failed or
+# skipped; print one summary line; fail if any failed.
+#
+# Counting: unit results are counted per CMocka test case, not per binary,
+# so a binary with one skipped case shows up as N-1 passed, 1 skipped (the
+# skip is never hidden inside a "passing" binary).  A skipped case's reason
+# is the last line the test printed before skip() (print_message).  A
+# binary that exits non-zero counts its failed/errored cases, and at least
+# one failure even if it printed none (a crash, an ASan report at exit, a
+# leak); one that exits 0 without running a test counts as a failure.
+#
+# With RESULTS=<file> set, one record per result is appended to it for
+# tests/run-all.sh: "pass\t<name>", "fail\t<name>\t<log>", "skip\t<name>\t<reason>".
 set -u
-pass=0; fail=0; failed=""
+tab=$(printf '\t')
+pass=0; fail=0; skip=0
+record() {
+	[ -n "${RESULTS:-}" ] && printf '%s\n' "$*" >>"$RESULTS"
+	return 0
+}
 for t in "$@"; do
 	name=$(basename "$t")
-	if "$t" >"$t.log" 2>&1; then
-		pass=$((pass + 1))
-		printf 'ok    %s  %s\n' "$name" "$(grep -E '\[  PASSED  \]' "$t.log" | tail -1)"
-	else
-		fail=$((fail + 1)); failed="$failed $name"
-		printf 'FAIL  %s (log: %s)\n' "$name" "$t.log"
-		tail -30 "$t.log"
+	log="$t.log"
+	# The standard output format whatever the caller's environment says.
+	CMOCKA_MESSAGE_OUTPUT=stdout "$t" >"$log" 2>&1
+	rc=$?
+	# Outcomes of the cases, from the per-test lines only (the summary at
+	# the end of a group repeats the names); each failed case's name and
+	# each skipped case's reason go to $log.cases.
+	counts=$(awk -v cases="$log.cases" '
+		/^\[==========\] Running /   { insum = 0; next }
+		/^\[==========\] .* run\./   { insum = 1; next }
+		insum                        { next }
+		/^\[ RUN      \] /           { why = ""; next }
+		/^\[       OK \] /           { ok++; next }
+		/^\[  ERROR   \] ---/        { next }
+		/^\[  (FAILED  |ERROR   )\] / { bad++; printf "fail\t%s\n", substr($0, 14) > cases; next }
+		/^\[  SKIPPED \] /           { sk++
+		                               printf "skip\t%s\t%s\n", substr($0, 14),
+		                                      (why == "" ? "(no reason printed)" : why) > cases
+		                               next }
+		/^\[/                        { next }
+		/[^ \t]/                     { why = $0 }
+		END { printf "%d %d %d\n", ok, bad, sk }
+	' "$log")
+	read -r ok bad sk <<EOF
+$counts
+EOF
+	touch "$log.cases"
+	if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+		# crashed, sanitizer report, or failed outside a test case
+		bad=1; printf 'fail\t(exit %d outside a test case)\n' "$rc" >>"$log.cases"
 	fi
+	if [ "$rc" -eq 0 ] && [ "$bad" -ne 0 ]; then
+		rc=1	# a failed case must not pass because of the exit status
+	fi
+	if [ "$rc" -eq 0 ] && [ $((ok + sk)) -eq 0 ]; then
+		bad=1; rc=1
+		printf 'fail\t(ran no test case)\n' >>"$log.cases"
+	fi
+	pass=$((pass + ok)); fail=$((fail + bad)); skip=$((skip + sk))
+	i=0
+	while [ "$i" -lt "$ok" ]; do record "pass${tab}$name"; i=$((i + 1)); done
+	if [ "$rc" -eq 0 ]; then
+		printf 'ok    %s  %d passed%s\n' "$name" "$ok" \
+			"$([ "$sk" -gt 0 ] && printf ', %d skipped' "$sk")"
+	else
+		printf 'FAIL  %s (exit %d; log: %s)\n' "$name" "$rc" "$log"
+		tail -30 "$log"
+	fi
+	while IFS="$tab" read -r what case why; do
+		if [ "$what" = skip ]; then
+			printf 'SKIP  %s/%s: %s\n' "$name" "$case" "$why"
+			record "skip${tab}$name/$case${tab}$why"
+		else
+			printf 'FAIL  %s/%s\n' "$name" "$case"
+			record "fail${tab}$name/$case${tab}$log"
+		fi
+	done <"$log.cases"
+	rm -f "$log.cases"
 done
-echo "unit: $pass passed, $fail failed"
+echo "unit: $pass passed, $fail failed, $skip skipped (test cases in $# binaries)"
 [ "$fail" -eq 0 ]
