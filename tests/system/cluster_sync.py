@@ -190,8 +190,9 @@ def main():
     name = "cluster-sync-netns" if netns else "cluster-sync"
     c = Checks(name)
     if netns and not Netns.available():
-        print("%s: skipped (needs root and ip netns)" % name)
-        return
+        # The skip convention (HELPERS.md): exit 77 with the reason.
+        print("SKIP: %s needs root and ip netns (euid %d)" % (name, os.geteuid()), flush=True)
+        sys.exit(77)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     n_versions = 24 if netns else 50
