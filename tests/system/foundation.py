@@ -154,6 +154,7 @@ class Notify:
         self.sock.bind(path)
         self.sock.settimeout(0.2)
         self.msgs = []
+        self.stamps = []
         self.lock = threading.Lock()
         self.stop = False
         self.t = threading.Thread(target=self.run, daemon=True)
@@ -167,12 +168,19 @@ class Notify:
                 continue
             except OSError:
                 return
+            now = time.monotonic()
             with self.lock:
                 self.msgs.extend(data.decode().split("\n"))
+                self.stamps.extend([now] * len(data.decode().split("\n")))
 
     def lines(self):
         with self.lock:
             return list(self.msgs)
+
+    def times(self, line):
+        """When each `line` datagram arrived (time.monotonic())."""
+        with self.lock:
+            return [t for m, t in zip(self.msgs, self.stamps) if m == line]
 
     def wait_for(self, pred, timeout=10):
         end = time.time() + timeout
@@ -184,6 +192,18 @@ class Notify:
 
     def count(self, line):
         return sum(1 for m in self.lines() if m == line)
+
+    def wait_count(self, line, n, timeout=10):
+        """Until `line` has arrived n times; False (and a line saying so)
+        when the deadline passes first."""
+        end = time.time() + timeout
+        while self.count(line) < n:
+            if time.time() >= end:
+                print(f"timed out after {timeout} s waiting for {n} x {line} "
+                      f"(got {self.count(line)})", flush=True)
+                return False
+            time.sleep(0.02)
+        return True
 
 
 def dtectl(*args, sock=None, prefix=(), env=None):
@@ -254,9 +274,14 @@ def run_checks(p, tmp, sock, conf, notify):
     check("socket mode 0660", (st.st_mode & 0o777) == 0o660, oct(st.st_mode & 0o777))
     check("runtime dir mode 0750", (os.stat(os.path.dirname(sock)).st_mode & 0o777) == 0o750)
     check("STATUS= sent", notify.wait_for(lambda m: m.startswith("STATUS=serving")))
-    time.sleep(0.5)
-    check("WATCHDOG=1 at half of WATCHDOG_USEC", notify.count("WATCHDOG=1") >= 3,
-          f"got {notify.count('WATCHDOG=1')} in ~0.5 s")
+    # WATCHDOG_USEC=200000: a ping every 100 ms.  Wait for six, then judge
+    # the rate from their arrival times (median gap, robust to a stall).
+    got = notify.wait_count("WATCHDOG=1", 6)
+    ts = notify.times("WATCHDOG=1")[:6]
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+    med = gaps[len(gaps) // 2] if gaps else None
+    check("WATCHDOG=1 at half of WATCHDOG_USEC", got and med is not None and med <= 0.15,
+          f"{len(ts)} pings, median gap {med} s (want ~0.1)")
 
     # dtectl status, text and JSON.
     r = dtectl("status", sock=sock)
@@ -374,17 +399,22 @@ def run_checks(p, tmp, sock, conf, notify):
           str(st))
     check("bad frames counted", st is not None and int(st.get("bad_frames", 0)) >= 5, str(st))
 
-    # SIGHUP reloads the log level (and the allow list).
+    # SIGHUP reloads the log level (and the allow list).  A reload, good or
+    # bad, ends with READY=1 again (daemon/main.c reload()): wait for that
+    # before looking, so "kept the old value" is judged after the reload.
+    def hup():
+        n = notify.count("READY=1")
+        p.send_signal(signal.SIGHUP)
+        return check("SIGHUP: reload finished (READY=1 again)", notify.wait_count("READY=1", n + 1))
+
     write_conf(conf, log_level="debug", node_name="ftest")
-    p.send_signal(signal.SIGHUP)
-    time.sleep(0.5)
+    hup()
     st = status_of(sock)
     check("SIGHUP: log level now debug", st is not None and st.get("log_level") == "debug", str(st))
     check("SIGHUP: RELOADING=1 sent", notify.count("RELOADING=1") >= 1)
     with open(conf, "w") as f:
         f.write("[daemon]\nlog_level = shouting\n")
-    p.send_signal(signal.SIGHUP)
-    time.sleep(0.5)
+    hup()
     st = status_of(sock)
     check("SIGHUP with a bad file keeps the running config",
           p.poll() is None and st is not None and st.get("log_level") == "debug", str(st))
@@ -401,8 +431,7 @@ def run_checks(p, tmp, sock, conf, notify):
     st = status_of(sock)
     check("refusal shows in status", st is not None and int(st.get("refused", 0)) >= 1, str(st))
     write_conf(conf, log_level="debug", node_name="ftest", allow_uids="65534")
-    p.send_signal(signal.SIGHUP)
-    time.sleep(0.5)
+    hup()
     r = dtectl("status", sock=sock, prefix=nobody)
     check("uid 65534 allowed after allow_uids + SIGHUP", r.returncode == 0, r.stderr)
 
@@ -453,6 +482,8 @@ def run_checks(p, tmp, sock, conf, notify):
 
 
 def wait_socket(path, timeout=10):
+    """Until the socket accepts a connection; a failed check when the
+    deadline passes first (and False)."""
     end = time.time() + timeout
     while time.time() < end:
         if os.path.exists(path):
@@ -462,7 +493,7 @@ def wait_socket(path, timeout=10):
             except OSError:
                 pass
         time.sleep(0.05)
-    return False
+    return check(f"dted socket {path} accepts a connection within {timeout} s", False)
 
 
 if __name__ == "__main__":

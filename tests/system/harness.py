@@ -76,12 +76,19 @@ def start_dted(dirpath, name, log, conf_name="dted.conf", sock_name="dted.sock",
     return proc, sock
 
 
-def wait_socket(sock, tries=100):
-    """Poll for the control socket every 50 ms; the checks that follow
-    report a daemon that never came up."""
-    for _ in range(tries):
-        if os.path.exists(sock):
-            break
+def wait_socket(sock, tries=400, proc=None):
+    """Wait for the control socket (polled every 50 ms, for tries * 50 ms
+    of wall time: 20 s by default).  Raises RuntimeError, naming the socket,
+    when it never appears or when proc (the daemon's Popen, if given) exits
+    first: a daemon that never came up stops the test here, loudly."""
+    deadline = time.time() + tries * 0.05
+    while not os.path.exists(sock):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("dted exited with status %s before creating its socket %s"
+                               % (proc.returncode, sock))
+        if time.time() >= deadline:
+            raise RuntimeError("dted's control socket %s did not appear within %.1f s"
+                               % (sock, tries * 0.05))
         time.sleep(0.05)
 
 
