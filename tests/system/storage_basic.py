@@ -135,6 +135,29 @@ def main():
               "v%d: a manifest exists after the kill" % v)
         return "%s@v%d" % (what, v)
 
+    def probe(v, what):
+        """A one-shot reader (no name, --watch none) drains the directory
+        exactly as the kill in the middle of v's `what` left it, and exits:
+        a look at the partial state that has provably happened (unlike a
+        sleep while the streaming readers may or may not poll).  It must
+        stop at v-1, refuse nothing and hash every version it applied like
+        the trainer."""
+        r = subprocess.run([TOOL, "read", root, JOB, "--spec", spec, "--watch", "none"],
+                           capture_output=True, text=True, timeout=120)
+        applied = []
+        for line in r.stdout.splitlines():
+            if line.startswith("applied "):
+                kv = dict(x.split("=", 1) for x in line.split()[1:])
+                applied.append((int(kv["version"]), kv["xxh3"]))
+        last = [x for x in r.stdout.splitlines() if x.startswith("read: ")]
+        kv = dict(x.split("=", 1) for x in last[-1].split()[1:]) if last else {}
+        bad = [u for u, h in applied if ref.get(u) != h]
+        check(r.returncode == 0 and kv.get("position") == str(v - 1) and
+              kv.get("refused") == "0" and applied and not bad,
+              "v%d killed in the %s: a reader of that state applied %s (not exact: %s), "
+              "ended %r, rc %d %s" % (v, what, [u for u, _ in applied], bad, last[-1:],
+                                      r.returncode, r.stderr.strip()[-200:]))
+
     def reader(name, watch):
         cmd = [TOOL, "read", root, JOB, "--spec", spec, "--name", name, "--watch", watch,
                "--interval-ms", "50", "--until", str(LAST), "--timeout", "80"]
@@ -165,14 +188,18 @@ def main():
             tr.step()
         cur = tr.bf16()
         ref[v] = xxh3(cur)
+        if v in (KILL_CHUNK, KILL_MANIFEST):
+            # The streaming readers are caught up and watching when the
+            # partial files appear; a one-shot reader reads them for sure.
+            wait_readers(sorted(readers), v - 1)
         if v == KILL_CHUNK:
             kills.append(killed_in(v, cur, prev, "chunk-pause", "chunk"))
-            time.sleep(0.2)   # readers had their chance to see anything partial
+            probe(v, "chunk")
         if v == KILL_MANIFEST:
             kills.append(killed_in(v, cur, prev, "manifest-pause", "manifest"))
             tmps = [f for f in os.listdir(os.path.join(root, JOB)) if f.startswith(".v%d.manifest.tmp" % v)]
             check(len(tmps) == 1, "v%d: the half-written temp manifest is not there" % v)
-            time.sleep(0.2)
+            probe(v, "manifest")
         write(v, cur, prev)
         if v == LATE_JOIN:
             readers["C"] = reader("C", "inotify")
