@@ -28,6 +28,7 @@ for t in "$@"; do
 	# Outcomes of the cases, from the per-test lines only (the summary at
 	# the end of a group repeats the names); each failed case's name and
 	# each skipped case's reason go to $log.cases.
+	rm -f "$log.cases"
 	counts=$(awk -v cases="$log.cases" '
 		/^\[==========\] Running /   { insum = 0; next }
 		/^\[==========\] .* run\./   { insum = 1; next }
