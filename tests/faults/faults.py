@@ -276,9 +276,9 @@ def trial(cl, tally, name, v, fault, log):
     clean publishes must bring every sink to exact.  A trial counts once
     its fault ran; one whose fault did not land fails the run and is not
     counted as recovered."""
-    t = tally.scenario(name)
     proof = Proof()
     live = fault(v, proof)
+    t = tally.scenario(name)
     t["trials"] += 1
     landed = not proof.missing
     if landed:

@@ -73,16 +73,20 @@ class HookDaemon(csl.Daemon):
         self.checked = False
         try:
             super().start(timeout)
-        except Exception:
+        except Exception as e:
             rc = self.proc.poll() if self.proc else None
             if self.proc and rc is None:
                 self.proc.kill()
                 rc = self.proc.wait()
             self.checked = True
-            raise
+            errs = [x for x in self.log_since().splitlines() if " error: " in x]
+            raise RuntimeError("dted %s%s did not start (exit %s): %s" % (
+                self.name, " with DTE_TEST_HOOK=%s" % self.hook if self.hook else "", rc,
+                errs[0].split(" error: ", 1)[1] if errs else str(e).splitlines()[0])) from None
         if self.hook and ("test hook armed: %s" % self.hook) not in self.log_since():
-            raise RuntimeError("dted %s: hook %s not armed: %s" % (self.name, self.hook,
-                                                                   self.log_tail(5)))
+            said = [x for x in self.log_since().splitlines() if "test hook" in x]
+            raise RuntimeError("dted %s: DTE_TEST_HOOK=%s not armed (%s)" % (
+                self.name, self.hook, said[-1] if said else "the daemon said nothing of it"))
         return self
 
     def log_since(self):
