@@ -335,7 +335,7 @@ def sc_src_die(kind):
                 text = src.log_since()
                 proof.need("test hook: die-in-%s at version %d:" % (kind, fv) in text,
                            "the hook fired at v%d" % fv)
-                proof.need("test hook: SIGKILL now" in text, "the hook raised SIGKILL")
+                proof.need("test hook: SIGKILL now" in text, "the hook logged its SIGKILL")
                 proof.need(rc == -signal.SIGKILL, "src died of SIGKILL (exit %s)" % rc)
                 catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
                 src.hook = None
@@ -710,12 +710,23 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
                 pass
         trainer.close()
 
+    def serving(d):
+        """harness.wait_socket sees the socket file, which exists from bind()
+        on, before listen(): wait until dtectl gets an answer."""
+        end = time.time() + 20
+        while d.ctl("status").returncode != 0:
+            if time.time() > end or d.proc.poll() is not None:
+                raise RuntimeError("dted %s is not serving: %s" % (d.name, d.text()[-500:]))
+            time.sleep(0.05)
+
     cleanups.append(close)
     a = ss.Daemon(work, "grp-a")
     daemons.append(a)
+    serving(a)
     hold["w"] = ss.Writer(model, a, store)
     b = ss.Daemon(work, "grp-b")
     daemons.append(b)
+    serving(b)
     rd = hold["rd"] = StoreReaders(ss, b, store)
     for v in (1, 2):                        # warm: a keyframe, then a delta
         publish(v)
