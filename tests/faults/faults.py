@@ -398,15 +398,20 @@ def catch_up_all(sinks, v, wait_s):
 
 def sc_trainer_kill(cl, tally, trials, v, log):
     """The trainer process SIGKILLs itself mid-publish: TP rank 0 has
-    published v (the daemon accepted it), rank 1 never will.  Lands when
-    rank 0's publish was answered and the process ended by its SIGKILL;
-    src must then release the dead client's buffers and sources."""
+    published v, rank 1 has not and never will.  Lands when src's daemon
+    shows exactly that before the trainer is told to die and the process
+    then ended by its own SIGKILL; src must then release the dead
+    client's buffers and sources."""
     src = cl.daemons["src"]
     for i in range(trials):
         def fault(fv, proof):
-            r = cl.trainer.publish_die(fv, random.randint(0, 20))
-            proof.need(r.startswith("half %d " % fv),
-                       "TP rank 0 published v%d, rank 1 did not (%s)" % (fv, r))
+            r = cl.trainer.publish_half(fv)
+            proof.need(r.startswith("half %d " % fv), "the trainer published v%d on TP rank 0 "
+                       "(%s)" % (fv, r))
+            pub = {x.get("rank"): int(x.get("version", 0)) for x in sources_on(src)}
+            proof.need(pub.get(0) == fv and pub.get(1, fv) < fv,
+                       "src shows rank 0 at v%d, rank 1 before it (%s)" % (fv, pub))
+            cl.trainer.die(random.randint(0, 20))
             rc = cl.trainer.wait_exit(10)
             proof.need(rc == -signal.SIGKILL, "the trainer died of its SIGKILL (exit %s)" % rc)
             if rc is None:
@@ -442,8 +447,9 @@ class SinkP:
 
 def sc_sink_proc(cl, tally, trials, v, log):
     """A sink process (a third replica's rank 0 on sink1) SIGKILLs itself
-    with v staged for it and not applied.  Lands when it said so ("dying
-    v") and ended by its SIGKILL; sink1 must then release its client."""
+    with v staged for it and not applied.  Lands when sink1's daemon shows
+    exactly that before the process is told to die and it then ended by its
+    own SIGKILL; sink1 must then release its client."""
     d = cl.daemons["sink1"]
     base = clients(d)
     cl.sinkprocs = [SinkP(cl, 2, 0, d)]
@@ -456,16 +462,21 @@ def sc_sink_proc(cl, tally, trials, v, log):
             p.die_at(fv)
             ok, dense, fed, msg = cl.trainer.publish(fv)
             proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            rc = p.wait_exit(CLEAN_WAIT_S)
-            if rc is None:
-                p.kill()
             try:
-                said = p.readline(5)
+                said = p.readline(CLEAN_WAIT_S)
             except (EOFError, TimeoutError) as e:
                 said = str(e)
+            mine = [x for x in (d.ctl_json("job", JOB) or {}).get("participants", [])
+                    if x.get("local") and x.get("role") == "sink" and x.get("replica") == 2]
+            at = [(int(x.get("version", 0)), int(x.get("staged", 0))) for x in mine]
+            proof.need(said == "staged %d" % fv and len(at) == 1 and at[0][0] < fv <= at[0][1],
+                       "the sink process had v%d staged, not applied (it said %r; sink1 shows "
+                       "applied/staged %s)" % (fv, said, at))
+            p.die()
+            rc = p.wait_exit(10)
+            if rc is None:
+                p.kill()
             cl.sinkprocs = []
-            proof.need(said == "dying %d" % fv, "the sink process had v%d staged, not applied "
-                       "(%s)" % (fv, said))
             proof.need(rc == -signal.SIGKILL, "it died of its SIGKILL (exit %s)" % rc)
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             end = time.time() + 5

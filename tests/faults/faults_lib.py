@@ -233,12 +233,16 @@ class TrainerProc(LineProc):
             return True, int(r[1]), int(r[2]), ""
         return False, 0, 0, " ".join(r[1:])
 
-    def publish_die(self, v, delay_ms):
-        """The trainer publishes v on its TP rank 0 only and SIGKILLs itself
-        delay_ms later, before rank 1 publishes: killed mid-publish.
-        Returns the line it printed ("half <v> <sinks>" once rank 0's
-        publish was accepted) or the error."""
-        return self.ask("publish-die %d %d" % (v, delay_ms), 60)
+    def publish_half(self, v):
+        """The trainer publishes v on its TP rank 0 only and then waits for
+        die() before rank 1 publishes.  Returns the line it printed
+        ("half <v> <sinks>" once rank 0's publish was accepted) or the
+        error."""
+        return self.ask("publish-die %d" % v, 60)
+
+    def die(self, delay_ms):
+        """After publish_half: SIGKILL itself delay_ms later."""
+        self.send("die %d" % delay_ms)
 
     def wait(self, v, timeout_ms):
         r = self.ask("wait %d %d" % (v, timeout_ms), timeout_ms / 1000.0 + 30)
@@ -253,11 +257,15 @@ class SinkProc(LineProc):
         assert self.readline(120) == "READY"
 
     def die_at(self, v):
-        """Once v (or newer) is staged for it, the process SIGKILLs itself
-        before applying, after printing "dying <staged>"."""
+        """Once v (or newer) is staged for it, the process prints "staged
+        <v>" and, instead of applying, waits for die()."""
         r = self.ask("die-at %d" % v)
         if r != "ok":
             raise RuntimeError("sink die-at: %s" % r)
+
+    def die(self):
+        """After "staged <v>": SIGKILL itself."""
+        self.send("die")
 
     def query(self):
         """(applied version, path of its weights dump)."""
@@ -338,8 +346,11 @@ def _trainer_main(work, seed):
                 os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
                 info = publish_retry(cli, sl, parts[0], v, rec)
                 print("half %d %d" % (v, info["sinks"]), flush=True)
-                time.sleep(int(cmd[2]) / 1000.0)
-                os.kill(os.getpid(), signal.SIGKILL)
+                go = sys.stdin.readline().split()
+                if go[:1] == ["die"]:
+                    time.sleep(int(go[1]) / 1000.0)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                print("err wanted die, got %s" % go, flush=True)
             elif cmd[0] == "wait":
                 cli.wait(sl.JOB, int(cmd[1]), int(cmd[2]))
                 print("ok", flush=True)
@@ -385,8 +396,11 @@ def _sink_main(work, sock, coord_addr, replica, rank):
                 continue
             raise
         if die_at and v >= die_at:
-            print("dying %d" % v, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            print("staged %d" % v, flush=True)
+            if sys.stdin.readline().startswith("die"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            print("err wanted die", flush=True)
+            die_at = 0
         if v > applied:
             cli.apply(sl.JOB, part, v)
             applied = v
