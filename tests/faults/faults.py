@@ -9,24 +9,50 @@ publishes.  After every version each sink reports the version it applied
 and its memory is compared element by element with RNE(θ) of *that*
 version (written by the trainer before it published):
 
+  landed     the trial proved its fault happened (below);
   torn       a sink's content differs from the version it reports, checked
              right after the faulted version (a half-applied version);
   wrong      the same at any other time;
   recovered  within two publishes after the fault every sink reports the
-             newest version and is exact.
+             newest version and is exact (counted only for a landed fault).
 
-Scenarios: the source daemon SIGKILLed mid-COUNTS and mid-PAYLOAD
-(DTE_TEST_HOOK die-in-*, daemon/testhook.h), a sink daemon SIGKILLed while
-a version is in flight, the trainer process and a sink process SIGKILLed
-mid-publish (their buffers released, the job goes on), the link to sink2
-cut and restored mid-transfer (veth down/up between network namespaces),
-a payload byte corrupted in flight, records duplicated and reordered (test
-hooks in the router), and a disk that fills up under the root of a real
-daemon storage job (a small tmpfs; its own writer and reader groups, see
-sc_disk_full).
+Scenarios, and what each trial must show for its fault to have landed:
+
+  src-die-counts, src-die-payload  the source daemon SIGKILLs itself at the
+      second remote COUNTS / PAYLOAD of v (DTE_TEST_HOOK die-in-*,
+      daemon/testhook.h): its log says the hook fired at v and raised
+      SIGKILL, and the process (which the test never signals) ended by
+      SIGKILL.
+  sink-daemon-kill  sink2's daemon SIGKILLed by the test after v was
+      published and before its sinks applied it: it was running and ended
+      by that SIGKILL.
+  trainer-kill  the trainer process SIGKILLs itself mid-publish: src's
+      dtectl job shows TP rank 0 at v and rank 1 before it, then the
+      process ends by its SIGKILL (its buffers must be released).
+  sink-proc-kill  a sink process SIGKILLs itself with v staged for it and
+      not applied (sink1's dtectl job shows applied < v <= staged), then
+      ends by its SIGKILL (its client must be released).
+  link-cut  sink2's veth goes down mid-transfer and up 0.3 s or 2.5 s
+      later: the bridge port into sink2 is shaped (tbf, 1 Mbit/s) for the
+      faulted publish; at least 8 KB reached sink2 before the cut, sink2
+      had staged nothing of v after it, and the source published v.
+  corrupt-payload, dup, reorder  router hooks on the receiving daemons:
+      each armed daemon logs the hook firing at v.
+  disk-full  a real storage job whose root is a small tmpfs (its own
+      writer and reader groups, see sc_disk_full): the tmpfs had no free
+      block and the writer logged v not written for lack of space.
+
+A trial whose fault did not land fails the run (it is not skipped, and not
+counted as recovered).  So do: a daemon exit other than the intended one
+(every process is reaped and judged before its successor starts: SIGTERM
+wants 0, a kill wants SIGKILL), a DTE_TEST_HOOK the daemon did not arm (dted
+refuses an unknown or malformed one at start), a sanitizer report in a
+daemon log, a setup or harness exception, a scenario that ran fewer trials
+than asked, and the scenario checks listed in each function.
 
   faults.py [--trials N] [--only a,b]      default 10 trials per scenario
-Final line: `faults: scenarios=S trials=T torn=0 wrong=0 recovered=R`.
+Final line: `faults: scenarios=S trials=T landed=T torn=0 wrong=0 recovered=T`
+(exit 0 only then, with no failure listed).
 """
 
 import argparse
@@ -556,16 +582,19 @@ def sc_link_cut(cl, tally, trials, v, log):
 
 def sc_hooked(name):
     """Receiver-side router hooks (daemon/testhook.c) fire every third
-    version from 3 on: lands when sink1 logged that the hook fired at v."""
+    version from 3 on, on every daemon main() armed them on: lands when
+    each of those logged that its hook fired at v."""
     def run(cl, tally, trials, v, log):
-        d = cl.daemons["sink1"]
+        armed = [d for d in cl.daemons.values() if d.hook]
         for i in range(trials):
             def fault(fv, proof):
-                before = len(d.log_since())
-                publish(cl, fv, FAULT_WAIT_S)
+                before = {d.name: len(d.log_since()) for d in armed}
+                ok, msg = publish(cl, fv, FAULT_WAIT_S)
                 marker = r"test hook: %s: version %d " % (re.escape(name), fv)
-                fired = len(re.findall(marker, d.log_since()[before:]))
-                proof.need(fired > 0, "the hook fired on sink1 at v%d (%d times)" % (fv, fired))
+                for d in armed:
+                    fired = len(re.findall(marker, d.log_since()[before[d.name]:]))
+                    proof.need(fired > 0, "the hook fired on %s at v%d (%d records)" %
+                               (d.name, fv, fired))
                 return cl.sinks
             v = trial(cl, tally, name, v, fault, log)
         return v
