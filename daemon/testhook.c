@@ -161,10 +161,13 @@ int testhook_init(uv_loop_t *loop)
 		if (strlen(faults[i].name) == n && !strncmp(env, faults[i].name, n))
 			th.fault = faults[i].f;
 	if (th.fault == F_NONE || !at) {
-		DLOG_W("test hook: ignoring DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>])",
-		       env);
+		/* Refused, not ignored: a test whose hook name is misspelt
+		 * must not run fault-free and pass. */
+		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
+		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
+		       "capture-stall wrong-value)", env);
 		th.fault = F_NONE;
-		return 0;
+		return -1;
 	}
 	th.first = strtoull(at + 1, &end, 10);
 	if (*end == '/') {
@@ -175,9 +178,9 @@ int testhook_init(uv_loop_t *loop)
 			end = (char *)p - 1;   /* "V/" or "V/0": refuse below */
 	}
 	if (*end || !th.first || at[1] < '0' || at[1] > '9') {
-		DLOG_W("test hook: ignoring DTE_TEST_HOOK=\"%s\" (bad version)", env);
+		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (bad version)", env);
 		th.fault = F_NONE;
-		return 0;
+		return -1;
 	}
 	if (!timer_init) {
 		if (uv_timer_init(loop, &timer) < 0)

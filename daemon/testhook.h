@@ -32,7 +32,7 @@
  *                     exists: the loop must keep serving meanwhile.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
- * tell it did.  Module state is per process, like route.c.
+ * tell it did (capture-stall, on a worker thread, does not log).  Module state is per process, like route.c.
  */
 #ifndef DTED_TESTHOOK_H
 #define DTED_TESTHOOK_H
@@ -42,8 +42,10 @@
 #include <uv.h>
 #include "proto/peer.pb-c.h"
 
-/* Reads DTE_TEST_HOOK; an unknown fault is logged and ignored.  Returns 0
- * (no hook, or one armed) or -1 on a loop error. */
+/* Reads DTE_TEST_HOOK.  Returns 0 (no hook, or one armed: logged as
+ * "test hook armed: <spec>") or -1 when the spec is malformed or names an
+ * unknown fault (logged; the daemon then refuses to start, so a misspelt
+ * hook cannot make a fault test run without its fault) or on a loop error. */
 int  testhook_init(uv_loop_t *loop);
 /* Delivers a held record (if any) and closes the timer. */
 void testhook_fini(void);

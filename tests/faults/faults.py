@@ -9,30 +9,58 @@ publishes.  After every version each sink reports the version it applied
 and its memory is compared element by element with RNE(θ) of *that*
 version (written by the trainer before it published):
 
+  landed     the trial proved its fault happened (below);
   torn       a sink's content differs from the version it reports, checked
              right after the faulted version (a half-applied version);
   wrong      the same at any other time;
   recovered  within two publishes after the fault every sink reports the
-             newest version and is exact.
+             newest version and is exact (counted only for a landed fault).
 
-Scenarios: the source daemon SIGKILLed mid-COUNTS and mid-PAYLOAD
-(DTE_TEST_HOOK die-in-*, daemon/testhook.h), a sink daemon SIGKILLed while
-a version is in flight, the trainer process and a sink process SIGKILLed
-mid-publish (their buffers released, the job goes on), the link to sink2
-cut and restored mid-transfer (veth down/up between network namespaces),
-a payload byte corrupted in flight, records duplicated and reordered (test
-hooks in the router), and a disk that fills up under the root of a real
-daemon storage job (a small tmpfs; its own writer and reader groups, see
-sc_disk_full).
+Scenarios, and what each trial must show for its fault to have landed:
+
+  src-die-counts, src-die-payload  the source daemon SIGKILLs itself at the
+      second remote COUNTS / PAYLOAD of v (DTE_TEST_HOOK die-in-*,
+      daemon/testhook.h): its log says the hook fired at v and raised
+      SIGKILL, and the process (which the test never signals) ended by
+      SIGKILL.
+  sink-daemon-kill  sink2's daemon SIGKILLed by the test after v was
+      published and before its sinks applied it: it was running and ended
+      by that SIGKILL.
+  trainer-kill  the trainer process SIGKILLs itself mid-publish: src's
+      dtectl job shows TP rank 0 at v and rank 1 before it, then the
+      process ends by its SIGKILL (its buffers must be released).
+  sink-proc-kill  a sink process SIGKILLs itself with v staged for it and
+      not applied (sink1's dtectl job shows applied < v <= staged), then
+      ends by its SIGKILL (its client must be released).
+  link-cut  sink2's veth goes down mid-transfer and up 0.3 s or 2.5 s
+      later: the bridge port into sink2 is shaped (tbf, 1 Mbit/s) for the
+      faulted publish; at least 8 KB reached sink2 before the cut, sink2
+      had staged nothing of v after it, and the source published v.
+  corrupt-payload, dup, reorder  router hooks on the receiving daemons:
+      each armed daemon logs the hook firing at v.
+  disk-full  a real storage job whose root is a small tmpfs (its own
+      writer and reader groups, see sc_disk_full): the tmpfs had no free
+      block and the writer logged v not written for lack of space.
+
+A trial whose fault did not land fails the run (it is not skipped, and not
+counted as recovered).  So do: a daemon exit other than the intended one
+(every process is reaped and judged before its successor starts: SIGTERM
+wants 0, a kill wants SIGKILL), a DTE_TEST_HOOK the daemon did not arm (dted
+refuses an unknown or malformed one at start), a sanitizer report in a
+daemon log, a setup or harness exception, a scenario that ran fewer trials
+than asked, and the scenario checks listed in each function.
 
   faults.py [--trials N] [--only a,b]      default 10 trials per scenario
-Final line: `faults: scenarios=S trials=T torn=0 wrong=0 recovered=R`.
+Final line: `faults: scenarios=S trials=T landed=T torn=0 wrong=0 recovered=T`
+(exit 0 only then, with no failure listed).
 """
 
 import argparse
 import json
 import os
 import random
+import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -118,6 +146,7 @@ class Cluster:
         self.sinkprocs = []
         self.exp = {}
         self.seed = 0
+        self.ccli = None
 
     def start(self):
         if self.net:
@@ -157,32 +186,67 @@ class Cluster:
         self.exp.pop(v, None)
 
     def close(self):
+        """Stops everything; returns what went wrong on the way: a daemon's
+        exit other than the one the test intended (every process it started
+        was reaped and judged, see faults_lib.HookDaemon), a sanitizer
+        report in a daemon's log, a trainer that did not exit 0."""
+        problems = []
         for s in self.sinks:
             s.drop()
         for p in self.sinkprocs:
             p.kill()
         if self.trainer:
-            self.trainer.close()
+            rc = self.trainer.close()
+            if rc != 0:
+                problems.append("the trainer exited %s, wanted 0" % rc)
         try:
             self.ccli.close()
         except Exception:
             pass
-        rcs = {n: d.stop() for n, d in self.daemons.items()}
+        for d in self.daemons.values():
+            d.stop()
+        for d in self.daemons.values():
+            problems += d.bad_exits
+            problems += ["sanitizer report in %s's log: %s" % (d.name, x)
+                         for x in d.sanitizer_reports()[:3]]
         if self.net:
             self.net.close()
-        return rcs
+        return problems
 
 
 class Tally:
-    def __init__(self):
-        self.trials = self.torn = self.wrong = self.recovered = 0
-        self.unclear = 0       # faults the daemon did not report (fails the run)
+    """Counts per scenario and for the run, and the failures that are not
+    counts (a fault that did not land, a bad daemon exit, a sanitizer
+    report, a harness error, a check of the scenario that failed)."""
+
+    KEYS = ("trials", "landed", "torn", "wrong", "recovered")
+
+    def __init__(self, log):
+        self.log = log
         self.per = {}
-        self.notes = []
+        self.failures = []
 
     def scenario(self, name):
-        self.per.setdefault(name, [0, 0, 0, 0])   # trials torn wrong recovered
-        return self.per[name]
+        return self.per.setdefault(name, dict.fromkeys(self.KEYS, 0))
+
+    def total(self, key):
+        return sum(t[key] for t in self.per.values())
+
+    def fail(self, msg):
+        self.failures.append(msg)
+        self.log("FAIL: " + msg)
+
+
+class Proof:
+    """What one trial shows about its fault: every need() must hold for the
+    fault to count as landed."""
+
+    def __init__(self):
+        self.seen, self.missing = [], []
+
+    def need(self, cond, what):
+        (self.seen if cond else self.missing).append(what)
+        return cond
 
 
 def check_sinks(cl, sinks, when):
@@ -233,18 +297,27 @@ def publish(cl, v, wait_s, live=None):
 
 
 def trial(cl, tally, name, v, fault, log):
-    """fault(v) publishes v with the fault and returns the sinks alive
-    after it; then two clean publishes must bring every sink to exact."""
+    """fault(v, proof) publishes v with the fault, records in proof what
+    shows the fault landed and returns the sinks alive after it; then two
+    clean publishes must bring every sink to exact.  A trial counts once
+    its fault ran; one whose fault did not land fails the run and is not
+    counted as recovered."""
+    proof = Proof()
+    live = fault(v, proof)
     t = tally.scenario(name)
-    t[0] += 1
-    tally.trials += 1
-    live = fault(v)
+    t["trials"] += 1
+    landed = not proof.missing
+    if landed:
+        t["landed"] += 1
+        log("%s v%d: landed: %s" % (name, v, "; ".join(proof.seen)))
+    else:
+        tally.fail("%s v%d: the fault did not land: %s (seen: %s)" % (
+            name, v, "; ".join(proof.missing), "; ".join(proof.seen) or "nothing"))
     bad, got = check_sinks(cl, [s for s in live if s.cli], "faulted")
     pb, pg = check_procs(cl) if cl.sinkprocs else ([], [])
     bad += pb
     if bad:
-        t[1] += 1
-        tally.torn += 1
+        t["torn"] += 1
         log("%s v%d TORN: %s" % (name, v, "; ".join(bad)))
     rec = False
     wrong = []
@@ -259,36 +332,38 @@ def trial(cl, tally, name, v, fault, log):
             rec = True     # still publish the second: it must stay exact
 
     if wrong:
-        t[2] += 1
-        tally.wrong += 1
+        t["wrong"] += 1
         log("%s v%d WRONG: %s" % (name, v, "; ".join(wrong[:4])))
-    if rec:
-        t[3] += 1
-        tally.recovered += 1
-    else:
+    if rec and landed:
+        t["recovered"] += 1
+    elif not rec:
         log("%s v%d: not recovered within two publishes (sinks at %s)" % (name, v, got + pg))
     return v + 3       # every trial is three versions: hooks fire every third
 
 
 # ----------------------------------------------------------- scenarios
 def sc_src_die(kind):
-    """The source daemon SIGKILLs itself at a precise point of version v."""
+    """The source daemon SIGKILLs itself at a precise point of version v
+    (die-in-counts / die-in-payload, daemon/testhook.c): the trial lands
+    when the hook logged that it fired at v, logged its SIGKILL, and the
+    process ended by that SIGKILL (nothing in the test signals it)."""
     def run(cl, tally, trials, v, log):
         src = cl.daemons["src"]
         for i in range(trials):
-            def fault(fv):
-                src.kill()
+            def fault(fv, proof):
+                src.stop()                        # reaped, exit 0 checked
                 src.hook = "die-in-%s@%d" % (kind, fv)
-                src.start()
+                src.start()                       # refuses a hook that is not armed
                 cl.trainer.connect(src.sock, cl.coord.address)
-                cl.trainer.publish(fv)
-                died = src.wait_dead(10)
-                if not died:
-                    log("src-die-%s v%d: the daemon did not die" % (kind, fv))
+                ok, dense, fed, msg = cl.trainer.publish(fv)
+                proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
+                rc = src.wait_dead(10)
+                text = src.log_since()
+                proof.need("test hook: die-in-%s at version %d:" % (kind, fv) in text,
+                           "the hook fired at v%d" % fv)
+                proof.need("test hook: SIGKILL now" in text, "the hook logged its SIGKILL")
+                proof.need(rc == -signal.SIGKILL, "src died of SIGKILL (exit %s)" % rc)
                 catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
-                hooked = "test hook: die-in-%s at version %d" % (kind, fv) in src.log_text()
-                if not hooked:
-                    log("src-die-%s v%d: hook did not fire" % (kind, fv))
                 src.hook = None
                 src.start()
                 cl.trainer.connect(src.sock, cl.coord.address)
@@ -299,21 +374,30 @@ def sc_src_die(kind):
 
 
 def sc_sink_daemon(cl, tally, trials, v, log):
+    """sink2's daemon SIGKILLed by the test once v is published and before
+    its sinks applied v: lands when the daemon was running at the kill and
+    ended by that SIGKILL."""
     d = cl.daemons["sink2"]
     for i in range(trials):
-        def fault(fv):
-            cl.trainer.publish(fv)
+        def fault(fv, proof):
+            ok, dense, fed, msg = cl.trainer.publish(fv)
+            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
             time.sleep(random.uniform(0, 0.01))
-            d.kill()
-            for s in cl.sinks:
-                if s.daemon is d:
-                    s.drop()
+            on = [s for s in cl.sinks if s.daemon is d]
+            at = [s.cli.query_version(JOB, s.part) for s in on]    # (applied, staged)
+            proof.need(all(a < fv for a, _ in at),
+                       "sink2's sinks had not applied v%d at the kill (applied/staged %s)" %
+                       (fv, at))
+            proof.need(d.proc.poll() is None, "sink2 was running at the kill")
+            rc = d.kill()                         # reaped, -SIGKILL checked
+            proof.need(rc == -signal.SIGKILL, "sink2 died of the SIGKILL (exit %s)" % rc)
+            for s in on:
+                s.drop()
             live = [s for s in cl.sinks if s.cli]
             catch_up_all(live, fv, FAULT_WAIT_S)
             d.start()
-            for s in cl.sinks:
-                if s.daemon is d:
-                    s.attach(cl.coord.address)
+            for s in on:
+                s.attach(cl.coord.address)
             return live
         v = trial(cl, tally, "sink-daemon-kill", v, fault, log)
     return v
@@ -339,19 +423,32 @@ def catch_up_all(sinks, v, wait_s):
 
 
 def sc_trainer_kill(cl, tally, trials, v, log):
+    """The trainer process SIGKILLs itself mid-publish: TP rank 0 has
+    published v, rank 1 has not and never will.  Lands when src's daemon
+    shows exactly that before the trainer is told to die and the process
+    then ended by its own SIGKILL; src must then release the dead
+    client's buffers and sources."""
     src = cl.daemons["src"]
     for i in range(trials):
-        def fault(fv):
-            cl.trainer.send("publish %d" % fv)
-            time.sleep(random.uniform(0.0, 0.3))
-            cl.trainer.kill()
+        def fault(fv, proof):
+            r = cl.trainer.publish_half(fv)
+            proof.need(r.startswith("half %d " % fv), "the trainer published v%d on TP rank 0 "
+                       "(%s)" % (fv, r))
+            pub = {x.get("rank"): int(x.get("version", 0)) for x in sources_on(src)}
+            proof.need(pub.get(0) == fv and pub.get(1, fv) < fv,
+                       "src shows rank 0 at v%d, rank 1 before it (%s)" % (fv, pub))
+            cl.trainer.die(random.randint(0, 20))
+            rc = cl.trainer.wait_exit(10)
+            proof.need(rc == -signal.SIGKILL, "the trainer died of its SIGKILL (exit %s)" % rc)
+            if rc is None:
+                cl.trainer.kill()
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             end = time.time() + 5
             while time.time() < end and (clients(src) or sources_on(src)):
                 time.sleep(0.05)
             if clients(src) or sources_on(src):
-                log("trainer-kill v%d: src still holds %d clients, sources %s" %
-                    (fv, clients(src), sources_on(src)))
+                tally.fail("trainer-kill v%d: src still holds %d clients, sources %s" %
+                           (fv, clients(src), sources_on(src)))
             # A new trainer (another seed: fresh weights) takes over; the
             # versions it publishes overwrite the expectations.
             for k in (1, 2):
@@ -375,6 +472,10 @@ class SinkP:
 
 
 def sc_sink_proc(cl, tally, trials, v, log):
+    """A sink process (a third replica's rank 0 on sink1) SIGKILLs itself
+    with v staged for it and not applied.  Lands when sink1's daemon shows
+    exactly that before the process is told to die and it then ended by its
+    own SIGKILL; sink1 must then release its client."""
     d = cl.daemons["sink1"]
     base = clients(d)
     cl.sinkprocs = [SinkP(cl, 2, 0, d)]
@@ -382,42 +483,95 @@ def sc_sink_proc(cl, tally, trials, v, log):
     publish(cl, v, CLEAN_WAIT_S)
     v += 1
     for i in range(trials):
-        def fault(fv):
-            cl.trainer.send("publish %d" % fv)
-            time.sleep(random.uniform(0.0, 0.3))
-            cl.sinkprocs[0].kill()
+        def fault(fv, proof):
+            p = cl.sinkprocs[0].proc
+            p.die_at(fv)
+            ok, dense, fed, msg = cl.trainer.publish(fv)
+            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
+            try:
+                said = p.readline(CLEAN_WAIT_S)
+            except (EOFError, TimeoutError) as e:
+                said = str(e)
+            mine = [x for x in (d.ctl_json("job", JOB) or {}).get("participants", [])
+                    if x.get("local") and x.get("role") == "sink" and x.get("replica") == 2]
+            at = [(int(x.get("version", 0)), int(x.get("staged", 0))) for x in mine]
+            proof.need(said == "staged %d" % fv and len(at) == 1 and at[0][0] < fv <= at[0][1],
+                       "the sink process had v%d staged, not applied (it said %r; sink1 shows "
+                       "applied/staged %s)" % (fv, said, at))
+            p.die()
+            rc = p.wait_exit(10)
+            if rc is None:
+                p.kill()
             cl.sinkprocs = []
-            r = cl.trainer.readline(60)
-            if not r.startswith("ok"):
-                log("sink-proc-kill v%d: publish: %s" % (fv, r))
+            proof.need(rc == -signal.SIGKILL, "it died of its SIGKILL (exit %s)" % rc)
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             end = time.time() + 5
             while time.time() < end and clients(d) != base:
                 time.sleep(0.05)
             if clients(d) != base:
-                log("sink-proc-kill v%d: sink1 holds %s clients, %s before the process" %
-                    (fv, clients(d), base))
+                tally.fail("sink-proc-kill v%d: sink1 holds %s clients, %s before the process" %
+                           (fv, clients(d), base))
             cl.sinkprocs = [SinkP(cl, 2, 0, d)]
             return cl.sinks
         v = trial(cl, tally, "sink-proc-kill", v, fault, log)
     for p in cl.sinkprocs:
-        p.kill()
+        rc = p.proc.close()
+        if rc != 0:
+            tally.fail("sink-proc-kill: the last sink process exited %s, wanted 0" % rc)
     cl.sinkprocs = []
     return v
 
 
+CUT_AFTER_BYTES = 8192   # of v, into sink2, before its link is cut
+SHAPE_RATE = "1mbit"     # v's ~100 KB to sink2 take about a second
+
+
+def rx_bytes(ns, dev):
+    r = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev],
+                       capture_output=True, text=True, check=True)
+    return int(json.loads(r.stdout)[0]["stats64"]["rx"]["bytes"])
+
+
+def link_up(ns, dev):
+    r = subprocess.run(["ip", "-n", ns, "-j", "link", "show", "dev", dev],
+                       capture_output=True, text=True, check=True)
+    return "UP" in json.loads(r.stdout)[0].get("flags", [])
+
+
 def sc_link_cut(cl, tally, trials, v, log):
+    """sink2's link is cut mid-transfer and restored 0.3 s or 2.5 s later.
+    The bridge port into sink2 is shaped (tbf) during the faulted publish so
+    the transfer lasts about a second; the link goes down once 8 KB of v
+    reached sink2.  Lands when those bytes arrived before the cut, sink2
+    had staged nothing of v after it (so v was in flight at the cut), the
+    link was down and the source published v."""
     d = cl.daemons["sink2"]
+    port = d.dev + "p"          # its veth's end on the hub's bridge (csl.Netns)
     for i in range(trials):
         down_s = (0.3, 2.5)[i % 2]
 
-        def fault(fv):
-            cl.trainer.send("publish %d" % fv)
-            time.sleep(random.uniform(0.0, 0.02))
-            subprocess.run(["ip", "-n", d.netns, "link", "set", d.dev, "down"], check=True)
+        def fault(fv, proof):
+            on = [s for s in cl.sinks if s.daemon is d]
+            subprocess.run(["tc", "-n", cl.net.hub, "qdisc", "add", "dev", port, "root", "tbf",
+                            "rate", SHAPE_RATE, "burst", "16kb", "limit", "8mb"], check=True)
+            try:
+                base = rx_bytes(d.netns, d.dev)
+                cl.trainer.send("publish %d" % fv)
+                moved, end = 0, time.time() + CLEAN_WAIT_S
+                while moved < CUT_AFTER_BYTES and time.time() < end:
+                    moved = rx_bytes(d.netns, d.dev) - base
+                subprocess.run(["ip", "-n", d.netns, "link", "set", d.dev, "down"], check=True)
+            finally:
+                subprocess.run(["tc", "-n", cl.net.hub, "qdisc", "del", "dev", port, "root"],
+                               check=True)
+            staged = [s.cli.query_version(JOB, s.part)[1] for s in on]
+            down = not link_up(d.netns, d.dev)
+            proof.need(moved >= CUT_AFTER_BYTES, "%d bytes reached sink2 before the cut" % moved)
+            proof.need(all(x < fv for x in staged),
+                       "sink2 had not staged v%d after the cut (staged %s)" % (fv, staged))
+            proof.need(down, "sink2's link was down")
             r = cl.trainer.readline(60)
-            if not r.startswith("ok"):
-                log("link-cut v%d: publish: %s" % (fv, r))
+            proof.need(r.startswith("ok"), "the source published v%d (%s)" % (fv, r))
             time.sleep(down_s)
             subprocess.run(["ip", "-n", d.netns, "link", "set", d.dev, "up"], check=True)
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
@@ -426,24 +580,28 @@ def sc_link_cut(cl, tally, trials, v, log):
     return v
 
 
-def sc_hooked(name, marker):
-    """A receiver-side router hook fires every third version from 3 on."""
+def sc_hooked(name):
+    """Receiver-side router hooks (daemon/testhook.c) fire every third
+    version from 3 on, on every daemon main() armed them on: lands when
+    each of those logged that its hook fired at v."""
     def run(cl, tally, trials, v, log):
-        d = cl.daemons["sink1"]
+        armed = [d for d in cl.daemons.values() if d.hook]
         for i in range(trials):
-            def fault(fv):
-                before = d.log_text()
-                publish(cl, fv, FAULT_WAIT_S)
-                if marker not in d.log_text()[len(before):]:
-                    log("%s v%d: hook did not fire on sink1" % (name, fv))
+            def fault(fv, proof):
+                before = {d.name: len(d.log_since()) for d in armed}
+                ok, msg = publish(cl, fv, FAULT_WAIT_S)
+                marker = r"test hook: %s: version %d " % (re.escape(name), fv)
+                for d in armed:
+                    fired = len(re.findall(marker, d.log_since()[before[d.name]:]))
+                    proof.need(fired > 0, "the hook fired on %s at v%d (%d records)" %
+                               (d.name, fv, fired))
                 return cl.sinks
             v = trial(cl, tally, name, v, fault, log)
         return v
     return run
 
 
-HOOKED = {"corrupt-payload": "test hook: corrupt-payload",
-          "dup": "test hook: dup", "reorder": "test hook: reorder"}
+HOOKED = ("corrupt-payload", "dup", "reorder")
 
 
 # ------------------------------------------------------------ disk full
@@ -502,34 +660,63 @@ def sc_disk_full(tally, trials, work, log):
     Each trial fills the tmpfs, publishes v: the writer daemon's commit
     fails with ENOSPC, says so (log, dtectl history) and keeps serving; the
     readers apply nothing of v and stay exact at what they hold.  With the
-    space back, two clean publishes must bring them exactly to the newest."""
+    space back, two clean publishes must bring them exactly to the newest.
+    A trial counts once its setup ran and the disk was filled; it lands
+    when the tmpfs had no free block and the writer logged v's write as
+    failed for lack of space.  A setup that cannot run fails the run."""
     name = "disk-full"
     if os.geteuid() != 0:
-        print("faults: disk-full skipped (needs root to mount a tmpfs)", flush=True)
+        tally.fail("disk-full: cannot run: needs root to mount a tmpfs")
         return
     mnt = os.path.join(work, "small")
     os.mkdir(mnt)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % DISK_MB, "tmpfs", mnt],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        print("faults: disk-full skipped (cannot mount a tmpfs: %s)" % r.stderr.strip(),
-              flush=True)
+        tally.fail("disk-full: cannot mount a tmpfs: %s" % r.stderr.strip())
         return
+    daemons, cleanups = [], []
+    try:
+        _disk_full(tally, trials, mnt, work, log, daemons, cleanups)
+    except Exception as e:
+        import traceback
+        traceback.print_exc()
+        tally.fail("disk-full: harness error: %s" % e)
+    finally:
+        for c in cleanups:            # clients go before the daemons stop
+            c()
+        rcs = [(d.name, d.stop()) for d in daemons]
+        for n, rc in rcs:
+            if rc != 0:
+                tally.fail("disk-full: daemon %s exited %s, wanted 0" % (n, rc))
+        for d in daemons:
+            for x in fl.sanitizer_lines(d.text())[:3]:
+                tally.fail("disk-full: sanitizer report in %s's log: %s" % (d.name, x))
+        t = tally.per.get(name)
+        if not t or t["trials"] != t["landed"] or t["landed"] != t["recovered"] or \
+                any(rc != 0 for _, rc in rcs):
+            for d in daemons:
+                print("--- %s log (tail) ---\n%s" % (d.name,
+                                                     "\n".join(d.text().splitlines()[-20:])))
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
+def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
+    name = "disk-full"
     os.environ.setdefault("DTE_STORAGE_ASAN", "1")   # faults.py already re-exec'd for ASan
     import storage_sync as ss
     from dte import megatron, toy
 
-    t = tally.scenario(name)
     store = os.path.join(mnt, "root")
     os.mkdir(store)
     filler = os.path.join(mnt, "filler")
-    daemons, wants = [], {}
+    wants = {}
     model = megatron.MegatronModel(ss.CFG, tp=ss.TP, seed=0, label="f-disk-src",
                                    placement=ss.SRC_LAYOUT)
     trainer = megatron.Trainer(model, lr=ss.LR, warmup=ss.WARMUP)
     task = toy.ToyTask(ss.CFG["vocab_size"])
     st = {"step": 0}
-    w = rd = None
+    hold = {}
 
     def publish(v):
         """One AdamW step published as v; True when the job completed it."""
@@ -537,7 +724,7 @@ def sc_disk_full(tally, trials, work, log):
         rec = trainer.step(*task.batch_at(st["step"]))
         wants[v] = ss.expected(model)
         try:
-            w.publish(v, rec, wait=True)
+            hold["w"].publish(v, rec, wait=True)
             return True, ""
         except _lib.DteError as e:
             return False, str(e)
@@ -553,108 +740,107 @@ def sc_disk_full(tally, trials, work, log):
         h = json.loads(d.ctl("--json", "history", JOB_DISK).stdout or "{}").get("versions", [])
         return next((x.get("note", "") for x in h if int(x.get("version", -1)) == v), None)
 
-    try:
-        a = ss.Daemon(work, "grp-a")
-        daemons.append(a)
-        w = ss.Writer(model, a, store)
-        b = ss.Daemon(work, "grp-b")
-        daemons.append(b)
-        rd = StoreReaders(ss, b, store)
-        v = 1
-        for v in (1, 2):                        # warm: a keyframe, then a delta
-            publish(v)
-            rd.catch_up(v, CLEAN_WAIT_S)
-        bad = exact_at(rd.applied())
-        if rd.applied() != 2 or bad:
-            log("disk-full: not exact before the faults (at v%d): %s" % (rd.applied(), bad[:2]))
-        v = 3
-        for i in range(trials):
-            t[0] += 1
-            tally.trials += 1
-            before = rd.applied()
-            left = fill(mnt, filler)
-            ok, msg = publish(v)
-            at = rd.catch_up(v, FAULT_WAIT_S)
-            alive = a.proc.poll() is None
-            man = os.path.exists(os.path.join(store, JOB_DISK, "v%d.manifest" % v))
-            note = history_note(a, v) or ""
-            logged = "storage v%d not written" % v in a.text()
-            torn = []
-            if at != before or man:
-                torn.append("readers moved v%d -> v%d on a failed write (manifest %s)" %
-                            (before, at, man))
-            torn += exact_at(at)
-            if torn:
-                t[1] += 1
-                tally.torn += 1
-                log("disk-full v%d TORN: %s" % (v, "; ".join(torn[:3])))
-            j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
-            jerr = j.get("storage_error", "")
-            # The cause, not just "failed": in the log, the history note
-            # and dtectl job (whose counter moves once per lost version).
-            clear = (logged and "no space left" in a.text().lower() and
-                     "storage write failed" in note and "space" in note.lower() and
-                     ("v%d" % v) in jerr and "space" in jerr.lower() and
-                     int(j.get("storage_broken", 0)) == i + 1)
-            if not alive or not clear:
-                tally.unclear += 1
-                log("disk-full v%d: failure not reported clearly (alive=%s log=%s history=%r "
-                    "job=%r broken=%s publish=%s %s free_blocks=%d)" % (
-                        v, alive, logged, note, jerr, j.get("storage_broken"), ok, msg, left))
-            if i == 0:
-                line = next((x for x in a.text().splitlines()
-                             if "storage v%d not written" % v in x), "")
-                print("  disk-full v%d: writer log: %s" % (v, line.split("job ", 1)[-1]))
-                print("  disk-full v%d: dtectl history note: %s" % (v, note))
-                print("  disk-full v%d: dtectl job storage_error: %s" % (v, jerr), flush=True)
-            os.unlink(filler)
-            rec, wrong = False, []
-            for k in (1, 2):
-                ok, msg = publish(v + k)
-                at = rd.catch_up(v + k, CLEAN_WAIT_S)
-                bad = exact_at(at)
-                wrong += bad
-                if not ok:
-                    log("disk-full v%d: publish with space back failed: %s" % (v + k, msg))
-                if ok and not bad and at == v + k:
-                    rec = True     # still publish the second: it must stay exact
-            if wrong:
-                t[2] += 1
-                tally.wrong += 1
-                log("disk-full v%d WRONG: %s" % (v, "; ".join(wrong[:4])))
-            if rec:
-                t[3] += 1
-                tally.recovered += 1
-            else:
-                log("disk-full v%d: not recovered within two publishes (readers at v%d)" %
-                    (v, rd.applied()))
-            v += 3
-        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
-        if int(j.get("storage_head", -1)) != v - 1:
-            log("disk-full: writer head v%s, wanted v%d" % (j.get("storage_head"), v - 1))
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        log("disk-full: harness error: %s" % e)
-    finally:
-        if w:
-            w.close()
-        if rd:
+    def close():
+        if "w" in hold:
+            hold.pop("w").close()
+        if "rd" in hold:
             try:
-                rd.g.cli.close()
+                hold.pop("rd").g.cli.close()
             except Exception:
                 pass
-        rcs = [d.stop() for d in daemons]
-        if any(x not in (0, None) for x in rcs):
-            log("disk-full: daemons exited %s" % rcs)
-        if any("AddressSanitizer" in d.text() or "runtime error" in d.text() for d in daemons):
-            log("disk-full: sanitizer report in a daemon log")
-        if t[0] != t[3] or any(x not in (0, None) for x in rcs):
-            for d in daemons:
-                print("--- %s log (tail) ---\n%s" % (d.name,
-                                                     "\n".join(d.text().splitlines()[-20:])))
         trainer.close()
-        subprocess.run(["umount", mnt], capture_output=True)
+
+    def serving(d):
+        """harness.wait_socket sees the socket file, which exists from bind()
+        on, before listen(): wait until dtectl gets an answer."""
+        end = time.time() + 20
+        while d.ctl("status").returncode != 0:
+            if time.time() > end or d.proc.poll() is not None:
+                raise RuntimeError("dted %s is not serving: %s" % (d.name, d.text()[-500:]))
+            time.sleep(0.05)
+
+    cleanups.append(close)
+    a = ss.Daemon(work, "grp-a")
+    daemons.append(a)
+    serving(a)
+    hold["w"] = ss.Writer(model, a, store)
+    b = ss.Daemon(work, "grp-b")
+    daemons.append(b)
+    serving(b)
+    rd = hold["rd"] = StoreReaders(ss, b, store)
+    for v in (1, 2):                        # warm: a keyframe, then a delta
+        publish(v)
+        rd.catch_up(v, CLEAN_WAIT_S)
+    bad = exact_at(rd.applied())
+    if rd.applied() != 2 or bad:
+        tally.fail("disk-full: not exact before the faults (at v%d): %s" % (rd.applied(),
+                                                                          bad[:2]))
+        return
+    t = tally.scenario(name)      # the setup ran: from here on trials count
+    v = 3
+    for i in range(trials):
+        before = rd.applied()
+        left = fill(mnt, filler)
+        ok, msg = publish(v)
+        at = rd.catch_up(v, FAULT_WAIT_S)
+        t["trials"] += 1
+        alive = a.proc.poll() is None
+        man = os.path.exists(os.path.join(store, JOB_DISK, "v%d.manifest" % v))
+        note = history_note(a, v) or ""
+        line = next((x for x in a.text().splitlines()
+                     if "storage v%d not written" % v in x), "")
+        landed = left == 0 and "no space left" in line.lower()
+        if landed:
+            t["landed"] += 1
+            log("disk-full v%d: landed: 0 free blocks; writer: %s" % (v, line.split("job ", 1)[-1]))
+        else:
+            tally.fail("disk-full v%d: the fault did not land (free blocks %d, writer log %r, "
+                       "publish %s %s)" % (v, left, line, ok, msg))
+        torn = []
+        if at != before or man:
+            torn.append("readers moved v%d -> v%d on a failed write (manifest %s)" %
+                        (before, at, man))
+        torn += exact_at(at)
+        if torn:
+            t["torn"] += 1
+            log("disk-full v%d TORN: %s" % (v, "; ".join(torn[:3])))
+        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+        jerr = j.get("storage_error", "")
+        # The cause, not just "failed": in the history note and dtectl job
+        # (whose counter moves once per lost version).
+        clear = ("storage write failed" in note and "space" in note.lower() and
+                 ("v%d" % v) in jerr and "space" in jerr.lower() and
+                 int(j.get("storage_broken", 0)) == i + 1)
+        if not alive or not clear:
+            tally.fail("disk-full v%d: failure not reported clearly (alive=%s history=%r "
+                       "job=%r broken=%s publish=%s %s)" % (
+                           v, alive, note, jerr, j.get("storage_broken"), ok, msg))
+        if i == 0:
+            print("  disk-full v%d: dtectl history note: %s" % (v, note))
+            print("  disk-full v%d: dtectl job storage_error: %s" % (v, jerr), flush=True)
+        os.unlink(filler)
+        rec, wrong = False, []
+        for k in (1, 2):
+            ok, msg = publish(v + k)
+            at = rd.catch_up(v + k, CLEAN_WAIT_S)
+            bad = exact_at(at)
+            wrong += bad
+            if not ok:
+                log("disk-full v%d: publish with space back failed: %s" % (v + k, msg))
+            if ok and not bad and at == v + k:
+                rec = True     # still publish the second: it must stay exact
+        if wrong:
+            t["wrong"] += 1
+            log("disk-full v%d WRONG: %s" % (v, "; ".join(wrong[:4])))
+        if rec and landed:
+            t["recovered"] += 1
+        elif not rec:
+            log("disk-full v%d: not recovered within two publishes (readers at v%d)" %
+                (v, rd.applied()))
+        v += 3
+    j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+    if int(j.get("storage_head", -1)) != v - 1:
+        tally.fail("disk-full: writer head v%s, wanted v%d" % (j.get("storage_head"), v - 1))
 
 
 # ----------------------------------------------------------------- main
@@ -663,26 +849,27 @@ SCENARIOS = ["src-die-counts", "src-die-payload", "sink-daemon-kill", "trainer-k
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description="fault matrix (see the module docstring)")
     ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated scenarios: " + ",".join(SCENARIOS))
     args = ap.parse_args()
     only = [x for x in args.only.split(",") if x] or SCENARIOS
+    unknown = [x for x in only if x not in SCENARIOS]
+    if unknown or args.trials < 1:
+        ap.error("unknown scenario %s (known: %s)" % (",".join(unknown), ",".join(SCENARIOS))
+                 if unknown else "--trials must be at least 1")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     random.seed(1)
-    tally = Tally()
     t0 = time.time()
-    failed_setup = []
 
     def log(msg):
-        tally.notes.append(msg)
         print("  " + msg, flush=True)
 
+    tally = Tally(log)
     for name in only:
         ts = time.time()
         work = tempfile.mkdtemp(prefix="dte-faults-")
-        keep = False
         if name == "disk-full":
             try:
                 sc_disk_full(tally, args.trials, work, log)
@@ -692,7 +879,7 @@ def main():
             continue
         netns = name == "link-cut"
         if netns and not csl.Netns.available():
-            print("faults: %s skipped (needs root and ip netns)" % name)
+            tally.fail("%s: cannot run: needs root and ip netns" % name)
             continue
         hooks = {}
         first = 3
@@ -702,7 +889,7 @@ def main():
             if name == "corrupt-payload":
                 hooks.pop("src")
         cl = Cluster(work, netns=netns, hooks=hooks)
-        ntr = len(tally.notes)
+        nfail = len(tally.failures)
         try:
             cl.start()
             v = 1
@@ -711,48 +898,55 @@ def main():
             v = first
             bad, _ = check_sinks(cl, cl.sinks, "warm-up")
             if bad:
-                log("%s: not exact before the faults: %s" % (name, bad[:2]))
+                tally.fail("%s: not exact before the faults: %s" % (name, bad[:2]))
             run = {"src-die-counts": sc_src_die("counts"), "src-die-payload": sc_src_die("payload"),
                    "sink-daemon-kill": sc_sink_daemon, "trainer-kill": sc_trainer_kill,
                    "sink-proc-kill": sc_sink_proc, "link-cut": sc_link_cut}.get(name)
             if run is None:
-                run = sc_hooked(name, HOOKED[name])
+                run = sc_hooked(name)
             run(cl, tally, args.trials, v, log)
         except Exception as e:
             import traceback
             traceback.print_exc()
-            failed_setup.append(name)
-            log("%s: harness error: %s" % (name, e))
+            tally.fail("%s: harness error: %s" % (name, e))
         finally:
-            rcs = cl.close()
-            if len(tally.notes) != ntr or name in failed_setup:
-                keep = True
+            for problem in cl.close():
+                tally.fail("%s: %s" % (name, problem))
+            t = tally.per.get(name)
+            keep = len(tally.failures) != nfail or not t or t["recovered"] != t["trials"] or \
+                t["torn"] or t["wrong"]
+            if keep:
                 for d in cl.daemons.values():
                     print("--- %s log (tail) ---\n%s" % (d.name, d.log_tail(15)))
-            bad_exit = {n: r for n, r in rcs.items() if r not in (0, None)}
-            if bad_exit:
-                log("%s: daemons exited %s" % (name, bad_exit))
-            if keep:
                 print("  (work dir kept: %s)" % work)
             else:
                 shutil.rmtree(work, ignore_errors=True)
         _report(tally, name, ts)
-    n = len(tally.per)
+    tot = {k: tally.total(k) for k in Tally.KEYS}
+    for name in only:
+        t = tally.per.get(name)
+        if not t or t["trials"] != args.trials:
+            tally.fail("%s: ran %d of %d trials" % (name, t["trials"] if t else 0, args.trials))
     print("faults: %.0f s" % (time.time() - t0))
-    print("faults: scenarios=%d trials=%d torn=%d wrong=%d recovered=%d" % (
-        n, tally.trials, tally.torn, tally.wrong, tally.recovered), flush=True)
-    if tally.unclear:
-        print("faults: %d faults not reported clearly by the daemon" % tally.unclear)
-    good = (not failed_setup and tally.torn == 0 and tally.wrong == 0 and not tally.unclear and
-            tally.recovered == tally.trials and n == len(only))
+    print("faults: scenarios=%d trials=%d landed=%d torn=%d wrong=%d recovered=%d" % (
+        len(tally.per), tot["trials"], tot["landed"], tot["torn"], tot["wrong"],
+        tot["recovered"]), flush=True)
+    good = (not tally.failures and tot["trials"] > 0 and tot["torn"] == 0 and
+            tot["wrong"] == 0 and tot["landed"] == tot["trials"] and
+            tot["recovered"] == tot["trials"] and len(tally.per) == len(only))
+    if not good:
+        print("faults: FAILED (%d problems besides the counts)" % len(tally.failures))
+        for f in tally.failures:
+            print("  - " + f)
     sys.exit(0 if good else 1)
 
 
 def _report(tally, name, ts):
     t = tally.per.get(name)
     if t:
-        print("fault %-17s trials=%d torn=%d wrong=%d recovered=%d (%.1fs)" % (
-            name, t[0], t[1], t[2], t[3], time.time() - ts), flush=True)
+        print("fault %-17s trials=%d landed=%d torn=%d wrong=%d recovered=%d (%.1fs)" % (
+            name, t["trials"], t["landed"], t["torn"], t["wrong"], t["recovered"],
+            time.time() - ts), flush=True)
 
 
 if __name__ == "__main__":

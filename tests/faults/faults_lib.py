@@ -31,12 +31,29 @@ os.environ["B"] = B
 import cluster_sync_lib as csl  # noqa: E402
 
 
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
+def sanitizer_lines(text):
+    """Lines of a daemon log that are sanitizer reports."""
+    return [x for x in text.splitlines() if any(m in x for m in SANITIZER_MARKS)]
+
+
 class HookDaemon(csl.Daemon):
-    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h)."""
+    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h).
+
+    Every process it starts is reaped and its exit checked before the next
+    one starts: stop() wants status 0, kill() (the test's SIGKILL) wants
+    -SIGKILL from a process that was still running, wait_dead() (a die-in-*
+    hook) wants -SIGKILL from the hook's own raise().  Anything else lands
+    in self.bad_exits, which the matrix turns into a failure."""
 
     def __init__(self, *a, hook=None, **kw):
         super().__init__(*a, **kw)
         self.hook = hook
+        self.log_off = 0
+        self.checked = True      # the current process was reaped and judged
+        self.bad_exits = []
 
     def env(self):
         e = super().env()
@@ -45,15 +62,89 @@ class HookDaemon(csl.Daemon):
             e["DTE_TEST_HOOK"] = self.hook
         return e
 
-    def wait_dead(self, timeout=10.0):
-        """The daemon killed itself (a die-in-* hook): reap it."""
+    def start(self, timeout=20.0):
+        if not self.checked:
+            raise RuntimeError("dted %s: the previous process was not reaped and checked"
+                               % self.name)
         try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
+            self.log_off = os.path.getsize(self.logpath)
+        except OSError:
+            self.log_off = 0
+        self.checked = False
+        try:
+            super().start(timeout)
+        except Exception as e:
+            rc = self.proc.poll() if self.proc else None
+            if self.proc and rc is None:
+                self.proc.kill()
+                rc = self.proc.wait()
+            self.checked = True
+            errs = [x for x in self.log_since().splitlines() if " error: " in x]
+            raise RuntimeError("dted %s%s did not start (exit %s): %s" % (
+                self.name, " with DTE_TEST_HOOK=%s" % self.hook if self.hook else "", rc,
+                errs[0].split(" error: ", 1)[1] if errs else str(e).splitlines()[0])) from None
+        if self.hook and ("test hook armed: %s" % self.hook) not in self.log_since():
+            said = [x for x in self.log_since().splitlines() if "test hook" in x]
+            raise RuntimeError("dted %s: DTE_TEST_HOOK=%s not armed (%s)" % (
+                self.name, self.hook, said[-1] if said else "the daemon said nothing of it"))
+        return self
+
+    def log_since(self):
+        """The log of the current process only."""
+        try:
+            with open(self.logpath, errors="replace") as f:
+                f.seek(self.log_off)
+                return f.read()
+        except OSError:
+            return ""
+
+    def _judge(self, rc, want, how):
+        self.checked = True
+        if rc != want:
+            self.bad_exits.append("%s start %d: %s: exit status %s, wanted %s" % (
+                self.name, self.starts - 1, how, rc, want))
+        return rc
+
+    def stop(self, timeout=20.0):
+        if self.checked:
+            return 0
+        if self.proc.poll() is not None:
+            return self._judge(self.proc.returncode, 0, "exited before the test stopped it")
+        return self._judge(super().stop(timeout), 0, "SIGTERM")
+
+    def kill(self):
+        """The test's SIGKILL (a sink daemon killed mid-version)."""
+        if self.checked:
+            raise RuntimeError("dted %s: kill() with no process running" % self.name)
+        if self.proc.poll() is not None:
+            rc = self._judge(self.proc.returncode, "running", "died before the test killed it")
+        else:
+            super().kill()
+            rc = self._judge(self.proc.returncode, -signal.SIGKILL, "SIGKILL by the test")
         if os.path.exists(self.sock):
             os.unlink(self.sock)
-        return True
+        return rc
+
+    def wait_dead(self, timeout=10.0):
+        """The daemon is to kill itself (a die-in-* hook): reap it.  Returns
+        its exit status, or None when it is still running after timeout (it
+        is then stopped and the exit recorded as wrong)."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self._judge(self.proc.wait(), -signal.SIGKILL, "did not die by its hook")
+            self.bad_exits.append("%s: the die hook did not kill it within %.0f s" %
+                                  (self.name, timeout))
+            rc = None
+        else:
+            self._judge(rc, -signal.SIGKILL, "death by its hook")
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        return rc
+
+    def sanitizer_reports(self):
+        return sanitizer_lines(self.log_text())
 
 
 class LineProc:
@@ -92,15 +183,25 @@ class LineProc:
     def kill(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        return self.proc.wait()
+
+    def wait_exit(self, timeout):
+        """Exit status of a child that is to end by itself; None if it is
+        still running after timeout."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def close(self):
+        """Ask it to quit; returns its exit status (0 when it did)."""
         if self.proc.poll() is None:
             try:
                 self.send("quit")
-                self.proc.wait(10)
+                return self.proc.wait(10)
             except Exception:
                 self.kill()
+        return self.proc.returncode
 
 
 def _py_env():
@@ -132,6 +233,17 @@ class TrainerProc(LineProc):
             return True, int(r[1]), int(r[2]), ""
         return False, 0, 0, " ".join(r[1:])
 
+    def publish_half(self, v):
+        """The trainer publishes v on its TP rank 0 only and then waits for
+        die() before rank 1 publishes.  Returns the line it printed
+        ("half <v> <sinks>" once rank 0's publish was accepted) or the
+        error."""
+        return self.ask("publish-die %d" % v, 60)
+
+    def die(self, delay_ms):
+        """After publish_half: SIGKILL itself delay_ms later."""
+        self.send("die %d" % delay_ms)
+
     def wait(self, v, timeout_ms):
         r = self.ask("wait %d %d" % (v, timeout_ms), timeout_ms / 1000.0 + 30)
         return r == "ok", r
@@ -143,6 +255,17 @@ class SinkProc(LineProc):
     def __init__(self, work, sock, coord_addr, replica, rank):
         super().__init__(["--sink", work, sock, coord_addr, str(replica), str(rank)])
         assert self.readline(120) == "READY"
+
+    def die_at(self, v):
+        """Once v (or newer) is staged for it, the process prints "staged
+        <v>" and, instead of applying, waits for die()."""
+        r = self.ask("die-at %d" % v)
+        if r != "ok":
+            raise RuntimeError("sink die-at: %s" % r)
+
+    def die(self):
+        """After "staged <v>": SIGKILL itself."""
+        self.send("die")
 
     def query(self):
         """(applied version, path of its weights dump)."""
@@ -213,6 +336,21 @@ def _trainer_main(work, seed):
                 infos = [publish_retry(cli, sl, p, v, rec) for p in parts]
                 print("ok %d %d" % (sum(i["dense"] for i in infos),
                                     sum(i["sinks"] for i in infos)), flush=True)
+            elif cmd[0] == "publish-die":
+                v = int(cmd[1])
+                step += 1
+                rec = trainer.step(*task.batch_at(step))
+                want = sl.expected(model)
+                tmp = os.path.join(work, "exp_%d.pt.tmp" % v)
+                torch.save(want, tmp)
+                os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
+                info = publish_retry(cli, sl, parts[0], v, rec)
+                print("half %d %d" % (v, info["sinks"]), flush=True)
+                go = sys.stdin.readline().split()
+                if go[:1] == ["die"]:
+                    time.sleep(int(go[1]) / 1000.0)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                print("err wanted die, got %s" % go, flush=True)
             elif cmd[0] == "wait":
                 cli.wait(sl.JOB, int(cmd[1]), int(cmd[2]))
                 print("ok", flush=True)
@@ -234,6 +372,7 @@ def _sink_main(work, sock, coord_addr, replica, rank):
     cli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, coord_addr, 1)
     part = sl.attach_sink(cli, model.arenas[rank], rank, replica)
     applied = 0
+    die_at = 0
     print("READY", flush=True)
     while True:
         r, _, _ = select.select([sys.stdin], [], [], 0.02)
@@ -241,7 +380,10 @@ def _sink_main(work, sock, coord_addr, replica, rank):
             line = sys.stdin.readline()
             if not line or line.startswith("quit"):
                 break
-            if line.startswith("query"):
+            if line.startswith("die-at"):
+                die_at = int(line.split()[1])
+                print("ok", flush=True)
+            elif line.startswith("query"):
                 applied = cli.query_version(sl.JOB, part)[0]
                 path = os.path.join(work, "sink_%d_%d.pt" % (os.getpid(), applied))
                 torch.save({k: t.clone() for k, t in model.weights(rank).items()}, path)
@@ -253,6 +395,12 @@ def _sink_main(work, sock, coord_addr, replica, rank):
             if e.code == _lib.ERR_TIMEOUT:
                 continue
             raise
+        if die_at and v >= die_at:
+            print("staged %d" % v, flush=True)
+            if sys.stdin.readline().startswith("die"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            print("err wanted die", flush=True)
+            die_at = 0
         if v > applied:
             cli.apply(sl.JOB, part, v)
             applied = v

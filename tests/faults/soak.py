@@ -129,6 +129,9 @@ def main():
         rcs = [src.stop(timeout=120), sink.stop(timeout=120)]
         if any(rcs):
             fails.append("daemons exited %s" % rcs)
+        for d in (src, sink):
+            fails += ["sanitizer report in %s's log: %s" % (d.name, x)
+                      for x in faults_lib.sanitizer_lines(d.log_text())[:3]]
         if args.valgrind:
             for name in sorted(os.listdir(work.path)):
                 if name.startswith("vg.") and os.path.getsize(os.path.join(work.path, name)):

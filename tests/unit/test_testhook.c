@@ -70,19 +70,28 @@ static void test_inert_without_env(void **state)
 	done(loop);
 }
 
-static void test_bad_specs_ignored(void **state)
+/* A malformed spec or an unknown fault is refused (the daemon then does not
+ * start), and nothing fires: a misspelt hook cannot run fault-free. */
+static void test_bad_specs_refused(void **state)
 {
 	uv_loop_t *loop = *state;
 	const char *bad[] = { "die-in-counts", "die-in-counts@", "die-in-counts@x",
 			      "die-in-counts@0", "die-in-counts@3/", "explode@3",
-			      "die-in-counts@3junk" };
+			      "die-in-counts@3junk", "die-in-count@3", "die-in-countsx@3",
+			      "@3", "die-in-counts@3/0" };
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		with_hook(bad[i], loop);
+		setenv("DTE_TEST_HOOK", bad[i], 1);
+		assert_int_equal(testhook_init(loop), -1);
 		assert_int_equal(send_counts(3), 0);
 		assert_int_equal(send_counts(3), 0);
 		done(loop);
 	}
+	/* A good spec after a refused one arms as usual. */
+	with_hook("die-in-counts@3", loop);
+	assert_int_equal(send_counts(3), 0);
+	assert_int_equal(send_counts(3), 1);
+	done(loop);
 }
 
 /* The second COUNTS of the hooked version is the cut: it and everything
@@ -144,7 +153,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_inert_without_env),
-		cmocka_unit_test(test_bad_specs_ignored),
+		cmocka_unit_test(test_bad_specs_refused),
 		cmocka_unit_test(test_die_in_counts_cut_point),
 		cmocka_unit_test(test_die_in_payload_period),
 	};
