@@ -77,17 +77,29 @@ def start_dted(dirpath, name, log, conf_name="dted.conf", sock_name="dted.sock",
 
 
 def wait_socket(sock, tries=400, proc=None):
-    """Wait for the control socket (polled every 50 ms, for tries * 50 ms
-    of wall time: 20 s by default).  Raises RuntimeError, naming the socket,
-    when it never appears or when proc (the daemon's Popen, if given) exits
-    first: a daemon that never came up stops the test here, loudly."""
+    """Wait until the control socket accepts a connection (polled every
+    50 ms, for tries * 50 ms of wall time: 20 s by default).  The file alone
+    is not enough: it exists from bind(), before listen(), and a connect in
+    between is refused.  Raises RuntimeError, naming the socket, when it
+    never accepts or when proc (the daemon's Popen, if given) exits first: a
+    daemon that never came up stops the test here, loudly."""
+    import socket
     deadline = time.time() + tries * 0.05
-    while not os.path.exists(sock):
+    while True:
+        if os.path.exists(sock):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(sock)
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError("dted exited with status %s before creating its socket %s"
+            raise RuntimeError("dted exited with status %s before accepting on its socket %s"
                                % (proc.returncode, sock))
         if time.time() >= deadline:
-            raise RuntimeError("dted's control socket %s did not appear within %.1f s"
+            raise RuntimeError("dted's control socket %s did not accept within %.1f s"
                                % (sock, tries * 0.05))
         time.sleep(0.05)
 
