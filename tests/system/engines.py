@@ -141,7 +141,10 @@ def main():
         A = fake.FakeSGLangServer(CFG, 2, tmp, "A", fp32_norms=True, draft=True,
                                   order=("target", "draft"))
         engines.append(A)
-        B = fake.FakeSGLangServer(CFG, 1, tmp, "B", draft=True, order=("draft", "target"))
+        # B: an SGLang before 0.5.23 (no sessions or selector: the draft's
+        # runner is called first; the flush counts queued requests while paused).
+        B = fake.FakeSGLangServer(CFG, 1, tmp, "B", draft=True, order=("draft", "target"),
+                                  sessions=False, flush_ignores_paused_waiting=False)
         engines.append(B)
         C = fake.FakeAsyncLLM(CFG, 2)
         engines.append(C)
@@ -183,7 +186,6 @@ def main():
                 A.submit("a%d-run1" % v, "p%d" % v, running=True)
                 A.submit("a%d-wait" % v, "sys-prompt", running=False)
             if v == 10:
-                B.flush_ignores_paused_waiting = False  # an SGLang before 0.5.23's rule
                 B.submit("b10-run", "q", running=True)
                 B.submit("b10-wait", "q", running=False)
             if v == 5:

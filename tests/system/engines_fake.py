@@ -166,6 +166,17 @@ def sglang_worker(conn, rank, tp, cfg, fp32_norms, draft, init_file, attn_tp=Non
         runners.append(("draft", make_model("LlamaForCausalLMEagle3", draft_shapes(cfg), False,
                                             seed=200 + rank)))
     draft_before = {n: p.detach().clone() for _r, m in runners[1:] for n, p in m.named_parameters()}
+    # Observe every attach the loader attempts: a draft model's parameters
+    # (model.fc.weight) must never be offered to a sink.
+    from dte.integrations import _engine
+    attempts = []
+    orig_init = _engine.EngineSink.__init__
+
+    def observed_init(self, named_params, *a, **kw):
+        named_params = list(named_params)
+        attempts.append(sorted(n for n, _p in named_params))
+        return orig_init(self, named_params, *a, **kw)
+    _engine.EngineSink.__init__ = observed_init
     custom_weight_loaders = ["dte.integrations.sglang.load"]  # --custom-weight-loader
     log = []
 
@@ -203,7 +214,8 @@ def sglang_worker(conn, rank, tp, cfg, fp32_norms, draft, init_file, attn_tp=Non
                 conn.send(("ok", all(torch.equal(draft_before[n].view(torch.int16),
                                                   now[n].detach().view(torch.int16))
                                      for n in draft_before) and
-                           getattr(runners[-1][1], "_dte_sink", None) is None))
+                           getattr(runners[-1][1], "_dte_sink", None) is None and
+                           len(attempts) == 1 and "model.fc.weight" not in attempts[0]))
             elif cmd == "version":
                 es = getattr(target, "_dte_sink", None)
                 conn.send(("ok", es.version if es is not None else 0))
@@ -295,8 +307,12 @@ class FakeSGLangServer:
     HTTP endpoints the controller talks to."""
 
     def __init__(self, cfg, tp, tmp, label, fp32_norms=False, draft=False,
-                 order=("target", "draft"), flush_ignores_paused_waiting=True, attn_tp=None):
-        self.tp, self.order = tp, list(order)
+                 order=("target", "draft"), flush_ignores_paused_waiting=True, attn_tp=None,
+                 sessions=True):
+        """sessions=False: an SGLang before 0.5.23's weight-update sessions
+        (no begin/end_weight_update endpoints, no runner selector: every
+        runner gets the call)."""
+        self.tp, self.order, self.sessions = tp, list(order), sessions
         init = os.path.join(tmp, "gloo-%s" % label)
         self.workers = Workers(sglang_worker, tp, lambda r: (r, tp, cfg, fp32_norms, draft, init,
                                                              attn_tp))
@@ -407,6 +423,8 @@ class FakeSGLangServer:
             if self._flush():
                 return 200, "Cache flushed.\n"
             return 400, "Flush cache failed.\n"
+        if path in ("/begin_weight_update", "/end_weight_update") and not self.sessions:
+            return 404, "not found"
         if path == "/begin_weight_update":
             if self.session is not None:
                 return 400, {"success": False, "message": "a weight-update session is already open"}
@@ -418,10 +436,10 @@ class FakeSGLangServer:
             self.session = None
             return 200, {"success": True, "message": "Success"}
         if path == "/update_weights_from_tensor":
-            if self.session is None:
+            if self.session is None and self.sessions:
                 return 400, {"success": False, "message": "update_weights_from_tensor must run "
                              "between begin_weight_update() and end_weight_update()"}
-            sel = body.get("selector", "all")
+            sel = body.get("selector", "all") if self.sessions else "all"
             order = [r for r in self.order if sel == "all" or r == sel]
             payloads = body["serialized_named_tensors"]
             if len(payloads) != self.tp:
