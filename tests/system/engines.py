@@ -150,6 +150,13 @@ def main():
         engines.append(C)
         D = fake.FakeLLM(CFG, 1)
         engines.append(D)
+        fake.install_io_struct()
+        # A is driven through its HTTP API on odd versions and as an
+        # in-process sglang.Engine on even ones (no selector there: the
+        # draft's runner is called too, after the target's).
+        ctl_a_engine = dsg.SGLangController(fake.FakeEngine(A), JOB, TOKEN, CFG_TEXT, socket=sock,
+                                            replica=0, timeout_s=60)
+        c.check(isinstance(ctl_a_engine.surface, dsg._Engine), "an Engine gets the Engine path")
         ctl = {
             "A": dsg.SGLangController(A.url, JOB, TOKEN, CFG_TEXT, socket=sock, replica=0,
                                       timeout_s=60),
@@ -193,7 +200,7 @@ def main():
                 A.workers.recv(1)
             for name, eng in (("A", A), ("B", B)):
                 try:
-                    rep = ctl[name].sync(v)
+                    rep = (ctl_a_engine if name == "A" and v % 2 == 0 else ctl[name]).sync(v)
                 except SyncError as e:
                     rep = e.report
                 if name == "A" and v == 5:

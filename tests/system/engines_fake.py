@@ -470,6 +470,78 @@ class FakeSGLangServer:
         self.workers.stop()
 
 
+class FakeEngine:
+    """sglang.Engine (entrypoints/engine.py, 0.5.23) over a FakeSGLangServer's
+    scheduler: begin/end_weight_update, update_weights_from_tensor (one
+    serialized payload per TP rank, _serialize_tensors_per_rank; its
+    request has no selector, so every runner gets the call: target, then
+    draft), flush_cache returning FlushCacheReqOutput, and the
+    TokenizerManager the controller pauses through (Engine has no pause
+    wrapper)."""
+
+    def __init__(self, srv):
+        self.srv = srv
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager = _TokenizerManager(srv)
+
+    def begin_weight_update(self, selector="all"):
+        _c, body = self.srv.handle("POST", "/begin_weight_update", {"selector": selector})
+        return body["success"], body["message"]
+
+    def end_weight_update(self):
+        _c, body = self.srv.handle("POST", "/end_weight_update", {})
+        return body["success"], body["message"]
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(named_tensors)
+        payload = base64.b64encode(buf.getvalue()).decode()
+        _c, body = self.srv.handle("POST", "/update_weights_from_tensor", {
+            "serialized_named_tensors": [payload] * self.srv.tp, "load_format": load_format,
+            "flush_cache": flush_cache})
+        return body["success"], body["message"]
+
+    def flush_cache(self):
+        code, body = self.srv.handle("POST", "/flush_cache", {})
+        return types.SimpleNamespace(success=code == 200, message=body)
+
+
+class _TokenizerManager:
+    def __init__(self, srv):
+        self.srv = srv
+
+    async def pause_generation(self, obj):
+        self.srv.handle("POST", "/pause_generation", {"mode": obj.mode})
+
+    async def continue_generation(self, obj):
+        self.srv.handle("POST", "/continue_generation", {})
+
+    async def get_loads(self, include=None, dp_rank=None):
+        _c, body = self.srv.handle("GET", "/v1/loads", None)
+        return [types.SimpleNamespace(**d) for d in body["loads"]]
+
+    def abort_request(self, rid="", abort_all=False):
+        self.srv.handle("POST", "/abort_request", {"abort_all": abort_all})
+
+
+def install_io_struct():
+    """sglang.srt.managers.io_struct's two pause requests (msgspec structs
+    upstream: PauseGenerationReqInput(mode="abort"),
+    ContinueGenerationReqInput(torch_empty_cache=True)), for the
+    controller's Engine path in a process without SGLang."""
+    class PauseGenerationReqInput:
+        def __init__(self, mode="abort"):
+            self.mode = mode
+
+    class ContinueGenerationReqInput:
+        def __init__(self, torch_empty_cache=True):
+            self.torch_empty_cache = torch_empty_cache
+    for name in ("sglang", "sglang.srt", "sglang.srt.managers"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    _module("sglang.srt.managers.io_struct", PauseGenerationReqInput=PauseGenerationReqInput,
+            ContinueGenerationReqInput=ContinueGenerationReqInput)
+
+
 # ---------------------------------------------------------------- vLLM worker
 
 class Worker:
