@@ -248,6 +248,15 @@ def _inject(what):
             _engine.EngineSink.stage = orig
             time.sleep(secs)
             raise RuntimeError("injected: worker hung for %.1fs" % secs)
+    elif what == "commit_raises":
+        orig_commit = _engine.EngineSink.commit
+
+        def commit(self, version, timeout_ms):
+            _engine.EngineSink.commit = orig_commit
+            raise RuntimeError("injected: commit of version %d lost (daemon gone mid-apply)"
+                               % version)
+        _engine.EngineSink.commit = commit
+        return
     else:
         raise ValueError(what)
     _engine.EngineSink.stage = stage

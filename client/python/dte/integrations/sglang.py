@@ -25,8 +25,9 @@ Written against SGLang 0.5.23 (sglang/srt/...); what it relies on:
     worker writes: all commit, or none does.
   * DP attention shards attention by attn_tp_size = tp / attn_dp (/ cp)
     (runtime_context.derive_attn_tp_size), which the sglang:tp=T layout
-    does not describe: `load` refuses it (and 0.5.23's TokenizerManager.
-    update_weights_from_tensor asserts dp_size == 1 anyway).
+    does not describe: `load` refuses it (and 0.5.23's TokenizerControlMixin.
+    update_weights_from_tensor, managers/tokenizer_control_mixin.py, asserts
+    dp_size == 1 anyway).
   * `--rl-on-policy-target` keeps Qwen3's norms in FP32 (models/qwen3.py,
     qwen2.py): they are written as FP32(RNE-BF16(θ)), see _engine.py.
   * Pausing: TokenizerManager.pause_generation with mode abort (aborts
