@@ -24,6 +24,8 @@ as the exact FP32 of it.  Along the way:
   * a worker whose commit is lost after every worker agreed (A rank 1 at
     v8): reported as split, generation stays paused, and the next version
     brings every worker level again;
+  * an SGLang worker that hangs past the controller's timeout (B at v11):
+    the HTTP call times out, the report names it, the engine stays on v10;
   * the draft model is never attached or written; DP attention and a
     MoE model with vLLM dp > 1 are refused with clear errors.
 """
@@ -204,6 +206,10 @@ def main():
             if v == 8:
                 A.workers.send(1, "inject", "commit_raises")
                 A.workers.recv(1)
+            if v == 11:
+                B.workers.send(0, "inject", "stage_hangs:6")
+                B.workers.recv(0)
+                ctl["B"].timeout_s = 3.0
             for name, eng in (("A", A), ("B", B)):
                 try:
                     rep = (ctl_a_engine if name == "A" and v % 2 == 0 else ctl[name]).sync(v)
@@ -219,6 +225,14 @@ def main():
                                 for w in rep.workers.values()),
                             "v5: the daemon staged v5 on both ranks, neither applied it: %s"
                             % rep.workers)
+                elif name == "B" and v == 11:
+                    want_at["B"] = 10
+                    ctl["B"].timeout_s = 60.0
+                    c.check(not rep.ok and not rep.split and 0 in rep.failed and
+                            any("update_weights_from_tensor raised" in a and "timed out" in a
+                                for a in rep.actions) and "continued" in rep.actions,
+                            "v11: B's worker hung past the timeout: reported, still v10, "
+                            "continued (%s)" % rep.summary())
                 elif name == "A" and v == 8:
                     want_at["A"] = {0: 8, 1: 7}
                     c.check(not rep.ok and rep.split and "continued" not in rep.actions and
@@ -239,7 +253,7 @@ def main():
                                 for a in rep.actions),
                             "v10 B: flush refused while requests wait -> abort, flush (%s)"
                             % rep.actions)
-                elif not (name == "A" and v == 5):
+                elif not (name == "A" and v == 5) and not (name == "B" and v == 11):
                     c.check(rep.mode == "abort" and rep.pending == 0,
                             "v%d %s: nothing pending -> abort with the update's flush" % (v, name))
                 eng.run_until_idle()
