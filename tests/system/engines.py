@@ -126,6 +126,30 @@ def refusals(c):
             not dsg.is_draft(type("Qwen3ForCausalLM", (), {})()), "draft classes recognised")
 
 
+def sink_refusals(c, sock):
+    """A model the layout cannot fill completely is refused before anything
+    is registered; ignore= names parameters that stay the engine's own."""
+    base = dict(fake.make_model("Qwen3ForCausalLM", fake.target_shapes(CFG, 1), False, 1)
+                .named_parameters())
+    att = _engine.attach_request(sock, JOB, TOKEN, CFG_TEXT, replica=9)
+    extra = dict(base)
+    extra["model.rotary_extra"] = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    c.raises(IntegrationError, lambda: _engine.EngineSink(extra.items(), 0, "sglang:tp=1", att),
+             "a parameter no layout buffer fills is refused")
+    half = dict(base)
+    half["model.norm.weight"] = torch.nn.Parameter(torch.zeros(CFG["hidden_size"],
+                                                               dtype=torch.float16))
+    c.raises(IntegrationError, lambda: _engine.EngineSink(half.items(), 0, "sglang:tp=1", att),
+             "an FP16 parameter is refused")
+    gone = dict(base)
+    del gone["lm_head.weight"]
+    c.raises(IntegrationError, lambda: _engine.EngineSink(gone.items(), 0, "sglang:tp=1", att),
+             "a missing parameter is refused")
+    es = _engine.EngineSink(extra.items(), 0, "sglang:tp=1", dict(att, ignore=["model.rotary_extra"]))
+    c.check(len(es.parts) == 1, "ignore= lets the engine keep a parameter of its own")
+    es.close()
+
+
 def main():
     c = Checks("engines")
     torch.manual_seed(0)
@@ -143,6 +167,7 @@ def main():
         task = toy.ToyTask(CFG["vocab_size"])
         tcli, src = source(c, sock, model)
 
+        sink_refusals(c, sock)
         A = fake.FakeSGLangServer(CFG, 2, tmp, "A", fp32_norms=True, draft=True,
                                   order=("target", "draft"))
         engines.append(A)
