@@ -32,7 +32,6 @@ as the exact FP32 of it.  Along the way:
 
 import json
 import os
-import sys
 import tempfile
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -145,7 +144,8 @@ def sink_refusals(c, sock):
     del gone["lm_head.weight"]
     c.raises(IntegrationError, lambda: _engine.EngineSink(gone.items(), 0, "sglang:tp=1", att),
              "a missing parameter is refused")
-    es = _engine.EngineSink(extra.items(), 0, "sglang:tp=1", dict(att, ignore=["model.rotary_extra"]))
+    es = _engine.EngineSink(extra.items(), 0, "sglang:tp=1",
+                            dict(att, ignore=["model.rotary_extra"]))
     c.check(len(es.parts) == 1, "ignore= lets the engine keep a parameter of its own")
     es.close()
 

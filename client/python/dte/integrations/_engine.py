@@ -43,7 +43,6 @@ import subprocess
 
 import torch
 
-from .. import _lib
 from ..shm import Arena
 from ..sink import Sink
 

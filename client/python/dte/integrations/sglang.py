@@ -141,18 +141,18 @@ def load(model, named_tensors):
     try:
         req = _engine.find_marker(named_tensors)
     except Exception as e:  # the same tensors reach every rank: all agree
-        log.error("dte: bad marker: %s", e)
+        log.error("[dte] bad marker: %s", e)
         return
     if req is None:
         model.load_weights([(n, t) for n, t in named_tensors])
         return
     if is_draft(model):
-        log.info("dte: %s is a draft model: not attached, not written", type(model).__name__)
+        log.info("[dte] %s is a draft model: not attached, not written", type(model).__name__)
         return
     try:
         par = _parallel()
     except Exception as e:
-        log.error("dte: cannot read SGLang's parallel state: %s", e)
+        log.error("[dte] cannot read SGLang's parallel state: %s", e)
         return
     version, timeout_ms = int(req["version"]), int(req.get("timeout_ms", 30000))
     es = getattr(model, "_dte_sink", None)
@@ -168,20 +168,20 @@ def load(model, named_tensors):
         es.stage(version, timeout_ms)
     except Exception as e:
         ok = False
-        log.error("dte: rank %d: version %d not staged: %s", par.tp_rank, version, e)
+        log.error("[dte] rank %d: version %d not staged: %s", par.tp_rank, version, e)
     try:
         oks = _agree(par, ok)
     except Exception as e:
-        log.error("dte: rank %d: agreement on the TP group failed: %s", par.tp_rank, e)
+        log.error("[dte] rank %d: agreement on the TP group failed: %s", par.tp_rank, e)
         return
     if not all(oks):
-        log.error("dte: version %d not applied on any rank: ranks %s failed to stage",
+        log.error("[dte] version %d not applied on any rank: ranks %s failed to stage",
                   version, [r for r, o in enumerate(oks) if not o])
         return
     try:
         es.commit(version, timeout_ms)
     except Exception as e:
-        log.error("dte: rank %d: commit of version %d failed: %s", par.tp_rank, version, e)
+        log.error("[dte] rank %d: commit of version %d failed: %s", par.tp_rank, version, e)
 
 
 # ---- the controller ---------------------------------------------------------------
