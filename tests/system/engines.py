@@ -26,6 +26,9 @@ as the exact FP32 of it.  Along the way:
     brings every worker level again;
   * an SGLang worker that hangs past the controller's timeout (B at v11):
     the HTTP call times out, the report names it, the engine stays on v10;
+  * a Qwen3-MoE job (FSDP-layout trainer): SGLang TP=2 with MoE-TP 2 and
+    vLLM TP=2 with expert parallel (vllm:tp=2,ep=2), FusedMoE w13/w2
+    checked against the upstream weight loaders' semantics, 10 versions;
   * the draft model is never attached or written; DP attention and a
     MoE model with vLLM dp > 1 are refused with clear errors.
 """
@@ -148,6 +151,137 @@ def sink_refusals(c, sock):
                             dict(att, ignore=["model.rotary_extra"]))
     c.check(len(es.parts) == 1, "ignore= lets the engine keep a parameter of its own")
     es.close()
+
+
+# ---- MoE: FusedMoE w13/w2 with MoE-TP (SGLang) and expert parallel (vLLM) ----
+JOB_MOE = "engines-moe"
+CFG_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+           "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+           "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 200,
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
+MOE_VERSIONS = 10
+
+
+def hf_moe_shapes(cfg):
+    """transformers' Qwen3MoeForCausalLM tensor names and shapes."""
+    H, Im, E, V = (cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts"],
+                   cfg["vocab_size"])
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    s = {"model.embed_tokens.weight": (V, H)}
+    for n in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % n
+        s.update({p + "input_layernorm.weight": (H,), p + "self_attn.q_proj.weight": (nH * hd, H),
+                  p + "self_attn.k_proj.weight": (nKV * hd, H),
+                  p + "self_attn.v_proj.weight": (nKV * hd, H),
+                  p + "self_attn.o_proj.weight": (H, nH * hd),
+                  p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                  p + "post_attention_layernorm.weight": (H,), p + "mlp.gate.weight": (E, H)})
+        for e in range(E):
+            q = p + "mlp.experts.%d." % e
+            s.update({q + "gate_proj.weight": (Im, H), q + "up_proj.weight": (Im, H),
+                      q + "down_proj.weight": (H, Im)})
+    s["model.norm.weight"] = (H,)
+    s["lm_head.weight"] = (V, H)
+    return s
+
+
+def moe_expected(hf, cfg, tp, ep):
+    """Per rank, what the engine's own weight loaders put where, written
+    from their semantics: VocabParallelEmbedding.weight_loader (rows of the
+    rank, padding zero), QKVParallelLinear.weight_loader (q heads of the
+    rank; KV heads split, or one replicated when tp >= kv heads),
+    RowParallelLinear (o_proj columns), ReplicatedLinear (router) and
+    FusedMoE._load_w13 / _load_w2 (expert e of ep rank e // (E/ep): w1 into
+    the first half of w13, w3 into the second, each narrowed to the MoE-TP
+    rank's rows; w2 narrowed on dim 1)."""
+    H, V, E, Im = cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"], \
+        cfg["moe_intermediate_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    Vp = (V + 63) // 64 * 64
+    mtp, El = tp // ep, E // ep
+    Ip = Im // mtp
+    out = []
+    for r in range(tp):
+        ep_rank, mt = r // mtp, r % mtp
+        kv = [r // (tp // nKV)] if tp >= nKV else list(range(r * nKV // tp, (r + 1) * nKV // tp))
+        q = nH // tp
+
+        def rows(w, heads):
+            return torch.cat([w[h * hd:(h + 1) * hd] for h in heads], 0)
+
+        def vocab(w):
+            pad = torch.zeros(Vp, H, dtype=w.dtype)
+            pad[:V] = w
+            return pad[r * Vp // tp:(r + 1) * Vp // tp].clone()
+        d = {"model.embed_tokens.weight": vocab(hf["model.embed_tokens.weight"]),
+             "lm_head.weight": vocab(hf["lm_head.weight"]),
+             "model.norm.weight": hf["model.norm.weight"]}
+        for n in range(cfg["num_hidden_layers"]):
+            p = "model.layers.%d." % n
+            for k in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                      "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate.weight"):
+                d[p + k] = hf[p + k]
+            d[p + "self_attn.qkv_proj.weight"] = torch.cat((
+                rows(hf[p + "self_attn.q_proj.weight"], range(r * q, (r + 1) * q)),
+                rows(hf[p + "self_attn.k_proj.weight"], kv),
+                rows(hf[p + "self_attn.v_proj.weight"], kv)), 0)
+            d[p + "self_attn.o_proj.weight"] = \
+                hf[p + "self_attn.o_proj.weight"][:, r * q * hd:(r + 1) * q * hd]
+            w13, w2 = [], []
+            for e in range(ep_rank * El, (ep_rank + 1) * El):
+                x = p + "mlp.experts.%d." % e
+                w13.append(torch.cat((hf[x + "gate_proj.weight"][mt * Ip:(mt + 1) * Ip],
+                                      hf[x + "up_proj.weight"][mt * Ip:(mt + 1) * Ip]), 0))
+                w2.append(hf[x + "down_proj.weight"][:, mt * Ip:(mt + 1) * Ip])
+            d[p + "mlp.experts.w13_weight"] = torch.stack(w13)
+            d[p + "mlp.experts.w2_weight"] = torch.stack(w2)
+        out.append(d)
+    return out
+
+
+def moe_phase(c, sock, tmp):
+    from dte.source import Source
+    cfg_text = json.dumps(CFG_MOE)
+    g = torch.Generator().manual_seed(7)
+    params = {n: torch.nn.Parameter(torch.randn(sh, generator=g) * 0.02)
+              for n, sh in hf_moe_shapes(CFG_MOE).items()}
+    targets = {n: torch.randn(p.shape, generator=g) * 0.02 for n, p in params.items()}
+    opt = torch.optim.AdamW([
+        {"params": [p for p in params.values() if p.dim() > 1], "weight_decay": 0.01},
+        {"params": [p for p in params.values() if p.dim() == 1], "weight_decay": 0.0}], lr=1e-3)
+    src = Source.hf(params, opt, sock, JOB_MOE, TOKEN, cfg_text)
+    S = fake.FakeSGLangServer(CFG_MOE, 2, tmp, "moe-sglang")          # MoE-TP 2
+    L = fake.FakeLLM(CFG_MOE, 2, ep=True)                               # EP 2, MoE-TP 1
+    exact = {"sglang": 0, "vllm": 0}
+    try:
+        cs = dsg.SGLangController(S.url, JOB_MOE, TOKEN, cfg_text, socket=sock, replica=0)
+        cv = dvl.VLLMController(L, JOB_MOE, TOKEN, cfg_text, socket=sock, replica=1)
+        cs.attach()
+        att = cv.attach()
+        c.check([r.get("layout") for r in att] == ["vllm:tp=2,ep=2"] * 2,
+                "vLLM with enable_expert_parallel attaches vllm:tp=2,ep=2: %s"
+                % [r.get("layout") for r in att])
+        for v in range(1, MOE_VERSIONS + 1):
+            opt.zero_grad()
+            sum(((p - targets[n]) ** 2).sum() for n, p in params.items()).backward()
+            opt.step()
+            src.publish(v)
+            hf = {n: p.detach().to(torch.bfloat16) for n, p in params.items()}
+            for kind, ctl_, eng, ep in (("sglang", cs, S, 1), ("vllm", cv, L, 2)):
+                rep = ctl_.sync(v, raise_on_failure=False)
+                got = sglang_weights(eng) if kind == "sglang" else eng.weights()
+                bad = []
+                for r, (w, g_) in enumerate(zip(moe_expected(hf, CFG_MOE, 2, ep), got)):
+                    bad += ["rank %d %s" % (r, n) for n in compare(w, g_)]
+                c.check(rep.ok and not bad, "MoE v%d %s: %s %s" % (v, kind, rep.summary(), bad[:3]))
+                exact[kind] += rep.ok and not bad
+    finally:
+        S.stop()
+        L.stop()
+        src.close()
+    return exact
 
 
 def main():
@@ -352,6 +486,9 @@ def main():
         c.check(exact["sglang"] == VERSIONS and exact["vllm"] == VERSIONS,
                 "every engine exact at every version (sglang %d, vllm %d of %d)"
                 % (exact["sglang"], exact["vllm"], VERSIONS))
+        moe = moe_phase(c, sock, tmp)
+        print("engines-moe: sglang=%d/%d vllm=%d/%d exact" % (
+            moe["sglang"], MOE_VERSIONS, moe["vllm"], MOE_VERSIONS), flush=True)
         st = harness.dtectl(sock, "status")
         c.check(st.returncode == 0, "daemon still serving")
         tcli.close()

@@ -65,8 +65,12 @@ import torch
 VOCAB_PAD = 64  # DEFAULT_VOCAB_PADDING_SIZE (vocab_parallel_embedding.py, both engines)
 
 
-def target_shapes(cfg, tp):
-    """{name: (shape, is_norm)} of one TP rank of Qwen3ForCausalLM."""
+def target_shapes(cfg, tp, ep=1):
+    """{name: (shape, is_norm)} of one TP rank of Qwen3ForCausalLM, or of
+    Qwen3MoeForCausalLM when cfg has num_experts (every layer sparse):
+    mlp.gate (ReplicatedLinear [E, H]) and FusedMoE's w13_weight
+    [E/ep, 2*Im/mtp, H] and w2_weight [E/ep, H, Im/mtp], mtp = tp/ep
+    (FusedMoE.create_weights via the quant method; vLLM's EP: ep = tp)."""
     H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     q = nH // tp
@@ -81,6 +85,12 @@ def target_shapes(cfg, tp):
         s[p + "self_attn.q_norm.weight"] = ((hd,), True)
         s[p + "self_attn.k_norm.weight"] = ((hd,), True)
         s[p + "post_attention_layernorm.weight"] = ((H,), True)
+        if cfg.get("num_experts"):
+            E, Im, mtp = cfg["num_experts"], cfg["moe_intermediate_size"], tp // ep
+            s[p + "mlp.gate.weight"] = ((E, H), False)
+            s[p + "mlp.experts.w13_weight"] = ((E // ep, 2 * Im // mtp, H), False)
+            s[p + "mlp.experts.w2_weight"] = ((E // ep, H, Im // mtp), False)
+            continue
         s[p + "mlp.gate_up_proj.weight"] = ((2 * I // tp, H), False)
         s[p + "mlp.down_proj.weight"] = ((H, I // tp), False)
     s["model.norm.weight"] = ((H,), True)
@@ -147,18 +157,18 @@ def unpack(p):
 
 # ---------------------------------------------------------------- SGLang worker
 
-def sglang_worker(conn, rank, tp, cfg, fp32_norms, draft, init_file, attn_tp=None):
+def sglang_worker(conn, rank, tp, cfg, fp32_norms, draft, init_file, attn_tp=None, ep=1):
     torch.set_num_threads(1)
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=tp)
     par = types.SimpleNamespace(tp_rank=rank, tp_size=tp, attn_tp_size=attn_tp or tp,
-                                moe_ep_size=1, moe_dp_size=1,
+                                moe_ep_size=ep, moe_dp_size=1,
                                 tp_group=types.SimpleNamespace(cpu_group=dist.group.WORLD))
     _module("sglang")
     _module("sglang.srt")
     _module("sglang.srt.runtime_context", get_parallel=lambda: par)
     import importlib
-    shapes = target_shapes(cfg, tp)
+    shapes = target_shapes(cfg, tp, ep)
     target = loaded_padding(make_model("Qwen3ForCausalLM", shapes, fp32_norms, seed=100 + rank),
                             cfg, tp, rank)
     runners = [("target", target)]
@@ -317,14 +327,14 @@ class FakeSGLangServer:
 
     def __init__(self, cfg, tp, tmp, label, fp32_norms=False, draft=False,
                  order=("target", "draft"), flush_ignores_paused_waiting=True, attn_tp=None,
-                 sessions=True):
+                 sessions=True, ep=1):
         """sessions=False: an SGLang before 0.5.23's weight-update sessions
         (no begin/end_weight_update endpoints, no runner selector: every
         runner gets the call)."""
         self.tp, self.order, self.sessions = tp, list(order), sessions
         init = os.path.join(tmp, "gloo-%s" % label)
         self.workers = Workers(sglang_worker, tp, lambda r: (r, tp, cfg, fp32_norms, draft, init,
-                                                             attn_tp))
+                                                             attn_tp, ep))
         self.flush_ignores_paused_waiting = flush_ignores_paused_waiting
         self.lock = threading.Lock()
         self.running, self.waiting = [], []   # requests: {"id", "prefix", "kv"}
@@ -565,7 +575,7 @@ class Worker:
         self.model_runner = types.SimpleNamespace(model=model, get_model=lambda: model)
 
 
-def vllm_worker(conn, rank, tp, cfg, dp_rank, ext_qualname):
+def vllm_worker(conn, rank, tp, cfg, dp_rank, ext_qualname, ep=False):
     torch.set_num_threads(1)
     _module("vllm")
     _module("vllm.distributed")
@@ -584,10 +594,10 @@ def vllm_worker(conn, rank, tp, cfg, dp_rank, ext_qualname):
             assert not hasattr(worker_class, attr), "conflict: %s" % attr
         worker_class.__bases__ = worker_class.__bases__ + (ext,)
     pc = types.SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=1,
-                               data_parallel_rank=dp_rank, enable_expert_parallel=False,
+                               data_parallel_rank=dp_rank, enable_expert_parallel=ep,
                                worker_extension_cls=ext_qualname)
-    model = loaded_padding(make_model("Qwen3ForCausalLM", target_shapes(cfg, tp), False,
-                                      seed=300 + rank), cfg, tp, rank)
+    model = loaded_padding(make_model("Qwen3ForCausalLM", target_shapes(cfg, tp, tp if ep else 1),
+                                      False, seed=300 + rank), cfg, tp, rank)
     w = worker_class(rank, model, types.SimpleNamespace(parallel_config=pc))
     while True:
         try:
@@ -615,9 +625,9 @@ class FakeLLM:
 
     EXT = "dte.integrations.vllm.DteWorkerExtension"
 
-    def __init__(self, cfg, tp, dp_rank=0):
+    def __init__(self, cfg, tp, dp_rank=0, ep=False):
         self.tp = tp
-        self.workers = Workers(vllm_worker, tp, lambda r: (r, tp, cfg, dp_rank, self.EXT))
+        self.workers = Workers(vllm_worker, tp, lambda r: (r, tp, cfg, dp_rank, self.EXT, ep))
         self.rpcs = []
         self.prefix_resets = 0
         self._pending = [0] * tp   # answers still owed by a worker after a timeout

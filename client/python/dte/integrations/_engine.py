@@ -43,6 +43,7 @@ import subprocess
 
 import torch
 
+from .. import _lib
 from ..shm import Arena
 from ..sink import Sink
 
@@ -129,12 +130,17 @@ class EngineSink:
         if len(dev) != 1 or dev.pop() not in ("cuda", "cpu"):
             raise IntegrationError("%s rank %d: parameters must all be on one CUDA device "
                                    "or all on the CPU" % (self.layout, self.rank))
+        shapes = {t.name: t.shape for t in _lib.layout_tensors(
+            self.sink.model_config, self.layout, _lib.SINK, self.rank)}
         regs = {}
         for _bid, length, name in want:
             p = params[name].data
-            if p.numel() != length:
-                raise IntegrationError("%s rank %d: %s has %d elements, the layout %d"
-                                       % (self.layout, self.rank, name, p.numel(), length))
+            if p.numel() != length or (name in shapes and tuple(p.shape) != shapes[name]):
+                # the shape too: a [E/ep, 2I, H] w13 and an [E, 2I/ep, H] one
+                # have the same size and very different contents
+                raise IntegrationError("%s rank %d: %s is %s, the layout's is %s"
+                                       % (self.layout, self.rank, name, tuple(p.shape),
+                                          shapes.get(name, (length,))))
             if not p.is_contiguous():
                 raise IntegrationError("%s rank %d: %s is not contiguous"
                                        % (self.layout, self.rank, name))
