@@ -338,6 +338,17 @@ def main():
         c.check(all(r["ok"] for r in asyncio.run(ctl["C"].attach_async())),
                 "vLLM AsyncLLM C: both workers attached through collective_rpc")
         c.check(all(r["ok"] for r in ctl["D"].attach()), "vLLM LLM D: attached")
+        E = fake.FakeLLM(CFG, 1)
+        try:
+            bad = dvl.VLLMController(E, JOB, "not-the-token", CFG_TEXT, socket=sock, replica=4)
+            try:
+                bad.attach()
+                c.check(False, "an engine with the wrong token attached")
+            except IntegrationError as e:
+                c.check("token" in str(e), "wrong token: attach refused clearly (%s)"
+                        % str(e)[:100])
+        finally:
+            E.stop()
         c.check(all(A.workers.all("draft_untouched")) and all(B.workers.all("draft_untouched")),
                 "the EAGLE3 draft was not attached (either call order)")
 
