@@ -15,3 +15,9 @@ SYSTEM_TESTS += tests/system/demo_short.py
 # to the stand-in through two daemons (DEMO_ARGS, e.g. --versions 40).
 demo: all
 	@B=$(B) PYTHONPATH=$(CURDIR)/client/python $(PYTHON) -m dte.demo $(DEMO_ARGS)
+
+# dte.integrations (SGLang loader/controller, vLLM extension/controller)
+# against real daemons: engines.py through fakes of the upstream call paths,
+# prints `engines: sglang=N/N vllm=N/N exact`; engines_real.py runs the same
+# against real SGLang/vLLM when they import with a GPU, else skips (77).
+SYSTEM_TESTS += tests/system/engines.py tests/system/engines_real.py

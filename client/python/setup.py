@@ -7,6 +7,8 @@ setup(
     name="dte",
     version="0.1.0",
     description="dted client: trainer/inference helpers for sparse weight sync",
-    packages=["dte"],
+    license="Apache-2.0",
+    classifiers=["License :: OSI Approved :: Apache Software License"],
+    packages=["dte", "dte.integrations"],
     python_requires=">=3.9",
 )

@@ -102,6 +102,15 @@ class Sink:
             # An older version staged wakes us up without the one we want.
             time.sleep(0.002)
 
+    def stage(self, version, timeout_ms=30000):
+        """Wait until `version` (or a newer one) is staged, or applied, on
+        every rank, writing nothing: the first phase of an apply that must
+        happen on every worker of an engine or on none
+        (dte.integrations)."""
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        for p in self.parts:
+            self._wait_for(p, version, deadline)
+
     def apply(self, version, timeout_ms=30000):
         """Wait until `version` is staged on every rank, then apply it
         everywhere.  A checksum failure is reported by the daemon, which
