@@ -14,6 +14,10 @@ projects' own sharding rules, cited where used:
 and it reads the sink's memory itself (SinkMemory: the inference process's
 memfds opened through /proc/<pid>/fd), not through the stand-in's helpers.
 
+Upstream read at: sgl-project/sglang python/sglang/srt/layers/linear.py
+(commit 0079fcc18b3e) and layers/vocab_parallel_embedding.py (04d5e392629c);
+NVIDIA/Megatron-LM megatron/core/transformer/attention.py (00c2c0adeec1).
+
 It needs torch only; it never imports dte.
 """
 
