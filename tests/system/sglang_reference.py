@@ -299,6 +299,9 @@ class SinkMemory:
     def names(self, r):
         return list(self.ranks[r])
 
+    def shape(self, r, name):
+        return self.ranks[r][name][3]
+
     def bits(self, r, name):
         """A copy of rank r's tensor `name` as int16 BF16 bit patterns."""
         mm, off, nbytes, shape = self.ranks[r][name]

@@ -214,23 +214,29 @@ def load_reference():
 def logits_of(sglang, cfg, tp, want, tokens):
     """The stand-in's forward code on the expected BF16 tensors (want: per
     rank {name: int16 bits}) in a fresh model of this process."""
-    import torch
     m = sglang.SGLangModel(cfg, tp, label="demo-expected")
     try:
         for r in range(tp):
-            if set(want[r]) != set(m.arenas[r].names()):
-                raise RuntimeError("demo: expected tensors %s != the engine's %s" % (
-                    sorted(set(want[r]) ^ set(m.arenas[r].names()))[:3], "names"))
+            names = m.arenas[r].names()
+            if set(want[r]) != set(names):
+                raise RuntimeError("demo: rank %d: expected tensors and the engine's differ: %s"
+                                   % (r, sorted(set(want[r]) ^ set(names))[:3]))
             for n, bits in want[r].items():
-                dst = m.arenas[r].tensor(n).view(torch.int16)
-                if dst.shape != bits.shape:
-                    raise RuntimeError("demo: expected %s is %s, the engine's %s" % (
-                        n, tuple(bits.shape), tuple(dst.shape)))
-                dst.copy_(bits)
-            del dst  # no view may outlive the arena (shm.Arena.close)
+                _fill(m.arenas[r], n, bits)
         return m.logits(tokens)
     finally:
         m.close()
+
+
+def _fill(arena, name, bits):
+    """Copy BF16 bits into arena tensor `name` (its view dies here, before
+    the arena may be closed)."""
+    import torch
+    dst = arena.tensor(name).view(torch.int16)
+    if dst.shape != bits.shape:
+        raise RuntimeError("demo: expected %s is %s, the engine's %s" % (
+            name, tuple(bits.shape), tuple(dst.shape)))
+    dst.copy_(bits)
 
 
 def _sigterm(signum, frame):
@@ -305,8 +311,13 @@ def main(argv=None):
         sink = StandinSink(standin, infer_d.sock, JOB, TOKEN, cfg_text, coordinator=coord)
         # The stand-in's weights, read from its own memfds (never through its
         # helpers); writable only for the test-only corruption.
-        mem = ref.SinkMemory(standin.proc.pid, standin.call("locs"),
-                             writable=bool(args.corrupt))
+        try:
+            mem = ref.SinkMemory(standin.proc.pid, standin.call("locs"),
+                                 writable=bool(args.corrupt))
+        except OSError as e:
+            raise RuntimeError("demo: cannot map the stand-in's memory through /proc/%d/fd "
+                               "(%s); the exactness check reads every sink element there"
+                               % (standin.proc.pid, e)) from e
         n_elems = sum(mem.bits(r, n).numel() for r in range(TP) for n in mem.names(r))
         print("demo: stand-in pid %d attached %d sink ranks on %s" % (
             standin.proc.pid, len(sink.parts), infer_d.name), flush=True)
@@ -414,7 +425,7 @@ def corrupt_target(kind, task, mem, cfg, tp):
     if kind == "norm-replica":
         return tp - 1, "model.norm.weight", 0
     used = set(int(t) for t in task.alphabet)
-    rows = mem.ranks[tp - 1]["model.embed_tokens.weight"][3][0]
+    rows = mem.shape(tp - 1, "model.embed_tokens.weight")[0]
     lo = (tp - 1) * rows
     tok = max(t for t in range(lo, min(lo + rows, cfg["vocab_size"])) if t not in used)
     return tp - 1, "model.embed_tokens.weight", (tok - lo) * cfg["hidden_size"]
