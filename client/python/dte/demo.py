@@ -181,6 +181,7 @@ def parse_args(argv):
     # of one sink element behind the daemon's back right after apply(V) and
     # flips it back after that version's check, so the test sees the
     # exactness check fail on exactly that version (corrupt_target: KIND).
+    # V:KIND:keep leaves it flipped (what do later applies make of it?).
     ap.add_argument("--corrupt", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true", help="keep the runtime directory")
     a = ap.parse_args(argv)
@@ -188,11 +189,11 @@ def parse_args(argv):
         ap.error("versions >= 1, warm-steps >= 0 and positive learning rates")
     corrupt = {}
     for c in a.corrupt:
-        m = re.match(r"^(\d+):(%s)$" % "|".join(CORRUPT_KINDS), c)
+        m = re.match(r"^(\d+):(%s)(:keep)?$" % "|".join(CORRUPT_KINDS), c)
         if not m or not 1 <= int(m.group(1)) <= a.versions or int(m.group(1)) in corrupt:
-            ap.error("--corrupt V:KIND, V a version (once each), KIND one of %s" % (
+            ap.error("--corrupt V:KIND[:keep], V a version (once each), KIND one of %s" % (
                 ", ".join(CORRUPT_KINDS)))
-        corrupt[int(m.group(1))] = m.group(2)
+        corrupt[int(m.group(1))] = (m.group(2), bool(m.group(3)))
     a.corrupt = corrupt
     return a
 
@@ -340,10 +341,14 @@ def main(argv=None):
             sync_ms = (time.perf_counter() - t0) * 1e3
             flipped = None
             if v in args.corrupt:
-                flipped = corrupt_target(args.corrupt[v], task, mem, cfg, TP)
+                kind, keep = args.corrupt[v]
+                flipped = corrupt_target(kind, task, mem, cfg, TP)
                 mem.flip_bit(*flipped, 0)
                 print("demo: TEST ONLY: flipped bit 0 of rank %d %s element %d in the "
-                      "stand-in's memory after apply(%d)" % (flipped + (v,)), flush=True)
+                      "stand-in's memory after apply(%d)%s" % (
+                          flipped + (v, ", left flipped" if keep else "")), flush=True)
+                if keep:
+                    flipped = None
             want = ref.expected_sink(theta, cfg, TP, TP)
             bad, total, where = ref.compare(want, mem)
             split = ref.replicas_disagree(theta)
