@@ -10,18 +10,29 @@ own daemon and applies each version when told.
 
 Every version prints: step, loss, changed %, sparse bytes (what went on the
 wire), dense bytes (2 bytes per element a full sync would send), sync ms
-(publish to every sink applied) and exact?: the stand-in's logits on a fixed
-batch equal, bit for bit, the logits the same forward code gives on RNE(θ_t)
-converted by the independent HF->SGLang converter.
+(publish to every sink applied) and exact?.  exact? is "yes" only when
+  - EVERY element of EVERY stand-in rank (replicated norms and KV heads
+    checked on each rank that holds them), read from the stand-in's own
+    shared memory, equals bit for bit RNE-BF16 of the trainer's FP32 θ of
+    that version, mapped Megatron-Core -> HF -> SGLang by an independent
+    converter written for the check from the upstream projects' sharding
+    rules (tests/system/sglang_reference.py; it uses none of dted's layout
+    code nor dte.sglang's / dte.megatron's converters), and
+  - the stand-in's logits on a held-out batch (never trained on) equal the
+    logits the same forward code gives on those expected tensors.
+Otherwise it prints NO with the number of mismatched elements.
 
     /usr/bin/python3 -m dte.demo [--versions N] [--nodes 1|2] ...
 
 Ends with `demo: versions=N exact=N/N sparse_bytes=S dense_bytes=D ratio=R`
-and exits non-zero unless every version is exact, the loss fell and no
-process it started is left.
+and exits non-zero unless every version is exact and no process it started
+is left.  The training loss over the synced versions is reported as it is
+(each step's loss is on its own batch; at the synced phase's small lr it
+need not fall), next to the held-out loss of the stand-in's logits.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -153,6 +164,9 @@ def leftovers(tmp, pids):
     return left
 
 
+CORRUPT_KINDS = ("embed-unused", "norm-replica")
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="dte.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", type=int, default=20, help="synced versions (default 20)")
@@ -163,13 +177,67 @@ def parse_args(argv):
     ap.add_argument("--nodes", type=int, choices=(1, 2), default=2,
                     help="2: trainer and inference daemons over UCX; 1: one daemon")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for training")
-    ap.add_argument("--check-weights", action="store_true",
-                    help="also compare every stand-in weight with RNE(θ) (tests)")
+    # Test only (tests/system/demo_short.py): --corrupt V:KIND flips one bit
+    # of one sink element behind the daemon's back right after apply(V) and
+    # flips it back after that version's check, so the test sees the
+    # exactness check fail on exactly that version (corrupt_target: KIND).
+    # V:KIND:keep leaves it flipped (what do later applies make of it?).
+    ap.add_argument("--corrupt", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true", help="keep the runtime directory")
     a = ap.parse_args(argv)
     if a.versions < 1 or a.warm_steps < 0 or a.lr <= 0 or a.warm_lr <= 0:
         ap.error("versions >= 1, warm-steps >= 0 and positive learning rates")
+    corrupt = {}
+    for c in a.corrupt:
+        m = re.match(r"^(\d+):(%s)(:keep)?$" % "|".join(CORRUPT_KINDS), c)
+        if not m or not 1 <= int(m.group(1)) <= a.versions or int(m.group(1)) in corrupt:
+            ap.error("--corrupt V:KIND[:keep], V a version (once each), KIND one of %s" % (
+                ", ".join(CORRUPT_KINDS)))
+        corrupt[int(m.group(1))] = (m.group(2), bool(m.group(3)))
+    a.corrupt = corrupt
     return a
+
+
+def load_reference():
+    """tests/system/sglang_reference.py: the independent converter and sink
+    reader the exactness check uses (kept out of the dte package on purpose:
+    the check must not share code with what it checks)."""
+    path = os.path.join(ROOT, "tests", "system", "sglang_reference.py")
+    if not os.path.exists(path):
+        raise SystemExit("demo: %s is missing: the demo runs from a source tree, whose "
+                         "independent checker it needs" % path)
+    spec = importlib.util.spec_from_file_location("dte_demo_sglang_reference", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def logits_of(sglang, cfg, tp, want, tokens):
+    """The stand-in's forward code on the expected BF16 tensors (want: per
+    rank {name: int16 bits}) in a fresh model of this process."""
+    m = sglang.SGLangModel(cfg, tp, label="demo-expected")
+    try:
+        for r in range(tp):
+            names = m.arenas[r].names()
+            if set(want[r]) != set(names):
+                raise RuntimeError("demo: rank %d: expected tensors and the engine's differ: %s"
+                                   % (r, sorted(set(want[r]) ^ set(names))[:3]))
+            for n, bits in want[r].items():
+                _fill(m.arenas[r], n, bits)
+        return m.logits(tokens)
+    finally:
+        m.close()
+
+
+def _fill(arena, name, bits):
+    """Copy BF16 bits into arena tensor `name` (its view dies here, before
+    the arena may be closed)."""
+    import torch
+    dst = arena.tensor(name).view(torch.int16)
+    if dst.shape != bits.shape:
+        raise RuntimeError("demo: expected %s is %s, the engine's %s" % (
+            name, tuple(bits.shape), tuple(dst.shape)))
+    dst.copy_(bits)
 
 
 def _sigterm(signum, frame):
@@ -182,9 +250,10 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _sigterm)
 
     import torch
-    from . import megatron, qwen3, sglang, toy
+    from . import _lib, megatron, qwen3, sglang, toy
     from .sink import StandinSink
     from .source import Source
+    ref = load_reference()
 
     torch.manual_seed(0)
     torch.set_num_threads(max(args.threads, 1))
@@ -192,7 +261,7 @@ def main(argv=None):
     cfg_text = json.dumps(cfg)
     TP = 2
     tmp = tempfile.mkdtemp(prefix="dte-demo-")
-    daemons, standin, src, model, trainer = [], None, None, None, None
+    daemons, standin, src, model, trainer, mem = [], None, None, None, None, None
     pids = []
     failed = True
     rows = []
@@ -205,7 +274,7 @@ def main(argv=None):
         model = megatron.MegatronModel(cfg, tp=TP, seed=0, flat=True, label="demo-trainer")
         trainer = megatron.Trainer(model, lr=args.warm_lr)
         task = toy.ToyTask(cfg["vocab_size"])
-        eval_tokens = task.eval_tokens
+        held_x, held_y = task.heldout_tokens, task.heldout_targets
 
         # The "SFT checkpoint": a few unsynced steps at a high lr, so the loss
         # visibly falls; sync starts from there (its version 1 is dense).
@@ -241,41 +310,88 @@ def main(argv=None):
         standin = sglang.Standin(cfg, tp=TP, label="demo-standin", timeout=120.0)
         pids.append(standin.proc.pid)
         sink = StandinSink(standin, infer_d.sock, JOB, TOKEN, cfg_text, coordinator=coord)
+        # The stand-in's weights, read from its own memfds (never through its
+        # helpers); writable only for the test-only corruption.
+        try:
+            mem = ref.SinkMemory(standin.proc.pid, standin.call("locs"),
+                                 writable=bool(args.corrupt))
+        except OSError as e:
+            raise RuntimeError("demo: cannot map the stand-in's memory through /proc/%d/fd "
+                               "(%s); the exactness check reads every sink element there"
+                               % (standin.proc.pid, e)) from e
+        n_elems = sum(mem.bits(r, n).numel() for r in range(TP) for n in mem.names(r))
         print("demo: stand-in pid %d attached %d sink ranks on %s" % (
             standin.proc.pid, len(sink.parts), infer_d.name), flush=True)
+        print("demo: exact? = all %d BF16 elements of both stand-in ranks == RNE(θ) through "
+              "the independent converter (tests/system/sglang_reference.py), and its logits "
+              "on a held-out batch == the same forward on those tensors" % n_elems, flush=True)
 
         hdr = "%4s %5s %7s %8s %11s %11s %6s %8s  %s" % (
             "ver", "step", "loss", "changed%", "sparse_B", "dense_B", "mode", "sync_ms", "exact?")
         print(hdr + "\n" + "-" * len(hdr), flush=True)
         step0 = args.warm_steps
-        first_loss = losses[0] if losses else None
         for v in range(1, args.versions + 1):
             rec = trainer.step(*task.batch_at(step0 + v - 1))
-            if first_loss is None:
-                first_loss = rec["loss"]
+            # θ_v as the trainer holds it (FP32 Megatron-Core shards, every rank).
+            theta = [{n: p.detach().clone() for n, p in ps.items()} for ps in model.params]
             t0 = time.perf_counter()
             info = src.publish(v)                 # captured: the trainer may step again
-            sink.apply(v, 60000)                  # the engine's safe point
-            src.wait(v, 60000)                    # every sink applied v
+            # A checksum failure at apply (the daemon found the sink's memory
+            # not what it wrote: only the test-only --corrupt ...:keep does
+            # that here) is that version's verdict; the daemon repairs the
+            # sink densely at the next version.  Anything else is fatal.
+            apply_failed = None
+            try:
+                sink.apply(v, 60000)              # the engine's safe point
+            except sglang.StandinError as e:
+                m = re.search(r"failed its checksum on rank\(s\) \[[\d, ]+\]", str(e))
+                if not m:
+                    raise
+                apply_failed = m.group(0)
+            try:
+                src.wait(v, 60000)                # every sink applied v
+            except _lib.DteError:
+                if apply_failed is None:
+                    raise
             sync_ms = (time.perf_counter() - t0) * 1e3
+            flipped = None
+            if v in args.corrupt:
+                kind, keep = args.corrupt[v]
+                flipped = corrupt_target(kind, task, mem, cfg, TP)
+                mem.flip_bit(*flipped, 0)
+                print("demo: TEST ONLY: flipped bit 0 of rank %d %s element %d in the "
+                      "stand-in's memory after apply(%d)%s" % (
+                          flipped + (v, ", left flipped" if keep else "")), flush=True)
+                if keep:
+                    flipped = None
+            want = ref.expected_sink(theta, cfg, TP, TP)
+            bad, total, where = ref.compare(want, mem)
+            split = ref.replicas_disagree(theta)
             with torch.no_grad():
-                ref = sglang.reference_logits(model.to_hf(), cfg, TP, eval_tokens)
-            got = standin.logits(eval_tokens)
-            ok = torch.equal(ref, got)
-            if ok and args.check_weights:
-                want = {n: t.to(torch.bfloat16) for n, t in model.to_hf().items()}
-                have = standin.to_hf()
-                ok = all(torch.equal(want[n].view(torch.int16), have[n].view(torch.int16))
-                         for n in want)
+                got = standin.logits(held_x)
+                logits_ok = torch.equal(logits_of(sglang, cfg, TP, want, held_x), got)
+                held_loss = float(torch.nn.functional.cross_entropy(
+                    got.reshape(-1, got.shape[-1]), held_y.reshape(-1)))
+            ok = bad == 0 and total == n_elems and logits_ok and not split and not apply_failed
             dense_b = 2 * info["elements"]
             mode = "dense" if info["dense"] else "sparse"
             pct = 100.0 * info["changed"] / max(info["elements"], 1)
-            rows.append((v, rec, info, dense_b, sync_ms, ok))
+            rows.append((v, rec, info, dense_b, sync_ms, ok, held_loss))
+            verdict = "yes" if ok else "NO: %d of %d elements differ%s%s%s" % (
+                bad, total, "" if logits_ok else ", held-out logits differ",
+                ", trainer replicas disagree %s" % split if split else "",
+                ", apply %s (dense repair next)" % apply_failed if apply_failed else "")
             print("%4d %5d %7.4f %8.2f %11d %11d %6s %8.1f  %s" % (
                 v, rec["step"], rec["loss"], pct, info["bytes"], dense_b, mode, sync_ms,
-                "yes" if ok else "NO"), flush=True)
+                verdict), flush=True)
+            for r, name, n in where[:5]:
+                print("      rank %d %s: %d elements differ" % (r, name, n), flush=True)
+            if flipped:
+                mem.flip_bit(*flipped, 0)   # back, before the daemon writes again
         failed = False
     finally:
+        if mem is not None:
+            mem.close()
         if standin is not None:
             standin.stop()
         if src is not None:
@@ -300,20 +416,42 @@ def main(argv=None):
     if later:
         sb, db = sum(r[2]["bytes"] for r in later), sum(r[3] for r in later)
         pct = [100.0 * r[2]["changed"] / max(r[2]["elements"], 1) for r in later]
-        print("demo: versions 2..%d (sparse): %.2f%% of BF16 elements changed per step on "
+        nd = sum(1 for r in later if r[2]["dense"])
+        print("demo: versions 2..%d (%s): %.2f%% of BF16 elements changed per step on "
               "average, %d bytes against %d dense (%.1fx), mean sync %.1f ms" % (
-                  n, sum(pct) / len(pct), sb, db, db / max(sb, 1),
+                  n, "sparse" if not nd else "%d sparse, %d dense" % (len(later) - nd, nd),
+                  sum(pct) / len(pct), sb, db, db / max(sb, 1),
                   sum(r[4] for r in later) / len(later)))
-    last_loss = rows[-1][1]["loss"] if rows else None
-    fell = first_loss is not None and last_loss is not None and last_loss < first_loss
-    print("demo: loss %.3f -> %.3f (%s)" % (first_loss, last_loss,
-                                            "fell" if fell else "DID NOT FALL"))
+    if rows:
+        first, last = rows[0], rows[-1]
+        print("demo: synced versions %d..%d: training loss %.4f -> %.4f (each on its own "
+              "batch), held-out loss of the stand-in's logits %.4f -> %.4f" % (
+                  first[0], last[0], first[1]["loss"], last[1]["loss"], first[6], last[6]))
     print("demo: daemons exited %s; processes left: %s" % (
         ", ".join("%s=%s" % kv for kv in codes.items()), left or "none"))
     print("demo: versions=%d exact=%d/%d sparse_bytes=%d dense_bytes=%d ratio=%.1f" % (
         n, exact, n, sparse_b, dense_b, dense_b / max(sparse_b, 1)), flush=True)
-    ok = n == args.versions and exact == n and fell and not left and not any(codes.values())
+    ok = n == args.versions and exact == n and not left and not any(codes.values())
     return 0 if ok else 1
+
+
+def corrupt_target(kind, task, mem, cfg, tp):
+    """TEST ONLY: (rank, tensor, flat index) of the element --corrupt flips.
+
+    embed-unused: column 0 of the last rank's embedding row of the highest
+      token id the toy chain never uses: never in a batch (zero gradient)
+      nor in the held-out batch, so held-out logits cannot see it; only the
+      all-weights comparison can.
+    norm-replica: element 0 of the last rank's copy of model.norm.weight, a
+      replicated tensor (a check that reads replicas from rank 0 only
+      misses it; that rank's half of the logits does not)."""
+    if kind == "norm-replica":
+        return tp - 1, "model.norm.weight", 0
+    used = set(int(t) for t in task.alphabet)
+    rows = mem.shape(tp - 1, "model.embed_tokens.weight")[0]
+    lo = (tp - 1) * rows
+    tok = max(t for t in range(lo, min(lo + rows, cfg["vocab_size"])) if t not in used)
+    return tp - 1, "model.embed_tokens.weight", (tok - lo) * cfg["hidden_size"]
 
 
 if __name__ == "__main__":

@@ -30,15 +30,24 @@ class ToyTask:
         self.successors = torch.full((vocab_size, branching), -1, dtype=torch.long)
         self.successors[self.alphabet] = self.alphabet[
             torch.randint(0, active, (active, branching), generator=gen)]
-        n = batch * num_batches
-        seqs = torch.empty(n, seq_len + 1, dtype=torch.long)
-        seqs[:, 0] = self.alphabet[torch.randint(0, active, (n,), generator=gen)]
-        for t in range(seq_len):
-            pick = torch.randint(0, branching, (n,), generator=gen)
-            seqs[:, t + 1] = self.successors[seqs[:, t], pick]
+        seqs = self._walk(batch * num_batches, seq_len, gen)
         self.data = seqs.view(num_batches, batch, seq_len + 1)
-        # A held-out batch, for logits comparisons that must not move with training.
+        # The first training batch (what eval_tokens always was).
         self.eval_tokens = seqs[:batch, :seq_len].clone()
+        # A held-out batch: the same chain, drawn after the training data
+        # (so the training batches are unchanged), never trained on.
+        held = self._walk(batch, seq_len, gen)
+        self.heldout_tokens = held[:, :-1].contiguous()
+        self.heldout_targets = held[:, 1:].contiguous()
+
+    def _walk(self, n, seq_len, gen):
+        """n sequences of seq_len + 1 ids following the chain."""
+        seqs = torch.empty(n, seq_len + 1, dtype=torch.long)
+        seqs[:, 0] = self.alphabet[torch.randint(0, len(self.alphabet), (n,), generator=gen)]
+        for t in range(seq_len):
+            pick = torch.randint(0, self.branching, (n,), generator=gen)
+            seqs[:, t + 1] = self.successors[seqs[:, t], pick]
+        return seqs
 
     def batch_at(self, step):
         """(tokens [B, T], targets [B, T]) for a step; cycles the fixed data."""
