@@ -10,7 +10,7 @@ draft-then-target as older versions), vLLM AsyncLLM C (TP=2) and vLLM
 LLM D (TP=1), replicas 0..3.  A trainer (Megatron TP=1, real AdamW)
 publishes 12 versions; after each, every controller syncs its engine and
 every worker's parameters must equal RNE-BF16(θ_v) through the
-independent converter (dte.sglang.hf_to_sglang) bit for bit, FP32 norms
+independent converter (tests/system/sglang_reference.py) bit for bit, FP32 norms
 as the exact FP32 of it.  Along the way:
   * requests pending in SGLang (running and queued): auto picks retract
     and flushes after the update; none is ever served KV computed with
@@ -52,6 +52,7 @@ from dte.integrations import _engine, sglang as dsg, vllm as dvl  # noqa: E402
 from dte.integrations._engine import IntegrationError, SyncError  # noqa: E402
 
 import engines_fake as fake  # noqa: E402
+import sglang_reference as ref  # noqa: E402
 
 JOB, TOKEN = "engines", "t0ken"
 CFG = qwen3.make_config(None, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -357,9 +358,13 @@ def main():
             rec = trainer.step(*task.batch_at(v))
             for p in src:
                 tcli.publish(JOB, p, v, rec["step"], harness.groups_of(rec))
-            hf = {n: t.to(torch.bfloat16) for n, t in model.to_hf().items()}
-            from dte import sglang as conv  # the independent converter
-            expected[v] = {tp: conv.hf_to_sglang(hf, CFG, tp) for tp in (1, 2)}
+            # The independent converter (tests/system/sglang_reference.py,
+            # written from Megatron-Core's and SGLang's sources, no dte
+            # code): the trainer's FP32 shards -> RNE-BF16 per engine rank.
+            theta = [{n: p.detach().clone() for n, p in ps.items()} for ps in model.params]
+            expected[v] = {tp: [{n: t.view(torch.bfloat16) for n, t in rank.items()}
+                                for rank in ref.expected_sink(theta, CFG, model.tp, tp)]
+                           for tp in (1, 2)}
             want_at = {"A": v, "B": v, "C": v, "D": v}
 
             # --- SGLang ---
