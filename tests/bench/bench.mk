@@ -22,7 +22,7 @@ $(B)/tests/test_job_snapshot: tests/unit/test_job_snapshot.c $(B)/obj/daemon/job
 $(B)/tests/bench_snapshot: tests/bench/bench_snapshot.c $(B)/obj/daemon/job_snapshot.o \
 		$(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
 		$(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
 # The snapshot baseline's portable kernel is a fixed-length loop meant for
