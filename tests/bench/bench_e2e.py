@@ -30,7 +30,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
-from cluster_sync_lib import Daemon  # noqa: E402
+from cluster_sync_lib import DTED, Daemon  # noqa: E402
 from dte import _lib, qwen3, sglang  # noqa: E402
 from dte.shm import Arena  # noqa: E402
 from dte.sink import Sink  # noqa: E402
@@ -44,6 +44,35 @@ SPARSE_PER_LINK = 3
 MODEL = dict(hidden_size=4096, intermediate_size=8192, num_hidden_layers=1,
              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
              tie_word_embeddings=True)
+
+
+class BenchDaemon(Daemon):
+    """The system tests' daemon, configured as dted ships (conf/dted.conf
+    defaults: the tests shrink the peer staging to 16M, which a dense part
+    of one 2^24-element entry, 32 MiB, does not fit)."""
+
+    def start(self, timeout=20.0):
+        with open(self.conf, "w") as f:
+            f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
+                self.name, self.log_level, self.tmp))
+        cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
+               "--peer-listen", "%s:0" % self.host]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        with open(self.logpath, "a") as log:
+            self.starts += 1
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env())
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError("dted %s exited: %s" % (self.name, self.log_tail()))
+            if os.path.exists(self.sock):
+                p = self.ctl_json("peers", check=False)
+                if p and p.get("address"):
+                    self.address = p["address"]
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError("dted %s did not come up: %s" % (self.name, self.log_tail()))
 
 
 def model_config():
@@ -229,6 +258,11 @@ class Trainer:
                 pass
 
 
+def populate(eng):
+    for t in eng.weights(0).values():
+        t.fill_(0)
+
+
 def wait_plan(srcd, sink_part, timeout=60.0):
     """Until the coordinator's plan holds exactly this sink (and is complete)."""
     end = time.time() + timeout
@@ -260,9 +294,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
     daemons, sampler, tr, cli, sink, eng = [], None, None, None, None, None
     out = {"detect": detect, "links": [], "elements": None}
     try:
-        srcd = Daemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
+        srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
                       log_level="warning")
-        snkd = Daemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
+        snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
                       log_level="warning")
         for d in (srcd, snkd):
             daemons.append(d)   # stopped in finally even when start() fails
@@ -286,6 +320,10 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
                 sink.close()
                 eng.close()
             eng = sglang.SGLangModel(cfg, tp=1, label="bench-sink%d" % k)
+            # An inference engine holds loaded weights: its memory exists
+            # before the first sync (a fresh memfd would make the dense
+            # apply pay for allocating and zeroing every page).
+            populate(eng)
             sink = Sink.sglang(eng, snkd.sock, JOB, TOKEN, cfg_text, coordinator=srcd.address,
                                replica=k)
             wait_plan(srcd, sink.parts[0])
