@@ -41,6 +41,42 @@ LR = 1e-6
 # of a run also pays for mapping the trainer's m and v pages into the
 # source daemon (the dense version read only θ), a one-time cost.
 SPARSE_PER_LINK = 3
+# The crossover columns: after the sparse versions at LR, one sparse
+# version at each of these rates (one step each), so the changed fraction
+# grows towards all of the model.
+CROSS_LRS = [3e-6, 1e-5, 3e-5, 1e-4]
+# The plain-socket baseline: this many seconds of the link's rate (at least
+# 64 MiB, at most 1 GiB), one TCP stream, 4 MiB sends.
+TCP_SECONDS = 0.5
+TCP_SCRIPT = r"""
+import socket, sys, time
+mode, addr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "recv":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 7399))
+    s.listen(1)
+    print("ready", flush=True)
+    c, _ = s.accept()
+    mv = memoryview(bytearray(4 << 20))
+    got = 0
+    while got < nbytes:
+        k = c.recv_into(mv)
+        if not k:
+            break
+        got += k
+    c.sendall(b"k")
+else:
+    c = socket.create_connection((addr, 7399))
+    buf = bytes(4 << 20)
+    sent = 0
+    t = time.perf_counter()
+    while sent < nbytes:
+        c.sendall(buf)
+        sent += len(buf)
+    c.recv(1)
+    print("%d %.6f" % (sent, time.perf_counter() - t))
+"""
 MODEL = dict(hidden_size=4096, intermediate_size=8192, num_hidden_layers=1,
              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
              tie_word_embeddings=True)
@@ -141,6 +177,25 @@ class Link:
                       "%dgbit" % gbit, "burst", str(burst), "latency", "50ms")
         self.rate = gbit
 
+    def tcp_rate(self, gbit):
+        """One plain TCP stream A -> B over the shaped link: Gbit/s."""
+        nbytes = int(min(max(gbit * 1e9 / 8 * TCP_SECONDS, 64 << 20), 1 << 30)) >> 22 << 22
+        py = sys.executable
+        rx = subprocess.Popen(["ip", "netns", "exec", self.ns[1], py, "-c", TCP_SCRIPT, "recv",
+                               self.addr[1], str(nbytes)], stdout=subprocess.PIPE, text=True)
+        try:
+            if rx.stdout.readline().strip() != "ready":
+                raise RuntimeError("tcp baseline: receiver did not start")
+            r = subprocess.run(["ip", "netns", "exec", self.ns[0], py, "-c", TCP_SCRIPT, "send",
+                                self.addr[1], str(nbytes)], capture_output=True, text=True,
+                               timeout=120)
+            if r.returncode:
+                raise RuntimeError("tcp baseline: %s" % r.stderr.strip())
+            sent, secs = r.stdout.split()
+            return int(sent) * 8 / float(secs) / 1e9
+        finally:
+            rx.wait(timeout=30)
+
     def commands(self, gbit):
         burst = max(256 * 1024, int(gbit * 1e9 / 8 * 0.002))
         return "tc -n NS qdisc replace dev VETH root tbf rate %dgbit burst %d latency 50ms" % (
@@ -226,7 +281,9 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(1)
         self.elements = sum(p.numel() for p in self.params.values())
 
-    def step(self):
+    def step(self, lr=LR):
+        for g in self.opt.param_groups:
+            g["lr"] = lr
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.empty_like(p)
@@ -283,7 +340,7 @@ def history(srcd, version):
     return {}
 
 
-def run(work, links, detect="adamw", log=print, mem_only=False):
+def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     """One fresh pair of daemons and one job in `detect` mode; per link
     rate in `links`: a dense version to a fresh sink, then SPARSE_PER_LINK
     sparse versions.  Returns the measured rows."""
@@ -327,9 +384,13 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
             sink = Sink.sglang(eng, snkd.sock, JOB, TOKEN, cfg_text, coordinator=srcd.address,
                                replica=k)
             wait_plan(srcd, sink.parts[0])
-            row = {"gbit": gbit, "sparse": []}
-            for mode in ("dense",) + ("sparse",) * SPARSE_PER_LINK:
-                step, groups = tr.step()
+            row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit)}
+            log("e2e-detail: link=%dGbit plain TCP stream %.2f Gbit/s" % (gbit, row["tcp_gbit"]))
+            plan = [("dense", LR)] + [("sparse", LR)] * SPARSE_PER_LINK
+            if cross and not mem_only:
+                plan += [("cross", lr) for lr in CROSS_LRS]
+            for mode, lr in plan:
+                step, groups = tr.step(lr)
                 version += 1
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
                 t0 = time.perf_counter()
@@ -340,10 +401,10 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
                 t2 = time.perf_counter()
                 sampler.window(None)
                 got = "dense" if info["dense"] else "sparse"
-                if got != mode:
+                if got != ("sparse" if mode == "cross" else mode):
                     raise RuntimeError("version %d went %s, expected %s" % (version, got, mode))
                 h = history(srcd, version)
-                m = {"version": version, "total_s": t2 - t0, "publish_s": t1 - t0,
+                m = {"version": version, "lr": lr, "total_s": t2 - t0, "publish_s": t1 - t0,
                      "bytes": info["bytes"], "changed": info["changed"],
                      "elements": info["elements"], "capture_ms": h.get("capture_ms"),
                      "transfer_ms": h.get("transfer_ms"), "apply_ms": h.get("apply_ms"),
@@ -351,14 +412,17 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
                                                    "source"), 0),
                      "sink_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
                                                     "sink"), 0)}
-                log("e2e-detail: %s link=%dGbit v%d %s total_s=%.3f publish_s=%.3f bytes=%d "
-                    "changed=%d src_anon_mb=%.0f sink_anon_mb=%.0f" % (
-                        detect, gbit, version, mode, m["total_s"], m["publish_s"], m["bytes"],
-                        m["changed"], m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
+                log("e2e-detail: %s link=%dGbit v%d %s lr=%g total_s=%.3f publish_s=%.3f "
+                    "bytes=%d changed=%d (%.2f%%) capture_ms=%.0f transfer_ms=%.0f apply_ms=%.0f "
+                    "src_anon_mb=%.0f sink_anon_mb=%.0f" % (
+                        detect, gbit, version, mode, lr, m["total_s"], m["publish_s"],
+                        m["bytes"], m["changed"], 100.0 * m["changed"] / max(m["elements"], 1),
+                        m["capture_ms"] or 0, m["transfer_ms"] or 0, m["apply_ms"] or 0,
+                        m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
                 if mode == "dense":
                     row["dense"] = m
                 else:
-                    row["sparse"].append(m)
+                    row[mode].append(m)
             out["links"].append(row)
             if mem_only:
                 break
