@@ -28,3 +28,6 @@ $(B)/tests/bench_snapshot: tests/bench/bench_snapshot.c $(B)/obj/daemon/job_snap
 # The snapshot baseline's portable kernel is a fixed-length loop meant for
 # the vectorizer, like gpu/cpu.c's.
 $(B)/obj/daemon/job_snapshot.o: CFLAGS += -O3
+
+# The dense path's buffer pool (daemon/bufpool.c).
+UNIT_TESTS += test_bufpool

@@ -110,6 +110,12 @@ class BenchDaemon(Daemon):
             time.sleep(0.05)
         raise RuntimeError("dted %s did not come up: %s" % (self.name, self.log_tail()))
 
+# BENCH_SMALL=1: a 102,766,848-element model (hidden 2048) for trying the
+# bench out; the figures in docs/BENCHMARKS.md come from the full one.
+if os.environ.get("BENCH_SMALL"):
+    MODEL.update(hidden_size=2048, intermediate_size=4096, num_attention_heads=16,
+                 num_key_value_heads=4)
+
 
 def model_config():
     return qwen3.make_config(None, **MODEL)
