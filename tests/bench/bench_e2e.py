@@ -249,6 +249,14 @@ class MemSampler:
                     self.peak[key] = max(self.peak.get(key, 0), st.get("RssAnon", 0))
             time.sleep(0.01)
 
+    @staticmethod
+    def cpu(pid):
+        """(CPU seconds user+system, minor page faults) of pid so far."""
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read().rsplit(")", 1)[1].split()
+        hz = os.sysconf("SC_CLK_TCK")
+        return (int(st[11]) + int(st[12])) / hz, int(st[7])
+
     def window(self, label):
         self.label = label
         time.sleep(0.02)
@@ -399,12 +407,14 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 step, groups = tr.step(lr)
                 version += 1
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
+                cpu0 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 t0 = time.perf_counter()
                 info = cli.publish(JOB, part, version, step, groups)
                 t1 = time.perf_counter()
                 sink.apply(version, timeout_ms=300000)
                 cli.wait(JOB, version, 300000)
                 t2 = time.perf_counter()
+                cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
                 got = "dense" if info["dense"] else "sparse"
                 if got != ("sparse" if mode == "cross" else mode):
@@ -417,7 +427,13 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                      "src_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
                                                    "source"), 0),
                      "sink_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
-                                                    "sink"), 0)}
+                                                    "sink"), 0),
+                     # what each daemon itself spent on this version (the
+                     # machine's load from elsewhere does not count here)
+                     "src_cpu_s": cpu1["source"][0] - cpu0["source"][0],
+                     "sink_cpu_s": cpu1["sink"][0] - cpu0["sink"][0],
+                     "src_faults": cpu1["source"][1] - cpu0["source"][1],
+                     "sink_faults": cpu1["sink"][1] - cpu0["sink"][1]}
                 log("e2e-detail: %s link=%dGbit v%d %s lr=%g total_s=%.3f publish_s=%.3f "
                     "bytes=%d changed=%d (%.2f%%) capture_ms=%.0f transfer_ms=%.0f apply_ms=%.0f "
                     "src_anon_mb=%.0f sink_anon_mb=%.0f" % (
@@ -425,6 +441,8 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                         m["bytes"], m["changed"], 100.0 * m["changed"] / max(m["elements"], 1),
                         m["capture_ms"] or 0, m["transfer_ms"] or 0, m["apply_ms"] or 0,
                         m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
+                log("e2e-detail:   cpu_s source=%.3f sink=%.3f minor_faults source=%d sink=%d" % (
+                    m["src_cpu_s"], m["sink_cpu_s"], m["src_faults"], m["sink_faults"]))
                 if mode == "dense":
                     row["dense"] = m
                 else:
