@@ -280,17 +280,20 @@ def write_e2e(w, res, e2e, snap, sc):
     w("## End to end over shaped links")
     w("")
     w("Source daemon and sink daemon in two network namespaces joined by one veth pair, tbf "
-      "at the link rate on both ends; UCX over TCP. The source holds a Qwen3-shaped model of "
-      "%d elements (≥ 2^28; FP32 θ, m, v = %.1f GiB in memfds) updated by torch AdamW "
-      "(lr 1e-6, Gaussian gradients) in place; the sink is one SGLang tp=1 BF16 copy "
-      "(%.2f GiB). Per link: a fresh sink attaches, so the next version goes dense through "
-      "dted's own dense path (what a broadcast-based system sends), then three sparse versions "
-      "(median shown). Time = publish call until `wait` returns (sink applied, checksum "
-      "verified). Floor = max(scan, wire) with scan = bench_scan's detect time at this "
-      "element count (%.3f s) and wire = sparse bytes at the link rate. The dense and sparse "
-      "times are for consecutive versions of the same run (the same model, one step apart), "
-      "not literally the same version (dted has no forced resync yet)." % (
-          n, 12 * n / 2**30, 2 * n / 2**30, sc.get("floor_s", sc["detect_s"])))
+      "at the link rate on both ends; UCX over TCP; both daemons configured as dted ships "
+      "(conf/dted.conf defaults). The source holds a Qwen3-shaped model of %d elements (%s; "
+      "FP32 θ, m, v = %.1f GiB in memfds) updated by torch AdamW (lr 1e-6, Gaussian "
+      "gradients) in place; the sink is one SGLang tp=1 BF16 copy (%.2f GiB, its memory "
+      "populated before the first sync, as a serving engine's loaded weights are). Per link: "
+      "a plain TCP stream measures the link, then a fresh sink attaches, so the next version "
+      "goes dense through dted's own dense path, then three sparse versions at lr 1e-6 "
+      "(median shown), then the crossover sweep above. Time = publish call until `wait` "
+      "returns (sink applied, checksum verified). Floor = max(scan, wire) with scan = "
+      "bench_scan's detect time at this element count (%.3f s) and wire = sparse bytes at the "
+      "link rate. The dense and sparse times are for consecutive versions of the same run "
+      "(the same model, one step apart), not literally the same version." % (
+          n, "≥ 2^28" if n >= 1 << 28 else "BENCH_SMALL: below 2^28", 12 * n / 2**30,
+          2 * n / 2**30, sc.get("floor_s", sc["detect_s"])))
     w("")
     w("| link Gbit/s | dense s | dense bytes | sparse s | sparse bytes | changed % | wire s "
       "| floor s | floor ratio | speedup | capture ms | transfer ms | apply ms |")
@@ -408,15 +411,19 @@ def write_baselines(w, res):
         w("")
         w("| link Gbit/s | dense MB | line-rate floor s | dted dense s | of line rate | dense "
           "capture ms | transfer tail ms | apply+verify ms | dense payload Gbit/s | plain TCP "
-          "Gbit/s | sparse s | speedup vs dted dense | speedup vs line-rate floor |")
-        w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "Gbit/s | CPU s source / sink | page faults source / sink | sparse s | speedup vs "
+          "dted dense | speedup vs line-rate floor |")
+        w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in e2e["links"]:
             d = r["dense"]
-            w("| %d | %.0f | %.3f | %.3f | %.0f %% | %s | %s | %s | %s | %s | %.3f | %.2f | %.2f |"
-              % (r["gbit"], d["bytes"] / 1e6, r["line_s"], r["dense_s"],
-                 100 * r["dense_line_ratio"], _ms(d["capture_ms"]), _ms(d["transfer_ms"]),
-                 _ms(d["apply_ms"]), _rate2(d), "%.2f" % r["tcp_gbit"] if r.get("tcp_gbit")
-                 else "-", r["sparse_s"], r["speedup"], r["line_speedup"]))
+            w("| %d | %.0f | %.3f | %.3f | %.0f %% | %s | %s | %s | %s | %s | %s | %s | %.3f | "
+              "%.2f | %.2f |" % (
+                  r["gbit"], d["bytes"] / 1e6, r["line_s"], r["dense_s"],
+                  100 * r["dense_line_ratio"], _ms(d["capture_ms"]), _ms(d["transfer_ms"]),
+                  _ms(d["apply_ms"]), _rate2(d), "%.2f" % r["tcp_gbit"] if r.get("tcp_gbit")
+                  else "-", "%.2f / %.2f" % (d["src_cpu_s"], d["sink_cpu_s"])
+                  if "src_cpu_s" in d else "-", "%d / %d" % (d["src_faults"], d["sink_faults"])
+                  if "src_faults" in d else "-", r["sparse_s"], r["speedup"], r["line_speedup"]))
         w("")
         w(dense_bound(e2e))
         w("")
@@ -537,6 +544,8 @@ def _rate2(m):
 def dense_bound(e2e):
     """What this run's numbers say bounds the dense path here."""
     parts = []
+    cpu = [(r["dense"]["src_cpu_s"] + r["dense"]["sink_cpu_s"], r["dense_s"], r["gbit"],
+            r["dense"]["bytes"]) for r in e2e["links"] if "src_cpu_s" in r["dense"]]
     for r in e2e["links"]:
         d = r["dense"]
         tcp = r.get("tcp_gbit")
@@ -550,7 +559,20 @@ def dense_bound(e2e):
                          "checksum; parts go out meanwhile) and apply + full verify %.3f s" % (
                              r["gbit"], tcp, 100 * tcp / r["gbit"], max(tcp_s, r["line_s"]),
                              r["dense_s"], cap, ap))
-    return ("What bounds it, from this run: " + "; ".join(parts) + ". Both daemons, the "
+    cpu_txt = ""
+    if cpu:
+        cpu_txt = (" The two daemons together spent %s CPU seconds on the dense versions "
+                   "(%s of wall time: the rest of the wall time their threads waited for a core "
+                   "or for the link); page faults are the first write of memory the version "
+                   "needs: the payload parts in flight at the source and, at the sink, the "
+                   "parts it holds until the whole version is in (a version is staged whole, "
+                   "DESIGN §2.4), each a fresh page per 4 KiB, about 20 ms per 32 MiB on this "
+                   "VM against 2 ms for a write to memory already mapped; the parts the source "
+                   "frames and the router's copies of them reuse the buffers of parts already "
+                   "sent (daemon/bufpool.c)." % (
+                       " / ".join("%.2f" % c for c, _, _, _ in cpu),
+                       " / ".join("%.0f %%" % (100 * c / t) for c, t, _, _ in cpu)))
+    return ("What bounds it, from this run: " + "; ".join(parts) + "." + cpu_txt + " Both daemons, the "
             "trainer and the sink stand-in share 2 cores: the capture's extract and checksum "
             "threads, the source's sends, the sink's receive and staging copy and the "
             "kernel's TCP work for both ends all run on them, where the plain stream runs "
