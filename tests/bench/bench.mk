@@ -1,7 +1,7 @@
 # tests/bench/ — `make bench`: every figure of DESIGN §8 in one run
 # (docs/BENCHMARKS.md, docs/bench-*.png, one `bench ...` line per figure).
 # Needs root for the network namespaces of the end-to-end figure; about
-# 10 minutes and 8 GiB on a 2-core machine.
+# 15 minutes and 8 GiB on a 2-core machine (BENCH_SMALL=1: a smaller model).
 
 $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
