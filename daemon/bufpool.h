@@ -14,7 +14,9 @@
 #include <pthread.h>
 #include <stddef.h>
 
-#define BPOOL_MIN	((size_t)1 << 20)	/* smaller buffers are not kept */
+/* Smaller buffers are not kept: a sparse version's parts (part_size, 4 MiB
+ * by default) fault in a few MiB, which is cheaper than holding them. */
+#define BPOOL_MIN	((size_t)16 << 20)
 #define BPOOL_SLOTS	4
 
 struct bpool {

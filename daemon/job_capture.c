@@ -739,11 +739,6 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 
 		if (cap_src(c, e, &s) < 0)
 			return CAPFAIL("source buffers missing");
-		/* A new part starts in a kept buffer big enough for it: a dense
-		 * entry whole, a sparse part up to twice part_bytes. */
-		if (!p->raw.p && bytes_reserve(&p->raw, p->sparse ? 2 * c->part_bytes :
-					       8 + 2 * e->box) < 0)
-			return CAPFAIL("out of memory");
 		if (!p->sparse) {
 			cnt = e->box;
 			if (entry_checksum(c, d, e, &s, &sum) < 0 || entry_dense(c, d, pi, e, &s) < 0)

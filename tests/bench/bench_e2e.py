@@ -40,7 +40,7 @@ LR = 1e-6
 # Sparse versions per link (the median counts): the first sparse version
 # of a run also pays for mapping the trainer's m and v pages into the
 # source daemon (the dense version read only θ), a one-time cost.
-SPARSE_PER_LINK = 3
+SPARSE_PER_LINK = 5
 # The crossover columns: after the sparse versions at LR, one sparse
 # version at each of these rates (one step each), so the changed fraction
 # grows towards all of the model.

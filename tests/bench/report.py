@@ -130,7 +130,11 @@ def write(res, root):
       "A VM on a shared host, so wall-clock figures are noisy; ratios are taken within "
       "the run." % (m["cpu"], m["cores"], m["mem_gib"], m["kernel"], m["date"],
                                  " (AVX-512)" if m["flags_avx512"] else ""))
-    w("Whole run: %.0f s." % res["elapsed_s"])
+    w("Whole run: %.0f s.%s" % (res["elapsed_s"], (
+        " Load average (1 min) %.1f at the start, %.1f at the end, on 2 cores: the machine "
+        "was shared with other jobs, so every wall-clock figure includes waiting for a core; "
+        "the per-version CPU seconds of the daemons below do not." % (
+            m["load"], m.get("load_end", float("nan")))) if "load" in m else ""))
     w("")
     w("## Summary")
     w("")
@@ -286,7 +290,7 @@ def write_e2e(w, res, e2e, snap, sc):
       "gradients) in place; the sink is one SGLang tp=1 BF16 copy (%.2f GiB, its memory "
       "populated before the first sync, as a serving engine's loaded weights are). Per link: "
       "a plain TCP stream measures the link, then a fresh sink attaches, so the next version "
-      "goes dense through dted's own dense path, then three sparse versions at lr 1e-6 "
+      "goes dense through dted's own dense path, then five sparse versions at lr 1e-6 "
       "(median shown), then the crossover sweep above. Time = publish call until `wait` "
       "returns (sink applied, checksum verified). Floor = max(scan, wire) with scan = "
       "bench_scan's detect time at this element count (%.3f s) and wire = sparse bytes at the "
@@ -296,17 +300,25 @@ def write_e2e(w, res, e2e, snap, sc):
           2 * n / 2**30, sc.get("floor_s", sc["detect_s"])))
     w("")
     w("| link Gbit/s | dense s | dense bytes | sparse s | sparse bytes | changed % | wire s "
-      "| floor s | floor ratio | speedup | capture ms | transfer ms | apply ms |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| floor s | floor ratio | speedup | capture ms | transfer ms | apply ms | sparse CPU s "
+      "source / sink |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in e2e["links"]:
-        s0 = r["sparse"][-1]
-        w("| %d | %.3f | %d | %.3f | %d | %.3f | %.3f | %.3f | %.2f | %.2f | %s | %s | %s |" % (
-            r["gbit"], r["dense_s"], r["dense"]["bytes"], r["sparse_s"], r["sparse_bytes"],
-            100.0 * s0["changed"] / max(s0["elements"], 1), r["wire_s"], r["floor_s"],
-            r["floor_ratio"], r["speedup"], _ms(s0["capture_ms"]), _ms(s0["transfer_ms"]),
-            _ms(s0["apply_ms"])))
+        s0 = sorted(r["sparse"], key=lambda m: m["total_s"])[len(r["sparse"]) // 2]
+        cpu = ("%.2f / %.2f" % (statistics.median(m["src_cpu_s"] for m in r["sparse"]),
+                                statistics.median(m["sink_cpu_s"] for m in r["sparse"]))
+               if "src_cpu_s" in s0 else "-")
+        w("| %d | %.3f | %d | %.3f | %d | %.3f | %.3f | %.3f | %.2f | %.2f | %s | %s | %s | %s |"
+          % (r["gbit"], r["dense_s"], r["dense"]["bytes"], r["sparse_s"], r["sparse_bytes"],
+             100.0 * s0["changed"] / max(s0["elements"], 1), r["wire_s"], r["floor_s"],
+             r["floor_ratio"], r["speedup"], _ms(s0["capture_ms"]), _ms(s0["transfer_ms"]),
+             _ms(s0["apply_ms"]), cpu))
     w("")
-    w("Link rate reached by the dense payload (its bytes over the source's capture→staged "
+    w("Capture, transfer and apply columns are those of the median sparse version; the CPU "
+      "column is what the two daemons themselves spent per sparse version (median), so the "
+      "difference to the wall-clock time is time spent waiting: for a core on this shared "
+      "machine, or for the link. "
+      "Link rate reached by the dense payload (its bytes over the source's capture→staged "
       "transfer time): %s. Where that is far below the setting, the link was not the limit. "
       "Sparse time is mostly capture: publish → answer, the one-pass detect over every "
       "entry (entries of at most 2^24 elements) with the expected checksum of every "
@@ -473,7 +485,21 @@ def write_baselines(w, res):
                                          if all(q < 1 for _, q in pts) else
                                          "below %.1f %%" % min(p for p, _ in pts))))
             w("")
-        w("Sparse payloads cost about 3 B per flagged element raw against dense's 2, and the "
+        w("Against a broadcast at the full link rate the crossover moves with the link: the "
+          "sparse sync at lr 1e-6 took %s, so it beats sending the whole model (%.0f MB) at line "
+          "rate only on links slower than %s, the dense bytes over the sparse time; on faster "
+          "links a line-rate broadcast would win here, because the sparse sync is bound by the "
+          "CPU detect over θ, m, v (12 B/element on 2 shared cores), not by the wire." % (
+              ", ".join("%.3f s at %d Gbit/s" % (r["sparse_s"], r["gbit"])
+                        for r in e2e["links"]),
+              e2e["links"][0]["dense"]["bytes"] / 1e6,
+              ", ".join("%.1f Gbit/s (measured at %d)" % (
+                  r["dense"]["bytes"] * 8 / r["sparse_s"] / 1e9, r["gbit"])
+                  for r in e2e["links"])))
+        w("")
+        w("Each cell is one version, so one busy moment of the shared machine moves it; the "
+          "columns are in order of the steps taken. "
+          "Sparse payloads cost about 3 B per flagged element raw against dense's 2, and the "
           "detect reads 12 B/element of θ, m, v where the dense extract reads 4, so past "
           "the crossover the dense path is the cheaper one; dted does not switch to dense "
           "by itself when a version changes most of the model (it sends what the detect "

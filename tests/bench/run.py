@@ -61,12 +61,18 @@ def kv(line):
     return {k: v for k, v in (x.split("=", 1) for x in line.split() if "=" in x)}
 
 
+def loadavg():
+    """The 1-minute load average: how busy the shared machine was."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 def machine():
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     info = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in lscpu.splitlines())}
     with open("/proc/meminfo") as f:
         mem = int(f.readline().split()[1]) * 1024
-    return {"cpu": info.get("Model name", "?"), "cores": os.cpu_count(),
+    return {"cpu": info.get("Model name", "?"), "cores": os.cpu_count(), "load": loadavg(),
             "mem_gib": mem / 2**30, "kernel": platform.release(),
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
             "flags_avx512": "avx512f" in info.get("Flags", "")}
@@ -174,6 +180,7 @@ def main():
     lines = summary(res)
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
+    res["machine"]["load_end"] = loadavg()
     with open(os.path.join(B, "bench-results.json"), "w") as f:
         json.dump(res, f, indent=1)
     if not os.environ.get("BENCH_NO_DOC"):
