@@ -346,6 +346,17 @@ def write_e2e(w, res, e2e, snap, sc):
       "as bench_scan measures it (%s s) the ratio is %s.%s" % (
           e2e["stall_s"], fl, e2e["stall_s"] / fl, "%.3f" % flc if flc else "-",
           "%.2f" % (e2e["stall_s"] / flc) if flc else "-", memfd_note(res, e2e["stall_s"])))
+    cpu = [m["src_cpu_s"] for r in e2e["links"] for m in r["sparse"] if "src_cpu_s" in m]
+    core = sc.get("scan-cpu", {}).get("detect_csum")
+    if cpu and core:
+        ref = float(core) * 1e-9 * e2e["elements"]
+        w("")
+        w("In CPU time, which the machine's other load does not inflate: the source daemon "
+          "spent a median %.3f s of CPU per sparse version (capture, framing and sending, all "
+          "threads), against %.3f s of CPU for detect + checksum in bench_scan "
+          "(core_ns_per_element detect_csum %s × %d elements): %.2f." % (
+              statistics.median(cpu), ref, core, e2e["elements"],
+              statistics.median(cpu) / ref))
     w("")
     b = bounds(res)
     if b:
@@ -364,7 +375,13 @@ def write_e2e(w, res, e2e, snap, sc):
       "MiB, sink %.0f MiB: the sink holds every part of a version until the whole version is "
       "in and the client applies it (no torn versions, DESIGN §2.4), so for a dense version "
       "it holds the whole BF16 model, 2 B/element, like the snapshot baseline holds always, "
-      "but only until the apply; the source holds the parts the link has not taken yet. "
+      "but only until the apply; the source holds the parts the link has not taken yet "
+      "(it frames them as fast as it reads θ, because publish returns once the version is "
+      "captured and the trainer may step again, DESIGN §6; bounding them to a few parts would "
+      "keep the trainer waiting for the whole transfer of a dense version). The sink's figure "
+      "includes its peer staging region once touched (conf/dted.conf `[peer] staging_size`, "
+      "64 MiB by default, registered with UCX once; earlier versions of this bench ran the "
+      "daemons with the system tests' 16 MiB). "
       "VmHWM (peak RSS including mapped client memory): source %s MiB, sink %s MiB." % (
           e2e["peak_src_mb"], e2e["peak_sink_mb"], e2e["peak_mb"], e2e["snapshot_mb"],
           100 * (1 - e2e["peak_mb"] / e2e["snapshot_mb"]), e2e["all_src_mb"],
@@ -598,6 +615,18 @@ def dense_bound(e2e):
                    "sent (daemon/bufpool.c)." % (
                        " / ".join("%.2f" % c for c, _, _, _ in cpu),
                        " / ".join("%.0f %%" % (100 * c / t) for c, t, _, _ in cpu)))
+        lo = min(c for c, _, _, _ in cpu)
+        cpu_txt += (" That CPU alone bounds the dense sync on this machine: even with both "
+                    "cores to the two daemons and nothing else running, %.2f CPU seconds take "
+                    "at least %.2f s of wall time, so the dense bytes could reach at most %.1f "
+                    "Gbit/s; %.0f %% of a 10 Gbit/s link (%.2f s) is out of reach here without "
+                    "taking CPU work out of the dense path (the extract and the checksum read "
+                    "θ twice; each byte is written into fresh memory about three times: the "
+                    "source's part and the router's copy of it while they wait for the link, "
+                    "the sink's copy out of the receive staging, and the sink daemon's first "
+                    "write into a freshly attached sink's mapping)." % (
+                        lo, lo / 2, cpu[0][3] * 8 / (lo / 2) / 1e9, 90,
+                        cpu[0][3] * 8 / 9e9))
     return ("What bounds it, from this run: " + "; ".join(parts) + "." + cpu_txt + " Both daemons, the "
             "trainer and the sink stand-in share 2 cores: the capture's extract and checksum "
             "threads, the source's sends, the sink's receive and staging copy and the "
