@@ -453,19 +453,22 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
         out["hwm"] = dict(sampler.hwm)
         out["idle_anon"] = {n: MemSampler.read(p)["RssAnon"] for n, p in sampler.pids.items()}
     finally:
-        if sampler:
-            sampler.stop()
-        if sink is not None:
-            sink.close()
-        if eng is not None:
-            eng.close()
-        if cli is not None:
-            cli.close()
-        if tr is not None:
-            tr.close()
-        for d in daemons:
-            d.stop()
-        net.close()
+        # Every step runs even when one before it fails (a failed close
+        # must not leave daemons and namespaces behind); the first error
+        # is raised after all of them.
+        errs = []
+        steps = [sampler.stop if sampler else None, sink.close if sink is not None else None,
+                 eng.close if eng is not None else None, cli.close if cli is not None else None,
+                 tr.close if tr is not None else None] + [d.stop for d in daemons] + [net.close]
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 (cleanup goes on)
+                errs.append(e)
+        if errs and sys.exc_info()[0] is None:
+            raise errs[0]
     out["shape_cmd"] = net.commands(1)
     return out
 
