@@ -5,7 +5,7 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
                daemon/job_coord.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c \
-               daemon/testhook.c
+               daemon/testhook.c daemon/bufpool.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include "daemon/bufpool.h"
 #include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "daemon/job_snapshot.h"
@@ -360,6 +361,11 @@ out:
  * without another copy.  Its growth is dtc_detect()'s: doubling, and pages
  * past what is written stay untouched (large buffers are mmap'd), so a
  * generous bound costs address space, not memory. */
+/* Payload buffers of parts that went out, taken again by the next parts
+ * (daemon/bufpool.h: a fresh 32 MiB part costs ten times its write in page
+ * faults); emptied when no capture is left running. */
+static struct bpool cap_pool = BPOOL_INIT((size_t)256 << 20);
+
 static int bytes_reserve(struct dtc_bytes *b, size_t len)
 {
 	if (!b->n)
@@ -370,8 +376,12 @@ static int bytes_reserve(struct dtc_bytes *b, size_t len)
 
 		while (nc < b->n + len)
 			nc *= 2;
-		if (!(np = realloc(b->p, nc)))
+		if (!b->p && nc >= BPOOL_MIN) {
+			if (!(np = bpool_get(&cap_pool, nc, &nc)))
+				return -1;
+		} else if (!(np = realloc(b->p, nc))) {
 			return -1;
+		}
 		b->p = np;
 		b->cap = nc;
 	}
@@ -651,7 +661,8 @@ static int keep_shared(struct jcap *c, struct det *dets, size_t ndets, size_t pi
 	return 0;
 }
 
-static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len);
+static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len,
+		      size_t *chunk_cap);
 
 /* The entries [part_first, end) built so far go to the loop as one framed
  * part (sent while the worker goes on); the next part starts empty. */
@@ -668,7 +679,7 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 		return -1;
 	if (!(q = calloc(1, sizeof(*q))))
 		return CAPFAIL("out of memory");
-	if (frame_part(c, p, &q->chunk, &q->len) < 0) {
+	if (frame_part(c, p, &q->chunk, &q->len, &q->cap) < 0) {
 		free(q);
 		return -1;
 	}
@@ -702,7 +713,7 @@ struct jcap_part *jcap_take_parts(struct jcap *c)
 void jcap_part_free(struct jcap_part *p)
 {
 	if (p) {
-		free(p->chunk);
+		bpool_put(&cap_pool, p->chunk, p->cap);
 		free(p);
 	}
 }
@@ -764,7 +775,8 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 
 /* The part's bytes become its chunk: framed in place when raw, or packed;
  * either way the pair's buffer starts over empty. */
-static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len)
+static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size_t *chunk_len,
+		      size_t *chunk_cap)
 {
 	size_t len = p->raw.n - DTC_CHUNK_HDR, bound;
 	int zl = p->remote ? (int)c->zstd_level : 0;
@@ -775,18 +787,19 @@ static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size
 		dtc_chunk_seal_raw(p->raw.p, len);
 		*chunk = p->raw.p;
 		*chunk_len = p->raw.n;
+		*chunk_cap = p->raw.cap;
 		p->raw = (struct dtc_bytes){ 0 };
 		return 0;
 	}
 	bound = dtc_chunk_bound(len);
-	if (!(*chunk = malloc(bound)) ||
+	if (!(*chunk = bpool_get(&cap_pool, bound, chunk_cap)) ||
 	    dtc_chunk_pack(p->raw.p + DTC_CHUNK_HDR, len, zl, *chunk, bound,
 			   chunk_len) != DTC_OK) {
-		free(*chunk);
+		bpool_put(&cap_pool, *chunk, *chunk_cap);
 		*chunk = NULL;
 		return CAPFAIL("payload framing failed");
 	}
-	free(p->raw.p);
+	bpool_put(&cap_pool, p->raw.p, p->raw.cap);
 	p->raw = (struct dtc_bytes){ 0 };
 	return 0;
 }
@@ -850,7 +863,7 @@ void jcap_free(struct jcap *c)
 		free(p->counts);
 		free(p->cbuf);
 		free(p->csum);
-		free(p->raw.p);
+		bpool_put(&cap_pool, p->raw.p, p->raw.cap);
 	}
 	if (c->mu_init) {
 		struct jcap_part *q = jcap_take_parts(c), *next;
@@ -865,4 +878,8 @@ void jcap_free(struct jcap *c)
 	free(c->buf_ids);
 	free(c->bufs);
 	free(c);
+	/* No capture left running: the kept part buffers go too (the parts
+	 * still queued in the router are its own copies). */
+	if (!jeng.inflight)
+		bpool_trim(&cap_pool);
 }

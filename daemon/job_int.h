@@ -255,6 +255,7 @@ struct jcap_part {
 	uint32_t part, first, entries;
 	uint8_t *chunk;
 	size_t len;
+	size_t cap;               /* chunk's capacity (it goes back to a pool) */
 };
 
 struct jcap {

@@ -19,6 +19,7 @@
 #include <syslog.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include "daemon/bufpool.h"
 #include "daemon/conf.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
@@ -35,6 +36,7 @@ struct rmsg {                  /* one record queued or in flight */
 	struct rnode *node;
 	unsigned type;
 	size_t hlen, dlen;
+	size_t cap;                /* bytes allocated for it (big ones are pooled) */
 	uint8_t *hdr, *data;
 	uint8_t buf[];
 };
@@ -334,6 +336,32 @@ static void park_free(struct droute_ucx *r, struct rpark *pk)
 	free(pk);
 }
 
+/* Big records (payload parts) are copies the size of a part: their memory
+ * is kept for the next part (daemon/bufpool.h) while parts are going out,
+ * and given back once none has been in flight for a timer tick. */
+static struct bpool msg_pool = BPOOL_INIT((size_t)256 << 20);
+static size_t msgs_pooled;     /* pooled records not freed yet */
+
+static struct rmsg *rmsg_alloc(size_t hlen, size_t dlen)
+{
+	size_t cap;
+	struct rmsg *m = bpool_get(&msg_pool, sizeof(*m) + hlen + dlen, &cap);
+
+	if (m) {
+		m->cap = cap;
+		msgs_pooled += cap >= BPOOL_MIN;
+	}
+	return m;
+}
+
+static void rmsg_free(struct rmsg *m)
+{
+	if (!m)
+		return;
+	msgs_pooled -= m->cap >= BPOOL_MIN;
+	bpool_put(&msg_pool, m, m->cap);
+}
+
 static uint64_t node_drop_pending(struct droute_ucx *r, struct rnode *n)
 {
 	struct rmsg *m;
@@ -342,7 +370,7 @@ static uint64_t node_drop_pending(struct droute_ucx *r, struct rnode *n)
 
 	while ((m = n->q_head)) {
 		n->q_head = m->next;
-		free(m);
+		rmsg_free(m);
 	}
 	n->q_tail = NULL;
 	n->nq = 0;
@@ -390,7 +418,7 @@ static void sent_cb(dte_peer_t *peer, int status, void *arg)
 		DLOG_I("route: %s to %s failed: %s", droute_ucx_type_name(m->type),
 		       node_label(m->node), strerror(-status));
 	}
-	free(m);
+	rmsg_free(m);
 }
 
 static int link_send(struct rlink *l, struct rmsg *m)
@@ -423,7 +451,7 @@ static void node_flush(struct rnode *n, struct rlink *l)
 			n->dropped++;
 			DLOG_W("route: %s to %s: %s", droute_ucx_type_name(m->type),
 			       node_label(n), strerror(-rc));
-			free(m);
+			rmsg_free(m);
 		}
 	}
 }
@@ -476,7 +504,7 @@ static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
 	}
 	if (!l && n->qbytes + hlen + dlen > r->p.queue_max_bytes)
 		return -ENOBUFS;
-	m = malloc(sizeof(*m) + hlen + dlen);
+	m = rmsg_alloc(hlen, dlen);
 	if (!m)
 		return -ENOMEM;
 	m->next = NULL;
@@ -493,7 +521,7 @@ static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
 	if (l) {
 		rc = link_send(l, m);
 		if (rc < 0)
-			free(m);
+			rmsg_free(m);
 		return rc;
 	}
 	if (n->q_tail)
@@ -1063,6 +1091,9 @@ static void on_timer(uv_timer_t *t)
 	struct droute_ucx *r = t->data;
 	uint64_t now = uv_hrtime(), lim = (uint64_t)r->p.park_timeout_ms * 1000000ull;
 	struct rnode *n;
+
+	if (!msgs_pooled)
+		bpool_trim(&msg_pool);	/* no part went out since the last tick's check */
 
 	for (n = r->nodes; n; n = n->next) {
 		struct rpark **pp = &n->parked, *pk;

@@ -1,11 +1,11 @@
 # tests/bench/ — `make bench`: every figure of DESIGN §8 in one run
 # (docs/BENCHMARKS.md, docs/bench-*.png, one `bench ...` line per figure).
 # Needs root for the network namespaces of the end-to-end figure; about
-# 10 minutes and 8 GiB on a 2-core machine.
+# 15 minutes and 8 GiB on a 2-core machine (BENCH_SMALL=1: a smaller model).
 
 $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
 bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec $(B)/tests/bench_snapshot
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
@@ -22,5 +22,12 @@ $(B)/tests/test_job_snapshot: tests/unit/test_job_snapshot.c $(B)/obj/daemon/job
 $(B)/tests/bench_snapshot: tests/bench/bench_snapshot.c $(B)/obj/daemon/job_snapshot.o \
 		$(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/obj/daemon/job_snapshot.o \
 		$(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
+
+# The snapshot baseline's portable kernel is a fixed-length loop meant for
+# the vectorizer, like gpu/cpu.c's.
+$(B)/obj/daemon/job_snapshot.o: CFLAGS += -O3
+
+# The dense path's buffer pool (daemon/bufpool.c).
+UNIT_TESTS += test_bufpool

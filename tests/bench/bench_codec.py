@@ -79,6 +79,29 @@ def one_lr(lr, base_state, numel, tmp, tools, x, y):
     prev = bf16(m)
     step()
     cur = bf16(m)
+    # What the daemon sends for this step: dtc_detect over θ, m, v (guard
+    # band included) and AReaL-DTE's margin rule, on the same state.
+    state = os.path.join(tmp, "state-%g.bin" % lr)
+    with open(state, "wb") as f:
+        off = 0
+        for prm in m.parameters():
+            st = opt.state[prm]
+            n = prm.numel()
+            for t in (prm.detach(), st["exp_avg"], st["exp_avg_sq"]):
+                f.write(t.reshape(-1).to(torch.float32).numpy().astype("<f4").tobytes())
+            f.write(prev[off:off + n].astype("<u2").tobytes())
+            off += n
+        g = opt.param_groups[0]
+        steps = {int(float(opt.state[prm]["step"])) for prm in m.parameters()}
+        assert len(steps) == 1, steps
+    r = subprocess.run([tools["bench_codec"], "--detect", state, ",".join(str(n) for n in numel),
+                        repr(g["lr"]), repr(g["betas"][0]), repr(g["betas"][1]), repr(g["eps"]),
+                        repr(g["weight_decay"]), str(steps.pop())],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError("bench_codec --detect: %s" % r.stderr.strip())
+    dt = kv(r.stdout.strip().splitlines()[-1])
+    os.unlink(state)
     delta = os.path.join(tmp, "delta-%g.bin" % lr)
     changed = write_delta(delta, numel, prev, cur)
     r = subprocess.run([tools["bench_codec"], delta, ",".join(str(n) for n in numel)],
@@ -86,6 +109,9 @@ def one_lr(lr, base_state, numel, tmp, tools, x, y):
     cl = kv(r.stdout.strip().splitlines()[-1])
     if int(cl["changed"]) != changed:
         raise RuntimeError("bench_codec counted %s changes, torch %d" % (cl["changed"], changed))
+    if int(dt["changed"]) != changed:
+        raise RuntimeError("bench_codec --detect counted %s changes, torch %d" % (dt["changed"],
+                                                                                changed))
     spec = os.path.join(tmp, "spec.json")
     with open(spec, "w") as f:
         json.dump({"tensors": [{"name": "t%d" % i, "numel": n} for i, n in enumerate(numel)]}, f)
@@ -108,7 +134,11 @@ def one_lr(lr, base_state, numel, tmp, tools, x, y):
     return {"lr": lr, "changed": changed, "elements": total,
             "changed_pct": 100.0 * changed / total,
             "cluster_raw": int(cl["raw_bytes"]), "cluster_zstd": int(cl["zstd_bytes"]),
-            "storage": int(v1["delta_bytes"]), "dense": 2 * total}
+            "storage": int(v1["delta_bytes"]), "dense": 2 * total,
+            "flagged": int(dt["flagged"]), "wire_raw": int(dt["raw_bytes"]),
+            "wire_zstd": int(dt["zstd_bytes"]), "zstd_ms": float(dt["zstd_ms"]),
+            "unzstd_ms": float(dt["unzstd_ms"]), "dte_flagged": int(dt["dte_flagged"]),
+            "dte_bytes": int(dt["dte_bytes"])}
 
 
 def run(tools, log=print):
@@ -127,9 +157,19 @@ def run(tools, log=print):
             r["bpc_cluster_raw"] = r["cluster_raw"] / ch
             r["bpc_cluster_zstd"] = r["cluster_zstd"] / ch
             r["bpc_storage"] = r["storage"] / ch
-            log("codec-detail: lr=%g changed=%.3f%% cluster_raw_Bpc=%.3f cluster_zstd_Bpc=%.3f "
-                "storage_Bpc=%.3f storage_vs_dense=%.5f" % (
-                    lr, r["changed_pct"], r["bpc_cluster_raw"], r["bpc_cluster_zstd"],
-                    r["bpc_storage"], r["storage"] / r["dense"]))
+            r["bpc_wire"] = r["wire_raw"] / ch
+            r["bpc_wire_zstd"] = r["wire_zstd"] / ch
+            r["bpc_dte"] = r["dte_bytes"] / ch
+            # zstd pays off on a link slower than the bits it saves per
+            # second of packing and unpacking (one core each, measured).
+            zs = (r["zstd_ms"] + r["unzstd_ms"]) / 1e3
+            r["zstd_breakeven_gbit"] = ((r["wire_raw"] - r["wire_zstd"]) * 8 / zs / 1e9
+                                        if zs > 0 else 0.0)
+            log("codec-detail: lr=%g changed=%.3f%% flagged=%.3f%% wire_Bpc=%.3f "
+                "wire_zstd_Bpc=%.3f dte_Bpc=%.3f storage_Bpc=%.3f zstd_ms=%.1f unzstd_ms=%.1f "
+                "zstd_breakeven_gbit=%.2f" % (
+                    lr, r["changed_pct"], 100.0 * r["flagged"] / r["elements"], r["bpc_wire"],
+                    r["bpc_wire_zstd"], r["bpc_dte"], r["bpc_storage"], r["zstd_ms"],
+                    r["unzstd_ms"], r["zstd_breakeven_gbit"]))
             rows.append(r)
     return {"elements": int(sum(numel)), "tensors": len(numel), "warm": WARM, "rows": rows}

@@ -30,7 +30,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
-from cluster_sync_lib import Daemon  # noqa: E402
+from cluster_sync_lib import DTED, Daemon  # noqa: E402
 from dte import _lib, qwen3, sglang  # noqa: E402
 from dte.shm import Arena  # noqa: E402
 from dte.sink import Sink  # noqa: E402
@@ -40,10 +40,81 @@ LR = 1e-6
 # Sparse versions per link (the median counts): the first sparse version
 # of a run also pays for mapping the trainer's m and v pages into the
 # source daemon (the dense version read only θ), a one-time cost.
-SPARSE_PER_LINK = 3
+SPARSE_PER_LINK = 5
+# The crossover columns: after the sparse versions at LR, one sparse
+# version at each of these rates (one step each), so the changed fraction
+# grows towards all of the model.
+CROSS_LRS = [3e-6, 1e-5, 3e-5, 1e-4]
+# The plain-socket baseline: this many seconds of the link's rate (at least
+# 64 MiB, at most 1 GiB), one TCP stream, 4 MiB sends.
+TCP_SECONDS = 0.5
+TCP_SCRIPT = r"""
+import socket, sys, time
+mode, addr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "recv":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 7399))
+    s.listen(1)
+    print("ready", flush=True)
+    c, _ = s.accept()
+    mv = memoryview(bytearray(4 << 20))
+    got = 0
+    while got < nbytes:
+        k = c.recv_into(mv)
+        if not k:
+            break
+        got += k
+    c.sendall(b"k")
+else:
+    c = socket.create_connection((addr, 7399))
+    buf = bytes(4 << 20)
+    sent = 0
+    t = time.perf_counter()
+    while sent < nbytes:
+        c.sendall(buf)
+        sent += len(buf)
+    c.recv(1)
+    print("%d %.6f" % (sent, time.perf_counter() - t))
+"""
 MODEL = dict(hidden_size=4096, intermediate_size=8192, num_hidden_layers=1,
              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
              tie_word_embeddings=True)
+
+
+class BenchDaemon(Daemon):
+    """The system tests' daemon, configured as dted ships (conf/dted.conf
+    defaults: the tests shrink the peer staging to 16M, which a dense part
+    of one 2^24-element entry, 32 MiB, does not fit)."""
+
+    def start(self, timeout=20.0):
+        with open(self.conf, "w") as f:
+            f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
+                self.name, self.log_level, self.tmp))
+        cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
+               "--peer-listen", "%s:0" % self.host]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        with open(self.logpath, "a") as log:
+            self.starts += 1
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env())
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError("dted %s exited: %s" % (self.name, self.log_tail()))
+            if os.path.exists(self.sock):
+                p = self.ctl_json("peers", check=False)
+                if p and p.get("address"):
+                    self.address = p["address"]
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError("dted %s did not come up: %s" % (self.name, self.log_tail()))
+
+# BENCH_SMALL=1: a 102,766,848-element model (hidden 2048) for trying the
+# bench out; the figures in docs/BENCHMARKS.md come from the full one.
+if os.environ.get("BENCH_SMALL"):
+    MODEL.update(hidden_size=2048, intermediate_size=4096, num_attention_heads=16,
+                 num_key_value_heads=4)
 
 
 def model_config():
@@ -112,6 +183,25 @@ class Link:
                       "%dgbit" % gbit, "burst", str(burst), "latency", "50ms")
         self.rate = gbit
 
+    def tcp_rate(self, gbit):
+        """One plain TCP stream A -> B over the shaped link: Gbit/s."""
+        nbytes = int(min(max(gbit * 1e9 / 8 * TCP_SECONDS, 64 << 20), 1 << 30)) >> 22 << 22
+        py = sys.executable
+        rx = subprocess.Popen(["ip", "netns", "exec", self.ns[1], py, "-c", TCP_SCRIPT, "recv",
+                               self.addr[1], str(nbytes)], stdout=subprocess.PIPE, text=True)
+        try:
+            if rx.stdout.readline().strip() != "ready":
+                raise RuntimeError("tcp baseline: receiver did not start")
+            r = subprocess.run(["ip", "netns", "exec", self.ns[0], py, "-c", TCP_SCRIPT, "send",
+                                self.addr[1], str(nbytes)], capture_output=True, text=True,
+                               timeout=120)
+            if r.returncode:
+                raise RuntimeError("tcp baseline: %s" % r.stderr.strip())
+            sent, secs = r.stdout.split()
+            return int(sent) * 8 / float(secs) / 1e9
+        finally:
+            rx.wait(timeout=30)
+
     def commands(self, gbit):
         burst = max(256 * 1024, int(gbit * 1e9 / 8 * 0.002))
         return "tc -n NS qdisc replace dev VETH root tbf rate %dgbit burst %d latency 50ms" % (
@@ -159,6 +249,14 @@ class MemSampler:
                     self.peak[key] = max(self.peak.get(key, 0), st.get("RssAnon", 0))
             time.sleep(0.01)
 
+    @staticmethod
+    def cpu(pid):
+        """(CPU seconds user+system, minor page faults) of pid so far."""
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read().rsplit(")", 1)[1].split()
+        hz = os.sysconf("SC_CLK_TCK")
+        return (int(st[11]) + int(st[12])) / hz, int(st[7])
+
     def window(self, label):
         self.label = label
         time.sleep(0.02)
@@ -197,7 +295,9 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(1)
         self.elements = sum(p.numel() for p in self.params.values())
 
-    def step(self):
+    def step(self, lr=LR):
+        for g in self.opt.param_groups:
+            g["lr"] = lr
         for p in self.params.values():
             if p.grad is None:
                 p.grad = torch.empty_like(p)
@@ -229,6 +329,11 @@ class Trainer:
                 pass
 
 
+def populate(eng):
+    for t in eng.weights(0).values():
+        t.fill_(0)
+
+
 def wait_plan(srcd, sink_part, timeout=60.0):
     """Until the coordinator's plan holds exactly this sink (and is complete)."""
     end = time.time() + timeout
@@ -249,7 +354,7 @@ def history(srcd, version):
     return {}
 
 
-def run(work, links, detect="adamw", log=print, mem_only=False):
+def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     """One fresh pair of daemons and one job in `detect` mode; per link
     rate in `links`: a dense version to a fresh sink, then SPARSE_PER_LINK
     sparse versions.  Returns the measured rows."""
@@ -260,9 +365,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
     daemons, sampler, tr, cli, sink, eng = [], None, None, None, None, None
     out = {"detect": detect, "links": [], "elements": None}
     try:
-        srcd = Daemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
+        srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
                       log_level="warning")
-        snkd = Daemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
+        snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
                       log_level="warning")
         for d in (srcd, snkd):
             daemons.append(d)   # stopped in finally even when start() fails
@@ -286,60 +391,84 @@ def run(work, links, detect="adamw", log=print, mem_only=False):
                 sink.close()
                 eng.close()
             eng = sglang.SGLangModel(cfg, tp=1, label="bench-sink%d" % k)
+            # An inference engine holds loaded weights: its memory exists
+            # before the first sync (a fresh memfd would make the dense
+            # apply pay for allocating and zeroing every page).
+            populate(eng)
             sink = Sink.sglang(eng, snkd.sock, JOB, TOKEN, cfg_text, coordinator=srcd.address,
                                replica=k)
             wait_plan(srcd, sink.parts[0])
-            row = {"gbit": gbit, "sparse": []}
-            for mode in ("dense",) + ("sparse",) * SPARSE_PER_LINK:
-                step, groups = tr.step()
+            row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit)}
+            log("e2e-detail: link=%dGbit plain TCP stream %.2f Gbit/s" % (gbit, row["tcp_gbit"]))
+            plan = [("dense", LR)] + [("sparse", LR)] * SPARSE_PER_LINK
+            if cross and not mem_only:
+                plan += [("cross", lr) for lr in CROSS_LRS]
+            for mode, lr in plan:
+                step, groups = tr.step(lr)
                 version += 1
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
+                cpu0 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 t0 = time.perf_counter()
                 info = cli.publish(JOB, part, version, step, groups)
                 t1 = time.perf_counter()
                 sink.apply(version, timeout_ms=300000)
                 cli.wait(JOB, version, 300000)
                 t2 = time.perf_counter()
+                cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
                 got = "dense" if info["dense"] else "sparse"
-                if got != mode:
+                if got != ("sparse" if mode == "cross" else mode):
                     raise RuntimeError("version %d went %s, expected %s" % (version, got, mode))
                 h = history(srcd, version)
-                m = {"version": version, "total_s": t2 - t0, "publish_s": t1 - t0,
+                m = {"version": version, "lr": lr, "total_s": t2 - t0, "publish_s": t1 - t0,
                      "bytes": info["bytes"], "changed": info["changed"],
                      "elements": info["elements"], "capture_ms": h.get("capture_ms"),
                      "transfer_ms": h.get("transfer_ms"), "apply_ms": h.get("apply_ms"),
                      "src_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
                                                    "source"), 0),
                      "sink_anon": sampler.peak.get(("%s-%d-%s" % (gbit, version, mode),
-                                                    "sink"), 0)}
-                log("e2e-detail: %s link=%dGbit v%d %s total_s=%.3f publish_s=%.3f bytes=%d "
-                    "changed=%d src_anon_mb=%.0f sink_anon_mb=%.0f" % (
-                        detect, gbit, version, mode, m["total_s"], m["publish_s"], m["bytes"],
-                        m["changed"], m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
+                                                    "sink"), 0),
+                     # what each daemon itself spent on this version (the
+                     # machine's load from elsewhere does not count here)
+                     "src_cpu_s": cpu1["source"][0] - cpu0["source"][0],
+                     "sink_cpu_s": cpu1["sink"][0] - cpu0["sink"][0],
+                     "src_faults": cpu1["source"][1] - cpu0["source"][1],
+                     "sink_faults": cpu1["sink"][1] - cpu0["sink"][1]}
+                log("e2e-detail: %s link=%dGbit v%d %s lr=%g total_s=%.3f publish_s=%.3f "
+                    "bytes=%d changed=%d (%.2f%%) capture_ms=%.0f transfer_ms=%.0f apply_ms=%.0f "
+                    "src_anon_mb=%.0f sink_anon_mb=%.0f" % (
+                        detect, gbit, version, mode, lr, m["total_s"], m["publish_s"],
+                        m["bytes"], m["changed"], 100.0 * m["changed"] / max(m["elements"], 1),
+                        m["capture_ms"] or 0, m["transfer_ms"] or 0, m["apply_ms"] or 0,
+                        m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
+                log("e2e-detail:   cpu_s source=%.3f sink=%.3f minor_faults source=%d sink=%d" % (
+                    m["src_cpu_s"], m["sink_cpu_s"], m["src_faults"], m["sink_faults"]))
                 if mode == "dense":
                     row["dense"] = m
                 else:
-                    row["sparse"].append(m)
+                    row[mode].append(m)
             out["links"].append(row)
             if mem_only:
                 break
         out["hwm"] = dict(sampler.hwm)
         out["idle_anon"] = {n: MemSampler.read(p)["RssAnon"] for n, p in sampler.pids.items()}
     finally:
-        if sampler:
-            sampler.stop()
-        if sink is not None:
-            sink.close()
-        if eng is not None:
-            eng.close()
-        if cli is not None:
-            cli.close()
-        if tr is not None:
-            tr.close()
-        for d in daemons:
-            d.stop()
-        net.close()
+        # Every step runs even when one before it fails (a failed close
+        # must not leave daemons and namespaces behind); the first error
+        # is raised after all of them.
+        errs = []
+        steps = [sampler.stop if sampler else None, sink.close if sink is not None else None,
+                 eng.close if eng is not None else None, cli.close if cli is not None else None,
+                 tr.close if tr is not None else None] + [d.stop for d in daemons] + [net.close]
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 (cleanup goes on)
+                errs.append(e)
+        if errs and sys.exc_info()[0] is None:
+            raise errs[0]
     out["shape_cmd"] = net.commands(1)
     return out
 

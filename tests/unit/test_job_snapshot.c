@@ -10,6 +10,7 @@
 #include <cmocka.h>
 #include "daemon/job_snapshot.h"
 #include "gpu/backend.h"
+#include "gpu/elem.h"
 
 #define ROWS 7
 #define COLS 100
@@ -129,6 +130,88 @@ static void test_keep_then_scan(void **state)
 	jsnap_fini(&s);
 }
 
+/* The fast path: a sub-box of contiguous rows that start off word
+ * boundaries (rows of BW elements in a source of row length BW + 3), large
+ * enough to be split over threads, with NaN, Inf, ties and values past the
+ * BF16 maximum; the bitmap and the kept values must be what a scalar
+ * dtc_bf16_rne comparison gives, every element. */
+#define BH 1111
+#define BW 1001
+#define SW (BW + 3)
+static void test_fast_path_matches_scalar(void **state)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	struct dte_box_map e;
+	uint64_t n = (uint64_t)BH * BW, words, cnt = 0, want = 0;
+	float *p = malloc((size_t)BH * SW * sizeof(*p));
+	uint16_t *ref = malloc(n * sizeof(*ref));
+	uint64_t *bm, *wbm;
+	struct jsnap s = { 0 };
+
+	memset(&e, 0, sizeof(e));
+	e.ndim = 2;
+	e.extent[0] = BH;
+	e.extent[1] = BW;
+	e.src_offset = 2;
+	e.src_stride[0] = SW;
+	e.src_stride[1] = 1;
+	e.dst_stride[0] = BW;
+	e.dst_stride[1] = 1;
+	words = dtc_bitmap_words(&e);
+	bm = calloc(words, sizeof(*bm));
+	wbm = calloc(words, sizeof(*wbm));
+	assert_non_null(p);
+	assert_non_null(ref);
+	assert_non_null(bm);
+	assert_non_null(wbm);
+	for (uint64_t i = 0; i < (uint64_t)BH * SW; i++)
+		p[i] = (float)((double)(dtc_mix64(i) >> 11) / 9007199254740992.0 - 0.5);
+	assert_int_equal(jsnap_scan(&s, cpu, &e, p, (uint64_t)BH * SW, bm, words, &cnt), DTC_OK);
+	assert_int_equal(cnt, n);
+	for (uint64_t r = 0; r < BH; r++)
+		for (uint64_t c = 0; c < BW; c++)
+			ref[r * BW + c] = dtc_bf16_rne(p[2 + r * SW + c]);
+	assert_memory_equal(s.vals, ref, n * sizeof(*ref));
+	/* A step: small moves (some cross a rounding boundary), and specials. */
+	for (uint64_t i = 0; i < (uint64_t)BH * SW; i++) {
+		uint64_t h = dtc_mix64(i ^ 0x5eed);
+
+		p[i] *= (h & 1) ? 1.0f + 2e-3f : 1.0f - 1e-4f;
+		switch (h % 9973) {
+		case 1: p[i] = __builtin_nanf(""); break;
+		case 2: p[i] = -__builtin_inff(); break;
+		case 3: p[i] = 3.3961e38f; break;			/* rounds to Inf */
+		case 4: p[i] = dtc_bits_f32(0x3f808000u); break;	/* a tie, even */
+		case 5: p[i] = dtc_bits_f32(0x3f818000u); break;	/* a tie, odd */
+		case 6: p[i] = dtc_bits_f32(0x7f800001u); break;	/* a signalling NaN */
+		default: break;
+		}
+	}
+	memset(bm, 0, words * sizeof(*bm));
+	for (uint64_t r = 0; r < BH; r++) {
+		for (uint64_t c = 0; c < BW; c++) {
+			uint64_t q = r * BW + c;
+			uint16_t b = dtc_bf16_rne(p[2 + r * SW + c]);
+
+			if (b != ref[q]) {
+				wbm[q >> 6] |= 1ull << (q & 63);
+				want++;
+			}
+			ref[q] = b;
+		}
+	}
+	assert_true(want > n / 100 && want < n);
+	assert_int_equal(jsnap_scan(&s, cpu, &e, p, (uint64_t)BH * SW, bm, words, &cnt), DTC_OK);
+	assert_int_equal(cnt, want);
+	assert_memory_equal(bm, wbm, words * sizeof(*bm));
+	assert_memory_equal(s.vals, ref, n * sizeof(*ref));
+	jsnap_fini(&s);
+	free(p);
+	free(ref);
+	free(bm);
+	free(wbm);
+}
+
 static void test_bad_input(void **state)
 {
 	struct dte_box_map e = transposed();
@@ -163,6 +246,7 @@ int main(void)
 		cmocka_unit_test(test_first_scan_flags_all),
 		cmocka_unit_test(test_exact_changes),
 		cmocka_unit_test(test_keep_then_scan),
+		cmocka_unit_test(test_fast_path_matches_scalar),
 		cmocka_unit_test(test_bad_input),
 	};
 
