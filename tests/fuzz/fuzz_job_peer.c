@@ -26,7 +26,9 @@
  *   5 publish   [hold u8]: the trainer steps and publishes the next version
  *   6 spin      run the loop (deliver what is queued locally)
  * Properties, beyond the sanitizers': nothing is ever written outside a
- * sink buffer (canaries) or into a source buffer; the job keeps serving:
+ * sink buffer (canaries), into padding no entry maps, or into a source
+ * buffer; a forged version with a position outside its box never stages;
+ * the job keeps serving:
  * unless the records changed the membership or plan (epoch), within three
  * more versions the sink stages and applies one that verifies, and then
  * every mapped element equals RNE of the trainer's θ; and it all
@@ -317,40 +319,59 @@ static void check_canaries(void)
 }
 
 /* Every mapped sink element equals RNE(θ), through the job's own plan
- * (the mapping's truth is tests/unit/test_job.c's business). */
+ * (the mapping's truth is tests/unit/test_job.c's business), and every
+ * element no entry maps (padding rows) is still zero: nothing was ever
+ * written outside the boxes. */
 static int sink_exact(struct job *j)
 {
 	const struct jpair *p = job_pair(j, src.participant, sink.participant);
+	uint8_t *mapped[MAXB] = { 0 };
+	int ok = 1;
 
 	if (!p)
 		return 0;
-	for (size_t i = 0; i < p->n; i++) {
+	for (size_t b = 0; b < sink.n; b++)
+		if (!(mapped[b] = calloc(sink.bytes[b] / 2, 1)))
+			abort();
+	for (size_t i = 0; i < p->n && ok; i++) {
 		const struct jentry *e = &p->e[i];
 		const float *th = NULL;
 		const uint16_t *d = NULL;
+		uint8_t *mk = NULL;
 		int64_t idx[DTE_MAX_DIMS] = { 0 };
 
 		for (size_t b = 0; b < src.n; b++)
 			if (src.layout_ids[b] == e->src_buf)
 				th = (const float *)(src.map[b] + src.off[b]);
 		for (size_t b = 0; b < sink.n; b++)
-			if (sink.layout_ids[b] == e->dst_buf)
+			if (sink.layout_ids[b] == e->dst_buf) {
 				d = (const uint16_t *)(sink.map[b] + sink.off[b]);
+				mk = mapped[b];
+			}
 		FUZZ_CHECK(th && d, "plan entry names an unknown buffer");
-		for (uint64_t q = 0; q < e->box; q++) {
+		for (uint64_t q = 0; q < e->box && ok; q++) {
 			int64_t si = e->map.src_offset, di = e->map.dst_offset;
 
 			for (uint32_t k = 0; k < e->map.ndim; k++) {
 				si += idx[k] * e->map.src_stride[k];
 				di += idx[k] * e->map.dst_stride[k];
 			}
-			if (d[di] != dtc_bf16_rne(th[si]))
-				return 0;
+			ok = d[di] == dtc_bf16_rne(th[si]);
+			mk[di] = 1;
 			for (int k = (int)e->map.ndim - 1; k >= 0 && ++idx[k] == e->map.extent[k]; k--)
 				idx[k] = 0;
 		}
 	}
-	return 1;
+	for (size_t b = 0; b < sink.n; b++) {
+		const uint16_t *d = (const uint16_t *)(sink.map[b] + sink.off[b]);
+
+		for (size_t i = 0; ok && i < sink.bytes[b] / 2; i++)
+			FUZZ_CHECK(mapped[b][i] || d[i] == 0,
+				   "sink buffer %zu element %zu is in no box but was written (%04x)", b,
+				   i, d[i]);
+		free(mapped[b]);
+	}
+	return ok;
 }
 
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
@@ -471,6 +492,7 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 	Dtep__Checksum ck[MAXB], *ckp[MAXB];
 	uint8_t vsel, mode, order, nparts;
 	uint64_t *counts, total = 0;
+	int outside = 0;
 	uint8_t *raw[8] = { 0 }, *chunk[8] = { 0 };
 	size_t rawlen[8] = { 0 }, clen[8] = { 0 }, cap[8] = { 0 };
 	uint32_t first[9];
@@ -533,15 +555,20 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 			if (!pos || !vals || !enc)
 				abort();
 			for (uint64_t q = 0; q < cnt; q++) {
-				p0 += 1 + fuzz_u8(in) % 4;
+				uint8_t g = fuzz_u8(in);
+
+				/* small steps, or long jumps (past the box too) */
+				p0 += 1 + (g & 0x80 ? (uint64_t)(g & 0x7f) << 6 : g % 4);
 				pos[q] = (how & 4) ? p0 - 1 : (p0 - 1) % (e->box + 1);
 				vals[q] = (uint16_t)fuzz_uint(in, 2);
 			}
-			/* the codec refuses positions out of order or range;
-			 * then the raw bytes go as they are */
-			if (dtc_sparse_encode(pos, vals, cnt, (how & 8) ? e->box + 64 : e->box, enc,
+			/* the codec refuses positions out of order or past the
+			 * box it is given; a wide one lets them through */
+			if (dtc_sparse_encode(pos, vals, cnt, (how & 8) ? UINT64_MAX >> 1 : e->box, enc,
 					      bound, &elen) != DTC_OK)
 				elen = 0;
+			else if (pos[cnt - 1] >= e->box)
+				outside = 1;    /* well formed, but past the box */
 			free(pos);
 			free(vals);
 		}
@@ -586,7 +613,7 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 	for (size_t b = 0; b < sink.n && b < MAXB; b++) {
 		dtep__checksum__init(&ck[b]);
 		ck[b].dst_buffer = sink.layout_ids[b];
-		ck[b].partial = fuzz_uint(in, 8);
+		ck[b].partial = mode & 4 ? fuzz_uint(in, 8) : 0;
 		ckp[b] = &ck[b];
 	}
 	c.n_checksums = mode & 4 ? sink.n : 0;
@@ -605,6 +632,17 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 	}
 	if (!(order & 1))
 		feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &c.base, NULL, 0);
+	spin();
+	/* A position outside its entry's box is refused, whatever else the
+	 * version gets right (it must never reach the apply walk). */
+	if (outside) {
+		const struct jlocal *l = job_local(j, sink.participant);
+
+		for (const struct jstaged *st = l ? l->staged : NULL; st; st = st->next)
+			FUZZ_CHECK(st->version != c.version,
+				   "version %llu staged with a position outside its box",
+				   (unsigned long long)c.version);
+	}
 	for (unsigned k = 0; k < 8; k++) {
 		free(raw[k]);
 		free(chunk[k]);
@@ -644,6 +682,13 @@ static void setup(void)
 	FUZZ_CHECK(publish(2) == 0, "version 2 not published");
 	holding = 0;
 	FUZZ_CHECK(nheld >= 2, "version 2 sent %zu records", nheld);
+	if (getenv("FUZZ_JOB_PEER_LOG")) {
+		const struct jpair *p = job_pair(job_find("fj"), src.participant, sink.participant);
+
+		for (size_t i = 0; p && i < p->n; i++)
+			fprintf(stderr, "fuzz_job_peer: entry %zu: tensor %u box %llu -> buffer %u\n", i,
+				p->e[i].tensor, (unsigned long long)p->e[i].box, p->e[i].dst_buf);
+	}
 }
 
 static void teardown(void)
@@ -714,6 +759,15 @@ static void write_seeds(const char *dir)
 	setup();
 	recording = 0;
 	for (size_t i = 0; i < nsent; i++) {
+		if (sent[i].type == DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED) {
+			/* apply_ms is a timing: zero it, so seeds are reproducible */
+			Dtep__Applied *a = dtep__applied__unpack(NULL, sent[i].mlen, sent[i].msg);
+
+			FUZZ_CHECK(a, "APPLIED does not decode");
+			a->apply_ms = 0;
+			sent[i].mlen = protobuf_c_message_pack(&a->base, sent[i].msg);
+			dtep__applied__free_unpacked(a, NULL);
+		}
 		n = seed_raw(b, &sent[i], 1);
 		snprintf(name, sizeof(name), "rec-%02zu-type%d", i, (int)sent[i].type);
 		seed_write(dir, name, b, n);
@@ -739,6 +793,21 @@ static void write_seeds(const char *dir)
 	}
 	b[0] = 5, b[1] = 0, b[2] = 4, b[3] = 0, b[4] = 5, b[5] = 1, b[6] = 4, b[7] = 0;
 	seed_write(dir, "publish-apply", b, 8);
+	{
+		/* Every entry 16 positions two apart, encoded past the box: the
+		 * 16-element boxes (norms) get positions up to 30; then apply. */
+		const struct jpair *p = job_pair(job_find("fj"), src.participant, sink.participant);
+
+		n = 0;
+		b[n++] = 3, b[n++] = 0, b[n++] = 0, b[n++] = 0, b[n++] = 0;
+		for (size_t i = 0; p && i < p->n; i++) {
+			b[n++] = 0x0c, b[n++] = 16;
+			for (int q = 0; q < 16; q++)
+				b[n++] = 1, b[n++] = 0x80, b[n++] = 0x3f;
+		}
+		b[n++] = 4, b[n++] = 0;
+		seed_write(dir, "forge-past-box", b, n);
+	}
 	{
 		/* Membership records no local setup sends: a JOIN from another
 		 * node with a sink, a LEAVE naming this node's participants, a
@@ -802,7 +871,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	char err[256];
 	const char *seeds = getenv("FUZZ_JOB_PEER_SEEDS");
 
-	dlog_init(DLOG_ERROR);
+	/* FUZZ_JOB_PEER_LOG=1: the daemon's log, to follow a reproducer */
+	dlog_init(getenv("FUZZ_JOB_PEER_LOG") ? DLOG_INFO : DLOG_ERROR);
 	FUZZ_CHECK(dte_spec_load_string(&spec, config, err, sizeof(err)) == 0, "spec: %s", err);
 	if (seeds)
 		write_seeds(seeds);
