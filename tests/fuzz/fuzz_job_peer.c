@@ -28,6 +28,7 @@
  * Properties, beyond the sanitizers': nothing is ever written outside a
  * sink buffer (canaries), into padding no entry maps, or into a source
  * buffer; a forged version with a position outside its box never stages;
+ * no record changes which participants this node has in the job;
  * the job keeps serving:
  * unless the records changed the membership or plan (epoch), within three
  * more versions the sink stages and applies one that verifies, and then
@@ -372,6 +373,24 @@ static int sink_exact(struct job *j)
 		free(mapped[b]);
 	}
 	return ok;
+}
+
+/* The coordinator (this daemon) still counts both local participants
+ * among its own node's: no record from another node can drop or replace
+ * them (they leave only with their connections). */
+static void check_members(struct job *j)
+{
+	const struct jmember *me = NULL;
+	int found = 0;
+
+	for (const struct jmember *m = j->members; m; m = m->next)
+		if (!strcmp(m->node, route_self_node()))
+			me = m;
+	FUZZ_CHECK(me, "this node is no longer a member of its own job");
+	for (size_t i = 0; i < me->n; i++)
+		found += me->p[i].id == src.participant || me->p[i].id == sink.participant;
+	FUZZ_CHECK(found == 2 && me->n == 2, "this node's participants were changed by a peer "
+		   "(%d of 2 left, %zu listed)", found, me->n);
 }
 
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
@@ -944,6 +963,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		spin();
 		check_canaries();
+		check_members(j);
 	}
 	/* The job keeps serving: a later version lands exactly. */
 	if (j->epoch == epoch0) {

@@ -790,6 +790,36 @@ static void test_sync_and_misbehaving_peer(void **state)
 			s.dst = 67890;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, &s.base, NULL, 0);
 		}
+		/* Membership records speaking for this node from another:
+		 * a LEAVE naming our participants, a JOIN replacing them with
+		 * none.  Refused; the plan and its epoch stay.  (Found by
+		 * fuzz_job_peer: the LEAVE used to empty the job.) */
+		{
+			Dtep__Leave lv = DTEP__LEAVE__INIT;
+			Dtep__Join jn = DTEP__JOIN__INIT;
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+			uint64_t ids[2] = { src.participant, sink.participant }, epoch = j->epoch;
+			uint64_t refused = j->refused;
+
+			ref.job = "tj";
+			ref.token = "tok";
+			lv.job = &ref;
+			lv.node = "unit";
+			lv.n_participants = 2;
+			lv.participants = ids;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE, &lv.base, NULL, 0);
+			jn.job = &ref;
+			jn.spec_hash = spec.hash;
+			jn.node = "unit";
+			jn.address = "127.0.0.1:1";
+			jn.peer_proto = PEER_PROTO_VERSION;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+			assert_int_equal(j->refused, refused + 2);
+			assert_int_equal(j->epoch, epoch);
+			assert_true(j->complete);
+			assert_int_equal(j->nparts, 2);
+			assert_non_null(job_pair(j, src.participant, sink.participant));
+		}
 	}
 	assert_true(unchanged(snap));
 	free(snap);
