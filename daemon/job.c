@@ -962,8 +962,17 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN: {
 		const Dtep__Plan *m = (const Dtep__Plan *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
-			jplan_recv(j, from, m);
+		/* The coordinator takes plans from itself alone; another
+		 * node's would replace the one it made for everyone. */
+		if ((j = check_ref(from, type, m->job))) {
+			if (j->is_coord && strcmp(from, route_self_node())) {
+				j->refused++;
+				refuse(from, j->name, type, "this daemon is the job's coordinator: "
+				       "plans come from it alone");
+			} else {
+				jplan_recv(j, from, m);
+			}
+		}
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {

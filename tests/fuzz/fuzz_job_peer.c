@@ -28,7 +28,8 @@
  * Properties, beyond the sanitizers': nothing is ever written outside a
  * sink buffer (canaries), into padding no entry maps, or into a source
  * buffer; a forged version with a position outside its box never stages;
- * no record changes which participants this node has in the job;
+ * no record changes which participants this node has in the job or
+ * unpairs them;
  * the job keeps serving:
  * unless the records changed the membership or plan (epoch), within three
  * more versions the sink stages and applies one that verifies, and then
@@ -391,6 +392,10 @@ static void check_members(struct job *j)
 		found += me->p[i].id == src.participant || me->p[i].id == sink.participant;
 	FUZZ_CHECK(found == 2 && me->n == 2, "this node's participants were changed by a peer "
 		   "(%d of 2 left, %zu listed)", found, me->n);
+	/* and the plan this coordinator made still pairs them */
+	FUZZ_CHECK(job_pair(j, src.participant, sink.participant),
+		   "the local source and sink are no longer paired (plan epoch %llu)",
+		   (unsigned long long)j->epoch);
 }
 
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,

@@ -792,8 +792,9 @@ static void test_sync_and_misbehaving_peer(void **state)
 		}
 		/* Membership records speaking for this node from another:
 		 * a LEAVE naming our participants, a JOIN replacing them with
-		 * none.  Refused; the plan and its epoch stay.  (Found by
-		 * fuzz_job_peer: the LEAVE used to empty the job.) */
+		 * none, and a PLAN sent to the coordinator.  Refused; the plan
+		 * and its epoch stay.  (Found by fuzz_job_peer: the LEAVE
+		 * emptied the job, the PLAN replaced the coordinator's own.) */
 		{
 			Dtep__Leave lv = DTEP__LEAVE__INIT;
 			Dtep__Join jn = DTEP__JOIN__INIT;
@@ -814,7 +815,17 @@ static void test_sync_and_misbehaving_peer(void **state)
 			jn.address = "127.0.0.1:1";
 			jn.peer_proto = PEER_PROTO_VERSION;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
-			assert_int_equal(j->refused, refused + 2);
+			/* A PLAN from another node: this daemon is the coordinator. */
+			{
+				Dtep__Plan pl = DTEP__PLAN__INIT;
+
+				pl.job = &ref;
+				pl.epoch = j->epoch + 1;
+				pl.complete = 1;
+				pl.peer_proto = PEER_PROTO_VERSION;
+				feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl.base, NULL, 0);
+			}
+			assert_int_equal(j->refused, refused + 3);
 			assert_int_equal(j->epoch, epoch);
 			assert_true(j->complete);
 			assert_int_equal(j->nparts, 2);
