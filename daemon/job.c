@@ -852,6 +852,24 @@ static void refuse(const char *from, const char *job, Dtep__PeerMsgType type, co
 	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
 }
 
+/* A membership record speaks for the node it came from, never another:
+ * a JOIN or LEAVE naming some other node would replace or drop that
+ * node's participants.  (The transport knows the sender by the name it
+ * greeted with, and no peer may greet as this daemon.)  An empty node
+ * field means the sender. */
+static int speaks_for(struct job *j, const char *from, Dtep__PeerMsgType type, const char *node)
+{
+	char why[192];
+
+	if (!node || !*node || !strcmp(node, from))
+		return 1;
+	j->refused++;
+	snprintf(why, sizeof(why), "record speaks for node \"%.64s\" but came from \"%.64s\"", node,
+		 from);
+	refuse(from, j->name, type, why);
+	return 0;
+}
+
 /* The job a record names, if its token matches. */
 static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref)
 {
@@ -928,7 +946,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 		if ((j = check_ref(from, type, m->job))) {
 			if (!j->is_coord)
 				refuse(from, j->name, type, "this daemon is not the job's coordinator");
-			else
+			else if (speaks_for(j, from, type, m->node))
 				jcoord_join(j, from, m);
 		}
 		break;
@@ -936,15 +954,25 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE: {
 		const Dtep__Leave *m = (const Dtep__Leave *)msg;
 
-		if ((j = check_ref(from, type, m->job)) && j->is_coord)
+		if ((j = check_ref(from, type, m->job)) && j->is_coord &&
+		    speaks_for(j, from, type, m->node))
 			jcoord_leave(j, from, m);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN: {
 		const Dtep__Plan *m = (const Dtep__Plan *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
-			jplan_recv(j, from, m);
+		/* The coordinator takes plans from itself alone; another
+		 * node's would replace the one it made for everyone. */
+		if ((j = check_ref(from, type, m->job))) {
+			if (j->is_coord && strcmp(from, route_self_node())) {
+				j->refused++;
+				refuse(from, j->name, type, "this daemon is the job's coordinator: "
+				       "plans come from it alone");
+			} else {
+				jplan_recv(j, from, m);
+			}
+		}
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {

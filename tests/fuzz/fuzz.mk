@@ -30,8 +30,8 @@ FUZZ_BINS    := $(addprefix $(FUZZ_B)/,$(FUZZ_TARGETS))
 # proto/peer.proto is in the tree).
 FUZZ_GEN_C := $(PROTO_GEN_C) $(PEER_PROTO_GEN_C)
 ifneq ($(PEER_PROTO_GEN_C),)
-FUZZ_TARGETS += fuzz_peer_proto
-FUZZ_BINS    += $(FUZZ_B)/fuzz_peer_proto
+FUZZ_TARGETS += fuzz_peer_proto fuzz_job_peer
+FUZZ_BINS    += $(FUZZ_B)/fuzz_peer_proto $(FUZZ_B)/fuzz_job_peer
 endif
 
 # Storage manifests and chunks (daemon/storage/storage.mk defines the

@@ -9,12 +9,18 @@ Chunk seeds need xxh3 and zstd: they come from the system libraries via
 ctypes, so this script needs no Python packages.
 
 Usage (repo root): python3 tests/fuzz/make-seeds.py
+
+fuzz_job_peer's seeds are the records a live job really sends, so that
+target writes them itself; this script keeps them, and rewrites them when
+$B/fuzz/fuzz_job_peer is built (B defaults to build):
+    FUZZ_JOB_PEER_SEEDS=tests/fuzz/corpus/fuzz_job_peer build/fuzz/fuzz_job_peer -runs=0
 """
 import ctypes
 import ctypes.util
 import json
 import os
 import shutil
+import subprocess
 import struct
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -310,9 +316,25 @@ def seeds_manifest():
         "01000128003f024454534301000000000e0001030080413f40bf0080008001010702003ef7000708"))
 
 
+def seeds_job_peer():
+    b = os.environ.get("B", "build")
+    binary = os.path.join(ROOT, b, "fuzz", "fuzz_job_peer")
+    if not os.access(binary, os.X_OK):
+        print(f"make-seeds: {binary} not built: fuzz_job_peer seeds kept as they are")
+        return
+    d = os.path.join(CORPUS, "fuzz_job_peer")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    env = dict(os.environ, FUZZ_JOB_PEER_SEEDS=d)
+    subprocess.run([binary, "-runs=0"], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
     if os.path.isdir(CORPUS):
-        shutil.rmtree(CORPUS)
+        for name in os.listdir(CORPUS):
+            if name != "fuzz_job_peer":      # written by the target itself
+                shutil.rmtree(os.path.join(CORPUS, name))
     os.makedirs(os.path.join(CORPUS, "fuzz_conf"))
     os.makedirs(os.path.join(CORPUS, "fuzz_spec"))
     seeds_frame()
@@ -323,6 +345,7 @@ def main():
     seeds_spec()
     seeds_peer_proto()
     seeds_manifest()
+    seeds_job_peer()
 
 
 if __name__ == "__main__":

@@ -127,14 +127,23 @@ def misbehave(c, tmp, target, coord, ns_of, dev_of, sink, held, sources, epoch, 
             refused)
     # A JOIN from a daemon of another peer protocol, or of another model:
     # the coordinator refuses it with the reason, the job goes on.
+    # (The forger greets as "oldpeer": a JOIN speaks for its sender only.)
     rc, out = forge(coord.address,
                     ["join job=%s token=%s node=oldpeer address=10.9.9.9:1 spec_hash=%d "
                      "peer_proto=%d" % (JOB, TOKEN, h, p) for h, p in ((0, 1), (0, 0), (1, 2))],
-                    expect=3, netns=ns_of(coord), dev=dev_of(coord))
+                    node="oldpeer", expect=3, netns=ns_of(coord), dev=dev_of(coord))
     refused = [x for x in out if x.startswith("recv REFUSED")]
     c.check(len(refused) == 3 and "peer protocol 1;" in refused[0] and
             "peer protocol 0 (a dted from before" in refused[1] and "model spec" in refused[2],
             "forged JOINs of peer protocol 1 and 0, and of another model, refused: %s" % refused)
+    # A LEAVE speaking for another node (the sink's) would drop its
+    # participants: refused where it enters, the job goes on.
+    rc, out = forge(coord.address, ["leave job=%s token=%s node=%s participants=%d" %
+                                    (JOB, TOKEN, target.name, sink.part)],
+                    expect=1, netns=ns_of(coord), dev=dev_of(coord))
+    refused = [x for x in out if x.startswith("recv REFUSED")]
+    c.check(len(refused) == 1 and 'speaks for node "%s"' % target.name in refused[0],
+            "forged LEAVE for node %s refused: %s" % (target.name, refused))
     # A PLAN from a coordinator of another peer protocol: the member
     # rejects it with the reason (and keeps the plan it has).
     rc, out = forge(target.address, ["plan job=%s token=%s epoch=%d peer_proto=1" %

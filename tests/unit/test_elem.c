@@ -1,5 +1,9 @@
-/* Element math: BF16 rounding against an independent reference, the AdamW
- * inverse + guard against a simulated forward, hyper-parameter checks. */
+/* Element math: BF16 rounding against an independent reference; the AdamW
+ * inverse, the guard and the cpu detector against real optimizer steps
+ * recorded by torch (tests/data/adamw/, see adamw_ref.h); then stress
+ * tests over many simulated steps (the forward there is elem.h's own,
+ * which the fixture test first holds bit-exact to torch); hyper-parameter
+ * checks. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include "gpu/backend.h"
 #include "gpu/compute.h"
 #include "gpu/elem.h"
+#include "adamw_ref.h"
 
 static uint64_t rng_state = 0x1234567887654321ull;
 
@@ -189,6 +195,184 @@ static void run_guard(int variant, double lr, double wd, int n, int steps, doubl
 	free(v);
 }
 
+/* ------------------------------------------------ torch ground truth */
+
+/* Recorded optimizer steps (tests/data/adamw/gen_fixtures.py).  `torch`
+ * marks the flavours whose θ update is torch's: ref_torch_adamw() must
+ * reproduce them bit for bit from the recorded sqrt.  `exact` marks those
+ * elem.h's forward claims to mirror bit for bit wherever the trainer's
+ * sqrt is IEEE (te-fma is TE's kernel as nvcc contracts it by default: the
+ * forward differs there, the inverse must still hold). */
+static const struct {
+	const char *name;
+	int torch, exact;
+} flavours[] = {
+	{ "torch2.13-single", 1, 1 },
+	{ "torch2.13-foreach", 1, 1 },
+	{ "torch2.13-fused", 1, 1 },
+	{ "torch1.13-single", 1, 1 },
+	{ "te-order", 0, 1 },
+	{ "te-fma", 0, 0 },
+};
+
+struct fx_tally {
+	uint64_t elements, changed, missed, fp, bad_bound, bad_rne, bad_ref, fwd_diff;
+	uint64_t sqrt_off;              /* the trainer's sqrt was not IEEE's */
+	uint64_t eps_dom, eps_dom_changed, zero_grad, zero_grad_changed;
+	double worst;                   /* max |θ̂ − θ_{t-1}| / bound */
+};
+
+/* One recorded step: every element's verdict from the element math and,
+ * independently, from the cpu backend's scan + sparse extract, against
+ * torch's BF16 before and after. */
+static void fx_check_step(const struct fx_case *c, const struct fx_step *s, const float *prev,
+			  const uint16_t *prevbf, int fl, struct fx_tally *t)
+{
+	struct dtc_hparams hp = { c->lr, c->beta1, c->beta2, c->eps, c->wd, s->step, c->variant };
+	struct dtc_consts k;
+	struct dte_box_map box = { .ndim = 1 };
+	struct dtc_src src = { s->theta, s->m, s->v, c->n };
+	uint64_t words = (c->n + 63) / 64, count = 0, nout = 0;
+	uint64_t *bitmap = calloc(words, 8), *pos = calloc(c->n, 8);
+	uint16_t *val = calloc(c->n, 2);
+	double bc2s = sqrt(1.0 - pow(c->beta2, (double)s->step));
+	char why[128];
+
+	assert_non_null(bitmap);
+	assert_non_null(pos);
+	assert_non_null(val);
+	assert_int_equal(dtc_hparams_derive(&hp, &k, why, sizeof(why)), DTC_OK);
+	box.extent[0] = c->n;
+	box.src_stride[0] = box.dst_stride[0] = 1;
+	assert_int_equal(dtc_scan(dtc_backend_cpu(), &box, &k, &src, bitmap, words, DTC_SCAN_SET,
+				  &count), DTC_OK);
+	assert_int_equal(dtc_sparse_from_bitmap(dtc_backend_cpu(), &box, bitmap, words, s->theta,
+						c->n, pos, val, c->n, &nout), DTC_OK);
+	assert_int_equal(nout, count);
+	for (uint64_t j = 0; j < nout; j++) {
+		assert_true(pos[j] < c->n && (j == 0 || pos[j] > pos[j - 1]));
+		if (val[j] != s->bf16[pos[j]])
+			fail_msg("%s/%s step %lld: scan emits %04x at %llu, torch's bf16 is %04x",
+				 flavours[fl].name, c->name, (long long)s->step, val[j],
+				 (unsigned long long)pos[j], s->bf16[pos[j]]);
+	}
+	for (uint32_t i = 0; i < c->n; i++) {
+		float th = s->theta[i], m = s->m[i], v = s->v[i];
+		int truth = prevbf[i] != s->bf16[i];
+		int flag = dtc_adamw_flag(&k, th, m, v);
+		int scanned = (int)(bitmap[i / 64] >> (i % 64) & 1);
+		float u = dtc_adamw_u(&k, m, v);
+		float thh = dtc_adamw_prev(&k, th, u);
+		double err = fabs((double)thh - (double)prev[i]);
+		double bound = (double)dtc_guard_bound(thh, th, u);
+
+		t->elements++;
+		t->changed += (uint64_t)truth;
+		float ieee = c->variant == DTC_VARIANT_TORCH ? sqrtf(v) : sqrtf(v / k.bc2);
+		int sqrt_ok = dtc_f32_bits(ieee) == dtc_f32_bits(s->sqrt_v[i]);
+
+		t->bad_rne += dtc_bf16_rne(th) != s->bf16[i];
+		t->sqrt_off += (uint64_t)!sqrt_ok;
+		if (flavours[fl].torch)
+			t->bad_ref += dtc_f32_bits(ref_torch_adamw(prev[i], m, s->sqrt_v[i], c->lr,
+								   c->beta1, c->beta2, c->eps, c->wd,
+								   s->step)) != dtc_f32_bits(th);
+		/* elem.h's forward mirrors the trainer's where its sqrt is IEEE */
+		t->fwd_diff += sqrt_ok &&
+			       dtc_f32_bits(dtc_adamw_forward(&k, prev[i], m, v)) != dtc_f32_bits(th);
+		/* The inverse lands within its stated bound of torch's θ_{t-1}. */
+		if (err > bound) {
+			t->bad_bound++;
+			print_message("%s/%s step %lld elem %u: θ_prev %a, inverse %a, off %g > bound %g\n",
+				      flavours[fl].name, c->name, (long long)s->step, i, (double)prev[i],
+				      (double)thh, err, bound);
+		}
+		if (bound > 0 && err / bound > t->worst)
+			t->worst = err / bound;
+		/* No missed change, by the element math or by the backend. */
+		if (truth && (!flag || !scanned)) {
+			t->missed++;
+			print_message("%s/%s step %lld elem %u: bf16 %04x -> %04x missed (flag %d scan %d)\n",
+				      flavours[fl].name, c->name, (long long)s->step, i, prevbf[i],
+				      s->bf16[i], flag, scanned);
+		}
+		t->fp += (uint64_t)(!truth && scanned);
+		if ((float)c->eps > sqrtf(v) / (float)bc2s) {
+			t->eps_dom++;
+			t->eps_dom_changed += (uint64_t)truth;
+		}
+		if (s->grad[i] == 0.0f) {
+			t->zero_grad++;
+			t->zero_grad_changed += (uint64_t)truth;
+		}
+	}
+	free(bitmap);
+	free(pos);
+	free(val);
+}
+
+static void test_torch_fixtures(void **state)
+{
+	for (size_t fl = 0; fl < sizeof(flavours) / sizeof(flavours[0]); fl++) {
+		struct fx_tally t = { 0 };
+		struct fx_file f;
+		char path[256];
+		int wd_on = 0, wd_off = 0, fresh = 0, warm = 0, multi = 0;
+
+		snprintf(path, sizeof(path), "tests/data/adamw/%s.bin", flavours[fl].name);
+		if (fx_load(&f, path))
+			fail_msg("%s: missing or malformed (run from the repo root)", path);
+		for (uint32_t ci = 0; ci < f.ncases; ci++) {
+			const struct fx_case *c = &f.c[ci];
+			const float *prev = c->theta0;
+			const uint16_t *prevbf = c->bf16_0;
+			uint64_t ch0 = t.changed, n0 = t.elements;
+
+			for (uint32_t i = 0; i < c->n; i++)
+				t.bad_rne += dtc_bf16_rne(c->theta0[i]) != c->bf16_0[i];
+			for (uint32_t k = 0; k < c->steps; k++) {
+				assert_int_equal(c->s[k].step, c->step0 + 1 + (int64_t)k);
+				fx_check_step(c, &c->s[k], prev, prevbf, (int)fl, &t);
+				prev = c->s[k].theta;
+				prevbf = c->s[k].bf16;
+			}
+			/* every case moves some BF16 values and leaves others */
+			assert_true(t.changed > ch0 && t.changed < ch0 + (t.elements - n0));
+			wd_on += c->wd != 0;
+			wd_off += c->wd == 0;
+			fresh += c->step0 == 0;
+			warm += c->step0 >= 100;
+			multi += c->steps >= 3;
+		}
+		print_message("fixture %s: cases=%u elements=%llu changed=%llu missed=%llu "
+			      "false_pos=%llu eps_dominant=%llu(changed %llu) zero_grad=%llu(changed %llu) "
+			      "worst_err/bound=%.3f forward_bit_diffs=%llu non_ieee_sqrt=%llu\n",
+			      flavours[fl].name, f.ncases, (unsigned long long)t.elements,
+			      (unsigned long long)t.changed, (unsigned long long)t.missed,
+			      (unsigned long long)t.fp, (unsigned long long)t.eps_dom,
+			      (unsigned long long)t.eps_dom_changed, (unsigned long long)t.zero_grad,
+			      (unsigned long long)t.zero_grad_changed, t.worst,
+			      (unsigned long long)t.fwd_diff, (unsigned long long)t.sqrt_off);
+		/* The fixture covers what it claims: weight decay on and off, bias
+		 * correction at step 1 and after a long warm-up, several steps,
+		 * eps-dominated denominators and zero gradients, with changes. */
+		assert_true(wd_on && wd_off && fresh && warm && multi == (int)f.ncases);
+		assert_true(t.eps_dom_changed > 0 && t.zero_grad_changed > 0);
+		assert_true(t.zero_grad > t.zero_grad_changed);
+		/* torch's BF16 is RNE; the test's reference is torch's θ update. */
+		assert_int_equal(t.bad_rne, 0);
+		assert_int_equal(t.bad_ref, 0);
+		if (flavours[fl].exact)
+			assert_int_equal(t.fwd_diff, 0);
+		assert_int_equal(t.bad_bound, 0);
+		assert_int_equal(t.missed, 0);
+		/* Flagging an unchanged element costs bytes, not correctness; the
+		 * fixtures crowd weights near BF16 midpoints, so allow 5%. */
+		assert_true(t.fp * 20 <= t.elements);
+		fx_free(&f);
+	}
+}
+
 static void test_guard_torch(void **state)
 {
 	run_guard(DTC_VARIANT_TORCH, 1e-5, 0.1, 100000, 8, 1e-3);
@@ -333,6 +517,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bf16_edges),
 		cmocka_unit_test(test_bf16_random),
+		cmocka_unit_test(test_torch_fixtures),
 		cmocka_unit_test(test_guard_torch),
 		cmocka_unit_test(test_guard_fused),
 		cmocka_unit_test(test_guard_directed),
