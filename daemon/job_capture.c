@@ -864,5 +864,6 @@ void jcap_free(struct jcap *c)
 	free(c->p);
 	free(c->buf_ids);
 	free(c->bufs);
+	free(c->k);
 	free(c);
 }

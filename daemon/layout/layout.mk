@@ -3,6 +3,7 @@
 LAYOUT_SRCS := daemon/layout/spec.c daemon/layout/layout.c daemon/layout/desc.c \
                daemon/layout/gen_megatron.c daemon/layout/gen_fsdp.c \
                daemon/layout/gen_sglang.c daemon/layout/gen_json.c \
+               daemon/layout/gen_shards.c \
                daemon/layout/plan.c daemon/layout/plan_cli.c
 LAYOUT_OBJS := $(LAYOUT_SRCS:%.c=$(B)/obj/%.o)
 
