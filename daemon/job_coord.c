@@ -217,10 +217,8 @@ static int sharded_sources(struct job *j, const char *desc, const struct jpinfo 
 			len += strlen(j->src_shards[r]) + 1;
 	}
 	dte_layout_fini(src);
-	if (!*complete) {
-		/* Nothing to plan from yet: a layout of ranks without buffers. */
+	if (!*complete)
 		return jlayout_build(j, JROLE_SOURCE, desc, 0, NULL, src, err, errlen);
-	}
 	if (!(all = malloc(len)))
 		return snprintf(err, errlen, "out of memory"), -1;
 	at = all;
@@ -300,10 +298,15 @@ static void replan(struct job *j)
 		for (i = 0; i < src.npieces; i++)
 			if (!srcby[src.pieces[i].rank])
 				b.complete = 0;
-		if (dte_layout_desc_sharded(srcdesc) && sharded_sources(j, srcdesc, srcby, &src, &b.complete,
-									 err, sizeof(err)) < 0) {
-			DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
-			have_src = 0;
+		if (dte_layout_desc_sharded(srcdesc)) {
+			if (sharded_sources(j, srcdesc, srcby, &src, &b.complete, err, sizeof(err)) < 0) {
+				DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
+				have_src = 0;
+			} else if (!b.complete) {
+				/* Not every rank's shards are known: nothing to plan yet. */
+				dte_layout_fini(&src);
+				have_src = 0;
+			}
 		}
 	}
 	/* One plan per distinct sink layout; replicas reuse it. */

@@ -77,6 +77,10 @@ struct dte_shards_cfg {
 int dte_layout_shards(struct dte_layout *l, const struct dte_spec *spec,
 		      const struct dte_shards_cfg *cfg, const struct dte_shard *s, size_t n,
 		      char *err, size_t errlen);
+/* gen_megatron.c: 0 when Megatron-Core can run this model at cfg's
+ * parallel sizes, else -1 naming what does not divide what. */
+int dte_megatron_check(const struct dte_spec *spec, const struct dte_megatron_cfg *cfg,
+		       char *err, size_t errlen);
 /* gen_megatron.c: the pieces of rank `rank`'s shards s[0..n) (all of that
  * rank), whose param buffers have ids bufid[i]. */
 int dte_megatron_shard_pieces(struct dte_layout *l, const struct dte_spec *spec,

@@ -454,6 +454,12 @@ out:
 
 /* ------------------------------------------------- registered shards */
 
+int dte_megatron_check(const struct dte_spec *spec, const struct dte_megatron_cfg *cfg,
+		       char *err, size_t errlen)
+{
+	return mg_check(spec, cfg, cfg->etp ? cfg->etp : cfg->tp, err, errlen);
+}
+
 /* SequentialMLP (megatron/core/transformer/moe/experts.py, SequentialMLP:
  * local_experts.{e}.linear_fc1.weight) names the same TP-local tensors as
  * TEGroupedMLP (linear_fc1.weight{e}); both map to the grouped name. */

@@ -203,6 +203,8 @@ int dte_layout_shards(struct dte_layout *l, const struct dte_spec *spec,
 	if (cfg->ranks < 1 || cfg->ranks > SHARD_MAX_RANK)
 		return dte_layout_err(err, errlen, "%s: %lld ranks", cfg->megatron ? "mcore" : "fsdp2",
 				      (long long)cfg->ranks);
+	if (cfg->megatron && dte_megatron_check(spec, &cfg->mg, err, errlen))
+		return -1;
 	for (i = 0; i < n; i++)
 		if ((int64_t)s[i].rank >= cfg->ranks)
 			return dte_layout_err(err, errlen, "%s: shard %s on rank %u; the trainer has "

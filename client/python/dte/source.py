@@ -705,9 +705,17 @@ def _megatron_core(cls, model_chunks, optimizer, socket, job, token, model_confi
                    rank, ep=1, etp=None, coordinator="local", interval=1, label="mcore"):
     from . import trainers
     entries = trainers.megatron_core_shards(model_chunks, optimizer)
+    if not trainers.is_distributed(optimizer):
+        # Without the distributed optimizer every DP replica holds whole FP32
+        # copies: the first replica is the source (of experts: the first
+        # of the expert-data-parallel group).
+        eg = ep * (etp or tp)
+        entries = [e for e in entries if (rank // eg if trainers.is_expert(e[0]) else rank // tp) == 0]
     desc = "mcore:tp=%d,dp=%d,ep=%d%s" % (tp, dp, ep, ",etp=%d" % etp if etp else "")
     src = cls(socket, job, token, model_config, desc, coordinator, interval)
     try:
+        for opt in trainers.inner_optimizers(optimizer):
+            src.watch(opt.optimizer)   # the step count, even of a rank that holds no shard
         if any(not e[4].is_cuda for e in entries):
             trainers.megatron_core_to_host(entries, "%s-r%d" % (label, rank), src.arenas)
         src.attach_shards(rank, _shards_from(entries))

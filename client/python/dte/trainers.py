@@ -43,6 +43,22 @@ def _inner_optimizers(optimizer):
     return [optimizer]
 
 
+def inner_optimizers(optimizer):
+    """The Megatron optimizers (not their inner torch optimizers) of a
+    ChainedOptimizer or one, skipping stubs."""
+    return [o for o in _inner_optimizers(optimizer) if not getattr(o, "is_stub_optimizer", False)]
+
+
+def is_distributed(optimizer):
+    """True when every optimizer of it shards (DistributedOptimizer)."""
+    return all(hasattr(o, "_get_model_param_range_map") for o in _inner_optimizers(optimizer))
+
+
+def is_expert(name):
+    """Expert weights (SequentialMLP or TEGroupedMLP): not the router."""
+    return ".mlp.experts." in name
+
+
 def _fused_state(inner, key, kind):
     """TE FusedAdam keeps state per param; with master_weights the FP32
     master is state['master_param'] (fused_adam.py, FusedAdam.initialize_state)."""
