@@ -217,16 +217,24 @@ class FusedAdamCPU(torch.optim.Optimizer):
     group['step'] per group; grad None skipped; FP32 math in the
     multi-tensor kernel's order (decoupled decay folded into the update)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 master_weights=False, store_param_remainders=False, use_decoupled_grad=False):
         super().__init__(params, dict(lr=lr, bias_correction=True, betas=betas, eps=eps,
                                       weight_decay=weight_decay))
         self.adam_w_mode = 1
-        self.master_weights = False
+        self.master_weights = master_weights
         self.capturable = False
+        self.use_decoupled_grad = use_decoupled_grad
+        # FusedAdam.__init__: remainders only with FP32 masters of BF16 params.
+        self.store_param_remainders = store_param_remainders and master_weights
 
     def initialize_state(self, p, store_param_remainders=False):
-        self.state[p]["exp_avg"] = torch.zeros_like(p)
-        self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+        self.state[p]["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+        self.state[p]["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        if self.master_weights:
+            # FusedAdam.initialize_state: the FP32 master (or int16 remainders).
+            self.state[p]["master_param"] = torch.zeros_like(p, dtype=torch.int16) \
+                if store_param_remainders else p.detach().clone().float()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -239,24 +247,32 @@ class FusedAdamCPU(torch.optim.Optimizer):
             bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
             for p in g["params"]:
                 if not self.state[p]:
-                    self.initialize_state(p)
-                if p.grad is None:
+                    self.initialize_state(p, self.store_param_remainders)
+                grad = getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
+                if grad is None:
                     continue
                 st = self.state[p]
-                m, v, grad = st["exp_avg"], st["exp_avg_sq"], p.grad
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                w = st["master_param"] if self.master_weights else p
                 m.mul_(b1).add_(grad * (1 - b1))
                 v.mul_(b2).add_(grad * grad * (1 - b2))
                 denom = (v / bc2).sqrt() + g["eps"]
-                update = (m / bc1) / denom + p * g["weight_decay"]
-                p.sub_(update * g["lr"])
+                update = (m / bc1) / denom + w * g["weight_decay"]
+                w.sub_(update * g["lr"])
+                if self.master_weights:
+                    p.copy_(w)          # the BF16 param from its FP32 master
 
 
 # ------------------------------------------------- one rank's optimizer
 class CpuDistOpt:
     """The DistributedOptimizer attributes Source.megatron_core reads."""
 
-    def __init__(self, model_params, ranges, groups_of, inner_cls, hp):
-        self.config = types.SimpleNamespace(use_precision_aware_optimizer=False)
+    def __init__(self, model_params, ranges, groups_of, inner_cls, hp, aware=False):
+        # use_precision_aware_optimizer: the inner optimizer gets the BF16
+        # shards and holds the FP32 masters itself (distrib_optimizer.py,
+        # _build_model_and_main_param_groups: shard_main_param = None).
+        self.config = types.SimpleNamespace(use_precision_aware_optimizer=aware)
+        self.aware = aware
         self._ranges = {}
         ngroups = max(groups_of.values()) + 1 if groups_of else 0
         self.model_float16_groups = [[] for _ in range(ngroups)]
@@ -271,18 +287,29 @@ class CpuDistOpt:
                 continue
             gi = groups_of[name]
             shard_model = p.detach().view(-1)[r.start:r.end]
-            main = shard_model.clone().float()   # one allocation per shard
+            main = None if aware else shard_model.clone().float()   # one allocation per shard
             self._ranges[id(p)] = {"param": r}
             self.model_float16_groups[gi].append(p)
             self.shard_float16_groups[gi].append(shard_model)
             self.shard_fp32_from_float16_groups[gi].append(main)
-            self.main_of[name] = main
+            self.main_of[name] = shard_model if aware else main
         groups = []
         for gi in range(ngroups):
             d = dict(hp[gi])
-            d["params"] = list(self.shard_fp32_from_float16_groups[gi])
+            d["params"] = list(self.shard_float16_groups[gi] if aware
+                               else self.shard_fp32_from_float16_groups[gi])
             groups.append(d)
         self.optimizer = inner_cls(groups)
+
+    def master(self, name):
+        """The FP32 values the optimizer updates for `name`'s shard."""
+        t = self.main_of[name]
+        if self.aware:
+            st = self.optimizer.state[t]
+            if not st:
+                self.optimizer.initialize_state(t, self.optimizer.store_param_remainders)
+            return st["master_param"]
+        return t
 
     def _get_model_param_range_map(self, p):
         return self._ranges[id(p)]

@@ -97,7 +97,7 @@ class Rank:
     """One Megatron rank: model params (BF16), its optimizer(s), index maps."""
 
     def __init__(self, cfg, w_idx, w_init, tp, dp, ep, etp, rank, naming, vp, inner, dist,
-                 use_upstream, checks):
+                 use_upstream, checks, aware=None):
         self.rank = rank
         t, d = rank % tp, rank // tp
         eg = rank % (ep * etp)
@@ -112,8 +112,15 @@ class Rank:
             v = torch.where(idx >= 0, flat_init[idx.clamp(min=0).long()], torch.zeros(()))
             self.params[name] = torch.nn.Parameter(v.to(torch.bfloat16))
         self.module = mc.module_of(self.params)
-        inner_cls = mc.FusedAdamCPU if inner == "fused" else \
-            (lambda groups: torch.optim.AdamW(groups, foreach=False))
+        if aware:
+            def inner_cls(groups):
+                return mc.FusedAdamCPU(groups, master_weights=True, use_decoupled_grad=True,
+                                       store_param_remainders=aware == "remainders")
+        elif inner == "fused":
+            inner_cls = mc.FusedAdamCPU
+        else:
+            def inner_cls(groups):
+                return torch.optim.AdamW(groups, foreach=False)
         groups_of = {n: mc.param_group_index(n, n in dict(experts)) for n in self.params}
         if not dist:
             self.opt = CpuFloat16Opt(self.params, groups_of, inner_cls)
@@ -133,21 +140,24 @@ class Rank:
                 checks["upstream_agree"] = checks.get("upstream_agree", True) and same
                 ranges = up
             opts.append(mc.CpuDistOpt({nm: self.params[nm] for nm, _ in plist}, ranges,
-                                      groups_of, inner_cls, GROUP_HP))
+                                      groups_of, inner_cls, GROUP_HP, aware=bool(aware)))
         self.opt = opts[0] if len(opts) == 1 else mc.CpuChained(opts)
 
-    def mains(self):
-        """[(name, lo, hi, FP32 master)] of this rank."""
+    def shards(self):
+        """[(name, lo, hi, the tensor the optimizer steps, its FP32 values)]."""
         out = []
         for o in getattr(self.opt, "chained_optimizers", [self.opt]):
             if isinstance(o, CpuFloat16Opt):
                 for name, main in o.main_of.items():
-                    out.append((name, 0, main.numel(), main))
+                    out.append((name, 0, main.numel(), main, main))
                 continue
-            for name, main in o.main_of.items():
+            for name, key in o.main_of.items():
                 r = o._get_model_param_range_map(self.params[name])["param"]
-                out.append((name, r.start, r.end, main))
+                out.append((name, r.start, r.end, key, o.master(name)))
         return out
+
+    def mains(self):
+        return [(n, lo, hi, theta) for n, lo, hi, _k, theta in self.shards()]
 
     def inner_optimizers(self):
         return [o.optimizer for o in getattr(self.opt, "chained_optimizers", [self.opt])]
@@ -218,7 +228,7 @@ def canonical(cfg, ranks, w_idx, total, tp=1, dist=True):
 
 
 def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, dist, sink_tp,
-               sink_ep, job, versions, unrouted=False):
+               sink_ep, job, versions, unrouted=False, aware=None):
     from dte import sink as dsink
     from dte.source import Source
     etp = etp or tp
@@ -232,7 +242,7 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
     vp = vp_local * tp if vp_local else -(-V // (128 * tp)) * 128 * tp
     checks = {}
     ranks = [Rank(cfg, w_idx, w_init, tp, dp, ep, etp, r, naming, vp, inner, dist,
-                  mc.upstream_available(), checks) for r in range(tp * dp)]
+                  mc.upstream_available(), checks, aware) for r in range(tp * dp)]
     arenas = tl.SglangSinkArenas(cfg_text, sink_tp, sink_ep, label=job + "-sink")
     srcs = []
     sink = None
@@ -252,14 +262,16 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
                     for gi, g in enumerate(inner_opt.param_groups):
                         # The scheduler's lr for this step, set before it.
                         g["lr"] = GROUP_HP[gi]["lr"] * min(1.0, (step + 1) / 2.0)
-                for name, lo, hi, main in rk.mains():
-                    if unrouted and mc.replicated(name) is False and ".mlp.experts." in name \
+                for name, lo, hi, key, _theta in rk.shards():
+                    g = grad_for(name, step, rk.params[name].numel())[lo:hi].clone()
+                    if unrouted and ".mlp.experts." in name \
                             and (zlib.crc32(name.encode()) + step) % 3 == 0:
-                        main.grad = None          # no token reached this expert
+                        g = None                  # no token reached this expert
                         skipped.add(name)
-                        continue
-                    main.grad = grad_for(name, step, rk.params[name].numel())[lo:hi] \
-                        .clone().view_as(main)
+                    if aware:
+                        key.decoupled_grad = g    # FP32 grads beside BF16 params
+                    else:
+                        key.grad = None if g is None else g.view_as(key)
                 rk.opt.step()
             res["unstepped"] += len(skipped)
             info = [s.publish(step + 1) for s in srcs]
@@ -344,6 +356,23 @@ def main():
                   % ("ok  " if good else "FAIL", inner, r["versions"], r["exact"], r["unstepped"],
                      r["dense_after_first"], "" if good else " " + "; ".join(r["bad"][:2])))
         print("moe-unrouted: versions=%d exact=%d/%d" % (uv, ue, uv))
+        # Precision-aware optimizer: FusedAdam holds the FP32 masters
+        # (master_param) of BF16 shards: supported; with
+        # store_param_remainders there is no FP32 master: refused by name.
+        cfg = tl.load_cfg(os.path.join(MODELS, "qwen3-8b.json"), **SMALL["qwen3-8b.json"])
+        r = run_config(ref, sock, cfg, "qwen3-8b.json", 2, 2, 1, None, None, None, "fused", True,
+                       2, 1, "aware", VERSIONS, aware="master")
+        good = r["exact"] == r["versions"] == VERSIONS and not r["dense_after_first"]
+        ok &= bool(good)
+        try:
+            run_config(ref, sock, cfg, "qwen3-8b.json", 2, 2, 1, None, None, None, "fused", True,
+                       2, 1, "remainders", 1, aware="remainders")
+            refused = "no"
+        except Exception as e:  # noqa: BLE001
+            refused = "yes" if "store_param_remainders" in str(e) else str(e)
+        ok &= refused == "yes"
+        print("precision-aware: fp32_master versions=%d exact=%d/%d remainders_refused=%s" % (
+            r["versions"], r["exact"], r["versions"], refused))
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
