@@ -19,5 +19,5 @@ $(B)/bin/dte-plan: $(B)/obj/daemon/layout/plan_main.o $(B)/lib/libdtelayout.a
 LIBS += $(B)/lib/libdtelayout.a
 BINS += $(B)/bin/dte-plan
 INTERNAL_LIBS += $(B)/lib/libdtelayout.a
-UNIT_TESTS += test_spec test_layout test_plan test_layout_tensors
+UNIT_TESTS += test_spec test_layout test_plan test_layout_tensors test_shards
 SYSTEM_TESTS += tests/system/layout_cli.sh tests/system/layout_reference.py
