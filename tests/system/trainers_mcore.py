@@ -76,11 +76,11 @@ CONFIGS = [
     ("qwen3-8b.json", 2, 4, 1, None, None, 192, "fused", True, 4, 1),
     ("qwen3-8b.json", 1, 4, 1, None, None, None, "torch", True, 2, 1),
     ("llama-3.1-8b.json", 2, 1, 1, None, None, None, "fused", True, 2, 1),
-    ("llama-3.1-8b.json", 2, 2, 1, None, None, 256, "fused", True, 1, 1),
+    ("llama-3.1-8b.json", 2, 2, 1, None, None, 160, "fused", True, 1, 1),
     ("llama-3.1-8b.json", 1, 4, 1, None, None, None, "fused", False, 2, 1),
     ("qwen3-30b-a3b.json", 2, 2, 1, None, "sequential", None, "fused", True, 2, 1),
     ("qwen3-30b-a3b.json", 2, 2, 2, None, "grouped", None, "fused", True, 2, 2),
-    ("qwen3-30b-a3b.json", 1, 4, 2, None, "grouped", 384, "fused", True, 2, 1),
+    ("qwen3-30b-a3b.json", 1, 4, 2, None, "grouped", 320, "fused", True, 2, 1),
     ("qwen3-30b-a3b.json", 1, 2, 2, None, "sequential", None, "torch", True, 2, 2),
     ("qwen3-30b-a3b.json", 2, 4, 2, 1, "grouped", None, "fused", True, 4, 2),
 ]
