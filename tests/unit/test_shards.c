@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include "daemon/layout/gen.h"
 #include "daemon/layout/plan.h"
+#include "daemon/layout/plan_cli.h"
 
 #define DATA "tests/data/layout/"
 
@@ -278,6 +280,40 @@ static void test_fsdp2(void **state)
 	dte_spec_fini(&s);
 }
 
+/* dtectl plan --shards: a table file checked without a daemon. */
+static void test_plan_cli(void **state)
+{
+	struct dte_spec s;
+	char path[] = "/tmp/dte-test-shards-XXXXXX", *tab;
+	int fd;
+	FILE *f;
+
+	(void)state;
+	spec_load(&s, DATA "tiny-qwen3-moe.json");
+	tab = mcore_table(&s, 2, 2, 1);
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	f = fdopen(fd, "w");
+	fputs(tab, f);
+	fclose(f);
+	{
+		char *ok[] = { "plan", "--model", DATA "tiny-qwen3-moe.json", "--source",
+			       "mcore:tp=2,dp=2", "--shards", path, "--sink", "sglang:tp=2", NULL };
+		char *gap[] = { "plan", "--model", DATA "tiny-qwen3-moe.json", "--source",
+				"mcore:tp=2,dp=1", "--shards", path, "--sink", "sglang:tp=2", NULL };
+		char *nosh[] = { "plan", "--model", DATA "tiny-qwen3-moe.json", "--source",
+				 "megatron:tp=2", "--shards", path, "--sink", "sglang:tp=2", NULL };
+
+		assert_int_equal(dte_plan_cli(9, ok), 0);
+		/* dp=1: the table names ranks 2 and 3, which do not exist. */
+		assert_int_equal(dte_plan_cli(9, gap), 1);
+		assert_int_equal(dte_plan_cli(9, nosh), 1);
+	}
+	unlink(path);
+	free(tab);
+	dte_spec_fini(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -286,6 +322,7 @@ int main(void)
 		cmocka_unit_test(test_bad_tables),
 		cmocka_unit_test(test_vocab_from_tensor),
 		cmocka_unit_test(test_fsdp2),
+		cmocka_unit_test(test_plan_cli),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
