@@ -8,7 +8,9 @@
  *   embedding.word_embeddings.weight [Vp/T, H], Vp = vocab padded to 128*T;
  *     padded rows exist in the buffer but map to nothing;
  *   linear_qkv.weight [(nq+2*nkv)/T * hd, H]: per query group g of the rank
- *     [q heads of g; k_g; v_g] rows (and linear_qkv.bias likewise);
+ *     [q heads of g; k_g; v_g] rows (and linear_qkv.bias likewise); with T
+ *     above the query groups, T/groups ranks split one group's rows
+ *     (mg_qkv_rows);
  *   linear_proj.weight [H, nq*hd/T] (row parallel: split on dim 1);
  *   linear_fc1.weight [2*I/T, H] = [gate rows; up rows] of this rank;
  *   linear_fc2.weight [H, I/T];
@@ -162,13 +164,44 @@ static void mg_vocab(struct mg_list *m, const struct dte_spec *spec, int32_t ten
 		mg_sub(m, tensor, lo, hi - lo, 0, 0, 0, 0, spec);
 }
 
+/* linear_qkv is a column-parallel linear over the group-interleaved rows
+ * [q heads of group 0; k_0; v_0; q heads of group 1; ...] (R rows in all):
+ * TP rank t holds rows [r0, r1) = [t*R/T, (t+1)*R/T).  With T <= query
+ * groups that is whole groups; with T > query groups (KV heads fewer than
+ * TP ranks) T/groups ranks share one group, each a contiguous part of it:
+ * megatron/core/transformer/attention.py, Attention.__init__
+ * (num_query_groups < world_size: num_query_groups_per_partition = 1) and
+ * SelfAttention.get_query_key_value_tensors, which all-gathers the rows
+ * and takes group t // (T / groups). */
+static void mg_qkv_rows(struct mg_list *m, const struct dte_spec *spec, int32_t q, int32_t k,
+			int32_t v, int64_t r0, int64_t r1, int64_t qpg, int64_t hd, int64_t groups)
+{
+	int64_t grows = (qpg + 2) * hd, G;
+
+	for (G = r0 / grows; G < groups && G * grows < r1; G++) {
+		/* Parts of group G: rows [a, b) of the interleaved matrix that are
+		 * canonical rows starting at c of tensor id. */
+		const struct { int32_t id; int64_t a, b, c; } part[3] = {
+			{ q, G * grows, G * grows + qpg * hd, G * qpg * hd },
+			{ k, G * grows + qpg * hd, G * grows + (qpg + 1) * hd, G * hd },
+			{ v, G * grows + (qpg + 1) * hd, (G + 1) * grows, G * hd },
+		};
+		for (int i = 0; i < 3; i++) {
+			int64_t a = part[i].a > r0 ? part[i].a : r0, b = part[i].b < r1 ? part[i].b : r1;
+
+			if (a < b)
+				mg_sub(m, part[i].id, part[i].c + (a - part[i].a), b - a, 0, 0, a - r0, 0, spec);
+		}
+	}
+}
+
 static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64_t l,
 			   int64_t T, int64_t t)
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
 	int64_t hd = c->head_dim, H = c->hidden, I = c->intermediate;
-	int64_t groups = c->kv_heads / T, qpg = c->heads / c->kv_heads, g;
-	int64_t grows = (qpg + 2) * hd;
+	int64_t qpg = c->heads / c->kv_heads;
+	int64_t grows = (qpg + 2) * hd, R = c->kv_heads * grows;
 	char n[DTE_LAYOUT_NAME_MAX];
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
@@ -178,22 +211,14 @@ static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64
 	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.layer_norm_weight", (long long)l);
 	mg_replicated(m, spec, LT(DTE_SPEC_IN_NORM), t, n);
 	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.weight", (long long)l);
-	mg_param(m, 2, groups * grows, H, DTE_SPEC_GROUP_DECAY, n);
-	for (g = 0; g < groups; g++) {
-		int64_t G = t * groups + g;
-		mg_sub(m, LT(DTE_SPEC_Q), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
-		mg_sub(m, LT(DTE_SPEC_K), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
-		mg_sub(m, LT(DTE_SPEC_V), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
-	}
+	mg_param(m, 2, R / T, H, DTE_SPEC_GROUP_DECAY, n);
+	mg_qkv_rows(m, spec, LT(DTE_SPEC_Q), LT(DTE_SPEC_K), LT(DTE_SPEC_V), t * R / T,
+		    (t + 1) * R / T, qpg, hd, c->kv_heads);
 	if (c->attn_bias) {
 		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.bias", (long long)l);
-		mg_param(m, 1, groups * grows, 0, DTE_SPEC_GROUP_NO_DECAY, n);
-		for (g = 0; g < groups; g++) {
-			int64_t G = t * groups + g;
-			mg_sub(m, LT(DTE_SPEC_Q_BIAS), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
-			mg_sub(m, LT(DTE_SPEC_K_BIAS), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
-			mg_sub(m, LT(DTE_SPEC_V_BIAS), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
-		}
+		mg_param(m, 1, R / T, 0, DTE_SPEC_GROUP_NO_DECAY, n);
+		mg_qkv_rows(m, spec, LT(DTE_SPEC_Q_BIAS), LT(DTE_SPEC_K_BIAS), LT(DTE_SPEC_V_BIAS),
+			    t * R / T, (t + 1) * R / T, qpg, hd, c->kv_heads);
 	}
 	if (c->qk_norm) {
 		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.q_layernorm.weight", (long long)l);
@@ -375,8 +400,11 @@ static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *
 	if (c->heads % cfg->tp)
 		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide num_attention_heads=%lld",
 				      (long long)cfg->tp, (long long)c->heads);
-	if (c->kv_heads % cfg->tp)
-		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads)",
+	/* TP above the query groups: ranks share a group (mg_qkv_rows). */
+	if (c->kv_heads % cfg->tp && (cfg->tp % c->kv_heads ||
+				      (c->kv_heads * (c->heads / c->kv_heads + 2) * c->head_dim) % cfg->tp))
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads), "
+				      "nor do they divide it with linear_qkv's rows divisible by tp",
 				      (long long)cfg->tp, (long long)c->kv_heads);
 	for (l = 0; l < c->layers; l++)
 		dense |= !c->moe_layer[l];

@@ -216,8 +216,8 @@ static void test_bad_tables(void **state)
 	/* A vocab shard too small for the vocabulary at this TP. */
 	expect_refused(&s, "mcore:tp=2,dp=1", "0 0 0 10 embedding.word_embeddings.weight 64,32\n",
 		       "vocab rows");
-	/* TP must divide the query groups (tiny-qwen3-moe has 2). */
-	expect_refused(&s, "mcore:tp=4,dp=1", "", "query groups");
+	/* TP must divide the attention heads (tiny-qwen3-moe has 4). */
+	expect_refused(&s, "mcore:tp=3,dp=1", "", "num_attention_heads");
 	expect_refused(&s, "fsdp2:dp=2", "0 0 0 10 model.norm.weight 31\n", "the model's is");
 	expect_refused(&s, "fsdp2:dp=2", "0 0 0 10 decoder.final_layernorm.weight 32\n",
 		       "no tensor");
