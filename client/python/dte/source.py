@@ -6,7 +6,10 @@ exp_avg_sq) and attaches them; it watches the optimizer so every step's
 hyper-parameters are the ones torch actually used; and it exposes
 publish / mark / wait (docs/SYNC.md).
 
-    src = Source.megatron(model, trainer.opt, socket, job, token)   # TP layout
+    src = Source.megatron_core(model_chunks, optimizer, socket, job, token,
+                               config_json, tp, dp, rank)   # a real Megatron-Core rank
+    src = Source.fsdp2(model, opt, socket, job, token, config_json, rank, world)
+    src = Source.megatron(model, trainer.opt, socket, job, token)   # dte.megatron stand-in
     src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # FSDP, dp=1
     loss.backward(); opt.step()             # captured by the Source
     src.publish(v)                          # async: returns once captured
@@ -16,11 +19,15 @@ Host memory goes to the daemon as memfds (shm.Arena); CUDA tensors as IPC
 handles of their allocations plus an IPC event the Source records after
 every optimizer step (register_cuda_tensor).
 
-The daemon's layouts know two optimizer groups: 0 for tensors with weight
-decay (every matrix) and 1 for those without (1-D: norms, biases).  The
-Source maps torch's param_groups onto them by the dimension of the params
-each holds and refuses an optimizer it cannot describe that way, or one
-whose update is not invertible (amsgrad, maximize).
+The generator layouts (megatron:, fsdp:) know two optimizer groups: 0 for
+tensors with weight decay (every matrix) and 1 for those without (1-D:
+norms, biases); Source maps torch's param_groups onto them by the dimension
+of the params each holds and refuses an optimizer it cannot describe that
+way, or one whose update is not invertible (amsgrad, maximize).
+ShardSource (Source.megatron_core, Source.fsdp2; layouts mcore:, fsdp2:)
+registers what a real optimizer holds, shard by shard, and gives every
+shard its own group: any number of param groups, each tensor's own step
+count, and tensors that did not step sent as unchanged.
 """
 
 import collections
