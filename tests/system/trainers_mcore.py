@@ -234,7 +234,7 @@ def canonical(cfg, ranks, w_idx, total, tp=1, dist=True):
 
 
 def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, dist, sink_tp,
-               sink_ep, job, versions, unrouted=False, aware=None):
+               sink_ep, job, versions, unrouted=False, aware=None, every=1):
     from dte import sink as dsink
     from dte.source import Source
     etp = etp or tp
@@ -261,7 +261,7 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
                                              label=job))
         sink = dsink.Sink(sock, job, "tok", cfg_text, arenas.layout)
         arenas.attach(sink)
-        for step in range(versions):
+        for step in range(versions * every):
             skipped = set()
             for rk in ranks:
                 for inner_opt in rk.inner_optimizers():
@@ -280,17 +280,23 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
                         key.grad = None if g is None else g.view_as(key)
                 rk.opt.step()
             res["unstepped"] += len(skipped)
-            info = [s.publish(step + 1) for s in srcs]
-            sink.apply(step + 1, timeout_ms=60000)
+            if (step + 1) % every:
+                # Publishing every K > 1 steps: mark the steps between.
+                for s in srcs:
+                    s.mark()
+                continue
+            v = (step + 1) // every
+            info = [s.publish(v) for s in srcs]
+            sink.apply(v, timeout_ms=60000)
             res["versions"] += 1
-            if step and any(i["dense"] for i in info):
+            if v > 1 and any(i["dense"] for i in info):
                 res["dense_after_first"] += 1
             hf = canonical(cfg, ranks, w_idx, total, tp, dist)
             bad, n = tl.sink_mismatches(ref, cfg, arenas, hf, sink_tp, sink_ep)
             if bad == 0 and n > 0:
                 res["exact"] += 1
             else:
-                res["bad"].append("v%d: %d of %d differ" % (step + 1, bad, n))
+                res["bad"].append("v%d: %d of %d differ" % (v, bad, n))
     finally:
         if sink is not None:
             sink.close()
@@ -338,18 +344,21 @@ def main():
             n, exact, n, "megatron-core" if upstream else "model-only"))
         # Unrouted experts.
         uv = ue = 0
-        for j, inner in enumerate(("fused", "torch")):
+        for j, (inner, every) in enumerate((("fused", 1), ("torch", 1), ("torch", 2))):
             cfg = tl.load_cfg(os.path.join(MODELS, "qwen3-30b-a3b.json"),
                               **SMALL["qwen3-30b-a3b.json"])
             r = run_config(ref, sock, cfg, "qwen3-30b-a3b.json", 2, 2, 2, None, "grouped", None,
-                           inner, True, 2, 2, "unrouted-%d" % j, 6, unrouted=True)
+                           inner, True, 2, 2, "unrouted-%d" % j, 6 // every, unrouted=True,
+                           every=every)
             good = r["exact"] == r["versions"] and not r["dense_after_first"] and r["unstepped"]
             ok &= bool(good)
             uv += r["versions"]
             ue += r["exact"]
-            print("%s unrouted %s: versions=%d exact=%d unstepped_shards=%d dense_after_first=%d%s"
-                  % ("ok  " if good else "FAIL", inner, r["versions"], r["exact"], r["unstepped"],
-                     r["dense_after_first"], "" if good else " " + "; ".join(r["bad"][:2])))
+            print("%s unrouted %s publish every %d: versions=%d exact=%d unstepped_shards=%d "
+                  "dense_after_first=%d%s"
+                  % ("ok  " if good else "FAIL", inner, every, r["versions"], r["exact"],
+                     r["unstepped"], r["dense_after_first"],
+                     "" if good else " " + "; ".join(r["bad"][:2])))
         print("moe-unrouted: versions=%d exact=%d/%d" % (uv, ue, uv))
         # Precision-aware optimizer: FusedAdam holds the FP32 masters
         # (master_param) of BF16 shards: supported; with
