@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Real FSDP2 into an SGLang-layout sink, exact after every version.
 
-torch 2.x FSDP2 (torch.distributed.fsdp.fully_shard) on a gloo process
-group of several CPU ranks (spawned processes), a Qwen3-structured model
-under HF names, real torch.optim.AdamW in its foreach and fused forms.
+torch 2.x FSDP2 (torch.distributed.fsdp.fully_shard, one group per decoder
+layer and one for the rest) on a gloo process group of several CPU ranks
+(spawned processes), a Qwen3-structured model under HF names, real torch.optim.AdamW in its foreach and fused forms.
 Every rank attaches its local DTensor shards and AdamW states with
 Source.fsdp2 (layout fsdp2:dp=N, registered shards); rank 0 also holds an
 SGLang-layout TP=2 sink.  After every step all ranks publish; rank 0
@@ -68,9 +68,37 @@ def hf_model(cfg, seed):
             mod = getattr(mod, p)
         mod.register_parameter(parts[-1], nn.Parameter(t.clone().float()))
 
+    eps, hd = cfg["rms_norm_eps"], cfg["head_dim"]
+    nH, nKV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def layer_forward(layer):
+        # One decoder layer reading its own parameters, so a fully_shard on
+        # the layer all-gathers them around this call (HF Qwen3DecoderLayer).
+        def fwd(x, cos, sin):
+            a, m = layer.self_attn, layer.mlp
+            B, T = x.shape[0], x.shape[1]
+            y = qwen3.rms_norm(x, layer.input_layernorm.weight, eps)
+            q = (y @ a.q_proj.weight.T).view(B, T, nH, hd)
+            k = (y @ a.k_proj.weight.T).view(B, T, nKV, hd)
+            v = (y @ a.v_proj.weight.T).view(B, T, nKV, hd)
+            o = qwen3.attention_heads(q, k, v, a.q_norm.weight, a.k_norm.weight, cos, sin, eps)
+            x = x + o @ a.o_proj.weight.T
+            y = qwen3.rms_norm(x, layer.post_attention_layernorm.weight, eps)
+            h = torch.nn.functional.silu(y @ m.gate_proj.weight.T) * (y @ m.up_proj.weight.T)
+            return x + h @ m.down_proj.weight.T
+        return fwd
+
+    for i in range(cfg["num_hidden_layers"]):
+        getattr(root.model.layers, str(i)).forward = layer_forward(getattr(root.model.layers, str(i)))
+
     def forward(tokens):
-        weights = {n: p for n, p in root.named_parameters()}
-        return qwen3.forward(weights, cfg, tokens)
+        T = tokens.shape[1]
+        cos, sin = qwen3.rope_tables(T, hd, cfg["rope_theta"])
+        x = root.model.embed_tokens.weight[tokens]
+        for i in range(cfg["num_hidden_layers"]):
+            x = getattr(root.model.layers, str(i))(x, cos, sin)
+        x = qwen3.rms_norm(x, root.model.norm.weight, eps)
+        return x @ root.lm_head.weight.T
 
     root.forward = forward
     return root
@@ -90,8 +118,10 @@ def child(rank, world, port, sock, cfg_text, form, result_path):
     job = "fsdp2-%s-%d" % (form, world)
     out = {"versions": 0, "exact": 0, "dense_after_first": 0, "unstepped": 0, "bad": []}
     model = hf_model(cfg, seed=3)
-    # One FSDP2 group: the root's forward reads every parameter (the HF
-    # reference forward), so they are all-gathered together.
+    # An FSDP2 group per decoder layer and one for the rest (the usual
+    # recipe): every group keeps its own padded flat shard buffers.
+    for i in range(cfg["num_hidden_layers"]):
+        fully_shard(getattr(model.model.layers, str(i)))
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.05, foreach=form == "foreach", fused=form == "fused")
