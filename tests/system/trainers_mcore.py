@@ -234,7 +234,7 @@ def canonical(cfg, ranks, w_idx, total, tp=1, dist=True):
 
 
 def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, dist, sink_tp,
-               sink_ep, job, versions, unrouted=False, aware=None, every=1):
+               sink_ep, job, versions, unrouted=False, aware=None, every=1, route=None):
     from dte import sink as dsink
     from dte.source import Source
     etp = etp or tp
@@ -256,9 +256,11 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
            "upstream": checks.get("upstream_agree"), "bad": []}
     try:
         for rk in ranks:
-            srcs.append(Source.megatron_core([rk.module], rk.opt, sock, job, "tok", cfg_text, tp, dp,
-                                             rk.rank, ep=ep, etp=None if etp == tp else etp,
-                                             label=job))
+            # route(rank) -> (socket, coordinator): ranks on other daemons.
+            rsock, coord = route(rk.rank) if route else (sock, "local")
+            srcs.append(Source.megatron_core([rk.module], rk.opt, rsock, job, "tok", cfg_text, tp,
+                                             dp, rk.rank, ep=ep, etp=None if etp == tp else etp,
+                                             coordinator=coord, label=job))
         sink = dsink.Sink(sock, job, "tok", cfg_text, arenas.layout)
         arenas.attach(sink)
         for step in range(versions * every):
@@ -360,6 +362,31 @@ def main():
                      r["unstepped"], r["dense_after_first"],
                      "" if good else " " + "; ".join(r["bad"][:2])))
         print("moe-unrouted: versions=%d exact=%d/%d" % (uv, ue, uv))
+        # Two daemons: half the ranks on a member daemon, whose JOIN carries
+        # their shard tables to the coordinator (the sink's daemon) over UCX.
+        from cluster_sync_lib import Daemon
+        member = coordd = None
+        try:
+            coordd = Daemon(tmp, "mc-coord").start()
+            member = Daemon(tmp, "mc-member").start()
+            cfg = tl.load_cfg(os.path.join(MODELS, "qwen3-30b-a3b.json"),
+                              **SMALL["qwen3-30b-a3b.json"])
+
+            def route(rank):
+                return (coordd.sock, "local") if rank < 2 else (member.sock, coordd.address)
+            r = run_config(ref, coordd.sock, cfg, "qwen3-30b-a3b.json", 2, 2, 2, None, "grouped",
+                           None, "fused", True, 2, 2, "two-daemons", VERSIONS, unrouted=True,
+                           route=route)
+            good = r["exact"] == r["versions"] == VERSIONS and not r["dense_after_first"]
+        except Exception as e:  # noqa: BLE001
+            good, r = False, {"versions": 0, "exact": 0, "bad": ["%s: %s" % (type(e).__name__, e)]}
+        finally:
+            for d in (member, coordd):
+                if d is not None:
+                    d.stop()
+        ok &= bool(good)
+        print("two-daemons: versions=%d exact=%d/%d%s" % (r["versions"], r["exact"], r["versions"],
+                                                          "" if good else " " + "; ".join(r["bad"][:2])))
         # Precision-aware optimizer: FusedAdam holds the FP32 masters
         # (master_param) of BF16 shards: supported; with
         # store_param_remainders there is no FP32 master: refused by name.
