@@ -67,6 +67,7 @@ include daemon/storage/storage.mk
 include daemon/daemon.mk
 include client/client.mk
 include tests/tests.mk
+include tests/system/trainers.mk
 include tests/bench/bench.mk
 include client/python/python.mk
 include packaging/packaging.mk

@@ -173,6 +173,10 @@ struct dte_attach_params {
 	uint32_t        replica;        /* sinks */
 	const uint64_t *buffers;        /* one per layout buffer of the rank, by id */
 	size_t          nbuffers;
+	/* Sources of mcore:/fsdp2: layouts: the rank's shard table, one line
+	 * "rank group lo hi name d0[,d1..]" per shard; shard k's param,
+	 * exp_avg, exp_avg_sq are buffers 3k, 3k+1, 3k+2.  NULL otherwise. */
+	const char     *shards;
 };
 
 /* Returns once the coordinator planned with the participant. */
@@ -209,6 +213,19 @@ int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t versio
 /* After every optimizer step when publishing every K > 1 steps. */
 int dte_mark(dte_t *h, const char *job, uint64_t participant, int64_t step,
 	     const struct dte_hparams *groups, size_t ngroups, uint64_t *dirty);
+/* The same with a step count per group (registered shards, where every
+ * tensor keeps its own): group_steps[i] > 0 is group i's count after the
+ * step, 0 the request's `step`, DTE_GROUP_UNCHANGED says its tensors did
+ * not step since the last publish or mark (a grad of None: nothing of
+ * them changed).  group_steps may be NULL. */
+#define DTE_GROUP_UNCHANGED (-1)
+#define DTE_MAX_GROUPS 65536
+int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      int64_t step, const struct dte_hparams *groups, const int64_t *group_steps,
+		      size_t ngroups, struct dte_publish_info *info);
+int dte_mark_steps(dte_t *h, const char *job, uint64_t participant, int64_t step,
+		   const struct dte_hparams *groups, const int64_t *group_steps, size_t ngroups,
+		   uint64_t *dirty);
 /* Returns when every sink applied `version`; DTE_ERR_TIMEOUT otherwise. */
 int dte_wait(dte_t *h, const char *job, uint64_t version, unsigned timeout_ms);
 

@@ -136,7 +136,7 @@ int dte_attach(dte_t *h, const struct dte_attach_params *p, uint64_t *participan
 	Dte__Response *resp;
 	int rc;
 
-	if (!h || !p || p->size < sizeof(*p) || !p->job || !p->token || !p->layout ||
+	if (!h || !p || p->size < offsetof(struct dte_attach_params, shards) || !p->job || !p->token || !p->layout ||
 	    (p->role != DTE_SOURCE && p->role != DTE_SINK) || (p->nbuffers && !p->buffers))
 		return DTE_ERR_INVAL;
 	at.job = (char *)p->job;
@@ -147,6 +147,8 @@ int dte_attach(dte_t *h, const struct dte_attach_params *p, uint64_t *participan
 	at.replica = p->replica;
 	at.n_buffers = p->nbuffers;
 	at.buffers = (uint64_t *)p->buffers;
+	if (FITS(struct dte_attach_params, p, shards) && p->shards)
+		at.shards = (char *)p->shards;
 	req.cmd_case = DTE__REQUEST__CMD_ATTACH;
 	req.attach = &at;
 	rc = do_call(h, &req, -1, ATTACH_WAIT_MS, &resp);
@@ -177,12 +179,24 @@ int dte_detach(dte_t *h, const char *job, uint64_t participant)
 	return rc;
 }
 
-#define MAX_GROUPS 16
-
-static int fill_groups(const struct dte_hparams *g, size_t n, Dte__HParams *hp, Dte__HParams **pp)
+/* The request's groups, malloc'd (*hp, *pp; free both). */
+static int fill_groups(const struct dte_hparams *g, const int64_t *steps, size_t n,
+		       Dte__HParams **hpo, Dte__HParams ***ppo)
 {
-	if (n > MAX_GROUPS || (n && !g))
+	Dte__HParams *hp;
+	Dte__HParams **pp;
+
+	*hpo = NULL;
+	*ppo = NULL;
+	if (n > DTE_MAX_GROUPS || (n && !g))
 		return DTE_ERR_INVAL;
+	hp = calloc(n ? n : 1, sizeof(*hp));
+	pp = calloc(n ? n : 1, sizeof(*pp));
+	if (!hp || !pp) {
+		free(hp);
+		free(pp);
+		return DTE_ERR_NOMEM;
+	}
 	for (size_t i = 0; i < n; i++) {
 		dte__hparams__init(&hp[i]);
 		hp[i].lr = g[i].lr;
@@ -191,8 +205,20 @@ static int fill_groups(const struct dte_hparams *g, size_t n, Dte__HParams *hp, 
 		hp[i].eps = g[i].eps;
 		hp[i].weight_decay = g[i].weight_decay;
 		hp[i].variant = (char *)(g[i].variant == DTE_ADAMW_FUSED ? "fused" : "torch");
+		if (steps && steps[i] == DTE_GROUP_UNCHANGED) {
+			hp[i].unchanged = 1;
+		} else if (steps) {
+			if (steps[i] < 0) {
+				free(hp);
+				free(pp);
+				return DTE_ERR_INVAL;
+			}
+			hp[i].step = steps[i];
+		}
 		pp[i] = &hp[i];
 	}
+	*hpo = hp;
+	*ppo = pp;
 	return DTE_OK;
 }
 
@@ -200,15 +226,22 @@ int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t versio
 		int64_t step, const struct dte_hparams *groups, size_t ngroups,
 		struct dte_publish_info *info)
 {
+	return dte_publish_steps(h, job, participant, version, step, groups, NULL, ngroups, info);
+}
+
+int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      int64_t step, const struct dte_hparams *groups, const int64_t *group_steps,
+		      size_t ngroups, struct dte_publish_info *info)
+{
 	Dte__Request req = DTE__REQUEST__INIT;
 	Dte__PublishRequest pr = DTE__PUBLISH_REQUEST__INIT;
-	Dte__HParams hp[MAX_GROUPS], *pp[MAX_GROUPS];
+	Dte__HParams *hp, **pp;
 	Dte__Response *resp;
 	int rc;
 
 	if (!h || !job || (info && info->size < offsetof(struct dte_publish_info, sinks)))
 		return DTE_ERR_INVAL;
-	if ((rc = fill_groups(groups, ngroups, hp, pp)) < 0)
+	if ((rc = fill_groups(groups, group_steps, ngroups, &hp, &pp)) < 0)
 		return rc;
 	pr.job = (char *)job;
 	pr.participant = participant;
@@ -219,6 +252,8 @@ int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t versio
 	req.cmd_case = DTE__REQUEST__CMD_PUBLISH;
 	req.publish = &pr;
 	rc = do_call(h, &req, -1, 0, &resp);
+	free(hp);
+	free(pp);
 	if (rc < 0)
 		return rc;
 	if (info) {
@@ -249,15 +284,22 @@ int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t versio
 int dte_mark(dte_t *h, const char *job, uint64_t participant, int64_t step,
 	     const struct dte_hparams *groups, size_t ngroups, uint64_t *dirty)
 {
+	return dte_mark_steps(h, job, participant, step, groups, NULL, ngroups, dirty);
+}
+
+int dte_mark_steps(dte_t *h, const char *job, uint64_t participant, int64_t step,
+		   const struct dte_hparams *groups, const int64_t *group_steps, size_t ngroups,
+		   uint64_t *dirty)
+{
 	Dte__Request req = DTE__REQUEST__INIT;
 	Dte__MarkRequest mr = DTE__MARK_REQUEST__INIT;
-	Dte__HParams hp[MAX_GROUPS], *pp[MAX_GROUPS];
+	Dte__HParams *hp, **pp;
 	Dte__Response *resp;
 	int rc;
 
 	if (!h || !job)
 		return DTE_ERR_INVAL;
-	if ((rc = fill_groups(groups, ngroups, hp, pp)) < 0)
+	if ((rc = fill_groups(groups, group_steps, ngroups, &hp, &pp)) < 0)
 		return rc;
 	mr.job = (char *)job;
 	mr.participant = participant;
@@ -267,6 +309,8 @@ int dte_mark(dte_t *h, const char *job, uint64_t participant, int64_t step,
 	req.cmd_case = DTE__REQUEST__CMD_MARK;
 	req.mark = &mr;
 	rc = do_call(h, &req, -1, 0, &resp);
+	free(hp);
+	free(pp);
 	if (rc < 0)
 		return rc;
 	if (dirty)

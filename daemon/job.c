@@ -161,6 +161,7 @@ void job_send_join(struct job *j)
 		pa[i].rank = l->info.rank;
 		pa[i].replica = l->info.replica;
 		pa[i].node = (char *)route_self_node();
+		pa[i].shards = l->shards ? l->shards : (char *)"";
 		pp[i] = &pa[i];
 	}
 	job_fill_ref(j, &ref);
@@ -195,6 +196,7 @@ static void jlocal_free(struct jlocal *l)
 			dbuf_unref(l->bufs[i]);
 	free(l->bufs);
 	free(l->buf_ids);
+	free(l->shards);
 	free(l);
 }
 
@@ -650,8 +652,21 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 			    j->name);
 	if (jstore_attach_check(j, role, lerr, sizeof(lerr)) < 0)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "%s", lerr);
-	if (jlayout_build(j, role, rq->layout, rq->rank, &lay, lerr, sizeof(lerr)) < 0)
+	if (rq->shards && *rq->shards && (role != JROLE_SOURCE || !dte_layout_desc_sharded(rq->layout)))
+		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: shards go with a source of an "
+			    "mcore: or fsdp2: layout, not %s %s", j->name,
+			    role == JROLE_SOURCE ? "source" : "sink", rq->layout);
+	if (jlayout_build(j, role, rq->layout, rq->rank, rq->shards, &lay, lerr, sizeof(lerr)) < 0)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", j->name, lerr);
+	/* A shard table names its own rank on every line: it must be this one. */
+	for (i = 0; dte_layout_desc_sharded(rq->layout) && i < lay.nbufs; i++)
+		if (lay.bufs[i].rank != rq->rank) {
+			uint32_t other = lay.bufs[i].rank;
+
+			dte_layout_fini(&lay);
+			return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: the shards of rank %u name "
+				    "rank %u", j->name, rq->rank, other);
+		}
 	for (i = 0; i < lay.nbufs; i++)
 		n += lay.bufs[i].rank == rq->rank;
 	st = DTE__STATUS__STATUS_ERR_INVALID;
@@ -717,6 +732,12 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
 	l->info.rank = rq->rank;
 	l->info.replica = rq->replica;
+	if (rq->shards && *rq->shards && !(l->shards = strdup(rq->shards))) {
+		for (i = 0; i < n; i++)
+			dbuf_unref(l->bufs[i]);
+		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		goto fail;
+	}
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = conn;
 	l->covered = -1;

@@ -877,6 +877,7 @@ void jcap_free(struct jcap *c)
 	free(c->p);
 	free(c->buf_ids);
 	free(c->bufs);
+	free(c->k);
 	free(c);
 	/* No capture left running: the kept part buffers go too (the parts
 	 * still queued in the router are its own copies). */

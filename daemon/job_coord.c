@@ -19,7 +19,7 @@
 #include "gpu/compute.h"
 
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
-		  struct dte_layout *l, char *err, size_t errlen)
+		  const char *shards, struct dte_layout *l, char *err, size_t errlen)
 {
 	if (!strncmp(desc, "json:", 5)) {
 		/* The daemon would read a file a client names. */
@@ -31,9 +31,9 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 		/* The storage writer's sink (job_storage.c). */
 		if (jstore_canonical_layout(&j->spec, l, err, errlen))
 			return -1;
-	} else if (dte_layout_from_desc(l, &j->spec, desc,
-					role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
-					err, errlen)) {
+	} else if (dte_layout_from_desc_shards(l, &j->spec, desc,
+					       role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
+					       shards, err, errlen)) {
 		return -1;
 	}
 	if (rank >= l->nranks) {
@@ -55,6 +55,11 @@ static void member_free(struct jmember *m)
 
 void jcoord_free(struct job *j)
 {
+	for (uint32_t r = 0; r < j->n_src_shards; r++)
+		free(j->src_shards[r]);
+	free(j->src_shards);
+	j->src_shards = NULL;
+	j->n_src_shards = 0;
 	while (j->members) {
 		struct jmember *m = j->members;
 
@@ -192,6 +197,67 @@ out:
 	free(ap);
 }
 
+/* A source that registers shards: the layout is every rank's table, and
+ * only once every rank attached (a missing rank's elements have no source
+ * yet, so no plan covers them).  Replaces *src; -1 with the reason (then
+ * *src is finalised). */
+static int sharded_sources(struct job *j, const char *desc, const struct jpinfo **srcby,
+			   struct dte_layout *src, int *complete, char *err, size_t errlen)
+{
+	uint32_t r, nranks = src->nranks;
+	size_t len = 1;
+	char *all, *at;
+	int rc;
+
+	*complete = 1;
+	for (r = 0; r < nranks; r++) {
+		if (!srcby[r])
+			*complete = 0;
+		else if (r < j->n_src_shards && j->src_shards[r])
+			len += strlen(j->src_shards[r]) + 1;
+	}
+	dte_layout_fini(src);
+	if (!*complete)
+		return jlayout_build(j, JROLE_SOURCE, desc, 0, NULL, src, err, errlen);
+	if (!(all = malloc(len)))
+		return snprintf(err, errlen, "out of memory"), -1;
+	at = all;
+	for (r = 0; r < nranks; r++) {
+		if (r < j->n_src_shards && j->src_shards[r]) {
+			size_t n = strlen(j->src_shards[r]);
+
+			memcpy(at, j->src_shards[r], n);
+			at += n;
+			*at++ = '\n';
+		}
+	}
+	*at = 0;
+	rc = jlayout_build(j, JROLE_SOURCE, desc, 0, all, src, err, errlen);
+	free(all);
+	return rc;
+}
+
+/* Coordinator: keeps a source rank's shard table from its JOIN. */
+static int keep_shards(struct job *j, uint32_t rank, const char *shards)
+{
+	char *copy;
+
+	if (rank >= j->n_src_shards) {
+		char **n = realloc(j->src_shards, ((size_t)rank + 1) * sizeof(*n));
+
+		if (!n)
+			return -1;
+		memset(n + j->n_src_shards, 0, (rank + 1 - j->n_src_shards) * sizeof(*n));
+		j->src_shards = n;
+		j->n_src_shards = rank + 1;
+	}
+	if (!(copy = strdup(shards ? shards : "")))
+		return -1;
+	free(j->src_shards[rank]);
+	j->src_shards[rank] = copy;
+	return 0;
+}
+
 static void replan(struct job *j)
 {
 	struct built b;
@@ -218,7 +284,7 @@ static void replan(struct job *j)
 				srcdesc = m->p[i].layout;
 		}
 	j->coord_epoch++;
-	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, &src, err, sizeof(err)) == 0) {
+	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &src, err, sizeof(err)) == 0) {
 		have_src = 1;
 		srcby = calloc(src.nranks, sizeof(*srcby));
 		cnt = calloc(src.nranks, sizeof(*cnt));
@@ -232,6 +298,16 @@ static void replan(struct job *j)
 		for (i = 0; i < src.npieces; i++)
 			if (!srcby[src.pieces[i].rank])
 				b.complete = 0;
+		if (dte_layout_desc_sharded(srcdesc)) {
+			if (sharded_sources(j, srcdesc, srcby, &src, &b.complete, err, sizeof(err)) < 0) {
+				DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
+				have_src = 0;
+			} else if (!b.complete) {
+				/* Not every rank's shards are known: nothing to plan yet. */
+				dte_layout_fini(&src);
+				have_src = 0;
+			}
+		}
 	}
 	/* One plan per distinct sink layout; replicas reuse it. */
 	for (i = 0; have_src && i < b.nparts; i++) {
@@ -246,7 +322,7 @@ static void replan(struct job *j)
 		if (s < nsp)
 			continue;
 		snprintf(sp[nsp].desc, sizeof(sp[nsp].desc), "%s", p->layout);
-		if (jlayout_build(j, JROLE_SINK, p->layout, p->rank, &sp[nsp].lay, err, sizeof(err)) == 0) {
+		if (jlayout_build(j, JROLE_SINK, p->layout, p->rank, NULL, &sp[nsp].lay, err, sizeof(err)) == 0) {
 			if (dte_plan_build(&sp[nsp].plan, &j->spec, &src, &sp[nsp].lay, &opts, err,
 					   sizeof(err)) == 0)
 				sp[nsp].ok = 1;
@@ -373,7 +449,8 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 		int role = p->role == DTEP__ROLE__ROLE_SOURCE ? JROLE_SOURCE : JROLE_SINK;
 
 		if (!p->layout || strlen(p->layout) >= JOB_DESC_MAX ||
-		    jlayout_build(j, role, p->layout ? p->layout : "", p->rank, &l, err, sizeof(err)) < 0) {
+		    jlayout_build(j, role, p->layout ? p->layout : "", p->rank,
+				  role == JROLE_SOURCE ? p->shards : NULL, &l, err, sizeof(err)) < 0) {
 			snprintf(why, sizeof(why), "participant %llx: %s", (unsigned long long)p->id,
 				 p->layout && strlen(p->layout) < JOB_DESC_MAX ? err : "bad layout");
 			goto refused;
@@ -408,6 +485,15 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 		np[i].rank = p->rank;
 		np[i].replica = p->replica;
 		snprintf(np[i].node, sizeof(np[i].node), "%s", node);
+	}
+	for (i = 0; i < m->n_participants; i++) {
+		const Dtep__Participant *p = m->participants[i];
+
+		if (p->role == DTEP__ROLE__ROLE_SOURCE && dte_layout_desc_sharded(p->layout) &&
+		    keep_shards(j, p->rank, p->shards) < 0) {
+			snprintf(why, sizeof(why), "coordinator out of memory");
+			goto refused;
+		}
 	}
 	mem = member_find(j, node);
 	if (!m->n_participants) {

@@ -20,7 +20,7 @@
 #define JOB_ADDR_MAX   96
 #define JOB_DESC_MAX   128
 #define JOB_HISTORY    512
-#define JOB_MAX_GROUPS 16
+#define JOB_MAX_GROUPS 65536     /* = DTE_SHARD_MAX_GROUPS: a group per shard */
 
 enum { JROLE_SOURCE = 0, JROLE_SINK = 1 };
 /* Change detection (job option `detect`, docs/SYNC.md). */
@@ -126,6 +126,7 @@ struct jstaged {
 /* A participant attached on this daemon. */
 struct jlocal {
 	struct jpinfo info;
+	char *shards;             /* source of an mcore:/fsdp2: layout: its shard table */
 	uint64_t owner;           /* control connection */
 	size_t nbufs;
 	uint32_t *buf_ids;        /* layout buffer ids of its rank, ascending */
@@ -210,6 +211,8 @@ struct job {
 	char plan_error[256];
 	/* coordinator */
 	struct jmember *members;
+	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
+	uint32_t n_src_shards;
 	uint64_t coord_epoch;
 	/* counters and history */
 	uint64_t refused;
@@ -274,7 +277,7 @@ struct jcap {
 	uv_mutex_t mu;            /* guards q between the worker and the loop */
 	int mu_init;
 	struct jcap_part *q, **q_tail;
-	struct dtc_consts k[JOB_MAX_GROUPS];
+	struct dtc_consts *k;     /* [ngroups] */
 	size_t ngroups;
 	size_t nbufs;
 	uint32_t *buf_ids;
@@ -363,9 +366,11 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
 void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
 void jcoord_node_down(struct job *j, const char *node);
 void jcoord_free(struct job *j);
-/* Builds a layout for a participant description; 0 or -1 with err. */
+/* Builds a layout for a participant description; 0 or -1 with err.  For
+ * a source that registers shards (mcore:, fsdp2:) `shards` is the table
+ * the layout is built from (one rank's, or every rank's); NULL: none. */
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
-		  struct dte_layout *l, char *err, size_t errlen);
+		  const char *shards, struct dte_layout *l, char *err, size_t errlen);
 /* Member side: a PLAN arrived. */
 void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m);
 void jplan_free(struct job *j);

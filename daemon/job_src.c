@@ -36,30 +36,63 @@ void jpair_free_state(struct jpair *p)
 	p->snap = NULL;
 }
 
-/* Per group constants from the request; -1 with the reason. */
-static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step, struct dtc_consts *k,
-			 char *err, size_t errlen)
+/* Per group constants from the request (malloc'd, the caller frees), or
+ * NULL with the reason.  A group carries its own step count when its
+ * tensors keep one (registered shards: a tensor whose grad was None did
+ * not step).  One that did not step since the last publish or mark is
+ * unchanged: the inverse with lr = 0 and no decay is the identity
+ * (θ_{t-1} = θ_t), so its elements are found unchanged and nothing of it
+ * is sent, whatever its moments hold (eps = 1 keeps m/D finite). */
+static struct dtc_consts *derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
+					char *err, size_t errlen)
 {
-	if (n > JOB_MAX_GROUPS)
-		return snprintf(err, errlen, "%zu optimizer groups; at most %d", n, JOB_MAX_GROUPS), -1;
+	struct dtc_consts *k;
+
+	if (n > JOB_MAX_GROUPS) {
+		snprintf(err, errlen, "%zu optimizer groups; at most %d", n, JOB_MAX_GROUPS);
+		return NULL;
+	}
+	if (!(k = calloc(n ? n : 1, sizeof(*k)))) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct dtc_hparams hp = {
 			.lr = g[i]->lr, .beta1 = g[i]->beta1, .beta2 = g[i]->beta2, .eps = g[i]->eps,
-			.weight_decay = g[i]->weight_decay, .step = step,
+			.weight_decay = g[i]->weight_decay, .step = g[i]->step ? g[i]->step : step,
 		};
 		char why[128];
+
+		if (g[i]->step < 0) {
+			snprintf(err, errlen, "group %zu: step %lld < 0", i, (long long)g[i]->step);
+			free(k);
+			return NULL;
+		}
+		if (g[i]->unchanged) {
+			hp.lr = 0;
+			hp.weight_decay = 0;
+			hp.eps = 1;
+			if (hp.step < 1)
+				hp.step = 1;
+		}
 
 		if (!g[i]->variant || !*g[i]->variant || !strcmp(g[i]->variant, "torch"))
 			hp.variant = DTC_VARIANT_TORCH;
 		else if (!strcmp(g[i]->variant, "fused"))
 			hp.variant = DTC_VARIANT_FUSED;
-		else
-			return snprintf(err, errlen, "group %zu: variant \"%s\" unknown (torch, fused)", i,
-					g[i]->variant), -1;
-		if (dtc_hparams_derive(&hp, &k[i], why, sizeof(why)) < 0)
-			return snprintf(err, errlen, "group %zu: %s", i, why), -1;
+		else {
+			snprintf(err, errlen, "group %zu: variant \"%s\" unknown (torch, fused)", i,
+				 g[i]->variant);
+			free(k);
+			return NULL;
+		}
+		if (dtc_hparams_derive(&hp, &k[i], why, sizeof(why)) < 0) {
+			snprintf(err, errlen, "group %zu: %s", i, why);
+			free(k);
+			return NULL;
+		}
 	}
-	return 0;
+	return k;
 }
 
 /* The rule for building on an unacknowledged version (docs/SYNC.md,
@@ -124,6 +157,9 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 	c->req_id = req_id;
 	c->epoch = j->epoch;
 	c->step = step;
+	c->k = malloc((ngroups ? ngroups : 1) * sizeof(*k));
+	if (!c->k)
+		goto fail;
 	memcpy(c->k, k, ngroups * sizeof(*k));
 	c->ngroups = ngroups;
 	c->t0 = uv_hrtime();
@@ -220,7 +256,7 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
-	struct dtc_consts k[JOB_MAX_GROUPS];
+	struct dtc_consts *k;
 	struct jlocal *l;
 
 	*deferred = 0;
@@ -235,11 +271,12 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
-	if (derive_groups(rq->groups, rq->n_groups, rq->step, k, err, errlen) < 0)
+	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
 		return DTE__STATUS__STATUS_ERR_INVALID;
 	if (l->last_version && rq->step == l->covered + 1 && !l->gap) {
 		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
 
+		free(k);
 		if (!c)
 			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
 		c->scan = 1;
@@ -253,6 +290,7 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		cap_start(l, c);
 		return DTE__STATUS__STATUS_OK;
 	}
+	free(k);
 	if (rq->step > l->covered) {
 		/* Before the first publish nothing builds on marks (it is dense);
 		 * after it, a missed step means the next publish is dense. */
@@ -447,7 +485,7 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 			Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
-	struct dtc_consts k[JOB_MAX_GROUPS];
+	struct dtc_consts *k;
 	struct jlocal *l;
 	struct jcap *c;
 	int stepped, first, dev = 0;
@@ -474,13 +512,14 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 			    (unsigned long long)rq->version, (unsigned long long)l->last_version);
 	if (rq->step < 1)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
-	if (derive_groups(rq->groups, rq->n_groups, rq->step, k, err, errlen) < 0)
+	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
 		return DTE__STATUS__STATUS_ERR_INVALID;
 	first = l->last_version == 0;
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
 	stepped = !first && !l->gap && (rq->step == l->covered || rq->step == l->covered + 1);
 	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
+	free(k);
 	if (!c)
 		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
 	c->version = rq->version;

@@ -637,7 +637,7 @@ static struct rsink *rsink_new(struct job *j, struct jlocal *l)
 
 	if (!rs)
 		return NULL;
-	if (jlayout_build(j, JROLE_SINK, l->info.layout, l->info.rank, &rs->lay, err, sizeof(err))) {
+	if (jlayout_build(j, JROLE_SINK, l->info.layout, l->info.rank, NULL, &rs->lay, err, sizeof(err))) {
 		DLOG_E("job %s: sink %llx: %s", j->name, (unsigned long long)l->info.id, err);
 		free(rs);
 		return NULL;

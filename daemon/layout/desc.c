@@ -41,8 +41,21 @@ static int desc_parse_kv(const char *who, const char *s, struct desc_key *keys, 
 	return 0;
 }
 
+int dte_layout_desc_sharded(const char *desc)
+{
+	return !strncmp(desc, "mcore:", 6) || !strcmp(desc, "mcore") ||
+	       !strncmp(desc, "fsdp2:", 6) || !strcmp(desc, "fsdp2");
+}
+
 int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 			 const char *desc, int role, char *err, size_t errlen)
+{
+	return dte_layout_from_desc_shards(l, spec, desc, role, NULL, err, errlen);
+}
+
+int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
+				const char *desc, int role, const char *shards, char *err,
+				size_t errlen)
 {
 	const char *colon = strchr(desc, ':');
 	const char *opts = colon ? colon + 1 : "";
@@ -65,6 +78,31 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 			rc = dte_layout_err(err, errlen, "megatron: etp must be >= 1");
 		if (!rc)
 			rc = dte_layout_megatron(l, spec, &c, err, errlen);
+	} else if ((IS("mcore") || IS("fsdp2")) && source) {
+		struct dte_shards_cfg c;
+		struct dte_shard *sh = NULL;
+		size_t nsh = 0;
+		int64_t dp = 1;
+		struct desc_key k[] = { { "dp", &dp }, { "tp", &c.mg.tp }, { "ep", &c.mg.ep },
+					{ "etp", &c.mg.etp } };
+
+		memset(&c, 0, sizeof(c));
+		c.megatron = IS("mcore");
+		c.mg.tp = c.mg.ep = 1;
+		rc = desc_parse_kv(c.megatron ? "mcore" : "fsdp2", opts, k, c.megatron ? 4 : 1, err,
+				   errlen);
+		c.mg.dp = dp;
+		if (!rc && (dp < 1 || dp > 65536 || c.mg.tp < 1 || c.mg.tp > 4096 || c.mg.etp < 0))
+			rc = dte_layout_err(err, errlen, "%s: dp in [1, 65536], tp in [1, 4096], etp >= 0",
+					    c.megatron ? "mcore" : "fsdp2");
+		c.ranks = c.megatron ? c.mg.tp * dp : dp;
+		if (!rc)
+			snprintf(l->desc, sizeof(l->desc), "%.*s", (int)(sizeof(l->desc) - 1), desc);
+		if (!rc)
+			rc = dte_shards_parse(shards, &sh, &nsh, err, errlen);
+		if (!rc)
+			rc = dte_layout_shards(l, spec, &c, sh, nsh, err, errlen);
+		free(sh);
 	} else if (IS("fsdp") && source) {
 		struct dte_fsdp_cfg c = { 1 };
 		struct desc_key k[] = { { "dp", &c.dp } };
@@ -82,7 +120,8 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 	} else {
 		rc = dte_layout_err(err, errlen, "unknown %s layout \"%.*s\"; %s", source ? "source" : "sink",
 				    (int)kind, desc,
-				    source ? "sources: megatron:tp=,dp=[,ep=,etp=,dopt=], fsdp:dp=, json:FILE"
+				    source ? "sources: megatron:tp=,dp=[,ep=,etp=,dopt=], fsdp:dp=, "
+					     "mcore:tp=,dp=[,ep=,etp=] and fsdp2:dp= (registered shards), json:FILE"
 					   : "sinks: sglang:tp=[,ep=], vllm:tp=[,ep=], json:FILE");
 	}
 #undef IS

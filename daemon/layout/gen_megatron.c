@@ -8,7 +8,9 @@
  *   embedding.word_embeddings.weight [Vp/T, H], Vp = vocab padded to 128*T;
  *     padded rows exist in the buffer but map to nothing;
  *   linear_qkv.weight [(nq+2*nkv)/T * hd, H]: per query group g of the rank
- *     [q heads of g; k_g; v_g] rows (and linear_qkv.bias likewise);
+ *     [q heads of g; k_g; v_g] rows (and linear_qkv.bias likewise); with T
+ *     above the query groups, T/groups ranks split one group's rows
+ *     (mg_qkv_rows);
  *   linear_proj.weight [H, nq*hd/T] (row parallel: split on dim 1);
  *   linear_fc1.weight [2*I/T, H] = [gate rows; up rows] of this rank;
  *   linear_fc2.weight [H, I/T];
@@ -59,6 +61,7 @@ struct mg_param {
 	uint32_t group;
 	size_t   sub0, nsub;
 	int64_t  offset;           /* in the flat buffer */
+	int32_t  vocab;            /* canonical tensor of a vocab-parallel param, else -1 */
 };
 
 struct mg_list {
@@ -102,6 +105,7 @@ static void mg_param(struct mg_list *m, uint32_t ndim, int64_t d0, int64_t d1,
 	p->numel = d0 * (ndim > 1 ? d1 : 1);
 	p->group = group;
 	p->sub0 = m->ns;
+	p->vocab = -1;
 }
 
 /* Canonical rows [c0, c0+rows) (all columns, or cols [c1, c1+cols) when
@@ -154,8 +158,41 @@ static void mg_vocab(struct mg_list *m, const struct dte_spec *spec, int32_t ten
 	int64_t per = Vp / T, lo = t * per, hi = lo + per < V ? lo + per : V;
 
 	mg_param(m, 2, per, H, DTE_SPEC_GROUP_DECAY, name);
+	if (!m->oom)
+		m->p[m->n - 1].vocab = tensor;
 	if (hi > lo)
 		mg_sub(m, tensor, lo, hi - lo, 0, 0, 0, 0, spec);
+}
+
+/* linear_qkv is a column-parallel linear over the group-interleaved rows
+ * [q heads of group 0; k_0; v_0; q heads of group 1; ...] (R rows in all):
+ * TP rank t holds rows [r0, r1) = [t*R/T, (t+1)*R/T).  With T <= query
+ * groups that is whole groups; with T > query groups (KV heads fewer than
+ * TP ranks) T/groups ranks share one group, each a contiguous part of it:
+ * megatron/core/transformer/attention.py, Attention.__init__
+ * (num_query_groups < world_size: num_query_groups_per_partition = 1) and
+ * SelfAttention.get_query_key_value_tensors, which all-gathers the rows
+ * and takes group t // (T / groups). */
+static void mg_qkv_rows(struct mg_list *m, const struct dte_spec *spec, int32_t q, int32_t k,
+			int32_t v, int64_t r0, int64_t r1, int64_t qpg, int64_t hd, int64_t groups)
+{
+	int64_t grows = (qpg + 2) * hd, G;
+
+	for (G = r0 / grows; G < groups && G * grows < r1; G++) {
+		/* Parts of group G: rows [a, b) of the interleaved matrix that are
+		 * canonical rows starting at c of tensor id. */
+		const struct { int32_t id; int64_t a, b, c; } part[3] = {
+			{ q, G * grows, G * grows + qpg * hd, G * qpg * hd },
+			{ k, G * grows + qpg * hd, G * grows + (qpg + 1) * hd, G * hd },
+			{ v, G * grows + (qpg + 1) * hd, (G + 1) * grows, G * hd },
+		};
+		for (int i = 0; i < 3; i++) {
+			int64_t a = part[i].a > r0 ? part[i].a : r0, b = part[i].b < r1 ? part[i].b : r1;
+
+			if (a < b)
+				mg_sub(m, part[i].id, part[i].c + (a - part[i].a), b - a, 0, 0, a - r0, 0, spec);
+		}
+	}
 }
 
 static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64_t l,
@@ -163,8 +200,8 @@ static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
 	int64_t hd = c->head_dim, H = c->hidden, I = c->intermediate;
-	int64_t groups = c->kv_heads / T, qpg = c->heads / c->kv_heads, g;
-	int64_t grows = (qpg + 2) * hd;
+	int64_t qpg = c->heads / c->kv_heads;
+	int64_t grows = (qpg + 2) * hd, R = c->kv_heads * grows;
 	char n[DTE_LAYOUT_NAME_MAX];
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
@@ -174,22 +211,14 @@ static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64
 	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.layer_norm_weight", (long long)l);
 	mg_replicated(m, spec, LT(DTE_SPEC_IN_NORM), t, n);
 	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.weight", (long long)l);
-	mg_param(m, 2, groups * grows, H, DTE_SPEC_GROUP_DECAY, n);
-	for (g = 0; g < groups; g++) {
-		int64_t G = t * groups + g;
-		mg_sub(m, LT(DTE_SPEC_Q), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
-		mg_sub(m, LT(DTE_SPEC_K), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
-		mg_sub(m, LT(DTE_SPEC_V), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
-	}
+	mg_param(m, 2, R / T, H, DTE_SPEC_GROUP_DECAY, n);
+	mg_qkv_rows(m, spec, LT(DTE_SPEC_Q), LT(DTE_SPEC_K), LT(DTE_SPEC_V), t * R / T,
+		    (t + 1) * R / T, qpg, hd, c->kv_heads);
 	if (c->attn_bias) {
 		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_qkv.bias", (long long)l);
-		mg_param(m, 1, groups * grows, 0, DTE_SPEC_GROUP_NO_DECAY, n);
-		for (g = 0; g < groups; g++) {
-			int64_t G = t * groups + g;
-			mg_sub(m, LT(DTE_SPEC_Q_BIAS), G * qpg * hd, qpg * hd, 0, 0, g * grows, 0, spec);
-			mg_sub(m, LT(DTE_SPEC_K_BIAS), G * hd, hd, 0, 0, g * grows + qpg * hd, 0, spec);
-			mg_sub(m, LT(DTE_SPEC_V_BIAS), G * hd, hd, 0, 0, g * grows + (qpg + 1) * hd, 0, spec);
-		}
+		mg_param(m, 1, R / T, 0, DTE_SPEC_GROUP_NO_DECAY, n);
+		mg_qkv_rows(m, spec, LT(DTE_SPEC_Q_BIAS), LT(DTE_SPEC_K_BIAS), LT(DTE_SPEC_V_BIAS),
+			    t * R / T, (t + 1) * R / T, qpg, hd, c->kv_heads);
 	}
 	if (c->qk_norm) {
 		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.q_layernorm.weight", (long long)l);
@@ -264,13 +293,57 @@ static int64_t mg_assign_offsets(struct mg_list *m, int dist_opt)
 	return off;
 }
 
+/* Pieces of the flat range [a, z) of param p (subs sb[0..nsub)), at buffer
+ * index `off` + flat position: buffers buf, buf+1, buf+2 of `rank`. */
+static int mg_emit_range(struct dte_layout *l, const struct mg_param *p, const struct mg_sub *sbs,
+			 size_t nsub, uint32_t rank, uint32_t buf, uint32_t group, int64_t off,
+			 int64_t a, int64_t z, const struct dte_spec *spec)
+{
+	int64_t blo[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS], bhi[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS];
+	size_t k;
+	int nb, b;
+
+	nb = dte_layout_flat_boxes(p->ndim, p->shape, a, z, blo, bhi);
+	for (b = 0; b < nb; b++) {
+		for (k = 0; k < nsub; k++) {
+			const struct mg_sub *sb = &sbs[k];
+			int64_t slo[2], shi[2], ilo[2], ihi[2];
+			struct dte_piece pc;
+			uint32_t d;
+
+			for (d = 0; d < p->ndim; d++) {
+				slo[d] = sb->llo[d];
+				shi[d] = sb->llo[d] + sb->chi[d] - sb->clo[d];
+			}
+			if (!dte_box_intersect(p->ndim, blo[b], bhi[b], slo, shi, ilo, ihi))
+				continue;
+			memset(&pc, 0, sizeof(pc));
+			pc.tensor = sb->tensor;
+			pc.ndim = spec->t[sb->tensor].ndim;
+			pc.rank = rank;
+			pc.buf = buf;
+			pc.buf_m = buf + 1;
+			pc.buf_v = buf + 2;
+			pc.group = group;
+			pc.offset = off;
+			for (d = 0; d < p->ndim; d++) {
+				pc.lo[d] = sb->clo[d] + ilo[d] - sb->llo[d];
+				pc.hi[d] = sb->clo[d] + ihi[d] - sb->llo[d];
+				pc.stride[d] = d + 1 < p->ndim ? p->shape[1] : 1;
+				pc.offset += ilo[d] * pc.stride[d];
+			}
+			if (dte_layout_add_piece(l, &pc))
+				return -1;
+		}
+	}
+	return 0;
+}
+
 /* Pieces of the flat shard [s, e) of the buffer described by m. */
 static int mg_emit_shard(struct dte_layout *l, const struct mg_list *m, uint32_t rank,
 			 uint32_t buf0, int64_t s, int64_t e, const struct dte_spec *spec)
 {
-	int64_t blo[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS], bhi[2 * DTE_MAX_DIMS - 1][DTE_MAX_DIMS];
-	size_t i, k;
-	int nb, b;
+	size_t i;
 
 	for (i = 0; i < m->n; i++) {
 		const struct mg_param *p = &m->p[i];
@@ -278,39 +351,9 @@ static int mg_emit_shard(struct dte_layout *l, const struct mg_list *m, uint32_t
 		int64_t z = p->offset + p->numel < e ? p->offset + p->numel : e;
 		if (a >= z || !p->nsub)
 			continue;
-		nb = dte_layout_flat_boxes(p->ndim, p->shape, a - p->offset, z - p->offset, blo, bhi);
-		for (b = 0; b < nb; b++) {
-			for (k = p->sub0; k < p->sub0 + p->nsub; k++) {
-				const struct mg_sub *sb = &m->s[k];
-				int64_t slo[2], shi[2], ilo[2], ihi[2];
-				struct dte_piece pc;
-				uint32_t d;
-
-				for (d = 0; d < p->ndim; d++) {
-					slo[d] = sb->llo[d];
-					shi[d] = sb->llo[d] + sb->chi[d] - sb->clo[d];
-				}
-				if (!dte_box_intersect(p->ndim, blo[b], bhi[b], slo, shi, ilo, ihi))
-					continue;
-				memset(&pc, 0, sizeof(pc));
-				pc.tensor = sb->tensor;
-				pc.ndim = spec->t[sb->tensor].ndim;
-				pc.rank = rank;
-				pc.buf = buf0;
-				pc.buf_m = buf0 + 1;
-				pc.buf_v = buf0 + 2;
-				pc.group = p->group;
-				pc.offset = p->offset - s;
-				for (d = 0; d < p->ndim; d++) {
-					pc.lo[d] = sb->clo[d] + ilo[d] - sb->llo[d];
-					pc.hi[d] = sb->clo[d] + ihi[d] - sb->llo[d];
-					pc.stride[d] = d + 1 < p->ndim ? p->shape[1] : 1;
-					pc.offset += ilo[d] * pc.stride[d];
-				}
-				if (dte_layout_add_piece(l, &pc))
-					return -1;
-			}
-		}
+		if (mg_emit_range(l, p, &m->s[p->sub0], p->nsub, rank, buf0, p->group, p->offset - s,
+				  a - p->offset, z - p->offset, spec))
+			return -1;
 	}
 	return 0;
 }
@@ -357,8 +400,11 @@ static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *
 	if (c->heads % cfg->tp)
 		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide num_attention_heads=%lld",
 				      (long long)cfg->tp, (long long)c->heads);
-	if (c->kv_heads % cfg->tp)
-		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads)",
+	/* TP above the query groups: ranks share a group (mg_qkv_rows). */
+	if (c->kv_heads % cfg->tp && (cfg->tp % c->kv_heads ||
+				      (c->kv_heads * (c->heads / c->kv_heads + 2) * c->head_dim) % cfg->tp))
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads), "
+				      "nor do they divide it with linear_qkv's rows divisible by tp",
 				      (long long)cfg->tp, (long long)c->kv_heads);
 	for (l = 0; l < c->layers; l++)
 		dense |= !c->moe_layer[l];
@@ -430,6 +476,183 @@ int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
 oom:
 	dte_layout_err(err, errlen, "megatron: out of memory");
 out:
+	mg_list_fini(&m);
+	return rc;
+}
+
+/* ------------------------------------------------- registered shards */
+
+int dte_megatron_check(const struct dte_spec *spec, const struct dte_megatron_cfg *cfg,
+		       char *err, size_t errlen)
+{
+	return mg_check(spec, cfg, cfg->etp ? cfg->etp : cfg->tp, err, errlen);
+}
+
+/* SequentialMLP (megatron/core/transformer/moe/experts.py, SequentialMLP:
+ * local_experts.{e}.linear_fc1.weight) names the same TP-local tensors as
+ * TEGroupedMLP (linear_fc1.weight{e}); both map to the grouped name. */
+static void mg_canon_name(const char *in, char *out, size_t len)
+{
+	const char *at = strstr(in, ".mlp.experts.local_experts.");
+	const char *pre = ".mlp.experts.local_experts.";
+	char *end;
+	long long e;
+
+	snprintf(out, len, "%s", in);
+	if (!at)
+		return;
+	e = strtoll(at + strlen(pre), &end, 10);
+	if (end == at + strlen(pre) || *end != '.' || e < 0)
+		return;
+	if (strcmp(end, ".linear_fc1.weight") && strcmp(end, ".linear_fc2.weight"))
+		return;
+	snprintf(out, len, "%.*s.mlp.experts%.*s%lld", (int)(at - in), in,
+		 (int)strlen(".linear_fcN.weight"), end, e);
+}
+
+struct mg_named {
+	const char *name;
+	size_t i;
+};
+
+static int mg_name_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct mg_named *)a)->name, ((const struct mg_named *)b)->name);
+}
+
+static size_t mg_lookup(const struct mg_list *m, const struct mg_named *idx, const char *name)
+{
+	size_t lo = 0, hi = m->n;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(idx[mid].name, name);
+
+		if (!c)
+			return idx[mid].i;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return (size_t)-1;
+}
+
+int dte_megatron_shard_pieces(struct dte_layout *l, const struct dte_spec *spec,
+			      const struct dte_megatron_cfg *cfg, uint32_t rank,
+			      const struct dte_shard *s, size_t n, const uint32_t *bufid,
+			      char *err, size_t errlen)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t T = cfg->tp, etp = cfg->etp ? cfg->etp : cfg->tp, t = rank % T, layer;
+	struct mg_list m;
+	struct mg_named *idx = NULL;
+	size_t i;
+	int rc = -1;
+
+	if (mg_check(spec, cfg, etp, err, errlen))
+		return -1;
+	if ((int64_t)rank >= cfg->tp * cfg->dp)
+		return dte_layout_err(err, errlen, "mcore: rank %u; tp*dp = %lld ranks", rank,
+				      (long long)(cfg->tp * cfg->dp));
+	memset(&m, 0, sizeof(m));
+	mg_vocab(&m, spec, spec->embed, T, t, "embedding.word_embeddings.weight");
+	for (layer = 0; layer < c->layers; layer++)
+		mg_layer_dense(&m, spec, layer, T, t);
+	mg_replicated(&m, spec, spec->final_norm, t, "decoder.final_layernorm.weight");
+	if (spec->lm_head >= 0)
+		mg_vocab(&m, spec, spec->lm_head, T, t, "output_layer.weight");
+	if (c->experts) {
+		/* The expert grid numbers ranks tp-ep-dp (header comment). */
+		int64_t eg = (int64_t)rank % (cfg->ep * etp);
+
+		for (layer = 0; layer < c->layers; layer++)
+			if (c->moe_layer[layer])
+				mg_layer_experts(&m, spec, layer, cfg->ep, eg / etp, etp, eg % etp);
+	}
+	if (m.oom || !(idx = malloc((m.n ? m.n : 1) * sizeof(*idx)))) {
+		dte_layout_err(err, errlen, "mcore: out of memory");
+		goto out;
+	}
+	for (i = 0; i < m.n; i++) {
+		idx[i].name = m.p[i].name;
+		idx[i].i = i;
+	}
+	qsort(idx, m.n, sizeof(*idx), mg_name_cmp);
+	for (i = 0; i < n; i++) {
+		char name[DTE_LAYOUT_NAME_MAX];
+		size_t at;
+		struct mg_param p;
+		struct mg_sub vs;
+		const struct mg_sub *subs;
+		size_t nsub;
+		uint32_t d;
+
+		mg_canon_name(s[i].name, name, sizeof(name));
+		at = mg_lookup(&m, idx, name);
+		if (at == (size_t)-1) {
+			dte_layout_err(err, errlen, "mcore: rank %u: %s is not a parameter of this model "
+				       "at tp=%lld ep=%lld", rank, s[i].name, (long long)T,
+				       (long long)cfg->ep);
+			goto out;
+		}
+		p = m.p[at];
+		subs = &m.s[p.sub0];
+		nsub = p.nsub;
+		if (p.vocab >= 0 && s[i].ndim == 2 && s[i].shape[1] == p.shape[1] &&
+		    s[i].shape[0] != p.shape[0]) {
+			/* The padded vocab is what the tensor says (a tokenizer's size or
+			 * --padded-vocab-size), not config.json's rounded up: megatron/
+			 * training/tokenizer vocab_size_with_padding. */
+			int64_t per = s[i].shape[0], V = c->vocab, lo = t * per;
+			int64_t hi = lo + per < V ? lo + per : V;
+
+			if (per * T < V) {
+				dte_layout_err(err, errlen, "mcore: rank %u: %s has %lld rows per TP rank; "
+					       "%lld ranks hold fewer than the %lld vocab rows", rank,
+					       s[i].name, (long long)per, (long long)T, (long long)V);
+				goto out;
+			}
+			p.shape[0] = per;
+			p.numel = per * p.shape[1];
+			nsub = 0;
+			if (hi > lo) {
+				memset(&vs, 0, sizeof(vs));
+				vs.tensor = (uint32_t)p.vocab;
+				vs.clo[0] = lo;
+				vs.chi[0] = hi;
+				vs.chi[1] = p.shape[1];
+				nsub = 1;
+			}
+			subs = &vs;
+		}
+		for (d = 0; d < p.ndim && s[i].ndim == p.ndim; d++)
+			if (s[i].shape[d] != p.shape[d])
+				break;
+		if (s[i].ndim != p.ndim || d != p.ndim) {
+			dte_layout_err(err, errlen, "mcore: rank %u: %s is registered as %u-D [%lld%s%lld], "
+				       "tp=%lld gives it [%lld%s%lld]", rank, s[i].name, s[i].ndim,
+				       (long long)s[i].shape[0], s[i].ndim > 1 ? ", " : "",
+				       s[i].ndim > 1 ? (long long)s[i].shape[1] : 0LL, (long long)T,
+				       (long long)p.shape[0], p.ndim > 1 ? ", " : "",
+				       p.ndim > 1 ? (long long)p.shape[1] : 0LL);
+			goto out;
+		}
+		if (s[i].hi > p.numel) {
+			dte_layout_err(err, errlen, "mcore: rank %u: %s range [%lld, %lld) beyond its %lld "
+				       "elements", rank, s[i].name, (long long)s[i].lo,
+				       (long long)s[i].hi, (long long)p.numel);
+			goto out;
+		}
+		if (nsub && mg_emit_range(l, &p, subs, nsub, rank, bufid[i], s[i].group, -s[i].lo,
+					  s[i].lo, s[i].hi, spec)) {
+			dte_layout_err(err, errlen, "mcore: out of memory");
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	free(idx);
 	mg_list_fini(&m);
 	return rc;
 }

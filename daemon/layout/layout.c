@@ -131,7 +131,9 @@ static int buf_cmp(const void *a, const void *b);
 
 void dte_layout_sort_buffers(struct dte_layout *l)
 {
-	qsort(l->bufs, l->nbufs, sizeof(*l->bufs), buf_cmp);
+	/* A source rank without shards leaves a layout with no buffers. */
+	if (l->nbufs > 1)
+		qsort(l->bufs, l->nbufs, sizeof(*l->bufs), buf_cmp);
 }
 
 static int buf_cmp(const void *a, const void *b)

@@ -102,5 +102,13 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
  * "json:FILE" → layout.  Role picks which side the string describes. */
 int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 			 const char *desc, int role, char *err, size_t errlen);
+/* The same, for a source that registers shards ("mcore:", "fsdp2:"):
+ * `shards` is the shard table of every rank known (gen.h,
+ * dte_shards_parse); NULL or "" gives a layout of ranks without buffers. */
+int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
+				const char *desc, int role, const char *shards, char *err,
+				size_t errlen);
+/* 1 when the description is one whose buffers come from a shard table. */
+int dte_layout_desc_sharded(const char *desc);
 
 #endif

@@ -3,6 +3,7 @@
 LAYOUT_SRCS := daemon/layout/spec.c daemon/layout/layout.c daemon/layout/desc.c \
                daemon/layout/gen_megatron.c daemon/layout/gen_fsdp.c \
                daemon/layout/gen_sglang.c daemon/layout/gen_json.c \
+               daemon/layout/gen_shards.c \
                daemon/layout/plan.c daemon/layout/plan_cli.c
 LAYOUT_OBJS := $(LAYOUT_SRCS:%.c=$(B)/obj/%.o)
 
@@ -18,5 +19,5 @@ $(B)/bin/dte-plan: $(B)/obj/daemon/layout/plan_main.o $(B)/lib/libdtelayout.a
 LIBS += $(B)/lib/libdtelayout.a
 BINS += $(B)/bin/dte-plan
 INTERNAL_LIBS += $(B)/lib/libdtelayout.a
-UNIT_TESTS += test_spec test_layout test_plan test_layout_tensors
+UNIT_TESTS += test_spec test_layout test_plan test_layout_tensors test_shards
 SYSTEM_TESTS += tests/system/layout_cli.sh tests/system/layout_reference.py

@@ -27,7 +27,7 @@
 #define PLAN_DENSE_BYTES_PER_ELEM  2
 
 struct plan_args {
-	const char *model, *source, *sink;
+	const char *model, *source, *sink, *shards;
 	uint32_t    replicas, rpn;
 	double      density;
 	int         json, dump;
@@ -38,8 +38,10 @@ static void plan_usage(FILE *f)
 	fprintf(f,
 		"usage: dtectl plan --model CONFIG.json --source SRC --sink SINK\n"
 		"                   [--sink-replicas N] [--ranks-per-node N] [--density D]\n"
-		"                   [--json [--dump-entries]]\n"
+		"                   [--json [--dump-entries]] [--shards FILE]\n"
 		"  SRC:  megatron:tp=T,dp=D[,ep=E,etp=X,dopt=0|1] | fsdp:dp=D | json:FILE\n"
+		"        mcore:tp=T,dp=D[,ep=E,etp=X] | fsdp2:dp=D  (with --shards: the\n"
+		"        registered shards, lines \"rank group lo hi name d0[,d1..]\")\n"
 		"  SINK: sglang:tp=T[,ep=E] | vllm:tp=T[,ep=1|T] | json:FILE\n");
 }
 
@@ -100,6 +102,8 @@ static int plan_parse(struct plan_args *a, int argc, char **argv)
 			a->source = v;
 		} else if (!strcmp(name, "--sink")) {
 			a->sink = v;
+		} else if (!strcmp(name, "--shards")) {
+			a->shards = v;
 		} else if (!strcmp(name, "--sink-replicas")) {
 			if (plan_u32(name, v, 65536, &a->replicas))
 				return -1;
@@ -246,6 +250,53 @@ static int plan_print_json(const struct plan_args *a, const struct dte_spec *spe
 	return rc;
 }
 
+/* A whole file as a string (the shard table); NULL with the reason. */
+static char *plan_read_file(const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = NULL;
+	size_t n = 0, cap = 0;
+
+	if (!f) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	for (;;) {
+		size_t got;
+
+		if (cap - n < 4096) {
+			char *nb;
+
+			if (cap > ((size_t)1 << 30)) {
+				snprintf(err, errlen, "%s: larger than 1 GiB", path);
+				goto fail;
+			}
+			nb = realloc(buf, cap ? cap * 2 : 65536);
+			if (!nb) {
+				snprintf(err, errlen, "%s: out of memory", path);
+				goto fail;
+			}
+			buf = nb;
+			cap = cap ? cap * 2 : 65536;
+		}
+		got = fread(buf + n, 1, cap - n - 1, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f)) {
+		snprintf(err, errlen, "%s: read error", path);
+		goto fail;
+	}
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+fail:
+	free(buf);
+	fclose(f);
+	return NULL;
+}
+
 int dte_plan_cli(int argc, char **argv)
 {
 	struct dte_layout src, sink;
@@ -253,7 +304,7 @@ int dte_plan_cli(int argc, char **argv)
 	struct plan_args a;
 	struct dte_spec spec;
 	struct dte_plan plan;
-	char err[1024];
+	char err[1024], *shards = NULL;
 	int rc;
 
 	rc = plan_parse(&a, argc, argv);
@@ -267,7 +318,16 @@ int dte_plan_cli(int argc, char **argv)
 		return 1;
 	}
 	rc = 1;
-	if (dte_layout_from_desc(&src, &spec, a.source, DTE_LAYOUT_SOURCE, err, sizeof(err))) {
+	if (a.shards && !dte_layout_desc_sharded(a.source)) {
+		fprintf(stderr, "dtectl plan: --shards goes with an mcore: or fsdp2: source\n");
+		goto out_spec;
+	}
+	if (a.shards && !(shards = plan_read_file(a.shards, err, sizeof(err)))) {
+		fprintf(stderr, "dtectl plan: %s\n", err);
+		goto out_spec;
+	}
+	if (dte_layout_from_desc_shards(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
+					sizeof(err))) {
 		fprintf(stderr, "dtectl plan: source: %s\n", err);
 		goto out_spec;
 	}
@@ -300,6 +360,7 @@ out_sink:
 out_src:
 	dte_layout_fini(&src);
 out_spec:
+	free(shards);
 	dte_spec_fini(&spec);
 	return rc;
 }

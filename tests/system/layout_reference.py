@@ -362,6 +362,7 @@ CONFIGS = [
     ("tiny-qwen3-mqa-tied.json", [
         ("megatron:tp=1,dp=4", "sglang:tp=8"),
         ("megatron:tp=1,dp=2", "sglang:tp=2"),
+        ("megatron:tp=2,dp=2", "sglang:tp=4"),       # TP above the one KV group
         ("fsdp:dp=2", "sglang:tp=1"),
     ]),
     ("tiny-qwen3-moe.json", [
@@ -371,6 +372,7 @@ CONFIGS = [
         ("megatron:tp=2,dp=4,ep=2,etp=2", "sglang:tp=1"),
         ("megatron:tp=2,dp=2,ep=4,etp=1", "vllm:tp=2,ep=2"),
         ("megatron:tp=2,dp=2,ep=2,dopt=0", "sglang:tp=2,ep=2"),
+        ("megatron:tp=4,dp=2,ep=2,etp=1", "sglang:tp=4,ep=2"),  # TP above the 2 KV groups
         ("fsdp:dp=3", "sglang:tp=4,ep=2"),
     ]),
 ]

@@ -6,6 +6,8 @@ Pure torch/numpy modules (no native code):
   megatron  trainer: Megatron-Core TP layout, AdamW state in shm, converters
   sglang    inference stand-in: SGLang TP layout in BF16 shm, converters
   toy       a toy task whose loss falls in ~20 steps
+  trainers  walks real optimizers (Megatron-Core, FSDP2) for the shards they hold
+            (used by dte.source: Source.megatron_core, Source.fsdp2)
 
 The ctypes binding over libdte lives in dte._lib (written separately); none of
 the modules above import it, so they work without the C library.

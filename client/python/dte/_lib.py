@@ -73,7 +73,7 @@ class _AttachParams(ctypes.Structure):
                 ("token", ctypes.c_char_p), ("role", ctypes.c_int),
                 ("layout", ctypes.c_char_p), ("rank", ctypes.c_uint32),
                 ("replica", ctypes.c_uint32), ("buffers", ctypes.POINTER(ctypes.c_uint64)),
-                ("nbuffers", ctypes.c_size_t)]
+                ("nbuffers", ctypes.c_size_t), ("shards", ctypes.c_char_p)]
 
 
 class _LayoutBuffer(ctypes.Structure):
@@ -121,6 +121,11 @@ def lib():
         "dte_publish": [h, ctypes.c_char_p, u64, u64, i64, ctypes.POINTER(_HParams),
                         ctypes.c_size_t, ctypes.POINTER(_PublishInfo)],
         "dte_mark": [h, ctypes.c_char_p, u64, i64, ctypes.POINTER(_HParams), ctypes.c_size_t, pu64],
+        "dte_publish_steps": [h, ctypes.c_char_p, u64, u64, i64, ctypes.POINTER(_HParams),
+                              ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                              ctypes.POINTER(_PublishInfo)],
+        "dte_mark_steps": [h, ctypes.c_char_p, u64, i64, ctypes.POINTER(_HParams),
+                           ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, pu64],
         "dte_wait": [h, ctypes.c_char_p, u64, ctypes.c_uint],
         "dte_wait_staged": [h, ctypes.c_char_p, u64, ctypes.c_uint, pu64],
         "dte_apply": [h, ctypes.c_char_p, u64, u64, ctypes.POINTER(_ApplyInfo)],
@@ -155,6 +160,18 @@ def _groups(groups):
                           get("weight_decay"),
                           ADAMW_FUSED if get("variant", "torch") == "fused" else ADAMW_TORCH)
     return arr, len(groups)
+
+
+GROUP_UNCHANGED = -1  # dte.h DTE_GROUP_UNCHANGED: the group's tensors did not step
+
+
+def _steps(steps, n):
+    """Per-group step counts (None: every group has the request's step)."""
+    if steps is None:
+        return None
+    if len(steps) != n:
+        raise ValueError("%d group steps for %d groups" % (len(steps), n))
+    return (ctypes.c_int64 * max(n, 1))(*[int(s) for s in steps])
 
 
 def layout_buffers(model_config, layout, role, rank):
@@ -254,10 +271,11 @@ class Client:
         self._check(lib().dte_job_create(self._h, ctypes.byref(p), ctypes.byref(created)))
         return bool(created.value)
 
-    def attach(self, job, token, role, layout, rank, buffers, replica=0):
+    def attach(self, job, token, role, layout, rank, buffers, replica=0, shards=None):
+        """shards: the rank's shard table (mcore:/fsdp2: sources; dte.h)."""
         arr = (ctypes.c_uint64 * max(len(buffers), 1))(*buffers)
         p = _AttachParams(ctypes.sizeof(_AttachParams), _b(job), _b(token), role, _b(layout),
-                          rank, replica, arr, len(buffers))
+                          rank, replica, arr, len(buffers), _b(shards))
         out = ctypes.c_uint64()
         self._check(lib().dte_attach(self._h, ctypes.byref(p), ctypes.byref(out)))
         return out.value
@@ -265,18 +283,29 @@ class Client:
     def detach(self, job, participant):
         self._check(lib().dte_detach(self._h, _b(job), participant))
 
-    def publish(self, job, participant, version, step, groups):
+    def publish(self, job, participant, version, step, groups, steps=None):
+        """steps: per group its own step count, 0 for `step`, or
+        GROUP_UNCHANGED (dte_publish_steps)."""
         arr, n = _groups(groups)
         info = _PublishInfo(ctypes.sizeof(_PublishInfo))
-        self._check(lib().dte_publish(self._h, _b(job), participant, version, step, arr, n,
-                                      ctypes.byref(info)))
+        if steps is None:
+            rc = lib().dte_publish(self._h, _b(job), participant, version, step, arr, n,
+                                   ctypes.byref(info))
+        else:
+            rc = lib().dte_publish_steps(self._h, _b(job), participant, version, step, arr,
+                                         _steps(steps, n), n, ctypes.byref(info))
+        self._check(rc)
         return {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:]}
 
-    def mark(self, job, participant, step, groups):
+    def mark(self, job, participant, step, groups, steps=None):
         arr, n = _groups(groups)
         dirty = ctypes.c_uint64()
-        self._check(lib().dte_mark(self._h, _b(job), participant, step, arr, n,
-                                   ctypes.byref(dirty)))
+        if steps is None:
+            rc = lib().dte_mark(self._h, _b(job), participant, step, arr, n, ctypes.byref(dirty))
+        else:
+            rc = lib().dte_mark_steps(self._h, _b(job), participant, step, arr,
+                                      _steps(steps, n), n, ctypes.byref(dirty))
+        self._check(rc)
         return dirty.value
 
     def wait(self, job, version, timeout_ms=30000):

@@ -6,7 +6,10 @@ exp_avg_sq) and attaches them; it watches the optimizer so every step's
 hyper-parameters are the ones torch actually used; and it exposes
 publish / mark / wait (docs/SYNC.md).
 
-    src = Source.megatron(model, trainer.opt, socket, job, token)   # TP layout
+    src = Source.megatron_core(model_chunks, optimizer, socket, job, token,
+                               config_json, tp, dp, rank)   # a real Megatron-Core rank
+    src = Source.fsdp2(model, opt, socket, job, token, config_json, rank, world)
+    src = Source.megatron(model, trainer.opt, socket, job, token)   # dte.megatron stand-in
     src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # FSDP, dp=1
     loss.backward(); opt.step()             # captured by the Source
     src.publish(v)                          # async: returns once captured
@@ -16,11 +19,15 @@ Host memory goes to the daemon as memfds (shm.Arena); CUDA tensors as IPC
 handles of their allocations plus an IPC event the Source records after
 every optimizer step (register_cuda_tensor).
 
-The daemon's layouts know two optimizer groups: 0 for tensors with weight
-decay (every matrix) and 1 for those without (1-D: norms, biases).  The
-Source maps torch's param_groups onto them by the dimension of the params
-each holds and refuses an optimizer it cannot describe that way, or one
-whose update is not invertible (amsgrad, maximize).
+The generator layouts (megatron:, fsdp:) know two optimizer groups: 0 for
+tensors with weight decay (every matrix) and 1 for those without (1-D:
+norms, biases); Source maps torch's param_groups onto them by the dimension
+of the params each holds and refuses an optimizer it cannot describe that
+way, or one whose update is not invertible (amsgrad, maximize).
+ShardSource (Source.megatron_core, Source.fsdp2; layouts mcore:, fsdp2:)
+registers what a real optimizer holds, shard by shard, and gives every
+shard its own group: any number of param groups, each tensor's own step
+count, and tensors that did not step sent as unchanged.
 """
 
 import collections
@@ -397,3 +404,358 @@ class Source:
             raise
         return src
 
+
+
+# ---- registered shards: what a real optimizer holds ---------------------------------
+#
+# Real trainers keep one FP32 master and one pair of Adam moments per
+# parameter shard (Megatron-Core DistributedOptimizer, FSDP2), not flat
+# buffers.  A ShardSource registers each shard as three buffers and tells
+# the daemon which parameter and which flat range of it they hold (layouts
+# mcore: and fsdp2:, daemon/layout/gen_shards.c).  Every shard is its own
+# optimizer group at the daemon: it carries its param group's
+# hyper-parameters and its own step count, and a shard whose tensor did not
+# step (grad None: an MoE expert no token reached, a frozen module) is sent
+# as unchanged.
+
+class Shard:
+    """One shard the optimizer holds.
+
+    name, shape: the trainer-side parameter (TP-local shape); [lo, hi): the
+    range of its row-major flattened elements held; theta, exp_avg,
+    exp_avg_sq: 1-D FP32 tensors of hi - lo elements (the very memory the
+    optimizer updates); opt: the torch optimizer that steps it; key: the
+    tensor that optimizer steps (its param_groups entry: grad and state
+    are looked up on it)."""
+
+    __slots__ = ("name", "shape", "lo", "hi", "theta", "exp_avg", "exp_avg_sq", "opt", "key")
+
+    def __init__(self, name, shape, lo, hi, theta, exp_avg, exp_avg_sq, opt, key):
+        self.name, self.shape = name, tuple(int(s) for s in shape)
+        self.lo, self.hi = int(lo), int(hi)
+        self.theta, self.exp_avg, self.exp_avg_sq = theta, exp_avg, exp_avg_sq
+        self.opt, self.key = opt, key
+        n = self.hi - self.lo
+        for kind in ("theta", "exp_avg", "exp_avg_sq"):
+            t = getattr(self, kind)
+            if t is None or t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous():
+                raise SourceError("source: %s [%d, %d) %s must be a contiguous FP32 tensor of %d "
+                                  "elements, not %s" % (name, lo, hi, kind, n, None if t is None
+                                                        else "%s %s" % (t.dtype, tuple(t.shape))))
+
+
+def optimizer_form(opt):
+    """('torch', 'state') for torch Adam/AdamW (per-parameter step in
+    state['step']); ('fused', 'group') for Apex / TransformerEngine
+    FusedAdam in decoupled mode (transformer_engine/pytorch/optimizers/
+    fused_adam.py FusedAdam.step: group['step'] += 1 per group, params whose
+    grad is None skipped; apex/optimizers/fused_adam.py likewise).  Anything
+    whose update is not the AdamW the compute core inverts is refused."""
+    if isinstance(opt, torch.optim.AdamW):
+        for gi, g in enumerate(opt.param_groups):
+            if g.get("amsgrad") or g.get("maximize"):
+                raise SourceError("source: param group %d uses amsgrad/maximize; its update "
+                                  "cannot be inverted" % gi)
+        return "torch", "state"
+    if isinstance(opt, torch.optim.Adam):
+        for gi, g in enumerate(opt.param_groups):
+            if g.get("amsgrad") or g.get("maximize"):
+                raise SourceError("source: param group %d uses amsgrad/maximize" % gi)
+            if float(g["weight_decay"]) != 0.0 or g.get("decoupled_weight_decay"):
+                if not g.get("decoupled_weight_decay"):
+                    raise SourceError("source: torch.optim.Adam with weight_decay (L2 on the "
+                                      "gradient) is not AdamW; use AdamW")
+        return "torch", "state"
+    if hasattr(opt, "adam_w_mode") and all("bias_correction" in g for g in opt.param_groups):
+        if not opt.adam_w_mode:
+            if any(float(g["weight_decay"]) for g in opt.param_groups):
+                raise SourceError("source: %s with adam_w_mode=False (L2 decay) is not AdamW"
+                                  % type(opt).__name__)
+        if not all(g["bias_correction"] for g in opt.param_groups):
+            raise SourceError("source: %s without bias_correction cannot be inverted"
+                              % type(opt).__name__)
+        if getattr(opt, "capturable", False):
+            raise SourceError("source: %s(capturable=True) keeps its step on the device; "
+                              "not supported" % type(opt).__name__)
+        return "fused", "group"
+    raise SourceError("source: cannot invert %s.%s (torch AdamW, or Apex/TransformerEngine "
+                      "FusedAdam)" % (type(opt).__module__, type(opt).__name__))
+
+
+def _hyper(g, variant):
+    lr = g["lr"]
+    return {"lr": float(lr), "beta1": float(g["betas"][0]), "beta2": float(g["betas"][1]),
+            "eps": float(g["eps"]), "weight_decay": float(g["weight_decay"]),
+            "variant": variant}
+
+
+StepSeen = collections.namedtuple("StepSeen", "calls hyper stepped steps group_steps")
+
+
+class OptimizerWatch:
+    """Wraps one optimizer's step (the optimizer that updates the FP32
+    values: Megatron's inner optimizer, not its wrapper).  Before the step
+    it reads each group's hyper-parameters (a scheduler stepped afterwards
+    cannot make the record lie) and which parameters have a gradient;
+    after it, the step counts."""
+
+    def __init__(self, opt):
+        self.opt = opt
+        self.variant, self.where = optimizer_form(opt)
+        self.calls = 0
+        self.last = None
+        self.listeners = []
+        self._orig = opt.step
+        watch = self
+
+        def step(o, *args, **kwargs):
+            hyper = [_hyper(g, watch.variant) for g in o.param_groups]
+            decoupled = getattr(o, "use_decoupled_grad", False)
+            stepped = {}
+            for g in o.param_groups:
+                for p in g["params"]:
+                    grad = getattr(p, "decoupled_grad", None) if decoupled else p.grad
+                    stepped[id(p)] = grad is not None
+            out = watch._orig(*args, **kwargs)
+            watch._after(hyper, stepped)
+            return out
+
+        if getattr(self._orig, "_with_counter", False):
+            step._with_counter = True
+        opt.step = types.MethodType(step, opt)
+
+    def _after(self, hyper, stepped):
+        self.calls += 1
+        steps, gsteps = {}, []
+        for g in self.opt.param_groups:
+            gs = g.get("step")
+            gsteps.append(int(gs) if gs is not None else 0)
+            if self.where == "state":
+                for p in g["params"]:
+                    st = self.opt.state.get(p)
+                    if st and "step" in st:
+                        steps[id(p)] = int(float(st["step"]))
+        self.last = StepSeen(self.calls, hyper, stepped, steps, gsteps)
+        for f in self.listeners:
+            f(self)
+
+    def group_of(self, key):
+        for gi, g in enumerate(self.opt.param_groups):
+            if any(p is key for p in g["params"]):
+                return gi
+        raise SourceError("source: a shard's tensor is in no param group of %s"
+                          % type(self.opt).__name__)
+
+    def detach(self):
+        if self.opt is not None:
+            self.opt.step = self._orig
+            self.opt = None
+
+
+def host_region(arenas, t):
+    """(fd, byte offset) of a CPU tensor inside one of the arenas."""
+    for a in arenas:
+        if a.contains(t):
+            return a.fd, t.data_ptr() - a.base
+    raise SourceError("source: a host tensor is not in a registered memfd arena "
+                      "(the daemon maps memfds only)")
+
+
+def move_to_arena(label, tensors):
+    """Puts CPU tensors into one memfd arena, values kept, and rebinds each
+    tensor object to its arena memory (t.data = ...), so every holder of
+    the object (optimizer state, param groups) now updates shared memory.
+    tensors: [(key, tensor)].  Returns the Arena."""
+    specs = [(str(i), tuple(t.shape), torch.float32) for i, (_k, t) in enumerate(tensors)]
+    arena = Arena(label, specs)
+    for i, (_k, t) in enumerate(tensors):
+        if t.dtype != torch.float32 or t.is_cuda:
+            arena.close()
+            raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU tensors"
+                              % (_k, t.dtype, t.device))
+        view = arena.tensor(str(i))
+        view.copy_(t.detach())
+        t.data = view
+    return arena
+
+
+class ShardSource(Source):
+    """A trainer whose ranks register shards (layouts mcore:, fsdp2:).
+
+    Build it, attach_shards(rank, shards) per rank this process hosts, then
+    train and publish(v) as with any Source.  Host shards must already live
+    in memfd arenas this Source knows (self.arenas; move_to_arena), CUDA
+    shards are registered by IPC handle."""
+
+    def __init__(self, socket, job, token, model_config, layout, coordinator="local",
+                 interval=1, client=None):
+        super().__init__(socket, job, token, model_config, layout, coordinator, interval, client)
+        self.watches = {}        # id(opt) -> OptimizerWatch
+        self.shards = []         # per attached part: [Shard]
+        self.capture = self      # Source.close() detaches through this
+
+    def watch(self, opt):
+        w = self.watches.get(id(opt))
+        if w is None:
+            w = self.watches[id(opt)] = OptimizerWatch(opt)
+            if self.event is not None:
+                w.listeners.append(lambda _w: self.event.record())
+        return w
+
+    @staticmethod
+    def table(rank, shards):
+        """The shard table of one rank (proto/dte.proto AttachRequest.shards):
+        shard k is its own group k."""
+        return "".join("%d %d %d %d %s %s\n" % (rank, k, s.lo, s.hi, s.name,
+                                               ",".join(str(d) for d in s.shape))
+                       for k, s in enumerate(shards))
+
+    def attach_shards(self, rank, shards):
+        shards = list(shards)
+        for s in shards:
+            self.watch(s.opt).group_of(s.key)  # refuses a tensor the optimizer does not step
+        ids = []
+        cuda = [s for s in shards if s.theta.is_cuda]
+        if cuda and self.event is None:
+            self.event = torch.cuda.Event(interprocess=True)
+            self.event.record()
+            for w in self.watches.values():
+                w.listeners.append(lambda _w: self.event.record())
+        for s in shards:
+            for kind in ("theta", "exp_avg", "exp_avg_sq"):
+                t = getattr(s, kind)
+                label = "%s [%d, %d) %s" % (s.name, s.lo, s.hi, kind)
+                if t.is_cuda:
+                    ids.append(register_cuda_tensor(self.cli, t, _lib.FP32, label[:95],
+                                                    self.event))
+                else:
+                    fd, off = host_region(self.arenas, t)
+                    ids.append(self.cli.register_fd(fd, off, t.numel(), _lib.FP32, label[:95]))
+        part = self.cli.attach(self.job, self.token, _lib.SOURCE, self.layout, rank, ids,
+                               shards=self.table(rank, shards))
+        self.parts.append(part)
+        self.ranks.append(rank)
+        self.shards.append(shards)
+        return part
+
+    # -- per step --
+    def _groups(self, shards):
+        groups, steps = [], []
+        for s in shards:
+            w = self.watches[id(s.opt)]
+            seen = w.last
+            if seen is None:
+                raise SourceError("source: no optimizer step captured yet")
+            gi = w.group_of(s.key)
+            groups.append(seen.hyper[gi])
+            if not seen.stepped.get(id(s.key), False):
+                steps.append(_lib.GROUP_UNCHANGED)
+            elif w.where == "group":
+                steps.append(seen.group_steps[gi])
+            else:
+                steps.append(seen.steps.get(id(s.key), 0))
+            if steps[-1] == 0:
+                raise SourceError("source: %s stepped but its optimizer keeps no step count"
+                                  % s.name)
+        return groups, steps
+
+    def _step(self):
+        if not self.watches or all(w.last is None for w in self.watches.values()):
+            raise SourceError("source: no optimizer step captured yet")
+        return max(w.calls for w in self.watches.values())
+
+    def publish(self, version, wait=False, timeout_ms=60000):
+        step = self._step()
+        total = collections.Counter()
+        for part, shards in zip(self.parts, self.shards):
+            groups, steps = self._groups(shards)
+            info = self.cli.publish(self.job, part, version, step, groups, steps)
+            for k in ("sinks", "dense", "changed", "elements", "bytes"):
+                total[k] += info[k]
+            total["capture_ms"] = max(total["capture_ms"], info["capture_ms"])
+        self.published = step
+        if wait:
+            self.wait(version, timeout_ms)
+        out = dict(total)
+        out["step"] = step
+        return out
+
+    def mark(self):
+        step = self._step()
+        n = 0
+        for part, shards in zip(self.parts, self.shards):
+            groups, steps = self._groups(shards)
+            n += self.cli.mark(self.job, part, step, groups, steps)
+        return n
+
+    def track(self, optimizer):
+        self.watch(optimizer)
+        return self
+
+    def detach(self):
+        """Put every optimizer's own step back (Source.close calls this)."""
+        for w in self.watches.values():
+            w.detach()
+        self.watches = {}
+
+    def close(self):
+        self.shards = []
+        super().close()
+
+
+def _shards_from(entries):
+    return [Shard(name, shape, lo, hi, theta.reshape(-1), m.reshape(-1), v.reshape(-1), opt, key)
+            for name, shape, lo, hi, theta, m, v, opt, key in entries]
+
+
+def _megatron_core(cls, model_chunks, optimizer, socket, job, token, model_config, tp, dp,
+                   rank, ep=1, etp=None, coordinator="local", interval=1, label="mcore"):
+    from . import trainers
+    entries = trainers.megatron_core_shards(model_chunks, optimizer)
+    if not trainers.is_distributed(optimizer):
+        # Without the distributed optimizer every DP replica holds whole FP32
+        # copies: the first replica is the source (of experts: the first
+        # of the expert-data-parallel group).
+        eg = ep * (etp or tp)
+        entries = [e for e in entries if (rank // eg if trainers.is_expert(e[0]) else rank // tp) == 0]
+    desc = "mcore:tp=%d,dp=%d,ep=%d%s" % (tp, dp, ep, ",etp=%d" % etp if etp else "")
+    src = cls(socket, job, token, model_config, desc, coordinator, interval)
+    try:
+        for opt in trainers.inner_optimizers(optimizer):
+            src.watch(opt.optimizer)   # the step count, even of a rank that holds no shard
+        if any(not e[4].is_cuda for e in entries):
+            trainers.megatron_core_to_host(entries, "%s-r%d" % (label, rank), src.arenas)
+        src.attach_shards(rank, _shards_from(entries))
+    except Exception:
+        src.close()
+        raise
+    return src
+
+
+def _fsdp2(cls, model, optimizer, socket, job, token, model_config, rank, world,
+           coordinator="local", interval=1, label="fsdp2"):
+    from . import trainers
+    src = cls(socket, job, token, model_config, "fsdp2:dp=%d" % world, coordinator, interval)
+    try:
+        entries = trainers.fsdp2_shards(model, optimizer, "%s-r%d" % (label, rank), src.arenas)
+        src.attach_shards(rank, _shards_from(entries))
+    except Exception:
+        src.close()
+        raise
+    return src
+
+
+_megatron_core.__doc__ = """One Megatron-Core rank: Source.megatron_core(model_chunks,
+optimizer, socket, job, token, config.json text, tp, dp, rank) walks the
+DistributedOptimizer / ChainedOptimizer (or the non-distributed one) and
+registers every shard under the names and ranges the optimizer reports.
+rank = dp_idx * tp + tp_idx (daemon/layout/gen_megatron.c); for experts
+with ep > 1 the expert grid numbers it the same way."""
+_fsdp2.__doc__ = """One FSDP2 rank: Source.fsdp2(model, optimizer, socket, job, token,
+config.json text, rank, world) registers its local DTensor shards and their
+AdamW states (torch foreach or fused) under the model's parameter names,
+which must be the HF names of config.json's model."""
+ShardSource.megatron_core = classmethod(_megatron_core)
+ShardSource.fsdp2 = classmethod(_fsdp2)
+Source.megatron_core = ShardSource.megatron_core
+Source.fsdp2 = ShardSource.fsdp2
