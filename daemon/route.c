@@ -25,6 +25,8 @@ static struct {
 	size_t pending;
 	struct route_remote remote;
 	int have_remote;
+	const void *lend;        /* data of the record being delivered, takeable */
+	int lend_local;          /* ...and it is a local record's own copy */
 	char node[64];
 	char address[96];
 } rt;
@@ -47,7 +49,13 @@ static void on_idle(uv_idle_t *h)
 	while (r) {
 		struct rec *next = r->next;
 
+		rt.lend = r->data;
+		rt.lend_local = 1;
 		job_peer_recv(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
+		if (r->data && !rt.lend)
+			r->data = NULL;	/* taken (route_take_data) */
+		rt.lend = NULL;
+		rt.lend_local = 0;
 		rec_free(r);
 		r = next;
 	}
@@ -190,7 +198,26 @@ void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 	/* A test hook may corrupt, duplicate or hold back remote records. */
 	if (testhook_deliver(from_node, type, hdr, hdrlen, data, len))
 		return;
+	/* Only this direct delivery may take the data: a hook's duplicate
+	 * would read it again after the first delivery. */
+	rt.lend = data;
 	job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+	rt.lend = NULL;
+}
+
+void *route_take_data(const void *data)
+{
+	void *p = NULL;
+
+	if (!data || data != rt.lend)
+		return NULL;
+	if (rt.lend_local)
+		p = (void *)(uintptr_t)data;
+	else if (rt.have_remote && rt.remote.take)
+		p = rt.remote.take(rt.remote.arg, data);
+	if (p)
+		rt.lend = NULL;
+	return p;
 }
 
 void route_node_down(const char *node)

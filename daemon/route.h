@@ -37,6 +37,9 @@ struct route_remote {
 	 * reported with route_node_down(). */
 	int (*send)(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
 		    const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
+	/* Optional: the data of the record being delivered, as a malloc'ed
+	 * buffer the caller now owns, or NULL (see route_take_data). */
+	void *(*take)(void *arg, const void *data);
 	void *arg;
 };
 
@@ -68,6 +71,12 @@ void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 
 /* The remote router saw daemon `node` go away. */
 void route_node_down(const char *node);
+
+/* From inside job_peer_recv(): take the record's data (len bytes) instead
+ * of copying it.  Returns it as a malloc'ed buffer the caller must free(),
+ * or NULL when it cannot be handed over (data in UCX's or the staging
+ * region's memory, a test hook's delivery, taken already): copy then. */
+void *route_take_data(const void *data);
 
 /* Records queued for local delivery (tests). */
 size_t route_pending(void);

@@ -855,6 +855,15 @@ out:
 		r->st.staged++;
 }
 
+void *droute_ucx_take(struct droute_ucx *r, const void *data)
+{
+	void *p = r ? dte_peer_take(&r->ctx, data) : NULL;
+
+	if (p)
+		r->st.handed++;
+	return p;
+}
+
 static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t hlen,
 		      size_t len, void *arg)
 {
@@ -863,7 +872,16 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 	struct rslot *s;
 	void *p;
 
-	if (!l || !l->node || len < STAGE_MIN || !r->stage)
+	if (!l || !l->node)
+		return NULL;
+	/* A large part gets memory of its own (the peer layer's malloc),
+	 * which the engine keeps as it is: staging it would cost a copy of
+	 * every byte to free the extent again. */
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && len >= DROUTE_DIRECT_MIN) {
+		r->st.direct++;
+		return NULL;
+	}
+	if (len < STAGE_MIN || !r->stage)
 		return NULL;
 	s = malloc(sizeof(*s));
 	if (!s)

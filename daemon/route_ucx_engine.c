@@ -15,6 +15,11 @@ static void engine_recv(void *arg, const char *from, unsigned type, const uint8_
 	route_deliver(from, (Dtep__PeerMsgType)type, msg, msglen, data, len);
 }
 
+static void *engine_take(void *arg, const void *data)
+{
+	return droute_ucx_take(arg, data);
+}
+
 static void engine_down(void *arg, const char *node, const char *reason)
 {
 	route_node_down(node);
@@ -22,7 +27,7 @@ static void engine_down(void *arg, const char *node, const char *reason)
 
 void droute_ucx_attach_engine(struct droute_ucx *r)
 {
-	struct route_remote rr = { .send = engine_send, .arg = r };
+	struct route_remote rr = { .send = engine_send, .take = engine_take, .arg = r };
 
 	if (!r) {
 		route_set_remote(NULL);
