@@ -192,6 +192,44 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	return rc;
 }
 
+int route_send_given(const char *node, const char *address, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, void *data, size_t len,
+		     void (*release)(void *data, void *rarg), void *rarg)
+{
+	uint8_t stackbuf[512], *hdr;
+	size_t hdrlen;
+	int rc;
+
+	if (!release || !data || !len || route_is_self(node, address) || !rt.have_remote ||
+	    !rt.remote.send_given) {
+		rc = route_send(node, address, type, msg, data, len);
+		if (release)
+			release(data, rarg);
+		return rc;
+	}
+	if (!msg) {
+		release(data, rarg);
+		return -EINVAL;
+	}
+	hdrlen = protobuf_c_message_get_packed_size(msg);
+	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
+	if (!hdr) {
+		release(data, rarg);
+		return -ENOMEM;
+	}
+	protobuf_c_message_pack(msg, hdr);
+	if (testhook_send(type, hdr, hdrlen)) {
+		release(data, rarg);
+		rc = 0;
+	} else {
+		rc = rt.remote.send_given(rt.remote.arg, node, address, type, hdr, hdrlen, data,
+					  len, release, rarg);
+	}
+	if (hdr != stackbuf)
+		free(hdr);
+	return rc;
+}
+
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len)
 {

@@ -122,6 +122,16 @@ int  droute_ucx_send_packed(struct droute_ucx *r, const char *node, const char *
 			    unsigned type, const uint8_t *msg, size_t msglen,
 			    const void *data, size_t len);
 
+/* droute_ucx_send_packed without the copy of data (a PAYLOAD's part):
+ * data is given to the router, which sends from it and calls
+ * release(data, rarg) exactly once, on the loop, when UCX is done with it,
+ * when the record is dropped or at once when it cannot go (the return
+ * code says so).  Never from inside this call unless it fails. */
+typedef void (*droute_release_fn)(void *data, void *rarg);
+int  droute_ucx_send_given(struct droute_ucx *r, const char *node, const char *hostport,
+			   unsigned type, const uint8_t *msg, size_t msglen, void *data,
+			   size_t len, droute_release_fn release, void *rarg);
+
 /* Up to max nodes into out; returns how many nodes there are. */
 size_t droute_ucx_peers(const struct droute_ucx *r, struct droute_peer_info *out, size_t max);
 unsigned droute_ucx_peers_up(const struct droute_ucx *r);

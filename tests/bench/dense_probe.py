@@ -5,7 +5,8 @@ the dense path without the 10-minute `make bench`:
 
     sudo /usr/bin/python3 tests/bench/dense_probe.py [GBIT ...]
 
-GBIT 0 leaves the veth unshaped.  PROBE_HIDDEN (default 2048) sizes the
+GBIT 0 leaves the veth unshaped.  PROBE_DTED names another dted binary (the
+same client library drives both: an A/B against an older build).  PROBE_HIDDEN (default 2048) sizes the
 model, PROBE_N (default 2) dense versions per link.  Prints one line per
 version:
     dense-probe: link=G v=V bytes=B total_s=T publish_s=P payload_gbit=R ...
@@ -20,6 +21,8 @@ sys.path.insert(0, HERE)
 import bench_e2e as be  # noqa: E402
 
 be.MODEL.update(hidden_size=int(os.environ.get("PROBE_HIDDEN", "2048")))
+# PROBE_DTED: another dted binary (an A/B against an older build).
+be.DTED = os.environ.get("PROBE_DTED", be.DTED)
 be.MODEL.update(intermediate_size=2 * be.MODEL["hidden_size"],
                 num_attention_heads=be.MODEL["hidden_size"] // 128,
                 num_key_value_heads=max(1, be.MODEL["hidden_size"] // 512))
