@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_e2e as be  # noqa: E402
@@ -87,17 +89,32 @@ def main():
                 cli.wait(be.JOB, version, 300000)
                 t2 = time.perf_counter()
                 c1 = {n: sched(d.proc.pid) for n, d in (("src", srcd), ("snk", snkd))}
+                # Tensors whose SGLang tp=1 layout is the HF one: the sink
+                # holds exactly θ rounded to BF16 (the daemon verified its
+                # checksum too; this catches a part lost or misplaced).
+                w = eng.weights(0)
+                same = [n for n in ("model.embed_tokens.weight",
+                                    "model.layers.0.self_attn.o_proj.weight",
+                                    "model.layers.0.mlp.down_proj.weight", "model.norm.weight")
+                        if n in w and n in tr.params]
+                bad = [n for n in same
+                       if not torch.equal(w[n], tr.params[n].detach().to(torch.bfloat16))]
+                if len(same) < 3 or bad:
+                    raise RuntimeError("version %d: sink differs in %s (of %s)" % (
+                        version, bad, same))
+                del w
                 h = be.history(srcd, version)
                 if not info["dense"]:
                     raise RuntimeError("version %d went sparse" % version)
                 print("dense-probe: link=%d v=%d bytes=%d total_s=%.3f publish_s=%.3f "
                       "payload_gbit=%.2f capture_ms=%s transfer_ms=%s apply_ms=%s "
-                      "src_cpu_s=%.2f src_runq_s=%.2f sink_cpu_s=%.2f sink_runq_s=%.2f" % (
+                      "src_cpu_s=%.2f src_runq_s=%.2f sink_cpu_s=%.2f sink_runq_s=%.2f exact=%d" % (
                           gbit, version, info["bytes"], t2 - t0, t1 - t0,
                           info["bytes"] * 8 / (t2 - t0) / 1e9, h.get("capture_ms"),
                           h.get("transfer_ms"), h.get("apply_ms"),
                           c1["src"][0] - c0["src"][0], c1["src"][1] - c0["src"][1],
-                          c1["snk"][0] - c0["snk"][0], c1["snk"][1] - c0["snk"][1]), flush=True)
+                          c1["snk"][0] - c0["snk"][0], c1["snk"][1] - c0["snk"][1],
+                          len(same)), flush=True)
     finally:
         for step in [sink.close if sink else None, eng.close if eng else None,
                      cli.close if cli else None, tr.close if tr else None] + \
