@@ -7,12 +7,14 @@ the dense path without the 10-minute `make bench`:
 
 GBIT 0 leaves the veth unshaped.  PROBE_DTED names another dted binary (the
 same client library drives both: an A/B against an older build).  PROBE_HIDDEN (default 2048) sizes the
-model, PROBE_N (default 2) dense versions per link.  Prints one line per
+model, PROBE_N (default 2) dense versions per link; PROBE_KEEP=1 keeps the
+daemons' logs (PROBE_LOG=debug for more) in its work directory.  Prints one line per
 version:
     dense-probe: link=G v=V bytes=B total_s=T publish_s=P payload_gbit=R ...
 """
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -124,6 +126,8 @@ def main():
                     step()
                 except Exception as e:  # noqa: BLE001
                     print("cleanup: %s" % e, file=sys.stderr)
+        if not os.environ.get("PROBE_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
