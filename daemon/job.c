@@ -133,6 +133,26 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 	return rc;
 }
 
+/* job_send_to_node for a part: data is given, released once the router is
+ * done with it (route_send_given). */
+int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
+			   const ProtobufCMessage *msg, void *data, size_t len,
+			   void (*release)(void *data, void *rarg), void *rarg)
+{
+	int rc;
+
+	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len)) {
+		release(data, rarg);
+		return 0;	/* lost on the way, as far as anyone here can tell */
+	}
+	rc = route_send_given(node, job_node_address(j, node), type, msg, data, len, release,
+			      rarg);
+	if (rc < 0)
+		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
+		       strerror(-rc));
+	return rc;
+}
+
 /* ------------------------------------------------------------- membership */
 
 void job_send_join(struct job *j)

@@ -718,6 +718,24 @@ void jcap_part_free(struct jcap_part *p)
 	}
 }
 
+/* Chunks the router still sends from (loop thread only). */
+static size_t chunks_out;
+
+void jcap_chunk_given(void)
+{
+	chunks_out++;
+}
+
+void jcap_chunk_release(void *chunk, void *cap)
+{
+	bpool_put(&cap_pool, chunk, (size_t)(uintptr_t)cap);
+	if (chunks_out)
+		chunks_out--;
+	/* The last one of the last capture: an idle daemon keeps none. */
+	if (!chunks_out && !jeng.inflight)
+		bpool_trim(&cap_pool);
+}
+
 /* One pair's counts, partial checksums and payload: everything that reads
  * the source buffers.  Its payload goes in parts of about part_bytes, each
  * as soon as it is complete. */
@@ -879,8 +897,8 @@ void jcap_free(struct jcap *c)
 	free(c->bufs);
 	free(c->k);
 	free(c);
-	/* No capture left running: the kept part buffers go too (the parts
-	 * still queued in the router are its own copies). */
-	if (!jeng.inflight)
+	/* No capture left running and no part still going out: the kept
+	 * part buffers go too (jcap_chunk_release trims after the last). */
+	if (!jeng.inflight && !chunks_out)
 		bpool_trim(&cap_pool);
 }

@@ -301,6 +301,13 @@ void jcap_free(struct jcap *c);
 /* Loop side: takes the parts queued so far (NULL when none). */
 struct jcap_part *jcap_take_parts(struct jcap *c);
 void jcap_part_free(struct jcap_part *p);
+/* A part's chunk given to the router (send_part) comes back here, on the
+ * loop, once it is sent or dropped; arg is its capacity. */
+void jcap_chunk_release(void *chunk, void *cap);
+void jcap_chunk_given(void);	/* count one before giving it */
+int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
+			   const ProtobufCMessage *msg, void *data, size_t len,
+			   void (*release)(void *data, void *rarg), void *rarg);
 
 struct jengine {
 	uv_loop_t *loop;

@@ -896,9 +896,13 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		s->cap = nc;
 	}
 	pt = &s->parts[s->nparts];
-	if (!(pt->data = malloc(len)))
-		return;
-	memcpy(pt->data, data, len);
+	/* A large part that landed in memory of its own is kept as it is
+	 * (the router hands it over); anything else is copied. */
+	if (!(pt->data = route_take_data(data))) {
+		if (!(pt->data = malloc(len)))
+			return;
+		memcpy(pt->data, data, len);
+	}
 	pt->len = len;
 	pt->part = m->part;
 	pt->first = m->first_entry;

@@ -377,13 +377,14 @@ static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
  * (re-plan, unknown sink, send error) loses the pair this version: no
  * COUNTS follows, so the sink never stages it, and the next is dense. */
 static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
-		      const struct jcap_part *q)
+		      struct jcap_part *q)
 {
 	Dtep__Payload pl = DTEP__PAYLOAD__INIT;
 	Dtep__JobRef ref;
 	const struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
 	const struct jpinfo *dst = j ? job_part(j, cp->dst) : NULL;
 	uint64_t x = 0;
+	int rc;
 
 	if (cp->parts_lost)
 		return;
@@ -404,8 +405,15 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	pl.part = q->part;
 	pl.first_entry = q->first;
 	pl.entries = q->entries;
-	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
-			     q->chunk, q->len) < 0)
+	/* The chunk itself goes out (no copy in the router): it comes back
+	 * to the capture's pool once sent (jcap_chunk_release). */
+	jcap_chunk_given();
+	rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
+				    &pl.base, q->chunk, q->len, jcap_chunk_release,
+				    (void *)(uintptr_t)q->cap);
+	q->chunk = NULL;
+	q->cap = 0;
+	if (rc < 0)
 		cp->parts_lost = 1;
 	else
 		cp->parts_sent++;

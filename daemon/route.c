@@ -25,6 +25,8 @@ static struct {
 	size_t pending;
 	struct route_remote remote;
 	int have_remote;
+	const void *lend;        /* data of the record being delivered, takeable */
+	int lend_local;          /* ...and it is a local record's own copy */
 	char node[64];
 	char address[96];
 } rt;
@@ -47,7 +49,13 @@ static void on_idle(uv_idle_t *h)
 	while (r) {
 		struct rec *next = r->next;
 
+		rt.lend = r->data;
+		rt.lend_local = 1;
 		job_peer_recv(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
+		if (r->data && !rt.lend)
+			r->data = NULL;	/* taken (route_take_data) */
+		rt.lend = NULL;
+		rt.lend_local = 0;
 		rec_free(r);
 		r = next;
 	}
@@ -184,13 +192,70 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	return rc;
 }
 
+int route_send_given(const char *node, const char *address, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, void *data, size_t len,
+		     void (*release)(void *data, void *rarg), void *rarg)
+{
+	uint8_t stackbuf[512], *hdr;
+	size_t hdrlen;
+	int rc;
+
+	if (!release || !data || !len || route_is_self(node, address) || !rt.have_remote ||
+	    !rt.remote.send_given) {
+		rc = route_send(node, address, type, msg, data, len);
+		if (release)
+			release(data, rarg);
+		return rc;
+	}
+	if (!msg) {
+		release(data, rarg);
+		return -EINVAL;
+	}
+	hdrlen = protobuf_c_message_get_packed_size(msg);
+	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
+	if (!hdr) {
+		release(data, rarg);
+		return -ENOMEM;
+	}
+	protobuf_c_message_pack(msg, hdr);
+	if (testhook_send(type, hdr, hdrlen)) {
+		release(data, rarg);
+		rc = 0;
+	} else {
+		rc = rt.remote.send_given(rt.remote.arg, node, address, type, hdr, hdrlen, data,
+					  len, release, rarg);
+	}
+	if (hdr != stackbuf)
+		free(hdr);
+	return rc;
+}
+
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len)
 {
 	/* A test hook may corrupt, duplicate or hold back remote records. */
 	if (testhook_deliver(from_node, type, hdr, hdrlen, data, len))
 		return;
+	/* Only this direct delivery may take the data: a hook's duplicate
+	 * would read it again after the first delivery. */
+	rt.lend = data;
 	job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+	rt.lend = NULL;
+}
+
+void *route_take_data(const void *data)
+{
+	void *p = NULL;
+
+	if (!data || data != rt.lend)
+		return NULL;
+	if (rt.lend_local)
+		p = (void *)(uintptr_t)data;
+	else if (rt.have_remote && rt.remote.take)
+		p = rt.remote.take(rt.remote.arg, data);
+	if (p)
+		rt.lend = NULL;
+	return p;
 }
 
 void route_node_down(const char *node)

@@ -37,6 +37,15 @@ struct route_remote {
 	 * reported with route_node_down(). */
 	int (*send)(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
 		    const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
+	/* Optional: send without copying data.  data is given: the router
+	 * calls release(data, rarg) exactly once when it is done with it
+	 * (sent, dropped, or at once on failure). */
+	int (*send_given)(void *arg, const char *node, const char *address,
+			  Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen, void *data,
+			  size_t len, void (*release)(void *data, void *rarg), void *rarg);
+	/* Optional: the data of the record being delivered, as a malloc'ed
+	 * buffer the caller now owns, or NULL (see route_take_data). */
+	void *(*take)(void *arg, const void *data);
 	void *arg;
 };
 
@@ -61,6 +70,15 @@ int route_is_self(const char *node, const char *address);
 int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	       const ProtobufCMessage *msg, const void *data, size_t len);
 
+/* route_send for a PAYLOAD's part without copying it: data (len > 0
+ * bytes) is given to the router, which calls release(data, rarg) exactly
+ * once when it is done with it -- after the send completed, when the
+ * record is dropped, at once for a local delivery (the queue copies) or
+ * when the send fails.  Returns as route_send. */
+int route_send_given(const char *node, const char *address, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, void *data, size_t len,
+		     void (*release)(void *data, void *rarg), void *rarg);
+
 /* The remote router hands every received record here (from_node is the
  * sender's HELLO name); it is delivered to job_peer_recv() at once. */
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
@@ -68,6 +86,12 @@ void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 
 /* The remote router saw daemon `node` go away. */
 void route_node_down(const char *node);
+
+/* From inside job_peer_recv(): take the record's data (len bytes) instead
+ * of copying it.  Returns it as a malloc'ed buffer the caller must free(),
+ * or NULL when it cannot be handed over (data in UCX's or the staging
+ * region's memory, a test hook's delivery, taken already): copy then. */
+void *route_take_data(const void *data);
 
 /* Records queued for local delivery (tests). */
 size_t route_pending(void);

@@ -38,6 +38,8 @@ struct rmsg {                  /* one record queued or in flight */
 	size_t hlen, dlen;
 	size_t cap;                /* bytes allocated for it (big ones are pooled) */
 	uint8_t *hdr, *data;
+	droute_release_fn release; /* data is the sender's (not in buf): give */
+	void *rarg;                /* it back with release(data, rarg) */
 	uint8_t buf[];
 };
 
@@ -358,6 +360,8 @@ static void rmsg_free(struct rmsg *m)
 {
 	if (!m)
 		return;
+	if (m->release)
+		m->release(m->data, m->rarg);
 	msgs_pooled -= m->cap >= BPOOL_MIN;
 	bpool_put(&msg_pool, m, m->cap);
 }
@@ -489,8 +493,12 @@ static int node_connect(struct droute_ucx *r, struct rnode *n)
 	return 0;
 }
 
+/* With release set, data is given, not copied: the record points at it
+ * and gives it back once UCX is done (or the record is dropped); *given
+ * says whether a record holds it now (else the caller gives it back). */
 static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
-		     const uint8_t *hdr, size_t hlen, const void *data, size_t dlen)
+		     const uint8_t *hdr, size_t hlen, const void *data, size_t dlen,
+		     droute_release_fn release, void *rarg, int *given)
 {
 	struct rlink *l = node_up_link(n);
 	struct rmsg *m;
@@ -504,7 +512,7 @@ static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
 	}
 	if (!l && n->qbytes + hlen + dlen > r->p.queue_max_bytes)
 		return -ENOBUFS;
-	m = rmsg_alloc(hlen, dlen);
+	m = rmsg_alloc(hlen, release ? 0 : dlen);
 	if (!m)
 		return -ENOMEM;
 	m->next = NULL;
@@ -513,11 +521,18 @@ static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
 	m->hlen = hlen;
 	m->dlen = dlen;
 	m->hdr = m->buf;
-	m->data = m->buf + hlen;
+	m->release = release;
+	m->rarg = rarg;
+	if (release) {
+		m->data = (uint8_t *)(uintptr_t)data;
+		*given = 1;
+	} else {
+		m->data = m->buf + hlen;
+		if (dlen)
+			memcpy(m->data, data, dlen);
+	}
 	if (hlen)
 		memcpy(m->hdr, hdr, hlen);
-	if (dlen)
-		memcpy(m->data, data, dlen);
 	if (l) {
 		rc = link_send(l, m);
 		if (rc < 0)
@@ -541,9 +556,9 @@ static int node_send(struct droute_ucx *r, struct rnode *n, unsigned type,
 	return 0;
 }
 
-int droute_ucx_send_packed(struct droute_ucx *r, const char *node, const char *hostport,
-			   unsigned type, const uint8_t *msg, size_t msglen,
-			   const void *data, size_t len)
+static int send_packed(struct droute_ucx *r, const char *node, const char *hostport,
+		       unsigned type, const uint8_t *msg, size_t msglen, const void *data,
+		       size_t len, droute_release_fn release, void *rarg, int *given)
 {
 	struct rnode *n;
 	const uint8_t *hdr = msg, *d = data;
@@ -594,7 +609,33 @@ int droute_ucx_send_packed(struct droute_ucx *r, const char *node, const char *h
 		if (!n && !(n = node_new(r, "", hostport)))
 			return -ENOMEM;
 	}
-	return node_send(r, n, type, hdr, hlen, d, dlen);
+	return node_send(r, n, type, hdr, hlen, d, dlen, release, rarg, given);
+}
+
+int droute_ucx_send_packed(struct droute_ucx *r, const char *node, const char *hostport,
+			   unsigned type, const uint8_t *msg, size_t msglen,
+			   const void *data, size_t len)
+{
+	int given = 0;
+
+	return send_packed(r, node, hostport, type, msg, msglen, data, len, NULL, NULL, &given);
+}
+
+int droute_ucx_send_given(struct droute_ucx *r, const char *node, const char *hostport,
+			  unsigned type, const uint8_t *msg, size_t msglen, void *data,
+			  size_t len, droute_release_fn release, void *rarg)
+{
+	int given = 0, rc;
+
+	if (!release || !data || !len)
+		rc = send_packed(r, node, hostport, type, msg, msglen, data, len, NULL, NULL,
+				 &given);
+	else
+		rc = send_packed(r, node, hostport, type, msg, msglen, data, len, release, rarg,
+				 &given);
+	if (!given && release)
+		release(data, rarg);
+	return rc;
 }
 
 static int send_msg(struct droute_ucx *r, const char *node, const char *hostport, unsigned type,
@@ -855,6 +896,15 @@ out:
 		r->st.staged++;
 }
 
+void *droute_ucx_take(struct droute_ucx *r, const void *data)
+{
+	void *p = r ? dte_peer_take(&r->ctx, data) : NULL;
+
+	if (p)
+		r->st.handed++;
+	return p;
+}
+
 static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t hlen,
 		      size_t len, void *arg)
 {
@@ -863,7 +913,16 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 	struct rslot *s;
 	void *p;
 
-	if (!l || !l->node || len < STAGE_MIN || !r->stage)
+	if (!l || !l->node)
+		return NULL;
+	/* A large part gets memory of its own (the peer layer's malloc),
+	 * which the engine keeps as it is: staging it would cost a copy of
+	 * every byte to free the extent again. */
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && len >= DROUTE_DIRECT_MIN) {
+		r->st.direct++;
+		return NULL;
+	}
+	if (len < STAGE_MIN || !r->stage)
 		return NULL;
 	s = malloc(sizeof(*s));
 	if (!s)

@@ -86,6 +86,9 @@ struct droute_ucx_stats {
 	uint64_t parked;              /* PAYLOADs that waited for their COUNTS */
 	uint64_t park_expired;
 	uint64_t staged;              /* payloads received into staging */
+	uint64_t direct;              /* large payloads received into their own
+				       * buffer (the engine may take it) */
+	uint64_t handed;              /* of those, taken by the engine */
 	uint64_t bad;                 /* undecodable/unknown records dropped */
 	uint64_t restarts;            /* nodes seen with a new incarnation */
 };
@@ -119,11 +122,31 @@ int  droute_ucx_send_packed(struct droute_ucx *r, const char *node, const char *
 			    unsigned type, const uint8_t *msg, size_t msglen,
 			    const void *data, size_t len);
 
+/* droute_ucx_send_packed without the copy of data (a PAYLOAD's part):
+ * data is given to the router, which sends from it and calls
+ * release(data, rarg) exactly once, on the loop, when UCX is done with it,
+ * when the record is dropped or at once when it cannot go (the return
+ * code says so).  Never from inside this call unless it fails. */
+typedef void (*droute_release_fn)(void *data, void *rarg);
+int  droute_ucx_send_given(struct droute_ucx *r, const char *node, const char *hostport,
+			   unsigned type, const uint8_t *msg, size_t msglen, void *data,
+			   size_t len, droute_release_fn release, void *rarg);
+
 /* Up to max nodes into out; returns how many nodes there are. */
 size_t droute_ucx_peers(const struct droute_ucx *r, struct droute_peer_info *out, size_t max);
 unsigned droute_ucx_peers_up(const struct droute_ucx *r);
 void droute_ucx_stats(const struct droute_ucx *r, struct droute_ucx_stats *out);
 const dte_peer_ctx_t *droute_ucx_ctx(const struct droute_ucx *r);
+
+/* From inside the recv handler: the record's data as a malloc'ed buffer
+ * the caller owns from now on, when it landed in a buffer of its own (a
+ * PAYLOAD of at least DROUTE_DIRECT_MIN bytes); NULL otherwise (staging,
+ * UCX's memory, a parked record): copy it then. */
+void *droute_ucx_take(struct droute_ucx *r, const void *data);
+
+/* PAYLOADs this large skip the staging region: they land in memory of
+ * their own that the engine keeps as the part (no copy out of staging). */
+#define DROUTE_DIRECT_MIN ((size_t)8 << 20)
 
 /* Replace where received records and down reports go. */
 void droute_ucx_set_handlers(struct droute_ucx *r, droute_recv_fn recv, droute_down_fn down,

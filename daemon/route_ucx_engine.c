@@ -15,6 +15,19 @@ static void engine_recv(void *arg, const char *from, unsigned type, const uint8_
 	route_deliver(from, (Dtep__PeerMsgType)type, msg, msglen, data, len);
 }
 
+static int engine_send_given(void *arg, const char *node, const char *address,
+			     Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen, void *data,
+			     size_t len, void (*release)(void *data, void *rarg), void *rarg)
+{
+	return droute_ucx_send_given(arg, node, address, (unsigned)type, hdr, hdrlen, data, len,
+				     release, rarg);
+}
+
+static void *engine_take(void *arg, const void *data)
+{
+	return droute_ucx_take(arg, data);
+}
+
 static void engine_down(void *arg, const char *node, const char *reason)
 {
 	route_node_down(node);
@@ -22,7 +35,8 @@ static void engine_down(void *arg, const char *node, const char *reason)
 
 void droute_ucx_attach_engine(struct droute_ucx *r)
 {
-	struct route_remote rr = { .send = engine_send, .arg = r };
+	struct route_remote rr = { .send = engine_send, .send_given = engine_send_given,
+				  .take = engine_take, .arg = r };
 
 	if (!r) {
 		route_set_remote(NULL);

@@ -54,7 +54,8 @@ typedef void (*dte_peer_down_cb)(dte_peer_ctx_t *ctx, dte_peer_t *peer,
                                  int status, const char *reason);
 
 /* A whole message arrived.  data is valid only during the call unless it is
- * a buffer the alloc callback supplied (then the caller owns it). */
+ * a buffer the alloc callback supplied (then the caller owns it) or the
+ * callback takes it with dte_peer_take(). */
 typedef void (*dte_peer_recv_cb)(dte_peer_t *peer, unsigned msg_id,
                                  const void *header, size_t header_len,
                                  void *data, size_t len, void *arg);
@@ -140,6 +141,7 @@ struct dte_peer_ctx {
 	struct dte_peer_handler handlers[DTE_PEER_MSG_ID_MAX];
 	dte_peer_stats_t       stats;
 	void                  *data;       /* for the caller */
+	void                  *lend;       /* malloc'ed payload being delivered */
 };
 
 /* Context. */
@@ -172,6 +174,13 @@ int  dte_peer_send(dte_peer_t *peer, unsigned msg_id,
                    const void *header, size_t header_len,
                    const struct iovec *iov, int iovcnt,
                    dte_peer_send_cb cb, void *arg);
+
+/* From inside a recv callback: the message's data when this layer
+ * malloc'ed it for a rendezvous (no alloc callback buffer), now the
+ * caller's to free() -- a payload kept past the call needs no copy.  NULL
+ * when data is not such a buffer (eager data lives in UCX's memory, an
+ * alloc-callback buffer is the caller's already) or was taken. */
+void *dte_peer_take(dte_peer_ctx_t *ctx, const void *data);
 
 /* Staging memory registered once with UCX; payloads received into (or sent
  * from) it skip per-message registration. */

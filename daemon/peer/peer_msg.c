@@ -175,6 +175,17 @@ int dte_peer_send(dte_peer_t *peer, unsigned msg_id,
 	                      header_len, iov, iovcnt, cb, arg);
 }
 
+void *dte_peer_take(dte_peer_ctx_t *ctx, const void *data)
+{
+	void *p;
+
+	if (!ctx || !data || ctx->lend != data)
+		return NULL;
+	p = ctx->lend;
+	ctx->lend = NULL;
+	return p;
+}
+
 static void peer_deliver(dte_peer_ctx_t *ctx, dte_peer_t *peer,
                          unsigned msg_id, const void *hdr, size_t hdr_len,
                          void *data, size_t len)
@@ -204,11 +215,17 @@ static void peer_recv_done(void *request, ucs_status_t status, size_t length,
 		/* Handler removed while the data was in flight. */
 		ctx->stats.dropped_unknown++;
 	} else {
+		void *outer = ctx->lend;
+
 		ctx->stats.rndv_recv++;
 		if (!op->owned)
 			ctx->stats.staged_recv++;
+		ctx->lend = op->owned ? op->buf : NULL;
 		peer_deliver(ctx, peer, op->msg_id, op->hdr, op->hdr_len,
 		             op->buf, op->len);
+		if (op->owned && ctx->lend != op->buf)
+			op->owned = 0;	/* the handler took it (dte_peer_take) */
+		ctx->lend = outer;
 	}
 	if (op->owned)
 		free(op->buf);

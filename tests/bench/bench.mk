@@ -10,6 +10,13 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec $(B)/tests/bench_snapshot
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
 
+# The dense path alone, timed per stage, in about a minute (root, ip netns):
+# a 102,766,848-element model, two daemons, a fresh sink per version.  For
+# profiling, not for figures (those come from `make bench`).
+BENCH_DENSE_LINKS ?= 0 1 10
+bench-dense: all
+	B=$(B) $(PYTHON) tests/bench/dense_probe.py $(BENCH_DENSE_LINKS)
+
 # Snapshot-diff detection (detect = snapshot), the benchmarks' baseline.
 UNIT_TESTS += test_job_snapshot
 # Needs only the compute library, so it links only that.

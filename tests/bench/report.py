@@ -619,8 +619,10 @@ def dense_bound(e2e):
                    "parts it holds until the whole version is in (a version is staged whole, "
                    "DESIGN §2.4), each a fresh page per 4 KiB, about 20 ms per 32 MiB on this "
                    "VM against 2 ms for a write to memory already mapped; the parts the source "
-                   "frames and the router's copies of them reuse the buffers of parts already "
-                   "sent (daemon/bufpool.c)." % (
+                   "frames reuse the buffers of parts already sent (daemon/bufpool.c) and UCX "
+                   "sends each from the capture's own buffer (no router copy), and the sink "
+                   "keeps each large part in the buffer UCX received it into (no copy out of "
+                   "staging)." % (
                        " / ".join("%.2f" % c for c, _, _, _ in cpu),
                        " / ".join("%.0f %%" % (100 * c / t) for c, t, _, _ in cpu)))
         lo = min(c for c, _, _, _ in cpu)
@@ -629,10 +631,10 @@ def dense_bound(e2e):
                     "at least %.2f s of wall time, so the dense bytes could reach at most %.1f "
                     "Gbit/s; %.0f %% of a 10 Gbit/s link (%.2f s) is out of reach here without "
                     "taking CPU work out of the dense path (the extract and the checksum read "
-                    "θ twice; each byte is written into fresh memory about three times: the "
-                    "source's part and the router's copy of it while they wait for the link, "
-                    "the sink's copy out of the receive staging, and the sink daemon's first "
-                    "write into a freshly attached sink's mapping)." % (
+                    "θ twice; each byte is written into fresh memory about twice: the "
+                    "source's part while it waits for the link and the sink's receive buffer, "
+                    "kept as the part until the version is whole; then the apply writes it "
+                    "into the sink's weights and the full verify reads it back)." % (
                         lo, lo / 2, cpu[0][3] * 8 / (lo / 2) / 1e9, 90,
                         cpu[0][3] * 8 / 9e9))
     return ("What bounds it, from this run: " + "; ".join(parts) + "." + cpu_txt + " Both daemons, the "
