@@ -1,0 +1,436 @@
+#!/usr/bin/python3
+"""SGLang's and vLLM's OWN weight loaders, run on this CPU, against the
+independent converter (tests/system/sglang_reference.py).
+
+For several small Qwen3 shapes and TP sizes (KV heads replicated when
+tp > num_key_value_heads, split when fewer; tied and untied heads), this
+instantiates, per TP rank, the engine's real parallel layers
+
+  QKVParallelLinear (qkv_proj), RowParallelLinear (o_proj, down_proj),
+  MergedColumnParallelLinear (gate_up_proj), VocabParallelEmbedding
+  (embed_tokens), ParallelLMHead (lm_head), RMSNorm (norm weights)
+
+with BF16 parameters, feeds them HF tensors (RNE-BF16 of an FP32 θ, as a
+trainer publishes) through the layers' own `weight_loader`s exactly as the
+model's `load_weights` does (stacked_params_mapping: q/k/v -> qkv_proj with
+shard ids "q"/"k"/"v", gate/up -> gate_up_proj with 0/1; everything else
+through its parameter's weight_loader or default_weight_loader), and
+compares every per-rank parameter bit for bit with
+sglang_reference.hf_to_sglang_ranks.  tests/system/engines.py in turn
+compares what the dted daemon writes into SGLang- and vLLM-layout sinks
+with that same converter after every version, so the chain is:
+upstream loaders == reference == dted's sinks.
+
+How a single process stands in for each TP rank, from the upstream code:
+- SGLang 0.5.23: python/sglang/srt/runtime_context.py
+  ParallelContext.override(**fields) ("state it with
+  get_parallel().override(...)"); the layers read the rank through
+  layers/linear.py _resolve_linear_group, which, with no process group
+  built, returns _LogicalGroup(tp_rank, tp_size) ("own a weight partition
+  before distributed communication is initialized"), and
+  vocab_parallel_embedding.py VocabParallelEmbedding.__init__ reads
+  get_parallel().tp_rank / tp_size.
+- vLLM 0.33.0: model_executor/layers/linear.py and
+  vocab_parallel_embedding.py read get_tensor_model_parallel_rank() /
+  get_tensor_model_parallel_world_size() (vllm/distributed/parallel_state.py)
+  in their __init__ and weight_loader; those two names are patched where
+  those modules look them up (their module globals).
+
+The upstream packages are installed with --no-deps into a directory of
+their own, $DTE_VENV/engines (default /opt/dted-venv/engines; listed in
+scripts/venv-engines.txt, installed by scripts/install-deps.sh), with
+the imports they need at module load; the only module replaced is
+torchvision (PyPI has CUDA builds only, which do not load with the CPU
+torch): a stub package that sglang's multimodal config helpers import at
+module load and that no weight loader touches, hidden from transformers'
+availability probe so transformers behaves as without torchvision.
+
+Exits 77 (SKIP) when neither engine imports.
+"""
+
+import collections
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENV = os.environ.get("DTE_VENV", "/opt/dted-venv")
+# scripts/install-deps.sh installs scripts/venv-engines.txt here (--target).
+ENGINES_DIR = os.environ.get("DTE_ENGINES_DIR", os.path.join(VENV, "engines"))
+
+
+def skip(why):
+    print("SKIP: %s" % why)
+    sys.exit(77)
+
+
+def reexec_in_venv():
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
+        return
+    if not os.access(py, os.X_OK):
+        skip("no upstream venv at %s (scripts/install-deps.sh builds it)" % VENV)
+    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+
+
+# ---- the one stub: torchvision ------------------------------------------------------
+
+class _Unusable:
+    def __init__(self, *a, **k):
+        raise RuntimeError("torchvision is stubbed in engines_upstream.py")
+
+
+def _stub_attr(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (_Unusable,), {})
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__path__ = []
+        m.__getattr__ = _stub_attr
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+class _StubFinder(importlib.abc.MetaPathFinder):
+    """torchvision.* -> empty stub packages, except for transformers'
+    availability probe (transformers/utils/import_utils.py
+    _is_package_available), which must keep seeing no torchvision."""
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] != "torchvision":
+            return None
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_code.co_filename.endswith(os.path.join("transformers", "utils",
+                                                          "import_utils.py")):
+                return None
+            f = f.f_back
+        return importlib.machinery.ModuleSpec(name, _StubLoader(), is_package=True)
+
+
+# ---- shapes under test ------------------------------------------------------------------
+
+def qwen3_cfg(**kw):
+    cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+               vocab_size=500, tie_word_embeddings=False)
+    cfg.update(kw)
+    return cfg
+
+
+# (label, cfg, tp): KV replicated (tp > nKV), KV split (nKV > tp), tied head,
+# a vocab that pads (500 -> 512) and one that pads unevenly across 4 ranks.
+CASES = [
+    ("kv1-tp1", qwen3_cfg(), 1),
+    ("kv1-tp2", qwen3_cfg(), 2),
+    ("kv1-tp4", qwen3_cfg(), 4),
+    ("kv2-tp4", qwen3_cfg(num_key_value_heads=2, num_attention_heads=8, head_dim=16), 4),
+    ("kv4-tp2", qwen3_cfg(num_key_value_heads=4, num_attention_heads=8, head_dim=16), 2),
+    ("tied-tp2", qwen3_cfg(tie_word_embeddings=True, vocab_size=1000), 2),
+    ("v130-tp4", qwen3_cfg(vocab_size=130), 4),
+]
+
+
+def hf_tensors(cfg, seed):
+    """FP32 θ in HF names -> {name: BF16 tensor of RNE(θ)}, via the
+    reference's integer RNE (no torch cast involved)."""
+    import torch
+    import sglang_reference as ref
+    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    shapes = collections.OrderedDict()
+    shapes["model.embed_tokens.weight"] = (V, H)
+    for n in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % n
+        shapes[p + "input_layernorm.weight"] = (H,)
+        shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
+        shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.o_proj.weight"] = (H, nH * hd)
+        shapes[p + "self_attn.q_norm.weight"] = (hd,)
+        shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        shapes[p + "mlp.gate_proj.weight"] = (I, H)
+        shapes[p + "mlp.up_proj.weight"] = (I, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, I)
+    shapes["model.norm.weight"] = (H,)
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (V, H)
+    g = torch.Generator().manual_seed(seed)
+    out = collections.OrderedDict()
+    for name, shape in shapes.items():
+        theta = torch.randn(shape, generator=g, dtype=torch.float32)
+        # Every element distinct enough that a misplaced row shows: add the
+        # row index so equal-valued blocks cannot mask a wrong offset.
+        if len(shape) == 2:
+            theta += torch.arange(shape[0], dtype=torch.float32)[:, None] * 1e-2
+        out[name] = ref.rne_bf16_bits(theta).view(torch.bfloat16)
+    return out
+
+
+# Model-level mapping from HF names to (module attribute, shard id), as in
+# sglang/srt/models/qwen3.py Qwen3ForCausalLM.load_weights
+# stacked_params_mapping and vllm/model_executor/models/qwen3.py (via
+# qwen2.py Qwen2Model.load_weights): identical in both engines.
+STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"),
+           ("qkv_proj", "v_proj", "v"), ("gate_up_proj", "gate_proj", 0),
+           ("gate_up_proj", "up_proj", 1))
+
+
+def load_rank(layers, hf, cfg, default_loader):
+    """Run the engine's own weight_loaders: HF tensors -> this rank's
+    parameters; returns {engine parameter name: int16 bits}."""
+    import torch
+    params = {}
+    for name, w in hf.items():
+        target, shard = name, None
+        for param_name, shard_name, shard_id in STACKED:
+            if "." + shard_name + "." in name:
+                target, shard = name.replace(shard_name, param_name), shard_id
+                break
+        param = layers[target]
+        loader = getattr(param, "weight_loader", default_loader)
+        if shard is None:
+            loader(param, w)
+        else:
+            loader(param, w, shard)
+        params[target] = param
+    return collections.OrderedDict(
+        (n, p.data.detach().contiguous().view(torch.int16).clone()) for n, p in params.items())
+
+
+def build_layers(mods, cfg):
+    """One rank's engine layers (the current rank is whatever the caller
+    put in force): {engine parameter name: torch Parameter}."""
+    import torch
+    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    dt = torch.bfloat16
+    out = {}
+    emb = mods.VocabParallelEmbedding(V, H, params_dtype=dt)
+    out["model.embed_tokens.weight"] = emb.weight
+    for n in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % n
+        out[p + "self_attn.qkv_proj.weight"] = mods.qkv(H, hd, nH, nKV, dt).weight
+        out[p + "self_attn.o_proj.weight"] = mods.row(nH * hd, H, dt).weight
+        out[p + "mlp.gate_up_proj.weight"] = mods.MergedColumnParallelLinear(
+            H, [I, I], bias=False, params_dtype=dt).weight
+        out[p + "mlp.down_proj.weight"] = mods.RowParallelLinear(
+            I, H, bias=False, params_dtype=dt).weight
+        for norm, size in (("input_layernorm", H), ("post_attention_layernorm", H),
+                           ("self_attn.q_norm", hd), ("self_attn.k_norm", hd)):
+            out[p + norm + ".weight"] = mods.norm(size).weight
+    out["model.norm.weight"] = mods.norm(H).weight
+    if not cfg["tie_word_embeddings"]:
+        out["lm_head.weight"] = mods.ParallelLMHead(V, H, params_dtype=dt).weight
+    return out
+
+
+def compare(label, engine, got_ranks, want_ranks, lines):
+    """Every tensor of every rank, bit for bit; returns (exact, total)."""
+    import torch
+    exact = total = 0
+    for r, (got, want) in enumerate(zip(got_ranks, want_ranks)):
+        for name in sorted(set(got) | set(want)):
+            total += 1
+            if name not in got or name not in want:
+                lines.append("%s %s rank %d: %s only in the %s" % (
+                    engine, label, r, name, "reference" if name in want else "engine"))
+                continue
+            g, w = got[name], want[name]
+            if tuple(g.shape) != tuple(w.shape):
+                lines.append("%s %s rank %d: %s shape %s, reference %s" % (
+                    engine, label, r, name, tuple(g.shape), tuple(w.shape)))
+                continue
+            bad = int((g != w).sum())
+            if bad:
+                lines.append("%s %s rank %d: %s %d/%d elements differ" % (
+                    engine, label, r, name, bad, w.numel()))
+                continue
+            exact += 1
+    if len(got_ranks) != len(want_ranks):
+        lines.append("%s %s: %d engine ranks, %d reference ranks" % (
+            engine, label, len(got_ranks), len(want_ranks)))
+        total += 1
+    return exact, total
+
+
+# ---- SGLang -------------------------------------------------------------------------------
+
+def sglang_engine():
+    """-> (version, run(cfg, tp, hf) -> [per rank {name: bits}])."""
+    import torch
+    import sglang
+    from sglang.srt.layers import layernorm, linear, vocab_parallel_embedding as vpe
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+    from sglang.srt.runtime_context import get_parallel
+
+    mods = types.SimpleNamespace(
+        VocabParallelEmbedding=vpe.VocabParallelEmbedding,
+        ParallelLMHead=vpe.ParallelLMHead,
+        MergedColumnParallelLinear=linear.MergedColumnParallelLinear,
+        RowParallelLinear=linear.RowParallelLinear,
+        # sglang/srt/models/qwen3.py Qwen3Attention: qkv_proj and o_proj
+        # are built on the attention-TP group (parallel_group="attn_tp").
+        qkv=lambda H, hd, nH, nKV, dt: linear.QKVParallelLinear(
+            H, hd, nH, nKV, bias=False, params_dtype=dt, parallel_group="attn_tp"),
+        row=lambda i, o, dt: linear.RowParallelLinear(
+            i, o, bias=False, params_dtype=dt, parallel_group="attn_tp",
+            reduce_results=False),
+        norm=lambda size: layernorm.RMSNorm(size))
+
+    def run(cfg, tp, hf):
+        ranks = []
+        old = torch.get_default_dtype()
+        # The model loader builds the model under the model dtype
+        # (model_loader/utils.py set_default_torch_dtype): norms are BF16.
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            for r in range(tp):
+                with get_parallel().override(tp_rank=r, tp_size=tp, attn_tp_rank=r,
+                                             attn_tp_size=tp, attn_dp_size=1,
+                                             attn_cp_size=1):
+                    layers = build_layers(mods, cfg)
+                    ranks.append(load_rank(layers, hf, cfg, default_weight_loader))
+        finally:
+            torch.set_default_dtype(old)
+        return ranks
+
+    return getattr(sglang, "__version__", "?"), run
+
+
+# ---- vLLM ---------------------------------------------------------------------------------
+
+def vllm_engine():
+    import torch
+    import vllm
+    from vllm.model_executor.layers import layernorm, linear, vocab_parallel_embedding as vpe
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    # The rank and size every vLLM layer and parameter reads: linear.py,
+    # vocab_parallel_embedding.py and parameter.py (BasevLLMParameter
+    # .__init__) call get_tensor_model_parallel_rank() /
+    # get_tensor_model_parallel_world_size(), imported from
+    # vllm/distributed/parallel_state.py.  Each module that holds those
+    # functions gets the stand-in, and the two imported here must be among them.
+    rank = {"r": 0, "tp": 1}
+    originals = {"get_tensor_model_parallel_rank": ("r", ps.get_tensor_model_parallel_rank),
+                 "get_tensor_model_parallel_world_size":
+                     ("tp", ps.get_tensor_model_parallel_world_size)}
+    patched = set()
+    for modname, mod in list(sys.modules.items()):
+        if not modname.startswith("vllm") or mod is None:
+            continue
+        for fn, (key, orig) in originals.items():
+            if getattr(mod, fn, None) is orig:
+                setattr(mod, fn, (lambda k: (lambda *a, **kw: rank[k]))(key))
+                patched.add(modname.rsplit(".", 1)[-1])
+    for need in ("linear", "vocab_parallel_embedding", "parameter"):
+        if need not in patched:
+            raise RuntimeError("vllm.%s no longer reads get_tensor_model_parallel_rank" % need)
+
+    mods = types.SimpleNamespace(
+        VocabParallelEmbedding=vpe.VocabParallelEmbedding,
+        ParallelLMHead=vpe.ParallelLMHead,
+        MergedColumnParallelLinear=linear.MergedColumnParallelLinear,
+        RowParallelLinear=linear.RowParallelLinear,
+        qkv=lambda H, hd, nH, nKV, dt: linear.QKVParallelLinear(
+            H, hd, nH, nKV, bias=False, params_dtype=dt),
+        row=lambda i, o, dt: linear.RowParallelLinear(i, o, bias=False, params_dtype=dt,
+                                                      reduce_results=False),
+        norm=lambda size: layernorm.RMSNorm(size))
+
+    def run(cfg, tp, hf):
+        ranks = []
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            # CustomOp layers (RMSNorm) read the current VllmConfig at
+            # construction; vLLM's own tests set a default one the same way
+            # (tests/conftest.py fixture default_vllm_config).
+            with set_current_vllm_config(VllmConfig()):
+                for r in range(tp):
+                    rank["r"], rank["tp"] = r, tp
+                    layers = build_layers(mods, cfg)
+                    ranks.append(load_rank(layers, hf, cfg, default_weight_loader))
+        finally:
+            torch.set_default_dtype(old)
+        return ranks
+
+    return getattr(vllm, "__version__", "?"), run
+
+
+def main():
+    reexec_in_venv()
+    # vLLM's own switch for its CPU platform (vllm/platforms/__init__.py
+    # cpu_platform_plugin: VLLM_TARGET_DEVICE == "cpu"); the CUDA wheel on a
+    # machine without a GPU otherwise infers no device at all.
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    if not os.path.isdir(ENGINES_DIR):
+        skip("no %s: scripts/install-deps.sh installs scripts/venv-engines.txt there"
+             % ENGINES_DIR)
+    sys.path.insert(0, ENGINES_DIR)
+    sys.path.insert(0, HERE)
+    sys.meta_path.insert(0, _StubFinder())
+    import importlib.util
+    present = [e for e in ("sglang", "vllm") if importlib.util.find_spec(e) is not None]
+    if not present:
+        skip("neither sglang nor vllm is installed in %s (scripts/venv-engines.txt)"
+             % ENGINES_DIR)
+    import sglang_reference as ref
+
+    builders = {"sglang": sglang_engine, "vllm": vllm_engine}
+    results, problems, versions = {}, [], {}
+    for engine in present:
+        try:
+            versions[engine], run = builders[engine]()
+        except Exception as e:  # an import that fails is a failure, not a skip
+            problems.append("%s: its weight-loading modules do not import: %s: %s"
+                            % (engine, type(e).__name__, e))
+            results[engine] = (0, 1)
+            continue
+        ex = tot = 0
+        for seed, (label, cfg, tp) in enumerate(CASES):
+            hf = hf_tensors(cfg, seed)
+            want = ref.hf_to_sglang_ranks(
+                collections.OrderedDict((n, t.view(torch_int16())) for n, t in hf.items()),
+                cfg, tp)
+            got = run(cfg, tp, hf)
+            e, t = compare(label, engine, got, want, problems)
+            ex, tot = ex + e, tot + t
+        results[engine] = (ex, tot)
+    for line in problems[:40]:
+        print("MISMATCH " + line)
+    parts = []
+    for engine in ("sglang", "vllm"):
+        if engine in results:
+            ex, tot = results[engine]
+            parts.append("%s=tensors %d/%d %s" % (engine, ex, tot,
+                                                  "exact" if ex == tot else "DIFFER"))
+        else:
+            parts.append("%s=absent" % engine)
+    print("engines-upstream: %s cases=%d" % (" ".join(parts), len(CASES)))
+    print("engines-upstream-versions: %s" % " ".join(
+        "%s=%s" % kv for kv in sorted(versions.items())))
+    ok = all(ex == tot and tot > 0 for ex, tot in results.values())
+    sys.exit(0 if ok else 1)
+
+
+def torch_int16():
+    import torch
+    return torch.int16
+
+
+if __name__ == "__main__":
+    main()
