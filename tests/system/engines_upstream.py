@@ -45,6 +45,12 @@ torch): a stub package that sglang's multimodal config helpers import at
 module load and that no weight loader touches, hidden from transformers'
 availability probe so transformers behaves as without torchvision.
 
+Qwen3-MoE experts: SGLang's FusedMoE (MoE-TP 2; EP 2) loads each expert through
+its weight_loader under a topology published as SGLang's layer tests do, and
+w13/w2 per rank must equal tests/system/engines.py's moe_expected, the very
+function it checks the daemon's MoE sinks with (read from its source).
+vLLM's FusedMoE is not run here (see vllm-moe=not-run).
+
 Exits 77 (SKIP) when neither engine imports.
 """
 
@@ -307,6 +313,107 @@ def sglang_engine():
     return getattr(sglang, "__version__", "?"), run
 
 
+# ---- MoE: FusedMoE w13/w2 against engines.py's own expectation ---------------------------
+
+def engines_moe_converter():
+    """CFG_MOE, hf_moe_shapes and moe_expected exactly as
+    tests/system/engines.py defines them (what it checks the daemon's MoE
+    sinks against), taken from its source without importing it (importing
+    it would start its harness)."""
+    import ast
+    import torch
+    src = open(os.path.join(HERE, "engines.py")).read()
+    keep = [n for n in ast.parse(src).body
+            if (isinstance(n, ast.FunctionDef) and n.name in ("hf_moe_shapes", "moe_expected"))
+            or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "CFG_MOE"
+                                                   for t in n.targets))]
+    if len(keep) != 3:
+        raise RuntimeError("engines.py no longer defines CFG_MOE, hf_moe_shapes, moe_expected")
+    ns = {"torch": torch}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "engines.py", "exec"), ns)
+    return ns["CFG_MOE"], ns["hf_moe_shapes"], ns["moe_expected"]
+
+
+# (label, tp, ep): MoE-TP 2 (engines.py's SGLang engine) and expert
+# parallel 2 within TP 2 (its vLLM engine's vllm:tp=2,ep=2).
+MOE_CASES = [("moe-tp2", 2, 1), ("moe-tp2-ep2", 2, 2)]
+
+
+def sglang_moe(cfg, hf, tp, ep):
+    """Per rank {w13/w2 name: bits} through SGLang's FusedMoE.weight_loader.
+
+    The topology is published as SGLang's own layer tests do
+    (sglang/test/test_utils.py published_topology: ServerArgs(model_path=
+    "dummy", ...) published with SpawnRanks(world_rank=r)); FusedMoE reads
+    moe_ep_rank/size and moe_tp_rank/size from it
+    (layers/moe/fused_moe_triton/layer.py FusedMoE.__init__).  Expert
+    tensors go through FusedMoE.make_expert_params_mapping and
+    weight_loader(param, w, name, shard_id=, expert_id=) as
+    models/qwen3_moe.py Qwen3MoeForCausalLM.load_weights calls them."""
+    import torch
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+    E, H, Im = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    mapping = FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj", num_experts=E)
+    ranks = []
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        for r in range(tp):
+            reset_context()
+            publish(ServerArgs(model_path="dummy", tp_size=tp, ep_size=ep, device="cpu"),
+                    role="test", ranks=SpawnRanks(world_rank=r))
+            params = {}
+            for n in range(cfg["num_hidden_layers"]):
+                p = "model.layers.%d.mlp." % n
+                moe = FusedMoE(num_experts=E, hidden_size=H, intermediate_size=Im,
+                               layer_id=n, top_k=cfg["num_experts_per_tok"],
+                               params_dtype=torch.bfloat16, prefix=p + "experts")
+                for pn, t in moe.named_parameters():
+                    params[p + "experts." + pn] = t
+            for name, w in hf.items():
+                if ".mlp.experts." not in name:
+                    continue
+                for param_name, weight_name, expert_id, shard_id in mapping:
+                    if weight_name not in name:
+                        continue
+                    target = name.replace(weight_name, param_name)
+                    param = params[target]
+                    param.weight_loader(param, w, target, shard_id=shard_id,
+                                        expert_id=expert_id)
+                    break
+                else:
+                    raise RuntimeError("no expert mapping for %s" % name)
+            ranks.append(collections.OrderedDict(
+                (n, t.data.contiguous().view(torch.int16).clone()) for n, t in params.items()))
+    finally:
+        reset_context()
+        torch.set_default_dtype(old)
+    return ranks
+
+
+def moe_compare(engine, run_moe, lines):
+    import torch
+    import sglang_reference as ref
+    cfg, shapes_of, expected = engines_moe_converter()
+    ex = tot = 0
+    for seed, (label, tp, ep) in enumerate(MOE_CASES):
+        g = torch.Generator().manual_seed(100 + seed)
+        hf = collections.OrderedDict(
+            (n, ref.rne_bf16_bits(torch.randn(sh, generator=g)).view(torch.bfloat16))
+            for n, sh in shapes_of(cfg).items())
+        want = [collections.OrderedDict((n, t.view(torch.int16)) for n, t in d.items()
+                                        if ".mlp.experts." in n)
+                for d in expected(hf, cfg, tp, ep)]
+        got = run_moe(cfg, hf, tp, ep)
+        e, t = compare(label, engine, got, want, lines)
+        ex, tot = ex + e, tot + t
+    return ex, tot
+
+
 # ---- vLLM ---------------------------------------------------------------------------------
 
 def vllm_engine():
@@ -391,7 +498,8 @@ def main():
     import sglang_reference as ref
 
     builders = {"sglang": sglang_engine, "vllm": vllm_engine}
-    results, problems, versions = {}, [], {}
+    results, problems, versions, moe = {}, [], {}, {}
+    moe_runners = {"sglang": sglang_moe}
     for engine in present:
         try:
             versions[engine], run = builders[engine]()
@@ -410,6 +518,8 @@ def main():
             e, t = compare(label, engine, got, want, problems)
             ex, tot = ex + e, tot + t
         results[engine] = (ex, tot)
+        if engine in moe_runners:
+            moe[engine] = moe_compare(engine, moe_runners[engine], problems)
     for line in problems[:40]:
         print("MISMATCH " + line)
     parts = []
@@ -420,10 +530,17 @@ def main():
                                                   "exact" if ex == tot else "DIFFER"))
         else:
             parts.append("%s=absent" % engine)
-    print("engines-upstream: %s cases=%d" % (" ".join(parts), len(CASES)))
+    for engine in ("sglang", "vllm"):
+        if engine in moe:
+            ex, tot = moe[engine]
+            parts.append("%s-moe=tensors %d/%d %s" % (engine, ex, tot,
+                                                      "exact" if ex == tot else "DIFFER"))
+        elif engine in results:
+            parts.append("%s-moe=not-run" % engine)
+    print("engines-upstream: %s cases=%d" % (" ".join(parts), len(CASES) + len(MOE_CASES)))
     print("engines-upstream-versions: %s" % " ".join(
         "%s=%s" % kv for kv in sorted(versions.items())))
-    ok = all(ex == tot and tot > 0 for ex, tot in results.values())
+    ok = all(ex == tot and tot > 0 for ex, tot in list(results.values()) + list(moe.values()))
     sys.exit(0 if ok else 1)
 
 
