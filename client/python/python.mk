@@ -26,5 +26,5 @@ SYSTEM_TESTS += tests/system/engines.py tests/system/engines_real.py
 # installed into the venv's engines/ dir by scripts/install-deps.sh) load HF
 # tensors per TP rank on the CPU and must equal tests/system/sglang_reference.py,
 # the converter engines.py checks the daemon's sinks with; prints
-# `engines-upstream: sglang=tensors N/N exact vllm=tensors N/N exact`.
+# `engines-upstream: sglang=tensors N/N exact vllm=tensors N/N exact sglang-moe=... vllm-moe=...`.
 SYSTEM_TESTS += tests/system/engines_upstream.py

@@ -48,8 +48,9 @@ availability probe so transformers behaves as without torchvision.
 Qwen3-MoE experts: SGLang's FusedMoE (MoE-TP 2; EP 2) loads each expert through
 its weight_loader under a topology published as SGLang's layer tests do, and
 w13/w2 per rank must equal tests/system/engines.py's moe_expected, the very
-function it checks the daemon's MoE sinks with (read from its source).
-vLLM's FusedMoE is not run here (see vllm-moe=not-run).
+function it checks the daemon's MoE sinks with (read from its source);
+vLLM's MoE block (FusedMoEFactory, MoE-TP 2 and expert parallel 2) the same,
+loaded through its own MoERunner.load_weights.
 
 Exits 77 (SKIP) when neither engine imports.
 """
@@ -422,8 +423,9 @@ def vllm_engine():
     from vllm.model_executor.layers import layernorm, linear, vocab_parallel_embedding as vpe
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
+    from vllm.model_executor.layers.fused_moe import layer as moe_layer
 
     # The rank and size every vLLM layer and parameter reads: linear.py,
     # vocab_parallel_embedding.py and parameter.py (BasevLLMParameter
@@ -442,10 +444,12 @@ def vllm_engine():
         for fn, (key, orig) in originals.items():
             if getattr(mod, fn, None) is orig:
                 setattr(mod, fn, (lambda k: (lambda *a, **kw: rank[k]))(key))
-                patched.add(modname.rsplit(".", 1)[-1])
-    for need in ("linear", "vocab_parallel_embedding", "parameter"):
-        if need not in patched:
-            raise RuntimeError("vllm.%s no longer reads get_tensor_model_parallel_rank" % need)
+                patched.add(modname)
+    for need in ("layers.linear", "layers.vocab_parallel_embedding", "parameter",
+                 "layers.fused_moe.config"):
+        if "vllm.model_executor." + need not in patched:
+            raise RuntimeError("vllm.model_executor.%s no longer reads "
+                               "get_tensor_model_parallel_rank" % need)
 
     mods = types.SimpleNamespace(
         VocabParallelEmbedding=vpe.VocabParallelEmbedding,
@@ -475,6 +479,53 @@ def vllm_engine():
             torch.set_default_dtype(old)
         return ranks
 
+    def run_moe(cfg, hf, tp, ep):
+        """Per rank {w13/w2 name: bits} through vLLM's MoE layer as
+        models/qwen3_moe.py Qwen3MoeSparseMoeBlock builds it
+        (fused_moe/layer.py FusedMoEFactory; expert parallel when
+        ParallelConfig.enable_expert_parallel, then ep = tp, MoE-TP 1:
+        fused_moe/config.py FusedMoEParallelConfig.make) and loads it
+        (AutoWeightsLoader hands the block's expert tensors, named relative
+        to it, to runner/moe_runner.py MoERunner.load_weights ->
+        routed_experts.py RoutedExperts.load_weights -> weight_loader)."""
+        if ep not in (1, tp):
+            raise ValueError("vLLM's expert parallel is ep = tp (dp 1), not %d/%d" % (ep, tp))
+        E, H, Im = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+        ranks = []
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            for r in range(tp):
+                rank["r"], rank["tp"] = r, tp
+                out = collections.OrderedDict()
+                # A fresh VllmConfig per rank: each one is its own process.
+                with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig(
+                        enable_expert_parallel=ep > 1))):
+                    for n in range(cfg["num_hidden_layers"]):
+                        prefix = "model.layers.%d.mlp.experts" % n
+                        block = moe_layer.FusedMoEFactory(
+                            num_experts=E, top_k=cfg["num_experts_per_tok"], hidden_size=H,
+                            intermediate_size=Im, params_dtype=torch.bfloat16,
+                            renormalize=True, prefix=prefix,
+                            # one engine, no DP/PCP: the sizes its DP and PCP
+                            # groups (get_dp_group/get_pcp_group) would report
+                            dp_size=1, pcp_size=1)
+                        mine = [(name[len(prefix) + 1:], w) for name, w in hf.items()
+                                if name.startswith(prefix + ".")]
+                        loaded = set(block.load_weights(mine))
+                        if not loaded:
+                            raise RuntimeError("vLLM loaded nothing into %s" % prefix)
+                        for pn, t in block.named_parameters():
+                            # routed_experts.w13_weight -> the checkpoint-side name
+                            # the sink layout uses (mlp.experts.w13_weight).
+                            out[prefix + "." + pn.rsplit(".", 1)[-1]] = \
+                                t.data.contiguous().view(torch.int16).clone()
+                ranks.append(out)
+        finally:
+            torch.set_default_dtype(old)
+        return ranks
+
+    run.moe = run_moe
     return getattr(vllm, "__version__", "?"), run
 
 
@@ -518,8 +569,9 @@ def main():
             e, t = compare(label, engine, got, want, problems)
             ex, tot = ex + e, tot + t
         results[engine] = (ex, tot)
-        if engine in moe_runners:
-            moe[engine] = moe_compare(engine, moe_runners[engine], problems)
+        run_moe = moe_runners.get(engine) or getattr(run, "moe", None)
+        if run_moe is not None:
+            moe[engine] = moe_compare(engine, run_moe, problems)
     for line in problems[:40]:
         print("MISMATCH " + line)
     parts = []
