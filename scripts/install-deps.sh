@@ -44,7 +44,8 @@ VENV=${DTE_VENV:-/opt/dted-venv}
 # One builder at a time: parallel builds and test runs share the venv.
 exec 9>"$VENV.lock"
 flock 9
-want=$(cat "$here/venv-requirements.txt" "$here/venv-nodeps.txt" | sha256sum | cut -c1-16)
+want=$(cat "$here/venv-requirements.txt" "$here/venv-nodeps.txt" "$here/venv-engines.txt" \
+	| sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.dte-stamp" 2>/dev/null)" = "$want" ]; then
 	echo "install-deps: venv $VENV up to date"
 	exit 0
@@ -56,5 +57,20 @@ echo "install-deps: building venv $VENV"
 grep -qvE '^\s*(#|$)' "$here/venv-nodeps.txt" && \
 	"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
 	-r "$here/venv-nodeps.txt"
+# SGLang's and vLLM's weight loaders (tests/system/engines_upstream.py) go
+# into $VENV/engines, --no-deps, which only that test puts on sys.path:
+# transformers, triton and the engines stay out of every other venv test.
+# Rebuilt whole, so a removed pin does not linger.  DTE_NO_ENGINES=1 skips it
+# (the test then says SKIP).
+ewant=$(sha256sum <"$here/venv-engines.txt" | cut -c1-16)
+if [ "${DTE_NO_ENGINES:-0}" != 1 ] && \
+	[ "$(cat "$VENV/engines/.dte-stamp" 2>/dev/null)" != "$ewant" ]; then
+	rm -rf "$VENV/engines.new"
+	"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+		--target "$VENV/engines.new" -r "$here/venv-engines.txt"
+	rm -rf "$VENV/engines"
+	echo "$ewant" >"$VENV/engines.new/.dte-stamp"
+	mv "$VENV/engines.new" "$VENV/engines"
+fi
 echo "$want" > "$VENV/.dte-stamp"
 echo "install-deps: venv $VENV ready"

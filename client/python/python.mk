@@ -21,3 +21,10 @@ demo: all
 # prints `engines: sglang=N/N vllm=N/N exact`; engines_real.py runs the same
 # against real SGLang/vLLM when they import with a GPU, else skips (77).
 SYSTEM_TESTS += tests/system/engines.py tests/system/engines_real.py
+
+# SGLang's and vLLM's own weight_loaders (pinned in scripts/venv-engines.txt,
+# installed into the venv's engines/ dir by scripts/install-deps.sh) load HF
+# tensors per TP rank on the CPU and must equal tests/system/sglang_reference.py,
+# the converter engines.py checks the daemon's sinks with; prints
+# `engines-upstream: sglang=tensors N/N exact vllm=tensors N/N exact sglang-moe=... vllm-moe=...`.
+SYSTEM_TESTS += tests/system/engines_upstream.py

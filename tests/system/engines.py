@@ -188,6 +188,9 @@ def hf_moe_shapes(cfg):
     return s
 
 
+# tests/system/engines_upstream.py runs SGLang 0.5.23's FusedMoE and vLLM
+# 0.33.0's FusedMoEFactory weight loaders on the CPU and checks them against
+# this very function (and the dense layers against sglang_reference.py).
 def moe_expected(hf, cfg, tp, ep):
     """Per rank, what the engine's own weight loaders put where, written
     from their semantics: VocabParallelEmbedding.weight_loader (rows of the

@@ -19,6 +19,9 @@ Upstream read at: sgl-project/sglang python/sglang/srt/layers/linear.py
 NVIDIA/Megatron-LM megatron/core/transformer/attention.py (00c2c0adeec1).
 
 It needs torch only; it never imports dte.
+
+tests/system/engines_upstream.py checks hf_to_sglang_ranks against SGLang
+0.5.23's and vLLM 0.33.0's own weight_loaders, run on the CPU.
 """
 
 import collections
