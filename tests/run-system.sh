@@ -29,7 +29,7 @@ for t in "$@"; do
 		pass=$((pass + 1))
 		record "pass${tab}$name"
 		printf 'ok    %s (%ss)\n' "$name" "$secs"
-		grep -E '^[a-z0-9-]+: ' "$log" | tail -3 | sed 's/^/      /'
+		grep -E '^[a-z0-9-]+: ' "$log" | tail -5 | sed 's/^/      /'
 	elif [ "$rc" -eq 77 ] && [ -n "$why" ]; then
 		skip=$((skip + 1))
 		record "skip${tab}$name${tab}$why"

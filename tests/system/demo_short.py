@@ -56,12 +56,14 @@ ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(dense|sp
                  r"(\S+)\s+(.*)$")
 
 
-def demo(args):
-    """Run dte.demo with args; (status, stdout, table rows, summary match)."""
+def demo(args, quote=False):
+    """Run dte.demo with args; (status, stdout, table rows, summary match).
+    quote: indent its output, so a deliberately corrupted run's own result
+    lines are not mistaken for this test's (the runner shows ^name: lines)."""
     env = demo_mod.child_env({"PYTHONPATH": PYDIR, "B": B})
     r = subprocess.run([sys.executable, "-m", "dte.demo"] + args, cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
-    print(r.stdout)
+    print("\n".join(("  | " + x if quote else x) for x in r.stdout.splitlines()))
     if r.returncode:
         print(r.stderr[-4000:])
     rows = [m.groups() for m in map(ROW.match, r.stdout.splitlines()) if m]
@@ -101,7 +103,8 @@ def run_demo(c):
 def run_demo_corrupted(c):
     """The negative control: the same check must fail on a flipped bit."""
     rc, out, rows, m = demo(["--versions", "4", "--warm-steps", "1",
-                             "--corrupt", "2:embed-unused", "--corrupt", "3:norm-replica"])
+                             "--corrupt", "2:embed-unused", "--corrupt", "3:norm-replica"],
+                             quote=True)
     total = expected_elements()
     c.check(rc != 0, "corrupted demo exits non-zero (status %d)" % rc)
     c.check(m is not None and m.group(2) == "2" and m.group(1) == "4",
