@@ -172,6 +172,16 @@ int dte_peer_ctx_init(dte_peer_ctx_t *ctx, uv_loop_t *loop,
 	ctx->loop = loop;
 	ctx->efd = -1;
 
+	/* A daemon restarted on its fixed port finds the old one's accepted
+	 * connections in TIME_WAIT for about 60 s; without SO_REUSEADDR the
+	 * tcp sockcm's bind then fails (EADDRINUSE) and the new daemon has no
+	 * listener.  UCX 1.13 keeps it off by default (ucx_info -c:
+	 * UCX_TCP_CM_REUSEADDR=n) and reads it from the environment when the
+	 * sockcm component opens (ucp_config_modify does not reach it), so set
+	 * it there before UCX starts, unless the operator set it. */
+	if (setenv("UCX_TCP_CM_REUSEADDR", "y", 0) < 0)
+		dte_peer__log(ctx, LOG_WARNING, "cannot set UCX_TCP_CM_REUSEADDR: %s",
+		              strerror(errno));
 	st = ucp_config_read(NULL, NULL, &config);
 	if (st != UCS_OK)
 		goto ucx_error;

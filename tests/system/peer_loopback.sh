@@ -53,4 +53,73 @@ grep -q 'bad=0' "$dir/srv.out"
 msgs=$(sed -n 's/^peer: messages=\([0-9]*\).*/\1/p' "$dir/srv.out")
 [ "$msgs" -eq 1014 ] || { echo "expected 1014 messages, got $msgs"; exit 1; }
 summary=$(grep '^peer: ' "$dir/srv.out" | sed 's/^peer: //; s/ bad=0//')
+
+# A listener restarted on its fixed port while the old one's accepted
+# connection sits in TIME_WAIT binds again (UCX_TCP_CM_REUSEADDR, set by the
+# peer layer); a port another listener really holds is still refused.
+# One round: a listener with one connected client, both SIGKILLed, the
+# listener first.  Whether the listener's side ends in TIME_WAIT (FIN) or
+# is reset (RST: data still unread when it died) is the kernel's call, so
+# rounds repeat, on the same port, until one leaves TIME_WAIT behind.
+rport=
+tw=no
+round=0
+while [ $round -lt 8 ] && [ $tw = no ]; do
+	round=$((round + 1))
+	rm -f "$dir/rport" "$dir/rc.out"
+	"$PROBE" serve --addr 127.0.0.1 ${rport:+--port "$rport"} --portfile "$dir/rport" \
+		>"$dir/r1.out" 2>"$dir/r1.err" &
+	srv=$!
+	i=0
+	until [ -s "$dir/rport" ]; do
+		i=$((i + 1))
+		kill -0 "$srv" 2>/dev/null || { echo "round $round: listener failed:"; cat "$dir/r1.err"; srv=; exit 1; }
+		[ $i -lt 100 ] || { echo "round $round: listener never bound"; exit 1; }
+		sleep 0.1
+	done
+	rport=$(cat "$dir/rport")
+	"$PROBE" connect --addr 127.0.0.1 --port "$rport" --small 1 --large-count 0 --hold \
+		>"$dir/rc.out" 2>"$dir/rc.err" &
+	victim=$!
+	i=0
+	until grep -q '^ready' "$dir/rc.out" 2>/dev/null; do
+		i=$((i + 1)); [ $i -lt 100 ] || { echo "restart client not ready"; exit 1; }
+		sleep 0.1
+	done
+	if [ $round = 1 ]; then
+		if timeout 10 "$PROBE" serve --addr 127.0.0.1 --port "$rport" --portfile "$dir/taken" \
+			>/dev/null 2>"$dir/taken.err"; then
+			echo "a second listener bound port $rport while the first still listens"; exit 1
+		fi
+		grep -q 'Address already in use' "$dir/taken.err" ||
+			{ echo "taken port: unexpected error"; cat "$dir/taken.err"; exit 1; }
+	fi
+	kill -9 "$srv" 2>/dev/null || true; wait "$srv" 2>/dev/null || true
+	srv=
+	# the client may already have left: it sees the listener go down
+	kill -9 "$victim" 2>/dev/null || true; wait "$victim" 2>/dev/null || true
+	victim=
+	i=0
+	while [ $i -lt 10 ]; do
+		if ss -Htan state time-wait "( sport = :$rport )" | grep -q .; then tw=yes; break; fi
+		i=$((i + 1)); sleep 0.1
+	done
+done
+# Without TIME_WAIT on the port the restart below would prove nothing.
+[ $tw = yes ] || { echo "no TIME_WAIT on port $rport after $round rounds"; exit 1; }
+"$PROBE" serve --addr 127.0.0.1 --port "$rport" --portfile "$dir/rport2" --downs 1 \
+	>"$dir/r2.out" 2>"$dir/r2.err" &
+srv=$!
+i=0
+until [ -s "$dir/rport2" ]; do
+	i=$((i + 1))
+	kill -0 "$srv" 2>/dev/null || { echo "restarted listener failed in TIME_WAIT:"; cat "$dir/r2.err"; srv=; exit 1; }
+	[ $i -lt 100 ] || { echo "restarted listener never bound"; exit 1; }
+	sleep 0.1
+done
+"$PROBE" connect --addr 127.0.0.1 --port "$rport" --small 10 --large-count 0 \
+	>"$dir/rc2.out" 2>"$dir/rc2.err" || { echo "connect to the restarted listener failed"; exit 1; }
+wait "$srv" || { echo "restarted server failed"; cat "$dir/r2.err"; srv=; exit 1; }
+srv=
+echo "peer-restart: time_wait=yes rebind=yes taken_port_refused=yes"
 echo "peer-loopback: $summary mb_s=$mbs"
