@@ -300,6 +300,16 @@ def _trainer_main(work, seed):
     task = toy.ToyTask(sl.CFG["vocab_size"])
     cli, parts = None, []
     step = 0
+
+    def step_and_record(step, v):
+        """One training step; version v's expected sink contents saved
+        atomically (written aside, renamed) for the checking side."""
+        rec = trainer.step(*task.batch_at(step))
+        tmp = os.path.join(work, "exp_%d.pt.tmp" % v)
+        torch.save(sl.expected(model), tmp)
+        os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
+        return rec
+
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -328,22 +338,14 @@ def _trainer_main(work, seed):
             elif cmd[0] == "publish":
                 v = int(cmd[1])
                 step += 1
-                rec = trainer.step(*task.batch_at(step))
-                want = sl.expected(model)
-                tmp = os.path.join(work, "exp_%d.pt.tmp" % v)
-                torch.save(want, tmp)
-                os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
+                rec = step_and_record(step, v)
                 infos = [publish_retry(cli, sl, p, v, rec) for p in parts]
                 print("ok %d %d" % (sum(i["dense"] for i in infos),
                                     sum(i["sinks"] for i in infos)), flush=True)
             elif cmd[0] == "publish-die":
                 v = int(cmd[1])
                 step += 1
-                rec = trainer.step(*task.batch_at(step))
-                want = sl.expected(model)
-                tmp = os.path.join(work, "exp_%d.pt.tmp" % v)
-                torch.save(want, tmp)
-                os.rename(tmp, os.path.join(work, "exp_%d.pt" % v))
+                rec = step_and_record(step, v)
                 info = publish_retry(cli, sl, parts[0], v, rec)
                 print("half %d %d" % (v, info["sinks"]), flush=True)
                 go = sys.stdin.readline().split()

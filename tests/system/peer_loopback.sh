@@ -61,6 +61,17 @@ summary=$(grep '^peer: ' "$dir/srv.out" | sed 's/^peer: //; s/ bad=0//')
 # listener first.  Whether the listener's side ends in TIME_WAIT (FIN) or
 # is reset (RST: data still unread when it died) is the kernel's call, so
 # rounds repeat, on the same port, until one leaves TIME_WAIT behind.
+# await_listener PORTFILE ERRFILE WHAT: wait up to 10 s for the listener
+# $srv to write its port; fail loudly, with its log, if it dies first.
+await_listener() {
+	i=0
+	until [ -s "$1" ]; do
+		i=$((i + 1))
+		kill -0 "$srv" 2>/dev/null || { echo "$3 failed:"; cat "$2"; srv=; exit 1; }
+		[ $i -lt 100 ] || { echo "$3 never bound"; exit 1; }
+		sleep 0.1
+	done
+}
 rport=
 tw=no
 round=0
@@ -70,13 +81,7 @@ while [ $round -lt 8 ] && [ $tw = no ]; do
 	"$PROBE" serve --addr 127.0.0.1 ${rport:+--port "$rport"} --portfile "$dir/rport" \
 		>"$dir/r1.out" 2>"$dir/r1.err" &
 	srv=$!
-	i=0
-	until [ -s "$dir/rport" ]; do
-		i=$((i + 1))
-		kill -0 "$srv" 2>/dev/null || { echo "round $round: listener failed:"; cat "$dir/r1.err"; srv=; exit 1; }
-		[ $i -lt 100 ] || { echo "round $round: listener never bound"; exit 1; }
-		sleep 0.1
-	done
+	await_listener "$dir/rport" "$dir/r1.err" "round $round: listener"
 	rport=$(cat "$dir/rport")
 	"$PROBE" connect --addr 127.0.0.1 --port "$rport" --small 1 --large-count 0 --hold \
 		>"$dir/rc.out" 2>"$dir/rc.err" &
@@ -110,13 +115,7 @@ done
 "$PROBE" serve --addr 127.0.0.1 --port "$rport" --portfile "$dir/rport2" --downs 1 \
 	>"$dir/r2.out" 2>"$dir/r2.err" &
 srv=$!
-i=0
-until [ -s "$dir/rport2" ]; do
-	i=$((i + 1))
-	kill -0 "$srv" 2>/dev/null || { echo "restarted listener failed in TIME_WAIT:"; cat "$dir/r2.err"; srv=; exit 1; }
-	[ $i -lt 100 ] || { echo "restarted listener never bound"; exit 1; }
-	sleep 0.1
-done
+await_listener "$dir/rport2" "$dir/r2.err" "restarted listener (in TIME_WAIT)"
 "$PROBE" connect --addr 127.0.0.1 --port "$rport" --small 10 --large-count 0 \
 	>"$dir/rc2.out" 2>"$dir/rc2.err" || { echo "connect to the restarted listener failed"; exit 1; }
 wait "$srv" || { echo "restarted server failed"; cat "$dir/r2.err"; srv=; exit 1; }
