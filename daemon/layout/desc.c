@@ -11,7 +11,12 @@ struct desc_key {
 	int64_t    *val;
 };
 
-/* Parses "k=v,k=v" against keys; every key must be known and integer. */
+/* Every option is a parallel degree, an index or a flag: bounding them here
+ * keeps the generators' products (tp*dp, ep*etp, ...) far from overflow. */
+#define DESC_MAX_VALUE (INT64_C(1) << 20)
+
+/* Parses "k=v,k=v" against keys; every key must be known and an integer in
+ * [0, DESC_MAX_VALUE]. */
 static int desc_parse_kv(const char *who, const char *s, struct desc_key *keys, size_t nkeys,
 			 char *err, size_t errlen)
 {
@@ -36,6 +41,9 @@ static int desc_parse_kv(const char *who, const char *s, struct desc_key *keys, 
 		v = strtoll(eq + 1, &end, 10);
 		if (errno || end == eq + 1 || *end)
 			return dte_layout_err(err, errlen, "%s: %s=\"%s\" is not an integer", who, tok, eq + 1);
+		if (v < 0 || v > DESC_MAX_VALUE)
+			return dte_layout_err(err, errlen, "%s: %s=%lld is out of range [0, %lld]", who, tok,
+					      v, (long long)DESC_MAX_VALUE);
 		*keys[i].val = v;
 	}
 	return 0;

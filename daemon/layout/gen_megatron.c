@@ -391,12 +391,13 @@ static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *
 		    int64_t etp, char *err, size_t errlen)
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
-	int64_t world = cfg->tp * cfg->dp, l;
+	int64_t world, l;
 	int dense = 0;
 
 	if (cfg->tp < 1 || cfg->dp < 1 || cfg->ep < 1 || etp < 1 || cfg->tp > MG_MAX_PARALLEL ||
 	    cfg->dp > MG_MAX_PARALLEL || cfg->ep > MG_MAX_PARALLEL || etp > MG_MAX_PARALLEL)
 		return dte_layout_err(err, errlen, "megatron: tp, dp, ep, etp must be in [1, %d]", MG_MAX_PARALLEL);
+	world = cfg->tp * cfg->dp;
 	if (c->heads % cfg->tp)
 		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide num_attention_heads=%lld",
 				      (long long)cfg->tp, (long long)c->heads);
@@ -430,12 +431,13 @@ int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
 	int64_t T = cfg->tp, etp = cfg->etp ? cfg->etp : cfg->tp, t, d, layer;
-	int64_t world = cfg->tp * cfg->dp, edp, eg, total;
+	int64_t world, edp, eg, total;
 	struct mg_list m;
 	int rc = -1;
 
 	if (mg_check(spec, cfg, etp, err, errlen))
 		return -1;
+	world = cfg->tp * cfg->dp; /* bounded by mg_check */
 	snprintf(l->desc, sizeof(l->desc), "megatron:tp=%lld,dp=%lld%s", (long long)T, (long long)cfg->dp,
 		 c->experts ? "+moe" : "");
 	memset(&m, 0, sizeof(m));
@@ -544,7 +546,7 @@ int dte_megatron_shard_pieces(struct dte_layout *l, const struct dte_spec *spec,
 			      char *err, size_t errlen)
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
-	int64_t T = cfg->tp, etp = cfg->etp ? cfg->etp : cfg->tp, t = rank % T, layer;
+	int64_t T = cfg->tp, etp = cfg->etp ? cfg->etp : cfg->tp, t, layer;
 	struct mg_list m;
 	struct mg_named *idx = NULL;
 	size_t i;
@@ -552,6 +554,7 @@ int dte_megatron_shard_pieces(struct dte_layout *l, const struct dte_spec *spec,
 
 	if (mg_check(spec, cfg, etp, err, errlen))
 		return -1;
+	t = rank % T; /* T >= 1: mg_check */
 	if ((int64_t)rank >= cfg->tp * cfg->dp)
 		return dte_layout_err(err, errlen, "mcore: rank %u; tp*dp = %lld ranks", rank,
 				      (long long)(cfg->tp * cfg->dp));

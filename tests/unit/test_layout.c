@@ -128,6 +128,9 @@ static void test_generator_config_errors(void **state)
 	expect_gen_error(&s, "megatron:tp=0", DTE_LAYOUT_SOURCE, "tp");
 	expect_gen_error(&s, "megatron:tp=2,pp=2", DTE_LAYOUT_SOURCE, "unknown option");
 	expect_gen_error(&s, "megatron:tp=x", DTE_LAYOUT_SOURCE, "not an integer");
+	/* fuzz_layout: tp*dp overflowed int64 before the range check ran */
+	expect_gen_error(&s, "megatron:tp=3333333330000000333,dp=7", DTE_LAYOUT_SOURCE, "out of range");
+	expect_gen_error(&s, "sglang:tp=-2", DTE_LAYOUT_SINK, "out of range");
 	expect_gen_error(&s, "sglang:tp=3", DTE_LAYOUT_SINK, "num_attention_heads");
 	expect_gen_error(&s, "sglang:tp=8,ep=3", DTE_LAYOUT_SINK, "ep=3");
 	expect_gen_error(&s, "vllm:tp=8,ep=2", DTE_LAYOUT_SINK, "ep must be 1 or tp");
