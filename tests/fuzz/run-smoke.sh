@@ -7,12 +7,17 @@
 # $B/fuzz/artifacts/ and fails the run.  One line per target, then
 #   fuzz: targets=N execs=E crashes=C
 #
+# The mutation seed is fixed (FUZZ_SEED, default 1) so that a finding in CI
+# replays the same way on a developer's machine of similar speed; set
+# FUZZ_SEED=0 for libFuzzer's own random seed (a longer campaign).
+#
 # Usage (from the repo root): B=build FUZZ_SECONDS=20 tests/fuzz/run-smoke.sh fuzz_frame ...
 # Reproduce a finding: $B/fuzz/<target> $B/fuzz/artifacts/<target>-crash-...
 set -u
 
 B=${B:-build}
 SECS=${FUZZ_SECONDS:-20}
+SEED=${FUZZ_SEED:-1}
 work=$(mktemp -d "${TMPDIR:-/tmp}/dte-fuzz.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT INT TERM
 mkdir -p "$B/fuzz/artifacts"
@@ -29,7 +34,7 @@ for t in "$@"; do
 		continue
 	fi
 	mkdir -p "$work/$t" "$seeds"
-	"$bin" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
+	"$bin" -seed="$SEED" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
 		-print_final_stats=1 -artifact_prefix="$B/fuzz/artifacts/$t-" \
 		"$work/$t" "$seeds" >"$log" 2>&1
 	rc=$?
@@ -39,10 +44,10 @@ for t in "$@"; do
 	nseed=$(ls "$seeds" | wc -l)
 	execs=$((execs + ${n:-0}))
 	if [ "$rc" -eq 0 ]; then
-		echo "$t: execs=${n:-0} cov=${cov:-0} seeds=$nseed new=$corp time=${SECS}s ok"
+		echo "$t: execs=${n:-0} cov=${cov:-0} seeds=$nseed new=$corp time=${SECS}s seed=$SEED ok"
 	else
 		crashes=$((crashes + 1))
-		echo "$t: execs=${n:-0} cov=${cov:-0} FAILED (exit $rc)"
+		echo "$t: execs=${n:-0} cov=${cov:-0} seed=$SEED FAILED (exit $rc)"
 		grep -E 'ERROR: |SUMMARY: |property broken|runtime error|Test unit written' "$log" |
 			head -n 8 | sed 's/^/    /'
 	fi
