@@ -1182,10 +1182,10 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 			for (size_t q = 0; q < j->npairs; q++) {
 				if (j->pairs[q].dst != pi->id)
 					continue;
-				if (j->pairs[q].applied > p->version)
-					p->version = j->pairs[q].applied;
-				if (j->pairs[q].staged > p->staged)
-					p->staged = j->pairs[q].staged;
+				if (j->pairs[q].sm.applied > p->version)
+					p->version = j->pairs[q].sm.applied;
+				if (j->pairs[q].sm.staged > p->staged)
+					p->staged = j->pairs[q].sm.staged;
 			}
 		}
 		rep->participants[i] = p;

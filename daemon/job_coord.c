@@ -746,14 +746,9 @@ void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
 		if (old && old->hash == pairs[k].hash) {
 			pairs[k].dirty = old->dirty;
 			old->dirty = NULL;
-			pairs[k].last_sent = old->last_sent;
-			pairs[k].prev_sent = old->prev_sent;
-			pairs[k].sent_epoch = old->sent_epoch;
-			pairs[k].need_dense = old->need_dense;
-			pairs[k].staged = old->staged;
-			pairs[k].applied = old->applied;
+			pair_sm_replanned(&pairs[k].sm, &old->sm);
 		} else {
-			pairs[k].need_dense = 1;
+			pair_sm_replanned(&pairs[k].sm, NULL);	/* entries changed: dense */
 		}
 	}
 	jplan_free(j);

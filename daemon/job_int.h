@@ -11,6 +11,7 @@
 #include "daemon/job.h"
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
+#include "daemon/pair_sm.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
 #include "proto/peer.pb-c.h"
@@ -55,12 +56,7 @@ struct jpair {
 	/* source side */
 	uint64_t **dirty;         /* per entry: bitmap of marked steps */
 	struct jsnap *snap;       /* detect = snapshot: per entry, values last captured */
-	uint64_t last_sent;       /* version last sent (0: none) */
-	uint64_t prev_sent;       /* the one sent before it (0: none) */
-	uint64_t sent_epoch;      /* plan epoch last_sent went out under */
-	int need_dense;
-	uint64_t staged, applied; /* what the sink acknowledged */
-	uint64_t failed;          /* newest version the sink reported not applied */
+	struct pair_sm sm;        /* sent, acknowledged, sparse or dense (pair_sm.h) */
 };
 
 /* One PAYLOAD part as received: entries [first, first + entries) of the

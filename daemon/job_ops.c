@@ -25,17 +25,7 @@ struct jverify {
 	struct jverify *next;
 };
 
-/* Pairs a resync forced dense, so the fallback gets its reason. */
-struct jresync {
-	char job[JOB_NAME_MAX];
-	uint64_t src, dst;
-	struct jresync *next;
-};
-
 static struct jverify *verifies;
-static struct jresync *resyncs;
-static unsigned nresyncs;
-#define RESYNC_MARKS_MAX 4096
 
 static void jverify_free(struct jverify *v)
 {
@@ -48,13 +38,6 @@ static void jverify_free(struct jverify *v)
 
 void jops_fini(void)
 {
-	while (resyncs) {
-		struct jresync *r = resyncs;
-
-		resyncs = r->next;
-		free(r);
-	}
-	nresyncs = 0;
 	while (verifies) {
 		struct jverify *v = verifies;
 
@@ -154,7 +137,7 @@ static int box_sum(const struct dte_box_map *m, const uint16_t *dst, uint64_t le
 
 /* Pairs of j feeding sink dst whose source is on this daemon: dense at the
  * next version.  Returns how many. */
-static uint32_t force_dense_local(struct job *j, uint64_t dst, int mark)
+static uint32_t force_dense_local(struct job *j, uint64_t dst, int resync)
 {
 	uint32_t n = 0;
 
@@ -163,20 +146,8 @@ static uint32_t force_dense_local(struct job *j, uint64_t dst, int mark)
 
 		if ((dst && p->dst != dst) || !job_local(j, p->src))
 			continue;
-		p->need_dense = 1;
+		pair_sm_event(&p->sm, resync ? PAIR_EV_RESYNC : PAIR_EV_REPAIR, 0, 0);
 		n++;
-		if (mark && nresyncs < RESYNC_MARKS_MAX) {
-			struct jresync *r = calloc(1, sizeof(*r));
-
-			if (r) {
-				snprintf(r->job, sizeof(r->job), "%s", j->name);
-				r->src = p->src;
-				r->dst = p->dst;
-				r->next = resyncs;
-				resyncs = r;
-				nresyncs++;
-			}
-		}
 	}
 	return n;
 }
@@ -350,32 +321,4 @@ Dte__Status job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char
 	DLOG_N("job %s: resync of %s: %u local pairs dense at the next version, %u sinks' remote "
 	       "sources told", j->name, rq->sink ? "one sink" : "every sink", rep->pairs, rep->remote);
 	return DTE__STATUS__STATUS_OK;
-}
-
-const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
-			      const struct jpair *p, int stepped)
-{
-	for (struct jresync **pp = &resyncs; *pp; pp = &(*pp)->next) {
-		struct jresync *r = *pp;
-
-		if (r->src == p->src && r->dst == p->dst && !strcmp(r->job, j->name)) {
-			*pp = r->next;
-			free(r);
-			nresyncs--;
-			return "resync";
-		}
-	}
-	if (!p->last_sent || !src->last_version)
-		return "initial";
-	if (p->need_dense || (src->marked && !p->dirty))
-		return "repair";
-	if (!stepped)
-		return "step_gap";
-	if (p->last_sent != src->last_version)
-		return "missed_version";
-	/* job_src.c's rule: at most one unacknowledged version under a
-	 * sparse one, and none sent under an older plan. */
-	if (p->staged < p->prev_sent)
-		return "unacked_base";
-	return "replan";
 }

@@ -36,10 +36,4 @@ void jops_applied(struct jlocal *l, const struct jstaged *st);
 /* job_sink.c: the sink goes away. */
 void jops_sink_free(struct jlocal *l);
 
-/* job_src.c: why pair p is captured dense this version (a metric label):
- * initial, resync, repair, step_gap, missed_version, unacked_base,
- * replan. */
-const char *jops_dense_reason(const struct job *j, const struct jlocal *src,
-			      const struct jpair *p, int stepped);
-
 #endif

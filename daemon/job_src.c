@@ -95,30 +95,6 @@ static struct dtc_consts *derive_groups(Dte__HParams *const *g, size_t n, int64_
 	return k;
 }
 
-/* The rule for building on an unacknowledged version (docs/SYNC.md,
- * "Sparse or dense").  Version v goes sparse to p's sink, on top of v−1
- * (what this source published last), only when all of these hold:
- *   1. v−1 went to this sink (last_sent) and every optimizer step since
- *      it is in the pair's dirty bitmap (`stepped`, marks for K > 1);
- *   2. nothing failed since: no refusal, checksum failure or send error
- *      (need_dense clear);
- *   3. the sink acknowledged STAGED for the version sent before v−1, or a
- *      later one: at most one unacknowledged version lies under a sparse
- *      one, so a lost version costs one refusal, never a chain of them;
- *   4. v−1 went out under the current plan epoch, or the sink acknowledged
- *      it: a re-plan makes sinks drop versions of the old epoch in flight.
- * Whatever is sent, the sink applies a sparse version only on exactly the
- * base it names; a refusal sets need_dense, so the next version is dense. */
-static int pair_can_sparse(const struct job *j, const struct jlocal *l, const struct jpair *p,
-			   int stepped)
-{
-	if (!stepped || p->need_dense || !p->last_sent || p->last_sent != l->last_version)
-		return 0;
-	if (p->staged < p->prev_sent)
-		return 0;
-	return p->sent_epoch == j->epoch || p->staged >= p->last_sent;
-}
-
 /* ------------------------------------------------------------- captures */
 
 static void cap_work(uv_work_t *w)
@@ -283,7 +259,7 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		for (size_t i = 0; i < c->np; i++) {
 			struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
 
-			c->p[i].want_dirty = !p->need_dense;
+			c->p[i].want_dirty = !p->sm.need_dense;
 			cap_take_dirty(j, c, &c->p[i]);
 		}
 		*deferred = 1;
@@ -497,6 +473,7 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	struct jlocal *l;
 	struct jcap *c;
 	int stepped, first, dev = 0;
+	enum pair_why why;
 
 	*deferred = 0;
 	(void)rep;
@@ -543,11 +520,12 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 		 * bitmap; this one is scanned by the capture (host: inside
 		 * dtc_detect; device and snapshot: into a bitmap for this
 		 * version only). */
-		cp->sparse = pair_can_sparse(j, l, p, stepped) && (p->dirty || !l->marked);
+		why = pair_sm_decide(&p->sm, l->last_version, j->epoch, stepped, l->marked && !p->dirty);
+		cp->sparse = why == PAIR_WHY_NONE;
 		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		cp->remote = dst && !route_is_self(dst->node, NULL);
 		if (!cp->sparse)
-			dmetrics_add(DM_DENSE_FALLBACKS, jops_dense_reason(j, l, p, stepped), 1);
+			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(why), 1);
 		cap_take_dirty(j, c, cp);
 	}
 	*deferred = 1;
@@ -573,7 +551,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
 
 			if (p)
-				p->need_dense = 1;
+				pair_sm_event(&p->sm, PAIR_EV_CAPTURE_FAILED, c->version, j->epoch);
 		}
 		l->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
@@ -616,12 +594,13 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			/* Re-planned while capturing: these entries are not the
 			 * pair's any more; its next version is dense. */
 			if (p)
-				p->need_dense = 1;
+				pair_sm_event(&p->sm, PAIR_EV_REPAIR, c->version, j->epoch);
 			continue;
 		}
 		rc = send_pair(j, c, cp, base);
 		if (rc < 0) {
-			p->need_dense = 1;	/* that sink misses this version; the rest proceed */
+			/* that sink misses this version; the rest proceed */
+			pair_sm_event(&p->sm, PAIR_EV_SEND_FAILED, c->version, j->epoch);
 			continue;
 		}
 		dmetrics_add(DM_WIRE_BYTES, cp->sparse ? "sparse" : "dense", (double)cp->chunk_len);
@@ -633,10 +612,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			h->sparse++;
 		else
 			h->dense++;
-		p->prev_sent = p->last_sent;
-		p->last_sent = c->version;
-		p->sent_epoch = j->epoch;
-		p->need_dense = 0;
+		pair_sm_event(&p->sm, PAIR_EV_SENT, c->version, j->epoch);
 		sinks++;
 	}
 	for (size_t i = 0; i < c->np; i++)
@@ -645,10 +621,10 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	h->sinks = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
-		int once = p->last_sent == c->version && job_local(j, p->src);
+		int once = p->sm.last_sent == c->version && job_local(j, p->src);
 
 		for (size_t q = 0; once && q < i; q++)
-			if (j->pairs[q].dst == p->dst && j->pairs[q].last_sent == c->version &&
+			if (j->pairs[q].dst == p->dst && j->pairs[q].sm.last_sent == c->version &&
 			    job_local(j, j->pairs[q].src))
 				once = 0;
 		h->sinks += once;
@@ -719,8 +695,7 @@ void jsrc_staged(struct job *j, const Dtep__Staged *m)
 
 	if (!p || !job_local(j, m->src))
 		return;
-	if (m->version > p->staged)
-		p->staged = m->version;
+	pair_sm_event(&p->sm, PAIR_EV_STAGED, m->version, 0);
 	h = jhist_find(j, m->version);
 	if (h && ++h->staged_acks == h->pairs) {
 		h->transfer_ms = job_ms_since(h->t_captured);
@@ -740,16 +715,10 @@ void jsrc_applied(struct job *j, const Dtep__Applied *m)
 		if (p->dst != m->dst || !job_local(j, p->src))
 			continue;
 		if (!seen) {
-			prev = p->applied;
+			prev = p->sm.applied;
 			seen = 1;
 		}
-		if (ok && m->version > p->applied)
-			p->applied = m->version;
-		if (!ok) {	/* whatever the sink holds now, the next version repairs it */
-			p->need_dense = 1;
-			if (m->version > p->failed)
-				p->failed = m->version;
-		}
+		pair_sm_event(&p->sm, ok ? PAIR_EV_APPLIED : PAIR_EV_APPLY_FAILED, m->version, 0);
 	}
 	if (!seen)
 		return;
@@ -783,7 +752,7 @@ int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, 
 
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
-		int first = 1;
+		int first = 1, has;
 
 		if (!job_local(j, p->src))
 			continue;
@@ -791,12 +760,13 @@ int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, 
 			if (j->pairs[q].dst == p->dst && job_local(j, j->pairs[q].src))
 				first = 0;
 		n += first;
-		if (p->applied >= version)
+		has = pair_sm_has(&p->sm, version);
+		if (has > 0)
 			continue;
-		if (p->failed >= version) {
+		if (has < 0) {
 			snprintf(err, errlen, "sink %llx did not apply version %llu cleanly (checksum or "
 				 "refusal, see the daemon log); the next version repairs it densely",
-				 (unsigned long long)p->dst, (unsigned long long)p->failed);
+				 (unsigned long long)p->dst, (unsigned long long)p->sm.failed);
 			*sinks = n;
 			return -1;
 		}

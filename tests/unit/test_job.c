@@ -866,7 +866,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_true(j->refused > refused0);
 	assert_true(unchanged(snap));
 	free(snap);
-	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
 	{
 		uint32_t sinks;
 
@@ -940,7 +940,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	}
 	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
 	assert_int_equal(job_local(j, sink.participant)->staging_drops, 1);
-	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
 	adamw_step(17, 222);
 	assert_int_equal(publish(22, 17, &pr), 0);
 	assert_int_equal(pr.dense, 1);          /* for the sink that dropped */
@@ -1162,7 +1162,7 @@ static void test_parts(void **state)
 	assert_int_equal(staged(), v - 1);
 	assert_true(unchanged(snap));
 	free(snap);
-	assert_true(job_pair(j, src.participant, sink.participant)->need_dense);
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
 	v++;
 	publish_exact(v++, ++step, 1);
 

@@ -1,0 +1,96 @@
+/* daemon/pair_sm.h — the source side of one (source, sink) pair as a state
+ * machine (docs/SYNC.md, "The pair's state machine").
+ *
+ * One owner: the loop thread of the daemon that holds the source.  Events
+ * come from the capture (sent, send failed, capture failed), from the sink's
+ * acknowledgements (staged, applied, apply failed), from the coordinator
+ * (re-planned) and from the operator (resync); the one decision they feed
+ * is whether the pair's next version is sparse, on top of the version the
+ * source published last, or dense — and why.  Nothing here reads a clock,
+ * a job or the network, so tests/unit/test_pair_sm.c drives it through
+ * every state × event directly.
+ *
+ * The rule for building on an unacknowledged version: version v goes
+ * sparse to the sink, on top of v−1 (what this source published last),
+ * only when all of these hold:
+ *   1. v−1 went to this sink (last_sent) and every optimizer step since it
+ *      is in the pair's dirty state (`stepped`, marks for K > 1);
+ *   2. nothing failed since: no refusal, checksum failure, send or capture
+ *      error, no resync asked for (need_dense clear);
+ *   3. the sink acknowledged STAGED for the version sent before v−1, or a
+ *      later one: at most one unacknowledged version lies under a sparse
+ *      one, so a lost version costs one refusal, never a chain of them;
+ *   4. v−1 went out under the current plan epoch, or the sink acknowledged
+ *      it: a re-plan makes sinks drop versions of the old epoch in flight.
+ * Whatever is sent, the sink applies a sparse version only on exactly the
+ * base it names; a refusal sets need_dense, so the next version is dense.
+ */
+#ifndef DTED_PAIR_SM_H
+#define DTED_PAIR_SM_H
+
+#include <stdint.h>
+
+/* Why the next version of a pair is dense (the names are the
+ * dted_dense_fallbacks_total{reason} labels). */
+enum pair_why {
+	PAIR_WHY_NONE = 0,        /* sparse */
+	PAIR_WHY_INITIAL,         /* nothing sent to this sink yet, or nothing published */
+	PAIR_WHY_RESYNC,          /* the operator asked (dtectl resync) */
+	PAIR_WHY_REPAIR,          /* a failure: refusal, checksum, send, capture, entries changed */
+	PAIR_WHY_STEP_GAP,        /* a step since v−1 is not in the dirty state */
+	PAIR_WHY_MISSED_VERSION,  /* v−1 did not go to this sink */
+	PAIR_WHY_UNACKED_BASE,    /* the version under v−1 is not acknowledged STAGED */
+	PAIR_WHY_REPLAN,          /* v−1 went out under an older plan, unacknowledged */
+};
+
+/* Events other than the decision itself. */
+enum pair_event {
+	PAIR_EV_SENT,             /* version went out (COUNTS handed to the transport) */
+	PAIR_EV_SEND_FAILED,      /* the transport refused it: this sink misses the version */
+	PAIR_EV_CAPTURE_FAILED,   /* the capture of the version failed */
+	PAIR_EV_STAGED,           /* the sink acknowledged STAGED for a version */
+	PAIR_EV_APPLIED,          /* the sink applied a version (checksum verified) */
+	PAIR_EV_APPLY_FAILED,     /* the sink refused a version or its checksum failed */
+	PAIR_EV_RESYNC,           /* the operator asked for a dense version */
+	PAIR_EV_REPAIR,           /* something else this daemon saw went wrong (verify) */
+};
+
+struct pair_sm {
+	uint64_t last_sent;       /* version last sent (0: none) */
+	uint64_t prev_sent;       /* the one sent before it (0: none) */
+	uint64_t sent_epoch;      /* plan epoch last_sent went out under */
+	uint64_t staged;          /* newest version the sink acknowledged STAGED */
+	uint64_t applied;         /* newest version it applied */
+	uint64_t failed;          /* newest version it reported not applied */
+	int need_dense;           /* rule 2 broken: the next version is dense */
+	enum pair_why why;        /* why need_dense (PAIR_WHY_REPAIR or _RESYNC) */
+};
+
+/* A new pair (or one whose entries changed): its first version is dense. */
+void pair_sm_init(struct pair_sm *s);
+
+/* One event.  `version` is the version concerned (ignored by SEND_FAILED,
+ * CAPTURE_FAILED, RESYNC and REPAIR); `epoch` only matters for SENT. */
+void pair_sm_event(struct pair_sm *s, enum pair_event ev, uint64_t version, uint64_t epoch);
+
+/* A re-plan kept the pair's entries (same hash): its state carries over.
+ * A pair whose entries changed starts again from pair_sm_init plus
+ * need_dense (PAIR_WHY_REPAIR). */
+void pair_sm_replanned(struct pair_sm *s, const struct pair_sm *old);
+
+/* The decision for the source's next version.  `src_last` is the version
+ * the source published last (0: none), `epoch` the job's plan epoch now,
+ * `stepped` whether every optimizer step since src_last is in the pair's
+ * dirty state, `marks_lost` whether marks were scanned since but the pair
+ * kept none (its bitmap was dropped).  Returns PAIR_WHY_NONE for sparse. */
+enum pair_why pair_sm_decide(const struct pair_sm *s, uint64_t src_last, uint64_t epoch,
+			     int stepped, int marks_lost);
+
+/* The label of a reason ("sparse" for PAIR_WHY_NONE). */
+const char *pair_sm_why_name(enum pair_why why);
+
+/* Whether the sink has version v: 1 applied (or a later one), -1 it
+ * reported v or a later version not applied, 0 not yet. */
+int pair_sm_has(const struct pair_sm *s, uint64_t version);
+
+#endif
