@@ -18,7 +18,7 @@
 
 /* Bump only when an existing peer.proto message changes meaning
  * (history in proto/peer.proto). */
-#define PEER_PROTO_VERSION 2u
+#define PEER_PROTO_VERSION 3u
 
 struct dtc_backend;
 struct dreply;

@@ -271,9 +271,8 @@ DTC_HD static inline int dtc_adamw_flag(const struct dtc_consts *k, float theta,
 	return !dtc_adamw_quiet(k, theta, m, v) && dtc_adamw_changed(k, theta, m, v);
 }
 
-/* Checksum term of one destination element: a splitmix64 finalizer over
- * (index, bits).  Sums mod 2^64 of these are order-independent, so partial
- * sums from several senders add up to the receiver's recomputation. */
+/* splitmix64's finalizer: a 64-bit mix for hashing (plan digests, test
+ * data); the element checksum below no longer uses it. */
 DTC_HD static inline uint64_t dtc_mix64(uint64_t x)
 {
 	x += 0x9e3779b97f4a7c15ull;
@@ -282,9 +281,35 @@ DTC_HD static inline uint64_t dtc_mix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+/* The element checksum (DESIGN §2.3): Σ over a buffer's elements of
+ * key(index) · bits, mod 2^64, where bits is the element's BF16 and
+ * key(index) an odd 32-bit number drawn from the index: a Weyl step
+ * k = index · 0x9e3779b97f4a7c15 folded as (k ^ k >> 32) | 1, low 32 bits.
+ * Sums are order-independent, so partial sums from several senders add up
+ * to the receiver's recomputation, and a change of an element from old to
+ * new moves the sum by key(index) · (new − old).
+ *
+ * What it catches (docs/SYNC.md, "The checksum"): each term is below 2^48
+ * and a difference below 2^48 in size, so for fewer than 2^15 wrong
+ * elements the sum of their differences is taken exactly, without
+ * wrapping.  One wrong element always changes the sum (key odd, new ≠ old).
+ * For k ≥ 2 wrong elements with differences Δ_1..Δ_k, the sum is unchanged
+ * only if key_k · Δ_k = −Σ_{i<k} key_i · Δ_i, which at most one of the 2^31
+ * odd keys satisfies: with keys that behave as independent of the errors,
+ * a probability of at most 2^-31 per corrupted version.  (splitmix64 per
+ * element gave about 2^-64, at two 64-bit multiplies and six shifts and
+ * xors per element; this costs one 32×32-bit multiply, which AVX-512's
+ * vpmuludq does for 8 lanes in one cheap instruction.) */
+DTC_HD static inline uint64_t dtc_csum_key(uint64_t index)
+{
+	uint64_t k = index * 0x9e3779b97f4a7c15ull;
+
+	return ((k ^ (k >> 32)) | 1u) & 0xffffffffull;
+}
+
 DTC_HD static inline uint64_t dtc_csum_term(uint64_t index, uint16_t bits)
 {
-	return dtc_mix64((index << 16) | bits);
+	return dtc_csum_key(index) * bits;
 }
 
 #endif

@@ -107,7 +107,8 @@ def bounds(res):
             "as they arrive into a sink parked at its safe point, with the payload's values "
             "swapped for the old ones so a failed version can be rolled back, would take the "
             "apply off that sum; the checksum stays. The checksum is compute "
-            "(splitmix64 per element, about %.0f%% of the detect's time on these 2 cores, "
+            "(one 32-bit multiply per element by a key drawn from its index, gpu/elem.h "
+            "dtc_csum_term, about %.0f%% of the detect's time on these 2 cores, "
             "where the detect, at %.2f of the stream, leaves no memory stall for the mix to "
             "hide in); on a GPU the same kernels are bound by HBM reads "
             "(`make bench-gpu`)." % (
@@ -341,8 +342,8 @@ def write_e2e(w, res, e2e, snap, sc):
       "%.3f s against the scan floor %.3f s (ratio %.2f). The answer goes as soon as the "
       "source memory has been read, before framing and sending: what remains inside it is the "
       "one-pass detect and the expected checksum, which DESIGN §2.3 requires of every version "
-      "over the whole expected content, so every element's BF16 is mixed (splitmix64; on this "
-      "CPU about as much compute per element as the detect itself). Against detect + checksum "
+      "over the whole expected content, so every element's BF16 is converted and multiplied "
+      "by its index's key (gpu/elem.h, dtc_csum_term). Against detect + checksum "
       "as bench_scan measures it (%s s) the ratio is %s.%s" % (
           e2e["stall_s"], fl, e2e["stall_s"] / fl, "%.3f" % flc if flc else "-",
           "%.2f" % (e2e["stall_s"] / flc) if flc else "-", memfd_note(res, e2e["stall_s"])))

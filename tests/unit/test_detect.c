@@ -53,8 +53,12 @@ enum fill { FILL_ADAMW, FILL_SPARSE, FILL_QUIET, FILL_NAN };
 static void fill(const struct dtc_consts *k, float *p, float *m, float *v, uint64_t len,
 		 enum fill how)
 {
+	/* qNaN, −Inf, denormals (which vcvtneps2bf16 would flush), −0, the
+	 * largest finite (rounds to Inf), ties to even both ways, signalling
+	 * and negative NaNs with payloads (quieted, payload kept) */
 	static const uint32_t special[] = { 0x7fc00000u, 0xff800000u, 0x00000001u, 0x80000000u,
-					    0x7f7fffffu, 0x3f808000u };
+					    0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x807fffffu,
+					    0x7f800001u, 0xffbf1234u, 0x00400000u, 0xff7fffffu };
 
 	for (uint64_t i = 0; i < len; i++) {
 		float g = unif() * 1e-3f, g0 = unif() * 1e-3f, prev = unif() * 0.02f;
@@ -63,7 +67,7 @@ static void fill(const struct dtc_consts *k, float *p, float *m, float *v, uint6
 		v[i] = 0.999f * (0.001f * g0 * g0) + 0.001f * g * g;
 		p[i] = dtc_adamw_forward(k, prev, m[i], v[i]);
 		if (rnd() % 500 == 0)
-			p[i] = dtc_bits_f32(special[rnd() % 6]);
+			p[i] = dtc_bits_f32(special[rnd() % (sizeof(special) / sizeof(special[0]))]);
 		if (how == FILL_QUIET) {
 			m[i] = 0.0f;
 			p[i] = dtc_bf16_f32(dtc_bf16_rne(prev + 0.5f));
