@@ -233,6 +233,9 @@ def seeds_layout():
                                       (6, "megatron:tp=2,ep=2,etp=1,dopt=1"),
                                       (7, "sglang:tp=2,ep=2")]):
         write("fuzz_layout", "desc-%d" % i, bytes([mode]) + desc.encode())
+    # found by fuzz_layout in CI: tp*dp overflowed before the range check
+    write("fuzz_layout", "desc-overflow", b"\x04megatron:tp=3333333330000000333,dp=7")
+    write("fuzz_layout", "desc-zero-tp", b"\x04mcore:tp=0,dp=2")
 
 
 # --- fuzz_spec: config.json texts ---
