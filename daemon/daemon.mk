@@ -10,6 +10,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
 DAEMON_SRCS += daemon/job_storage.c
+# Heavy steps (apply, verify) on worker threads (docs/SYNC.md, Threads).
+DAEMON_SRCS += daemon/job_task.c
 # Operations: metrics (and their HTTP listener), verify/resync, config,
 # log-level.
 DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c
