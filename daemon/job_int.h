@@ -143,6 +143,7 @@ struct jlocal {
 	/* sink */
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t applied;
+	uint64_t staging;         /* a worker stages this version; 0: none */
 	uint64_t applying;        /* an apply on a worker brings it to this version; 0: none */
 	uint64_t apply_gen;       /* applies started: a verify that saw another one skips */
 	uint64_t checksum_failures;

@@ -365,6 +365,27 @@ static uint64_t get64(const uint8_t *p)
 	return x;
 }
 
+/* A version being staged on a worker (try_stage starts it, stage_done
+ * finishes it on the loop).  It owns the collected records (the jpend,
+ * unlinked from the sink) and copies of what decoding reads of the sink
+ * and the plan, so a detach or re-plan meanwhile cannot reach it. */
+struct jstage {
+	struct jtask t;
+	char job[JOB_NAME_MAX];
+	uint64_t participant;
+	struct jpend *p;
+	struct jentry **e;        /* per source: its pair's entries (NULL: no such pair) */
+	size_t *ne;
+	size_t ns;                /* sources (e, ne) */
+	size_t nbufs;
+	uint32_t *buf_ids;        /* the sink's layout buffer ids, ascending */
+	uint8_t *enc;             /* per slot: keep_encoded */
+	int wrong_value;          /* test hook: flip one value of the first sparse source */
+	struct jstaged *st;       /* result, or NULL with err */
+	char err[256];
+	double ms;
+};
+
 /* Whether entries into this buffer are applied from their payload bytes
  * (host memory) or decoded at staging: device memory is scattered from
  * host arrays by the cuda backend, and the storage writer reads the
@@ -374,6 +395,18 @@ static int keep_encoded(const struct job *j, const struct jlocal *l, const struc
 	if (b->cuda)
 		return 0;
 	return !(j->store && !strcmp(l->info.layout, JSTORE_CANON_LAYOUT));
+}
+
+/* jlocal_buf over the task's copy of the sink's buffer ids. */
+static int stage_slot(const struct jstage *g, uint32_t id, size_t *slot)
+{
+	for (size_t i = 0; i < g->nbufs; i++) {
+		if (g->buf_ids[i] == id) {
+			*slot = i;
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* Check (or decode) one entry's bytes into w.  0 or a DTC_* code. */
@@ -422,28 +455,27 @@ static int part_cmp(const void *a, const void *b)
  * entry checked (positions against its box), kept encoded or decoded
  * (keep_encoded); the parts' bytes move into st, which owns them from
  * here on. */
-static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, struct jstaged *st,
-		      char *err, size_t errlen)
+static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err, size_t errlen)
 {
-	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+	struct jpend_src *s = &g->p->s[si];
+	const struct jentry *pe = g->e[si];
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
-	size_t w0 = st->n, covered = 0;
+	size_t w0 = st->n, covered = 0, pn = g->ne[si];
 	int wrong_value = 0;
 
-	if (!pair || pair->n != c->n_counts) {
+	if (!pe || pn != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
-			 (unsigned long long)s->src, c->n_counts, pair ? pair->n : 0);
+			 (unsigned long long)s->src, c->n_counts, pe ? pn : 0);
 		return -1;
 	}
-	for (size_t i = 0; i < pair->n; i++) {
-		const struct jentry *e = &pair->e[i];
+	for (size_t i = 0; i < pn; i++) {
+		const struct jentry *e = &pe[i];
 		struct jwrite *w = &st->w[st->n];
 		uint64_t cnt = c->counts[i];
-		struct dbuf *b;
 		size_t slot;
 
-		if (!(b = jlocal_buf(l, e->dst_buf, &slot))) {
+		if (!stage_slot(g, e->dst_buf, &slot)) {
 			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
 			return -1;
 		}
@@ -475,7 +507,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		int codec, encoded = 0;
 
 		if (pt->part != k || pt->first < covered || pt->entries == 0 ||
-		    pt->entries > pair->n - pt->first) {
+		    pt->entries > pn - pt->first) {
 			snprintf(err, errlen, "source %llx: part %u (entries %u..+%u) missing, out of "
 				 "order or overlapping", (unsigned long long)s->src, pt->part, pt->first,
 				 pt->entries);
@@ -491,7 +523,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		covered = (size_t)pt->first + pt->entries;
 		for (size_t i = pt->first; i < covered; i++)
 			if (c->counts[i])
-				bound += 8 + (dense ? 2 * pair->e[i].box :
+				bound += 8 + (dense ? 2 * pe[i].box :
 					      dtc_sparse_bound(c->counts[i]));
 		if (dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK || claimed > bound) {
 			snprintf(err, errlen, "source %llx part %u: header invalid or larger than its "
@@ -510,10 +542,12 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			return -1;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
-		if (!k)
-			wrong_value = !dense && testhook_sink_value(st->version);
+		if (!k && !dense && g->wrong_value) {
+			wrong_value = 1;	/* the first sparse source only */
+			g->wrong_value = 0;
+		}
 		for (size_t i = pt->first; i < covered; i++) {
-			const struct jentry *e = &pair->e[i];
+			const struct jentry *e = &pe[i];
 			struct jwrite *w = &st->w[w0 + i];
 			uint64_t cnt = c->counts[i], len;
 			int r;
@@ -526,8 +560,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 				return -1;
 			}
 			off += 8;
-			r = stage_entry(w, keep_encoded(j, l, l->bufs[w->dst_slot]), e, cnt, data + off,
-					len);
+			r = stage_entry(w, g->enc[w->dst_slot], e, cnt, data + off, len);
 			encoded |= w->enc != NULL;
 			if (r != DTC_OK) {
 				snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
@@ -561,7 +594,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			free(raw);
 		}
 	}
-	for (size_t i = covered; i < pair->n; i++) {
+	for (size_t i = covered; i < pn; i++) {
 		if (c->counts[i]) {
 			snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
 				 (unsigned long long)c->counts[i]);
@@ -571,7 +604,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	for (size_t i = 0; i < c->n_checksums; i++) {
 		size_t slot;
 
-		if (!jlocal_buf(l, c->checksums[i]->dst_buffer, &slot)) {
+		if (!stage_slot(g, c->checksums[i]->dst_buffer, &slot)) {
 			snprintf(err, errlen, "checksum names buffer %u this sink does not have",
 				 c->checksums[i]->dst_buffer);
 			return -1;
@@ -581,19 +614,19 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	return 0;
 }
 
-static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, char *err,
-			      size_t errlen)
+/* Worker: the version's every record checked, kept encoded or decoded. */
+static struct jstaged *decode(struct jstage *g, char *err, size_t errlen)
 {
+	struct jpend *p = g->p;
 	struct jstaged *st = calloc(1, sizeof(*st));
-	size_t nw = 0, nparts = 0;
+	size_t nw = 0, nparts = 0, nb = g->nbufs ? g->nbufs : 1;
 
 	for (size_t i = 0; i < p->n; i++) {
 		nw += p->s[i].counts->n_counts;
 		nparts += p->s[i].nparts;
 	}
 	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
-	    !(st->expect = calloc(l->nbufs ? l->nbufs : 1, sizeof(*st->expect))) ||
-	    !(st->covered = calloc(l->nbufs ? l->nbufs : 1, 1)) ||
+	    !(st->expect = calloc(nb, sizeof(*st->expect))) || !(st->covered = calloc(nb, 1)) ||
 	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs))) ||
 	    !(st->held = calloc(nparts ? nparts : 1, sizeof(*st->held)))) {
 		snprintf(err, errlen, "out of memory");
@@ -604,7 +637,7 @@ static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, 
 	for (size_t i = 0; i < p->n; i++) {
 		st->srcs[st->nsrcs++] = p->s[i].src;
 		st->all_dense &= p->s[i].counts->mode == DTEP__MODE__MODE_DENSE;
-		if (decode_src(j, l, &p->s[i], st, err, errlen) < 0)
+		if (decode_src(g, i, st, err, errlen) < 0)
 			goto fail;
 	}
 	return st;
@@ -670,6 +703,146 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 	free(srcs);
 }
 
+static void stage_free(struct jstage *g)
+{
+	if (!g)
+		return;
+	if (g->st)
+		staged_free(g->st);
+	if (g->p)
+		pend_free(g->p);
+	for (size_t i = 0; g->e && i < g->ns; i++)
+		free(g->e[i]);
+	free(g->e);
+	free(g->ne);
+	free(g->buf_ids);
+	free(g->enc);
+	free(g);
+}
+
+/* Worker: check and keep (or decode) the version; what it does not keep
+ * of the records (a refused version's parts: up to the model's size) is
+ * freed here, not on the loop. */
+static void stage_run(struct jtask *t)
+{
+	struct jstage *g = (struct jstage *)t;
+	uint64_t t0 = uv_hrtime();
+
+	g->st = decode(g, g->err, sizeof(g->err));
+	for (size_t i = 0; i < g->p->n; i++)
+		pend_src_clear(&g->p->s[i]);
+	g->ms = job_ms_since(t0);
+}
+
+static void try_stage(struct job *j, struct jlocal *l);
+
+/* Loop: the staged version joins the sink's chain (or is refused), then
+ * the next one may go. */
+static void stage_done(struct jtask *t, int cancelled)
+{
+	struct jstage *g = (struct jstage *)t;
+	struct job *j = job_find(g->job);
+	struct jlocal *l = j ? job_local(j, g->participant) : NULL;
+	struct jstaged *st = g->st;
+
+	if (l)
+		l->staging = 0;
+	dmetrics_observe(DM_PHASE_SECONDS, "stage", g->ms / 1e3);
+	if (!l || l->info.role != JROLE_SINK || cancelled || g->p->version <= l->held) {
+		if (!cancelled && !l)
+			DLOG_I("job %s: sink %llx went away while version %llu was staged (dropped)",
+			       g->job, (unsigned long long)g->participant,
+			       (unsigned long long)g->p->version);
+		stage_free(g);
+		return;
+	}
+	if (!st) {
+		refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
+	} else {
+		g->st = NULL;
+		if (st->all_dense) {
+			/* Everything before it is overwritten anyway. */
+			while (l->staged) {
+				struct jstaged *o = l->staged;
+
+				l->staged = o->next;
+				staged_free(o);
+			}
+		}
+		{
+			struct jstaged **pp = &l->staged;
+
+			while (*pp)
+				pp = &(*pp)->next;
+			*pp = st;
+		}
+		l->held = st->version;
+		send_staged(j, l, st);
+		DLOG_D("job %s: sink %llx staged version %llu (%s) on a worker in %.2f ms", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)st->version,
+		       st->all_dense ? "dense" : "sparse", g->ms);
+		staging_cap(j, l, st);
+	}
+	stage_free(g);
+	try_stage(j, l);
+	jstore_sink_staged(j, l);
+	job_check_waiters();
+}
+
+/* Hand version p (complete, its base checked) to a worker: p leaves the
+ * sink's pending list for the task.  0, or -1 (out of memory: p stays). */
+static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
+{
+	struct jstage *g = calloc(1, sizeof(*g));
+	size_t n = p->n ? p->n : 1, nb = l->nbufs ? l->nbufs : 1;
+	int sparse = 0;
+
+	if (jeng.stopping) {
+		free(g);
+		return 0;	/* shutting down: it stays pending, nothing more is staged */
+	}
+	if (!g || !(g->e = calloc(n, sizeof(*g->e))) || !(g->ne = calloc(n, sizeof(*g->ne))) ||
+	    !(g->buf_ids = malloc(nb * sizeof(*g->buf_ids))) || !(g->enc = malloc(nb)))
+		goto fail;
+	g->ns = p->n;
+	for (size_t i = 0; i < p->n; i++) {
+		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);
+
+		sparse |= p->s[i].counts->mode != DTEP__MODE__MODE_DENSE;
+		if (!pair)
+			continue;	/* decode refuses it */
+		if (!(g->e[i] = malloc((pair->n ? pair->n : 1) * sizeof(*pair->e))))
+			goto fail;
+		memcpy(g->e[i], pair->e, pair->n * sizeof(*pair->e));
+		g->ne[i] = pair->n;
+	}
+	for (size_t s = 0; s < l->nbufs; s++) {
+		g->buf_ids[s] = l->buf_ids[s];
+		g->enc[s] = (uint8_t)keep_encoded(j, l, l->bufs[s]);
+	}
+	g->nbufs = l->nbufs;
+	snprintf(g->job, sizeof(g->job), "%s", j->name);
+	g->participant = l->info.id;
+	/* On the loop: the hook logs, and it fires once per version. */
+	g->wrong_value = sparse && testhook_sink_value(p->version);
+	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	p->next = NULL;
+	g->p = p;
+	l->staging = p->version;
+	g->t.run = stage_run;
+	g->t.done = stage_done;
+	jtask_start(&g->t);
+	return 0;
+fail:
+	stage_free(g);
+	return -1;
+}
+
 /* Stage whatever can be staged now, in version order. */
 static void try_stage(struct job *j, struct jlocal *l)
 {
@@ -677,9 +850,10 @@ static void try_stage(struct job *j, struct jlocal *l)
 
 	for (;;) {
 		struct jpend *p, *best = NULL;
-		struct jstaged *st;
-		uint64_t t_stage;
 		int wait = 0;
+
+		if (l->staging)
+			return;	/* a version is being staged: its base for what follows */
 
 		/* Versions the sink holds already (or older) go. */
 		while ((p = l->pend) && p->version <= l->held)
@@ -732,37 +906,12 @@ static void try_stage(struct job *j, struct jlocal *l)
 				return;
 			best = dense;
 		}
-		t_stage = uv_hrtime();
-		st = decode(j, l, best, err, sizeof(err));
-		dmetrics_observe(DM_PHASE_SECONDS, "stage", job_ms_since(t_stage) / 1e3);
-		if (!st) {
-			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, err);
+		if (stage_start(j, l, best) < 0) {
+			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, "out of memory");
 			pend_drop(l, best);
 			continue;
 		}
-		if (st->all_dense) {
-			/* Everything before it is overwritten anyway. */
-			while (l->staged) {
-				struct jstaged *o = l->staged;
-
-				l->staged = o->next;
-				staged_free(o);
-			}
-		}
-		{
-			struct jstaged **pp = &l->staged;
-
-			while (*pp)
-				pp = &(*pp)->next;
-			*pp = st;
-		}
-		l->held = st->version;
-		pend_drop(l, best);
-		send_staged(j, l, st);
-		DLOG_D("job %s: sink %llx staged version %llu (%s)", j->name,
-		       (unsigned long long)l->info.id, (unsigned long long)st->version,
-		       st->all_dense ? "dense" : "sparse");
-		staging_cap(j, l, st);
+		return;	/* one at a time: stage_done comes back here */
 	}
 }
 
@@ -824,7 +973,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
 		return;
 	}
-	if (m->version <= l->held) {
+	if (m->version <= l->held || m->version == l->staging) {
 		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
 		       (unsigned long long)m->version, (unsigned long long)l->info.id,
 		       (unsigned long long)l->held);
@@ -866,7 +1015,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 
 	if (!l)
 		return;
-	if (m->version <= l->held) {
+	if (m->version <= l->held || m->version == l->staging) {
 		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
 		       j->name, m->part, (unsigned long long)m->version,
 		       (unsigned long long)l->info.id, (unsigned long long)l->held);

@@ -51,10 +51,21 @@ struct side {
 static struct side src, sink, sink2;
 static uint32_t attach_replica;   /* replica of the next attach */
 
+/* Runs the loop a while, and until no sink task (staging, apply, verify:
+ * daemon/job_task.c) is left on a worker. */
 static void spin(void)
 {
+	uint64_t t0 = uv_hrtime();
+
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
+	while (jeng.tasks) {
+		uv_run(&loop, UV_RUN_ONCE);
+		if (uv_hrtime() - t0 > 30000000000ull)
+			fail_msg("a sink task still runs after 30 s");
+		for (int i = 0; i < 20; i++)
+			uv_run(&loop, UV_RUN_NOWAIT);
+	}
 }
 
 static char *slurp(const char *path)
@@ -274,6 +285,7 @@ static uint64_t staged_of(const struct side *k, uint64_t conn)
 	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
 	char err[256];
 
+	spin();	/* staging runs on a worker */
 	rq.job = "tj";
 	rq.participant = k->participant;
 	assert_int_equal(job_query_version(conn, &rq, &rep, err, sizeof(err)), 0);
