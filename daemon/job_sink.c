@@ -1303,6 +1303,10 @@ static void apply_done(struct jtask *t, int cancelled)
 	r->ms = job_ms_since(a->t0);
 	if (l)
 		l->applying = 0;
+	if (jeng.stopping && !cancelled)
+		DLOG_N("shutdown: the apply of version %llu of sink %llx (job %s) came back from "
+		       "its worker after %.1f ms", (unsigned long long)r->version,
+		       (unsigned long long)a->participant, a->job, r->work_ms);
 	if (cancelled) {
 		/* Never started (shutdown): nothing was written. */
 		if (a->then)

@@ -25,6 +25,7 @@ memfds, the sink's 512 MiB and the daemon's staged 512 MiB: about 2.5 GiB.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,22 @@ class Poller(threading.Thread):
                 time.sleep(0.001)
         except Exception as e:  # noqa: BLE001  (reported by the main thread)
             self.error = e
+
+
+def window_stats(samples, a0, a1, d):
+    """Polls overlapping [a0, a1] (their round trips, ms), and how many
+    surely overlapped work of duration d that ran inside [a0, a1]: those
+    meeting its core [a1 - d, a0 + d]."""
+    lat = [(t1 - t0) * 1e3 for t0, t1 in samples if t0 < a1 and t1 > a0]
+    lo, hi = a1 - d, a0 + d
+    core = sum(1 for t0, t1 in samples if t0 < hi and t1 > lo)
+    return lat, core
+
+
+def log_text(log):
+    log.flush()
+    log.seek(0)
+    return log.read()
 
 
 def main():
@@ -136,19 +153,32 @@ def main():
                     "version %d applied and verified (%s)" % (v, rep))
             results.append((a0, a1, rep["apply_ms"] / 1e3))
             cli.wait(JOB, v, 30000)
+        # dtectl verify: a whole-model sum, on a worker too.  Its duration
+        # on the worker comes from the daemon's log.
+        n0 = len(poller.samples)
+        t0 = time.perf_counter()
+        r = harness.dtectl(sock, "verify", JOB)
+        t1 = time.perf_counter()
+        c.check(r.returncode == 0 and "ok: 1" in r.stdout,
+                "dtectl verify: the sink is ok (%s)" % (r.stdout + r.stderr).strip()[:160])
+        m = re.findall(r"verify of 1 sinks: 1 ok, 0 mismatch; summed on a worker in ([0-9.]+) ms",
+                       log_text(log))
+        vd = float(m[-1]) / 1e3 if m else 0.0
+        c.check(m and vd <= t1 - t0, "the daemon logged the verify's sum (%.1f ms)" % (vd * 1e3))
+        vlat, vcore = window_stats(poller.samples[n0:], t0, t1, vd)
         poller.stop.set()
         poller.join(10)
         c.check(poller.error is None, "every status poll answered (%s)" % poller.error)
 
         # The sink holds what the source published (RNE of θ).
         want = arenas["param"].tensor("model.embed_tokens.weight").to(torch.bfloat16)
-        got = None
+        got_t = None
         for a in sink_arenas:
             for name in a.names():
                 t = a.tensor(name)
                 if t.numel() == want.numel():
-                    got = t.view(want.shape)
-        c.check(got is not None and torch.equal(got, want),
+                    got_t = t.view(want.shape)
+        c.check(got_t is not None and torch.equal(got_t, want),
                 "the sink's embedding is bit-exact to RNE(θ)")
 
         lat, core_polls, inside = [], 0, 0
@@ -176,15 +206,65 @@ def main():
                 % (core_polls, MIN_POLLS))
         c.check(lat and mx < LIMIT_MS, "every status poll during an apply answered within "
                 "%.0f ms (max %.2f ms, p50 %.2f ms, %d polls)" % (LIMIT_MS, mx, p50, len(lat)))
-    finally:
+        vlat.sort()
+        vp50 = vlat[len(vlat) // 2] if vlat else float("nan")
+        vmx = vlat[-1] if vlat else float("nan")
+        print("verify-latency: p50_ms=%.2f max_ms=%.2f during=verify polls=%d verify_ms=%.0f"
+              % (vp50, vmx, vcore, vd * 1e3))
+        sys.stdout.flush()
+        c.check(vd * 1e3 >= MIN_APPLY_MS and vcore >= MIN_POLLS,
+                "%d polls surely overlapped a %.0f ms verify (>= %d)" % (vcore, vd * 1e3, MIN_POLLS))
+        c.check(vlat and vmx < LIMIT_MS, "every status poll during the verify answered within "
+                "%.0f ms (max %.2f ms)" % (LIMIT_MS, vmx))
+
+        # Shutdown while an apply is on the worker: a version that differs
+        # from the last in every element (θ negated), SIGTERM once its apply
+        # went out.  The daemon must wait for the worker (its log says the
+        # apply came back during shutdown), exit 0, and leave the sink
+        # holding that version whole: never torn, never half of it.
+        v = APPLIES + 1
+        arenas["param"].tensor("model.embed_tokens.weight").neg_()
+        r = harness.dtectl(sock, "resync", JOB)
+        info = cli.publish(JOB, src, v, v, GROUPS)
+        got = scli.wait_staged(JOB, sink, 60000)
+        c.check(info["dense"] == 1 and got == v, "version %d (negated) staged dense" % v)
+        outcome = {}
+
+        def apply_last():
+            try:
+                outcome["rep"] = scli.apply(JOB, sink, v)
+            except _lib.DteError as e:
+                outcome["err"] = str(e)
+
+        th = threading.Thread(target=apply_last, daemon=True)
+        th.start()
+        time.sleep(0.1)
         daemon.send_signal(signal.SIGTERM)
+        th.join(30)
         try:
-            daemon.wait(20)
+            daemon.wait(30)
         except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-            c.check(False, "dted did not exit within 20 s of SIGTERM")
-        c.check(daemon.returncode == 0, "dted exited cleanly (status %s)" % daemon.returncode)
+            pass
+        text = log_text(log)
+        landed = ("shutting down" in text and
+                  "shutdown: the apply of version %d of sink" % v in text.split("shutting down")[-1])
+        c.check(landed and "rep" not in outcome,
+                "SIGTERM landed during the apply of version %d (answered: %s; log: %s)"
+                % (v, outcome, "came back during shutdown" if landed else "no such line"))
+        c.check(daemon.returncode == 0, "dted exited 0 after draining its worker (status %s)"
+                % daemon.returncode)
+        want = arenas["param"].tensor("model.embed_tokens.weight").to(torch.bfloat16)
+        c.check(got_t is not None and torch.equal(got_t, want),
+                "the sink holds version %d whole after the shutdown (bit-exact, not torn)" % v)
+    finally:
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+                c.check(False, "dted did not exit within 20 s of SIGTERM")
         for a in list(arenas.values()) + sink_arenas:
             try:
                 a.close()

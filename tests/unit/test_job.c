@@ -1289,6 +1289,45 @@ static void test_parts(void **state)
 	check_exact();
 	held_clear();
 
+	/* The sink's connection closes while its apply is on a worker (its
+	 * completion has not run: the loop did not turn): the completion
+	 * finds no sink, answers "went away" and drops the result, and the
+	 * buffers the task referenced are released once it is done. */
+	{
+		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+		Dte__PublishReply pr;
+		char err[256];
+		int deferred = 0, n0;
+
+		struct dbuf *b0;
+
+		v++;
+		step++;
+		adamw_step(step, (unsigned)(step * 7919));
+		assert_int_equal(publish(v, step, &pr), 0);
+		assert_int_equal(staged(), v);
+		rq.job = "tj";
+		rq.participant = sink.participant;
+		rq.version = v;
+		n0 = answer.n;
+		assert_int_equal(job_apply(SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_true(deferred);
+		assert_non_null(jeng.tasks);
+		b0 = job_local(j, sink.participant)->bufs[0];
+		job_conn_gone(SINK_CONN);
+		assert_null(job_local(j, sink.participant));
+		/* released with its owner, still mapped for the task */
+		assert_true(b0->released && b0->refs > 0);
+		spin();
+		assert_null(jeng.tasks);
+		assert_int_equal(answer.n, n0 + 1);
+		assert_int_equal(answer.id, 78);
+		assert_int_equal(answer.code, DTE__STATUS__STATUS_ERR_NOT_FOUND);
+		assert_non_null(strstr(answer.msg, "went away"));
+		assert_int_equal(dbuf_count(NULL), src.n);
+	}
+
 	jeng.drop_send = NULL;
 	jeng.part_bytes = 0;
 	job_conn_gone(SINK_CONN);
