@@ -548,7 +548,7 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 	/* One version at a time: the next one is applied to the mirror only
 	 * once the commit before it is done with the mirror, and only one
 	 * apply runs (its completion, writer_applied, comes back here). */
-	if (l->staged && !s->wc && !l->applying) {
+	if (l->staged && !s->wc && !l->applying && !jeng.stopping) {
 		const struct jstaged *st = l->staged;
 		struct wapply *w = calloc(1, sizeof(*w));
 		char err[256];
@@ -1196,6 +1196,14 @@ void jstore_free(struct job *j)
 		s->wc = NULL;
 	}
 	store_destroy(s);
+}
+
+int jstore_committing(void)
+{
+	for (const struct job *j = jeng.jobs; j; j = j->next)
+		if (j->store && j->store->wc)
+			return 1;
+	return 0;
 }
 
 void jstore_sink_staged(struct job *j, struct jlocal *l)

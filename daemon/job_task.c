@@ -12,6 +12,7 @@
  * no sleeps, no orphaned worker still reading client memory.
  */
 #include "daemon/job_int.h"
+#include "daemon/job_storage.h"
 
 static void task_work(uv_work_t *w)
 {
@@ -52,7 +53,7 @@ void jtask_start(struct jtask *t)
 
 int jtask_busy(void)
 {
-	return jeng.tasks || jeng.inflight;
+	return jeng.tasks || jeng.inflight || jstore_committing();
 }
 
 void job_tasks_drain(void)
@@ -65,8 +66,10 @@ void job_tasks_drain(void)
 		uv_cancel((uv_req_t *)&t->work);
 	for (struct jcap *c = jeng.inflight; c; c = c->next)
 		uv_cancel((uv_req_t *)&c->work);
-	/* Each round blocks until something happens; a worker that ends
-	 * wakes the loop, and its callback unlinks the task. */
+	/* Storage commits are left to finish (a cancelled one would leave
+	 * its version unwritten for no gain).  Each round blocks until
+	 * something happens; a worker that ends wakes the loop, and its
+	 * callback unlinks the task. */
 	while (jtask_busy())
 		uv_run(jeng.loop, UV_RUN_ONCE);
 }
