@@ -41,6 +41,9 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py
+# The loop answers clients while a dense 2^28-element version is applied and
+# while dtectl verify sums it; SIGTERM mid-apply drains the worker.
+SYSTEM_TESTS += tests/system/loop_latency.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 

@@ -20,6 +20,14 @@ latency sample) answered within 50 ms.  Prints
 
     loop-latency: p50_ms=X max_ms=Y during=dense-apply polls=N ...
 
+The same for `dtectl verify` (a whole-model sum on a worker; its duration
+D from the daemon's log): `verify-latency: ... during=verify`.  Last, a
+SIGTERM while the apply of a version that differs from the one before in
+every element (θ negated) runs: the daemon must wait for its worker
+through the completion (its log says the apply came back during
+shutdown; the client got no answer), exit 0, and leave the sink holding
+that version whole, bit-exact, never torn.
+
 Memory: the source's θ (FP32, 1 GiB, touched) and its untouched m/v
 memfds, the sink's 512 MiB and the daemon's staged 512 MiB: about 2.5 GiB.
 """
@@ -53,7 +61,7 @@ SRC_LAYOUT, SINK_LAYOUT = "fsdp:dp=1", "sglang:tp=1"
 APPLIES = int(os.environ.get("LOOP_LATENCY_APPLIES", "3"))
 LIMIT_MS = 50.0
 MIN_POLLS = 10           # polls that surely overlapped the applies, all of them
-MIN_APPLY_MS = 100.0     # an apply shorter than this could hide a stall
+MIN_APPLY_MS = LIMIT_MS  # work shorter than the limit could not show a stall
 GROUPS = [{"lr": 1e-5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd,
            "variant": "torch"} for wd in (0.01, 0.0)]
 
@@ -183,9 +191,8 @@ def main():
 
         lat, core_polls, inside = [], 0, 0
         for a0, a1, d in results:
-            c.check(d * 1e3 >= MIN_APPLY_MS and d <= a1 - a0,
-                    "apply took %.1f ms (>= %.0f, within its request's %.1f ms)"
-                    % (d * 1e3, MIN_APPLY_MS, (a1 - a0) * 1e3))
+            c.check(d <= a1 - a0, "apply took %.1f ms, within its request's %.1f ms"
+                    % (d * 1e3, (a1 - a0) * 1e3))
             lo, hi = a1 - d, a0 + d
             for t0, t1 in poller.samples:
                 if t0 < a1 and t1 > a0:
@@ -202,6 +209,8 @@ def main():
               "applies=%d apply_ms=%.0f elements=%d" % (p50, mx, core_polls, inside,
                                                          len(results), apply_ms, elements))
         sys.stdout.flush()
+        c.check(apply_ms >= MIN_APPLY_MS, "the longest apply took %.0f ms (>= %.0f: long "
+                "enough to show a stall)" % (apply_ms, MIN_APPLY_MS))
         c.check(core_polls >= MIN_POLLS, "%d polls surely overlapped the applies (>= %d)"
                 % (core_polls, MIN_POLLS))
         c.check(lat and mx < LIMIT_MS, "every status poll during an apply answered within "
