@@ -44,7 +44,9 @@ import time
 
 import harness  # sets ROOT and B, puts client/python on sys.path
 
-harness.asan_preload_reexec("DTE_LOOP_LATENCY_ASAN")
+# An ASan build: libdte needs the runtime preloaded here; dted gets the
+# caller's environment back (child_env), leak checks included.
+harness.asan_reexec()
 
 import torch  # noqa: E402
 
@@ -111,7 +113,7 @@ def main():
     elements = sum(int(torch.Size(s).numel()) for s in shapes.values())
     tmp = tempfile.mkdtemp(prefix="dte-loop-latency-")
     log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "loop-latency", log)
+    daemon, sock = harness.start_dted(tmp, "loop-latency", log, env=harness.child_env())
     arenas, sink_arenas = {}, []
     results = []
     try:
@@ -279,6 +281,8 @@ def main():
                 a.close()
             except BufferError:
                 pass
+        san = re.findall(r"ERROR: (?:Address|Leak|Thread)Sanitizer|runtime error:", log_text(log))
+        c.check(not san, "no sanitizer report in the daemon's log (%s)" % san[:3])
         if c.passed != c.total:
             log.seek(0)
             sys.stdout.write(log.read()[-4000:])
