@@ -1428,6 +1428,8 @@ Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version,
 		l->applying = st->version;
 	}
 	l->apply_gen++;
+	DLOG_I("job %s: sink %llx: apply up to version %llu handed to a worker", j->name,
+	       (unsigned long long)l->info.id, (unsigned long long)l->applying);
 	a->t0 = uv_hrtime();
 	a->t.run = apply_run;
 	a->t.done = apply_done;

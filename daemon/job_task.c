@@ -12,6 +12,7 @@
  * no sleeps, no orphaned worker still reading client memory.
  */
 #include "daemon/job_int.h"
+#include "daemon/log.h"
 #include "daemon/job_storage.h"
 
 static void task_work(uv_work_t *w)
@@ -61,6 +62,16 @@ void job_tasks_drain(void)
 	jeng.stopping = 1;
 	if (!jeng.loop)
 		return;
+	if (jtask_busy()) {
+		size_t n = 0;
+
+		for (struct jtask *t = jeng.tasks; t; t = t->next)
+			n++;
+		for (struct jcap *c = jeng.inflight; c; c = c->next)
+			n++;
+		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
+		       jstore_committing() ? " and a storage commit" : "");
+	}
 	/* Queued, not started: their callbacks come with UV_ECANCELED. */
 	for (struct jtask *t = jeng.tasks; t; t = t->next)
 		uv_cancel((uv_req_t *)&t->work);

@@ -247,9 +247,16 @@ def main():
             except _lib.DteError as e:
                 outcome["err"] = str(e)
 
+        started = "sink %x: apply up to version %d handed to a worker" % (sink, v)
         th = threading.Thread(target=apply_last, daemon=True)
         th.start()
-        time.sleep(0.1)
+        deadline = time.time() + 30
+        while started not in log_text(log):
+            if time.time() > deadline or not th.is_alive():
+                break
+            time.sleep(0.001)
+        # At once: the worker has hundreds of ms of writing and summing
+        # the sink's 512 MiB ahead of it.
         daemon.send_signal(signal.SIGTERM)
         th.join(30)
         try:
@@ -257,8 +264,9 @@ def main():
         except subprocess.TimeoutExpired:
             pass
         text = log_text(log)
-        landed = ("shutting down" in text and
-                  "shutdown: the apply of version %d of sink" % v in text.split("shutting down")[-1])
+        after = text.split("shutting down")[-1] if "shutting down" in text else ""
+        landed = (started in text and "shutdown: waiting for 1 tasks on workers" in after and
+                  "shutdown: the apply of version %d of sink" % v in after)
         c.check(landed and "rep" not in outcome,
                 "SIGTERM landed during the apply of version %d (answered: %s; log: %s)"
                 % (v, outcome, "came back during shutdown" if landed else "no such line"))
