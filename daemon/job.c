@@ -477,8 +477,8 @@ void job_fini(void)
 		uv_close((uv_handle_t *)&jeng.timer, NULL);
 		jeng.timer_init = 0;
 	}
-	/* Every worker has ended (above): nothing wakes it any more; parts
-	 * still queued go with their orphaned task. */
+	/* Every worker has ended and its completion ran (drained above):
+	 * nothing wakes it any more. */
 	if (jeng.parts_async_init) {
 		uv_close((uv_handle_t *)&jeng.parts_async, NULL);
 		jeng.parts_async_init = 0;

@@ -1,7 +1,8 @@
 /* daemon/job_int.h — the sync engine's internal objects (not for other
  * layers).  Files: job.c (jobs, participants, records in, waits),
  * job_coord.c (membership, plans), job_src.c (capture, mark, acks),
- * job_sink.c (staging, apply, verify). */
+ * job_sink.c (staging, apply, verify), job_task.c (heavy steps on
+ * worker threads, and the shutdown drain). */
 #ifndef DTED_JOB_INT_H
 #define DTED_JOB_INT_H
 

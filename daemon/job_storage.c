@@ -1184,10 +1184,12 @@ void jstore_free(struct job *j)
 	j->store = NULL;
 	s->job = NULL;
 	if (s->wc) {
-		/* Jobs go at shutdown (job_fini): a commit on a worker reads the
-		 * writer, the mirror and the tensor table, so let it finish (the
-		 * version it writes was applied; its APPLIED stays unsent), and
-		 * leave its completion, if the loop runs again, to free itself. */
+		/* Not reached from job_fini, which drains every commit through
+		 * its completion first (job_task.c); kept for a job freed with a
+		 * commit in flight some other way: a commit on a worker reads
+		 * the writer, the mirror and the tensor table, so let it finish
+		 * (the version it writes was applied; its APPLIED stays unsent),
+		 * and leave its completion to free itself. */
 		struct wcommit *c = s->wc;
 
 		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
