@@ -450,6 +450,11 @@ typedef void (*jsink_applied_fn)(struct job *j, struct jlocal *l,
 Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
 			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
 			      size_t errlen);
+/* The same, and prep(arg, first) on the worker before the first version
+ * is written (the storage writer reads what it will change there). */
+Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+				   void (*prep)(void *arg, const struct jstaged *first),
+				   jsink_applied_fn then, void *arg, char *err, size_t errlen);
 
 /* A participant id unique in every job: this node's hash, then a counter. */
 uint64_t job_participant_id_new(void);

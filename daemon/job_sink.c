@@ -1202,6 +1202,7 @@ struct japply {
 	uint64_t participant, conn;
 	uint32_t req_id;
 	jsink_applied_fn then;    /* internal caller instead of an answer */
+	void (*prep)(void *arg, const struct jstaged *first);	/* on the worker, first */
 	void *arg;
 	struct jstaged *list;     /* the versions, in order */
 	struct jstaged *last;
@@ -1244,6 +1245,8 @@ static void apply_run(struct jtask *t)
 	uint64_t t0 = uv_hrtime();
 
 	r->ok = 1;
+	if (a->prep)
+		a->prep(a->arg, a->list);
 	for (struct jstaged *st = a->list; st; st = st->next) {
 		if (!r->failed_apply) {
 			int tr = apply_version(a->bufs, st, a->delta, r->why, sizeof(r->why));
@@ -1375,9 +1378,9 @@ static void apply_done(struct jtask *t, int cancelled)
 	job_check_waiters();
 }
 
-Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
-			      size_t errlen)
+static Dte__Status apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+			       uint32_t req_id, void (*prep)(void *arg, const struct jstaged *first),
+			       jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
 	struct japply *a;
 	struct jstaged **tail;
@@ -1406,6 +1409,7 @@ Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version,
 	a->conn = conn;
 	a->req_id = req_id;
 	a->then = then;
+	a->prep = prep;
 	a->arg = arg;
 	for (size_t i = 0; i < l->nbufs; i++) {
 		a->bufs[i] = l->bufs[i];
@@ -1435,6 +1439,20 @@ Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version,
 	a->t.done = apply_done;
 	jtask_start(&a->t);
 	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
+			      size_t errlen)
+{
+	return apply_start(j, l, version, conn, req_id, NULL, then, arg, err, errlen);
+}
+
+Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+				   void (*prep)(void *arg, const struct jstaged *first),
+				   jsink_applied_fn then, void *arg, char *err, size_t errlen)
+{
+	return apply_start(j, l, version, 0, 0, prep, then, arg, err, errlen);
 }
 
 Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,

@@ -273,11 +273,9 @@ static int change_cmp(const void *a, const void *b)
 
 /* What a staged version really changes in the mirror (flagged elements
  * whose value did not move are dropped), in canonical order. */
-static int collect_changes(const struct jstore *s, const struct jstaged *st, struct change **out,
-			   size_t *nout)
+static int collect_changes(const uint16_t *m, uint64_t total, const struct jstaged *st,
+			   struct change **out, size_t *nout)
 {
-	const uint16_t *m = s->mirror->ptr;
-	uint64_t total = s->toff[s->model.ntensors];
 	struct change *ch = NULL;
 	size_t n = 0, cap = 0;
 
@@ -506,9 +504,21 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 struct wapply {
 	uint64_t version;
 	int all_dense, known;
+	const uint16_t *mirror;   /* the canonical copy: the apply task holds it */
+	uint64_t total;           /* its elements */
+	int collect_failed;       /* worker: out of memory or a write outside it */
 	struct change *ch;
 	size_t n;
 };
+
+/* Worker, before the version is written to the mirror: what it changes
+ * (a dense version reads the whole mirror: not on the loop). */
+static void writer_collect(void *arg, const struct jstaged *st)
+{
+	struct wapply *w = arg;
+
+	w->collect_failed = collect_changes(w->mirror, w->total, st, &w->ch, &w->n) < 0;
+}
 
 static void writer_applied(struct job *j, struct jlocal *l, const struct jsink_apply_result *r,
 			   void *arg)
@@ -521,6 +531,11 @@ static void writer_applied(struct job *j, struct jlocal *l, const struct jsink_a
 		free(w->ch);
 		free(w);
 		return;
+	}
+	if (w->collect_failed) {
+		DLOG_E("job %s: storage v%llu: out of memory or a write outside the mirror",
+		       j->name, (unsigned long long)w->version);
+		w->known = 0;
 	}
 	if (!r->ok) {
 		/* The sources repair the mirror densely at the next version. */
@@ -562,13 +577,10 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 		w->version = st->version;
 		w->all_dense = st->all_dense;
 		w->known = s->mirror_known;
-		if (collect_changes(s, st, &w->ch, &w->n) < 0) {
-			DLOG_E("job %s: storage v%llu: out of memory or a write outside the mirror",
-			       j->name, (unsigned long long)w->version);
-			w->known = 0;
-		}
-		if (jsink_apply_start(j, l, w->version, 0, 0, writer_applied, w, err, sizeof(err)) !=
-		    DTE__STATUS__STATUS_OK) {
+		w->mirror = s->mirror->ptr;
+		w->total = s->toff[s->model.ntensors];
+		if (jsink_apply_start_prep(j, l, w->version, writer_collect, writer_applied, w, err,
+					   sizeof(err)) != DTE__STATUS__STATUS_OK) {
 			DLOG_E("job %s: storage v%llu: %s", j->name, (unsigned long long)w->version,
 			       err);
 			free(w->ch);
