@@ -289,7 +289,7 @@ struct jcap {
 	struct jcap_pair *p;
 	size_t np;
 	uint64_t t0;
-	int rc, finished, orphan;
+	int rc;
 	char err[256];
 	/* what the worker did */
 	double work_ms;
