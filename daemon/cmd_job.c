@@ -199,13 +199,18 @@ Dte__Status dcmd_apply(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 {
 	Dte__ApplyReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
+	int deferred = 0;
+	Dte__Status st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__apply_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_APPLY;
 	resp->apply = rep;
-	return done(r, job_apply(s->conn_id, req->apply, rep, err, sizeof(err)), err);
+	st = job_apply(s->conn_id, req->id, req->apply, rep, &deferred, err, sizeof(err));
+	if (st == DTE__STATUS__STATUS_OK && deferred)
+		dreply_defer(r);
+	return done(r, st, err);
 }
 
 Dte__Status dcmd_query_version(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

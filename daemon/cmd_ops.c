@@ -51,13 +51,18 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 {
 	Dte__VerifyReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
+	int deferred = 0;
+	Dte__Status st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__verify_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_VERIFY;
 	resp->verify = rep;
-	return done(r, job_verify(req->verify->job, rep, r, err, sizeof(err)), err);
+	st = job_verify(s->conn_id, req->id, req->verify->job, rep, r, &deferred, err, sizeof(err));
+	if (st == DTE__STATUS__STATUS_OK && deferred)
+		dreply_defer(r);
+	return done(r, st, err);
 }
 
 Dte__Status dcmd_resync(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

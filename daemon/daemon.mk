@@ -10,6 +10,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
 DAEMON_SRCS += daemon/job_storage.c
+# Heavy steps (apply, verify) on worker threads (docs/SYNC.md, Threads).
+DAEMON_SRCS += daemon/job_task.c
 # Operations: metrics (and their HTTP listener), verify/resync, config,
 # log-level.
 DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c
@@ -39,6 +41,9 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job test_pair_sm
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py
+# The loop answers clients while a dense 2^28-element version is applied and
+# while dtectl verify sums it; SIGTERM mid-apply drains the worker.
+SYSTEM_TESTS += tests/system/loop_latency.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 

@@ -251,6 +251,8 @@ void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg
 		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
 		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
 		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
+		case DTE__RESPONSE__BODY_APPLY: resp.apply = body; break;
+		case DTE__RESPONSE__BODY_VERIFY: resp.verify = body; break;
 		default: resp.body_case = DTE__RESPONSE__BODY__NOT_SET; break;
 		}
 	} else {
@@ -452,17 +454,11 @@ static void job_free(struct job *j)
 
 void job_fini(void)
 {
-	/* A worker may still read client memory: let it finish before
-	 * everything is unmapped; its completion (if the loop runs again)
-	 * only frees the task. */
-	for (struct jcap *c = jeng.inflight; c; c = c->next) {
-		if (uv_cancel((uv_req_t *)&c->work) == 0)
-			__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
-		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
-			uv_sleep(1);
-		c->orphan = 1;
-	}
-	jeng.inflight = NULL;
+	/* Workers may still read or write client memory: what has not
+	 * started is cancelled, and the loop runs until every task's
+	 * completion came back (job_task.c).  Their completions run against
+	 * live state, before anything below frees it. */
+	job_tasks_drain();
 	jcuda_fini();
 	while (jeng.waiters) {
 		struct jwaiter *w = jeng.waiters;
@@ -481,8 +477,8 @@ void job_fini(void)
 		uv_close((uv_handle_t *)&jeng.timer, NULL);
 		jeng.timer_init = 0;
 	}
-	/* Every worker has ended (above): nothing wakes it any more; parts
-	 * still queued go with their orphaned task. */
+	/* Every worker has ended and its completion ran (drained above):
+	 * nothing wakes it any more. */
 	if (jeng.parts_async_init) {
 		uv_close((uv_handle_t *)&jeng.parts_async, NULL);
 		jeng.parts_async_init = 0;

@@ -61,8 +61,10 @@ Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
 Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
 			    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
-Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
-		      char *err, size_t errlen);
+/* The apply runs on a worker (docs/SYNC.md): *deferred, and the answer
+ * comes later, unless the version is applied already (answered now). */
+Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
+		      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
 Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 			      Dte__QueryVersionReply *rep, char *err, size_t errlen);
 

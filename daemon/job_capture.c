@@ -726,6 +726,8 @@ void jcap_chunk_given(void)
 	chunks_out++;
 }
 
+/* chunk NULL: a same-node receiver took it (route_send_given): it is
+ * theirs, only the count comes back. */
 void jcap_chunk_release(void *chunk, void *cap)
 {
 	bpool_put(&cap_pool, chunk, (size_t)(uintptr_t)cap);

@@ -20,9 +20,9 @@ struct range {
 static struct range *ranges;
 static pthread_mutex_t range_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Device staging, grow-only: one set for capture (worker threads), one for
- * apply (the loop), so an apply never waits behind a long capture's
- * scratch.  Held for the whole call. */
+/* Device staging, grow-only: one set for capture, one for apply (both on
+ * worker threads: daemon/job_task.c), so an apply never waits behind a
+ * long capture's scratch.  Held for the whole call. */
 enum { SCR_A, SCR_B, SCR_N };
 struct scratch {
 	pthread_mutex_t lock;

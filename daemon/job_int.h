@@ -1,7 +1,8 @@
 /* daemon/job_int.h — the sync engine's internal objects (not for other
  * layers).  Files: job.c (jobs, participants, records in, waits),
  * job_coord.c (membership, plans), job_src.c (capture, mark, acks),
- * job_sink.c (staging, apply, verify). */
+ * job_sink.c (staging, apply, verify), job_task.c (heavy steps on
+ * worker threads, and the shutdown drain). */
 #ifndef DTED_JOB_INT_H
 #define DTED_JOB_INT_H
 
@@ -139,6 +140,9 @@ struct jlocal {
 	/* sink */
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t applied;
+	uint64_t staging;         /* a worker stages this version; 0: none */
+	uint64_t applying;        /* an apply on a worker brings it to this version; 0: none */
+	uint64_t apply_gen;       /* applies started: a verify that saw another one skips */
 	uint64_t checksum_failures;
 	uint64_t staging_drops;   /* staged chains dropped at max_staged_versions */
 	/* Verified state (docs/SYNC.md): per slot, the checksum of the boxes
@@ -281,7 +285,7 @@ struct jcap {
 	struct jcap_pair *p;
 	size_t np;
 	uint64_t t0;
-	int rc, finished, orphan;
+	int rc;
 	char err[256];
 	/* what the worker did */
 	double work_ms;
@@ -305,6 +309,24 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);
 
+/* A heavy step on a libuv worker (job_task.c): run() on the worker
+ * touches only what the task owns; done() on the loop, with the task
+ * unlinked, looks its job and participant up again, commits or drops the
+ * result, and frees the task.  cancelled: it never ran (shutdown). */
+struct jtask {
+	uv_work_t work;
+	void (*run)(struct jtask *t);
+	void (*done)(struct jtask *t, int cancelled);
+	struct jtask *next;       /* jeng.tasks */
+};
+
+void jtask_start(struct jtask *t);
+/* Any capture or task still on a worker. */
+int jtask_busy(void);
+/* Shutdown: refuse new work, cancel what has not started and run the
+ * loop until every capture and task came back (their callbacks). */
+void job_tasks_drain(void);
+
 struct jengine {
 	uv_loop_t *loop;
 	const struct dtc_backend *be;
@@ -316,6 +338,8 @@ struct jengine {
 	int timer_init, timer_on;
 	struct jwaiter *waiters;
 	struct jcap *inflight;    /* captures on workers */
+	struct jtask *tasks;      /* sink work on workers: apply, verify (job_task.c) */
+	int stopping;             /* shutting down: no new work goes to a worker */
 	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
@@ -399,6 +423,34 @@ void jsink_free(struct jlocal *l);
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
 uint64_t jsink_newest_staged(const struct jlocal *l);
+
+/* What an apply did (job_sink.c, on a worker). */
+struct jsink_apply_result {
+	uint64_t version;         /* the newest version applied */
+	uint32_t n;               /* versions applied */
+	int ok, failed_apply, incremental;
+	uint64_t key;
+	uint64_t checksum_failures;
+	double work_ms;           /* on the worker */
+	double ms;                /* from the request to the loop's completion */
+	char why[256];
+};
+/* Internal callers (the storage writer) get the result here instead of
+ * an answer to a client; j and l are NULL when the sink went away or the
+ * apply never ran. */
+typedef void (*jsink_applied_fn)(struct job *j, struct jlocal *l,
+				 const struct jsink_apply_result *r, void *arg);
+/* Apply every staged version <= version of sink l on a worker; the answer
+ * goes to (conn, req_id), or to then(arg).  OK, or an error (then nothing
+ * started). */
+Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
+			      size_t errlen);
+/* The same, and prep(arg, first) on the worker before the first version
+ * is written (the storage writer reads what it will change there). */
+Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+				   void (*prep)(void *arg, const struct jstaged *first),
+				   jsink_applied_fn then, void *arg, char *err, size_t errlen);
 
 /* A participant id unique in every job: this node's hash, then a counter. */
 uint64_t job_participant_id_new(void);

@@ -188,67 +188,230 @@ static uint32_t tell_remote_sources(struct job *j, const struct jlocal *l, uint6
 	return nsent;
 }
 
-static void verify_one(struct job *j, struct jlocal *l, Dte__SinkVerify *out, struct dreply *r)
+/* ---------------------------------------------------------------- verify
+ * `dtectl verify` sums every local sink's buffers over the boxes of the
+ * version it applied last: a whole-model pass, so it runs on a worker
+ * (job_task.c) and its answer is deferred, like an apply's.  The task
+ * copies each sink's record (maps, slots, expected sums) and references
+ * its buffers; the loop, back in verify_done, looks each sink up again:
+ * one that went away, or that started an apply meanwhile (its buffers
+ * changed under the sum), is reported "skipped", never "mismatch". */
+struct vsink {
+	uint64_t id;
+	uint32_t rank, replica;
+	uint64_t version;
+	uint64_t gen;             /* the sink's apply_gen when the task started */
+	const char *result;       /* set on the loop: not summed (unapplied, skipped) */
+	const char *detail;
+	size_t nbufs;
+	struct dbuf **bufs;       /* referenced until the task ends */
+	uint64_t *expect;
+	uint8_t *covered;
+	struct dte_box_map *maps;
+	uint32_t *slots;
+	size_t nmaps;
+	/* worker results */
+	uint32_t buffers, mismatched;
+	char first[256];          /* the first mismatching buffer */
+};
+
+struct jvtask {
+	struct jtask t;
+	char job[JOB_NAME_MAX];
+	uint64_t conn;
+	uint32_t req_id;
+	double work_ms;           /* the sums, on the worker */
+	struct vsink *s;
+	size_t n;
+};
+
+static void jvtask_free(struct jvtask *v)
+{
+	for (size_t i = 0; i < v->n; i++) {
+		struct vsink *k = &v->s[i];
+
+		for (size_t b = 0; b < k->nbufs; b++)
+			if (k->bufs[b])
+				dbuf_unref(k->bufs[b]);
+		free(k->bufs);
+		free(k->expect);
+		free(k->covered);
+		free(k->maps);
+		free(k->slots);
+	}
+	free(v->s);
+	free(v);
+}
+
+/* Loop: what the worker needs of sink l, or a result without a sum. */
+static int vsink_fill(struct vsink *k, const struct jlocal *l)
 {
 	const struct jverify *v = verify_find(l);
-	char detail[256] = "";
+	size_t nb = l->nbufs ? l->nbufs : 1;
 
-	out->participant = l->info.id;
-	out->rank = l->info.rank;
-	out->replica = l->info.replica;
+	k->id = l->info.id;
+	k->rank = l->info.rank;
+	k->replica = l->info.replica;
+	k->gen = l->apply_gen;
 	if (!v) {
-		out->result = "unapplied";
-		out->detail = "no version applied since it attached";
-		return;
+		k->result = "unapplied";
+		k->detail = "no version applied since it attached";
+		return 0;
 	}
-	out->version = v->version;
+	k->version = v->version;
+	if (l->applying) {
+		k->result = "skipped";
+		k->detail = "an apply is running; verify again after it";
+		return 0;
+	}
 	for (size_t s = 0; s < v->nbufs && s < l->nbufs; s++) {
 		const struct dbuf *b = l->bufs[s];
-		uint64_t sum = 0, part = 0;
-		int bad = 0;
 
-		if (!v->covered[s])
-			continue;
-		if (!b || b->cuda || !b->ptr) {
-			out->result = "skipped";
-			out->detail = "GPU buffers are verified at apply only";
-			return;
-		}
-		out->buffers++;
-		for (size_t i = 0; i < v->nmaps && !bad; i++) {
-			if (v->slots[i] != s)
-				continue;
-			if (box_sum(&v->maps[i], b->ptr, b->length, &part) < 0)
-				bad = 1;
-			else
-				sum += part;
-		}
-		if (bad || sum != v->expect[s]) {
-			if (!out->mismatched++)
-				snprintf(detail, sizeof(detail), "buffer %s: checksum %016llx, expected %016llx",
-					 b->name, (unsigned long long)sum, (unsigned long long)v->expect[s]);
+		if (v->covered[s] && (!b || b->cuda || !b->ptr)) {
+			k->result = "skipped";
+			k->detail = "GPU buffers are verified at apply only";
+			return 0;
 		}
 	}
-	out->result = out->mismatched ? "mismatch" : "ok";
-	if (detail[0])
-		out->detail = dreply_strdup(r, detail);
-	if (!out->mismatched)
-		return;
+	k->nbufs = v->nbufs < l->nbufs ? v->nbufs : l->nbufs;
+	k->nmaps = v->nmaps;
+	if (!(k->bufs = calloc(nb, sizeof(*k->bufs))) ||
+	    !(k->expect = malloc(nb * sizeof(*k->expect))) || !(k->covered = malloc(nb)) ||
+	    !(k->maps = malloc((v->nmaps ? v->nmaps : 1) * sizeof(*k->maps))) ||
+	    !(k->slots = malloc((v->nmaps ? v->nmaps : 1) * sizeof(*k->slots))))
+		return -1;
+	memcpy(k->expect, v->expect, k->nbufs * sizeof(*k->expect));
+	memcpy(k->covered, v->covered, k->nbufs);
+	memcpy(k->maps, v->maps, v->nmaps * sizeof(*k->maps));
+	memcpy(k->slots, v->slots, v->nmaps * sizeof(*k->slots));
+	for (size_t s = 0; s < k->nbufs; s++) {
+		k->bufs[s] = l->bufs[s];
+		if (k->bufs[s])
+			dbuf_ref(k->bufs[s]);
+	}
+	return 0;
+}
+
+/* Worker: the sums. */
+static void verify_run(struct jtask *t)
+{
+	struct jvtask *v = (struct jvtask *)t;
+	uint64_t t0 = uv_hrtime();
+
+	for (size_t i = 0; i < v->n; i++) {
+		struct vsink *k = &v->s[i];
+
+		if (k->result)
+			continue;
+		for (size_t s = 0; s < k->nbufs; s++) {
+			const struct dbuf *b = k->bufs[s];
+			uint64_t sum = 0, part = 0;
+			int bad = 0;
+
+			if (!k->covered[s])
+				continue;
+			k->buffers++;
+			for (size_t m = 0; m < k->nmaps && !bad; m++) {
+				if (k->slots[m] != s)
+					continue;
+				if (box_sum(&k->maps[m], b->ptr, b->length, &part) < 0)
+					bad = 1;
+				else
+					sum += part;
+			}
+			if ((bad || sum != k->expect[s]) && !k->mismatched++)
+				snprintf(k->first, sizeof(k->first),
+					 "buffer %s: checksum %016llx, expected %016llx", b->name,
+					 (unsigned long long)sum, (unsigned long long)k->expect[s]);
+		}
+	}
+	v->work_ms = job_ms_since(t0);
+}
+
+/* Loop: a sink's mismatch counts as a failed apply does. */
+static void verify_mismatch(struct job *j, struct jlocal *l, const struct vsink *k)
+{
 	l->checksum_failures++;
 	l->vkey = 0;	/* the next apply verifies in full */
 	dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 	DLOG_E("job %s: verify: sink %llx version %llu: %u of %u buffers differ (%s); dense repair "
-	       "requested", j->name, (unsigned long long)l->info.id, (unsigned long long)v->version,
-	       out->mismatched, out->buffers, detail);
+	       "requested", j->name, (unsigned long long)l->info.id, (unsigned long long)k->version,
+	       k->mismatched, k->buffers, k->first);
 	force_dense_local(j, l->info.id, 0);
-	tell_remote_sources(j, l, v->version, DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
+	tell_remote_sources(j, l, k->version, DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
 			    "verify: checksum mismatch");
 }
 
-Dte__Status job_verify(const char *name, Dte__VerifyReply *rep, struct dreply *r, char *err,
-		       size_t errlen)
+static void verify_done(struct jtask *t, int cancelled)
+{
+	struct jvtask *v = (struct jvtask *)t;
+	struct job *j = job_find(v->job);
+	Dte__VerifyReply rep = DTE__VERIFY_REPLY__INIT;
+	Dte__SinkVerify *sv = calloc(v->n ? v->n : 1, sizeof(*sv));
+	Dte__SinkVerify **res = calloc(v->n ? v->n : 1, sizeof(*res));
+
+	if (!j || !sv || !res || cancelled) {
+		job_reply(v->conn, v->req_id, !j ? DTE__STATUS__STATUS_ERR_NOT_FOUND :
+			  cancelled ? DTE__STATUS__STATUS_ERR_BUSY : DTE__STATUS__STATUS_ERR_INTERNAL,
+			  !j ? "the job went away during the verify" :
+			  cancelled ? "the daemon is shutting down" : "out of memory", 0, NULL);
+		free(sv);
+		free(res);
+		jvtask_free(v);
+		return;
+	}
+	rep.job = j->name;
+	for (size_t i = 0; i < v->n; i++) {
+		struct vsink *k = &v->s[i];
+		struct jlocal *l = job_local(j, k->id);
+		Dte__SinkVerify *o = &sv[i];
+
+		dte__sink_verify__init(o);
+		o->participant = k->id;
+		o->rank = k->rank;
+		o->replica = k->replica;
+		o->version = k->version;
+		if (!k->result && !l) {
+			k->result = "skipped";
+			k->detail = "the sink went away during the verify";
+		} else if (!k->result && (l->apply_gen != k->gen || l->applying)) {
+			k->result = "skipped";
+			k->detail = "an apply ran during the verify; verify again";
+		} else if (!k->result) {
+			k->result = k->mismatched ? "mismatch" : "ok";
+			o->buffers = k->buffers;
+			o->mismatched = k->mismatched;
+			if (k->mismatched) {
+				k->detail = k->first;
+				verify_mismatch(j, l, k);
+			}
+		}
+		o->result = (char *)k->result;
+		o->detail = (char *)(k->detail ? k->detail : "");
+		res[rep.n_results++] = o;
+		rep.sinks++;
+		if (!strcmp(o->result, "ok")) {
+			rep.ok++;
+			dmetrics_add(DM_VERIFY, "ok", 1);
+		} else if (!strcmp(o->result, "mismatch")) {
+			rep.mismatch++;
+			dmetrics_add(DM_VERIFY, "mismatch", 1);
+		}
+	}
+	rep.results = res;
+	DLOG_I("job %s: verify of %u sinks: %u ok, %u mismatch; summed on a worker in %.1f ms",
+	       j->name, rep.sinks, rep.ok, rep.mismatch, v->work_ms);
+	job_reply(v->conn, v->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_VERIFY, &rep);
+	free(sv);
+	free(res);
+	jvtask_free(v);
+}
+
+Dte__Status job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
+		       struct dreply *r, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(name);
+	struct jvtask *v;
 	size_t n = 0;
 
 	if (!name || !*name)
@@ -258,34 +421,32 @@ Dte__Status job_verify(const char *name, Dte__VerifyReply *rep, struct dreply *r
 	rep->job = j->name;
 	for (struct jlocal *l = j->locals; l; l = l->next)
 		n += l->info.role == JROLE_SINK;
-	if (n) {
-		rep->results = dreply_alloc(r, n * sizeof(*rep->results));
-		if (!rep->results)
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
-	}
-	for (struct jlocal *l = j->locals; l; l = l->next) {
-		Dte__SinkVerify *sv;
-
-		if (l->info.role != JROLE_SINK)
-			continue;
-		sv = dreply_alloc(r, sizeof(*sv));
-		if (!sv)
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
-		dte__sink_verify__init(sv);
-		verify_one(j, l, sv, r);
-		rep->results[rep->n_results++] = sv;
-		rep->sinks++;
-		if (!strcmp(sv->result, "ok")) {
-			rep->ok++;
-			dmetrics_add(DM_VERIFY, "ok", 1);
-		} else if (!strcmp(sv->result, "mismatch")) {
-			rep->mismatch++;
-			dmetrics_add(DM_VERIFY, "mismatch", 1);
-		}
-	}
-	if (!n)
+	if (!n) {
 		dreply_msg(r, "job %s has no sink on this daemon; verify runs where the sinks are",
 			   j->name);
+		return DTE__STATUS__STATUS_OK;
+	}
+	if (jeng.stopping)
+		return FAIL(DTE__STATUS__STATUS_ERR_BUSY, "the daemon is shutting down");
+	if (!(v = calloc(1, sizeof(*v))) || !(v->s = calloc(n, sizeof(*v->s)))) {
+		free(v);
+		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+	}
+	snprintf(v->job, sizeof(v->job), "%s", j->name);
+	v->conn = conn;
+	v->req_id = req_id;
+	for (struct jlocal *l = j->locals; l; l = l->next) {
+		if (l->info.role != JROLE_SINK)
+			continue;
+		if (vsink_fill(&v->s[v->n++], l) < 0) {
+			jvtask_free(v);
+			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		}
+	}
+	v->t.run = verify_run;
+	v->t.done = verify_done;
+	*deferred = 1;
+	jtask_start(&v->t);
 	return DTE__STATUS__STATUS_OK;
 }
 

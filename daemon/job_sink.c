@@ -41,6 +41,23 @@ static void staged_free(struct jstaged *s)
 	free(s);
 }
 
+/* What applying st needs, once applied: its writes' payload bytes and
+ * decoded arrays (maps, partials and sources stay). */
+static void staged_drop_data(struct jstaged *st)
+{
+	for (size_t i = 0; i < st->n; i++) {
+		free(st->w[i].pos);
+		free(st->w[i].val);
+		st->w[i].pos = NULL;
+		st->w[i].val = NULL;
+		st->w[i].enc = NULL;
+		st->w[i].enc_len = 0;
+	}
+	for (size_t i = 0; i < st->nheld; i++)
+		free(st->held[i]);
+	st->nheld = 0;
+}
+
 static void pend_src_clear(struct jpend_src *s)
 {
 	if (s->counts)
@@ -119,7 +136,9 @@ uint64_t jsink_newest_staged(const struct jlocal *l)
 
 	while (s && s->next)
 		s = s->next;
-	return s ? s->version : l->applied;
+	/* A version on its way into the buffers (an apply on a worker) is
+	 * held too. */
+	return s ? s->version : l->applying ? l->applying : l->applied;
 }
 
 void jsink_replanned(struct job *j)
@@ -346,6 +365,27 @@ static uint64_t get64(const uint8_t *p)
 	return x;
 }
 
+/* A version being staged on a worker (try_stage starts it, stage_done
+ * finishes it on the loop).  It owns the collected records (the jpend,
+ * unlinked from the sink) and copies of what decoding reads of the sink
+ * and the plan, so a detach or re-plan meanwhile cannot reach it. */
+struct jstage {
+	struct jtask t;
+	char job[JOB_NAME_MAX];
+	uint64_t participant;
+	struct jpend *p;
+	struct jentry **e;        /* per source: its pair's entries (NULL: no such pair) */
+	size_t *ne;
+	size_t ns;                /* sources (e, ne) */
+	size_t nbufs;
+	uint32_t *buf_ids;        /* the sink's layout buffer ids, ascending */
+	uint8_t *enc;             /* per slot: keep_encoded */
+	int wrong_value;          /* test hook: flip one value of the first sparse source */
+	struct jstaged *st;       /* result, or NULL with err */
+	char err[256];
+	double ms;
+};
+
 /* Whether entries into this buffer are applied from their payload bytes
  * (host memory) or decoded at staging: device memory is scattered from
  * host arrays by the cuda backend, and the storage writer reads the
@@ -355,6 +395,18 @@ static int keep_encoded(const struct job *j, const struct jlocal *l, const struc
 	if (b->cuda)
 		return 0;
 	return !(j->store && !strcmp(l->info.layout, JSTORE_CANON_LAYOUT));
+}
+
+/* jlocal_buf over the task's copy of the sink's buffer ids. */
+static int stage_slot(const struct jstage *g, uint32_t id, size_t *slot)
+{
+	for (size_t i = 0; i < g->nbufs; i++) {
+		if (g->buf_ids[i] == id) {
+			*slot = i;
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* Check (or decode) one entry's bytes into w.  0 or a DTC_* code. */
@@ -403,28 +455,27 @@ static int part_cmp(const void *a, const void *b)
  * entry checked (positions against its box), kept encoded or decoded
  * (keep_encoded); the parts' bytes move into st, which owns them from
  * here on. */
-static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, struct jstaged *st,
-		      char *err, size_t errlen)
+static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err, size_t errlen)
 {
-	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+	struct jpend_src *s = &g->p->s[si];
+	const struct jentry *pe = g->e[si];
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
-	size_t w0 = st->n, covered = 0;
+	size_t w0 = st->n, covered = 0, pn = g->ne[si];
 	int wrong_value = 0;
 
-	if (!pair || pair->n != c->n_counts) {
+	if (!pe || pn != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
-			 (unsigned long long)s->src, c->n_counts, pair ? pair->n : 0);
+			 (unsigned long long)s->src, c->n_counts, pe ? pn : 0);
 		return -1;
 	}
-	for (size_t i = 0; i < pair->n; i++) {
-		const struct jentry *e = &pair->e[i];
+	for (size_t i = 0; i < pn; i++) {
+		const struct jentry *e = &pe[i];
 		struct jwrite *w = &st->w[st->n];
 		uint64_t cnt = c->counts[i];
-		struct dbuf *b;
 		size_t slot;
 
-		if (!(b = jlocal_buf(l, e->dst_buf, &slot))) {
+		if (!stage_slot(g, e->dst_buf, &slot)) {
 			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
 			return -1;
 		}
@@ -456,7 +507,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		int codec, encoded = 0;
 
 		if (pt->part != k || pt->first < covered || pt->entries == 0 ||
-		    pt->entries > pair->n - pt->first) {
+		    pt->entries > pn - pt->first) {
 			snprintf(err, errlen, "source %llx: part %u (entries %u..+%u) missing, out of "
 				 "order or overlapping", (unsigned long long)s->src, pt->part, pt->first,
 				 pt->entries);
@@ -472,7 +523,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 		covered = (size_t)pt->first + pt->entries;
 		for (size_t i = pt->first; i < covered; i++)
 			if (c->counts[i])
-				bound += 8 + (dense ? 2 * pair->e[i].box :
+				bound += 8 + (dense ? 2 * pe[i].box :
 					      dtc_sparse_bound(c->counts[i]));
 		if (dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK || claimed > bound) {
 			snprintf(err, errlen, "source %llx part %u: header invalid or larger than its "
@@ -491,10 +542,12 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			return -1;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
-		if (!k)
-			wrong_value = !dense && testhook_sink_value(st->version);
+		if (!k && !dense && g->wrong_value) {
+			wrong_value = 1;	/* the first sparse source only */
+			g->wrong_value = 0;
+		}
 		for (size_t i = pt->first; i < covered; i++) {
-			const struct jentry *e = &pair->e[i];
+			const struct jentry *e = &pe[i];
 			struct jwrite *w = &st->w[w0 + i];
 			uint64_t cnt = c->counts[i], len;
 			int r;
@@ -507,8 +560,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 				return -1;
 			}
 			off += 8;
-			r = stage_entry(w, keep_encoded(j, l, l->bufs[w->dst_slot]), e, cnt, data + off,
-					len);
+			r = stage_entry(w, g->enc[w->dst_slot], e, cnt, data + off, len);
 			encoded |= w->enc != NULL;
 			if (r != DTC_OK) {
 				snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
@@ -542,7 +594,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			free(raw);
 		}
 	}
-	for (size_t i = covered; i < pair->n; i++) {
+	for (size_t i = covered; i < pn; i++) {
 		if (c->counts[i]) {
 			snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
 				 (unsigned long long)c->counts[i]);
@@ -552,7 +604,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	for (size_t i = 0; i < c->n_checksums; i++) {
 		size_t slot;
 
-		if (!jlocal_buf(l, c->checksums[i]->dst_buffer, &slot)) {
+		if (!stage_slot(g, c->checksums[i]->dst_buffer, &slot)) {
 			snprintf(err, errlen, "checksum names buffer %u this sink does not have",
 				 c->checksums[i]->dst_buffer);
 			return -1;
@@ -562,19 +614,19 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	return 0;
 }
 
-static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, char *err,
-			      size_t errlen)
+/* Worker: the version's every record checked, kept encoded or decoded. */
+static struct jstaged *decode(struct jstage *g, char *err, size_t errlen)
 {
+	struct jpend *p = g->p;
 	struct jstaged *st = calloc(1, sizeof(*st));
-	size_t nw = 0, nparts = 0;
+	size_t nw = 0, nparts = 0, nb = g->nbufs ? g->nbufs : 1;
 
 	for (size_t i = 0; i < p->n; i++) {
 		nw += p->s[i].counts->n_counts;
 		nparts += p->s[i].nparts;
 	}
 	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
-	    !(st->expect = calloc(l->nbufs ? l->nbufs : 1, sizeof(*st->expect))) ||
-	    !(st->covered = calloc(l->nbufs ? l->nbufs : 1, 1)) ||
+	    !(st->expect = calloc(nb, sizeof(*st->expect))) || !(st->covered = calloc(nb, 1)) ||
 	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs))) ||
 	    !(st->held = calloc(nparts ? nparts : 1, sizeof(*st->held)))) {
 		snprintf(err, errlen, "out of memory");
@@ -585,7 +637,7 @@ static struct jstaged *decode(struct job *j, struct jlocal *l, struct jpend *p, 
 	for (size_t i = 0; i < p->n; i++) {
 		st->srcs[st->nsrcs++] = p->s[i].src;
 		st->all_dense &= p->s[i].counts->mode == DTEP__MODE__MODE_DENSE;
-		if (decode_src(j, l, &p->s[i], st, err, errlen) < 0)
+		if (decode_src(g, i, st, err, errlen) < 0)
 			goto fail;
 	}
 	return st;
@@ -640,7 +692,8 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 		l->staged = s->next;
 		staged_free(s);
 	}
-	l->held = l->applied;
+	/* An apply on a worker still brings the sink to its version. */
+	l->held = l->applying ? l->applying : l->applied;
 	l->staging_drops++;
 	snprintf(why, sizeof(why), "%zu versions staged and none applied (max_staged_versions %u): "
 		 "staging dropped, next version dense", n, cap);
@@ -650,6 +703,146 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 	free(srcs);
 }
 
+static void stage_free(struct jstage *g)
+{
+	if (!g)
+		return;
+	if (g->st)
+		staged_free(g->st);
+	if (g->p)
+		pend_free(g->p);
+	for (size_t i = 0; g->e && i < g->ns; i++)
+		free(g->e[i]);
+	free(g->e);
+	free(g->ne);
+	free(g->buf_ids);
+	free(g->enc);
+	free(g);
+}
+
+/* Worker: check and keep (or decode) the version; what it does not keep
+ * of the records (a refused version's parts: up to the model's size) is
+ * freed here, not on the loop. */
+static void stage_run(struct jtask *t)
+{
+	struct jstage *g = (struct jstage *)t;
+	uint64_t t0 = uv_hrtime();
+
+	g->st = decode(g, g->err, sizeof(g->err));
+	for (size_t i = 0; i < g->p->n; i++)
+		pend_src_clear(&g->p->s[i]);
+	g->ms = job_ms_since(t0);
+}
+
+static void try_stage(struct job *j, struct jlocal *l);
+
+/* Loop: the staged version joins the sink's chain (or is refused), then
+ * the next one may go. */
+static void stage_done(struct jtask *t, int cancelled)
+{
+	struct jstage *g = (struct jstage *)t;
+	struct job *j = job_find(g->job);
+	struct jlocal *l = j ? job_local(j, g->participant) : NULL;
+	struct jstaged *st = g->st;
+
+	if (l)
+		l->staging = 0;
+	dmetrics_observe(DM_PHASE_SECONDS, "stage", g->ms / 1e3);
+	if (!l || l->info.role != JROLE_SINK || cancelled || g->p->version <= l->held) {
+		if (!cancelled && !l)
+			DLOG_I("job %s: sink %llx went away while version %llu was staged (dropped)",
+			       g->job, (unsigned long long)g->participant,
+			       (unsigned long long)g->p->version);
+		stage_free(g);
+		return;
+	}
+	if (!st) {
+		refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
+	} else {
+		g->st = NULL;
+		if (st->all_dense) {
+			/* Everything before it is overwritten anyway. */
+			while (l->staged) {
+				struct jstaged *o = l->staged;
+
+				l->staged = o->next;
+				staged_free(o);
+			}
+		}
+		{
+			struct jstaged **pp = &l->staged;
+
+			while (*pp)
+				pp = &(*pp)->next;
+			*pp = st;
+		}
+		l->held = st->version;
+		send_staged(j, l, st);
+		DLOG_D("job %s: sink %llx staged version %llu (%s) on a worker in %.2f ms", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)st->version,
+		       st->all_dense ? "dense" : "sparse", g->ms);
+		staging_cap(j, l, st);
+	}
+	stage_free(g);
+	try_stage(j, l);
+	jstore_sink_staged(j, l);
+	job_check_waiters();
+}
+
+/* Hand version p (complete, its base checked) to a worker: p leaves the
+ * sink's pending list for the task.  0, or -1 (out of memory: p stays). */
+static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
+{
+	struct jstage *g = calloc(1, sizeof(*g));
+	size_t n = p->n ? p->n : 1, nb = l->nbufs ? l->nbufs : 1;
+	int sparse = 0;
+
+	if (jeng.stopping) {
+		free(g);
+		return 0;	/* shutting down: it stays pending, nothing more is staged */
+	}
+	if (!g || !(g->e = calloc(n, sizeof(*g->e))) || !(g->ne = calloc(n, sizeof(*g->ne))) ||
+	    !(g->buf_ids = malloc(nb * sizeof(*g->buf_ids))) || !(g->enc = malloc(nb)))
+		goto fail;
+	g->ns = p->n;
+	for (size_t i = 0; i < p->n; i++) {
+		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);
+
+		sparse |= p->s[i].counts->mode != DTEP__MODE__MODE_DENSE;
+		if (!pair)
+			continue;	/* decode refuses it */
+		if (!(g->e[i] = malloc((pair->n ? pair->n : 1) * sizeof(*pair->e))))
+			goto fail;
+		memcpy(g->e[i], pair->e, pair->n * sizeof(*pair->e));
+		g->ne[i] = pair->n;
+	}
+	for (size_t s = 0; s < l->nbufs; s++) {
+		g->buf_ids[s] = l->buf_ids[s];
+		g->enc[s] = (uint8_t)keep_encoded(j, l, l->bufs[s]);
+	}
+	g->nbufs = l->nbufs;
+	snprintf(g->job, sizeof(g->job), "%s", j->name);
+	g->participant = l->info.id;
+	/* On the loop: the hook logs, and it fires once per version. */
+	g->wrong_value = sparse && testhook_sink_value(p->version);
+	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	p->next = NULL;
+	g->p = p;
+	l->staging = p->version;
+	g->t.run = stage_run;
+	g->t.done = stage_done;
+	jtask_start(&g->t);
+	return 0;
+fail:
+	stage_free(g);
+	return -1;
+}
+
 /* Stage whatever can be staged now, in version order. */
 static void try_stage(struct job *j, struct jlocal *l)
 {
@@ -657,9 +850,10 @@ static void try_stage(struct job *j, struct jlocal *l)
 
 	for (;;) {
 		struct jpend *p, *best = NULL;
-		struct jstaged *st;
-		uint64_t t_stage;
 		int wait = 0;
+
+		if (l->staging)
+			return;	/* a version is being staged: its base for what follows */
 
 		/* Versions the sink holds already (or older) go. */
 		while ((p = l->pend) && p->version <= l->held)
@@ -712,37 +906,12 @@ static void try_stage(struct job *j, struct jlocal *l)
 				return;
 			best = dense;
 		}
-		t_stage = uv_hrtime();
-		st = decode(j, l, best, err, sizeof(err));
-		dmetrics_observe(DM_PHASE_SECONDS, "stage", job_ms_since(t_stage) / 1e3);
-		if (!st) {
-			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, err);
+		if (stage_start(j, l, best) < 0) {
+			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, "out of memory");
 			pend_drop(l, best);
 			continue;
 		}
-		if (st->all_dense) {
-			/* Everything before it is overwritten anyway. */
-			while (l->staged) {
-				struct jstaged *o = l->staged;
-
-				l->staged = o->next;
-				staged_free(o);
-			}
-		}
-		{
-			struct jstaged **pp = &l->staged;
-
-			while (*pp)
-				pp = &(*pp)->next;
-			*pp = st;
-		}
-		l->held = st->version;
-		pend_drop(l, best);
-		send_staged(j, l, st);
-		DLOG_D("job %s: sink %llx staged version %llu (%s)", j->name,
-		       (unsigned long long)l->info.id, (unsigned long long)st->version,
-		       st->all_dense ? "dense" : "sparse");
-		staging_cap(j, l, st);
+		return;	/* one at a time: stage_done comes back here */
 	}
 }
 
@@ -804,7 +973,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
 		return;
 	}
-	if (m->version <= l->held) {
+	if (m->version <= l->held || m->version == l->staging) {
 		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
 		       (unsigned long long)m->version, (unsigned long long)l->info.id,
 		       (unsigned long long)l->held);
@@ -846,7 +1015,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 
 	if (!l)
 		return;
-	if (m->version <= l->held) {
+	if (m->version <= l->held || m->version == l->staging) {
 		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
 		       j->name, m->part, (unsigned long long)m->version,
 		       (unsigned long long)l->info.id, (unsigned long long)l->held);
@@ -917,13 +1086,13 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 
 /* The boxes and buffers a verified sum is over: same key, same sum
  * domain.  Never 0 (0 means "not verified"). */
-static uint64_t verify_key(const struct jlocal *l, const struct jstaged *st)
+static uint64_t verify_key(struct dbuf *const *bufs, const struct jstaged *st)
 {
 	uint64_t h = dtc_mix64(st->n + 1);
 
 	for (size_t i = 0; i < st->n; i++) {
 		const struct jwrite *w = &st->w[i];
-		const struct dbuf *b = l->bufs[w->dst_slot];
+		const struct dbuf *b = bufs[w->dst_slot];
 		const int64_t *m = (const int64_t *)&w->map;
 
 		h = dtc_mix64(h ^ w->dst_slot) + (uint64_t)(uintptr_t)b->ptr + b->length;
@@ -959,14 +1128,14 @@ static int apply_dense_enc(const struct jwrite *w, struct dbuf *b)
  * sparse payload writes.  Returns 1 when every write it made is in delta
  * (so the version can be verified incrementally), 0 when not, -1 with why
  * on a failed write. */
-static int apply_version(struct jlocal *l, const struct jstaged *st, uint64_t *delta, char *why,
-			 size_t whylen)
+static int apply_version(struct dbuf *const *bufs, const struct jstaged *st, uint64_t *delta,
+			 char *why, size_t whylen)
 {
 	int tracked = !st->all_dense;
 
 	for (size_t i = 0; i < st->n; i++) {
 		const struct jwrite *w = &st->w[i];
-		struct dbuf *b = l->bufs[w->dst_slot];
+		struct dbuf *b = bufs[w->dst_slot];
 		uint64_t got = 0;
 		int r;
 
@@ -991,16 +1160,17 @@ static int apply_version(struct jlocal *l, const struct jstaged *st, uint64_t *d
 }
 
 /* Σ mix over the boxes of st, per covered slot, into sum[]. */
-static int full_sums(struct jlocal *l, const struct jstaged *st, uint64_t *sum)
+static int full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstaged *st,
+		     uint64_t *sum)
 {
-	memset(sum, 0, l->nbufs * sizeof(*sum));
+	memset(sum, 0, nbufs * sizeof(*sum));
 	for (size_t i = 0; i < st->n; i++) {
 		const struct jwrite *w = &st->w[i];
 		uint64_t part = 0;
 
 		/* Host or device: the backend's (vectorized, threaded) box sum. */
-		if (jdev_checksum_box(&w->map, l->bufs[w->dst_slot]->ptr,
-				      l->bufs[w->dst_slot]->length, &part) != DTC_OK)
+		if (jdev_checksum_box(&w->map, bufs[w->dst_slot]->ptr, bufs[w->dst_slot]->length,
+				      &part) != DTC_OK)
 			return -1;	/* unreadable is not verified */
 		sum[w->dst_slot] += part;
 	}
@@ -1017,16 +1187,280 @@ static uint32_t full_every(void)
 	return jeng.verify_full_every ? jeng.verify_full_every : JOB_VERIFY_FULL_EVERY_DEFAULT;
 }
 
-Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyReply *rep,
-		      char *err, size_t errlen)
+/* ----------------------------------------------------------------- apply
+ * An apply runs on a worker (job_task.c).  The loop takes the staged
+ * versions <= v off the sink (they belong to the task from then on),
+ * references the sink's buffers and copies its verified state; the
+ * worker writes and sums; the loop, back in apply_done, looks the sink up
+ * again and commits the result (applied version, verified state,
+ * APPLIED, the answer) or, when the sink went away meanwhile, drops it.
+ * While it runs the sink keeps staging (l->applying is the version it
+ * will hold); a second apply of the same sink is refused. */
+struct japply {
+	struct jtask t;
+	char job[JOB_NAME_MAX];
+	uint64_t participant, conn;
+	uint32_t req_id;
+	jsink_applied_fn then;    /* internal caller instead of an answer */
+	void (*prep)(void *arg, const struct jstaged *first);	/* on the worker, first */
+	void *arg;
+	struct jstaged *list;     /* the versions, in order */
+	struct jstaged *last;
+	size_t nbufs;
+	struct dbuf **bufs;       /* referenced until the task ends */
+	uint64_t *vsum;           /* in: verified sums; out: the new ones */
+	uint64_t vkey;
+	uint32_t since_full, full_every;
+	uint64_t t0;
+	/* worker results */
+	struct jsink_apply_result r;
+	uint64_t *sum, *delta;
+	int incremental;
+};
+
+static void japply_free(struct japply *a)
+{
+	while (a->list) {
+		struct jstaged *s = a->list;
+
+		a->list = s->next;
+		staged_free(s);
+	}
+	for (size_t i = 0; i < a->nbufs; i++)
+		if (a->bufs[i])
+			dbuf_unref(a->bufs[i]);
+	free(a->bufs);
+	free(a->vsum);
+	free(a->sum);
+	free(a->delta);
+	free(a);
+}
+
+/* Worker: everything it touches is the task's. */
+static void apply_run(struct jtask *t)
+{
+	struct japply *a = (struct japply *)t;
+	struct jsink_apply_result *r = &a->r;
+	int incremental = a->vkey != 0;
+	uint64_t t0 = uv_hrtime();
+
+	r->ok = 1;
+	if (a->prep)
+		a->prep(a->arg, a->list);
+	for (struct jstaged *st = a->list; st; st = st->next) {
+		if (!r->failed_apply) {
+			int tr = apply_version(a->bufs, st, a->delta, r->why, sizeof(r->why));
+
+			if (tr < 0)
+				r->failed_apply = 1;
+			r->key = verify_key(a->bufs, st);
+			incremental &= tr == 1 && r->key == a->vkey;
+		}
+		a->last = st;
+		r->n++;
+	}
+	incremental &= a->since_full + r->n < a->full_every;
+	/* The content must now be exactly what the sources computed. */
+	if (!r->failed_apply && incremental) {
+		for (size_t s = 0; s < a->nbufs; s++)
+			a->sum[s] = a->vsum[s] + a->delta[s];
+	} else if (!r->failed_apply && full_sums(a->nbufs, a->bufs, a->last, a->sum) < 0) {
+		r->failed_apply = 1;
+		snprintf(r->why, sizeof(r->why), "checksum failed: a box outside its buffer");
+	}
+	for (size_t s = 0; s < a->nbufs && !r->failed_apply; s++) {
+		if (!a->last->covered[s] || a->sum[s] == a->last->expect[s])
+			continue;
+		r->ok = 0;
+		snprintf(r->why, sizeof(r->why), "buffer %s: checksum %016llx, expected %016llx (%s)",
+			 a->bufs[s]->name, (unsigned long long)a->sum[s],
+			 (unsigned long long)a->last->expect[s], incremental ? "incremental" : "full pass");
+		break;
+	}
+	if (r->failed_apply)
+		r->ok = 0;
+	r->incremental = incremental;
+	r->version = a->last->version;
+	/* The payloads (a dense version holds the model's size) are
+	 * unmapped here, not on the loop: the loop needs only the newest
+	 * version's maps, partials and sources. */
+	while (a->list != a->last) {
+		struct jstaged *st = a->list;
+
+		a->list = st->next;
+		staged_free(st);
+	}
+	staged_drop_data(a->last);
+	r->work_ms = job_ms_since(t0);
+}
+
+/* Loop: commit what the worker did to the sink, if it is still there. */
+static void apply_done(struct jtask *t, int cancelled)
+{
+	struct japply *a = (struct japply *)t;
+	struct jsink_apply_result *r = &a->r;
+	struct job *j = job_find(a->job);
+	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
+	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+
+	r->ms = job_ms_since(a->t0);
+	if (l)
+		l->applying = 0;
+	if (jeng.stopping && !cancelled)
+		DLOG_N("shutdown: the apply of version %llu of sink %llx (job %s) came back from "
+		       "its worker after %.1f ms", (unsigned long long)r->version,
+		       (unsigned long long)a->participant, a->job, r->work_ms);
+	if (cancelled) {
+		/* Never started (shutdown): nothing was written. */
+		if (a->then)
+			a->then(NULL, NULL, r, a->arg);
+		else
+			job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_ERR_BUSY,
+				  "the daemon is shutting down; nothing was applied", 0, NULL);
+		japply_free(a);
+		return;
+	}
+	if (!l) {
+		DLOG_N("job %s: sink %llx went away while version %llu was applied; result dropped",
+		       a->job, (unsigned long long)a->participant, (unsigned long long)r->version);
+		if (a->then)
+			a->then(NULL, NULL, r, a->arg);
+		else
+			job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_ERR_NOT_FOUND,
+				  "the sink went away while its apply ran", 0, NULL);
+		japply_free(a);
+		return;
+	}
+	if (r->ok) {
+		memcpy(l->vsum, a->sum, l->nbufs * sizeof(*l->vsum));
+		l->vkey = r->key;
+		l->since_full = r->incremental ? l->since_full + r->n : 0;
+	} else {
+		l->vkey = 0;	/* the next apply recomputes everything */
+	}
+	if (!r->failed_apply) {
+		if (r->incremental)
+			l->incremental_verifies++;
+		else
+			l->full_verifies++;
+		dmetrics_add(DM_APPLY_VERIFY, r->incremental ? "incremental" : "full", 1);
+	}
+	l->applied = a->last->version;
+	jops_applied(l, a->last);
+	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
+	if (!r->ok) {
+		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
+		l->checksum_failures++;
+		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)a->last->version, r->why);
+	} else {
+		DLOG_D("job %s: sink %llx version %llu verified (%s) on a worker in %.2f ms", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)a->last->version,
+		       r->incremental ? "incremental" : "full pass", r->work_ms);
+	}
+	dmetrics_observe(DM_PHASE_SECONDS, "apply", r->ms / 1e3);
+	applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
+			 r->ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
+			 r->why, r->ms);
+	r->checksum_failures = l->checksum_failures;
+	if (a->then) {
+		a->then(j, l, r, a->arg);
+	} else {
+		rep.version = r->version;
+		rep.applied = r->n;
+		rep.checksum_ok = r->ok;
+		rep.checksum_failures = l->checksum_failures;
+		rep.apply_ms = r->work_ms;
+		job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_APPLY,
+			  &rep);
+	}
+	japply_free(a);
+	job_check_waiters();
+}
+
+static Dte__Status apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+			       uint32_t req_id, void (*prep)(void *arg, const struct jstaged *first),
+			       jsink_applied_fn then, void *arg, char *err, size_t errlen)
+{
+	struct japply *a;
+	struct jstaged **tail;
+	size_t nb = l->nbufs ? l->nbufs : 1;
+
+	if (jeng.stopping)
+		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_BUSY,
+			     "job %s: the daemon is shutting down", j->name);
+	if (l->applying)
+		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_BUSY,
+			     "job %s: sink %llx is applying version %llu already", j->name,
+			     (unsigned long long)l->info.id, (unsigned long long)l->applying);
+	if (!l->vsum)
+		l->vsum = calloc(nb, sizeof(*l->vsum));
+	a = calloc(1, sizeof(*a));
+	if (!l->vsum || !a || !(a->bufs = calloc(nb, sizeof(*a->bufs))) ||
+	    !(a->vsum = malloc(nb * sizeof(*a->vsum))) || !(a->sum = calloc(nb, sizeof(*a->sum))) ||
+	    !(a->delta = calloc(nb, sizeof(*a->delta)))) {
+		if (a)
+			japply_free(a);
+		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_INTERNAL, "job %s: out of memory",
+			     j->name);
+	}
+	snprintf(a->job, sizeof(a->job), "%s", j->name);
+	a->participant = l->info.id;
+	a->conn = conn;
+	a->req_id = req_id;
+	a->then = then;
+	a->prep = prep;
+	a->arg = arg;
+	for (size_t i = 0; i < l->nbufs; i++) {
+		a->bufs[i] = l->bufs[i];
+		dbuf_ref(a->bufs[i]);
+	}
+	a->nbufs = l->nbufs;
+	memcpy(a->vsum, l->vsum, l->nbufs * sizeof(*a->vsum));
+	a->vkey = l->vkey;
+	a->since_full = l->since_full;
+	a->full_every = full_every();
+	/* The versions move to the task, in order. */
+	tail = &a->list;
+	while (l->staged && l->staged->version <= version) {
+		struct jstaged *st = l->staged;
+
+		l->staged = st->next;
+		st->next = NULL;
+		*tail = st;
+		tail = &st->next;
+		l->applying = st->version;
+	}
+	l->apply_gen++;
+	DLOG_I("job %s: sink %llx: apply up to version %llu handed to a worker", j->name,
+	       (unsigned long long)l->info.id, (unsigned long long)l->applying);
+	a->t0 = uv_hrtime();
+	a->t.run = apply_run;
+	a->t.done = apply_done;
+	jtask_start(&a->t);
+	return DTE__STATUS__STATUS_OK;
+}
+
+Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
+			      size_t errlen)
+{
+	return apply_start(j, l, version, conn, req_id, NULL, then, arg, err, errlen);
+}
+
+Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+				   void (*prep)(void *arg, const struct jstaged *first),
+				   jsink_applied_fn then, void *arg, char *err, size_t errlen)
+{
+	return apply_start(j, l, version, 0, 0, prep, then, arg, err, errlen);
+}
+
+Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
+		      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
-	struct jstaged *last = NULL;
 	struct jlocal *l;
-	uint64_t t0 = uv_hrtime(), *sum = NULL, *delta = NULL, key = 0;
-	uint32_t n = 0;
-	int ok = 1, failed_apply = 0, incremental;
-	char why[256] = "";
+	Dte__Status st;
 
 	if (!j) {
 		snprintf(err, errlen, "unknown job \"%s\"", rq->job ? rq->job : "");
@@ -1038,7 +1472,7 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 			 (unsigned long long)rq->participant);
 		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
 	}
-	if (!l->staged || l->staged->version > rq->version) {
+	if (!l->applying && (!l->staged || l->staged->version > rq->version)) {
 		if (rq->version <= l->applied) {
 			rep->version = l->applied;
 			rep->checksum_ok = 1;
@@ -1050,95 +1484,8 @@ Dte__Status job_apply(uint64_t conn, const Dte__ApplyRequest *rq, Dte__ApplyRepl
 			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)l->applied);
 		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
 	}
-	sum = calloc(l->nbufs ? l->nbufs : 1, sizeof(*sum));
-	delta = calloc(l->nbufs ? l->nbufs : 1, sizeof(*delta));
-	if (!l->vsum)
-		l->vsum = calloc(l->nbufs ? l->nbufs : 1, sizeof(*l->vsum));
-	if (!sum || !delta || !l->vsum) {
-		free(sum);
-		free(delta);
-		snprintf(err, errlen, "job %s: out of memory", j->name);
-		return DTE__STATUS__STATUS_ERR_INTERNAL;
-	}
-	/* Incremental only onto a verified state over the same boxes, for
-	 * sparse versions whose every write reported its delta, and not past
-	 * verify_full_every versions since the last full pass. */
-	incremental = l->vkey != 0;
-	while (l->staged && l->staged->version <= rq->version) {
-		struct jstaged *st = l->staged;
-
-		l->staged = st->next;
-		if (!failed_apply) {
-			int t = apply_version(l, st, delta, why, sizeof(why));
-
-			if (t < 0)
-				failed_apply = 1;
-			key = verify_key(l, st);
-			incremental &= t == 1 && key == l->vkey;
-		}
-		if (last)
-			staged_free(last);
-		last = st;
-		n++;
-	}
-	incremental &= l->since_full + n < full_every();
-	/* The content must now be exactly what the sources computed. */
-	if (!failed_apply && incremental) {
-		for (size_t s = 0; s < l->nbufs; s++)
-			sum[s] = l->vsum[s] + delta[s];
-	} else if (!failed_apply && full_sums(l, last, sum) < 0) {
-		failed_apply = 1;
-		snprintf(why, sizeof(why), "checksum failed: a box outside its buffer");
-	}
-	for (size_t s = 0; s < l->nbufs && !failed_apply; s++) {
-		if (!last->covered[s] || sum[s] == last->expect[s])
-			continue;
-		ok = 0;
-		snprintf(why, sizeof(why), "buffer %s: checksum %016llx, expected %016llx (%s)",
-			 l->bufs[s]->name, (unsigned long long)sum[s],
-			 (unsigned long long)last->expect[s], incremental ? "incremental" : "full pass");
-		break;
-	}
-	if (failed_apply)
-		ok = 0;
-	if (ok) {
-		memcpy(l->vsum, sum, l->nbufs * sizeof(*sum));
-		l->vkey = key;
-		l->since_full = incremental ? l->since_full + n : 0;
-	} else {
-		l->vkey = 0;	/* the next apply recomputes everything */
-	}
-	if (!failed_apply) {
-		if (incremental)
-			l->incremental_verifies++;
-		else
-			l->full_verifies++;
-		dmetrics_add(DM_APPLY_VERIFY, incremental ? "incremental" : "full", 1);
-	}
-	l->applied = last->version;
-	jops_applied(l, last);
-	dmetrics_add(DM_VERSIONS_APPLIED, NULL, n);
-	if (!ok) {
-		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
-		l->checksum_failures++;
-		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
-		       (unsigned long long)l->info.id, (unsigned long long)last->version, why);
-	} else {
-		DLOG_D("job %s: sink %llx version %llu verified (%s)", j->name,
-		       (unsigned long long)l->info.id, (unsigned long long)last->version,
-		       incremental ? "incremental" : "full pass");
-	}
-	rep->apply_ms = job_ms_since(t0);
-	dmetrics_observe(DM_PHASE_SECONDS, "apply", rep->apply_ms / 1e3);
-	applied_or_defer(j, l, last->version, last->srcs, last->nsrcs,
-			 ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
-			 why, rep->apply_ms);
-	rep->version = last->version;
-	rep->applied = n;
-	rep->checksum_ok = ok;
-	rep->checksum_failures = l->checksum_failures;
-	staged_free(last);
-	free(sum);
-	free(delta);
-	return DTE__STATUS__STATUS_OK;
+	st = jsink_apply_start(j, l, rq->version, conn, req_id, NULL, NULL, err, errlen);
+	if (st == DTE__STATUS__STATUS_OK)
+		*deferred = 1;
+	return st;
 }

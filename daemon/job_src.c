@@ -102,7 +102,6 @@ static void cap_work(uv_work_t *w)
 	struct jcap *c = (struct jcap *)w;
 
 	c->rc = jcap_run(c);
-	__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
 }
 
 static void cap_after(uv_work_t *w, int status);
@@ -652,10 +651,8 @@ static void cap_after(uv_work_t *w, int status)
 	struct job *j;
 	struct jlocal *l;
 
-	if (c->orphan) {	/* job_fini ran: everything it pointed to is gone */
-		jcap_free(c);
-		return;
-	}
+	/* Shutdown waits for this callback (job_tasks_drain) before it frees
+	 * anything, so the job and the buffers are still there. */
 	cap_unlink(c);
 	if (status < 0 && c->rc == 0) {
 		c->rc = -1;

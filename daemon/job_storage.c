@@ -273,11 +273,9 @@ static int change_cmp(const void *a, const void *b)
 
 /* What a staged version really changes in the mirror (flagged elements
  * whose value did not move are dropped), in canonical order. */
-static int collect_changes(const struct jstore *s, const struct jstaged *st, struct change **out,
-			   size_t *nout)
+static int collect_changes(const uint16_t *m, uint64_t total, const struct jstaged *st,
+			   struct change **out, size_t *nout)
 {
-	const uint16_t *m = s->mirror->ptr;
-	uint64_t total = s->toff[s->model.ntensors];
 	struct change *ch = NULL;
 	size_t n = 0, cap = 0;
 
@@ -501,49 +499,94 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 	}
 }
 
+/* A version of the canonical sink on its way through the mirror: applied
+ * on a worker (job_sink.c), then committed (writer_commit). */
+struct wapply {
+	uint64_t version;
+	int all_dense, known;
+	const uint16_t *mirror;   /* the canonical copy: the apply task holds it */
+	uint64_t total;           /* its elements */
+	int collect_failed;       /* worker: out of memory or a write outside it */
+	struct change *ch;
+	size_t n;
+};
+
+/* Worker, before the version is written to the mirror: what it changes
+ * (a dense version reads the whole mirror: not on the loop). */
+static void writer_collect(void *arg, const struct jstaged *st)
+{
+	struct wapply *w = arg;
+
+	w->collect_failed = collect_changes(w->mirror, w->total, st, &w->ch, &w->n) < 0;
+}
+
+static void writer_applied(struct job *j, struct jlocal *l, const struct jsink_apply_result *r,
+			   void *arg)
+{
+	struct wapply *w = arg;
+	struct jstore *s = j ? j->store : NULL;
+
+	if (!s || !s->w || !l || l->info.id != s->canon) {
+		/* The job, its store or the sink went away meanwhile. */
+		free(w->ch);
+		free(w);
+		return;
+	}
+	if (w->collect_failed) {
+		DLOG_E("job %s: storage v%llu: out of memory or a write outside the mirror",
+		       j->name, (unsigned long long)w->version);
+		w->known = 0;
+	}
+	if (!r->ok) {
+		/* The sources repair the mirror densely at the next version. */
+		s->mirror_known = 0;
+	} else if (!w->known && !w->all_dense) {
+		DLOG_W("job %s: storage v%llu not written: the canonical copy is not known "
+		       "good before it (the next dense version repairs)", j->name,
+		       (unsigned long long)w->version);
+	} else {
+		/* its APPLIED goes once the commit is back (commit_after, which
+		 * goes on with the next staged version) */
+		s->mirror_known = 1;
+		writer_commit(s, j, l, w->version, w->ch, w->n, !w->known);
+		free(w);
+		return;
+	}
+	jsink_send_deferred(j, l);
+	free(w->ch);
+	free(w);
+	writer_staged(s, j, l);
+}
+
 static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 {
 	/* One version at a time: the next one is applied to the mirror only
-	 * once the commit before it is done with the mirror. */
-	while (l->staged && !s->wc) {
+	 * once the commit before it is done with the mirror, and only one
+	 * apply runs (its completion, writer_applied, comes back here). */
+	if (l->staged && !s->wc && !l->applying && !jeng.stopping) {
 		const struct jstaged *st = l->staged;
-		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
-		uint64_t version = st->version;
-		int all_dense = st->all_dense, known = s->mirror_known;
-		struct change *ch = NULL;
-		size_t n = 0;
+		struct wapply *w = calloc(1, sizeof(*w));
 		char err[256];
 
-		if (collect_changes(s, st, &ch, &n) < 0) {
-			DLOG_E("job %s: storage v%llu: out of memory or a write outside the mirror",
-			       j->name, (unsigned long long)version);
-			known = 0;
-		}
-		rq.job = j->name;
-		rq.participant = l->info.id;
-		rq.version = version;
-		if (job_apply(s->owner, &rq, &rep, err, sizeof(err)) != DTE__STATUS__STATUS_OK) {
-			DLOG_E("job %s: storage v%llu: %s", j->name, (unsigned long long)version, err);
-			free(ch);
+		if (!w) {
+			DLOG_E("job %s: storage v%llu: out of memory", j->name,
+			       (unsigned long long)st->version);
 			s->mirror_known = 0;
 			return;
 		}
-		if (!rep.checksum_ok) {
-			/* The sources repair the mirror densely at the next version. */
+		w->version = st->version;
+		w->all_dense = st->all_dense;
+		w->known = s->mirror_known;
+		w->mirror = s->mirror->ptr;
+		w->total = s->toff[s->model.ntensors];
+		if (jsink_apply_start_prep(j, l, w->version, writer_collect, writer_applied, w, err,
+					   sizeof(err)) != DTE__STATUS__STATUS_OK) {
+			DLOG_E("job %s: storage v%llu: %s", j->name, (unsigned long long)w->version,
+			       err);
+			free(w->ch);
+			free(w);
 			s->mirror_known = 0;
-		} else if (!known && !all_dense) {
-			DLOG_W("job %s: storage v%llu not written: the canonical copy is not known "
-			       "good before it (the next dense version repairs)", j->name,
-			       (unsigned long long)version);
-		} else {
-			/* its APPLIED goes once the commit is back */
-			s->mirror_known = 1;
-			writer_commit(s, j, l, version, ch, n, !known);
-			continue;
 		}
-		jsink_send_deferred(j, l);
-		free(ch);
 	}
 }
 
@@ -1153,10 +1196,12 @@ void jstore_free(struct job *j)
 	j->store = NULL;
 	s->job = NULL;
 	if (s->wc) {
-		/* Jobs go at shutdown (job_fini): a commit on a worker reads the
-		 * writer, the mirror and the tensor table, so let it finish (the
-		 * version it writes was applied; its APPLIED stays unsent), and
-		 * leave its completion, if the loop runs again, to free itself. */
+		/* Not reached from job_fini, which drains every commit through
+		 * its completion first (job_task.c); kept for a job freed with a
+		 * commit in flight some other way: a commit on a worker reads
+		 * the writer, the mirror and the tensor table, so let it finish
+		 * (the version it writes was applied; its APPLIED stays unsent),
+		 * and leave its completion to free itself. */
 		struct wcommit *c = s->wc;
 
 		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
@@ -1165,6 +1210,14 @@ void jstore_free(struct job *j)
 		s->wc = NULL;
 	}
 	store_destroy(s);
+}
+
+int jstore_committing(void)
+{
+	for (const struct job *j = jeng.jobs; j; j = j->next)
+		if (j->store && j->store->wc)
+			return 1;
+	return 0;
 }
 
 void jstore_sink_staged(struct job *j, struct jlocal *l)

@@ -65,6 +65,8 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 
 /* job_sink.c: a version was staged for local sink l. */
 void jstore_sink_staged(struct job *j, struct jlocal *l);
+/* A writer's commit is on a worker (shutdown waits for it: job_task.c). */
+int jstore_committing(void);
 
 /* dtectl job */
 void jstore_info(const struct job *j, Dte__JobReply *rep);

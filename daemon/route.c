@@ -14,6 +14,10 @@ struct rec {
 	size_t hdrlen;
 	uint8_t *data;
 	size_t len;
+	/* data given (route_send_given), not copied: release(data, rarg)
+	 * when the record goes, release(NULL, rarg) when a receiver took it */
+	void (*release)(void *data, void *rarg);
+	void *rarg;
 };
 
 static struct {
@@ -34,7 +38,10 @@ static struct {
 static void rec_free(struct rec *r)
 {
 	free(r->hdr);
-	free(r->data);
+	if (r->release)
+		r->release(r->data, r->rarg);
+	else
+		free(r->data);
 	free(r);
 }
 
@@ -129,17 +136,26 @@ int route_is_self(const char *node, const char *address)
 	       (rt.address[0] && !strcmp(address, rt.address));
 }
 
+/* A local record; with release, data is given (not copied: a dense part
+ * is 32 MiB, and copying it here, on the loop, stalled every client). */
 static int enqueue(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
-		   size_t len)
+		   size_t len, void (*release)(void *data, void *rarg), void *rarg)
 {
 	struct rec *r = calloc(1, sizeof(*r));
 
-	if (!r)
+	if (!r) {
+		if (release)
+			release((void *)(uintptr_t)data, rarg);
 		return -ENOMEM;
+	}
 	r->type = type;
 	r->hdrlen = protobuf_c_message_get_packed_size(msg);
 	r->hdr = malloc(r->hdrlen ? r->hdrlen : 1);
-	if (len) {
+	if (release) {
+		r->data = (void *)(uintptr_t)data;
+		r->release = release;
+		r->rarg = rarg;
+	} else if (len) {
 		r->data = malloc(len);
 		if (r->data)
 			memcpy(r->data, data, len);
@@ -173,7 +189,7 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	if (!msg || (len && !data))
 		return -EINVAL;
 	if (route_is_self(node, address))
-		return enqueue(type, msg, data, len);
+		return enqueue(type, msg, data, len, NULL, NULL);
 	if (!rt.have_remote) {
 		DLOG_W("route: no peer transport; cannot reach %s%s%s", node ? node : "",
 		       node && address ? " at " : "", address ? address : "");
@@ -200,6 +216,8 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 	size_t hdrlen;
 	int rc;
 
+	if (release && data && len && msg && route_is_self(node, address))
+		return enqueue(type, msg, data, len, release, rarg);
 	if (!release || !data || !len || route_is_self(node, address) || !rt.have_remote ||
 	    !rt.remote.send_given) {
 		rc = route_send(node, address, type, msg, data, len);

@@ -71,10 +71,12 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	       const ProtobufCMessage *msg, const void *data, size_t len);
 
 /* route_send for a PAYLOAD's part without copying it: data (len > 0
- * bytes) is given to the router, which calls release(data, rarg) exactly
- * once when it is done with it -- after the send completed, when the
- * record is dropped, at once for a local delivery (the queue copies) or
- * when the send fails.  Returns as route_send. */
+ * bytes, malloc'ed) is given to the router, which calls release(data,
+ * rarg) exactly once when it is done with it -- after the send completed,
+ * when the record is dropped or delivered, or when the send fails.  A
+ * local record is queued as it is, not copied; when its receiver takes
+ * the data (route_take_data: it then owns it and frees it with free()),
+ * release(NULL, rarg) is called instead.  Returns as route_send. */
 int route_send_given(const char *node, const char *address, Dtep__PeerMsgType type,
 		     const ProtobufCMessage *msg, void *data, size_t len,
 		     void (*release)(void *data, void *rarg), void *rarg);

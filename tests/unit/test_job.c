@@ -21,6 +21,7 @@
 #include <uv.h>
 #include "daemon/buf.h"
 #include "daemon/job_int.h"
+#include "daemon/job_ops.h"
 #include "daemon/layout/layout.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
@@ -51,10 +52,21 @@ struct side {
 static struct side src, sink, sink2;
 static uint32_t attach_replica;   /* replica of the next attach */
 
+/* Runs the loop a while, and until no sink task (staging, apply, verify:
+ * daemon/job_task.c) is left on a worker. */
 static void spin(void)
 {
+	uint64_t t0 = uv_hrtime();
+
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
+	while (jeng.tasks) {
+		uv_run(&loop, UV_RUN_ONCE);
+		if (uv_hrtime() - t0 > 30000000000ull)
+			fail_msg("a sink task still runs after 30 s");
+		for (int i = 0; i < 20; i++)
+			uv_run(&loop, UV_RUN_NOWAIT);
+	}
 }
 
 static char *slurp(const char *path)
@@ -174,6 +186,10 @@ static struct {
 	char msg[512];
 	Dte__PublishReply pub;
 	Dte__MarkReply mark;
+	Dte__ApplyReply apply;
+	uint32_t verify_id;       /* the last verify answered, and its first sink's result */
+	char verify_result[32];
+	uint32_t verify_sinks, verify_ok, verify_mismatch;
 } answer;
 
 static int catch_reply(uint64_t conn, Dte__Response *resp)
@@ -187,6 +203,16 @@ static int catch_reply(uint64_t conn, Dte__Response *resp)
 		answer.pub = *resp->publish;
 	if (resp->body_case == DTE__RESPONSE__BODY_MARK)
 		answer.mark = *resp->mark;
+	if (resp->body_case == DTE__RESPONSE__BODY_APPLY)
+		answer.apply = *resp->apply;
+	if (resp->body_case == DTE__RESPONSE__BODY_VERIFY) {
+		answer.verify_id = resp->id;
+		answer.verify_sinks = resp->verify->sinks;
+		answer.verify_ok = resp->verify->ok;
+		answer.verify_mismatch = resp->verify->mismatch;
+		snprintf(answer.verify_result, sizeof(answer.verify_result), "%s",
+			 resp->verify->n_results ? resp->verify->results[0]->result : "");
+	}
 	return 0;
 }
 
@@ -271,6 +297,7 @@ static uint64_t staged_of(const struct side *k, uint64_t conn)
 	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
 	char err[256];
 
+	spin();	/* staging runs on a worker */
 	rq.job = "tj";
 	rq.participant = k->participant;
 	assert_int_equal(job_query_version(conn, &rq, &rep, err, sizeof(err)), 0);
@@ -295,10 +322,23 @@ static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
 	char err[256];
 
+	int deferred = 0;
+	int n0 = answer.n;
+
 	rq.job = "tj";
 	rq.participant = k->participant;
 	rq.version = version;
-	assert_int_equal(job_apply(conn, &rq, &rep, err, sizeof(err)), 0);
+	/* The apply runs on a worker; its answer comes through jeng.reply. */
+	assert_int_equal(job_apply(conn, 77, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	if (deferred) {
+		for (int i = 0; i < 10000 && answer.n == n0; i++)
+			uv_run(&loop, UV_RUN_ONCE);
+		assert_int_equal(answer.n, n0 + 1);
+		assert_int_equal(answer.conn, conn);
+		assert_int_equal(answer.id, 77);
+		assert_int_equal(answer.code, 0);
+		rep = answer.apply;
+	}
 	assert_int_equal(rep.version, version);
 	assert_true(rep.checksum_ok);
 	spin();
@@ -1260,6 +1300,89 @@ static void test_parts(void **state)
 	apply_ok(v);
 	check_exact();
 	held_clear();
+
+	/* dtectl verify sums on a worker: ok on a quiet sink; a sink that
+	 * starts an apply before the verify's completion ran (its buffers
+	 * changed under the sum) is reported skipped, never mismatch. */
+	{
+		Dte__VerifyReply vr = DTE__VERIFY_REPLY__INIT;
+		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+		Dte__PublishReply pr;
+		char err[256];
+		int deferred = 0;
+
+		assert_int_equal(job_verify(SRC_CONN, 90, "tj", &vr, NULL, &deferred, err,
+					    sizeof(err)), 0);
+		assert_true(deferred);
+		spin();
+		assert_int_equal(answer.verify_id, 90);
+		assert_string_equal(answer.verify_result, "ok");
+		assert_int_equal(answer.verify_ok, 1);
+
+		v++;
+		step++;
+		adamw_step(step, (unsigned)(step * 7919));
+		assert_int_equal(publish(v, step, &pr), 0);
+		assert_int_equal(staged(), v);
+		deferred = 0;
+		assert_int_equal(job_verify(SRC_CONN, 91, "tj", &vr, NULL, &deferred, err,
+					    sizeof(err)), 0);
+		assert_true(deferred);
+		rq.job = "tj";
+		rq.participant = sink.participant;
+		rq.version = v;
+		deferred = 0;
+		assert_int_equal(job_apply(SINK_CONN, 92, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_true(deferred);
+		/* A second apply of the same sink while one runs is refused. */
+		assert_int_equal(job_apply(SINK_CONN, 93, &rq, &rep, &deferred, err, sizeof(err)),
+				 DTE__STATUS__STATUS_ERR_BUSY);
+		spin();
+		assert_int_equal(answer.verify_id, 91);
+		assert_string_equal(answer.verify_result, "skipped");
+		assert_int_equal(answer.verify_mismatch, 0);
+		check_exact();
+	}
+
+	/* The sink's connection closes while its apply is on a worker (its
+	 * completion has not run: the loop did not turn): the completion
+	 * finds no sink, answers "went away" and drops the result, and the
+	 * buffers the task referenced are released once it is done. */
+	{
+		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+		Dte__PublishReply pr;
+		char err[256];
+		int deferred = 0, n0;
+
+		struct dbuf *b0;
+
+		v++;
+		step++;
+		adamw_step(step, (unsigned)(step * 7919));
+		assert_int_equal(publish(v, step, &pr), 0);
+		assert_int_equal(staged(), v);
+		rq.job = "tj";
+		rq.participant = sink.participant;
+		rq.version = v;
+		n0 = answer.n;
+		assert_int_equal(job_apply(SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_true(deferred);
+		assert_non_null(jeng.tasks);
+		b0 = job_local(j, sink.participant)->bufs[0];
+		job_conn_gone(SINK_CONN);
+		assert_null(job_local(j, sink.participant));
+		/* released with its owner, still mapped for the task */
+		assert_true(b0->released && b0->refs > 0);
+		spin();
+		assert_null(jeng.tasks);
+		assert_int_equal(answer.n, n0 + 1);
+		assert_int_equal(answer.id, 78);
+		assert_int_equal(answer.code, DTE__STATUS__STATUS_ERR_NOT_FOUND);
+		assert_non_null(strstr(answer.msg, "went away"));
+		assert_int_equal(dbuf_count(NULL), src.n);
+	}
 
 	jeng.drop_send = NULL;
 	jeng.part_bytes = 0;

@@ -38,6 +38,18 @@ class _PublishInfo(ctypes.Structure):
                 ("bytes", ctypes.c_uint64), ("capture_ms", ctypes.c_double)]
 
 
+class _Status(ctypes.Structure):
+    """struct dte_status (dte.h)."""
+    _fields_ = [("size", ctypes.c_size_t), ("field_mask", ctypes.c_uint64),
+                ("version", ctypes.c_char * 32), ("protocol", ctypes.c_uint32),
+                ("pid", ctypes.c_int32), ("uptime_s", ctypes.c_uint64),
+                ("node_name", ctypes.c_char * 64), ("backend", ctypes.c_char * 16),
+                ("jobs", ctypes.c_uint32), ("peers", ctypes.c_uint32),
+                ("clients", ctypes.c_uint32), ("refused", ctypes.c_uint64),
+                ("log_level", ctypes.c_char * 16), ("requests", ctypes.c_uint64),
+                ("bad_frames", ctypes.c_uint64)]
+
+
 class _ApplyInfo(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("field_mask", ctypes.c_uint64),
                 ("version", ctypes.c_uint64), ("applied", ctypes.c_uint32),
@@ -129,6 +141,7 @@ def lib():
         "dte_wait": [h, ctypes.c_char_p, u64, ctypes.c_uint],
         "dte_wait_staged": [h, ctypes.c_char_p, u64, ctypes.c_uint, pu64],
         "dte_apply": [h, ctypes.c_char_p, u64, u64, ctypes.POINTER(_ApplyInfo)],
+        "dte_status": [h, ctypes.POINTER(_Status)],
         "dte_query_version": [h, ctypes.c_char_p, u64, pu64, pu64],
         "dte_layout_buffers": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, u32,
                                ctypes.POINTER(_LayoutBuffer), ctypes.c_size_t,
@@ -321,6 +334,13 @@ class Client:
         info = _ApplyInfo(ctypes.sizeof(_ApplyInfo))
         self._check(lib().dte_apply(self._h, _b(job), participant, version, ctypes.byref(info)))
         return {k: getattr(info, k) for k, _ in _ApplyInfo._fields_[2:]}
+
+    def status(self):
+        """The daemon's status (what `dtectl status` shows), as a dict."""
+        st = _Status(ctypes.sizeof(_Status))
+        self._check(lib().dte_status(self._h, ctypes.byref(st)))
+        return {k: (lambda v: v.decode() if isinstance(v, bytes) else v)(getattr(st, k))
+                for k, _ in _Status._fields_[2:]}
 
     def query_version(self, job, participant):
         a, s = ctypes.c_uint64(), ctypes.c_uint64()

@@ -1,0 +1,86 @@
+/* daemon/job_task.c — heavy steps of the sync engine on libuv worker
+ * threads (docs/SYNC.md, "Threads").
+ *
+ * The loop owns every job, participant and version; a task is handed
+ * everything its worker touches (copies, references on the buffers it
+ * reads or writes, the staged versions it applies) and comes back through
+ * its done callback on the loop, which looks the job and participant up
+ * again by name and id: whatever went away meanwhile (a detach, a closed
+ * connection, a deleted job, a re-plan) is seen there and the result is
+ * dropped cleanly.  Shutdown cancels what has not started and runs the
+ * loop until every started task's callback came back (job_tasks_drain):
+ * no sleeps, no orphaned worker still reading client memory.
+ */
+#include "daemon/job_int.h"
+#include "daemon/log.h"
+#include "daemon/job_storage.h"
+
+static void task_work(uv_work_t *w)
+{
+	struct jtask *t = w->data;
+
+	t->run(t);
+}
+
+static void task_unlink(struct jtask *t)
+{
+	for (struct jtask **pp = &jeng.tasks; *pp; pp = &(*pp)->next) {
+		if (*pp == t) {
+			*pp = t->next;
+			return;
+		}
+	}
+}
+
+static void task_after(uv_work_t *w, int status)
+{
+	struct jtask *t = w->data;
+
+	task_unlink(t);
+	t->done(t, status == UV_ECANCELED);
+}
+
+void jtask_start(struct jtask *t)
+{
+	t->work.data = t;
+	t->next = jeng.tasks;
+	jeng.tasks = t;
+	if (!jeng.loop || uv_queue_work(jeng.loop, &t->work, task_work, task_after) < 0) {
+		/* No loop (unit tests without one) or no thread pool: here. */
+		task_work(&t->work);
+		task_after(&t->work, 0);
+	}
+}
+
+int jtask_busy(void)
+{
+	return jeng.tasks || jeng.inflight || jstore_committing();
+}
+
+void job_tasks_drain(void)
+{
+	jeng.stopping = 1;
+	if (!jeng.loop)
+		return;
+	if (jtask_busy()) {
+		size_t n = 0;
+
+		for (struct jtask *t = jeng.tasks; t; t = t->next)
+			n++;
+		for (struct jcap *c = jeng.inflight; c; c = c->next)
+			n++;
+		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
+		       jstore_committing() ? " and a storage commit" : "");
+	}
+	/* Queued, not started: their callbacks come with UV_ECANCELED. */
+	for (struct jtask *t = jeng.tasks; t; t = t->next)
+		uv_cancel((uv_req_t *)&t->work);
+	for (struct jcap *c = jeng.inflight; c; c = c->next)
+		uv_cancel((uv_req_t *)&c->work);
+	/* Storage commits are left to finish (a cancelled one would leave
+	 * its version unwritten for no gain).  Each round blocks until
+	 * something happens; a worker that ends wakes the loop, and its
+	 * callback unlinks the task. */
+	while (jtask_busy())
+		uv_run(jeng.loop, UV_RUN_ONCE);
+}
