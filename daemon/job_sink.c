@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_cuda.h"
+#include "daemon/job_ext.h"
 #include "daemon/job_int.h"
 #include "daemon/job_storage.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
-#include "daemon/testhook.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -410,7 +410,6 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
 	size_t w0 = st->n, covered = 0;
-	int wrong_value = 0;
 
 	if (!pair || pair->n != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
@@ -491,8 +490,6 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			return -1;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
-		if (!k)
-			wrong_value = !dense && testhook_sink_value(st->version);
 		for (size_t i = pt->first; i < covered; i++) {
 			const struct jentry *e = &pair->e[i];
 			struct jwrite *w = &st->w[w0 + i];
@@ -515,14 +512,13 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 				free(raw);
 				return -1;
 			}
-			if (wrong_value) {
-				/* After every check: a well-formed payload with one
-				 * wrong value, which only the checksum can catch. */
+			if (!dense && job_ext.sink_staged) {
+				/* Extension point (job_ext.h), after every check. */
 				if (w->enc)
-					data[off + len - 1] ^= 0x01;
+					job_ext.sink_staged(st->version, data + off + len - 1, 1);
 				else
-					w->val[w->n - 1] ^= 0x0100;
-				wrong_value = 0;
+					job_ext.sink_staged(st->version, &w->val[w->n - 1],
+							    sizeof(w->val[0]));
 			}
 			off += len;
 		}
