@@ -43,6 +43,8 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job
+# route.c alone: local queue, remote dispatch, a decorator both ways.
+UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
