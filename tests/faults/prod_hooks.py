@@ -25,6 +25,7 @@ one: a check that finds nothing there could not fail.  Prints
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -202,6 +203,13 @@ def runtime_check(prod):
     build refuses the first and arms the second.  Returns 1 when prod
     ignored both."""
     tmp = tempfile.mkdtemp(prefix="dte-prod-hooks-")
+    try:
+        return runtime_checks(prod, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def runtime_checks(prod, tmp):
     ignored = 1
     for spec, tag in (("die-in-counts@x", "malformed"), ("capture-stall@1", "armed")):
         up, answered, rc, text = run_with_hook(prod, spec, tmp, "prod-" + tag)
