@@ -18,12 +18,17 @@ struct job_ext {
 	 * before anything is read from the source's buffers.  May block (the
 	 * loop keeps serving); must not log (the log belongs to the loop). */
 	void (*capture_start)(uint64_t version);
-	/* A sink staged one sparse entry of `version` that passed every
-	 * check: `bytes` is its last value as it will be applied (len 2: one
+	/* A sink starts staging `version`, on the loop thread (may log):
+	 * called at the first part of each sparse source's payload; 1 to
+	 * have sink_alter called once, on the first entry of that source
+	 * that passes every check. */
+	int (*sink_select)(uint64_t version);
+	/* On the staging thread (must not log), after every check of the
+	 * entry: `bytes` is its last value as it will be applied (len 2: one
 	 * BF16 in host order) or, when the entry is kept encoded, the last
-	 * byte of its encoding (len 1).  May alter them; the apply's checksum
-	 * is what must then catch it. */
-	void (*sink_staged)(uint64_t version, void *bytes, size_t len);
+	 * byte of its encoding (len 1).  May alter them; the apply's
+	 * checksum is what must then catch it. */
+	void (*sink_alter)(void *bytes, size_t len);
 };
 
 /* Defined in job.c, all NULL. */

@@ -410,6 +410,7 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
 	size_t w0 = st->n, covered = 0;
+	int alter = 0;
 
 	if (!pair || pair->n != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
@@ -490,6 +491,10 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 			return -1;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
+		/* Extension points (job_ext.h; NULL in production). */
+		if (!k)
+			alter = !dense && job_ext.sink_select && job_ext.sink_alter &&
+				job_ext.sink_select(st->version);
 		for (size_t i = pt->first; i < covered; i++) {
 			const struct jentry *e = &pair->e[i];
 			struct jwrite *w = &st->w[w0 + i];
@@ -512,13 +517,13 @@ static int decode_src(struct job *j, struct jlocal *l, struct jpend_src *s, stru
 				free(raw);
 				return -1;
 			}
-			if (!dense && job_ext.sink_staged) {
-				/* Extension point (job_ext.h), after every check. */
+			if (alter) {
+				/* After every check. */
 				if (w->enc)
-					job_ext.sink_staged(st->version, data + off + len - 1, 1);
+					job_ext.sink_alter(data + off + len - 1, 1);
 				else
-					job_ext.sink_staged(st->version, &w->val[w->n - 1],
-							    sizeof(w->val[0]));
+					job_ext.sink_alter(&w->val[w->n - 1], sizeof(w->val[0]));
+				alter = 0;
 			}
 			off += len;
 		}

@@ -69,9 +69,9 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen);
 int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		     size_t hdrlen, const void *data, size_t len);
 
-/* The sink staged a sparse entry of `version`: 1 when one of its values
- * must be flipped (wrong-value; once per version; testhook_decor.c flips
- * it). */
+/* The sink is staging a sparse source part of `version`: 1 when it must
+ * flip one value of it (wrong-value; once per version; on the loop:
+ * testhook_decor.c's alter, on the staging thread, flips it). */
 int testhook_sink_value(uint64_t version);
 
 /* At the start of a capture, on the worker thread (capture-stall). */

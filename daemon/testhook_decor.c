@@ -63,12 +63,11 @@ static const struct route_decorator decorator = {
 	.deliver = testhook_deliver,
 };
 
-/* wrong-value: flip one value (the low bit of its high byte; of the last
- * encoded byte when kept encoded), once per hooked version. */
-static void staged(uint64_t version, void *bytes, size_t len)
+/* wrong-value (testhook_sink_value chose the version): flip one value,
+ * the low bit of its high byte, or of the last encoded byte when the entry
+ * is kept encoded. */
+static void alter(void *bytes, size_t len)
 {
-	if (!testhook_sink_value(version))
-		return;
 	if (len == sizeof(uint16_t)) {
 		uint16_t v;
 
@@ -84,5 +83,6 @@ __attribute__((constructor)) static void testhook_install(void)
 {
 	route_set_decorator(&decorator);
 	job_ext.capture_start = testhook_capture;
-	job_ext.sink_staged = staged;
+	job_ext.sink_select = testhook_sink_value;
+	job_ext.sink_alter = alter;
 }
