@@ -47,6 +47,8 @@ CFLAGS   += -DDTE_VERSION=\"$(DTE_VERSION)\"
 
 # Lists the fragments append to.
 BINS         :=   # programs under $(B)/bin
+TEST_PROGS   :=   # programs only tests run, under $(B)/tests (built by all,
+                  # so one system test can run alone after `make`)
 LIBS         :=   # libraries under $(B)/lib
 INTERNAL_LIBS :=  # static libraries every test links (order: users first)
 UNIT_TESTS   :=   # CMocka binaries under $(B)/tests, built from tests/unit/<name>.c
@@ -106,6 +108,8 @@ include tests/faults/faults.mk
 # this point.  `make list-tests` prints what `make test` runs.
 UNIT_BINS = $(addprefix $(B)/tests/,$(UNIT_TESTS))
 .SECONDEXPANSION:
+
+all: $$(TEST_PROGS)
 
 unit-test: all $$(UNIT_BINS)
 	@B=$(B) ./tests/run-all.sh $(UNIT_BINS) --

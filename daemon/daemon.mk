@@ -1,11 +1,13 @@
 # daemon/ — dted.  Every module but main.c also goes into libdted.a so unit
-# tests can drive conf, dispatch and the control server directly.
+# tests can drive conf, dispatch and the control server directly.  The
+# test hooks (daemon/testhook*.c) are not among them: they are linked only
+# into the test build, $(B)/tests/dted-faults (tests/faults/faults.mk).
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
                daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
                daemon/job_coord.c daemon/pair_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c \
-               daemon/testhook.c daemon/bufpool.c
+               daemon/bufpool.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
@@ -19,8 +21,11 @@ DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 
 include daemon/route_ucx.mk
 
+# Made afresh: `ar r` into an old archive would keep members whose source
+# left DAEMON_SRCS (testhook.o did).
 $(B)/lib/libdted.a: $(DAEMON_OBJS)
 	@mkdir -p $(dir $@)
+	@rm -f $@
 	$(AR) rcs $@ $^
 
 # The peer layer's library joins the link once daemon/peer/peer.mk builds it.
@@ -40,6 +45,8 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job test_pair_sm
+# route.c alone: local queue, remote dispatch, a decorator both ways.
+UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py
 # The loop answers clients while a dense 2^28-element version is applied and
 # while dtectl verify sums it; SIGTERM mid-apply drains the worker.

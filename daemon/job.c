@@ -8,6 +8,7 @@
 #include "daemon/ctl.h"
 #include "daemon/dispatch.h"
 #include "daemon/job_cuda.h"
+#include "daemon/job_ext.h"
 #include "daemon/job_int.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
@@ -16,6 +17,8 @@
 #include "gpu/compute.h"
 
 struct jengine jeng;
+/* Extension points (job_ext.h): NULL unless a test build sets them. */
+struct job_ext job_ext;
 
 /* Deferred control answers: attach (plan arrived), wait, wait_staged. */
 enum { JW_ATTACH, JW_WAIT, JW_STAGED };

@@ -28,10 +28,10 @@
 #include <string.h>
 #include <xxhash.h>
 #include "daemon/bufpool.h"
+#include "daemon/job_ext.h"
 #include "daemon/job_cuda.h"
 #include "daemon/job_int.h"
 #include "daemon/job_snapshot.h"
-#include "daemon/testhook.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -832,7 +832,8 @@ int jcap_run(struct jcap *c)
 	uint64_t t0 = uv_hrtime();
 	int rc = -1;
 
-	testhook_capture(c->version);
+	if (job_ext.capture_start)
+		job_ext.capture_start(c->version);
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;

@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_cuda.h"
+#include "daemon/job_ext.h"
 #include "daemon/job_int.h"
 #include "daemon/job_storage.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
-#include "daemon/testhook.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -380,7 +380,7 @@ struct jstage {
 	size_t nbufs;
 	uint32_t *buf_ids;        /* the sink's layout buffer ids, ascending */
 	uint8_t *enc;             /* per slot: keep_encoded */
-	int wrong_value;          /* test hook: flip one value of the first sparse source */
+	int alter;                /* extension point (job_ext.h): alter one value of the first sparse source */
 	struct jstaged *st;       /* result, or NULL with err */
 	char err[256];
 	double ms;
@@ -462,7 +462,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 	const Dtep__Counts *c = s->counts;
 	int dense = c->mode == DTEP__MODE__MODE_DENSE;
 	size_t w0 = st->n, covered = 0, pn = g->ne[si];
-	int wrong_value = 0;
+	int alter = 0;
 
 	if (!pe || pn != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
@@ -542,9 +542,9 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			return -1;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
-		if (!k && !dense && g->wrong_value) {
-			wrong_value = 1;	/* the first sparse source only */
-			g->wrong_value = 0;
+		if (!k && !dense && g->alter) {
+			alter = 1;	/* the first sparse source only */
+			g->alter = 0;
 		}
 		for (size_t i = pt->first; i < covered; i++) {
 			const struct jentry *e = &pe[i];
@@ -567,14 +567,13 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 				free(raw);
 				return -1;
 			}
-			if (wrong_value) {
-				/* After every check: a well-formed payload with one
-				 * wrong value, which only the checksum can catch. */
+			if (alter) {
+				/* After every check. */
 				if (w->enc)
-					data[off + len - 1] ^= 0x01;
+					job_ext.sink_alter(data + off + len - 1, 1);
 				else
-					w->val[w->n - 1] ^= 0x0100;
-				wrong_value = 0;
+					job_ext.sink_alter(&w->val[w->n - 1], sizeof(w->val[0]));
+				alter = 0;
 			}
 			off += len;
 		}
@@ -823,8 +822,10 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	g->nbufs = l->nbufs;
 	snprintf(g->job, sizeof(g->job), "%s", j->name);
 	g->participant = l->info.id;
-	/* On the loop: the hook logs, and it fires once per version. */
-	g->wrong_value = sparse && testhook_sink_value(p->version);
+	/* On the loop: sink_select may log, and it fires once per version
+	 * (job_ext.h; NULL in production). */
+	g->alter = sparse && job_ext.sink_select && job_ext.sink_alter &&
+		   job_ext.sink_select(p->version);
 	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;

@@ -1,11 +1,12 @@
-/* daemon/route.c — local delivery queue and the remote router hook. */
+/* daemon/route.c — the two transports a record can take (the local
+ * delivery queue here, the remote one installed by route_ucx_engine.c) and
+ * the dispatch between them. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/log.h"
 #include "daemon/route.h"
-#include "daemon/testhook.h"
 
 struct rec {
 	struct rec *next;
@@ -27,13 +28,19 @@ static struct {
 	int idle_on;
 	struct rec *head, *tail;
 	size_t pending;
-	struct route_remote remote;
+	struct route_transport inner;   /* the remote transport installed */
+	struct route_transport remote;  /* ...as sends go through it (decorated) */
 	int have_remote;
 	const void *lend;        /* data of the record being delivered, takeable */
-	int lend_local;          /* ...and it is a local record's own copy */
+	const struct route_transport *lender;   /* ...from this transport's take */
 	char node[64];
 	char address[96];
 } rt;
+
+/* Outside rt: installed before route_init, which clears rt. */
+static const struct route_decorator *dec;
+
+static const struct route_transport local_transport;
 
 static void rec_free(struct rec *r)
 {
@@ -57,12 +64,12 @@ static void on_idle(uv_idle_t *h)
 		struct rec *next = r->next;
 
 		rt.lend = r->data;
-		rt.lend_local = 1;
+		rt.lender = &local_transport;
 		job_peer_recv(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
 		if (r->data && !rt.lend)
 			r->data = NULL;	/* taken (route_take_data) */
 		rt.lend = NULL;
-		rt.lend_local = 0;
+		rt.lender = NULL;
 		rec_free(r);
 		r = next;
 	}
@@ -80,7 +87,7 @@ int route_init(uv_loop_t *loop, const char *self_node, const char *self_address)
 	snprintf(rt.address, sizeof(rt.address), "%s", self_address ? self_address : "");
 	if (uv_idle_init(loop, &rt.idle) < 0)
 		return -1;
-	if (testhook_init(loop) < 0) {
+	if (dec && dec->init && dec->init(loop) < 0) {
 		uv_close((uv_handle_t *)&rt.idle, NULL);
 		return -1;
 	}
@@ -103,16 +110,27 @@ void route_fini(void)
 	rt.head = rt.tail = NULL;
 	rt.pending = 0;
 	uv_close((uv_handle_t *)&rt.idle, NULL);
-	testhook_fini();
+	if (dec && dec->fini)
+		dec->fini();
 	rt.init = 0;
 }
 
-void route_set_remote(const struct route_remote *remote)
+void route_set_decorator(const struct route_decorator *d)
+{
+	dec = d;
+}
+
+void route_set_remote(const struct route_transport *remote)
 {
 	if (remote) {
-		rt.remote = *remote;
+		rt.inner = *remote;
+		if (dec && dec->wrap)
+			dec->wrap(&rt.inner, &rt.remote);
+		else
+			rt.remote = rt.inner;
 		rt.have_remote = 1;
 	} else {
+		memset(&rt.inner, 0, sizeof(rt.inner));
 		memset(&rt.remote, 0, sizeof(rt.remote));
 		rt.have_remote = 0;
 	}
@@ -136,10 +154,15 @@ int route_is_self(const char *node, const char *address)
 	       (rt.address[0] && !strcmp(address, rt.address));
 }
 
-/* A local record; with release, data is given (not copied: a dense part
- * is 32 MiB, and copying it here, on the loop, stalled every client). */
-static int enqueue(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
-		   size_t len, void (*release)(void *data, void *rarg), void *rarg)
+/* The local transport: records for this daemon wait in a queue drained
+ * from the loop (never a direct call: a handler that sends never re-enters
+ * another one).  hdr is copied into the queue; data is copied once
+ * (local_send) or, given, queued as it is (local_send_given: a dense part
+ * is 32 MiB, and copying it here, on the loop, stalled every client); the
+ * receiver may then take it (local_take) instead of copying it again. */
+static int local_queue(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
+		       const void *data, size_t len, void (*release)(void *data, void *rarg),
+		       void *rarg)
 {
 	struct rec *r = calloc(1, sizeof(*r));
 
@@ -149,8 +172,8 @@ static int enqueue(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const vo
 		return -ENOMEM;
 	}
 	r->type = type;
-	r->hdrlen = protobuf_c_message_get_packed_size(msg);
-	r->hdr = malloc(r->hdrlen ? r->hdrlen : 1);
+	r->hdrlen = hdrlen;
+	r->hdr = malloc(hdrlen ? hdrlen : 1);
 	if (release) {
 		r->data = (void *)(uintptr_t)data;
 		r->release = release;
@@ -164,7 +187,7 @@ static int enqueue(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const vo
 		rec_free(r);
 		return -ENOMEM;
 	}
-	protobuf_c_message_pack(msg, r->hdr);
+	memcpy(r->hdr, hdr, hdrlen);
 	r->len = len;
 	if (rt.tail)
 		rt.tail->next = r;
@@ -179,30 +202,54 @@ static int enqueue(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const vo
 	return 0;
 }
 
+static int local_send(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
+		      const uint8_t *hdr, size_t hdrlen, const void *data, size_t len)
+{
+	return local_queue(type, hdr, hdrlen, data, len, NULL, NULL);
+}
+
+static int local_send_given(void *arg, const char *node, const char *address,
+			    Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen, void *data,
+			    size_t len, void (*release)(void *data, void *rarg), void *rarg)
+{
+	return local_queue(type, hdr, hdrlen, data, len, release, rarg);
+}
+
+/* A queued record's data is its own malloc'ed copy or given data (whose
+ * release then hears NULL): hand it over. */
+static void *local_take(void *arg, const void *data)
+{
+	return (void *)(uintptr_t)data;
+}
+
+static const struct route_transport local_transport = {
+	.name = "local", .send = local_send, .send_given = local_send_given, .take = local_take,
+};
+
 int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	       const ProtobufCMessage *msg, const void *data, size_t len)
 {
+	const struct route_transport *t = &local_transport;
 	uint8_t stackbuf[512], *hdr;
 	size_t hdrlen;
 	int rc;
 
 	if (!msg || (len && !data))
 		return -EINVAL;
-	if (route_is_self(node, address))
-		return enqueue(type, msg, data, len, NULL, NULL);
-	if (!rt.have_remote) {
-		DLOG_W("route: no peer transport; cannot reach %s%s%s", node ? node : "",
-		       node && address ? " at " : "", address ? address : "");
-		return -EHOSTUNREACH;
+	if (!route_is_self(node, address)) {
+		if (!rt.have_remote) {
+			DLOG_W("route: no peer transport; cannot reach %s%s%s", node ? node : "",
+			       node && address ? " at " : "", address ? address : "");
+			return -EHOSTUNREACH;
+		}
+		t = &rt.remote;
 	}
 	hdrlen = protobuf_c_message_get_packed_size(msg);
 	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
 	if (!hdr)
 		return -ENOMEM;
 	protobuf_c_message_pack(msg, hdr);
-	/* A test hook may drop it (the daemon is dying on purpose). */
-	rc = testhook_send(type, hdr, hdrlen) ? 0 :
-	     rt.remote.send(rt.remote.arg, node, address, type, hdr, hdrlen, data, len);
+	rc = t->send(t->arg, node, address, type, hdr, hdrlen, data, len);
 	if (hdr != stackbuf)
 		free(hdr);
 	return rc;
@@ -212,14 +259,14 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 		     const ProtobufCMessage *msg, void *data, size_t len,
 		     void (*release)(void *data, void *rarg), void *rarg)
 {
+	const struct route_transport *t = &local_transport;
 	uint8_t stackbuf[512], *hdr;
 	size_t hdrlen;
 	int rc;
 
-	if (release && data && len && msg && route_is_self(node, address))
-		return enqueue(type, msg, data, len, release, rarg);
-	if (!release || !data || !len || route_is_self(node, address) || !rt.have_remote ||
-	    !rt.remote.send_given) {
+	if (!route_is_self(node, address))
+		t = rt.have_remote && rt.remote.send_given ? &rt.remote : NULL;
+	if (!release || !data || !len || !t) {
 		rc = route_send(node, address, type, msg, data, len);
 		if (release)
 			release(data, rarg);
@@ -236,13 +283,7 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 		return -ENOMEM;
 	}
 	protobuf_c_message_pack(msg, hdr);
-	if (testhook_send(type, hdr, hdrlen)) {
-		release(data, rarg);
-		rc = 0;
-	} else {
-		rc = rt.remote.send_given(rt.remote.arg, node, address, type, hdr, hdrlen, data,
-					  len, release, rarg);
-	}
+	rc = t->send_given(t->arg, node, address, type, hdr, hdrlen, data, len, release, rarg);
 	if (hdr != stackbuf)
 		free(hdr);
 	return rc;
@@ -251,26 +292,26 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len)
 {
-	/* A test hook may corrupt, duplicate or hold back remote records. */
-	if (testhook_deliver(from_node, type, hdr, hdrlen, data, len))
+	/* A decorator may take the record over (a test build's faults:
+	 * altered, delivered twice or later). */
+	if (dec && dec->deliver && dec->deliver(from_node, type, hdr, hdrlen, data, len))
 		return;
-	/* Only this direct delivery may take the data: a hook's duplicate
-	 * would read it again after the first delivery. */
+	/* Only this direct delivery may take the data: a decorator's
+	 * duplicate would read it again after the first delivery. */
 	rt.lend = data;
+	rt.lender = &rt.remote;
 	job_peer_recv(from_node, type, hdr, hdrlen, data, len);
 	rt.lend = NULL;
+	rt.lender = NULL;
 }
 
 void *route_take_data(const void *data)
 {
 	void *p = NULL;
 
-	if (!data || data != rt.lend)
+	if (!data || data != rt.lend || !rt.lender || !rt.lender->take)
 		return NULL;
-	if (rt.lend_local)
-		p = (void *)(uintptr_t)data;
-	else if (rt.have_remote && rt.remote.take)
-		p = rt.remote.take(rt.remote.arg, data);
+	p = rt.lender->take(rt.lender->arg, data);
 	if (p)
 		rt.lend = NULL;
 	return p;

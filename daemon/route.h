@@ -9,9 +9,11 @@
  *
  * Local records (destination is this daemon) go into a queue drained from
  * the loop, never by a direct call: a handler that sends never re-enters
- * another handler.  Remote records go to the remote router (route_ucx.c)
- * through struct route_remote; with none installed, a send to another node
- * fails with -EHOSTUNREACH and a logged reason.
+ * another handler.  Remote records go to the remote transport
+ * (route_ucx_engine.c) through struct route_transport; with none
+ * installed, a send to another node fails with -EHOSTUNREACH and a logged
+ * reason.  A test build may wrap the remote transport in a decorator
+ * (struct route_decorator, fault injection); production has none.
  *
  * Module state is per process (one dted, one loop), chrony style.
  */
@@ -24,22 +26,29 @@
 #include <protobuf-c/protobuf-c.h>
 #include "proto/peer.pb-c.h"
 
-/* What a remote router provides.  All calls run on the loop thread. */
-struct route_remote {
+/* A transport: one way records leave this daemon.  route.c dispatches
+ * every send to one of two: the local queue (records for this daemon,
+ * delivered from the loop without a second copy: the receiver may take the
+ * queued record's own data, route_take_data) and the remote transport
+ * (route_ucx_engine.c over UCX, once installed with route_set_remote).
+ * All calls run on the loop thread. */
+struct route_transport {
+	const char *name;	/* "local", "ucx": for log lines */
 	/* Send one record to daemon `node` (its HELLO name); `address`
-	 * ("host:port", may be NULL when the router already knows the node)
-	 * is where to connect if there is no connection yet.  `node` may be
-	 * NULL when only the address is known (the first JOIN to a
+	 * ("host:port", may be NULL when the transport already knows the
+	 * node) is where to connect if there is no connection yet.  `node`
+	 * may be NULL when only the address is known (the first JOIN to a
 	 * coordinator).  hdr is the packed record (any size: a PLAN can be
 	 * far larger than one AM header; carry it whole), data follows it
-	 * (PAYLOAD only).  Both are borrowed: copy what must outlive the call.
-	 * Returns 0 or a negative errno; failures later (peer died) are
-	 * reported with route_node_down(). */
+	 * (PAYLOAD only).  Both are borrowed: copy what must outlive the
+	 * call.  Returns 0 or a negative errno; failures later (peer died)
+	 * are reported with route_node_down(). */
 	int (*send)(void *arg, const char *node, const char *address, Dtep__PeerMsgType type,
 		    const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
-	/* Optional: send without copying data.  data is given: the router
+	/* Optional: send without copying data.  data is given: the transport
 	 * calls release(data, rarg) exactly once when it is done with it
-	 * (sent, dropped, or at once on failure). */
+	 * (sent, dropped, or at once on failure); the local queue holds it
+	 * as it is and calls release(NULL, rarg) when a receiver took it. */
 	int (*send_given)(void *arg, const char *node, const char *address,
 			  Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen, void *data,
 			  size_t len, void (*release)(void *data, void *rarg), void *rarg);
@@ -49,14 +58,41 @@ struct route_remote {
 	void *arg;
 };
 
+/* A decorator of the remote transport, both ways.  The production dted
+ * installs none and has none linked in; a test build installs one before
+ * route_init (tests/faults: daemon/testhook.c, fault injection).  Every
+ * member is optional. */
+struct route_decorator {
+	/* From route_init: < 0 makes route_init fail (the daemon does not
+	 * start). */
+	int  (*init)(uv_loop_t *loop);
+	/* From route_fini. */
+	void (*fini)(void);
+	/* Make *outer the decorated `inner` (the remote transport given to
+	 * route_set_remote; route.c keeps it valid until the next
+	 * route_set_remote): route.c sends through outer. */
+	void (*wrap)(const struct route_transport *inner, struct route_transport *outer);
+	/* A record the remote transport received, before the engine sees
+	 * it: returns 1 when the decorator took it over (it hands it to
+	 * job_peer_recv() itself, altered, twice or later; the receiver
+	 * cannot take its data then), 0 to have it delivered as usual. */
+	int  (*deliver)(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+			size_t hdrlen, const void *data, size_t len);
+};
+
+/* Install (or, with NULL, remove) the decorator; before route_init.  The
+ * struct is borrowed and must outlive the daemon's routing. */
+void route_set_decorator(const struct route_decorator *dec);
+
 /* self_node: this daemon's node name; self_address: its peer listener
  * ("host:port"), "" when it has none. */
 int  route_init(uv_loop_t *loop, const char *self_node, const char *self_address);
 /* Drops queued records; their data is freed. */
 void route_fini(void);
 
-/* Install (or, with NULL, remove) the remote router; the struct is copied. */
-void route_set_remote(const struct route_remote *remote);
+/* Install (or, with NULL, remove) the remote transport; the struct is
+ * copied (and wrapped by the decorator, if one is installed). */
+void route_set_remote(const struct route_transport *remote);
 
 const char *route_self_node(void);
 const char *route_self_address(void);
@@ -71,7 +107,7 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	       const ProtobufCMessage *msg, const void *data, size_t len);
 
 /* route_send for a PAYLOAD's part without copying it: data (len > 0
- * bytes, malloc'ed) is given to the router, which calls release(data,
+ * bytes, malloc'ed) is given to the transport, which calls release(data,
  * rarg) exactly once when it is done with it -- after the send completed,
  * when the record is dropped or delivered, or when the send fails.  A
  * local record is queued as it is, not copied; when its receiver takes
@@ -81,18 +117,19 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 		     const ProtobufCMessage *msg, void *data, size_t len,
 		     void (*release)(void *data, void *rarg), void *rarg);
 
-/* The remote router hands every received record here (from_node is the
- * sender's HELLO name); it is delivered to job_peer_recv() at once. */
+/* The remote transport hands every received record here (from_node is
+ * the sender's HELLO name); it is delivered to job_peer_recv() at once
+ * (through the decorator, if one is installed). */
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len);
 
-/* The remote router saw daemon `node` go away. */
+/* The remote transport saw daemon `node` go away. */
 void route_node_down(const char *node);
 
 /* From inside job_peer_recv(): take the record's data (len bytes) instead
  * of copying it.  Returns it as a malloc'ed buffer the caller must free(),
  * or NULL when it cannot be handed over (data in UCX's or the staging
- * region's memory, a test hook's delivery, taken already): copy then. */
+ * region's memory, a decorator's delivery, taken already): copy then. */
 void *route_take_data(const void *data);
 
 /* Records queued for local delivery (tests). */

@@ -1,5 +1,6 @@
 /* daemon/route_ucx_engine.c — the UCX router as daemon/route.h's remote
- * side (kept apart so tools and tests use the router without the engine). */
+ * transport (kept apart so tools and tests use the router without the
+ * engine). */
 #include "daemon/route.h"
 #include "daemon/route_ucx.h"
 
@@ -35,8 +36,9 @@ static void engine_down(void *arg, const char *node, const char *reason)
 
 void droute_ucx_attach_engine(struct droute_ucx *r)
 {
-	struct route_remote rr = { .send = engine_send, .send_given = engine_send_given,
-				  .take = engine_take, .arg = r };
+	struct route_transport rr = { .name = "ucx", .send = engine_send,
+				      .send_given = engine_send_given, .take = engine_take,
+				      .arg = r };
 
 	if (!r) {
 		route_set_remote(NULL);

@@ -1,4 +1,5 @@
-/* daemon/testhook.c — env-gated fault injection (see testhook.h). */
+/* daemon/testhook.c — env-gated fault injection (see testhook.h); test
+ * build only. */
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>

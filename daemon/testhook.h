@@ -1,8 +1,14 @@
 /* daemon/testhook.h — fault injection for tests/faults (DTE_TEST_HOOK).
  *
- * Compiled into every dted and inert unless the environment variable
- * DTE_TEST_HOOK is set when the daemon starts.  It names one fault and the
- * versions it hits:
+ * Linked only into the test build of the daemon, $(B)/tests/dted-faults
+ * (tests/faults/faults.mk), where testhook_decor.c installs these
+ * functions as decorators of the record transport (route.h's struct
+ * route_decorator), the capture and the sink's staged values (job_ext.h)
+ * before main() runs.  The production dted contains none of it and never
+ * reads DTE_TEST_HOOK (tests/faults/prod_hooks.py checks both).  In the
+ * test build it is inert unless the environment variable DTE_TEST_HOOK is
+ * set when the daemon starts.  It names one fault and the versions it
+ * hits:
  *
  *   DTE_TEST_HOOK=<fault>@<version>[/<period>]
  *
@@ -32,7 +38,10 @@
  *                     exists: the loop must keep serving meanwhile.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
- * tell it did (capture-stall, on a worker thread, does not log).  Module state is per process, like route.c.
+ * tell it did (capture-stall, on a worker thread, does not log).  Module
+ * state is per process, like route.c.  die-in-* and the receiver faults
+ * act on remote records only (the remote transport's decorator), never on
+ * the local queue.
  */
 #ifndef DTED_TESTHOOK_H
 #define DTED_TESTHOOK_H
@@ -50,7 +59,7 @@ int  testhook_init(uv_loop_t *loop);
 /* Delivers a held record (if any) and closes the timer. */
 void testhook_fini(void);
 
-/* Before a remote send.  Returns 1 when the record must be dropped (the
+/* Before a remote send (the decorated transport's send).  Returns 1 when the record must be dropped (the
  * daemon is about to die), 0 to send it. */
 int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen);
 
@@ -61,7 +70,8 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 		     size_t hdrlen, const void *data, size_t len);
 
 /* The sink is staging a sparse source part of `version`: 1 when it must
- * flip one value of it (wrong-value; once per version). */
+ * flip one value of it (wrong-value; once per version; on the loop:
+ * testhook_decor.c's alter, on the staging thread, flips it). */
 int testhook_sink_value(uint64_t version);
 
 /* At the start of a capture, on the worker thread (capture-stall). */

@@ -40,7 +40,9 @@ def sanitizer_lines(text):
 
 
 class HookDaemon(csl.Daemon):
-    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h).
+    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h):
+    with a hook, the test build ($B/tests/dted-faults), else the production
+    $B/bin/dted.
 
     Every process it starts is reaped and its exit checked before the next
     one starts: stop() wants status 0, kill() (the test's SIGKILL) wants
@@ -61,6 +63,11 @@ class HookDaemon(csl.Daemon):
         if self.hook:
             e["DTE_TEST_HOOK"] = self.hook
         return e
+
+    def binary(self):
+        # Armed, the test build (the production dted ignores the
+        # variable); unarmed, the production daemon itself.
+        return csl.DTED_FAULTS if self.hook else super().binary()
 
     def start(self, timeout=20.0):
         if not self.checked:

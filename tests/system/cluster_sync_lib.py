@@ -19,6 +19,7 @@ import harness
 
 # One implementation each in harness.py; the names stay here for importers.
 B, DTED, DTECTL = harness.B, harness.DTED, harness.DTECTL
+DTED_FAULTS = harness.DTED_FAULTS
 asan_reexec, child_env = harness.asan_reexec, harness.child_env
 
 FORGE = os.path.abspath(os.path.join(B, "bin", "dte-peer-forge"))
@@ -49,13 +50,19 @@ class Daemon:
                           "UCX_KEEPALIVE_INTERVAL": os.environ.get("UCX_KEEPALIVE_INTERVAL",
                                                                    "1s")})
 
+    def binary(self):
+        """The program to run (DTED looked up now: soak.py may wrap it)."""
+        return DTED
+
     def start(self, timeout=20.0):
         with open(self.conf, "w") as f:
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n"
                     "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp))
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
-        cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
+        env = self.env()
+        harness.hook_binary_check(self.binary(), env)
+        cmd = [self.binary(), "--foreground", "--config", self.conf, "--socket", self.sock,
                "--peer-listen", "%s:0" % self.host]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
@@ -63,7 +70,7 @@ class Daemon:
         log.write("--- start %d ---\n" % self.starts)
         log.flush()
         self.starts += 1
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env())
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
         log.close()
         end = time.time() + timeout
         while time.time() < end:

@@ -22,6 +22,9 @@ if not os.path.isabs(B):
     B = os.path.join(ROOT, B)
 os.environ["B"] = B
 DTED = os.path.join(B, "bin", "dted")
+# The test build (tests/faults/faults.mk): the production daemon plus the
+# test hooks.  Only it reads DTE_TEST_HOOK; DTED ignores the variable.
+DTED_FAULTS = os.path.join(B, "tests", "dted-faults")
 DTECTL = os.path.join(B, "bin", "dtectl")
 
 from dte import demo  # noqa: E402  (stdlib only: safe before the ASan re-exec)
@@ -61,17 +64,28 @@ child_env = demo.child_env
 
 
 # ------------------------------------------------------------------ daemon
+def hook_binary_check(binary, env):
+    """A test that sets DTE_TEST_HOOK must run the test build: the
+    production dted ignores the variable, so its fault would never land."""
+    if (env or {}).get("DTE_TEST_HOOK") and os.path.basename(binary) == "dted":
+        raise RuntimeError("DTE_TEST_HOOK=%s given to the production dted %s, which ignores "
+                           "it: run harness.DTED_FAULTS" % (env["DTE_TEST_HOOK"], binary))
+
+
 def start_dted(dirpath, name, log, conf_name="dted.conf", sock_name="dted.sock",
-               extra_conf="", env=None):
+               extra_conf="", env=None, dted=None):
     """Write dirpath/conf_name ([daemon] node_name, log_level = info, then
-    extra_conf) and start a foreground dted on dirpath/sock_name listening
-    for peers on loopback; stdout and stderr go to the open file log.
-    Returns (proc, sock).  The caller waits (wait_socket) and stops it."""
+    extra_conf) and start a foreground dted (the program dted, default
+    DTED) on dirpath/sock_name listening for peers on loopback; stdout and
+    stderr go to the open file log.  Returns (proc, sock).  The caller
+    waits (wait_socket) and stops it."""
+    dted = dted or DTED
+    hook_binary_check(dted, env)
     sock = os.path.join(dirpath, sock_name)
     conf = os.path.join(dirpath, conf_name)
     with open(conf, "w") as f:
         f.write("[daemon]\nnode_name = %s\nlog_level = info\n%s" % (name, extra_conf))
-    proc = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
+    proc = subprocess.Popen([dted, "--foreground", "--config", conf, "--socket", sock,
                              "--peer-listen", "127.0.0.1:0"], stdout=log, stderr=log, env=env)
     return proc, sock
 

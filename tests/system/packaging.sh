@@ -200,6 +200,12 @@ for f in "$X/usr/sbin/dted" "$X/usr/bin/dtectl"; do
 	if readelf -S "$f" | grep -qE '\.(symtab|debug_info)'; then bad "$(basename "$f") stripped"
 	else ok "$(basename "$f") stripped"; fi
 done
+# The packaged daemon is the production one: no test-hook code
+# (tests/faults/prod_hooks.py, with its positive control on the test build).
+if B=$B "${PYTHON:-/usr/bin/python3}" tests/faults/prod_hooks.py --binary "$X/usr/sbin/dted" \
+	>"$T/prod_hooks" 2>&1; then ok "packaged dted carries no test-hook code"
+	grep '^prod-hooks: ' "$T/prod_hooks"
+else bad "packaged dted carries no test-hook code"; cat "$T/prod_hooks"; fi
 check "packaged dted --version" sh -c "'$X/usr/sbin/dted' --version | grep -q '^dted $VERSION '"
 if [ -x "$X/usr/bin/dtectl" ]; then
 	check "packaged dtectl --help" sh -c "'$X/usr/bin/dtectl' --help | grep -q '^usage: dtectl'"

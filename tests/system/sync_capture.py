@@ -58,7 +58,8 @@ def main():
     log = open(os.path.join(tmp, "dted.log"), "w+")
     release = os.path.join(tmp, "release")
     env = dict(os.environ, DTE_TEST_HOOK="capture-stall@1", DTE_TEST_HOOK_RELEASE=release)
-    daemon, sock = harness.start_dted(tmp, "capture", log, env=env)
+    daemon, sock = harness.start_dted(tmp, "capture", log, env=env,
+                                      dted=harness.DTED_FAULTS)
     arenas = []
     try:
         harness.wait_socket(sock)

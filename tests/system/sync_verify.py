@@ -46,7 +46,8 @@ def main():
     log = open(os.path.join(tmp, "dted.log"), "w+")
     env = dict(os.environ, DTE_TEST_HOOK="wrong-value@%d" % WRONG_AT)
     daemon, sock = harness.start_dted(tmp, "sync-verify", log, env=env,
-                                      extra_conf="verify_full_every = %d\n" % FULL_EVERY)
+                                      extra_conf="verify_full_every = %d\n" % FULL_EVERY,
+                                      dted=harness.DTED_FAULTS)
     exact = 0
     version = 0
     try:

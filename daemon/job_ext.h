@@ -1,0 +1,37 @@
+/* daemon/job_ext.h — the sync engine's extension points.
+ *
+ * Every member is NULL in the production dted, which then calls nothing
+ * (and has nothing to call: no code that sets them is linked into it).  A
+ * test build sets them before main() runs (tests/faults: daemon/testhook.c
+ * and daemon/testhook_decor.c, fault injection, docs/HACKING.md) and never
+ * changes them afterwards, so worker threads read them without a lock.
+ * The record transport has its own (struct route_decorator, route.h).
+ */
+#ifndef DTED_JOB_EXT_H
+#define DTED_JOB_EXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct job_ext {
+	/* At the start of capturing `version`, on the capture worker thread,
+	 * before anything is read from the source's buffers.  May block (the
+	 * loop keeps serving); must not log (the log belongs to the loop). */
+	void (*capture_start)(uint64_t version);
+	/* A sink starts staging `version`, on the loop thread (may log):
+	 * called at the first part of each sparse source's payload; 1 to
+	 * have sink_alter called once, on the first entry of that source
+	 * that passes every check. */
+	int (*sink_select)(uint64_t version);
+	/* On the staging thread (must not log), after every check of the
+	 * entry: `bytes` is its last value as it will be applied (len 2: one
+	 * BF16 in host order) or, when the entry is kept encoded, the last
+	 * byte of its encoding (len 1).  May alter them; the apply's
+	 * checksum is what must then catch it. */
+	void (*sink_alter)(void *bytes, size_t len);
+};
+
+/* Defined in job.c, all NULL. */
+extern struct job_ext job_ext;
+
+#endif

@@ -1,0 +1,231 @@
+#!/usr/bin/python3
+"""The production dted carries no test-hook code (issue 17).
+
+Fault injection (daemon/testhook.c, testhook_decor.c) is linked only into
+the test build, $B/tests/dted-faults.  This checks, for the production
+daemon $B/bin/dted (or the binaries named with --binary, such as the
+packaged /usr/sbin/dted that tests/system/packaging.sh extracts):
+
+  symbols  nm (and nm -D): no symbol named like the test hooks
+           (testhook, test_hook) and none of the global symbols that the
+           test-hook objects define;
+  strings  its read-only data holds neither "DTE_TEST_HOOK" nor
+           "test hook" nor any fault name of testhook.c's table (as a
+           word: "dup" in "strdup" is not one);
+  runtime  (the build's dted only) started with DTE_TEST_HOOK set, once
+           malformed and once well formed, it comes up and answers, and
+           says nothing of a test hook: it does not read the variable.
+
+Each check has its positive control on the test build, which must carry
+every such symbol and string, refuse the malformed spec and arm the good
+one: a check that finds nothing there could not fail.  Prints
+    prod-hooks: binary=... hook_symbols=0 hook_strings=0 test_build_symbols=N ...
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "system"))
+
+import harness  # noqa: E402  (sets ROOT and B)
+
+B, ROOT = harness.B, harness.ROOT
+TEST_BUILD = harness.DTED_FAULTS
+HOOK_OBJS = [os.path.join(B, "obj", "daemon", n) for n in ("testhook.o", "testhook_decor.o")]
+SYMBOL_RE = re.compile(r"testhook|test_hook", re.I)
+FIXED_STRINGS = ["DTE_TEST_HOOK", "test hook"]
+
+failures = []
+
+
+def need(ok, what):
+    print("%s %s" % ("ok  " if ok else "FAIL", what))
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def fault_names():
+    """The fault names of testhook.c's table ({ "name", F_... })."""
+    with open(os.path.join(ROOT, "daemon", "testhook.c")) as f:
+        return re.findall(r'\{\s*"([a-z][a-z0-9-]*)",\s*F_[A-Z0-9_]+\s*\}', f.read())
+
+
+def symbols(path):
+    """Every symbol name nm finds (static and dynamic tables)."""
+    names = set()
+    for args in (["nm", "-a"], ["nm", "-D"]):
+        r = subprocess.run(args + [path], capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            if parts:
+                names.add(parts[-1])
+    return names
+
+
+def hook_globals():
+    """The global symbols the test-hook objects define."""
+    out = set()
+    for o in HOOK_OBJS:
+        r = subprocess.run(["nm", "--defined-only", "-g", o], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("nm %s: %s" % (o, r.stderr.strip()))
+        out |= {line.split()[-1] for line in r.stdout.splitlines() if line.split()}
+    return out
+
+
+def rodata_strings(path):
+    """The NUL-terminated strings of the binary's read-only data."""
+    with tempfile.NamedTemporaryFile() as t:
+        r = subprocess.run(["objcopy", "-O", "binary", "--only-section=.rodata", path, t.name],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("objcopy %s: %s" % (path, r.stderr.strip()))
+        data = open(t.name, "rb").read()
+    if not data:
+        raise RuntimeError("%s: no .rodata" % path)
+    return [s.decode("latin-1") for s in data.split(b"\0") if s]
+
+
+def string_hits(strs, needles):
+    """needle -> how many strings hold it (fault names as whole words)."""
+    hits = {}
+    for n in needles:
+        if n in FIXED_STRINGS:
+            rx = re.compile(re.escape(n))
+        else:
+            rx = re.compile(r"(?<![A-Za-z0-9_-])%s(?![A-Za-z0-9_-])" % re.escape(n))
+        hits[n] = sum(1 for s in strs if rx.search(s))
+    return hits
+
+
+def run_with_hook(binary, spec, tmp, tag):
+    """Start binary with DTE_TEST_HOOK=spec.  Returns (came_up, answered,
+    exit status or None, log text)."""
+    d = os.path.join(tmp, tag)
+    os.makedirs(d)
+    logpath = os.path.join(d, "dted.log")
+    env = harness.child_env({"DTE_TEST_HOOK": spec,
+                             "DTE_TEST_HOOK_RELEASE": os.path.join(d, "release")})
+    with open(logpath, "w") as log:
+        conf = os.path.join(d, "dted.conf")
+        sock = os.path.join(d, "dted.sock")
+        with open(conf, "w") as f:
+            f.write("[daemon]\nnode_name = %s\nlog_level = debug\n" % tag)
+        proc = subprocess.Popen([binary, "--foreground", "--config", conf, "--socket", sock],
+                                stdout=log, stderr=log, env=env)
+    up = answered = False
+    try:
+        harness.wait_socket(sock, tries=200, proc=proc)
+        up = True
+        r = harness.dtectl(sock, "status", timeout=10)
+        answered = r.returncode == 0 and "version:" in r.stdout
+    except RuntimeError:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            rc = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    with open(logpath, errors="replace") as f:
+        text = f.read()
+    return up, answered, rc, text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", action="append",
+                    help="production binary to check (default $B/bin/dted, with the runtime "
+                    "check); may be repeated; strings and symbols only")
+    args = ap.parse_args()
+    prods = args.binary or [harness.DTED]
+    runtime = args.binary is None
+
+    for p in [TEST_BUILD] + prods + HOOK_OBJS:
+        if not os.path.exists(p):
+            print("prod-hooks: %s is missing: run make first" % p)
+            return 1
+    names = fault_names()
+    need(len(names) >= 7, "testhook.c's fault table parsed (%d names: %s)"
+         % (len(names), " ".join(names)))
+    needles = FIXED_STRINGS + names
+    globs = hook_globals()
+    need("testhook_init" in globs and "testhook_send" in globs,
+         "the test-hook objects define the hooks (%d global symbols)" % len(globs))
+
+    # Positive control: the test build carries all of it.
+    tsyms = symbols(TEST_BUILD)
+    t_hook_syms = sorted(s for s in tsyms if SYMBOL_RE.search(s))
+    t_missing = sorted(globs - tsyms)
+    need(t_hook_syms and not t_missing,
+         "test build %s: %d hook symbols, every test-hook global present%s"
+         % (os.path.relpath(TEST_BUILD, ROOT), len(t_hook_syms),
+            " (missing %s)" % t_missing if t_missing else ""))
+    thits = string_hits(rodata_strings(TEST_BUILD), needles)
+    t_absent = [n for n, c in thits.items() if not c]
+    need(not t_absent, "test build carries every hook string (%d strings%s)"
+         % (sum(thits.values()), "; absent: %s" % t_absent if t_absent else ""))
+
+    result = 0
+    for prod in prods:
+        psyms = symbols(prod)
+        bad_syms = sorted({s for s in psyms if SYMBOL_RE.search(s)} | (globs & psyms))
+        need(not bad_syms, "%s: no test-hook symbols%s" % (prod, (": %s" % bad_syms[:10])
+                                                          if bad_syms else ""))
+        phits = string_hits(rodata_strings(prod), needles)
+        bad_strs = {n: c for n, c in phits.items() if c}
+        need(not bad_strs, "%s: no test-hook strings%s" % (prod, (": %s" % bad_strs)
+                                                          if bad_strs else ""))
+        line = ("prod-hooks: binary=%s hook_symbols=%d hook_strings=%d test_build_symbols=%d "
+                "test_build_strings=%d" % (os.path.relpath(prod, ROOT) if prod.startswith(ROOT)
+                                           else prod, len(bad_syms), sum(bad_strs.values()),
+                                           len(t_hook_syms), sum(thits.values())))
+        if runtime:
+            line += " env_ignored=%d" % runtime_check(prod)
+        print(line)
+    if failures:
+        print("FAILED: %s" % "; ".join(failures))
+        result = 1
+    return result
+
+
+def runtime_check(prod):
+    """DTE_TEST_HOOK, malformed or armed, changes nothing in prod; the test
+    build refuses the first and arms the second.  Returns 1 when prod
+    ignored both."""
+    tmp = tempfile.mkdtemp(prefix="dte-prod-hooks-")
+    try:
+        return runtime_checks(prod, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def runtime_checks(prod, tmp):
+    ignored = 1
+    for spec, tag in (("die-in-counts@x", "malformed"), ("capture-stall@1", "armed")):
+        up, answered, rc, text = run_with_hook(prod, spec, tmp, "prod-" + tag)
+        said = [x for x in text.splitlines() if "test hook" in x.lower()]
+        ok = need(up and answered and rc == 0 and not said,
+                  "production dted with DTE_TEST_HOOK=%s: up, answers, exits 0, says nothing "
+                  "of a hook (exit %s%s)" % (spec, rc, "; said: %s" % said[0] if said else ""))
+        ignored &= ok
+    up, answered, rc, text = run_with_hook(TEST_BUILD, "die-in-counts@x", tmp, "test-malformed")
+    need(not up and rc not in (0, None) and 'test hook: refusing DTE_TEST_HOOK="die-in-counts@x"'
+         in text, "test build refuses DTE_TEST_HOOK=die-in-counts@x (exit %s)" % rc)
+    up, answered, rc, text = run_with_hook(TEST_BUILD, "capture-stall@1", tmp, "test-armed")
+    need(up and answered and rc == 0 and "test hook armed: capture-stall@1" in text,
+         "test build arms DTE_TEST_HOOK=capture-stall@1 and exits 0 (exit %s)" % rc)
+    return ignored
+
+
+if __name__ == "__main__":
+    sys.exit(main())
