@@ -28,6 +28,11 @@ static void *engine_take(void *arg, const void *data)
 	return droute_ucx_take(arg, data);
 }
 
+static int engine_node_is_at(void *arg, const char *node, const char *address)
+{
+	return droute_ucx_node_is_at(arg, node, address);
+}
+
 static void engine_down(void *arg, const char *node, const char *reason)
 {
 	route_node_down(node);
@@ -36,7 +41,8 @@ static void engine_down(void *arg, const char *node, const char *reason)
 void droute_ucx_attach_engine(struct droute_ucx *r)
 {
 	struct route_remote rr = { .send = engine_send, .send_given = engine_send_given,
-				  .take = engine_take, .arg = r };
+				  .take = engine_take, .node_is_at = engine_node_is_at,
+				  .arg = r };
 
 	if (!r) {
 		route_set_remote(NULL);

@@ -18,6 +18,8 @@ enum fault {
 	F_REORDER,
 	F_CAPTURE_STALL,
 	F_WRONG_VALUE,
+	F_DROP_JOIN,
+	F_DROP_PLAN,
 };
 
 static const struct {
@@ -31,6 +33,8 @@ static const struct {
 	{ "reorder", F_REORDER },
 	{ "capture-stall", F_CAPTURE_STALL },
 	{ "wrong-value", F_WRONG_VALUE },
+	{ "drop-join", F_DROP_JOIN },
+	{ "drop-plan", F_DROP_PLAN },
 };
 
 struct held {
@@ -51,6 +55,7 @@ static struct {
 	unsigned seen;
 	uint64_t corrupted;      /* last version corrupted (once each) */
 	struct held *held;
+	uint64_t ctl_sent;       /* drop-join/drop-plan: remote JOINs/PLANs so far */
 } th;
 
 /* Outside th: th is reset at init, a handle the loop knows must not be. */
@@ -165,7 +170,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value)", env);
+		       "capture-stall wrong-value drop-join drop-plan)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -212,6 +217,17 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
 
 	if (th.dying)
 		return 1;
+	if ((th.fault == F_DROP_JOIN && type == DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN) ||
+	    (th.fault == F_DROP_PLAN && type == DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN)) {
+		/* The n-th remote JOIN / PLAN is lost on the way (a dying link):
+		 * the retry must bring membership together anyway. */
+		if (!version_hit(++th.ctl_sent))
+			return 0;
+		DLOG_W("test hook: %s: %s #%llu dropped", th.fault == F_DROP_JOIN ? "drop-join" :
+		       "drop-plan", th.fault == F_DROP_JOIN ? "JOIN" : "PLAN",
+		       (unsigned long long)th.ctl_sent);
+		return 1;
+	}
 	if (th.fault != F_DIE_COUNTS && th.fault != F_DIE_PAYLOAD)
 		return 0;
 	want = th.fault == F_DIE_COUNTS ? DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS

@@ -27,6 +27,10 @@
  *                     has passed every staging check, one of its values is
  *                     flipped: a well-formed payload with a wrong value,
  *                     which only the apply's checksum can catch.
+ *   drop-join         sender: the <version>-th JOIN sent to another daemon
+ *                     (counted from 1; with a period, every period-th after
+ *                     it) is dropped, as a dying link would lose it.
+ *   drop-plan         the same for PLANs a coordinator sends to members.
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.

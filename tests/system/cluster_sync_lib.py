@@ -199,3 +199,11 @@ class Workdir:
     def close(self, keep=False):
         if not keep:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def peer_proto_version():
+    """PEER_PROTO_VERSION of this tree (proto/peer_protocol.h)."""
+    import re
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    with open(os.path.join(root, "proto", "peer_protocol.h")) as f:
+        return int(re.search(r"#define PEER_PROTO_VERSION\s+(\d+)u", f.read()).group(1))
