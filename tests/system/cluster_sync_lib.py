@@ -42,6 +42,7 @@ class Daemon:
         self.proc = None
         self.address = None
         self.starts = 0
+        self.listen_port = 0     # 0: any; a fault test pins a restart to its old port
 
     def env(self):
         # A killed peer must be noticed in seconds, not UCX's default.
@@ -56,7 +57,7 @@ class Daemon:
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
         cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
-               "--peer-listen", "%s:0" % self.host]
+               "--peer-listen", "%s:%d" % (self.host, self.listen_port)]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         log = open(self.logpath, "a")
