@@ -41,6 +41,19 @@ Scenarios, and what each trial must show for its fault to have landed:
   disk-full  a real storage job whose root is a small tmpfs (its own
       writer and reader groups, see sc_disk_full): the tmpfs had no free
       block and the writer logged v not written for lack of space.
+  coord-restart  the coordinator's daemon SIGKILLed and restarted on its
+      fixed peer port with sockets in TIME_WAIT there (the job re-created
+      on it by its creator, nothing done to members or sinks): every
+      member logged its coordinator going down and its re-plan under the
+      new boot, all converged on one new term, and v reached every sink.
+  drop-join  sink1 restarted with drop-join@1: the hook logged the lost
+      JOIN, sink1 logged sending it again, its sinks attached.
+  drop-plan  the coordinator's hook drops the first PLAN of a plan nothing
+      supersedes: logged, sent again, every member converged on it.
+  forged-plan  a non-coordinator holding the token sends sink1 a PLAN with
+      a huge epoch: REFUSED with the reason, a warning logged, sink1's
+      plan term unchanged.
+  These four run at most 3 trials each (TRIALS_MAX).
 
 A trial whose fault did not land fails the run (it is not skipped, and not
 counted as recovered).  So do: a daemon exit other than the intended one
