@@ -145,6 +145,10 @@ void jctl_update(void)
 		return;
 	}
 	ms = soonest > now ? (soonest - now + 999999) / 1000000 : 0;
+	/* Never 0: a timer re-armed from its own callback with 0 would run
+	 * again before the loop polls (a stuck entry must not starve it). */
+	if (ms < 10)
+		ms = 10;
 	uv_timer_start(&jeng.ctl_timer, on_ctl_tick, ms, 0);
 	jeng.ctl_timer_on = 1;
 }

@@ -736,6 +736,10 @@ def sc_drop_join(cl, tally, trials, v, log):
                 err = e
             proof.need(err is None, "sink1's sinks attached again%s" % (
                 "" if err is None else ": %s" % err))
+            for s in on:
+                if not s.part:           # the fault won: attach again so the run goes on
+                    s.drop()
+                    s.attach(cl.coord.address)
             text = d.log_since()
             proof.need("test hook: drop-join: JOIN #1 dropped" in text, "the first JOIN was dropped")
             proof.need(re.search(r"JOIN \d+ not acknowledged; sent again", text) is not None,
