@@ -857,8 +857,7 @@ static void send_plan_ack(struct job *j, const char *from, uint64_t term)
 	a.job = &ref;
 	a.epoch = term;
 	a.node = (char *)route_self_node();
-	route_send(from, j->is_coord ? NULL : j->coordinator, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK,
-		   &a.base, NULL, 0);
+	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base, NULL, 0);
 }
 
 static int boot_retired(const struct job *j, uint64_t boot)

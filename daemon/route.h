@@ -72,8 +72,8 @@ int route_is_self(const char *node, const char *address);
 
 /* True when `node` is the daemon at `address`: this daemon itself for a
  * self address, else a remote daemon this one connected to at that
- * address and that greeted as `node` (an address a peer merely
- * advertised does not count).  How a member knows a PLAN came from its
+ * address and that greeted as `node`, or that advertised it first
+ * (droute_ucx_node_is_at).  How a member knows a PLAN came from its
  * job's coordinator. */
 int route_node_is_at(const char *node, const char *address);
 

@@ -291,11 +291,13 @@ static struct rnode *node_by_addr(struct droute_ucx *r, const char *addr)
 	return NULL;
 }
 
-/* A node other than n that we connected to at addr and that is up. */
+/* A node other than n, up, that we connected to at addr or that holds it
+ * already: first come keeps it. */
 static struct rnode *addr_taken(struct droute_ucx *r, const struct rnode *n, const char *addr)
 {
 	for (struct rnode *o = r->nodes; o; o = o->next)
-		if (o != n && o->state == N_UP && o->name[0] && !strcmp(o->dialed, addr))
+		if (o != n && o->state == N_UP && o->name[0] &&
+		    (!strcmp(o->dialed, addr) || !strcmp(o->addr, addr)))
 			return o;
 	return NULL;
 }
@@ -692,7 +694,7 @@ int droute_ucx_node_is_at(const struct droute_ucx *r, const char *node, const ch
 		return 0;
 	for (n = r->nodes; n; n = n->next)
 		if (n->name[0] && !strcmp(n->name, node))
-			return !strcmp(n->dialed, hostport);
+			return !strcmp(n->dialed, hostport) || !strcmp(n->addr, hostport);
 	return 0;
 }
 
@@ -871,9 +873,9 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 		memcpy(addr, hdr, hlen);
 		addr[hlen] = '\0';
 		if (addr_taken(r, n, addr)) {
-			/* Another node we reached at that address holds it: an
-			 * advertisement must not take it over (the engine trusts
-			 * where it connected to, droute_ucx_node_is_at). */
+			/* Another live node holds that address (we reached it
+			 * there, or it advertised it first): an advertisement must
+			 * not take it over (droute_ucx_node_is_at trusts it). */
 			r->st.bad++;
 			DLOG_W("route: node %s advertised %s, where node %s answered; ignored", n->name,
 			       addr, addr_taken(r, n, addr)->name);

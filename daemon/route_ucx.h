@@ -115,9 +115,11 @@ const char *droute_ucx_address(const struct droute_ucx *r);
 
 /* Address book: node -> host:port (from PLAN maps and JOINs).  A changed
  * address takes effect at the next connect. */
-/* True when this router connected to hostport and the daemon there greeted
- * as `node` (the engine's test of "this record came from the daemon at
- * the address I was given", e.g. a job's coordinator). */
+/* True when the daemon greeting as `node` is at hostport: this router
+ * connected there and it greeted so, or it advertised that address (an
+ * advertisement of an address another live node holds is ignored, first
+ * come).  The engine's test of "this record came from the daemon at the
+ * address I was given", e.g. a job's coordinator. */
 int  droute_ucx_node_is_at(const struct droute_ucx *r, const char *node, const char *hostport);
 int  droute_ucx_learn(struct droute_ucx *r, const char *node, const char *hostport);
 
