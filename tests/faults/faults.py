@@ -665,8 +665,9 @@ def sc_coord_restart(cl, tally, trials, v, log):
     done to the members or sinks.  Lands when: the daemon died of the
     SIGKILL, a restart bound the same port with TIME_WAIT there, every
     member logged that its coordinator went down and that it re-planned
-    under the new boot, and all members converged on one new term; v (the
-    first version after the restart) must then reach every sink exact."""
+    under the new boot, all members converged on one new term, and a sink
+    attached anew; v (the first version after the restart) must then reach
+    every sink exact."""
     d = cl.coord
     for i in range(trials):
         def fault(fv, proof):
@@ -702,6 +703,17 @@ def sc_coord_restart(cl, tally, trials, v, log):
                 proof.need("the coordinator coord" in text and "went down; rejoining" in text,
                            "%s noticed its coordinator go down" % n)
                 proof.need("plans under a new boot" in text, "%s re-planned under the new boot" % n)
+            # A new attach after the restart is planned by the new
+            # coordinator (it timed out before peer protocol 3).
+            s = cl.sinks[i % len(cl.sinks)]
+            s.drop()
+            try:
+                s.attach(d.address)
+                proof.need(True, "a sink attached anew after the restart")
+            except Exception as e:
+                proof.need(False, "a sink attached anew after the restart: %s" % e)
+                s.drop()
+                s.attach(d.address)
             ok, dense, fed, msg = cl.trainer.publish(fv)
             proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
             catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
