@@ -46,6 +46,9 @@ Scenarios, and what each trial must show for its fault to have landed:
       on it by its creator, nothing done to members or sinks): every
       member logged its coordinator going down and its re-plan under the
       new boot, all converged on one new term, and v reached every sink.
+  fixed-port-restart  sink2's daemon SIGKILLed and restarted on its fixed
+      peer port with sockets in TIME_WAIT there; its sinks attach again,
+      the others reach it at the same address, v reaches every sink.
   drop-join  sink1 restarted with drop-join@1: the hook logged the lost
       JOIN, sink1 logged sending it again, its sinks attached.
   drop-plan  the coordinator's hook drops the first PLAN of a plan nothing
@@ -53,7 +56,7 @@ Scenarios, and what each trial must show for its fault to have landed:
   forged-plan  a non-coordinator holding the token sends sink1 a PLAN with
       a huge epoch: REFUSED with the reason, a warning logged, sink1's
       plan term unchanged.
-  These four run at most 3 trials each (TRIALS_MAX).
+  These five run at most 3 trials each (TRIALS_MAX).
 
 A trial whose fault did not land fails the run (it is not skipped, and not
 counted as recovered).  So do: a daemon exit other than the intended one
@@ -625,10 +628,18 @@ def port_of(addr):
     return int(addr.rsplit(":", 1)[1])
 
 
-def time_wait_on(port):
-    r = subprocess.run(["ss", "-Htan", "state", "time-wait", "( sport = :%d )" % port],
-                       capture_output=True, text=True)
-    return len([x for x in r.stdout.splitlines() if x.strip()])
+def time_wait_on(port, wait_s=1.0):
+    """Sockets in TIME_WAIT on the local port, polled up to wait_s (the
+    killed side's socket gets there once the peer's FIN came back; a
+    reset one never does, which is the kernel's call)."""
+    end = time.time() + wait_s
+    while True:
+        r = subprocess.run(["ss", "-Htan", "state", "time-wait", "( sport = :%d )" % port],
+                           capture_output=True, text=True)
+        n = len([x for x in r.stdout.splitlines() if x.strip()])
+        if n or time.time() > end:
+            return n
+        time.sleep(0.05)
 
 
 def members_converged(cl, old_boot=None):
@@ -722,6 +733,47 @@ def sc_coord_restart(cl, tally, trials, v, log):
                        "after the restart (%s)" % (fv, got))
             return cl.sinks
         v = trial(cl, tally, "coord-restart", v, fault, log)
+    return v
+
+
+def sc_fixed_port_restart(cl, tally, trials, v, log):
+    """sink2's daemon SIGKILLed and restarted on its fixed peer port while
+    the old process's connections sit in TIME_WAIT there (a trial restarts
+    it until a restart saw TIME_WAIT on the port, at most 4 rounds); its
+    sinks attach again.  Lands when every kill ended the daemon by SIGKILL,
+    each restart bound the same port, one with TIME_WAIT there, the
+    members converged, and v reached every sink exact: the other daemons
+    reach it again at the address they know."""
+    d = cl.daemons["sink2"]
+    for i in range(trials):
+        def fault(fv, proof):
+            port = port_of(d.address)
+            d.listen_port = port
+            on = [s for s in cl.sinks if s.daemon is d]
+            rounds, tw, bound, died = 0, 0, True, True
+            while rounds < 4 and not tw:
+                rounds += 1
+                for s in on:
+                    s.drop()
+                rc = d.kill()
+                died = died and rc == -signal.SIGKILL
+                tw = time_wait_on(port)
+                d.start()
+                bound = bound and port_of(d.address) == port
+                for s in on:
+                    s.attach(cl.coord.address)
+            proof.need(died, "sink2 died of the SIGKILL every round")
+            proof.need(bound and tw > 0, "sink2 restarted on its port %d with %d sockets in "
+                       "TIME_WAIT there (round %d)" % (port, tw, rounds))
+            ok, seen = await_converged(cl, None, CONVERGE_S)
+            proof.need(ok, "members converged (%s)" % seen)
+            ok, dense, fed, msg = cl.trainer.publish(fv)
+            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
+            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
+            got = [x.applied() for x in cl.sinks]
+            proof.need(all(a == fv for a in got), "every sink applied v%d (%s)" % (fv, got))
+            return cl.sinks
+        v = trial(cl, tally, "fixed-port-restart", v, fault, log)
     return v
 
 
@@ -846,7 +898,8 @@ def sc_forged_plan(cl, tally, trials, v, log):
 
 # Scenarios that restart daemons cost seconds a trial: at most this many
 # trials each, so the matrix stays within minutes on two busy cores.
-TRIALS_MAX = {"coord-restart": 3, "drop-join": 3, "drop-plan": 3, "forged-plan": 3}
+TRIALS_MAX = {"coord-restart": 3, "fixed-port-restart": 3, "drop-join": 3, "drop-plan": 3,
+              "forged-plan": 3}
 
 
 # ------------------------------------------------------------ disk full
@@ -1091,7 +1144,7 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
 # ----------------------------------------------------------------- main
 SCENARIOS = ["src-die-counts", "src-die-payload", "sink-daemon-kill", "trainer-kill",
              "sink-proc-kill", "link-cut", "corrupt-payload", "dup", "reorder", "disk-full",
-             "coord-restart", "drop-join", "drop-plan", "forged-plan"]
+             "coord-restart", "fixed-port-restart", "drop-join", "drop-plan", "forged-plan"]
 
 
 def main():
@@ -1151,6 +1204,7 @@ def main():
                    "sink-daemon-kill": sc_sink_daemon, "trainer-kill": sc_trainer_kill,
                    "sink-proc-kill": sc_sink_proc, "link-cut": sc_link_cut,
                    "coord-restart": sc_coord_restart, "drop-join": sc_drop_join,
+                   "fixed-port-restart": sc_fixed_port_restart,
                    "drop-plan": sc_drop_plan, "forged-plan": sc_forged_plan}.get(name)
             if run is None:
                 run = sc_hooked(name)
