@@ -78,6 +78,7 @@ import random
 import re
 import signal
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -642,6 +643,29 @@ def time_wait_on(port, wait_s=1.0):
         time.sleep(0.05)
 
 
+def ensure_time_wait(port):
+    """(sockets in TIME_WAIT on the port, who left them).  A killed
+    daemon's sockets end in TIME_WAIT only when it closed first with
+    nothing unread (else the kernel resets them): when the kill left none,
+    the test leaves one itself, a connection from that local port that it
+    closes first, so the restart always binds within TIME_WAIT."""
+    n = time_wait_on(port)
+    if n:
+        return n, "the killed daemon"
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    c.bind(("127.0.0.1", port))
+    c.connect(srv.getsockname())
+    a, _ = srv.accept()
+    c.close()                   # active close: this side ends in TIME_WAIT
+    a.close()
+    srv.close()
+    return time_wait_on(port), "the test"
+
+
 def members_converged(cl, old_boot=None):
     """Every member daemon holds the same plan term, of a boot other than
     old_boot, and the coordinator's plan has all three members and is
@@ -670,11 +694,10 @@ def await_converged(cl, old_boot, wait_s):
 
 def sc_coord_restart(cl, tally, trials, v, log):
     """The coordinator's daemon SIGKILLed by the test and restarted on its
-    fixed peer port, within TIME_WAIT: a trial restarts it until the port
-    had sockets in TIME_WAIT at a restart (at most 4 rounds).  The job's
+    fixed peer port, within TIME_WAIT (ensure_time_wait).  The job's
     creator re-creates the job on it (jobs are not persisted); nothing is
     done to the members or sinks.  Lands when: the daemon died of the
-    SIGKILL, a restart bound the same port with TIME_WAIT there, every
+    SIGKILL, the restart bound the same port with TIME_WAIT there, every
     member logged that its coordinator went down and that it re-planned
     under the new boot, all members converged on one new term, and a sink
     attached anew; v (the first version after the restart) must then reach
@@ -686,26 +709,19 @@ def sc_coord_restart(cl, tally, trials, v, log):
             port = port_of(d.address)
             d.listen_port = port
             offs = {n: len(cl.daemons[n].log_text()) for n in ("src", "sink1", "sink2")}
-            rounds, tw, bound, died = 0, 0, True, True
-            while rounds < 4 and not tw:
-                rounds += 1
-                if rounds > 1:       # the last restart left no TIME_WAIT: settle, again
-                    await_converged(cl, None, CONVERGE_S)
-                old_boot = (cl.daemons["src"].ctl_json("job", JOB) or {}).get("epoch", 0) >> 24
-                try:
-                    cl.ccli.close()
-                except Exception:
-                    pass
-                rc = d.kill()
-                died = died and rc == -signal.SIGKILL
-                tw = time_wait_on(port)
-                d.start()
-                bound = bound and port_of(d.address) == port
-                cl.ccli = _lib.Client(d.sock)
-                cl.ccli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
-            proof.need(died, "coord died of the SIGKILL every round")
-            proof.need(bound and tw > 0, "coord restarted on its port %d with %d sockets in "
-                       "TIME_WAIT there (round %d)" % (port, tw, rounds))
+            old_boot = (cl.daemons["src"].ctl_json("job", JOB) or {}).get("epoch", 0) >> 24
+            try:
+                cl.ccli.close()
+            except Exception:
+                pass
+            rc = d.kill()
+            proof.need(rc == -signal.SIGKILL, "coord died of the SIGKILL (exit %s)" % rc)
+            tw, by = ensure_time_wait(port)
+            d.start()
+            proof.need(port_of(d.address) == port and tw > 0, "coord restarted on its port %d "
+                       "with %d sockets in TIME_WAIT there (left by %s)" % (port, tw, by))
+            cl.ccli = _lib.Client(d.sock)
+            cl.ccli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
             ok, seen = await_converged(cl, old_boot, CONVERGE_S)
             proof.need(ok, "members converged on a new term within %.0f s (before: %s; now: %s)"
                        % (CONVERGE_S, before, seen))
@@ -737,34 +753,28 @@ def sc_coord_restart(cl, tally, trials, v, log):
 
 
 def sc_fixed_port_restart(cl, tally, trials, v, log):
-    """sink2's daemon SIGKILLed and restarted on its fixed peer port while
-    the old process's connections sit in TIME_WAIT there (a trial restarts
-    it until a restart saw TIME_WAIT on the port, at most 4 rounds); its
-    sinks attach again.  Lands when every kill ended the daemon by SIGKILL,
-    each restart bound the same port, one with TIME_WAIT there, the
-    members converged, and v reached every sink exact: the other daemons
-    reach it again at the address they know."""
+    """sink2's daemon SIGKILLed and restarted on its fixed peer port with
+    sockets in TIME_WAIT there (ensure_time_wait); its sinks attach again.
+    Lands when the daemon died of the SIGKILL, the restart bound the same
+    port with TIME_WAIT there, the members converged, and v reached every
+    sink exact: the other daemons reach it again at the address they
+    know."""
     d = cl.daemons["sink2"]
     for i in range(trials):
         def fault(fv, proof):
             port = port_of(d.address)
             d.listen_port = port
             on = [s for s in cl.sinks if s.daemon is d]
-            rounds, tw, bound, died = 0, 0, True, True
-            while rounds < 4 and not tw:
-                rounds += 1
-                for s in on:
-                    s.drop()
-                rc = d.kill()
-                died = died and rc == -signal.SIGKILL
-                tw = time_wait_on(port)
-                d.start()
-                bound = bound and port_of(d.address) == port
-                for s in on:
-                    s.attach(cl.coord.address)
-            proof.need(died, "sink2 died of the SIGKILL every round")
-            proof.need(bound and tw > 0, "sink2 restarted on its port %d with %d sockets in "
-                       "TIME_WAIT there (round %d)" % (port, tw, rounds))
+            for s in on:
+                s.drop()
+            rc = d.kill()
+            proof.need(rc == -signal.SIGKILL, "sink2 died of the SIGKILL (exit %s)" % rc)
+            tw, by = ensure_time_wait(port)
+            d.start()
+            proof.need(port_of(d.address) == port and tw > 0, "sink2 restarted on its port %d "
+                       "with %d sockets in TIME_WAIT there (left by %s)" % (port, tw, by))
+            for s in on:
+                s.attach(cl.coord.address)
             ok, seen = await_converged(cl, None, CONVERGE_S)
             proof.need(ok, "members converged (%s)" % seen)
             ok, dense, fed, msg = cl.trainer.publish(fv)
