@@ -20,15 +20,18 @@
  *      PAYLOAD names its part and entry range, COUNTS goes last and names
  *      how many parts make up payload_bytes.  JOIN and PLAN carry
  *      peer_proto.
- *   3  control records survive restarts and losses:
+ *   3  COUNTS' partial checksums are sum key(i)*bf16(i) (gpu/elem.h,
+ *      dtc_csum_term), no longer splitmix64 per element: a v2 sink would
+ *      fail every version's checksum.  (main, 7472cb3)
+ *   4  control records survive restarts and losses:
  *      - a plan epoch is a term (below), not a per-process counter from 0;
  *      - JOIN carries (join_boot, join_seq); the coordinator answers every
  *        JOIN with a PLAN echoing join_seq (the JOIN's acknowledgement);
  *      - PLAN_ACK (new type 9) acknowledges a PLAN's term;
  *      - JOIN and PLAN are retried with backoff until acknowledged;
  *      - a member takes PLANs only from the job's coordinator.
- *      A v2 daemon reads a v3 term as an epoch and never acknowledges,
- *      so the supported range is 3..3.
+ *      An older daemon reads a term as an epoch and never acknowledges,
+ *      so the supported range is 4..4.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -66,8 +69,8 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     3u
-#define PEER_PROTO_MIN_VERSION 3u
+#define PEER_PROTO_VERSION     4u
+#define PEER_PROTO_MIN_VERSION 4u
 
 #define PEER_TERM_COUNTER_BITS 24
 #define PEER_TERM_BOOT_BITS    39

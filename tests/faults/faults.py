@@ -731,7 +731,7 @@ def sc_coord_restart(cl, tally, trials, v, log):
                            "%s noticed its coordinator go down" % n)
                 proof.need("plans under a new boot" in text, "%s re-planned under the new boot" % n)
             # A new attach after the restart is planned by the new
-            # coordinator (it timed out before peer protocol 3).
+            # coordinator (it timed out before peer protocol 4).
             s = cl.sinks[i % len(cl.sinks)]
             s.drop()
             try:

@@ -886,7 +886,7 @@ static void write_seeds(const char *dir)
 		n = seed_raw(b, &r, 0);
 		seed_write(dir, "plan-from-evil", b, n);
 		free(r.msg), free(r.data);
-		/* Version 3: a JOIN then its duplicate (answered, nothing
+		/* Version 4: a JOIN then its duplicate (answered, nothing
 		 * re-planned), and a PLAN_ACK from that member. */
 		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
 		n = seed_raw(b, &r, 2);

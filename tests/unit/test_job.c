@@ -831,7 +831,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 			assert_int_equal(j->nparts, 2);
 			assert_non_null(job_pair(j, src.participant, sink.participant));
 		}
-		/* Peer protocol 3 (proto/peer_protocol.h): terms are this job's
+		/* Peer protocol 4 (proto/peer_protocol.h): terms are this job's
 		 * boot and a counter; a JOIN is answered by a PLAN and its
 		 * duplicate changes nothing; a PLAN_ACK of the member's plan is
 		 * taken, one of another term ignored; a member's JOIN leaving
