@@ -29,6 +29,7 @@ Dte__Status dcmd_peers(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 		goto out;
 	}
 	rep->address = (char *)droute_ucx_address(ru);
+	rep->listen_error = (char *)droute_ucx_listen_error(ru, &rep->listen_retries);
 	droute_ucx_stats(ru, &st);
 	rep->parked = st.parked;
 	rep->park_expired = st.park_expired;

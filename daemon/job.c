@@ -1,6 +1,9 @@
 /* daemon/job.c — jobs, local participants, records in, deferred answers. */
 #include <ctype.h>
 #include <stdarg.h>
+#include <errno.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,7 +161,34 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 
 /* ------------------------------------------------------------- membership */
 
+uint64_t job_boot_new(void)
+{
+	uint64_t b = 0;
+
+	while (!b) {
+		if (getrandom(&b, sizeof(b), 0) != (ssize_t)sizeof(b))
+			b = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
+		b &= (1ull << PEER_TERM_BOOT_BITS) - 1;
+	}
+	return b;
+}
+
+static void send_join(struct job *j, int retry);
+
 void job_send_join(struct job *j)
+{
+	send_join(j, 0);
+}
+
+void job_send_join_again(struct job *j)
+{
+	send_join(j, 1);
+}
+
+/* Every JOIN is acknowledged by a PLAN echoing its join_seq and retried
+ * until then (jctl_retry); one with no participants is not (nothing is
+ * left here to plan for). */
+static void send_join(struct job *j, int retry)
 {
 	Dtep__Join m = DTEP__JOIN__INIT;
 	Dtep__JobRef ref;
@@ -195,11 +225,24 @@ void job_send_join(struct job *j)
 	m.address = (char *)route_self_address();
 	m.n_participants = n;
 	m.participants = pp;
+	if (!retry || !j->join_seq)
+		j->join_seq++;
+	m.join_boot = j->boot;
+	m.join_seq = j->join_seq;
+	if (!n)
+		j->join_acked = j->join_seq;
+	if (!retry)
+		j->join_backoff_ms = 0;
+	if (j->join_backoff_ms < PEER_RETRY_FIRST_MS)
+		j->join_backoff_ms = PEER_RETRY_FIRST_MS;
+	else if (retry && j->join_backoff_ms < PEER_RETRY_MAX_MS)
+		j->join_backoff_ms *= 2;
+	j->join_next_ns = uv_hrtime() + (uint64_t)j->join_backoff_ms * 1000000u;
 	rc = route_send(j->is_coord ? route_self_node() : NULL, j->is_coord ? NULL : j->coordinator,
 			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
 	if (rc < 0) {
-		DLOG_W("job %s: cannot reach the coordinator %s: %s", j->name, j->coordinator,
-		       strerror(-rc));
+		DLOG_W("job %s: cannot reach the coordinator %s: %s%s", j->name, j->coordinator,
+		       strerror(-rc), n ? " (retried)" : "");
 		for (struct jlocal *l = j->locals; l; l = l->next)
 			if (!l->announced && !l->refused[0])
 				snprintf(l->refused, sizeof(l->refused),
@@ -209,6 +252,7 @@ void job_send_join(struct job *j)
 out:
 	free(pa);
 	free(pp);
+	jctl_update();
 }
 
 static void jlocal_free(struct jlocal *l)
@@ -426,6 +470,9 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 		if (uv_timer_init(loop, &jeng.timer) < 0)
 			return -1;
 		jeng.timer_init = 1;
+		if (uv_timer_init(loop, &jeng.ctl_timer) < 0)
+			return -1;
+		jeng.ctl_timer_init = 1;
 		/* Workers hand payload parts to the loop as they frame them. */
 		if (uv_async_init(loop, &jeng.parts_async, jsrc_parts_ready) < 0)
 			return -1;
@@ -479,6 +526,10 @@ void job_fini(void)
 	if (jeng.timer_init) {
 		uv_close((uv_handle_t *)&jeng.timer, NULL);
 		jeng.timer_init = 0;
+	}
+	if (jeng.ctl_timer_init) {
+		uv_close((uv_handle_t *)&jeng.ctl_timer, NULL);
+		jeng.ctl_timer_init = 0;
 	}
 	/* Every worker has ended and its completion ran (drained above):
 	 * nothing wakes it any more. */
@@ -612,6 +663,9 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	snprintf(j->name, sizeof(j->name), "%s", rq->name);
 	snprintf(j->token, sizeof(j->token), "%s", rq->token);
 	snprintf(j->coordinator, sizeof(j->coordinator), "%s", coord);
+	/* This job's boot: its JOINs' join_boot, and as coordinator its
+	 * terms' boot (proto/peer_protocol.h), so a restart plans anew. */
+	j->boot = job_boot_new();
 	snprintf(j->transport, sizeof(j->transport), "%s", jstore_transport_name(scfg.transport));
 	j->spec = spec;
 	j->interval = k;
@@ -942,10 +996,21 @@ static void on_refused(const char *from, const Dtep__Refused *m)
 	if (!j)
 		return;
 	j->refused++;
-	if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN)
+	if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN) {
+		int fresh = 0;
+
 		for (struct jlocal *l = j->locals; l; l = l->next)
-			if (!l->announced)
+			if (!l->announced) {
 				snprintf(l->refused, sizeof(l->refused), "coordinator: %s", m->reason);
+				fresh = 1;
+			}
+		/* A refusal answers the JOIN of a new participant (its attach
+		 * fails with the reason and a new JOIN goes without it).  A
+		 * rejoin of planned participants keeps being retried: a
+		 * restarted coordinator may not know the job yet. */
+		if (fresh)
+			j->join_acked = j->join_seq;
+	}
 }
 
 void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
@@ -964,6 +1029,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: d = &dtep__staged__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: d = &dtep__applied__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED: d = &dtep__refused__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: d = &dtep__plan_ack__descriptor; break;
 	default:
 		global_refused++;
 		DLOG_W("peer %s: unknown record type %d dropped", from, (int)type);
@@ -1005,14 +1071,25 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 		/* The coordinator takes plans from itself alone; another
 		 * node's would replace the one it made for everyone. */
 		if ((j = check_ref(from, type, m->job))) {
+			char why[256];
+
 			if (j->is_coord && strcmp(from, route_self_node())) {
 				j->refused++;
 				refuse(from, j->name, type, "this daemon is the job's coordinator: "
 				       "plans come from it alone");
-			} else {
-				jplan_recv(j, from, m);
+			} else if (jplan_recv(j, from, m, why, sizeof(why)) < 0) {
+				j->refused++;
+				refuse(from, j->name, type, why);
 			}
 		}
+		break;
+	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: {
+		const Dtep__PlanAck *m = (const Dtep__PlanAck *)msg;
+
+		if ((j = check_ref(from, type, m->job)) && j->is_coord &&
+		    speaks_for(j, from, type, m->node))
+			jcoord_plan_ack(j, from, m);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {
@@ -1059,6 +1136,8 @@ void job_peer_down(const char *node)
 	for (struct job *j = jeng.jobs; j; j = j->next)
 		if (j->is_coord)
 			jcoord_node_down(j, node);
+		else
+			jmember_coord_down(j, node);
 	job_check_waiters();
 }
 

@@ -16,9 +16,9 @@
 #include <uv.h>
 #include "proto/dte.pb-c.h"
 
-/* Bump only when an existing peer.proto message changes meaning
- * (history in proto/peer.proto). */
-#define PEER_PROTO_VERSION 3u
+/* PEER_PROTO_VERSION, its supported range and the control records'
+ * rules: proto/peer_protocol.h. */
+#include "proto/peer_protocol.h"
 
 struct dtc_backend;
 struct dreply;

@@ -7,6 +7,7 @@
  * the previous one; pair state (what a sink holds, dirty bitmaps) survives
  * a re-plan when the pair's entries are unchanged.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "daemon/job_storage.h"
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/route.h"
 #include "gpu/compute.h"
 
@@ -49,8 +51,141 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 
 static void member_free(struct jmember *m)
 {
+	free(m->plan);
 	free(m->p);
 	free(m);
+}
+
+/* ------------------------------------------------ acknowledgement, retry */
+
+/* (Re)sends the PLAN a member was last given, with the newest join_seq
+ * of it this coordinator processed (a JOIN's acknowledgement). */
+static int member_send_plan(struct job *j, struct jmember *m)
+{
+	Dtep__Plan *pl;
+	int rc;
+
+	if (!m->plan)
+		return -ENOENT;
+	pl = dtep__plan__unpack(NULL, m->plan_len, m->plan);
+	if (!pl)
+		return -ENOMEM;
+	pl->join_seq = m->join_seq;
+	rc = route_send(m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl->base, NULL, 0);
+	dtep__plan__free_unpacked(pl, NULL);
+	if (rc < 0)
+		DLOG_W("job %s: cannot send plan epoch %llx to %s: %s", j->name,
+		       (unsigned long long)m->plan_term, m->node, strerror(-rc));
+	return rc;
+}
+
+static void retry_arm(uint64_t *next_ns, uint32_t *backoff_ms, int reset)
+{
+	if (reset || !*backoff_ms)
+		*backoff_ms = PEER_RETRY_FIRST_MS;
+	else if (*backoff_ms < PEER_RETRY_MAX_MS)
+		*backoff_ms *= 2;
+	*next_ns = uv_hrtime() + (uint64_t)*backoff_ms * 1000000u;
+}
+
+void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m)
+{
+	struct jmember *mem;
+
+	for (mem = j->members; mem; mem = mem->next)
+		if (!strcmp(mem->node, from))
+			break;
+	if (!mem || m->epoch != mem->plan_term) {
+		DLOG_D("job %s: PLAN_ACK %llx from %s ignored (not its current plan)", j->name,
+		       (unsigned long long)m->epoch, from);
+		return;
+	}
+	if (mem->acked_term != m->epoch)
+		DLOG_D("job %s: %s acknowledged plan %llx", j->name, from,
+		       (unsigned long long)m->epoch);
+	mem->acked_term = m->epoch;
+}
+
+static int job_ctl_pending(const struct job *j, uint64_t *soonest)
+{
+	int any = 0;
+
+	if (j->locals && j->join_acked < j->join_seq) {
+		any = 1;
+		if (j->join_next_ns < *soonest)
+			*soonest = j->join_next_ns;
+	}
+	for (const struct jmember *m = j->members; m; m = m->next)
+		if (m->plan && m->acked_term != m->plan_term && m->next_ns != UINT64_MAX) {
+			any = 1;
+			if (m->next_ns < *soonest)
+				*soonest = m->next_ns;
+		}
+	return any;
+}
+
+static void on_ctl_tick(uv_timer_t *t)
+{
+	jctl_retry();
+}
+
+void jctl_update(void)
+{
+	uint64_t soonest = UINT64_MAX, now = uv_hrtime(), ms;
+	int any = 0;
+
+	if (!jeng.ctl_timer_init)
+		return;
+	for (struct job *j = jeng.jobs; j; j = j->next)
+		any |= job_ctl_pending(j, &soonest);
+	if (!any) {
+		if (jeng.ctl_timer_on)
+			uv_timer_stop(&jeng.ctl_timer);
+		jeng.ctl_timer_on = 0;
+		return;
+	}
+	ms = soonest > now ? (soonest - now + 999999) / 1000000 : 0;
+	/* Never 0: a timer re-armed from its own callback with 0 would run
+	 * again before the loop polls (a stuck entry must not starve it). */
+	if (ms < 10)
+		ms = 10;
+	uv_timer_start(&jeng.ctl_timer, on_ctl_tick, ms, 0);
+	jeng.ctl_timer_on = 1;
+}
+
+void jctl_retry(void)
+{
+	uint64_t now = uv_hrtime();
+
+	for (struct job *j = jeng.jobs; j; j = j->next) {
+		if (j->locals && j->join_acked < j->join_seq && now >= j->join_next_ns) {
+			j->join_retries++;
+			DLOG_I("job %s: JOIN %llu not acknowledged; sent again (retry %llu, next in %u ms)",
+			       j->name, (unsigned long long)j->join_seq,
+			       (unsigned long long)j->join_retries, j->join_backoff_ms * 2 <
+			       PEER_RETRY_MAX_MS ? j->join_backoff_ms * 2 : PEER_RETRY_MAX_MS);
+			job_send_join_again(j);
+		}
+		for (struct jmember *m = j->members; m; m = m->next) {
+			if (!m->plan || m->acked_term == m->plan_term || m->next_ns == UINT64_MAX ||
+			    now < m->next_ns)
+				continue;
+			if (now >= m->deadline_ns) {
+				DLOG_W("job %s: %s did not acknowledge plan %llx within %u ms; not sent "
+				       "again (its JOIN retry or its going down takes over)", j->name,
+				       m->node, (unsigned long long)m->plan_term, PEER_PLAN_DEADLINE_MS);
+				m->next_ns = UINT64_MAX;
+				continue;
+			}
+			m->plan_retries++;
+			DLOG_I("job %s: plan %llx not acknowledged by %s; sent again (retry %llu)",
+			       j->name, (unsigned long long)m->plan_term, m->node,
+			       (unsigned long long)m->plan_retries);
+			member_send_plan(j, m);
+			retry_arm(&m->next_ns, &m->backoff_ms, 0);
+		}
+	}
+	jctl_update();
 }
 
 void jcoord_free(struct job *j)
@@ -184,11 +319,24 @@ static void send_plans(struct job *j, struct built *b)
 		plan.entries = sel;
 		plan.n_addresses = nm;
 		plan.addresses = ap;
+		plan.join_seq = m->join_seq;
+		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
+		free(m->plan);
+		m->plan_len = protobuf_c_message_get_packed_size(&plan.base);
+		m->plan = malloc(m->plan_len ? m->plan_len : 1);
+		m->plan_term = j->coord_epoch;
+		m->deadline_ns = uv_hrtime() + (uint64_t)PEER_PLAN_DEADLINE_MS * 1000000u;
+		retry_arm(&m->next_ns, &m->backoff_ms, 1);
+		if (m->plan)
+			protobuf_c_message_pack(&plan.base, m->plan);
+		else
+			m->plan_len = 0;
 		if (route_send(m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &plan.base,
 			       NULL, 0) < 0)
-			DLOG_W("job %s: cannot send plan epoch %llu to %s", j->name,
+			DLOG_W("job %s: cannot send plan epoch %llx to %s (retried)", j->name,
 			       (unsigned long long)j->coord_epoch, m->node);
 	}
+	jctl_update();
 out:
 	free(pa);
 	free(pp);
@@ -283,7 +431,17 @@ static void replan(struct job *j)
 			if (m->p[i].role == JROLE_SOURCE && !srcdesc)
 				srcdesc = m->p[i].layout;
 		}
-	j->coord_epoch++;
+	/* The next term (proto/peer_protocol.h): this boot's next counter; a
+	 * counter at its end starts a new boot, which supersedes as a
+	 * restarted coordinator does. */
+	if (peer_term_boot(j->coord_epoch) != j->boot ||
+	    peer_term_counter(j->coord_epoch) + 1 >= (1ull << PEER_TERM_COUNTER_BITS)) {
+		if (peer_term_boot(j->coord_epoch) == j->boot)
+			j->boot = job_boot_new();
+		j->coord_epoch = peer_term(j->boot, 1);
+	} else {
+		j->coord_epoch++;
+	}
 	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &src, err, sizeof(err)) == 0) {
 		have_src = 1;
 		srcby = calloc(src.nranks, sizeof(*srcby));
@@ -352,8 +510,10 @@ static void replan(struct job *j)
 				goto oom;
 		}
 	}
-	DLOG_N("job %s: plan epoch %llu: %zu participants, %zu entries%s", j->name,
-	       (unsigned long long)j->coord_epoch, b.nparts, b.ne, b.complete ? "" : " (incomplete)");
+	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries%s",
+	       j->name, (unsigned long long)j->coord_epoch,
+	       (unsigned long long)peer_term_boot(j->coord_epoch),
+	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, b.ne, b.complete ? "" : " (incomplete)");
 	send_plans(j, &b);
 	goto out;
 oom:
@@ -416,12 +576,22 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	char why[512], err[384];
 	size_t i;
 
-	if (m->peer_proto != PEER_PROTO_VERSION) {
-		snprintf(why, sizeof(why), "peer protocol %u%s; this coordinator speaks %u "
+	if (!peer_proto_supported(m->peer_proto)) {
+		snprintf(why, sizeof(why), "peer protocol %u%s; this coordinator speaks %u..%u "
 			 "(run the same dted release on every node of a job)", m->peer_proto,
 			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
-			 PEER_PROTO_VERSION);
+			 PEER_PROTO_MIN_VERSION, PEER_PROTO_VERSION);
 		refuse_join(j, from, why);
+		return;
+	}
+	mem = member_find(j, node);
+	if (mem && m->join_seq && m->join_boot == mem->join_boot && m->join_seq <= mem->join_seq) {
+		/* A retry or a duplicate: answered with the current plan, which
+		 * acknowledges it; membership is unchanged. */
+		DLOG_I("job %s: JOIN %llu from %s again (have %llu): plan %llx sent again", j->name,
+		       (unsigned long long)m->join_seq, node, (unsigned long long)mem->join_seq,
+		       (unsigned long long)mem->plan_term);
+		member_send_plan(j, mem);
 		return;
 	}
 	if (m->spec_hash != j->spec.hash) {
@@ -515,6 +685,8 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 		j->members = mem;
 	}
 	snprintf(mem->address, sizeof(mem->address), "%s", m->address ? m->address : "");
+	mem->join_boot = m->join_boot;
+	mem->join_seq = m->join_seq;
 	free(mem->p);
 	mem->p = np;
 	mem->n = m->n_participants;
@@ -557,6 +729,21 @@ void jcoord_node_down(struct job *j, const char *node)
 }
 
 /* ---------------------------------------------------------------- member */
+
+void jmember_coord_down(struct job *j, const char *node)
+{
+	if (j->is_coord || !j->coord_node[0] || strcmp(node, j->coord_node) || j->coord_down)
+		return;
+	j->coord_down = 1;
+	if (!j->locals)
+		return;
+	j->rejoins++;
+	DLOG_W("job %s: the coordinator %s (%s) went down; rejoining when it answers", j->name,
+	       node, j->coordinator);
+	/* A new JOIN (its ack is the coordinator's next PLAN), retried with
+	 * backoff until then; the plan held stays in use meanwhile. */
+	job_send_join(j);
+}
 
 void jplan_free(struct job *j)
 {
@@ -661,25 +848,110 @@ static uint64_t pair_hash(const struct jpair *p)
 	return h;
 }
 
-void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
+static void send_plan_ack(struct job *j, const char *from, uint64_t term)
+{
+	Dtep__PlanAck a = DTEP__PLAN_ACK__INIT;
+	Dtep__JobRef ref;
+
+	job_fill_ref(j, &ref);
+	a.job = &ref;
+	a.epoch = term;
+	a.node = (char *)route_self_node();
+	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base, NULL, 0);
+}
+
+static int boot_retired(const struct job *j, uint64_t boot)
+{
+	for (unsigned i = 0; i < j->nretired && i < PEER_TERM_RETIRED; i++)
+		if (j->retired[i] == boot)
+			return 1;
+	return 0;
+}
+
+/* The PLAN came from this job's coordinator (proto/peer_protocol.h):
+ * the coordinator daemon itself, or the daemon this one connected to at
+ * the job's coordinator address. */
+static int from_coordinator(const struct job *j, const char *from)
+{
+	if (j->is_coord)
+		return !strcmp(from, route_self_node());
+	return route_node_is_at(from, j->coordinator);
+}
+
+/* Member side of a PLAN: -1 with a reason in why (then REFUSED goes back
+ * to the sender), else 0 (applied, a duplicate, stale or rejected after
+ * validation: logged). */
+int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, size_t whylen)
 {
 	struct jpinfo *parts = NULL;
 	struct jpair *pairs = NULL;
 	size_t npairs = 0, i, k;
+	uint64_t cur = j->epoch, nb = peer_term_boot(m->epoch);
+	int coord = from_coordinator(j, from);
 	char err[200];
 
-	if (m->epoch <= j->epoch) {
-		DLOG_D("job %s: stale plan epoch %llu (have %llu) ignored", j->name,
-		       (unsigned long long)m->epoch, (unsigned long long)j->epoch);
-		return;
-	}
-	if (m->peer_proto != PEER_PROTO_VERSION) {
-		snprintf(err, sizeof(err), "the coordinator speaks peer protocol %u%s, this daemon %u "
-			 "(run the same dted release on every node of a job)", m->peer_proto,
+	if (!peer_proto_supported(m->peer_proto)) {
+		snprintf(err, sizeof(err), "the coordinator speaks peer protocol %u%s, this daemon "
+			 "%u..%u (run the same dted release on every node of a job)", m->peer_proto,
 			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
-			 PEER_PROTO_VERSION);
-		goto bad;
+			 PEER_PROTO_MIN_VERSION, PEER_PROTO_VERSION);
+		if (coord)
+			goto bad;
+		DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name,
+		       (unsigned long long)m->epoch, from, err);
+		snprintf(why, whylen, "%s", err);
+		return -1;
 	}
+	if (!coord) {
+		/* Only the job's coordinator plans; anyone else holding the
+		 * token cannot replace this member's plan or block it. */
+		j->plans_refused++;
+		dmetrics_add(DM_REFUSED, "plan_not_from_coordinator", 1);
+		DLOG_W("job %s: PLAN epoch %llx from %s refused: not the job's coordinator (%s); "
+		       "plan %llx kept", j->name, (unsigned long long)m->epoch, from, j->coordinator,
+		       (unsigned long long)cur);
+		snprintf(why, whylen, "plans come from the job's coordinator %s alone", j->coordinator);
+		return -1;
+	}
+	snprintf(j->coord_node, sizeof(j->coord_node), "%s", from);
+	if (!nb || !peer_term_counter(m->epoch)) {
+		snprintf(why, whylen, "plan epoch %llx is not a term", (unsigned long long)m->epoch);
+		DLOG_W("job %s: PLAN from %s refused: %s", j->name, from, why);
+		return -1;
+	}
+	if (m->join_seq > j->join_acked && m->join_seq <= j->join_seq)
+		j->join_acked = m->join_seq;
+	if (j->coord_down) {
+		DLOG_N("job %s: the coordinator %s answers again (plan %llx)", j->name, from,
+		       (unsigned long long)m->epoch);
+		j->coord_down = 0;
+	}
+	if (boot_retired(j, nb)) {
+		DLOG_W("job %s: plan epoch %llx from %s ignored: its coordinator boot %llx was "
+		       "superseded", j->name, (unsigned long long)m->epoch, from, (unsigned long long)nb);
+		return 0;
+	}
+	if (m->epoch == cur) {
+		/* A retry or duplicate of the plan held: acknowledged again. */
+		send_plan_ack(j, from, m->epoch);
+		jctl_update();
+		return 0;
+	}
+	if (cur && peer_term_boot(cur) == nb && m->epoch < cur) {
+		DLOG_I("job %s: stale plan epoch %llx (have %llx) ignored", j->name,
+		       (unsigned long long)m->epoch, (unsigned long long)cur);
+		return 0;
+	}
+	if (cur && peer_term_boot(cur) != nb) {
+		DLOG_N("job %s: coordinator %s plans under a new boot %llx (was %llx): the old "
+		       "term is retired, versions in flight under it are refused", j->name, from,
+		       (unsigned long long)nb, (unsigned long long)peer_term_boot(cur));
+		j->retired[j->nretired++ % PEER_TERM_RETIRED] = peer_term_boot(cur);
+		if (j->nretired >= 2 * PEER_TERM_RETIRED)
+			j->nretired -= PEER_TERM_RETIRED;
+	}
+	send_plan_ack(j, from, m->epoch);
+	jctl_update();
 	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536) {
 		snprintf(err, sizeof(err), "plan too large");
 		goto bad;
@@ -772,10 +1044,10 @@ void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m)
 		if (job_part(j, l->info.id))
 			l->announced = 1;
 	jsink_replanned(j);
-	DLOG_I("job %s: plan epoch %llu from %s: %zu participants, %zu local pairs%s", j->name,
+	DLOG_I("job %s: plan epoch %llx from %s: %zu participants, %zu local pairs%s", j->name,
 	       (unsigned long long)j->epoch, from, j->nparts, j->npairs,
 	       j->complete ? "" : " (incomplete)");
-	return;
+	return 0;
 bad:
 	DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name, (unsigned long long)m->epoch,
 	       from, err);
@@ -787,4 +1059,5 @@ bad:
 		free(pairs[k].e);
 	free(pairs);
 	free(parts);
+	return 0;
 }

@@ -168,6 +168,17 @@ struct jmember {
 	char address[JOB_ADDR_MAX];
 	struct jpinfo *p;
 	size_t n;
+	/* Its newest JOIN processed (proto/peer_protocol.h): a JOIN with the
+	 * same join_boot and a join_seq at or below this is a duplicate. */
+	uint64_t join_boot, join_seq;
+	/* The PLAN it was last sent (packed), until it acknowledges its term;
+	 * retried at next_ns with backoff until deadline_ns. */
+	uint8_t *plan;
+	size_t plan_len;
+	uint64_t plan_term, acked_term;
+	uint64_t next_ns, deadline_ns;
+	uint32_t backoff_ms;
+	uint64_t plan_retries;
 	struct jmember *next;
 };
 
@@ -209,11 +220,22 @@ struct job {
 	char (*addr_addr)[JOB_ADDR_MAX];
 	size_t naddr;
 	char plan_error[256];
+	/* member side of the control records (proto/peer_protocol.h) */
+	uint64_t boot;            /* drawn at create: join_boot, and the coordinator's term boot */
+	uint64_t join_seq;        /* JOINs sent (a retry repeats the newest) */
+	uint64_t join_acked;      /* newest join_seq a PLAN echoed */
+	uint64_t join_next_ns;    /* next JOIN retry */
+	uint32_t join_backoff_ms;
+	uint64_t join_retries, rejoins, plans_refused;
+	char coord_node[JOB_NODE_MAX]; /* the coordinator's node name, once a PLAN came */
+	int coord_down;           /* it went down; we rejoin when it answers */
+	uint64_t retired[PEER_TERM_RETIRED]; /* boots of coordinators superseded */
+	unsigned nretired;
 	/* coordinator */
 	struct jmember *members;
 	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
 	uint32_t n_src_shards;
-	uint64_t coord_epoch;
+	uint64_t coord_epoch;     /* term of the newest plan (peer_term(boot, counter)) */
 	/* counters and history */
 	uint64_t refused;
 	uint64_t published;
@@ -336,6 +358,8 @@ struct jengine {
 	uint32_t node_hash;
 	uv_timer_t timer;
 	int timer_init, timer_on;
+	uv_timer_t ctl_timer;     /* JOIN and PLAN retries (job_coord.c) */
+	int ctl_timer_init, ctl_timer_on;
 	struct jwaiter *waiters;
 	struct jcap *inflight;    /* captures on workers */
 	struct jtask *tasks;      /* sink work on workers: apply, verify (job_task.c) */
@@ -381,7 +405,10 @@ void job_check_waiters(void);
 /* Find a pair of the current plan, NULL when none. */
 struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
 struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
+/* A JOIN with this daemon's participants now (a new join_seq)... */
 void job_send_join(struct job *j);
+/* ...or the newest one again (a retry: same join_seq). */
+void job_send_join_again(struct job *j);
 double job_ms_since(uint64_t t0);
 /* A deferred answer to request req_id of connection conn; body (of case
  * bc) only when code is OK. */
@@ -393,13 +420,24 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
 void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
 void jcoord_node_down(struct job *j, const char *node);
 void jcoord_free(struct job *j);
+/* A PLAN_ACK from a member. */
+void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m);
+/* Retries of JOINs and PLANs not acknowledged yet; (re)arms jeng.ctl_timer. */
+void jctl_retry(void);
+void jctl_update(void);
+/* Member: the coordinator went down; rejoin when it is back. */
+void jmember_coord_down(struct job *j, const char *node);
+/* A random boot id (PEER_TERM_BOOT_BITS, never 0). */
+uint64_t job_boot_new(void);
 /* Builds a layout for a participant description; 0 or -1 with err.  For
  * a source that registers shards (mcore:, fsdp2:) `shards` is the table
  * the layout is built from (one rank's, or every rank's); NULL: none. */
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
 		  const char *shards, struct dte_layout *l, char *err, size_t errlen);
-/* Member side: a PLAN arrived. */
-void jplan_recv(struct job *j, const char *from, const Dtep__Plan *m);
+/* Member side: a PLAN arrived.  -1 with the reason in why when it is
+ * refused (not from the job's coordinator, not a term, another peer
+ * protocol): the caller answers REFUSED. */
+int  jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, size_t whylen);
 void jplan_free(struct job *j);
 
 /* job_src.c */

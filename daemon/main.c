@@ -3,6 +3,7 @@
  * Modules start in one order and are unwound in exactly the reverse order;
  * the loop must close clean (no handle left) before the process exits.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <malloc.h>
 #include <signal.h>
@@ -212,9 +213,55 @@ static void signals_fini(void)
 	uv_close((uv_handle_t *)&sig_term, NULL);
 }
 
+/* The peer listener's bind, retried while it fails (a port held by
+ * another process, or an old socket the kernel still holds): first after
+ * LISTEN_RETRY_FIRST_MS, doubling to LISTEN_RETRY_MAX_MS, each failure
+ * logged and shown by `dtectl peers` (listen_error, listen_retries) and
+ * the dted_peer_listener gauge, never silently absent. */
+#define LISTEN_RETRY_FIRST_MS 250u
+#define LISTEN_RETRY_MAX_MS   8000u
+
+static struct {
+	uv_timer_t timer;
+	int timer_init;
+	uint32_t backoff_ms;
+	uint64_t tries;
+	char error[160];
+} lsn;
+
+static void listen_retry(uv_timer_t *t)
+{
+	struct droute_ucx *r = droute_ucx_daemon();
+	int rc;
+
+	if (!r)
+		return;
+	lsn.tries++;
+	rc = droute_ucx_listen(r, conf.peer_listen_address, conf.peer_listen_port,
+			       conf.peer_advertise_address);
+	if (rc == 0 || rc == -EALREADY) {
+		DLOG_N("peers: listening on %s after %llu retries", droute_ucx_address(r),
+		       (unsigned long long)lsn.tries);
+		route_set_self_address(droute_ucx_address(r));
+		lsn.error[0] = '\0';
+		droute_ucx_listen_failed(r, "", lsn.tries);
+		dmetrics_set(DM_PEER_LISTENER, NULL, 1);
+		return;
+	}
+	snprintf(lsn.error, sizeof(lsn.error), "cannot bind %s:%u: %s", conf.peer_listen_address,
+		 conf.peer_listen_port, strerror(-rc));
+	droute_ucx_listen_failed(r, lsn.error, lsn.tries);
+	if (lsn.backoff_ms < LISTEN_RETRY_MAX_MS)
+		lsn.backoff_ms *= 2;
+	DLOG_W("peers: listener retry %llu failed: %s; next in %u ms", (unsigned long long)lsn.tries,
+	       lsn.error, lsn.backoff_ms);
+	uv_timer_start(&lsn.timer, listen_retry, lsn.backoff_ms, 0);
+}
+
 /* The peer transport.  A listener that cannot bind (port taken) is an
- * error, but the daemon still serves its clients and still reaches other
- * daemons: links it opens carry traffic both ways. */
+ * error, retried (above); meanwhile the daemon still serves its clients
+ * and still reaches other daemons: links it opens carry traffic both
+ * ways. */
 static int peers_init(uv_loop_t *loop)
 {
 	struct droute_ucx_params p = {
@@ -232,18 +279,33 @@ static int peers_init(uv_loop_t *loop)
 
 	rc = droute_ucx_init(&r, loop, &p);
 	if (rc < 0 && p.listen_address[0]) {
-		DLOG_E("peers: no listener; other daemons cannot connect to this one first");
+		snprintf(lsn.error, sizeof(lsn.error), "cannot bind %s:%u: %s",
+			 conf.peer_listen_address, conf.peer_listen_port, strerror(-rc));
+		DLOG_E("peers: no listener yet (%s); other daemons cannot connect to this one "
+		       "first; retrying in %u ms", lsn.error, LISTEN_RETRY_FIRST_MS);
 		p.listen_address = NULL;
 		rc = droute_ucx_init(&r, loop, &p);
+		if (rc == 0)
+			droute_ucx_listen_failed(r, lsn.error, 0);
+		if (rc == 0 && uv_timer_init(loop, &lsn.timer) == 0) {
+			lsn.timer_init = 1;
+			lsn.backoff_ms = LISTEN_RETRY_FIRST_MS;
+			uv_timer_start(&lsn.timer, listen_retry, lsn.backoff_ms, 0);
+		}
 	}
 	if (rc < 0)
 		return rc;
+	dmetrics_set(DM_PEER_LISTENER, NULL, droute_ucx_address(r)[0] ? 1 : 0);
 	droute_ucx_set_daemon(r);
 	return 0;
 }
 
 static void peers_fini(void)
 {
+	if (lsn.timer_init) {
+		uv_close((uv_handle_t *)&lsn.timer, NULL);
+		lsn.timer_init = 0;
+	}
 	droute_ucx_close(droute_ucx_daemon(), NULL, NULL);
 }
 

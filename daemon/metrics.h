@@ -37,6 +37,7 @@ enum dmetric_id {
 	DM_VERIFY,                /* counter{result} */
 	DM_RESYNCS,               /* counter */
 	DM_APPLY_VERIFY,          /* counter{kind}: sink checks after apply */
+	DM_PEER_LISTENER,         /* gauge: 1 while the peer listener is bound */
 	DM__COUNT
 };
 

@@ -141,6 +141,11 @@ const char *route_self_node(void)
 	return rt.node;
 }
 
+void route_set_self_address(const char *address)
+{
+	snprintf(rt.address, sizeof(rt.address), "%s", address ? address : "");
+}
+
 const char *route_self_address(void)
 {
 	return rt.address;
@@ -152,6 +157,16 @@ int route_is_self(const char *node, const char *address)
 		return strcmp(node, rt.node) == 0;
 	return !address || !*address || !strcmp(address, "local") ||
 	       (rt.address[0] && !strcmp(address, rt.address));
+}
+
+int route_node_is_at(const char *node, const char *address)
+{
+	if (!node || !*node)
+		return 0;
+	if (!strcmp(node, rt.node))
+		return route_is_self(NULL, address);
+	return rt.have_remote && rt.remote.node_is_at && address && *address &&
+	       rt.remote.node_is_at(rt.remote.arg, node, address);
 }
 
 /* The local transport: records for this daemon wait in a queue drained

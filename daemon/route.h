@@ -55,6 +55,9 @@ struct route_transport {
 	/* Optional: the data of the record being delivered, as a malloc'ed
 	 * buffer the caller now owns, or NULL (see route_take_data). */
 	void *(*take)(void *arg, const void *data);
+	/* Optional: true when this daemon connected to `address` and the
+	 * daemon there greeted as `node` (route_node_is_at). */
+	int (*node_is_at)(void *arg, const char *node, const char *address);
 	void *arg;
 };
 
@@ -96,10 +99,19 @@ void route_set_remote(const struct route_transport *remote);
 
 const char *route_self_node(void);
 const char *route_self_address(void);
+/* The peer listener came up after route_init (main.c's bind retry). */
+void route_set_self_address(const char *address);
 
 /* True when (node, address) names this daemon: node equal to our name, or
  * no node and an address that is "local", "" or our own. */
 int route_is_self(const char *node, const char *address);
+
+/* True when `node` is the daemon at `address`: this daemon itself for a
+ * self address, else a remote daemon this one connected to at that
+ * address and that greeted as `node`, or that advertised it first
+ * (droute_ucx_node_is_at).  How a member knows a PLAN came from its
+ * job's coordinator. */
+int route_node_is_at(const char *node, const char *address);
 
 /* Send one record.  msg is packed here; data (len bytes, PAYLOAD only, may
  * be NULL) is copied for local delivery.  Returns 0 or a negative errno. */

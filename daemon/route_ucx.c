@@ -81,6 +81,9 @@ struct rnode {
 	struct rnode *next;
 	char name[DROUTE_NODE_MAX];
 	char addr[DROUTE_ADDR_MAX];
+	/* An address we connected to and that greeted with this name: what
+	 * droute_ucx_node_is_at trusts (an advertised addr is the peer's word). */
+	char dialed[DROUTE_ADDR_MAX];
 	enum rstate state;
 	uint64_t since_ns, last_fail_ns, incarnation;
 	struct rlink *links;
@@ -113,6 +116,8 @@ struct droute_ucx {
 	size_t parked_bytes;       /* held by every node's parked list */
 	void (*close_cb)(void *);
 	void *close_arg;
+	char listen_error[160];    /* the listener's last bind failure ("" once bound) */
+	uint64_t listen_tries;     /* binds tried after init's */
 };
 
 static struct droute_ucx *daemon_router;
@@ -126,8 +131,9 @@ static const char *const type_names[] = {
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED] = "STAGED",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED] = "APPLIED",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED] = "REFUSED",
+	[DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK] = "PLAN_ACK",
 };
-#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED
+#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK
 
 const char *droute_ucx_type_name(unsigned type)
 {
@@ -282,6 +288,17 @@ static struct rnode *node_by_addr(struct droute_ucx *r, const char *addr)
 	for (n = r->nodes; n; n = n->next)
 		if (n->addr[0] && strcmp(n->addr, addr) == 0)
 			return n;
+	return NULL;
+}
+
+/* A node other than n, up, that we connected to at addr or that holds it
+ * already: first come keeps it. */
+static struct rnode *addr_taken(struct droute_ucx *r, const struct rnode *n, const char *addr)
+{
+	for (struct rnode *o = r->nodes; o; o = o->next)
+		if (o != n && o->state == N_UP && o->name[0] &&
+		    (!strcmp(o->dialed, addr) || !strcmp(o->addr, addr)))
+			return o;
 	return NULL;
 }
 
@@ -669,6 +686,18 @@ int droute_ucx_send_addr(struct droute_ucx *r, const char *hostport, unsigned ty
 	return hostport ? send_msg(r, NULL, hostport, type, msg, data, len) : -EINVAL;
 }
 
+int droute_ucx_node_is_at(const struct droute_ucx *r, const char *node, const char *hostport)
+{
+	const struct rnode *n;
+
+	if (!r || !node || !hostport || !*hostport)
+		return 0;
+	for (n = r->nodes; n; n = n->next)
+		if (n->name[0] && !strcmp(n->name, node))
+			return !strcmp(n->dialed, hostport) || !strcmp(n->addr, hostport);
+	return 0;
+}
+
 int droute_ucx_learn(struct droute_ucx *r, const char *node, const char *hostport)
 {
 	struct rnode *n;
@@ -843,7 +872,14 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 		}
 		memcpy(addr, hdr, hlen);
 		addr[hlen] = '\0';
-		if (dconf_parse_hostport(addr, NULL, 0, NULL) == 0 && l->inc != n->incarnation) {
+		if (addr_taken(r, n, addr)) {
+			/* Another live node holds that address (we reached it
+			 * there, or it advertised it first): an advertisement must
+			 * not take it over (droute_ucx_node_is_at trusts it). */
+			r->st.bad++;
+			DLOG_W("route: node %s advertised %s, where node %s answered; ignored", n->name,
+			       addr, addr_taken(r, n, addr)->name);
+		} else if (dconf_parse_hostport(addr, NULL, 0, NULL) == 0 && l->inc != n->incarnation) {
 			/* Not (yet) the node's current incarnation: an address
 			 * from it must not redirect our connects. */
 			snprintf(l->addr, sizeof(l->addr), "%s", addr);
@@ -1016,6 +1052,12 @@ static void on_up(dte_peer_ctx_t *ctx, dte_peer_t *peer)
 		return;
 	}
 	n = node_by_name(r, name);
+	if (target && l->outgoing && target->addr[0]) {
+		/* We connected to this address and it greeted as `name`. */
+		if (n)
+			snprintf(n->dialed, sizeof(n->dialed), "%s", target->addr);
+		snprintf(target->dialed, sizeof(target->dialed), "%s", target->addr);
+	}
 	if (target && !target->name[0]) {
 		if (n && n != target) {
 			struct rnode **pp;
@@ -1205,6 +1247,40 @@ static void peer_log(int level, const char *msg, void *user)
 	     "peer: %s", msg);
 }
 
+int droute_ucx_listen(struct droute_ucx *r, const char *listen_address, uint16_t listen_port,
+		      const char *advertise)
+{
+	uint16_t bound = 0;
+	int rc;
+
+	if (!r || !listen_address || !*listen_address)
+		return -EINVAL;
+	if (r->address[0])
+		return -EALREADY;
+	rc = dte_peer_listen(&r->ctx, listen_address, listen_port, &bound);
+	if (rc < 0) {
+		DLOG_E("route: cannot listen for peers on %s:%u: %s", listen_address, listen_port,
+		       strerror(-rc));
+		snprintf(r->listen_error, sizeof(r->listen_error), "cannot bind %s:%u: %s",
+			 listen_address, listen_port, strerror(-rc));
+		return rc;
+	}
+	r->listen_error[0] = '\0';
+	if (advertise && *advertise) {
+		snprintf(r->address, sizeof(r->address), "%s", advertise);
+	} else {
+		char host[64];
+
+		if (is_wildcard(listen_address))
+			host_address(host, sizeof(host));
+		else
+			snprintf(host, sizeof(host), "%s", listen_address);
+		snprintf(r->address, sizeof(r->address), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
+			 host, bound);
+	}
+	return 0;
+}
+
 int droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop, const struct droute_ucx_params *p)
 {
 	dte_peer_params_t pp = {
@@ -1216,7 +1292,6 @@ int droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop, const struct drout
 		.log_cb = peer_log,
 	};
 	struct droute_ucx *r;
-	uint16_t bound = 0;
 	unsigned type;
 	int rc;
 
@@ -1259,26 +1334,9 @@ int droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop, const struct drout
 				     type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ? on_alloc : NULL, r);
 	dte_peer_handler_set(&r->ctx, DROUTE_MSG_ADDR, on_recv, NULL, r);
 
-	if (p->listen_address && *p->listen_address) {
-		rc = dte_peer_listen(&r->ctx, p->listen_address, p->listen_port, &bound);
-		if (rc < 0) {
-			DLOG_E("route: cannot listen for peers on %s:%u: %s", p->listen_address,
-			       p->listen_port, strerror(-rc));
-			goto fail;
-		}
-		if (p->advertise && *p->advertise) {
-			snprintf(r->address, sizeof(r->address), "%s", p->advertise);
-		} else {
-			char host[64];
-
-			if (is_wildcard(p->listen_address))
-				host_address(host, sizeof(host));
-			else
-				snprintf(host, sizeof(host), "%s", p->listen_address);
-			snprintf(r->address, sizeof(r->address), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
-				 host, bound);
-		}
-	}
+	if (p->listen_address && *p->listen_address &&
+	    (rc = droute_ucx_listen(r, p->listen_address, p->listen_port, p->advertise)) < 0)
+		goto fail;
 	if (p->staging_bytes) {
 		r->stage = mmap(NULL, p->staging_bytes, PROT_READ | PROT_WRITE,
 				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1392,6 +1450,21 @@ void droute_ucx_close(struct droute_ucx *r, void (*cb)(void *arg), void *arg)
 const char *droute_ucx_node(const struct droute_ucx *r)
 {
 	return r ? r->node : "";
+}
+
+const char *droute_ucx_listen_error(const struct droute_ucx *r, uint64_t *tries)
+{
+	if (tries)
+		*tries = r ? r->listen_tries : 0;
+	return r ? r->listen_error : "";
+}
+
+void droute_ucx_listen_failed(struct droute_ucx *r, const char *why, uint64_t tries)
+{
+	if (!r)
+		return;
+	snprintf(r->listen_error, sizeof(r->listen_error), "%s", why);
+	r->listen_tries = tries;
 }
 
 const char *droute_ucx_address(const struct droute_ucx *r)

@@ -98,6 +98,15 @@ int  droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop,
 		     const struct droute_ucx_params *p);
 /* Close every link and the context; cb(arg) runs once the loop holds
  * nothing of the router's (then it is freed). */
+/* Start the peer listener of a router made without one (init's listen
+ * failed: main.c retries); sets its advertised address.  0, -EALREADY
+ * when it listens already, or a negative errno (logged). */
+int  droute_ucx_listen(struct droute_ucx *r, const char *listen_address, uint16_t listen_port,
+		       const char *advertise);
+/* Why the configured listener is not bound ("" when it is, or none was
+ * configured) and how many binds were retried (main.c). */
+const char *droute_ucx_listen_error(const struct droute_ucx *r, uint64_t *tries);
+void droute_ucx_listen_failed(struct droute_ucx *r, const char *why, uint64_t tries);
 void droute_ucx_close(struct droute_ucx *r, void (*cb)(void *arg), void *arg);
 
 const char *droute_ucx_node(const struct droute_ucx *r);
@@ -106,6 +115,12 @@ const char *droute_ucx_address(const struct droute_ucx *r);
 
 /* Address book: node -> host:port (from PLAN maps and JOINs).  A changed
  * address takes effect at the next connect. */
+/* True when the daemon greeting as `node` is at hostport: this router
+ * connected there and it greeted so, or it advertised that address (an
+ * advertisement of an address another live node holds is ignored, first
+ * come).  The engine's test of "this record came from the daemon at the
+ * address I was given", e.g. a job's coordinator. */
+int  droute_ucx_node_is_at(const struct droute_ucx *r, const char *node, const char *hostport);
 int  droute_ucx_learn(struct droute_ucx *r, const char *node, const char *hostport);
 
 /* Send a record to a node by name (needs a live link or a known address),

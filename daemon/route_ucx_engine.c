@@ -29,6 +29,11 @@ static void *engine_take(void *arg, const void *data)
 	return droute_ucx_take(arg, data);
 }
 
+static int engine_node_is_at(void *arg, const char *node, const char *address)
+{
+	return droute_ucx_node_is_at(arg, node, address);
+}
+
 static void engine_down(void *arg, const char *node, const char *reason)
 {
 	route_node_down(node);
@@ -38,7 +43,7 @@ void droute_ucx_attach_engine(struct droute_ucx *r)
 {
 	struct route_transport rr = { .name = "ucx", .send = engine_send,
 				      .send_given = engine_send_given, .take = engine_take,
-				      .arg = r };
+				      .node_is_at = engine_node_is_at, .arg = r };
 
 	if (!r) {
 		route_set_remote(NULL);

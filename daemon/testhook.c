@@ -19,6 +19,8 @@ enum fault {
 	F_REORDER,
 	F_CAPTURE_STALL,
 	F_WRONG_VALUE,
+	F_DROP_JOIN,
+	F_DROP_PLAN,
 };
 
 static const struct {
@@ -32,6 +34,8 @@ static const struct {
 	{ "reorder", F_REORDER },
 	{ "capture-stall", F_CAPTURE_STALL },
 	{ "wrong-value", F_WRONG_VALUE },
+	{ "drop-join", F_DROP_JOIN },
+	{ "drop-plan", F_DROP_PLAN },
 };
 
 struct held {
@@ -52,6 +56,7 @@ static struct {
 	unsigned seen;
 	uint64_t corrupted;      /* last version corrupted (once each) */
 	struct held *held;
+	uint64_t ctl_sent;       /* drop-join: remote JOINs so far */
 } th;
 
 /* Outside th: th is reset at init, a handle the loop knows must not be. */
@@ -166,7 +171,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value)", env);
+		       "capture-stall wrong-value drop-join drop-plan)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -213,6 +218,30 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
 
 	if (th.dying)
 		return 1;
+	if (th.fault == F_DROP_JOIN && type == DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN) {
+		/* The n-th remote JOIN is lost on the way (a dying link): the
+		 * retry must bring membership together anyway. */
+		if (!version_hit(++th.ctl_sent))
+			return 0;
+		DLOG_W("test hook: drop-join: JOIN #%llu dropped", (unsigned long long)th.ctl_sent);
+		return 1;
+	}
+	if (th.fault == F_DROP_PLAN && type == DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN) {
+		/* The first PLAN of the coordinator's n-th plan (its term's
+		 * counter) is lost: nothing newer supersedes it, so only the
+		 * retry can deliver it. */
+		Dtep__Plan *m = dtep__plan__unpack(NULL, hdrlen, hdr);
+		uint64_t term = m ? m->epoch : 0, n = term & ((1ull << 24) - 1);
+
+		if (m)
+			dtep__plan__free_unpacked(m, NULL);
+		if (!n || !version_hit(n) || th.corrupted == term)
+			return 0;
+		th.corrupted = term;
+		DLOG_W("test hook: drop-plan: PLAN of plan %llu (term %llx) dropped",
+		       (unsigned long long)n, (unsigned long long)term);
+		return 1;
+	}
 	if (th.fault != F_DIE_COUNTS && th.fault != F_DIE_PAYLOAD)
 		return 0;
 	want = th.fault == F_DIE_COUNTS ? DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS

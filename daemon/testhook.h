@@ -33,6 +33,13 @@
  *                     has passed every staging check, one of its values is
  *                     flipped: a well-formed payload with a wrong value,
  *                     which only the apply's checksum can catch.
+ *   drop-join         sender: the <version>-th JOIN sent to another daemon
+ *                     (counted from 1; with a period, every period-th after
+ *                     it) is dropped, as a dying link would lose it.
+ *   drop-plan         coordinator: the first PLAN sent to another daemon of
+ *                     its <version>-th plan (the term's counter, see
+ *                     proto/peer_protocol.h; with a period, also of every
+ *                     period-th plan after it) is dropped.
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.

@@ -20,4 +20,4 @@ $(B)/bin/dte-peer-probe: $(B)/obj/daemon/peer/peer_probe.o $(B)/lib/libdtepeer.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(PKG_LIBS)
 
 BINS += $(B)/bin/dte-peer-probe
-SYSTEM_TESTS += tests/system/peer_loopback.sh tests/system/peer_netns.sh
+SYSTEM_TESTS += tests/system/peer_loopback.sh tests/system/peer_netns.sh tests/system/peer_listen_retry.py

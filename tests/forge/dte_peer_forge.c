@@ -14,10 +14,11 @@
  *           [part=N] [first_entry=N] [part_entries=N]"
  *                                     (one part 0 over every entry of the
  *                                      last COUNTS sent, unless given)
- *   "join job=J token=T node=N address=A spec_hash=H [peer_proto=N]"
- *                                     (peer_proto default: this build's)
+ *   "join job=J token=T node=N address=A spec_hash=H [peer_proto=N]
+ *          [join_boot=B join_seq=S]"  (peer_proto default: this build's)
  *   "leave job=J token=T node=N participants=1,2"
- *   "plan job=J token=T epoch=E [peer_proto=N]"   (no participants, no entries)
+ *   "plan job=J token=T epoch=E [peer_proto=N] [join_seq=S]"
+ *                                     (no participants, no entries)
  *   "staged job=J token=T version=V src=S dst=D"
  *   "applied job=J token=T version=V dst=D result=N message=TEXT"
  *   "raw type=N hex=0a03..."          (bytes no encoder would produce)
@@ -331,6 +332,8 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.peer_proto = (uint32_t)getu(f, "peer_proto", PEER_PROTO_VERSION);
 		m.node = (char *)get(f, "node", "");
 		m.address = (char *)get(f, "address", "");
+		m.join_boot = getu(f, "join_boot", 0);
+		m.join_seq = getu(f, "join_seq", 0);
 		plen = dtep__join__get_packed_size(&m);
 		packed = malloc(plen + 1);
 		dtep__join__pack(&m, packed);
@@ -352,6 +355,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.job = &ref;
 		m.epoch = getu(f, "epoch", 0);
 		m.peer_proto = (uint32_t)getu(f, "peer_proto", PEER_PROTO_VERSION);
+		m.join_seq = getu(f, "join_seq", 0);
 		plen = dtep__plan__get_packed_size(&m);
 		packed = malloc(plen + 1);
 		dtep__plan__pack(&m, packed);

@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_job_peer.c — a job's peer ingestion against live state:
- * job_peer_recv() with COUNTS, PAYLOAD, PLAN, JOIN, LEAVE, STAGED, APPLIED
- * and REFUSED records, as another daemon's records reach it, while the job
+ * job_peer_recv() with COUNTS, PAYLOAD, PLAN, JOIN, LEAVE, STAGED, APPLIED,
+ * REFUSED and PLAN_ACK records, as another daemon's records reach it, while the job
  * holds real buffers and a version in flight.
  *
  * Each input starts from the same state, built with the engine's own entry
@@ -841,6 +841,7 @@ static void write_seeds(const char *dir)
 		Dtep__Join jn = DTEP__JOIN__INIT;
 		Dtep__Leave lv = DTEP__LEAVE__INIT;
 		Dtep__Plan pl = DTEP__PLAN__INIT;
+		Dtep__PlanAck pa2 = DTEP__PLAN_ACK__INIT;
 		uint64_t ids[2] = { src.participant, sink.participant };
 		struct rec r = { 0 };
 		struct job *j = job_find("fj");
@@ -858,6 +859,11 @@ static void write_seeds(const char *dir)
 		jn.n_participants = 1;
 		jn.participants = pp;
 		jn.peer_proto = PEER_PROTO_VERSION;
+		jn.join_boot = 77;
+		jn.join_seq = 1;
+		pa2.job = &ref;
+		pa2.epoch = j->epoch;
+		pa2.node = "peer2";
 		lv.job = &ref;
 		lv.node = "fz";
 		lv.n_participants = 2;
@@ -879,6 +885,16 @@ static void write_seeds(const char *dir)
 		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl.base, NULL, 0);
 		n = seed_raw(b, &r, 0);
 		seed_write(dir, "plan-from-evil", b, n);
+		free(r.msg), free(r.data);
+		/* Version 4: a JOIN then its duplicate (answered, nothing
+		 * re-planned), and a PLAN_ACK from that member. */
+		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+		n = seed_raw(b, &r, 2);
+		n += seed_raw(b + n, &r, 2);
+		free(r.msg), free(r.data);
+		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &pa2.base, NULL, 0);
+		n += seed_raw(b + n, &r, 2);
+		seed_write(dir, "join-dup-and-plan-ack", b, n);
 		free(r.msg), free(r.data);
 	}
 	teardown();

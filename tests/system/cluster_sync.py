@@ -30,7 +30,7 @@ import harness  # sets ROOT and B, puts client/python on sys.path
 
 B = harness.B
 
-from cluster_sync_lib import Daemon, Netns, Workdir, asan_reexec, child_env, forge  # noqa: E402,E501
+from cluster_sync_lib import Daemon, Netns, Workdir, asan_reexec, child_env, forge, peer_proto_version  # noqa: E402,E501
 
 asan_reexec([sys.executable] + sys.argv)
 
@@ -128,13 +128,10 @@ def misbehave(c, tmp, target, coord, ns_of, dev_of, sink, held, sources, epoch, 
     # A JOIN from a daemon of another peer protocol, or of another model:
     # the coordinator refuses it with the reason, the job goes on.
     # (The forger greets as "oldpeer": a JOIN speaks for its sender only.)
-    # The model check needs this release's protocol, read from the source.
-    import re
-    with open(os.path.join(harness.ROOT, "daemon", "job.h")) as f:
-        proto = int(re.search(r"#define PEER_PROTO_VERSION (\d+)u", f.read()).group(1))
     rc, out = forge(coord.address,
                     ["join job=%s token=%s node=oldpeer address=10.9.9.9:1 spec_hash=%d "
-                     "peer_proto=%d" % (JOB, TOKEN, h, p) for h, p in ((0, 1), (0, 0), (1, proto))],
+                     "peer_proto=%d" % (JOB, TOKEN, h, p)
+                     for h, p in ((0, 1), (0, 0), (1, peer_proto_version()))],
                     node="oldpeer", expect=3, netns=ns_of(coord), dev=dev_of(coord))
     refused = [x for x in out if x.startswith("recv REFUSED")]
     c.check(len(refused) == 3 and "peer protocol 1;" in refused[0] and

@@ -43,6 +43,7 @@ class Daemon:
         self.proc = None
         self.address = None
         self.starts = 0
+        self.listen_port = 0     # 0: any; a fault test pins a restart to its old port
 
     def env(self):
         # A killed peer must be noticed in seconds, not UCX's default.
@@ -63,7 +64,7 @@ class Daemon:
         env = self.env()
         harness.hook_binary_check(self.binary(), env)
         cmd = [self.binary(), "--foreground", "--config", self.conf, "--socket", self.sock,
-               "--peer-listen", "%s:0" % self.host]
+               "--peer-listen", "%s:%d" % (self.host, self.listen_port)]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         log = open(self.logpath, "a")
@@ -206,3 +207,11 @@ class Workdir:
     def close(self, keep=False):
         if not keep:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def peer_proto_version():
+    """PEER_PROTO_VERSION of this tree (proto/peer_protocol.h)."""
+    import re
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    with open(os.path.join(root, "proto", "peer_protocol.h")) as f:
+        return int(re.search(r"#define PEER_PROTO_VERSION\s+(\d+)u", f.read()).group(1))

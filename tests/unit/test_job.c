@@ -871,6 +871,76 @@ static void test_sync_and_misbehaving_peer(void **state)
 			assert_int_equal(j->nparts, 2);
 			assert_non_null(job_pair(j, src.participant, sink.participant));
 		}
+		/* Peer protocol 4 (proto/peer_protocol.h): terms are this job's
+		 * boot and a counter; a JOIN is answered by a PLAN and its
+		 * duplicate changes nothing; a PLAN_ACK of the member's plan is
+		 * taken, one of another term ignored; a member's JOIN leaving
+		 * with no participants drops it. */
+		{
+			Dtep__Join jn = DTEP__JOIN__INIT;
+			Dtep__PlanAck ack = DTEP__PLAN_ACK__INIT;
+			Dtep__Participant pa = DTEP__PARTICIPANT__INIT, *pp[1] = { &pa };
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+			uint64_t t0 = j->coord_epoch;
+			struct jmember *m;
+
+			assert_int_equal(peer_term_boot(t0), j->boot);
+			assert_true(peer_term_counter(t0) >= 1);
+			assert_true(t0 < (1ull << 63));
+			assert_int_equal(peer_term(peer_term_boot(t0), peer_term_counter(t0)), t0);
+			ref.job = "tj";
+			ref.token = "tok";
+			pa.id = 0x4242400000001ull;
+			pa.role = DTEP__ROLE__ROLE_SINK;
+			pa.layout = "sglang:tp=1";
+			pa.replica = 7;
+			pa.node = "peer2";
+			jn.job = &ref;
+			jn.spec_hash = spec.hash;
+			jn.node = "peer2";
+			jn.address = "127.0.0.1:1";
+			jn.n_participants = 1;
+			jn.participants = pp;
+			jn.peer_proto = PEER_PROTO_VERSION;
+			jn.join_boot = 99;
+			jn.join_seq = 1;
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+			assert_int_equal(j->coord_epoch, t0 + 1);
+			for (m = j->members; m && strcmp(m->node, "peer2"); m = m->next)
+				;
+			assert_non_null(m);
+			assert_int_equal(m->join_seq, 1);
+			assert_int_equal(m->plan_term, t0 + 1);
+			assert_true(m->acked_term != m->plan_term);
+			/* the same JOIN again (a retry): no new plan */
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+			assert_int_equal(j->coord_epoch, t0 + 1);
+			/* an older term's ack is ignored, the current one taken */
+			ack.job = &ref;
+			ack.node = "peer2";
+			ack.epoch = t0;
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &ack.base, NULL, 0);
+			assert_true(m->acked_term != m->plan_term);
+			ack.epoch = t0 + 1;
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &ack.base, NULL, 0);
+			assert_int_equal(m->acked_term, t0 + 1);
+			/* a JOIN of another peer protocol is refused, nothing changes */
+			jn.peer_proto = PEER_PROTO_MIN_VERSION - 1;
+			jn.join_seq = 2;
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+			assert_int_equal(j->coord_epoch, t0 + 1);
+			/* it leaves: re-planned without it */
+			jn.peer_proto = PEER_PROTO_VERSION;
+			jn.join_seq = 3;
+			jn.n_participants = 0;
+			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+			assert_int_equal(j->coord_epoch, t0 + 2);
+			for (m = j->members; m && strcmp(m->node, "peer2"); m = m->next)
+				;
+			assert_null(m);
+			/* this daemon's own member side holds the newest term */
+			assert_int_equal(j->epoch, t0 + 2);
+		}
 	}
 	assert_true(unchanged(snap));
 	free(snap);

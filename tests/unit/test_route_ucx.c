@@ -52,6 +52,7 @@ struct side {
 
 static uv_loop_t loop;
 static size_t next_queue_max;   /* for the next side_start; 0 = default */
+static const char *next_advertise; /* for the next side_start; NULL = its own */
 static int next_any_order;      /* for the next side_start: payload_any_order */
 
 static uint8_t pattern(uint64_t seed, size_t i)
@@ -126,6 +127,7 @@ static void side_start(struct side *s, const char *name, int listen, unsigned pa
 		.staging_bytes = 4u << 20,
 		.park_timeout_ms = park_ms,
 		.queue_max_bytes = next_queue_max,
+		.advertise = next_advertise,
 		.payload_any_order = next_any_order,
 		.recv = on_recv,
 		.down = on_down,
@@ -135,7 +137,9 @@ static void side_start(struct side *s, const char *name, int listen, unsigned pa
 	memset(s, 0, sizeof(*s));
 	s->name = name;
 	assert_int_equal(droute_ucx_init(&s->r, &loop, &p), 0);
-	if (listen)
+	if (listen && next_advertise)
+		assert_string_equal(droute_ucx_address(s->r), next_advertise);
+	else if (listen)
 		assert_true(strncmp(droute_ucx_address(s->r), "127.0.0.1:", 10) == 0);
 	else
 		assert_string_equal(droute_ucx_address(s->r), "");
@@ -340,6 +344,44 @@ static void test_by_address_then_name(void **state)
 	pi = find_peer(&b, "node-a", info, 8);
 	assert_non_null(pi);
 	assert_string_equal(pi->state, "down");
+	side_stop(&b);
+}
+
+/* Where a node is (how a member knows its coordinator's PLANs): the
+ * address we dialed and it answered at; a third node advertising that
+ * address does not take it over. */
+static void test_node_is_at(void **state)
+{
+	struct side a, b, c;
+	Dtep__JobRef j = job_ref();
+	Dtep__Join join = DTEP__JOIN__INIT;
+	uint8_t h[256];
+	size_t n = pack_counts(h, 1, 1, 2);
+	char addr_b[DROUTE_ADDR_MAX];
+
+	side_start(&b, "coord", 1, 0);
+	side_start(&a, "member", 1, 0);
+	snprintf(addr_b, sizeof(addr_b), "%s", droute_ucx_address(b.r));
+	assert_false(droute_ucx_node_is_at(a.r, "coord", addr_b));
+	join.job = &j;
+	join.node = "member";
+	assert_int_equal(droute_ucx_send_addr(a.r, addr_b, T_JOIN, &join.base, NULL, 0), 0);
+	assert_true(wait_got(&b, 1));
+	assert_true(droute_ucx_node_is_at(a.r, "coord", addr_b));
+	assert_false(droute_ucx_node_is_at(a.r, "coord", "127.0.0.1:1"));
+	assert_false(droute_ucx_node_is_at(a.r, "nobody", addr_b));
+
+	next_advertise = addr_b;          /* a forger claiming the coordinator's address */
+	side_start(&c, "forger", 1, 0);
+	next_advertise = NULL;
+	assert_int_equal(droute_ucx_send_packed(c.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
+						NULL, 0), 0);
+	assert_true(wait_got(&a, 1));
+	assert_string_equal(a.got[0].from, "forger");
+	assert_false(droute_ucx_node_is_at(a.r, "forger", addr_b));
+	assert_true(droute_ucx_node_is_at(a.r, "coord", addr_b));
+	side_stop(&c);
+	side_stop(&a);
 	side_stop(&b);
 }
 
@@ -812,6 +854,7 @@ int main(void)
 		cmocka_unit_test(test_conf_peer),
 		cmocka_unit_test_setup_teardown(test_bad_args, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_by_address_then_name, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_node_is_at, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_before_counts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_any_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_direct_take, setup, teardown),

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <uv.h>
 #include "daemon/testhook.h"
+#include "proto/peer_protocol.h"
 
 static size_t pack_counts(uint64_t version, uint8_t *buf)
 {
@@ -128,6 +129,46 @@ static void test_die_in_payload_period(void **state)
 	done(loop);
 }
 
+static int send_join(void)
+{
+	Dtep__Join m = DTEP__JOIN__INIT;
+	uint8_t buf[64];
+
+	return testhook_send(DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, buf, dtep__join__pack(&m, buf));
+}
+
+static int send_plan(uint64_t term)
+{
+	Dtep__Plan m = DTEP__PLAN__INIT;
+	uint8_t buf[64];
+
+	m.epoch = term;
+	return testhook_send(DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, buf, dtep__plan__pack(&m, buf));
+}
+
+/* drop-join@2: the second JOIN only; drop-plan@3: the first PLAN of the
+ * coordinator's third plan (a term's counter), its retry goes. */
+static void test_drop_join_plan(void **state)
+{
+	uv_loop_t *loop = *state;
+	uint64_t boot = 0x1234567ull << PEER_TERM_COUNTER_BITS;
+
+	with_hook("drop-join@2", loop);
+	assert_int_equal(send_join(), 0);
+	assert_int_equal(send_join(), 1);
+	assert_int_equal(send_join(), 0);
+	assert_int_equal(send_plan(boot | 2), 0);   /* other kinds untouched */
+	assert_int_equal(send_counts(2), 0);
+	done(loop);
+	with_hook("drop-plan@3", loop);
+	assert_int_equal(send_plan(boot | 2), 0);
+	assert_int_equal(send_join(), 0);
+	assert_int_equal(send_plan(boot | 3), 1);
+	assert_int_equal(send_plan(boot | 3), 0);   /* the retry */
+	assert_int_equal(send_plan(boot | 4), 0);
+	done(loop);
+}
+
 static int setup(void **state)
 {
 	uv_loop_t *loop = malloc(sizeof(*loop));
@@ -156,6 +197,7 @@ int main(void)
 		cmocka_unit_test(test_bad_specs_refused),
 		cmocka_unit_test(test_die_in_counts_cut_point),
 		cmocka_unit_test(test_die_in_payload_period),
+		cmocka_unit_test(test_drop_join_plan),
 	};
 
 	return cmocka_run_group_tests_name("testhook", tests, setup, teardown);

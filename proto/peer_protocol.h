@@ -1,0 +1,103 @@
+/* proto/peer_protocol.h — the peer protocol between dted daemons: its
+ * version, the versions a daemon accepts, and the rules of the control
+ * records (JOIN, PLAN, PLAN_ACK) that proto/peer.proto cannot say.
+ *
+ * The records themselves are proto/peer.proto (one UCX active message
+ * each, AM id = PeerMsgType).  docs/SYNC.md draws the coordinator's
+ * membership and plan-term state machine.
+ *
+ * ## Versions
+ * JOIN and PLAN carry peer_proto, the sender's PEER_PROTO_VERSION.  A
+ * coordinator refuses a JOIN, and a member a PLAN, whose peer_proto is
+ * outside [PEER_PROTO_MIN_VERSION, PEER_PROTO_VERSION], with the reason
+ * (0 means a daemon from before the field: protocol 1).  Bump
+ * PEER_PROTO_VERSION when an existing message changes meaning; raise
+ * PEER_PROTO_MIN_VERSION when this daemon can no longer serve a peer of
+ * the old version.  New fields stay additive in peer.proto.
+ *
+ *   1  dted 0.1.0  JOIN, LEAVE, PLAN, COUNTS, PAYLOAD, STAGED, APPLIED.
+ *   2  a pair's payload goes in parts while the source still detects:
+ *      PAYLOAD names its part and entry range, COUNTS goes last and names
+ *      how many parts make up payload_bytes.  JOIN and PLAN carry
+ *      peer_proto.
+ *   3  COUNTS' partial checksums are sum key(i)*bf16(i) (gpu/elem.h,
+ *      dtc_csum_term), no longer splitmix64 per element: a v2 sink would
+ *      fail every version's checksum.  (main, 7472cb3)
+ *   4  control records survive restarts and losses:
+ *      - a plan epoch is a term (below), not a per-process counter from 0;
+ *      - JOIN carries (join_boot, join_seq); the coordinator answers every
+ *        JOIN with a PLAN echoing join_seq (the JOIN's acknowledgement);
+ *      - PLAN_ACK (new type 9) acknowledges a PLAN's term;
+ *      - JOIN and PLAN are retried with backoff until acknowledged;
+ *      - a member takes PLANs only from the job's coordinator.
+ *      An older daemon reads a term as an epoch and never acknowledges,
+ *      so the supported range is 4..4.
+ *
+ * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
+ *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
+ * boot is PEER_TERM_BOOT_BITS random bits (never 0) the coordinator draws
+ * when it creates the job, so every coordinator process (a restart, a
+ * re-created job) plans under a boot of its own; counter counts that
+ * boot's plans from 1.  A counter that would overflow draws a new boot.
+ * Terms are below 2^63 (JSON tools that hold integers as int64).
+ *   - Same boot: the larger counter is newer.
+ *   - Another boot: the new coordinator supersedes the old one; the member
+ *     retires the old boot (the last PEER_TERM_RETIRED kept) and refuses
+ *     any later PLAN of a retired boot.
+ * Data records compare terms for equality only (a sink refuses COUNTS and
+ * PAYLOAD of any other term), so a version in flight under the old term
+ * is refused cleanly and its source sends the next version dense.
+ *
+ * ## Acknowledgement and retry
+ * JOIN: retried while the member has not seen a PLAN echoing its newest
+ * join_seq, first after PEER_RETRY_FIRST_MS, doubling to PEER_RETRY_MAX_MS,
+ * for as long as the member has participants (membership must converge;
+ * an attach waiting on it has its own deadline).  A member that hears its
+ * coordinator go down marks its JOIN unacknowledged: it rejoins when the
+ * coordinator is back, without operator action.
+ * PLAN: retried to a member until it acknowledges the term (PLAN_ACK),
+ * same backoff, until PEER_PLAN_DEADLINE_MS after the plan was made; then
+ * the coordinator logs it and stops (the member's JOIN retry, or its
+ * peer-down event, takes over).
+ * Duplicates are idempotent: a JOIN with a join_seq already processed for
+ * that join_boot is answered with the current PLAN and changes nothing; a
+ * PLAN of the member's current term is acknowledged again and changes
+ * nothing; a PLAN_ACK of a term not current is ignored.
+ */
+#ifndef DTE_PEER_PROTOCOL_H
+#define DTE_PEER_PROTOCOL_H
+
+#include <stdint.h>
+
+#define PEER_PROTO_VERSION     4u
+#define PEER_PROTO_MIN_VERSION 4u
+
+#define PEER_TERM_COUNTER_BITS 24
+#define PEER_TERM_BOOT_BITS    39
+#define PEER_TERM_RETIRED      8
+
+#define PEER_RETRY_FIRST_MS    200u
+#define PEER_RETRY_MAX_MS      3200u
+#define PEER_PLAN_DEADLINE_MS  60000u
+
+static inline uint64_t peer_term(uint64_t boot, uint64_t counter)
+{
+	return boot << PEER_TERM_COUNTER_BITS | counter;
+}
+
+static inline uint64_t peer_term_boot(uint64_t term)
+{
+	return term >> PEER_TERM_COUNTER_BITS;
+}
+
+static inline uint64_t peer_term_counter(uint64_t term)
+{
+	return term & ((1ull << PEER_TERM_COUNTER_BITS) - 1);
+}
+
+static inline int peer_proto_supported(uint32_t v)
+{
+	return v >= PEER_PROTO_MIN_VERSION && v <= PEER_PROTO_VERSION;
+}
+
+#endif

@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""A dted whose peer port is held by another process at start: it still
+serves clients, reports the missing listener (dtectl peers: address "",
+listen_error, listen_retries growing; metrics: dted_peer_listener 0; the
+log: each failed retry), and binds the port on its own once it is free
+(the retry timer in daemon/main.c), never staying silently without one.
+
+Prints `peer-listen-retry: held_retries=N bound_after_s=S`.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+B = os.environ.get("B", "build")
+if not os.path.isabs(B):
+    B = os.path.join(ROOT, B)
+DTED, DTECTL = os.path.join(B, "bin", "dted"), os.path.join(B, "bin", "dtectl")
+
+
+def fail(msg, log=None):
+    print("FAIL: %s" % msg)
+    if log and os.path.exists(log):
+        with open(log, errors="replace") as f:
+            print(f.read()[-3000:])
+    sys.exit(1)
+
+
+def ctl(sock, *args):
+    r = subprocess.run([DTECTL, "--socket", sock, "--json"] + list(args), capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return r.stdout
+
+
+def wait_for(what, cond, wait_s, log):
+    end = time.time() + wait_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.time() > end:
+            fail("%s within %.0f s" % (what, wait_s), log)
+        time.sleep(0.05)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="dte-listen-")
+    sock, conf, log = (os.path.join(tmp, x) for x in ("d.sock", "d.conf", "d.log"))
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    with open(conf, "w") as f:
+        f.write("[daemon]\nnode_name = lr\nlog_level = info\nruntime_dir = %s\n" % tmp)
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    env.pop("DTE_TEST_HOOK", None)
+    with open(log, "w") as lf:
+        proc = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
+                                 "--peer-listen", "127.0.0.1:%d" % port], stdout=lf, stderr=lf,
+                                env=env)
+    try:
+        wait_for("dted serving its control socket",
+                 lambda: proc.poll() is None and os.path.exists(sock) and ctl(sock, "peers"),
+                 20, log)
+        p = ctl(sock, "peers")
+        if p.get("address"):
+            fail("dted claims listener %s on a port another process holds" % p["address"], log)
+        if "cannot bind 127.0.0.1:%d" % port not in p.get("listen_error", ""):
+            fail("dtectl peers does not say why there is no listener: %s" % p, log)
+        m = ctl(sock, "metrics")
+        text = m if isinstance(m, str) else json.dumps(m)
+        if "dted_peer_listener" not in text:
+            fail("no dted_peer_listener metric: %s" % text[:300], log)
+        # The retry goes on (and is logged) while the port stays held.
+        held = wait_for("two failed bind retries, shown by dtectl peers",
+                        lambda: (ctl(sock, "peers") or {}).get("listen_retries", 0) >= 2 and
+                        (ctl(sock, "peers") or {}).get("listen_retries"), 20, log)
+        with open(log, errors="replace") as f:
+            if "listener retry 1 failed: cannot bind" not in f.read():
+                fail("the failed retries are not logged", log)
+        t0 = time.time()
+        holder.close()
+        addr = wait_for("dted binding the freed port",
+                        lambda: (ctl(sock, "peers") or {}).get("address"), 30, log)
+        took = time.time() - t0
+        if addr != "127.0.0.1:%d" % port:
+            fail("bound %s, wanted 127.0.0.1:%d" % (addr, port), log)
+        p = ctl(sock, "peers")
+        if p.get("listen_error"):
+            fail("listen_error still set once bound: %s" % p, log)
+        with open(log, errors="replace") as f:
+            if "peers: listening on 127.0.0.1:%d after" % port not in f.read():
+                fail("the bind is not logged", log)
+        # It listens now: a peer connects and gets an answer (REFUSED:
+        # the job it names does not exist here).
+        r = subprocess.run([os.path.join(B, "bin", "dte-peer-forge"), "--to", addr, "--node",
+                            "prober", "--expect", "1", "staged job=nojob token=t version=1 "
+                            "src=1 dst=2"], capture_output=True, text=True, timeout=60, env=env)
+        if r.returncode != 0 or "recv REFUSED from lr" not in r.stdout:
+            fail("a peer got no answer from the listener: %s %s" % (r.stdout[-300:],
+                                                                   r.stderr[-300:]), log)
+        proc.terminate()
+        rc = proc.wait(20)
+        if rc != 0:
+            fail("dted exited %s after SIGTERM" % rc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        holder.close()
+    print("peer-listen-retry: held_retries=%d bound_after_s=%.2f" % (held, took))
+    subprocess.run(["rm", "-rf", tmp])
+
+
+if __name__ == "__main__":
+    main()
