@@ -33,6 +33,7 @@ static const struct {
 	[DCONF_K_MAX_STAGED_VERSIONS] = { "daemon", "max_staged_versions" },
 	[DCONF_K_VERIFY_FULL_EVERY] = { "daemon", "verify_full_every" },
 	[DCONF_K_PEER_PART_SIZE] = { "peer", "part_size" },
+	[DCONF_K_JOB_STATE_DIR] = { "daemon", "job_state_dir" },
 };
 
 struct parse_ctx {
@@ -187,6 +188,11 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 		if (*v != '/')
 			return bad_value(p, key, v, "an absolute path");
 		return copy_str(c->runtime_dir, sizeof(c->runtime_dir), v, p, key);
+	}
+	if (strcmp(key, "job_state_dir") == 0) {
+		if (*v && *v != '/')
+			return bad_value(p, key, v, "an absolute path or empty");
+		return copy_str(c->job_state_dir, sizeof(c->job_state_dir), v, p, key);
 	}
 	if (strcmp(key, "log_level") == 0) {
 		int l = dlog_level_parse(v);
@@ -443,6 +449,7 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	*source = c->src[i] < 3 ? srcname[c->src[i]] : "?";
 	switch ((enum dconf_key)i) {
 	case DCONF_K_RUNTIME_DIR: snprintf(val, vlen, "%s", c->runtime_dir); break;
+	case DCONF_K_JOB_STATE_DIR: snprintf(val, vlen, "%s", c->job_state_dir); break;
 	case DCONF_K_SOCKET: snprintf(val, vlen, "%s", c->socket); break;
 	case DCONF_K_SOCKET_GROUP: snprintf(val, vlen, "%s", c->socket_group); break;
 	case DCONF_K_ALLOW_UIDS:

@@ -13,6 +13,7 @@
 #include "daemon/job_cuda.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_int.h"
+#include "daemon/job_persist.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
@@ -683,6 +684,7 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
+	jpersist_save(rq);	/* a restart of this daemon creates it again */
 	rep->created = 1;
 	rep->coordinator = j->is_coord;
 	rep->spec_hash = j->spec.hash;

@@ -24,6 +24,7 @@
 #include "daemon/notify.h"
 #include "daemon/registry.h"
 #include "daemon/job.h"
+#include "daemon/job_persist.h"
 #include "daemon/route.h"
 #include "daemon/route_ucx.h"
 #include "gpu/backend.h"
@@ -381,6 +382,17 @@ int main(int argc, char **argv)
 	job_set_max_staged(conf.max_staged_versions);
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(conf.verify_full_every);
+	{
+		char perr[256];
+
+		/* Jobs kept by the daemon before this one, created again before
+		 * anyone is served (daemon/job_persist.c). */
+		if (jpersist_init(conf.job_state_dir, perr, sizeof(perr)) < 0) {
+			DLOG_E("%s", perr);
+			goto out_ctl;
+		}
+		jpersist_restore();
+	}
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
 	/* Off by default; a listener that cannot bind is logged, not fatal:

@@ -42,8 +42,8 @@ Scenarios, and what each trial must show for its fault to have landed:
       writer and reader groups, see sc_disk_full): the tmpfs had no free
       block and the writer logged v not written for lack of space.
   coord-restart  the coordinator's daemon SIGKILLed and restarted on its
-      fixed peer port with sockets in TIME_WAIT there (the job re-created
-      on it by its creator, nothing done to members or sinks): every
+      fixed peer port with sockets in TIME_WAIT there (it restores the job
+      from its job_state_dir; nothing done to it, members or sinks): every
       member logged its coordinator going down and its re-plan under the
       new boot, all converged on one new term, and v reached every sink.
   fixed-port-restart  sink2's daemon SIGKILLed and restarted on its fixed
@@ -694,10 +694,10 @@ def await_converged(cl, old_boot, wait_s):
 
 def sc_coord_restart(cl, tally, trials, v, log):
     """The coordinator's daemon SIGKILLed by the test and restarted on its
-    fixed peer port, within TIME_WAIT (ensure_time_wait).  The job's
-    creator re-creates the job on it (jobs are not persisted); nothing is
-    done to the members or sinks.  Lands when: the daemon died of the
-    SIGKILL, the restart bound the same port with TIME_WAIT there, every
+    fixed peer port, within TIME_WAIT (ensure_time_wait).  Nothing is done
+    to it, the members or the sinks: it restores the job from its
+    job_state_dir.  Lands when: the daemon died of the SIGKILL, the restart
+    bound the same port with TIME_WAIT there, it restored the job, every
     member logged that its coordinator went down and that it re-planned
     under the new boot, all members converged on one new term, and a sink
     attached anew; v (the first version after the restart) must then reach
@@ -709,6 +709,7 @@ def sc_coord_restart(cl, tally, trials, v, log):
             port = port_of(d.address)
             d.listen_port = port
             offs = {n: len(cl.daemons[n].log_text()) for n in ("src", "sink1", "sink2")}
+            off_coord = len(d.log_text())
             old_boot = (cl.daemons["src"].ctl_json("job", JOB) or {}).get("epoch", 0) >> 24
             try:
                 cl.ccli.close()
@@ -721,7 +722,10 @@ def sc_coord_restart(cl, tally, trials, v, log):
             proof.need(port_of(d.address) == port and tw > 0, "coord restarted on its port %d "
                        "with %d sockets in TIME_WAIT there (left by %s)" % (port, tw, by))
             cl.ccli = _lib.Client(d.sock)
-            cl.ccli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+            # Nobody creates the job again: the restarted daemon restores
+            # it from its job_state_dir (daemon/job_persist.c).
+            proof.need("job %s restored from" % JOB in d.log_text()[off_coord:],
+                       "coord restored job %s from its job_state_dir" % JOB)
             ok, seen = await_converged(cl, old_boot, CONVERGE_S)
             proof.need(ok, "members converged on a new term within %.0f s (before: %s; now: %s)"
                        % (CONVERGE_S, before, seen))

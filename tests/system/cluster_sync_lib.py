@@ -57,8 +57,12 @@ class Daemon:
 
     def start(self, timeout=20.0):
         with open(self.conf, "w") as f:
+            # Jobs kept in the daemon's own directory: a restart of it (the
+            # faults' coord-restart) gets them back (daemon/job_persist.c).
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n"
-                    "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp))
+                    "job_state_dir = %s/jobs\n"
+                    "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp,
+                                                     self.tmp))
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
         env = self.env()

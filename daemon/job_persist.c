@@ -1,0 +1,185 @@
+/* daemon/job_persist.c — the jobs created on a daemon outlive its process
+ * (config [daemon] job_state_dir; docs/SYNC.md, "Restarts").
+ *
+ * A job is created by a client's job_create; before this file, a
+ * coordinator restarted by systemd (or SIGKILLed and restarted) came back
+ * without its jobs, so its members rejoined a daemon that answered
+ * "unknown job" until someone created the job again.  Now the request that
+ * created a job is kept, packed as the control protocol's
+ * JobCreateRequest, in <job_state_dir>/<name>.job, written whole (a
+ * temporary file, fsync, rename: a crash leaves the old file or the new
+ * one, never a torn one), mode 0600 in a 0700 directory (it holds the
+ * job's token).  At start, before any client or peer is served, every
+ * *.job there is created again through job_create, the same checks as a
+ * client's request; the job gets a new boot, so its terms supersede the
+ * ones the daemon had before (proto/peer_protocol.h).  A file that does
+ * not decode or that job_create refuses is renamed *.bad and logged; the
+ * daemon starts without that job and keeps serving the others.
+ *
+ * Jobs live as long as the daemon: there is no job deletion, so a file
+ * is never removed here.  With job_state_dir empty (the default) nothing is
+ * written or read. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "daemon/job.h"
+#include "daemon/job_persist.h"
+#include "daemon/log.h"
+
+static char dir[4096];
+static int restoring;
+
+int jpersist_init(const char *path, char *err, size_t errlen)
+{
+	dir[0] = '\0';
+	if (!path || !*path)
+		return 0;
+	if (strlen(path) >= sizeof(dir) - 80) {
+		snprintf(err, errlen, "job_state_dir %s: path too long", path);
+		return -ENAMETOOLONG;
+	}
+	if (mkdir(path, 0700) < 0 && errno != EEXIST) {
+		int e = errno;
+
+		snprintf(err, errlen, "job_state_dir %s: %s", path, strerror(e));
+		return -e;
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	return 0;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+void jpersist_save(const Dte__JobCreateRequest *rq)
+{
+	char path[4200], tmp[4200];
+	size_t n;
+	uint8_t *buf;
+	int fd, rc;
+
+	if (!dir[0] || restoring)
+		return;
+	n = dte__job_create_request__get_packed_size(rq);
+	buf = malloc(n ? n : 1);
+	if (!buf) {
+		DLOG_W("job %s: not kept in %s: out of memory", rq->name, dir);
+		return;
+	}
+	dte__job_create_request__pack(rq, buf);
+	snprintf(path, sizeof(path), "%s/%s.job", dir, rq->name);
+	snprintf(tmp, sizeof(tmp), "%s/.%s.job.tmp", dir, rq->name);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	rc = fd < 0 ? -1 : write_all(fd, buf, n);
+	if (fd >= 0 && (rc < 0 || fsync(fd) < 0))
+		rc = -1;
+	if (fd >= 0 && close(fd) < 0)
+		rc = -1;
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = -1;
+	if (rc < 0) {
+		DLOG_W("job %s: not kept in %s (%s): a restart of this daemon loses it", rq->name, dir,
+		       strerror(errno));
+		unlink(tmp);
+	} else {
+		DLOG_I("job %s: kept in %s", rq->name, path);
+	}
+	free(buf);
+}
+
+static void set_aside(const char *path, const char *why)
+{
+	char bad[4200];
+
+	snprintf(bad, sizeof(bad), "%.*s.bad", (int)(strlen(path) - 4), path);
+	DLOG_E("job state %s: %s; set aside as %s, the daemon starts without it", path, why, bad);
+	if (rename(path, bad) < 0)
+		DLOG_E("job state %s: cannot set it aside: %s", path, strerror(errno));
+}
+
+static void restore_one(const char *path)
+{
+	Dte__JobCreateRequest *rq;
+	Dte__JobCreateReply rep = DTE__JOB_CREATE_REPLY__INIT;
+	char err[512];
+	uint8_t *buf = NULL;
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t got = -1;
+
+	if (fd < 0 || fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > (64 << 20) ||
+	    !(buf = malloc((size_t)st.st_size)) ||
+	    (got = read(fd, buf, (size_t)st.st_size)) != st.st_size) {
+		if (fd >= 0)
+			close(fd);
+		free(buf);
+		set_aside(path, got < 0 && errno ? strerror(errno) : "empty, too large or short");
+		return;
+	}
+	close(fd);
+	rq = dte__job_create_request__unpack(NULL, (size_t)st.st_size, buf);
+	free(buf);
+	if (!rq || !rq->name || !*rq->name) {
+		if (rq)
+			dte__job_create_request__free_unpacked(rq, NULL);
+		set_aside(path, "not a JobCreateRequest");
+		return;
+	}
+	if (job_create(rq, &rep, err, sizeof(err)) != 0) {
+		char why[600];
+
+		snprintf(why, sizeof(why), "job %s refused: %s", rq->name, err);
+		set_aside(path, why);
+	} else {
+		DLOG_N("job %s restored from %s (a new boot: members rejoin under new terms)",
+		       rq->name, path);
+	}
+	dte__job_create_request__free_unpacked(rq, NULL);
+}
+
+int jpersist_restore(void)
+{
+	struct dirent **ents = NULL;
+	int n, restored = 0;
+
+	if (!dir[0])
+		return 0;
+	n = scandir(dir, &ents, NULL, alphasort);
+	if (n < 0) {
+		DLOG_E("job_state_dir %s: %s; no job restored", dir, strerror(errno));
+		return 0;
+	}
+	restoring = 1;
+	for (int i = 0; i < n; i++) {
+		const char *name = ents[i]->d_name;
+		size_t len = strlen(name);
+		char path[4200];
+
+		if (len > 4 && name[0] != '.' && !strcmp(name + len - 4, ".job")) {
+			snprintf(path, sizeof(path), "%s/%s", dir, name);
+			restore_one(path);
+			restored++;
+		}
+		free(ents[i]);
+	}
+	free(ents);
+	restoring = 0;
+	return restored;
+}
