@@ -334,7 +334,8 @@ static int waiter_try(struct jwaiter *w, int expired)
 				jlocal_remove(j, l);
 				job_send_join(j);
 			}
-			reply_deferred(w, !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT, msg, 0, NULL);
+			reply_deferred(w, !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT, msg,
+				       0, NULL);
 			return 1;
 		}
 		return 0;
@@ -755,8 +756,8 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 			continue;
 		b = dbuf_get(conn, rq->buffers[k]);
 		if (!b) {
-			st = FAIL(-ENOENT, "job %s: buffer %llu is not registered on this connection", j->name,
-			     (unsigned long long)rq->buffers[k]);
+			st = FAIL(-ENOENT, "job %s: buffer %llu is not registered on this connection",
+				  j->name, (unsigned long long)rq->buffers[k]);
 			goto fail;
 		}
 		if (b->dtype != want) {
@@ -773,7 +774,8 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 		}
 		for (size_t q = 0; q < k; q++)
 			if (l->bufs[q] == b && role == JROLE_SINK) {
-				st = FAIL(-EEXIST, "job %s: buffer %llu named twice", j->name, (unsigned long long)b->id);
+				st = FAIL(-EEXIST, "job %s: buffer %llu named twice", j->name,
+					  (unsigned long long)b->id);
 				goto fail;
 			}
 		l->bufs[k] = b;
@@ -783,8 +785,9 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	for (struct jlocal *o = j->locals; o; o = o->next) {
 		if (o->info.role == role && o->info.rank == rq->rank && o->info.replica == rq->replica &&
 		    !strcmp(o->info.layout, rq->layout)) {
-			st = FAIL(-EEXIST, "job %s: %s rank %u replica %u is already attached on this daemon",
-			     j->name, rq->layout, rq->rank, rq->replica);
+			st = FAIL(-EEXIST,
+				  "job %s: %s rank %u replica %u is already attached on this daemon",
+				  j->name, rq->layout, rq->rank, rq->replica);
 			goto fail;
 		}
 	}
