@@ -243,7 +243,7 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
 	if (l->busy)
-		return FAIL(-EINVAL, "job %s: a capture is still running", j->name);
+		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
 		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
@@ -484,7 +484,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
 	if (l->busy)
-		return FAIL(-EINVAL, "job %s: a capture is still running", j->name);
+		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (!l->announced)
 		return FAIL(-EINVAL, "job %s: not planned yet", j->name);
 	if (!j->complete)

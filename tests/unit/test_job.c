@@ -247,6 +247,10 @@ static void await_answer(int n)
 	}
 }
 
+/* Set: publish() also checks that a second publish while the first one's
+ * capture runs is refused as busy (retry), not as a bad request. */
+static int publish_again_busy;
+
 static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 {
 	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
@@ -274,6 +278,17 @@ static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 		int deferred = 0, before = answer.n;
 
 		st = job_publish(SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
+		if (st == 0 && deferred && publish_again_busy) {
+			Dte__PublishReply again = DTE__PUBLISH_REPLY__INIT;
+			int d2 = 0;
+
+			rq.version = version + 1;
+			assert_int_equal(job_publish(SRC_CONN, 42, &rq, &again, &d2, err, sizeof(err)),
+					 -EBUSY);
+			assert_non_null(strstr(err, "a capture is still running"));
+			assert_false(d2);
+			rq.version = version;
+		}
 		if (st == 0 && deferred) {
 			/* Captured on a worker: the answer comes through the loop. */
 			await_answer(before + 1);
@@ -750,7 +765,9 @@ static void test_sync_and_misbehaving_peer(void **state)
 	apply_ok(1);
 	check_exact();
 	adamw_step(2, 22);
+	publish_again_busy = 1;
 	assert_int_equal(publish(2, 2, &pr), 0);
+	publish_again_busy = 0;
 	assert_int_equal(pr.dense, 0);
 	assert_true(pr.changed > 0 && pr.changed < pr.elements);
 	/* K = 1: no per-element state kept between versions. */
