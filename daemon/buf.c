@@ -1,7 +1,6 @@
 /* daemon/buf.c — registered buffers: validate, map, own, release. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,9 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/buf.h"
+#include "daemon/derr.h"
 #include "daemon/job_cuda.h"
 #include "daemon/log.h"
 #include "gpu/compute.h"
+
+#define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
 /* No single registration may claim more than this (a sanity cap, not a
  * memory policy: the memory is the client's). */
@@ -29,19 +31,6 @@ static struct {
 static void *map_hint(void)
 {
 	return dtc_spread_hint(++bufs.maps);
-}
-
-static int err_out(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int err_out(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
 }
 
 int dbuf_dtype_parse(const char *s)
@@ -88,18 +77,18 @@ static int check_shape(int dtype, uint64_t offset, uint64_t length, char *err, s
 	size_t es;
 
 	if (dtype != DBUF_FP32 && dtype != DBUF_BF16)
-		return err_out(err, errlen, "dtype must be fp32 or bf16");
+		return FAIL(-EINVAL, "dtype must be fp32 or bf16");
 	es = dbuf_elem_size(dtype);
 	if (length == 0)
-		return err_out(err, errlen, "length must be at least one element");
+		return FAIL(-EINVAL, "length must be at least one element");
 	if (length > DBUF_MAX_BYTES / es)
-		return err_out(err, errlen, "length %llu elements is over the %llu-byte cap",
-			       (unsigned long long)length, (unsigned long long)DBUF_MAX_BYTES);
+		return FAIL(-EINVAL, "length %llu elements is over the %llu-byte cap",
+			    (unsigned long long)length, (unsigned long long)DBUF_MAX_BYTES);
 	if (offset % es)
-		return err_out(err, errlen, "offset %llu is not a multiple of the %zu-byte element",
-			       (unsigned long long)offset, es);
+		return FAIL(-EINVAL, "offset %llu is not a multiple of the %zu-byte element",
+			    (unsigned long long)offset, es);
 	if (offset > DBUF_MAX_BYTES)
-		return err_out(err, errlen, "offset %llu is out of range", (unsigned long long)offset);
+		return FAIL(-EINVAL, "offset %llu is out of range", (unsigned long long)offset);
 	return 0;
 }
 
@@ -111,32 +100,32 @@ int dbuf_register_fd(uint64_t owner, int fd, uint64_t offset, uint64_t length, i
 	struct stat st;
 	struct dbuf *b;
 	void *map;
-	int seals, rc = -1;
+	int seals, rc;
 
 	if (fd < 0)
-		return err_out(err, errlen, "no file descriptor came with the request "
-			       "(send it with SCM_RIGHTS alongside the frame)");
-	if (check_shape(dtype, offset, length, err, errlen) < 0)
+		return FAIL(-EINVAL, "no file descriptor came with the request "
+			    "(send it with SCM_RIGHTS alongside the frame)");
+	if ((rc = check_shape(dtype, offset, length, err, errlen)) < 0)
 		goto out;
 	bytes = length * dbuf_elem_size(dtype);
 	if (fstat(fd, &st) < 0) {
-		err_out(err, errlen, "fstat: %s", strerror(errno));
+		rc = FAIL(-EINVAL, "fstat: %s", strerror(errno));
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		err_out(err, errlen, "the descriptor is not a memfd or shared-memory file");
+		rc = FAIL(-EINVAL, "the descriptor is not a memfd or shared-memory file");
 		goto out;
 	}
 	/* A client could otherwise truncate the file and turn the daemon's
 	 * next access into SIGBUS. */
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		err_out(err, errlen, "the buffer must be a memfd sealed with F_SEAL_SHRINK "
-			"(an unsealed file could shrink under the daemon's mapping)");
+		rc = FAIL(-EINVAL, "the buffer must be a memfd sealed with F_SEAL_SHRINK "
+			  "(an unsealed file could shrink under the daemon's mapping)");
 		goto out;
 	}
 	if (offset + bytes > (uint64_t)st.st_size) {
-		err_out(err, errlen, "range [%llu, %llu) is outside the %lld-byte buffer",
+		rc = FAIL(-EINVAL, "range [%llu, %llu) is outside the %lld-byte buffer",
 			(unsigned long long)offset, (unsigned long long)(offset + bytes),
 			(long long)st.st_size);
 		goto out;
@@ -145,13 +134,15 @@ int dbuf_register_fd(uint64_t owner, int fd, uint64_t offset, uint64_t length, i
 	lead = offset - start;
 	map = mmap(map_hint(), lead + bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
 	if (map == MAP_FAILED) {
-		err_out(err, errlen, "mmap: %s", strerror(errno));
+		/* Out of address space is ours; a descriptor that cannot be
+		 * mapped read-write (EACCES, ENODEV) is the client's. */
+		rc = FAIL(errno == ENOMEM ? -ENOMEM : -EINVAL, "mmap: %s", strerror(errno));
 		goto out;
 	}
 	b = add(owner, dtype, length, name);
 	if (!b) {
 		munmap(map, lead + bytes);
-		err_out(err, errlen, "out of memory");
+		rc = FAIL(-ENOMEM, "out of memory");
 		goto out;
 	}
 	b->map = map;
@@ -173,19 +164,20 @@ int dbuf_register_cuda(uint64_t owner, const char *backend, const void *handle,
 		       char *err, size_t errlen)
 {
 	struct dbuf *b;
+	int rc;
 
 	if (!backend || strcmp(backend, "cuda"))
-		return err_out(err, errlen, "no CUDA device: this daemon computes on the %s "
-			       "backend and cannot open CUDA IPC handles", backend ? backend : "?");
-	if (check_shape(dtype, offset, length, err, errlen) < 0)
-		return -1;
+		return FAIL(-EOPNOTSUPP, "no CUDA device: this daemon computes on the %s "
+			    "backend and cannot open CUDA IPC handles", backend ? backend : "?");
+	if ((rc = check_shape(dtype, offset, length, err, errlen)) < 0)
+		return rc;
 	if (!handle || handle_len == 0 || handle_len > DBUF_IPC_HANDLE_MAX)
-		return err_out(err, errlen, "CUDA IPC handle must be 1..%d bytes", DBUF_IPC_HANDLE_MAX);
+		return FAIL(-EINVAL, "CUDA IPC handle must be 1..%d bytes", DBUF_IPC_HANDLE_MAX);
 	if (event_len > DBUF_IPC_HANDLE_MAX)
-		return err_out(err, errlen, "CUDA IPC event handle over %d bytes", DBUF_IPC_HANDLE_MAX);
+		return FAIL(-EINVAL, "CUDA IPC event handle over %d bytes", DBUF_IPC_HANDLE_MAX);
 	b = add(owner, dtype, length, name);
 	if (!b)
-		return err_out(err, errlen, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	b->cuda = 1;
 	b->device = device;
 	b->ipc_offset = offset;
@@ -193,9 +185,10 @@ int dbuf_register_cuda(uint64_t owner, const char *backend, const void *handle,
 	if (event_len)
 		memcpy(b->ipc_event, event, event_len);
 	/* Opened now, so a bad handle or range is refused at registration. */
-	if (jcuda_buf_open(b, handle, handle_len, event, event_len, offset, err, errlen) < 0) {
+	rc = jcuda_buf_open(b, handle, handle_len, event, event_len, offset, err, errlen);
+	if (rc < 0) {
 		destroy(b);
-		return -1;
+		return rc;
 	}
 	*id = b->id;
 	return 0;
@@ -244,11 +237,11 @@ int dbuf_unregister(uint64_t owner, uint64_t id, char *err, size_t errlen)
 	struct dbuf *b = dbuf_get(owner, id);
 
 	if (!b)
-		return err_out(err, errlen, "buffer %llu is not registered on this connection",
-			       (unsigned long long)id);
+		return FAIL(-ENOENT, "buffer %llu is not registered on this connection",
+			    (unsigned long long)id);
 	if (b->refs)
-		return err_out(err, errlen, "buffer %llu is in use by %u participant(s); detach first",
-			       (unsigned long long)id, b->refs);
+		return FAIL(-EBUSY, "buffer %llu is in use by %u participant(s); detach first",
+			    (unsigned long long)id, b->refs);
 	destroy(b);
 	return 0;
 }

@@ -47,12 +47,13 @@ const char *dbuf_dtype_name(int dtype);
 size_t dbuf_elem_size(int dtype);
 
 /* Map a host buffer; takes ownership of fd (closed on every path).
- * 0 and *id, or -1 with the reason in err. */
+ * 0 and *id, or a negative errno (daemon/derr.h: -EINVAL for a bad
+ * request, -ENOMEM) with the reason in err. */
 int dbuf_register_fd(uint64_t owner, int fd, uint64_t offset, uint64_t length, int dtype,
 		     const char *name, uint64_t *id, char *err, size_t errlen);
 
-/* Record a CUDA IPC buffer; -1 with the reason when the compute backend is
- * not cuda (`backend` is its name). */
+/* Record a CUDA IPC buffer; a negative errno with the reason: -EOPNOTSUPP
+ * when the compute backend is not cuda (`backend` is its name). */
 int dbuf_register_cuda(uint64_t owner, const char *backend, const void *handle,
 		       size_t handle_len, const void *event, size_t event_len, uint64_t offset,
 		       uint64_t length, int dtype, int device, const char *name, uint64_t *id,
@@ -66,7 +67,8 @@ struct dbuf *dbuf_get(uint64_t owner, uint64_t id);
 void dbuf_ref(struct dbuf *b);
 void dbuf_unref(struct dbuf *b);
 
-/* -1 with the reason when not the owner's, or still in use. */
+/* A negative errno with the reason: -ENOENT when not the owner's, -EBUSY
+ * while still in use. */
 int dbuf_unregister(uint64_t owner, uint64_t id, char *err, size_t errlen);
 void dbuf_release_owner(uint64_t owner);
 

@@ -5,15 +5,17 @@
 #include <stdio.h>
 #include <unistd.h>
 #include "daemon/buf.h"
+#include "daemon/derr.h"
 #include "daemon/dispatch.h"
 #include "daemon/job.h"
 
 
-static Dte__Status done(struct dreply *r, Dte__Status st, const char *err)
+/* rc: 0 or a negative errno from the engine (daemon/derr.h). */
+static Dte__Status done(struct dreply *r, int rc, const char *err)
 {
-	if (st != DTE__STATUS__STATUS_OK)
+	if (rc < 0)
 		dreply_msg(r, "%s", err);
-	return st;
+	return derr_status(rc);
 }
 
 Dte__Status dcmd_register_buffer(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -46,7 +48,7 @@ Dte__Status dcmd_register_buffer(struct dsrv *srv, struct dsess *s, const Dte__R
 	}
 	if (rc < 0) {
 		dreply_msg(r, "register_buffer: %s", err);
-		return DTE__STATUS__STATUS_ERR_INVALID;
+		return derr_status(rc);
 	}
 	rep = dreply_alloc(r, sizeof(*rep));
 	if (!rep)
@@ -63,12 +65,14 @@ Dte__Status dcmd_unregister_buffer(struct dsrv *srv, struct dsess *s, const Dte_
 {
 	Dte__UnregisterBufferReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[256];
+	int rc;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
-	if (dbuf_unregister(s->conn_id, req->unregister_buffer->buffer, err, sizeof(err)) < 0) {
+	rc = dbuf_unregister(s->conn_id, req->unregister_buffer->buffer, err, sizeof(err));
+	if (rc < 0) {
 		dreply_msg(r, "unregister_buffer: %s", err);
-		return DTE__STATUS__STATUS_ERR_INVALID;
+		return derr_status(rc);
 	}
 	dte__unregister_buffer_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_UNREGISTER_BUFFER;
@@ -81,7 +85,7 @@ Dte__Status dcmd_job_create(struct dsrv *srv, struct dsess *s, const Dte__Reques
 {
 	Dte__JobCreateReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
@@ -97,9 +101,9 @@ Dte__Status dcmd_attach(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 {
 	char err[512];
 	int deferred = 0;
-	Dte__Status st = job_attach(s->conn_id, req->id, req->attach, &deferred, err, sizeof(err));
+	int st = job_attach(s->conn_id, req->id, req->attach, &deferred, err, sizeof(err));
 
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
 }
@@ -124,7 +128,7 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	Dte__PublishReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
@@ -132,7 +136,7 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	resp->body_case = DTE__RESPONSE__BODY_PUBLISH;
 	resp->publish = rep;
 	st = job_publish(s->conn_id, req->id, req->publish, rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
 }
@@ -143,7 +147,7 @@ Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	Dte__MarkReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
@@ -151,7 +155,7 @@ Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	resp->body_case = DTE__RESPONSE__BODY_MARK;
 	resp->mark = rep;
 	st = job_mark(s->conn_id, req->id, req->mark, rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
 }
@@ -162,13 +166,13 @@ Dte__Status dcmd_wait(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	Dte__WaitReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_reply__init(rep);
 	st = job_wait(s->conn_id, req->id, req->wait, rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT;
 	resp->wait = rep;
@@ -181,13 +185,13 @@ Dte__Status dcmd_wait_staged(struct dsrv *srv, struct dsess *s, const Dte__Reque
 	Dte__WaitStagedReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_staged_reply__init(rep);
 	st = job_wait_staged(s->conn_id, req->id, req->wait_staged, rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT_STAGED;
 	resp->wait_staged = rep;
@@ -200,7 +204,7 @@ Dte__Status dcmd_apply(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 	Dte__ApplyReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
@@ -208,7 +212,7 @@ Dte__Status dcmd_apply(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 	resp->body_case = DTE__RESPONSE__BODY_APPLY;
 	resp->apply = rep;
 	st = job_apply(s->conn_id, req->id, req->apply, rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
 }
@@ -237,7 +241,7 @@ Dte__Status dcmd_jobs(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	dte__jobs_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_JOBS;
 	resp->jobs = rep;
-	return job_list(rep, r);
+	return derr_status(job_list(rep, r));
 }
 
 Dte__Status dcmd_job(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

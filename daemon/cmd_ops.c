@@ -5,6 +5,7 @@
 #include <string.h>
 #include <uv.h>
 #include "daemon/conf.h"
+#include "daemon/derr.h"
 #include "daemon/dispatch.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
@@ -12,11 +13,12 @@
 #include "daemon/registry.h"
 #include "daemon/route_ucx.h"
 
-static Dte__Status done(struct dreply *r, Dte__Status st, const char *err)
+/* rc: 0 or a negative errno from the engine (daemon/derr.h). */
+static Dte__Status done(struct dreply *r, int rc, const char *err)
 {
-	if (st != DTE__STATUS__STATUS_OK)
+	if (rc < 0)
 		dreply_msg(r, "%s", err);
-	return st;
+	return derr_status(rc);
 }
 
 /* Gauges nobody pushes: read when metrics are rendered. */
@@ -52,7 +54,7 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	Dte__VerifyReply *rep = dreply_alloc(r, sizeof(*rep));
 	char err[512];
 	int deferred = 0;
-	Dte__Status st;
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
@@ -60,7 +62,7 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	resp->body_case = DTE__RESPONSE__BODY_VERIFY;
 	resp->verify = rep;
 	st = job_verify(s->conn_id, req->id, req->verify->job, rep, r, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred)
+	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
 }

@@ -8,6 +8,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_coord.c daemon/pair_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c
+# Negative errno -> wire status, the daemon's one error convention (derr.h).
+DAEMON_SRCS += daemon/derr.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
@@ -45,6 +47,9 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job test_pair_sm test_job_persist
+# The errno -> status table, and a grep that the engine names no wire status.
+UNIT_TESTS   += test_derr
+SYSTEM_TESTS += tests/system/errconv_grep.sh
 # route.c alone: local queue, remote dispatch, a decorator both ways.
 UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py

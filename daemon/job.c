@@ -42,16 +42,6 @@ struct jwaiter {
 
 static uint64_t global_refused;
 
-Dte__Status jfail(char *err, size_t errlen, Dte__Status code, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return code;
-}
-
 double job_ms_since(uint64_t t0)
 {
 	return (double)(uv_hrtime() - t0) / 1e6;
@@ -283,15 +273,15 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 
 /* ---------------------------------------------------------------- waiters */
 
-void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg,
+void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	       Dte__Response__BodyCase bc, void *body)
 {
 	Dte__Response resp = DTE__RESPONSE__INIT;
 
 	resp.id = req_id;
-	resp.code = code;
+	resp.code = derr_status(rc);
 	resp.message = (char *)(msg ? msg : "");
-	if (code == DTE__STATUS__STATUS_OK) {
+	if (rc >= 0) {
 		resp.body_case = bc;
 		switch (bc) {
 		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
@@ -309,10 +299,10 @@ void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg
 	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
 }
 
-static void reply_deferred(struct jwaiter *w, Dte__Status code, const char *msg,
+static void reply_deferred(struct jwaiter *w, int rc, const char *msg,
 			   Dte__Response__BodyCase bc, void *body)
 {
-	job_reply(w->conn, w->req_id, code, msg, bc, body);
+	job_reply(w->conn, w->req_id, rc, msg, bc, body);
 }
 
 /* 1 when the waiter was answered. */
@@ -322,7 +312,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 	char msg[640];
 
 	if (!j) {
-		reply_deferred(w, DTE__STATUS__STATUS_ERR_NOT_FOUND, "job vanished", 0, NULL);
+		reply_deferred(w, -ENOENT, "job vanished", 0, NULL);
 		return 1;
 	}
 	switch (w->kind) {
@@ -334,7 +324,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 			rep.participant = l->info.id;
 			rep.epoch = j->epoch;
 			rep.complete = j->complete;
-			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_ATTACH, &rep);
+			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_ATTACH, &rep);
 			return 1;
 		}
 		if (!l || l->refused[0] || expired) {
@@ -345,7 +335,8 @@ static int waiter_try(struct jwaiter *w, int expired)
 				jlocal_remove(j, l);
 				job_send_join(j);
 			}
-			reply_deferred(w, DTE__STATUS__STATUS_ERR_INVALID, msg, 0, NULL);
+			reply_deferred(w, !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT, msg,
+				       0, NULL);
 			return 1;
 		}
 		return 0;
@@ -356,19 +347,19 @@ static int waiter_try(struct jwaiter *w, int expired)
 		int st = jsrc_wait_done(j, w->arg, &sinks, msg, sizeof(msg));
 
 		if (st < 0) {
-			reply_deferred(w, DTE__STATUS__STATUS_ERR_INTERNAL, msg, 0, NULL);
+			reply_deferred(w, st, msg, 0, NULL);
 			return 1;
 		}
 		if (st > 0) {
 			rep.version = w->arg;
 			rep.sinks = sinks;
-			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT, &rep);
+			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT, &rep);
 			return 1;
 		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: version %llu not applied by every sink in time",
 				 j->name, (unsigned long long)w->arg);
-			reply_deferred(w, DTE__STATUS__STATUS_ERR_TIMEOUT, msg, 0, NULL);
+			reply_deferred(w, -ETIMEDOUT, msg, 0, NULL);
 			return 1;
 		}
 		return 0;
@@ -380,13 +371,13 @@ static int waiter_try(struct jwaiter *w, int expired)
 		if (l && jsink_newest_staged(l) > l->applied) {
 			rep.version = jsink_newest_staged(l);
 			rep.applied = l->applied;
-			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
+			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
 			return 1;
 		}
 		if (!l || expired) {
 			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
 				 l ? "no new version staged in time" : "participant gone");
-			reply_deferred(w, l ? DTE__STATUS__STATUS_ERR_TIMEOUT : DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			reply_deferred(w, l ? -ETIMEDOUT : -ENOENT,
 				       msg, 0, NULL);
 			return 1;
 		}
@@ -591,10 +582,10 @@ static int name_ok(const char *s)
 	return 1;
 }
 
-#define FAIL(code, ...) jfail(err, errlen, code, __VA_ARGS__)
+#define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
-Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
-		       size_t errlen)
+int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+	       size_t errlen)
 {
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
 	struct jstore_cfg scfg;
@@ -605,36 +596,36 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	struct job *j;
 
 	if (!name_ok(rq->name))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+		return FAIL(-EINVAL,
 			    "job name must be 1..%d characters of [A-Za-z0-9._-]", JOB_NAME_MAX - 1);
 	if (!rq->token || !*rq->token || strlen(rq->token) >= sizeof(j->token))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: token must be 1..%zu characters",
+		return FAIL(-EINVAL, "job %s: token must be 1..%zu characters",
 			    rq->name, sizeof(j->token) - 1);
 	if (strcmp(coord, "local") && !strchr(coord, ':'))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+		return FAIL(-EINVAL,
 			    "job %s: coordinator must be \"local\" or host:port, not \"%s\"", rq->name, coord);
 	if (strlen(coord) >= sizeof(j->coordinator))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: coordinator address too long", rq->name);
+		return FAIL(-EINVAL, "job %s: coordinator address too long", rq->name);
 	if (jstore_parse(rq, &scfg, serr, sizeof(serr)) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", rq->name, serr);
+		return FAIL(-EINVAL, "job %s: %s", rq->name, serr);
 	if (k > 1000000)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: publish interval %u out of range",
+		return FAIL(-EINVAL, "job %s: publish interval %u out of range",
 			    rq->name, k);
 	if (!rq->detect || !*rq->detect || !strcmp(rq->detect, "adamw"))
 		detect = JDETECT_ADAMW;
 	else if (!strcmp(rq->detect, "snapshot"))
 		detect = JDETECT_SNAPSHOT;
 	else
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+		return FAIL(-EINVAL,
 			    "job %s: detect \"%s\" unknown (adamw, snapshot)", rq->name, rq->detect);
 	if (rq->zstd_level > 3)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: zstd_level %u out of range (0..3)",
+		return FAIL(-EINVAL, "job %s: zstd_level %u out of range (0..3)",
 			    rq->name, rq->zstd_level);
 	if (!rq->model_config || !*rq->model_config)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: model_config (config.json text) missing",
+		return FAIL(-EINVAL, "job %s: model_config (config.json text) missing",
 			    rq->name);
 	if (dte_spec_load_string(&spec, rq->model_config, serr, sizeof(serr)) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: model config: %s", rq->name, serr);
+		return FAIL(-EINVAL, "job %s: model config: %s", rq->name, serr);
 	j = job_find(rq->name);
 	if (j) {
 		const char *why = spec.hash != j->spec.hash ? "model" :
@@ -647,19 +638,19 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 
 		dte_spec_fini(&spec);
 		if (why)
-			return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+			return FAIL(-EINVAL,
 				    "job %s exists on this daemon with a different %s", rq->name, why);
 		rep->created = 0;
 		rep->coordinator = j->is_coord;
 		rep->spec_hash = j->spec.hash;
 		rep->tensors = j->spec.n;
-		return DTE__STATUS__STATUS_OK;
+		return 0;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j || !(j->config = strdup(rq->model_config))) {
 		free(j);
 		dte_spec_fini(&spec);
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	}
 	snprintf(j->name, sizeof(j->name), "%s", rq->name);
 	snprintf(j->token, sizeof(j->token), "%s", rq->token);
@@ -680,7 +671,7 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 		jeng.jobs = j->next;
 		job_free(j);
 		dreg_job_removed();
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: storage: %s", rq->name, serr);
+		return FAIL(-EINVAL, "job %s: storage: %s", rq->name, serr);
 	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
@@ -689,7 +680,7 @@ Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep
 	rep->coordinator = j->is_coord;
 	rep->spec_hash = j->spec.hash;
 	rep->tensors = j->spec.n;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 uint64_t job_participant_id_new(void)
 {
@@ -699,8 +690,8 @@ uint64_t job_participant_id_new(void)
 
 /* ----------------------------------------------------------------- attach */
 
-Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
-		       int *deferred, char *err, size_t errlen)
+int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+	       int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct dte_layout lay;
@@ -708,43 +699,43 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	char lerr[256];
 	int role;
 	size_t n = 0, i, k;
-	Dte__Status st;
+	int st;
 
 	*deferred = 0;
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\" (job_create first)",
+		return FAIL(-ENOENT, "unknown job \"%s\" (job_create first)",
 			    rq->job ? rq->job : "");
 	if (!rq->token || strcmp(rq->token, j->token))
-		return FAIL(DTE__STATUS__STATUS_ERR_DENIED, "job %s: wrong token", j->name);
+		return FAIL(-EACCES, "job %s: wrong token", j->name);
 	if (rq->role && !strcmp(rq->role, "source"))
 		role = JROLE_SOURCE;
 	else if (rq->role && !strcmp(rq->role, "sink"))
 		role = JROLE_SINK;
 	else
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: role must be source or sink", j->name);
+		return FAIL(-EINVAL, "job %s: role must be source or sink", j->name);
 	if (!rq->layout || !*rq->layout || strlen(rq->layout) >= JOB_DESC_MAX)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: layout description missing or too long",
+		return FAIL(-EINVAL, "job %s: layout description missing or too long",
 			    j->name);
 	if (jstore_attach_check(j, role, lerr, sizeof(lerr)) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "%s", lerr);
+		return FAIL(-EINVAL, "%s", lerr);
 	if (rq->shards && *rq->shards && (role != JROLE_SOURCE || !dte_layout_desc_sharded(rq->layout)))
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: shards go with a source of an "
+		return FAIL(-EINVAL, "job %s: shards go with a source of an "
 			    "mcore: or fsdp2: layout, not %s %s", j->name,
 			    role == JROLE_SOURCE ? "source" : "sink", rq->layout);
 	if (jlayout_build(j, role, rq->layout, rq->rank, rq->shards, &lay, lerr, sizeof(lerr)) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: %s", j->name, lerr);
+		return FAIL(-EINVAL, "job %s: %s", j->name, lerr);
 	/* A shard table names its own rank on every line: it must be this one. */
 	for (i = 0; dte_layout_desc_sharded(rq->layout) && i < lay.nbufs; i++)
 		if (lay.bufs[i].rank != rq->rank) {
 			uint32_t other = lay.bufs[i].rank;
 
 			dte_layout_fini(&lay);
-			return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: the shards of rank %u name "
+			return FAIL(-EINVAL, "job %s: the shards of rank %u name "
 				    "rank %u", j->name, rq->rank, other);
 		}
 	for (i = 0; i < lay.nbufs; i++)
 		n += lay.bufs[i].rank == rq->rank;
-	st = DTE__STATUS__STATUS_ERR_INVALID;
+	st = -EINVAL;
 	if (rq->n_buffers != n) {
 		FAIL(st, "job %s: %s rank %u has %zu buffers; %zu named", j->name, rq->layout, rq->rank,
 		     n, rq->n_buffers);
@@ -753,7 +744,7 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	l = calloc(1, sizeof(*l));
 	if (!l || !(l->bufs = calloc(n ? n : 1, sizeof(*l->bufs))) ||
 	    !(l->buf_ids = calloc(n ? n : 1, sizeof(*l->buf_ids)))) {
-		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		st = FAIL(-ENOMEM, "out of memory");
 		goto fail;
 	}
 	l->nbufs = n;
@@ -767,8 +758,8 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 			continue;
 		b = dbuf_get(conn, rq->buffers[k]);
 		if (!b) {
-			FAIL(st, "job %s: buffer %llu is not registered on this connection", j->name,
-			     (unsigned long long)rq->buffers[k]);
+			st = FAIL(-ENOENT, "job %s: buffer %llu is not registered on this connection",
+				  j->name, (unsigned long long)rq->buffers[k]);
 			goto fail;
 		}
 		if (b->dtype != want) {
@@ -785,7 +776,8 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 		}
 		for (size_t q = 0; q < k; q++)
 			if (l->bufs[q] == b && role == JROLE_SINK) {
-				FAIL(st, "job %s: buffer %llu named twice", j->name, (unsigned long long)b->id);
+				st = FAIL(-EEXIST, "job %s: buffer %llu named twice", j->name,
+					  (unsigned long long)b->id);
 				goto fail;
 			}
 		l->bufs[k] = b;
@@ -795,8 +787,9 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	for (struct jlocal *o = j->locals; o; o = o->next) {
 		if (o->info.role == role && o->info.rank == rq->rank && o->info.replica == rq->replica &&
 		    !strcmp(o->info.layout, rq->layout)) {
-			FAIL(st, "job %s: %s rank %u replica %u is already attached on this daemon",
-			     j->name, rq->layout, rq->rank, rq->replica);
+			st = FAIL(-EEXIST,
+				  "job %s: %s rank %u replica %u is already attached on this daemon",
+				  j->name, rq->layout, rq->rank, rq->replica);
 			goto fail;
 		}
 	}
@@ -810,7 +803,7 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	if (rq->shards && *rq->shards && !(l->shards = strdup(rq->shards))) {
 		for (i = 0; i < n; i++)
 			dbuf_unref(l->bufs[i]);
-		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		st = FAIL(-ENOMEM, "out of memory");
 		goto fail;
 	}
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
@@ -826,10 +819,10 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	if (waiter_add(JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
 		jlocal_remove(j, l);
 		job_send_join(j);
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	}
 	*deferred = 1;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 fail:
 	if (l) {
 		free(l->bufs);
@@ -840,26 +833,26 @@ fail:
 	return st;
 }
 
-Dte__Status job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)
+int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct jlocal *l;
 
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		return FAIL(-ENOENT,
 			    "job %s: participant %llx is not attached by this connection", j->name,
 			    (unsigned long long)rq->participant);
 	jlocal_remove(j, l);
 	job_send_join(j);
 	job_check_waiters();
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
-		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen)
+int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	uint32_t sinks = 0;
@@ -867,68 +860,68 @@ Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 
 	*deferred = 0;
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	st = jsrc_wait_done(j, rq->version, &sinks, err, errlen);
 	if (st < 0)
-		return DTE__STATUS__STATUS_ERR_INTERNAL;
+		return st;
 	if (st > 0) {
 		rep->version = rq->version;
 		rep->sinks = sinks;
-		return DTE__STATUS__STATUS_OK;
+		return 0;
 	}
 	if (rq->timeout_ms == 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_TIMEOUT, "job %s: version %llu not applied everywhere yet",
+		return FAIL(-ETIMEDOUT, "job %s: version %llu not applied everywhere yet",
 			    j->name, (unsigned long long)rq->version);
 	if (waiter_add(JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	*deferred = 1;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
-			    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
+int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct jlocal *l;
 
 	*deferred = 0;
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l || l->info.role != JROLE_SINK)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		return FAIL(-ENOENT,
 			    "job %s: no sink participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
 	if (jsink_newest_staged(l) > l->applied) {
 		rep->version = jsink_newest_staged(l);
 		rep->applied = l->applied;
-		return DTE__STATUS__STATUS_OK;
+		return 0;
 	}
 	if (rq->timeout_ms == 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_TIMEOUT, "job %s: nothing staged", j->name);
+		return FAIL(-ETIMEDOUT, "job %s: nothing staged", j->name);
 	if (waiter_add(JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	*deferred = 1;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
-			      Dte__QueryVersionReply *rep, char *err, size_t errlen)
+int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+		      Dte__QueryVersionReply *rep, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct jlocal *l;
 
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		return FAIL(-ENOENT,
 			    "job %s: participant %llx is not attached by this connection", j->name,
 			    (unsigned long long)rq->participant);
 	rep->applied = l->info.role == JROLE_SINK ? l->applied : l->last_version;
 	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : l->last_version;
 	rep->checksum_failures = l->checksum_failures;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
 /* -------------------------------------------------------------- records in */
@@ -1150,7 +1143,7 @@ static const char *role_name(int role)
 	return role == JROLE_SOURCE ? "source" : "sink";
 }
 
-Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r)
+int job_list(Dte__JobsReply *rep, struct dreply *r)
 {
 	size_t n = 0, i = 0;
 
@@ -1159,13 +1152,13 @@ Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r)
 	rep->n_jobs = n;
 	rep->jobs = n ? dreply_alloc(r, n * sizeof(*rep->jobs)) : NULL;
 	if (n && !rep->jobs)
-		return DTE__STATUS__STATUS_ERR_INTERNAL;
+		return -ENOMEM;
 	for (struct job *j = jeng.jobs; j; j = j->next, i++) {
 		Dte__JobSummary *s = dreply_alloc(r, sizeof(*s));
 		uint64_t v = 0;
 
 		if (!s)
-			return DTE__STATUS__STATUS_ERR_INTERNAL;
+			return -ENOMEM;
 		dte__job_summary__init(s);
 		s->name = j->name;
 		s->coordinator = j->is_coord;
@@ -1182,17 +1175,17 @@ Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r)
 		s->version = v;
 		rep->jobs[i] = s;
 	}
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
-		     size_t errlen)
+int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+	     size_t errlen)
 {
 	struct job *j = job_find(name);
 	size_t n = 0, i;
 
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", name ? name : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", name ? name : "");
 	rep->name = j->name;
 	rep->coordinator = j->coordinator;
 	rep->is_coordinator = j->is_coord;
@@ -1225,7 +1218,7 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 			n++;
 	rep->participants = n ? dreply_alloc(r, n * sizeof(*rep->participants)) : NULL;
 	if (n && !rep->participants)
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	rep->n_participants = n;
 	for (i = 0; i < n; i++) {
 		Dte__ParticipantInfo *p = dreply_alloc(r, sizeof(*p));
@@ -1233,7 +1226,7 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 		struct jlocal *l;
 
 		if (!p)
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+			return FAIL(-ENOMEM, "out of memory");
 		dte__participant_info__init(p);
 		if (i < j->nparts) {
 			pi = &j->parts[i];
@@ -1270,30 +1263,30 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 		}
 		rep->participants[i] = p;
 	}
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
-			struct dreply *r, char *err, size_t errlen)
+int job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+		struct dreply *r, char *err, size_t errlen)
 {
 	struct job *j = job_find(name);
 	size_t have, n, first;
 
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", name ? name : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", name ? name : "");
 	have = j->nhist < JOB_HISTORY ? j->nhist : JOB_HISTORY;
 	n = limit && limit < have ? limit : have;
 	first = j->nhist - n;
 	rep->versions = n ? dreply_alloc(r, n * sizeof(*rep->versions)) : NULL;
 	if (n && !rep->versions)
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	rep->n_versions = n;
 	for (size_t i = 0; i < n; i++) {
 		const struct jhist *h = &j->hist[(first + i) % JOB_HISTORY];
 		Dte__VersionRecord *v = dreply_alloc(r, sizeof(*v));
 
 		if (!v)
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+			return FAIL(-ENOMEM, "out of memory");
 		dte__version_record__init(v);
 		v->version = h->version;
 		v->step = h->step;
@@ -1309,5 +1302,5 @@ Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep
 		v->note = (char *)h->note;
 		rep->versions[i] = v;
 	}
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
+#include "daemon/derr.h"
 #include "proto/dte.pb-c.h"
 
 /* PEER_PROTO_VERSION, its supported range and the control records'
@@ -41,38 +42,39 @@ void job_set_part_bytes(size_t n);
  * its buffers are released. */
 void job_conn_gone(uint64_t conn_id);
 
-/* Control operations.  Each returns a Dte__Status and, on error, a reason
- * in err.  `conn` is the caller's connection id, `req_id` its request id
+/* Control operations.  Each returns 0 or, on error, a negative errno and a
+ * reason in err (daemon/derr.h; the control handlers map it to the wire
+ * status).  `conn` is the caller's connection id, `req_id` its request id
  * (for deferred answers). */
-Dte__Status job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
-		       size_t errlen);
-/* DTE__STATUS__STATUS_OK with *deferred = 1: the answer comes later. */
-Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
-		       int *deferred, char *err, size_t errlen);
-Dte__Status job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
+int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+	       size_t errlen);
+/* 0 with *deferred = 1: the answer comes later. */
+int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+	       int *deferred, char *err, size_t errlen);
+int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
 /* Publish and mark capture on a worker thread (the loop keeps serving):
  * with *deferred = 1 the answer comes when the capture is done.  A mark
  * that needs no scan is answered at once. */
-Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
-			Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
-Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
-		     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
-Dte__Status job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
-		     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
-Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
-			    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
+int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
+int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
+int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
+int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
 /* The apply runs on a worker (docs/SYNC.md): *deferred, and the answer
  * comes later, unless the version is applied already (answered now). */
-Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
-		      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
-Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
-			      Dte__QueryVersionReply *rep, char *err, size_t errlen);
+int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
+	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
+int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+		      Dte__QueryVersionReply *rep, char *err, size_t errlen);
 
 /* Introspection; strings and arrays are allocated from r. */
-Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r);
-Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
-		     size_t errlen);
-Dte__Status job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
-			struct dreply *r, char *err, size_t errlen);
+int job_list(Dte__JobsReply *rep, struct dreply *r);
+int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+	     size_t errlen);
+int job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+		struct dreply *r, char *err, size_t errlen);
 
 #endif

@@ -2,12 +2,14 @@
  * the trainer's event, and kernel calls over device memory with host-side
  * staging (daemon/job_cuda.h). */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "daemon/derr.h"
 #include "daemon/job_cuda.h"
 #include "daemon/log.h"
 #include "gpu/backend.h"
+
+#define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
 static const struct dtc_backend *dev;	/* NULL: no GPU path */
 
@@ -31,19 +33,6 @@ struct scratch {
 };
 static struct scratch cap_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
 static struct scratch app_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
-
-static int err_out(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int err_out(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
 
 void jcuda_init(const struct dtc_backend *be)
 {
@@ -111,26 +100,26 @@ int jcuda_buf_open(struct dbuf *b, const void *handle, size_t handle_len, const 
 	int rc;
 
 	if (!dev)
-		return err_out(err, errlen, "no CUDA device: CUDA IPC handles cannot be opened");
+		return FAIL(-EOPNOTSUPP, "no CUDA device: CUDA IPC handles cannot be opened");
 	if ((rc = dtc_dev_ipc_open(dev, handle, handle_len, &base, &bytes)) != DTC_OK)
-		return err_out(err, errlen, "cannot open the CUDA IPC handle (%zu bytes): %s "
-			       "(a cudaIpcMemHandle_t of device %d is 64 bytes)", handle_len,
-			       dtc_strerror(rc), b->device);
+		return FAIL(-EINVAL, "cannot open the CUDA IPC handle (%zu bytes): %s "
+			    "(a cudaIpcMemHandle_t of device %d is 64 bytes)", handle_len,
+			    dtc_strerror(rc), b->device);
 	/* The client's length and offset must stay inside what it shares,
 	 * or kernels would read and write another allocation. */
 	if (offset > bytes || bytes - offset < need) {
-		err_out(err, errlen, "range [%llu, %llu) is outside the %llu-byte CUDA allocation",
+		rc = FAIL(-EINVAL, "range [%llu, %llu) is outside the %llu-byte CUDA allocation",
 			(unsigned long long)offset, (unsigned long long)(offset + need),
 			(unsigned long long)bytes);
 		goto fail;
 	}
 	if (event_len && (rc = dtc_dev_event_open(dev, event, event_len, &ev)) != DTC_OK) {
-		err_out(err, errlen, "cannot open the CUDA IPC event handle (%zu bytes): %s",
-			event_len, dtc_strerror(rc));
+		rc = FAIL(-EINVAL, "cannot open the CUDA IPC event handle (%zu bytes): %s",
+			  event_len, dtc_strerror(rc));
 		goto fail;
 	}
 	if (!(r = calloc(1, sizeof(*r)))) {
-		err_out(err, errlen, "out of memory");
+		rc = FAIL(-ENOMEM, "out of memory");
 		goto fail;
 	}
 	b->map = base;
@@ -149,7 +138,7 @@ int jcuda_buf_open(struct dbuf *b, const void *handle, size_t handle_len, const 
 fail:
 	dtc_dev_event_close(dev, ev);
 	dtc_dev_ipc_close(dev, base);
-	return -1;
+	return rc;
 }
 
 void jcuda_buf_close(struct dbuf *b)

@@ -32,7 +32,8 @@ void jcuda_fini(void);
 
 /* Open b's IPC handle (and event, when event_len) and check
  * [offset, offset + length) against the allocation: b->ptr is the device
- * address of the first element.  -1 with the reason. */
+ * address of the first element.  A negative errno with the reason
+ * (daemon/derr.h). */
 int jcuda_buf_open(struct dbuf *b, const void *handle, size_t handle_len, const void *event,
 		   size_t event_len, uint64_t offset, char *err, size_t errlen);
 void jcuda_buf_close(struct dbuf *b);

@@ -390,8 +390,6 @@ struct jengine {
 extern struct jengine jeng;
 
 /* job.c */
-Dte__Status jfail(char *err, size_t errlen, Dte__Status code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
 struct job *job_find(const char *name);
 struct jlocal *job_local(struct job *j, uint64_t id);
 struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn);
@@ -410,9 +408,10 @@ void job_send_join(struct job *j);
 /* ...or the newest one again (a retry: same join_seq). */
 void job_send_join_again(struct job *j);
 double job_ms_since(uint64_t t0);
-/* A deferred answer to request req_id of connection conn; body (of case
- * bc) only when code is OK. */
-void job_reply(uint64_t conn, uint32_t req_id, Dte__Status code, const char *msg,
+/* A deferred answer to request req_id of connection conn: rc is 0 or a
+ * negative errno (daemon/derr.h), mapped to the wire status here; body (of
+ * case bc) only when rc >= 0. */
+void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	       Dte__Response__BodyCase bc, void *body);
 
 /* job_coord.c */
@@ -479,16 +478,16 @@ struct jsink_apply_result {
 typedef void (*jsink_applied_fn)(struct job *j, struct jlocal *l,
 				 const struct jsink_apply_result *r, void *arg);
 /* Apply every staged version <= version of sink l on a worker; the answer
- * goes to (conn, req_id), or to then(arg).  OK, or an error (then nothing
- * started). */
-Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
-			      size_t errlen);
+ * goes to (conn, req_id), or to then(arg).  0, or a negative errno (then
+ * nothing started). */
+int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+		      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
+		      size_t errlen);
 /* The same, and prep(arg, first) on the worker before the first version
  * is written (the storage writer reads what it will change there). */
-Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
-				   void (*prep)(void *arg, const struct jstaged *first),
-				   jsink_applied_fn then, void *arg, char *err, size_t errlen);
+int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+			   void (*prep)(void *arg, const struct jstaged *first),
+			   jsink_applied_fn then, void *arg, char *err, size_t errlen);
 
 /* A participant id unique in every job: this node's hash, then a counter. */
 uint64_t job_participant_id_new(void);

@@ -10,7 +10,7 @@
 #include "daemon/metrics.h"
 #include "gpu/elem.h"
 
-#define FAIL(code, ...) jfail(err, errlen, code, __VA_ARGS__)
+#define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
 /* What a local sink's buffers must hold: kept at every apply. */
 struct jverify {
@@ -351,8 +351,8 @@ static void verify_done(struct jtask *t, int cancelled)
 	Dte__SinkVerify **res = calloc(v->n ? v->n : 1, sizeof(*res));
 
 	if (!j || !sv || !res || cancelled) {
-		job_reply(v->conn, v->req_id, !j ? DTE__STATUS__STATUS_ERR_NOT_FOUND :
-			  cancelled ? DTE__STATUS__STATUS_ERR_BUSY : DTE__STATUS__STATUS_ERR_INTERNAL,
+		job_reply(v->conn, v->req_id, !j ? -ENOENT :
+			  cancelled ? -EBUSY : -ENOMEM,
 			  !j ? "the job went away during the verify" :
 			  cancelled ? "the daemon is shutting down" : "out of memory", 0, NULL);
 		free(sv);
@@ -401,36 +401,36 @@ static void verify_done(struct jtask *t, int cancelled)
 	rep.results = res;
 	DLOG_I("job %s: verify of %u sinks: %u ok, %u mismatch; summed on a worker in %.1f ms",
 	       j->name, rep.sinks, rep.ok, rep.mismatch, v->work_ms);
-	job_reply(v->conn, v->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_VERIFY, &rep);
+	job_reply(v->conn, v->req_id, 0, "", DTE__RESPONSE__BODY_VERIFY, &rep);
 	free(sv);
 	free(res);
 	jvtask_free(v);
 }
 
-Dte__Status job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
-		       struct dreply *r, int *deferred, char *err, size_t errlen)
+int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
+	       struct dreply *r, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(name);
 	struct jvtask *v;
 	size_t n = 0;
 
 	if (!name || !*name)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "verify: name a job");
+		return FAIL(-EINVAL, "verify: name a job");
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", name);
+		return FAIL(-ENOENT, "unknown job \"%s\"", name);
 	rep->job = j->name;
 	for (struct jlocal *l = j->locals; l; l = l->next)
 		n += l->info.role == JROLE_SINK;
 	if (!n) {
 		dreply_msg(r, "job %s has no sink on this daemon; verify runs where the sinks are",
 			   j->name);
-		return DTE__STATUS__STATUS_OK;
+		return 0;
 	}
 	if (jeng.stopping)
-		return FAIL(DTE__STATUS__STATUS_ERR_BUSY, "the daemon is shutting down");
+		return FAIL(-EBUSY, "the daemon is shutting down");
 	if (!(v = calloc(1, sizeof(*v))) || !(v->s = calloc(n, sizeof(*v->s)))) {
 		free(v);
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	}
 	snprintf(v->job, sizeof(v->job), "%s", j->name);
 	v->conn = conn;
@@ -440,32 +440,32 @@ Dte__Status job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__Ve
 			continue;
 		if (vsink_fill(&v->s[v->n++], l) < 0) {
 			jvtask_free(v);
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+			return FAIL(-ENOMEM, "out of memory");
 		}
 	}
 	v->t.run = verify_run;
 	v->t.done = verify_done;
 	*deferred = 1;
 	jtask_start(&v->t);
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
-		       size_t errlen)
+int job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
+	       size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	int known = !rq->sink;
 
 	if (!rq->job || !*rq->job)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "resync: name a job");
+		return FAIL(-EINVAL, "resync: name a job");
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job);
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job);
 	if (rq->sink) {
 		const struct jpinfo *p = job_part(j, rq->sink);
 
 		known = p && p->role == JROLE_SINK;
 		if (!known)
-			return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			return FAIL(-ENOENT,
 				    "job %s has no sink participant %llu (see `dtectl job %s`)",
 				    j->name, (unsigned long long)rq->sink, j->name);
 	}
@@ -481,5 +481,5 @@ Dte__Status job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char
 	dmetrics_add(DM_RESYNCS, NULL, rep->pairs);
 	DLOG_N("job %s: resync of %s: %u local pairs dense at the next version, %u sinks' remote "
 	       "sources told", j->name, rq->sink ? "one sink" : "every sink", rep->pairs, rep->remote);
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }

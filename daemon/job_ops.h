@@ -24,10 +24,10 @@ struct jstaged;
 
 /* The sums run on a worker: *deferred, the answer comes later (none
  * when the job has no local sink: answered now). */
-Dte__Status job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
-		       struct dreply *r, int *deferred, char *err, size_t errlen);
-Dte__Status job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
-		       size_t errlen);
+int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
+	       struct dreply *r, int *deferred, char *err, size_t errlen);
+int job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
+	       size_t errlen);
 
 /* After job_fini: drops what resync remembered. */
 void jops_fini(void);

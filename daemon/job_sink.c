@@ -1316,7 +1316,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_ERR_BUSY,
+			job_reply(a->conn, a->req_id, -EBUSY,
 				  "the daemon is shutting down; nothing was applied", 0, NULL);
 		japply_free(a);
 		return;
@@ -1327,7 +1327,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_ERR_NOT_FOUND,
+			job_reply(a->conn, a->req_id, -ENOENT,
 				  "the sink went away while its apply ran", 0, NULL);
 		japply_free(a);
 		return;
@@ -1372,26 +1372,26 @@ static void apply_done(struct jtask *t, int cancelled)
 		rep.checksum_ok = r->ok;
 		rep.checksum_failures = l->checksum_failures;
 		rep.apply_ms = r->work_ms;
-		job_reply(a->conn, a->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_APPLY,
+		job_reply(a->conn, a->req_id, 0, "", DTE__RESPONSE__BODY_APPLY,
 			  &rep);
 	}
 	japply_free(a);
 	job_check_waiters();
 }
 
-static Dte__Status apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-			       uint32_t req_id, void (*prep)(void *arg, const struct jstaged *first),
-			       jsink_applied_fn then, void *arg, char *err, size_t errlen)
+static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+		       uint32_t req_id, void (*prep)(void *arg, const struct jstaged *first),
+		       jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
 	struct japply *a;
 	struct jstaged **tail;
 	size_t nb = l->nbufs ? l->nbufs : 1;
 
 	if (jeng.stopping)
-		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_BUSY,
+		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: the daemon is shutting down", j->name);
 	if (l->applying)
-		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_BUSY,
+		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: sink %llx is applying version %llu already", j->name,
 			     (unsigned long long)l->info.id, (unsigned long long)l->applying);
 	if (!l->vsum)
@@ -1402,7 +1402,7 @@ static Dte__Status apply_start(struct job *j, struct jlocal *l, uint64_t version
 	    !(a->delta = calloc(nb, sizeof(*a->delta)))) {
 		if (a)
 			japply_free(a);
-		return jfail(err, errlen, DTE__STATUS__STATUS_ERR_INTERNAL, "job %s: out of memory",
+		return derr_fail(err, errlen, -ENOMEM, "job %s: out of memory",
 			     j->name);
 	}
 	snprintf(a->job, sizeof(a->job), "%s", j->name);
@@ -1439,54 +1439,54 @@ static Dte__Status apply_start(struct job *j, struct jlocal *l, uint64_t version
 	a->t.run = apply_run;
 	a->t.done = apply_done;
 	jtask_start(&a->t);
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
-Dte__Status jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-			      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
-			      size_t errlen)
+int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
+		      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
+		      size_t errlen)
 {
 	return apply_start(j, l, version, conn, req_id, NULL, then, arg, err, errlen);
 }
 
-Dte__Status jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
-				   void (*prep)(void *arg, const struct jstaged *first),
-				   jsink_applied_fn then, void *arg, char *err, size_t errlen)
+int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
+			   void (*prep)(void *arg, const struct jstaged *first),
+			   jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
 	return apply_start(j, l, version, 0, 0, prep, then, arg, err, errlen);
 }
 
-Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
-		      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
+int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
+	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct jlocal *l;
-	Dte__Status st;
+	int st;
 
 	if (!j) {
 		snprintf(err, errlen, "unknown job \"%s\"", rq->job ? rq->job : "");
-		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+		return -ENOENT;
 	}
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l || l->info.role != JROLE_SINK) {
 		snprintf(err, errlen, "job %s: no sink participant %llx on this connection", j->name,
 			 (unsigned long long)rq->participant);
-		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+		return -ENOENT;
 	}
 	if (!l->applying && (!l->staged || l->staged->version > rq->version)) {
 		if (rq->version <= l->applied) {
 			rep->version = l->applied;
 			rep->checksum_ok = 1;
 			rep->checksum_failures = l->checksum_failures;
-			return DTE__STATUS__STATUS_OK;
+			return 0;
 		}
 		snprintf(err, errlen, "job %s: version %llu is not staged (newest staged %llu, applied %llu)",
 			 j->name, (unsigned long long)rq->version,
 			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)l->applied);
-		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
+		return -ENOENT;
 	}
 	st = jsink_apply_start(j, l, rq->version, conn, req_id, NULL, NULL, err, errlen);
-	if (st == DTE__STATUS__STATUS_OK)
+	if (st == 0)
 		*deferred = 1;
 	return st;
 }

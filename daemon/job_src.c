@@ -22,7 +22,7 @@
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
-#define FAIL(code, ...) jfail(err, errlen, code, __VA_ARGS__)
+#define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
 void jpair_free_state(struct jpair *p)
 {
@@ -227,8 +227,8 @@ static void cap_unlink(struct jcap *c)
 
 /* ------------------------------------------------------------------ mark */
 
-Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
-		     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
+int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct dtc_consts *k;
@@ -236,24 +236,24 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 
 	*deferred = 0;
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l || l->info.role != JROLE_SOURCE)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		return FAIL(-ENOENT,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
 	if (l->busy)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: a capture is still running", j->name);
+		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
+		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
-		return DTE__STATUS__STATUS_ERR_INVALID;
+		return -EINVAL;
 	if (l->last_version && rq->step == l->covered + 1 && !l->gap) {
 		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
 
 		free(k);
 		if (!c)
-			return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+			return FAIL(-ENOMEM, "out of memory");
 		c->scan = 1;
 		for (size_t i = 0; i < c->np; i++) {
 			struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
@@ -263,7 +263,7 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		}
 		*deferred = 1;
 		cap_start(l, c);
-		return DTE__STATUS__STATUS_OK;
+		return 0;
 	}
 	free(k);
 	if (rq->step > l->covered) {
@@ -290,7 +290,7 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		}
 	}
 	rep->gap = l->gap;
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
 static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
@@ -305,14 +305,14 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 		l->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: mark of step %lld: %s", j->name, (long long)c->step,
 			 c->err);
-		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_INVALID, msg, 0, NULL);
+		job_reply(c->conn, c->req_id, -EINVAL, msg, 0, NULL);
 		return;
 	}
 	l->covered = c->step;
 	l->marked = 1;
 	rep.dirty = c->dirty;
 	rep.gap = l->gap;
-	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_MARK, &rep);
+	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_MARK, &rep);
 }
 
 /* --------------------------------------------------------------- publish */
@@ -464,8 +464,8 @@ out:
 	return rc;
 }
 
-Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
-			Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
+int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(rq->job);
 	struct dtc_consts *k;
@@ -477,27 +477,27 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	*deferred = 0;
 	(void)rep;
 	if (!j)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"%s\"", rq->job ? rq->job : "");
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
 	if (!l || l->info.role != JROLE_SOURCE)
-		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		return FAIL(-ENOENT,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
 	if (l->busy)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: a capture is still running", j->name);
+		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (!l->announced)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: not planned yet", j->name);
+		return FAIL(-EINVAL, "job %s: not planned yet", j->name);
 	if (!j->complete)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+		return FAIL(-EINVAL,
 			    "job %s is incomplete: not every source rank is attached", j->name);
 	if (rq->version <= l->last_version)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
+		return FAIL(-EINVAL,
 			    "job %s: version %llu is not after the last published %llu", j->name,
 			    (unsigned long long)rq->version, (unsigned long long)l->last_version);
 	if (rq->step < 1)
-		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
+		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
-		return DTE__STATUS__STATUS_ERR_INVALID;
+		return -EINVAL;
 	first = l->last_version == 0;
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
@@ -505,7 +505,7 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
-		return FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	c->version = rq->version;
 	c->scan = stepped && rq->step == l->covered + 1;
 	for (size_t i = 0; i < l->nbufs; i++)
@@ -529,7 +529,7 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	}
 	*deferred = 1;
 	cap_start(l, c);
-	return DTE__STATUS__STATUS_OK;
+	return 0;
 }
 
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
@@ -555,7 +555,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		l->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
-		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_INTERNAL, msg, 0, NULL);
+		job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
 		return;
 	}
 	/* The trainer's buffers are no longer read: answer first (it may
@@ -580,7 +580,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	l->marked = 0;
 	rep.version = c->version;
 	rep.capture_ms = job_ms_since(c->t0);
-	job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
@@ -663,7 +663,7 @@ static void cap_after(uv_work_t *w, int status)
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
 			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
-		job_reply(c->conn, c->req_id, DTE__STATUS__STATUS_ERR_NOT_FOUND,
+		job_reply(c->conn, c->req_id, -ENOENT,
 			  "the participant went away during the capture", 0, NULL);
 	} else {
 		l->busy = 0;
@@ -765,7 +765,7 @@ int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, 
 				 "refusal, see the daemon log); the next version repairs it densely",
 				 (unsigned long long)p->dst, (unsigned long long)p->sm.failed);
 			*sinks = n;
-			return -1;
+			return -EIO;
 		}
 		done = 0;
 	}

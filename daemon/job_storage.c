@@ -580,7 +580,7 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 		w->mirror = s->mirror->ptr;
 		w->total = s->toff[s->model.ntensors];
 		if (jsink_apply_start_prep(j, l, w->version, writer_collect, writer_applied, w, err,
-					   sizeof(err)) != DTE__STATUS__STATUS_OK) {
+					   sizeof(err)) < 0) {
 			DLOG_E("job %s: storage v%llu: %s", j->name, (unsigned long long)w->version,
 			       err);
 			free(w->ch);

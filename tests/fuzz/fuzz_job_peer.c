@@ -217,7 +217,7 @@ static void attach(struct side *sd, uint64_t conn, const char *role, const char 
 	rq.layout = (char *)desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
-	FUZZ_CHECK(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)) == DTE__STATUS__STATUS_OK,
+	FUZZ_CHECK(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)) == 0,
 		   "attach: %s", err);
 	spin();
 	sd->participant = 0;
@@ -256,13 +256,13 @@ static void train(void)
 	src_sum = sum_src();
 }
 
-static Dte__Status publish(uint64_t version)
+static int publish(uint64_t version)
 {
 	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
 	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
 	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
 	char err[512];
-	Dte__Status st;
+	int st;
 	int deferred = 0, before = answers;
 
 	for (int i = 0; i < 2; i++) {
@@ -279,7 +279,7 @@ static Dte__Status publish(uint64_t version)
 	rq.n_groups = 2;
 	rq.groups = gp;
 	st = job_publish(SRC_CONN, 41, &rq, &rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred) {
+	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
 		while (answers == before) {
@@ -288,7 +288,7 @@ static Dte__Status publish(uint64_t version)
 		}
 	}
 	spin();
-	if (st == DTE__STATUS__STATUS_OK && version >= next_version)
+	if (st == 0 && version >= next_version)
 		next_version = version + 1;
 	return st;
 }
@@ -319,7 +319,7 @@ static int apply(uint64_t version, int *checksum_ok)
 	/* The apply runs on a worker (daemon/job_task.c); its answer comes
 	 * through jeng.reply. */
 	st = job_apply(SINK_CONN, 43, &rq, &rep, &deferred, err, sizeof(err));
-	if (st == DTE__STATUS__STATUS_OK && deferred) {
+	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
 		while (answers == before) {

@@ -127,7 +127,7 @@ static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const c
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
 	rq.replica = attach_replica;
-	assert_int_equal(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)), DTE__STATUS__STATUS_OK);
+	assert_int_equal(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)), 0);
 	assert_true(deferred);
 	spin();
 	/* The plan came back: the participant is announced. */
@@ -247,13 +247,17 @@ static void await_answer(int n)
 	}
 }
 
-static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
+/* Set: publish() also checks that a second publish while the first one's
+ * capture runs is refused as busy (retry), not as a bad request. */
+static int publish_again_busy;
+
+static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 {
 	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
 	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
 	struct dtc_hparams hp = hp_of(step);
 	char err[512];
-	Dte__Status st;
+	int st;
 
 	for (int i = 0; i < 2; i++) {
 		dte__hparams__init(&g[i]);
@@ -274,14 +278,25 @@ static Dte__Status publish(uint64_t version, int64_t step, Dte__PublishReply *re
 		int deferred = 0, before = answer.n;
 
 		st = job_publish(SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
-		if (st == DTE__STATUS__STATUS_OK && deferred) {
+		if (st == 0 && deferred && publish_again_busy) {
+			Dte__PublishReply again = DTE__PUBLISH_REPLY__INIT;
+			int d2 = 0;
+
+			rq.version = version + 1;
+			assert_int_equal(job_publish(SRC_CONN, 42, &rq, &again, &d2, err, sizeof(err)),
+					 -EBUSY);
+			assert_non_null(strstr(err, "a capture is still running"));
+			assert_false(d2);
+			rq.version = version;
+		}
+		if (st == 0 && deferred) {
 			/* Captured on a worker: the answer comes through the loop. */
 			await_answer(before + 1);
 			assert_int_equal(answer.conn, SRC_CONN);
 			assert_int_equal(answer.id, 41);
 			st = answer.code;
 			snprintf(err, sizeof(err), "%s", answer.msg);
-			if (st == DTE__STATUS__STATUS_OK)
+			if (st == 0)
 				*rep = answer.pub;
 		}
 	}
@@ -725,14 +740,14 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), 0);
 	assert_true(jr.created && jr.coordinator);
 	jc.token = "other";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "token"));
 	jc.name = "bad name!";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
 	jc.name = "tj2";
 	jc.token = "tok";
 	jc.model_config = "{\"model_type\": \"nonsense\"}";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
 	j = job_find("tj");
 
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
@@ -750,7 +765,9 @@ static void test_sync_and_misbehaving_peer(void **state)
 	apply_ok(1);
 	check_exact();
 	adamw_step(2, 22);
+	publish_again_busy = 1;
 	assert_int_equal(publish(2, 2, &pr), 0);
+	publish_again_busy = 0;
 	assert_int_equal(pr.dense, 0);
 	assert_true(pr.changed > 0 && pr.changed < pr.elements);
 	/* K = 1: no per-element state kept between versions. */
@@ -980,7 +997,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	{
 		uint32_t sinks;
 
-		assert_int_equal(jsrc_wait_done(j, 11, &sinks, err, sizeof(err)), -1);
+		assert_int_equal(jsrc_wait_done(j, 11, &sinks, err, sizeof(err)), -EIO);
 	}
 	adamw_step(7, 77);
 	assert_int_equal(publish(12, 7, &pr), 0);
@@ -1407,7 +1424,7 @@ static void test_parts(void **state)
 		assert_true(deferred);
 		/* A second apply of the same sink while one runs is refused. */
 		assert_int_equal(job_apply(SINK_CONN, 93, &rq, &rep, &deferred, err, sizeof(err)),
-				 DTE__STATUS__STATUS_ERR_BUSY);
+				 -EBUSY);
 		spin();
 		assert_int_equal(answer.verify_id, 91);
 		assert_string_equal(answer.verify_result, "skipped");

@@ -129,7 +129,7 @@ static void writer_and_reader_jobs(void **state)
 	struct jlocal *l;
 	char err[512];
 
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), DTE__STATUS__STATUS_OK);
+	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), 0);
 	j = job_find("w");
 	assert_non_null(j);
 	/* The writer's canonical sink is a participant of its own. */
@@ -147,10 +147,10 @@ static void writer_and_reader_jobs(void **state)
 	assert_non_null(strstr(err, "reader"));
 	/* Same name, other storage configuration: refused. */
 	rq.keyframe_every = 3;
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "storage"));
 	rq = req("r", "storage", root, "reader");
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), DTE__STATUS__STATUS_OK);
+	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), 0);
 	j = job_find("r");
 	assert_null(j->locals);
 	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), 0);
@@ -158,7 +158,7 @@ static void writer_and_reader_jobs(void **state)
 	assert_non_null(strstr(err, "sources"));
 	/* A root that cannot be made: the job is not created. */
 	rq = req("bad", "storage", "/proc/no/such/dir", "reader");
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), DTE__STATUS__STATUS_ERR_INVALID);
+	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), -EINVAL);
 	assert_null(job_find("bad"));
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
