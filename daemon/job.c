@@ -214,7 +214,8 @@ static void send_join(struct job *j, int retry)
 		pa[i].rank = l->info.rank;
 		pa[i].replica = l->info.replica;
 		pa[i].node = (char *)route_self_node();
-		pa[i].shards = l->shards ? l->shards : (char *)"";
+		pa[i].shards = l->info.role == JROLE_SOURCE && jsource_of(l)->shards ?
+				jsource_of(l)->shards : (char *)"";
 		pp[i] = &pa[i];
 	}
 	job_fill_ref(j, &ref);
@@ -255,15 +256,56 @@ out:
 	jctl_update();
 }
 
-static void jlocal_free(struct jlocal *l)
+void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
 {
-	jsink_free(l);
+	DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
+	       l ? (unsigned long long)l->info.id : 0ULL,
+	       !l ? "NULL" : l->info.role == JROLE_SOURCE ? "source" :
+	       l->info.role == JROLE_SINK ? "sink" : "participant of no role",
+	       want == JROLE_SOURCE ? "source" : "sink");
+	abort();
+}
+
+struct jlocal *jlocal_new(int role, size_t nbufs)
+{
+	struct jlocal *l;
+
+	if (role == JROLE_SOURCE)
+		l = calloc(1, sizeof(struct jsource));
+	else if (role == JROLE_SINK)
+		l = calloc(1, sizeof(struct jsink));
+	else
+		return NULL;
+	if (!l)
+		return NULL;
+	l->info.role = role;
+	l->nbufs = nbufs;
+	if (!(l->bufs = calloc(nbufs ? nbufs : 1, sizeof(*l->bufs))) ||
+	    !(l->buf_ids = calloc(nbufs ? nbufs : 1, sizeof(*l->buf_ids)))) {
+		free(l->bufs);
+		free(l);
+		return NULL;
+	}
+	if (role == JROLE_SOURCE)
+		jsource_of(l)->covered = -1;
+	return l;
+}
+
+/* Frees what jlocal_new() and the role's code allocated, and drops the
+ * buffer references it took. */
+void jlocal_free(struct jlocal *l)
+{
+	if (!l)
+		return;
+	if (l->info.role == JROLE_SINK)
+		jsink_free(l);
+	else
+		free(jsource_of(l)->shards);
 	for (size_t i = 0; i < l->nbufs; i++)
 		if (l->bufs[i])
 			dbuf_unref(l->bufs[i]);
 	free(l->bufs);
 	free(l->buf_ids);
-	free(l->shards);
 	free(l);
 }
 
@@ -376,9 +418,9 @@ static int waiter_try(struct jwaiter *w, int expired)
 		struct jlocal *l = job_local(j, w->arg);
 		Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
 
-		if (l && jsink_newest_staged(l) > l->applied) {
+		if (l && l->info.role == JROLE_SINK && jsink_newest_staged(l) > jsink_of(l)->applied) {
 			rep.version = jsink_newest_staged(l);
-			rep.applied = l->applied;
+			rep.applied = jsink_of(l)->applied;
 			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
 			return 1;
 		}
@@ -748,13 +790,11 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 		     n, rq->n_buffers);
 		goto fail;
 	}
-	l = calloc(1, sizeof(*l));
-	if (!l || !(l->bufs = calloc(n ? n : 1, sizeof(*l->bufs))) ||
-	    !(l->buf_ids = calloc(n ? n : 1, sizeof(*l->buf_ids)))) {
+	l = jlocal_new(role, n);
+	if (!l) {
 		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
 		goto fail;
 	}
-	l->nbufs = n;
 	/* lay.bufs is sorted by (rank, id): the rank's buffers in id order. */
 	for (i = 0, k = 0; i < lay.nbufs; i++) {
 		const struct dte_layout_buffer *lb = &lay.bufs[i];
@@ -801,11 +841,10 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	for (i = 0; i < n; i++)
 		dbuf_ref(l->bufs[i]);
 	l->info.id = job_participant_id_new();
-	l->info.role = role;
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
 	l->info.rank = rq->rank;
 	l->info.replica = rq->replica;
-	if (rq->shards && *rq->shards && !(l->shards = strdup(rq->shards))) {
+	if (rq->shards && *rq->shards && !(jsource_of(l)->shards = strdup(rq->shards))) {
 		for (i = 0; i < n; i++)
 			dbuf_unref(l->bufs[i]);
 		st = FAIL(DTE__STATUS__STATUS_ERR_INTERNAL, "out of memory");
@@ -813,7 +852,6 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	}
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = conn;
-	l->covered = -1;
 	l->next = j->locals;
 	j->locals = l;
 	dte_layout_fini(&lay);
@@ -830,9 +868,9 @@ Dte__Status job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest 
 	return DTE__STATUS__STATUS_OK;
 fail:
 	if (l) {
-		free(l->bufs);
-		free(l->buf_ids);
-		free(l);
+		/* No buffer references taken yet: free the slots only. */
+		memset(l->bufs, 0, l->nbufs * sizeof(*l->bufs));
+		jlocal_free(l);
 	}
 	dte_layout_fini(&lay);
 	return st;
@@ -897,9 +935,9 @@ Dte__Status job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStage
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			    "job %s: no sink participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
-	if (jsink_newest_staged(l) > l->applied) {
+	if (jsink_newest_staged(l) > jsink_of(l)->applied) {
 		rep->version = jsink_newest_staged(l);
-		rep->applied = l->applied;
+		rep->applied = jsink_of(l)->applied;
 		return DTE__STATUS__STATUS_OK;
 	}
 	if (rq->timeout_ms == 0)
@@ -923,9 +961,9 @@ Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			    "job %s: participant %llx is not attached by this connection", j->name,
 			    (unsigned long long)rq->participant);
-	rep->applied = l->info.role == JROLE_SINK ? l->applied : l->last_version;
-	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : l->last_version;
-	rep->checksum_failures = l->checksum_failures;
+	rep->applied = l->info.role == JROLE_SINK ? jsink_of(l)->applied : jsource_of(l)->last_version;
+	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : jsource_of(l)->last_version;
+	rep->checksum_failures = l->info.role == JROLE_SINK ? jsink_of(l)->checksum_failures : 0;
 	return DTE__STATUS__STATUS_OK;
 }
 
@@ -1172,10 +1210,10 @@ Dte__Status job_list(Dte__JobsReply *rep, struct dreply *r)
 		s->participants = (uint32_t)j->nparts;
 		for (struct jlocal *l = j->locals; l; l = l->next) {
 			s->local_participants++;
-			if (l->info.role == JROLE_SOURCE && l->last_version > v)
-				v = l->last_version;
-			if (l->info.role == JROLE_SINK && l->applied > v)
-				v = l->applied;
+			if (l->info.role == JROLE_SOURCE && jsource_of(l)->last_version > v)
+				v = jsource_of(l)->last_version;
+			if (l->info.role == JROLE_SINK && jsink_of(l)->applied > v)
+				v = jsink_of(l)->applied;
 		}
 		s->version = v;
 		rep->jobs[i] = s;
@@ -1252,9 +1290,11 @@ Dte__Status job_info(const char *name, Dte__JobReply *rep, struct dreply *r, cha
 		p->node = (char *)pi->node;
 		p->local = l != NULL;
 		if (l) {
-			p->version = pi->role == JROLE_SINK ? l->applied : l->last_version;
-			p->staged = pi->role == JROLE_SINK ? jsink_newest_staged(l) : 0;
-			p->checksum_failures = l->checksum_failures;
+			int sink = l->info.role == JROLE_SINK;
+
+			p->version = sink ? jsink_of(l)->applied : jsource_of(l)->last_version;
+			p->staged = sink ? jsink_newest_staged(l) : 0;
+			p->checksum_failures = sink ? jsink_of(l)->checksum_failures : 0;
 		} else if (pi->role == JROLE_SINK) {
 			/* What the sources here heard from it. */
 			for (size_t q = 0; q < j->npairs; q++) {

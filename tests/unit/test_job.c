@@ -1049,7 +1049,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 		apply_side_ok(&sink2, SINK2_CONN, v);
 	}
 	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
-	assert_int_equal(job_local(j, sink.participant)->staging_drops, 1);
+	assert_int_equal(jsink_of(job_local(j, sink.participant))->staging_drops, 1);
 	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
 	adamw_step(17, 222);
 	assert_int_equal(publish(22, 17, &pr), 0);
@@ -1171,7 +1171,7 @@ static size_t pending(struct job *j)
 {
 	size_t n = 0;
 
-	for (const struct jpend *p = job_local(j, sink.participant)->pend; p; p = p->next)
+	for (const struct jpend *p = jsink_of(job_local(j, sink.participant))->pend; p; p = p->next)
 		n++;
 	return n;
 }
