@@ -258,11 +258,14 @@ out:
 
 void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
 {
-	DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
-	       l ? (unsigned long long)l->info.id : 0ULL,
-	       !l ? "NULL" : l->info.role == JROLE_SOURCE ? "source" :
-	       l->info.role == JROLE_SINK ? "sink" : "participant of no role",
-	       want == JROLE_SOURCE ? "source" : "sink");
+	const char *w = want == JROLE_SOURCE ? "source" : "sink";
+
+	if (!l)
+		DLOG_E("%s: NULL participant, not a %s (a bug)", func, w);
+	else
+		DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
+		       (unsigned long long)l->info.id, l->info.role == JROLE_SOURCE ? "source" :
+		       l->info.role == JROLE_SINK ? "sink" : "participant of no role", w);
 	abort();
 }
 
