@@ -421,7 +421,8 @@ static int waiter_try(struct jwaiter *w, int expired)
 		struct jlocal *l = job_local(j, w->arg);
 		Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
 
-		if (l && l->info.role == JROLE_SINK && jsink_newest_staged(l) > jsink_of(l)->applied) {
+		if (l && l->info.role == JROLE_SINK &&
+		    jsink_newest_staged(l) > jsink_of(l)->applied) {
 			rep.version = jsink_newest_staged(l);
 			rep.applied = jsink_of(l)->applied;
 			reply_deferred(w, DTE__STATUS__STATUS_OK, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
@@ -964,8 +965,10 @@ Dte__Status job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 		return FAIL(DTE__STATUS__STATUS_ERR_NOT_FOUND,
 			    "job %s: participant %llx is not attached by this connection", j->name,
 			    (unsigned long long)rq->participant);
-	rep->applied = l->info.role == JROLE_SINK ? jsink_of(l)->applied : jsource_of(l)->last_version;
-	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : jsource_of(l)->last_version;
+	rep->applied = l->info.role == JROLE_SINK ? jsink_of(l)->applied :
+		       jsource_of(l)->last_version;
+	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) :
+		      jsource_of(l)->last_version;
 	rep->checksum_failures = l->info.role == JROLE_SINK ? jsink_of(l)->checksum_failures : 0;
 	return DTE__STATUS__STATUS_OK;
 }

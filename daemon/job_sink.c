@@ -146,13 +146,14 @@ void jsink_free(struct jlocal *l)
 
 uint64_t jsink_newest_staged(const struct jlocal *l)
 {
-	const struct jstaged *s = jsink_cof(l)->staged;
+	const struct jsink *k = jsink_cof(l);
+	const struct jstaged *s = k->staged;
 
 	while (s && s->next)
 		s = s->next;
 	/* A version on its way into the buffers (an apply on a worker) is
 	 * held too. */
-	return s ? s->version : jsink_cof(l)->applying ? jsink_cof(l)->applying : jsink_cof(l)->applied;
+	return s ? s->version : k->applying ? k->applying : k->applied;
 }
 
 void jsink_replanned(struct job *j)
@@ -896,7 +897,8 @@ static void try_stage(struct job *j, struct jlocal *l)
 			if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version == jsink_of(l)->held)
 				continue;
 			for (p = jsink_of(l)->pend; p; p = p->next)
-				have_base |= p->version == c->base_version && c->base_version > jsink_of(l)->held;
+				have_base |= p->version == c->base_version &&
+					     c->base_version > jsink_of(l)->held;
 			if (have_base) {
 				wait = 1;	/* its base is still on the way */
 				continue;
@@ -1491,7 +1493,8 @@ Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *r
 			 (unsigned long long)rq->participant);
 		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
 	}
-	if (!jsink_of(l)->applying && (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
+	if (!jsink_of(l)->applying &&
+	    (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
 		if (rq->version <= jsink_of(l)->applied) {
 			rep->version = jsink_of(l)->applied;
 			rep->checksum_ok = 1;
@@ -1500,7 +1503,8 @@ Dte__Status job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *r
 		}
 		snprintf(err, errlen, "job %s: version %llu is not staged (newest staged %llu, applied %llu)",
 			 j->name, (unsigned long long)rq->version,
-			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)jsink_of(l)->applied);
+			 (unsigned long long)jsink_newest_staged(l),
+			 (unsigned long long)jsink_of(l)->applied);
 		return DTE__STATUS__STATUS_ERR_NOT_FOUND;
 	}
 	st = jsink_apply_start(j, l, rq->version, conn, req_id, NULL, NULL, err, errlen);

@@ -248,7 +248,8 @@ Dte__Status job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
 		return DTE__STATUS__STATUS_ERR_INVALID;
-	if (jsource_of(l)->last_version && rq->step == jsource_of(l)->covered + 1 && !jsource_of(l)->gap) {
+	if (jsource_of(l)->last_version && rq->step == jsource_of(l)->covered + 1 &&
+	    !jsource_of(l)->gap) {
 		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
 
 		free(k);
@@ -493,7 +494,8 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	if (rq->version <= jsource_of(l)->last_version)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID,
 			    "job %s: version %llu is not after the last published %llu", j->name,
-			    (unsigned long long)rq->version, (unsigned long long)jsource_of(l)->last_version);
+			    (unsigned long long)rq->version,
+			    (unsigned long long)jsource_of(l)->last_version);
 	if (rq->step < 1)
 		return FAIL(DTE__STATUS__STATUS_ERR_INVALID, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
@@ -501,7 +503,8 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 	first = jsource_of(l)->last_version == 0;
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
-	stepped = !first && !jsource_of(l)->gap && (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
+	stepped = !first && !jsource_of(l)->gap &&
+		  (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
 	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
@@ -519,7 +522,8 @@ Dte__Status job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishReques
 		 * bitmap; this one is scanned by the capture (host: inside
 		 * dtc_detect; device and snapshot: into a bitmap for this
 		 * version only). */
-		why = pair_sm_decide(&p->sm, jsource_of(l)->last_version, j->epoch, stepped, jsource_of(l)->marked && !p->dirty);
+		why = pair_sm_decide(&p->sm, jsource_of(l)->last_version, j->epoch, stepped,
+				     jsource_of(l)->marked && !p->dirty);
 		cp->sparse = why == PAIR_WHY_NONE;
 		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		cp->remote = dst && !route_is_self(dst->node, NULL);
