@@ -5,7 +5,7 @@
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
                daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
-               daemon/job_coord.c daemon/pair_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
+               daemon/job_coord.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c \
                daemon/bufpool.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
@@ -44,7 +44,7 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
-UNIT_TESTS   += test_buf test_job test_pair_sm
+UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm
 # route.c alone: local queue, remote dispatch, a decorator both ways.
 UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py

@@ -20,6 +20,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
+#include "daemon/sink_sm.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -936,6 +937,27 @@ static void try_stage(struct job *j, struct jlocal *l)
 	}
 }
 
+/* Whether a record (COUNTS or PAYLOAD part) of version v is dropped at
+ * sink l (sink_sm.h): by the state the sink's fields give v, before its
+ * pending version is looked up (record_dropped_pending, after). */
+static int record_dropped(struct jlocal *l, uint64_t v)
+{
+	const struct jsink *k = jsink_of(l);
+	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
+			       .applied = k->applied };
+
+	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
+		w.chained = st->version == v;
+	return sink_sm_step(sink_sm_state(&w, v), SINK_EV_RECORD).act == SINK_A_DROP;
+}
+
+/* ...and once its pending version p is found (or made). */
+static int record_dropped_pending(const struct jpend *p)
+{
+	return sink_sm_step(p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING, SINK_EV_RECORD).act ==
+	       SINK_A_DROP;
+}
+
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
 			       uint64_t version, Dtep__PeerMsgType type)
 {
@@ -994,14 +1016,14 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
 		return;
 	}
-	if (m->version <= jsink_of(l)->held || m->version == jsink_of(l)->staging) {
+	if (record_dropped(l, m->version)) {
 		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
 		       (unsigned long long)m->version, (unsigned long long)l->info.id,
 		       (unsigned long long)jsink_of(l)->held);
 		return;
 	}
 	p = pend_get(j, l, m->version);
-	if (p && p->refused)
+	if (p && record_dropped_pending(p))
 		return;
 	s = p ? pend_src(p, m->src) : NULL;
 	if (!s || s->counts) {
@@ -1036,7 +1058,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 
 	if (!l)
 		return;
-	if (m->version <= jsink_of(l)->held || m->version == jsink_of(l)->staging) {
+	if (record_dropped(l, m->version)) {
 		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
 		       j->name, m->part, (unsigned long long)m->version,
 		       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->held);
@@ -1052,7 +1074,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		return;
 	}
 	p = pend_get(j, l, m->version);
-	if (p && p->refused)
+	if (p && record_dropped_pending(p))
 		return;
 	s = p ? pend_src(p, m->src) : NULL;
 	if (!s) {

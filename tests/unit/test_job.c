@@ -1259,6 +1259,13 @@ static void test_parts(void **state)
 	assert_int_equal(staged(), v);
 	apply_ok(v);
 	check_exact();
+	/* Its parts again, now that the sink holds it: dropped (sink_sm.h,
+	 * applied × record), nothing pends. */
+	assert_int_equal(pending(j), 0);
+	for (size_t k = 0; k + 1 < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(pending(j), 0);
+	assert_int_equal(staged(), v);
 	v++;
 
 	/* A duplicate part refuses the version; the rest of it is dropped and
