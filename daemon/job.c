@@ -205,7 +205,8 @@ static void send_join(struct job *j, int retry)
 		pa[i].rank = l->info.rank;
 		pa[i].replica = l->info.replica;
 		pa[i].node = (char *)route_self_node();
-		pa[i].shards = l->shards ? l->shards : (char *)"";
+		pa[i].shards = l->info.role == JROLE_SOURCE && jsource_of(l)->shards ?
+				jsource_of(l)->shards : (char *)"";
 		pp[i] = &pa[i];
 	}
 	job_fill_ref(j, &ref);
@@ -246,15 +247,59 @@ out:
 	jctl_update();
 }
 
-static void jlocal_free(struct jlocal *l)
+void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
 {
-	jsink_free(l);
+	const char *w = want == JROLE_SOURCE ? "source" : "sink";
+
+	if (!l)
+		DLOG_E("%s: NULL participant, not a %s (a bug)", func, w);
+	else
+		DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
+		       (unsigned long long)l->info.id, l->info.role == JROLE_SOURCE ? "source" :
+		       l->info.role == JROLE_SINK ? "sink" : "participant of no role", w);
+	abort();
+}
+
+struct jlocal *jlocal_new(int role, size_t nbufs)
+{
+	struct jlocal *l;
+
+	if (role == JROLE_SOURCE)
+		l = calloc(1, sizeof(struct jsource));
+	else if (role == JROLE_SINK)
+		l = calloc(1, sizeof(struct jsink));
+	else
+		return NULL;
+	if (!l)
+		return NULL;
+	l->info.role = role;
+	l->nbufs = nbufs;
+	if (!(l->bufs = calloc(nbufs ? nbufs : 1, sizeof(*l->bufs))) ||
+	    !(l->buf_ids = calloc(nbufs ? nbufs : 1, sizeof(*l->buf_ids)))) {
+		free(l->bufs);
+		free(l);
+		return NULL;
+	}
+	if (role == JROLE_SOURCE)
+		jsource_of(l)->covered = -1;
+	return l;
+}
+
+/* Frees what jlocal_new() and the role's code allocated, and drops the
+ * buffer references it took. */
+void jlocal_free(struct jlocal *l)
+{
+	if (!l)
+		return;
+	if (l->info.role == JROLE_SINK)
+		jsink_free(l);
+	else
+		free(jsource_of(l)->shards);
 	for (size_t i = 0; i < l->nbufs; i++)
 		if (l->bufs[i])
 			dbuf_unref(l->bufs[i]);
 	free(l->bufs);
 	free(l->buf_ids);
-	free(l->shards);
 	free(l);
 }
 
@@ -368,9 +413,10 @@ static int waiter_try(struct jwaiter *w, int expired)
 		struct jlocal *l = job_local(j, w->arg);
 		Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
 
-		if (l && jsink_newest_staged(l) > l->applied) {
+		if (l && l->info.role == JROLE_SINK &&
+		    jsink_newest_staged(l) > jsink_of(l)->applied) {
 			rep.version = jsink_newest_staged(l);
-			rep.applied = l->applied;
+			rep.applied = jsink_of(l)->applied;
 			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
 			return 1;
 		}
@@ -741,13 +787,11 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 		     n, rq->n_buffers);
 		goto fail;
 	}
-	l = calloc(1, sizeof(*l));
-	if (!l || !(l->bufs = calloc(n ? n : 1, sizeof(*l->bufs))) ||
-	    !(l->buf_ids = calloc(n ? n : 1, sizeof(*l->buf_ids)))) {
+	l = jlocal_new(role, n);
+	if (!l) {
 		st = FAIL(-ENOMEM, "out of memory");
 		goto fail;
 	}
-	l->nbufs = n;
 	/* lay.bufs is sorted by (rank, id): the rank's buffers in id order. */
 	for (i = 0, k = 0; i < lay.nbufs; i++) {
 		const struct dte_layout_buffer *lb = &lay.bufs[i];
@@ -796,11 +840,10 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	for (i = 0; i < n; i++)
 		dbuf_ref(l->bufs[i]);
 	l->info.id = job_participant_id_new();
-	l->info.role = role;
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
 	l->info.rank = rq->rank;
 	l->info.replica = rq->replica;
-	if (rq->shards && *rq->shards && !(l->shards = strdup(rq->shards))) {
+	if (rq->shards && *rq->shards && !(jsource_of(l)->shards = strdup(rq->shards))) {
 		for (i = 0; i < n; i++)
 			dbuf_unref(l->bufs[i]);
 		st = FAIL(-ENOMEM, "out of memory");
@@ -808,7 +851,6 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	}
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = conn;
-	l->covered = -1;
 	l->next = j->locals;
 	j->locals = l;
 	dte_layout_fini(&lay);
@@ -825,9 +867,9 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	return 0;
 fail:
 	if (l) {
-		free(l->bufs);
-		free(l->buf_ids);
-		free(l);
+		/* No buffer references taken yet: free the slots only. */
+		memset(l->bufs, 0, l->nbufs * sizeof(*l->bufs));
+		jlocal_free(l);
 	}
 	dte_layout_fini(&lay);
 	return st;
@@ -892,9 +934,9 @@ int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest
 		return FAIL(-ENOENT,
 			    "job %s: no sink participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
-	if (jsink_newest_staged(l) > l->applied) {
+	if (jsink_newest_staged(l) > jsink_of(l)->applied) {
 		rep->version = jsink_newest_staged(l);
-		rep->applied = l->applied;
+		rep->applied = jsink_of(l)->applied;
 		return 0;
 	}
 	if (rq->timeout_ms == 0)
@@ -918,9 +960,11 @@ int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 		return FAIL(-ENOENT,
 			    "job %s: participant %llx is not attached by this connection", j->name,
 			    (unsigned long long)rq->participant);
-	rep->applied = l->info.role == JROLE_SINK ? l->applied : l->last_version;
-	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) : l->last_version;
-	rep->checksum_failures = l->checksum_failures;
+	rep->applied = l->info.role == JROLE_SINK ? jsink_of(l)->applied :
+		       jsource_of(l)->last_version;
+	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) :
+		      jsource_of(l)->last_version;
+	rep->checksum_failures = l->info.role == JROLE_SINK ? jsink_of(l)->checksum_failures : 0;
 	return 0;
 }
 
@@ -1167,10 +1211,10 @@ int job_list(Dte__JobsReply *rep, struct dreply *r)
 		s->participants = (uint32_t)j->nparts;
 		for (struct jlocal *l = j->locals; l; l = l->next) {
 			s->local_participants++;
-			if (l->info.role == JROLE_SOURCE && l->last_version > v)
-				v = l->last_version;
-			if (l->info.role == JROLE_SINK && l->applied > v)
-				v = l->applied;
+			if (l->info.role == JROLE_SOURCE && jsource_of(l)->last_version > v)
+				v = jsource_of(l)->last_version;
+			if (l->info.role == JROLE_SINK && jsink_of(l)->applied > v)
+				v = jsink_of(l)->applied;
 		}
 		s->version = v;
 		rep->jobs[i] = s;
@@ -1247,9 +1291,11 @@ int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
 		p->node = (char *)pi->node;
 		p->local = l != NULL;
 		if (l) {
-			p->version = pi->role == JROLE_SINK ? l->applied : l->last_version;
-			p->staged = pi->role == JROLE_SINK ? jsink_newest_staged(l) : 0;
-			p->checksum_failures = l->checksum_failures;
+			int sink = l->info.role == JROLE_SINK;
+
+			p->version = sink ? jsink_of(l)->applied : jsource_of(l)->last_version;
+			p->staged = sink ? jsink_newest_staged(l) : 0;
+			p->checksum_failures = sink ? jsink_of(l)->checksum_failures : 0;
 		} else if (pi->role == JROLE_SINK) {
 			/* What the sources here heard from it. */
 			for (size_t q = 0; q < j->npairs; q++) {

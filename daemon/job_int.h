@@ -120,24 +120,43 @@ struct jstaged {
 	struct jstaged *next;
 };
 
-/* A participant attached on this daemon. */
+/* A participant attached on this daemon: what every role has.  It is
+ * the first member of a struct jsource or struct jsink (info.role says
+ * which, fixed at jlocal_new()); the role's own state is reached only
+ * through jsource_of() / jsink_of(), which check the role. */
 struct jlocal {
 	struct jpinfo info;
-	char *shards;             /* source of an mcore:/fsdp2: layout: its shard table */
 	uint64_t owner;           /* control connection */
 	size_t nbufs;
 	uint32_t *buf_ids;        /* layout buffer ids of its rank, ascending */
 	struct dbuf **bufs;
 	int announced;            /* a PLAN including it arrived */
 	char refused[256];        /* the coordinator refused it: why */
-	/* source */
+	struct jlocal *next;
+};
+
+/* A source attached here (job_src.c, job_capture.c). */
+struct jsource {
+	struct jlocal l;
+	char *shards;             /* of an mcore:/fsdp2: layout: its shard table */
 	uint64_t last_version;
 	int64_t covered;          /* last optimizer step in the dirty state */
 	int gap;                  /* a step was missed since the last publish */
-	uint64_t dirty_count;
 	int marked;               /* a mark scanned since the last publish */
 	int busy;                 /* a capture of it is on a worker */
-	/* sink */
+};
+
+/* The storage writer's canonical sink (job_storage.c) holds its APPLIED
+ * back until the version is committed to storage, so a trainer's wait(v)
+ * still means "v is in storage".  Only that sink has one. */
+struct jwriter {
+	struct japplied *deferred; /* the APPLIED held back; NULL: none */
+};
+
+/* A sink attached here (job_sink.c), or the storage writer's canonical
+ * sink (then w is set). */
+struct jsink {
+	struct jlocal l;
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t applied;
 	uint64_t staging;         /* a worker stages this version; 0: none */
@@ -154,13 +173,51 @@ struct jlocal {
 	uint64_t full_verifies, incremental_verifies;
 	struct jpend *pend;
 	struct jstaged *staged;
-	/* The storage writer's canonical sink holds its APPLIED back until
-	 * the version is committed to storage (job_storage.c), so a trainer's
-	 * wait(v) still means "v is in storage". */
-	int defer_applied;
-	struct japplied *deferred;
-	struct jlocal *next;
+	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
 };
+
+/* A role accessor used on the other role: a bug in the daemon, never
+ * input.  It logs and aborts in every build rather than read another
+ * role's memory. */
+void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
+	__attribute__((noreturn));
+
+static inline struct jsource *jsource_of(struct jlocal *l)
+{
+	if (__builtin_expect(!l || l->info.role != JROLE_SOURCE, 0))
+		jlocal_role_misuse(l, JROLE_SOURCE, __func__);
+	return (struct jsource *)l;
+}
+
+static inline const struct jsource *jsource_cof(const struct jlocal *l)
+{
+	if (__builtin_expect(!l || l->info.role != JROLE_SOURCE, 0))
+		jlocal_role_misuse(l, JROLE_SOURCE, __func__);
+	return (const struct jsource *)l;
+}
+
+static inline struct jsink *jsink_of(struct jlocal *l)
+{
+	if (__builtin_expect(!l || l->info.role != JROLE_SINK, 0))
+		jlocal_role_misuse(l, JROLE_SINK, __func__);
+	return (struct jsink *)l;
+}
+
+static inline const struct jsink *jsink_cof(const struct jlocal *l)
+{
+	if (__builtin_expect(!l || l->info.role != JROLE_SINK, 0))
+		jlocal_role_misuse(l, JROLE_SINK, __func__);
+	return (const struct jsink *)l;
+}
+
+/* A zeroed participant of role (JROLE_*): a struct jsource or a struct
+ * jsink, with nbufs buffer slots; NULL when out of memory.  jlocal_free()
+ * frees either. */
+struct jlocal *jlocal_new(int role, size_t nbufs);
+void jlocal_free(struct jlocal *l);
+/* The storage writer's canonical sink: hang a struct jwriter on sink l.
+ * 0, or -1 when out of memory. */
+int jsink_make_writer(struct jlocal *l);
 
 /* Coordinator's view of one member daemon. */
 struct jmember {
@@ -456,7 +513,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len);
 void jsink_free(struct jlocal *l);
-/* Send the APPLIED a defer_applied sink held back at its last apply. */
+/* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
 uint64_t jsink_newest_staged(const struct jlocal *l);

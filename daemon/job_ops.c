@@ -252,14 +252,14 @@ static int vsink_fill(struct vsink *k, const struct jlocal *l)
 	k->id = l->info.id;
 	k->rank = l->info.rank;
 	k->replica = l->info.replica;
-	k->gen = l->apply_gen;
+	k->gen = jsink_cof(l)->apply_gen;
 	if (!v) {
 		k->result = "unapplied";
 		k->detail = "no version applied since it attached";
 		return 0;
 	}
 	k->version = v->version;
-	if (l->applying) {
+	if (jsink_cof(l)->applying) {
 		k->result = "skipped";
 		k->detail = "an apply is running; verify again after it";
 		return 0;
@@ -331,8 +331,8 @@ static void verify_run(struct jtask *t)
 /* Loop: a sink's mismatch counts as a failed apply does. */
 static void verify_mismatch(struct job *j, struct jlocal *l, const struct vsink *k)
 {
-	l->checksum_failures++;
-	l->vkey = 0;	/* the next apply verifies in full */
+	jsink_of(l)->checksum_failures++;
+	jsink_of(l)->vkey = 0;	/* the next apply verifies in full */
 	dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 	DLOG_E("job %s: verify: sink %llx version %llu: %u of %u buffers differ (%s); dense repair "
 	       "requested", j->name, (unsigned long long)l->info.id, (unsigned long long)k->version,
@@ -374,7 +374,7 @@ static void verify_done(struct jtask *t, int cancelled)
 		if (!k->result && !l) {
 			k->result = "skipped";
 			k->detail = "the sink went away during the verify";
-		} else if (!k->result && (l->apply_gen != k->gen || l->applying)) {
+		} else if (!k->result && (jsink_of(l)->apply_gen != k->gen || jsink_of(l)->applying)) {
 			k->result = "skipped";
 			k->detail = "an apply ran during the verify; verify again";
 		} else if (!k->result) {
@@ -474,7 +474,7 @@ int job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
 	for (struct jlocal *l = j->locals; l; l = l->next) {
 		if (l->info.role != JROLE_SINK || (rq->sink && l->info.id != rq->sink))
 			continue;
-		if (tell_remote_sources(j, l, l->applied, DTEP__APPLY_RESULT__APPLY_REFUSED,
+		if (tell_remote_sources(j, l, jsink_of(l)->applied, DTEP__APPLY_RESULT__APPLY_REFUSED,
 					"resync requested by an operator"))
 			rep->remote++;
 	}

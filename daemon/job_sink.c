@@ -20,6 +20,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
+#include "daemon/sink_sm.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -81,7 +82,7 @@ static void pend_free(struct jpend *p)
 
 static void pend_drop(struct jlocal *l, struct jpend *p)
 {
-	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
+	for (struct jpend **pp = &jsink_of(l)->pend; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;
 			break;
@@ -90,7 +91,7 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 	pend_free(p);
 }
 
-/* An APPLIED held back (jlocal.defer_applied). */
+/* An APPLIED held back (the storage writer's sink, struct jwriter). */
 struct japplied {
 	uint64_t version;
 	uint64_t *srcs;
@@ -108,45 +109,62 @@ static void japplied_free(struct japplied *a)
 	}
 }
 
+int jsink_make_writer(struct jlocal *l)
+{
+	struct jsink *k = jsink_of(l);
+
+	if (!k->w && !(k->w = calloc(1, sizeof(*k->w))))
+		return -1;
+	return 0;
+}
+
 void jsink_free(struct jlocal *l)
 {
-	japplied_free(l->deferred);
-	l->deferred = NULL;
-	jops_sink_free(l);
-	free(l->vsum);
-	l->vsum = NULL;
-	l->vkey = 0;
-	while (l->pend) {
-		struct jpend *p = l->pend;
+	struct jsink *k = jsink_of(l);
 
-		l->pend = p->next;
+	if (k->w) {
+		japplied_free(k->w->deferred);
+		free(k->w);
+		k->w = NULL;
+	}
+	jops_sink_free(l);
+	free(k->vsum);
+	k->vsum = NULL;
+	k->vkey = 0;
+	while (k->pend) {
+		struct jpend *p = k->pend;
+
+		k->pend = p->next;
 		pend_free(p);
 	}
-	while (l->staged) {
-		struct jstaged *s = l->staged;
+	while (k->staged) {
+		struct jstaged *s = k->staged;
 
-		l->staged = s->next;
+		k->staged = s->next;
 		staged_free(s);
 	}
 }
 
 uint64_t jsink_newest_staged(const struct jlocal *l)
 {
-	const struct jstaged *s = l->staged;
+	const struct jsink *k = jsink_cof(l);
+	const struct jstaged *s = k->staged;
 
 	while (s && s->next)
 		s = s->next;
 	/* A version on its way into the buffers (an apply on a worker) is
 	 * held too. */
-	return s ? s->version : l->applying ? l->applying : l->applied;
+	return s ? s->version : k->applying ? k->applying : k->applied;
 }
 
 void jsink_replanned(struct job *j)
 {
 	for (struct jlocal *l = j->locals; l; l = l->next) {
-		struct jpend *p = l->pend, *next;
+		struct jpend *p, *next;
 
-		for (; p; p = next) {
+		if (l->info.role != JROLE_SINK)
+			continue;
+		for (p = jsink_of(l)->pend; p; p = next) {
 			next = p->next;
 			if (p->epoch != j->epoch)
 				pend_drop(l, p);
@@ -188,11 +206,12 @@ static void send_applied(struct job *j, struct jlocal *l, uint64_t version, cons
 
 void jsink_send_deferred(struct job *j, struct jlocal *l)
 {
-	struct japplied *a = l->deferred;
+	struct jwriter *w = jsink_of(l)->w;
+	struct japplied *a = w ? w->deferred : NULL;
 
 	if (!a)
 		return;
-	l->deferred = NULL;
+	w->deferred = NULL;
 	send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, a->ms);
 	japplied_free(a);
 }
@@ -203,11 +222,12 @@ static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
 			     const uint64_t *srcs, size_t nsrcs, Dtep__ApplyResult result,
 			     const char *why, double ms)
 {
+	struct jwriter *w = jsink_of(l)->w;
 	struct japplied *a;
 
-	if (!l->defer_applied || !(a = calloc(1, sizeof(*a))) ||
+	if (!w || !(a = calloc(1, sizeof(*a))) ||
 	    !(a->srcs = malloc((nsrcs ? nsrcs : 1) * sizeof(*srcs)))) {
-		if (l->defer_applied) {
+		if (w) {
 			free(a);
 			jsink_send_deferred(j, l);
 		}
@@ -221,7 +241,7 @@ static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
 	snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
 	a->ms = ms;
 	jsink_send_deferred(j, l);
-	l->deferred = a;
+	w->deferred = a;
 }
 
 static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
@@ -310,7 +330,7 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	struct jpend *p, *oldest = NULL;
 	size_t n = 0;
 
-	for (p = l->pend; p; p = p->next) {
+	for (p = jsink_of(l)->pend; p; p = p->next) {
 		if (p->version == version)
 			return p;
 		if (!oldest || p->version < oldest->version)
@@ -324,7 +344,7 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
 		       j->name, (unsigned long long)l->info.id, n,
 		       (unsigned long long)oldest->version);
-		l->staging_drops++;
+		jsink_of(l)->staging_drops++;
 		pend_drop(l, oldest);
 	}
 	n = 0;
@@ -343,8 +363,8 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 			p->s[p->n++].src = j->pairs[i].src;
 	p->version = version;
 	p->epoch = j->epoch;
-	p->next = l->pend;
-	l->pend = p;
+	p->next = jsink_of(l)->pend;
+	jsink_of(l)->pend = p;
 	return p;
 }
 
@@ -678,22 +698,22 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 	size_t n = 0, nsrcs = newest->nsrcs;
 	char why[160];
 
-	for (const struct jstaged *s = l->staged; s; s = s->next)
+	for (const struct jstaged *s = jsink_of(l)->staged; s; s = s->next)
 		n++;
 	if (n <= cap)
 		return;
 	srcs = malloc((nsrcs ? nsrcs : 1) * sizeof(*srcs));
 	if (srcs)
 		memcpy(srcs, newest->srcs, nsrcs * sizeof(*srcs));
-	while (l->staged) {
-		struct jstaged *s = l->staged;
+	while (jsink_of(l)->staged) {
+		struct jstaged *s = jsink_of(l)->staged;
 
-		l->staged = s->next;
+		jsink_of(l)->staged = s->next;
 		staged_free(s);
 	}
 	/* An apply on a worker still brings the sink to its version. */
-	l->held = l->applying ? l->applying : l->applied;
-	l->staging_drops++;
+	jsink_of(l)->held = jsink_of(l)->applying ? jsink_of(l)->applying : jsink_of(l)->applied;
+	jsink_of(l)->staging_drops++;
 	snprintf(why, sizeof(why), "%zu versions staged and none applied (max_staged_versions %u): "
 		 "staging dropped, next version dense", n, cap);
 	DLOG_W("job %s: sink %llx: %s", j->name, (unsigned long long)l->info.id, why);
@@ -745,9 +765,9 @@ static void stage_done(struct jtask *t, int cancelled)
 	struct jstaged *st = g->st;
 
 	if (l)
-		l->staging = 0;
+		jsink_of(l)->staging = 0;
 	dmetrics_observe(DM_PHASE_SECONDS, "stage", g->ms / 1e3);
-	if (!l || l->info.role != JROLE_SINK || cancelled || g->p->version <= l->held) {
+	if (!l || l->info.role != JROLE_SINK || cancelled || g->p->version <= jsink_of(l)->held) {
 		if (!cancelled && !l)
 			DLOG_I("job %s: sink %llx went away while version %llu was staged (dropped)",
 			       g->job, (unsigned long long)g->participant,
@@ -761,21 +781,21 @@ static void stage_done(struct jtask *t, int cancelled)
 		g->st = NULL;
 		if (st->all_dense) {
 			/* Everything before it is overwritten anyway. */
-			while (l->staged) {
-				struct jstaged *o = l->staged;
+			while (jsink_of(l)->staged) {
+				struct jstaged *o = jsink_of(l)->staged;
 
-				l->staged = o->next;
+				jsink_of(l)->staged = o->next;
 				staged_free(o);
 			}
 		}
 		{
-			struct jstaged **pp = &l->staged;
+			struct jstaged **pp = &jsink_of(l)->staged;
 
 			while (*pp)
 				pp = &(*pp)->next;
 			*pp = st;
 		}
-		l->held = st->version;
+		jsink_of(l)->held = st->version;
 		send_staged(j, l, st);
 		DLOG_D("job %s: sink %llx staged version %llu (%s) on a worker in %.2f ms", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)st->version,
@@ -826,7 +846,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	 * (job_ext.h; NULL in production). */
 	g->alter = sparse && job_ext.sink_select && job_ext.sink_alter &&
 		   job_ext.sink_select(p->version);
-	for (struct jpend **pp = &l->pend; *pp; pp = &(*pp)->next) {
+	for (struct jpend **pp = &jsink_of(l)->pend; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;
 			break;
@@ -834,7 +854,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	}
 	p->next = NULL;
 	g->p = p;
-	l->staging = p->version;
+	jsink_of(l)->staging = p->version;
 	g->t.run = stage_run;
 	g->t.done = stage_done;
 	jtask_start(&g->t);
@@ -853,20 +873,20 @@ static void try_stage(struct job *j, struct jlocal *l)
 		struct jpend *p, *best = NULL;
 		int wait = 0;
 
-		if (l->staging)
+		if (jsink_of(l)->staging)
 			return;	/* a version is being staged: its base for what follows */
 
 		/* Versions the sink holds already (or older) go. */
-		while ((p = l->pend) && p->version <= l->held)
+		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held)
 			pend_drop(l, p);
 		for (struct jpend *next; p && p->next; p = next) {
 			next = p->next;
-			if (next->version <= l->held) {
+			if (next->version <= jsink_of(l)->held) {
 				pend_drop(l, next);
 				next = p;
 			}
 		}
-		for (p = l->pend; p; p = p->next)
+		for (p = jsink_of(l)->pend; p; p = p->next)
 			if (pend_complete(p) && (!best || p->version < best->version))
 				best = p;
 		if (!best)
@@ -875,17 +895,18 @@ static void try_stage(struct job *j, struct jlocal *l)
 			const Dtep__Counts *c = best->s[i].counts;
 			int have_base = 0;
 
-			if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version == l->held)
+			if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version == jsink_of(l)->held)
 				continue;
-			for (p = l->pend; p; p = p->next)
-				have_base |= p->version == c->base_version && c->base_version > l->held;
+			for (p = jsink_of(l)->pend; p; p = p->next)
+				have_base |= p->version == c->base_version &&
+					     c->base_version > jsink_of(l)->held;
 			if (have_base) {
 				wait = 1;	/* its base is still on the way */
 				continue;
 			}
 			snprintf(err, sizeof(err), "sparse from %llx builds on version %llu; sink holds %llu",
 				 (unsigned long long)best->s[i].src, (unsigned long long)c->base_version,
-				 (unsigned long long)l->held);
+				 (unsigned long long)jsink_of(l)->held);
 			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH, err);
 			pend_drop(l, best);
 			best = NULL;
@@ -899,7 +920,7 @@ static void try_stage(struct job *j, struct jlocal *l)
 			 * never complete (a part lost with its sender). */
 			struct jpend *dense = NULL;
 
-			for (p = l->pend; p; p = p->next)
+			for (p = jsink_of(l)->pend; p; p = p->next)
 				if (p->version > best->version && pend_complete(p) && pend_all_dense(p) &&
 				    (!dense || p->version < dense->version))
 					dense = p;
@@ -914,6 +935,27 @@ static void try_stage(struct job *j, struct jlocal *l)
 		}
 		return;	/* one at a time: stage_done comes back here */
 	}
+}
+
+/* Whether a record (COUNTS or PAYLOAD part) of version v is dropped at
+ * sink l (sink_sm.h): by the state the sink's fields give v, before its
+ * pending version is looked up (record_dropped_pending, after). */
+static int record_dropped(struct jlocal *l, uint64_t v)
+{
+	const struct jsink *k = jsink_of(l);
+	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
+			       .applied = k->applied };
+
+	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
+		w.chained = st->version == v;
+	return sink_sm_step(sink_sm_state(&w, v), SINK_EV_RECORD).act == SINK_A_DROP;
+}
+
+/* ...and once its pending version p is found (or made). */
+static int record_dropped_pending(const struct jpend *p)
+{
+	return sink_sm_step(p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING, SINK_EV_RECORD).act ==
+	       SINK_A_DROP;
 }
 
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
@@ -974,14 +1016,14 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
 		return;
 	}
-	if (m->version <= l->held || m->version == l->staging) {
+	if (record_dropped(l, m->version)) {
 		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
 		       (unsigned long long)m->version, (unsigned long long)l->info.id,
-		       (unsigned long long)l->held);
+		       (unsigned long long)jsink_of(l)->held);
 		return;
 	}
 	p = pend_get(j, l, m->version);
-	if (p && p->refused)
+	if (p && record_dropped_pending(p))
 		return;
 	s = p ? pend_src(p, m->src) : NULL;
 	if (!s || s->counts) {
@@ -1016,10 +1058,10 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 
 	if (!l)
 		return;
-	if (m->version <= l->held || m->version == l->staging) {
+	if (record_dropped(l, m->version)) {
 		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
 		       j->name, m->part, (unsigned long long)m->version,
-		       (unsigned long long)l->info.id, (unsigned long long)l->held);
+		       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->held);
 		return;
 	}
 	pair = job_pair(j, m->src, m->dst);
@@ -1032,7 +1074,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		return;
 	}
 	p = pend_get(j, l, m->version);
-	if (p && p->refused)
+	if (p && record_dropped_pending(p))
 		return;
 	s = p ? pend_src(p, m->src) : NULL;
 	if (!s) {
@@ -1306,7 +1348,7 @@ static void apply_done(struct jtask *t, int cancelled)
 
 	r->ms = job_ms_since(a->t0);
 	if (l)
-		l->applying = 0;
+		jsink_of(l)->applying = 0;
 	if (jeng.stopping && !cancelled)
 		DLOG_N("shutdown: the apply of version %llu of sink %llx (job %s) came back from "
 		       "its worker after %.1f ms", (unsigned long long)r->version,
@@ -1333,25 +1375,25 @@ static void apply_done(struct jtask *t, int cancelled)
 		return;
 	}
 	if (r->ok) {
-		memcpy(l->vsum, a->sum, l->nbufs * sizeof(*l->vsum));
-		l->vkey = r->key;
-		l->since_full = r->incremental ? l->since_full + r->n : 0;
+		memcpy(jsink_of(l)->vsum, a->sum, l->nbufs * sizeof(*jsink_of(l)->vsum));
+		jsink_of(l)->vkey = r->key;
+		jsink_of(l)->since_full = r->incremental ? jsink_of(l)->since_full + r->n : 0;
 	} else {
-		l->vkey = 0;	/* the next apply recomputes everything */
+		jsink_of(l)->vkey = 0;	/* the next apply recomputes everything */
 	}
 	if (!r->failed_apply) {
 		if (r->incremental)
-			l->incremental_verifies++;
+			jsink_of(l)->incremental_verifies++;
 		else
-			l->full_verifies++;
+			jsink_of(l)->full_verifies++;
 		dmetrics_add(DM_APPLY_VERIFY, r->incremental ? "incremental" : "full", 1);
 	}
-	l->applied = a->last->version;
+	jsink_of(l)->applied = a->last->version;
 	jops_applied(l, a->last);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
 	if (!r->ok) {
 		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
-		l->checksum_failures++;
+		jsink_of(l)->checksum_failures++;
 		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)a->last->version, r->why);
 	} else {
@@ -1363,14 +1405,14 @@ static void apply_done(struct jtask *t, int cancelled)
 	applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
 			 r->ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
 			 r->why, r->ms);
-	r->checksum_failures = l->checksum_failures;
+	r->checksum_failures = jsink_of(l)->checksum_failures;
 	if (a->then) {
 		a->then(j, l, r, a->arg);
 	} else {
 		rep.version = r->version;
 		rep.applied = r->n;
 		rep.checksum_ok = r->ok;
-		rep.checksum_failures = l->checksum_failures;
+		rep.checksum_failures = jsink_of(l)->checksum_failures;
 		rep.apply_ms = r->work_ms;
 		job_reply(a->conn, a->req_id, 0, "", DTE__RESPONSE__BODY_APPLY,
 			  &rep);
@@ -1390,14 +1432,14 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	if (jeng.stopping)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: the daemon is shutting down", j->name);
-	if (l->applying)
+	if (jsink_of(l)->applying)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: sink %llx is applying version %llu already", j->name,
-			     (unsigned long long)l->info.id, (unsigned long long)l->applying);
-	if (!l->vsum)
-		l->vsum = calloc(nb, sizeof(*l->vsum));
+			     (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->applying);
+	if (!jsink_of(l)->vsum)
+		jsink_of(l)->vsum = calloc(nb, sizeof(*jsink_of(l)->vsum));
 	a = calloc(1, sizeof(*a));
-	if (!l->vsum || !a || !(a->bufs = calloc(nb, sizeof(*a->bufs))) ||
+	if (!jsink_of(l)->vsum || !a || !(a->bufs = calloc(nb, sizeof(*a->bufs))) ||
 	    !(a->vsum = malloc(nb * sizeof(*a->vsum))) || !(a->sum = calloc(nb, sizeof(*a->sum))) ||
 	    !(a->delta = calloc(nb, sizeof(*a->delta)))) {
 		if (a)
@@ -1417,24 +1459,24 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 		dbuf_ref(a->bufs[i]);
 	}
 	a->nbufs = l->nbufs;
-	memcpy(a->vsum, l->vsum, l->nbufs * sizeof(*a->vsum));
-	a->vkey = l->vkey;
-	a->since_full = l->since_full;
+	memcpy(a->vsum, jsink_of(l)->vsum, l->nbufs * sizeof(*a->vsum));
+	a->vkey = jsink_of(l)->vkey;
+	a->since_full = jsink_of(l)->since_full;
 	a->full_every = full_every();
 	/* The versions move to the task, in order. */
 	tail = &a->list;
-	while (l->staged && l->staged->version <= version) {
-		struct jstaged *st = l->staged;
+	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version) {
+		struct jstaged *st = jsink_of(l)->staged;
 
-		l->staged = st->next;
+		jsink_of(l)->staged = st->next;
 		st->next = NULL;
 		*tail = st;
 		tail = &st->next;
-		l->applying = st->version;
+		jsink_of(l)->applying = st->version;
 	}
-	l->apply_gen++;
+	jsink_of(l)->apply_gen++;
 	DLOG_I("job %s: sink %llx: apply up to version %llu handed to a worker", j->name,
-	       (unsigned long long)l->info.id, (unsigned long long)l->applying);
+	       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->applying);
 	a->t0 = uv_hrtime();
 	a->t.run = apply_run;
 	a->t.done = apply_done;
@@ -1473,16 +1515,18 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 			 (unsigned long long)rq->participant);
 		return -ENOENT;
 	}
-	if (!l->applying && (!l->staged || l->staged->version > rq->version)) {
-		if (rq->version <= l->applied) {
-			rep->version = l->applied;
+	if (!jsink_of(l)->applying &&
+	    (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
+		if (rq->version <= jsink_of(l)->applied) {
+			rep->version = jsink_of(l)->applied;
 			rep->checksum_ok = 1;
-			rep->checksum_failures = l->checksum_failures;
+			rep->checksum_failures = jsink_of(l)->checksum_failures;
 			return 0;
 		}
 		snprintf(err, errlen, "job %s: version %llu is not staged (newest staged %llu, applied %llu)",
 			 j->name, (unsigned long long)rq->version,
-			 (unsigned long long)jsink_newest_staged(l), (unsigned long long)l->applied);
+			 (unsigned long long)jsink_newest_staged(l),
+			 (unsigned long long)jsink_of(l)->applied);
 		return -ENOENT;
 	}
 	st = jsink_apply_start(j, l, rq->version, conn, req_id, NULL, NULL, err, errlen);

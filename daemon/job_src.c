@@ -204,7 +204,7 @@ static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp
 
 static void cap_start(struct jlocal *l, struct jcap *c)
 {
-	l->busy = 1;
+	jsource_of(l)->busy = 1;
 	c->next = jeng.inflight;
 	jeng.inflight = c;
 	c->notify = jeng.parts_async_init;
@@ -242,13 +242,14 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		return FAIL(-ENOENT,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
-	if (l->busy)
+	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
 		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
 		return -EINVAL;
-	if (l->last_version && rq->step == l->covered + 1 && !l->gap) {
+	if (jsource_of(l)->last_version && rq->step == jsource_of(l)->covered + 1 &&
+	    !jsource_of(l)->gap) {
 		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
 
 		free(k);
@@ -266,15 +267,15 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		return 0;
 	}
 	free(k);
-	if (rq->step > l->covered) {
+	if (rq->step > jsource_of(l)->covered) {
 		/* Before the first publish nothing builds on marks (it is dense);
 		 * after it, a missed step means the next publish is dense. */
-		if (l->last_version && !l->gap) {
-			l->gap = 1;
+		if (jsource_of(l)->last_version && !jsource_of(l)->gap) {
+			jsource_of(l)->gap = 1;
 			DLOG_I("job %s: mark of step %lld after step %lld: steps missed, next publish "
-			       "dense", j->name, (long long)rq->step, (long long)l->covered);
+			       "dense", j->name, (long long)rq->step, (long long)jsource_of(l)->covered);
 		}
-		l->covered = rq->step;
+		jsource_of(l)->covered = rq->step;
 	}
 	rep->dirty = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
@@ -289,7 +290,7 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 				rep->dirty += (uint64_t)__builtin_popcountll(p->dirty[q][x]);
 		}
 	}
-	rep->gap = l->gap;
+	rep->gap = jsource_of(l)->gap;
 	return 0;
 }
 
@@ -302,16 +303,16 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 	if (c->rc < 0) {
 		char msg[512];
 
-		l->gap = 1;
+		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: mark of step %lld: %s", j->name, (long long)c->step,
 			 c->err);
 		job_reply(c->conn, c->req_id, -EINVAL, msg, 0, NULL);
 		return;
 	}
-	l->covered = c->step;
-	l->marked = 1;
+	jsource_of(l)->covered = c->step;
+	jsource_of(l)->marked = 1;
 	rep.dirty = c->dirty;
-	rep.gap = l->gap;
+	rep.gap = jsource_of(l)->gap;
 	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_MARK, &rep);
 }
 
@@ -483,31 +484,33 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		return FAIL(-ENOENT,
 			    "job %s: no source participant %llx on this connection", j->name,
 			    (unsigned long long)rq->participant);
-	if (l->busy)
+	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (!l->announced)
 		return FAIL(-EINVAL, "job %s: not planned yet", j->name);
 	if (!j->complete)
 		return FAIL(-EINVAL,
 			    "job %s is incomplete: not every source rank is attached", j->name);
-	if (rq->version <= l->last_version)
+	if (rq->version <= jsource_of(l)->last_version)
 		return FAIL(-EINVAL,
 			    "job %s: version %llu is not after the last published %llu", j->name,
-			    (unsigned long long)rq->version, (unsigned long long)l->last_version);
+			    (unsigned long long)rq->version,
+			    (unsigned long long)jsource_of(l)->last_version);
 	if (rq->step < 1)
 		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
 	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
 		return -EINVAL;
-	first = l->last_version == 0;
+	first = jsource_of(l)->last_version == 0;
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
-	stepped = !first && !l->gap && (rq->step == l->covered || rq->step == l->covered + 1);
+	stepped = !first && !jsource_of(l)->gap &&
+		  (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
 	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
 	c->version = rq->version;
-	c->scan = stepped && rq->step == l->covered + 1;
+	c->scan = stepped && rq->step == jsource_of(l)->covered + 1;
 	for (size_t i = 0; i < l->nbufs; i++)
 		dev |= l->bufs[i] && l->bufs[i]->cuda;
 	for (size_t i = 0; i < c->np; i++) {
@@ -519,7 +522,8 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		 * bitmap; this one is scanned by the capture (host: inside
 		 * dtc_detect; device and snapshot: into a bitmap for this
 		 * version only). */
-		why = pair_sm_decide(&p->sm, l->last_version, j->epoch, stepped, l->marked && !p->dirty);
+		why = pair_sm_decide(&p->sm, jsource_of(l)->last_version, j->epoch, stepped,
+				     jsource_of(l)->marked && !p->dirty);
 		cp->sparse = why == PAIR_WHY_NONE;
 		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		cp->remote = dst && !route_is_self(dst->node, NULL);
@@ -535,7 +539,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
 	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
-	uint64_t base = l->last_version;
+	uint64_t base = jsource_of(l)->last_version;
 	uint32_t sinks = 0;
 	struct jhist *h;
 
@@ -552,7 +556,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			if (p)
 				pair_sm_event(&p->sm, PAIR_EV_CAPTURE_FAILED, c->version, j->epoch);
 		}
-		l->gap = 1;
+		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
 		job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
@@ -574,10 +578,10 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		rep.elements += cp->elements;
 		rep.bytes += cp->chunk_len;
 	}
-	l->last_version = c->version;
-	l->covered = c->step;
-	l->gap = 0;
-	l->marked = 0;
+	jsource_of(l)->last_version = c->version;
+	jsource_of(l)->covered = c->step;
+	jsource_of(l)->gap = 0;
+	jsource_of(l)->marked = 0;
 	rep.version = c->version;
 	rep.capture_ms = job_ms_since(c->t0);
 	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
@@ -666,7 +670,7 @@ static void cap_after(uv_work_t *w, int status)
 		job_reply(c->conn, c->req_id, -ENOENT,
 			  "the participant went away during the capture", 0, NULL);
 	} else {
-		l->busy = 0;
+		jsource_of(l)->busy = 0;
 		if (c->kind == JCAP_MARK)
 			mark_done(j, l, c);
 		else

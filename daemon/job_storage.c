@@ -563,8 +563,8 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 	/* One version at a time: the next one is applied to the mirror only
 	 * once the commit before it is done with the mirror, and only one
 	 * apply runs (its completion, writer_applied, comes back here). */
-	if (l->staged && !s->wc && !l->applying && !jeng.stopping) {
-		const struct jstaged *st = l->staged;
+	if (jsink_of(l)->staged && !s->wc && !jsink_of(l)->applying && !jeng.stopping) {
+		const struct jstaged *st = jsink_of(l)->staged;
 		struct wapply *w = calloc(1, sizeof(*w));
 		char err[256];
 
@@ -632,25 +632,18 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 			DLOG_N("job %s: storage resumes after v%lld", j->name, (long long)head);
 		}
 	}
-	l = calloc(1, sizeof(*l));
-	if (!l || !(l->bufs = calloc(1, sizeof(*l->bufs))) ||
-	    !(l->buf_ids = calloc(1, sizeof(*l->buf_ids)))) {
-		if (l)
-			free(l->bufs);
-		free(l);
+	l = jlocal_new(JROLE_SINK, 1);
+	if (!l || jsink_make_writer(l) < 0) {
+		jlocal_free(l);
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	l->nbufs = 1;
 	l->bufs[0] = s->mirror;
 	dbuf_ref(s->mirror);
 	l->info.id = job_participant_id_new();
-	l->info.role = JROLE_SINK;
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = s->owner;
-	l->covered = -1;
-	l->defer_applied = 1;
 	l->next = j->locals;
 	j->locals = l;
 	s->canon = l->info.id;
@@ -934,10 +927,10 @@ static int reader_resolve(struct jstore *s, struct job *j)
 
 		if (!rs->pending || !l)
 			continue;
-		if (l->applied < (uint64_t)s->staging)
+		if (jsink_of(l)->applied < (uint64_t)s->staging)
 			return 0;
 		rs->pending = 0;
-		if (l->checksum_failures != rs->fails0) {
+		if (jsink_of(l)->checksum_failures != rs->fails0) {
 			rs->need_dense = 1;
 			if (h)
 				h->failed++;
@@ -1038,13 +1031,13 @@ static void reader_tick(struct jstore *s)
 			continue;
 		}
 		st->version = v->version;
-		for (pp = &l->staged; *pp; pp = &(*pp)->next)
+		for (pp = &jsink_of(l)->staged; *pp; pp = &(*pp)->next)
 			;
 		*pp = st;
-		l->held = v->version;
+		jsink_of(l)->held = v->version;
 		rs->pending = 1;
 		rs->need_dense = 0;
-		rs->fails0 = l->checksum_failures;
+		rs->fails0 = jsink_of(l)->checksum_failures;
 		h->sinks++;
 		if (dense)
 			h->dense++;

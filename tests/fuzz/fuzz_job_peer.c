@@ -692,7 +692,7 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 	if (outside) {
 		const struct jlocal *l = job_local(j, sink.participant);
 
-		for (const struct jstaged *st = l ? l->staged : NULL; st; st = st->next)
+		for (const struct jstaged *st = l ? jsink_cof(l)->staged : NULL; st; st = st->next)
 			FUZZ_CHECK(st->version != c.version,
 				   "version %llu staged with a position outside its box",
 				   (unsigned long long)c.version);
@@ -1023,9 +1023,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		int landed = 0;
 
 		FUZZ_CHECK(l, "the sink participant is gone");
-		if (l->held >= top)
-			top = l->held + 1;
-		for (const struct jpend *p = l->pend; p; p = p->next)
+		if (jsink_of(l)->held >= top)
+			top = jsink_of(l)->held + 1;
+		for (const struct jpend *p = jsink_of(l)->pend; p; p = p->next)
 			if (p->version >= top)
 				top = p->version + 1;
 		for (int attempt = 0; attempt < 3 && top < ((uint64_t)1 << 62) && !landed; attempt++) {
@@ -1048,7 +1048,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		FUZZ_CHECK(landed || top >= ((uint64_t)1 << 62),
 			   "three versions after the records, none staged (sink holds %llu)",
-			   (unsigned long long)l->held);
+			   (unsigned long long)jsink_of(l)->held);
 	}
 	check_canaries();
 	teardown();

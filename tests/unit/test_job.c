@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 #include <uv.h>
@@ -1066,7 +1068,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 		apply_side_ok(&sink2, SINK2_CONN, v);
 	}
 	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
-	assert_int_equal(job_local(j, sink.participant)->staging_drops, 1);
+	assert_int_equal(jsink_of(job_local(j, sink.participant))->staging_drops, 1);
 	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
 	adamw_step(17, 222);
 	assert_int_equal(publish(22, 17, &pr), 0);
@@ -1188,7 +1190,7 @@ static size_t pending(struct job *j)
 {
 	size_t n = 0;
 
-	for (const struct jpend *p = job_local(j, sink.participant)->pend; p; p = p->next)
+	for (const struct jpend *p = jsink_of(job_local(j, sink.participant))->pend; p; p = p->next)
 		n++;
 	return n;
 }
@@ -1274,6 +1276,13 @@ static void test_parts(void **state)
 	assert_int_equal(staged(), v);
 	apply_ok(v);
 	check_exact();
+	/* Its parts again, now that the sink holds it: dropped (sink_sm.h,
+	 * applied × record), nothing pends. */
+	assert_int_equal(pending(j), 0);
+	for (size_t k = 0; k + 1 < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(pending(j), 0);
+	assert_int_equal(staged(), v);
 	v++;
 
 	/* A duplicate part refuses the version; the rest of it is dropped and
@@ -1483,6 +1492,96 @@ static void test_parts(void **state)
 		munmap(sink.mem[b], sink.bytes[b]);
 }
 
+/* ------------------------------------------------------------- roles */
+
+/* fn(l) in a child: 1 when it died of abort(), 0 when it returned. */
+static int dies_of_abort(void (*fn)(struct jlocal *l), struct jlocal *l)
+{
+	pid_t pid;
+	int st = 0;
+
+	fflush(NULL);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		fn(l);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	if (WIFSIGNALED(st))
+		return WTERMSIG(st) == SIGABRT;
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	return 0;
+}
+
+static void touch_sink(struct jlocal *l)
+{
+	jsink_of(l)->held = 1;
+}
+
+static void touch_sink_const(struct jlocal *l)
+{
+	assert_int_equal(jsink_cof(l)->held, 0);
+}
+
+static void touch_source(struct jlocal *l)
+{
+	jsource_of(l)->gap = 1;
+}
+
+static void touch_source_const(struct jlocal *l)
+{
+	assert_int_equal(jsource_cof(l)->gap, 0);
+}
+
+static void make_writer(struct jlocal *l)
+{
+	assert_int_equal(jsink_make_writer(l), 0);
+}
+
+/* A participant is a struct jsource or a struct jsink by its role, and a
+ * role's state is reached only through its accessor: the other role's
+ * accessor aborts instead of reading the wrong struct. */
+static void test_roles(void **state)
+{
+	struct jlocal *so = jlocal_new(JROLE_SOURCE, 2), *si = jlocal_new(JROLE_SINK, 3);
+
+	(void)state;
+	assert_non_null(so);
+	assert_non_null(si);
+	assert_null(jlocal_new(JROLE_SINK + 1, 1));
+	assert_int_equal(so->info.role, JROLE_SOURCE);
+	assert_int_equal(si->info.role, JROLE_SINK);
+	assert_int_equal(so->nbufs, 2);
+	assert_int_equal(si->nbufs, 3);
+	assert_ptr_equal(&jsource_of(so)->l, so);
+	assert_ptr_equal(&jsink_of(si)->l, si);
+	assert_int_equal(jsource_of(so)->covered, -1);	/* nothing marked yet */
+	assert_null(jsink_of(si)->w);	/* only the storage writer's sink has one */
+	assert_int_equal(jsink_make_writer(si), 0);
+	assert_non_null(jsink_of(si)->w);
+	assert_null(jsink_of(si)->w->deferred);
+
+	assert_false(dies_of_abort(touch_sink, si));
+	assert_false(dies_of_abort(touch_sink_const, si));
+	assert_false(dies_of_abort(touch_source, so));
+	assert_false(dies_of_abort(touch_source_const, so));
+	assert_true(dies_of_abort(touch_sink, so));
+	assert_true(dies_of_abort(touch_sink_const, so));
+	assert_true(dies_of_abort(touch_source, si));
+	assert_true(dies_of_abort(touch_source_const, si));
+	assert_true(dies_of_abort(make_writer, so));
+	assert_true(dies_of_abort(touch_sink, NULL));
+	assert_true(dies_of_abort(touch_source, NULL));
+
+	/* Each frees as its role (ASan: nothing leaks, the writer included). */
+	assert_non_null(jsource_of(so)->shards = strdup("0 w 4"));
+	jlocal_free(so);
+	jlocal_free(si);
+	jlocal_free(NULL);
+}
+
 static int setup(void **state)
 {
 	char err[256];
@@ -1516,6 +1615,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sync_and_misbehaving_peer),
 		cmocka_unit_test(test_parts),
+		cmocka_unit_test(test_roles),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
