@@ -263,13 +263,19 @@ def main():
                 outcome["err"] = str(e)
 
         started = "sink %x: apply up to version %d handed to a worker" % (sink, v)
+        # The worker has started once the sink's memory changes: a sample
+        # of its bits (every element's sign flips; bits, so -0 counts).
+        # Handed to the thread pool is not enough: a task not yet started
+        # when SIGTERM comes is cancelled (the sink keeps v-1 whole).
+        probe = got_t[::256, ::512].view(torch.int16).clone()
         th = threading.Thread(target=apply_last, daemon=True)
         th.start()
         deadline = time.time() + 30
-        while started not in log_text(log):
+        while started not in log_text(log) or torch.equal(
+                got_t[::256, ::512].view(torch.int16), probe):
             if time.time() > deadline or not th.is_alive():
                 break
-            time.sleep(0.001)
+            time.sleep(0.0005)
         # At once: the worker has hundreds of ms of writing and summing
         # the sink's 512 MiB ahead of it.
         daemon.send_signal(signal.SIGTERM)
