@@ -373,6 +373,9 @@ static int waiter_try(struct jwaiter *w, int expired)
 			return 1;
 		}
 		if (!l || l->refused[0] || expired) {
+			/* Decided before l goes: jlocal_remove frees it. */
+			int rc = !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT;
+
 			snprintf(msg, sizeof(msg), "attach to job %s refused: %s", j->name,
 				 !l ? "participant gone" : l->refused[0] ? l->refused :
 				 "the coordinator did not answer in time");
@@ -380,8 +383,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 				jlocal_remove(j, l);
 				job_send_join(j);
 			}
-			reply_deferred(w, !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT, msg,
-				       0, NULL);
+			reply_deferred(w, rc, msg, 0, NULL);
 			return 1;
 		}
 		return 0;

@@ -57,12 +57,13 @@ class Daemon:
 
     def start(self, timeout=20.0):
         with open(self.conf, "w") as f:
-            # Jobs kept in the daemon's own directory: a restart of it (the
-            # faults' coord-restart) gets them back (daemon/job_persist.c).
+            # Jobs kept in a directory of the daemon's own (daemons of one
+            # test share tmp): a restart of it (the faults' coord-restart)
+            # gets them back (daemon/job_persist.c).
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n"
-                    "job_state_dir = %s/jobs\n"
+                    "job_state_dir = %s/%s.jobs\n"
                     "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp,
-                                                     self.tmp))
+                                                     self.tmp, self.name))
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
         env = self.env()
