@@ -4,7 +4,8 @@
 # into the test build, $(B)/tests/dted-faults (tests/faults/faults.mk).
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
-               daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
+               daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job_state.c daemon/job.c \
+               daemon/job_local.c \
                daemon/job_coord.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c
