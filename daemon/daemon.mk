@@ -51,6 +51,8 @@ UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_job_persist
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
 SYSTEM_TESTS += tests/system/errconv_grep.sh
+# The engine's files call only downward (docs/SYNC.md, Layers), from nm.
+SYSTEM_TESTS += tests/system/engine_layers.sh
 # route.c alone: local queue, remote dispatch, a decorator both ways.
 UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py
