@@ -4,7 +4,8 @@
 # into the test build, $(B)/tests/dted-faults (tests/faults/faults.mk).
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
-               daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job.c \
+               daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job_state.c daemon/job.c \
+               daemon/job_local.c \
                daemon/job_coord.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c
@@ -50,6 +51,8 @@ UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_job_persist
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
 SYSTEM_TESTS += tests/system/errconv_grep.sh
+# The engine's files call only downward (docs/SYNC.md, Layers), from nm.
+SYSTEM_TESTS += tests/system/engine_layers.sh
 # route.c alone: local queue, remote dispatch, a decorator both ways.
 UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py

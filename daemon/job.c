@@ -1,4 +1,7 @@
-/* daemon/job.c — jobs, local participants, records in, deferred answers. */
+/* daemon/job.c — the engine's top layer (docs/SYNC.md, "Layers"): jobs created
+ * and deleted, participants attached and detached, records in
+ * (job_peer_recv, dispatched to the files below), deferred answers
+ * (waits), introspection. */
 #include <ctype.h>
 #include <stdarg.h>
 #include <errno.h>
@@ -12,17 +15,13 @@
 #include "daemon/dispatch.h"
 #include "daemon/job_cuda.h"
 #include "daemon/job_ext.h"
-#include "daemon/job_int.h"
-#include "daemon/job_persist.h"
+#include "daemon/job.h"
+#include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
 #include "daemon/route.h"
 #include "gpu/compute.h"
-
-struct jengine jeng;
-/* Extension points (job_ext.h): NULL unless a test build sets them. */
-struct job_ext job_ext;
 
 /* Deferred control answers: attach (plan arrived), wait, wait_staged. */
 enum { JW_ATTACH, JW_WAIT, JW_STAGED };
@@ -37,271 +36,15 @@ struct jwaiter {
 	struct jwaiter *next;
 };
 
+/* The deferred answers waiting (job.c's own: nothing below sees them). */
+static struct jwaiter *waiters;
+
 #define ATTACH_TIMEOUT_MS 15000u
 #define WAIT_TICK_MS 20
 
 static uint64_t global_refused;
-
-double job_ms_since(uint64_t t0)
-{
-	return (double)(uv_hrtime() - t0) / 1e6;
-}
-
-/* ---------------------------------------------------------------- lookups */
-
-struct job *job_find(const char *name)
-{
-	for (struct job *j = jeng.jobs; j; j = j->next)
-		if (name && !strcmp(j->name, name))
-			return j;
-	return NULL;
-}
-
-struct jlocal *job_local(struct job *j, uint64_t id)
-{
-	for (struct jlocal *l = j->locals; l; l = l->next)
-		if (l->info.id == id)
-			return l;
-	return NULL;
-}
-
-struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn)
-{
-	struct jlocal *l = job_local(j, id);
-
-	return l && l->owner == conn ? l : NULL;
-}
-
-const struct jpinfo *job_part(const struct job *j, uint64_t id)
-{
-	for (size_t i = 0; i < j->nparts; i++)
-		if (j->parts[i].id == id)
-			return &j->parts[i];
-	return NULL;
-}
-
-const char *job_node_address(const struct job *j, const char *node)
-{
-	for (size_t i = 0; i < j->naddr; i++)
-		if (!strcmp(j->addr_node[i], node))
-			return j->addr_addr[i];
-	return NULL;
-}
-
-struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst)
-{
-	for (size_t i = 0; i < j->npairs; i++)
-		if (j->pairs[i].src == src && j->pairs[i].dst == dst)
-			return &j->pairs[i];
-	return NULL;
-}
-
-struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot)
-{
-	for (size_t i = 0; i < l->nbufs; i++) {
-		if (l->buf_ids[i] == layout_id) {
-			if (slot)
-				*slot = i;
-			return l->bufs[i];
-		}
-	}
-	return NULL;
-}
-
-void job_fill_ref(const struct job *j, Dtep__JobRef *ref)
-{
-	dtep__job_ref__init(ref);
-	ref->job = (char *)j->name;
-	ref->token = (char *)j->token;
-}
-
-int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
-		     const ProtobufCMessage *msg, const void *data, size_t len)
-{
-	int rc;
-
-	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len))
-		return 0;	/* lost on the way, as far as anyone here can tell */
-	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
-
-	if (rc < 0)
-		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
-		       strerror(-rc));
-	return rc;
-}
-
-/* job_send_to_node for a part: data is given, released once the router is
- * done with it (route_send_given). */
-int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
-			   const ProtobufCMessage *msg, void *data, size_t len,
-			   void (*release)(void *data, void *rarg), void *rarg)
-{
-	int rc;
-
-	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len)) {
-		release(data, rarg);
-		return 0;	/* lost on the way, as far as anyone here can tell */
-	}
-	rc = route_send_given(node, job_node_address(j, node), type, msg, data, len, release,
-			      rarg);
-	if (rc < 0)
-		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
-		       strerror(-rc));
-	return rc;
-}
-
-/* ------------------------------------------------------------- membership */
-
-uint64_t job_boot_new(void)
-{
-	uint64_t b = 0;
-
-	while (!b) {
-		if (getrandom(&b, sizeof(b), 0) != (ssize_t)sizeof(b))
-			b = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
-		b &= (1ull << PEER_TERM_BOOT_BITS) - 1;
-	}
-	return b;
-}
-
-static void send_join(struct job *j, int retry);
-
-void job_send_join(struct job *j)
-{
-	send_join(j, 0);
-}
-
-void job_send_join_again(struct job *j)
-{
-	send_join(j, 1);
-}
-
-/* Every JOIN is acknowledged by a PLAN echoing its join_seq and retried
- * until then (jctl_retry); one with no participants is not (nothing is
- * left here to plan for). */
-static void send_join(struct job *j, int retry)
-{
-	Dtep__Join m = DTEP__JOIN__INIT;
-	Dtep__JobRef ref;
-	Dtep__Participant *pa = NULL, **pp = NULL;
-	size_t n = 0, i = 0;
-	int rc;
-
-	for (struct jlocal *l = j->locals; l; l = l->next)
-		n++;
-	if (n) {
-		pa = calloc(n, sizeof(*pa));
-		pp = calloc(n, sizeof(*pp));
-		if (!pa || !pp) {
-			DLOG_E("job %s: out of memory building JOIN", j->name);
-			goto out;
-		}
-	}
-	for (struct jlocal *l = j->locals; l; l = l->next, i++) {
-		dtep__participant__init(&pa[i]);
-		pa[i].id = l->info.id;
-		pa[i].role = l->info.role == JROLE_SOURCE ? DTEP__ROLE__ROLE_SOURCE : DTEP__ROLE__ROLE_SINK;
-		pa[i].layout = l->info.layout;
-		pa[i].rank = l->info.rank;
-		pa[i].replica = l->info.replica;
-		pa[i].node = (char *)route_self_node();
-		pa[i].shards = l->info.role == JROLE_SOURCE && jsource_of(l)->shards ?
-				jsource_of(l)->shards : (char *)"";
-		pp[i] = &pa[i];
-	}
-	job_fill_ref(j, &ref);
-	m.job = &ref;
-	m.spec_hash = j->spec.hash;
-	m.peer_proto = PEER_PROTO_VERSION;
-	m.node = (char *)route_self_node();
-	m.address = (char *)route_self_address();
-	m.n_participants = n;
-	m.participants = pp;
-	if (!retry || !j->join_seq)
-		j->join_seq++;
-	m.join_boot = j->boot;
-	m.join_seq = j->join_seq;
-	if (!n)
-		j->join_acked = j->join_seq;
-	if (!retry)
-		j->join_backoff_ms = 0;
-	if (j->join_backoff_ms < PEER_RETRY_FIRST_MS)
-		j->join_backoff_ms = PEER_RETRY_FIRST_MS;
-	else if (retry && j->join_backoff_ms < PEER_RETRY_MAX_MS)
-		j->join_backoff_ms *= 2;
-	j->join_next_ns = uv_hrtime() + (uint64_t)j->join_backoff_ms * 1000000u;
-	rc = route_send(j->is_coord ? route_self_node() : NULL, j->is_coord ? NULL : j->coordinator,
-			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
-	if (rc < 0) {
-		DLOG_W("job %s: cannot reach the coordinator %s: %s%s", j->name, j->coordinator,
-		       strerror(-rc), n ? " (retried)" : "");
-		for (struct jlocal *l = j->locals; l; l = l->next)
-			if (!l->announced && !l->refused[0])
-				snprintf(l->refused, sizeof(l->refused),
-					 "cannot reach the coordinator %s: %s", j->coordinator,
-					 strerror(-rc));
-	}
-out:
-	free(pa);
-	free(pp);
-	jctl_update();
-}
-
-void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
-{
-	const char *w = want == JROLE_SOURCE ? "source" : "sink";
-
-	if (!l)
-		DLOG_E("%s: NULL participant, not a %s (a bug)", func, w);
-	else
-		DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
-		       (unsigned long long)l->info.id, l->info.role == JROLE_SOURCE ? "source" :
-		       l->info.role == JROLE_SINK ? "sink" : "participant of no role", w);
-	abort();
-}
-
-struct jlocal *jlocal_new(int role, size_t nbufs)
-{
-	struct jlocal *l;
-
-	if (role == JROLE_SOURCE)
-		l = calloc(1, sizeof(struct jsource));
-	else if (role == JROLE_SINK)
-		l = calloc(1, sizeof(struct jsink));
-	else
-		return NULL;
-	if (!l)
-		return NULL;
-	l->info.role = role;
-	l->nbufs = nbufs;
-	if (!(l->bufs = calloc(nbufs ? nbufs : 1, sizeof(*l->bufs))) ||
-	    !(l->buf_ids = calloc(nbufs ? nbufs : 1, sizeof(*l->buf_ids)))) {
-		free(l->bufs);
-		free(l);
-		return NULL;
-	}
-	if (role == JROLE_SOURCE)
-		jsource_of(l)->covered = -1;
-	return l;
-}
-
-/* Frees what jlocal_new() and the role's code allocated, and drops the
- * buffer references it took. */
-void jlocal_free(struct jlocal *l)
-{
-	if (!l)
-		return;
-	if (l->info.role == JROLE_SINK)
-		jsink_free(l);
-	else
-		free(jsource_of(l)->shards);
-	for (size_t i = 0; i < l->nbufs; i++)
-		if (l->bufs[i])
-			dbuf_unref(l->bufs[i]);
-	free(l->bufs);
-	free(l->buf_ids);
-	free(l);
-}
+/* job_set_created_hook (outside jeng: job_init clears that). */
+static void (*created_hook)(const Dte__JobCreateRequest *rq);
 
 static void jlocal_remove(struct job *j, struct jlocal *l)
 {
@@ -317,32 +60,6 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 }
 
 /* ---------------------------------------------------------------- waiters */
-
-void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
-	       Dte__Response__BodyCase bc, void *body)
-{
-	Dte__Response resp = DTE__RESPONSE__INIT;
-
-	resp.id = req_id;
-	resp.code = derr_status(rc);
-	resp.message = (char *)(msg ? msg : "");
-	if (rc >= 0) {
-		resp.body_case = bc;
-		switch (bc) {
-		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
-		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
-		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
-		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
-		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
-		case DTE__RESPONSE__BODY_APPLY: resp.apply = body; break;
-		case DTE__RESPONSE__BODY_VERIFY: resp.verify = body; break;
-		default: resp.body_case = DTE__RESPONSE__BODY__NOT_SET; break;
-		}
-	} else {
-		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
-	}
-	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
-}
 
 static void reply_deferred(struct jwaiter *w, int rc, const char *msg,
 			   Dte__Response__BodyCase bc, void *body)
@@ -440,7 +157,7 @@ static void timer_update(void);
 void job_check_waiters(void)
 {
 	uint64_t now = uv_hrtime();
-	struct jwaiter **pp = &jeng.waiters;
+	struct jwaiter **pp = &waiters;
 
 	while (*pp) {
 		struct jwaiter *w = *pp;
@@ -464,10 +181,10 @@ static void timer_update(void)
 {
 	if (!jeng.timer_init)
 		return;
-	if (jeng.waiters && !jeng.timer_on) {
+	if (waiters && !jeng.timer_on) {
 		uv_timer_start(&jeng.timer, on_tick, WAIT_TICK_MS, WAIT_TICK_MS);
 		jeng.timer_on = 1;
-	} else if (!jeng.waiters && jeng.timer_on) {
+	} else if (!waiters && jeng.timer_on) {
 		uv_timer_stop(&jeng.timer);
 		jeng.timer_on = 0;
 	}
@@ -486,8 +203,8 @@ static int waiter_add(int kind, uint64_t conn, uint32_t req_id, const char *job,
 	snprintf(w->job, sizeof(w->job), "%s", job);
 	w->arg = arg;
 	w->deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
-	w->next = jeng.waiters;
-	jeng.waiters = w;
+	w->next = waiters;
+	waiters = w;
 	timer_update();
 	return 0;
 }
@@ -499,6 +216,7 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	const char *node = route_self_node();
 
 	memset(&jeng, 0, sizeof(jeng));
+	waiters = NULL;
 	jeng.loop = loop;
 	jeng.be = be;
 	jeng.backend_name = backend_name;
@@ -518,7 +236,19 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 			return -1;
 		jeng.parts_async_init = 1;
 	}
+	/* The events the layers below raise (job_state.h, struct jengine). */
+	jeng.ev_progress = job_check_waiters;
+	jeng.ev_sink_staged = jstore_sink_staged;
+	jeng.ev_committing = jstore_committing;
+	/* Records come up from the router through these (route.c never
+	 * names the engine). */
+	route_set_receiver(job_peer_recv, job_peer_down);
 	return 0;
+}
+
+void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq))
+{
+	created_hook = created;
 }
 
 void job_set_max_staged(uint32_t n)
@@ -550,10 +280,10 @@ void job_fini(void)
 	 * live state, before anything below frees it. */
 	job_tasks_drain();
 	jcuda_fini();
-	while (jeng.waiters) {
-		struct jwaiter *w = jeng.waiters;
+	while (waiters) {
+		struct jwaiter *w = waiters;
 
-		jeng.waiters = w->next;
+		waiters = w->next;
 		free(w);
 	}
 	while (jeng.jobs) {
@@ -582,7 +312,7 @@ void job_fini(void)
 
 void job_conn_gone(uint64_t conn)
 {
-	struct jwaiter **pp = &jeng.waiters;
+	struct jwaiter **pp = &waiters;
 
 	while (*pp) {
 		struct jwaiter *w = *pp;
@@ -723,18 +453,14 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
-	jpersist_save(rq);	/* a restart of this daemon creates it again */
+	if (created_hook)
+		created_hook(rq);	/* a restart of this daemon creates it again */
 	rep->created = 1;
 	rep->coordinator = j->is_coord;
 	rep->spec_hash = j->spec.hash;
 	rep->tensors = j->spec.n;
 	return 0;
 }
-uint64_t job_participant_id_new(void)
-{
-	return ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
-}
-
 
 /* ----------------------------------------------------------------- attach */
 

@@ -16,10 +16,17 @@
 #include <uv.h>
 #include "daemon/derr.h"
 #include "proto/dte.pb-c.h"
+#include "proto/peer.pb-c.h"
 
 /* PEER_PROTO_VERSION, its supported range and the control records'
  * rules: proto/peer_protocol.h. */
 #include "proto/peer_protocol.h"
+
+/* The operations a role's file implements: publish, mark (job_src.h);
+ * apply (job_sink.h).  Declared there, part of this API, with the
+ * conventions of the control operations below. */
+#include "daemon/job_sink.h"
+#include "daemon/job_src.h"
 
 struct dtc_backend;
 struct dreply;
@@ -30,13 +37,20 @@ void job_fini(void);
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink.c). */
 void job_set_max_staged(uint32_t n);
-/* A sink recomputes every checksum at least every n applied versions
- * (config verify_full_every; docs/SYNC.md). */
-void job_set_verify_full_every(uint32_t n);
-/* A source sends a pair's payload in parts of about n bytes while it
- * still detects (config part_size; docs/SYNC.md); applies from the next
- * capture on. */
-void job_set_part_bytes(size_t n);
+
+/* Called after every job this daemon creates (not an idempotent repeat),
+ * with the request: main.c registers job_persist.c's save here, so a
+ * restart creates the job again; the engine knows nothing of
+ * persistence.  NULL: none.  Kept across job_init. */
+void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq));
+
+/* Records from other daemons (and this one), registered with the router
+ * at job_init (route_set_receiver, daemon/route.h).  hdr/data are
+ * borrowed for the call.  Malformed or refused records are logged and
+ * counted, never trusted. */
+void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		   size_t hdrlen, const void *data, size_t len);
+void job_peer_down(const char *node);
 
 /* A control connection closed: its participants detach, its waits end,
  * its buffers are released. */
@@ -52,21 +66,10 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	       int *deferred, char *err, size_t errlen);
 int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
-/* Publish and mark capture on a worker thread (the loop keeps serving):
- * with *deferred = 1 the answer comes when the capture is done.  A mark
- * that needs no scan is answered at once. */
-int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
-		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
-int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
-	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
 int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
 int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
 		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
-/* The apply runs on a worker (docs/SYNC.md): *deferred, and the answer
- * comes later, unless the version is applied already (answered now). */
-int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
-	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
 int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 		      Dte__QueryVersionReply *rep, char *err, size_t errlen);
 

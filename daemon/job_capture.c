@@ -30,7 +30,7 @@
 #include "daemon/bufpool.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_cuda.h"
-#include "daemon/job_int.h"
+#include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"

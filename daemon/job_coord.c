@@ -11,40 +11,111 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <xxhash.h>
-#include "daemon/job_int.h"
-#include "daemon/job_storage.h"
+#include "daemon/job_state.h"
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
 #include "gpu/compute.h"
 
-int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
-		  const char *shards, struct dte_layout *l, char *err, size_t errlen)
+/* ------------------------------------------------------- member: JOIN */
+
+uint64_t job_boot_new(void)
 {
-	if (!strncmp(desc, "json:", 5)) {
-		/* The daemon would read a file a client names. */
-		snprintf(err, errlen, "json: layouts are not accepted from clients; use a generator "
-			 "(megatron:, fsdp:, sglang:, vllm:)");
-		return -1;
+	uint64_t b = 0;
+
+	while (!b) {
+		if (getrandom(&b, sizeof(b), 0) != (ssize_t)sizeof(b))
+			b = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
+		b &= (1ull << PEER_TERM_BOOT_BITS) - 1;
 	}
-	if (role == JROLE_SINK && !strcmp(desc, JSTORE_CANON_LAYOUT)) {
-		/* The storage writer's sink (job_storage.c). */
-		if (jstore_canonical_layout(&j->spec, l, err, errlen))
-			return -1;
-	} else if (dte_layout_from_desc_shards(l, &j->spec, desc,
-					       role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
-					       shards, err, errlen)) {
-		return -1;
+	return b;
+}
+
+static void send_join(struct job *j, int retry);
+
+void job_send_join(struct job *j)
+{
+	send_join(j, 0);
+}
+
+void job_send_join_again(struct job *j)
+{
+	send_join(j, 1);
+}
+
+/* Every JOIN is acknowledged by a PLAN echoing its join_seq and retried
+ * until then (jctl_retry); one with no participants is not (nothing is
+ * left here to plan for). */
+static void send_join(struct job *j, int retry)
+{
+	Dtep__Join m = DTEP__JOIN__INIT;
+	Dtep__JobRef ref;
+	Dtep__Participant *pa = NULL, **pp = NULL;
+	size_t n = 0, i = 0;
+	int rc;
+
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		n++;
+	if (n) {
+		pa = calloc(n, sizeof(*pa));
+		pp = calloc(n, sizeof(*pp));
+		if (!pa || !pp) {
+			DLOG_E("job %s: out of memory building JOIN", j->name);
+			goto out;
+		}
 	}
-	if (rank >= l->nranks) {
-		snprintf(err, errlen, "%s has ranks 0..%u; rank %u does not exist", desc,
-			 l->nranks ? l->nranks - 1 : 0, rank);
-		dte_layout_fini(l);
-		return -1;
+	for (struct jlocal *l = j->locals; l; l = l->next, i++) {
+		dtep__participant__init(&pa[i]);
+		pa[i].id = l->info.id;
+		pa[i].role = l->info.role == JROLE_SOURCE ? DTEP__ROLE__ROLE_SOURCE : DTEP__ROLE__ROLE_SINK;
+		pa[i].layout = l->info.layout;
+		pa[i].rank = l->info.rank;
+		pa[i].replica = l->info.replica;
+		pa[i].node = (char *)route_self_node();
+		pa[i].shards = l->info.role == JROLE_SOURCE && jsource_of(l)->shards ?
+				jsource_of(l)->shards : (char *)"";
+		pp[i] = &pa[i];
 	}
-	return 0;
+	job_fill_ref(j, &ref);
+	m.job = &ref;
+	m.spec_hash = j->spec.hash;
+	m.peer_proto = PEER_PROTO_VERSION;
+	m.node = (char *)route_self_node();
+	m.address = (char *)route_self_address();
+	m.n_participants = n;
+	m.participants = pp;
+	if (!retry || !j->join_seq)
+		j->join_seq++;
+	m.join_boot = j->boot;
+	m.join_seq = j->join_seq;
+	if (!n)
+		j->join_acked = j->join_seq;
+	if (!retry)
+		j->join_backoff_ms = 0;
+	if (j->join_backoff_ms < PEER_RETRY_FIRST_MS)
+		j->join_backoff_ms = PEER_RETRY_FIRST_MS;
+	else if (retry && j->join_backoff_ms < PEER_RETRY_MAX_MS)
+		j->join_backoff_ms *= 2;
+	j->join_next_ns = uv_hrtime() + (uint64_t)j->join_backoff_ms * 1000000u;
+	rc = route_send(j->is_coord ? route_self_node() : NULL, j->is_coord ? NULL : j->coordinator,
+			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
+	if (rc < 0) {
+		DLOG_W("job %s: cannot reach the coordinator %s: %s%s", j->name, j->coordinator,
+		       strerror(-rc), n ? " (retried)" : "");
+		for (struct jlocal *l = j->locals; l; l = l->next)
+			if (!l->announced && !l->refused[0])
+				snprintf(l->refused, sizeof(l->refused),
+					 "cannot reach the coordinator %s: %s", j->coordinator,
+					 strerror(-rc));
+	}
+out:
+	free(pa);
+	free(pp);
+	jctl_update();
 }
 
 /* ------------------------------------------------------------ coordinator */

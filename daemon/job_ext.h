@@ -31,7 +31,7 @@ struct job_ext {
 	void (*sink_alter)(void *bytes, size_t len);
 };
 
-/* Defined in job.c, all NULL. */
+/* Defined in job_state.c, all NULL. */
 extern struct job_ext job_ext;
 
 #endif

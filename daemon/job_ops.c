@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/dispatch.h"
-#include "daemon/job_int.h"
+#include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"

@@ -14,8 +14,8 @@
 #include <string.h>
 #include "daemon/job_cuda.h"
 #include "daemon/job_ext.h"
-#include "daemon/job_int.h"
-#include "daemon/job_storage.h"
+#include "daemon/job_sink.h"
+#include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -804,8 +804,8 @@ static void stage_done(struct jtask *t, int cancelled)
 	}
 	stage_free(g);
 	try_stage(j, l);
-	jstore_sink_staged(j, l);
-	job_check_waiters();
+	jev_sink_staged(j, l);
+	jev_progress();
 }
 
 /* Hand version p (complete, its base checked) to a worker: p leaves the
@@ -1038,7 +1038,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
 	try_stage(j, l);
-	jstore_sink_staged(j, l);
+	jev_sink_staged(j, l);
 }
 
 /* One PAYLOAD part: kept until its COUNTS and every other part named
@@ -1124,7 +1124,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
 	try_stage(j, l);
-	jstore_sink_staged(j, l);
+	jev_sink_staged(j, l);
 }
 
 /* The boxes and buffers a verified sum is over: same key, same sum
@@ -1418,7 +1418,7 @@ static void apply_done(struct jtask *t, int cancelled)
 			  &rep);
 	}
 	japply_free(a);
-	job_check_waiters();
+	jev_progress();
 }
 
 static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,

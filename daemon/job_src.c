@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/buf.h"
-#include "daemon/job_int.h"
-#include "daemon/job_ops.h"
+#include "daemon/job_src.h"
+#include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -23,18 +23,6 @@
 #include "gpu/compute.h"
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
-
-void jpair_free_state(struct jpair *p)
-{
-	if (p->dirty) {
-		for (size_t i = 0; i < p->n; i++)
-			free(p->dirty[i]);
-		free(p->dirty);
-		p->dirty = NULL;
-	}
-	jsnap_free_all(p->snap, p->n);
-	p->snap = NULL;
-}
 
 /* Per group constants from the request (malloc'd, the caller frees), or
  * NULL with the reason.  A group carries its own step count when its
@@ -317,21 +305,6 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 }
 
 /* --------------------------------------------------------------- publish */
-
-struct jhist *jhist_find(struct job *j, uint64_t version)
-{
-	size_t have = j->nhist < JOB_HISTORY ? j->nhist : JOB_HISTORY;
-
-	for (size_t i = 0; i < have; i++) {
-		struct jhist *h = &j->hist[(j->nhist - 1 - i) % JOB_HISTORY];
-
-		if (h->version == version)
-			return h;
-		if (h->version < version)
-			break;
-	}
-	return NULL;
-}
 
 static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
 {
@@ -684,7 +657,7 @@ static void cap_after(uv_work_t *w, int status)
 		if (c->bufs[i])
 			dbuf_unref(c->bufs[i]);
 	jcap_free(c);
-	job_check_waiters();
+	jev_progress();
 }
 
 /* ------------------------------------------------------------------ acks */

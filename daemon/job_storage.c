@@ -25,7 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include "daemon/job_int.h"
+#include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
@@ -133,42 +133,6 @@ int jstore_same_job(const struct job *j, const struct jstore_cfg *b)
 	return a->transport == b->transport && a->reader == b->reader &&
 	       !strcmp(a->root, b->root) && a->keyframe_every == b->keyframe_every &&
 	       a->keep_versions == b->keep_versions && a->keep_keyframes == b->keep_keyframes;
-}
-
-int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
-			    size_t errlen)
-{
-	int64_t off = 0;
-
-	dte_layout_init(l, DTE_LAYOUT_SINK, spec->hash);
-	snprintf(l->desc, sizeof(l->desc), "%s", JSTORE_CANON_LAYOUT);
-	for (uint32_t t = 0; t < spec->n; t++) {
-		const struct dte_spec_tensor *st = &spec->t[t];
-		struct dte_piece p;
-		int64_t s = 1;
-
-		memset(&p, 0, sizeof(p));
-		p.tensor = t;
-		p.ndim = st->ndim;
-		p.offset = off;
-		for (int d = (int)st->ndim - 1; d >= 0; d--) {
-			p.hi[d] = st->shape[d];
-			p.stride[d] = s;
-			s *= st->shape[d];
-		}
-		if (dte_layout_add_piece(l, &p) < 0)
-			goto oom;
-		off += st->numel;
-	}
-	if (dte_layout_add_buffer(l, 0, 0, off, "canonical") < 0)
-		goto oom;
-	l->nranks = 1;
-	dte_layout_sort_buffers(l);
-	return 0;
-oom:
-	dte_layout_fini(l);
-	snprintf(err, errlen, "out of memory");
-	return -1;
 }
 
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
@@ -1051,7 +1015,7 @@ static void reader_tick(struct jstore *s)
 	s->staging = (int64_t)v->version;
 	if (!staged)
 		reader_resolve(s, j);	/* nothing to wait for: move on */
-	job_check_waiters();
+	jev_progress();
 	goto out;
 oom:
 	DLOG_E("job %s: storage: out of memory", j->name);

@@ -29,9 +29,6 @@ struct jlocal;
 struct dte_spec;
 struct dte_layout;
 
-/* The sink layout of the writer's participant. */
-#define JSTORE_CANON_LAYOUT "canonical"
-
 struct jstore_cfg {
 	int      transport;        /* enum below */
 	int      reader;           /* role reader (else writer) */
@@ -56,16 +53,17 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 /* Before the job is freed (its locals are gone already). */
 void jstore_free(struct job *j);
 
-/* The canonical sink layout (rank 0, buffer 0). */
-int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
-			    size_t errlen);
+/* JSTORE_CANON_LAYOUT and jstore_canonical_layout(): daemon/job_state.h
+ * (job_state.c builds every participant's layout, this one too). */
 
 /* Whether a participant of this role may attach here; -1 with the reason. */
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
 
-/* job_sink.c: a version was staged for local sink l. */
+/* A version was staged for local sink l (job_sink.c raises it through
+ * jev_sink_staged; job_init registers this). */
 void jstore_sink_staged(struct job *j, struct jlocal *l);
-/* A writer's commit is on a worker (shutdown waits for it: job_task.c). */
+/* A writer's commit is on a worker (shutdown waits for it: job_task.c
+ * asks through jev_committing; job_init registers this). */
 int jstore_committing(void);
 
 /* dtectl job */

@@ -11,9 +11,8 @@
  * loop until every started task's callback came back (job_tasks_drain):
  * no sleeps, no orphaned worker still reading client memory.
  */
-#include "daemon/job_int.h"
+#include "daemon/job_state.h"
 #include "daemon/log.h"
-#include "daemon/job_storage.h"
 
 static void task_work(uv_work_t *w)
 {
@@ -54,7 +53,7 @@ void jtask_start(struct jtask *t)
 
 int jtask_busy(void)
 {
-	return jeng.tasks || jeng.inflight || jstore_committing();
+	return jeng.tasks || jeng.inflight || jev_committing();
 }
 
 void job_tasks_drain(void)
@@ -70,7 +69,7 @@ void job_tasks_drain(void)
 		for (struct jcap *c = jeng.inflight; c; c = c->next)
 			n++;
 		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
-		       jstore_committing() ? " and a storage commit" : "");
+		       jev_committing() ? " and a storage commit" : "");
 	}
 	/* Queued, not started: their callbacks come with UV_ECANCELED. */
 	for (struct jtask *t = jeng.tasks; t; t = t->next)

@@ -391,6 +391,9 @@ int main(int argc, char **argv)
 			DLOG_E("%s", perr);
 			goto out_ctl;
 		}
+		/* Every job created from now on is kept (the engine calls
+		 * back; it knows nothing of persistence). */
+		job_set_created_hook(jpersist_save);
 		jpersist_restore();
 	}
 	if (dctl_init(&loop, &srv) < 0)

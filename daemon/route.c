@@ -39,6 +39,10 @@ static struct {
 
 /* Outside rt: installed before route_init, which clears rt. */
 static const struct route_decorator *dec;
+/* The receiver of every record and node-down (route_set_receiver); NULL
+ * until the engine registers: a record is then dropped. */
+static route_recv_fn recv_fn;
+static route_down_fn down_fn;
 
 static const struct route_transport local_transport;
 
@@ -65,7 +69,8 @@ static void on_idle(uv_idle_t *h)
 
 		rt.lend = r->data;
 		rt.lender = &local_transport;
-		job_peer_recv(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
+		if (recv_fn)
+			recv_fn(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
 		if (r->data && !rt.lend)
 			r->data = NULL;	/* taken (route_take_data) */
 		rt.lend = NULL;
@@ -315,7 +320,8 @@ void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 	 * duplicate would read it again after the first delivery. */
 	rt.lend = data;
 	rt.lender = &rt.remote;
-	job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+	if (recv_fn)
+		recv_fn(from_node, type, hdr, hdrlen, data, len);
 	rt.lend = NULL;
 	rt.lender = NULL;
 }
@@ -334,7 +340,14 @@ void *route_take_data(const void *data)
 
 void route_node_down(const char *node)
 {
-	job_peer_down(node);
+	if (down_fn)
+		down_fn(node);
+}
+
+void route_set_receiver(route_recv_fn recv, route_down_fn down)
+{
+	recv_fn = recv;
+	down_fn = down;
 }
 
 size_t route_pending(void)

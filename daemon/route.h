@@ -147,11 +147,15 @@ void *route_take_data(const void *data);
 /* Records queued for local delivery (tests). */
 size_t route_pending(void);
 
-/* Implemented by the sync engine (daemon/job.c).  hdr/data are borrowed
+/* The receiver of every record, and of a node gone away: the sync
+ * engine (daemon/job.c: job_peer_recv, job_peer_down) registers itself at
+ * job_init, so the router below it never names it.  hdr/data are borrowed
  * for the call.  Malformed or refused records are logged and counted,
- * never trusted. */
-void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
-		   size_t hdrlen, const void *data, size_t len);
-void job_peer_down(const char *node);
+ * never trusted.  Kept across route_init; before a receiver is set a
+ * record is dropped. */
+typedef void (*route_recv_fn)(const char *from_node, Dtep__PeerMsgType type,
+			      const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
+typedef void (*route_down_fn)(const char *node);
+void route_set_receiver(route_recv_fn recv, route_down_fn down);
 
 #endif

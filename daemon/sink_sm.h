@@ -11,7 +11,7 @@
  * drives every row × event directly; job_sink.c asks it what a record
  * does to the version it names (keep or drop).
  *
- * The states live in the sink's fields (struct jsink, job_int.h):
+ * The states live in the sink's fields (struct jsink, job_state.h):
  * sink_sm_state() reads them back for one version.  Failed and applied
  * share `applied` (failed: its checksum did not match), so the fields
  * give applied for both; a version above the held one that the sink has

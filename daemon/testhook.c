@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
 #include "daemon/testhook.h"

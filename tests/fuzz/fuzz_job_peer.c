@@ -46,7 +46,8 @@
 #include <unistd.h>
 #include <uv.h>
 #include "daemon/buf.h"
-#include "daemon/job_int.h"
+#include "daemon/job.h"
+#include "daemon/job_state.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
 #include "gpu/backend.h"

@@ -12,7 +12,7 @@ files=$(find daemon -name '*.[ch]' | grep -Ev '^daemon/(derr\.[ch]|dispatch\.[ch
 n=$(printf '%s\n' "$files" | grep -c .)
 # Never pass on an empty or wrong list: the engine must be among what is read.
 for must in daemon/job.c daemon/job_src.c daemon/job_sink.c daemon/job_ops.c daemon/buf.c \
-	    daemon/job.h daemon/job_int.h daemon/registry.c; do
+	    daemon/job.h daemon/job_state.h daemon/job_state.c daemon/registry.c; do
 	if ! printf '%s\n' "$files" | grep -qx "$must"; then
 		echo "errconv-grep: FAIL: $must not among the files checked"
 		exit 1

@@ -22,7 +22,8 @@
 #include <cmocka.h>
 #include <uv.h>
 #include "daemon/buf.h"
-#include "daemon/job_int.h"
+#include "daemon/job.h"
+#include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/layout/layout.h"
 #include "daemon/log.h"

@@ -13,7 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include "daemon/job_int.h"
+#include "daemon/job.h"
+#include "daemon/job_state.h"
 #include "daemon/job_persist.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
@@ -40,6 +41,7 @@ static void engine_up(void)
 	assert_int_equal(uv_loop_init(&loop), 0);
 	assert_int_equal(route_init(&loop, "unit", ""), 0);
 	assert_int_equal(job_init(&loop, dtc_backend_cpu(), "cpu"), 0);
+	job_set_created_hook(jpersist_save);	/* as main.c does */
 }
 
 static void engine_down(void)

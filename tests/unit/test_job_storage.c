@@ -14,7 +14,8 @@
 #include <ftw.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include "daemon/job_int.h"
+#include "daemon/job.h"
+#include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/layout/layout.h"
 #include "daemon/log.h"

@@ -31,8 +31,9 @@ static struct {
 	unsigned down;
 } eng;
 
-void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
-		   size_t hdrlen, const void *data, size_t len)
+/* The engine's stand-in, registered with route_set_receiver (setup). */
+static void engine_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+			size_t hdrlen, const void *data, size_t len)
 {
 	Dtep__Counts *c = dtep__counts__unpack(NULL, hdrlen, hdr);
 
@@ -51,7 +52,7 @@ void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 	}
 }
 
-void job_peer_down(const char *node)
+static void engine_down(const char *node)
 {
 	eng.down++;
 }
@@ -165,7 +166,7 @@ static int dc_deliver(const char *from, Dtep__PeerMsgType type, const uint8_t *h
 	/* Taken over: delivered altered (the first data byte flipped). */
 	if (len)
 		flipped = ((const uint8_t *)data)[0] ^ 0xff;
-	job_peer_recv(from, type, hdr, hdrlen, len ? &flipped : NULL, len ? 1 : 0);
+	engine_recv(from, type, hdr, hdrlen, len ? &flipped : NULL, len ? 1 : 0);
 	return 1;
 }
 
@@ -436,6 +437,7 @@ static int setup(void **state)
 	if (!loop || uv_loop_init(loop))
 		return -1;
 	*state = loop;
+	route_set_receiver(engine_recv, engine_down);
 	return 0;
 }
 
@@ -449,12 +451,52 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* The router names no engine: records and node-downs go to the receiver
+ * registered with route_set_receiver (the engine's job_init), which is
+ * kept across route_init; with none registered a record is dropped (its
+ * queued copy freed) and a node-down goes nowhere. */
+static void test_receiver_registration(void **state)
+{
+	uv_loop_t *loop = *state;
+	uint8_t data[3] = { 1, 2, 3 };
+
+	reset();
+	route_set_receiver(NULL, NULL);
+	assert_int_equal(route_init(loop, "me", ""), 0);
+	assert_int_equal(send_counts("me", 21, data, sizeof(data)), 0);
+	assert_int_equal(route_pending(), 1);
+	uv_run(loop, UV_RUN_NOWAIT);
+	assert_int_equal(route_pending(), 0);
+	deliver_counts(22, data, sizeof(data));
+	route_node_down("peer");
+	assert_int_equal(eng.calls + eng.down, 0);
+	finish(loop);
+
+	/* Registered before route_init, kept by it: both paths reach it. */
+	reset();
+	route_set_receiver(engine_recv, engine_down);
+	assert_int_equal(route_init(loop, "me", ""), 0);
+	assert_int_equal(send_counts("me", 23, data, sizeof(data)), 0);
+	uv_run(loop, UV_RUN_NOWAIT);
+	assert_int_equal(eng.calls, 1);
+	assert_int_equal(eng.version, 23);
+	assert_string_equal(eng.from, "me");
+	deliver_counts(24, data, sizeof(data));
+	assert_int_equal(eng.calls, 2);
+	assert_int_equal(eng.version, 24);
+	assert_string_equal(eng.from, "peer");
+	route_node_down("peer");
+	assert_int_equal(eng.down, 1);
+	finish(loop);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_local_queue_hands_over),
 		cmocka_unit_test(test_remote_dispatch),
 		cmocka_unit_test(test_decorator),
+		cmocka_unit_test(test_receiver_registration),
 	};
 
 	return cmocka_run_group_tests_name("route", tests, setup, teardown);

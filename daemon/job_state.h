@@ -1,21 +1,35 @@
-/* daemon/job_int.h — the sync engine's internal objects (not for other
- * layers).  Files: job.c (jobs, participants, records in, waits),
- * job_coord.c (membership, plans), job_src.c (capture, mark, acks),
- * job_sink.c (staging, apply, verify), job_task.c (heavy steps on
- * worker threads, and the shutdown drain). */
-#ifndef DTED_JOB_INT_H
-#define DTED_JOB_INT_H
+/* daemon/job_state.h — the sync engine's objects and its bottom layer
+ * (job_state.c); internal to the engine, not for other layers.  The
+ * engine is built in layers that call only downward (docs/SYNC.md,
+ * "Layers"); from the top:
+ *   job.c          control API, records in (job_peer_recv), waits, lifecycle
+ *   job_storage.c  the storage writer and reader
+ *   job_local.c    a participant made and freed (both roles)
+ *   job_coord.c    membership (JOIN), plans (coordinator and member)
+ *   job_src.c      source: publish, mark, acks
+ *   job_sink.c     sink: staging, apply
+ *   job_ops.c      verify, resync (and what they remember at apply)
+ *   job_capture.c  a capture on a worker; job_task.c: heavy steps on
+ *                  workers, the shutdown drain
+ *   job_state.c    jeng, lookups, sends, answers, history, layouts, events
+ *   route.c        records to and from nodes (the receiver registers)
+ * A lower file learns of a higher one's business only through an event
+ * (jev_*(): a function the higher file registered in jeng at job_init). */
+#ifndef DTED_JOB_STATE_H
+#define DTED_JOB_STATE_H
 
 #include <stdint.h>
 #include <uv.h>
 #include "daemon/buf.h"
-#include "daemon/job.h"
+#include "daemon/derr.h"
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
 #include "daemon/pair_sm.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
+#include "proto/dte.pb-c.h"
 #include "proto/peer.pb-c.h"
+#include "proto/peer_protocol.h"
 
 #define JOB_NAME_MAX   64
 #define JOB_NODE_MAX   64
@@ -417,7 +431,6 @@ struct jengine {
 	int timer_init, timer_on;
 	uv_timer_t ctl_timer;     /* JOIN and PLAN retries (job_coord.c) */
 	int ctl_timer_init, ctl_timer_on;
-	struct jwaiter *waiters;
 	struct jcap *inflight;    /* captures on workers */
 	struct jtask *tasks;      /* sink work on workers: apply, verify (job_task.c) */
 	int stopping;             /* shutting down: no new work goes to a worker */
@@ -429,6 +442,11 @@ struct jengine {
 	int parts_async_init;
 	/* Deferred control answers go here (dctl_reply unless a test sets it). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
+	/* Events, raised below through jev_*() and answered above (job_init
+	 * registers them; NULL: nobody listens). */
+	void (*ev_progress)(void);                 /* job.c: job_check_waiters */
+	void (*ev_sink_staged)(struct job *j, struct jlocal *l); /* jstore_sink_staged */
+	int  (*ev_committing)(void);               /* jstore_committing */
 	/* Tests: return nonzero to drop an outgoing record (a lost message). */
 	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
 			 const void *data, size_t len);
@@ -446,7 +464,7 @@ struct jengine {
 
 extern struct jengine jeng;
 
-/* job.c */
+/* job_state.c: the bottom layer. */
 struct job *job_find(const char *name);
 struct jlocal *job_local(struct job *j, uint64_t id);
 struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn);
@@ -456,20 +474,41 @@ const char *job_node_address(const struct job *j, const char *node);
 int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 		     const ProtobufCMessage *msg, const void *data, size_t len);
 void job_fill_ref(const struct job *j, Dtep__JobRef *ref);
-void job_check_waiters(void);
 /* Find a pair of the current plan, NULL when none. */
 struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
 struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
-/* A JOIN with this daemon's participants now (a new join_seq)... */
-void job_send_join(struct job *j);
-/* ...or the newest one again (a retry: same join_seq). */
-void job_send_join_again(struct job *j);
 double job_ms_since(uint64_t t0);
 /* A deferred answer to request req_id of connection conn: rc is 0 or a
  * negative errno (daemon/derr.h), mapped to the wire status here; body (of
  * case bc) only when rc >= 0. */
 void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	       Dte__Response__BodyCase bc, void *body);
+/* A participant id unique in every job: this node's hash, then a counter. */
+uint64_t job_participant_id_new(void);
+/* Frees a pair's source side (dirty bitmaps, snapshot). */
+void jpair_free_state(struct jpair *p);
+struct jhist *jhist_find(struct job *j, uint64_t version);
+/* Builds a layout for a participant description; 0 or -1 with err.  For
+ * a source that registers shards (mcore:, fsdp2:) `shards` is the table
+ * the layout is built from (one rank's, or every rank's); NULL: none. */
+int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
+		  const char *shards, struct dte_layout *l, char *err, size_t errlen);
+/* The sink layout of the storage writer's participant (job_storage.c). */
+#define JSTORE_CANON_LAYOUT "canonical"
+/* The canonical sink layout (rank 0, buffer 0). */
+int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
+			    size_t errlen);
+/* Events (struct jengine): a version's progress may answer a wait
+ * (job.c); a local sink staged a version (the storage writer); whether a
+ * storage commit is on a worker (the shutdown drain). */
+void jev_progress(void);
+void jev_sink_staged(struct job *j, struct jlocal *l);
+int  jev_committing(void);
+
+/* job.c */
+void job_check_waiters(void);
+
+/* job_local.c: jlocal_new(), jlocal_free() (above). */
 
 /* job_coord.c */
 void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
@@ -485,11 +524,10 @@ void jctl_update(void);
 void jmember_coord_down(struct job *j, const char *node);
 /* A random boot id (PEER_TERM_BOOT_BITS, never 0). */
 uint64_t job_boot_new(void);
-/* Builds a layout for a participant description; 0 or -1 with err.  For
- * a source that registers shards (mcore:, fsdp2:) `shards` is the table
- * the layout is built from (one rank's, or every rank's); NULL: none. */
-int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
-		  const char *shards, struct dte_layout *l, char *err, size_t errlen);
+/* A JOIN with this daemon's participants now (a new join_seq)... */
+void job_send_join(struct job *j);
+/* ...or the newest one again (a retry: same join_seq). */
+void job_send_join_again(struct job *j);
 /* Member side: a PLAN arrived.  -1 with the reason in why when it is
  * refused (not from the job's coordinator, not a term, another peer
  * protocol): the caller answers REFUSED. */
@@ -501,11 +539,9 @@ void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
 /* jeng.parts_async: send the parts every running capture framed. */
 void jsrc_parts_ready(uv_async_t *h);
-void jpair_free_state(struct jpair *p);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
-struct jhist *jhist_find(struct job *j, uint64_t version);
 
 /* job_sink.c */
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
@@ -545,8 +581,5 @@ int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_
 int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
 			   void (*prep)(void *arg, const struct jstaged *first),
 			   jsink_applied_fn then, void *arg, char *err, size_t errlen);
-
-/* A participant id unique in every job: this node's hash, then a counter. */
-uint64_t job_participant_id_new(void);
 
 #endif

@@ -1,0 +1,23 @@
+/* daemon/job_src.h — the source side's control operations (daemon/job_src.c)
+ * (part of the engine's control API, daemon/job.h, which includes it). */
+#ifndef DTED_JOB_SRC_H
+#define DTED_JOB_SRC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "proto/dte.pb-c.h"
+
+/* A source sends a pair's payload in parts of about n bytes while it
+ * still detects (config part_size; docs/SYNC.md); applies from the next
+ * capture on. */
+void job_set_part_bytes(size_t n);
+
+/* Publish and mark capture on a worker thread (the loop keeps serving):
+ * with *deferred = 1 the answer comes when the capture is done.  A mark
+ * that needs no scan is answered at once. */
+int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
+int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,289 @@
+/* daemon/job_state.c — the sync engine's bottom layer (docs/SYNC.md,
+ * "Layers"): the engine state `jeng`, lookups over jobs, participants,
+ * plan parts and pairs, sending a record to a node, deferred control
+ * answers, history, the layouts a participant is built from, and the
+ * events the layers above answer.  It calls nothing of the engine above
+ * it: a file above that must hear of something registers a function in
+ * jeng (job_init) and the files below raise it through jev_*().
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/ctl.h"
+#include "daemon/job_ext.h"
+#include "daemon/job_state.h"
+#include "daemon/job_snapshot.h"
+#include "daemon/log.h"
+#include "daemon/route.h"
+
+struct jengine jeng;
+/* Extension points (job_ext.h): NULL unless a test build sets them. */
+struct job_ext job_ext;
+
+double job_ms_since(uint64_t t0)
+{
+	return (double)(uv_hrtime() - t0) / 1e6;
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+struct job *job_find(const char *name)
+{
+	for (struct job *j = jeng.jobs; j; j = j->next)
+		if (name && !strcmp(j->name, name))
+			return j;
+	return NULL;
+}
+
+struct jlocal *job_local(struct job *j, uint64_t id)
+{
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->info.id == id)
+			return l;
+	return NULL;
+}
+
+struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn)
+{
+	struct jlocal *l = job_local(j, id);
+
+	return l && l->owner == conn ? l : NULL;
+}
+
+const struct jpinfo *job_part(const struct job *j, uint64_t id)
+{
+	for (size_t i = 0; i < j->nparts; i++)
+		if (j->parts[i].id == id)
+			return &j->parts[i];
+	return NULL;
+}
+
+const char *job_node_address(const struct job *j, const char *node)
+{
+	for (size_t i = 0; i < j->naddr; i++)
+		if (!strcmp(j->addr_node[i], node))
+			return j->addr_addr[i];
+	return NULL;
+}
+
+struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst)
+{
+	for (size_t i = 0; i < j->npairs; i++)
+		if (j->pairs[i].src == src && j->pairs[i].dst == dst)
+			return &j->pairs[i];
+	return NULL;
+}
+
+struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot)
+{
+	for (size_t i = 0; i < l->nbufs; i++) {
+		if (l->buf_ids[i] == layout_id) {
+			if (slot)
+				*slot = i;
+			return l->bufs[i];
+		}
+	}
+	return NULL;
+}
+
+void job_fill_ref(const struct job *j, Dtep__JobRef *ref)
+{
+	dtep__job_ref__init(ref);
+	ref->job = (char *)j->name;
+	ref->token = (char *)j->token;
+}
+
+int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
+		     const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	int rc;
+
+	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len))
+		return 0;	/* lost on the way, as far as anyone here can tell */
+	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
+
+	if (rc < 0)
+		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
+		       strerror(-rc));
+	return rc;
+}
+
+/* job_send_to_node for a part: data is given, released once the router is
+ * done with it (route_send_given). */
+int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
+			   const ProtobufCMessage *msg, void *data, size_t len,
+			   void (*release)(void *data, void *rarg), void *rarg)
+{
+	int rc;
+
+	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len)) {
+		release(data, rarg);
+		return 0;	/* lost on the way, as far as anyone here can tell */
+	}
+	rc = route_send_given(node, job_node_address(j, node), type, msg, data, len, release,
+			      rarg);
+	if (rc < 0)
+		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
+		       strerror(-rc));
+	return rc;
+}
+
+void jpair_free_state(struct jpair *p)
+{
+	if (p->dirty) {
+		for (size_t i = 0; i < p->n; i++)
+			free(p->dirty[i]);
+		free(p->dirty);
+		p->dirty = NULL;
+	}
+	jsnap_free_all(p->snap, p->n);
+	p->snap = NULL;
+}
+
+struct jhist *jhist_find(struct job *j, uint64_t version)
+{
+	size_t have = j->nhist < JOB_HISTORY ? j->nhist : JOB_HISTORY;
+
+	for (size_t i = 0; i < have; i++) {
+		struct jhist *h = &j->hist[(j->nhist - 1 - i) % JOB_HISTORY];
+
+		if (h->version == version)
+			return h;
+		if (h->version < version)
+			break;
+	}
+	return NULL;
+}
+
+/* ----------------------------------------------------------- participants */
+
+void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
+{
+	const char *w = want == JROLE_SOURCE ? "source" : "sink";
+
+	if (!l)
+		DLOG_E("%s: NULL participant, not a %s (a bug)", func, w);
+	else
+		DLOG_E("%s: participant %llx is a %s, not a %s (a bug)", func,
+		       (unsigned long long)l->info.id, l->info.role == JROLE_SOURCE ? "source" :
+		       l->info.role == JROLE_SINK ? "sink" : "participant of no role", w);
+	abort();
+}
+
+uint64_t job_participant_id_new(void)
+{
+	return ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+}
+
+/* ---------------------------------------------------------------- layouts */
+
+int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
+		  const char *shards, struct dte_layout *l, char *err, size_t errlen)
+{
+	if (!strncmp(desc, "json:", 5)) {
+		/* The daemon would read a file a client names. */
+		snprintf(err, errlen, "json: layouts are not accepted from clients; use a generator "
+			 "(megatron:, fsdp:, sglang:, vllm:)");
+		return -1;
+	}
+	if (role == JROLE_SINK && !strcmp(desc, JSTORE_CANON_LAYOUT)) {
+		/* The storage writer's sink (job_storage.c). */
+		if (jstore_canonical_layout(&j->spec, l, err, errlen))
+			return -1;
+	} else if (dte_layout_from_desc_shards(l, &j->spec, desc,
+					       role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
+					       shards, err, errlen)) {
+		return -1;
+	}
+	if (rank >= l->nranks) {
+		snprintf(err, errlen, "%s has ranks 0..%u; rank %u does not exist", desc,
+			 l->nranks ? l->nranks - 1 : 0, rank);
+		dte_layout_fini(l);
+		return -1;
+	}
+	return 0;
+}
+
+int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
+			    size_t errlen)
+{
+	int64_t off = 0;
+
+	dte_layout_init(l, DTE_LAYOUT_SINK, spec->hash);
+	snprintf(l->desc, sizeof(l->desc), "%s", JSTORE_CANON_LAYOUT);
+	for (uint32_t t = 0; t < spec->n; t++) {
+		const struct dte_spec_tensor *st = &spec->t[t];
+		struct dte_piece p;
+		int64_t s = 1;
+
+		memset(&p, 0, sizeof(p));
+		p.tensor = t;
+		p.ndim = st->ndim;
+		p.offset = off;
+		for (int d = (int)st->ndim - 1; d >= 0; d--) {
+			p.hi[d] = st->shape[d];
+			p.stride[d] = s;
+			s *= st->shape[d];
+		}
+		if (dte_layout_add_piece(l, &p) < 0)
+			goto oom;
+		off += st->numel;
+	}
+	if (dte_layout_add_buffer(l, 0, 0, off, "canonical") < 0)
+		goto oom;
+	l->nranks = 1;
+	dte_layout_sort_buffers(l);
+	return 0;
+oom:
+	dte_layout_fini(l);
+	snprintf(err, errlen, "out of memory");
+	return -1;
+}
+
+/* ---------------------------------------------------------------- answers */
+
+void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
+	       Dte__Response__BodyCase bc, void *body)
+{
+	Dte__Response resp = DTE__RESPONSE__INIT;
+
+	resp.id = req_id;
+	resp.code = derr_status(rc);
+	resp.message = (char *)(msg ? msg : "");
+	if (rc >= 0) {
+		resp.body_case = bc;
+		switch (bc) {
+		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
+		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
+		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
+		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
+		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
+		case DTE__RESPONSE__BODY_APPLY: resp.apply = body; break;
+		case DTE__RESPONSE__BODY_VERIFY: resp.verify = body; break;
+		default: resp.body_case = DTE__RESPONSE__BODY__NOT_SET; break;
+		}
+	} else {
+		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
+	}
+	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
+}
+
+/* ----------------------------------------------------------------- events */
+
+void jev_progress(void)
+{
+	if (jeng.ev_progress)
+		jeng.ev_progress();
+}
+
+void jev_sink_staged(struct job *j, struct jlocal *l)
+{
+	if (jeng.ev_sink_staged)
+		jeng.ev_sink_staged(j, l);
+}
+
+int jev_committing(void)
+{
+	return jeng.ev_committing ? jeng.ev_committing() : 0;
+}
