@@ -439,6 +439,16 @@ def catch_up_all(sinks, v, wait_s):
             s.catch_up(v, max(0.0, end - time.time()))
 
 
+def publish_reaches_all(cl, fv, proof, what=""):
+    """The control-plane scenarios' last step: the trainer publishes fv and
+    every sink must apply it exactly (`what` says which version it is)."""
+    ok, dense, fed, msg = cl.trainer.publish(fv)
+    proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
+    catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
+    got = [s.applied() for s in cl.sinks]
+    proof.need(all(a == fv for a in got), "every sink applied v%d%s (%s)" % (fv, what, got))
+
+
 def sc_trainer_kill(cl, tally, trials, v, log):
     """The trainer process SIGKILLs itself mid-publish: TP rank 0 has
     published v, rank 1 has not and never will.  Lands when src's daemon
@@ -745,12 +755,7 @@ def sc_coord_restart(cl, tally, trials, v, log):
                 proof.need(False, "a sink attached anew after the restart: %s" % e)
                 s.drop()
                 s.attach(d.address)
-            ok, dense, fed, msg = cl.trainer.publish(fv)
-            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
-            got = [s.applied() for s in cl.sinks]
-            proof.need(all(a == fv for a in got), "every sink applied v%d, the first version "
-                       "after the restart (%s)" % (fv, got))
+            publish_reaches_all(cl, fv, proof, ", the first version after the restart")
             return cl.sinks
         v = trial(cl, tally, "coord-restart", v, fault, log)
     return v
@@ -781,11 +786,7 @@ def sc_fixed_port_restart(cl, tally, trials, v, log):
                 s.attach(cl.coord.address)
             ok, seen = await_converged(cl, None, CONVERGE_S)
             proof.need(ok, "members converged (%s)" % seen)
-            ok, dense, fed, msg = cl.trainer.publish(fv)
-            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
-            got = [x.applied() for x in cl.sinks]
-            proof.need(all(a == fv for a in got), "every sink applied v%d (%s)" % (fv, got))
+            publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "fixed-port-restart", v, fault, log)
     return v
@@ -824,11 +825,7 @@ def sc_drop_join(cl, tally, trials, v, log):
                        "sink1 sent the JOIN again")
             ok, seen = await_converged(cl, None, CONVERGE_S)
             proof.need(ok, "members converged (%s)" % seen)
-            ok, dense, fed, msg = cl.trainer.publish(fv)
-            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
-            got = [s.applied() for s in cl.sinks]
-            proof.need(all(a == fv for a in got), "every sink applied v%d (%s)" % (fv, got))
+            publish_reaches_all(cl, fv, proof)
             d.hook = None
             return cl.sinks
         v = trial(cl, tally, "drop-join", v, fault, log)
@@ -868,11 +865,7 @@ def sc_drop_plan(cl, tally, trials, v, log):
             proof.need(re.search(r"sent again", text) is not None,
                        "the coordinator sent the lost PLAN again")
             proof.need(ok and now == want, "members converged on plan %d (%s)" % (want, seen))
-            ok, dense, fed, msg = cl.trainer.publish(fv)
-            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
-            got = [x.applied() for x in cl.sinks]
-            proof.need(all(a == fv for a in got), "every sink applied v%d (%s)" % (fv, got))
+            publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "drop-plan", v, fault, log)
     return v
@@ -900,11 +893,7 @@ def sc_forged_plan(cl, tally, trials, v, log):
                        "sink1 logged the refusal at warning level")
             after = (d.ctl_json("job", JOB) or {}).get("epoch", 0)
             proof.need(after == ep and ep, "sink1 kept its plan term %x (now %x)" % (ep, after))
-            ok, dense, fed, msg = cl.trainer.publish(fv)
-            proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
-            catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
-            got = [s.applied() for s in cl.sinks]
-            proof.need(all(a == fv for a in got), "every sink applied v%d (%s)" % (fv, got))
+            publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "forged-plan", v, fault, log)
     return v
