@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "tests/unit/slurp.h"
 #include <uv.h>
 #include "daemon/buf.h"
 #include "daemon/job.h"
@@ -70,19 +71,6 @@ static void spin(void)
 		for (int i = 0; i < 20; i++)
 			uv_run(&loop, UV_RUN_NOWAIT);
 	}
-}
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	char *s = calloc(1, 65536);
-	size_t n;
-
-	assert_non_null(f);
-	n = fread(s, 1, 65535, f);
-	s[n] = 0;
-	fclose(f);
-	return s;
 }
 
 static void side_register(struct side *sd, uint64_t conn, const char *desc, int role)

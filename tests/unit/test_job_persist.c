@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "tests/unit/slurp.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
 #include "daemon/job_persist.h"
@@ -22,19 +23,6 @@
 
 static uv_loop_t loop;
 static char *config;
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	char *s = calloc(1, 65536);
-	size_t n;
-
-	assert_non_null(f);
-	n = fread(s, 1, 65535, f);
-	s[n] = 0;
-	fclose(f);
-	return s;
-}
 
 static void engine_up(void)
 {

@@ -14,6 +14,7 @@
 #include <ftw.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "tests/unit/slurp.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
@@ -27,19 +28,6 @@ static uv_loop_t loop;
 static char *config;
 static struct dte_spec spec;
 static char root[256];
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	char *s = calloc(1, 65536);
-	size_t n;
-
-	assert_non_null(f);
-	n = fread(s, 1, 65535, f);
-	s[n] = 0;
-	fclose(f);
-	return s;
-}
 
 static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
 {
