@@ -91,6 +91,48 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 	pend_free(p);
 }
 
+/* One transition of version v at sink l: the table (sink_sm.c, docs/SYNC.md
+ * "A version at a sink") decides, the caller only executes the action it
+ * returns.  A cell the table marks "—" (the event cannot reach that state)
+ * is logged as a daemon bug and the caller does nothing. */
+static enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate s,
+				     enum sink_vevent ev)
+{
+	struct sink_step d = sink_sm_step(s, ev);
+
+	if (d.act == SINK_A_NONE)
+		DLOG_E("sink %llx version %llu: event %d in state %s has no transition (bug)",
+		       (unsigned long long)l->info.id, (unsigned long long)v, (int)ev,
+		       sink_sm_state_name(s));
+	else
+		DLOG_D("sink %llx version %llu: %s -> %s (%s)", (unsigned long long)l->info.id,
+		       (unsigned long long)v, sink_sm_state_name(s), sink_sm_state_name(d.next),
+		       sink_sm_action_name(d.act));
+	return d.act;
+}
+
+/* The state the sink's fields give version v, before its pending version
+ * is looked up (pend_state, after). */
+static enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
+{
+	const struct jsink *k = jsink_of(l);
+	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
+			       .applied = k->applied };
+
+	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
+		w.chained = st->version == v;
+	for (const struct jpend *p = k->pend; p && !w.pending; p = p->next)
+		if (p->version == v)
+			w.pending = p->refused ? 2 : 1;
+	return sink_sm_state(&w, v);
+}
+
+/* A pending version's state: collecting, or refused (kept without data). */
+static enum sink_vstate pend_state(const struct jpend *p)
+{
+	return p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING;
+}
+
 /* An APPLIED held back (the storage writer's sink, struct jwriter). */
 struct japplied {
 	uint64_t version;
@@ -135,13 +177,15 @@ void jsink_free(struct jlocal *l)
 		struct jpend *p = k->pend;
 
 		k->pend = p->next;
-		pend_free(p);
+		if (sink_decide(l, p->version, pend_state(p), SINK_EV_DETACHED) == SINK_A_FREE)
+			pend_free(p);
 	}
 	while (k->staged) {
 		struct jstaged *s = k->staged;
 
 		k->staged = s->next;
-		staged_free(s);
+		if (sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_DETACHED) == SINK_A_FREE)
+			staged_free(s);
 	}
 }
 
@@ -166,7 +210,8 @@ void jsink_replanned(struct job *j)
 			continue;
 		for (p = jsink_of(l)->pend; p; p = next) {
 			next = p->next;
-			if (p->epoch != j->epoch)
+			if (p->epoch != j->epoch &&
+			    sink_decide(l, p->version, pend_state(p), SINK_EV_REPLAN) == SINK_A_FREE)
 				pend_drop(l, p);
 		}
 	}
@@ -267,10 +312,16 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
  * newer version is staged or the pending cap takes it. */
 static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
-	refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
-	for (size_t i = 0; i < p->n; i++)
-		pend_src_clear(&p->s[i]);
-	p->refused = 1;
+	switch (sink_decide(l, p->version, pend_state(p), SINK_EV_CONTRADICTS)) {
+	case SINK_A_REFUSE:
+		refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		for (size_t i = 0; i < p->n; i++)
+			pend_src_clear(&p->s[i]);
+		p->refused = 1;
+		break;
+	default:	/* refused already: dropped */
+		break;
+	}
 }
 
 /* Whether one source's records so far agree with each other: 0, or -1
@@ -340,7 +391,9 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	/* Versions still arriving count against the staging cap too: parts
 	 * of a capture that failed (no COUNTS ever comes) or of versions a
 	 * peer invents cannot pile up. */
-	if (n >= staged_cap() && oldest) {
+	if (n >= staged_cap() && oldest &&
+	    sink_decide(l, oldest->version, pend_state(oldest), SINK_EV_CAP) ==
+		    SINK_A_DROP_COUNTED) {
 		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
 		       j->name, (unsigned long long)l->info.id, n,
 		       (unsigned long long)oldest->version);
@@ -709,6 +762,8 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 		struct jstaged *s = jsink_of(l)->staged;
 
 		jsink_of(l)->staged = s->next;
+		/* cap_refuse: the chain goes, one APPLIED refused below */
+		(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
 		staged_free(s);
 	}
 	/* An apply on a worker still brings the sink to its version. */
@@ -764,20 +819,29 @@ static void stage_done(struct jtask *t, int cancelled)
 	struct jlocal *l = j ? job_local(j, g->participant) : NULL;
 	struct jstaged *st = g->st;
 
+	enum sink_vaction act;
+
+	if (l && l->info.role != JROLE_SINK)
+		l = NULL;
 	if (l)
 		jsink_of(l)->staging = 0;
 	dmetrics_observe(DM_PHASE_SECONDS, "stage", g->ms / 1e3);
-	if (!l || l->info.role != JROLE_SINK || cancelled || g->p->version <= jsink_of(l)->held) {
-		if (!cancelled && !l)
+	if (cancelled || !l) {
+		/* Never started (shutdown), or the sink went away: the result
+		 * is dropped (there is no sink to decide for when it is gone). */
+		if (!cancelled)
 			DLOG_I("job %s: sink %llx went away while version %llu was staged (dropped)",
 			       g->job, (unsigned long long)g->participant,
 			       (unsigned long long)g->p->version);
 		stage_free(g);
 		return;
 	}
-	if (!st) {
+	act = sink_decide(l, g->p->version, SINK_V_STAGING,
+			  g->p->version <= jsink_of(l)->held ? SINK_EV_SUPERSEDED :
+			  st ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
+	if (act == SINK_A_REFUSE) {
 		refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
-	} else {
+	} else if (act == SINK_A_SEND_STAGED) {
 		g->st = NULL;
 		if (st->all_dense) {
 			/* Everything before it is overwritten anyway. */
@@ -785,7 +849,9 @@ static void stage_done(struct jtask *t, int cancelled)
 				struct jstaged *o = jsink_of(l)->staged;
 
 				jsink_of(l)->staged = o->next;
-				staged_free(o);
+				if (sink_decide(l, o->version, SINK_V_STAGED, SINK_EV_SUPERSEDED) ==
+				    SINK_A_FREE)
+					staged_free(o);
 			}
 		}
 		{
@@ -801,6 +867,9 @@ static void stage_done(struct jtask *t, int cancelled)
 		       (unsigned long long)l->info.id, (unsigned long long)st->version,
 		       st->all_dense ? "dense" : "sparse", g->ms);
 		staging_cap(j, l, st);
+	} else {
+		stage_free(g);	/* drop_result: superseded meanwhile */
+		return;
 	}
 	stage_free(g);
 	try_stage(j, l);
@@ -877,11 +946,14 @@ static void try_stage(struct job *j, struct jlocal *l)
 			return;	/* a version is being staged: its base for what follows */
 
 		/* Versions the sink holds already (or older) go. */
-		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held)
+		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held &&
+		       sink_decide(l, p->version, pend_state(p), SINK_EV_SUPERSEDED) == SINK_A_FREE)
 			pend_drop(l, p);
 		for (struct jpend *next; p && p->next; p = next) {
 			next = p->next;
-			if (next->version <= jsink_of(l)->held) {
+			if (next->version <= jsink_of(l)->held &&
+			    sink_decide(l, next->version, pend_state(next), SINK_EV_SUPERSEDED) ==
+				    SINK_A_FREE) {
 				pend_drop(l, next);
 				next = p;
 			}
@@ -904,6 +976,9 @@ static void try_stage(struct job *j, struct jlocal *l)
 				wait = 1;	/* its base is still on the way */
 				continue;
 			}
+			if (sink_decide(l, best->version, SINK_V_COLLECTING,
+					SINK_EV_COMPLETE_NO_BASE) != SINK_A_BASE_MISMATCH)
+				return;
 			snprintf(err, sizeof(err), "sparse from %llx builds on version %llu; sink holds %llu",
 				 (unsigned long long)best->s[i].src, (unsigned long long)c->base_version,
 				 (unsigned long long)jsink_of(l)->held);
@@ -928,8 +1003,14 @@ static void try_stage(struct job *j, struct jlocal *l)
 				return;
 			best = dense;
 		}
+		if (sink_decide(l, best->version, SINK_V_COLLECTING, SINK_EV_COMPLETE) != SINK_A_STAGE)
+			return;
 		if (stage_start(j, l, best) < 0) {
-			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED, "out of memory");
+			/* No worker could take it: staging failed. */
+			if (sink_decide(l, best->version, SINK_V_STAGING, SINK_EV_WORKER_FAILED) ==
+			    SINK_A_REFUSE)
+				refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED,
+					       "out of memory");
 			pend_drop(l, best);
 			continue;
 		}
@@ -942,20 +1023,13 @@ static void try_stage(struct job *j, struct jlocal *l)
  * pending version is looked up (record_dropped_pending, after). */
 static int record_dropped(struct jlocal *l, uint64_t v)
 {
-	const struct jsink *k = jsink_of(l);
-	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
-			       .applied = k->applied };
-
-	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
-		w.chained = st->version == v;
-	return sink_sm_step(sink_sm_state(&w, v), SINK_EV_RECORD).act == SINK_A_DROP;
+	return sink_sm_step(jsink_vstate(l, v), SINK_EV_RECORD).act == SINK_A_DROP;
 }
 
 /* ...and once its pending version p is found (or made). */
 static int record_dropped_pending(const struct jpend *p)
 {
-	return sink_sm_step(p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING, SINK_EV_RECORD).act ==
-	       SINK_A_DROP;
+	return sink_sm_step(pend_state(p), SINK_EV_RECORD).act == SINK_A_DROP;
 }
 
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
@@ -1345,8 +1419,11 @@ static void apply_done(struct jtask *t, int cancelled)
 	struct job *j = job_find(a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	enum sink_vaction act;
 
 	r->ms = job_ms_since(a->t0);
+	if (l && l->info.role != JROLE_SINK)
+		l = NULL;
 	if (l)
 		jsink_of(l)->applying = 0;
 	if (jeng.stopping && !cancelled)
@@ -1354,7 +1431,10 @@ static void apply_done(struct jtask *t, int cancelled)
 		       "its worker after %.1f ms", (unsigned long long)r->version,
 		       (unsigned long long)a->participant, a->job, r->work_ms);
 	if (cancelled) {
-		/* Never started (shutdown): nothing was written. */
+		/* Shutdown drains an apply (applying × shutdown); one that
+		 * never started wrote nothing: answered busy. */
+		if (l)
+			(void)sink_decide(l, r->version, SINK_V_APPLYING, SINK_EV_SHUTDOWN);
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
@@ -1364,6 +1444,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		return;
 	}
 	if (!l) {
+		/* applying × detached: went_away (no sink left to decide for) */
 		DLOG_N("job %s: sink %llx went away while version %llu was applied; result dropped",
 		       a->job, (unsigned long long)a->participant, (unsigned long long)r->version);
 		if (a->then)
@@ -1374,7 +1455,9 @@ static void apply_done(struct jtask *t, int cancelled)
 		japply_free(a);
 		return;
 	}
-	if (r->ok) {
+	act = sink_decide(l, a->last->version, SINK_V_APPLYING,
+			  r->ok ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
+	if (act == SINK_A_SEND_APPLIED) {
 		memcpy(jsink_of(l)->vsum, a->sum, l->nbufs * sizeof(*jsink_of(l)->vsum));
 		jsink_of(l)->vkey = r->key;
 		jsink_of(l)->since_full = r->incremental ? jsink_of(l)->since_full + r->n : 0;
@@ -1403,8 +1486,8 @@ static void apply_done(struct jtask *t, int cancelled)
 	}
 	dmetrics_observe(DM_PHASE_SECONDS, "apply", r->ms / 1e3);
 	applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
-			 r->ok ? DTEP__APPLY_RESULT__APPLY_OK : DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED,
-			 r->why, r->ms);
+			 act == SINK_A_SEND_APPLIED ? DTEP__APPLY_RESULT__APPLY_OK :
+			 DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, r->why, r->ms);
 	r->checksum_failures = jsink_of(l)->checksum_failures;
 	if (a->then) {
 		a->then(j, l, r, a->arg);
@@ -1432,7 +1515,8 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	if (jeng.stopping)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: the daemon is shutting down", j->name);
-	if (jsink_of(l)->applying)
+	if (jsink_of(l)->applying &&
+	    sink_decide(l, version, SINK_V_APPLYING, SINK_EV_APPLY) == SINK_A_BUSY)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: sink %llx is applying version %llu already", j->name,
 			     (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->applying);
@@ -1465,7 +1549,9 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	a->full_every = full_every();
 	/* The versions move to the task, in order. */
 	tail = &a->list;
-	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version) {
+	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version &&
+	       sink_decide(l, jsink_of(l)->staged->version, SINK_V_STAGED, SINK_EV_APPLY) ==
+		       SINK_A_APPLY) {
 		struct jstaged *st = jsink_of(l)->staged;
 
 		jsink_of(l)->staged = st->next;
@@ -1517,7 +1603,9 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 	}
 	if (!jsink_of(l)->applying &&
 	    (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
-		if (rq->version <= jsink_of(l)->applied) {
+		/* Nothing staged at or below it: its state answers. */
+		if (sink_decide(l, rq->version, jsink_vstate(l, rq->version), SINK_EV_APPLY) ==
+		    SINK_A_ANSWER) {
 			rep->version = jsink_of(l)->applied;
 			rep->checksum_ok = 1;
 			rep->checksum_failures = jsink_of(l)->checksum_failures;

@@ -8,8 +8,10 @@
  * and shutdown.  sink_sm_step() is the table: for a version's state and
  * an event, the state after it and what the sink does.  Nothing here
  * reads a clock, a job or the network, so tests/unit/test_sink_sm.c
- * drives every row × event directly; job_sink.c asks it what a record
- * does to the version it names (keep or drop).
+ * drives every row × event directly.  job_sink.c makes every transition
+ * of a sink version through it: it names the version's state and the
+ * event, sink_sm_step() decides, job_sink.c executes the action (and
+ * logs a cell the table says cannot happen as a daemon bug).
  *
  * The states live in the sink's fields (struct jsink, job_state.h):
  * sink_sm_state() reads them back for one version.  Failed and applied
@@ -46,6 +48,7 @@ enum sink_vevent {
 	SINK_EV_DETACHED,         /* the sink detached or its connection closed */
 	SINK_EV_REPLAN,           /* a new plan epoch */
 	SINK_EV_SHUTDOWN,
+	SINK_EV_SUPERSEDED,       /* a later version is held (staged dense, or at/below held) */
 	SINK_EV_COUNT
 };
 

@@ -12,29 +12,32 @@
 #include "daemon/sink_sm.h"
 
 /* Columns: record, contradicts, complete, complete_no_base, worker_ok,
- * worker_failed, apply, cap, detached, replan, shutdown.  "-" is the
+ * worker_failed, apply, cap, detached, replan, shutdown, superseded.  "-" is the
  * table's "—": the state is kept and nothing is done. */
 static const char *const want[SINK_V_COUNT][SINK_EV_COUNT] = {
-	[SINK_V_NONE] = { "collecting keep", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-" },
+	[SINK_V_NONE] = { "collecting keep", "-", "-", "-", "-", "-", "none not_staged", "-", "-", "-", "-", "-" },
 	[SINK_V_COLLECTING] = { "collecting keep", "refused refuse", "staging stage",
-				"gone base_mismatch", "-", "-", "-", "gone drop_counted",
-				"gone free", "gone free", "collecting stay" },
-	[SINK_V_REFUSED] = { "refused drop", "refused drop", "-", "-", "-", "-", "-",
-			     "gone drop_counted", "gone free", "gone free", "gone free" },
+				"gone base_mismatch", "-", "-", "collecting not_staged",
+				"gone drop_counted", "gone free", "gone free", "collecting stay",
+				"gone free" },
+	[SINK_V_REFUSED] = { "refused drop", "refused drop", "-", "-", "-", "-",
+			     "refused not_staged", "gone drop_counted", "gone free", "gone free",
+			     "gone free", "gone free" },
 	[SINK_V_STAGING] = { "staging drop", "staging drop", "-", "-", "staged send_staged",
 			     "gone refuse", "staging not_staged", "-", "gone drop_result",
-			     "staging continue", "gone cancel" },
+			     "staging continue", "gone cancel", "gone drop_result" },
 	[SINK_V_STAGED] = { "staged drop", "staged drop", "-", "-", "-", "-", "applying apply",
-			    "gone cap_refuse", "gone free", "staged stay", "gone free" },
+			    "gone cap_refuse", "gone free", "staged stay", "gone free", "gone free" },
 	[SINK_V_APPLYING] = { "applying drop", "applying drop", "-", "-",
 			      "applied send_applied", "failed send_checksum_failed",
 			      "applying busy", "-", "gone went_away", "applying continue",
-			      "applying drain" },
+			      "applying drain", "-" },
 	[SINK_V_APPLIED] = { "applied drop", "applied drop", "-", "-", "-", "-", "applied answer",
-			     "-", "gone free", "-", "-" },
+			     "-", "gone free", "-", "-", "-" },
 	[SINK_V_FAILED] = { "failed drop", "failed drop", "-", "-", "-", "-", "failed answer", "-",
-			    "gone free", "-", "-" },
-	[SINK_V_GONE] = { "gone drop", "gone drop", "-", "-", "-", "-", "-", "-", "-", "-", "-" },
+			    "gone free", "-", "-", "-" },
+	[SINK_V_GONE] = { "gone drop", "gone drop", "-", "-", "-", "-", "gone not_staged", "-", "-",
+			  "-", "-", "-" },
 };
 
 static void test_every_cell(void **state)
@@ -118,12 +121,79 @@ static void test_state_of_fields(void **state)
 	assert_int_equal(sink_sm_state(&w, 1), SINK_V_NONE);
 }
 
+/* The doc's table itself (docs/SYNC.md, "A version at a sink"; the test
+ * runs from the repo root): a row per state, one column per event (the
+ * doc's "worker done" is both WORKER_OK and WORKER_FAILED), and "—"
+ * exactly where the code does nothing. */
+static void test_doc_table(void **state)
+{
+	FILE *f = fopen("docs/SYNC.md", "r");
+	char line[4096];
+	unsigned rows = 0, dashes = 0;
+	int in = 0;
+
+	(void)state;
+	if (!f) {
+		skip();
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *cell[SINK_EV_COUNT + 1], *p = line, *bar;
+		int n = 0, s = -1;
+
+		if (!in) {
+			in = !strncmp(line, "| state \xef\xbc\xbc event", 14);
+			continue;
+		}
+		if (line[0] != '|')
+			break;
+		if (!strncmp(line, "|---", 4))
+			continue;
+		while ((bar = strchr(p, '|')) && n < SINK_EV_COUNT + 1) {
+			*bar = 0;
+			cell[n++] = p;
+			p = bar + 1;
+		}
+		assert_int_equal(n, SINK_EV_COUNT + 1);	/* "", state, a column per event */
+		for (int k = 0; k < SINK_V_COUNT; k++) {
+			char name[32];
+
+			snprintf(name, sizeof(name), " %s ", sink_sm_state_name((enum sink_vstate)k));
+			if (!strcmp(cell[1], name))
+				s = k;
+		}
+		if (s < 0)
+			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", cell[1]);
+		for (int c = 0; c < SINK_EV_COUNT - 1; c++) {
+			int e = c < SINK_EV_WORKER_FAILED ? c : c + 1;
+			int doc_none = !strcmp(cell[2 + c], " \xe2\x80\x94 ");
+			int code_none = sink_sm_step((enum sink_vstate)s, (enum sink_vevent)e).act ==
+					SINK_A_NONE;
+
+			if (c == SINK_EV_WORKER_OK)
+				code_none &= sink_sm_step((enum sink_vstate)s, SINK_EV_WORKER_FAILED).act ==
+					     SINK_A_NONE;
+			if (doc_none != code_none)
+				fail_msg("docs/SYNC.md %s x event %d: the doc says \"%s\", the code %s",
+					 sink_sm_state_name((enum sink_vstate)s), e, cell[2 + c],
+					 code_none ? "does nothing" : "acts");
+			dashes += doc_none;
+		}
+		rows++;
+	}
+	fclose(f);
+	assert_true(in);
+	assert_int_equal(rows, SINK_V_COUNT);
+	print_message("sink-sm-doc: rows=%u cols=%d dashes=%u\n", rows, SINK_EV_COUNT - 1, dashes);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_cell),
 		cmocka_unit_test(test_records),
 		cmocka_unit_test(test_state_of_fields),
+		cmocka_unit_test(test_doc_table),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
