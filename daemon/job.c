@@ -67,6 +67,16 @@ static void reply_deferred(struct jwaiter *w, int rc, const char *msg,
 	job_reply(w->conn, w->req_id, rc, msg, bc, body);
 }
 
+/* A wait_staged over: its sink is parked once less (jsink.parked). */
+static void waiter_unpark(const struct jwaiter *w)
+{
+	struct job *j = w->kind == JW_STAGED ? job_find(w->job) : NULL;
+	struct jlocal *l = j ? job_local(j, w->arg) : NULL;
+
+	if (l && l->info.role == JROLE_SINK)
+		jsink_unparked(l);
+}
+
 /* 1 when the waiter was answered. */
 static int waiter_try(struct jwaiter *w, int expired)
 {
@@ -139,6 +149,10 @@ static int waiter_try(struct jwaiter *w, int expired)
 			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
 			return 1;
 		}
+		/* Apply on arrival: the client gets control back only once
+		 * what its buffers hold is whole (docs/SYNC.md). */
+		if (l && l->info.role == JROLE_SINK && expired && jsink_park_ending(j, l))
+			return 0;
 		if (!l || expired) {
 			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
 				 l ? "no new version staged in time" : "participant gone");
@@ -164,6 +178,7 @@ void job_check_waiters(void)
 
 		if (waiter_try(w, now >= w->deadline)) {
 			*pp = w->next;
+			waiter_unpark(w);
 			free(w);
 		} else {
 			pp = &w->next;
@@ -319,6 +334,7 @@ void job_conn_gone(uint64_t conn)
 
 		if (w->conn == conn) {
 			*pp = w->next;
+			waiter_unpark(w);
 			free(w);
 		} else {
 			pp = &w->next;
@@ -671,6 +687,7 @@ int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest
 		return FAIL(-ETIMEDOUT, "job %s: nothing staged", j->name);
 	if (waiter_add(JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
+	jsink_parked(l);	/* its client waits at its safe point (apply on arrival) */
 	*deferred = 1;
 	return 0;
 }

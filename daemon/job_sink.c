@@ -26,6 +26,57 @@
 #include "gpu/compute.h"
 #include "gpu/elem.h"
 
+/* Apply on arrival (the section at the end of this file). */
+struct jaswap {
+	uint64_t src;
+	uint32_t part, first, entries;
+	uint8_t *data;            /* the part as received (owned); values swapped in place */
+	size_t len;
+	struct jentry *e;         /* copies of its entries */
+	uint64_t *cnt;            /* their counts */
+	uint32_t *slot;           /* their sink buffer slots */
+	/* the entries swapped in so far, in order: index, payload offset, length */
+	uint32_t *eidx;
+	uint64_t *eoff, *elen;
+	uint32_t nswapped;
+	size_t voff;              /* the raw view's offset in data */
+};
+
+enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
+
+struct jarrive {
+	struct jtask t;
+	char job[JOB_NAME_MAX];
+	uint64_t participant, version;
+	enum sink_vstate state;   /* arriving, undoing, retreating */
+	int busy;                 /* t is on a worker */
+	int orphan;               /* the sink went away: the task's done undoes and frees */
+	enum ja_op op;
+	size_t nbufs;
+	struct dbuf **bufs;       /* referenced until freed */
+	uint32_t *buf_ids;
+	struct jaswap *sw;
+	size_t nsw, cap, next;    /* next: the first part not yet swapped */
+	size_t upto;              /* the swap task does sw[next..upto) */
+	uint64_t *delta;          /* per slot: Σ mix(new) − mix(old) of the swaps */
+	uint64_t *srcs;           /* the version's sources (APPLIED) */
+	size_t nsrcs;
+	int alter;                /* job_ext: alter the first swapped entry */
+	int failed;               /* worker: a check or the sums failed (err) */
+	char err[256];
+	int reported;             /* the failure's APPLIED went out already */
+	Dtep__ApplyResult result; /* ...or goes out once undone */
+	char why[256];
+	/* verify */
+	struct jstaged *st;
+	uint64_t *vsum, vkey, key;
+	uint32_t since_full, full_every;
+	uint64_t *sum;
+	int incremental;
+	uint64_t swapped_parts;   /* worker: parts the last swap task swapped in */
+};
+
+
 static void staged_free(struct jstaged *s)
 {
 	for (size_t i = 0; i < s->n; i++) {
@@ -35,6 +86,7 @@ static void staged_free(struct jstaged *s)
 	for (size_t i = 0; i < s->nheld; i++)
 		free(s->held[i]);
 	free(s->held);
+	free(s->isum);
 	free(s->w);
 	free(s->expect);
 	free(s->covered);
@@ -124,6 +176,10 @@ static enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 	for (const struct jpend *p = k->pend; p && !w.pending; p = p->next)
 		if (p->version == v)
 			w.pending = p->refused ? 2 : 1;
+	if (k->arrive) {
+		w.arrive = k->arrive->version;
+		w.arrive_state = k->arrive->state;
+	}
 	return sink_sm_state(&w, v);
 }
 
@@ -132,6 +188,12 @@ static enum sink_vstate pend_state(const struct jpend *p)
 {
 	return p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING;
 }
+
+static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
+				      Dtep__ApplyResult result, const char *why);
+static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
+			  int counts);
+static void arrive_orphan(struct jarrive *a);
 
 /* An APPLIED held back (the storage writer's sink, struct jwriter). */
 struct japplied {
@@ -168,6 +230,17 @@ void jsink_free(struct jlocal *l)
 		japplied_free(k->w->deferred);
 		free(k->w);
 		k->w = NULL;
+	}
+	if (k->arrive) {
+		struct jarrive *a = k->arrive;
+
+		/* Every cell: → gone, the swaps undone (undo, continue,
+		 * drain): on a worker, or here at shutdown once the workers
+		 * are drained (the engine never finds a torn version). */
+		(void)sink_decide(l, a->version, a->state,
+				  jeng.stopping ? SINK_EV_SHUTDOWN : SINK_EV_DETACHED);
+		k->arrive = NULL;
+		arrive_orphan(a);
 	}
 	jops_sink_free(l);
 	free(k->vsum);
@@ -210,8 +283,18 @@ void jsink_replanned(struct job *j)
 			continue;
 		for (p = jsink_of(l)->pend; p; p = next) {
 			next = p->next;
-			if (p->epoch != j->epoch &&
-			    sink_decide(l, p->version, pend_state(p), SINK_EV_REPLAN) == SINK_A_FREE)
+			if (p->epoch == j->epoch)
+				continue;
+			if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
+				/* undone (the sources refuse it anyway) */
+				arrive_event(j, l, SINK_EV_REPLAN, DTEP__APPLY_RESULT__APPLY_REFUSED,
+					     "re-planned");
+				if (!jsink_of(l)->arrive ||
+				    jsink_of(l)->arrive->state != SINK_V_RETREATING)
+					pend_drop(l, p);
+				continue;
+			}
+			if (sink_decide(l, p->version, pend_state(p), SINK_EV_REPLAN) == SINK_A_FREE)
 				pend_drop(l, p);
 		}
 	}
@@ -310,14 +393,23 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 /* A version refused while its records still arrive: what it held goes,
  * the entry stays (no data) so later parts of it are dropped, until a
  * newer version is staged or the pending cap takes it. */
+static void pend_refuse_exec(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
+{
+	refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+	for (size_t i = 0; i < p->n; i++)
+		pend_src_clear(&p->s[i]);
+	p->refused = 1;
+}
+
 static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
+	if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
+		arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		return;
+	}
 	switch (sink_decide(l, p->version, pend_state(p), SINK_EV_CONTRADICTS)) {
 	case SINK_A_REFUSE:
-		refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
-		for (size_t i = 0; i < p->n; i++)
-			pend_src_clear(&p->s[i]);
-		p->refused = 1;
+		pend_refuse_exec(j, l, p, why);
 		break;
 	default:	/* refused already: dropped */
 		break;
@@ -384,8 +476,9 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	for (p = jsink_of(l)->pend; p; p = p->next) {
 		if (p->version == version)
 			return p;
-		if (!oldest || p->version < oldest->version)
-			oldest = p;
+		if ((!oldest || p->version < oldest->version) &&
+		    !(jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version))
+			oldest = p;	/* the version on arrival is never the one dropped */
 		n++;
 	}
 	/* Versions still arriving count against the staging cap too: parts
@@ -758,16 +851,25 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 	srcs = malloc((nsrcs ? nsrcs : 1) * sizeof(*srcs));
 	if (srcs)
 		memcpy(srcs, newest->srcs, nsrcs * sizeof(*srcs));
-	while (jsink_of(l)->staged) {
-		struct jstaged *s = jsink_of(l)->staged;
+	{
+		/* A version staged in place is in the buffers already: it
+		 * stays, the rest of the chain goes. */
+		struct jstaged *keep = jsink_of(l)->staged && jsink_of(l)->staged->in_place ?
+				       jsink_of(l)->staged : NULL;
+		struct jstaged **pp = keep ? &keep->next : &jsink_of(l)->staged;
 
-		jsink_of(l)->staged = s->next;
-		/* cap_refuse: the chain goes, one APPLIED refused below */
-		(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
-		staged_free(s);
+		while (*pp) {
+			struct jstaged *s = *pp;
+
+			*pp = s->next;
+			/* cap_refuse: the chain goes, one APPLIED refused below */
+			(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
+			staged_free(s);
+		}
+		/* An apply on a worker still brings the sink to its version. */
+		jsink_of(l)->held = keep ? keep->version : jsink_of(l)->applying ?
+				    jsink_of(l)->applying : jsink_of(l)->applied;
 	}
-	/* An apply on a worker still brings the sink to its version. */
-	jsink_of(l)->held = jsink_of(l)->applying ? jsink_of(l)->applying : jsink_of(l)->applied;
 	jsink_of(l)->staging_drops++;
 	snprintf(why, sizeof(why), "%zu versions staged and none applied (max_staged_versions %u): "
 		 "staging dropped, next version dense", n, cap);
@@ -844,11 +946,16 @@ static void stage_done(struct jtask *t, int cancelled)
 	} else if (act == SINK_A_SEND_STAGED) {
 		g->st = NULL;
 		if (st->all_dense) {
-			/* Everything before it is overwritten anyway. */
-			while (jsink_of(l)->staged) {
-				struct jstaged *o = jsink_of(l)->staged;
+			/* Everything before it is overwritten anyway (but a
+			 * version staged in place is in the buffers: it stays). */
+			struct jstaged **op = &jsink_of(l)->staged;
 
-				jsink_of(l)->staged = o->next;
+			if (*op && (*op)->in_place)
+				op = &(*op)->next;
+			while (*op) {
+				struct jstaged *o = *op;
+
+				*op = o->next;
 				if (sink_decide(l, o->version, SINK_V_STAGED, SINK_EV_SUPERSEDED) ==
 				    SINK_A_FREE)
 					staged_free(o);
@@ -944,6 +1051,8 @@ static void try_stage(struct job *j, struct jlocal *l)
 
 		if (jsink_of(l)->staging)
 			return;	/* a version is being staged: its base for what follows */
+		if (jsink_of(l)->arrive)
+			return;	/* one is in the buffers (apply on arrival): nothing else stages */
 
 		/* Versions the sink holds already (or older) go. */
 		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held &&
@@ -1111,6 +1220,8 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		return;
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
+	else
+		arrive_record(j, l, p, s, 1);
 	try_stage(j, l);
 	jev_sink_staged(j, l);
 }
@@ -1197,6 +1308,8 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	s->bytes += len;
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
+	else
+		arrive_record(j, l, p, s, 0);
 	try_stage(j, l);
 	jev_sink_staged(j, l);
 }
@@ -1365,7 +1478,14 @@ static void apply_run(struct jtask *t)
 	if (a->prep)
 		a->prep(a->arg, a->list);
 	for (struct jstaged *st = a->list; st; st = st->next) {
-		if (!r->failed_apply) {
+		if (st->in_place) {
+			/* Applied on arrival and verified (it is always the
+			 * first): its sums are the verified state from here. */
+			memcpy(a->vsum, st->isum, a->nbufs * sizeof(*a->vsum));
+			a->vkey = st->ikey;
+			r->key = st->ikey;
+			incremental = 1;
+		} else if (!r->failed_apply) {
 			int tr = apply_version(a->bufs, st, a->delta, r->why, sizeof(r->why));
 
 			if (tr < 0)
@@ -1621,4 +1741,797 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 	if (st == 0)
 		*deferred = 1;
 	return st;
+}
+
+/* ------------------------------------------------------ apply on arrival
+ * docs/SYNC.md, "Apply on arrival".  A sink parked at its safe point (its
+ * client waits in wait_staged, jsink.parked) takes a sparse version on
+ * the base its buffers hold part by part: each part is checked and
+ * swapped into the buffers on a worker as it arrives (the payload gets
+ * the old values in place of the new ones, dtc_sparse_swap_payload), so
+ * a version that fails (a part that fails its checks, the sums, a record
+ * that contradicts, a re-plan, the sink going away) is undone exactly by
+ * swapping every part again in reverse order, and one that cannot go on
+ * this way (the park ends, a dense or compressed record of it, a newer
+ * version coming) is undone and then staged as usual from the very bytes
+ * it arrived as.  Once every part is in and the sums match, the version
+ * is staged "in place" (jstaged.in_place): STAGED, wait_staged answers,
+ * and apply(v) writes nothing.  The engine sees it only then.
+ *
+ * One jarrive per sink at a time, one task of it on a worker at a time;
+ * while it exists nothing else of the sink is staged (so nothing else is
+ * applied into the buffers).  Every transition goes through sink_sm. */
+static void arrive_kick(struct job *j, struct jlocal *l);
+
+static void aswap_free(struct jaswap *w)
+{
+	free(w->data);
+	free(w->e);
+	free(w->cnt);
+	free(w->slot);
+	free(w->eidx);
+	free(w->eoff);
+	free(w->elen);
+}
+
+static void arrive_free(struct jarrive *a)
+{
+	if (!a)
+		return;
+	for (size_t i = 0; i < a->nsw; i++)
+		aswap_free(&a->sw[i]);
+	free(a->sw);
+	for (size_t i = 0; i < a->nbufs; i++)
+		if (a->bufs[i])
+			dbuf_unref(a->bufs[i]);
+	free(a->bufs);
+	free(a->buf_ids);
+	free(a->delta);
+	free(a->srcs);
+	if (a->st)
+		staged_free(a->st);
+	free(a->vsum);
+	free(a->sum);
+	free(a);
+}
+
+static struct jpend *pend_find(struct jlocal *l, uint64_t v)
+{
+	for (struct jpend *p = jsink_of(l)->pend; p; p = p->next)
+		if (p->version == v)
+			return p;
+	return NULL;
+}
+
+/* Worker: swap part w into the buffers (every entry checked first: the
+ * chunk's framing and checksum, each entry's payload against its box and
+ * count); 0, or -1 with err (the entries swapped so far stay recorded
+ * for the undo). */
+static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errlen)
+{
+	const uint8_t *view = NULL;
+	size_t raw_len = 0, off = 0;
+	uint64_t claimed, bound = 0;
+	uint8_t *data;
+	int codec;
+
+	for (uint32_t i = 0; i < w->entries; i++)
+		if (w->cnt[i])
+			bound += 8 + dtc_sparse_bound(w->cnt[i]);
+	if (dtc_chunk_info(w->data, w->len, &claimed, &codec) != DTC_OK || claimed > bound ||
+	    dtc_chunk_view(w->data, w->len, &view, &raw_len) != DTC_OK || !view) {
+		snprintf(err, errlen, "source %llx part %u: header, framing or checksum invalid",
+			 (unsigned long long)w->src, w->part);
+		return -1;
+	}
+	w->voff = (size_t)(view - w->data);
+	data = w->data + w->voff;
+	/* Every entry checked before anything is written. */
+	for (uint32_t i = 0; i < w->entries; i++) {
+		uint64_t len, got = 0;
+
+		if (!w->cnt[i])
+			continue;
+		if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8 ||
+		    dtc_sparse_payload_check(data + off + 8, (size_t)len, w->e[i].box, &got) !=
+			    DTC_OK || got != w->cnt[i]) {
+			snprintf(err, errlen, "source %llx part %u entry %u: payload invalid",
+				 (unsigned long long)w->src, w->part, w->first + i);
+			return -1;
+		}
+		off += 8 + len;
+	}
+	if (off != raw_len) {
+		snprintf(err, errlen, "source %llx part %u: %zu bytes after the last entry",
+			 (unsigned long long)w->src, w->part, raw_len - off);
+		return -1;
+	}
+	off = 0;
+	for (uint32_t i = 0; i < w->entries; i++) {
+		struct dbuf *b;
+		uint64_t len, got = 0;
+		int r;
+
+		if (!w->cnt[i])
+			continue;
+		len = get64(data + off);
+		off += 8;
+		b = a->bufs[w->slot[i]];
+		if (a->alter) {
+			/* After every check (job_ext.h): the last value's high byte. */
+			job_ext.sink_alter(data + off + len - 1, 1);
+			a->alter = 0;
+		}
+		r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off, (size_t)len,
+					    b->ptr, b->length, &got, &a->delta[w->slot[i]]);
+		if (r != DTC_OK) {
+			snprintf(err, errlen, "source %llx part %u entry %u: %s",
+				 (unsigned long long)w->src, w->part, w->first + i, dtc_strerror(r));
+			return -1;
+		}
+		w->eidx[w->nswapped] = i;
+		w->eoff[w->nswapped] = off;
+		w->elen[w->nswapped] = len;
+		w->nswapped++;
+		off += len;
+	}
+	return 0;
+}
+
+/* Worker (or the loop at shutdown, the workers drained): every swap
+ * undone, last first.  What is undone is forgotten, so it never runs
+ * twice over the same entry. */
+static void undo_all(struct jarrive *a)
+{
+	for (size_t k = a->nsw; k-- > 0;) {
+		struct jaswap *w = &a->sw[k];
+		uint8_t *data;
+
+		if (!w->nswapped)
+			continue;
+		/* Where the view was when it was swapped in (its checksum
+		 * no longer holds: old values are in it). */
+		data = w->data + w->voff;
+		while (w->nswapped) {
+			uint32_t m = w->nswapped - 1, i = w->eidx[m];
+			struct dbuf *b = a->bufs[w->slot[i]];
+			uint64_t got = 0, d = 0;
+
+			(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + w->eoff[m],
+						      (size_t)w->elen[m], b->ptr, b->length, &got, &d);
+			a->delta[w->slot[i]] += d;	/* back to 0 once all are undone */
+			w->nswapped = m;
+		}
+	}
+}
+
+/* Worker: the sums of the version's boxes, as the apply checks them. */
+static void arrive_verify(struct jarrive *a)
+{
+	struct jstaged *st = a->st;
+	int incremental;
+
+	a->key = verify_key(a->bufs, st);
+	incremental = a->vkey && a->key == a->vkey && a->since_full + 1 < a->full_every;
+	if (incremental) {
+		for (size_t s = 0; s < a->nbufs; s++)
+			a->sum[s] = a->vsum[s] + a->delta[s];
+	} else if (full_sums(a->nbufs, a->bufs, st, a->sum) < 0) {
+		a->failed = 1;
+		snprintf(a->err, sizeof(a->err), "checksum failed: a box outside its buffer");
+		return;
+	}
+	a->incremental = incremental;
+	for (size_t s = 0; s < a->nbufs; s++) {
+		if (!st->covered[s] || a->sum[s] == st->expect[s])
+			continue;
+		a->failed = 1;
+		snprintf(a->err, sizeof(a->err), "buffer %s: checksum %016llx, expected %016llx (%s, "
+			 "applied on arrival)", a->bufs[s]->name, (unsigned long long)a->sum[s],
+			 (unsigned long long)st->expect[s], incremental ? "incremental" : "full pass");
+		return;
+	}
+}
+
+static void arrive_run(struct jtask *t)
+{
+	struct jarrive *a = (struct jarrive *)t;
+
+	switch (a->op) {
+	case JA_SWAP:
+		a->swapped_parts = 0;
+		for (size_t k = a->next; k < a->upto && !a->failed; k++) {
+			if (swap_part(a, &a->sw[k], a->err, sizeof(a->err)) < 0)
+				a->failed = 1;
+			else
+				a->swapped_parts++;
+		}
+		break;
+	case JA_VERIFY:
+		arrive_verify(a);
+		break;
+	case JA_UNDO:
+		undo_all(a);
+		break;
+	}
+}
+
+static void arrive_done(struct jtask *t, int cancelled);
+
+static void arrive_task(struct jarrive *a, enum ja_op op)
+{
+	a->op = op;
+	a->busy = 1;
+	a->t.run = arrive_run;
+	a->t.done = arrive_done;
+	jtask_start(&a->t);
+}
+
+/* The sink is gone (or going): undo what is in the buffers and free, on a
+ * worker while the loop runs, here when it no longer does (shutdown, the
+ * workers drained). */
+static void arrive_orphan(struct jarrive *a)
+{
+	a->orphan = 1;
+	if (a->busy)
+		return;	/* its done comes back here */
+	if (jeng.stopping || !jeng.loop) {
+		undo_all(a);
+		arrive_free(a);
+		return;
+	}
+	arrive_task(a, JA_UNDO);
+}
+
+/* The version goes back: from arriving to undoing (failed: report reason
+ * once undone, unless reported) or to retreating (staged as usual once
+ * undone).  The undo starts when no task of it is on a worker. */
+static void arrive_back(struct job *j, struct jlocal *l, struct jarrive *a, enum sink_vstate to,
+			Dtep__ApplyResult result, const char *why)
+{
+	if (to == SINK_V_UNDOING && a->state != SINK_V_UNDOING) {
+		struct jpend *p = pend_find(l, a->version);
+
+		a->result = result;
+		snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
+		if (p) {
+			/* Later records of it are dropped (refused, data gone). */
+			for (size_t i = 0; i < p->n; i++)
+				pend_src_clear(&p->s[i]);
+			p->refused = 1;
+		}
+		DLOG_W("job %s: sink %llx: version %llu applied on arrival fails (%s): undone",
+		       j->name, (unsigned long long)l->info.id, (unsigned long long)a->version,
+		       a->why);
+	} else if (to == SINK_V_RETREATING) {
+		DLOG_I("job %s: sink %llx: version %llu leaves apply on arrival (%s): undone, then "
+		       "staged", j->name, (unsigned long long)l->info.id,
+		       (unsigned long long)a->version, why);
+	}
+	a->state = to;
+	arrive_kick(j, l);
+}
+
+/* One event for the sink's arriving version: the table decides, this
+ * executes.  Returns the action. */
+static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
+				      Dtep__ApplyResult result, const char *why)
+{
+	struct jarrive *a = jsink_of(l)->arrive;
+	enum sink_vaction act = sink_decide(l, a->version, a->state, ev);
+	struct sink_step d = sink_sm_step(a->state, ev);
+
+	switch (act) {
+	case SINK_A_UNDO:
+		if (d.next == SINK_V_GONE) {
+			jsink_of(l)->arrive = NULL;
+			jsink_of(l)->arrival_undos++;
+			dmetrics_add(DM_APPLY_ON_ARRIVAL, "undo", 1);
+			arrive_orphan(a);
+		} else {
+			arrive_back(j, l, a, SINK_V_UNDOING, result, why);
+		}
+		break;
+	case SINK_A_RETREAT:
+		arrive_back(j, l, a, SINK_V_RETREATING, 0, why);
+		break;
+	case SINK_A_REFUSE: {
+		/* retreating × contradicts: refused now, undone as it goes */
+		struct jpend *p = pend_find(l, a->version);
+
+		if (p)
+			pend_refuse_exec(j, l, p, why);
+		a->reported = 1;
+		a->state = SINK_V_UNDOING;
+		break;
+	}
+	case SINK_A_CONTINUE:
+	case SINK_A_DRAIN:
+		if (d.next == SINK_V_GONE) {
+			jsink_of(l)->arrive = NULL;
+			arrive_orphan(a);
+		} else {
+			a->state = d.next;
+		}
+		break;
+	default:
+		break;
+	}
+	return act;
+}
+
+/* The version's every record in: the parts' ranges in entry order, no
+ * overlap, every entry with a count inside one (decode_src's rules, on
+ * the records' metadata).  0, or -1 with why. */
+static int arrive_cover(const struct jpend *p, char *why, size_t whylen)
+{
+	for (size_t si = 0; si < p->n; si++) {
+		const struct jpend_src *s = &p->s[si];
+		const Dtep__Counts *c = s->counts;
+		size_t covered = 0;
+
+		for (uint32_t k = 0; k < s->nparts; k++) {
+			const struct jpart *pt = NULL;
+
+			for (size_t q = 0; q < s->nparts && !pt; q++)
+				if (s->parts[q].part == k)
+					pt = &s->parts[q];
+			if (!pt || pt->first < covered) {
+				snprintf(why, whylen, "source %llx: part %u missing or overlapping",
+					 (unsigned long long)s->src, k);
+				return -1;
+			}
+			for (size_t i = covered; i < pt->first; i++)
+				if (c->counts[i])
+					goto uncovered;
+			covered = (size_t)pt->first + pt->entries;
+		}
+		for (size_t i = covered; i < c->n_counts; i++)
+			if (c->counts[i])
+				goto uncovered;
+		continue;
+uncovered:
+		snprintf(why, whylen, "source %llx: an entry with a count that no part carries",
+			 (unsigned long long)s->src);
+		return -1;
+	}
+	return 0;
+}
+
+/* The version as staged in place: its entries' maps (for the sums and
+ * for verify), what the sources' sums expect, its sources. */
+static struct jstaged *arrive_staged(struct job *j, struct jlocal *l, const struct jpend *p,
+				     char *why, size_t whylen)
+{
+	struct jstaged *st = calloc(1, sizeof(*st));
+	size_t nw = 0, nb = l->nbufs ? l->nbufs : 1;
+
+	for (size_t i = 0; i < p->n; i++)
+		nw += p->s[i].counts->n_counts;
+	if (!st || !(st->w = calloc(nw ? nw : 1, sizeof(*st->w))) ||
+	    !(st->expect = calloc(nb, sizeof(*st->expect))) || !(st->covered = calloc(nb, 1)) ||
+	    !(st->srcs = calloc(p->n ? p->n : 1, sizeof(*st->srcs))) ||
+	    !(st->isum = calloc(nb, sizeof(*st->isum))))
+		goto fail;
+	st->version = p->version;
+	st->in_place = 1;
+	for (size_t i = 0; i < p->n; i++) {
+		const Dtep__Counts *c = p->s[i].counts;
+		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);
+
+		st->srcs[st->nsrcs++] = p->s[i].src;
+		if (!pair || pair->n != c->n_counts)
+			goto fail;
+		for (size_t e = 0; e < pair->n; e++) {
+			struct jwrite *w = &st->w[st->n];
+			const uint32_t *slot = NULL;
+
+			for (size_t b = 0; b < l->nbufs; b++)
+				if (l->buf_ids[b] == pair->e[e].dst_buf)
+					slot = (const uint32_t *)&l->buf_ids[b];
+			if (!slot)
+				goto fail;
+			w->dst_slot = (uint32_t)(slot - l->buf_ids);
+			w->map = pair->e[e].map;
+			w->n = c->counts[e];
+			st->covered[w->dst_slot] = 1;
+			st->n++;
+		}
+		for (size_t k = 0; k < c->n_checksums; k++) {
+			size_t b;
+
+			for (b = 0; b < l->nbufs && l->buf_ids[b] != c->checksums[k]->dst_buffer; b++)
+				;
+			if (b == l->nbufs)
+				goto fail;
+			st->expect[b] += c->checksums[k]->partial;
+		}
+	}
+	return st;
+fail:
+	snprintf(why, whylen, "the version's entries or checksums name a buffer this sink lacks");
+	if (st)
+		staged_free(st);
+	return NULL;
+}
+
+/* Start what the arriving version needs next, if no task of it runs. */
+static void arrive_kick(struct job *j, struct jlocal *l)
+{
+	struct jsink *k = jsink_of(l);
+	struct jarrive *a = k->arrive;
+	struct jpend *p;
+	char why[256];
+
+	if (!a || a->busy || jeng.stopping)
+		return;
+	if (a->state == SINK_V_UNDOING || a->state == SINK_V_RETREATING) {
+		arrive_task(a, JA_UNDO);
+		return;
+	}
+	if (a->next < a->nsw) {
+		a->upto = a->nsw;
+		arrive_task(a, JA_SWAP);
+		return;
+	}
+	p = pend_find(l, a->version);
+	if (!p || !pend_complete(p))
+		return;
+	if (arrive_cover(p, why, sizeof(why)) < 0) {
+		arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		return;
+	}
+	if (sink_decide(l, a->version, a->state, SINK_EV_COMPLETE) != SINK_A_VERIFY)
+		return;
+	if (!(a->st = arrive_staged(j, l, p, why, sizeof(why)))) {
+		arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		return;
+	}
+	memcpy(a->vsum, k->vsum, l->nbufs * sizeof(*a->vsum));
+	a->vkey = k->vkey;
+	a->since_full = k->since_full;
+	a->full_every = full_every();
+	arrive_task(a, JA_VERIFY);
+}
+
+/* Loop: a task of the arriving version came back. */
+static void arrive_done(struct jtask *t, int cancelled)
+{
+	struct jarrive *a = (struct jarrive *)t;
+	struct job *j = job_find(a->job);
+	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
+	struct jsink *k;
+
+	a->busy = 0;
+	if (l && (l->info.role != JROLE_SINK || jsink_of(l)->arrive != a))
+		l = NULL;
+	if (a->orphan || !l) {
+		/* The sink went away: what is swapped in goes back (the
+		 * undo's own done frees it). */
+		if (a->op == JA_UNDO || cancelled) {
+			if (cancelled)
+				undo_all(a);	/* shutdown: the workers are drained */
+			arrive_free(a);
+		} else {
+			arrive_orphan(a);
+		}
+		return;
+	}
+	if (cancelled)
+		return;	/* shutdown: jsink_free undoes it */
+	k = jsink_of(l);
+	switch (a->op) {
+	case JA_SWAP:
+		k->arrival_parts += a->swapped_parts;
+		dmetrics_add(DM_APPLY_ON_ARRIVAL, "part", (double)a->swapped_parts);
+		a->next += a->swapped_parts;
+		if (a->failed) {
+			a->next = a->nsw;	/* the failed part's swapped entries are undone too */
+			arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				     a->err);
+			return;
+		}
+		break;
+	case JA_VERIFY:
+		if (a->failed) {
+			k->checksum_failures++;
+			k->vkey = 0;
+			dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
+			arrive_event(j, l, SINK_EV_WORKER_FAILED,
+				     DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, a->err);
+			return;
+		}
+		if (sink_decide(l, a->version, a->state, SINK_EV_WORKER_OK) == SINK_A_SEND_STAGED) {
+			struct jstaged *st = a->st, **pp = &k->staged;
+			struct jpend *p = pend_find(l, a->version);
+
+			a->st = NULL;
+			memcpy(st->isum, a->sum, l->nbufs * sizeof(*st->isum));
+			st->ikey = a->key;
+			while (*pp)
+				pp = &(*pp)->next;
+			*pp = st;
+			k->held = st->version;
+			k->arrive = NULL;
+			if (p)
+				pend_drop(l, p);	/* every part of it is in the buffers */
+			k->arrival_versions++;
+			dmetrics_add(DM_APPLY_ON_ARRIVAL, "version", 1);
+			if (a->incremental)
+				k->incremental_verifies++;
+			else
+				k->full_verifies++;
+			dmetrics_add(DM_APPLY_VERIFY, a->incremental ? "incremental" : "full", 1);
+			send_staged(j, l, st);
+			DLOG_D("job %s: sink %llx version %llu applied on arrival (%zu parts), staged "
+			       "in place", j->name, (unsigned long long)l->info.id,
+			       (unsigned long long)st->version, a->nsw);
+			arrive_free(a);
+			try_stage(j, l);
+			jev_sink_staged(j, l);
+			jev_progress();
+		}
+		return;
+	case JA_UNDO:
+		switch (sink_decide(l, a->version, a->state, SINK_EV_WORKER_OK)) {
+		case SINK_A_SEND_FAILED:
+			if (!a->reported) {
+				j->refused++;
+				dmetrics_add(DM_REFUSED, "bad_payload", 1);
+				send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, 0);
+			}
+			k->arrival_undos++;
+			dmetrics_add(DM_APPLY_ON_ARRIVAL, "undo", 1);
+			break;
+		case SINK_A_RESTAGE: {
+			/* The parts' bytes are as they arrived again: back into
+			 * the pending version, staged as usual. */
+			struct jpend *p = pend_find(l, a->version);
+
+			for (size_t i = 0; p && i < a->nsw; i++) {
+				struct jpend_src *s = pend_src(p, a->sw[i].src);
+
+				for (size_t q = 0; s && q < s->nparts; q++) {
+					if (s->parts[q].part == a->sw[i].part && !s->parts[q].data) {
+						s->parts[q].data = a->sw[i].data;
+						a->sw[i].data = NULL;
+					}
+				}
+			}
+			k->arrival_retreats++;
+			dmetrics_add(DM_APPLY_ON_ARRIVAL, "retreat", 1);
+			break;
+		}
+		default:
+			break;
+		}
+		k->arrive = NULL;
+		arrive_free(a);
+		try_stage(j, l);
+		jev_sink_staged(j, l);
+		jev_progress();
+		return;
+	}
+	arrive_kick(j, l);
+}
+
+/* Take part pt of source s into the arriving version (its bytes move to
+ * the jarrive): 0, or -1 when it cannot go on arrival (compressed) or
+ * out of memory. */
+static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
+		       const struct jpend_src *s, struct jpart *pt)
+{
+	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+	struct jaswap *w;
+	uint64_t claimed;
+	int codec;
+
+	if (!pair || pt->first + (uint64_t)pt->entries > pair->n || !pt->data ||
+	    dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK ||
+	    codec != DTC_CODEC_RAW)
+		return -1;
+	if (a->nsw == a->cap) {
+		size_t nc = a->cap ? 2 * a->cap : 8;
+		void *np = realloc(a->sw, nc * sizeof(*a->sw));
+
+		if (!np)
+			return -1;
+		a->sw = np;
+		a->cap = nc;
+	}
+	w = &a->sw[a->nsw];
+	memset(w, 0, sizeof(*w));
+	w->src = s->src;
+	w->part = pt->part;
+	w->first = pt->first;
+	w->entries = pt->entries;
+	if (!(w->e = malloc(pt->entries * sizeof(*w->e))) ||
+	    !(w->cnt = malloc(pt->entries * sizeof(*w->cnt))) ||
+	    !(w->slot = malloc(pt->entries * sizeof(*w->slot))) ||
+	    !(w->eidx = malloc(pt->entries * sizeof(*w->eidx))) ||
+	    !(w->eoff = malloc(pt->entries * sizeof(*w->eoff))) ||
+	    !(w->elen = malloc(pt->entries * sizeof(*w->elen)))) {
+		aswap_free(w);
+		return -1;
+	}
+	for (uint32_t i = 0; i < pt->entries; i++) {
+		const struct jentry *e = &pair->e[pt->first + i];
+		size_t b;
+
+		for (b = 0; b < a->nbufs && a->buf_ids[b] != e->dst_buf; b++)
+			;
+		if (b == a->nbufs) {
+			aswap_free(w);
+			return -1;
+		}
+		w->e[i] = *e;
+		w->cnt[i] = s->counts->counts[pt->first + i];
+		w->slot[i] = (uint32_t)b;
+	}
+	w->data = pt->data;
+	w->len = pt->len;
+	pt->data = NULL;	/* the jarrive's now; the record stays counted */
+	a->nsw++;
+	return 0;
+}
+
+/* Whether source s's COUNTS lets its version go on arrival at l. */
+static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *s)
+{
+	const Dtep__Counts *c = s->counts;
+	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+
+	if (!c || c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied ||
+	    !pair)
+		return 0;
+	for (size_t i = 0; i < pair->n; i++)
+		if (!dtc_map_injective(&pair->e[i].map))
+			return 0;
+	return 1;
+}
+
+/* Whether sink l can take version p on arrival now: parked, nothing
+ * staged, staging or applying, its buffers host memory it applies from
+ * payload bytes. */
+static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend *p)
+{
+	const struct jsink *k = jsink_of(l);
+
+	if (!k->parked || k->arrive || k->staged || k->staging || k->applying ||
+	    k->held != k->applied || jeng.stopping || !jeng.loop || p->refused || k->w ||
+	    p->version <= k->held)
+		return 0;
+	for (size_t b = 0; b < l->nbufs; b++)
+		if (!keep_encoded(j, l, l->bufs[b]))
+			return 0;
+	for (size_t i = 0; i < p->n; i++)
+		if (p->s[i].counts && !arrive_fits(j, l, &p->s[i]))
+			return 0;
+	return 1;
+}
+
+static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct jpend *p)
+{
+	struct jarrive *a = calloc(1, sizeof(*a));
+	size_t nb = l->nbufs ? l->nbufs : 1;
+
+	if (!a || !(a->bufs = calloc(nb, sizeof(*a->bufs))) ||
+	    !(a->buf_ids = malloc(nb * sizeof(*a->buf_ids))) ||
+	    !(a->delta = calloc(nb, sizeof(*a->delta))) ||
+	    !(a->srcs = calloc(p->n ? p->n : 1, sizeof(*a->srcs))) ||
+	    !(a->vsum = calloc(nb, sizeof(*a->vsum))) || !(a->sum = calloc(nb, sizeof(*a->sum))) ||
+	    (!jsink_of(l)->vsum && !(jsink_of(l)->vsum = calloc(nb, sizeof(uint64_t))))) {
+		arrive_free(a);
+		return NULL;
+	}
+	snprintf(a->job, sizeof(a->job), "%s", j->name);
+	a->participant = l->info.id;
+	a->version = p->version;
+	a->state = SINK_V_ARRIVING;
+	for (size_t b = 0; b < l->nbufs; b++) {
+		a->bufs[b] = l->bufs[b];
+		dbuf_ref(a->bufs[b]);
+		a->buf_ids[b] = l->buf_ids[b];
+	}
+	a->nbufs = l->nbufs;
+	for (size_t i = 0; i < p->n; i++)
+		a->srcs[a->nsrcs++] = p->s[i].src;
+	/* On the loop (it may log), once per version (job_ext.h). */
+	a->alter = job_ext.sink_select && job_ext.sink_alter && job_ext.sink_select(p->version);
+	return a;
+}
+
+/* A record of version p (from source s; counts: it was its COUNTS) was
+ * kept: what it does to apply on arrival. */
+static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
+			  int counts)
+{
+	struct jsink *k = jsink_of(l);
+	struct jarrive *a = k->arrive;
+
+	if (p->refused)
+		return;
+	if (a && a->version != p->version) {
+		/* A newer version coming: the arriving one must not hold it
+		 * up (nothing else stages while it is in the buffers). */
+		if (p->version > a->version && a->state == SINK_V_ARRIVING)
+			arrive_event(j, l, SINK_EV_UNPARK, 0, "a newer version arrives");
+		return;
+	}
+	if (!a) {
+		if (!counts || !arrive_can_start(j, l, p) ||
+		    sink_decide(l, p->version, pend_state(p), SINK_EV_PARKED) != SINK_A_ARRIVE ||
+		    !(a = arrive_new(j, l, p)))
+			return;
+		k->arrive = a;
+		DLOG_D("job %s: sink %llx parked: version %llu applied on arrival", j->name,
+		       (unsigned long long)l->info.id, (unsigned long long)p->version);
+		/* Every source's parts that came with a COUNTS before. */
+		for (size_t i = 0; i < p->n; i++) {
+			if (!p->s[i].counts)
+				continue;
+			for (size_t q = 0; q < p->s[i].nparts; q++) {
+				if (arrive_take(j, l, a, &p->s[i], &p->s[i].parts[q]) < 0) {
+					arrive_event(j, l, SINK_EV_UNPARK, 0,
+						     "a part it cannot take on arrival");
+					return;
+				}
+			}
+		}
+		arrive_kick(j, l);
+		return;
+	}
+	if (a->state != SINK_V_ARRIVING)
+		return;	/* undoing: dropped (refused); retreating: kept in p */
+	if (counts) {
+		if (!arrive_fits(j, l, s)) {
+			arrive_event(j, l, SINK_EV_UNPARK, 0, "a dense record, or another base");
+			return;
+		}
+		for (size_t q = 0; q < s->nparts; q++) {
+			if (s->parts[q].data && arrive_take(j, l, a, s, &s->parts[q]) < 0) {
+				arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
+				return;
+			}
+		}
+	} else if (s->counts) {
+		struct jpart *pt = &s->parts[s->nparts - 1];
+
+		if (sink_decide(l, p->version, a->state, SINK_EV_RECORD) == SINK_A_SWAP &&
+		    arrive_take(j, l, a, s, pt) < 0) {
+			arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
+			return;
+		}
+	}
+	arrive_kick(j, l);
+}
+
+int jsink_park_ending(struct job *j, struct jlocal *l)
+{
+	struct jarrive *a = jsink_of(l)->arrive;
+
+	if (!a)
+		return 0;
+	if (a->state == SINK_V_ARRIVING)
+		arrive_event(j, l, SINK_EV_UNPARK, 0, "its park ends");
+	return jsink_of(l)->arrive != NULL;
+}
+
+/* Sinks parked on this daemon (the dted_sinks_parked gauge). */
+static uint64_t parked_total;
+
+void jsink_parked(struct jlocal *l)
+{
+	jsink_of(l)->parked++;
+	dmetrics_set(DM_SINKS_PARKED, NULL, (double)++parked_total);
+}
+
+void jsink_unparked(struct jlocal *l)
+{
+	if (!jsink_of(l)->parked)
+		return;
+	jsink_of(l)->parked--;
+	if (parked_total)
+		parked_total--;
+	dmetrics_set(DM_SINKS_PARKED, NULL, (double)parked_total);
 }

@@ -120,6 +120,8 @@ struct jwrite {
 	size_t enc_len;
 };
 
+struct jarrive;
+
 struct jstaged {
 	uint64_t version;
 	int all_dense;
@@ -131,6 +133,11 @@ struct jstaged {
 	size_t nsrcs;
 	uint8_t **held;           /* payload buffers the writes' enc point into */
 	size_t nheld;
+	/* Applied on arrival: its values are in the buffers already and
+	 * verified (isum per slot under ikey); the apply writes nothing. */
+	int in_place;
+	uint64_t *isum;
+	uint64_t ikey;
 	struct jstaged *next;
 };
 
@@ -185,6 +192,13 @@ struct jsink {
 	uint64_t vkey;
 	uint32_t since_full;      /* versions verified incrementally since the last full pass */
 	uint64_t full_verifies, incremental_verifies;
+	/* Apply on arrival (job_sink.c, docs/SYNC.md): parked counts the
+	 * client's wait_staged calls outstanding (job.c keeps it); arrive is
+	 * the one version whose parts are swapped into the buffers as they
+	 * come (NULL: none). */
+	uint32_t parked;
+	struct jarrive *arrive;
+	uint64_t arrival_parts, arrival_versions, arrival_undos, arrival_retreats;
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
@@ -553,6 +567,15 @@ void jsink_free(struct jlocal *l);
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
 uint64_t jsink_newest_staged(const struct jlocal *l);
+/* Apply on arrival (docs/SYNC.md): the client's wait_staged on sink l
+ * ends (answered or expired).  Nonzero while the sink's buffers hold a
+ * version applied on arrival that is not yet staged or undone: the answer
+ * must wait (jev_progress comes once it is undone and staged as usual).
+ * jsink_parked / jsink_unparked: a wait_staged of l's starts / is over
+ * (jsink.parked). */
+int jsink_park_ending(struct job *j, struct jlocal *l);
+void jsink_parked(struct jlocal *l);
+void jsink_unparked(struct jlocal *l);
 
 /* What an apply did (job_sink.c, on a worker). */
 struct jsink_apply_result {

@@ -92,6 +92,13 @@ static const struct family fam[DM__COUNT] = {
 	[DM_RESYNCS] = { .name = "dted_resyncs_total",
 		.help = "Pairs forced dense by a resync request",
 		.type = T_COUNTER },
+	[DM_SINKS_PARKED] = { .name = "dted_sinks_parked",
+		.help = "Sinks parked at their safe point (a wait_staged outstanding): apply on arrival",
+		.type = T_GAUGE },
+	[DM_APPLY_ON_ARRIVAL] = { .name = "dted_apply_on_arrival_total",
+		.help = "Apply on arrival at parked sinks: parts swapped in, versions staged in place, undone, retreated to staging",
+		.type = T_COUNTER,
+		.label = "event" },
 	[DM_APPLY_VERIFY] = { .name = "dted_apply_verifications_total",
 		.help = "Sink checksum checks after apply, by kind (incremental, full)",
 		.type = T_COUNTER,
@@ -240,8 +247,12 @@ void dmetrics_init(void)
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);
 	}
-	for (unsigned i = 0; i < 4; i++)
+	for (unsigned i = 0; i < 4; i++) {
+		static const char *const arrival[] = { "part", "version", "undo", "retreat" };
+
 		series_get(DM_PHASE_SECONDS, phases[i]);
+		series_get(DM_APPLY_ON_ARRIVAL, arrival[i]);
+	}
 	series_get(DM_BUILD_INFO, DTE_VERSION)->value = 1;
 	for (unsigned i = 0; i < DM__COUNT; i++)
 		if (!fam[i].label)

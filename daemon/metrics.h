@@ -38,6 +38,8 @@ enum dmetric_id {
 	DM_RESYNCS,               /* counter */
 	DM_APPLY_VERIFY,          /* counter{kind}: sink checks after apply */
 	DM_PEER_LISTENER,         /* gauge: 1 while the peer listener is bound */
+	DM_SINKS_PARKED,          /* gauge: sinks whose client waits in wait_staged */
+	DM_APPLY_ON_ARRIVAL,      /* counter{event}: part, version, undo, retreat (apply on arrival) */
 	DM__COUNT
 };
 

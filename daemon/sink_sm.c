@@ -7,38 +7,61 @@
 
 /* Rows: states; columns: enum sink_vevent in order (RECORD, CONTRADICTS,
  * COMPLETE, COMPLETE_NO_BASE, WORKER_OK, WORKER_FAILED, APPLY, CAP,
- * DETACHED, REPLAN, SHUTDOWN, SUPERSEDED). */
+ * DETACHED, REPLAN, SHUTDOWN, SUPERSEDED, PARKED, UNPARK). */
 static const struct sink_step table[SINK_V_COUNT][SINK_EV_COUNT] = {
 	[SINK_V_NONE] = { S(COLLECTING, KEEP), NO(NONE), NO(NONE), NO(NONE), NO(NONE), NO(NONE),
-			  S(NONE, NOT_STAGED), NO(NONE), NO(NONE), NO(NONE), NO(NONE), NO(NONE) },
+			  S(NONE, NOT_STAGED), NO(NONE), NO(NONE), NO(NONE), NO(NONE), NO(NONE),
+			  S(ARRIVING, ARRIVE), NO(NONE) },
 	[SINK_V_COLLECTING] = { S(COLLECTING, KEEP), S(REFUSED, REFUSE), S(STAGING, STAGE),
 				S(GONE, BASE_MISMATCH), NO(COLLECTING), NO(COLLECTING),
 				S(COLLECTING, NOT_STAGED), S(GONE, DROP_COUNTED), S(GONE, FREE),
-				S(GONE, FREE), S(COLLECTING, STAY), S(GONE, FREE) },
+				S(GONE, FREE), S(COLLECTING, STAY), S(GONE, FREE),
+			  S(ARRIVING, ARRIVE), NO(COLLECTING) },
 	[SINK_V_REFUSED] = { S(REFUSED, DROP), S(REFUSED, DROP), NO(REFUSED), NO(REFUSED),
 			     NO(REFUSED), NO(REFUSED), S(REFUSED, NOT_STAGED),
 			     S(GONE, DROP_COUNTED), S(GONE, FREE), S(GONE, FREE), S(GONE, FREE),
-			     S(GONE, FREE) },
+			     S(GONE, FREE),
+			  NO(REFUSED), NO(REFUSED) },
 	[SINK_V_STAGING] = { S(STAGING, DROP), S(STAGING, DROP), NO(STAGING), NO(STAGING),
 			     S(STAGED, SEND_STAGED), S(GONE, REFUSE), S(STAGING, NOT_STAGED),
 			     NO(STAGING), S(GONE, DROP_RESULT), S(STAGING, CONTINUE),
-			     S(GONE, CANCEL), S(GONE, DROP_RESULT) },
+			     S(GONE, CANCEL), S(GONE, DROP_RESULT),
+			  NO(STAGING), NO(STAGING) },
 	[SINK_V_STAGED] = { S(STAGED, DROP), S(STAGED, DROP), NO(STAGED), NO(STAGED), NO(STAGED),
 			    NO(STAGED), S(APPLYING, APPLY), S(GONE, CAP_REFUSE), S(GONE, FREE),
-			    S(STAGED, STAY), S(GONE, FREE), S(GONE, FREE) },
+			    S(STAGED, STAY), S(GONE, FREE), S(GONE, FREE),
+			  NO(STAGED), NO(STAGED) },
 	[SINK_V_APPLYING] = { S(APPLYING, DROP), S(APPLYING, DROP), NO(APPLYING), NO(APPLYING),
 			      S(APPLIED, SEND_APPLIED), S(FAILED, SEND_CHECKSUM),
 			      S(APPLYING, BUSY), NO(APPLYING), S(GONE, WENT_AWAY),
-			      S(APPLYING, CONTINUE), S(APPLYING, DRAIN), NO(APPLYING) },
+			      S(APPLYING, CONTINUE), S(APPLYING, DRAIN), NO(APPLYING),
+			  NO(APPLYING), NO(APPLYING) },
 	[SINK_V_APPLIED] = { S(APPLIED, DROP), S(APPLIED, DROP), NO(APPLIED), NO(APPLIED),
 			     NO(APPLIED), NO(APPLIED), S(APPLIED, ANSWER), NO(APPLIED),
-			     S(GONE, FREE), NO(APPLIED), NO(APPLIED), NO(APPLIED) },
+			     S(GONE, FREE), NO(APPLIED), NO(APPLIED), NO(APPLIED),
+			  NO(APPLIED), NO(APPLIED) },
 	[SINK_V_FAILED] = { S(FAILED, DROP), S(FAILED, DROP), NO(FAILED), NO(FAILED), NO(FAILED),
 			    NO(FAILED), S(FAILED, ANSWER), NO(FAILED), S(GONE, FREE), NO(FAILED),
-			    NO(FAILED), NO(FAILED) },
+			    NO(FAILED), NO(FAILED),
+			  NO(FAILED), NO(FAILED) },
+	/* Apply on arrival.  Columns as above, then PARKED, UNPARK. */
+	[SINK_V_ARRIVING] = { S(ARRIVING, SWAP), S(UNDOING, UNDO), S(ARRIVING, VERIFY), NO(ARRIVING),
+			      S(STAGED, SEND_STAGED), S(UNDOING, UNDO), S(ARRIVING, NOT_STAGED),
+			      NO(ARRIVING), S(GONE, UNDO), S(UNDOING, UNDO), S(GONE, UNDO),
+			      NO(ARRIVING), NO(ARRIVING), S(RETREATING, RETREAT) },
+	[SINK_V_UNDOING] = { S(UNDOING, DROP), S(UNDOING, DROP), NO(UNDOING), NO(UNDOING),
+			     S(GONE, SEND_FAILED), NO(UNDOING), S(UNDOING, NOT_STAGED), NO(UNDOING),
+			     S(GONE, CONTINUE), S(UNDOING, CONTINUE), S(GONE, DRAIN), NO(UNDOING),
+			     NO(UNDOING), S(UNDOING, CONTINUE) },
+	[SINK_V_RETREATING] = { S(RETREATING, KEEP), S(UNDOING, REFUSE), S(RETREATING, STAY),
+				NO(RETREATING), S(COLLECTING, RESTAGE), NO(RETREATING),
+				S(RETREATING, NOT_STAGED), NO(RETREATING), S(GONE, CONTINUE),
+				S(UNDOING, CONTINUE), S(GONE, DRAIN), NO(RETREATING),
+				S(RETREATING, STAY), S(RETREATING, CONTINUE) },
 	/* At or below the held version: whatever comes of it is dropped. */
 	[SINK_V_GONE] = { S(GONE, DROP), S(GONE, DROP), NO(GONE), NO(GONE), NO(GONE), NO(GONE),
-			  S(GONE, NOT_STAGED), NO(GONE), NO(GONE), NO(GONE), NO(GONE), NO(GONE) },
+			  S(GONE, NOT_STAGED), NO(GONE), NO(GONE), NO(GONE), NO(GONE), NO(GONE),
+			  NO(GONE), NO(GONE) },
 };
 
 struct sink_step sink_sm_step(enum sink_vstate s, enum sink_vevent ev)
@@ -50,6 +73,8 @@ struct sink_step sink_sm_step(enum sink_vstate s, enum sink_vevent ev)
 
 enum sink_vstate sink_sm_state(const struct sink_view *w, uint64_t v)
 {
+	if (w->arrive && v == w->arrive)
+		return w->arrive_state;	/* arriving, undoing or retreating */
 	if (w->staging && v == w->staging)
 		return SINK_V_STAGING;
 	if (w->chained)
@@ -69,7 +94,7 @@ const char *sink_sm_state_name(enum sink_vstate s)
 {
 	static const char *const n[SINK_V_COUNT] = {
 		"none", "collecting", "refused", "staging", "staged", "applying", "applied",
-		"failed", "gone",
+		"failed", "arriving", "undoing", "retreating", "gone",
 	};
 
 	return (unsigned)s < SINK_V_COUNT ? n[s] : "?";
@@ -81,7 +106,8 @@ const char *sink_sm_action_name(enum sink_vaction a)
 		"-", "keep", "drop", "refuse", "stage", "base_mismatch", "drop_counted", "free",
 		"send_staged", "not_staged", "drop_result", "continue", "cancel", "apply",
 		"cap_refuse", "send_applied", "send_checksum_failed", "busy", "went_away", "drain",
-		"answer", "stay",
+		"answer", "stay", "arrive", "swap", "verify", "undo", "retreat", "send_failed",
+		"restage",
 	};
 
 	return (unsigned)a < SINK_A_COUNT ? n[a] : "?";

@@ -32,6 +32,11 @@ enum sink_vstate {
 	SINK_V_APPLYING,          /* on a worker (jsink.applying) */
 	SINK_V_APPLIED,           /* jsink.applied */
 	SINK_V_FAILED,            /* applied, checksum did not match: dense repair asked */
+	/* Apply on arrival (sink parked at its safe point, docs/SYNC.md):
+	 * parts swapped into the buffers as they come (jsink.arrive). */
+	SINK_V_ARRIVING,          /* parts swapped in on a worker as they arrive */
+	SINK_V_UNDOING,           /* failed: every swap undone on a worker, then gone */
+	SINK_V_RETREATING,        /* undone on a worker, then collected and staged as usual */
 	SINK_V_GONE,              /* freed; at or below the held version */
 	SINK_V_COUNT
 };
@@ -49,6 +54,8 @@ enum sink_vevent {
 	SINK_EV_REPLAN,           /* a new plan epoch */
 	SINK_EV_SHUTDOWN,
 	SINK_EV_SUPERSEDED,       /* a later version is held (staged dense, or at/below held) */
+	SINK_EV_PARKED,           /* its COUNTS: sparse on the applied base, the sink parked, nothing staged, staging or applying */
+	SINK_EV_UNPARK,           /* the park ends (wait_staged answered or expired), or a record it cannot take on arrival */
 	SINK_EV_COUNT
 };
 
@@ -75,6 +82,13 @@ enum sink_vaction {
 	SINK_A_DRAIN,             /* the apply completes before shutdown goes on (never torn) */
 	SINK_A_ANSWER,            /* apply answered at once */
 	SINK_A_STAY,              /* stays as it is */
+	SINK_A_ARRIVE,            /* apply on arrival: its parts go to the buffers as they come */
+	SINK_A_SWAP,              /* swap the part into the buffers on a worker (in arrival order) */
+	SINK_A_VERIFY,            /* every part in: the sums on a worker */
+	SINK_A_UNDO,              /* swap every part back (reverse order) on a worker */
+	SINK_A_RETREAT,           /* undo, then the version is collected and staged as usual */
+	SINK_A_SEND_FAILED,       /* undone: APPLIED refused or checksum_failed, dense repair */
+	SINK_A_RESTAGE,           /* undone: its parts back in the pending version, staged as usual */
 	SINK_A_COUNT
 };
 
@@ -94,6 +108,8 @@ struct sink_view {
 	uint64_t applied;
 	int pending;              /* 0: no jpend of it, 1: collecting, 2: refused */
 	int chained;              /* it is in the staged chain */
+	uint64_t arrive;          /* the version applied on arrival (jsink.arrive); 0: none */
+	enum sink_vstate arrive_state; /* its state: arriving, undoing or retreating */
 };
 
 enum sink_vstate sink_sm_state(const struct sink_view *w, uint64_t version);

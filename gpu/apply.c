@@ -113,10 +113,12 @@ int dtc_sparse_payload_check(const uint8_t *in, size_t len, uint64_t box_size, u
  * payload, starting at gap byte p with next as the smallest position. */
 struct share {
 	const struct dte_box_map *e;	/* coalesced on the dst side */
-	const uint8_t *p, *end, *vals;
+	const uint8_t *p, *end;
+	uint8_t *vals;            /* written back only when swap */
 	uint64_t first, last, next;
 	uint16_t *dst;
 	int want_delta;
+	int swap;                 /* the old values go back into the payload */
 	uint64_t delta;
 	pthread_t tid;
 	int started;
@@ -146,7 +148,8 @@ static void share_write(struct share *s)
 {
 	const struct dte_box_map *e = s->e;
 	const int64_t d1 = e->dst_stride[e->ndim - 1];
-	const uint8_t *p = s->p, *v = s->vals + 2 * s->first;
+	const uint8_t *p = s->p;
+	uint8_t *v = s->vals + 2 * s->first;
 	uint16_t *dst = s->dst;
 	int64_t at[APPLY_BATCH];
 	uint16_t nv[APPLY_BATCH], ov[APPLY_BATCH];
@@ -188,6 +191,10 @@ static void share_write(struct share *s)
 			nv[k] = (uint16_t)(v[0] | (v[1] << 8));
 			ov[k] = dst[at[k]];
 			dst[at[k]] = nv[k];
+			if (s->swap) {
+				v[0] = (uint8_t)ov[k];
+				v[1] = (uint8_t)(ov[k] >> 8);
+			}
 		}
 		if (s->want_delta)
 			d += delta_batch(at, nv, ov, nb);
@@ -274,9 +281,35 @@ out:
 	return rc;
 }
 
+static int apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			 uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len, uint64_t *count,
+			 uint64_t *delta, int swap);
+
 int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
 			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			     uint64_t *count, uint64_t *delta)
+{
+	/* swap 0: the payload is only read */
+	return apply_payload(be, e, (uint8_t *)(uintptr_t)in, len, dst, dst_len, count, delta, 0);
+}
+
+int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			    uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			    uint64_t *count, uint64_t *delta)
+{
+	if (in && dtc_host_backend(be) && !map_injective(e))
+		return DTC_EINVAL;	/* order would matter: the undo could not be exact */
+	return apply_payload(be, e, in, len, dst, dst_len, count, delta, 1);
+}
+
+int dtc_map_injective(const struct dte_box_map *e)
+{
+	return map_injective(e);
+}
+
+static int apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			 uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len, uint64_t *count,
+			 uint64_t *delta, int swap)
 {
 	struct cut cuts[APPLY_MAX_PARTS];
 	struct share sh[APPLY_MAX_PARTS];
@@ -301,7 +334,7 @@ int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_
 		sh[k] = (struct share){
 			.e = &m, .p = in + cuts[k].off, .end = in + vals, .vals = in + vals,
 			.first = cuts[k].first, .last = k + 1 < parts ? cuts[k + 1].first : n,
-			.next = cuts[k].next, .dst = dst, .want_delta = delta != NULL,
+			.next = cuts[k].next, .dst = dst, .want_delta = delta != NULL, .swap = swap,
 		};
 	}
 	for (int k = 1; k < parts; k++)

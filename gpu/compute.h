@@ -164,6 +164,21 @@ int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_
 			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			     uint64_t *count, uint64_t *delta);
 
+/* dtc_sparse_apply_payload() that also writes, in place of each new
+ * value in the payload, the value dst held there: calling it again on the
+ * same bytes puts every old value back exactly and the payload as it was
+ * (apply on arrival with undo, docs/SYNC.md).  The same checks first (an
+ * error leaves dst and the payload untouched); DTC_EINVAL when e's map may
+ * send two positions to one element (dtc_map_injective() 0), where the
+ * order of the swaps would matter. */
+int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			    uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			    uint64_t *count, uint64_t *delta);
+
+/* Whether distinct positions of e's box reach distinct elements (a
+ * sufficient test: 0 may be a false negative). */
+int dtc_map_injective(const struct dte_box_map *e);
+
 /* The same by decode + dtc_scatter_apply (gpu/apply.c): the definition the
  * one-pass version is tested against. */
 int dtc_sparse_apply_payload_ref(const struct dtc_backend *be, const struct dte_box_map *e,

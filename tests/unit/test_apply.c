@@ -193,6 +193,80 @@ static void test_aliasing_map(void **state)
 	aliasing_case(16384, 16, 600);
 }
 
+/* dtc_sparse_swap_payload (apply on arrival with undo): the buffer gets
+ * what the apply writes (same delta), the payload the old values; the
+ * same call again puts the buffer and the payload back bit for bit (delta
+ * the opposite); a map that may alias is refused, nothing touched. */
+static void swap_case(const struct dte_box_map *e, uint64_t need, unsigned frac)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	uint64_t box = dtc_box_size(e), cnt, n1 = 0, n2 = 0, d1 = 0, d2 = 0, d3 = 0;
+	uint16_t *a = malloc(need * sizeof(*a)), *b = malloc(need * sizeof(*b));
+	uint16_t *orig = malloc(need * sizeof(*orig));
+	size_t len;
+	uint8_t *pl = make_payload(box, frac, &len, &cnt), *pl0 = malloc(len ? len : 1);
+
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_non_null(orig);
+	assert_non_null(pl0);
+	fill(a, need);
+	memcpy(b, a, need * sizeof(*a));
+	memcpy(orig, a, need * sizeof(*a));
+	memcpy(pl0, pl, len);
+	assert_true(dtc_map_injective(e));
+	assert_int_equal(dtc_sparse_swap_payload(cpu, e, pl, len, a, need, &n1, &d1), DTC_OK);
+	assert_int_equal(dtc_sparse_apply_payload_ref(cpu, e, pl0, len, b, need, &n2, &d2), DTC_OK);
+	assert_int_equal(n1, cnt);
+	assert_memory_equal(a, b, need * sizeof(*a));
+	assert_true(d1 == d2);
+	/* undo */
+	assert_int_equal(dtc_sparse_swap_payload(cpu, e, pl, len, a, need, &n1, &d3), DTC_OK);
+	assert_memory_equal(a, orig, need * sizeof(*a));
+	assert_memory_equal(pl, pl0, len);
+	assert_true(d1 + d3 == 0);
+	free(pl);
+	free(pl0);
+	free(a);
+	free(b);
+	free(orig);
+}
+
+static void test_swap_undo(void **state)
+{
+	struct dte_box_map rowm = { 2, { 1024, 1536 }, 0, { 0 }, 7, { 1536, 1 } };
+	struct dte_box_map alias = { 2, { 64, 16 }, 0, { 0 }, 0, { 0, 1 } };
+	uint16_t buf[16] = { 0 }, buf0[16];
+	uint64_t cnt, n = 0, d = 0;
+	size_t len;
+	uint8_t *pl, *pl0;
+
+	for (int t = 0; t < 200; t++) {
+		struct dte_box_map e;
+		uint64_t need;
+
+		random_map(&e, 4096, &need);
+		if (dtc_map_injective(&e))
+			swap_case(&e, need, (unsigned)(rnd() % 1025));
+	}
+	setenv("DTC_CPU_THREADS", "4", 0);
+	swap_case(&rowm, 1024 * 1536 + 7, 80);	/* the threaded path */
+	/* aliasing: refused, nothing written either side */
+	pl = make_payload(dtc_box_size(&alias), 900, &len, &cnt);
+	pl0 = malloc(len);
+	assert_non_null(pl0);
+	memcpy(pl0, pl, len);
+	fill(buf, 16);
+	memcpy(buf0, buf, sizeof(buf));
+	assert_false(dtc_map_injective(&alias));
+	assert_int_equal(dtc_sparse_swap_payload(dtc_backend_cpu(), &alias, pl, len, buf, 16, &n, &d),
+			 DTC_EINVAL);
+	assert_memory_equal(buf, buf0, sizeof(buf));
+	assert_memory_equal(pl, pl0, len);
+	free(pl);
+	free(pl0);
+}
+
 /* Every truncation and many one-byte corruptions: the same status as the
  * decoder, and dst untouched whenever it is an error. */
 static void test_bad_payloads(void **state)
@@ -268,6 +342,7 @@ int main(void)
 		cmocka_unit_test(test_large_threaded),
 		cmocka_unit_test(test_aliasing_map),
 		cmocka_unit_test(test_bad_payloads),
+		cmocka_unit_test(test_swap_undo),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

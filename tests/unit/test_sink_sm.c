@@ -12,32 +12,46 @@
 #include "daemon/sink_sm.h"
 
 /* Columns: record, contradicts, complete, complete_no_base, worker_ok,
- * worker_failed, apply, cap, detached, replan, shutdown, superseded.  "-" is the
+ * worker_failed, apply, cap, detached, replan, shutdown, superseded,
+ * parked, unpark.  "-" is the
  * table's "—": the state is kept and nothing is done. */
 static const char *const want[SINK_V_COUNT][SINK_EV_COUNT] = {
-	[SINK_V_NONE] = { "collecting keep", "-", "-", "-", "-", "-", "none not_staged", "-", "-", "-", "-", "-" },
+	[SINK_V_NONE] = { "collecting keep", "-", "-", "-", "-", "-", "none not_staged", "-", "-",
+			  "-", "-", "-", "arriving arrive", "-" },
 	[SINK_V_COLLECTING] = { "collecting keep", "refused refuse", "staging stage",
 				"gone base_mismatch", "-", "-", "collecting not_staged",
 				"gone drop_counted", "gone free", "gone free", "collecting stay",
-				"gone free" },
+				"gone free", "arriving arrive", "-" },
 	[SINK_V_REFUSED] = { "refused drop", "refused drop", "-", "-", "-", "-",
 			     "refused not_staged", "gone drop_counted", "gone free", "gone free",
-			     "gone free", "gone free" },
+			     "gone free", "gone free", "-", "-" },
 	[SINK_V_STAGING] = { "staging drop", "staging drop", "-", "-", "staged send_staged",
 			     "gone refuse", "staging not_staged", "-", "gone drop_result",
-			     "staging continue", "gone cancel", "gone drop_result" },
+			     "staging continue", "gone cancel", "gone drop_result", "-", "-" },
 	[SINK_V_STAGED] = { "staged drop", "staged drop", "-", "-", "-", "-", "applying apply",
-			    "gone cap_refuse", "gone free", "staged stay", "gone free", "gone free" },
+			    "gone cap_refuse", "gone free", "staged stay", "gone free", "gone free",
+			    "-", "-" },
 	[SINK_V_APPLYING] = { "applying drop", "applying drop", "-", "-",
 			      "applied send_applied", "failed send_checksum_failed",
 			      "applying busy", "-", "gone went_away", "applying continue",
-			      "applying drain", "-" },
+			      "applying drain", "-", "-", "-" },
 	[SINK_V_APPLIED] = { "applied drop", "applied drop", "-", "-", "-", "-", "applied answer",
-			     "-", "gone free", "-", "-", "-" },
+			     "-", "gone free", "-", "-", "-", "-", "-" },
 	[SINK_V_FAILED] = { "failed drop", "failed drop", "-", "-", "-", "-", "failed answer", "-",
-			    "gone free", "-", "-", "-" },
+			    "gone free", "-", "-", "-", "-", "-" },
+	[SINK_V_ARRIVING] = { "arriving swap", "undoing undo", "arriving verify", "-",
+			      "staged send_staged", "undoing undo", "arriving not_staged", "-",
+			      "gone undo", "undoing undo", "gone undo", "-", "-",
+			      "retreating retreat" },
+	[SINK_V_UNDOING] = { "undoing drop", "undoing drop", "-", "-", "gone send_failed", "-",
+			     "undoing not_staged", "-", "gone continue", "undoing continue",
+			     "gone drain", "-", "-", "undoing continue" },
+	[SINK_V_RETREATING] = { "retreating keep", "undoing refuse", "retreating stay", "-",
+				"collecting restage", "-", "retreating not_staged", "-",
+				"gone continue", "undoing continue", "gone drain", "-",
+				"retreating stay", "retreating continue" },
 	[SINK_V_GONE] = { "gone drop", "gone drop", "-", "-", "-", "-", "gone not_staged", "-", "-",
-			  "-", "-", "-" },
+			  "-", "-", "-", "-", "-" },
 };
 
 static void test_every_cell(void **state)
@@ -81,8 +95,10 @@ static void test_records(void **state)
 	for (int s = 0; s < SINK_V_COUNT; s++) {
 		enum sink_vaction a = sink_sm_step((enum sink_vstate)s, SINK_EV_RECORD).act;
 
-		if (s == SINK_V_NONE || s == SINK_V_COLLECTING)
+		if (s == SINK_V_NONE || s == SINK_V_COLLECTING || s == SINK_V_RETREATING)
 			assert_int_equal(a, SINK_A_KEEP);
+		else if (s == SINK_V_ARRIVING)
+			assert_int_equal(a, SINK_A_SWAP);	/* kept, and swapped in */
 		else
 			assert_int_equal(a, SINK_A_DROP);
 	}
@@ -116,6 +132,13 @@ static void test_state_of_fields(void **state)
 	w.applying = 0;
 	w.pending = 0;
 	assert_int_equal(sink_sm_state(&w, 4), SINK_V_GONE);
+	/* the version on arrival: its own state, whatever else the fields say */
+	w.arrive = 8;
+	w.arrive_state = SINK_V_UNDOING;
+	assert_int_equal(sink_sm_state(&w, 8), SINK_V_UNDOING);
+	w.arrive_state = SINK_V_ARRIVING;
+	assert_int_equal(sink_sm_state(&w, 8), SINK_V_ARRIVING);
+	assert_int_equal(sink_sm_state(&w, 9), SINK_V_STAGING);
 	/* a fresh sink */
 	memset(&w, 0, sizeof(w));
 	assert_int_equal(sink_sm_state(&w, 1), SINK_V_NONE);
