@@ -1762,6 +1762,8 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
  * while it exists nothing else of the sink is staged (so nothing else is
  * applied into the buffers).  Every transition goes through sink_sm. */
 static void arrive_kick(struct job *j, struct jlocal *l);
+static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
+		       const struct jpend_src *s, struct jpart *pt);
 
 static void aswap_free(struct jaswap *w)
 {
@@ -2051,6 +2053,8 @@ static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink
 			jsink_of(l)->arrive = NULL;
 			arrive_orphan(a);
 		} else {
+			if (d.next == SINK_V_UNDOING && a->state != SINK_V_UNDOING && why)
+				snprintf(a->why, sizeof(a->why), "%s", why);
 			a->state = d.next;
 		}
 		break;
@@ -2169,12 +2173,26 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 		arrive_task(a, JA_UNDO);
 		return;
 	}
+	p = pend_find(l, a->version);
+	/* The parts that came (with their source's COUNTS) move to the
+	 * jarrive here, with no task of it running: a worker never sees its
+	 * array change. */
+	for (size_t i = 0; p && i < p->n; i++) {
+		if (!p->s[i].counts)
+			continue;
+		for (size_t q = 0; q < p->s[i].nparts; q++) {
+			if (p->s[i].parts[q].data &&
+			    arrive_take(j, l, a, &p->s[i], &p->s[i].parts[q]) < 0) {
+				arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
+				return;
+			}
+		}
+	}
 	if (a->next < a->nsw) {
 		a->upto = a->nsw;
 		arrive_task(a, JA_SWAP);
 		return;
 	}
-	p = pend_find(l, a->version);
 	if (!p || !pend_complete(p))
 		return;
 	if (arrive_cover(p, why, sizeof(why)) < 0) {
@@ -2233,6 +2251,12 @@ static void arrive_done(struct jtask *t, int cancelled)
 		}
 		break;
 	case JA_VERIFY:
+		if (a->state != SINK_V_ARRIVING) {
+			/* It left arrival while its sums ran: the undo goes on. */
+			staged_free(a->st);
+			a->st = NULL;
+			break;
+		}
 		if (a->failed) {
 			k->checksum_failures++;
 			k->vkey = 0;
@@ -2428,6 +2452,9 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 	a->participant = l->info.id;
 	a->version = p->version;
 	a->state = SINK_V_ARRIVING;
+	/* What an undo reports unless a failure says more (never "ok"). */
+	a->result = DTEP__APPLY_RESULT__APPLY_REFUSED;
+	snprintf(a->why, sizeof(a->why), "undone after apply on arrival");
 	for (size_t b = 0; b < l->nbufs; b++) {
 		a->bufs[b] = l->bufs[b];
 		dbuf_ref(a->bufs[b]);
@@ -2466,43 +2493,19 @@ static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, stru
 		k->arrive = a;
 		DLOG_D("job %s: sink %llx parked: version %llu applied on arrival", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)p->version);
-		/* Every source's parts that came with a COUNTS before. */
-		for (size_t i = 0; i < p->n; i++) {
-			if (!p->s[i].counts)
-				continue;
-			for (size_t q = 0; q < p->s[i].nparts; q++) {
-				if (arrive_take(j, l, a, &p->s[i], &p->s[i].parts[q]) < 0) {
-					arrive_event(j, l, SINK_EV_UNPARK, 0,
-						     "a part it cannot take on arrival");
-					return;
-				}
-			}
-		}
-		arrive_kick(j, l);
+		arrive_kick(j, l);	/* takes the parts that came before */
 		return;
 	}
 	if (a->state != SINK_V_ARRIVING)
 		return;	/* undoing: dropped (refused); retreating: kept in p */
-	if (counts) {
-		if (!arrive_fits(j, l, s)) {
-			arrive_event(j, l, SINK_EV_UNPARK, 0, "a dense record, or another base");
-			return;
-		}
-		for (size_t q = 0; q < s->nparts; q++) {
-			if (s->parts[q].data && arrive_take(j, l, a, s, &s->parts[q]) < 0) {
-				arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
-				return;
-			}
-		}
-	} else if (s->counts) {
-		struct jpart *pt = &s->parts[s->nparts - 1];
-
-		if (sink_decide(l, p->version, a->state, SINK_EV_RECORD) == SINK_A_SWAP &&
-		    arrive_take(j, l, a, s, pt) < 0) {
-			arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
-			return;
-		}
+	if (counts && !arrive_fits(j, l, s)) {
+		arrive_event(j, l, SINK_EV_UNPARK, 0, "a dense record, or another base");
+		return;
 	}
+	/* arriving × record: swapped in, in arrival order (arrive_kick takes
+	 * it once its source's COUNTS is in and no task of it runs) */
+	if (sink_decide(l, p->version, a->state, SINK_EV_RECORD) != SINK_A_SWAP)
+		return;
 	arrive_kick(j, l);
 }
 
