@@ -181,11 +181,17 @@ static struct {
 	uint32_t verify_id;       /* the last verify answered, and its first sink's result */
 	char verify_result[32];
 	uint32_t verify_sinks, verify_ok, verify_mismatch;
+	int seen[128];            /* answers per request id (< 128) */
+	Dte__Status code_of[128];
 } answer;
 
 static int catch_reply(uint64_t conn, Dte__Response *resp)
 {
 	answer.n++;
+	if (resp->id < 128) {
+		answer.seen[resp->id]++;
+		answer.code_of[resp->id] = resp->code;
+	}
 	answer.conn = conn;
 	answer.id = resp->id;
 	answer.code = resp->code;
@@ -1481,6 +1487,183 @@ static void test_parts(void **state)
 		munmap(sink.mem[b], sink.bytes[b]);
 }
 
+/* ---------------------------------------------------- apply on arrival */
+
+/* The sink's client waits in wait_staged (answer id `id`): parked. */
+static void park(uint32_t id, uint32_t timeout_ms)
+{
+	Dte__WaitStagedRequest rq = DTE__WAIT_STAGED_REQUEST__INIT;
+	Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+	char err[256];
+	int deferred = 0;
+
+	rq.job = "tj";
+	rq.participant = sink.participant;
+	rq.timeout_ms = timeout_ms;
+	assert_int_equal(job_wait_staged(SINK_CONN, id, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	assert_true(deferred);
+}
+
+/* A held part with the last byte of its payload changed and the chunk
+ * sealed again: well formed, every check passes, one value wrong. */
+static void feed_wrong_value(const struct rec *r)
+{
+	struct rec x = *r;
+
+	assert_true(r->len > DTC_CHUNK_HDR + 2);
+	x.data = malloc(r->len);
+	memcpy(x.data, r->data, r->len);
+	x.data[r->len - 1] ^= 0x40;
+	assert_int_equal(dtc_chunk_seal_raw(x.data, r->len - DTC_CHUNK_HDR), DTC_OK);
+	feed_rec(&x);
+	free(x.data);
+}
+
+/* A sink parked in wait_staged takes sparse versions on arrival: each
+ * part is swapped into its buffers as it comes (the buffers change before
+ * the version is complete, nothing is staged meanwhile), the version is
+ * staged in place when the sums match and apply(v) is exact.  A version
+ * whose last part carries a wrong value fails its sums and is undone:
+ * the buffers bit for bit as before it.  A version whose last part never
+ * comes is undone when the wait expires (answered only then), and then,
+ * its bytes restored, staged as usual once that part comes. */
+static void test_arrival(void **state)
+{
+	struct job *j = job_find("tj");
+	struct jsink *k;
+	uint64_t v = 400, parts0, fails0;
+	int64_t step = 0;
+	void *snap;
+
+	jeng.part_bytes = 512;
+	src.participant = sink.participant = 0;
+	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
+	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach(&src, SRC_CONN, "source", "megatron:tp=1");
+	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
+	assert_true(j->complete);
+	jeng.drop_send = hold_some;
+	k = jsink_of(job_local(j, sink.participant));
+	publish_exact(v++, ++step, 1);
+	publish_exact(v++, ++step, 0);
+	assert_int_equal(k->arrival_parts, 0);	/* nobody parked: staged as before */
+
+	/* Good: COUNTS first, then the parts one by one. */
+	park(111, 30000);
+	assert_int_equal(k->parked, 1);
+	publish_held(v, ++step, 0);
+	snapshot(&snap);
+	feed_rec(&held_recs[nheld - 1]);
+	assert_non_null(k->arrive);
+	for (size_t i = 0; i + 1 < nheld; i++) {
+		feed_rec(&held_recs[i]);
+		assert_int_equal(k->arrival_parts, i + 1);
+		if (i + 2 < nheld) {
+			assert_int_equal(staged(), v - 1);	/* the engine sees nothing yet */
+			assert_int_equal(answer.seen[111], 0);
+		}
+	}
+	assert_false(unchanged(snap));
+	free(snap);
+	assert_null(k->arrive);
+	assert_int_equal(k->arrival_versions, 1);
+	assert_int_equal(answer.seen[111], 1);	/* wait_staged answered */
+	assert_int_equal(answer.code_of[111], 0);
+	assert_int_equal(k->parked, 0);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	v++;
+	/* the next one goes on arrival on top of it, exact again */
+	park(112, 30000);
+	publish_held(v, ++step, 0);
+	for (size_t i = 0; i < nheld; i++)
+		feed_rec(&held_recs[i]);	/* parts first, COUNTS last */
+	assert_int_equal(k->arrival_versions, 2);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	v++;
+
+	/* The last part carries a wrong value: the sums fail, undone. */
+	park(113, 30000);
+	publish_held(v, ++step, 0);
+	snapshot(&snap);
+	parts0 = k->arrival_parts;
+	fails0 = k->checksum_failures;
+	feed_rec(&held_recs[nheld - 1]);
+	for (size_t i = 0; i + 2 < nheld; i++)
+		feed_rec(&held_recs[i]);
+	assert_false(unchanged(snap));	/* part of it is in the buffers */
+	feed_wrong_value(&held_recs[nheld - 2]);
+	assert_int_equal(k->arrival_parts, parts0 + nheld - 1);	/* every part swapped in */
+	assert_int_equal(k->checksum_failures, fails0 + 1);
+	assert_int_equal(k->arrival_undos, 1);
+	assert_null(k->arrive);
+	assert_true(unchanged(snap));	/* bit for bit the version before */
+	free(snap);
+	assert_int_equal(staged(), v - 1);
+	assert_int_equal(answer.seen[113], 0);	/* the wait goes on */
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
+	v++;
+	publish_exact(v, ++step, 1);	/* dense: staged as before; the wait answers */
+	assert_int_equal(answer.seen[113], 1);
+	assert_int_equal(answer.code_of[113], 0);
+	v++;
+	publish_exact(v++, ++step, 0);
+
+	/* The last part never comes: the wait expires, the version is undone
+	 * before it is answered, then staged as usual from its restored
+	 * bytes once the part comes after all. */
+	park(114, 300);
+	publish_held(v, ++step, 0);
+	snapshot(&snap);
+	feed_rec(&held_recs[nheld - 1]);
+	for (size_t i = 0; i + 2 < nheld; i++)
+		feed_rec(&held_recs[i]);
+	assert_false(unchanged(snap));
+	assert_int_equal(answer.seen[114], 0);
+	{
+		uint64_t t0 = uv_hrtime();
+
+		/* Each round checks, before the loop runs on, that the answer
+		 * came only with the buffers whole again. */
+		while (!answer.seen[114]) {
+			uv_run(&loop, UV_RUN_NOWAIT);
+			if (uv_hrtime() - t0 > 30000000000ull)
+				fail_msg("wait_staged not answered in 30 s");
+			uv_sleep(1);
+		}
+	}
+	assert_int_equal(answer.code_of[114], DTE__STATUS__STATUS_ERR_TIMEOUT);
+	assert_true(unchanged(snap));	/* undone before the answer */
+	spin();
+	free(snap);
+	assert_int_equal(k->arrival_retreats, 1);
+	assert_int_equal(k->parked, 0);
+	assert_null(k->arrive);
+	assert_int_equal(pending(j), 1);
+	feed_rec(&held_recs[nheld - 2]);	/* not parked: staged as usual */
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	print_message("arrival: parts=%llu versions=%llu undone=%llu retreated=%llu\n",
+		      (unsigned long long)k->arrival_parts, (unsigned long long)k->arrival_versions,
+		      (unsigned long long)k->arrival_undos, (unsigned long long)k->arrival_retreats);
+
+	held_clear();
+	jeng.drop_send = NULL;
+	jeng.part_bytes = 0;
+	job_conn_gone(SINK_CONN);
+	job_conn_gone(SRC_CONN);
+	spin();
+	assert_int_equal(dbuf_count(NULL), 0);
+	for (size_t b = 0; b < src.n; b++)
+		munmap(src.mem[b], src.bytes[b]);
+	for (size_t b = 0; b < sink.n; b++)
+		munmap(sink.mem[b], sink.bytes[b]);
+}
+
 /* ------------------------------------------------------------- roles */
 
 /* fn(l) in a child: 1 when it died of abort(), 0 when it returned. */
@@ -1604,6 +1787,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sync_and_misbehaving_peer),
 		cmocka_unit_test(test_parts),
+		cmocka_unit_test(test_arrival),
 		cmocka_unit_test(test_roles),
 	};
 
