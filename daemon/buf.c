@@ -36,12 +36,12 @@ static void *map_hint(void)
 int dbuf_dtype_parse(const char *s)
 {
 	if (!s)
-		return -1;
+		return -EINVAL;
 	if (!strcmp(s, "fp32"))
 		return DBUF_FP32;
 	if (!strcmp(s, "bf16"))
 		return DBUF_BF16;
-	return -1;
+	return -EINVAL;
 }
 
 const char *dbuf_dtype_name(int dtype)

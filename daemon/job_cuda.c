@@ -169,7 +169,7 @@ int jcuda_wait(const struct dbuf *b)
 {
 	if (!dev || !b->cuda || !b->ipc_ev)
 		return 0;
-	return dtc_dev_event_wait(dev, b->ipc_ev) == DTC_OK ? 0 : -1;
+	return dtc_dev_event_wait(dev, b->ipc_ev) == DTC_OK ? 0 : -EIO;
 }
 
 /* ------------------------------------------------------- capture (worker) */

@@ -378,7 +378,7 @@ struct jcap {
 	struct jcap_pair *p;
 	size_t np;
 	uint64_t t0;
-	int rc;
+	int rc;                   /* 0, or a negative errno with the reason in err */
 	char err[256];
 	/* what the worker did */
 	double work_ms;
@@ -488,7 +488,8 @@ uint64_t job_participant_id_new(void);
 /* Frees a pair's source side (dirty bitmaps, snapshot). */
 void jpair_free_state(struct jpair *p);
 struct jhist *jhist_find(struct job *j, uint64_t version);
-/* Builds a layout for a participant description; 0 or -1 with err.  For
+/* Builds a layout for a participant description; 0, or a negative errno
+ * (-EINVAL: the description, rank or shards refused; -ENOMEM) with err.  For
  * a source that registers shards (mcore:, fsdp2:) `shards` is the table
  * the layout is built from (one rank's, or every rank's); NULL: none. */
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,

@@ -109,27 +109,27 @@ int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *c, char *er
 	else if (!strcmp(t, "both"))
 		c->transport = JSTORE_BOTH;
 	else
-		return snprintf(err, errlen, "transport \"%s\" unknown (ucx, storage, both)", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "transport \"%s\" unknown (ucx, storage, both)", t);
 	if (c->transport == JSTORE_UCX)
 		return 0;
 	if (!rq->storage_root || rq->storage_root[0] != '/' ||
 	    strlen(rq->storage_root) >= sizeof(c->root) - 256)
-		return snprintf(err, errlen, "transport %s needs storage_root, an absolute path", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "transport %s needs storage_root, an absolute path", t);
 	snprintf(c->root, sizeof(c->root), "%s", rq->storage_root);
 	if (!strcmp(role, "reader"))
 		c->reader = 1;
 	else if (strcmp(role, "writer"))
-		return snprintf(err, errlen, "storage_role \"%s\" unknown (writer, reader)", role), -1;
+		return derr_fail(err, errlen, -EINVAL, "storage_role \"%s\" unknown (writer, reader)", role);
 	if (c->reader && c->transport != JSTORE_STORAGE)
-		return snprintf(err, errlen, "a reader job takes transport storage, not %s", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "a reader job takes transport storage, not %s", t);
 	if ((c->watch_mode = dts_watch_mode_parse(watch)) < 0)
-		return snprintf(err, errlen, "storage_watch \"%s\" unknown (inotify, poll)", watch), -1;
+		return derr_fail(err, errlen, -EINVAL, "storage_watch \"%s\" unknown (inotify, poll)", watch);
 	c->keyframe_every = rq->keyframe_every ? rq->keyframe_every : DEF_KEYFRAME_EVERY;
 	c->keep_versions = rq->keep_versions ? rq->keep_versions : DEF_KEEP_VERSIONS;
 	c->keep_keyframes = rq->keep_keyframes ? rq->keep_keyframes : DEF_KEEP_KEYFRAMES;
 	if (c->keyframe_every > 1000000 || c->keep_versions > 1000000 || c->keep_keyframes > 1000)
-		return snprintf(err, errlen, "keyframe_every, keep_versions or keep_keyframes out of "
-				"range"), -1;
+		return derr_fail(err, errlen, -EINVAL, "keyframe_every, keep_versions or keep_keyframes out of "
+				"range");
 	return 0;
 }
 
@@ -151,15 +151,36 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 	if (!s)
 		return 0;
 	if (s->cfg.reader && role == JROLE_SOURCE)
-		return snprintf(err, errlen, "job %s reads from storage: sources attach to the "
-				"writer's job on their own cluster", j->name), -1;
+		return derr_fail(err, errlen, -EINVAL, "job %s reads from storage: sources attach to the "
+				"writer's job on their own cluster", j->name);
 	if (!s->cfg.reader && s->cfg.transport == JSTORE_STORAGE && role == JROLE_SINK)
-		return snprintf(err, errlen, "job %s writes to storage only: sinks attach to a reader "
-				"job (storage_role reader) or the job uses transport both", j->name), -1;
+		return derr_fail(err, errlen, -EINVAL, "job %s writes to storage only: sinks attach to a reader "
+				"job (storage_role reader) or the job uses transport both", j->name);
 	return 0;
 }
 
 /* ------------------------------------------------------------ helpers */
+
+/* The storage library's codes (DTS_*, small negatives of their own) as
+ * the daemon's negative errnos (derr.h). */
+static int dts_errno(int rc)
+{
+	switch (rc) {
+	case DTS_OK:
+		return 0;
+	case DTS_EINVAL:
+	case DTS_ESPEC:
+		return -EINVAL;
+	case DTS_ENOMEM:
+		return -ENOMEM;
+	case DTS_EAGAIN:
+		return -EAGAIN;
+	case DTS_EEXIST:
+		return -EEXIST;
+	default:	/* the file system, or what it holds, is bad */
+		return -EIO;
+	}
+}
 
 static struct jhist *hist_add(struct job *j, uint64_t version)
 {
@@ -185,15 +206,17 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 {
 	struct dts_catalog cat;
 	ssize_t k = -1;
-	int rc = -1;
+	int rc;
 
-	if (dts_catalog_load(&cat, s->cfg.root, s->jname, 0, err, errlen))
-		return -1;
+	if ((rc = dts_catalog_load(&cat, s->cfg.root, s->jname, 0, err, errlen)))
+		return dts_errno(rc);
+	rc = -EIO;
 	for (size_t i = 0; i < cat.nv; i++)
 		if (cat.v[i].version <= to && cat.v[i].keyframe && !cat.v[i].bad)
 			k = (ssize_t)i;
 	if (k < 0) {
-		snprintf(err, errlen, "no readable keyframe at or before v%llu", (unsigned long long)to);
+		rc = derr_fail(err, errlen, -ENOENT, "no readable keyframe at or before v%llu",
+			       (unsigned long long)to);
 		goto out;
 	}
 	for (size_t i = (size_t)k; i < cat.nv && cat.v[i].version <= to; i++) {
@@ -207,9 +230,13 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 				 (unsigned long long)cat.v[k].version);
 			goto out;
 		}
-		if (dts_version_load(s->cfg.root, s->jname, cv->version,
-				     key ? DTS_PART_KEYFRAME : DTS_PART_DELTA, &s->model, &v, err, errlen))
+		if ((rc = dts_version_load(s->cfg.root, s->jname, cv->version,
+					   key ? DTS_PART_KEYFRAME : DTS_PART_DELTA, &s->model, &v, err,
+					   errlen))) {
+			rc = dts_errno(rc);
 			goto out;
+		}
+		rc = -EIO;
 		for (uint32_t t = 0; t < v->ntensors && t < s->model.ntensors; t++) {
 			const struct dts_tensor_data *td = &v->t[t];
 
@@ -224,7 +251,8 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 			rc = 0;
 	}
 	if (rc)
-		snprintf(err, errlen, "v%llu is not committed", (unsigned long long)to);
+		rc = derr_fail(err, errlen, -ENOENT, "v%llu is not committed",
+			       (unsigned long long)to);
 out:
 	dts_catalog_fini(&cat);
 	return rc;
@@ -266,7 +294,7 @@ static int collect_changes(const uint16_t *m, uint64_t total, const struct jstag
 			}
 			if (dst < 0 || (uint64_t)dst >= total) {
 				free(ch);
-				return -1;
+				return -ERANGE;
 			}
 			at = (uint64_t)dst;
 			if (m[at] == w->val[k])
@@ -277,7 +305,7 @@ static int collect_changes(const uint16_t *m, uint64_t total, const struct jstag
 
 				if (!p) {
 					free(ch);
-					return -1;
+					return -ENOMEM;
 				}
 				ch = p;
 				cap = nc;
@@ -569,28 +597,29 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	struct jlocal *l = NULL;
 	uint64_t total = s->toff[s->model.ntensors], id;
 	int64_t head;
-	int fd;
+	int fd, e;
 
 	memset(&wc, 0, sizeof(wc));
 	wc.root = s->cfg.root;
 	wc.job = j->name;
 	wc.model = s->model;
 	wc.keyframe_every = s->cfg.keyframe_every;
-	if (dts_writer_open(&s->w, &wc, err, errlen))
-		return -1;
+	if ((e = dts_writer_open(&s->w, &wc, err, errlen)))
+		return dts_errno(e);
 	/* The canonical copy lives in a sealed memfd like any sink's buffer. */
 	fd = memfd_create("dted-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 2 : 2)) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-		snprintf(err, errlen, "canonical copy: %s", strerror(errno));
+		e = -errno;
+		snprintf(err, errlen, "canonical copy: %s", strerror(-e));
 		if (fd >= 0)
 			close(fd);
-		return -1;
+		return e;
 	}
 	s->owner = OWNER_BASE + ++owners;
-	if (dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16, "storage canonical",
-			     &id, err, errlen) < 0)
-		return -1;
+	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16,
+				  "storage canonical", &id, err, errlen)) < 0)
+		return e;
 	s->mirror = dbuf_get(s->owner, id);
 	head = s->head = dts_writer_head(s->w);
 	s->mirror_known = 1;
@@ -608,8 +637,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	l = jlocal_new(JROLE_SINK, 1);
 	if (!l || jsink_make_writer(l) < 0) {
 		jlocal_free(l);
-		snprintf(err, errlen, "out of memory");
-		return -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	l->bufs[0] = s->mirror;
 	dbuf_ref(s->mirror);
@@ -1241,16 +1269,14 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 	rc.job = j->name;
 	rc.name = dts_job_name_ok(node) ? node : "dted";
 	rc.model = s->model;
-	if (dts_reader_open(&s->r, &rc, err, errlen))
-		return -1;
+	if ((e = dts_reader_open(&s->r, &rc, err, errlen)))
+		return dts_errno(e);
 	s->staging = -1;
 	s->rpos = dts_reader_position(s->r);
 	if (!jeng.loop)
 		return 0;	/* unit tests without a loop: ticks never run */
-	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0) {
-		snprintf(err, errlen, "timer: %s", uv_strerror(e));
-		return -1;
-	}
+	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0)
+		return derr_fail(err, errlen, e, "timer: %s", uv_strerror(e));
 	s->timer.data = s;
 	s->handles++;
 	{
@@ -1258,10 +1284,8 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 
 		snprintf(dir, sizeof(dir), "%s/%s", s->cfg.root, j->name);
 		if ((e = dts_watch_start(&s->watch, jeng.loop, dir, s->cfg.watch_mode, WATCH_MS,
-					 on_watch, s)) < 0) {
-			snprintf(err, errlen, "watching %s: %s", dir, uv_strerror(e));
-			return -1;
-		}
+					 on_watch, s)) < 0)
+			return derr_fail(err, errlen, e, "watching %s: %s", dir, uv_strerror(e));
 		s->handles++;
 	}
 	DLOG_N("job %s: storage reader on %s/%s as \"%s\" (%s)", j->name, s->cfg.root, j->name,
@@ -1274,6 +1298,7 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen)
 {
 	struct jstore *s;
+	int rc;
 
 	if (cfg->transport == JSTORE_UCX)
 		return 0;
@@ -1283,7 +1308,7 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 		if (s)
 			free(s->toff);
 		free(s);
-		return snprintf(err, errlen, "out of memory"), -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	s->cfg = *cfg;
 	s->job = j;
@@ -1293,7 +1318,7 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 		free(s->toff);
 		free(s->numel);
 		free(s);
-		return snprintf(err, errlen, "out of memory"), -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	if (j->spec.n)
 		memcpy(s->tens, j->spec.t, j->spec.n * sizeof(*s->tens));
@@ -1306,10 +1331,10 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 	s->model.numel = s->numel;
 	s->staging = -1;
 	j->store = s;
-	if (cfg->reader ? reader_start(s, j, err, errlen) :
-	    j->is_coord ? writer_start(s, j, err, errlen) : 0) {
+	if ((rc = cfg->reader ? reader_start(s, j, err, errlen) :
+		  j->is_coord ? writer_start(s, j, err, errlen) : 0) < 0) {
 		jstore_free(j);
-		return -1;
+		return rc;
 	}
 	return 0;
 }
