@@ -34,9 +34,14 @@ struct scratch {
 static struct scratch cap_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
 static struct scratch app_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
 
+static const struct dbuf_dev_ops dev_ops = { jcuda_buf_open, jcuda_buf_close };
+
 void jcuda_init(const struct dtc_backend *be)
 {
 	dev = dtc_dev_has(be) ? be : NULL;
+	/* buf.c opens and closes CUDA buffers through these (buf.h); they
+	 * stay installed past jcuda_fini, for dbuf_fini. */
+	dbuf_set_dev_ops(&dev_ops);
 }
 
 static void scratch_free(struct scratch *s)
