@@ -254,6 +254,11 @@ void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq))
 	created_hook = created;
 }
 
+void job_set_reply(int (*reply)(uint64_t conn, Dte__Response *resp))
+{
+	jeng.reply = reply;
+}
+
 void job_set_max_staged(uint32_t n)
 {
 	jeng.max_staged = n;

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/ctl.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
@@ -267,7 +266,11 @@ void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	} else {
 		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
 	}
-	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
+	if (jeng.reply)
+		jeng.reply(conn, &resp);
+	else
+		DLOG_E("control: connection %llu: an answer with nowhere to go (no job_set_reply)",
+		       (unsigned long long)conn);
 }
 
 /* ----------------------------------------------------------------- events */

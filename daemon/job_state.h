@@ -440,7 +440,8 @@ struct jengine {
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	uv_async_t parts_async;   /* a worker framed a part (job_src.c sends it) */
 	int parts_async_init;
-	/* Deferred control answers go here (dctl_reply unless a test sets it). */
+	/* Deferred control answers go here (job_set_reply: main.c installs
+	 * dctl_reply; tests their own). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
 	/* Events, raised below through jev_*() and answered above (job_init
 	 * registers them; NULL: nobody listens). */
