@@ -89,6 +89,9 @@ struct jstore {
 };
 
 static uint64_t owners;
+static int commits;                /* writers' commits on workers */
+
+static void store_destroy(struct jstore *s);
 
 const char *jstore_transport_name(int t)
 {
@@ -335,8 +338,6 @@ struct wcommit {
 	size_t n;
 	unsigned flags;
 	int requested;
-	int finished;              /* commit_work returned (atomic) */
-	int orphan;                /* the store went at shutdown: only free this */
 	/* results, for the loop */
 	int rc;
 	char err[512];
@@ -395,7 +396,6 @@ out:
 	c->rc = rc;
 	free(pos);
 	free(val);
-	__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
 }
 
 static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l);
@@ -410,13 +410,15 @@ static void commit_after(uv_work_t *req, int status)
 	struct jhist *h;
 	const char *cause;
 
-	if (c->orphan) {
+	commits--;
+	s->wc = NULL;
+	if (!(j = s->job)) {
+		/* The job went while the commit was out: the store is ours. */
 		free(c->ch);
 		free(c);
+		store_destroy(s);
 		return;
 	}
-	j = s->job;
-	s->wc = NULL;
 	s->head = dts_writer_head(s->w);
 	if (c->rc == 0) {
 		int keyframe = c->version % s->cfg.keyframe_every == 0 || c->requested ||
@@ -491,6 +493,7 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 	c->requested = dts_keyframe_take(s->cfg.root, j->name);
 	c->flags = (nobase ? DTS_BEGIN_NOBASE : 0) | (c->requested ? DTS_BEGIN_KEYFRAME : 0);
 	s->wc = c;
+	commits++;
 	if (!jeng.loop || (e = uv_queue_work(jeng.loop, &c->work, commit_work, commit_after)) < 0) {
 		if (jeng.loop)
 			DLOG_W("job %s: storage v%llu: no worker (%s); writing on the loop",
@@ -1091,8 +1094,6 @@ static void rread_free(struct rread *r)
 	free(r);
 }
 
-static void store_destroy(struct jstore *s);
-
 /* Back on the loop: hand each sink still there its staged version. */
 static void rread_done(struct jtask *t, int cancelled)
 {
@@ -1387,31 +1388,18 @@ void jstore_free(struct job *j)
 		return;
 	j->store = NULL;
 	s->job = NULL;
-	if (s->rd)
-		return;	/* the read's completion frees the store (rread_done) */
-	if (s->wc) {
-		/* Not reached from job_fini, which drains every commit through
-		 * its completion first (job_task.c); kept for a job freed with a
-		 * commit in flight some other way: a commit on a worker reads
-		 * the writer, the mirror and the tensor table, so let it finish
-		 * (the version it writes was applied; its APPLIED stays unsent),
-		 * and leave its completion to free itself. */
-		struct wcommit *c = s->wc;
-
-		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
-			uv_sleep(1);
-		c->orphan = 1;
-		s->wc = NULL;
-	}
+	/* A read or a commit on a worker uses the reader or the writer, the
+	 * mirror and the tensor tables: its completion (rread_done,
+	 * commit_after) frees the store once it is back, on the loop.  Job
+	 * deletion does not wait for it; shutdown does (job_tasks_drain). */
+	if (s->rd || s->wc)
+		return;
 	store_destroy(s);
 }
 
 int jstore_committing(void)
 {
-	for (const struct job *j = jeng.jobs; j; j = j->next)
-		if (j->store && j->store->wc)
-			return 1;
-	return 0;
+	return commits > 0;	/* the commits of deleted jobs too */
 }
 
 void jstore_sink_staged(struct job *j, struct jlocal *l)
