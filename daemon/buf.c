@@ -10,7 +10,6 @@
 #include <unistd.h>
 #include "daemon/buf.h"
 #include "daemon/derr.h"
-#include "daemon/job_cuda.h"
 #include "daemon/log.h"
 #include "gpu/compute.h"
 
@@ -28,6 +27,14 @@ static struct {
 
 /* Each mapping apart from the others (gpu/compute.h: the scan streams θ,
  * m and v side by side, and adjacent mappings alias). */
+/* Installed by the GPU path (buf.h). */
+static const struct dbuf_dev_ops *devops;
+
+void dbuf_set_dev_ops(const struct dbuf_dev_ops *ops)
+{
+	devops = ops;
+}
+
 static void *map_hint(void)
 {
 	return dtc_spread_hint(++bufs.maps);
@@ -36,12 +43,12 @@ static void *map_hint(void)
 int dbuf_dtype_parse(const char *s)
 {
 	if (!s)
-		return -1;
+		return -EINVAL;
 	if (!strcmp(s, "fp32"))
 		return DBUF_FP32;
 	if (!strcmp(s, "bf16"))
 		return DBUF_BF16;
-	return -1;
+	return -EINVAL;
 }
 
 const char *dbuf_dtype_name(int dtype)
@@ -185,7 +192,8 @@ int dbuf_register_cuda(uint64_t owner, const char *backend, const void *handle,
 	if (event_len)
 		memcpy(b->ipc_event, event, event_len);
 	/* Opened now, so a bad handle or range is refused at registration. */
-	rc = jcuda_buf_open(b, handle, handle_len, event, event_len, offset, err, errlen);
+	rc = devops ? devops->open(b, handle, handle_len, event, event_len, offset, err, errlen)
+		    : FAIL(-EOPNOTSUPP, "no CUDA device: CUDA IPC handles cannot be opened");
 	if (rc < 0) {
 		destroy(b);
 		return rc;
@@ -212,8 +220,10 @@ static void destroy(struct dbuf *b)
 			break;
 		}
 	}
-	if (b->cuda)
-		jcuda_buf_close(b);
+	if (b->cuda) {
+		if (devops)
+			devops->close(b);
+	}
 	else if (b->map)
 		munmap(b->map, b->map_len);
 	free(b);

@@ -78,4 +78,18 @@ size_t dbuf_count(uint64_t *bytes);
 /* Unmap everything (daemon exit). */
 void dbuf_fini(void);
 
+/* Device memory (CUDA IPC buffers) is opened and closed by the GPU path
+ * (daemon/job_cuda.c), which sits above this file: it installs these at
+ * start (jcuda_init), so buffers call nothing above them.  None installed
+ * (unit tests, a daemon without the engine): a CUDA buffer is refused
+ * with -EOPNOTSUPP.  open: b->ptr becomes the device address of the first
+ * element; 0 or a negative errno with the reason. */
+struct dbuf_dev_ops {
+	int  (*open)(struct dbuf *b, const void *handle, size_t handle_len, const void *event,
+		     size_t event_len, uint64_t offset, char *err, size_t errlen);
+	void (*close)(struct dbuf *b);
+};
+
+void dbuf_set_dev_ops(const struct dbuf_dev_ops *ops);
+
 #endif

@@ -11,6 +11,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/bufpool.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
 DAEMON_SRCS += daemon/derr.c
+# The reply a control handler builds, below dispatch.c (no call loop).
+DAEMON_SRCS += daemon/dreply.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
@@ -53,6 +55,8 @@ UNIT_TESTS   += test_derr
 SYSTEM_TESTS += tests/system/errconv_grep.sh
 # The engine's files call only downward (docs/SYNC.md, Layers), from nm.
 SYSTEM_TESTS += tests/system/engine_layers.sh
+# No two files of the daemon call each other, around any loop (nm).
+SYSTEM_TESTS += tests/system/call_loops.py
 # route.c alone: local queue, remote dispatch, a decorator both ways.
 UNIT_TESTS   += test_route
 SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/system/sync_verify.py

@@ -53,74 +53,6 @@ static const char *refusal_reason(Dte__Status code)
 	}
 }
 
-struct dreply_block {
-	struct dreply_block *next;
-	max_align_t data[];
-};
-
-struct dreply {
-	struct dreply_block *blocks;
-	int deferred;
-	char msg[512];
-};
-
-void dreply_defer(struct dreply *r)
-{
-	r->deferred = 1;
-}
-
-int dsess_take_fd(struct dsess *s)
-{
-	int fd;
-
-	if (!s->nfds)
-		return -1;
-	fd = s->fds[0];
-	memmove(s->fds, s->fds + 1, (s->nfds - 1) * sizeof(s->fds[0]));
-	s->nfds--;
-	return fd;
-}
-
-void *dreply_alloc(struct dreply *r, size_t size)
-{
-	struct dreply_block *b = calloc(1, sizeof(*b) + size);
-
-	if (!b)
-		return NULL;
-	b->next = r->blocks;
-	r->blocks = b;
-	return b->data;
-}
-
-char *dreply_strdup(struct dreply *r, const char *s)
-{
-	size_t n = strlen(s) + 1;
-	char *d = dreply_alloc(r, n);
-
-	if (d)
-		memcpy(d, s, n);
-	return d;
-}
-
-static void dreply_free(struct dreply *r)
-{
-	while (r->blocks) {
-		struct dreply_block *b = r->blocks;
-
-		r->blocks = b->next;
-		free(b);
-	}
-}
-
-void dreply_msg(struct dreply *r, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
-	va_end(ap);
-}
-
 #define fail(r, code, ...) (dreply_msg((r), __VA_ARGS__), (code))
 
 dcmd_fn ddispatch_handler(enum dte_cmd_id id)
@@ -215,7 +147,7 @@ int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len
 		s->deferred = 1;
 		srv->requests++;
 		dte__request__free_unpacked(req, NULL);
-		dreply_free(&r);
+		dreply_release(&r);
 		*out = NULL;
 		*outlen = 0;
 		return 0;
@@ -230,7 +162,7 @@ int ddispatch(struct dsrv *srv, struct dsess *s, const uint8_t *body, size_t len
 	srv->requests++;
 	rc = pack(&resp, srv->conf->max_frame_bytes, out, outlen);
 	dte__request__free_unpacked(req, NULL);
-	dreply_free(&r);
+	dreply_release(&r);
 	return rc;
 }
 

@@ -54,7 +54,18 @@ int dsess_take_fd(struct dsess *s);
 
 /* Memory a handler allocates for its reply; freed after packing.  Strings
  * may also point at static or long-lived storage. */
-struct dreply;
+/* Fields for dispatch.c and dreply.c only. */
+struct dreply_block {
+	struct dreply_block *next;
+	max_align_t data[];
+};
+
+struct dreply {
+	struct dreply_block *blocks;
+	int deferred;
+	char msg[512];
+};
+
 void *dreply_alloc(struct dreply *r, size_t size);
 char *dreply_strdup(struct dreply *r, const char *s);
 /* The reply's human-readable message (errors should always set one). */
@@ -64,6 +75,8 @@ void dreply_msg(struct dreply *r, const char *fmt, ...) __attribute__((format(pr
  * produces no frame (*out NULL) and the session refuses further requests
  * until that reply went out. */
 void dreply_defer(struct dreply *r);
+/* dispatch.c, once the reply is packed: frees what dreply_alloc gave. */
+void dreply_release(struct dreply *r);
 
 typedef Dte__Status (*dcmd_fn)(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 			       Dte__Response *resp, struct dreply *r);

@@ -211,7 +211,7 @@ static int waiter_add(int kind, uint64_t conn, uint32_t req_id, const char *job,
 	struct jwaiter *w = calloc(1, sizeof(*w));
 
 	if (!w)
-		return -1;
+		return -ENOMEM;
 	w->kind = kind;
 	w->conn = conn;
 	w->req_id = req_id;
@@ -240,15 +240,18 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	 * so they survive JSON tools that hold integers as int64. */
 	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
 	if (loop) {
-		if (uv_timer_init(loop, &jeng.timer) < 0)
-			return -1;
+		int e;
+
+		/* libuv's errors are negative errnos already. */
+		if ((e = uv_timer_init(loop, &jeng.timer)) < 0)
+			return e;
 		jeng.timer_init = 1;
-		if (uv_timer_init(loop, &jeng.ctl_timer) < 0)
-			return -1;
+		if ((e = uv_timer_init(loop, &jeng.ctl_timer)) < 0)
+			return e;
 		jeng.ctl_timer_init = 1;
 		/* Workers hand payload parts to the loop as they frame them. */
-		if (uv_async_init(loop, &jeng.parts_async, jsrc_parts_ready) < 0)
-			return -1;
+		if ((e = uv_async_init(loop, &jeng.parts_async, jsrc_parts_ready)) < 0)
+			return e;
 		jeng.parts_async_init = 1;
 	}
 	/* The events the layers below raise (job_state.h, struct jengine). */
@@ -264,6 +267,11 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq))
 {
 	created_hook = created;
+}
+
+void job_set_reply(int (*reply)(uint64_t conn, Dte__Response *resp))
+{
+	jeng.reply = reply;
 }
 
 void job_set_max_staged(uint32_t n)
@@ -386,6 +394,7 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	uint32_t k = rq->publish_interval ? rq->publish_interval : 1;
 	int detect;
 	char serr[256];
+	int src;
 	struct dte_spec spec;
 	struct job *j;
 
@@ -400,8 +409,8 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 			    "job %s: coordinator must be \"local\" or host:port, not \"%s\"", rq->name, coord);
 	if (strlen(coord) >= sizeof(j->coordinator))
 		return FAIL(-EINVAL, "job %s: coordinator address too long", rq->name);
-	if (jstore_parse(rq, &scfg, serr, sizeof(serr)) < 0)
-		return FAIL(-EINVAL, "job %s: %s", rq->name, serr);
+	if ((src = jstore_parse(rq, &scfg, serr, sizeof(serr))) < 0)
+		return FAIL(src, "job %s: %s", rq->name, serr);
 	if (k > 1000000)
 		return FAIL(-EINVAL, "job %s: publish interval %u out of range",
 			    rq->name, k);
@@ -461,11 +470,13 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	j->next = jeng.jobs;
 	jeng.jobs = j;
 	dreg_job_added();
-	if (jstore_start(j, &scfg, serr, sizeof(serr)) < 0) {
+	if ((src = jstore_start(j, &scfg, serr, sizeof(serr))) < 0) {
 		jeng.jobs = j->next;
 		job_free(j);
 		dreg_job_removed();
-		return FAIL(-EINVAL, "job %s: storage: %s", rq->name, serr);
+		/* The root is the request's: what cannot be opened or read
+		 * there makes the request invalid; out of memory is ours. */
+		return FAIL(src == -ENOMEM ? src : -EINVAL, "job %s: storage: %s", rq->name, serr);
 	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
@@ -487,6 +498,7 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	struct dte_layout lay;
 	struct jlocal *l = NULL;
 	char lerr[256];
+	int lrc;
 	int role;
 	size_t n = 0, i, k;
 	int st;
@@ -506,14 +518,15 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	if (!rq->layout || !*rq->layout || strlen(rq->layout) >= JOB_DESC_MAX)
 		return FAIL(-EINVAL, "job %s: layout description missing or too long",
 			    j->name);
-	if (jstore_attach_check(j, role, lerr, sizeof(lerr)) < 0)
-		return FAIL(-EINVAL, "%s", lerr);
+	if ((lrc = jstore_attach_check(j, role, lerr, sizeof(lerr))) < 0)
+		return FAIL(lrc, "%s", lerr);
 	if (rq->shards && *rq->shards && (role != JROLE_SOURCE || !dte_layout_desc_sharded(rq->layout)))
 		return FAIL(-EINVAL, "job %s: shards go with a source of an "
 			    "mcore: or fsdp2: layout, not %s %s", j->name,
 			    role == JROLE_SOURCE ? "source" : "sink", rq->layout);
-	if (jlayout_build(j, role, rq->layout, rq->rank, rq->shards, &lay, lerr, sizeof(lerr)) < 0)
-		return FAIL(-EINVAL, "job %s: %s", j->name, lerr);
+	if ((lrc = jlayout_build(j, role, rq->layout, rq->rank, rq->shards, &lay, lerr,
+				 sizeof(lerr))) < 0)
+		return FAIL(lrc, "job %s: %s", j->name, lerr);
 	/* A shard table names its own rank on every line: it must be this one. */
 	for (i = 0; dte_layout_desc_sharded(rq->layout) && i < lay.nbufs; i++)
 		if (lay.bufs[i].rank != rq->rank) {

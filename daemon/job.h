@@ -33,6 +33,11 @@ struct dreply;
 
 int  job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name);
 void job_fini(void);
+/* Where deferred answers go (waits, attaches, captures and applies that
+ * finish later): the control server's dctl_reply, which main.c installs
+ * after job_init, so the engine calls nothing of the server above it.
+ * None installed: such an answer is logged and dropped. */
+void job_set_reply(int (*reply)(uint64_t conn, Dte__Response *resp));
 /* How many versions a sink may hold staged and unapplied (config
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink.c). */

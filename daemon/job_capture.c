@@ -122,10 +122,10 @@ static int cap_src(const struct jcap *c, const struct jentry *e, struct dtc_src 
 	struct dbuf *v = cap_buf(c, e->src_buf_v);
 
 	if (!p || !m || !v || !p->ptr || !m->ptr || !v->ptr)
-		return -1;
+		return -EIO;
 	/* GPU sources: device reads wait for the trainer's optimizer step. */
 	if (jcuda_wait(p) < 0 || jcuda_wait(m) < 0 || jcuda_wait(v) < 0)
-		return -1;
+		return -EIO;
 	s->param = p->ptr;
 	s->exp_avg = m->ptr;
 	s->exp_avg_sq = v->ptr;
@@ -143,7 +143,7 @@ static int capfail(struct jcap *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
-	return -1;
+	return -EIO;
 }
 
 #define CAPFAIL(...) capfail(c, __VA_ARGS__)
@@ -378,9 +378,9 @@ static int bytes_reserve(struct dtc_bytes *b, size_t len)
 			nc *= 2;
 		if (!b->p && nc >= BPOOL_MIN) {
 			if (!(np = bpool_get(&cap_pool, nc, &nc)))
-				return -1;
+				return -ENOMEM;
 		} else if (!(np = realloc(b->p, nc))) {
-			return -1;
+			return -ENOMEM;
 		}
 		b->p = np;
 		b->cap = nc;
@@ -830,7 +830,7 @@ int jcap_run(struct jcap *c)
 	struct det *dets = NULL;
 	size_t ndets = 0;
 	uint64_t t0 = uv_hrtime();
-	int rc = -1;
+	int rc = -EIO;	/* the reason is in c->err */
 
 	if (job_ext.capture_start)
 		job_ext.capture_start(c->version);

@@ -307,7 +307,7 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, const str
 		if (ns)
 			b->esrc = ns;
 		if (!nd)
-			return -1;
+			return -ENOMEM;
 		b->edst = nd;
 		b->cape = nc;
 	}
@@ -439,7 +439,7 @@ static int sharded_sources(struct job *j, const char *desc, const struct jpinfo 
 	if (!*complete)
 		return jlayout_build(j, JROLE_SOURCE, desc, 0, NULL, src, err, errlen);
 	if (!(all = malloc(len)))
-		return snprintf(err, errlen, "out of memory"), -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	at = all;
 	for (r = 0; r < nranks; r++) {
 		if (r < j->n_src_shards && j->src_shards[r]) {
@@ -465,13 +465,13 @@ static int keep_shards(struct job *j, uint32_t rank, const char *shards)
 		char **n = realloc(j->src_shards, ((size_t)rank + 1) * sizeof(*n));
 
 		if (!n)
-			return -1;
+			return -ENOMEM;
 		memset(n + j->n_src_shards, 0, (rank + 1 - j->n_src_shards) * sizeof(*n));
 		j->src_shards = n;
 		j->n_src_shards = rank + 1;
 	}
 	if (!(copy = strdup(shards ? shards : "")))
-		return -1;
+		return -ENOMEM;
 	free(j->src_shards[rank]);
 	j->src_shards[rank] = copy;
 	return 0;
@@ -848,7 +848,7 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 	if (nd < 1 || nd > DTE_MAX_DIMS || m->n_src_stride != nd || m->n_dst_stride != nd) {
 		snprintf(err, errlen, "entry %u: %u dims with %zu/%zu strides", m->id, nd,
 			 m->n_src_stride, m->n_dst_stride);
-		return -1;
+		return -EINVAL;
 	}
 	e->tensor = m->tensor;
 	e->group = m->group;
@@ -867,11 +867,11 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 	e->box = dtc_box_size(&e->map);
 	if (!e->box) {
 		snprintf(err, errlen, "entry %u: empty or bad box", m->id);
-		return -1;
+		return -EINVAL;
 	}
 	if (e->group >= JOB_MAX_GROUPS) {
 		snprintf(err, errlen, "entry %u: optimizer group %u out of range", m->id, e->group);
-		return -1;
+		return -EINVAL;
 	}
 	/* Every index must land inside the buffers registered here. */
 	if (sl) {
@@ -881,24 +881,24 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 		if (!p || !mm || !v) {
 			snprintf(err, errlen, "entry %u: source buffers %u/%u/%u not attached", m->id,
 				 e->src_buf, e->src_buf_m, e->src_buf_v);
-			return -1;
+			return -EINVAL;
 		}
 		slen = p->length < mm->length ? p->length : mm->length;
 		slen = slen < v->length ? slen : v->length;
 		if ((rc = dtc_entry_check(&e->map, slen, UINT64_MAX)) != DTC_OK) {
 			snprintf(err, errlen, "entry %u: source side: %s", m->id, dtc_strerror(rc));
-			return -1;
+			return -EINVAL;
 		}
 	}
 	if (dl) {
 		d = jlocal_buf(dl, e->dst_buf, NULL);
 		if (!d) {
 			snprintf(err, errlen, "entry %u: sink buffer %u not attached", m->id, e->dst_buf);
-			return -1;
+			return -EINVAL;
 		}
 		if ((rc = dtc_entry_check(&e->map, UINT64_MAX, d->length)) != DTC_OK) {
 			snprintf(err, errlen, "entry %u: sink side: %s", m->id, dtc_strerror(rc));
-			return -1;
+			return -EINVAL;
 		}
 	}
 	return 0;
@@ -971,7 +971,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name,
 		       (unsigned long long)m->epoch, from, err);
 		snprintf(why, whylen, "%s", err);
-		return -1;
+		return -EPROTONOSUPPORT;
 	}
 	if (!coord) {
 		/* Only the job's coordinator plans; anyone else holding the
@@ -982,13 +982,13 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		       "plan %llx kept", j->name, (unsigned long long)m->epoch, from, j->coordinator,
 		       (unsigned long long)cur);
 		snprintf(why, whylen, "plans come from the job's coordinator %s alone", j->coordinator);
-		return -1;
+		return -EPERM;
 	}
 	snprintf(j->coord_node, sizeof(j->coord_node), "%s", from);
 	if (!nb || !peer_term_counter(m->epoch)) {
 		snprintf(why, whylen, "plan epoch %llx is not a term", (unsigned long long)m->epoch);
 		DLOG_W("job %s: PLAN from %s refused: %s", j->name, from, why);
-		return -1;
+		return -EPROTO;
 	}
 	if (m->join_seq > j->join_acked && m->join_seq <= j->join_seq)
 		j->join_acked = m->join_seq;

@@ -34,9 +34,14 @@ struct scratch {
 static struct scratch cap_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
 static struct scratch app_scr = { PTHREAD_MUTEX_INITIALIZER, { 0 }, { 0 } };
 
+static const struct dbuf_dev_ops dev_ops = { jcuda_buf_open, jcuda_buf_close };
+
 void jcuda_init(const struct dtc_backend *be)
 {
 	dev = dtc_dev_has(be) ? be : NULL;
+	/* buf.c opens and closes CUDA buffers through these (buf.h); they
+	 * stay installed past jcuda_fini, for dbuf_fini. */
+	dbuf_set_dev_ops(&dev_ops);
 }
 
 static void scratch_free(struct scratch *s)
@@ -169,7 +174,7 @@ int jcuda_wait(const struct dbuf *b)
 {
 	if (!dev || !b->cuda || !b->ipc_ev)
 		return 0;
-	return dtc_dev_event_wait(dev, b->ipc_ev) == DTC_OK ? 0 : -1;
+	return dtc_dev_event_wait(dev, b->ipc_ev) == DTC_OK ? 0 : -EIO;
 }
 
 /* ------------------------------------------------------- capture (worker) */

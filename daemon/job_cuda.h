@@ -30,10 +30,11 @@ void jcuda_init(const struct dtc_backend *be);
 /* Frees device scratch (daemon exit; buffers are closed by dbuf_fini). */
 void jcuda_fini(void);
 
-/* Open b's IPC handle (and event, when event_len) and check
- * [offset, offset + length) against the allocation: b->ptr is the device
- * address of the first element.  A negative errno with the reason
- * (daemon/derr.h). */
+/* buf.c reaches these two through struct dbuf_dev_ops (buf.h), which
+ * jcuda_init installs.  Open b's IPC handle (and event, when event_len)
+ * and check [offset, offset + length) against the allocation: b->ptr is
+ * the device address of the first element.  A negative errno with the
+ * reason (daemon/derr.h). */
 int jcuda_buf_open(struct dbuf *b, const void *handle, size_t handle_len, const void *event,
 		   size_t event_len, uint64_t offset, char *err, size_t errlen);
 void jcuda_buf_close(struct dbuf *b);

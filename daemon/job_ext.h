@@ -29,6 +29,11 @@ struct job_ext {
 	 * byte of its encoding (len 1).  May alter them; the apply's
 	 * checksum is what must then catch it. */
 	void (*sink_alter)(void *bytes, size_t len);
+	/* A storage reader job is about to read `version` (its position
+	 * plus one) from the shared directory, on the read's worker thread
+	 * (job_storage.c).  May block (the loop keeps serving); must not
+	 * log. */
+	void (*storage_read)(uint64_t version);
 };
 
 /* Defined in job_state.c, all NULL. */

@@ -110,7 +110,7 @@ static int box_sum(const struct dte_box_map *m, const uint16_t *dst, uint64_t le
 	uint64_t sum = 0;
 
 	if (m->ndim < 1 || m->ndim > DTE_MAX_DIMS)
-		return -1;
+		return -EINVAL;
 	for (d = 0; d <= last; d++)
 		if (m->extent[d] <= 0)
 			return *out = 0, 0;
@@ -123,7 +123,7 @@ static int box_sum(const struct dte_box_map *m, const uint16_t *dst, uint64_t le
 			int64_t at = base + i * m->dst_stride[last];
 
 			if (at < 0 || (uint64_t)at >= len)
-				return -1;
+				return -ERANGE;
 			sum += dtc_csum_term((uint64_t)at, dst[at]);
 		}
 		for (d = last - 1; d >= 0 && ++idx[d] == m->extent[d]; d--)
@@ -279,7 +279,7 @@ static int vsink_fill(struct vsink *k, const struct jlocal *l)
 	    !(k->expect = malloc(nb * sizeof(*k->expect))) || !(k->covered = malloc(nb)) ||
 	    !(k->maps = malloc((v->nmaps ? v->nmaps : 1) * sizeof(*k->maps))) ||
 	    !(k->slots = malloc((v->nmaps ? v->nmaps : 1) * sizeof(*k->slots))))
-		return -1;
+		return -ENOMEM;
 	memcpy(k->expect, v->expect, k->nbufs * sizeof(*k->expect));
 	memcpy(k->covered, v->covered, k->nbufs);
 	memcpy(k->maps, v->maps, v->nmaps * sizeof(*k->maps));

@@ -61,7 +61,7 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0)
-			return -1;
+			return w < 0 ? -errno : -EIO;
 		p += w;
 		n -= (size_t)w;
 	}
@@ -87,16 +87,16 @@ void jpersist_save(const Dte__JobCreateRequest *rq)
 	snprintf(path, sizeof(path), "%s/%s.job", dir, rq->name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.job.tmp", dir, rq->name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	rc = fd < 0 ? -1 : write_all(fd, buf, n);
-	if (fd >= 0 && (rc < 0 || fsync(fd) < 0))
-		rc = -1;
-	if (fd >= 0 && close(fd) < 0)
-		rc = -1;
+	rc = fd < 0 ? -errno : write_all(fd, buf, n);
+	if (fd >= 0 && rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	if (fd >= 0 && close(fd) < 0 && rc == 0)
+		rc = -errno;
 	if (rc == 0 && rename(tmp, path) < 0)
-		rc = -1;
+		rc = -errno;
 	if (rc < 0) {
 		DLOG_W("job %s: not kept in %s (%s): a restart of this daemon loses it", rq->name, dir,
-		       strerror(errno));
+		       strerror(-rc));
 		unlink(tmp);
 	} else {
 		DLOG_I("job %s: kept in %s", rq->name, path);

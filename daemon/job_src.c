@@ -24,26 +24,23 @@
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
-/* Per group constants from the request (malloc'd, the caller frees), or
- * NULL with the reason.  A group carries its own step count when its
+/* Per group constants from the request into *out (malloc'd, the caller
+ * frees): 0, or -EINVAL / -ENOMEM with the reason.  A group carries its own step count when its
  * tensors keep one (registered shards: a tensor whose grad was None did
  * not step).  One that did not step since the last publish or mark is
  * unchanged: the inverse with lr = 0 and no decay is the identity
  * (θ_{t-1} = θ_t), so its elements are found unchanged and nothing of it
  * is sent, whatever its moments hold (eps = 1 keeps m/D finite). */
-static struct dtc_consts *derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
-					char *err, size_t errlen)
+static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
+			 struct dtc_consts **out, char *err, size_t errlen)
 {
 	struct dtc_consts *k;
 
-	if (n > JOB_MAX_GROUPS) {
-		snprintf(err, errlen, "%zu optimizer groups; at most %d", n, JOB_MAX_GROUPS);
-		return NULL;
-	}
-	if (!(k = calloc(n ? n : 1, sizeof(*k)))) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
+	*out = NULL;
+	if (n > JOB_MAX_GROUPS)
+		return FAIL(-EINVAL, "%zu optimizer groups; at most %d", n, JOB_MAX_GROUPS);
+	if (!(k = calloc(n ? n : 1, sizeof(*k))))
+		return FAIL(-ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++) {
 		struct dtc_hparams hp = {
 			.lr = g[i]->lr, .beta1 = g[i]->beta1, .beta2 = g[i]->beta2, .eps = g[i]->eps,
@@ -52,9 +49,8 @@ static struct dtc_consts *derive_groups(Dte__HParams *const *g, size_t n, int64_
 		char why[128];
 
 		if (g[i]->step < 0) {
-			snprintf(err, errlen, "group %zu: step %lld < 0", i, (long long)g[i]->step);
 			free(k);
-			return NULL;
+			return FAIL(-EINVAL, "group %zu: step %lld < 0", i, (long long)g[i]->step);
 		}
 		if (g[i]->unchanged) {
 			hp.lr = 0;
@@ -69,18 +65,17 @@ static struct dtc_consts *derive_groups(Dte__HParams *const *g, size_t n, int64_
 		else if (!strcmp(g[i]->variant, "fused"))
 			hp.variant = DTC_VARIANT_FUSED;
 		else {
-			snprintf(err, errlen, "group %zu: variant \"%s\" unknown (torch, fused)", i,
-				 g[i]->variant);
 			free(k);
-			return NULL;
+			return FAIL(-EINVAL, "group %zu: variant \"%s\" unknown (torch, fused)", i,
+				    g[i]->variant);
 		}
 		if (dtc_hparams_derive(&hp, &k[i], why, sizeof(why)) < 0) {
-			snprintf(err, errlen, "group %zu: %s", i, why);
 			free(k);
-			return NULL;
+			return FAIL(-EINVAL, "group %zu: %s", i, why);
 		}
 	}
-	return k;
+	*out = k;
+	return 0;
 }
 
 /* ------------------------------------------------------------- captures */
@@ -221,6 +216,7 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 	struct job *j = job_find(rq->job);
 	struct dtc_consts *k;
 	struct jlocal *l;
+	int rc;
 
 	*deferred = 0;
 	if (!j)
@@ -234,8 +230,8 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
 		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
-	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
-		return -EINVAL;
+	if ((rc = derive_groups(rq->groups, rq->n_groups, rq->step, &k, err, errlen)) < 0)
+		return rc;
 	if (jsource_of(l)->last_version && rq->step == jsource_of(l)->covered + 1 &&
 	    !jsource_of(l)->gap) {
 		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
@@ -445,7 +441,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	struct dtc_consts *k;
 	struct jlocal *l;
 	struct jcap *c;
-	int stepped, first, dev = 0;
+	int stepped, first, dev = 0, rc;
 	enum pair_why why;
 
 	*deferred = 0;
@@ -471,8 +467,8 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 			    (unsigned long long)jsource_of(l)->last_version);
 	if (rq->step < 1)
 		return FAIL(-EINVAL, "job %s: step must be >= 1", j->name);
-	if (!(k = derive_groups(rq->groups, rq->n_groups, rq->step, err, errlen)))
-		return -EINVAL;
+	if ((rc = derive_groups(rq->groups, rq->n_groups, rq->step, &k, err, errlen)) < 0)
+		return rc;
 	first = jsource_of(l)->last_version == 0;
 	/* The dirty bitmaps hold steps (last publish, covered]; this step
 	 * joins them unless a mark already put it there. */
@@ -632,7 +628,7 @@ static void cap_after(uv_work_t *w, int status)
 	 * anything, so the job and the buffers are still there. */
 	cap_unlink(c);
 	if (status < 0 && c->rc == 0) {
-		c->rc = -1;
+		c->rc = -ECANCELED;
 		snprintf(c->err, sizeof(c->err), "capture cancelled");
 	}
 	j = job_find(c->job);

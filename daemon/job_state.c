@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/ctl.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
@@ -181,26 +180,28 @@ uint64_t job_participant_id_new(void)
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
 		  const char *shards, struct dte_layout *l, char *err, size_t errlen)
 {
-	if (!strncmp(desc, "json:", 5)) {
+	int rc;
+
+	if (!strncmp(desc, "json:", 5))
 		/* The daemon would read a file a client names. */
-		snprintf(err, errlen, "json: layouts are not accepted from clients; use a generator "
-			 "(megatron:, fsdp:, sglang:, vllm:)");
-		return -1;
-	}
+		return derr_fail(err, errlen, -EINVAL, "json: layouts are not accepted from "
+				 "clients; use a generator (megatron:, fsdp:, sglang:, vllm:)");
 	if (role == JROLE_SINK && !strcmp(desc, JSTORE_CANON_LAYOUT)) {
 		/* The storage writer's sink (job_storage.c). */
-		if (jstore_canonical_layout(&j->spec, l, err, errlen))
-			return -1;
+		if ((rc = jstore_canonical_layout(&j->spec, l, err, errlen)) < 0)
+			return rc;
 	} else if (dte_layout_from_desc_shards(l, &j->spec, desc,
 					       role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
 					       shards, err, errlen)) {
-		return -1;
+		/* The layout library says why; what it refuses is the request. */
+		return -EINVAL;
 	}
 	if (rank >= l->nranks) {
-		snprintf(err, errlen, "%s has ranks 0..%u; rank %u does not exist", desc,
-			 l->nranks ? l->nranks - 1 : 0, rank);
+		uint32_t top = l->nranks ? l->nranks - 1 : 0;
+
 		dte_layout_fini(l);
-		return -1;
+		return derr_fail(err, errlen, -EINVAL, "%s has ranks 0..%u; rank %u does not exist",
+				 desc, top, rank);
 	}
 	return 0;
 }
@@ -237,8 +238,7 @@ int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, c
 	return 0;
 oom:
 	dte_layout_fini(l);
-	snprintf(err, errlen, "out of memory");
-	return -1;
+	return derr_fail(err, errlen, -ENOMEM, "out of memory");
 }
 
 /* ---------------------------------------------------------------- answers */
@@ -266,7 +266,11 @@ void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	} else {
 		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
 	}
-	(jeng.reply ? jeng.reply : dctl_reply)(conn, &resp);
+	if (jeng.reply)
+		jeng.reply(conn, &resp);
+	else
+		DLOG_E("control: connection %llu: an answer with nowhere to go (no job_set_reply)",
+		       (unsigned long long)conn);
 }
 
 /* ----------------------------------------------------------------- events */

@@ -392,7 +392,7 @@ struct jcap {
 	struct jcap_pair *p;
 	size_t np;
 	uint64_t t0;
-	int rc;
+	int rc;                   /* 0, or a negative errno with the reason in err */
 	char err[256];
 	/* what the worker did */
 	double work_ms;
@@ -454,7 +454,8 @@ struct jengine {
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	uv_async_t parts_async;   /* a worker framed a part (job_src.c sends it) */
 	int parts_async_init;
-	/* Deferred control answers go here (dctl_reply unless a test sets it). */
+	/* Deferred control answers go here (job_set_reply: main.c installs
+	 * dctl_reply; tests their own). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
 	/* Events, raised below through jev_*() and answered above (job_init
 	 * registers them; NULL: nobody listens). */
@@ -502,7 +503,8 @@ uint64_t job_participant_id_new(void);
 /* Frees a pair's source side (dirty bitmaps, snapshot). */
 void jpair_free_state(struct jpair *p);
 struct jhist *jhist_find(struct job *j, uint64_t version);
-/* Builds a layout for a participant description; 0 or -1 with err.  For
+/* Builds a layout for a participant description; 0, or a negative errno
+ * (-EINVAL: the description, rank or shards refused; -ENOMEM) with err.  For
  * a source that registers shards (mcore:, fsdp2:) `shards` is the table
  * the layout is built from (one rank's, or every rank's); NULL: none. */
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,

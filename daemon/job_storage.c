@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "daemon/job_ext.h"
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
@@ -55,6 +56,8 @@ struct rsink {
 	struct rsink *next;
 };
 
+struct rread;
+
 struct jstore {
 	struct jstore_cfg cfg;
 	struct job *job;           /* NULL once the job is gone */
@@ -68,8 +71,14 @@ struct jstore {
 	int mirror_known;          /* the mirror holds the writer's head */
 	int64_t head;              /* the writer's head, as the loop may read it */
 	struct wcommit *wc;        /* the commit on a worker thread, or NULL */
+	char jname[JOB_NAME_MAX];  /* the job's name, for workers */
+	struct dte_spec_tensor *tens; /* [ntensors]: the spec's tensors, for workers */
 	/* reader */
-	struct dts_reader *r;
+	struct dts_reader *r;      /* a worker's while rd is set */
+	struct rread *rd;          /* the read on a worker, or NULL */
+	int rekick;                /* a tick came while rd was out: look again */
+	int64_t ack;               /* applied everywhere, position not recorded yet */
+	int64_t rpos;              /* the reader's position, as the loop may read it */
 	struct dts_watch watch;
 	uv_timer_t timer;
 	int handles, timer_on;
@@ -80,6 +89,9 @@ struct jstore {
 };
 
 static uint64_t owners;
+static int commits;                /* writers' commits on workers */
+
+static void store_destroy(struct jstore *s);
 
 const char *jstore_transport_name(int t)
 {
@@ -100,27 +112,27 @@ int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *c, char *er
 	else if (!strcmp(t, "both"))
 		c->transport = JSTORE_BOTH;
 	else
-		return snprintf(err, errlen, "transport \"%s\" unknown (ucx, storage, both)", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "transport \"%s\" unknown (ucx, storage, both)", t);
 	if (c->transport == JSTORE_UCX)
 		return 0;
 	if (!rq->storage_root || rq->storage_root[0] != '/' ||
 	    strlen(rq->storage_root) >= sizeof(c->root) - 256)
-		return snprintf(err, errlen, "transport %s needs storage_root, an absolute path", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "transport %s needs storage_root, an absolute path", t);
 	snprintf(c->root, sizeof(c->root), "%s", rq->storage_root);
 	if (!strcmp(role, "reader"))
 		c->reader = 1;
 	else if (strcmp(role, "writer"))
-		return snprintf(err, errlen, "storage_role \"%s\" unknown (writer, reader)", role), -1;
+		return derr_fail(err, errlen, -EINVAL, "storage_role \"%s\" unknown (writer, reader)", role);
 	if (c->reader && c->transport != JSTORE_STORAGE)
-		return snprintf(err, errlen, "a reader job takes transport storage, not %s", t), -1;
+		return derr_fail(err, errlen, -EINVAL, "a reader job takes transport storage, not %s", t);
 	if ((c->watch_mode = dts_watch_mode_parse(watch)) < 0)
-		return snprintf(err, errlen, "storage_watch \"%s\" unknown (inotify, poll)", watch), -1;
+		return derr_fail(err, errlen, -EINVAL, "storage_watch \"%s\" unknown (inotify, poll)", watch);
 	c->keyframe_every = rq->keyframe_every ? rq->keyframe_every : DEF_KEYFRAME_EVERY;
 	c->keep_versions = rq->keep_versions ? rq->keep_versions : DEF_KEEP_VERSIONS;
 	c->keep_keyframes = rq->keep_keyframes ? rq->keep_keyframes : DEF_KEEP_KEYFRAMES;
 	if (c->keyframe_every > 1000000 || c->keep_versions > 1000000 || c->keep_keyframes > 1000)
-		return snprintf(err, errlen, "keyframe_every, keep_versions or keep_keyframes out of "
-				"range"), -1;
+		return derr_fail(err, errlen, -EINVAL, "keyframe_every, keep_versions or keep_keyframes out of "
+				"range");
 	return 0;
 }
 
@@ -142,15 +154,36 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 	if (!s)
 		return 0;
 	if (s->cfg.reader && role == JROLE_SOURCE)
-		return snprintf(err, errlen, "job %s reads from storage: sources attach to the "
-				"writer's job on their own cluster", j->name), -1;
+		return derr_fail(err, errlen, -EINVAL, "job %s reads from storage: sources attach to the "
+				"writer's job on their own cluster", j->name);
 	if (!s->cfg.reader && s->cfg.transport == JSTORE_STORAGE && role == JROLE_SINK)
-		return snprintf(err, errlen, "job %s writes to storage only: sinks attach to a reader "
-				"job (storage_role reader) or the job uses transport both", j->name), -1;
+		return derr_fail(err, errlen, -EINVAL, "job %s writes to storage only: sinks attach to a reader "
+				"job (storage_role reader) or the job uses transport both", j->name);
 	return 0;
 }
 
 /* ------------------------------------------------------------ helpers */
+
+/* The storage library's codes (DTS_*, small negatives of their own) as
+ * the daemon's negative errnos (derr.h). */
+static int dts_errno(int rc)
+{
+	switch (rc) {
+	case DTS_OK:
+		return 0;
+	case DTS_EINVAL:
+	case DTS_ESPEC:
+		return -EINVAL;
+	case DTS_ENOMEM:
+		return -ENOMEM;
+	case DTS_EAGAIN:
+		return -EAGAIN;
+	case DTS_EEXIST:
+		return -EEXIST;
+	default:	/* the file system, or what it holds, is bad */
+		return -EIO;
+	}
+}
 
 static struct jhist *hist_add(struct job *j, uint64_t version)
 {
@@ -176,15 +209,17 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 {
 	struct dts_catalog cat;
 	ssize_t k = -1;
-	int rc = -1;
+	int rc;
 
-	if (dts_catalog_load(&cat, s->cfg.root, s->job->name, 0, err, errlen))
-		return -1;
+	if ((rc = dts_catalog_load(&cat, s->cfg.root, s->jname, 0, err, errlen)))
+		return dts_errno(rc);
+	rc = -EIO;
 	for (size_t i = 0; i < cat.nv; i++)
 		if (cat.v[i].version <= to && cat.v[i].keyframe && !cat.v[i].bad)
 			k = (ssize_t)i;
 	if (k < 0) {
-		snprintf(err, errlen, "no readable keyframe at or before v%llu", (unsigned long long)to);
+		rc = derr_fail(err, errlen, -ENOENT, "no readable keyframe at or before v%llu",
+			       (unsigned long long)to);
 		goto out;
 	}
 	for (size_t i = (size_t)k; i < cat.nv && cat.v[i].version <= to; i++) {
@@ -198,9 +233,13 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 				 (unsigned long long)cat.v[k].version);
 			goto out;
 		}
-		if (dts_version_load(s->cfg.root, s->job->name, cv->version,
-				     key ? DTS_PART_KEYFRAME : DTS_PART_DELTA, &s->model, &v, err, errlen))
+		if ((rc = dts_version_load(s->cfg.root, s->jname, cv->version,
+					   key ? DTS_PART_KEYFRAME : DTS_PART_DELTA, &s->model, &v, err,
+					   errlen))) {
+			rc = dts_errno(rc);
 			goto out;
+		}
+		rc = -EIO;
 		for (uint32_t t = 0; t < v->ntensors && t < s->model.ntensors; t++) {
 			const struct dts_tensor_data *td = &v->t[t];
 
@@ -215,7 +254,8 @@ static int rebuild(struct jstore *s, uint64_t to, uint16_t *flat, char *err, siz
 			rc = 0;
 	}
 	if (rc)
-		snprintf(err, errlen, "v%llu is not committed", (unsigned long long)to);
+		rc = derr_fail(err, errlen, -ENOENT, "v%llu is not committed",
+			       (unsigned long long)to);
 out:
 	dts_catalog_fini(&cat);
 	return rc;
@@ -257,7 +297,7 @@ static int collect_changes(const uint16_t *m, uint64_t total, const struct jstag
 			}
 			if (dst < 0 || (uint64_t)dst >= total) {
 				free(ch);
-				return -1;
+				return -ERANGE;
 			}
 			at = (uint64_t)dst;
 			if (m[at] == w->val[k])
@@ -268,7 +308,7 @@ static int collect_changes(const uint16_t *m, uint64_t total, const struct jstag
 
 				if (!p) {
 					free(ch);
-					return -1;
+					return -ENOMEM;
 				}
 				ch = p;
 				cap = nc;
@@ -298,8 +338,6 @@ struct wcommit {
 	size_t n;
 	unsigned flags;
 	int requested;
-	int finished;              /* commit_work returned (atomic) */
-	int orphan;                /* the store went at shutdown: only free this */
 	/* results, for the loop */
 	int rc;
 	char err[512];
@@ -358,7 +396,6 @@ out:
 	c->rc = rc;
 	free(pos);
 	free(val);
-	__atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
 }
 
 static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l);
@@ -373,13 +410,15 @@ static void commit_after(uv_work_t *req, int status)
 	struct jhist *h;
 	const char *cause;
 
-	if (c->orphan) {
+	commits--;
+	s->wc = NULL;
+	if (!(j = s->job)) {
+		/* The job went while the commit was out: the store is ours. */
 		free(c->ch);
 		free(c);
+		store_destroy(s);
 		return;
 	}
-	j = s->job;
-	s->wc = NULL;
 	s->head = dts_writer_head(s->w);
 	if (c->rc == 0) {
 		int keyframe = c->version % s->cfg.keyframe_every == 0 || c->requested ||
@@ -454,6 +493,7 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 	c->requested = dts_keyframe_take(s->cfg.root, j->name);
 	c->flags = (nobase ? DTS_BEGIN_NOBASE : 0) | (c->requested ? DTS_BEGIN_KEYFRAME : 0);
 	s->wc = c;
+	commits++;
 	if (!jeng.loop || (e = uv_queue_work(jeng.loop, &c->work, commit_work, commit_after)) < 0) {
 		if (jeng.loop)
 			DLOG_W("job %s: storage v%llu: no worker (%s); writing on the loop",
@@ -560,28 +600,29 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	struct jlocal *l = NULL;
 	uint64_t total = s->toff[s->model.ntensors], id;
 	int64_t head;
-	int fd;
+	int fd, e;
 
 	memset(&wc, 0, sizeof(wc));
 	wc.root = s->cfg.root;
 	wc.job = j->name;
 	wc.model = s->model;
 	wc.keyframe_every = s->cfg.keyframe_every;
-	if (dts_writer_open(&s->w, &wc, err, errlen))
-		return -1;
+	if ((e = dts_writer_open(&s->w, &wc, err, errlen)))
+		return dts_errno(e);
 	/* The canonical copy lives in a sealed memfd like any sink's buffer. */
 	fd = memfd_create("dted-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 2 : 2)) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-		snprintf(err, errlen, "canonical copy: %s", strerror(errno));
+		e = -errno;
+		snprintf(err, errlen, "canonical copy: %s", strerror(-e));
 		if (fd >= 0)
 			close(fd);
-		return -1;
+		return e;
 	}
 	s->owner = OWNER_BASE + ++owners;
-	if (dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16, "storage canonical",
-			     &id, err, errlen) < 0)
-		return -1;
+	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16,
+				  "storage canonical", &id, err, errlen)) < 0)
+		return e;
 	s->mirror = dbuf_get(s->owner, id);
 	head = s->head = dts_writer_head(s->w);
 	s->mirror_known = 1;
@@ -599,8 +640,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	l = jlocal_new(JROLE_SINK, 1);
 	if (!l || jsink_make_writer(l) < 0) {
 		jlocal_free(l);
-		snprintf(err, errlen, "out of memory");
-		return -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	l->bufs[0] = s->mirror;
 	dbuf_ref(s->mirror);
@@ -741,8 +781,8 @@ static void staged_drop(struct jstaged *st)
 	free(st);
 }
 
-/* Dense: tv[t] holds every value of tensor t. */
-static struct jstaged *stage_dense(const struct job *j, const struct jlocal *l, struct rsink *rs,
+/* Dense: tv[t] holds every value of tensor t.  On the read's worker. */
+static struct jstaged *stage_dense(const struct dte_spec_tensor *tens, struct rsink *rs,
 				   const uint16_t *const *tv)
 {
 	struct jstaged *st = staged_new(rs->np, rs->nslots);
@@ -752,7 +792,7 @@ static struct jstaged *stage_dense(const struct job *j, const struct jlocal *l, 
 	memset(rs->Pnew, 0, rs->nslots * sizeof(*rs->Pnew));
 	for (size_t q = 0; q < rs->np; q++) {
 		const struct dte_piece *p = &rs->lay.pieces[rs->piece[q]];
-		const struct dte_spec_tensor *t = &j->spec.t[p->tensor];
+		const struct dte_spec_tensor *t = &tens[p->tensor];
 		struct jwrite *w = &st->w[st->n++];
 		int64_t idx[DTE_MAX_DIMS] = { 0 };
 		uint64_t vol = (uint64_t)dte_piece_volume(p), k = 0;
@@ -795,9 +835,12 @@ static struct jstaged *stage_dense(const struct job *j, const struct jlocal *l, 
 	return st;
 }
 
-/* Sparse: the changed canonical elements that fall in this rank's pieces. */
-static struct jstaged *stage_sparse(const struct job *j, const struct jlocal *l, struct rsink *rs,
-				    const struct dts_version *v, char *err, size_t errlen)
+/* Sparse: the changed canonical elements that fall in this rank's pieces;
+ * the old values come from the sink's buffers (bufs, by slot: the read
+ * holds a reference on each).  On the read's worker. */
+static struct jstaged *stage_sparse(const struct dte_spec_tensor *tens, struct rsink *rs,
+				    struct dbuf *const *bufs, const struct dts_version *v,
+				    char *err, size_t errlen)
 {
 	struct jstaged *st = staged_new(rs->np, rs->nslots);
 
@@ -806,10 +849,10 @@ static struct jstaged *stage_sparse(const struct job *j, const struct jlocal *l,
 	memcpy(rs->Pnew, rs->P, rs->nslots * sizeof(*rs->Pnew));
 	for (size_t q = 0; q < rs->np; q++) {
 		const struct dte_piece *p = &rs->lay.pieces[rs->piece[q]];
-		const struct dte_spec_tensor *t = &j->spec.t[p->tensor];
+		const struct dte_spec_tensor *t = &tens[p->tensor];
 		const struct dts_tensor_data *td = p->tensor < v->ntensors ? &v->t[p->tensor] : NULL;
-		const struct dbuf *b = l->bufs[rs->slot[q]];
-		const uint16_t *cur = b->ptr;
+		const struct dbuf *b = bufs[rs->slot[q]];
+		const uint16_t *cur;
 		struct jwrite *w = &st->w[st->n++];
 		uint64_t n = 0;
 
@@ -818,6 +861,11 @@ static struct jstaged *stage_sparse(const struct job *j, const struct jlocal *l,
 		st->covered[rs->slot[q]] = 1;
 		if (!td || !td->count)
 			continue;
+		if (!b) {
+			snprintf(err, errlen, "buffer slot %zu gone", rs->slot[q]);
+			goto fail;
+		}
+		cur = b->ptr;
 		w->pos = malloc(td->count * sizeof(*w->pos));
 		w->val = malloc(td->count * sizeof(*w->val));
 		if (!w->pos || !w->val) {
@@ -880,11 +928,11 @@ static void timer_update(struct jstore *s)
 	s->timer_on = want;
 }
 
-/* Every sink that had the staged version applied it (or went away). */
+/* Every sink that had the staged version applied it (or went away): its
+ * position is recorded by the next read, on its worker (s->ack). */
 static int reader_resolve(struct jstore *s, struct job *j)
 {
 	struct jhist *h = jhist_find(j, (uint64_t)s->staging);
-	char err[256];
 
 	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
 		struct jlocal *l = job_local(j, rs->id);
@@ -907,16 +955,14 @@ static int reader_resolve(struct jstore *s, struct job *j)
 				h->ok++;
 		}
 	}
-	if (dts_reader_ack(s->r, (uint64_t)s->staging, err, sizeof(err)))
-		DLOG_W("job %s: storage: cannot record position v%lld: %s", j->name,
-		       (long long)s->staging, err);
+	s->ack = s->rpos = s->staging;
 	s->staging = -1;
 	return 1;
 }
 
 static void reader_refused(struct jstore *s, struct job *j, int rc, const char *why)
 {
-	struct jhist *h = hist_add(j, (uint64_t)(dts_reader_position(s->r) + 1));
+	struct jhist *h = hist_add(j, (uint64_t)(s->rpos + 1));
 
 	s->broken++;
 	j->refused++;
@@ -925,105 +971,276 @@ static void reader_refused(struct jstore *s, struct job *j, int rc, const char *
 	DLOG_W("job %s: storage version refused (%s): %s", j->name, dts_strerror(rc), why);
 }
 
-static void reader_tick(struct jstore *s)
+/* One look at the directory, on a worker (rread_run): recording the
+ * position every sink applied, reading the next version (manifest,
+ * chunks, zstd unpack, xxh3), rebuilding it from a keyframe for new or
+ * repaired sinks, and staging it into each sink's pieces with the
+ * predicted checksums.  Those take seconds for a large model; on the loop
+ * they would stall every client and peer.  While it runs (s->rd) the loop
+ * leaves the reader, the rsinks (layouts, P, Pnew), the tensor tables and
+ * the store alone: reader_tick only notes that it was called, sinks that
+ * come or go are seen when it is back, and a job deleted meanwhile leaves
+ * the store to the read's completion (rread_done), which frees it.  The
+ * read holds a reference on every sink buffer it reads; it comes back on
+ * the loop, which looks each sink up again by id and hands it its staged
+ * version.  Shutdown waits for it like any task (job_tasks_drain). */
+struct ritem {
+	struct rsink *rs;
+	struct dbuf **bufs;        /* [rs->nslots], each referenced (or NULL) */
+	int dense;                 /* worker: staged densely */
+	int skipped;               /* worker: dense, but no rebuild to stage from */
+	struct jstaged *st;        /* worker: the staged version, or NULL */
+	char err[256];             /* worker: why not staged */
+};
+
+struct rread {
+	struct jtask task;         /* first: the task is the read */
+	struct jstore *s;
+	int64_t ack;               /* position to record first, -1 none */
+	struct ritem *it;
+	size_t n;                  /* sinks to stage for; 0: only the ack */
+	uint64_t t0;
+	/* results, for the loop */
+	int ack_rc;
+	char ack_err[256];
+	int rc;                    /* dts_reader_next's; DTS_EAGAIN when nothing read */
+	char err[512];
+	uint64_t version, changed, stored;
+	int dense, oom, rebuild_rc;
+	char rebuild_err[512];
+};
+
+static void rread_run(struct jtask *t)
 {
-	struct job *j = s->job;
+	struct rread *r = (struct rread *)t;
+	struct jstore *s = r->s;
 	struct dts_version *v = NULL;
 	uint16_t *flat = NULL;
 	const uint16_t **tv = NULL;
-	struct jhist *h;
-	char err[512];
-	int rc, staged = 0;
+	uint32_t nt = s->model.ntensors;
 
-	if (!j)
+	r->rc = DTS_EAGAIN;
+	if (r->ack >= 0)
+		r->ack_rc = dts_reader_ack(s->r, (uint64_t)r->ack, r->ack_err, sizeof(r->ack_err));
+	if (!r->n)
 		return;
-	sync_sinks(s, j);
-	if (s->staging >= 0 && !reader_resolve(s, j))
-		goto out;
-	if (!s->sinks)
-		goto out;
-	rc = dts_reader_next(s->r, &v, err, sizeof(err));
-	if (rc == DTS_EAGAIN)
-		goto out;
-	if (rc != DTS_OK) {
-		reader_refused(s, j, rc, err);
+	/* Test builds only (job_ext.h): may hold the read here. */
+	if (job_ext.storage_read)
+		job_ext.storage_read((uint64_t)(dts_reader_position(s->r) + 1));
+	r->rc = dts_reader_next(s->r, &v, r->err, sizeof(r->err));
+	if (r->rc != DTS_OK)
+		return;
+	r->version = v->version;
+	r->changed = v->changed;
+	r->stored = v->stored;
+	r->dense = v->dense;
+	if (!(tv = calloc(nt + 1, sizeof(*tv)))) {
+		r->oom = 1;
 		goto out;
 	}
-	tv = calloc(s->model.ntensors, sizeof(*tv));
-	if (!tv)
-		goto oom;
 	if (v->dense) {
-		for (uint32_t t = 0; t < s->model.ntensors; t++)
-			tv[t] = v->t[t].val;
+		for (uint32_t k = 0; k < nt; k++)
+			tv[k] = v->t[k].val;
 	} else {
-		for (struct rsink *rs = s->sinks; rs && !flat; rs = rs->next) {
-			if (!rs->need_dense)
+		for (size_t i = 0; i < r->n && !flat; i++) {
+			if (!r->it[i].rs->need_dense)
 				continue;
-			flat = malloc(s->toff[s->model.ntensors] * sizeof(*flat) + 2);
-			if (!flat)
-				goto oom;
-			if (rebuild(s, v->version, flat, err, sizeof(err)) < 0) {
-				DLOG_W("job %s: storage: cannot rebuild v%llu for new or repaired sinks: "
-				       "%s", j->name, (unsigned long long)v->version, err);
-				free(flat);
-				flat = NULL;
-				break;
+			if (!(flat = malloc(s->toff[nt] * sizeof(*flat) + 2))) {
+				r->oom = 1;
+				goto out;
 			}
-			for (uint32_t t = 0; t < s->model.ntensors; t++)
-				tv[t] = flat + s->toff[t];
+			if ((r->rebuild_rc = rebuild(s, v->version, flat, r->rebuild_err,
+						     sizeof(r->rebuild_err))) < 0)
+				break;
+			for (uint32_t k = 0; k < nt; k++)
+				tv[k] = flat + s->toff[k];
 		}
 	}
-	h = hist_add(j, v->version);
-	h->changed = v->changed;
-	h->bytes = v->stored;
-	h->elements = s->toff[s->model.ntensors];
-	h->t_captured = uv_hrtime();
-	j->published++;
-	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
-		struct jlocal *l = job_local(j, rs->id);
-		struct jstaged *st, **pp;
-		int dense = v->dense || rs->need_dense;
+	for (size_t i = 0; i < r->n; i++) {
+		struct ritem *it = &r->it[i];
 
-		if (!l || (dense && !tv[0] && s->model.ntensors))
-			continue;	/* stays need_dense until a rebuild works */
-		st = dense ? stage_dense(j, l, rs, tv) : stage_sparse(j, l, rs, v, err, sizeof(err));
-		if (!st) {
+		it->dense = v->dense || it->rs->need_dense;
+		if (it->dense && nt && !tv[0]) {
+			it->skipped = 1;	/* stays need_dense until a rebuild works */
+			continue;
+		}
+		it->st = it->dense ? stage_dense(s->tens, it->rs, tv)
+				   : stage_sparse(s->tens, it->rs, it->bufs, v, it->err,
+						  sizeof(it->err));
+		if (!it->st && !it->err[0])
+			snprintf(it->err, sizeof(it->err), "out of memory");
+		if (it->st)
+			it->st->version = v->version;
+	}
+out:
+	free(tv);
+	free(flat);
+	dts_version_free(v);
+}
+
+static void rread_free(struct rread *r)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		struct ritem *it = &r->it[i];
+
+		for (size_t k = 0; it->bufs && k < it->rs->nslots; k++)
+			if (it->bufs[k])
+				dbuf_unref(it->bufs[k]);
+		free(it->bufs);
+		if (it->st)
+			staged_drop(it->st);
+	}
+	free(r->it);
+	free(r);
+}
+
+/* Back on the loop: hand each sink still there its staged version. */
+static void rread_done(struct jtask *t, int cancelled)
+{
+	struct rread *r = (struct rread *)t;
+	struct jstore *s = r->s;
+	struct job *j = s->job;
+	struct jhist *h;
+	int staged = 0;
+
+	s->rd = NULL;
+	if (!j) {
+		/* The job went while the read was out: the store is ours. */
+		rread_free(r);
+		store_destroy(s);
+		return;
+	}
+	if (cancelled) {
+		/* Never ran (shutdown): the position stays to record. */
+		rread_free(r);
+		return;
+	}
+	if (r->ack >= 0 && s->ack == r->ack)
+		s->ack = -1;
+	if (r->ack >= 0 && r->ack_rc)
+		DLOG_W("job %s: storage: cannot record position v%lld: %s", j->name,
+		       (long long)r->ack, r->ack_err);
+	s->rpos = dts_reader_position(s->r);
+	if (r->rc != DTS_OK) {
+		if (r->rc != DTS_EAGAIN)
+			reader_refused(s, j, r->rc, r->err);
+		goto out;
+	}
+	if (r->rebuild_rc < 0)
+		DLOG_W("job %s: storage: cannot rebuild v%llu for new or repaired sinks: %s",
+		       j->name, (unsigned long long)r->version, r->rebuild_err);
+	if (r->oom) {
+		DLOG_E("job %s: storage: out of memory", j->name);
+		goto out;
+	}
+	h = hist_add(j, r->version);
+	h->changed = r->changed;
+	h->bytes = r->stored;
+	h->elements = s->toff[s->model.ntensors];
+	h->t_captured = r->t0;
+	j->published++;
+	for (size_t i = 0; i < r->n; i++) {
+		struct ritem *it = &r->it[i];
+		struct rsink *rs = it->rs;
+		struct jlocal *l = job_local(j, rs->id);
+		struct jstaged **pp;
+
+		if (!l || it->skipped)
+			continue;	/* gone (sync_sinks frees it), or still need_dense */
+		if (!it->st) {
 			DLOG_E("job %s: sink %llx: storage v%llu not staged: %s", j->name,
-			       (unsigned long long)rs->id, (unsigned long long)v->version,
-			       dense ? "out of memory" : err);
+			       (unsigned long long)rs->id, (unsigned long long)r->version, it->err);
 			rs->need_dense = 1;
 			continue;
 		}
-		st->version = v->version;
 		for (pp = &jsink_of(l)->staged; *pp; pp = &(*pp)->next)
 			;
-		*pp = st;
-		jsink_of(l)->held = v->version;
+		*pp = it->st;
+		it->st = NULL;
+		jsink_of(l)->held = r->version;
 		rs->pending = 1;
 		rs->need_dense = 0;
 		rs->fails0 = jsink_of(l)->checksum_failures;
 		h->sinks++;
-		if (dense)
+		if (it->dense)
 			h->dense++;
 		else
 			h->sparse++;
 		staged++;
 	}
-	if (v->dense)
-		snprintf(h->note, sizeof(h->note), "keyframe v%llu", (unsigned long long)v->version);
+	if (r->dense)
+		snprintf(h->note, sizeof(h->note), "keyframe v%llu", (unsigned long long)r->version);
 	h->transfer_ms = job_ms_since(h->t_captured);
-	s->staging = (int64_t)v->version;
+	s->staging = (int64_t)r->version;
 	if (!staged)
-		reader_resolve(s, j);	/* nothing to wait for: move on */
+		s->rekick = 1;	/* nothing to wait for: move on */
 	jev_progress();
-	goto out;
-oom:
-	DLOG_E("job %s: storage: out of memory", j->name);
 out:
-	free(tv);
-	free(flat);
-	dts_version_free(v);
+	rread_free(r);
 	timer_update(s);
+	if (s->rekick) {
+		s->rekick = 0;
+		reader_tick(s);
+	}
+}
+
+/* Hand the next look at the directory to a worker. */
+static void reader_read(struct jstore *s, struct job *j)
+{
+	struct rread *r = calloc(1, sizeof(*r));
+	size_t n = 0;
+
+	for (struct rsink *rs = s->sinks; rs; rs = rs->next)
+		n++;
+	if (!r || !(r->it = calloc(n + 1, sizeof(*r->it)))) {
+		free(r);
+		DLOG_E("job %s: storage: out of memory", j->name);
+		return;
+	}
+	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
+		struct jlocal *l = job_local(j, rs->id);
+		struct ritem *it = &r->it[r->n];
+
+		if (!l)
+			continue;
+		if (!(it->bufs = calloc(rs->nslots + 1, sizeof(*it->bufs)))) {
+			rread_free(r);
+			DLOG_E("job %s: storage: out of memory", j->name);
+			return;
+		}
+		it->rs = rs;
+		r->n++;
+		for (size_t k = 0; k < rs->nslots && k < l->nbufs; k++)
+			if ((it->bufs[k] = l->bufs[k]))
+				dbuf_ref(it->bufs[k]);
+	}
+	r->s = s;
+	r->ack = s->ack;
+	r->t0 = uv_hrtime();
+	r->task.run = rread_run;
+	r->task.done = rread_done;
+	s->rd = r;
+	jtask_start(&r->task);
+}
+
+static void reader_tick(struct jstore *s)
+{
+	struct job *j = s->job;
+
+	if (!j)
+		return;
+	if (s->rd) {
+		s->rekick = 1;	/* looked at again when the read is back */
+		return;
+	}
+	sync_sinks(s, j);
+	if (s->staging >= 0 && !reader_resolve(s, j))
+		goto out;
+	if (!jeng.stopping && (s->sinks || s->ack >= 0))
+		reader_read(s, j);
+out:
+	if (s->job)
+		timer_update(s);
 }
 
 static void on_closed(uv_handle_t *h)
@@ -1053,15 +1270,14 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 	rc.job = j->name;
 	rc.name = dts_job_name_ok(node) ? node : "dted";
 	rc.model = s->model;
-	if (dts_reader_open(&s->r, &rc, err, errlen))
-		return -1;
+	if ((e = dts_reader_open(&s->r, &rc, err, errlen)))
+		return dts_errno(e);
 	s->staging = -1;
+	s->rpos = dts_reader_position(s->r);
 	if (!jeng.loop)
 		return 0;	/* unit tests without a loop: ticks never run */
-	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0) {
-		snprintf(err, errlen, "timer: %s", uv_strerror(e));
-		return -1;
-	}
+	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0)
+		return derr_fail(err, errlen, e, "timer: %s", uv_strerror(e));
 	s->timer.data = s;
 	s->handles++;
 	{
@@ -1069,10 +1285,8 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 
 		snprintf(dir, sizeof(dir), "%s/%s", s->cfg.root, j->name);
 		if ((e = dts_watch_start(&s->watch, jeng.loop, dir, s->cfg.watch_mode, WATCH_MS,
-					 on_watch, s)) < 0) {
-			snprintf(err, errlen, "watching %s: %s", dir, uv_strerror(e));
-			return -1;
-		}
+					 on_watch, s)) < 0)
+			return derr_fail(err, errlen, e, "watching %s: %s", dir, uv_strerror(e));
 		s->handles++;
 	}
 	DLOG_N("job %s: storage reader on %s/%s as \"%s\" (%s)", j->name, s->cfg.root, j->name,
@@ -1085,6 +1299,7 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen)
 {
 	struct jstore *s;
+	int rc;
 
 	if (cfg->transport == JSTORE_UCX)
 		return 0;
@@ -1094,10 +1309,20 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 		if (s)
 			free(s->toff);
 		free(s);
-		return snprintf(err, errlen, "out of memory"), -1;
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	s->cfg = *cfg;
 	s->job = j;
+	s->ack = -1;
+	snprintf(s->jname, sizeof(s->jname), "%s", j->name);
+	if (j->spec.n && !(s->tens = malloc(j->spec.n * sizeof(*s->tens)))) {
+		free(s->toff);
+		free(s->numel);
+		free(s);
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
+	}
+	if (j->spec.n)
+		memcpy(s->tens, j->spec.t, j->spec.n * sizeof(*s->tens));
 	for (uint32_t t = 0; t < j->spec.n; t++) {
 		s->numel[t] = (uint64_t)j->spec.t[t].numel;
 		s->toff[t + 1] = s->toff[t] + s->numel[t];
@@ -1107,10 +1332,10 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 	s->model.numel = s->numel;
 	s->staging = -1;
 	j->store = s;
-	if (cfg->reader ? reader_start(s, j, err, errlen) :
-	    j->is_coord ? writer_start(s, j, err, errlen) : 0) {
+	if ((rc = cfg->reader ? reader_start(s, j, err, errlen) :
+		  j->is_coord ? writer_start(s, j, err, errlen) : 0) < 0) {
 		jstore_free(j);
-		return -1;
+		return rc;
 	}
 	return 0;
 }
@@ -1121,6 +1346,15 @@ static void store_destroy(struct jstore *s)
 		dts_writer_close(s->w);
 	if (s->owner)
 		dbuf_release_owner(s->owner);
+	if (s->r && s->ack >= 0) {
+		/* Applied everywhere, and no read came to record it: here
+		 * (one small file, at the job's end). */
+		char err[256];
+
+		if (dts_reader_ack(s->r, (uint64_t)s->ack, err, sizeof(err)))
+			DLOG_W("job %s: storage: cannot record position v%lld: %s", s->jname,
+			       (long long)s->ack, err);
+	}
 	dts_reader_close(s->r);
 	while (s->sinks) {
 		struct rsink *rs = s->sinks;
@@ -1130,8 +1364,10 @@ static void store_destroy(struct jstore *s)
 	}
 	free(s->toff);
 	free(s->numel);
+	free(s->tens);
 	s->toff = NULL;
 	s->numel = NULL;
+	s->tens = NULL;
 	if (!s->handles) {
 		free(s);
 		return;
@@ -1152,29 +1388,18 @@ void jstore_free(struct job *j)
 		return;
 	j->store = NULL;
 	s->job = NULL;
-	if (s->wc) {
-		/* Not reached from job_fini, which drains every commit through
-		 * its completion first (job_task.c); kept for a job freed with a
-		 * commit in flight some other way: a commit on a worker reads
-		 * the writer, the mirror and the tensor table, so let it finish
-		 * (the version it writes was applied; its APPLIED stays unsent),
-		 * and leave its completion to free itself. */
-		struct wcommit *c = s->wc;
-
-		while (!__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE))
-			uv_sleep(1);
-		c->orphan = 1;
-		s->wc = NULL;
-	}
+	/* A read or a commit on a worker uses the reader or the writer, the
+	 * mirror and the tensor tables: its completion (rread_done,
+	 * commit_after) frees the store once it is back, on the loop.  Job
+	 * deletion does not wait for it; shutdown does (job_tasks_drain). */
+	if (s->rd || s->wc)
+		return;
 	store_destroy(s);
 }
 
 int jstore_committing(void)
 {
-	for (const struct job *j = jeng.jobs; j; j = j->next)
-		if (j->store && j->store->wc)
-			return 1;
-	return 0;
+	return commits > 0;	/* the commits of deleted jobs too */
 }
 
 void jstore_sink_staged(struct job *j, struct jlocal *l)
@@ -1194,7 +1419,7 @@ void jstore_info(const struct job *j, Dte__JobReply *rep)
 		return;
 	rep->storage_root = (char *)s->cfg.root;
 	rep->storage_role = (char *)(s->cfg.reader ? "reader" : "writer");
-	rep->storage_head = s->w ? s->head : s->r ? dts_reader_position(s->r) : -1;
+	rep->storage_head = s->w ? s->head : s->r ? s->rpos : -1;
 	rep->storage_broken = s->broken;
 	rep->storage_error = (char *)s->error;
 }

@@ -41,14 +41,15 @@ struct jstore_cfg {
 
 enum { JSTORE_UCX = 0, JSTORE_STORAGE = 1, JSTORE_BOTH = 2 };
 
-/* Parse and check the storage fields of a JobCreate; -1 with the reason. */
+/* Parse and check the storage fields of a JobCreate; -EINVAL with the reason. */
 int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *cfg, char *err,
 		 size_t errlen);
 /* Whether the job has this configuration (idempotent create). */
 int jstore_same_job(const struct job *j, const struct jstore_cfg *c);
 const char *jstore_transport_name(int transport);
 
-/* After the job is linked: open the writer or reader.  -1 with the reason. */
+/* After the job is linked: open the writer or reader.  A negative errno
+ * (derr.h) with the reason. */
 int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen);
 /* Before the job is freed (its locals are gone already). */
 void jstore_free(struct job *j);
@@ -56,7 +57,7 @@ void jstore_free(struct job *j);
 /* JSTORE_CANON_LAYOUT and jstore_canonical_layout(): daemon/job_state.h
  * (job_state.c builds every participant's layout, this one too). */
 
-/* Whether a participant of this role may attach here; -1 with the reason. */
+/* Whether a participant of this role may attach here; -EINVAL with the reason. */
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
 
 /* A version was staged for local sink l (job_sink.c raises it through

@@ -379,6 +379,7 @@ int main(int argc, char **argv)
 		goto out_job;
 	}
 	srv.conn_gone = job_conn_gone;
+	job_set_reply(dctl_reply);
 	job_set_max_staged(conf.max_staged_versions);
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(conf.verify_full_every);

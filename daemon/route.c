@@ -86,15 +86,18 @@ static void on_idle(uv_idle_t *h)
 
 int route_init(uv_loop_t *loop, const char *self_node, const char *self_address)
 {
+	int e;
+
 	memset(&rt, 0, sizeof(rt));
 	rt.loop = loop;
 	snprintf(rt.node, sizeof(rt.node), "%s", self_node ? self_node : "");
 	snprintf(rt.address, sizeof(rt.address), "%s", self_address ? self_address : "");
-	if (uv_idle_init(loop, &rt.idle) < 0)
-		return -1;
+	if ((e = uv_idle_init(loop, &rt.idle)) < 0)
+		return e;	/* libuv's errors are negative errnos */
 	if (dec && dec->init && dec->init(loop) < 0) {
+		/* A test build's decorator refused its configuration. */
 		uv_close((uv_handle_t *)&rt.idle, NULL);
-		return -1;
+		return -EINVAL;
 	}
 	rt.init = 1;
 	return 0;

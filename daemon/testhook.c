@@ -22,6 +22,7 @@ enum fault {
 	F_WRONG_VALUE,
 	F_DROP_JOIN,
 	F_DROP_PLAN,
+	F_STORAGE_READ_STALL,
 };
 
 static const struct {
@@ -37,6 +38,7 @@ static const struct {
 	{ "wrong-value", F_WRONG_VALUE },
 	{ "drop-join", F_DROP_JOIN },
 	{ "drop-plan", F_DROP_PLAN },
+	{ "storage-read-stall", F_STORAGE_READ_STALL },
 };
 
 struct held {
@@ -172,7 +174,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value drop-join drop-plan)", env);
+		       "capture-stall wrong-value drop-join drop-plan storage-read-stall)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -365,6 +367,38 @@ void testhook_capture(uint64_t version)
 	for (int i = 0; i < 6000; i++) {
 		if (release && access(release, F_OK) == 0)
 			return;
+		nanosleep(&tick, NULL);
+	}
+}
+
+/* storage-read-stall: the last version held (worker threads). */
+static uint64_t read_held;
+
+void testhook_storage_read(uint64_t version)
+{
+	const char *release = getenv("DTE_TEST_HOOK_RELEASE");
+	struct timespec tick = { 0, 10 * 1000 * 1000 };
+
+	if (th.fault != F_STORAGE_READ_STALL || !version_hit(version) ||
+	    __atomic_exchange_n(&read_held, version, __ATOMIC_RELAXED) == version)
+		return;
+	/* Worker thread: no log.  The test learns the read is held from
+	 * <release>.held.<version>, written before the wait; the release
+	 * file is taken (removed) when it lets the read go, so the next
+	 * version's read is held again. */
+	if (release) {
+		char held[4096];
+		FILE *f;
+
+		snprintf(held, sizeof(held), "%s.held.%llu", release, (unsigned long long)version);
+		if ((f = fopen(held, "w")))
+			fclose(f);
+	}
+	for (int i = 0; i < 6000; i++) {
+		if (release && access(release, F_OK) == 0) {
+			unlink(release);
+			return;
+		}
 		nanosleep(&tick, NULL);
 	}
 }

@@ -43,6 +43,13 @@
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.
+  storage-read-stall a storage reader job's first read of the version (its
+                     position plus one; on the read's worker thread) writes
+                     <DTE_TEST_HOOK_RELEASE>.held.<version>, then waits (at
+                     most 60 s) until DTE_TEST_HOOK_RELEASE exists, and
+                     removes it (with a period, the next version's read is
+                     held again): the loop must keep serving meanwhile, and
+                     a SIGTERM must wait for the read.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
  * tell it did (capture-stall, on a worker thread, does not log).  Module
@@ -83,5 +90,8 @@ int testhook_sink_value(uint64_t version);
 
 /* At the start of a capture, on the worker thread (capture-stall). */
 void testhook_capture(uint64_t version);
+/* Before a storage reader job reads `version`, on its worker thread
+ * (storage-read-stall). */
+void testhook_storage_read(uint64_t version);
 
 #endif

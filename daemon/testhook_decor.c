@@ -1,7 +1,7 @@
 /* daemon/testhook_decor.c — testhook.c's faults as decorators of the
  * production objects' extension points: the remote transport
- * (struct route_decorator, route.h), the capture and the sink's staged
- * values (struct job_ext, job_ext.h).
+ * (struct route_decorator, route.h), the capture, the sink's staged
+ * values and the storage reader's read (struct job_ext, job_ext.h).
  *
  * Linked, with testhook.c, only into the test build of the daemon
  * ($(B)/tests/dted-faults, tests/faults/faults.mk); the production dted
@@ -85,4 +85,5 @@ __attribute__((constructor)) static void testhook_install(void)
 	job_ext.capture_start = testhook_capture;
 	job_ext.sink_select = testhook_sink_value;
 	job_ext.sink_alter = alter;
+	job_ext.storage_read = testhook_storage_read;
 }

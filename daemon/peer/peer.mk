@@ -1,7 +1,7 @@
 # daemon/peer — daemon-to-daemon transport over UCX active messages, driven
 # by the libuv loop.  libdtepeer.a is linked by the daemon and every unit test.
 PEER_SRCS := daemon/peer/peer_ctx.c daemon/peer/peer_conn.c \
-             daemon/peer/peer_msg.c daemon/peer/peer_mem.c
+             daemon/peer/peer_msg.c daemon/peer/peer_mem.c daemon/peer/peer_base.c
 PEER_OBJS := $(PEER_SRCS:%.c=$(B)/obj/%.o)
 
 $(B)/lib/libdtepeer.a: $(PEER_OBJS)

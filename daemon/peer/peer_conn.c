@@ -17,63 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-dte_peer_t *dte_peer__new(dte_peer_ctx_t *ctx, const char *addr)
-{
-	dte_peer_t *peer = calloc(1, sizeof(*peer));
-
-	if (!peer)
-		return NULL;
-	peer->ctx = ctx;
-	peer->state = DTE_PEER_CONNECTING;
-	peer->refs = 1;
-	snprintf(peer->addr, sizeof(peer->addr), "%s", addr);
-	peer->next = ctx->peers;
-	ctx->peers = peer;
-	return peer;
-}
-
-dte_peer_t *dte_peer__find(dte_peer_ctx_t *ctx, ucp_ep_h ep)
-{
-	dte_peer_t *p;
-
-	for (p = ctx->peers; p; p = p->next)
-		if (p->ep == ep && ep)
-			return p;
-	return NULL;
-}
-
-void dte_peer__ref(dte_peer_t *peer)
-{
-	peer->refs++;
-}
-
-void dte_peer__unref(dte_peer_t *peer)
-{
-	dte_peer_ctx_t *ctx = peer->ctx;
-	dte_peer_t **pp;
-
-	if (--peer->refs > 0)
-		return;
-	for (pp = &ctx->peers; *pp; pp = &(*pp)->next) {
-		if (*pp == peer) {
-			*pp = peer->next;
-			break;
-		}
-	}
-	peer->next = ctx->reap;
-	ctx->reap = peer;
-}
-
-void dte_peer__fail(dte_peer_t *peer, int status, const char *reason)
-{
-	if (!peer->reason[0]) {
-		peer->down_status = status;
-		snprintf(peer->reason, sizeof(peer->reason), "%s", reason);
-	}
-	peer->state = DTE_PEER_CLOSING;
-	peer->failed = 1;
-}
-
 static void peer_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
 	dte_peer_t *peer = arg;

@@ -10,50 +10,11 @@
 #include "daemon/peer/peer_int.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DTE_PEER_MAX_RECV_DEFAULT ((size_t)1 << 30)
-
-void dte_peer__log(dte_peer_ctx_t *ctx, int level, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	if (level == LOG_DEBUG && !ctx->params.log_cb && !getenv("DTE_PEER_DEBUG"))
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (ctx->params.log_cb)
-		ctx->params.log_cb(level, msg, ctx->params.user_data);
-	else
-		fprintf(stderr, "<%d>peer: %s\n", level, msg);
-}
-
-int dte_peer__errno(ucs_status_t status)
-{
-	switch (status) {
-	case UCS_OK:                     return 0;
-	case UCS_ERR_CANCELED:           return -ECANCELED;
-	case UCS_ERR_NO_MEMORY:          return -ENOMEM;
-	case UCS_ERR_INVALID_PARAM:      return -EINVAL;
-	case UCS_ERR_UNREACHABLE:        return -EHOSTUNREACH;
-	case UCS_ERR_CONNECTION_RESET:   return -ECONNRESET;
-	case UCS_ERR_REJECTED:           return -ECONNREFUSED;
-	case UCS_ERR_NOT_CONNECTED:      return -ENOTCONN;
-	case UCS_ERR_TIMED_OUT:
-	case UCS_ERR_ENDPOINT_TIMEOUT:   return -ETIMEDOUT;
-	case UCS_ERR_BUSY:               return -EBUSY;
-	case UCS_ERR_BUFFER_TOO_SMALL:
-	case UCS_ERR_MESSAGE_TRUNCATED:  return -EMSGSIZE;
-	case UCS_ERR_UNSUPPORTED:        return -ENOTSUP;
-	case UCS_ERR_IO_ERROR:           return -EIO;
-	default:                         return -EIO;
-	}
-}
 
 static void peer_ctx_finish(dte_peer_ctx_t *ctx);
 

@@ -63,17 +63,20 @@ struct dte_peer_mem {
 	size_t          len;
 };
 
-/* peer_ctx.c */
+/* The files call downward only: peer_ctx.c -> peer_conn.c -> peer_msg.c
+ * -> peer_mem.c -> peer_base.c. */
+
+/* peer_base.c */
 void dte_peer__log(dte_peer_ctx_t *ctx, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int  dte_peer__errno(ucs_status_t status);
-
-/* peer_conn.c */
 dte_peer_t *dte_peer__new(dte_peer_ctx_t *ctx, const char *addr);
 dte_peer_t *dte_peer__find(dte_peer_ctx_t *ctx, ucp_ep_h ep);
 void dte_peer__ref(dte_peer_t *peer);
 void dte_peer__unref(dte_peer_t *peer);
 void dte_peer__fail(dte_peer_t *peer, int status, const char *reason);
+
+/* peer_conn.c */
 void dte_peer__reap(dte_peer_ctx_t *ctx);
 int  dte_peer__close_ep(dte_peer_t *peer, int force);
 ucs_status_t dte_peer__hello_cb(void *arg, const void *header,

@@ -24,11 +24,14 @@ struct cli {
 	uint64_t    total;
 };
 
+/* cli_model.c, below the subcommands: the model from --spec or --config
+ * (0, or 1 after a message), and "dte-storage: <message>" on stderr
+ * (returns 1, the failure status). */
 int cli_load_model(struct cli *c);
+int cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* cli_rw.c: the write and read subcommands (storage_cli.c dispatches). */
 int cli_write(struct cli *c);
 int cli_read(struct cli *c);
-
-/* "dte-storage: <message>" on stderr; returns 1 (the failure status). */
-int cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -6,7 +6,7 @@ STORAGE_SRCS := daemon/storage/chunk.c daemon/storage/manifest.c \
                 daemon/storage/fsutil.c daemon/storage/writer.c \
                 daemon/storage/reader.c daemon/storage/gc.c \
                 daemon/storage/watch.c daemon/storage/storage_cli.c \
-                daemon/storage/cli_rw.c
+                daemon/storage/cli_rw.c daemon/storage/cli_model.c
 STORAGE_OBJS := $(STORAGE_SRCS:%.c=$(B)/obj/%.o)
 
 $(B)/lib/libdtestorage.a: $(STORAGE_OBJS)

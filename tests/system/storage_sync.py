@@ -47,7 +47,7 @@ KEYFRAME_EVERY, KEEP, KEEP_KEYS = 10, 12, 2
 
 
 class Daemon:
-    def __init__(self, tmp, name, env=None):
+    def __init__(self, tmp, name, env=None, dted=None):
         self.name = name
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -57,7 +57,7 @@ class Daemon:
         self.logpath = os.path.join(self.dir, "dted.log")
         self.log = open(self.logpath, "a+")
         self.proc, _ = harness.start_dted(self.dir, name, self.log,
-                                          env=dict(os.environ, **(env or {})))
+                                          env=dict(os.environ, **(env or {})), dted=dted)
         self.killed = False      # SIGKILLed on purpose by the test
         self.hung = False        # did not exit on SIGTERM within 15 s
         harness.wait_socket(self.sock, 200, proc=self.proc)
@@ -218,6 +218,67 @@ def storage_ls(store):
     return json.loads(r.stdout) if r.returncode == 0 else {}
 
 
+def held_reads(c, start, w, publish_next, verify, state, tmp, store):
+    release = os.path.join(tmp, "read-release")
+    first = state["version"] + 1
+    d = start("grp-d", {"DTE_TEST_HOOK": "storage-read-stall@%d/1" % first,
+                        "DTE_TEST_HOOK_RELEASE": release}, dted=harness.DTED_FAULTS)
+    c.check(d.wait_log("test hook armed: storage-read-stall"), "group D runs the test build "
+            "with storage-read-stall@%d/1 armed" % first)
+    grp = Readers(d, store, "sink-d")
+    v = state["version"]
+    grp.catch_up(v)
+    c.check(verify(grp, v, "group D"), "group D exact at v%d" % v)
+
+    def head():
+        return int(json.loads(d.ctl("--json", "job", JOB, timeout=5).stdout or "{}")
+                   .get("storage_head", -2))
+
+    # The read of `first` is held on the worker (the hook wrote its marker
+    # and the reader's position stays before it).
+    v = publish_next(w)
+    held = until(lambda: os.path.exists(release + ".held.%d" % v), bool, timeout=20)
+    lat, heads = [], []
+    for _ in range(20):
+        t0 = time.monotonic()
+        try:
+            ok = d.ctl("status", timeout=5).returncode == 0
+            heads.append(head())
+        except subprocess.TimeoutExpired:
+            ok = False
+        lat.append((time.monotonic() - t0) * 1000 if ok else float("inf"))
+    lat.sort()
+    c.check(held and not os.path.exists(release), "the read of v%d is held on its worker" % v)
+    c.check(lat[-1] < 1000 and heads == [v - 1] * len(lat),
+            "while it is held: dtectl status + job answered %d/%d times, p50 %.0f ms, max %.0f "
+            "ms; reader head %s (want v%d)" % (sum(x != float("inf") for x in lat), len(lat),
+                                               lat[len(lat) // 2], lat[-1],
+                                               sorted(set(heads)), v - 1))
+    print("storage-read-held: status_job_p50_ms=%.1f max_ms=%.1f samples=%d" % (
+        lat[len(lat) // 2], lat[-1], len(lat)), flush=True)
+    open(release, "w").close()
+    grp.catch_up(v)
+    c.check(verify(grp, v, "group D after the held read") and
+            until(head, lambda x: x == v) == v, "released: v%d applied exact, head v%d" % (v, v))
+
+    # The next read is held too: SIGTERM then waits for it (the shutdown
+    # drain), and the daemon exits 0 once it is let go.
+    v = publish_next(w)
+    held = until(lambda: os.path.exists(release + ".held.%d" % v), bool, timeout=20)
+    grp.cli.close()
+    d.proc.send_signal(signal.SIGTERM)
+    waiting = d.wait_log("shutdown: waiting for", timeout=15)
+    alive = d.proc.poll() is None
+    open(release, "w").close()
+    try:
+        rc = d.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        rc = None
+    c.check(held and waiting and alive and rc == 0,
+            "SIGTERM with the read of v%d held: held=%s, shutdown waited for it=%s (alive=%s), "
+            "exit %s once let go" % (v, held, waiting, alive, rc))
+
+
 def main():
     c = Checks("storage-sync")
     torch.manual_seed(0)
@@ -235,8 +296,8 @@ def main():
     trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
     task = toy.ToyTask(CFG["vocab_size"])
 
-    def start(name, env=None):
-        d = Daemon(tmp, name, env)
+    def start(name, env=None, dted=None):
+        d = Daemon(tmp, name, env, dted)
         daemons.append(d)
         return d
 
@@ -434,6 +495,12 @@ def main():
         c.check(0 < bpe < 4, "bytes per changed element %.3f" % bpe)
         c.check(state["exact"] == state["versions"] and state["versions"] >= 50,
                 "every version exact (%d/%d)" % (state["exact"], state["versions"]))
+
+        # 6. A reader's heavy steps (reading, unpacking, checking and staging
+        # a version) run on a worker: with a read held there
+        # (storage-read-stall, test build only) the daemon answers dtectl at
+        # once, and a SIGTERM waits for the read to come back.
+        held_reads(c, start, w, publish_next, verify, state, tmp, store)
         w.close()
     finally:
         # Every daemon the test started: the ones it SIGKILLed on purpose

@@ -66,21 +66,21 @@ static void parse_fields(void **state)
 	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
 	assert_int_equal(c.transport, JSTORE_UCX);
 	rq = req("j", "carrier-pigeon", "/x", NULL);
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "unknown"));
 	rq = req("j", "storage", NULL, NULL);
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "storage_root"));
 	rq = req("j", "both", "relative/dir", NULL);
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	rq = req("j", "both", "/x", "reader");
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "reader"));
 	rq = req("j", "storage", "/x", "spectator");
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	rq = req("j", "storage", "/x", "reader");
 	rq.storage_watch = "telepathy";
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -1);
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	rq.storage_watch = "poll";
 	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
 	assert_true(c.reader);
@@ -132,7 +132,7 @@ static void writer_and_reader_jobs(void **state)
 	assert_string_equal(info.storage_role, "writer");
 	assert_int_equal(info.storage_head, -1);
 	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), 0);
-	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), -1);
+	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "reader"));
 	/* Same name, other storage configuration: refused. */
 	rq.keyframe_every = 3;
@@ -143,7 +143,7 @@ static void writer_and_reader_jobs(void **state)
 	j = job_find("r");
 	assert_null(j->locals);
 	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), 0);
-	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), -1);
+	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "sources"));
 	/* A root that cannot be made: the job is not created. */
 	rq = req("bad", "storage", "/proc/no/such/dir", "reader");

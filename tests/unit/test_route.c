@@ -358,7 +358,7 @@ static void test_decorator(void **state)
 	reset();
 	route_set_decorator(&decorator);
 	dc.init_rc = -1;
-	assert_int_equal(route_init(loop, "me", ""), -1);
+	assert_int_equal(route_init(loop, "me", ""), -EINVAL);
 	assert_int_equal(dc.inits, 1);
 	uv_run(loop, UV_RUN_NOWAIT);   /* the idle handle it closed */
 
