@@ -11,6 +11,9 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/bufpool.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
 DAEMON_SRCS += daemon/derr.c
+# K > 1: the published values of elements first marked since a publish
+# (daemon/side_table.h).
+DAEMON_SRCS += daemon/side_table.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).

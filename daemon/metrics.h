@@ -38,6 +38,9 @@ enum dmetric_id {
 	DM_RESYNCS,               /* counter */
 	DM_APPLY_VERIFY,          /* counter{kind}: sink checks after apply */
 	DM_PEER_LISTENER,         /* gauge: 1 while the peer listener is bound */
+	DM_MARK_TABLE_BYTES,      /* gauge: side tables of first marks held (side_table.h) */
+	DM_MARK_TABLE_PEAK,       /* gauge: the most they held since the start */
+	DM_MARK_TABLE_ELEMENTS,   /* counter{outcome}: kept, uncertain, over_cap, not_sent */
 	DM__COUNT
 };
 

@@ -1,0 +1,369 @@
+/* daemon/side_table.c — the published values of elements first marked
+ * since a publish (side_table.h says why each step is safe). */
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/side_table.h"
+#include "gpu/codec.h"
+#include "gpu/elem.h"
+
+/* Per kept element: its u32 position and u16 value. */
+#define SIDE_ELEM_BYTES (sizeof(uint32_t) + sizeof(uint16_t))
+
+static uint64_t side_cap_bytes = SIDE_CAP_DEFAULT;
+static uint64_t side_held_bytes, side_peak_bytes;
+
+void side_set_cap(uint64_t bytes)
+{
+	__atomic_store_n(&side_cap_bytes, bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t side_cap(void)
+{
+	return __atomic_load_n(&side_cap_bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t side_held(void)
+{
+	return __atomic_load_n(&side_held_bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t side_peak(void)
+{
+	return __atomic_load_n(&side_peak_bytes, __ATOMIC_RELAXED);
+}
+
+/* Charge n bytes if the cap allows it. */
+static int charge(uint64_t n)
+{
+	uint64_t cur = __atomic_load_n(&side_held_bytes, __ATOMIC_RELAXED), cap = side_cap(), pk;
+
+	do {
+		if (cur > cap || n > cap - cur)
+			return 0;
+	} while (!__atomic_compare_exchange_n(&side_held_bytes, &cur, cur + n, 1, __ATOMIC_RELAXED,
+					      __ATOMIC_RELAXED));
+	pk = __atomic_load_n(&side_peak_bytes, __ATOMIC_RELAXED);
+	while (cur + n > pk && !__atomic_compare_exchange_n(&side_peak_bytes, &pk, cur + n, 1,
+							     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	return 1;
+}
+
+static void uncharge(uint64_t n)
+{
+	__atomic_sub_fetch(&side_held_bytes, n, __ATOMIC_RELAXED);
+}
+
+/* How many of n more elements the budget can take now. */
+static size_t room(size_t n)
+{
+	uint64_t cur = side_held(), cap = side_cap(), fit;
+
+	if (cur >= cap)
+		return 0;
+	fit = (cap - cur) / SIDE_ELEM_BYTES;
+	return fit < n ? (size_t)fit : n;
+}
+
+struct side_tab *side_new(size_t n)
+{
+	uint64_t b = sizeof(struct side_tab) + (uint64_t)(n ? n : 1) * sizeof(struct side_run);
+	struct side_tab *t;
+
+	if (!charge(b))
+		return NULL;
+	if (!(t = calloc(1, sizeof(*t))) || !(t->r = calloc(n ? n : 1, sizeof(*t->r)))) {
+		free(t);
+		uncharge(b);
+		return NULL;
+	}
+	t->n = n;
+	t->bytes = b;
+	return t;
+}
+
+void side_free(struct side_tab *t)
+{
+	if (!t)
+		return;
+	for (size_t q = 0; q < t->n; q++) {
+		free(t->r[q].pos);
+		free(t->r[q].val);
+	}
+	free(t->r);
+	uncharge(t->bytes);
+	free(t);
+}
+
+size_t side_count(const struct side_tab *t)
+{
+	size_t n = 0;
+
+	for (size_t q = 0; t && q < t->n; q++)
+		n += t->r[q].n;
+	return n;
+}
+
+void side_cand_free(struct side_cand *c)
+{
+	free(c->pos);
+	free(c->val);
+	memset(c, 0, sizeof(*c));
+}
+
+static int cand_push(struct side_cand *c, uint32_t pos, uint16_t val)
+{
+	if (c->n == c->cap) {
+		size_t nc = c->cap ? 2 * c->cap : 1024;
+		uint32_t *np = realloc(c->pos, nc * sizeof(*np));
+		uint16_t *nv;
+
+		if (!np)
+			return DTC_ENOMEM;
+		c->pos = np;
+		if (!(nv = realloc(c->val, nc * sizeof(*nv))))
+			return DTC_ENOMEM;
+		c->val = nv;
+		c->cap = nc;
+	}
+	c->pos[c->n] = pos;
+	c->val[c->n++] = val;
+	return DTC_OK;
+}
+
+/* The previous BF16 of one flagged element, when the guard interval
+ * decides it (the same bound dtc_adamw_changed_u() trusts for
+ * "unchanged"): every value of [θ̂−e, θ̂+e] rounds to one BF16, which the
+ * true θ_{t-1} then has too (RNE is monotone). */
+static int prev_certain(const struct dtc_consts *k, float theta, float m, float v, uint16_t *out)
+{
+	float u = dtc_adamw_u(k, m, v), th, e;
+	uint16_t lo, hi;
+
+	if (!dtc_f32_finite(theta) || !dtc_f32_finite(u))
+		return 0;
+	th = dtc_adamw_prev(k, theta, u);
+	e = dtc_guard_bound(th, theta, u);
+	if (!dtc_f32_finite(th) || !dtc_f32_finite(e) || !dtc_f32_finite(th - e) ||
+	    !dtc_f32_finite(th + e))
+		return 0;
+	lo = dtc_bf16_rne(th - e);
+	hi = dtc_bf16_rne(th + e);
+	if (lo != hi)
+		return 0;
+	*out = lo;
+	return 1;
+}
+
+int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
+		   const struct dtc_src *s, const uint64_t *flags, uint64_t words,
+		   struct side_cand *c)
+{
+	uint64_t size = dtc_box_size(e), row = UINT64_MAX;
+	uint32_t last;
+	int64_t src_row = 0;
+	int rc;
+
+	if (!e || !k || !s || !flags || !c || !s->param || !s->exp_avg || !s->exp_avg_sq)
+		return DTC_EINVAL;
+	if ((rc = dtc_entry_check(e, s->len, UINT64_MAX)) != DTC_OK)
+		return rc;
+	/* Positions are kept as u32: a larger entry keeps the union. */
+	if (size > UINT32_MAX || words < dtc_bitmap_words(e))
+		return size > UINT32_MAX ? DTC_OK : DTC_EINVAL;
+	last = e->ndim - 1;
+	for (uint64_t w = 0; w < dtc_bitmap_words(e); w++) {
+		uint64_t bits = flags[w];
+
+		while (bits) {
+			uint64_t pos = w * 64 + (uint64_t)__builtin_ctzll(bits), r, col;
+			int64_t si;
+			uint16_t pv;
+
+			bits &= bits - 1;
+			if (pos >= size)
+				break;
+			r = pos / (uint64_t)e->extent[last];
+			col = pos % (uint64_t)e->extent[last];
+			if (r != row) {
+				uint64_t x = r;
+
+				src_row = e->src_offset;
+				for (uint32_t d = last; d-- > 0;) {
+					src_row += (int64_t)(x % (uint64_t)e->extent[d]) * e->src_stride[d];
+					x /= (uint64_t)e->extent[d];
+				}
+				row = r;
+			}
+			si = src_row + (int64_t)col * e->src_stride[last];
+			if (!prev_certain(k, s->param[si], s->exp_avg[si], s->exp_avg_sq[si], &pv)) {
+				c->uncertain++;
+				continue;
+			}
+			if ((rc = cand_push(c, (uint32_t)pos, pv)) != DTC_OK)
+				return rc;
+		}
+	}
+	return DTC_OK;
+}
+
+static int bit(const uint64_t *bm, uint32_t pos)
+{
+	return (int)((bm[pos / 64] >> (pos % 64)) & 1);
+}
+
+void side_add(struct side_tab *t, size_t q, const struct side_cand *c,
+	      const uint64_t *dirty_before, uint64_t *kept, uint64_t *left_out)
+{
+	struct side_run *r;
+	size_t add = 0, fit, i, j, w, n_old;
+	uint32_t *ap, *np;
+	uint16_t *av, *nv;
+
+	*kept = 0;
+	if (!t || q >= t->n || !c || !c->n)
+		return;
+	r = &t->r[q];
+	n_old = r->n;
+	ap = malloc(c->n * sizeof(*ap));
+	av = malloc(c->n * sizeof(*av));
+	if (!ap || !av) {
+		free(ap);
+		free(av);
+		*left_out += c->n;
+		return;
+	}
+	/* First flags (dirty bit clear) not kept yet, ascending. */
+	for (i = 0, j = 0; j < c->n; j++) {
+		if (dirty_before && bit(dirty_before, c->pos[j]))
+			continue;
+		while (i < n_old && r->pos[i] < c->pos[j])
+			i++;
+		if (i < n_old && r->pos[i] == c->pos[j])
+			continue;
+		ap[add] = c->pos[j];
+		av[add++] = c->val[j];
+	}
+	fit = room(add);
+	*left_out += add - fit;
+	if (!fit)
+		goto out;
+	if (!charge((uint64_t)fit * SIDE_ELEM_BYTES)) {
+		*left_out += fit;
+		goto out;
+	}
+	np = realloc(r->pos, (n_old + fit) * sizeof(*np));
+	if (np)
+		r->pos = np;
+	nv = np ? realloc(r->val, (n_old + fit) * sizeof(*nv)) : NULL;
+	if (nv)
+		r->val = nv;
+	if (!np || !nv) {
+		uncharge((uint64_t)fit * SIDE_ELEM_BYTES);
+		*left_out += fit;
+		goto out;
+	}
+	t->bytes += (uint64_t)fit * SIDE_ELEM_BYTES;
+	/* Merge the first `fit` additions into the run, from the back. */
+	i = n_old;
+	j = fit;
+	w = n_old + fit;
+	while (j > 0) {
+		if (i > 0 && r->pos[i - 1] > ap[j - 1]) {
+			i--;
+			w--;
+			r->pos[w] = r->pos[i];
+			r->val[w] = r->val[i];
+		} else {
+			j--;
+			w--;
+			r->pos[w] = ap[j];
+			r->val[w] = av[j];
+		}
+	}
+	r->n = n_old + fit;
+	*kept = fit;
+out:
+	free(ap);
+	free(av);
+}
+
+int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
+{
+	const struct side_run *r;
+	size_t lo = 0, hi;
+
+	if (!t || q >= t->n || pos > UINT32_MAX)
+		return 0;
+	r = &t->r[q];
+	hi = r->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (r->pos[mid] < pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < r->n && r->pos[lo] == pos) {
+		*val = r->val[lo];
+		return 1;
+	}
+	return 0;
+}
+
+int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *p,
+		size_t *len, uint64_t *count, uint64_t *dropped)
+{
+	const struct side_run *r;
+	uint64_t n = 0, *pos = NULL, kept = 0;
+	uint16_t *val = NULL;
+	uint8_t *out = NULL;
+	size_t bound, olen = 0, i = 0;
+	int rc;
+
+	if (!t || q >= t->n || !t->r[q].n || !*len)
+		return DTC_OK;
+	r = &t->r[q];
+	if ((rc = dtc_sparse_count(p, *len, box_size, &n)) != DTC_OK)
+		return rc;
+	if (!n)
+		return DTC_OK;
+	pos = malloc(n * sizeof(*pos));
+	val = malloc(n * sizeof(*val));
+	if (!pos || !val) {
+		rc = DTC_ENOMEM;
+		goto out;
+	}
+	if ((rc = dtc_sparse_decode(p, *len, box_size, pos, val, n, &n)) != DTC_OK)
+		goto out;
+	/* Both ascending: one walk. */
+	for (uint64_t x = 0; x < n; x++) {
+		while (i < r->n && r->pos[i] < pos[x])
+			i++;
+		if (i < r->n && r->pos[i] == pos[x] && r->val[i] == val[x])
+			continue;	/* the sink holds it already */
+		pos[kept] = pos[x];
+		val[kept++] = val[x];
+	}
+	if (kept == n)
+		goto out;
+	bound = dtc_sparse_bound(kept);
+	if (!(out = malloc(bound))) {
+		rc = DTC_ENOMEM;
+		goto out;
+	}
+	if ((rc = dtc_sparse_encode(pos, val, kept, box_size, out, bound, &olen)) != DTC_OK)
+		goto out;
+	if (olen > *len)
+		goto out;	/* cannot happen (fewer positions, gaps only merge); keep all */
+	memcpy(p, out, olen);
+	*len = olen;
+	*dropped += n - kept;
+	*count = kept;
+out:
+	free(pos);
+	free(val);
+	free(out);
+	return rc;
+}
