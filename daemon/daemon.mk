@@ -53,6 +53,8 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_job_persist
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
+# K > 1: the side table of first-marked elements (daemon/side_table.h).
+UNIT_TESTS   += test_side_table
 SYSTEM_TESTS += tests/system/errconv_grep.sh
 # The engine's files call only downward (docs/SYNC.md, Layers), from nm.
 SYSTEM_TESTS += tests/system/engine_layers.sh
