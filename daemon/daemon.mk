@@ -64,6 +64,9 @@ SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/sy
 # The loop answers clients while a dense 2^28-element version is applied and
 # while dtectl verify sums it; SIGTERM mid-apply drains the worker.
 SYSTEM_TESTS += tests/system/loop_latency.py
+# Publish interval K = 4 on the adamw_fixtures steps: exact, and the union's
+# false positives gone (daemon/side_table.h), capped, a wrong drop caught.
+SYSTEM_TESTS += tests/system/sync_k4.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 

@@ -689,8 +689,8 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 		 * not sent (daemon/side_table.h); the checksum is unchanged. */
 		size_t len = raw->n - at - 8;
 
-		if (side_filter(side, q, e->box, raw->p + at + 8, &len, &cnt,
-				&c->side_dropped) == DTC_OK)
+		if (side_filter(side, q, e->box, raw->p + at + 8, &len, &cnt, &c->side_dropped,
+				c->side_wrong ? &c->side_wrong : NULL) == DTC_OK)
 			raw->n = at + 8 + len;
 	}
 	if (!cnt)
@@ -911,6 +911,8 @@ int jcap_run(struct jcap *c)
 
 	if (job_ext.capture_start)
 		job_ext.capture_start(c->version);
+	if (c->kind == JCAP_PUBLISH && job_ext.capture_wrong_drop)
+		c->side_wrong = job_ext.capture_wrong_drop(c->version);
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;

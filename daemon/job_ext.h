@@ -29,6 +29,11 @@ struct job_ext {
 	 * byte of its encoding (len 1).  May alter them; the apply's
 	 * checksum is what must then catch it. */
 	void (*sink_alter)(void *bytes, size_t len);
+	/* At the start of capturing a publish of `version`, on the capture
+	 * worker (must not log): 1 to break the side tables' drop rule once
+	 * (daemon/side_table.h): one marked element that did change is not
+	 * sent either.  The sink's checksum must then catch it. */
+	int (*capture_wrong_drop)(uint64_t version);
 };
 
 /* Defined in job_state.c, all NULL. */

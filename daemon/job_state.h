@@ -390,6 +390,7 @@ struct jcap {
 	/* side tables (K > 1): first marks kept, not kept (uncertain, cap),
 	 * and positions a publish did not send since the sink holds them */
 	uint64_t side_kept, side_uncertain, side_left_out, side_dropped;
+	int side_wrong;           /* a test build's fault (job_ext.h): drops to break */
 	struct jcap *next;        /* jeng.inflight */
 };
 

@@ -313,7 +313,7 @@ int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
 }
 
 int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *p,
-		size_t *len, uint64_t *count, uint64_t *dropped)
+		size_t *len, uint64_t *count, uint64_t *dropped, int *wrong)
 {
 	const struct side_run *r;
 	uint64_t n = 0, *pos = NULL, kept = 0;
@@ -343,6 +343,10 @@ int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *
 			i++;
 		if (i < r->n && r->pos[i] == pos[x] && r->val[i] == val[x])
 			continue;	/* the sink holds it already */
+		if (wrong && *wrong > 0 && i < r->n && r->pos[i] == pos[x]) {
+			--*wrong;	/* a test build's fault: a change withheld */
+			continue;
+		}
 		pos[kept] = pos[x];
 		val[kept++] = val[x];
 	}

@@ -103,8 +103,10 @@ int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
  * positions, gpu/codec.h) every position whose value equals the value
  * kept for it in entry q.  Rewritten in place: *len, *count (positions
  * left) and *dropped are updated.  0, or a negative DTC_E* code with the
- * payload untouched. */
+ * payload untouched.  wrong is NULL but in a test build's fault
+ * (job_ext.h, capture_wrong_drop): while *wrong > 0, a kept position whose
+ * value differs is dropped too (and *wrong counted down). */
 int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *p,
-		size_t *len, uint64_t *count, uint64_t *dropped);
+		size_t *len, uint64_t *count, uint64_t *dropped, int *wrong);
 
 #endif

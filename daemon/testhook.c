@@ -22,6 +22,7 @@ enum fault {
 	F_WRONG_VALUE,
 	F_DROP_JOIN,
 	F_DROP_PLAN,
+	F_WRONG_DROP,
 };
 
 static const struct {
@@ -37,6 +38,7 @@ static const struct {
 	{ "wrong-value", F_WRONG_VALUE },
 	{ "drop-join", F_DROP_JOIN },
 	{ "drop-plan", F_DROP_PLAN },
+	{ "wrong-drop", F_WRONG_DROP },
 };
 
 struct held {
@@ -172,7 +174,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value drop-join drop-plan)", env);
+		       "capture-stall wrong-value drop-join drop-plan wrong-drop)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -351,6 +353,12 @@ int testhook_sink_value(uint64_t version)
 	DLOG_W("test hook: wrong-value: version %llu: one staged value flipped",
 	       (unsigned long long)version);
 	return 1;
+}
+
+int testhook_capture_wrong_drop(uint64_t version)
+{
+	/* Worker thread: read-only state, no log (like capture-stall). */
+	return th.fault == F_WRONG_DROP && version_hit(version);
 }
 
 void testhook_capture(uint64_t version)

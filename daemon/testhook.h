@@ -43,6 +43,12 @@
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.
+ *   wrong-drop        source, publish interval K > 1: the publish of the
+ *                     version withholds one marked element that did change
+ *                     (the side table's drop rule broken once,
+ *                     daemon/side_table.h); only the sink's checksum can
+ *                     catch it.  Like capture-stall it does not log: the
+ *                     publish counts one element fewer than changed.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
  * tell it did (capture-stall, on a worker thread, does not log).  Module
@@ -83,5 +89,9 @@ int testhook_sink_value(uint64_t version);
 
 /* At the start of a capture, on the worker thread (capture-stall). */
 void testhook_capture(uint64_t version);
+
+/* At the start of a publish's capture, on the worker thread: 1 to break
+ * the side tables' drop rule once (wrong-drop; it does not log). */
+int testhook_capture_wrong_drop(uint64_t version);
 
 #endif

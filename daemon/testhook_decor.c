@@ -85,4 +85,5 @@ __attribute__((constructor)) static void testhook_install(void)
 	job_ext.capture_start = testhook_capture;
 	job_ext.sink_select = testhook_sink_value;
 	job_ext.sink_alter = alter;
+	job_ext.capture_wrong_drop = testhook_capture_wrong_drop;
 }

@@ -80,12 +80,16 @@ def metric(sock, name):
 class Daemon:
     """One dted with [daemon] mark_table_size = cap (None: the default)."""
 
-    def __init__(self, cap, label):
+    def __init__(self, cap, label, hook=None):
         self.tmp = tempfile.mkdtemp(prefix="dte-k4-")
         self.log = open(os.path.join(self.tmp, "dted.log"), "w+")
         extra = "" if cap is None else "mark_table_size = %s\n" % cap
+        env = harness.child_env()
+        if hook:
+            env = dict(env, DTE_TEST_HOOK=hook)
         self.proc, self.sock = harness.start_dted(self.tmp, label, self.log, extra_conf=extra,
-                                                  env=harness.child_env())
+                                                  env=env,
+                                                  dted=harness.DTED_FAULTS if hook else None)
         harness.wait_socket(self.sock, proc=self.proc)
 
     def stop(self):
@@ -101,7 +105,7 @@ class Daemon:
         return rc, tail
 
 
-def run_config(d, flavour, lr, wd, seed, cfg, k, steps, job):
+def run_config(d, flavour, lr, wd, seed, cfg, k, steps, job, fault_version=0):
     """One configuration on daemon d (a job of its own): the per-version
     figures; raises AssertionError on a missed change or an inexact sink."""
     shapes = qwen3.hf_tensor_shapes(cfg)
@@ -111,7 +115,7 @@ def run_config(d, flavour, lr, wd, seed, cfg, k, steps, job):
     ok = False
     try:
         rows = _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model,
-                      list(shapes))
+                      list(shapes), fault_version)
         ok = True
         return rows
     finally:
@@ -124,7 +128,8 @@ def run_config(d, flavour, lr, wd, seed, cfg, k, steps, job):
                     raise
 
 
-def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, names):
+def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, names,
+           fault_version):
     cfg_text = json.dumps(cfg)
     rng = np.random.default_rng(seed)
     for n in names:
@@ -192,16 +197,25 @@ def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, nam
         rep = scli.apply(job, sink, got)
         want = harness.expected_sglang(hf, cfg, 1)[0]
         bad = harness.mismatches(want, sink_model.weights(0))
-        assert got == v and rep["checksum_ok"] and not bad, \
-            "version %d: staged %d, checksum_ok %s, differs: %s" % (
-                v, got, rep["checksum_ok"], ", ".join(bad[:4]))
-        cli.wait(job, v, 30000)
         row = {"version": v, "dense": info["dense"], "elements": info["elements"],
-               "sent": info["changed"]}
+               "sent": info["changed"], "checksum_ok": rep["checksum_ok"], "differs": bad}
         if prev is not None:
             row["changed"] = sum(int((want[n].view(torch.int16) !=
                                       prev[n].view(torch.int16)).sum()) for n in want)
-            assert row["sent"] >= row["changed"], \
+        if v == fault_version:
+            # A change withheld on purpose (test build, wrong-drop): the
+            # caller checks what the sink made of it.
+            try:
+                cli.wait(job, v, 30000)
+                row["wait_failed"] = False
+            except _lib.DteError:
+                row["wait_failed"] = True
+        else:
+            assert got == v and rep["checksum_ok"] and not bad, \
+                "version %d: staged %d, checksum_ok %s, differs: %s" % (
+                    v, got, rep["checksum_ok"], ", ".join(bad[:4]))
+            cli.wait(job, v, 30000)
+            assert "changed" not in row or row["sent"] >= row["changed"], \
                 "version %d: %d sent, %d changed" % (v, row["sent"], row["changed"])
         prev = {n: x.clone() for n, x in want.items()}
         del want
@@ -212,7 +226,7 @@ def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, nam
 
 
 def summarize(rows):
-    sp = [r for r in rows if r["dense"] == 0 and "changed" in r]
+    sp = [r for r in rows if r["dense"] == 0 and "changed" in r and r["checksum_ok"]]
     el = sum(r["elements"] for r in sp)
     fp = sum(r["sent"] - r["changed"] for r in sp)
     return {"versions": len(rows), "sparse": len(sp), "elements": el,
@@ -222,18 +236,24 @@ def summarize(rows):
                                        default=float("nan"))}
 
 
-def run(configs, cap, vocab, hidden, k=4, steps=20, log=print, label="k4"):
-    """Every configuration on one dted with mark_table_size = cap; returns
-    ({config: summary}, side-table metrics, model elements)."""
+def run(configs, cap, vocab, hidden, k=4, steps=20, log=print, label="k4", hook=None,
+        fault_version=0, rows_out=None):
+    """Every configuration on one dted with mark_table_size = cap (None:
+    the default; hook: DTE_TEST_HOOK for the test build); returns
+    ({config: summary}, side-table metrics, model elements).  rows_out
+    (a dict) gets every configuration's per-version rows."""
     if fx.GRADS is None:
         fx.GRADS = fx.grad_pool()
     cfg = model_config(vocab, hidden)
     elements = sum(int(np.prod(s)) for s in qwen3.hf_tensor_shapes(cfg).values())
-    d = Daemon(cap, label)
+    d = Daemon(cap, label, hook)
     out = {}
     try:
         for i, (flavour, lr, wd) in enumerate(configs):
-            rows = run_config(d, flavour, lr, wd, 1 + i, cfg, k, steps, "%s-%d" % (JOB, i))
+            rows = run_config(d, flavour, lr, wd, 1 + i, cfg, k, steps, "%s-%d" % (JOB, i),
+                              fault_version)
+            if rows_out is not None:
+                rows_out[(flavour, lr, wd)] = rows
             out[(flavour, lr, wd)] = s = summarize(rows)
             log("k4-config: table=%s %s lr=%g wd=%g versions=%d sparse=%d changed=%d sent=%d "
                 "fp_rate=%.6f" % ("off" if cap == 0 else "on", flavour, lr, wd, s["versions"],

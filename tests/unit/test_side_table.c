@@ -148,7 +148,7 @@ static void test_filter(void **state)
 	cand_of(&c, tp, tv, 4);
 	side_add(t, 0, &c, NULL, &kept, &left);
 	side_cand_free(&c);
-	assert_int_equal(side_filter(t, 0, 100000, buf, &len, &count, &dropped), DTC_OK);
+	assert_int_equal(side_filter(t, 0, 100000, buf, &len, &count, &dropped, NULL), DTC_OK);
 	assert_int_equal(count, 3);
 	assert_int_equal(dropped, 2);
 	assert_int_equal(dtc_sparse_decode(buf, len, 100000, opos, oval, 8, &n), DTC_OK);
@@ -162,7 +162,7 @@ static void test_filter(void **state)
 		uint8_t bad[4] = { 9, 0, 0, 0 };
 		size_t bl = sizeof(bad);
 
-		assert_true(side_filter(t, 0, 100000, bad, &bl, &count, &dropped) < 0);
+		assert_true(side_filter(t, 0, 100000, bad, &bl, &count, &dropped, NULL) < 0);
 		assert_int_equal(bl, sizeof(bad));
 	}
 	side_free(t);
@@ -289,7 +289,7 @@ static void interval(const struct fx_case *c, const char *fl, int wrong, uint64_
 				    &sum), DTC_OK);
 	*u_sent += count;
 	len = out.n;
-	assert_int_equal(side_filter(t, 0, c->n, out.p, &len, &count, &dropped), DTC_OK);
+	assert_int_equal(side_filter(t, 0, c->n, out.p, &len, &count, &dropped, NULL), DTC_OK);
 	*drops += dropped;
 	if (wrong && count) {
 		/* The rule broken: one sent element that did change is kept
@@ -310,7 +310,7 @@ static void interval(const struct fx_case *c, const char *fl, int wrong, uint64_
 			cand_of(&cd, &p32, &pv[j], 1);
 			side_add(w, 0, &cd, NULL, &kept, &left);
 			side_cand_free(&cd);
-			assert_int_equal(side_filter(w, 0, c->n, out.p, &len, &count, &d2), DTC_OK);
+			assert_int_equal(side_filter(w, 0, c->n, out.p, &len, &count, &d2, NULL), DTC_OK);
 			assert_int_equal(d2, 1);
 			side_free(w);
 		}
