@@ -54,14 +54,14 @@ static void uncharge(uint64_t n)
 	__atomic_sub_fetch(&side_held_bytes, n, __ATOMIC_RELAXED);
 }
 
-/* How many of n more elements the budget can take now. */
-static size_t room(size_t n)
+/* How many of n more elements of `per` bytes the budget can take now. */
+static size_t room(size_t n, uint64_t per)
 {
 	uint64_t cur = side_held(), cap = side_cap(), fit;
 
 	if (cur >= cap)
 		return 0;
-	fit = (cap - cur) / SIDE_ELEM_BYTES;
+	fit = (cap - cur) / per;
 	return fit < n ? (size_t)fit : n;
 }
 
@@ -88,6 +88,7 @@ void side_free(struct side_tab *t)
 		return;
 	for (size_t q = 0; q < t->n; q++) {
 		free(t->r[q].pos);
+		free(t->r[q].bm);
 		free(t->r[q].val);
 	}
 	free(t->r);
@@ -207,24 +208,118 @@ int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 	return DTC_OK;
 }
 
-static int bit(const uint64_t *bm, uint32_t pos)
+static int bit(const uint64_t *bm, uint64_t pos)
 {
 	return (int)((bm[pos / 64] >> (pos % 64)) & 1);
 }
 
-void side_add(struct side_tab *t, size_t q, const struct side_cand *c,
+static int run_has(const struct side_run *r, uint32_t p, size_t *hint)
+{
+	if (r->bm)
+		return p / 64 < r->words && bit(r->bm, p);
+	while (*hint < r->n && r->pos[*hint] < p)
+		++*hint;
+	return *hint < r->n && r->pos[*hint] == p;
+}
+
+/* Bytes of a run of n kept elements in either form. */
+static uint64_t sparse_bytes(size_t n)
+{
+	return (uint64_t)n * SIDE_ELEM_BYTES;
+}
+
+static uint64_t dense_bytes(uint64_t words, size_t n)
+{
+	return words * sizeof(uint64_t) + (uint64_t)n * sizeof(uint16_t);
+}
+
+/* Sparse -> dense (the bitmap charged by the caller). */
+static int run_densify(struct side_run *r, uint64_t words)
+{
+	uint64_t *bm = calloc(words ? words : 1, sizeof(*bm));
+
+	if (!bm)
+		return 0;
+	for (size_t i = 0; i < r->n; i++)
+		bm[r->pos[i] / 64] |= (uint64_t)1 << (r->pos[i] % 64);
+	free(r->pos);
+	r->pos = NULL;
+	r->bm = bm;
+	r->words = words;
+	return 1;
+}
+
+/* Merge fit additions (ascending, none kept yet) into r, from the back,
+ * r->val already grown to n + fit. */
+static void run_merge(struct side_run *r, const uint32_t *ap, const uint16_t *av, size_t fit)
+{
+	size_t j = fit, w = r->n + fit;
+
+	if (!r->bm) {
+		size_t i = r->n;
+
+		while (j > 0) {
+			if (i > 0 && r->pos[i - 1] > ap[j - 1]) {
+				i--;
+				w--;
+				r->pos[w] = r->pos[i];
+				r->val[w] = r->val[i];
+			} else {
+				j--;
+				w--;
+				r->pos[w] = ap[j];
+				r->val[w] = av[j];
+			}
+		}
+	} else {
+		/* old positions from the bitmap, descending; values move up */
+		size_t i = r->n;
+		uint64_t x = r->words;
+		uint64_t bits = 0;
+		int64_t cur = -1;	/* current old position, -1: none left */
+
+		while (j > 0) {
+			while (cur < 0 && i > 0) {
+				if (!bits) {
+					if (!x)
+						break;
+					bits = r->bm[--x];
+					continue;
+				}
+				cur = (int64_t)(x * 64 + 63 - (uint64_t)__builtin_clzll(bits));
+				bits &= ~((uint64_t)1 << (cur % 64));
+			}
+			if (cur >= 0 && (uint64_t)cur > ap[j - 1]) {
+				i--;
+				w--;
+				r->val[w] = r->val[i];
+				cur = -1;
+			} else {
+				j--;
+				w--;
+				r->val[w] = av[j];
+			}
+		}
+		for (size_t k = 0; k < fit; k++)
+			r->bm[ap[k] / 64] |= (uint64_t)1 << (ap[k] % 64);
+	}
+	r->n += fit;
+}
+
+void side_add(struct side_tab *t, size_t q, uint64_t box_size, const struct side_cand *c,
 	      const uint64_t *dirty_before, uint64_t *kept, uint64_t *left_out)
 {
 	struct side_run *r;
-	size_t add = 0, fit, i, j, w, n_old;
-	uint32_t *ap, *np;
+	size_t add = 0, fit, j, hint = 0;
+	uint64_t words = (box_size + 63) / 64, conv = 0, per;
+	uint32_t *ap, *np = NULL;
 	uint16_t *av, *nv;
+	int densify;
 
 	*kept = 0;
 	if (!t || q >= t->n || !c || !c->n)
 		return;
 	r = &t->r[q];
-	n_old = r->n;
 	ap = malloc(c->n * sizeof(*ap));
 	av = malloc(c->n * sizeof(*av));
 	if (!ap || !av) {
@@ -234,58 +329,74 @@ void side_add(struct side_tab *t, size_t q, const struct side_cand *c,
 		return;
 	}
 	/* First flags (dirty bit clear) not kept yet, ascending. */
-	for (i = 0, j = 0; j < c->n; j++) {
-		if (dirty_before && bit(dirty_before, c->pos[j]))
+	for (j = 0; j < c->n; j++) {
+		if (c->pos[j] >= box_size || (dirty_before && bit(dirty_before, c->pos[j])))
 			continue;
-		while (i < n_old && r->pos[i] < c->pos[j])
-			i++;
-		if (i < n_old && r->pos[i] == c->pos[j])
+		if (run_has(r, c->pos[j], &hint))
 			continue;
 		ap[add] = c->pos[j];
 		av[add++] = c->val[j];
 	}
-	fit = room(add);
+	if (!add)
+		goto out;
+	/* The cheaper form for what the run would hold. */
+	densify = !r->bm && dense_bytes(words, r->n + add) < sparse_bytes(r->n + add);
+	if (densify) {
+		uint64_t db = dense_bytes(words, r->n), sb = sparse_bytes(r->n);
+
+		conv = db > sb ? db - sb : 0;
+		if (conv && !charge(conv))
+			densify = 0, conv = 0;	/* no room for the bitmap: stay sparse */
+		else if (!run_densify(r, words)) {
+			uncharge(conv);
+			densify = 0, conv = 0;
+		} else {
+			/* a bitmap smaller than the positions it replaces */
+			if (sb > db)
+				uncharge(sb - db);
+			t->bytes = t->bytes + db - sb;
+		}
+	}
+	per = r->bm ? sizeof(uint16_t) : SIDE_ELEM_BYTES;
+	fit = room(add, per);
 	*left_out += add - fit;
 	if (!fit)
 		goto out;
-	if (!charge((uint64_t)fit * SIDE_ELEM_BYTES)) {
+	if (!charge((uint64_t)fit * per)) {
 		*left_out += fit;
 		goto out;
 	}
-	np = realloc(r->pos, (n_old + fit) * sizeof(*np));
-	if (np)
-		r->pos = np;
-	nv = np ? realloc(r->val, (n_old + fit) * sizeof(*nv)) : NULL;
+	if (!r->bm) {
+		np = realloc(r->pos, (r->n + fit) * sizeof(*np));
+		if (np)
+			r->pos = np;
+	}
+	nv = (r->bm || np) ? realloc(r->val, (r->n + fit) * sizeof(*nv)) : NULL;
 	if (nv)
 		r->val = nv;
-	if (!np || !nv) {
-		uncharge((uint64_t)fit * SIDE_ELEM_BYTES);
+	if (!nv) {
+		uncharge((uint64_t)fit * per);
 		*left_out += fit;
 		goto out;
 	}
-	t->bytes += (uint64_t)fit * SIDE_ELEM_BYTES;
-	/* Merge the first `fit` additions into the run, from the back. */
-	i = n_old;
-	j = fit;
-	w = n_old + fit;
-	while (j > 0) {
-		if (i > 0 && r->pos[i - 1] > ap[j - 1]) {
-			i--;
-			w--;
-			r->pos[w] = r->pos[i];
-			r->val[w] = r->val[i];
-		} else {
-			j--;
-			w--;
-			r->pos[w] = ap[j];
-			r->val[w] = av[j];
-		}
-	}
-	r->n = n_old + fit;
+	t->bytes += (uint64_t)fit * per;
+	run_merge(r, ap, av, fit);
 	*kept = fit;
 out:
 	free(ap);
 	free(av);
+}
+
+/* Rank of position p in a dense run: kept positions below it. */
+static size_t dense_rank(const struct side_run *r, uint64_t p)
+{
+	size_t k = 0;
+
+	for (uint64_t x = 0; x < p / 64; x++)
+		k += (size_t)__builtin_popcountll(r->bm[x]);
+	if (p % 64)
+		k += (size_t)__builtin_popcountll(r->bm[p / 64] & (((uint64_t)1 << (p % 64)) - 1));
+	return k;
 }
 
 int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
@@ -296,6 +407,12 @@ int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
 	if (!t || q >= t->n || pos > UINT32_MAX)
 		return 0;
 	r = &t->r[q];
+	if (r->bm) {
+		if (pos / 64 >= r->words || !bit(r->bm, pos))
+			return 0;
+		*val = r->val[dense_rank(r, pos)];
+		return 1;
+	}
 	hi = r->n;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -337,13 +454,27 @@ int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *
 	}
 	if ((rc = dtc_sparse_decode(p, *len, box_size, pos, val, n, &n)) != DTC_OK)
 		goto out;
-	/* Both ascending: one walk. */
-	for (uint64_t x = 0; x < n; x++) {
-		while (i < r->n && r->pos[i] < pos[x])
-			i++;
-		if (i < r->n && r->pos[i] == pos[x] && r->val[i] == val[x])
+	/* Both ascending: one walk (dense: a running rank). */
+	for (uint64_t x = 0, wx = 0, rank = 0; x < n; x++) {
+		int has;
+
+		if (r->bm) {
+			uint64_t at = pos[x];
+
+			for (; wx < at / 64 && wx < r->words; wx++)
+				rank += (uint64_t)__builtin_popcountll(r->bm[wx]);
+			has = at / 64 < r->words && bit(r->bm, at);
+			i = (size_t)rank + (at % 64 && at / 64 < r->words ?
+				(size_t)__builtin_popcountll(r->bm[at / 64] &
+							     (((uint64_t)1 << (at % 64)) - 1)) : 0);
+		} else {
+			while (i < r->n && r->pos[i] < pos[x])
+				i++;
+			has = i < r->n && r->pos[i] == pos[x];
+		}
+		if (has && r->val[i] == val[x])
 			continue;	/* the sink holds it already */
-		if (wrong && *wrong > 0 && i < r->n && r->pos[i] == pos[x]) {
+		if (has && wrong && *wrong > 0) {
 			--*wrong;	/* a test build's fault: a change withheld */
 			continue;
 		}

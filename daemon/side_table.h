@@ -24,8 +24,9 @@
  * expected content, so a wrongly dropped element would fail the sink's
  * check and be repaired densely.
  *
- * Memory: 6 bytes per kept element (u32 position, u16 value), charged to
- * one daemon-wide budget (dted.conf [daemon] mark_table_size; 0 turns the
+ * Memory: 6 bytes per kept element (u32 position, u16 value), or a bitmap
+ * over the entry and 2 bytes per kept element where that is less (at most
+ * 1/8 + 2 bytes per element of the entry), charged to one daemon-wide budget (dted.conf [daemon] mark_table_size; 0 turns the
  * tables off).  A table lives from the first mark after a publish to the
  * publish that consumes it, like the dirty bitmap it goes with.
  *
@@ -42,9 +43,14 @@
 
 #define SIDE_CAP_DEFAULT ((uint64_t)256 << 20)
 
-/* One entry's kept values, positions ascending. */
+/* One entry's kept values, positions ascending: sparse, u32 positions
+ * and u16 values (6 bytes each), or, once that would cost more (more than
+ * one kept element in 32 of the box), dense: a bitmap over the box and the
+ * values in position order (box/8 + 2 bytes each). */
 struct side_run {
-	uint32_t *pos;
+	uint32_t *pos;             /* sparse; NULL when dense */
+	uint64_t *bm;              /* dense: bit p set = position p kept */
+	uint64_t words;            /* of bm */
 	uint16_t *val;
 	size_t n;
 };
@@ -89,11 +95,12 @@ int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 void side_cand_free(struct side_cand *c);
 
 /* Keep the candidates whose bit in dirty_before is clear (first flagged
- * since the publish) in entry q of t.  Positions already kept keep their
- * value.  As many as the budget allows are kept (ascending positions),
- * the rest counted in *left_out; a failed allocation keeps none of this
- * call's.  *kept gets how many were added. */
-void side_add(struct side_tab *t, size_t q, const struct side_cand *c,
+ * since the publish) in entry q of t, whose box has box_size positions
+ * (every candidate below it).  Positions already kept keep their value.
+ * As many as the budget allows are kept (ascending positions), the rest
+ * counted in *left_out; a failed allocation keeps none of this call's.
+ * *kept gets how many were added. */
+void side_add(struct side_tab *t, size_t q, uint64_t box_size, const struct side_cand *c,
 	      const uint64_t *dirty_before, uint64_t *kept, uint64_t *left_out);
 
 /* The kept value at position pos of entry q: 1 (in *val) or 0. */

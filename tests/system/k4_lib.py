@@ -237,11 +237,12 @@ def summarize(rows):
 
 
 def run(configs, cap, vocab, hidden, k=4, steps=20, log=print, label="k4", hook=None,
-        fault_version=0, rows_out=None):
+        fault_version=0, rows_out=None, seed=1):
     """Every configuration on one dted with mark_table_size = cap (None:
     the default; hook: DTE_TEST_HOOK for the test build); returns
     ({config: summary}, side-table metrics, model elements).  rows_out
-    (a dict) gets every configuration's per-version rows."""
+    (a dict) gets every configuration's per-version rows.  Configuration i
+    draws its weights and gradients from seed + i."""
     if fx.GRADS is None:
         fx.GRADS = fx.grad_pool()
     cfg = model_config(vocab, hidden)
@@ -250,7 +251,7 @@ def run(configs, cap, vocab, hidden, k=4, steps=20, log=print, label="k4", hook=
     out = {}
     try:
         for i, (flavour, lr, wd) in enumerate(configs):
-            rows = run_config(d, flavour, lr, wd, 1 + i, cfg, k, steps, "%s-%d" % (JOB, i),
+            rows = run_config(d, flavour, lr, wd, seed + i, cfg, k, steps, "%s-%d" % (JOB, i),
                               fault_version)
             if rows_out is not None:
                 rows_out[(flavour, lr, wd)] = rows
