@@ -234,11 +234,8 @@ static int scan_side(struct jcap *c, const struct det_ref *refs, const struct de
 			continue;
 		if (!p->side && cand.n)
 			p->side = side_new(p->n);	/* NULL at the cap: the union */
-		if (p->side)
-			side_add(p->side, refs[m].entry, p->e[refs[m].entry].box, &cand, dst,
-				 &kept, &c->side_left_out);
-		else
-			c->side_left_out += cand.n;
+		side_add(p->side, refs[m].entry, p->e[refs[m].entry].box, &cand, dst, &kept,
+			 &c->side_left_out);
 		c->side_kept += kept;
 		for (uint64_t x = 0; x < words; x++)
 			dst[x] |= (*tmp)[x];

@@ -317,8 +317,16 @@ void side_add(struct side_tab *t, size_t q, uint64_t box_size, const struct side
 	int densify;
 
 	*kept = 0;
-	if (!t || q >= t->n || !c || !c->n)
+	if (!c || !c->n)
 		return;
+	if (!t || q >= t->n) {
+		/* no table (cap reached when it was to be made): the first
+		 * flags among them are what the cap left out */
+		for (j = 0; j < c->n; j++)
+			*left_out += c->pos[j] < box_size &&
+				     !(dirty_before && bit(dirty_before, c->pos[j]));
+		return;
+	}
 	r = &t->r[q];
 	ap = malloc(c->n * sizeof(*ap));
 	av = malloc(c->n * sizeof(*av));

@@ -99,7 +99,8 @@ void side_cand_free(struct side_cand *c);
  * (every candidate below it).  Positions already kept keep their value.
  * As many as the budget allows are kept (ascending positions), the rest
  * counted in *left_out; a failed allocation keeps none of this call's.
- * *kept gets how many were added. */
+ * *kept gets how many were added.  t NULL (no table could be made): only
+ * *left_out counts the first flags. */
 void side_add(struct side_tab *t, size_t q, uint64_t box_size, const struct side_cand *c,
 	      const uint64_t *dirty_before, uint64_t *kept, uint64_t *left_out);
 

@@ -112,6 +112,15 @@ static void test_cap(void **state)
 	assert_int_equal(kept, 0);
 	assert_int_equal(left, 60);
 	assert_null(side_new(1000));
+	/* no table at all: the first flags are counted as left out */
+	{
+		uint64_t dirty[5] = { 1 };	/* position 0 was marked before */
+
+		left = 0;
+		side_add(NULL, 0, 1 << 20, &c, dirty, &kept, &left);
+		assert_int_equal(kept, 0);
+		assert_int_equal(left, 99);
+	}
 	assert_true(side_peak() >= side_held());
 	side_cand_free(&c);
 	side_free(t);
