@@ -206,8 +206,9 @@ static int scan_side(struct jcap *c, const struct det_ref *refs, const struct de
 		     const struct jentry *e, const struct dtc_src *s, uint64_t **tmp,
 		     size_t *tmp_words)
 {
-	uint64_t words = dtc_bitmap_words(&e->map), cnt;
+	uint64_t words = dtc_bitmap_words(&e->map), cnt, *skip = NULL, *and = NULL;
 	struct side_cand cand = { 0 };
+	size_t with = 0;
 	int r;
 
 	if (words > *tmp_words) {
@@ -220,7 +221,29 @@ static int scan_side(struct jcap *c, const struct det_ref *refs, const struct de
 	r = jdev_scan(&e->map, &c->k[e->group], s, *tmp, words, DTC_SCAN_SET, &cnt);
 	if (r != DTC_OK)
 		return r;
-	if (side_prev_scan(&e->map, &c->k[e->group], s, *tmp, words, &cand) != DTC_OK) {
+	/* Only first flags matter: bits every member holds already are
+	 * skipped (one member: its own dirty bitmap). */
+	for (size_t m = d->first; m < d->first + d->members; m++) {
+		const struct jcap_pair *p = &c->p[refs[m].pair];
+		uint64_t *dst = p->dirty ? p->dirty[refs[m].entry] : NULL;
+
+		if (!dst)
+			continue;
+		if (!with++) {
+			skip = dst;
+			continue;
+		}
+		if (!skip)
+			break;		/* no memory for the AND: none skipped */
+		if (!and && (and = malloc(words * sizeof(*and))))
+			memcpy(and, skip, words * sizeof(*and));
+		for (uint64_t x = 0; and && x < words; x++)
+			and[x] &= dst[x];
+		skip = and;
+	}
+	r = side_prev_scan(&e->map, &c->k[e->group], s, *tmp, skip, words, &cand);
+	free(and);
+	if (r != DTC_OK) {
 		/* no candidates (out of memory): the union, as without tables */
 		c->side_left_out += cand.n;
 		side_cand_free(&cand);

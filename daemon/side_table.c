@@ -112,26 +112,6 @@ void side_cand_free(struct side_cand *c)
 	memset(c, 0, sizeof(*c));
 }
 
-static int cand_push(struct side_cand *c, uint32_t pos, uint16_t val)
-{
-	if (c->n == c->cap) {
-		size_t nc = c->cap ? 2 * c->cap : 1024;
-		uint32_t *np = realloc(c->pos, nc * sizeof(*np));
-		uint16_t *nv;
-
-		if (!np)
-			return DTC_ENOMEM;
-		c->pos = np;
-		if (!(nv = realloc(c->val, nc * sizeof(*nv))))
-			return DTC_ENOMEM;
-		c->val = nv;
-		c->cap = nc;
-	}
-	c->pos[c->n] = pos;
-	c->val[c->n++] = val;
-	return DTC_OK;
-}
-
 /* The previous BF16 of one flagged element, when the guard interval
  * decides it (the same bound dtc_adamw_changed_u() trusts for
  * "unchanged"): every value of [θ̂−e, θ̂+e] rounds to one BF16, which the
@@ -157,12 +137,12 @@ static int prev_certain(const struct dtc_consts *k, float theta, float m, float 
 }
 
 int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
-		   const struct dtc_src *s, const uint64_t *flags, uint64_t words,
-		   struct side_cand *c)
+		   const struct dtc_src *s, const uint64_t *flags, const uint64_t *skip,
+		   uint64_t words, struct side_cand *c)
 {
-	uint64_t size = dtc_box_size(e), row = UINT64_MAX;
+	uint64_t size = dtc_box_size(e), row_lo = 1, row_hi = 0, ext, bw, want = 0;
 	uint32_t last;
-	int64_t src_row = 0;
+	int64_t src_row = 0, stride;
 	int rc;
 
 	if (!e || !k || !s || !flags || !c || !s->param || !s->exp_avg || !s->exp_avg_sq)
@@ -170,39 +150,60 @@ int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 	if ((rc = dtc_entry_check(e, s->len, UINT64_MAX)) != DTC_OK)
 		return rc;
 	/* Positions are kept as u32: a larger entry keeps the union. */
-	if (size > UINT32_MAX || words < dtc_bitmap_words(e))
-		return size > UINT32_MAX ? DTC_OK : DTC_EINVAL;
+	if (size > UINT32_MAX)
+		return DTC_OK;
+	bw = dtc_bitmap_words(e);
+	if (words < bw)
+		return DTC_EINVAL;
+	/* One allocation of the exact size: the bits to look at. */
+	for (uint64_t w = 0; w < bw; w++)
+		want += (uint64_t)__builtin_popcountll(flags[w] & (skip ? ~skip[w] : ~(uint64_t)0));
+	if (c->n + want > c->cap) {
+		size_t nc = c->n + want;
+		uint32_t *np = realloc(c->pos, (nc ? nc : 1) * sizeof(*np));
+		uint16_t *nv;
+
+		if (!np)
+			return DTC_ENOMEM;
+		c->pos = np;
+		if (!(nv = realloc(c->val, (nc ? nc : 1) * sizeof(*nv))))
+			return DTC_ENOMEM;
+		c->val = nv;
+		c->cap = nc;
+	}
 	last = e->ndim - 1;
-	for (uint64_t w = 0; w < dtc_bitmap_words(e); w++) {
-		uint64_t bits = flags[w];
+	ext = (uint64_t)e->extent[last];
+	stride = e->src_stride[last];
+	for (uint64_t w = 0; w < bw; w++) {
+		uint64_t bits = flags[w] & (skip ? ~skip[w] : ~(uint64_t)0);
 
 		while (bits) {
-			uint64_t pos = w * 64 + (uint64_t)__builtin_ctzll(bits), r, col;
+			uint64_t pos = w * 64 + (uint64_t)__builtin_ctzll(bits);
 			int64_t si;
 			uint16_t pv;
 
 			bits &= bits - 1;
 			if (pos >= size)
 				break;
-			r = pos / (uint64_t)e->extent[last];
-			col = pos % (uint64_t)e->extent[last];
-			if (r != row) {
-				uint64_t x = r;
+			/* Positions ascend: a division only when the row changes. */
+			if (pos < row_lo || pos >= row_hi) {
+				uint64_t x = pos / ext;
 
+				row_lo = x * ext;
+				row_hi = row_lo + ext;
 				src_row = e->src_offset;
 				for (uint32_t d = last; d-- > 0;) {
 					src_row += (int64_t)(x % (uint64_t)e->extent[d]) * e->src_stride[d];
 					x /= (uint64_t)e->extent[d];
 				}
-				row = r;
 			}
-			si = src_row + (int64_t)col * e->src_stride[last];
+			si = src_row + (int64_t)(pos - row_lo) * stride;
 			if (!prev_certain(k, s->param[si], s->exp_avg[si], s->exp_avg_sq[si], &pv)) {
 				c->uncertain++;
 				continue;
 			}
-			if ((rc = cand_push(c, (uint32_t)pos, pv)) != DTC_OK)
-				return rc;
+			c->pos[c->n] = (uint32_t)pos;
+			c->val[c->n++] = pv;
 		}
 	}
 	return DTC_OK;

@@ -85,13 +85,14 @@ void side_free(struct side_tab *t);
 /* Kept elements of the table, all entries. */
 size_t side_count(const struct side_tab *t);
 
-/* For every set bit of flags (a scan's changed set over e's box): the
- * BF16 of the reconstructed θ_{t-1} where the guard interval decides it
+/* For every set bit of flags (a scan's changed set over e's box) not set
+ * in skip (NULL: none; e.g. the dirty bitmap: not a first flag): the BF16
+ * of the reconstructed θ_{t-1} where the guard interval decides it
  * (appended to c, ascending).  0, or a negative DTC_E* code (bad entry,
  * no memory: c is then unchanged but may have grown). */
 int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
-		   const struct dtc_src *s, const uint64_t *flags, uint64_t words,
-		   struct side_cand *c);
+		   const struct dtc_src *s, const uint64_t *flags, const uint64_t *skip,
+		   uint64_t words, struct side_cand *c);
 void side_cand_free(struct side_cand *c);
 
 /* Keep the candidates whose bit in dirty_before is clear (first flagged

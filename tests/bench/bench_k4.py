@@ -11,7 +11,9 @@ off ([daemon] mark_table_size = 0: the union of the marks is sent) and on
 (the default cap).  The false-positive rate is (elements sent whose BF16 did
 not change since the version before) / elements, over the sparse versions;
 table bytes per element is the most the daemon's tables held
-(dted_mark_table_peak_bytes) over the model's elements.  Prints one line per
+(dted_mark_table_peak_bytes) over the model's elements; mark_time_ratio and
+publish_time_ratio: the marks' and publishes' round trips (client clock,
+sparse intervals) with the tables over without, same run.  Prints one line per
 configuration and
 
     bench k4 fp_rate=R table_bytes_per_element=B fp_rate_mean=R union_fp_rate=R
@@ -52,6 +54,7 @@ def run(log=print):
             s = out[cfg]
             row[tag] = {"fp_rate": s["fp_rate"], "fp": s["fp"], "elements": s["elements"],
                         "sent": s["sent"], "changed": s["changed"],
+                        "mark_s": s["mark_s"], "publish_s": s["publish_s"],
                         "peak_bytes": m.get("peak_bytes", 0.0), "kept": m.get("kept", 0.0),
                         "uncertain": m.get("uncertain", 0.0), "over_cap": m.get("over_cap", 0.0)}
             row["model_elements"] = elements
@@ -76,13 +79,19 @@ def line(res):
     per_lr = {}
     for c in cs:
         per_lr[c["lr"]] = max(per_lr.get(c["lr"], 0.0), c["table_bytes_per_element"])
+    def secs(tag, what):
+        return sum(c[tag][what] for c in cs)
+
     return ("bench k4 fp_rate=%.2e table_bytes_per_element=%.3f fp_rate_mean=%.2e "
-            "union_fp_rate=%.2e union_fp_rate_mean=%.2e %s configs=%d elements=%d" % (
+            "union_fp_rate=%.2e union_fp_rate_mean=%.2e %s mark_time_ratio=%.2f "
+            "publish_time_ratio=%.2f configs=%d elements=%d" % (
                 max(c["table"]["fp_rate"] for c in cs),
                 max(c["table_bytes_per_element"] for c in cs), mean("table"),
                 max(c["union"]["fp_rate"] for c in cs), mean("union"),
                 " ".join("table_bytes_per_element_lr%g=%.3f" % (lr, b)
                          for lr, b in sorted(per_lr.items())),
+                secs("table", "mark_s") / secs("union", "mark_s"),
+                secs("table", "publish_s") / secs("union", "publish_s"),
                 len(cs), res["model_elements"]))
 
 

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import harness  # sets ROOT and B, puts client/python on sys.path
 
@@ -177,6 +178,7 @@ def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, nam
                "weight_decay": wd, "variant": "fused" if flavour == "fused" else "torch"}] * 2
     prev = None
     rows = []
+    mark_s = 0.0
     for t in range(1, steps + 1):
         for i, p in enumerate(params):
             off = int(rng.integers(0, fx.POOL - p.numel()))
@@ -189,16 +191,22 @@ def _train(d, flavour, lr, wd, seed, cfg, k, steps, job, arenas, sink_model, nam
         if flavour != "fused":
             opt.step()
         if t % k:
+            t0 = time.perf_counter()
             cli.mark(job, src, t, groups)
+            mark_s += time.perf_counter() - t0
             continue
         v = t // k
+        t0 = time.perf_counter()
         info = cli.publish(job, src, v, t, groups)
+        publish_s = time.perf_counter() - t0
         got = scli.wait_staged(job, sink, 60000)
         rep = scli.apply(job, sink, got)
         want = harness.expected_sglang(hf, cfg, 1)[0]
         bad = harness.mismatches(want, sink_model.weights(0))
         row = {"version": v, "dense": info["dense"], "elements": info["elements"],
-               "sent": info["changed"], "checksum_ok": rep["checksum_ok"], "differs": bad}
+               "sent": info["changed"], "checksum_ok": rep["checksum_ok"], "differs": bad,
+               "mark_s": mark_s, "publish_s": publish_s}
+        mark_s = 0.0
         if prev is not None:
             row["changed"] = sum(int((want[n].view(torch.int16) !=
                                       prev[n].view(torch.int16)).sum()) for n in want)
@@ -230,6 +238,7 @@ def summarize(rows):
     el = sum(r["elements"] for r in sp)
     fp = sum(r["sent"] - r["changed"] for r in sp)
     return {"versions": len(rows), "sparse": len(sp), "elements": el,
+            "mark_s": sum(r["mark_s"] for r in sp), "publish_s": sum(r["publish_s"] for r in sp),
             "changed": sum(r["changed"] for r in sp), "sent": sum(r["sent"] for r in sp),
             "fp": fp, "fp_rate": fp / el if el else float("nan"),
             "max_version_fp_rate": max(((r["sent"] - r["changed"]) / r["elements"] for r in sp),

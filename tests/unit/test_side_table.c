@@ -287,7 +287,7 @@ static void test_prev_is_torch(void **state)
 				consts_of(c, c->s[s].step, &k);
 				assert_int_equal(dtc_scan(dtc_backend_cpu(), &box, &k, &src, bm, words,
 							  DTC_SCAN_SET, &cnt), DTC_OK);
-				assert_int_equal(side_prev_scan(&box, &k, &src, bm, words, &cd), DTC_OK);
+				assert_int_equal(side_prev_scan(&box, &k, &src, bm, NULL, words, &cd), DTC_OK);
 				assert_int_equal(cd.n + cd.uncertain, cnt);
 				for (size_t j = 0; j < cd.n; j++)
 					if (cd.val[j] != prevbf[cd.pos[j]])
@@ -356,7 +356,7 @@ static void interval(const struct fx_case *c, const char *fl, int wrong, uint64_
 		consts_of(c, c->s[s].step, &k);
 		assert_int_equal(dtc_scan(dtc_backend_cpu(), &box, &k, &ms, tmp, words, DTC_SCAN_SET,
 					  &cnt), DTC_OK);
-		assert_int_equal(side_prev_scan(&box, &k, &ms, tmp, words, &cd), DTC_OK);
+		assert_int_equal(side_prev_scan(&box, &k, &ms, tmp, dirty, words, &cd), DTC_OK);
 		side_add(t, 0, c->n, &cd, dirty, &kept, &left);
 		side_cand_free(&cd);
 		for (uint64_t x = 0; x < words; x++)
