@@ -438,76 +438,188 @@ int side_lookup(const struct side_tab *t, size_t q, uint64_t pos, uint16_t *val)
 	return 0;
 }
 
+/* The sparse payload's gap codes (gpu/codec.h): gap = pos - prev - 1,
+ * 0xxxxxxx (< 128), 10xxxxxx yyyyyyyy (128 + x·256 + y, < 16512), or
+ * 0xC0 and a LEB128 varint (larger).  Read with every bound checked. */
+#define GAP1_MAX 128u
+#define GAP2_MAX (128u + 16384u)
+#define GAP_ESCAPE 0xC0u
+
+static int gap_get(const uint8_t **q, const uint8_t *end, uint64_t *gap)
+{
+	uint8_t b;
+
+	if (*q >= end)
+		return DTC_ETRUNC;
+	b = *(*q)++;
+	if (b < 0x80) {
+		*gap = b;
+		return DTC_OK;
+	}
+	if (b < GAP_ESCAPE) {
+		if (*q >= end)
+			return DTC_ETRUNC;
+		*gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *(*q)++;
+		return DTC_OK;
+	}
+	if (b == GAP_ESCAPE)
+		return dtc_varint_get(q, end, gap);
+	return DTC_ECORRUPT;
+}
+
+/* Writes gap's code at o (NULL: only its length). */
+static size_t gap_put(uint8_t *o, uint64_t gap)
+{
+	uint8_t tmp[DTC_VARINT_MAX];
+
+	if (gap < GAP1_MAX) {
+		if (o)
+			o[0] = (uint8_t)gap;
+		return 1;
+	}
+	if (gap < GAP2_MAX) {
+		if (o) {
+			o[0] = (uint8_t)(0x80 | ((gap - GAP1_MAX) >> 8));
+			o[1] = (uint8_t)(gap - GAP1_MAX);
+		}
+		return 2;
+	}
+	if (o) {
+		o[0] = GAP_ESCAPE;
+		return 1 + dtc_varint_put(o + 1, gap);
+	}
+	return 1 + dtc_varint_put(tmp, gap);
+}
+
+/* Walks a run alongside ascending positions: is pos kept, with which value. */
+struct run_cursor {
+	const struct side_run *r;
+	size_t i;                 /* sparse: index; dense: rank of word wx */
+	uint64_t wx;
+};
+
+static int cursor_at(struct run_cursor *c, uint64_t pos, uint16_t *val)
+{
+	const struct side_run *r = c->r;
+
+	if (r->bm) {
+		uint64_t w = pos / 64;
+
+		if (w >= r->words)
+			return 0;
+		for (; c->wx < w; c->wx++)
+			c->i += (size_t)__builtin_popcountll(r->bm[c->wx]);
+		if (!bit(r->bm, pos))
+			return 0;
+		*val = r->val[c->i + (size_t)__builtin_popcountll(r->bm[w] &
+								   (((uint64_t)1 << (pos % 64)) - 1))];
+		return 1;
+	}
+	while (c->i < r->n && r->pos[c->i] < pos)
+		c->i++;
+	if (c->i < r->n && r->pos[c->i] == pos) {
+		*val = r->val[c->i];
+		return 1;
+	}
+	return 0;
+}
+
+/* Two passes over the payload, in place.  The first only reads: which
+ * positions go, and the size of what is left (never more than what was
+ * there: each dropped element frees its 2 value bytes and its own code,
+ * and merging its gap into the next code adds at most one byte; checked
+ * anyway, the payload is left as it was otherwise).  The second writes
+ * the kept values down inside the values (never ahead of what it reads)
+ * and the new gap codes to a scratch of their exact size, then puts the
+ * count, the codes and the values in place. */
 int side_filter(const struct side_tab *t, size_t q, uint64_t box_size, uint8_t *p,
 		size_t *len, uint64_t *count, uint64_t *dropped, int *wrong)
 {
-	const struct side_run *r;
-	uint64_t n = 0, *pos = NULL, kept = 0;
-	uint16_t *val = NULL;
-	uint8_t *out = NULL;
-	size_t bound, olen = 0, i = 0;
-	int rc;
+	const uint8_t *end = p + *len, *g;
+	uint8_t *vin, *codes = NULL, hdr[DTC_VARINT_MAX];
+	uint64_t n = 0, kept = 0, next, last, gap;
+	size_t codes_len = 0, hlen = 0, olen = 0;
+	int rc, pass, wr = 0;
 
 	if (!t || q >= t->n || !t->r[q].n || !*len)
 		return DTC_OK;
-	r = &t->r[q];
 	if ((rc = dtc_sparse_count(p, *len, box_size, &n)) != DTC_OK)
 		return rc;
 	if (!n)
 		return DTC_OK;
-	pos = malloc(n * sizeof(*pos));
-	val = malloc(n * sizeof(*val));
-	if (!pos || !val) {
-		rc = DTC_ENOMEM;
-		goto out;
-	}
-	if ((rc = dtc_sparse_decode(p, *len, box_size, pos, val, n, &n)) != DTC_OK)
-		goto out;
-	/* Both ascending: one walk (dense: a running rank). */
-	for (uint64_t x = 0, wx = 0, rank = 0; x < n; x++) {
-		int has;
+	g = p;
+	if ((rc = dtc_varint_get(&g, end, &n)) != DTC_OK)
+		return rc;
+	if ((size_t)(end - g) / 2 < n)
+		return DTC_ETRUNC;
+	vin = p + *len - 2 * n;
+	for (pass = 0; pass < 2; pass++) {
+		struct run_cursor cur = { &t->r[q], 0, 0 };
+		const uint8_t *r = g;
+		size_t o = 0;
 
-		if (r->bm) {
-			uint64_t at = pos[x];
+		wr = wrong ? *wrong : 0;
+		kept = 0;
+		next = last = 0;
+		for (uint64_t j = 0; j < n; j++) {
+			uint16_t v, kv;
+			uint64_t pos;
 
-			for (; wx < at / 64 && wx < r->words; wx++)
-				rank += (uint64_t)__builtin_popcountll(r->bm[wx]);
-			has = at / 64 < r->words && bit(r->bm, at);
-			i = (size_t)rank + (at % 64 && at / 64 < r->words ?
-				(size_t)__builtin_popcountll(r->bm[at / 64] &
-							     (((uint64_t)1 << (at % 64)) - 1)) : 0);
-		} else {
-			while (i < r->n && r->pos[i] < pos[x])
-				i++;
-			has = i < r->n && r->pos[i] == pos[x];
+			if ((rc = gap_get(&r, vin, &gap)) != DTC_OK)
+				goto fail;
+			pos = next + gap;
+			if (pos < next || pos >= box_size) {
+				rc = DTC_ECORRUPT;
+				goto fail;
+			}
+			next = pos + 1;
+			v = (uint16_t)(vin[2 * j] | vin[2 * j + 1] << 8);
+			if (cursor_at(&cur, pos, &kv)) {
+				if (kv == v)
+					continue;	/* the sink holds it already */
+				if (wr > 0) {
+					wr--;	/* a test build's fault: a change withheld */
+					continue;
+				}
+			}
+			if (pass) {
+				o += gap_put(codes + o, pos - last);
+				vin[2 * kept] = (uint8_t)v;
+				vin[2 * kept + 1] = (uint8_t)(v >> 8);
+			} else {
+				o += gap_put(NULL, pos - last);
+			}
+			last = pos + 1;
+			kept++;
 		}
-		if (has && r->val[i] == val[x])
-			continue;	/* the sink holds it already */
-		if (has && wrong && *wrong > 0) {
-			--*wrong;	/* a test build's fault: a change withheld */
-			continue;
+		if (r != vin) {
+			rc = DTC_ECORRUPT;	/* codes and values do not meet */
+			goto fail;
 		}
-		pos[kept] = pos[x];
-		val[kept++] = val[x];
+		if (kept == n)
+			return DTC_OK;		/* (first pass: nothing written) */
+		if (!pass) {
+			codes_len = o;
+			hlen = dtc_varint_put(hdr, kept);
+			olen = hlen + codes_len + 2 * kept;
+			if (olen > *len)
+				return DTC_OK;	/* see above: cannot happen; all is sent */
+			if (!(codes = malloc(codes_len ? codes_len : 1)))
+				return DTC_ENOMEM;
+		}
 	}
-	if (kept == n)
-		goto out;
-	bound = dtc_sparse_bound(kept);
-	if (!(out = malloc(bound))) {
-		rc = DTC_ENOMEM;
-		goto out;
-	}
-	if ((rc = dtc_sparse_encode(pos, val, kept, box_size, out, bound, &olen)) != DTC_OK)
-		goto out;
-	if (olen > *len)
-		goto out;	/* cannot happen (fewer positions, gaps only merge); keep all */
-	memcpy(p, out, olen);
+	memmove(p + hlen + codes_len, vin, 2 * kept);
+	memcpy(p + hlen, codes, codes_len);
+	memcpy(p, hdr, hlen);
+	free(codes);
 	*len = olen;
 	*dropped += n - kept;
 	*count = kept;
-out:
-	free(pos);
-	free(val);
-	free(out);
+	if (wrong)
+		*wrong = wr;
+	return DTC_OK;
+fail:
+	/* only ever in the first pass (the second reads what it read) */
+	free(codes);
 	return rc;
 }

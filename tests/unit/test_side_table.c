@@ -243,6 +243,89 @@ static void test_dense_run(void **state)
 	assert_int_equal(side_held(), 0);
 }
 
+/* The filter against its definition (decode, drop the positions whose
+ * value equals the kept one, encode) on random payloads: gaps of every
+ * code length, so merged gaps change length, and both forms of table. */
+static void test_filter_random(void **state)
+{
+	uint64_t seed = 12345;
+	unsigned forms[2] = { 0, 0 };
+
+	side_set_cap(1 << 24);
+	for (int trial = 0; trial < 200; trial++) {
+		/* small gaps in a small box (the table goes dense), mixed gaps
+		 * in large boxes (sparse) */
+		uint64_t box = trial % 3 == 0 ? 8192 : trial % 3 == 1 ? 1u << 22 : 1u << 18;
+		uint64_t n = 0, p = 0;
+		uint64_t *pos = malloc(sizeof(*pos) * 4096), *wpos = malloc(sizeof(*wpos) * 4096);
+		uint16_t *val = malloc(sizeof(*val) * 4096), *wval = malloc(sizeof(*wval) * 4096);
+		uint64_t *opos = malloc(sizeof(*opos) * 4096), on = 0, wn = 0;
+		uint16_t *oval = malloc(sizeof(*oval) * 4096);
+		uint32_t *tp = malloc(sizeof(*tp) * 4096);
+		uint16_t *tv = malloc(sizeof(*tv) * 4096);
+		size_t cap = dtc_sparse_bound(4096), len = 0, tn = 0;
+		uint8_t *buf = malloc(cap);
+		uint64_t count, dropped = 0, kept = 0, left = 0;
+		struct side_tab *t = side_new(1);
+		struct side_cand c;
+
+		for (;;) {
+			uint64_t r;
+
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			r = seed >> 33;
+			/* gaps of 0..127, ..16511, and larger */
+			if (trial % 3 == 0)
+				p += r % 8;
+			else
+				p += r % 100 < 90 ? r % 128 : r % 100 < 98 ? r % 16512 : r % 70000;
+			if (p >= box || n == 4096)
+				break;
+			pos[n] = p;
+			val[n] = (uint16_t)(r >> 7);
+			if ((r >> 20) % 2) {	/* kept: at its value or not */
+				tp[tn] = (uint32_t)p;
+				tv[tn++] = (r >> 21) % 2 ? val[n] : (uint16_t)(val[n] ^ 4);
+			}
+			n++;
+			p++;
+		}
+		assert_int_equal(dtc_sparse_encode(pos, val, n, box, buf, cap, &len), DTC_OK);
+		cand_of(&c, tp, tv, tn);
+		side_add(t, 0, box, &c, NULL, &kept, &left);
+		side_cand_free(&c);
+		for (uint64_t i = 0; i < n; i++) {
+			uint16_t v;
+
+			if (side_lookup(t, 0, pos[i], &v) && v == val[i])
+				continue;
+			wpos[wn] = pos[i];
+			wval[wn++] = val[i];
+		}
+		forms[t->r[0].bm != NULL]++;
+		count = n;
+		assert_int_equal(side_filter(t, 0, box, buf, &len, &count, &dropped, NULL), DTC_OK);
+		assert_int_equal(count, wn);
+		assert_int_equal(dropped, n - wn);
+		assert_int_equal(dtc_sparse_decode(buf, len, box, opos, oval, 4096, &on), DTC_OK);
+		assert_int_equal(on, wn);
+		assert_memory_equal(opos, wpos, wn * sizeof(*opos));
+		assert_memory_equal(oval, wval, wn * sizeof(*oval));
+		side_free(t);
+		free(pos);
+		free(val);
+		free(wpos);
+		free(wval);
+		free(opos);
+		free(oval);
+		free(tp);
+		free(tv);
+		free(buf);
+	}
+	assert_true(forms[0] > 50 && forms[1] > 50);	/* sparse and dense tables */
+	assert_int_equal(side_held(), 0);
+}
+
 static const char *const flavours[] = {
 	"torch2.13-single", "torch2.13-foreach", "torch2.13-fused", "torch1.13-single",
 	"te-order", "te-fma",
@@ -477,6 +560,7 @@ int main(void)
 		cmocka_unit_test(test_cap),
 		cmocka_unit_test(test_filter),
 		cmocka_unit_test(test_dense_run),
+		cmocka_unit_test(test_filter_random),
 		cmocka_unit_test(test_prev_is_torch),
 		cmocka_unit_test(test_interval_exact),
 		cmocka_unit_test(test_wrong_drop_caught),
