@@ -108,19 +108,23 @@ def write_section(w, res):
       "*union*: `mark_table_size = 0`, every marked element is sent; *table*: the default "
       "cap, marked elements back at the published value are not sent (daemon/side_table.h). "
       "Table memory: the most the daemon's tables held, per model element (6 bytes per kept "
-      "element). Worst configuration per learning rate; the run took %.0f s."
+      "element, at most 1/8 + 2 per element of a tensor). Worst configuration per learning "
+      "rate; times: the marks' and publishes' round trips on the client's clock, all "
+      "configurations of that rate (a shared 2-core VM: noisy). The run took %.0f s."
       % (res["model_elements"], res["elapsed_s"]))
     w("")
     w("| lr | changed per version | union false positives | table false positives | "
-      "table bytes / element |")
-    w("|---|---|---|---|---|")
+      "table bytes / element | marks' time, table / union | publishes' time, table / union |")
+    w("|---|---|---|---|---|---|---|")
     for lr in sorted({c["lr"] for c in cs}):
         g = [c for c in cs if c["lr"] == lr]
         ch = max(c["table"]["changed"] / c["table"]["elements"] for c in g)
-        w("| %g | %.2f %% | %.2e | %.2e | %.3f |" % (
+        w("| %g | %.2f %% | %.2e | %.2e | %.3f | %.2f | %.2f |" % (
             lr, 100 * ch, max(c["union"]["fp_rate"] for c in g),
             max(c["table"]["fp_rate"] for c in g),
-            max(c["table_bytes_per_element"] for c in g)))
+            max(c["table_bytes_per_element"] for c in g),
+            sum(c["table"]["mark_s"] for c in g) / sum(c["union"]["mark_s"] for c in g),
+            sum(c["table"]["publish_s"] for c in g) / sum(c["union"]["publish_s"] for c in g)))
     w("")
     w("Target: at most %g of the elements. `%s`" % (res["target"], line(res)))
     w("")
