@@ -136,13 +136,40 @@ static int prev_certain(const struct dtc_consts *k, float theta, float m, float 
 	return 1;
 }
 
+/* Source index of box positions visited in ascending order: a division
+ * only when the row changes. */
+struct src_rows {
+	const struct dte_box_map *e;
+	uint64_t ext, lo, hi;     /* the current row's positions [lo, hi) */
+	int64_t src_row;
+};
+
+#define SIDE_PREFETCH 8
+
+static int64_t src_of(struct src_rows *r, uint64_t pos, int64_t stride)
+{
+	if (pos < r->lo || pos >= r->hi) {
+		const struct dte_box_map *e = r->e;
+		uint64_t x = pos / r->ext;
+
+		r->lo = x * r->ext;
+		r->hi = r->lo + r->ext;
+		r->src_row = e->src_offset;
+		for (uint32_t d = e->ndim - 1; d-- > 0;) {
+			r->src_row += (int64_t)(x % (uint64_t)e->extent[d]) * e->src_stride[d];
+			x /= (uint64_t)e->extent[d];
+		}
+	}
+	return r->src_row + (int64_t)(pos - r->lo) * stride;
+}
+
 int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 		   const struct dtc_src *s, const uint64_t *flags, const uint64_t *skip,
 		   uint64_t words, struct side_cand *c)
 {
-	uint64_t size = dtc_box_size(e), row_lo = 1, row_hi = 0, ext, bw, want = 0;
+	uint64_t size = dtc_box_size(e), ext, bw, want = 0;
 	uint32_t last;
-	int64_t src_row = 0, stride;
+	int64_t stride;
 	int rc;
 
 	if (!e || !k || !s || !flags || !c || !s->param || !s->exp_avg || !s->exp_avg_sq)
@@ -174,35 +201,42 @@ int side_prev_scan(const struct dte_box_map *e, const struct dtc_consts *k,
 	last = e->ndim - 1;
 	ext = (uint64_t)e->extent[last];
 	stride = e->src_stride[last];
-	for (uint64_t w = 0; w < bw; w++) {
-		uint64_t bits = flags[w] & (skip ? ~skip[w] : ~(uint64_t)0);
+	/* The positions first (from the bitmap alone), then θ, m, v at each:
+	 * scattered reads the scan's stream no longer has in cache, so each
+	 * is prefetched a few positions ahead. */
+	{
+		size_t first = c->n, np = 0;
+		struct src_rows ahead = { e, ext, 1, 0, 0 }, here = { e, ext, 1, 0, 0 };
 
-		while (bits) {
-			uint64_t pos = w * 64 + (uint64_t)__builtin_ctzll(bits);
-			int64_t si;
+		for (uint64_t w = 0; w < bw; w++) {
+			uint64_t bits = flags[w] & (skip ? ~skip[w] : ~(uint64_t)0);
+
+			while (bits) {
+				uint64_t pos = w * 64 + (uint64_t)__builtin_ctzll(bits);
+
+				bits &= bits - 1;
+				if (pos >= size)
+					break;
+				c->pos[first + np++] = (uint32_t)pos;
+			}
+		}
+		for (size_t i = 0; i < np; i++) {
+			uint64_t pos = c->pos[first + i];
+			int64_t si = src_of(&here, pos, stride);
 			uint16_t pv;
 
-			bits &= bits - 1;
-			if (pos >= size)
-				break;
-			/* Positions ascend: a division only when the row changes. */
-			if (pos < row_lo || pos >= row_hi) {
-				uint64_t x = pos / ext;
+			if (i + SIDE_PREFETCH < np) {
+				int64_t sa = src_of(&ahead, c->pos[first + i + SIDE_PREFETCH], stride);
 
-				row_lo = x * ext;
-				row_hi = row_lo + ext;
-				src_row = e->src_offset;
-				for (uint32_t d = last; d-- > 0;) {
-					src_row += (int64_t)(x % (uint64_t)e->extent[d]) * e->src_stride[d];
-					x /= (uint64_t)e->extent[d];
-				}
+				__builtin_prefetch(&s->param[sa]);
+				__builtin_prefetch(&s->exp_avg[sa]);
+				__builtin_prefetch(&s->exp_avg_sq[sa]);
 			}
-			si = src_row + (int64_t)(pos - row_lo) * stride;
 			if (!prev_certain(k, s->param[si], s->exp_avg[si], s->exp_avg_sq[si], &pv)) {
 				c->uncertain++;
 				continue;
 			}
-			c->pos[c->n] = (uint32_t)pos;
+			c->pos[c->n] = (uint32_t)pos;	/* c->n <= first + i: behind the reads */
 			c->val[c->n++] = pv;
 		}
 	}
