@@ -34,6 +34,7 @@ static const struct {
 	[DCONF_K_VERIFY_FULL_EVERY] = { "daemon", "verify_full_every" },
 	[DCONF_K_PEER_PART_SIZE] = { "peer", "part_size" },
 	[DCONF_K_JOB_STATE_DIR] = { "daemon", "job_state_dir" },
+	[DCONF_K_MARK_TABLE_SIZE] = { "daemon", "mark_table_size" },
 };
 
 struct parse_ctx {
@@ -50,6 +51,7 @@ void dconf_defaults(struct dconf *c)
 	c->max_clients = 1024;
 	c->max_staged_versions = 8;
 	c->verify_full_every = 16;
+	c->mark_table_bytes = DCONF_DEFAULT_MARK_TABLE;
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
@@ -224,6 +226,12 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 		if (!parse_u64(v, 1, 1u << 20, 0, &x))
 			return bad_value(p, key, v, "1..1048576");
 		c->verify_full_every = (uint32_t)x;
+		return 1;
+	}
+	if (strcmp(key, "mark_table_size") == 0) {
+		if (!parse_u64(v, 0, DCONF_MAX_MARK_TABLE, 1, &x))
+			return bad_value(p, key, v, "bytes in 0..1T, K/M/G suffix allowed (0 = off)");
+		c->mark_table_bytes = x;
 		return 1;
 	}
 	if (strcmp(key, "allow_uids") == 0)
@@ -480,6 +488,9 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 		break;
 	case DCONF_K_PEER_PART_SIZE:
 		snprintf(val, vlen, "%llu", (unsigned long long)c->peer_part_bytes);
+		break;
+	case DCONF_K_MARK_TABLE_SIZE:
+		snprintf(val, vlen, "%llu", (unsigned long long)c->mark_table_bytes);
 		break;
 	case DCONF_K__COUNT:
 		return -1;

@@ -24,6 +24,9 @@
 /* Payload part size (a source sends a pair's payload in parts of about
  * this many bytes while it still detects). */
 #define DCONF_DEFAULT_PART   (4ull << 20)
+/* mark_table_size: the side tables' budget (daemon/side_table.h). */
+#define DCONF_DEFAULT_MARK_TABLE (256ull << 20)
+#define DCONF_MAX_MARK_TABLE (1ull << 40)
 #define DCONF_MIN_PART       (64ull << 10)
 #define DCONF_MAX_PART       (1ull << 30)
 /* metrics_listen = on: loopback only, this port. */
@@ -44,7 +47,7 @@ enum dconf_key {
 	DCONF_K_COMPUTE_BACKEND, DCONF_K_NODE_NAME, DCONF_K_METRICS_LISTEN,
 	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
 	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS, DCONF_K_VERIFY_FULL_EVERY,
-	DCONF_K_PEER_PART_SIZE, DCONF_K_JOB_STATE_DIR,
+	DCONF_K_PEER_PART_SIZE, DCONF_K_JOB_STATE_DIR, DCONF_K_MARK_TABLE_SIZE,
 	DCONF_K__COUNT
 };
 
@@ -68,6 +71,9 @@ struct dconf {
 	uint32_t max_staged_versions;
 	/* A sink's full checksum pass every N applies (job_sink.c). */
 	uint32_t verify_full_every;
+	/* K > 1: bytes all sources' side tables of first-marked elements may
+	 * hold (daemon/side_table.h); 0 = off (the union of marks is sent). */
+	uint64_t mark_table_bytes;
 	/* Where a daemon keeps the jobs created on it, so a restart gets them
 	 * back (daemon/job_persist.c); "" = not kept (default). */
 	char     job_state_dir[PATH_MAX];

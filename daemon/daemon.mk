@@ -13,6 +13,9 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
 DAEMON_SRCS += daemon/derr.c
 # The reply a control handler builds, below dispatch.c (no call loop).
 DAEMON_SRCS += daemon/dreply.c
+# K > 1: the published values of elements first marked since a publish
+# (daemon/side_table.h).
+DAEMON_SRCS += daemon/side_table.c
 # Daemon-to-daemon routing over UCX and `dtectl peers` (route_ucx.h).
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
@@ -52,6 +55,8 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_job_persist
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
+# K > 1: the side table of first-marked elements (daemon/side_table.h).
+UNIT_TESTS   += test_side_table
 SYSTEM_TESTS += tests/system/errconv_grep.sh
 # The engine's files call only downward (docs/SYNC.md, Layers), from nm.
 SYSTEM_TESTS += tests/system/engine_layers.sh
@@ -64,6 +69,9 @@ SYSTEM_TESTS += tests/system/apply_on_arrival.py
 # The loop answers clients while a dense 2^28-element version is applied and
 # while dtectl verify sums it; SIGTERM mid-apply drains the worker.
 SYSTEM_TESTS += tests/system/loop_latency.py
+# Publish interval K = 4 on the adamw_fixtures steps: exact, and the union's
+# false positives gone (daemon/side_table.h), capped, a wrong drop caught.
+SYSTEM_TESTS += tests/system/sync_k4.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 

@@ -32,6 +32,8 @@
 #include "daemon/job_cuda.h"
 #include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
+#include "daemon/metrics.h"
+#include "daemon/side_table.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -195,6 +197,76 @@ static int entry_host(const struct jcap *c, const struct jentry *e)
 	return p && m && v && !p->cuda && !m->cuda && !v->cuda;
 }
 
+/* A mark of host sources with side tables on (daemon/side_table.h): this
+ * step's changed set into tmp, the certain previous values of its
+ * elements, and for every member pair the ones its dirty bitmap did not
+ * hold yet (first flagged since the publish: their previous value is the
+ * published one) kept in its table, before the set is ORed in. */
+static int scan_side(struct jcap *c, const struct det_ref *refs, const struct det *d,
+		     const struct jentry *e, const struct dtc_src *s, uint64_t **tmp,
+		     size_t *tmp_words)
+{
+	uint64_t words = dtc_bitmap_words(&e->map), cnt, *skip = NULL, *and = NULL;
+	struct side_cand cand = { 0 };
+	size_t with = 0;
+	int r;
+
+	if (words > *tmp_words) {
+		free(*tmp);
+		*tmp_words = 0;
+		if (!(*tmp = malloc(words * sizeof(**tmp))))
+			return DTC_ENOMEM;
+		*tmp_words = words;
+	}
+	r = jdev_scan(&e->map, &c->k[e->group], s, *tmp, words, DTC_SCAN_SET, &cnt);
+	if (r != DTC_OK)
+		return r;
+	/* Only first flags matter: bits every member holds already are
+	 * skipped (one member: its own dirty bitmap). */
+	for (size_t m = d->first; m < d->first + d->members; m++) {
+		const struct jcap_pair *p = &c->p[refs[m].pair];
+		uint64_t *dst = p->dirty ? p->dirty[refs[m].entry] : NULL;
+
+		if (!dst)
+			continue;
+		if (!with++) {
+			skip = dst;
+			continue;
+		}
+		if (!skip)
+			break;		/* no memory for the AND: none skipped */
+		if (!and && (and = malloc(words * sizeof(*and))))
+			memcpy(and, skip, words * sizeof(*and));
+		for (uint64_t x = 0; and && x < words; x++)
+			and[x] &= dst[x];
+		skip = and;
+	}
+	r = side_prev_scan(&e->map, &c->k[e->group], s, *tmp, skip, words, &cand);
+	free(and);
+	if (r != DTC_OK) {
+		/* no candidates (out of memory): the union, as without tables */
+		c->side_left_out += cand.n;
+		side_cand_free(&cand);
+	}
+	c->side_uncertain += cand.uncertain;
+	for (size_t m = d->first; m < d->first + d->members; m++) {
+		struct jcap_pair *p = &c->p[refs[m].pair];
+		uint64_t *dst = p->dirty ? p->dirty[refs[m].entry] : NULL, kept = 0;
+
+		if (!dst)
+			continue;
+		if (!p->side && cand.n)
+			p->side = side_new(p->n);	/* NULL at the cap: the union */
+		side_add(p->side, refs[m].entry, p->e[refs[m].entry].box, &cand, dst, &kept,
+			 &c->side_left_out);
+		c->side_kept += kept;
+		for (uint64_t x = 0; x < words; x++)
+			dst[x] |= (*tmp)[x];
+	}
+	side_cand_free(&cand);
+	return DTC_OK;
+}
+
 /* Pass 1 of a mark (and of a publish of device sources): this step's
  * changed set, once per detection, ORed into every member pair's dirty
  * bitmap (pairs without one are captured dense). */
@@ -249,7 +321,13 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				CAPFAIL("source buffers missing");
 				goto out;
 			}
-			if (members == 1) {
+			if (c->kind == JCAP_MARK && side_cap() && entry_host(c, e)) {
+				r = scan_side(c, refs, &dets[g], e, &s, &tmp, &tmp_words);
+				if (r == DTC_ENOMEM) {
+					CAPFAIL("out of memory");
+					goto out;
+				}
+			} else if (members == 1) {
 				r = jdev_scan(&e->map, &c->k[e->group], &s, one, words, DTC_SCAN_OR,
 					     &cnt);
 			} else {
@@ -597,7 +675,7 @@ static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct j
  * another destination map then needs its own checksum pass over θ. */
 static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
 			const struct dtc_src *s, const uint64_t *mark, uint64_t *count,
-			uint64_t *sum)
+			uint64_t *sum, const struct side_tab *side, size_t q)
 {
 	struct dtc_bytes *raw = &c->p[pi].raw;
 	uint64_t words = dtc_bitmap_words(&e->map), cnt = 0;
@@ -627,6 +705,15 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 	}
 	c->scans++;
 	c->scan_elements += e->box;
+	if (cnt && side && mark) {
+		/* K > 1: marked elements back at the value the sink holds are
+		 * not sent (daemon/side_table.h); the checksum is unchanged. */
+		size_t len = raw->n - at - 8;
+
+		if (side_filter(side, q, e->box, raw->p + at + 8, &len, &cnt, &c->side_dropped,
+				c->side_wrong ? &c->side_wrong : NULL) == DTC_OK)
+			raw->n = at + 8 + len;
+	}
 	if (!cnt)
 		raw->n = at;	/* an empty entry sends nothing (COUNTS says 0) */
 	else
@@ -765,7 +852,7 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 				return -1;
 		} else if (c->detect == JDETECT_ADAMW && entry_host(c, e)) {
 			if (entry_detect(c, d, pi, e, &s, p->dirty ? p->dirty[i] : NULL, &cnt,
-					 &sum) < 0)
+					 &sum, p->side, i) < 0)
 				return -1;
 		} else {
 			if (!p->dirty)
@@ -824,6 +911,17 @@ static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size
 	return 0;
 }
 
+/* The side tables' counts (metrics may be updated from a worker). */
+static void side_metrics(const struct jcap *c)
+{
+	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "kept", (double)c->side_kept);
+	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "uncertain", (double)c->side_uncertain);
+	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "over_cap", (double)c->side_left_out);
+	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "not_sent", (double)c->side_dropped);
+	dmetrics_set(DM_MARK_TABLE_BYTES, NULL, (double)side_held());
+	dmetrics_set(DM_MARK_TABLE_PEAK, NULL, (double)side_peak());
+}
+
 int jcap_run(struct jcap *c)
 {
 	struct det_ref *refs = NULL;
@@ -834,6 +932,8 @@ int jcap_run(struct jcap *c)
 
 	if (job_ext.capture_start)
 		job_ext.capture_start(c->version);
+	if (c->kind == JCAP_PUBLISH && job_ext.capture_wrong_drop)
+		c->side_wrong = job_ext.capture_wrong_drop(c->version);
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;
@@ -863,6 +963,7 @@ out:
 	free(dets);
 	free(refs);
 	c->work_ms = (double)(uv_hrtime() - t0) / 1e6;
+	side_metrics(c);
 	return rc;
 }
 
@@ -878,6 +979,7 @@ void jcap_free(struct jcap *c)
 				free(p->dirty[q]);
 			free(p->dirty);
 		}
+		side_free(p->side);
 		jsnap_free_all(p->snap, p->n);
 		free(p->e);
 		free(p->det);
@@ -900,6 +1002,7 @@ void jcap_free(struct jcap *c)
 	free(c->bufs);
 	free(c->k);
 	free(c);
+	dmetrics_set(DM_MARK_TABLE_BYTES, NULL, (double)side_held());
 	/* No capture left running and no part still going out: the kept
 	 * part buffers go too (jcap_chunk_release trims after the last). */
 	if (!jeng.inflight && !chunks_out)

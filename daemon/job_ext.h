@@ -34,6 +34,11 @@ struct job_ext {
 	 * (job_storage.c).  May block (the loop keeps serving); must not
 	 * log. */
 	void (*storage_read)(uint64_t version);
+	/* At the start of capturing a publish of `version`, on the capture
+	 * worker (must not log): 1 to break the side tables' drop rule once
+	 * (daemon/side_table.h): one marked element that did change is not
+	 * sent either.  The sink's checksum must then catch it. */
+	int (*capture_wrong_drop)(uint64_t version);
 };
 
 /* Defined in job_state.c, all NULL. */

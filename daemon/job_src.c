@@ -162,6 +162,8 @@ static void cap_take_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp)
 
 	cp->dirty = p->dirty;
 	p->dirty = NULL;
+	cp->side = p->side;	/* goes with dirty (side_table.h) */
+	p->side = NULL;
 	cp->snap = p->snap;
 	p->snap = NULL;
 }
@@ -182,6 +184,8 @@ static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp
 	if (cp->dirty && keep && p && p->hash == cp->hash && !p->dirty && p->n == cp->n) {
 		p->dirty = cp->dirty;
 		cp->dirty = NULL;
+		p->side = cp->side;
+		cp->side = NULL;
 	}
 }
 

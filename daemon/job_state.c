@@ -15,6 +15,7 @@
 #include "daemon/job_snapshot.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
+#include "daemon/side_table.h"
 
 struct jengine jeng;
 /* Extension points (job_ext.h): NULL unless a test build sets them. */
@@ -136,6 +137,8 @@ void jpair_free_state(struct jpair *p)
 		free(p->dirty);
 		p->dirty = NULL;
 	}
+	side_free(p->side);
+	p->side = NULL;
 	jsnap_free_all(p->snap, p->n);
 	p->snap = NULL;
 }

@@ -43,6 +43,7 @@ enum { JROLE_SOURCE = 0, JROLE_SINK = 1 };
 enum { JDETECT_ADAMW = 0, JDETECT_SNAPSHOT = 1 };
 
 struct jsnap;
+struct side_tab;
 
 /* A participant as the plan names it (any node). */
 struct jpinfo {
@@ -70,6 +71,7 @@ struct jpair {
 	uint64_t hash;            /* of the entries: same hash keeps the state */
 	/* source side */
 	uint64_t **dirty;         /* per entry: bitmap of marked steps */
+	struct side_tab *side;    /* published values of first marks (side_table.h) */
 	struct jsnap *snap;       /* detect = snapshot: per entry, values last captured */
 	struct pair_sm sm;        /* sent, acknowledged, sparse or dense (pair_sm.h) */
 };
@@ -340,6 +342,7 @@ struct jcap_pair {
 	size_t n;
 	uint32_t *det;            /* per entry: its detection */
 	uint64_t **dirty;         /* taken from the pair (marks); NULL: none */
+	struct side_tab *side;    /* taken with dirty; NULL: none (the union is sent) */
 	struct jsnap *snap;       /* detect = snapshot: taken from the pair like dirty */
 	int want_dirty;           /* allocate dirty if missing (a scan fills it) */
 	int sparse, remote;
@@ -398,6 +401,10 @@ struct jcap {
 	double work_ms;
 	double read_ms;           /* of which the source buffers were read */
 	uint64_t detections, scans, scan_entries, scan_elements, dirty;
+	/* side tables (K > 1): first marks kept, not kept (uncertain, cap),
+	 * and positions a publish did not send since the sink holds them */
+	uint64_t side_kept, side_uncertain, side_left_out, side_dropped;
+	int side_wrong;           /* a test build's fault (job_ext.h): drops to break */
 	struct jcap *next;        /* jeng.inflight */
 };
 

@@ -27,6 +27,7 @@
 #include "daemon/job_persist.h"
 #include "daemon/route.h"
 #include "daemon/route_ucx.h"
+#include "daemon/side_table.h"
 #include "gpu/backend.h"
 
 struct opts {
@@ -163,6 +164,8 @@ static void reload(void)
 	job_set_verify_full_every(conf.verify_full_every);
 	conf.peer_part_bytes = nc.peer_part_bytes;
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
+	conf.mark_table_bytes = nc.mark_table_bytes;
+	side_set_cap(conf.mark_table_bytes);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -383,6 +386,7 @@ int main(int argc, char **argv)
 	job_set_max_staged(conf.max_staged_versions);
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(conf.verify_full_every);
+	side_set_cap(conf.mark_table_bytes);
 	{
 		char perr[256];
 

@@ -103,6 +103,17 @@ static const struct family fam[DM__COUNT] = {
 		.help = "Sink checksum checks after apply, by kind (incremental, full)",
 		.type = T_COUNTER,
 		.label = "kind" },
+	[DM_MARK_TABLE_BYTES] = { .name = "dted_mark_table_bytes",
+		.help = "Bytes held by the published values of first-marked elements (K > 1)",
+		.type = T_GAUGE },
+	[DM_MARK_TABLE_PEAK] = { .name = "dted_mark_table_peak_bytes",
+		.help = "Most bytes those tables held at once since the daemon started",
+		.type = T_GAUGE },
+	[DM_MARK_TABLE_ELEMENTS] = { .name = "dted_mark_table_elements_total",
+		.help = "First-marked elements by outcome (kept, uncertain, over_cap) and "
+			"marked elements a publish did not send, back at the sink's value (not_sent)",
+		.type = T_COUNTER,
+		.label = "outcome" },
 };
 
 struct series {
@@ -249,9 +260,11 @@ void dmetrics_init(void)
 	}
 	for (unsigned i = 0; i < 4; i++) {
 		static const char *const arrival[] = { "part", "version", "undo", "retreat" };
+		static const char *const outcomes[] = { "kept", "uncertain", "over_cap", "not_sent" };
 
 		series_get(DM_PHASE_SECONDS, phases[i]);
 		series_get(DM_APPLY_ON_ARRIVAL, arrival[i]);
+		series_get(DM_MARK_TABLE_ELEMENTS, outcomes[i]);
 	}
 	series_get(DM_BUILD_INFO, DTE_VERSION)->value = 1;
 	for (unsigned i = 0; i < DM__COUNT; i++)

@@ -40,6 +40,9 @@ enum dmetric_id {
 	DM_PEER_LISTENER,         /* gauge: 1 while the peer listener is bound */
 	DM_SINKS_PARKED,          /* gauge: sinks whose client waits in wait_staged */
 	DM_APPLY_ON_ARRIVAL,      /* counter{event}: part, version, undo, retreat (apply on arrival) */
+	DM_MARK_TABLE_BYTES,      /* gauge: side tables of first marks held (side_table.h) */
+	DM_MARK_TABLE_PEAK,       /* gauge: the most they held since the start */
+	DM_MARK_TABLE_ELEMENTS,   /* counter{outcome}: kept, uncertain, over_cap, not_sent */
 	DM__COUNT
 };
 

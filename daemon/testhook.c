@@ -23,6 +23,7 @@ enum fault {
 	F_DROP_JOIN,
 	F_DROP_PLAN,
 	F_STORAGE_READ_STALL,
+	F_WRONG_DROP,
 };
 
 static const struct {
@@ -39,6 +40,7 @@ static const struct {
 	{ "drop-join", F_DROP_JOIN },
 	{ "drop-plan", F_DROP_PLAN },
 	{ "storage-read-stall", F_STORAGE_READ_STALL },
+	{ "wrong-drop", F_WRONG_DROP },
 };
 
 struct held {
@@ -174,7 +176,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value drop-join drop-plan storage-read-stall)", env);
+		       "capture-stall wrong-value drop-join drop-plan storage-read-stall wrong-drop)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -353,6 +355,12 @@ int testhook_sink_value(uint64_t version)
 	DLOG_W("test hook: wrong-value: version %llu: one staged value flipped",
 	       (unsigned long long)version);
 	return 1;
+}
+
+int testhook_capture_wrong_drop(uint64_t version)
+{
+	/* Worker thread: read-only state, no log (like capture-stall). */
+	return th.fault == F_WRONG_DROP && version_hit(version);
 }
 
 void testhook_capture(uint64_t version)

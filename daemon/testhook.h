@@ -43,13 +43,19 @@
  *   capture-stall     the capture worker of the version waits (at most
  *                     60 s) until the file named by DTE_TEST_HOOK_RELEASE
  *                     exists: the loop must keep serving meanwhile.
-  storage-read-stall a storage reader job's first read of the version (its
-                     position plus one; on the read's worker thread) writes
-                     <DTE_TEST_HOOK_RELEASE>.held.<version>, then waits (at
-                     most 60 s) until DTE_TEST_HOOK_RELEASE exists, and
-                     removes it (with a period, the next version's read is
-                     held again): the loop must keep serving meanwhile, and
-                     a SIGTERM must wait for the read.
+ *   storage-read-stall a storage reader job's first read of the version (its
+ *                     position plus one; on the read's worker thread) writes
+ *                     <DTE_TEST_HOOK_RELEASE>.held.<version>, then waits (at
+ *                     most 60 s) until DTE_TEST_HOOK_RELEASE exists, and
+ *                     removes it (with a period, the next version's read is
+ *                     held again): the loop must keep serving meanwhile, and
+ *                     a SIGTERM must wait for the read.
+ *   wrong-drop        source, publish interval K > 1: the publish of the
+ *                     version withholds one marked element that did change
+ *                     (the side table's drop rule broken once,
+ *                     daemon/side_table.h); only the sink's checksum can
+ *                     catch it.  Like capture-stall it does not log: the
+ *                     publish counts one element fewer than changed.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
  * tell it did (capture-stall, on a worker thread, does not log).  Module
@@ -93,5 +99,9 @@ void testhook_capture(uint64_t version);
 /* Before a storage reader job reads `version`, on its worker thread
  * (storage-read-stall). */
 void testhook_storage_read(uint64_t version);
+
+/* At the start of a publish's capture, on the worker thread: 1 to break
+ * the side tables' drop rule once (wrong-drop; it does not log). */
+int testhook_capture_wrong_drop(uint64_t version);
 
 #endif

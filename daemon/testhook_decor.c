@@ -86,4 +86,5 @@ __attribute__((constructor)) static void testhook_install(void)
 	job_ext.sink_select = testhook_sink_value;
 	job_ext.sink_alter = alter;
 	job_ext.storage_read = testhook_storage_read;
+	job_ext.capture_wrong_drop = testhook_capture_wrong_drop;
 }

@@ -17,6 +17,11 @@ BENCH_DENSE_LINKS ?= 0 1 10
 bench-dense: all
 	B=$(B) $(PYTHON) tests/bench/dense_probe.py $(BENCH_DENSE_LINKS)
 
+# Publish interval K = 4 on the adamw_fixtures configurations, side tables
+# off and on (`bench k4 ...`; also part of `make bench`).  About a minute.
+bench-k4: all
+	B=$(B) $(PYTHON) tests/bench/bench_k4.py
+
 # Snapshot-diff detection (detect = snapshot), the benchmarks' baseline.
 UNIT_TESTS += test_job_snapshot
 # Needs only the compute library, so it links only that.

@@ -257,6 +257,9 @@ def write(res, root):
         write_e2e(w, res, e2e, snap, sc)
     w("")
     w("## Exact commands")
+    if res.get("k4"):
+        import bench_k4  # the K = 4 section (its own module)
+        bench_k4.write_section(w, res["k4"])
     w("")
     w("```")
     w("make bench            # builds, then B=build /usr/bin/python3 tests/bench/run.py")

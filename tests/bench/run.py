@@ -13,6 +13,7 @@ figure:
     bench memory daemon_peak_mb=A snapshot_mb=B reduction=P peak_incl_dense_mb=C
         reduction_incl_dense=Q
     bench baseline dense_line_rate_ratio=R snapshot_detect_ratio=R dte_margin_bytes_ratio=R
+    bench k4 fp_rate=R table_bytes_per_element=B ...              (tests/bench/bench_k4.py)
 bytes_per_change: the default configuration's wire bytes (zstd_level 0, the
 guard band included) per element whose BF16 truly changed, lr 1e-6.
 dense_line_rate_ratio: (dense bytes at the link rate) / dted's dense sync
@@ -48,6 +49,7 @@ os.environ["B"] = B
 
 import bench_codec  # noqa: E402
 import bench_e2e  # noqa: E402
+import bench_k4  # noqa: E402
 import report  # noqa: E402
 
 T0 = time.time()
@@ -144,6 +146,9 @@ def main():
                                     "dte_storage": os.path.join(B, "bin", "dte-storage")},
                                    log=log)
 
+    log("k4: publish interval 4 on the adamw_fixtures configurations, side tables off and on")
+    res["k4"] = bench_k4.run(log=log)
+
     why = bench_e2e.Link.available()
     if why:
         log("e2e: skipped (%s)" % why)
@@ -178,6 +183,7 @@ def main():
     res["scan"]["floor_s"] = min(r["detect_s"] for r in scans)
     res["scan"]["floor_csum_s"] = min(float(r["scan-detail"]["detect_csum_s"]) for r in scans)
     lines = summary(res)
+    lines.append(bench_k4.line(res["k4"]))
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
     res["machine"]["load_end"] = loadavg()
