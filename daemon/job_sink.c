@@ -1383,7 +1383,7 @@ static int apply_version(struct dbuf *const *bufs, const struct jstaged *st, uin
 		if (r != DTC_OK) {
 			snprintf(why, whylen, "apply of version %llu: %s",
 				 (unsigned long long)st->version, dtc_strerror(r));
-			return -1;
+			return -EIO;
 		}
 	}
 	return tracked;
@@ -1401,7 +1401,7 @@ static int full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstage
 		/* Host or device: the backend's (vectorized, threaded) box sum. */
 		if (jdev_checksum_box(&w->map, bufs[w->dst_slot]->ptr, bufs[w->dst_slot]->length,
 				      &part) != DTC_OK)
-			return -1;	/* unreadable is not verified */
+			return -EIO;	/* unreadable is not verified */
 		sum[w->dst_slot] += part;
 	}
 	return 0;
@@ -1824,7 +1824,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 	    dtc_chunk_view(w->data, w->len, &view, &raw_len) != DTC_OK || !view) {
 		snprintf(err, errlen, "source %llx part %u: header, framing or checksum invalid",
 			 (unsigned long long)w->src, w->part);
-		return -1;
+		return -EBADMSG;
 	}
 	w->voff = (size_t)(view - w->data);
 	data = w->data + w->voff;
@@ -1839,14 +1839,14 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			    DTC_OK || got != w->cnt[i]) {
 			snprintf(err, errlen, "source %llx part %u entry %u: payload invalid",
 				 (unsigned long long)w->src, w->part, w->first + i);
-			return -1;
+			return -EBADMSG;
 		}
 		off += 8 + len;
 	}
 	if (off != raw_len) {
 		snprintf(err, errlen, "source %llx part %u: %zu bytes after the last entry",
 			 (unsigned long long)w->src, w->part, raw_len - off);
-		return -1;
+		return -EBADMSG;
 	}
 	off = 0;
 	for (uint32_t i = 0; i < w->entries; i++) {
@@ -1869,7 +1869,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		if (r != DTC_OK) {
 			snprintf(err, errlen, "source %llx part %u entry %u: %s",
 				 (unsigned long long)w->src, w->part, w->first + i, dtc_strerror(r));
-			return -1;
+			return -EINVAL;
 		}
 		w->eidx[w->nswapped] = i;
 		w->eoff[w->nswapped] = off;
@@ -2083,7 +2083,7 @@ static int arrive_cover(const struct jpend *p, char *why, size_t whylen)
 			if (!pt || pt->first < covered) {
 				snprintf(why, whylen, "source %llx: part %u missing or overlapping",
 					 (unsigned long long)s->src, k);
-				return -1;
+				return -EPROTO;
 			}
 			for (size_t i = covered; i < pt->first; i++)
 				if (c->counts[i])
@@ -2097,7 +2097,7 @@ static int arrive_cover(const struct jpend *p, char *why, size_t whylen)
 uncovered:
 		snprintf(why, whylen, "source %llx: an entry with a count that no part carries",
 			 (unsigned long long)s->src);
-		return -1;
+		return -EPROTO;
 	}
 	return 0;
 }
@@ -2353,13 +2353,13 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 	if (!pair || pt->first + (uint64_t)pt->entries > pair->n || !pt->data ||
 	    dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK ||
 	    codec != DTC_CODEC_RAW)
-		return -1;
+		return -EINVAL;
 	if (a->nsw == a->cap) {
 		size_t nc = a->cap ? 2 * a->cap : 8;
 		void *np = realloc(a->sw, nc * sizeof(*a->sw));
 
 		if (!np)
-			return -1;
+			return -ENOMEM;
 		a->sw = np;
 		a->cap = nc;
 	}
@@ -2376,7 +2376,7 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 	    !(w->eoff = malloc(pt->entries * sizeof(*w->eoff))) ||
 	    !(w->elen = malloc(pt->entries * sizeof(*w->elen)))) {
 		aswap_free(w);
-		return -1;
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < pt->entries; i++) {
 		const struct jentry *e = &pair->e[pt->first + i];
@@ -2386,7 +2386,7 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 			;
 		if (b == a->nbufs) {
 			aswap_free(w);
-			return -1;
+			return -EINVAL;
 		}
 		w->e[i] = *e;
 		w->cnt[i] = s->counts->counts[pt->first + i];
