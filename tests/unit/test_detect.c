@@ -112,6 +112,8 @@ static const struct shape shapes[] = {
 	{ "strided", { 2, { 20, 300 }, 1, { 600, 2 }, 0, { 300, 1 } }, 12000 },
 	{ "dst transposed", { 3, { 4, 6, 200 }, 0, { 1200, 200, 1 }, 0, { 1, 4, 24 } }, 4800 },
 	{ "dst reversed", { 1, { 5000 }, 0, { 1 }, 4999, { -1 } }, 5000 },
+	/* destination indices past 2^32: the checksum key's high Weyl bits */
+	{ "dst far", { 1, { 3000 }, 0, { 1 }, ((int64_t)1 << 34) + 3, { 1 } }, 3000 },
 	{ "scalar", { 0, { 0 }, 17, { 0 }, 3, { 0 } }, 20 },
 	{ "big", { 1, { (1 << 20) + 4097 }, 11, { 1 }, 0, { 1 } }, SRC_LEN },
 	{ "big rows", { 2, { 1000, 1250 }, 0, { 1250, 1 }, 7, { 1300, 1 } }, SRC_LEN },
@@ -331,6 +333,75 @@ static void *fake_alloc(uint64_t bytes)
 	return NULL;
 }
 
+/* The block kernels' checksums, portable and AVX-512, against the
+ * definition (Σ dtc_csum_term(dbase + i·dstride, dtc_bf16_rne(p[i])))
+ * directly: every special float (NaNs with payloads and signs, Infs,
+ * denormals, ±0, the largest finite, ties both ways) at every lane of
+ * every block length, destination bases below and past 2^32 and
+ * destination strides of either sign. */
+static void test_csum_block(void **state)
+{
+	static const uint32_t special[] = { 0x7fc00000u, 0xff800000u, 0x7f800000u, 0x00000001u,
+					    0x80000000u, 0x00000000u, 0x7f7fffffu, 0xff7fffffu,
+					    0x3f808000u, 0x3f818000u, 0x807fffffu, 0x7f800001u,
+					    0xffbf1234u, 0x00400000u, 0x7fffffffu, 0xffffffffu,
+					    0x3f7fffffu, 0x0000ffffu, 0x8000ffffu, 0x7f7f8000u };
+	static const int64_t strides[] = { 1, -1, 7, -1290, 1 << 20 };
+	static const int64_t bases[] = { 0, 12345, ((int64_t)1 << 32) - 5, ((int64_t)1 << 40) + 77,
+					  INT64_MAX / 2 };
+	dtc_cpu_detect_fn fns[2] = { dtc_cpu_detect_block, dtc_cpu_detect_avx512() };
+	struct dtc_consts k;
+	float *p = malloc(1024 * 4), *m = malloc(1024 * 4), *v = malloc(1024 * 4);
+	struct dtc_cpu_emit s = { 0 };
+	uint64_t checked = 0;
+
+	(void)state;
+	assert_true(p && m && v);
+	s.gcap = DTC_CPU_GAP_ROOM(16);
+	s.gap = malloc(s.gcap);
+	s.val = malloc(DTC_CPU_VAL_ROOM(16) * sizeof(uint16_t));
+	assert_true(s.gap && s.val);
+	derive(&k, 0, 1e-6);
+	for (size_t f = 0; f < 2; f++) {
+		if (!fns[f]) {
+			print_message("csum block: no AVX-512 kernel on this CPU, portable only\n");
+			continue;
+		}
+		for (int round = 0; round < 40; round++) {
+			int nw = 1 + round % 16;
+			int64_t db = bases[round % 5], ds = strides[(round / 5) % 5];
+			uint64_t want = 0, got;
+
+			for (int i = 0; i < 64 * nw; i++) {
+				p[i] = unif() * 0.02f;
+				m[i] = unif() * 1e-4f;
+				v[i] = 1e-8f;
+				/* each special at a lane that moves with the round */
+				if ((i + round) % 3 == 0)
+					p[i] = dtc_bits_f32(special[(size_t)(i / 3 + round) %
+								    (sizeof(special) / sizeof(special[0]))]);
+				want += dtc_csum_term((uint64_t)(db + i * ds), dtc_bf16_rne(p[i]));
+			}
+			s.ngap = s.nval = 0;
+			s.start = s.next = 0;
+			got = fns[f](&k, p, m, v, nw, NULL, 0, db, ds, 1, &s);
+			if (got != want)
+				fail_msg("csum block: %s kernel, nw=%d dbase=%lld dstride=%lld: %llx, "
+					 "definition %llx", f ? "avx512" : "portable", nw, (long long)db,
+					 (long long)ds, (unsigned long long)got, (unsigned long long)want);
+			assert_int_equal(fns[f](&k, p, m, v, nw, NULL, 0, db, ds, 0, &s), 0);
+			checked += 64 * (uint64_t)nw;
+		}
+	}
+	print_message("csum block: elements=%llu avx512=%s\n", (unsigned long long)checked,
+		      fns[1] ? "yes" : "no");
+	free(p);
+	free(m);
+	free(v);
+	free(s.gap);
+	free(s.val);
+}
+
 static void test_bad_args(void **state)
 {
 	struct data *d = *state;
@@ -421,6 +492,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gap_codes),
 		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_csum_block),
 		cmocka_unit_test(test_adamw),
 		cmocka_unit_test(test_sparse),
 		cmocka_unit_test(test_adamw_mark),
