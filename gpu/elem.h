@@ -282,12 +282,14 @@ DTC_HD static inline int dtc_adamw_still(const struct dtc_consts *k, float theta
 {
 	uint32_t bt = dtc_f32_bits(theta), bu = dtc_f32_bits(u);
 	uint32_t at = bt & 0x7fffffffu;
-	int u_neg0 = bu == 0x80000000u;
-	int u_zero = (bu & 0x7fffffffu) == 0;
-	int a = u_neg0 & (at == 0) & ((int)(bt >> 31) | k->still_pos0);
-	int b = u_zero & (at - 0x01000000u < 0x7f800000u - 0x01000000u) & k->still_nodecay;
+	/* all 32-bit unsigned, branch-free: the scan kernels vectorize it */
+	uint32_t a = (uint32_t)(bu == 0x80000000u) & (uint32_t)(at == 0) &
+		     ((bt >> 31) | (uint32_t)k->still_pos0);
+	uint32_t b = (uint32_t)((bu & 0x7fffffffu) == 0) &
+		     (uint32_t)(at - 0x01000000u < 0x7f800000u - 0x01000000u) &
+		     (uint32_t)k->still_nodecay;
 
-	return a | b;
+	return (int)(a | b);
 }
 
 /* 1 when θ's BF16 may differ from θ_{t-1}'s, 0 when it provably does not;
@@ -301,7 +303,10 @@ DTC_HD static inline int dtc_adamw_changed_u(const struct dtc_consts *k, float t
 	uint16_t blo = dtc_bf16_rne(th - e);
 	uint16_t bhi = dtc_bf16_rne(th + e);
 
-	return ((blo != b) | (bhi != b) | !dtc_f32_finite(theta)) & !dtc_adamw_still(k, theta, u);
+	int ch = (blo != b) | (bhi != b) | !dtc_f32_finite(theta);
+
+	/* a select, not `& !still`: GCC vectorizes no _Bool of it */
+	return dtc_adamw_still(k, theta, u) ? 0 : ch;
 }
 
 DTC_HD static inline int dtc_adamw_changed(const struct dtc_consts *k, float theta,
