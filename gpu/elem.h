@@ -347,10 +347,16 @@ DTC_HD static inline uint64_t dtc_mix64(uint64_t x)
  * For k ≥ 2 wrong elements with differences Δ_1..Δ_k, the sum is unchanged
  * only if key_k · Δ_k = −Σ_{i<k} key_i · Δ_i, which at most one of the 2^31
  * odd keys satisfies: with keys that behave as independent of the errors,
- * a probability of at most 2^-31 per corrupted version.  (splitmix64 per
- * element gave about 2^-64, at two 64-bit multiplies and six shifts and
- * xors per element; this costs one 32×32-bit multiply, which AVX-512's
- * vpmuludq does for 8 lanes in one cheap instruction.) */
+ * a probability of at most 2^-31 per corrupted version.  Misplaced values
+ * (a shift or a swap of rows) are such k-element errors too; the fold makes
+ * the keys non-linear in the index, so no fixed pattern of small
+ * differences at nearby or periodic positions (Δ, −Δ at i, i + 2^16;
+ * Δ, −2Δ, Δ at i, i+1, i+2) cancels for every index, as it would with a
+ * plain Weyl or a periodic key.  (splitmix64 per element gave about 2^-64,
+ * at two 64-bit multiplies and six shifts and xors per element; this
+ * costs one 32×32-bit multiply, which AVX-512's vpmuludq does for 8 lanes
+ * in one cheap instruction.  gpu/cpu_avx512.c sums it inside the detect's
+ * cheap-test pass, about 5 % of the detect: bench_scan's csum_ratio.) */
 DTC_HD static inline uint64_t dtc_csum_key(uint64_t index)
 {
 	uint64_t k = index * 0x9e3779b97f4a7c15ull;
