@@ -84,17 +84,14 @@ AVX512 static inline __mmask16 quiet16(const struct quiet_consts *c, __m512 th, 
 AVX512 static inline __mmask16 decide16(const struct dtc_consts *k, const float *p,
 					const float *m, const float *v)
 {
-	/* a local copy: stores to f (int32) cannot alias its int32 fields,
-	 * so their loads leave the loop and it vectorizes */
-	const struct dtc_consts kl = *k;
 	int32_t f[16];
 
-	if (kl.variant == DTC_VARIANT_FUSED) {
+	if (k->variant == DTC_VARIANT_FUSED) {
 		for (int i = 0; i < 16; i++)
-			f[i] = dtc_adamw_changed_u(&kl, p[i], dtc_adamw_u_fused(&kl, m[i], v[i]));
+			f[i] = dtc_adamw_changed_u(k, p[i], dtc_adamw_u_fused(k, m[i], v[i]));
 	} else {
 		for (int i = 0; i < 16; i++)
-			f[i] = dtc_adamw_changed_u(&kl, p[i], dtc_adamw_u_torch(&kl, m[i], v[i]));
+			f[i] = dtc_adamw_changed_u(k, p[i], dtc_adamw_u_torch(k, m[i], v[i]));
 	}
 	return _mm512_test_epi32_mask(_mm512_loadu_si512(f), _mm512_set1_epi32(1));
 }
