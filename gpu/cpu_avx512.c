@@ -104,7 +104,7 @@ AVX512 static inline __mmask16 decide16(const struct dtc_consts *k, const float 
  * (vpmuludq takes the low 32 bits of both operands), and the 48-bit
  * products add into 64-bit lanes.  csum16() runs inside the block's
  * cheap-test pass on the θ vector that pass has just loaded: there its
- * dozen integer ops mostly fill the cycles the pass spends waiting on
+ * 18 integer ops per 16 lanes mostly fill the cycles the pass spends waiting on
  * memory, where a second pass over the block (in L1) added them to the
  * detect's time.  (vcvtneps2bf16 for the conversion, where the CPU has
  * AVX512-BF16, flushes denormals and measured no faster: not used.) */
