@@ -96,13 +96,81 @@ AVX512 static inline __mmask16 decide16(const struct dtc_consts *k, const float 
 	return _mm512_test_epi32_mask(_mm512_loadu_si512(f), _mm512_set1_epi32(1));
 }
 
+/* ---- the checksum, 16 lanes at a time ----------------------------------
+ * Σ dtc_csum_term(dbase + i·dstride, bf16(p[i])).  The key of element i is
+ * carried as its Weyl state (dbase + i·dstride)·W in 64-bit lanes, even
+ * elements in one vector and odd ones in another, each advanced by
+ * 16·dstride·W per 16 lanes; folded and made odd it multiplies the BF16
+ * (vpmuludq takes the low 32 bits of both operands), and the 48-bit
+ * products add into 64-bit lanes.  csum16() runs inside the block's
+ * cheap-test pass on the θ vector that pass has just loaded: there its
+ * 18 integer ops per 16 lanes mostly fill the cycles the pass spends waiting on
+ * memory, where a second pass over the block (in L1) added them to the
+ * detect's time.  (vcvtneps2bf16 for the conversion, where the CPU has
+ * AVX512-BF16, flushes denormals and measured no faster: not used.) */
+struct csum_state {
+	__m512i ke, ko, acc0, acc1;
+};
+
+#define CSUM_W 0x9e3779b97f4a7c15ull
+
+AVX512 static inline void csum_init(struct csum_state *cs, int64_t dbase, int64_t dstride)
+{
+	uint64_t d = (uint64_t)dstride * CSUM_W, e[8], o[8];
+
+	for (int i = 0; i < 8; i++) {
+		e[i] = ((uint64_t)dbase + 2 * (uint64_t)i * (uint64_t)dstride) * CSUM_W;
+		o[i] = e[i] + d;
+	}
+	memcpy(&cs->ke, e, sizeof(e));
+	memcpy(&cs->ko, o, sizeof(o));
+	cs->acc0 = cs->acc1 = _mm512_setzero_si512();
+}
+
+AVX512 static inline void csum16(struct csum_state *cs, __m512i step, __m512 x)
+{
+	const __m512i one = _mm512_set1_epi64(1);
+	__m512i u = _mm512_castps_si512(x);
+	/* dtc_bf16_rne() before its final shift: t >> 16 is the BF16 (a NaN:
+	 * u with the quiet bit, so that t >> 16 = (u >> 16) | 0x40) */
+	__m512i t = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+				     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+	__mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+	__m512i re, ro;
+
+	t = _mm512_mask_or_epi32(t, nan, u, _mm512_set1_epi32(0x00400000));
+	/* (k ^ k >> 32) | 1 in one ternary-logic op: 0xbe = (A ^ B) | C */
+	re = _mm512_ternarylogic_epi64(cs->ke, _mm512_srli_epi64(cs->ke, 32), one, 0xbe);
+	ro = _mm512_ternarylogic_epi64(cs->ko, _mm512_srli_epi64(cs->ko, 32), one, 0xbe);
+	/* even lanes' BF16 into the low 32 bits by a 32-bit shift (vpmuludq
+	 * ignores the high ones), odd lanes' by a 64-bit shift by 48 */
+	cs->acc0 = _mm512_add_epi64(cs->acc0, _mm512_mul_epu32(_mm512_srli_epi32(t, 16), re));
+	cs->acc1 = _mm512_add_epi64(cs->acc1, _mm512_mul_epu32(_mm512_srli_epi64(t, 48), ro));
+	cs->ke = _mm512_add_epi64(cs->ke, step);
+	cs->ko = _mm512_add_epi64(cs->ko, step);
+}
+
+AVX512 static inline uint64_t csum_sum(const struct csum_state *cs)
+{
+	uint64_t lane[8], sum = 0;
+
+	/* not _mm512_reduce_add_epi64: GCC's adds signed lanes (UBSan) */
+	_mm512_storeu_si512(lane, _mm512_add_epi64(cs->acc0, cs->acc1));
+	for (int i = 0; i < 8; i++)
+		sum += lane[i];
+	return sum;
+}
+
 /* The cheap test over a block, then the full inverse over the lanes it
  * could not clear.  Leaves the block-relative indices of those lanes in
  * idx[0..*nn), their verdicts in vb (bit i % 16 of vb[i / 16]; none set
- * past *nn) and which lanes of word j they came from in need[j]. */
-AVX512 static inline void flags_list(const struct dtc_consts *kp, const float *p, const float *m,
-				     const float *v, int nw, int32_t *idx, uint16_t *vb,
-				     uint64_t *need, int *nn_out)
+ * past *nn) and which lanes of word j they came from in need[j].  With
+ * cs, adds the block's checksum terms to it (the callers pass NULL or not
+ * as a constant, so the compiler leaves no test in the loop). */
+AVX512 static inline __attribute__((always_inline)) void
+flags_list(const struct dtc_consts *kp, const float *p, const float *m, const float *v, int nw,
+	   int32_t *idx, uint16_t *vb, uint64_t *need, int *nn_out, struct csum_state *cs,
+	   int64_t dstride)
 {
 	const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 	struct dtc_consts k = *kp;
@@ -111,6 +179,7 @@ AVX512 static inline void flags_list(const struct dtc_consts *kp, const float *p
 				  _mm512_set1_ps(k.q_q2), _mm512_set1_ps(k.q_eps * k.q_eps) };
 	float cp[LIST], cm[LIST], cv[LIST];
 	int nn = 0, padded;
+	__m512i step = _mm512_set1_epi64((long long)(16 * (uint64_t)dstride * CSUM_W));
 
 	/* Pass over the block: the cheap test; only the indices of the lanes
 	 * it cannot clear are kept (compressing θ, m, v themselves costs
@@ -120,13 +189,16 @@ AVX512 static inline void flags_list(const struct dtc_consts *kp, const float *p
 
 		for (int q = 0; q < 4; q++) {
 			int o = 64 * j + 16 * q;
+			__m512 th = _mm512_loadu_ps(p + o);
 			__mmask16 nq;
 
 			_mm_prefetch((const char *)((uintptr_t)(p + o) + PREFETCH_AHEAD), _MM_HINT_T1);
 			_mm_prefetch((const char *)((uintptr_t)(m + o) + PREFETCH_AHEAD), _MM_HINT_T1);
 			_mm_prefetch((const char *)((uintptr_t)(v + o) + PREFETCH_AHEAD), _MM_HINT_T1);
-			nq = (__mmask16)~quiet16(&c, _mm512_loadu_ps(p + o), _mm512_loadu_ps(m + o),
+			nq = (__mmask16)~quiet16(&c, th, _mm512_loadu_ps(m + o),
 						 _mm512_loadu_ps(v + o));
+			if (cs)
+				csum16(cs, step, th);
 			_mm512_storeu_si512(idx + nn, _mm512_maskz_compress_epi32(
 				nq, _mm512_add_epi32(iota, _mm512_set1_epi32(o))));
 			nn += _mm_popcnt_u32(nq);
@@ -177,7 +249,7 @@ AVX512 static void flags_avx512(const struct dtc_consts *k, const float *p, cons
 	uint64_t need[DTC_CPU_BLOCK_WORDS];
 	int nn;
 
-	flags_list(k, p, m, v, nw, idx, vb, need, &nn);
+	flags_list(k, p, m, v, nw, idx, vb, need, &nn, NULL, 0);
 	deposit(vb, need, nw, out);
 }
 
@@ -199,46 +271,6 @@ AVX512 static inline __m512i bf16x16(__m512i u)
 						       _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
 
 	return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-}
-
-/* Σ dtc_csum_term(dbase + i·dstride, bf16(p[i])) over n (a multiple of
- * 16) elements.  The key of element i is carried as its Weyl state
- * (dbase + i·dstride)·W in 64-bit lanes, even elements in one vector and
- * odd ones in another, each advanced by 16·dstride·W per block; folded and
- * made odd it multiplies the BF16 (vpmuludq takes the low 32 bits of both
- * operands: the even elements sit there already, the odd ones after a
- * shift), and the 48-bit products add into 64-bit lanes.  (vcvtneps2bf16
- * for the conversion, where the CPU has AVX512-BF16, with the integer
- * steps for vectors holding denormals, which it flushes, measured no
- * faster in bench_scan on an EPYC with it: not used.) */
-AVX512DQ static uint64_t csum_avx512(const float *p, uint64_t n, int64_t dbase, int64_t dstride)
-{
-	const uint64_t W = 0x9e3779b97f4a7c15ull;
-	const uint64_t d = (uint64_t)dstride * W;
-	__m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
-	__m512i one = _mm512_set1_epi64(1), step = _mm512_set1_epi64((long long)(16 * d));
-	__m512i ke, ko;
-	uint64_t lane[8], sum = 0;
-
-	ke = _mm512_add_epi64(_mm512_set1_epi64((long long)((uint64_t)dbase * W)),
-			      _mm512_mullo_epi64(_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14),
-						 _mm512_set1_epi64((long long)d)));
-	ko = _mm512_add_epi64(ke, _mm512_set1_epi64((long long)d));
-	for (uint64_t i = 0; i < n; i += 16) {
-		__m512i b = bf16x16(_mm512_loadu_si512(p + i));
-		__m512i re = _mm512_or_si512(_mm512_xor_si512(ke, _mm512_srli_epi64(ke, 32)), one);
-		__m512i ro = _mm512_or_si512(_mm512_xor_si512(ko, _mm512_srli_epi64(ko, 32)), one);
-
-		acc0 = _mm512_add_epi64(acc0, _mm512_mul_epu32(b, re));
-		acc1 = _mm512_add_epi64(acc1, _mm512_mul_epu32(_mm512_srli_epi64(b, 32), ro));
-		ke = _mm512_add_epi64(ke, step);
-		ko = _mm512_add_epi64(ko, step);
-	}
-	/* not _mm512_reduce_add_epi64: GCC's adds signed lanes (UBSan) */
-	_mm512_storeu_si512(lane, _mm512_add_epi64(acc0, acc1));
-	for (int i = 0; i < 8; i++)
-		sum += lane[i];
-	return sum;
 }
 
 /* Append the changed lanes of a block, given as a sorted list of
@@ -290,9 +322,17 @@ AVX512DQ static uint64_t detect_avx512(const struct dtc_consts *k, const float *
 	int32_t idx[LIST + 16], cpos[LIST + 16];
 	uint16_t vb[LIST / 16 + 8];
 	uint64_t need[DTC_CPU_BLOCK_WORDS];
+	struct csum_state cs;
+	uint64_t sum = 0;
 	int nn, c = 0;
 
-	flags_list(k, p, m, v, nw, idx, vb, need, &nn);
+	if (csum) {
+		csum_init(&cs, dbase, dstride);
+		flags_list(k, p, m, v, nw, idx, vb, need, &nn, &cs, dstride);
+		sum = csum_sum(&cs);
+	} else {
+		flags_list(k, p, m, v, nw, idx, vb, need, &nn, NULL, 0);
+	}
 	if (mark) {
 		uint64_t blk[DTC_CPU_BLOCK_WORDS];
 
@@ -310,7 +350,7 @@ AVX512DQ static uint64_t detect_avx512(const struct dtc_consts *k, const float *
 		}
 		emit_list(s, cpos, c, pos, p);
 	}
-	return csum ? csum_avx512(p, 64 * (uint64_t)nw, dbase, dstride) : 0;
+	return sum;
 }
 
 dtc_cpu_detect_fn dtc_cpu_detect_avx512(void)

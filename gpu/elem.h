@@ -45,6 +45,9 @@ struct dtc_consts {
 	float q_q2;		/* Q², padded down */
 	float q_eps;		/* eps, or 0 when too small to use safely */
 	float q_k2;
+	/* dtc_adamw_still(): exact verdicts where the step is exactly ±0. */
+	int32_t still_pos0;	/* θ_t = +0 with u = −0 proves θ_{t-1} = +0 */
+	int32_t still_nodecay;	/* weight decay 0: u = ±0 leaves a normal θ as it was */
 };
 
 DTC_HD static inline uint32_t dtc_f32_bits(float x)
@@ -244,6 +247,51 @@ DTC_HD static inline int dtc_adamw_quiet(const struct dtc_consts *k, float theta
 	return ok & (a * a < rr);
 }
 
+/* Exact verdicts where the step is exactly zero (u = ±0, e.g. m = 0: a
+ * parameter without gradient), which the guard band below would flag for
+ * nothing.  1 when θ_{t-1}'s BF16 provably equals θ_t's, else 0 (then the
+ * guard decides).  IEEE facts used: a product with a positive factor keeps
+ * its sign, also when it rounds to zero; x + (±0) = x and x − (±0) = x for
+ * x ≠ 0; a sum of zeros is −0 only as (−0) + (−0) (x − y as x + (−y)); a
+ * nonzero x − y is never −0.
+ *
+ * (a) θ_t = ±0, u = −0 (m = +0: torch's -step·(+0) and FusedAdam's
+ *     −(lr·(+0)) are −0).  torch: θ_t = θd + u with θd = θ_{t-1}·c, c > 0;
+ *     θd ≠ 0 would give θ_t = θd ≠ 0, so θd = ±0, which has θ_{t-1}'s sign
+ *     (and θ_{t-1} is a zero or so tiny its BF16 is that signed zero);
+ *     θd + (−0) is θd itself, so θ_{t-1}'s BF16 is θ_t's.  FusedAdam:
+ *     θ_t = θ_{t-1} − y, y = lr·(m̂/d + wd·θ_{t-1}) = lr·q (m̂/d = +0, so
+ *     the sum is q = wd·θ_{t-1} rounded, or +0).  θ_t = −0 needs
+ *     θ_{t-1} = −0.  θ_t = +0 comes from θ_{t-1} = +0, or from an exact
+ *     cancellation y = θ_{t-1} ≠ 0 (a BF16 change when θ_{t-1} < 0): in
+ *     units of 2^-149, |θ_{t-1}| = k, |q| <= wd·k(1 + 2^-24) + 1/2 and y
+ *     rounds to k only if lr·|q| > k − 1/2 − 2^-23·k; with lr·wd <= 1/2
+ *     (hparams.c) that needs k < 2 when lr < 1/2, and for k = 1
+ *     lr·(wd + 1/2) > 1/2.  So still_pos0 = torch, or lr·(wd + 1) < 1/2
+ *     (and wd <= 2^24, where the relative rounding of q stays below a
+ *     unit), computed in hparams.c; the same holds when the forward
+ *     contracts into FMAs (one rounding fewer).
+ * (b) No weight decay (still_nodecay): torch skips the decay (or c = 1),
+ *     FusedAdam's wd·θ is ±0, so θ_t = θ_{t-1} − (±0) = θ_{t-1} for
+ *     θ_{t-1} ≠ 0.  Only normal |θ_t| >= 2^-125 takes this: a forward with
+ *     an FMA subtracts lr·m̂/d unrounded, and an exact product as small as
+ *     2^-150 (which rounds to our u = ±0) can move a θ below 2^-125 by a
+ *     unit; at or above it that is under half a unit, so θ_t = θ_{t-1}.
+ * Non-finite θ_t never takes either (it is always reported). */
+DTC_HD static inline int dtc_adamw_still(const struct dtc_consts *k, float theta, float u)
+{
+	uint32_t bt = dtc_f32_bits(theta), bu = dtc_f32_bits(u);
+	uint32_t at = bt & 0x7fffffffu;
+	/* all 32-bit unsigned, branch-free: the scan kernels vectorize it */
+	uint32_t a = (uint32_t)(bu == 0x80000000u) & (uint32_t)(at == 0) &
+		     ((bt >> 31) | (uint32_t)k->still_pos0);
+	uint32_t b = (uint32_t)((bu & 0x7fffffffu) == 0) &
+		     (uint32_t)(at - 0x01000000u < 0x7f800000u - 0x01000000u) &
+		     (uint32_t)k->still_nodecay;
+
+	return (int)(a | b);
+}
+
 /* 1 when θ's BF16 may differ from θ_{t-1}'s, 0 when it provably does not;
  * u from dtc_adamw_u*() (kernels call the variant's own to keep the
  * variant branch out of their loops). */
@@ -255,7 +303,10 @@ DTC_HD static inline int dtc_adamw_changed_u(const struct dtc_consts *k, float t
 	uint16_t blo = dtc_bf16_rne(th - e);
 	uint16_t bhi = dtc_bf16_rne(th + e);
 
-	return (blo != b) | (bhi != b) | !dtc_f32_finite(theta);
+	int ch = (blo != b) | (bhi != b) | !dtc_f32_finite(theta);
+
+	/* a select, not `& !still`: GCC vectorizes no _Bool of it */
+	return dtc_adamw_still(k, theta, u) ? 0 : ch;
 }
 
 DTC_HD static inline int dtc_adamw_changed(const struct dtc_consts *k, float theta,
@@ -296,10 +347,17 @@ DTC_HD static inline uint64_t dtc_mix64(uint64_t x)
  * For k ≥ 2 wrong elements with differences Δ_1..Δ_k, the sum is unchanged
  * only if key_k · Δ_k = −Σ_{i<k} key_i · Δ_i, which at most one of the 2^31
  * odd keys satisfies: with keys that behave as independent of the errors,
- * a probability of at most 2^-31 per corrupted version.  (splitmix64 per
- * element gave about 2^-64, at two 64-bit multiplies and six shifts and
- * xors per element; this costs one 32×32-bit multiply, which AVX-512's
- * vpmuludq does for 8 lanes in one cheap instruction.) */
+ * a probability of at most 2^-31 per corrupted version.  Misplaced values
+ * (a shift or a swap of rows) are such k-element errors too; the fold makes
+ * the keys non-linear in the index, so no fixed pattern of small
+ * differences at nearby or periodic positions (Δ, −Δ at i, i + 2^16;
+ * Δ, −2Δ, Δ at i, i+1, i+2) cancels for every index, as it would with a
+ * plain Weyl or a periodic key.  (splitmix64 per element gave about 2^-64,
+ * at two 64-bit multiplies and six shifts and xors per element; this
+ * costs one 32×32-bit multiply, which AVX-512's vpmuludq does for 8 lanes
+ * in one cheap instruction.  gpu/cpu_avx512.c sums it inside the detect's
+ * cheap-test pass, 4-10 % of the detect on 2 idle EPYC cores:
+ * bench_scan's csum_ratio.) */
 DTC_HD static inline uint64_t dtc_csum_key(uint64_t index)
 {
 	uint64_t k = index * 0x9e3779b97f4a7c15ull;

@@ -56,6 +56,11 @@ int dtc_hparams_derive(const struct dtc_hparams *hp, struct dtc_consts *k,
 		c.decay = (float)(1.0 - (double)c.lr * (double)c.wd);
 	}
 	c.inv_decay = (float)(1.0 / (double)c.decay);
+	/* dtc_adamw_still() (elem.h): when θ_t = +0 with u = −0 proves
+	 * θ_{t-1} = +0, and when a zero step leaves θ exactly as it was */
+	c.still_pos0 = hp->variant == DTC_VARIANT_TORCH ||
+		       ((double)c.lr * ((double)c.wd + 1.0) < 0.5 && (double)c.wd <= 0x1p24);
+	c.still_nodecay = hp->weight_decay == 0;
 	{
 		/* dtc_adamw_quiet(): see elem.h for where k1, k2 come from. */
 		double inv_c = 1.0 / (double)c.decay;

@@ -108,9 +108,9 @@ def bounds(res):
             "swapped for the old ones so a failed version can be rolled back, would take the "
             "apply off that sum; the checksum stays. The checksum is compute "
             "(one 32-bit multiply per element by a key drawn from its index, gpu/elem.h "
-            "dtc_csum_term, about %.0f%% of the detect's time on these 2 cores, "
-            "where the detect, at %.2f of the stream, leaves no memory stall for the mix to "
-            "hide in); on a GPU the same kernels are bound by HBM reads "
+            "dtc_csum_term, summed inside the detect's cheap-test pass, about %.0f%% of the "
+            "detect's time on these 2 cores, with the detect at %.2f of the stream); on a GPU "
+            "the same kernels are bound by HBM reads "
             "(`make bench-gpu`)." % (
                 flc, flc / fl, ap * 1e3, 100 * lines, 100 * chg, flc + ap, (flc + ap) / fl,
                 100.0 * (flc - fl) / fl, sc["ratio"]))

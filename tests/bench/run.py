@@ -6,6 +6,7 @@ the end-to-end links (AdamW inversion, then the snapshot-diff baseline),
 writes docs/BENCHMARKS.md and docs/bench-*.png, and ends with one line per
 figure:
     bench scan ratio=X
+    bench checksum ratio=R cpu_ratio=C runs=N
     bench codec bytes_per_change=B sparse_vs_dense=R storage_bytes_per_change=S
     bench e2e link=L sparse_s=S dense_s=D line_rate_s=W speedup=X speedup_vs_line_rate=Y
         floor_ratio=F                                     (L = 1, 10, 100)
@@ -196,8 +197,25 @@ def main():
         print(line, flush=True)
 
 
+def checksum_summary(res):
+    """`bench checksum ratio=R`: what the expected checksum (DESIGN §2.3)
+    costs the detect, detect with it over detect without, as bench_scan
+    measures it (csum_ratio: the median of its rounds' ratios, the two
+    detects timed back to back); R is the median over the bench_scan runs,
+    cpu_ratio the same over best process CPU times (issue #18: R <= 1.10)."""
+    rs = [float(r["scan-csum"]["csum_ratio"]) for r in res["scans"]
+          if "csum_ratio" in r.get("scan-csum", {})]
+    cs = [float(r["scan-csum"]["cpu_csum_ratio"]) for r in res["scans"]
+          if "cpu_csum_ratio" in r.get("scan-csum", {})]
+    if not rs:
+        return "bench checksum skipped (bench_scan printed no csum_ratio)"
+    return "bench checksum ratio=%.3f cpu_ratio=%.3f runs=%d" % (
+        statistics.median(rs), statistics.median(cs), len(rs))
+
+
 def summary(res):
     lines = ["bench scan ratio=%.2f" % res["scan"]["ratio"]]
+    lines.append(checksum_summary(res))
     row = next(r for r in res["codec"]["rows"] if abs(r["lr"] - 1e-6) < 1e-12)
     # The headline: what the default configuration puts on the wire (raw,
     # guard band included) per element whose BF16 truly changed.

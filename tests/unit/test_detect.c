@@ -23,6 +23,7 @@
 #include "gpu/cpu.h"
 #include "gpu/detect.h"
 #include "gpu/elem.h"
+#include "tests/unit/adamw_ref.h"
 
 static uint64_t seed = 23;
 
@@ -112,6 +113,8 @@ static const struct shape shapes[] = {
 	{ "strided", { 2, { 20, 300 }, 1, { 600, 2 }, 0, { 300, 1 } }, 12000 },
 	{ "dst transposed", { 3, { 4, 6, 200 }, 0, { 1200, 200, 1 }, 0, { 1, 4, 24 } }, 4800 },
 	{ "dst reversed", { 1, { 5000 }, 0, { 1 }, 4999, { -1 } }, 5000 },
+	/* destination indices past 2^32: the checksum key's high Weyl bits */
+	{ "dst far", { 1, { 3000 }, 0, { 1 }, ((int64_t)1 << 34) + 3, { 1 } }, 3000 },
 	{ "scalar", { 0, { 0 }, 17, { 0 }, 3, { 0 } }, 20 },
 	{ "big", { 1, { (1 << 20) + 4097 }, 11, { 1 }, 0, { 1 } }, SRC_LEN },
 	{ "big rows", { 2, { 1000, 1250 }, 0, { 1250, 1 }, 7, { 1300, 1 } }, SRC_LEN },
@@ -331,6 +334,297 @@ static void *fake_alloc(uint64_t bytes)
 	return NULL;
 }
 
+/* The block kernels' checksums, portable and AVX-512, against the
+ * definition (Σ dtc_csum_term(dbase + i·dstride, dtc_bf16_rne(p[i])))
+ * directly: every special float (NaNs with payloads and signs, Infs,
+ * denormals, ±0, the largest finite, ties both ways) at every lane of
+ * every block length, destination bases below and past 2^32 and
+ * destination strides of either sign. */
+static void test_csum_block(void **state)
+{
+	static const uint32_t special[] = { 0x7fc00000u, 0xff800000u, 0x7f800000u, 0x00000001u,
+					    0x80000000u, 0x00000000u, 0x7f7fffffu, 0xff7fffffu,
+					    0x3f808000u, 0x3f818000u, 0x807fffffu, 0x7f800001u,
+					    0xffbf1234u, 0x00400000u, 0x7fffffffu, 0xffffffffu,
+					    0x3f7fffffu, 0x0000ffffu, 0x8000ffffu, 0x7f7f8000u };
+	static const int64_t strides[] = { 1, -1, 7, -1290, 1 << 20 };
+	static const int64_t bases[] = { 0, 12345, ((int64_t)1 << 32) - 5, ((int64_t)1 << 40) + 77,
+					  INT64_MAX / 2 };
+	dtc_cpu_detect_fn fns[2] = { dtc_cpu_detect_block, dtc_cpu_detect_avx512() };
+	struct dtc_consts k;
+	float *p = malloc(1024 * 4), *m = malloc(1024 * 4), *v = malloc(1024 * 4);
+	struct dtc_cpu_emit s = { 0 };
+	uint64_t checked = 0;
+
+	(void)state;
+	assert_true(p && m && v);
+	s.gcap = DTC_CPU_GAP_ROOM(16);
+	s.gap = malloc(s.gcap);
+	s.val = malloc(DTC_CPU_VAL_ROOM(16) * sizeof(uint16_t));
+	assert_true(s.gap && s.val);
+	derive(&k, 0, 1e-6);
+	for (size_t f = 0; f < 2; f++) {
+		if (!fns[f]) {
+			print_message("csum block: no AVX-512 kernel on this CPU, portable only\n");
+			continue;
+		}
+		for (int round = 0; round < 40; round++) {
+			int nw = 1 + round % 16;
+			int64_t db = bases[round % 5], ds = strides[(round / 5) % 5];
+			uint64_t want = 0, got;
+
+			for (int i = 0; i < 64 * nw; i++) {
+				p[i] = unif() * 0.02f;
+				m[i] = unif() * 1e-4f;
+				v[i] = 1e-8f;
+				/* each special at a lane that moves with the round */
+				if ((i + round) % 3 == 0)
+					p[i] = dtc_bits_f32(special[(size_t)(i / 3 + round) %
+								    (sizeof(special) / sizeof(special[0]))]);
+				want += dtc_csum_term((uint64_t)(db + i * ds), dtc_bf16_rne(p[i]));
+			}
+			s.ngap = s.nval = 0;
+			s.start = s.next = 0;
+			got = fns[f](&k, p, m, v, nw, NULL, 0, db, ds, 1, &s);
+			if (got != want)
+				fail_msg("csum block: %s kernel, nw=%d dbase=%lld dstride=%lld: %llx, "
+					 "definition %llx", f ? "avx512" : "portable", nw, (long long)db,
+					 (long long)ds, (unsigned long long)got, (unsigned long long)want);
+			assert_int_equal(fns[f](&k, p, m, v, nw, NULL, 0, db, ds, 0, &s), 0);
+			checked += 64 * (uint64_t)nw;
+		}
+	}
+	print_message("csum block: elements=%llu avx512=%s\n", (unsigned long long)checked,
+		      fns[1] ? "yes" : "no");
+	free(p);
+	free(m);
+	free(v);
+	free(s.gap);
+	free(s.val);
+}
+
+/* ---- exact verdicts where the step is zero (gpu/elem.h dtc_adamw_still)
+ * One step of a real forward from known previous weights (torch's update as
+ * adamw_ref.h writes it from torch's source; FusedAdam's from Apex
+ * csrc/multi_tensor_adam.cu AdamFunctor, ADAM_MODE_1, the order
+ * tests/data/adamw/gen_fixtures.py records for TE), then dtc_detect() on
+ * the result: every element whose BF16 truly changed must be in the
+ * payload, and the counts of flagged elements in the zero-step groups are
+ * returned. */
+static float ref_fused_adamw(float p, float m, float v, double lr, double b1, double b2,
+			     double eps, double wd, int64_t step)
+{
+	volatile float bc1 = (float)(1.0 - pow(b1, (double)step));
+	volatile float bc2 = (float)(1.0 - pow(b2, (double)step));
+	volatile float mh = m / bc1, vh = v / bc2, denom, q, dec, upd, y;
+
+	denom = sqrtf(vh);
+	denom = denom + (float)eps;
+	q = mh / denom;
+	dec = (float)wd * p;
+	upd = q + dec;
+	y = (float)lr * upd;
+	return p - y;
+}
+
+struct zstep {
+	uint64_t changed, missed, flagged, flagged_zero_step, zero_step;
+};
+
+/* prev, m, v: n elements; group[i] != 0 marks the zero-step elements the
+ * caller counts separately. */
+static void zstep_run(int variant, double lr, double wd, const float *prev, const float *m,
+		      const float *v, const uint8_t *group, uint64_t n, struct zstep *z)
+{
+	const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+	const int64_t step = 3;
+	struct dtc_hparams hp = { lr, b1, b2, eps, wd, step, variant };
+	struct dtc_consts k;
+	struct dte_box_map e = { 1, { (int64_t)n }, 0, { 1 }, 0, { 1 } };
+	float *p = malloc(n * sizeof(*p));
+	uint64_t *pos = malloc((n + 1) * sizeof(*pos)), cnt = 0, got = 0, sum = 0;
+	uint16_t *val = malloc((n + 1) * sizeof(*val));
+	uint8_t *flag = calloc(n, 1);
+	struct dtc_bytes out = { 0 };
+	struct dtc_src src;
+
+	assert_true(p && pos && val && flag);
+	assert_int_equal(dtc_hparams_derive(&hp, &k, NULL, 0), DTC_OK);
+	for (uint64_t i = 0; i < n; i++)
+		p[i] = variant == DTC_VARIANT_FUSED
+			       ? ref_fused_adamw(prev[i], m[i], v[i], lr, b1, b2, eps, wd, step)
+			       : ref_torch_adamw(prev[i], m[i], sqrtf(v[i]), lr, b1, b2, eps, wd, step);
+	src = (struct dtc_src){ p, m, v, n };
+	assert_int_equal(dtc_detect(dtc_backend_cpu(), &e, &k, &src, NULL, 0, &out, &cnt, &sum),
+			 DTC_OK);
+	assert_int_equal(dtc_sparse_decode(out.p, out.n, n, pos, val, cnt, &got), DTC_OK);
+	assert_int_equal(got, cnt);
+	for (uint64_t i = 0; i < got; i++)
+		flag[pos[i]] = 1;
+	memset(z, 0, sizeof(*z));
+	for (uint64_t i = 0; i < n; i++) {
+		int truth = dtc_bf16_rne(p[i]) != dtc_bf16_rne(prev[i]);
+
+		z->changed += (uint64_t)truth;
+		z->missed += (uint64_t)(truth && !flag[i]);
+		z->flagged += flag[i];
+		z->zero_step += group[i] != 0;
+		z->flagged_zero_step += (uint64_t)(group[i] && flag[i]);
+	}
+	free(out.p);
+	free(p);
+	free(pos);
+	free(val);
+	free(flag);
+}
+
+/* (a) Exactly ±0 weights without gradient (m = +0, so u = −0) in a tensor
+ * that otherwise trains: the guard band's lower end used to round to −0,
+ * so every one of them was flagged every version.  Both variants, weight
+ * decay on; previous weights +0, −0 and the smallest subnormals of both
+ * signs (which decay to ±0 or stay).  Then FusedAdam with lr·wd near the
+ * 1/2 limit, where −2^-149 cancels exactly to +0 (a true BF16 change
+ * from −0 to +0): it must still be sent. */
+static void test_zero_weight_zero_step(void **state)
+{
+	const uint64_t n = 8192;
+	float *prev = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4);
+	uint8_t *group = malloc(n);
+	struct zstep z;
+
+	(void)state;
+	assert_true(prev && m && v && group);
+	for (int variant = 0; variant < 2; variant++) {
+		for (uint64_t i = 0; i < n; i++) {
+			static const uint32_t zeros[] = { 0x00000000u, 0x80000000u, 0x00000001u,
+							  0x80000001u, 0x00000003u, 0x80000002u };
+			float g = unif() * 1e-3f, g0 = unif() * 1e-3f;
+
+			group[i] = i % 2 == 0;
+			if (group[i]) {
+				prev[i] = dtc_bits_f32(zeros[(i / 2) % 6]);
+				m[i] = 0.0f;
+				v[i] = i % 4 == 0 ? 0.0f : 1e-6f * (1.0f + unif());
+			} else {
+				prev[i] = unif() * 0.02f;
+				m[i] = 0.9f * (0.1f * g0) + 0.1f * g;
+				v[i] = 0.999f * (0.001f * g0 * g0) + 0.001f * g * g;
+			}
+		}
+		zstep_run(variant, variant ? 3e-6 : 1e-6, 0.1, prev, m, v, group, n, &z);
+		print_message("zero weights variant=%d: zero_step=%llu flagged_zero_step=%llu "
+			      "changed=%llu flagged=%llu missed=%llu\n", variant,
+			      (unsigned long long)z.zero_step, (unsigned long long)z.flagged_zero_step,
+			      (unsigned long long)z.changed, (unsigned long long)z.flagged,
+			      (unsigned long long)z.missed);
+		assert_int_equal(z.missed, 0);
+		assert_true(z.changed > n / 200);	/* the other half trains */
+		/* subnormal ±2^-149·k decay to themselves (c close to 1) and are
+		 * not on the zero path: only the ±0 ones must go unflagged */
+		assert_true(z.flagged_zero_step <= z.zero_step * 2 / 3);
+		{
+			uint64_t zero_flagged = 0, zeros = 0;
+			struct zstep only;
+
+			for (uint64_t i = 0; i < n; i++) {
+				uint32_t b = dtc_f32_bits(prev[i]);
+
+				group[i] = (b & 0x7fffffffu) == 0;
+				zeros += group[i];
+			}
+			zstep_run(variant, variant ? 3e-6 : 1e-6, 0.1, prev, m, v, group, n, &only);
+			zero_flagged = only.flagged_zero_step;
+			print_message("zero weights variant=%d: exact_zeros=%llu flagged=%llu\n",
+				      variant, (unsigned long long)zeros,
+				      (unsigned long long)zero_flagged);
+			assert_true(zeros >= n / 8);
+			assert_int_equal(zero_flagged, 0);
+		}
+	}
+	/* FusedAdam, lr·wd = 0.495: −2^-149 → +0 exactly (a change). */
+	for (uint64_t i = 0; i < n; i++) {
+		prev[i] = dtc_bits_f32(i % 2 ? 0x80000001u : 0x00000000u);
+		m[i] = 0.0f;
+		v[i] = 0.0f;
+		group[i] = 1;
+	}
+	zstep_run(DTC_VARIANT_FUSED, 0.33, 1.5, prev, m, v, group, n, &z);
+	print_message("zero weights fused lr=0.33 wd=1.5: changed=%llu flagged=%llu missed=%llu\n",
+		      (unsigned long long)z.changed, (unsigned long long)z.flagged,
+		      (unsigned long long)z.missed);
+	assert_int_equal(z.changed, n / 2);	/* the fault this case guards against landed */
+	assert_int_equal(z.missed, 0);
+	free(prev);
+	free(m);
+	free(v);
+	free(group);
+}
+
+/* (b) A tensor without gradient (m = 0) and without weight decay keeps θ
+ * exactly: nothing in it may be flagged, also where θ sits within the
+ * guard band of a BF16 rounding midpoint (which the band flagged every
+ * version).  Next to it in the same buffer: a trained part (weight decay
+ * 0 too) and, in the frozen part, weights below 2^-125, which keep the
+ * guard band (dtc_adamw_still); every true change must still be sent. */
+static void test_frozen_no_decay(void **state)
+{
+	const uint64_t n = 16384;
+	float *prev = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4);
+	uint8_t *group = malloc(n);
+	struct zstep z;
+
+	(void)state;
+	assert_true(prev && m && v && group);
+	for (int variant = 0; variant < 2; variant++) {
+		uint64_t near = 0;
+
+		for (uint64_t i = 0; i < n; i++) {
+			float g = unif() * 1e-3f, g0 = unif() * 1e-3f;
+
+			group[i] = i < n / 2;
+			if (group[i]) {
+				/* a third near a BF16 midpoint, a few FP32 ulps off */
+				if (i % 3 == 0) {
+					uint32_t hi = 0x3a00u + (uint32_t)(rnd() % 0x580u);
+
+					prev[i] = dtc_bits_f32((hi << 16) + 0x8000u +
+							       (uint32_t)(int32_t)(rnd() % 49) - 24u);
+					near++;
+				} else {
+					prev[i] = unif() * 0.02f;
+				}
+				if (rnd() % 2)
+					prev[i] = -prev[i];
+				m[i] = i % 5 == 0 ? -0.0f : 0.0f;
+				v[i] = i % 4 == 0 ? 0.0f : 1e-6f * (1.0f + unif());
+			} else {
+				prev[i] = i % 64 == 0 ? dtc_bits_f32(0x00400000u + (uint32_t)(rnd() % 1000))
+						      : unif() * 0.02f;
+				m[i] = 0.9f * (0.1f * g0) + 0.1f * g;
+				v[i] = 0.999f * (0.001f * g0 * g0) + 0.001f * g * g;
+			}
+		}
+		zstep_run(variant, variant ? 3e-6 : 1e-6, 0.0, prev, m, v, group, n, &z);
+		print_message("frozen no decay variant=%d: zero_step=%llu near_midpoint=%llu "
+			      "flagged_zero_step=%llu changed=%llu flagged=%llu missed=%llu\n",
+			      variant, (unsigned long long)z.zero_step, (unsigned long long)near,
+			      (unsigned long long)z.flagged_zero_step, (unsigned long long)z.changed,
+			      (unsigned long long)z.flagged, (unsigned long long)z.missed);
+		assert_int_equal(z.missed, 0);
+		assert_true(z.changed > n / 400);
+		assert_int_equal(z.flagged_zero_step, 0);
+		/* with weight decay the same frozen part is not exact: the band
+		 * flags the near-midpoint weights as before */
+		zstep_run(variant, variant ? 3e-6 : 1e-6, 0.01, prev, m, v, group, n, &z);
+		assert_int_equal(z.missed, 0);
+		assert_true(z.flagged_zero_step > 0);
+	}
+	free(prev);
+	free(m);
+	free(v);
+	free(group);
+}
+
 static void test_bad_args(void **state)
 {
 	struct data *d = *state;
@@ -421,6 +715,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gap_codes),
 		cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_csum_block),
+		cmocka_unit_test(test_zero_weight_zero_step),
+		cmocka_unit_test(test_frozen_no_decay),
 		cmocka_unit_test(test_adamw),
 		cmocka_unit_test(test_sparse),
 		cmocka_unit_test(test_adamw_mark),
