@@ -449,7 +449,6 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	enum pair_why why;
 
 	*deferred = 0;
-	(void)rep;
 	if (!j)
 		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
@@ -504,9 +503,73 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(why), 1);
 		cap_take_dirty(j, c, cp);
 	}
-	*deferred = 1;
+	jsource_of(l)->accepted = rq->version;
+	jsource_of(l)->cap_pending = 1;
+	jsource_of(l)->cap_async = rq->async;
+	jsource_of(l)->cap_rc = 0;
+	jsource_of(l)->cap_err[0] = 0;
 	cap_start(l, c);
+	if (rq->async) {
+		/* Accepted: the buffers are pinned (referenced by c), the
+		 * capture is queued; the trainer runs its next forward and
+		 * backward while it reads, and waits (wait_captured) only
+		 * before writing θ, m, v again. */
+		rep->version = rq->version;
+		rep->captured = 0;
+		return 0;
+	}
+	*deferred = 1;
 	return 0;
+}
+
+/* The capture of source l ended (rc 0, rep its counts; or the reason):
+ * wait_captured answers from here on. */
+static void captured(struct jlocal *l, int rc, const char *msg, const Dte__PublishReply *rep)
+{
+	struct jsource *s = jsource_of(l);
+
+	s->cap_pending = 0;
+	s->cap_rc = rc;
+	s->cap_err[0] = 0;
+	if (rc < 0) {
+		size_t n = strnlen(msg, sizeof(s->cap_err) - 1);
+
+		memcpy(s->cap_err, msg, n);
+		s->cap_err[n] = 0;
+	}
+	dte__publish_reply__init(&s->cap_rep);
+	if (rep) {
+		s->cap_rep = *rep;
+		s->cap_rep.captured = 1;
+	}
+}
+
+int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__PublishReply *rep,
+		  char *err, size_t errlen)
+{
+	struct jsource *s = jsource_of(l);
+
+	if (!s)
+		return FAIL(-ENOENT, "job %s: not a source participant", j->name);
+	if (!version)
+		version = s->accepted;
+	if (!version || version > s->accepted)
+		return FAIL(-ENOENT, "job %s: version %llu was not published by participant %llx",
+			    j->name, (unsigned long long)version, (unsigned long long)l->info.id);
+	if (version < s->accepted) {
+		/* An older capture ended before this one was accepted. */
+		rep->version = version;
+		rep->captured = 1;
+		return 1;
+	}
+	if (s->cap_pending)
+		return 0;
+	if (s->cap_rc < 0) {
+		snprintf(err, errlen, "%s", s->cap_err);
+		return s->cap_rc;
+	}
+	*rep = s->cap_rep;
+	return 1;
 }
 
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
@@ -532,7 +595,9 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
-		job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
+		captured(l, -EIO, msg, NULL);
+		if (!jsource_of(l)->cap_async)
+			job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
 		return;
 	}
 	/* The trainer's buffers are no longer read: answer first (it may
@@ -557,7 +622,10 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	jsource_of(l)->marked = 0;
 	rep.version = c->version;
 	rep.capture_ms = job_ms_since(c->t0);
-	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+	rep.captured = 1;
+	captured(l, 0, "", &rep);
+	if (!jsource_of(l)->cap_async)
+		job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
