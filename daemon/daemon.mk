@@ -59,6 +59,9 @@ SYSTEM_TESTS += tests/system/sync_local.py tests/system/sync_capture.py tests/sy
 # The loop answers clients while a dense 2^28-element version is applied and
 # while dtectl verify sums it; SIGTERM mid-apply drains the worker.
 SYSTEM_TESTS += tests/system/loop_latency.py
+# Publish that does not stop the trainer (protocol 2): async publish, the
+# step waits for a capture the test build holds, exact sink, errors raised.
+SYSTEM_TESTS += tests/system/sync_async_publish.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 
