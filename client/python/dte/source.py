@@ -337,7 +337,7 @@ class Source:
                 total[k] += info[k]
             total["capture_ms"] = max(total["capture_ms"], info["capture_ms"])
         self.captures[version] = dict(total)
-        while len(self.captures) > 8:
+        while len(self.captures) > 64:
             self.captures.popitem(last=False)
 
     def wait_captured(self, timeout_ms=60000):
