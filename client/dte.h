@@ -196,6 +196,7 @@ enum dte_publish_field {
 	DTE_PUBLISH_SIZES = 1u << 1,    /* changed, elements, bytes */
 	DTE_PUBLISH_TIME = 1u << 2,
 	DTE_PUBLISH_CAPTURED = 1u << 3, /* captured */
+	DTE_PUBLISH_CUDA_EVENT = 1u << 4, /* cuda_event, cuda_event_len */
 };
 
 struct dte_publish_info {
@@ -206,6 +207,11 @@ struct dte_publish_info {
 	double   capture_ms;
 	int      captured;              /* DTE_PUBLISH_CAPTURED: 1 once the capture ended and
 					 * the counts above are its; 0: an async accept */
+	/* DTE_PUBLISH_CUDA_EVENT, sources with CUDA buffers: the daemon's
+	 * capture event (cudaIpcEventHandle_t), recorded after each capture's
+	 * kernels; the trainer's stream waits on it before its next step. */
+	uint8_t  cuda_event[64];
+	uint32_t cuda_event_len;
 };
 
 /* Captures version `version` after optimizer step `step` and returns; the

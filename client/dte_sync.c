@@ -254,6 +254,16 @@ static void fill_publish_info(struct dte_publish_info *info, const Dte__PublishR
 		info->captured = captured;
 		info->field_mask |= DTE_PUBLISH_CAPTURED;
 	}
+	if (FITS(T, info, cuda_event_len)) {
+		size_t n = r->cuda_capture_event.len;
+
+		info->cuda_event_len = 0;
+		if (n && n <= sizeof(info->cuda_event)) {
+			memcpy(info->cuda_event, r->cuda_capture_event.data, n);
+			info->cuda_event_len = (uint32_t)n;
+			info->field_mask |= DTE_PUBLISH_CUDA_EVENT;
+		}
+	}
 }
 
 int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t version,

@@ -19,6 +19,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
+#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
@@ -438,6 +439,9 @@ out:
 	return rc;
 }
 
+static void cap_event_make(struct job *j, struct jlocal *l);
+static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep);
+
 int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
@@ -503,6 +507,8 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(why), 1);
 		cap_take_dirty(j, c, cp);
 	}
+	if (dev)
+		cap_event_make(j, l);
 	jsource_of(l)->accepted = rq->version;
 	jsource_of(l)->cap_pending = 1;
 	jsource_of(l)->cap_async = rq->async;
@@ -516,6 +522,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		 * before writing θ, m, v again. */
 		rep->version = rq->version;
 		rep->captured = 0;
+		cap_event_fill(l, rep);
 		return 0;
 	}
 	*deferred = 1;
@@ -541,6 +548,43 @@ static void captured(struct jlocal *l, int rc, const char *msg, const Dte__Publi
 	if (rep) {
 		s->cap_rep = *rep;
 		s->cap_rep.captured = 1;
+	}
+}
+
+void jsrc_free(struct jlocal *l)
+{
+	struct jsource *s = jsource_of(l);
+
+	free(s->shards);
+	if (s->cap_ev)
+		dtc_dev_event_destroy(jeng.be, s->cap_ev);
+}
+
+/* A device source's capture event, created at its first publish; a
+ * source whose backend cannot export one goes on without it (the host
+ * wait_captured still orders the trainer's step after the capture). */
+static void cap_event_make(struct job *j, struct jlocal *l)
+{
+	struct jsource *s = jsource_of(l);
+	int rc;
+
+	if (s->cap_ev)
+		return;
+	rc = dtc_dev_event_export(jeng.be, &s->cap_ev, s->cap_ev_handle, sizeof(s->cap_ev_handle));
+	if (rc != DTC_OK) {
+		s->cap_ev = NULL;
+		DLOG_W("job %s: source %llx: no interprocess capture event (%s); its trainer waits "
+		       "on the host only", j->name, (unsigned long long)l->info.id, dtc_strerror(rc));
+	}
+}
+
+static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep)
+{
+	struct jsource *s = jsource_of(l);
+
+	if (s->cap_ev) {
+		rep->cuda_capture_event.data = s->cap_ev_handle;
+		rep->cuda_capture_event.len = sizeof(s->cap_ev_handle);
 	}
 }
 
@@ -623,6 +667,12 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	rep.version = c->version;
 	rep.capture_ms = job_ms_since(c->t0);
 	rep.captured = 1;
+	/* The worker's kernels that read θ, m, v ran on the legacy default
+	 * stream: the event recorded there now follows them. */
+	if (jsource_of(l)->cap_ev && dtc_dev_event_record(jeng.be, jsource_of(l)->cap_ev) != DTC_OK)
+		DLOG_W("job %s: recording the capture event of version %llu failed", j->name,
+		       (unsigned long long)c->version);
+	cap_event_fill(l, &rep);
 	captured(l, 0, "", &rep);
 	if (!jsource_of(l)->cap_async)
 		job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);

@@ -168,6 +168,11 @@ struct jsource {
 	int cap_rc;
 	char cap_err[512];
 	Dte__PublishReply cap_rep;
+	/* Device sources: the event the daemon records after each capture's
+	 * kernels (the trainer's stream waits on it before its next step; its
+	 * handle travels in PublishReply.cuda_capture_event).  NULL: none. */
+	void *cap_ev;
+	uint8_t cap_ev_handle[64];
 };
 
 /* The storage writer's canonical sink (job_storage.c) holds its APPLIED
@@ -552,6 +557,8 @@ void jsrc_parts_ready(uv_async_t *h);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
+/* Frees what the source side allocated for l (job_local.c's jlocal_free). */
+void jsrc_free(struct jlocal *l);
 /* Source l's capture of `version` (0: its last publish): 1 when it no
  * longer reads the buffers (*rep: its counts when it is the last one),
  * 0 while it does, a negative errno with the reason when it failed or

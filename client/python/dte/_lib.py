@@ -36,7 +36,8 @@ class _PublishInfo(ctypes.Structure):
                 ("sinks", ctypes.c_uint32), ("dense", ctypes.c_uint32),
                 ("changed", ctypes.c_uint64), ("elements", ctypes.c_uint64),
                 ("bytes", ctypes.c_uint64), ("capture_ms", ctypes.c_double),
-                ("captured", ctypes.c_int)]
+                ("captured", ctypes.c_int), ("cuda_event", ctypes.c_uint8 * 64),
+                ("cuda_event_len", ctypes.c_uint32)]
 
 
 class _Status(ctypes.Structure):
@@ -185,8 +186,9 @@ PUBLISH_ASYNC = 1  # dte.h DTE_PUBLISH_ASYNC
 
 
 def _info(info):
-    out = {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:]}
+    out = {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:-2]}
     out["captured"] = bool(out["captured"])
+    out["cuda_event"] = bytes(info.cuda_event[:info.cuda_event_len])
     return out
 
 

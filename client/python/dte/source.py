@@ -216,6 +216,8 @@ class Source:
         self.captures = collections.OrderedDict()  # version -> summed capture info
         self.blocked_s = 0.0     # time steps spent waiting for captures
         self.waits = 0           # wait_captured calls that found a capture pending
+        self.cap_events = {}     # part -> the daemon's capture event (CUDA sources)
+        self.stream_waits = 0    # times the trainer's stream waited on one
 
     # -- registration --
     def expected(self, rank):
@@ -290,6 +292,24 @@ class Source:
     def _before_step(self):
         if self.pending:
             self.wait_captured()
+        if self.cap_events:
+            # The two-way handshake of the GPU path: the daemon's stream
+            # waited on our step event before its capture kernels read θ,
+            # m, v; our stream now waits on the event it recorded after
+            # them (cudaStreamWaitEvent: no host synchronisation).
+            stream = torch.cuda.current_stream()
+            for ev in self.cap_events.values():
+                stream.wait_event(ev)
+            self.stream_waits += 1
+
+    def _cap_event(self, part, info):
+        """Open the daemon's capture event of `part` once (CUDA sources)."""
+        h = info.get("cuda_event") or b""
+        if h and part not in self.cap_events and self.event is not None:
+            # torch/cuda/streams.py Event.from_ipc_handle, as
+            # torch/multiprocessing/reductions.py rebuild_event opens one.
+            self.cap_events[part] = torch.cuda.Event.from_ipc_handle(
+                torch.cuda.current_device(), h)
 
     def _stepped(self, rec):
         if self.event is not None:
@@ -321,6 +341,7 @@ class Source:
         for part, groups, steps in per_part:
             infos.append(self.cli.publish(self.job, part, version, step, groups, steps,
                                           asynchronous=asynchronous))
+            self._cap_event(part, infos[-1])
             if asynchronous and not infos[-1]["captured"]:
                 self.pending.append((part, version))
         self.published = step
