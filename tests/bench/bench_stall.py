@@ -9,7 +9,8 @@ optimizer's own core), then publish through dte.Source, which answers at
 once (protocol 2) while the daemon captures during the next forward and
 backward; the wrapped optimizer step waits only if that capture still
 reads.  One dted (the production build) holds the source and an SGLang
-TP=1 sink, which a thread of this process applies as versions stage.
+TP=1 sink, which its own process (bench_stall.py --sink, as an inference
+node would) applies as versions stage.
 
 Measured in one run, per forward+backward time fb (fractions of the
 capture time measured first, the curve as fb shrinks):
@@ -30,7 +31,7 @@ run.py calls run() and prints `bench stall blocked_ratio=R step_overhead=R`.
 
 import json
 import os
-import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,8 @@ DTED = os.path.join(B, "bin", "dted")
 # fb / capture time, the curve
 FRACS = tuple(float(x) for x in os.environ.get("BENCH_STALL_FRACS", "2,1,0.5,0.25,0").split(","))
 HEADLINE = 1.0                        # fb = the capture time
-STEPS = int(os.environ.get("BENCH_STALL_STEPS", "4"))
+STEPS = int(os.environ.get("BENCH_STALL_STEPS", "2"))     # per block
+ROUNDS = int(os.environ.get("BENCH_STALL_ROUNDS", "3"))   # interleaved blocks per fb
 
 
 def detect_floor(n):
@@ -73,34 +75,57 @@ def detect_floor(n):
     raise RuntimeError("bench_scan printed no scan-detail line")
 
 
-class Applier(threading.Thread):
-    """Applies each published version on the sink as it stages, so the
-    sink never falls behind (a sink past max_staged_versions goes dense)."""
+def sink_main(sock):
+    """The sink's own process (as on an inference node): attach an SGLang
+    TP=1 sink, print "ready", then apply whatever stages and print
+    "applied V" after each apply, until stdin closes."""
+    torch.set_num_threads(1)
+    cfg = bench_e2e.model_config()
+    cfg_text = json.dumps(cfg)
+    eng = sglang.SGLangModel(cfg, tp=1, label="stall-sink")
+    sink = Sink.sglang(eng, sock, bench_e2e.JOB, bench_e2e.TOKEN, cfg_text)
+    print("ready", flush=True)
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    part = sink.parts[0]
+    while not stop.is_set():
+        try:
+            v = sink.cli.wait_staged(sink.job, part, 200)
+        except Exception:
+            continue
+        sink.cli.apply(sink.job, part, v)
+        print("applied %d" % v, flush=True)
+    sink.close()
+    eng.close()
 
-    def __init__(self, sink):
-        super().__init__(daemon=True)
-        self.sink, self.q, self.err = sink, queue.Queue(), None
 
-    def run(self):
-        while True:
-            v = self.q.get()
-            if v is None:
-                return
-            try:
-                self.sink.apply(v, timeout_ms=600000)
-            except Exception as e:  # reported by drain()
-                self.err = e
+class SinkProc:
+    """bench_stall.py --sink in a child process; applied() follows it."""
 
-    def drain(self, v):
-        """Until version v is applied (the loop's versions do not pile up)."""
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            a, _s = self.sink.cli.query_version(self.sink.job, self.sink.parts[0])
-            if a >= v or self.err:
-                break
-            time.sleep(0.01)
-        if self.err:
-            raise RuntimeError("sink apply failed: %s" % self.err)
+    def __init__(self, sock):
+        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--sink", sock],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.v = 0
+        line = self.p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError("the sink process did not attach (%r)" % line)
+
+    def drain(self, v, timeout=600):
+        """Until the sink applied version v."""
+        end = time.monotonic() + timeout
+        while self.v < v:
+            if time.monotonic() > end or self.p.poll() is not None:
+                raise RuntimeError("the sink did not apply version %d (at %d)" % (v, self.v))
+            line = self.p.stdout.readline()
+            if line.startswith("applied "):
+                self.v = int(line.split()[1])
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+            self.p.wait(60)
+        except Exception:
+            self.p.kill()
 
 
 def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
@@ -120,8 +145,9 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
     logf = open(os.path.join(tmp, "dted.log"), "w")
     daemon = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
                                "--peer-listen", "127.0.0.1:0"], stdout=logf, stderr=logf)
-    trainer = src = sink = eng = applier = None
-    out = {"elements": n, "floor_s": floor_s, "steps": steps, "rows": []}
+    trainer = src = sink = None
+    out = {"elements": n, "floor_s": floor_s, "steps": steps, "rounds": ROUNDS, "rows": [],
+           "load_start": os.getloadavg()[0]}
     try:
         end = time.monotonic() + 30
         while not os.path.exists(sock):
@@ -135,10 +161,7 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
         src.parts.append(trainer.attach(src.cli, cfg_text))
         src.ranks.append(0)
         src.track(trainer.opt)
-        eng = sglang.SGLangModel(cfg, tp=1, label="stall-sink")
-        sink = Sink.sglang(eng, sock, bench_e2e.JOB, bench_e2e.TOKEN, cfg_text)
-        applier = Applier(sink)
-        applier.start()
+        sink = SinkProc(sock)
         g = torch.Generator().manual_seed(2)
         for p in trainer.params.values():
             # The gradient the backward copies to the host; the same every
@@ -161,7 +184,6 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
                     t1 = time.monotonic()
                     info = src.publish(state["v"], asynchronous=asynchronous)
                     tb = time.monotonic() - t1
-                    applier.q.put(state["v"])
                 times.append(time.monotonic() - t0)
                 if publish:
                     blocked.append(tb + src.blocked_s - b0)
@@ -171,7 +193,7 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
                 # The last capture ends before the next measurement (and its
                 # wait is not in any step: it would be in the next one).
                 src.wait_captured()
-                applier.drain(state["v"])
+                sink.drain(state["v"])
             cap = [i["capture_ms"] for i in caps] if publish else []
             dense = sum(1 for i in caps if i["dense"]) if publish else 0
             state["calls"] = calls
@@ -193,31 +215,44 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
             "detect floor %.3f s" % (out["sync"]["blocked_s"], cap_s, floor_s))
         for frac in fracs:
             fb = frac * cap_s
-            t0, _b, _c, _d = loop(fb, False, steps)
-            warm()
-            t1, b1, c1, d1 = loop(fb, True, steps)
-            row = {"frac": frac, "fb_s": fb, "step_s_without": statistics.mean(t0),
-                   "step_s_with": statistics.mean(t1), "blocked_s": statistics.mean(b1),
+            t0, t1, b1, c1, calls, d1 = [], [], [], [], [], 0
+            # Rounds of (publishing, not publishing), interleaved, so the
+            # shared machine's drift falls on both alike; each publishing
+            # block starts after an unmeasured dense + sparse pair (the
+            # unpublished steps before it are a gap).
+            for _ in range(ROUNDS):
+                warm()
+                w, b, cp, d = loop(fb, True, steps)
+                t1 += w
+                b1 += b
+                c1 += cp
+                d1 += d
+                calls += state["calls"]
+                t0 += loop(fb, False, steps)[0]
+            row = {"frac": frac, "fb_s": fb, "step_s_without": statistics.median(t0),
+                   "step_s_with": statistics.median(t1), "blocked_s": statistics.mean(b1),
                    "blocked_max_s": max(b1), "capture_s": statistics.median(c1) / 1e3,
-                   "dense": d1, "publish_call_s": statistics.mean(state["calls"])}
+                   "dense": d1, "publish_call_s": statistics.mean(calls),
+                   "versions": len(b1)}
             row["step_overhead"] = row["step_s_with"] / row["step_s_without"]
             row["blocked_ratio"] = row["blocked_s"] / floor_s
             out["rows"].append(row)
             log("stall: fb=%.3f s (%.2f x capture): step %.3f s with publish, %.3f s "
-                "without (x%.3f); blocked %.4f s per version (max %.4f; the publish call "
-                "%.4f) = %.4f of the detect floor; capture %.3f s; %d dense of %d" % (
+                "without (x%.3f, medians); blocked %.4f s per version (max %.4f; the publish "
+                "call %.4f) = %.4f of the detect floor; capture %.3f s; %d dense of %d" % (
                     fb, frac, row["step_s_with"], row["step_s_without"],
                     row["step_overhead"], row["blocked_s"], row["blocked_max_s"],
-                    row["publish_call_s"],
-                    row["blocked_ratio"], row["capture_s"], d1, steps))
+                    row["publish_call_s"], row["blocked_ratio"], row["capture_s"], d1,
+                    len(b1)))
         head = min(out["rows"], key=lambda r: abs(r["frac"] - HEADLINE))
         out["blocked_ratio"] = head["blocked_ratio"]
         out["step_overhead"] = head["step_overhead"]
         out["headline_frac"] = head["frac"]
+        out["load_end"] = os.getloadavg()[0]
+        log("stall: load average %.1f at the start, %.1f at the end" % (out["load_start"],
+                                                                         out["load_end"]))
     finally:
-        if applier is not None:
-            applier.q.put(None)
-        for x in (sink, src, eng, trainer):
+        for x in (sink, src, trainer):
             try:
                 if x is not None:
                     x.close()
@@ -240,6 +275,11 @@ def summary_line(st):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--sink":
+        sink_main(sys.argv[2])
+        sys.exit(0)
+    # SIGTERM ends the run through its finally (the daemon and sink stop).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     res = run()
     print(json.dumps(res, indent=1))
     print(summary_line(res), flush=True)
