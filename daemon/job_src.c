@@ -481,7 +481,9 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	 * joins them unless a mark already put it there. */
 	stepped = !first && !jsource_of(l)->gap &&
 		  (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
-	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
+	/* An async publish is answered now: its task answers no one (conn 0;
+	 * connection ids start at 1), whatever becomes of it. */
+	c = cap_new(j, l, JCAP_PUBLISH, rq->async ? 0 : conn, req_id, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
@@ -511,7 +513,6 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		cap_event_make(j, l);
 	jsource_of(l)->accepted = rq->version;
 	jsource_of(l)->cap_pending = 1;
-	jsource_of(l)->cap_async = rq->async;
 	jsource_of(l)->cap_rc = 0;
 	jsource_of(l)->cap_err[0] = 0;
 	cap_start(l, c);
@@ -640,7 +641,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
 		captured(l, -EIO, msg, NULL);
-		if (!jsource_of(l)->cap_async)
+		if (c->conn)
 			job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
 		return;
 	}
@@ -674,7 +675,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		       (unsigned long long)c->version);
 	cap_event_fill(l, &rep);
 	captured(l, 0, "", &rep);
-	if (!jsource_of(l)->cap_async)
+	if (c->conn)
 		job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 
 	h = hist_get(j, c->version, c->step);
@@ -758,8 +759,9 @@ static void cap_after(uv_work_t *w, int status)
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
 			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
-		job_reply(c->conn, c->req_id, -ENOENT,
-			  "the participant went away during the capture", 0, NULL);
+		if (c->conn)
+			job_reply(c->conn, c->req_id, -ENOENT,
+				  "the participant went away during the capture", 0, NULL);
 	} else {
 		jsource_of(l)->busy = 0;
 		if (c->kind == JCAP_MARK)

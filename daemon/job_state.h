@@ -164,7 +164,6 @@ struct jsource {
 	 * cap_rep holds its counts (wait_captured answers with them). */
 	uint64_t accepted;
 	int cap_pending;
-	int cap_async;            /* answered at accept: publish_done does not answer */
 	int cap_rc;
 	char cap_err[512];
 	Dte__PublishReply cap_rep;
