@@ -220,9 +220,14 @@ def main():
                 print("close: %s" % e)
         daemon.terminate()
         try:
-            daemon.wait(20)
+            rc = daemon.wait(20)
         except subprocess.TimeoutExpired:
             daemon.kill()
+            rc = "hung"
+    log.seek(0)
+    text = log.read()
+    c.check(rc == 0 and "Sanitizer" not in text,
+            "dted exits cleanly after SIGTERM (%s)%s" % (rc, "" if rc == 0 else text[-2000:]))
     c.finish(versions=VERSIONS + 1, held=HELD, step_waited_ms="%.1f" % waited_ms)
 
 
