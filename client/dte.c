@@ -298,6 +298,11 @@ static void copy_str(char *dst, size_t cap, const char *s)
 /* Field fits in what the caller's (possibly older, smaller) struct has. */
 #define FITS(type, out, f) (offsetof(type, f) + sizeof((out)->f) <= (out)->size)
 
+uint32_t dte__version(const dte_t *h)
+{
+	return h ? h->version : 0;
+}
+
 int dte_hello(dte_t *h, struct dte_hello_info *out)
 {
 	Dte__Request req = DTE__REQUEST__INIT;

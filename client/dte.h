@@ -195,6 +195,8 @@ enum dte_publish_field {
 	DTE_PUBLISH_COUNTS = 1u << 0,   /* sinks, dense */
 	DTE_PUBLISH_SIZES = 1u << 1,    /* changed, elements, bytes */
 	DTE_PUBLISH_TIME = 1u << 2,
+	DTE_PUBLISH_CAPTURED = 1u << 3, /* captured */
+	DTE_PUBLISH_CUDA_EVENT = 1u << 4, /* cuda_event, cuda_event_len */
 };
 
 struct dte_publish_info {
@@ -203,6 +205,13 @@ struct dte_publish_info {
 	uint32_t sinks, dense;
 	uint64_t changed, elements, bytes;
 	double   capture_ms;
+	int      captured;              /* DTE_PUBLISH_CAPTURED: 1 once the capture ended and
+					 * the counts above are its; 0: an async accept */
+	/* DTE_PUBLISH_CUDA_EVENT, sources with CUDA buffers: the daemon's
+	 * capture event (cudaIpcEventHandle_t), recorded after each capture's
+	 * kernels; the trainer's stream waits on it before its next step. */
+	uint8_t  cuda_event[64];
+	uint32_t cuda_event_len;
 };
 
 /* Captures version `version` after optimizer step `step` and returns; the
@@ -226,6 +235,28 @@ int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t 
 int dte_mark_steps(dte_t *h, const char *job, uint64_t participant, int64_t step,
 		   const struct dte_hparams *groups, const int64_t *group_steps, size_t ngroups,
 		   uint64_t *dirty);
+/* Publish that does not stop the trainer (protocol 2).  With
+ * DTE_PUBLISH_ASYNC the call returns once the daemon accepted the version
+ * (arguments checked, buffers pinned, capture queued): info->captured is
+ * 0 and the counts come from dte_wait_captured.  The trainer may run its
+ * next forward and backward meanwhile, but must call dte_wait_captured
+ * before it writes θ, m or v again (its next optimizer step).  On a
+ * daemon that speaks only protocol 1 the flag is ignored: the call
+ * returns after the capture, as dte_publish_steps does. */
+enum dte_publish_flags {
+	DTE_PUBLISH_ASYNC = 1u << 0,
+};
+int dte_publish_ex(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		   int64_t step, const struct dte_hparams *groups, const int64_t *group_steps,
+		   size_t ngroups, unsigned flags, struct dte_publish_info *info);
+/* Returns once the capture of `version` (0: the participant's last
+ * publish) no longer reads the trainer's buffers, with its counts in info
+ * (may be NULL); the capture's own error (a step the optimizer state does
+ * not match, ...) is returned here with the daemon's message.
+ * DTE_ERR_TIMEOUT after timeout_ms (the capture still reads: do not step).
+ * DTE_OK at once on a protocol-1 daemon (every publish was synchronous). */
+int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      unsigned timeout_ms, struct dte_publish_info *info);
 /* Returns when every sink applied `version`; DTE_ERR_TIMEOUT otherwise. */
 int dte_wait(dte_t *h, const char *job, uint64_t version, unsigned timeout_ms);
 

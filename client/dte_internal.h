@@ -19,6 +19,9 @@ int dte__call(dte_t *h, Dte__Request *req, Dte__Response **resp);
  * reply (requests the daemon answers when a condition holds). */
 int dte__call_ex(dte_t *h, Dte__Request *req, int fd, unsigned wait_ms, Dte__Response **resp);
 
+/* The protocol version negotiated on this handle (0 before hello). */
+uint32_t dte__version(const dte_t *h);
+
 /* Map a daemon status code to an enum dte_err. */
 int dte__status_to_err(Dte__Status code);
 

@@ -229,9 +229,54 @@ int dte_publish(dte_t *h, const char *job, uint64_t participant, uint64_t versio
 	return dte_publish_steps(h, job, participant, version, step, groups, NULL, ngroups, info);
 }
 
+static void fill_publish_info(struct dte_publish_info *info, const Dte__PublishReply *r,
+			      int captured)
+{
+	typedef struct dte_publish_info T;
+
+	info->field_mask = 0;
+	if (FITS(T, info, dense)) {
+		info->sinks = r->sinks;
+		info->dense = r->dense;
+		info->field_mask |= DTE_PUBLISH_COUNTS;
+	}
+	if (FITS(T, info, bytes)) {
+		info->changed = r->changed;
+		info->elements = r->elements;
+		info->bytes = r->bytes;
+		info->field_mask |= DTE_PUBLISH_SIZES;
+	}
+	if (FITS(T, info, capture_ms)) {
+		info->capture_ms = r->capture_ms;
+		info->field_mask |= DTE_PUBLISH_TIME;
+	}
+	if (FITS(T, info, captured)) {
+		info->captured = captured;
+		info->field_mask |= DTE_PUBLISH_CAPTURED;
+	}
+	if (FITS(T, info, cuda_event_len)) {
+		size_t n = r->cuda_capture_event.len;
+
+		info->cuda_event_len = 0;
+		if (n && n <= sizeof(info->cuda_event)) {
+			memcpy(info->cuda_event, r->cuda_capture_event.data, n);
+			info->cuda_event_len = (uint32_t)n;
+			info->field_mask |= DTE_PUBLISH_CUDA_EVENT;
+		}
+	}
+}
+
 int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t version,
 		      int64_t step, const struct dte_hparams *groups, const int64_t *group_steps,
 		      size_t ngroups, struct dte_publish_info *info)
+{
+	return dte_publish_ex(h, job, participant, version, step, groups, group_steps, ngroups, 0,
+			      info);
+}
+
+int dte_publish_ex(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		   int64_t step, const struct dte_hparams *groups, const int64_t *group_steps,
+		   size_t ngroups, unsigned flags, struct dte_publish_info *info)
 {
 	Dte__Request req = DTE__REQUEST__INIT;
 	Dte__PublishRequest pr = DTE__PUBLISH_REQUEST__INIT;
@@ -249,6 +294,8 @@ int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t 
 	pr.step = step;
 	pr.n_groups = ngroups;
 	pr.groups = pp;
+	/* Protocol 1 knows no async: the answer then comes after the capture. */
+	pr.async = (flags & DTE_PUBLISH_ASYNC) && dte__version(h) >= 2;
 	req.cmd_case = DTE__REQUEST__CMD_PUBLISH;
 	req.publish = &pr;
 	rc = do_call(h, &req, -1, 0, &resp);
@@ -256,27 +303,37 @@ int dte_publish_steps(dte_t *h, const char *job, uint64_t participant, uint64_t 
 	free(pp);
 	if (rc < 0)
 		return rc;
-	if (info) {
-		const Dte__PublishReply *r = resp->publish;
-		typedef struct dte_publish_info T;
+	if (info)
+		fill_publish_info(info, resp->publish, !pr.async);
+	dte__response__free_unpacked(resp, NULL);
+	return DTE_OK;
+}
 
+int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      unsigned timeout_ms, struct dte_publish_info *info)
+{
+	Dte__Request req = DTE__REQUEST__INIT;
+	Dte__WaitCapturedRequest w = DTE__WAIT_CAPTURED_REQUEST__INIT;
+	Dte__Response *resp;
+	int rc;
+
+	if (!h || !job || (info && info->size < offsetof(struct dte_publish_info, sinks)))
+		return DTE_ERR_INVAL;
+	if (info)
 		info->field_mask = 0;
-		if (FITS(T, info, dense)) {
-			info->sinks = r->sinks;
-			info->dense = r->dense;
-			info->field_mask |= DTE_PUBLISH_COUNTS;
-		}
-		if (FITS(T, info, bytes)) {
-			info->changed = r->changed;
-			info->elements = r->elements;
-			info->bytes = r->bytes;
-			info->field_mask |= DTE_PUBLISH_SIZES;
-		}
-		if (FITS(T, info, capture_ms)) {
-			info->capture_ms = r->capture_ms;
-			info->field_mask |= DTE_PUBLISH_TIME;
-		}
-	}
+	if (dte__version(h) < 2)
+		return DTE_OK;  /* protocol 1: the publish answered after its capture */
+	w.job = (char *)job;
+	w.participant = participant;
+	w.version = version;
+	w.timeout_ms = timeout_ms;
+	req.cmd_case = DTE__REQUEST__CMD_WAIT_CAPTURED;
+	req.wait_captured = &w;
+	rc = do_call(h, &req, -1, timeout_ms, &resp);
+	if (rc < 0)
+		return rc;
+	if (info && resp->wait_captured && resp->wait_captured->publish)
+		fill_publish_info(info, resp->wait_captured->publish, 1);
 	dte__response__free_unpacked(resp, NULL);
 	return DTE_OK;
 }

@@ -141,6 +141,28 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	return done(r, st, err);
 }
 
+Dte__Status dcmd_wait_captured(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
+			       Dte__Response *resp, struct dreply *r)
+{
+	Dte__WaitCapturedReply *rep = dreply_alloc(r, sizeof(*rep));
+	Dte__PublishReply *pub = dreply_alloc(r, sizeof(*pub));
+	char err[512];
+	int deferred = 0;
+	int st;
+
+	if (!rep || !pub)
+		return DTE__STATUS__STATUS_ERR_INTERNAL;
+	dte__wait_captured_reply__init(rep);
+	dte__publish_reply__init(pub);
+	st = job_wait_captured(s->conn_id, req->id, req->wait_captured, rep, pub, &deferred, err,
+			       sizeof(err));
+	if (st == 0 && deferred)
+		dreply_defer(r);
+	resp->body_case = DTE__RESPONSE__BODY_WAIT_CAPTURED;
+	resp->wait_captured = rep;
+	return done(r, st, err);
+}
+
 Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 		      Dte__Response *resp, struct dreply *r)
 {

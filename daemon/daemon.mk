@@ -72,6 +72,9 @@ SYSTEM_TESTS += tests/system/loop_latency.py
 # Publish interval K = 4 on the adamw_fixtures steps: exact, and the union's
 # false positives gone (daemon/side_table.h), capped, a wrong drop caught.
 SYSTEM_TESTS += tests/system/sync_k4.py
+# Publish that does not stop the trainer (protocol 2): async publish, the
+# step waits for a capture the test build holds, exact sink, errors raised.
+SYSTEM_TESTS += tests/system/sync_async_publish.py
 # The same with detect = snapshot (daemon/job_snapshot.c).
 SYSTEM_TESTS += tests/system/sync_local_snapshot.sh
 

@@ -24,6 +24,7 @@ static const dcmd_fn handlers[DTE_CMD__COUNT] = {
 	[DTE_CMD_MARK] = dcmd_mark,
 	[DTE_CMD_WAIT] = dcmd_wait,
 	[DTE_CMD_WAIT_STAGED] = dcmd_wait_staged,
+	[DTE_CMD_WAIT_CAPTURED] = dcmd_wait_captured,
 	[DTE_CMD_APPLY] = dcmd_apply,
 	[DTE_CMD_QUERY_VERSION] = dcmd_query_version,
 	[DTE_CMD_JOBS] = dcmd_jobs,

@@ -23,15 +23,17 @@
 #include "daemon/route.h"
 #include "gpu/compute.h"
 
-/* Deferred control answers: attach (plan arrived), wait, wait_staged. */
-enum { JW_ATTACH, JW_WAIT, JW_STAGED };
+/* Deferred control answers: attach (plan arrived), wait, wait_staged,
+ * wait_captured. */
+enum { JW_ATTACH, JW_WAIT, JW_STAGED, JW_CAPTURED };
 
 struct jwaiter {
 	int kind;
 	uint64_t conn;
 	uint32_t req_id;
 	char job[JOB_NAME_MAX];
-	uint64_t arg;             /* participant (attach, staged) or version (wait) */
+	uint64_t arg;             /* participant (attach, staged, captured) or version (wait) */
+	uint64_t arg2;            /* version (captured) */
 	uint64_t deadline;        /* uv_hrtime ns */
 	struct jwaiter *next;
 };
@@ -158,6 +160,35 @@ static int waiter_try(struct jwaiter *w, int expired)
 				 l ? "no new version staged in time" : "participant gone");
 			reply_deferred(w, l ? -ETIMEDOUT : -ENOENT,
 				       msg, 0, NULL);
+			return 1;
+		}
+		return 0;
+	}
+	case JW_CAPTURED: {
+		struct jlocal *l = job_local(j, w->arg);
+		Dte__WaitCapturedReply rep = DTE__WAIT_CAPTURED_REPLY__INIT;
+		Dte__PublishReply pub = DTE__PUBLISH_REPLY__INIT;
+		int st;
+
+		if (!l) {
+			snprintf(msg, sizeof(msg), "job %s: participant gone", j->name);
+			reply_deferred(w, -ENOENT, msg, 0, NULL);
+			return 1;
+		}
+		st = jsrc_captured(j, l, w->arg2, &pub, msg, sizeof(msg));
+		if (st < 0) {
+			reply_deferred(w, st, msg, 0, NULL);
+			return 1;
+		}
+		if (st > 0) {
+			rep.publish = &pub;
+			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_CAPTURED, &rep);
+			return 1;
+		}
+		if (expired) {
+			snprintf(msg, sizeof(msg), "job %s: the capture of version %llu still reads the "
+				 "source's buffers", j->name, (unsigned long long)w->arg2);
+			reply_deferred(w, -ETIMEDOUT, msg, 0, NULL);
 			return 1;
 		}
 		return 0;
@@ -673,6 +704,41 @@ int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 			    j->name, (unsigned long long)rq->version);
 	if (waiter_add(JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
+	*deferred = 1;
+	return 0;
+}
+
+int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
+		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
+		      size_t errlen)
+{
+	struct job *j = job_find(rq->job);
+	struct jlocal *l;
+	int st;
+
+	*deferred = 0;
+	if (!j)
+		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
+	l = job_local_owned(j, rq->participant, conn);
+	if (!l || l->info.role != JROLE_SOURCE)
+		return FAIL(-ENOENT,
+			    "job %s: no source participant %llx on this connection", j->name,
+			    (unsigned long long)rq->participant);
+	st = jsrc_captured(j, l, rq->version, pub, err, errlen);
+	if (st < 0)
+		return st;
+	if (st > 0) {
+		rep->publish = pub;
+		return 0;
+	}
+	if (rq->timeout_ms == 0)
+		return FAIL(-ETIMEDOUT, "job %s: the capture of version %llu still reads the "
+			    "source's buffers", j->name, (unsigned long long)
+			    (rq->version ? rq->version : jsource_of(l)->accepted));
+	if (waiter_add(JW_CAPTURED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+		return FAIL(-ENOMEM, "out of memory");
+	/* waiter_add put it first */
+	waiters->arg2 = rq->version ? rq->version : jsource_of(l)->accepted;
 	*deferred = 1;
 	return 0;
 }

@@ -73,6 +73,11 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
 int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
+/* The capture of an async publish no longer reads the source's buffers
+ * (pub: storage for the answer's counts, rep->publish points at it). */
+int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
+		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
+		      size_t errlen);
 int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
 		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
 int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,

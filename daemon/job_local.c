@@ -41,7 +41,7 @@ void jlocal_free(struct jlocal *l)
 	if (l->info.role == JROLE_SINK)
 		jsink_free(l);
 	else
-		free(jsource_of(l)->shards);
+		jsrc_free(l);
 	for (size_t i = 0; i < l->nbufs; i++)
 		if (l->bufs[i])
 			dbuf_unref(l->bufs[i]);

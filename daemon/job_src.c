@@ -19,6 +19,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/route.h"
+#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
@@ -438,6 +439,9 @@ out:
 	return rc;
 }
 
+static void cap_event_make(struct job *j, struct jlocal *l);
+static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep);
+
 int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
@@ -449,7 +453,6 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	enum pair_why why;
 
 	*deferred = 0;
-	(void)rep;
 	if (!j)
 		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
 	l = job_local_owned(j, rq->participant, conn);
@@ -478,7 +481,9 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	 * joins them unless a mark already put it there. */
 	stepped = !first && !jsource_of(l)->gap &&
 		  (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
-	c = cap_new(j, l, JCAP_PUBLISH, conn, req_id, rq->step, k, rq->n_groups);
+	/* An async publish is answered now: its task answers no one (conn 0;
+	 * connection ids start at 1), whatever becomes of it. */
+	c = cap_new(j, l, JCAP_PUBLISH, rq->async ? 0 : conn, req_id, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
@@ -504,9 +509,112 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(why), 1);
 		cap_take_dirty(j, c, cp);
 	}
-	*deferred = 1;
+	if (dev)
+		cap_event_make(j, l);
+	jsource_of(l)->accepted = rq->version;
+	jsource_of(l)->cap_pending = 1;
+	jsource_of(l)->cap_rc = 0;
+	jsource_of(l)->cap_err[0] = 0;
 	cap_start(l, c);
+	if (rq->async) {
+		/* Accepted: the buffers are pinned (referenced by c), the
+		 * capture is queued; the trainer runs its next forward and
+		 * backward while it reads, and waits (wait_captured) only
+		 * before writing θ, m, v again. */
+		rep->version = rq->version;
+		rep->captured = 0;
+		cap_event_fill(l, rep);
+		return 0;
+	}
+	*deferred = 1;
 	return 0;
+}
+
+/* The capture of source l ended (rc 0, rep its counts; or the reason):
+ * wait_captured answers from here on. */
+static void captured(struct jlocal *l, int rc, const char *msg, const Dte__PublishReply *rep)
+{
+	struct jsource *s = jsource_of(l);
+
+	s->cap_pending = 0;
+	s->cap_rc = rc;
+	s->cap_err[0] = 0;
+	if (rc < 0) {
+		size_t n = strnlen(msg, sizeof(s->cap_err) - 1);
+
+		memcpy(s->cap_err, msg, n);
+		s->cap_err[n] = 0;
+	}
+	dte__publish_reply__init(&s->cap_rep);
+	if (rep) {
+		s->cap_rep = *rep;
+		s->cap_rep.captured = 1;
+	}
+}
+
+void jsrc_free(struct jlocal *l)
+{
+	struct jsource *s = jsource_of(l);
+
+	free(s->shards);
+	if (s->cap_ev)
+		dtc_dev_event_destroy(jeng.be, s->cap_ev);
+}
+
+/* A device source's capture event, created at its first publish; a
+ * source whose backend cannot export one goes on without it (the host
+ * wait_captured still orders the trainer's step after the capture). */
+static void cap_event_make(struct job *j, struct jlocal *l)
+{
+	struct jsource *s = jsource_of(l);
+	int rc;
+
+	if (s->cap_ev)
+		return;
+	rc = dtc_dev_event_export(jeng.be, &s->cap_ev, s->cap_ev_handle, sizeof(s->cap_ev_handle));
+	if (rc != DTC_OK) {
+		s->cap_ev = NULL;
+		DLOG_W("job %s: source %llx: no interprocess capture event (%s); its trainer waits "
+		       "on the host only", j->name, (unsigned long long)l->info.id, dtc_strerror(rc));
+	}
+}
+
+static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep)
+{
+	struct jsource *s = jsource_of(l);
+
+	if (s->cap_ev) {
+		rep->cuda_capture_event.data = s->cap_ev_handle;
+		rep->cuda_capture_event.len = sizeof(s->cap_ev_handle);
+	}
+}
+
+int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__PublishReply *rep,
+		  char *err, size_t errlen)
+{
+	struct jsource *s = jsource_of(l);
+
+	if (!s)
+		return FAIL(-ENOENT, "job %s: not a source participant", j->name);
+	if (!version)
+		version = s->accepted;
+	if (!version || version > s->accepted)
+		return FAIL(-ENOENT, "job %s: version %llu was not published by participant %llx",
+			    j->name, (unsigned long long)version, (unsigned long long)l->info.id);
+	if (version < s->accepted) {
+		/* An older capture ended before this one was accepted. */
+		rep->version = version;
+		rep->captured = 1;
+		return 1;
+	}
+	if (s->cap_pending)
+		return 0;
+	if (s->cap_rc < 0) {
+		snprintf(err, errlen, "%s", s->cap_err);
+		return s->cap_rc;
+	}
+	*rep = s->cap_rep;
+	return 1;
 }
 
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
@@ -532,7 +640,9 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
-		job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
+		captured(l, -EIO, msg, NULL);
+		if (c->conn)
+			job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
 		return;
 	}
 	/* The trainer's buffers are no longer read: answer first (it may
@@ -557,7 +667,16 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	jsource_of(l)->marked = 0;
 	rep.version = c->version;
 	rep.capture_ms = job_ms_since(c->t0);
-	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+	rep.captured = 1;
+	/* The worker's kernels that read θ, m, v ran on the legacy default
+	 * stream: the event recorded there now follows them. */
+	if (jsource_of(l)->cap_ev && dtc_dev_event_record(jeng.be, jsource_of(l)->cap_ev) != DTC_OK)
+		DLOG_W("job %s: recording the capture event of version %llu failed", j->name,
+		       (unsigned long long)c->version);
+	cap_event_fill(l, &rep);
+	captured(l, 0, "", &rep);
+	if (c->conn)
+		job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
@@ -640,8 +759,9 @@ static void cap_after(uv_work_t *w, int status)
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
 			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
-		job_reply(c->conn, c->req_id, -ENOENT,
-			  "the participant went away during the capture", 0, NULL);
+		if (c->conn)
+			job_reply(c->conn, c->req_id, -ENOENT,
+				  "the participant went away during the capture", 0, NULL);
 	} else {
 		jsource_of(l)->busy = 0;
 		if (c->kind == JCAP_MARK)

@@ -260,6 +260,7 @@ void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
 		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
 		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
+		case DTE__RESPONSE__BODY_WAIT_CAPTURED: resp.wait_captured = body; break;
 		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
 		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
 		case DTE__RESPONSE__BODY_APPLY: resp.apply = body; break;

@@ -167,6 +167,20 @@ struct jsource {
 	int gap;                  /* a step was missed since the last publish */
 	int marked;               /* a mark scanned since the last publish */
 	int busy;                 /* a capture of it is on a worker */
+	/* The last publish's capture (protocol 2, async publish): `accepted`
+	 * is its version, `cap_pending` while a worker still reads the
+	 * source's buffers; once it ended, cap_rc / cap_err say how and
+	 * cap_rep holds its counts (wait_captured answers with them). */
+	uint64_t accepted;
+	int cap_pending;
+	int cap_rc;
+	char cap_err[512];
+	Dte__PublishReply cap_rep;
+	/* Device sources: the event the daemon records after each capture's
+	 * kernels (the trainer's stream waits on it before its next step; its
+	 * handle travels in PublishReply.cuda_capture_event).  NULL: none. */
+	void *cap_ev;
+	uint8_t cap_ev_handle[64];
 };
 
 /* The storage writer's canonical sink (job_storage.c) holds its APPLIED
@@ -565,6 +579,14 @@ void jsrc_parts_ready(uv_async_t *h);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
+/* Frees what the source side allocated for l (job_local.c's jlocal_free). */
+void jsrc_free(struct jlocal *l);
+/* Source l's capture of `version` (0: its last publish): 1 when it no
+ * longer reads the buffers (*rep: its counts when it is the last one),
+ * 0 while it does, a negative errno with the reason when it failed or
+ * was never published. */
+int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__PublishReply *rep,
+		  char *err, size_t errlen);
 
 /* job_sink.c */
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,

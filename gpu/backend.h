@@ -59,6 +59,12 @@ void dtc_dev_ipc_close(const struct dtc_backend *be, void *base);
 int dtc_dev_event_open(const struct dtc_backend *be, const void *handle, size_t len, void **ev);
 int dtc_dev_event_wait(const struct dtc_backend *be, void *ev);
 void dtc_dev_event_close(const struct dtc_backend *be, void *ev);
+/* The other direction: an event this process records (after its capture
+ * kernels) for another process's stream to wait on; handle receives its
+ * cudaIpcEventHandle_t (len >= 64).  Record returns at once. */
+int dtc_dev_event_export(const struct dtc_backend *be, void **ev, void *handle, size_t len);
+int dtc_dev_event_record(const struct dtc_backend *be, void *ev);
+void dtc_dev_event_destroy(const struct dtc_backend *be, void *ev);
 
 /* Σ mix(dst index, dst[dst index]) over the box: what a destination holds
  * where the entry writes (the sink's check after apply).  dst is host

@@ -106,3 +106,23 @@ int dtc_checksum_box(const struct dtc_backend *be, const struct dte_box_map *e,
 		*sum = s;
 	return rc;
 }
+
+int dtc_dev_event_export(const struct dtc_backend *be, void **ev, void *handle, size_t len)
+{
+	if (!dtc_dev_has(be) || !be->ops->event_export || !ev || !handle)
+		return DTC_EINVAL;
+	return be->ops->event_export(ev, handle, len);
+}
+
+int dtc_dev_event_record(const struct dtc_backend *be, void *ev)
+{
+	if (!dtc_dev_has(be) || !be->ops->event_record || !ev)
+		return DTC_EINVAL;
+	return be->ops->event_record(ev);
+}
+
+void dtc_dev_event_destroy(const struct dtc_backend *be, void *ev)
+{
+	if (ev && dtc_dev_has(be) && be->ops->event_destroy)
+		be->ops->event_destroy(ev);
+}

@@ -65,6 +65,17 @@ struct dtc_backend_ops {
 	int (*detect)(const struct dte_box_map *e, const struct dtc_consts *k, const float *param,
 		      const float *m, const float *v, const uint64_t *mark,
 		      struct dtc_bytes *out, uint64_t *count, uint64_t *csum);
+
+	/* --- ABI 3: the two-way handshake of a publish that does not stop
+	 * the trainer (NULL for host backends) --- */
+	/* An event this process records and another process waits on:
+	 * created with cudaEventInterprocess | cudaEventDisableTiming, its
+	 * cudaIpcEventHandle_t written to handle (len >= 64 bytes). */
+	int (*event_export)(void **ev, void *handle, uint64_t len);
+	/* Record ev after every op enqueued so far (the legacy default stream
+	 * the ops run on); returns at once, no host synchronisation. */
+	int (*event_record)(void *ev);
+	void (*event_destroy)(void *ev);
 };
 
 struct dtc_backend {

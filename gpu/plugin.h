@@ -9,7 +9,8 @@
 
 #include "gpu/backend_ops.h"
 
-#define DTC_PLUGIN_ABI		2	/* 2: checksum_box, IPC memory and events */
+#define DTC_PLUGIN_ABI		3	/* 2: checksum_box, IPC memory and events;
+					 * 3: event_export/record/destroy */
 #define DTC_PLUGIN_SYMBOL	"dtc_cuda_plugin_open"
 #define DTC_PLUGIN_FILE		"dte-cuda.so"
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 /* Protocol versions this build speaks; history in proto/dte.proto. */
-#define DTE_PROTO_VERSION     1u
+#define DTE_PROTO_VERSION     2u
 #define DTE_PROTO_MIN_VERSION 1u
 
 enum dte_cmd_flags {
@@ -65,6 +65,9 @@ enum dte_cmd_flags {
 	  "one job: members, participants, plan epoch, versions")              \
 	X(HISTORY, "history", 26, DTE_CMD_DAEMON, "history NAME [LIMIT]",      \
 	  "per version: mode, changed %, bytes, capture/transfer/apply ms")    \
+	X(WAIT_CAPTURED, "wait_captured", 27, DTE_CMD_DAEMON | DTE_CMD_HIDDEN, \
+	  "wait_captured (libdte)",                                            \
+	  "wait until an async publish's capture no longer reads the trainer")\
 	X(PEERS, "peers", 30, DTE_CMD_DAEMON, "peers",                         \
 	  "other daemons: node, address, state, messages/bytes in/out, since") \
 	X(PLAN, "plan", 0, 0, "plan [options] (see `dtectl plan --help`)",     \

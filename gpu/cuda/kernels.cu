@@ -728,10 +728,53 @@ static void cu_event_close(void *ev)
 	pthread_mutex_unlock(&lk);
 }
 
+/* ABI 3: the daemon's side of the two-way handshake.  The trainer's
+ * stream waits (cudaStreamWaitEvent on the handle it opened with
+ * cudaIpcOpenEventHandle, torch.cuda.Event.from_ipc_handle) on this event,
+ * which the daemon records after its capture kernels; interprocess events
+ * must be created with cudaEventDisableTiming (CUDA runtime API,
+ * cudaIpcGetEventHandle). */
+static int cu_event_export(void **ev, void *handle, uint64_t len)
+{
+	cudaIpcEventHandle_t h;
+	cudaEvent_t e = NULL;
+	int rc;
+
+	if (!ev || !handle || len < sizeof(h))
+		return DTC_EINVAL;
+	if ((rc = cu_err(cudaEventCreateWithFlags(&e, cudaEventInterprocess |
+						       cudaEventDisableTiming))) != DTC_OK) {
+		cudaGetLastError();
+		return rc;
+	}
+	if ((rc = cu_err(cudaIpcGetEventHandle(&h, e))) != DTC_OK) {
+		cudaGetLastError();
+		cudaEventDestroy(e);
+		return rc;
+	}
+	memcpy(handle, &h, sizeof(h));
+	*ev = (void *)e;
+	return DTC_OK;
+}
+
+/* Ops run on the legacy default stream: recorded there, the event follows
+ * every kernel and copy enqueued before it. */
+static int cu_event_record(void *ev)
+{
+	return ev ? cu_err(cudaEventRecord((cudaEvent_t)ev, 0)) : DTC_EINVAL;
+}
+
+static void cu_event_destroy(void *ev)
+{
+	if (ev)
+		cudaEventDestroy((cudaEvent_t)ev);
+}
+
 static const struct dtc_backend_ops cuda_ops = {
 	cu_scan, cu_sparse, cu_extract, cu_scatter, cu_dense_apply, cu_checksum_buffer,
 	cu_checksum_entry, cu_alloc, cu_free, cu_copy, cu_set, cu_time_copy, NULL,
 	cu_checksum_box, cu_ipc_open, cu_ipc_close, cu_event_open, cu_event_wait, cu_event_close,
+	NULL, cu_event_export, cu_event_record, cu_event_destroy,
 };
 
 extern "C" int dtc_cuda_plugin_open(unsigned abi, const struct dtc_backend_ops **ops,

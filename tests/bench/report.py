@@ -255,6 +255,7 @@ def write(res, root):
         w("The detect baselines above ran without it.")
     else:
         write_e2e(w, res, e2e, snap, sc)
+    write_stall_async(w, res.get("stall_async"))
     w("")
     w("## Exact commands")
     if res.get("k4"):
@@ -420,6 +421,38 @@ def write_e2e(w, res, e2e, snap, sc):
             max(m["sink_anon"] for m in r["sparse"]) / 2**20,
             "%.3f" % statistics.median(m["src_cpu_s"] for m in r["sparse"])
             if "src_cpu_s" in r["sparse"][0] else "-"))
+
+
+def write_stall_async(w, st):
+    """Issue 18's stall figure (tests/bench/bench_stall.py): a publish that
+    does not stop the trainer, in an offloaded-optimizer loop."""
+    w("")
+    w("## Stall of a publish that does not stop the trainer")
+    w("")
+    if not st or not st.get("rows"):
+        w("Not measured in this run (tests/bench/bench_stall.py; see the run log).")
+        return
+    w("tests/bench/bench_stall.py: an offloaded-optimizer loop over %d elements (forward + "
+      "backward as a sleep of fb on the trainer thread, GPU time the host does not spend; "
+      "torch AdamW on the host θ, m, v in memfds, one thread; publish every step through "
+      "dte.Source, which answers once dted accepted the version; the wrapped optimizer step "
+      "waits only while the capture still reads). The sink applies in its own process. "
+      "Blocked = the publish call plus the step's wait, per version; the floor is bench_scan's "
+      "detect alone, %.3f s. A synchronous publish (protocol 1) blocked the trainer %.3f s "
+      "per version (%.2f of the floor). Step times are medians of %d interleaved rounds." % (
+          st["elements"], st["floor_s"], st["sync"]["blocked_s"],
+          st["sync"]["blocked_s"] / st["floor_s"], st.get("rounds", 0)))
+    w("")
+    w("| fb / capture | fb s | step s with publish | without | overhead | blocked s / version "
+      "| / detect floor | capture s |")
+    w("|---|---|---|---|---|---|---|---|")
+    for r in st["rows"]:
+        w("| %.2f | %.3f | %.3f | %.3f | %.3f | %.4f | %.3f | %.3f |" % (
+            r["frac"], r["fb_s"], r["step_s_with"], r["step_s_without"], r["step_overhead"],
+            r["blocked_s"], r["blocked_ratio"], r["capture_s"]))
+    w("")
+    w("At fb = %.2f x the capture time: blocked_ratio %.4f (goal <= 0.05), step_overhead "
+      "%.3f (goal <= 1.05)." % (st["headline_frac"], st["blocked_ratio"], st["step_overhead"]))
 
 
 def _cross_at(points):

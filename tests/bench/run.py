@@ -11,6 +11,7 @@ figure:
     bench e2e link=L sparse_s=S dense_s=D line_rate_s=W speedup=X speedup_vs_line_rate=Y
         floor_ratio=F                                     (L = 1, 10, 100)
     bench stall ratio=X
+    bench stall blocked_ratio=R step_overhead=R        (bench_stall.py, issue 18)
     bench memory daemon_peak_mb=A snapshot_mb=B reduction=P peak_incl_dense_mb=C
         reduction_incl_dense=Q
     bench baseline dense_line_rate_ratio=R snapshot_detect_ratio=R dte_margin_bytes_ratio=R
@@ -51,6 +52,7 @@ os.environ["B"] = B
 import bench_codec  # noqa: E402
 import bench_e2e  # noqa: E402
 import bench_k4  # noqa: E402
+import bench_stall  # noqa: E402
 import report  # noqa: E402
 
 T0 = time.time()
@@ -183,7 +185,8 @@ def main():
     res["scan"] = dict(sorted(scans, key=lambda r: r["ratio"])[len(scans) // 2])
     res["scan"]["floor_s"] = min(r["detect_s"] for r in scans)
     res["scan"]["floor_csum_s"] = min(float(r["scan-detail"]["detect_csum_s"]) for r in scans)
-    lines = summary(res)
+    res["stall_async"] = stall_async(res, log)
+    lines = summary(res) + [bench_stall.summary_line(res["stall_async"])]
     lines.append(bench_k4.line(res["k4"]))
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
@@ -211,6 +214,15 @@ def checksum_summary(res):
         return "bench checksum skipped (bench_scan printed no csum_ratio)"
     return "bench checksum ratio=%.3f cpu_ratio=%.3f runs=%d" % (
         statistics.median(rs), statistics.median(cs), len(rs))
+def stall_async(res, log):
+    """Issue 18's stall figure (tests/bench/bench_stall.py): an
+    offloaded-optimizer loop publishing every step without stopping the
+    trainer; its floor is the fastest detect bench_scan saw in this run."""
+    try:
+        return bench_stall.run(floor_s=res["scan"]["floor_s"], log=log)
+    except Exception as e:  # say what failed, keep the other figures
+        log("stall: not measured: %s" % e)
+        return None
 
 
 def summary(res):

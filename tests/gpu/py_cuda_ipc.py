@@ -9,6 +9,8 @@ and the Source's interprocess event recorded after every step) with a dted
 on the cuda backend ($B/lib/dte-cuda.so).  Real AdamW steps on the GPU (a
 linear loss with fresh random directions, so no model code mixes devices);
 after every version each sink element must equal RNE(θ_t) bit for bit.
+Publish is async (protocol 2): the trainer's stream waits on the event
+dted records after its capture kernels before the next step writes θ.
 
 Without a CUDA device it says so and exits 1: `make test-gpu` is meant for
 GPU machines and must fail loudly anywhere else.
@@ -110,6 +112,13 @@ def main():
                    if not torch.equal(w.view(torch.int16), eng[r][n].cpu().view(torch.int16))]
             c.check(not bad, "v%d (%s): every CUDA sink element is RNE(theta) %s" % (
                 v, "dense" if info["dense"] else "sparse", bad[:3]))
+        # The two-way handshake (issue 18): publish answered before the
+        # capture; dted exported the event it records after its capture
+        # kernels, and the trainer's stream waited on it before each later
+        # step (Source._before_step, cudaStreamWaitEvent).
+        c.check(len(src.cap_events) == len(src.parts) and src.stream_waits >= VERSIONS - 1,
+                "the trainer's stream waits on dted's capture event (%d events, %d waits)"
+                % (len(src.cap_events), src.stream_waits))
     except Exception as e:
         c.check(False, "GPU sync path: %s: %s" % (type(e).__name__, e))
         print(d.tail())

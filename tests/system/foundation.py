@@ -288,7 +288,7 @@ def run_checks(p, tmp, sock, conf, notify):
     s = status_lines(r.stdout)
     check("dtectl status exits 0", r.returncode == 0, r.stderr)
     check("status: version", s.get("version") == "0.1.0", r.stdout)
-    check("status: protocol", s.get("protocol") == "1")
+    check("status: protocol", s.get("protocol") == "2")
     check("status: backend", s.get("backend") in ("cpu", "cuda"))
     check("status: jobs/peers", s.get("jobs") == "0" and s.get("peers") == "0")
     check("status: uptime_s", s.get("uptime_s", "x").isdigit())
@@ -299,7 +299,7 @@ def run_checks(p, tmp, sock, conf, notify):
         j = json.loads(r.stdout)
     except ValueError:
         j = {}
-    check("dtectl --json status parses", j.get("version") == "0.1.0" and j.get("protocol") == 1
+    check("dtectl --json status parses", j.get("version") == "0.1.0" and j.get("protocol") == 2
           and j.get("jobs") == 0 and isinstance(j.get("uptime_s"), int), r.stdout)
     r = dtectl("ping", "--json", sock=sock)
     check("dtectl ping --json", r.returncode == 0 and json.loads(r.stdout).get("ok") is True)
@@ -342,6 +342,16 @@ def run_checks(p, tmp, sock, conf, notify):
     rep = recv_reply(c)
     check("status before hello: refused", rep is not None and code(rep) == 1
           and "hello" in message(rep), str(rep))
+    c.close()
+
+    # A protocol-1 client (before async publish) is still served as one.
+    c = raw_client(sock)
+    c.sendall(req_hello(lo=1, hi=1))
+    rep = recv_reply(c)
+    hello = decode(rep[HELLO][0]) if rep is not None and HELLO in rep else {}
+    check("hello [1, 1]: version 1 of the daemon's [1, 2]",
+          rep is not None and code(rep) == 0 and hello.get(1, [0])[0] == 1
+          and hello.get(2, [0])[0] == 1 and hello.get(3, [0])[0] == 2, str(hello))
     c.close()
 
     c = raw_client(sock)

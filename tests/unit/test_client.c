@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "proto/cmdtab.h"
 #include <uv.h>
 #include "client/dte.h"
 #include "daemon/conf.h"
@@ -79,7 +80,7 @@ static void test_status_full_and_old_struct(void **state)
 	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
 	assert_int_equal(dte_status(h, &st), DTE_OK);
 	assert_string_equal(st.version, DTE_VERSION);
-	assert_int_equal(st.protocol, 1);
+	assert_int_equal(st.protocol, DTE_PROTO_VERSION);
 	assert_int_equal(st.pid, getpid());
 	assert_string_equal(st.backend, "cpu");
 	assert_true(st.clients >= 1);
@@ -116,6 +117,24 @@ static void test_errors(void **state)
 	assert_string_equal(dte_strerror(DTE_ERR_DENIED), "permission denied");
 	assert_string_equal(dte_strerror(-999), "unknown error");
 	assert_int_equal(dte_connect(NULL, NULL), DTE_ERR_INVAL);
+}
+
+/* Protocol 2's wait_captured through the real dispatch: refused with the
+ * engine's reason for a job or participant that is not there, and the
+ * libdte argument checks. */
+static void test_wait_captured_refusals(void **state)
+{
+	struct dte_publish_info small = { .size = 8 };
+	dte_t *h = NULL;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	assert_int_equal(dte_wait_captured(h, "no-such-job", 1, 0, 0, NULL), DTE_ERR_NOT_FOUND);
+	assert_non_null(strstr(dte_errmsg(h), "unknown job"));
+	assert_int_equal(dte_wait_captured(h, NULL, 1, 0, 0, NULL), DTE_ERR_INVAL);
+	assert_int_equal(dte_wait_captured(h, "j", 1, 0, 0, &small), DTE_ERR_INVAL);
+	assert_int_equal(dte_publish_ex(h, "no-such-job", 1, 1, 1, NULL, NULL, 0,
+					DTE_PUBLISH_ASYNC, NULL), DTE_ERR_NOT_FOUND);
+	dte_close(h);
 }
 
 static void *hammer(void *arg)
@@ -155,6 +174,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_status_full_and_old_struct),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_wait_captured_refusals),
 		cmocka_unit_test(test_shared_handle_threads),
 	};
 

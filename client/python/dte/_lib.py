@@ -35,7 +35,9 @@ class _PublishInfo(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("field_mask", ctypes.c_uint64),
                 ("sinks", ctypes.c_uint32), ("dense", ctypes.c_uint32),
                 ("changed", ctypes.c_uint64), ("elements", ctypes.c_uint64),
-                ("bytes", ctypes.c_uint64), ("capture_ms", ctypes.c_double)]
+                ("bytes", ctypes.c_uint64), ("capture_ms", ctypes.c_double),
+                ("captured", ctypes.c_int), ("cuda_event", ctypes.c_uint8 * 64),
+                ("cuda_event_len", ctypes.c_uint32)]
 
 
 class _Status(ctypes.Structure):
@@ -136,6 +138,11 @@ def lib():
         "dte_publish_steps": [h, ctypes.c_char_p, u64, u64, i64, ctypes.POINTER(_HParams),
                               ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                               ctypes.POINTER(_PublishInfo)],
+        "dte_publish_ex": [h, ctypes.c_char_p, u64, u64, i64, ctypes.POINTER(_HParams),
+                           ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_uint,
+                           ctypes.POINTER(_PublishInfo)],
+        "dte_wait_captured": [h, ctypes.c_char_p, u64, u64, ctypes.c_uint,
+                              ctypes.POINTER(_PublishInfo)],
         "dte_mark_steps": [h, ctypes.c_char_p, u64, i64, ctypes.POINTER(_HParams),
                            ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, pu64],
         "dte_wait": [h, ctypes.c_char_p, u64, ctypes.c_uint],
@@ -173,6 +180,16 @@ def _groups(groups):
                           get("weight_decay"),
                           ADAMW_FUSED if get("variant", "torch") == "fused" else ADAMW_TORCH)
     return arr, len(groups)
+
+
+PUBLISH_ASYNC = 1  # dte.h DTE_PUBLISH_ASYNC
+
+
+def _info(info):
+    out = {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:-2]}
+    out["captured"] = bool(out["captured"])
+    out["cuda_event"] = bytes(info.cuda_event[:info.cuda_event_len])
+    return out
 
 
 GROUP_UNCHANGED = -1  # dte.h DTE_GROUP_UNCHANGED: the group's tensors did not step
@@ -296,19 +313,34 @@ class Client:
     def detach(self, job, participant):
         self._check(lib().dte_detach(self._h, _b(job), participant))
 
-    def publish(self, job, participant, version, step, groups, steps=None):
+    def publish(self, job, participant, version, step, groups, steps=None,
+                asynchronous=False):
         """steps: per group its own step count, 0 for `step`, or
-        GROUP_UNCHANGED (dte_publish_steps)."""
+        GROUP_UNCHANGED (dte_publish_steps).  asynchronous: return once the
+        daemon accepted it (info["captured"] False; dte_publish_ex with
+        DTE_PUBLISH_ASYNC): call wait_captured before writing θ, m, v."""
         arr, n = _groups(groups)
         info = _PublishInfo(ctypes.sizeof(_PublishInfo))
-        if steps is None:
+        if asynchronous:
+            rc = lib().dte_publish_ex(self._h, _b(job), participant, version, step, arr,
+                                      _steps(steps, n), n, PUBLISH_ASYNC, ctypes.byref(info))
+        elif steps is None:
             rc = lib().dte_publish(self._h, _b(job), participant, version, step, arr, n,
                                    ctypes.byref(info))
         else:
             rc = lib().dte_publish_steps(self._h, _b(job), participant, version, step, arr,
                                          _steps(steps, n), n, ctypes.byref(info))
         self._check(rc)
-        return {k: getattr(info, k) for k, _ in _PublishInfo._fields_[2:]}
+        return _info(info)
+
+    def wait_captured(self, job, participant, version=0, timeout_ms=60000):
+        """Returns once the capture of `version` (0: the last publish) no
+        longer reads the source's buffers, with its counts; raises the
+        capture's own error (DteError), ERR_TIMEOUT when it still reads."""
+        info = _PublishInfo(ctypes.sizeof(_PublishInfo))
+        self._check(lib().dte_wait_captured(self._h, _b(job), participant, version, timeout_ms,
+                                            ctypes.byref(info)))
+        return _info(info)
 
     def mark(self, job, participant, step, groups, steps=None):
         arr, n = _groups(groups)

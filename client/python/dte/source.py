@@ -12,8 +12,18 @@ publish / mark / wait (docs/SYNC.md).
     src = Source.megatron(model, trainer.opt, socket, job, token)   # dte.megatron stand-in
     src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # FSDP, dp=1
     loss.backward(); opt.step()             # captured by the Source
-    src.publish(v)                          # async: returns once captured
+    src.publish(v)                          # returns at once: the daemon reads θ, m, v
+                                            # while the trainer runs forward/backward
+    loss.backward(); opt.step()             # the step waits until that capture is done
     src.publish(v, wait=True)               # sync: returns once every sink applied
+
+Publish does not stop the trainer (protocol 2, docs/SYNC.md): publish(v)
+returns once the daemon accepted the version; its capture reads θ, m, v
+while the trainer runs its next forward and backward, and the wrapped
+optimizer step waits (wait_captured) only if that capture has not finished
+reading.  An error the capture found is raised there, by the step, before
+anything is written.  The info publish(v) returns resolves (waits for the
+capture) when first read.
 
 Host memory goes to the daemon as memfds (shm.Arena); CUDA tensors as IPC
 handles of their allocations plus an IPC event the Source records after
@@ -31,6 +41,7 @@ count, and tensors that did not step sent as unchanged.
 """
 
 import collections
+import collections.abc
 import types
 
 import torch
@@ -60,12 +71,13 @@ class StepCapture:
     before torch uses them (a scheduler stepped afterwards, as Megatron
     does, cannot make the record lie) and the step count right after."""
 
-    def __init__(self, optimizer, on_step=None):
+    def __init__(self, optimizer, on_step=None, before_step=None):
         if not isinstance(optimizer, torch.optim.AdamW):
             raise SourceError("source: only torch.optim.AdamW is invertible here, not %s"
                               % type(optimizer).__name__)
         self.opt = optimizer
         self.on_step = on_step
+        self.before_step = before_step
         self.last = None
         self.steps = 0
         self.members = [[] for _ in range(LAYOUT_GROUPS)]
@@ -83,6 +95,10 @@ class StepCapture:
 
         def step(opt, *args, **kwargs):
             hyper = capture._hyper()
+            if capture.before_step:
+                # The last publish's capture may still read θ, m, v: the
+                # step writes them, so it waits (Source.wait_captured).
+                capture.before_step()
             out = capture._orig(*args, **kwargs)
             capture._after(hyper)
             return out
@@ -196,6 +212,12 @@ class Source:
         self.event = None        # CUDA IPC event recorded after each step
         self.arenas = []         # arenas this Source made (hf path) and must close
         self.published = None    # the step of the last publish
+        self.pending = []        # [(part, version)]: async captures not known done
+        self.captures = collections.OrderedDict()  # version -> summed capture info
+        self.blocked_s = 0.0     # time steps spent waiting for captures
+        self.waits = 0           # wait_captured calls that found a capture pending
+        self.cap_events = {}     # part -> the daemon's capture event (CUDA sources)
+        self.stream_waits = 0    # times the trainer's stream waited on one
 
     # -- registration --
     def expected(self, rank):
@@ -264,8 +286,30 @@ class Source:
         """Capture every optimizer step from now on."""
         if self.capture is not None:
             raise SourceError("source: already tracking an optimizer")
-        self.capture = StepCapture(optimizer, self._stepped)
+        self.capture = StepCapture(optimizer, self._stepped, self._before_step)
         return self
+
+    def _before_step(self):
+        if self.pending:
+            self.wait_captured()
+        if self.cap_events:
+            # The two-way handshake of the GPU path: the daemon's stream
+            # waited on our step event before its capture kernels read θ,
+            # m, v; our stream now waits on the event it recorded after
+            # them (cudaStreamWaitEvent: no host synchronisation).
+            stream = torch.cuda.current_stream()
+            for ev in self.cap_events.values():
+                stream.wait_event(ev)
+            self.stream_waits += 1
+
+    def _cap_event(self, part, info):
+        """Open the daemon's capture event of `part` once (CUDA sources)."""
+        h = info.get("cuda_event") or b""
+        if h and part not in self.cap_events and self.event is not None:
+            # torch/cuda/streams.py Event.from_ipc_handle, as
+            # torch/multiprocessing/reductions.py rebuild_event opens one.
+            self.cap_events[part] = torch.cuda.Event.from_ipc_handle(
+                torch.cuda.current_device(), h)
 
     def _stepped(self, rec):
         if self.event is not None:
@@ -277,34 +321,94 @@ class Source:
             raise SourceError("source: no optimizer step captured yet (call track() first)")
         return self.capture.last
 
-    def publish(self, version, wait=False, timeout_ms=60000):
-        """Capture `version` on every attached rank (the trainer may step
-        again when this returns); with wait=True also wait until every sink
-        applied it.  Returns the summed publish info."""
+    def publish(self, version, wait=False, timeout_ms=60000, asynchronous=True):
+        """Publish `version` on every attached rank.  By default returns
+        once the daemon accepted it: the capture reads θ, m, v while the
+        trainer runs forward and backward, and the next optimizer step
+        waits for it (wait_captured).  asynchronous=False returns after the
+        capture; wait=True also waits until every sink applied it (today's
+        meaning).  Returns the summed publish info (it waits for the
+        capture when first read)."""
         rec = self._record()
+        return self._publish(version, [(part, rec.groups, None) for part in self.parts],
+                             rec.step, wait, timeout_ms, asynchronous)
+
+    def _publish(self, version, per_part, step, wait, timeout_ms, asynchronous):
+        if self.pending:
+            self.wait_captured(timeout_ms=timeout_ms)
+        asynchronous = asynchronous and not wait
+        infos = []
+        for part, groups, steps in per_part:
+            infos.append(self.cli.publish(self.job, part, version, step, groups, steps,
+                                          asynchronous=asynchronous))
+            self._cap_event(part, infos[-1])
+            if asynchronous and not infos[-1]["captured"]:
+                self.pending.append((part, version))
+        self.published = step
+        if not any(p[1] == version for p in self.pending):
+            self._keep(version, infos)
+        if wait:
+            self.wait(version, timeout_ms)
+        return PublishInfo(self, version, step)
+
+    def _keep(self, version, infos):
         total = collections.Counter()
-        for part in self.parts:
-            info = self.cli.publish(self.job, part, version, rec.step, rec.groups)
+        for info in infos:
             for k in ("sinks", "dense", "changed", "elements", "bytes"):
                 total[k] += info[k]
             total["capture_ms"] = max(total["capture_ms"], info["capture_ms"])
-        self.published = rec.step
-        if wait:
-            self.wait(version, timeout_ms)
-        out = dict(total)
-        out["step"] = rec.step
-        return out
+        self.captures[version] = dict(total)
+        while len(self.captures) > 64:
+            self.captures.popitem(last=False)
+
+    def wait_captured(self, timeout_ms=60000):
+        """Returns once no capture of this Source reads θ, m, v any more.
+        Raises SourceError with the capture's own error (that capture is
+        then over: the trainer may step), or when a capture still reads
+        after timeout_ms (then it must not step)."""
+        import time
+        t0 = time.monotonic()
+        self.waits += 1
+        errors, infos = [], collections.defaultdict(list)
+        try:
+            while self.pending:
+                part, version = self.pending[0]
+                try:
+                    infos[version].append(self.cli.wait_captured(self.job, part, version,
+                                                                 timeout_ms))
+                except _lib.DteError as e:
+                    if e.code == _lib.ERR_TIMEOUT:
+                        raise SourceError("source: the capture of version %d still reads the "
+                                          "trainer's buffers after %d ms: %s"
+                                          % (version, timeout_ms, e.msg)) from e
+                    errors.append("version %d: %s" % (version, e.msg))
+                self.pending.pop(0)
+        finally:
+            self.blocked_s += time.monotonic() - t0
+        for version, got in infos.items():
+            self._keep(version, got)
+        if errors:
+            raise SourceError("source: capture failed: %s" % "; ".join(errors))
 
     def mark(self):
         """After each step that is not published (publish interval K > 1)."""
         rec = self._record()
+        if self.pending:
+            self.wait_captured()
         return sum(self.cli.mark(self.job, part, rec.step, rec.groups) for part in self.parts)
 
     def wait(self, version, timeout_ms=60000):
         """Returns when every sink applied `version` (DteError on timeout)."""
+        if self.pending:
+            self.wait_captured(timeout_ms=timeout_ms)
         self.cli.wait(self.job, version, timeout_ms)
 
     def close(self):
+        if self.pending and self.cli is not None:
+            try:
+                self.wait_captured(timeout_ms=10000)
+            except SourceError:
+                pass  # closing anyway: the daemon drops the capture with the connection
         if self.capture is not None:
             self.capture.detach()
             self.capture = None
@@ -489,6 +593,38 @@ def _hyper(g, variant):
             "variant": variant}
 
 
+class PublishInfo(collections.abc.Mapping):
+    """What publish(v) returns: sinks, dense, changed, elements, bytes,
+    capture_ms (summed over the Source's ranks) and step.  The counts are
+    the capture's: the first read waits for it (Source.wait_captured)."""
+
+    def __init__(self, src, version, step):
+        self._src, self._version, self._step = src, version, step
+        self._d = None
+
+    def _resolve(self):
+        if self._d is None:
+            src = self._src
+            if any(v == self._version for _p, v in src.pending):
+                src.wait_captured()
+            d = dict(src.captures.get(self._version, {}))
+            d["step"] = self._step
+            self._d = d
+        return self._d
+
+    def __getitem__(self, k):
+        return self._resolve()[k]
+
+    def __iter__(self):
+        return iter(self._resolve())
+
+    def __len__(self):
+        return len(self._resolve())
+
+    def __repr__(self):
+        return repr(self._resolve())
+
+
 StepSeen = collections.namedtuple("StepSeen", "calls hyper stepped steps group_steps")
 
 
@@ -505,6 +641,7 @@ class OptimizerWatch:
         self.calls = 0
         self.last = None
         self.listeners = []
+        self.before = []         # called before the real step (Source: wait_captured)
         self._orig = opt.step
         watch = self
 
@@ -516,6 +653,8 @@ class OptimizerWatch:
                 for p in g["params"]:
                     grad = getattr(p, "decoupled_grad", None) if decoupled else p.grad
                     stepped[id(p)] = grad is not None
+            for f in watch.before:
+                f()
             out = watch._orig(*args, **kwargs)
             watch._after(hyper, stepped)
             return out
@@ -598,6 +737,7 @@ class ShardSource(Source):
         w = self.watches.get(id(opt))
         if w is None:
             w = self.watches[id(opt)] = OptimizerWatch(opt)
+            w.before.append(self._before_step)
             if self.event is not None:
                 w.listeners.append(lambda _w: self.event.record())
         return w
@@ -664,24 +804,18 @@ class ShardSource(Source):
             raise SourceError("source: no optimizer step captured yet")
         return max(w.calls for w in self.watches.values())
 
-    def publish(self, version, wait=False, timeout_ms=60000):
+    def publish(self, version, wait=False, timeout_ms=60000, asynchronous=True):
         step = self._step()
-        total = collections.Counter()
+        per_part = []
         for part, shards in zip(self.parts, self.shards):
             groups, steps = self._groups(shards)
-            info = self.cli.publish(self.job, part, version, step, groups, steps)
-            for k in ("sinks", "dense", "changed", "elements", "bytes"):
-                total[k] += info[k]
-            total["capture_ms"] = max(total["capture_ms"], info["capture_ms"])
-        self.published = step
-        if wait:
-            self.wait(version, timeout_ms)
-        out = dict(total)
-        out["step"] = step
-        return out
+            per_part.append((part, groups, steps))
+        return self._publish(version, per_part, step, wait, timeout_ms, asynchronous)
 
     def mark(self):
         step = self._step()
+        if self.pending:
+            self.wait_captured()
         n = 0
         for part, shards in zip(self.parts, self.shards):
             groups, steps = self._groups(shards)
