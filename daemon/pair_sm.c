@@ -175,8 +175,10 @@ void pair_cost_sent(struct pair_sm *s, uint64_t version, int dense, enum pair_wh
 	r->dense_run = why == PAIR_WHY_COST ? r->dense_run + 1 : 0;
 	if (dense || !elements)
 		return;
-	r->changed_frac = r->sparse_seen ? pair_cost_ewma(r->changed_frac,
-							  (double)changed / (double)elements) :
+	/* the changed fraction follows the learning rate's schedule: half
+	 * weight on the newest version */
+	r->changed_frac = r->sparse_seen ? 0.5 * r->changed_frac +
+					   0.5 * (double)changed / (double)elements :
 			  (double)changed / (double)elements;
 	r->sparse_seen++;
 	if (changed)
