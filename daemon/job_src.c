@@ -567,6 +567,11 @@ static void cost_captured(struct job *j, const struct jcap *c, uint32_t dense, u
 
 	if (s <= 0 || !pairs)
 		return;
+	/* A first version is cold (the daemon maps and first touches the
+	 * trainer's pages): not a rate to plan by. */
+	for (size_t i = 0; i < c->np; i++)
+		if (c->p[i].why == PAIR_WHY_INITIAL)
+			return;
 	if (!dense && c->scan_elements)
 		j->scan_Bps = pair_cost_ewma(j->scan_Bps, 12.0 * (double)c->scan_elements / s);
 	else if (dense == pairs && c->dense_elements)

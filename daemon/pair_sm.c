@@ -136,6 +136,8 @@ void pair_sm_choose(const struct pair_sm *s, uint64_t src_last, uint64_t epoch, 
 	}
 	if (in->policy == PAIR_MODE_SPARSE)
 		why = "forced";
+	else if (in->elements < PAIR_COST_MIN_ELEMENTS)
+		why = "small";
 	else if (r->dense_run >= PAIR_COST_PROBE)
 		why = "probe";	/* measure the changed fraction again */
 	else if (in->scan_Bps <= 0 || !r->sparse_seen || !in->elements ||
@@ -170,7 +172,10 @@ void pair_cost_sent(struct pair_sm *s, uint64_t version, int dense, enum pair_wh
 	struct pair_rates *r = &s->r;
 
 	r->sent_version = version;
-	r->sent_bytes = bytes;
+	/* A pair's first version is cold (the sink's daemon maps and first
+	 * touches its buffers): its apply rate would make dense look dearer
+	 * than it is from then on. */
+	r->sent_bytes = why == PAIR_WHY_INITIAL ? 0 : bytes;
 	r->sent_dense = dense;
 	r->dense_run = why == PAIR_WHY_COST ? r->dense_run + 1 : 0;
 	if (dense || !elements)

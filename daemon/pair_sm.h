@@ -129,6 +129,10 @@ enum pair_mode_policy {
 /* After this many versions in a row dense for cost, one goes sparse again
  * to measure the changed fraction (a dense version cannot see it). */
 #define PAIR_COST_PROBE 8
+/* A pair below this many elements stays sparse: its versions cost their
+ * fixed overheads (records, wake-ups, acknowledgements), which rates in
+ * bytes per second do not describe, and either mode is quick. */
+#define PAIR_COST_MIN_ELEMENTS ((uint64_t)1 << 20)
 /* Dense only when estimated at most this fraction of sparse: estimates
  * are noisy, and a flip costs nothing but a wrong one costs time. */
 #define PAIR_COST_MARGIN 0.9

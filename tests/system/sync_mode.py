@@ -42,7 +42,7 @@ CFG = qwen3.make_config(None, hidden_size=512, intermediate_size=2048, num_hidde
 CFG_TEXT = json.dumps(CFG)
 SRC, SINK = "megatron:tp=1", "sglang:tp=1"
 LOW, HIGH = 1e-6, 3e-2
-N_LOW, N_HIGH = 4, 8
+N_LOW, N_HIGH = 4, 10
 
 
 def run(c, mode):

@@ -327,6 +327,14 @@ static void test_cost_no_estimate(void **state)
 	in = host(1);
 	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
 	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+	/* a small pair stays sparse whatever the estimates */
+	s = costed(1.0, 12.5e9, 20e9);
+	in = host(0);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+	in.elements = PAIR_COST_MIN_ELEMENTS - 1;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=small");
 	/* a dense version does not measure the changed fraction */
 	s = sent(3, E1);
 	pair_cost_sent(&s, 3, 1, PAIR_WHY_INITIAL, EL, EL, 2 * EL);
@@ -440,6 +448,9 @@ static void test_cost_measure(void **state)
 	assert_int_equal(s.r.inflight, 0);
 	/* apply rate: only the version last sent, only with bytes */
 	pair_cost_sent(&s, 7, 1, PAIR_WHY_INITIAL, 0, 1000000, 2000000);
+	pair_cost_applied(&s, 7, 0.001);
+	assert_true(s.r.apply_dense_Bps == 0);	/* a first version is cold */
+	pair_cost_sent(&s, 7, 1, PAIR_WHY_REPAIR, 0, 1000000, 2000000);
 	pair_cost_applied(&s, 6, 0.001);
 	assert_true(s.r.apply_dense_Bps == 0);
 	pair_cost_applied(&s, 7, 0.001);
