@@ -1,6 +1,27 @@
 /* daemon/bufpool.c — see bufpool.h. */
 #include <stdlib.h>
+#include <sys/mman.h>
 #include "daemon/bufpool.h"
+
+/* A large buffer on transparent huge pages where the kernel allows them
+ * (enabled = madvise or always): its first write faults once per 2 MiB
+ * instead of once per 4 KiB.  Measured on the dense capture (extract of
+ * 2^24 elements into a fresh 32 MiB buffer, one core): 25-34 ms with
+ * 4 KiB pages, 9-10 ms with huge pages, 3 ms into a buffer already
+ * faulted in.  The capacity is rounded up to whole huge pages. */
+#define BPOOL_HUGE ((size_t)2 << 20)
+
+static void *alloc_large(size_t need, size_t *cap)
+{
+	size_t c = (need + BPOOL_HUGE - 1) / BPOOL_HUGE * BPOOL_HUGE;
+	void *p = aligned_alloc(BPOOL_HUGE, c);
+
+	if (!p)
+		return NULL;
+	(void)madvise(p, c, MADV_HUGEPAGE);	/* advice: without THP, 4 KiB pages */
+	*cap = c;
+	return p;
+}
 
 void *bpool_get(struct bpool *bp, size_t need, size_t *cap)
 {
@@ -27,6 +48,8 @@ void *bpool_get(struct bpool *bp, size_t need, size_t *cap)
 		if (p)
 			return p;
 	}
+	if (need >= BPOOL_MIN)
+		return alloc_large(need, cap);
 	if (!(p = malloc(need ? need : 1)))
 		return NULL;
 	*cap = need ? need : 1;

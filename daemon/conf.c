@@ -35,6 +35,7 @@ static const struct {
 	[DCONF_K_PEER_PART_SIZE] = { "peer", "part_size" },
 	[DCONF_K_JOB_STATE_DIR] = { "daemon", "job_state_dir" },
 	[DCONF_K_MARK_TABLE_SIZE] = { "daemon", "mark_table_size" },
+	[DCONF_K_SYNC_MODE] = { "daemon", "sync_mode" },
 };
 
 struct parse_ctx {
@@ -53,6 +54,7 @@ void dconf_defaults(struct dconf *c)
 	c->verify_full_every = 16;
 	c->mark_table_bytes = DCONF_DEFAULT_MARK_TABLE;
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
+	snprintf(c->sync_mode, sizeof(c->sync_mode), "auto");
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
@@ -244,6 +246,11 @@ static int daemon_key(struct parse_ctx *p, const char *key, const char *v)
 		if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
 			return bad_value(p, key, v, "auto|cpu|cuda");
 		return copy_str(c->compute_backend, sizeof(c->compute_backend), v, p, key);
+	}
+	if (strcmp(key, "sync_mode") == 0) {
+		if (strcmp(v, "auto") && strcmp(v, "sparse"))
+			return bad_value(p, key, v, "auto|sparse");
+		return copy_str(c->sync_mode, sizeof(c->sync_mode), v, p, key);
 	}
 	if (strcmp(key, "node_name") == 0)
 		return copy_str(c->node_name, sizeof(c->node_name), v, p, key);
@@ -474,6 +481,7 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_MAX_STAGED_VERSIONS: snprintf(val, vlen, "%u", c->max_staged_versions); break;
 	case DCONF_K_VERIFY_FULL_EVERY: snprintf(val, vlen, "%u", c->verify_full_every); break;
 	case DCONF_K_COMPUTE_BACKEND: snprintf(val, vlen, "%s", c->compute_backend); break;
+	case DCONF_K_SYNC_MODE: snprintf(val, vlen, "%s", c->sync_mode); break;
 	case DCONF_K_NODE_NAME: snprintf(val, vlen, "%s", c->node_name); break;
 	case DCONF_K_METRICS_LISTEN:
 		snprintf(val, vlen, "%s", c->metrics_listen[0] ? c->metrics_listen : "off");

@@ -48,6 +48,7 @@ enum dconf_key {
 	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
 	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS, DCONF_K_VERIFY_FULL_EVERY,
 	DCONF_K_PEER_PART_SIZE, DCONF_K_JOB_STATE_DIR, DCONF_K_MARK_TABLE_SIZE,
+	DCONF_K_SYNC_MODE,
 	DCONF_K__COUNT
 };
 
@@ -77,6 +78,9 @@ struct dconf {
 	/* Where a daemon keeps the jobs created on it, so a restart gets them
 	 * back (daemon/job_persist.c); "" = not kept (default). */
 	char     job_state_dir[PATH_MAX];
+	/* Sparse or dense per pair and version: "auto" (the cheaper by the
+	 * running estimates, default) or "sparse" (wherever allowed). */
+	char     sync_mode[8];
 	/* [peer] — the UCX layer's listener (used by daemon/peer). */
 	char     peer_listen_address[64];
 	uint16_t peer_listen_port;

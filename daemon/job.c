@@ -1170,6 +1170,7 @@ int job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
 				       h->sinks ? "pending" : "none");
 		v->sinks = h->sinks;
 		v->note = (char *)h->note;
+		v->reason = (char *)h->reason;
 		rep->versions[i] = v;
 	}
 	return 0;

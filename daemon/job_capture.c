@@ -612,6 +612,7 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 	}
 	if (r != DTC_OK)
 		return CAPFAIL("dense capture: %s", dtc_strerror(r));
+	c->dense_elements += e->box;
 	bytes_len(raw, at, len);
 	raw->n += 8 + len;
 	if (d->left > 1) {

@@ -322,6 +322,27 @@ static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
 	return h;
 }
 
+/* A remote pair's part, timed for the pair's link estimate
+ * (pair_cost_part_out / _done) from the hand-over to the transport until
+ * the transport gives the chunk back (sent, or dropped). */
+struct part_ticket {
+	size_t cap;
+	char job[JOB_NAME_MAX];
+	uint64_t src, dst, len;
+};
+
+static void part_released(void *chunk, void *arg)
+{
+	struct part_ticket *t = arg;
+	struct job *j = job_find(t->job);
+	struct jpair *p = j ? job_pair(j, t->src, t->dst) : NULL;
+
+	jcap_chunk_release(chunk, (void *)(uintptr_t)t->cap);
+	if (p)
+		pair_cost_part_done(&p->sm, uv_hrtime(), t->len);
+	free(t);
+}
+
 /* Parts go as the worker frames them, COUNTS last (publish_done), once
  * the capture knows every count and checksum.  A part that cannot go
  * (re-plan, unknown sink, send error) loses the pair this version: no
@@ -333,6 +354,7 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	Dtep__JobRef ref;
 	const struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
 	const struct jpinfo *dst = j ? job_part(j, cp->dst) : NULL;
+	struct part_ticket *t;
 	uint64_t x = 0;
 	int rc;
 
@@ -358,9 +380,19 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	/* The chunk itself goes out (no copy in the router): it comes back
 	 * to the capture's pool once sent (jcap_chunk_release). */
 	jcap_chunk_given();
-	rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
-				    &pl.base, q->chunk, q->len, jcap_chunk_release,
-				    (void *)(uintptr_t)q->cap);
+	if (cp->remote && (t = malloc(sizeof(*t)))) {
+		t->cap = q->cap;
+		snprintf(t->job, sizeof(t->job), "%s", j->name);
+		t->src = c->participant;
+		t->dst = cp->dst;
+		t->len = q->len;
+		pair_cost_part_out(&job_pair(j, c->participant, cp->dst)->sm, uv_hrtime());
+		rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
+					    &pl.base, q->chunk, q->len, part_released, t);
+	} else
+		rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
+					    &pl.base, q->chunk, q->len, jcap_chunk_release,
+					    (void *)(uintptr_t)q->cap);
 	q->chunk = NULL;
 	q->cap = 0;
 	if (rc < 0)
@@ -386,6 +418,11 @@ static void send_parts(struct jcap *c)
 void job_set_part_bytes(size_t n)
 {
 	jeng.part_bytes = n;
+}
+
+void job_set_mode_policy(int policy)
+{
+	jeng.mode_policy = policy;
 }
 
 void jsrc_parts_ready(uv_async_t *h)
@@ -450,7 +487,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	struct jlocal *l;
 	struct jcap *c;
 	int stepped, first, dev = 0, rc;
-	enum pair_why why;
+	struct pair_choice ch;
 
 	*deferred = 0;
 	if (!j)
@@ -500,13 +537,25 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		 * bitmap; this one is scanned by the capture (host: inside
 		 * dtc_detect; device and snapshot: into a bitmap for this
 		 * version only). */
-		why = pair_sm_decide(&p->sm, jsource_of(l)->last_version, j->epoch, stepped,
-				     jsource_of(l)->marked && !p->dirty);
-		cp->sparse = why == PAIR_WHY_NONE;
-		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		cp->remote = dst && !route_is_self(dst->node, NULL);
+		/* Where sparse is allowed, the cheaper of sparse and dense by
+		 * the running estimates (pair_sm_choose). */
+		{
+			struct pair_cost_in in = { .scan_Bps = j->scan_Bps, .dense_Bps = j->dense_Bps,
+						   .local = !cp->remote,
+						   .policy = (enum pair_mode_policy)jeng.mode_policy };
+
+			for (size_t q = 0; q < cp->n; q++)
+				in.elements += cp->e[q].box;
+			pair_sm_choose(&p->sm, jsource_of(l)->last_version, j->epoch, stepped,
+				       jsource_of(l)->marked && !p->dirty, &in, &ch);
+		}
+		cp->why = ch.why;
+		snprintf(cp->reason, sizeof(cp->reason), "%s", ch.reason);
+		cp->sparse = ch.why == PAIR_WHY_NONE;
+		cp->want_dirty = cp->sparse && (dev || j->detect == JDETECT_SNAPSHOT);
 		if (!cp->sparse)
-			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(why), 1);
+			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(ch.why), 1);
 		cap_take_dirty(j, c, cp);
 	}
 	if (dev)
@@ -617,6 +666,52 @@ int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__Publis
 	return 1;
 }
 
+/* The capture's reads, for the job's running estimates: a capture that
+ * was all sparse times the detect (12 B/element), one all dense the dense
+ * read (4 B/element); a mixed one cannot tell them apart. */
+static void cost_captured(struct job *j, const struct jcap *c, uint32_t dense, uint32_t pairs)
+{
+	double s = c->read_ms / 1e3;
+
+	if (s <= 0 || !pairs)
+		return;
+	/* A first version is cold (the daemon maps and first touches the
+	 * trainer's pages): not a rate to plan by. */
+	for (size_t i = 0; i < c->np; i++)
+		if (c->p[i].why == PAIR_WHY_INITIAL)
+			return;
+	if (!dense && c->scan_elements)
+		j->scan_Bps = pair_cost_ewma(j->scan_Bps, 12.0 * (double)c->scan_elements / s);
+	else if (dense == pairs && c->dense_elements)
+		j->dense_Bps = pair_cost_ewma(j->dense_Bps, 4.0 * (double)c->dense_elements / s);
+}
+
+/* The version's reason in the history: one for all pairs when they agree,
+ * else one per sink ("<sink>: reason; ..."), cut at the record's size. */
+static void hist_reason(struct jhist *h, const struct jcap_pair *cp)
+{
+	char one[160];
+	size_t n;
+
+	if (!h->reason[0]) {
+		snprintf(h->reason, sizeof(h->reason), "%s", cp->reason);
+		h->reason_dst = cp->dst;
+		return;
+	}
+	if (!h->reason_multi) {
+		if (!strcmp(h->reason, cp->reason))
+			return;
+		snprintf(one, sizeof(one), "%.127s", h->reason);
+		snprintf(h->reason, sizeof(h->reason), "%llx: %.127s",
+			 (unsigned long long)h->reason_dst, one);
+		h->reason_multi = 1;
+	}
+	snprintf(one, sizeof(one), "; %llx: %.127s", (unsigned long long)cp->dst, cp->reason);
+	n = strlen(h->reason);
+	if (n + strlen(one) < sizeof(h->reason))
+		memcpy(h->reason + n, one, strlen(one) + 1);
+}
+
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
 	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
@@ -680,6 +775,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
+	cost_captured(j, c, rep.dense, rep.sinks);
 	for (size_t i = 0; i < c->np; i++) {
 		struct jcap_pair *cp = &c->p[i];
 		struct jpair *p = job_pair(j, l->info.id, cp->dst);
@@ -708,6 +804,9 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		else
 			h->dense++;
 		pair_sm_event(&p->sm, PAIR_EV_SENT, c->version, j->epoch);
+		pair_cost_sent(&p->sm, c->version, !cp->sparse, cp->why, cp->changed, cp->elements,
+			       cp->chunk_len);
+		hist_reason(h, cp);
 		sinks++;
 	}
 	for (size_t i = 0; i < c->np; i++)
@@ -813,6 +912,8 @@ void jsrc_applied(struct job *j, const Dtep__Applied *m)
 			seen = 1;
 		}
 		pair_sm_event(&p->sm, ok ? PAIR_EV_APPLIED : PAIR_EV_APPLY_FAILED, m->version, 0);
+		if (ok)
+			pair_cost_applied(&p->sm, m->version, m->apply_ms / 1e3);
 	}
 	if (!seen)
 		return;

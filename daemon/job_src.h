@@ -11,6 +11,10 @@
  * still detects (config part_size; docs/SYNC.md); applies from the next
  * capture on. */
 void job_set_part_bytes(size_t n);
+/* Sparse or dense per pair and version: 0 auto (the cheaper, by the
+ * running estimates), 1 sparse wherever allowed (config sync_mode;
+ * enum pair_mode_policy). */
+void job_set_mode_policy(int policy);
 
 /* Publish and mark capture on a worker thread (the loop keeps serving):
  * with *deferred = 1 the answer comes when the capture is done.  A mark

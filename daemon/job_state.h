@@ -294,6 +294,9 @@ struct jhist {
 	uint32_t ok, failed;      /* sink apply results */
 	uint32_t sinks;
 	char note[96];            /* storage: refusal reason, keyframe */
+	char reason[192];         /* sparse or dense, and why (pair_sm_choose) */
+	uint64_t reason_dst;      /* the sink of the first pair's reason */
+	int reason_multi;         /* pairs differ: reason is "<sink>: ...; <sink>: ..." */
 };
 
 struct job {
@@ -340,6 +343,10 @@ struct job {
 	/* counters and history */
 	uint64_t refused;
 	uint64_t published;
+	/* Running estimates of a capture's reads (pair_sm_choose): bytes of
+	 * θ, m, v a detect reads per second (12/element), bytes of θ a dense
+	 * capture reads per second (4/element); 0 until measured. */
+	double scan_Bps, dense_Bps;
 	struct jhist hist[JOB_HISTORY];
 	size_t nhist;             /* records ever; ring index nhist % JOB_HISTORY */
 	struct job *next;
@@ -360,6 +367,8 @@ struct jcap_pair {
 	struct jsnap *snap;       /* detect = snapshot: taken from the pair like dirty */
 	int want_dirty;           /* allocate dirty if missing (a scan fills it) */
 	int sparse, remote;
+	enum pair_why why;        /* pair_sm_choose: PAIR_WHY_NONE = sparse */
+	char reason[128];
 	/* results */
 	uint64_t *counts;
 	uint32_t *cbuf;           /* per destination buffer: its partial checksum */
@@ -419,6 +428,7 @@ struct jcap {
 	 * and positions a publish did not send since the sink holds them */
 	uint64_t side_kept, side_uncertain, side_left_out, side_dropped;
 	int side_wrong;           /* a test build's fault (job_ext.h): drops to break */
+	uint64_t dense_elements;  /* read for dense pairs (shared ones once) */
 	struct jcap *next;        /* jeng.inflight */
 };
 
@@ -473,6 +483,7 @@ struct jengine {
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
+	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
 	uv_async_t parts_async;   /* a worker framed a part (job_src.c sends it) */
 	int parts_async_init;
 	/* Deferred control answers go here (job_set_reply: main.c installs

@@ -166,6 +166,8 @@ static void reload(void)
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	conf.mark_table_bytes = nc.mark_table_bytes;
 	side_set_cap(conf.mark_table_bytes);
+	memcpy(conf.sync_mode, nc.sync_mode, sizeof(conf.sync_mode));
+	job_set_mode_policy(strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -387,6 +389,7 @@ int main(int argc, char **argv)
 	job_set_part_bytes((size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(conf.verify_full_every);
 	side_set_cap(conf.mark_table_bytes);
+	job_set_mode_policy(strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	{
 		char perr[256];
 

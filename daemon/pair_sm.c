@@ -1,5 +1,6 @@
 /* daemon/pair_sm.c — the source side of a (source, sink) pair (pair_sm.h;
  * the table of state × event is in docs/SYNC.md). */
+#include <stdio.h>
 #include <string.h>
 #include "daemon/pair_sm.h"
 
@@ -92,6 +93,7 @@ const char *pair_sm_why_name(enum pair_why why)
 	case PAIR_WHY_MISSED_VERSION: return "missed_version";
 	case PAIR_WHY_UNACKED_BASE:   return "unacked_base";
 	case PAIR_WHY_REPLAN:         return "replan";
+	case PAIR_WHY_COST:           return "cost";
 	}
 	return "unknown";
 }
@@ -101,4 +103,133 @@ int pair_sm_has(const struct pair_sm *s, uint64_t version)
 	if (s->applied >= version)
 		return 1;
 	return s->failed >= version ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ the cost */
+
+double pair_cost_ewma(double old, double sample)
+{
+	/* Recent versions weigh most; one odd sample moves it by a quarter. */
+	return old > 0 ? 0.75 * old + 0.25 * sample : sample;
+}
+
+static double stages(int local, double a, double b, double c)
+{
+	if (local)
+		return a + b + c;
+	return a > b ? (a > c ? a : c) : (b > c ? b : c);
+}
+
+void pair_sm_choose(const struct pair_sm *s, uint64_t src_last, uint64_t epoch, int stepped,
+		    int marks_lost, const struct pair_cost_in *in, struct pair_choice *out)
+{
+	const struct pair_rates *r = &s->r;
+	double e = (double)in->elements, sb, dread, asp, ad;
+	const char *why = NULL;
+
+	memset(out, 0, sizeof(*out));
+	out->why = pair_sm_decide(s, src_last, epoch, stepped, marks_lost);
+	if (out->why != PAIR_WHY_NONE) {
+		snprintf(out->reason, sizeof(out->reason), "mode=dense reason=%s",
+			 pair_sm_why_name(out->why));
+		return;
+	}
+	if (in->policy == PAIR_MODE_SPARSE)
+		why = "forced";
+	else if (in->elements < PAIR_COST_MIN_ELEMENTS)
+		why = "small";
+	else if (r->dense_run >= PAIR_COST_PROBE)
+		why = "probe";	/* measure the changed fraction again */
+	else if (in->scan_Bps <= 0 || !r->sparse_seen || !in->elements ||
+		 (!in->local && r->link_Bps <= 0) ||
+		 (in->local && r->apply_sparse_Bps <= 0 && r->apply_dense_Bps <= 0))
+		why = "no_estimate";
+	if (why) {
+		snprintf(out->reason, sizeof(out->reason), "mode=sparse reason=%s", why);
+		return;
+	}
+	sb = e * r->changed_frac * (r->bytes_per_changed > 0 ? r->bytes_per_changed : 3.0);
+	/* θ alone is a third of θ, m, v: the same memory, read the same way */
+	dread = in->dense_Bps > 0 ? e * 4.0 / in->dense_Bps : e * 4.0 / in->scan_Bps;
+	/* one apply rate stands in for the other until both were measured */
+	asp = r->apply_sparse_Bps > 0 ? r->apply_sparse_Bps : r->apply_dense_Bps;
+	ad = r->apply_dense_Bps > 0 ? r->apply_dense_Bps : r->apply_sparse_Bps;
+	out->sparse_s = stages(in->local, e * 12.0 / in->scan_Bps,
+			       in->local ? 0 : sb / r->link_Bps, asp > 0 ? sb / asp : 0);
+	out->dense_s = stages(in->local, dread, in->local ? 0 : 2.0 * e / r->link_Bps,
+			      ad > 0 ? 2.0 * e / ad : 0);
+	if (out->dense_s < PAIR_COST_MARGIN * out->sparse_s)
+		out->why = PAIR_WHY_COST;
+	snprintf(out->reason, sizeof(out->reason),
+		 "mode=%s reason=cost sparse_est_s=%.4g dense_est_s=%.4g changed=%.3g%%",
+		 out->why == PAIR_WHY_COST ? "dense" : "sparse", out->sparse_s, out->dense_s,
+		 100.0 * r->changed_frac);
+}
+
+void pair_cost_sent(struct pair_sm *s, uint64_t version, int dense, enum pair_why why,
+		    uint64_t changed, uint64_t elements, uint64_t bytes)
+{
+	struct pair_rates *r = &s->r;
+
+	r->sent_version = version;
+	/* A pair's first version is cold (the sink's daemon maps and first
+	 * touches its buffers): its apply rate would make dense look dearer
+	 * than it is from then on. */
+	r->sent_bytes = why == PAIR_WHY_INITIAL ? 0 : bytes;
+	r->sent_dense = dense;
+	r->dense_run = why == PAIR_WHY_COST ? r->dense_run + 1 : 0;
+	if (dense || !elements)
+		return;
+	/* the changed fraction follows the learning rate's schedule: half
+	 * weight on the newest version */
+	r->changed_frac = r->sparse_seen ? 0.5 * r->changed_frac +
+					   0.5 * (double)changed / (double)elements :
+			  (double)changed / (double)elements;
+	r->sparse_seen++;
+	if (changed)
+		r->bytes_per_changed = pair_cost_ewma(r->bytes_per_changed,
+						      (double)bytes / (double)changed);
+}
+
+void pair_cost_applied(struct pair_sm *s, uint64_t version, double apply_s)
+{
+	struct pair_rates *r = &s->r;
+	double *rate = r->sent_dense ? &r->apply_dense_Bps : &r->apply_sparse_Bps;
+
+	/* Only the version whose bytes we know, and one that moved some:
+	 * an empty sparse version says nothing of the rate. */
+	if (version != r->sent_version || apply_s <= 0 || r->sent_bytes < 4096)
+		return;
+	*rate = pair_cost_ewma(*rate, (double)r->sent_bytes / apply_s);
+}
+
+/* A link sample needs this many bytes: small sends measure latency. */
+#define PAIR_LINK_SAMPLE_BYTES (4u << 20)
+
+void pair_cost_part_out(struct pair_sm *s, uint64_t now_ns)
+{
+	struct pair_rates *r = &s->r;
+
+	if (!r->inflight++)
+		r->busy_t0_ns = now_ns;
+}
+
+void pair_cost_part_done(struct pair_sm *s, uint64_t now_ns, uint64_t bytes)
+{
+	struct pair_rates *r = &s->r;
+
+	if (!r->inflight)
+		return;	/* state reset under it (re-plan): nothing to time */
+	r->done_bytes += bytes;
+	if (--r->inflight)
+		return;
+	r->busy_ns += now_ns > r->busy_t0_ns ? now_ns - r->busy_t0_ns : 0;
+	r->busy_bytes += r->done_bytes;
+	r->done_bytes = 0;
+	if (r->busy_bytes >= PAIR_LINK_SAMPLE_BYTES && r->busy_ns) {
+		r->link_Bps = pair_cost_ewma(r->link_Bps,
+					     (double)r->busy_bytes * 1e9 / (double)r->busy_ns);
+		r->busy_bytes = 0;
+		r->busy_ns = 0;
+	}
 }

@@ -41,6 +41,7 @@ enum pair_why {
 	PAIR_WHY_MISSED_VERSION,  /* v−1 did not go to this sink */
 	PAIR_WHY_UNACKED_BASE,    /* the version under v−1 is not acknowledged STAGED */
 	PAIR_WHY_REPLAN,          /* v−1 went out under an older plan, unacknowledged */
+	PAIR_WHY_COST,            /* sparse was allowed, but dense is estimated cheaper */
 };
 
 /* Events other than the decision itself. */
@@ -55,6 +56,26 @@ enum pair_event {
 	PAIR_EV_REPAIR,           /* something else this daemon saw went wrong (verify) */
 };
 
+/* Running estimates of what a version of this pair costs (pair_cost_*):
+ * measured by the source's daemon, kept with the pair's state (a re-plan
+ * that keeps the entries keeps them).  0 means not measured yet. */
+struct pair_rates {
+	double link_Bps;          /* wire bytes per second while parts were in flight */
+	double apply_sparse_Bps;  /* the sink's apply: payload bytes per second */
+	double apply_dense_Bps;
+	double changed_frac;      /* changed / elements of recent sparse versions */
+	uint32_t sparse_seen;     /* sparse versions behind changed_frac (0: none yet) */
+	double bytes_per_changed; /* sparse payload bytes per changed element */
+	uint32_t dense_run;       /* versions in a row sent dense for cost */
+	/* the version last sent, for the apply rate when its APPLIED comes */
+	uint64_t sent_version, sent_bytes;
+	int sent_dense;
+	/* link: parts in flight now, since when, and what the busy time so
+	 * far carried (a sample is taken once it is large enough) */
+	uint32_t inflight;
+	uint64_t busy_t0_ns, busy_ns, busy_bytes, done_bytes;
+};
+
 struct pair_sm {
 	uint64_t last_sent;       /* version last sent (0: none) */
 	uint64_t prev_sent;       /* the one sent before it (0: none) */
@@ -64,6 +85,7 @@ struct pair_sm {
 	uint64_t failed;          /* newest version it reported not applied */
 	int need_dense;           /* rule 2 broken: the next version is dense */
 	enum pair_why why;        /* why need_dense (PAIR_WHY_REPAIR or _RESYNC) */
+	struct pair_rates r;      /* cost estimates (pair_cost_*) */
 };
 
 /* A new pair (or one whose entries changed): its first version is dense. */
@@ -85,6 +107,71 @@ void pair_sm_replanned(struct pair_sm *s, const struct pair_sm *old);
  * kept none (its bitmap was dropped).  Returns PAIR_WHY_NONE for sparse. */
 enum pair_why pair_sm_decide(const struct pair_sm *s, uint64_t src_last, uint64_t epoch,
 			     int stepped, int marks_lost);
+
+/* ---- The cheaper mode (docs/SYNC.md, "Sparse or dense: the cost").
+ *
+ * Reading θ, m and v costs 12 B per element; a dense version reads 4 B
+ * (θ) and sends 2 B.  Where sparse is allowed, the source estimates both
+ * from what it measured and sends the cheaper one:
+ *   sparse_s = stages(E·12 / scan_Bps,  S / link_Bps,  S / apply_sparse_Bps)
+ *   dense_s  = stages(E·4  / dense_Bps, 2E / link_Bps, 2E / apply_dense_Bps)
+ * with E the pair's elements, S = E · changed_frac · bytes_per_changed its
+ * expected sparse payload.  A remote pair's stages run on two machines
+ * and overlap (parts go while the source still reads): stages = max.  A
+ * local pair has no link, and its source and sink share one node's cores
+ * and memory: stages = the sum of the read and the apply.  A dense version
+ * chosen for cost is an ordinary dense version (exact, verified). */
+enum pair_mode_policy {
+	PAIR_MODE_AUTO = 0,       /* the cheaper one (default) */
+	PAIR_MODE_SPARSE,         /* sparse wherever the state machine allows */
+};
+
+/* After this many versions in a row dense for cost, one goes sparse again
+ * to measure the changed fraction (a dense version cannot see it). */
+#define PAIR_COST_PROBE 8
+/* A pair below this many elements stays sparse: its versions cost their
+ * fixed overheads (records, wake-ups, acknowledgements), which rates in
+ * bytes per second do not describe, and either mode is quick. */
+#define PAIR_COST_MIN_ELEMENTS ((uint64_t)1 << 20)
+/* Dense only when estimated at most this fraction of sparse: estimates
+ * are noisy, and a flip costs nothing but a wrong one costs time. */
+#define PAIR_COST_MARGIN 0.9
+
+/* What the source knows when it decides; 0 for a rate = not measured. */
+struct pair_cost_in {
+	uint64_t elements;        /* the pair's elements */
+	double scan_Bps;          /* the detect's reads of θ, m, v: bytes (12/element) per second */
+	double dense_Bps;         /* a dense capture's reads of θ (4/element) per second;
+				   * 0: derived from scan_Bps (the same memory) */
+	int local;                /* the sink is on this node: no link */
+	enum pair_mode_policy policy;
+};
+
+struct pair_choice {
+	enum pair_why why;        /* PAIR_WHY_NONE: sparse */
+	double sparse_s, dense_s; /* the estimates (0: not estimated) */
+	char reason[128];         /* "mode=dense reason=cost sparse_est_s=.. dense_est_s=.." */
+};
+
+/* The decision with the cost: pair_sm_decide() first (its reasons win);
+ * where it allows sparse, sparse or dense by the estimates in `in` and in
+ * s->r.  Pure: reads nothing else. */
+void pair_sm_choose(const struct pair_sm *s, uint64_t src_last, uint64_t epoch, int stepped,
+		    int marks_lost, const struct pair_cost_in *in, struct pair_choice *out);
+
+/* A version went out: what it was, for the estimates (sparse versions
+ * give the changed fraction and bytes per changed element). */
+void pair_cost_sent(struct pair_sm *s, uint64_t version, int dense, enum pair_why why,
+		    uint64_t changed, uint64_t elements, uint64_t bytes);
+/* The sink applied `version` (ok) in apply_s seconds. */
+void pair_cost_applied(struct pair_sm *s, uint64_t version, double apply_s);
+/* A part of `bytes` was handed to the transport / came back from it, at
+ * now_ns (any monotonic clock): the link rate is bytes over the time at
+ * least one part was in flight. */
+void pair_cost_part_out(struct pair_sm *s, uint64_t now_ns);
+void pair_cost_part_done(struct pair_sm *s, uint64_t now_ns, uint64_t bytes);
+/* A running estimate: the first sample, then an exponential average. */
+double pair_cost_ewma(double old, double sample);
 
 /* The label of a reason ("sparse" for PAIR_WHY_NONE). */
 const char *pair_sm_why_name(enum pair_why why);

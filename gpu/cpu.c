@@ -710,6 +710,7 @@ struct dense_ctx {
 	uint64_t size;
 };
 
+DTC_CLONES
 static uint64_t extract_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct dense_ctx *c = arg;

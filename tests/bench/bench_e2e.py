@@ -1,6 +1,29 @@
 """End-to-end, stall and memory figures: two real dted daemons in two
 network namespaces joined by one veth pair, shaped with tc tbf.
 
+As two machines would be (issue 18, "End to end"): the source daemon and
+the trainer (this process) are pinned to one core, the sink daemon to
+another (taskset / sched_setaffinity; DTC_CPU_THREADS=1, so the daemons'
+compute runs one thread on its core).  Versions after a fresh sink's dense
+one go as dted chooses (`sync_mode = auto`: sparse or dense per version by
+its cost estimates); the sync time is their median.  Its floor is
+
+    min(sparse floor, dense floor)
+    sparse floor = max(detect alone, sparse bytes at line rate, sink apply alone)
+    dense floor  = max(reading θ and rounding alone, dense bytes at line rate,
+                       sink dense write alone)
+
+each stage measured alone in the same run, on the core it runs on:
+detect = dted's own dtc_detect (with the checksum) over the model's
+element count in memfds (`bench_scan N lr memfd`, best round), before the
+trainer exists; reading θ and rounding = torch's FP32 → BF16 copy of the
+trainer's θ into BF16 buffers (RNE, one thread); the sink's dense write =
+a copy of the model's BF16 bytes into the sink engine's own weights; the
+sink's sparse apply = a scatter of the version's changed count of BF16
+values (sorted positions) into a model-sized BF16 buffer.  The sink-side
+stages run after the link's versions (they overwrite the sink's weights,
+and the sink is replaced before the next link).
+
 The source daemon (namespace A) holds a Qwen3-shaped model of 276,836,608
 elements (> 2^28) as fsdp:dp=1: FP32 θ, m, v in memfds (3.3 GiB) that torch
 AdamW (foreach=False, so no full-size temporaries) updates in place with
@@ -30,7 +53,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
-from cluster_sync_lib import DTED, Daemon  # noqa: E402
+from cluster_sync_lib import B, DTED, Daemon  # noqa: E402
 from dte import _lib, qwen3, sglang  # noqa: E402
 from dte.shm import Arena  # noqa: E402
 from dte.sink import Sink  # noqa: E402
@@ -87,6 +110,8 @@ class BenchDaemon(Daemon):
     defaults: the tests shrink the peer staging to 16M, which a dense part
     of one 2^24-element entry, 32 MiB, does not fit)."""
 
+    core = None     # pinned to this CPU (taskset) when set
+
     def start(self, timeout=20.0):
         with open(self.conf, "w") as f:
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
@@ -95,6 +120,8 @@ class BenchDaemon(Daemon):
                "--peer-listen", "%s:0" % self.host]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
+        if self.core is not None:
+            cmd = ["taskset", "-c", str(self.core)] + cmd
         with open(self.logpath, "a") as log:
             self.starts += 1
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env())
@@ -354,6 +381,83 @@ def history(srcd, version):
     return {}
 
 
+def pin_cores():
+    """(source core, sink core): two CPUs this process may use, or None."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[0], cpus[1]) if len(cpus) >= 2 else None
+
+
+def best_of(fn, reps=3):
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return min(t)
+
+
+def detect_alone(n, core):
+    """dted's detect (dtc_detect with the checksum, the daemon's one-pass
+    op) over n elements of FP32 θ, m, v in memfds, one thread on `core`:
+    bench_scan's best round, seconds."""
+    cmd = [os.path.join(B, "tests", "bench_scan"), str(n), str(LR), "memfd"]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                       env=dict(os.environ, DTC_CPU_THREADS="1"))
+    if r.returncode:
+        raise RuntimeError("bench_scan failed: %s" % r.stderr.strip())
+    for line in r.stdout.splitlines():
+        if line.startswith("scan-detail:"):
+            kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+            return float(kv["detect_csum_s"])
+    raise RuntimeError("bench_scan printed no scan-detail line")
+
+
+def on_core(core):
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def read_round_alone(tr, core):
+    """Reading θ and rounding it to BF16 (torch, RNE, one thread) into
+    buffers touched beforehand: the dense capture's floor, seconds."""
+    on_core(core)
+    dst = {n: torch.zeros(p.shape, dtype=torch.bfloat16) for n, p in tr.params.items()}
+
+    def go():
+        for n, p in tr.params.items():
+            dst[n].copy_(p.detach())
+    secs = best_of(go)
+    del dst
+    return secs
+
+
+def sink_alone(eng, n, changed, core):
+    """On the sink's core: (dense write s, sparse apply s).  The dense
+    write copies n BF16 values into the engine's own weights (this
+    overwrites them: run it after the link's versions); the sparse apply
+    scatters `changed` BF16 values at sorted random positions into a
+    model-sized BF16 buffer (both touched beforehand)."""
+    on_core(core)
+    src = torch.zeros(n, dtype=torch.bfloat16)
+    w = list(eng.weights(0).values())
+
+    def dense():
+        off = 0
+        for t in w:
+            k = t.numel()
+            t.view(-1).copy_(src[off:off + k])
+            off += k
+    d = best_of(dense)
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, n, (max(int(changed), 1),), generator=g).sort().values
+    val = torch.ones(idx.numel(), dtype=torch.bfloat16)
+    sp = best_of(lambda: src.index_copy_(0, idx, val))
+    del src, w, idx, val
+    return d, sp
+
+
 def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     """One fresh pair of daemons and one job in `detect` mode; per link
     rate in `links`: a dense version to a fresh sink, then SPARSE_PER_LINK
@@ -361,14 +465,33 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     cfg = model_config()
     import json
     cfg_text = json.dumps(cfg)
+    cores = pin_cores()
+    src_core, snk_core = cores if cores else (None, None)
+    affinity = os.sched_getaffinity(0)
+    out = {"detect": detect, "links": [], "elements": None, "cores": cores}
+    if cores:
+        # one compute thread per daemon: its core is its machine
+        os.environ["DTC_CPU_THREADS"] = "1"
+        torch.set_num_threads(1)
+    else:
+        log("e2e-detail: fewer than 2 CPUs: nothing pinned")
+    alone = {}
+    floors = not mem_only and detect == "adamw"
+    if floors:
+        n = model_elements()
+        alone["detect_s"] = detect_alone(n, src_core)
+        log("e2e-detail: alone: detect %d elements %.3f s (core %s)" % (
+            n, alone["detect_s"], src_core))
     net = Link().setup()
     daemons, sampler, tr, cli, sink, eng = [], None, None, None, None, None
-    out = {"detect": detect, "links": [], "elements": None}
+    out["alone"] = alone
     try:
         srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
                       log_level="warning")
         snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
                       log_level="warning")
+        srcd.core, snkd.core = src_core, snk_core
+        on_core(src_core)   # the trainer shares the source's core
         for d in (srcd, snkd):
             daemons.append(d)   # stopped in finally even when start() fails
             d.start()
@@ -378,6 +501,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
         out["elements"] = tr.elements
         log("e2e-detail: %s model %d elements ready in %.1f s" % (detect, tr.elements,
                                                                   time.time() - t))
+        if floors:
+            alone["read_round_s"] = read_round_alone(tr, src_core)
+            log("e2e-detail: alone: read θ and round to BF16 %.3f s" % alone["read_round_s"])
         cli = _lib.Client(srcd.sock)
         if detect == "adamw":
             cli.job_create(JOB, cfg_text, TOKEN, "local", 1)
@@ -400,10 +526,12 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
             wait_plan(srcd, sink.parts[0])
             row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit)}
             log("e2e-detail: link=%dGbit plain TCP stream %.2f Gbit/s" % (gbit, row["tcp_gbit"]))
+            # after the fresh sink's dense version, dted chooses ("auto")
             plan = [("dense", LR)] + [("sparse", LR)] * SPARSE_PER_LINK
             if cross and not mem_only:
                 plan += [("cross", lr) for lr in CROSS_LRS]
             for mode, lr in plan:
+                on_core(src_core)
                 step, groups = tr.step(lr)
                 version += 1
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
@@ -417,10 +545,11 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
                 got = "dense" if info["dense"] else "sparse"
-                if got != ("sparse" if mode == "cross" else mode):
-                    raise RuntimeError("version %d went %s, expected %s" % (version, got, mode))
+                if mode == "dense" and got != "dense":
+                    raise RuntimeError("version %d to a fresh sink went %s" % (version, got))
                 h = history(srcd, version)
                 m = {"version": version, "lr": lr, "total_s": t2 - t0, "publish_s": t1 - t0,
+                     "mode": got, "reason": h.get("reason", ""),
                      "bytes": info["bytes"], "changed": info["changed"],
                      "elements": info["elements"], "capture_ms": h.get("capture_ms"),
                      "transfer_ms": h.get("transfer_ms"), "apply_ms": h.get("apply_ms"),
@@ -443,16 +572,26 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                         m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
                 log("e2e-detail:   cpu_s source=%.3f sink=%.3f minor_faults source=%d sink=%d" % (
                     m["src_cpu_s"], m["sink_cpu_s"], m["src_faults"], m["sink_faults"]))
+                log("e2e-detail:   %s" % m["reason"])
                 if mode == "dense":
                     row["dense"] = m
                 else:
                     row[mode].append(m)
+            if floors:
+                chg = statistics.median(m["changed"] for m in row["sparse"] if m["mode"] == "sparse")
+                row["alone_dense_write_s"], row["alone_sparse_apply_s"] = sink_alone(
+                    eng, tr.elements, chg, snk_core)
+                on_core(src_core)
+                log("e2e-detail: alone (sink core %s): dense write %.3f s, sparse apply of %d "
+                    "values %.4f s" % (snk_core, row["alone_dense_write_s"], chg,
+                                       row["alone_sparse_apply_s"]))
             out["links"].append(row)
             if mem_only:
                 break
         out["hwm"] = dict(sampler.hwm)
         out["idle_anon"] = {n: MemSampler.read(p)["RssAnon"] for n, p in sampler.pids.items()}
     finally:
+        os.sched_setaffinity(0, affinity)
         # Every step runs even when one before it fails (a failed close
         # must not leave daemons and namespaces behind); the first error
         # is raised after all of them.
@@ -474,11 +613,56 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
 
 
 def summarize(rows):
-    """Median of the sparse versions' times per link."""
+    """Per link: the sync time (median of the versions dted chose the mode
+    of), the sparse ones' median time and bytes, and the floors."""
+    alone = rows.get("alone", {})
     for row in rows["links"]:
-        sp = row["sparse"]
+        auto = row["sparse"]
+        sp = [m for m in auto if m["mode"] == "sparse"] or auto
+        row["sync_s"] = statistics.median(m["total_s"] for m in auto)
+        row["sync_dense"] = sum(m["mode"] == "dense" for m in auto)
         row["sparse_s"] = statistics.median(m["total_s"] for m in sp)
         row["sparse_bytes"] = statistics.median(m["bytes"] for m in sp)
-        row["stall_s"] = statistics.median(m["publish_s"] for m in sp)
+        row["stall_s"] = statistics.median(m["publish_s"] for m in auto)
         row["dense_s"] = row["dense"]["total_s"]
+        rate = row["gbit"] * 1e9 / 8
+        row["wire_s"] = row["sparse_bytes"] / rate
+        row["line_s"] = row["dense"]["bytes"] / rate
+        if "detect_s" in alone and "alone_dense_write_s" in row:
+            row["sparse_floor_s"] = max(alone["detect_s"], row["wire_s"],
+                                        row["alone_sparse_apply_s"])
+            row["dense_floor_s"] = max(alone["read_round_s"], row["line_s"],
+                                       row["alone_dense_write_s"])
+            row["floor_s"] = min(row["sparse_floor_s"], row["dense_floor_s"])
+            row["floor_ratio"] = row["sync_s"] / row["floor_s"]
     return rows
+
+
+def e2e_line(r):
+    """The `bench e2e` line of one link (summarize first)."""
+    return ("bench e2e link=%d sparse_s=%.3f dense_s=%.3f line_rate_s=%.3f speedup=%.2f "
+            "speedup_vs_line_rate=%.2f sync_s=%.3f dense_versions=%d/%d sparse_floor_s=%.3f "
+            "dense_floor_s=%.3f floor_ratio=%.2f" % (
+                r["gbit"], r["sparse_s"], r["dense_s"], r["line_s"], r["dense_s"] / r["sparse_s"],
+                r["line_s"] / r["sparse_s"], r["sync_s"], r["sync_dense"], len(r["sparse"]),
+                r["sparse_floor_s"], r["dense_floor_s"], r["floor_ratio"]))
+
+
+def main():
+    """BENCH_LINKS (default 1,10,100) Gbit/s; BENCH_SMALL=1 for a smaller
+    model.  Needs root.  Prints the detail lines and one `bench e2e` line
+    per link."""
+    import tempfile
+    why = Link.available()
+    if why:
+        print("SKIP: %s" % why)
+        sys.exit(77)
+    links = [int(x) for x in os.environ.get("BENCH_LINKS", "1,10,100").split(",")]
+    work = tempfile.mkdtemp(prefix="bench-e2e-")
+    rows = summarize(run(work, links, cross=False, log=lambda s: print(s, flush=True)))
+    for r in rows["links"]:
+        print(e2e_line(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()

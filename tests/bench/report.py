@@ -41,7 +41,7 @@ def plots(res, docs):
               "set title 'One version end to end, %d elements'\n" % e2e["elements"] +
               "plot '%s' u 1:2 w lp t 'dense, dted (fresh sink)', '' u 1:5 w lp dt 4 t "
               "'dense at line rate (broadcast floor)', '' u 1:3 w lp t 'sparse (AdamW "
-              "inversion)', '' u 1:4 w lp dt 2 t 'sparse floor max(scan, wire)'\n",
+              "inversion)', '' u 1:4 w lp dt 2 t 'floor min(sparse floor, dense floor)'\n",
               [[(r["gbit"], r["dense_s"], r["sparse_s"], r["floor_s"], r["line_s"])
                 for r in e2e["links"]]], os.path.join(docs, "bench-e2e.png"))
         made.append("bench-e2e.png")
@@ -295,27 +295,34 @@ def write_e2e(w, res, e2e, snap, sc):
       "gradients) in place; the sink is one SGLang tp=1 BF16 copy (%.2f GiB, its memory "
       "populated before the first sync, as a serving engine's loaded weights are). Per link: "
       "a plain TCP stream measures the link, then a fresh sink attaches, so the next version "
-      "goes dense through dted's own dense path, then five sparse versions at lr 1e-6 "
-      "(median shown), then the crossover sweep above. Time = publish call until `wait` "
-      "returns (sink applied, checksum verified). Floor = max(scan, wire) with scan = "
-      "bench_scan's detect time at this element count (%.3f s) and wire = sparse bytes at the "
-      "link rate. The dense and sparse times are for consecutive versions of the same run "
-      "(the same model, one step apart), not literally the same version." % (
+      "goes dense through dted's own dense path, then five versions at lr 1e-6 whose mode "
+      "dted chooses (`sync_mode = auto`; sync time = their median, sparse = the median of "
+      "those that went sparse), then the crossover sweep above. The source daemon and the "
+      "trainer are pinned to one core, the sink daemon to the other. Time = publish call "
+      "until `wait` returns (sink applied, checksum verified). Floor = min(sparse floor, "
+      "dense floor): sparse floor = max(detect alone, sparse bytes at the link rate, the "
+      "sink's sparse apply alone), dense floor = max(reading θ and rounding alone, dense "
+      "bytes at the link rate, the sink's dense write alone), each stage measured alone in "
+      "the same run on its core (tests/bench/bench_e2e.py; detect alone here %s s). The "
+      "dense and sparse times are for consecutive versions of the same run (the same model, "
+      "one step apart), not literally the same version." % (
           n, "≥ 2^28" if n >= 1 << 28 else "BENCH_SMALL: below 2^28", 12 * n / 2**30,
-          2 * n / 2**30, sc.get("floor_s", sc["detect_s"])))
+          2 * n / 2**30, "%.3f" % e2e["alone"]["detect_s"] if e2e.get("alone") else "-"))
     w("")
     w("| link Gbit/s | dense s | dense bytes | sparse s | sparse bytes | changed % | wire s "
-      "| floor s | floor ratio | speedup | capture ms | transfer ms | apply ms | sparse CPU s "
-      "source / sink |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| sync s (dense of 5) | floor s | floor ratio | speedup | capture ms | transfer ms "
+      "| apply ms | sparse CPU s source / sink |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in e2e["links"]:
         s0 = sorted(r["sparse"], key=lambda m: m["total_s"])[len(r["sparse"]) // 2]
         cpu = ("%.2f / %.2f" % (statistics.median(m["src_cpu_s"] for m in r["sparse"]),
                                 statistics.median(m["sink_cpu_s"] for m in r["sparse"]))
                if "src_cpu_s" in s0 else "-")
-        w("| %d | %.3f | %d | %.3f | %d | %.3f | %.3f | %.3f | %.2f | %.2f | %s | %s | %s | %s |"
+        w("| %d | %.3f | %d | %.3f | %d | %.3f | %.3f | %.3f (%d) | %.3f | %.2f | %.2f | %s | %s "
+          "| %s | %s |"
           % (r["gbit"], r["dense_s"], r["dense"]["bytes"], r["sparse_s"], r["sparse_bytes"],
-             100.0 * s0["changed"] / max(s0["elements"], 1), r["wire_s"], r["floor_s"],
+             100.0 * s0["changed"] / max(s0["elements"], 1), r["wire_s"], r["sync_s"],
+             r["sync_dense"], r["floor_s"],
              r["floor_ratio"], r["speedup"], _ms(s0["capture_ms"]), _ms(s0["transfer_ms"]),
              _ms(s0["apply_ms"]), cpu))
     w("")

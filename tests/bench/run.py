@@ -9,7 +9,10 @@ figure:
     bench checksum ratio=R cpu_ratio=C runs=N
     bench codec bytes_per_change=B sparse_vs_dense=R storage_bytes_per_change=S
     bench e2e link=L sparse_s=S dense_s=D line_rate_s=W speedup=X speedup_vs_line_rate=Y
-        floor_ratio=F                                     (L = 1, 10, 100)
+        sync_s=T dense_versions=K/N sparse_floor_s=A dense_floor_s=B floor_ratio=F
+                                                          (L = 1, 10, 100)
+        floor_ratio = sync_s / min(sparse floor, dense floor), each stage of
+        the floors measured alone in the same run (bench_e2e.py)
     bench stall ratio=X
     bench stall blocked_ratio=R step_overhead=R        (bench_stall.py, issue 18)
     bench memory daemon_peak_mb=A snapshot_mb=B reduction=P peak_incl_dense_mb=C
@@ -246,20 +249,14 @@ def summary(res):
                                                      sd["dte_margin_bytes_ratio"]))
         return lines
     for r in e2e["links"]:
-        wire = r["sparse_bytes"] * 8 / (r["gbit"] * 1e9)
-        r["wire_s"] = wire
-        r["floor_s"] = max(scan_s, wire)
-        r["floor_ratio"] = r["sparse_s"] / r["floor_s"]
+        # wire_s, line_s (the baseline a NCCL/RDMA broadcast approaches:
+        # every BF16 byte at the link rate, nothing else), the sync time
+        # and its floor min(sparse floor, dense floor), each stage measured
+        # alone: bench_e2e.summarize.
         r["speedup"] = r["dense_s"] / r["sparse_s"]
-        # The baseline a NCCL/RDMA broadcast approaches: every BF16 byte at
-        # the link rate, nothing else.
-        r["line_s"] = r["dense"]["bytes"] * 8 / (r["gbit"] * 1e9)
         r["line_speedup"] = r["line_s"] / r["sparse_s"]
         r["dense_line_ratio"] = r["line_s"] / r["dense_s"]
-        lines.append("bench e2e link=%d sparse_s=%.3f dense_s=%.3f line_rate_s=%.3f "
-                     "speedup=%.2f speedup_vs_line_rate=%.2f floor_ratio=%.2f" % (
-                         r["gbit"], r["sparse_s"], r["dense_s"], r["line_s"], r["speedup"],
-                         r["line_speedup"], r["floor_ratio"]))
+        lines.append(bench_e2e.e2e_line(r))
     stalls = [m["publish_s"] for r in e2e["links"] for m in r["sparse"]]
     e2e["stall_s"] = statistics.median(stalls)
     lines.append("bench stall ratio=%.2f" % (e2e["stall_s"] / scan_s))

@@ -219,13 +219,15 @@ def main():
             net.setup()
         names = ["coord", "sink1", "sink2"]
         for i, n in enumerate(names):
+            # sync_mode = sparse: the checks below say which pairs go
+            # sparse (dense for cost: tests/system/sync_mode.py).
             # The smallest part size: every dense version and most sparse
             # ones go as several PAYLOAD parts over UCX, before COUNTS.
             if net:
                 d = Daemon(work.path, n, host=net.addrs[i], netns=net.names[i], dev=net.devs[i],
-                           part_size="64K")
+                           part_size="64K", sync_mode="sparse")
             else:
-                d = Daemon(work.path, n, part_size="64K")
+                d = Daemon(work.path, n, part_size="64K", sync_mode="sparse")
             daemons.append(d.start())
         coord, sink1, sink2 = daemons
 

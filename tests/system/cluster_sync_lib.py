@@ -29,9 +29,10 @@ class Daemon:
     """One dted: config file, control socket, log, peer listener."""
 
     def __init__(self, tmp, name, host="127.0.0.1", netns=None, dev="lo",
-                 log_level="info", part_size=None):
+                 log_level="info", part_size=None, sync_mode=None):
         self.tmp = tmp
         self.part_size = part_size
+        self.sync_mode = sync_mode   # None: dted's default (auto)
         self.name = name
         self.host = host
         self.netns = netns
@@ -61,9 +62,10 @@ class Daemon:
             # test share tmp): a restart of it (the faults' coord-restart)
             # gets them back (daemon/job_persist.c).
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n"
-                    "job_state_dir = %s/%s.jobs\n"
-                    "[peer]\nstaging_size = 16M\n" % (self.name, self.log_level, self.tmp,
-                                                     self.tmp, self.name))
+                    "job_state_dir = %s/%s.jobs\n%s"
+                    "[peer]\nstaging_size = 16M\n" % (
+                        self.name, self.log_level, self.tmp, self.tmp, self.name,
+                        "sync_mode = %s\n" % self.sync_mode if self.sync_mode else ""))
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
         env = self.env()

@@ -391,8 +391,9 @@ def main():
     log = open(os.path.join(tmp, "ops.log"), "w")
     d, sock = harness.start_dted(
         tmp, "ops", log, conf_name="ops.conf", sock_name="ops.sock",
-        extra_conf="runtime_dir = %s\nmetrics_listen = 127.0.0.1:%d\n[peer]\n"
-                   "staging_size = 16M\n" % (tmp, port),
+        # sync_mode = sparse: the checks name which versions go sparse
+        extra_conf="runtime_dir = %s\nmetrics_listen = 127.0.0.1:%d\nsync_mode = sparse\n"
+                   "[peer]\nstaging_size = 16M\n" % (tmp, port),
         env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
     ctl = Ctl(sock)
     run = None

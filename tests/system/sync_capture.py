@@ -58,8 +58,11 @@ def main():
     log = open(os.path.join(tmp, "dted.log"), "w+")
     release = os.path.join(tmp, "release")
     env = dict(os.environ, DTE_TEST_HOOK="capture-stall@1", DTE_TEST_HOOK_RELEASE=release)
+    # sync_mode = sparse: versions 2 and 3 must go sparse (the K = 1 memory
+    # check below), never dense for cost
     daemon, sock = harness.start_dted(tmp, "capture", log, env=env,
-                                      dted=harness.DTED_FAULTS)
+                                      dted=harness.DTED_FAULTS,
+                                      extra_conf="sync_mode = sparse\n")
     arenas = []
     try:
         harness.wait_socket(sock)

@@ -216,8 +216,11 @@ def main():
     # The corruption at version 27 is made outside any apply: only a full
     # checksum pass sees it for sure, so every apply takes one here
     # (sync_verify.py covers the incremental path and its periodic pass).
+    # Its checks say which versions go sparse (marks, gaps, repairs):
+    # sync_mode = sparse, so dted never picks dense for cost here
+    # (tests/system/sync_mode.py covers that choice).
     daemon, sock = harness.start_dted(tmp, "sync-local", log,
-                                      extra_conf="verify_full_every = 1\n")
+                                      extra_conf="verify_full_every = 1\nsync_mode = sparse\n")
     children = []
     versions = exact_versions = 0
     sparse_pct = []

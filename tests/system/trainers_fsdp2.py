@@ -209,7 +209,12 @@ def main():
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fsdp2-")
     log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "fsdp2", log, env=harness.child_env())
+    # Every version after the first must go sparse: this checks the
+    # inversion and the sparse path for each layout, so dted may not pick
+    # dense for cost (sync_mode = auto would, on these small models at
+    # training learning rates; tests/system/sync_mode.py covers that).
+    daemon, sock = harness.start_dted(tmp, "fsdp2", log, env=harness.child_env(),
+                                      extra_conf="sync_mode = sparse\n")
     configs = exact = versions = vexact = 0
     ok = True
     try:

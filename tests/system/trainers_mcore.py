@@ -314,7 +314,12 @@ def main():
     ref = tl.layout_reference()
     tmp = tempfile.mkdtemp(prefix="dte-mcore-")
     log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "mcore", log, env=harness.child_env())
+    # Every version after the first must go sparse: this checks the
+    # inversion and the sparse path for each layout, so dted may not pick
+    # dense for cost (sync_mode = auto would, on these small models at
+    # training learning rates; tests/system/sync_mode.py covers that).
+    daemon, sock = harness.start_dted(tmp, "mcore", log, env=harness.child_env(),
+                                      extra_conf="sync_mode = sparse\n")
     ok = True
     n = exact = 0
     upstream = mc.upstream_available()
@@ -367,8 +372,9 @@ def main():
         from cluster_sync_lib import Daemon
         member = coordd = None
         try:
-            coordd = Daemon(tmp, "mc-coord").start()
-            member = Daemon(tmp, "mc-member").start()
+            # sparse after the first version is checked: no dense for cost
+            coordd = Daemon(tmp, "mc-coord", sync_mode="sparse").start()
+            member = Daemon(tmp, "mc-member", sync_mode="sparse").start()
             cfg = tl.load_cfg(os.path.join(MODELS, "qwen3-30b-a3b.json"),
                               **SMALL["qwen3-30b-a3b.json"])
 

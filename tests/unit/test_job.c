@@ -1768,6 +1768,9 @@ static int setup(void **state)
 	if (job_init(&loop, dtc_backend_cpu(), "cpu") < 0)
 		return -1;
 	jeng.reply = catch_reply;
+	/* These tests check which versions go sparse: no dense for cost
+	 * (test_pair_sm and tests/system/sync_mode.py cover that choice). */
+	job_set_mode_policy(PAIR_MODE_SPARSE);
 	return 0;
 }
 

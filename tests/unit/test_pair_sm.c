@@ -236,6 +236,237 @@ static void test_random_walk(void **state)
 		      (unsigned long long)refused);
 }
 
+
+/* ---- the cheaper mode (pair_sm_choose) ---- */
+
+#define EL (1ull << 28)
+
+/* A pair at version 3, sparse allowed, with one sparse version measured
+ * at `frac` changed (3 B per changed element) and the given rates. */
+static struct pair_sm costed(double frac, double link_Bps, double apply_Bps)
+{
+	struct pair_sm s = sent(3, E1);
+
+	pair_cost_sent(&s, 3, 0, PAIR_WHY_NONE, (uint64_t)(frac * (double)EL), EL,
+		       (uint64_t)(3.0 * frac * (double)EL));
+	s.r.link_Bps = link_Bps;
+	s.r.apply_sparse_Bps = s.r.apply_dense_Bps = apply_Bps;
+	return s;
+}
+
+static struct pair_cost_in host(int local)
+{
+	/* host θ, m, v read at 12 GB/s */
+	struct pair_cost_in in = { .elements = EL, .scan_Bps = 12e9, .local = local,
+				   .policy = PAIR_MODE_AUTO };
+	return in;
+}
+
+static void test_cost_fast_link_dense(void **state)
+{
+	/* 100 Gbit/s: the dense wire (0.043 s) and the read of θ (0.089 s)
+	 * beat the detect's read of θ, m, v (0.27 s) */
+	struct pair_sm s = costed(0.03, 12.5e9, 20e9);
+	struct pair_cost_in in = host(0);
+	struct pair_choice ch;
+
+	(void)state;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+	assert_true(ch.dense_s > 0.08 && ch.dense_s < 0.1);
+	assert_true(ch.sparse_s > 0.26 && ch.sparse_s < 0.28);
+	assert_non_null(strstr(ch.reason, "mode=dense reason=cost sparse_est_s="));
+	assert_non_null(strstr(ch.reason, "dense_est_s="));
+	assert_string_equal(pair_sm_why_name(PAIR_WHY_COST), "cost");
+	/* a measured dense read rate is used when there is one */
+	in.dense_Bps = 2e9;	/* 4 B/element at 2 GB/s: 0.54 s */
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	assert_non_null(strstr(ch.reason, "mode=sparse reason=cost"));
+}
+
+static void test_cost_slow_link_sparse(void **state)
+{
+	/* 1 Gbit/s: 2 B/element on the wire is 4.3 s, 3 % sparse 0.19 s */
+	struct pair_sm s = costed(0.03, 1.25e8, 20e9);
+	struct pair_cost_in in = host(0);
+	struct pair_choice ch;
+
+	(void)state;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	assert_true(ch.dense_s > 4.0 && ch.sparse_s < 0.3);
+	/* all of it changing: sparse is more bytes than dense, dense wins */
+	s = costed(1.0, 1.25e8, 20e9);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+}
+
+static void test_cost_no_estimate(void **state)
+{
+	struct pair_sm s = sent(3, E1);
+	struct pair_cost_in in = host(0);
+	struct pair_choice ch;
+
+	(void)state;
+	/* nothing measured on the pair */
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+	/* the changed fraction, but no link rate yet */
+	s = costed(1.0, 0, 20e9);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+	/* no scan rate */
+	s = costed(1.0, 12.5e9, 20e9);
+	in.scan_Bps = 0;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+	/* a local pair needs an apply rate instead of a link */
+	s = costed(1.0, 0, 0);
+	in = host(1);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+	/* a small pair stays sparse whatever the estimates */
+	s = costed(1.0, 12.5e9, 20e9);
+	in = host(0);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+	in.elements = PAIR_COST_MIN_ELEMENTS - 1;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=small");
+	/* a dense version does not measure the changed fraction */
+	s = sent(3, E1);
+	pair_cost_sent(&s, 3, 1, PAIR_WHY_INITIAL, EL, EL, 2 * EL);
+	s.r.link_Bps = 12.5e9;
+	in = host(0);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
+}
+
+static void test_cost_repair_wins(void **state)
+{
+	struct pair_sm s = costed(0.03, 1.25e8, 20e9);	/* sparse by cost */
+	struct pair_cost_in in = host(0);
+	struct pair_choice ch;
+
+	(void)state;
+	pair_sm_event(&s, PAIR_EV_APPLY_FAILED, 3, 0);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_REPAIR);
+	assert_string_equal(ch.reason, "mode=dense reason=repair");
+	pair_sm_event(&s, PAIR_EV_RESYNC, 0, 0);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=dense reason=resync");
+	s = costed(0.03, 1.25e8, 20e9);
+	pair_sm_choose(&s, 3, E1, 0, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=dense reason=step_gap");
+	pair_sm_choose(&s, 0, E1, 1, 0, &in, &ch);
+	assert_string_equal(ch.reason, "mode=dense reason=initial");
+	/* forced sparse changes nothing of the repairs either */
+	in.policy = PAIR_MODE_SPARSE;
+	pair_sm_choose(&s, 3, E1, 1, 1, &in, &ch);
+	assert_string_equal(ch.reason, "mode=dense reason=repair");
+}
+
+static void test_cost_forced_and_probe(void **state)
+{
+	struct pair_sm s = costed(0.03, 12.5e9, 20e9);	/* dense by cost */
+	struct pair_cost_in in = host(0);
+	struct pair_choice ch;
+
+	(void)state;
+	in.policy = PAIR_MODE_SPARSE;
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	assert_string_equal(ch.reason, "mode=sparse reason=forced");
+	in.policy = PAIR_MODE_AUTO;
+	/* dense for cost, version after version, then one sparse probe */
+	for (uint64_t v = 4; v < 4 + PAIR_COST_PROBE; v++) {
+		pair_sm_choose(&s, v - 1, E1, 1, 0, &in, &ch);
+		assert_int_equal(ch.why, PAIR_WHY_COST);
+		pair_sm_event(&s, PAIR_EV_SENT, v, E1);
+		pair_sm_event(&s, PAIR_EV_STAGED, v, 0);
+		pair_cost_sent(&s, v, 1, ch.why, EL, EL, 2 * EL);
+	}
+	pair_sm_choose(&s, 3 + PAIR_COST_PROBE, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	assert_string_equal(ch.reason, "mode=sparse reason=probe");
+	pair_sm_event(&s, PAIR_EV_SENT, 4 + PAIR_COST_PROBE, E1);
+	pair_cost_sent(&s, 4 + PAIR_COST_PROBE, 0, ch.why, EL / 100, EL, 3 * EL / 100);
+	assert_int_equal(s.r.dense_run, 0);
+	/* a dense version for another reason does not count toward the probe */
+	pair_cost_sent(&s, 5 + PAIR_COST_PROBE, 1, PAIR_WHY_REPAIR, EL, EL, 2 * EL);
+	assert_int_equal(s.r.dense_run, 0);
+}
+
+static void test_cost_local(void **state)
+{
+	/* same node: read and apply add up; apply at 2 GB/s of payload */
+	struct pair_sm s = costed(0.01, 0, 2e9);
+	struct pair_cost_in in = host(1);
+	struct pair_choice ch;
+
+	(void)state;
+	/* 1 %: sparse 0.27 + 0.004 s, dense 0.09 + 0.27 s */
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	in.scan_Bps = 6e9;	/* a slower detect: dense is cheaper */
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+	in.scan_Bps = 12e9;
+	s.r.apply_sparse_Bps = s.r.apply_dense_Bps = 1e9;	/* a slow sink: sparse */
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_NONE);
+	/* 90 % changed: the sparse payload outgrows the dense one */
+	s = costed(0.9, 0, 1e9);
+	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
+	assert_int_equal(ch.why, PAIR_WHY_COST);
+}
+
+static void test_cost_measure(void **state)
+{
+	struct pair_sm s;
+
+	(void)state;
+	pair_sm_init(&s);
+	/* two parts overlap in [0, 3] ms, then idle, then one in [10, 11]:
+	 * 12 MiB over 4 ms of busy link */
+	pair_cost_part_out(&s, 0);
+	pair_cost_part_out(&s, 1000000);
+	pair_cost_part_done(&s, 2000000, 4u << 20);
+	assert_true(s.r.link_Bps == 0);
+	pair_cost_part_done(&s, 3000000, 4u << 20);
+	assert_true(s.r.link_Bps > 2.79e9 && s.r.link_Bps < 2.8e9);	/* 8 MiB / 3 ms */
+	pair_cost_part_out(&s, 10000000);
+	pair_cost_part_done(&s, 11000000, 4u << 20);
+	/* the idle 7 ms are not link time: the second sample is 4 GiB/s-ish */
+	assert_true(s.r.link_Bps > 0.75 * 2.796e9 + 0.25 * 4.19e9 - 1e7 &&
+		    s.r.link_Bps < 0.75 * 2.796e9 + 0.25 * 4.2e9 + 1e7);
+	/* a completion with nothing in flight (state reset) is ignored */
+	pair_cost_part_done(&s, 12000000, 1u << 30);
+	assert_int_equal(s.r.inflight, 0);
+	/* apply rate: only the version last sent, only with bytes */
+	pair_cost_sent(&s, 7, 1, PAIR_WHY_INITIAL, 0, 1000000, 2000000);
+	pair_cost_applied(&s, 7, 0.001);
+	assert_true(s.r.apply_dense_Bps == 0);	/* a first version is cold */
+	pair_cost_sent(&s, 7, 1, PAIR_WHY_REPAIR, 0, 1000000, 2000000);
+	pair_cost_applied(&s, 6, 0.001);
+	assert_true(s.r.apply_dense_Bps == 0);
+	pair_cost_applied(&s, 7, 0.001);
+	assert_true(s.r.apply_dense_Bps > 1.99e9 && s.r.apply_dense_Bps < 2.01e9);
+	assert_true(s.r.apply_sparse_Bps == 0);
+	/* changed fraction from sparse versions only, averaged */
+	pair_cost_sent(&s, 8, 0, PAIR_WHY_NONE, 100, 1000, 300);
+	assert_true(s.r.changed_frac > 0.099 && s.r.changed_frac < 0.101);
+	assert_true(s.r.bytes_per_changed > 2.99 && s.r.bytes_per_changed < 3.01);
+	pair_cost_sent(&s, 9, 0, PAIR_WHY_NONE, 500, 1000, 1000);
+	assert_true(s.r.changed_frac > 0.299 && s.r.changed_frac < 0.301);	/* (0.1 + 0.5) / 2 */
+	pair_cost_sent(&s, 10, 1, PAIR_WHY_COST, 1000, 1000, 2000);
+	assert_true(s.r.changed_frac > 0.299 && s.r.changed_frac < 0.301);
+	assert_int_equal(s.r.sparse_seen, 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -247,6 +478,13 @@ int main(void)
 		cmocka_unit_test(test_resync),
 		cmocka_unit_test(test_has),
 		cmocka_unit_test(test_random_walk),
+		cmocka_unit_test(test_cost_fast_link_dense),
+		cmocka_unit_test(test_cost_slow_link_sparse),
+		cmocka_unit_test(test_cost_no_estimate),
+		cmocka_unit_test(test_cost_repair_wins),
+		cmocka_unit_test(test_cost_forced_and_probe),
+		cmocka_unit_test(test_cost_local),
+		cmocka_unit_test(test_cost_measure),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
