@@ -78,7 +78,10 @@ def main():
     release = os.path.join(tmp, "release")
     env = dict(os.environ, DTE_TEST_HOOK="capture-stall@%d" % HELD,
                DTE_TEST_HOOK_RELEASE=release)
-    daemon, sock = harness.start_dted(tmp, "async", log, env=env, dted=harness.DTED_FAULTS)
+    # sync_mode = sparse: the checks below say which versions go sparse
+    # (dense for cost: tests/system/sync_mode.py).
+    daemon, sock = harness.start_dted(tmp, "async", log, extra_conf="sync_mode = sparse\n",
+                                      env=env, dted=harness.DTED_FAULTS)
     src = sink = eng = None
     waited_ms = 0.0
     try:
