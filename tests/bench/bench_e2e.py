@@ -33,6 +33,12 @@ disconnects and a fresh one attaches, so the next version goes dense (what
 a broadcast system sends, by dted's own dense path); the version after it
 goes sparse.  Timed from the publish call to `wait` returning (every sink
 applied, checksum verified); the trainer's stall is the publish call alone.
+The sink engine is parked in `wait_staged` from before each publish (as
+an engine waiting for its weights is), so the sink daemon applies a sparse
+version's parts as they arrive; the per-version detail line shows its
+apply-on-arrival counters, and the `bench e2e` line on_arrival=K/N how many
+of the N sparse versions were staged in place (BENCH_E2E_PARK=0: the
+engine calls apply only after publish returns).
 
 Daemon memory is sampled every 10 ms from /proc/PID/status: RssAnon
 (private anonymous memory: the memfds the clients share are RssShmem, not
@@ -69,6 +75,9 @@ SPARSE_PER_LINK = 5
 # BENCH_E2E_PARK=0: it calls apply after publish returns instead (the
 # daemon stages each version whole and applies it after its last part).
 PARK = os.environ.get("BENCH_E2E_PARK", "1") != "0"
+# The daemons' log level (BENCH_E2E_LOG=debug: the source's per-version
+# capture timings, "answered at / worker / reading the source", in its log).
+LOG_LEVEL = os.environ.get("BENCH_E2E_LOG", "warning")
 # The crossover columns: after the sparse versions at LR, one sparse
 # version at each of these rates (one step each), so the changed fraction
 # grows towards all of the model.
@@ -549,9 +558,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     out["alone"] = alone
     try:
         srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
-                      log_level="warning")
+                      log_level=LOG_LEVEL)
         snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
-                      log_level="warning")
+                      log_level=LOG_LEVEL)
         srcd.core, snkd.core = src_core, snk_core
         on_core(src_core)   # the trainer shares the source's core
         for d in (srcd, snkd):
