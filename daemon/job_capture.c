@@ -591,8 +591,8 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 	size_t at, len = 0;
 	int r, fuse = !d->have_dense && pb && !pb->cuda && !csum_find(d, e, sum);
 
-	if (!fuse && entry_checksum(c, d, e, s, sum) < 0)
-		return -1;
+	if (!fuse && (r = entry_checksum(c, d, e, s, sum)) < 0)
+		return r;	/* the reason is in c->err */
 	if (d->have_dense)
 		return bytes_put_shared(c, raw, &d->dense);
 	if (bytes_reserve(raw, 8 + 2 * e->box) < 0)
@@ -618,8 +618,8 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 	} else
 #endif
 	{
-		if (fuse && entry_checksum(c, d, e, s, sum) < 0)
-			return -1;
+		if (fuse && (r = entry_checksum(c, d, e, s, sum)) < 0)
+			return r;
 		if (!(vals = malloc(e->box * sizeof(*vals))))
 			return CAPFAIL("out of memory");
 		r = jdev_dense_extract(&e->map, s->param, s->len, vals);
