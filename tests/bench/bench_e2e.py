@@ -452,6 +452,19 @@ class Parked:
             raise RuntimeError("wait_staged returned %d, expected %d" % (self.got, version))
 
 
+def runq(pid):
+    """Seconds pid's threads so far sat runnable but not running
+    (/proc/PID/task/*/schedstat): time a daemon lost to other load."""
+    wait = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                wait += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return wait / 1e9
+
+
 def pin_cores():
     """(source core, sink core): two CPUs this process may use, or None."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -609,6 +622,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 waiter = Parked(sink, snkd).start() if PARK else None
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
                 cpu0 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
+                rq0 = {n: runq(p) for n, p in sampler.pids.items()}
                 t0 = time.perf_counter()
                 info = cli.publish(JOB, part, version, step, groups)
                 t1 = time.perf_counter()
@@ -618,6 +632,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 cli.wait(JOB, version, 300000)
                 t2 = time.perf_counter()
                 cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
+                rq1 = {n: runq(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
                 m1 = metrics(snkd)
                 got = "dense" if info["dense"] else "sparse"
@@ -639,6 +654,8 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                      "sink_cpu_s": cpu1["sink"][0] - cpu0["sink"][0],
                      "src_faults": cpu1["source"][1] - cpu0["source"][1],
                      "sink_faults": cpu1["sink"][1] - cpu0["sink"][1],
+                     "src_runq_s": rq1["source"] - rq0["source"],
+                     "sink_runq_s": rq1["sink"] - rq0["sink"],
                      # the sink daemon's apply-on-arrival counters over
                      # this version: parts swapped in, versions staged in
                      # place, undone, retreated
@@ -651,8 +668,10 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                         m["bytes"], m["changed"], 100.0 * m["changed"] / max(m["elements"], 1),
                         m["capture_ms"] or 0, m["transfer_ms"] or 0, m["apply_ms"] or 0,
                         m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
-                log("e2e-detail:   cpu_s source=%.3f sink=%.3f minor_faults source=%d sink=%d" % (
-                    m["src_cpu_s"], m["sink_cpu_s"], m["src_faults"], m["sink_faults"]))
+                log("e2e-detail:   cpu_s source=%.3f sink=%.3f runq_s source=%.3f sink=%.3f "
+                    "minor_faults source=%d sink=%d" % (
+                        m["src_cpu_s"], m["sink_cpu_s"], m["src_runq_s"], m["sink_runq_s"],
+                        m["src_faults"], m["sink_faults"]))
                 log("e2e-detail:   parked=%d apply_on_arrival part=%d version=%d undo=%d "
                     "retreat=%d" % ((PARK,) + tuple(m["arrival"][e] for e in (
                         "part", "version", "undo", "retreat"))))
