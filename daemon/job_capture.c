@@ -577,15 +577,22 @@ static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t a
 	d->nsp++;
 }
 
+/* The entry's BF16 values into the pair's payload, and its checksum into
+ * *sum.  A host θ whose values are extracted straight into the payload
+ * gives both from one read (dtc_dense_extract_csum: issue #16, the dense
+ * part read θ twice); otherwise the checksum pass, then the extract. */
 static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
-		       const struct dtc_src *s)
+		       const struct dtc_src *s, uint64_t *sum)
 {
 	struct dtc_bytes *raw = &c->p[pi].raw;
+	const struct dbuf *pb = cap_buf(c, e->src_buf);
 	uint16_t *vals;
 	uint8_t *out;
 	size_t at, len = 0;
-	int r;
+	int r, fuse = !d->have_dense && pb && !pb->cuda && !csum_find(d, e, sum);
 
+	if (!fuse && (r = entry_checksum(c, d, e, s, sum)) < 0)
+		return r;	/* the reason is in c->err */
 	if (d->have_dense)
 		return bytes_put_shared(c, raw, &d->dense);
 	if (bytes_reserve(raw, 8 + 2 * e->box) < 0)
@@ -598,11 +605,21 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 	 * dense pair's buffer: a 32-byte header, then 8 + 2·box per entry),
 	 * with no intermediate array to fault in and copy. */
 	if (((uintptr_t)out & 1) == 0) {
-		r = jdev_dense_extract(&e->map, s->param, s->len, (uint16_t *)(void *)out);
+		if (fuse) {
+			r = dtc_dense_extract_csum(dtc_backend_cpu(), &e->map, s->param, s->len,
+						   (uint16_t *)(void *)out, sum);
+			if (r == DTC_OK)
+				csum_keep(d, e, *sum);
+		} else {
+			r = jdev_dense_extract(&e->map, s->param, s->len, (uint16_t *)(void *)out);
+		}
 		len = 2 * e->box;
+		fuse = 0;
 	} else
 #endif
 	{
+		if (fuse && (r = entry_checksum(c, d, e, s, sum)) < 0)
+			return r;
 		if (!(vals = malloc(e->box * sizeof(*vals))))
 			return CAPFAIL("out of memory");
 		r = jdev_dense_extract(&e->map, s->param, s->len, vals);
@@ -849,7 +866,7 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 			return CAPFAIL("source buffers missing");
 		if (!p->sparse) {
 			cnt = e->box;
-			if (entry_checksum(c, d, e, &s, &sum) < 0 || entry_dense(c, d, pi, e, &s) < 0)
+			if (entry_dense(c, d, pi, e, &s, &sum) < 0)
 				return -1;
 		} else if (c->detect == JDETECT_ADAMW && entry_host(c, e)) {
 			if (entry_detect(c, d, pi, e, &s, p->dirty ? p->dirty[i] : NULL, &cnt,

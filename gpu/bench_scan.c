@@ -196,6 +196,53 @@ static void run_threads(void *(*fn)(void *), struct job *jobs, int nt)
 		pthread_join(tid[i], NULL);
 }
 
+/* A dense part's source read: the checksum pass then the extract (two
+ * reads of θ) against dtc_dense_extract_csum (one), same output and sum,
+ * best and median of REPS rounds each, wall and CPU time. */
+static int dense_probe(const struct dtc_backend *cpu, const struct dte_box_map *e,
+		       const float *p, uint64_t n)
+{
+	struct phase two = { 1e30, 1e30, 0, 0, 0 }, one = two;
+	double t_two[REPS], t_one[REPS];
+	uint16_t *out = malloc(n * 2), *out2 = malloc(n * 2);
+	uint64_t s_two = 0, s_one = 0;
+
+	if (!out || !out2) {
+		fprintf(stderr, "bench-scan: cannot allocate the dense output\n");
+		return -1;
+	}
+	memset(out, 0, n * 2);	/* touched: a capture's part buffers are reused */
+	memset(out2, 0, n * 2);
+	for (int r = -1; r < REPS; r++) {
+		phase_start(&two);
+		if (dtc_checksum_entry(cpu, e, p, n, &s_two) != DTC_OK ||
+		    dtc_dense_extract(cpu, e, p, n, out) != DTC_OK)
+			return -1;
+		phase_stop(&two);
+		phase_start(&one);
+		if (dtc_dense_extract_csum(cpu, e, p, n, out2, &s_one) != DTC_OK)
+			return -1;
+		phase_stop(&one);
+		if (r < 0) {	/* warm-up */
+			two.wall = two.cpu = one.wall = one.cpu = 1e30;
+			continue;
+		}
+		t_two[r] = two.last;
+		t_one[r] = one.last;
+	}
+	if (s_two != s_one || memcmp(out, out2, n * 2)) {
+		fprintf(stderr, "bench-scan: fused dense extract disagrees with extract + checksum\n");
+		return -1;
+	}
+	printf("scan-dense: elements=%llu twopass_s=%.4f fused_s=%.4f median_twopass_s=%.4f "
+	       "median_fused_s=%.4f cpu_twopass_s=%.4f cpu_fused_s=%.4f fused_ratio=%.2f\n",
+	       (unsigned long long)n, two.wall, one.wall, median(t_two, REPS), median(t_one, REPS),
+	       two.cpu, one.cpu, median(t_one, REPS) / median(t_two, REPS));
+	free(out);
+	free(out2);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t n = (uint64_t)1 << 27, words, count = 0, out = 0, sink = 0, dcount = 0, ccount = 0;
@@ -329,6 +376,8 @@ int main(int argc, char **argv)
 	       ratio_csum, median(r_cc, REPS), detc.cpu / det.cpu);
 	printf("scan: elements=%llu GBps=%.2f stream_GBps=%.2f ratio=%.2f\n", (unsigned long long)n,
 	       bytes / median(t_det, REPS) / 1e9, bytes / median(t_st, REPS) / 1e9, ratio);
+	if (dense_probe(cpu, &e, p, n) < 0)
+		return 1;
 	free(pay.p);
 	free_array(p, n * 4, memfd);
 	free_array(m, n * 4, memfd);

@@ -6,6 +6,7 @@
 #include "gpu/backend_ops.h"
 #include "gpu/box.h"
 #include "gpu/compute.h"
+#include "gpu/cpu.h"
 
 static int check_bitmap(const struct dte_box_map *e, const uint64_t *bitmap, uint64_t words)
 {
@@ -71,6 +72,29 @@ int dtc_dense_extract(const struct dtc_backend *be, const struct dte_box_map *e,
 		return rc;
 	box_coalesce(e, BOX_SRC, &ce);
 	return be->ops->dense_extract(&ce, param, out);
+}
+
+int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_map *e,
+			   const float *param, uint64_t param_len, uint16_t *out, uint64_t *sum)
+{
+	struct dte_box_map ce;
+	uint64_t s = 0;
+	int rc;
+
+	if (!be || !param || !out || !sum)
+		return DTC_EINVAL;
+	if (be->ops != &dtc_cpu_ops) {
+		if ((rc = dtc_dense_extract(be, e, param, param_len, out)) != DTC_OK)
+			return rc;
+		return dtc_checksum_entry(be, e, param, param_len, sum);
+	}
+	if ((rc = dtc_entry_check(e, param_len, UINT64_MAX)) != DTC_OK)
+		return rc;
+	box_coalesce(e, BOX_SRC | BOX_DST, &ce);
+	rc = dtc_cpu_extract_csum(&ce, param, out, &s);
+	if (rc == DTC_OK)
+		*sum = s;
+	return rc;
 }
 
 int dtc_scatter_apply(const struct dtc_backend *be, const struct dte_box_map *e,

@@ -94,6 +94,12 @@ int dtc_sparse_from_bitmap(const struct dtc_backend *be, const struct dte_box_ma
 int dtc_dense_extract(const struct dtc_backend *be, const struct dte_box_map *e,
 		      const float *param, uint64_t param_len, uint16_t *out);
 
+/* Both at once: out as dtc_dense_extract() and *sum as
+ * dtc_checksum_entry(), exactly; a host backend reads θ once for the two,
+ * another runs them one after the other. */
+int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_map *e,
+			   const float *param, uint64_t param_len, uint16_t *out, uint64_t *sum);
+
 /* Write val[i] at the destination of box position pos[i].  Every position
  * is checked (< box size, destination inside dst_len) before anything is
  * written: on error dst is untouched. */

@@ -939,6 +939,79 @@ static int cpu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, ui
 	return DTC_OK;
 }
 
+/* ---- dense extract fused with its checksum ---------------------------- */
+
+/* Σ mix(base + i·dstride, out[i]): the terms of BF16 values just written
+ * contiguously (canonical order), whatever the destination stride. */
+DTC_CSUM_CLONES
+static uint64_t csum_run_out(const uint16_t *out, int64_t base, int64_t dstride, uint64_t n)
+{
+	uint64_t s = 0;
+
+	if (dstride == 1) {
+		for (uint64_t i = 0; i < n; i++)
+			s += dtc_csum_term((uint64_t)base + i, out[i]);
+	} else {
+		for (uint64_t i = 0; i < n; i++)
+			s += dtc_csum_term((uint64_t)(base + (int64_t)i * dstride), out[i]);
+	}
+	return s;
+}
+
+/* Rows cut into slices of this many elements: a slice's BF16 values are
+ * summed right after they are written, while still in L1, so θ is read
+ * once for both (the separate passes read it twice: issue #16). */
+#define EXTRACT_CSUM_SLICE	2048
+
+DTC_CLONES
+static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part)
+{
+	struct dense_ctx *c = arg;
+	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t p = lo, sum = 0;
+
+	(void)part;
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, lo);
+	while (p < hi) {
+		uint64_t run = (uint64_t)(w.row_len - w.col);
+		const float *src = c->param + box_src_index(&w);
+		int64_t dbase = box_dst_index(&w);
+		uint16_t *o = c->out + p;
+
+		if (run > hi - p)
+			run = hi - p;
+		for (uint64_t at = 0; at < run; at += EXTRACT_CSUM_SLICE) {
+			uint64_t k = run - at < EXTRACT_CSUM_SLICE ? run - at : EXTRACT_CSUM_SLICE;
+
+			if (s1 == 1) {
+				for (uint64_t i = 0; i < k; i++)
+					o[at + i] = dtc_bf16_rne(src[at + i]);
+			} else {
+				for (uint64_t i = 0; i < k; i++)
+					o[at + i] = dtc_bf16_rne(src[(int64_t)(at + i) * s1]);
+			}
+			sum += csum_run_out(o + at, dbase + (int64_t)at * d1, d1, k);
+		}
+		p += run;
+		if (p < hi)
+			box_walk_next_row(&w);
+	}
+	return sum;
+}
+
+int dtc_cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
+			 uint64_t *sum)
+{
+	struct dense_ctx c = { .param = param, .out = out, .size = dtc_box_size(e) };
+
+	c.e = *e;
+	*sum = run_split(extract_csum_range, &c, c.size, 64, c.size);
+	return DTC_OK;
+}
+
 /* The portable detect block: the generic verdicts, the scalar emitter,
  * the vectorized checksum run (θ is in L1 by then). */
 uint64_t dtc_cpu_detect_block(const struct dtc_consts *k, const float *p, const float *m,

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include "gpu/elem.h"
 
+struct dte_box_map;
+
 /* Bitmap words one call of a flags kernel decides at most. */
 #define DTC_CPU_BLOCK_WORDS 16
 
@@ -62,6 +64,12 @@ uint64_t dtc_cpu_detect_block(const struct dtc_consts *k, const float *p, const 
 dtc_cpu_detect_fn dtc_cpu_detect_avx512(void);
 /* Chosen like dtc_cpu_flags_best(). */
 dtc_cpu_detect_fn dtc_cpu_detect_best(void);
+
+/* Dense extract and its checksum from one read of θ (the entry checked
+ * and merged with BOX_SRC | BOX_DST): out as dtc_dense_extract(), *sum as
+ * dtc_checksum_entry(). */
+int dtc_cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
+			 uint64_t *sum);
 
 /* The gap code of gpu/codec.h (tests hold it to dtc_sparse_encode()). */
 static inline size_t dtc_cpu_put_gap(uint8_t *g, uint64_t gap)

@@ -33,6 +33,12 @@ disconnects and a fresh one attaches, so the next version goes dense (what
 a broadcast system sends, by dted's own dense path); the version after it
 goes sparse.  Timed from the publish call to `wait` returning (every sink
 applied, checksum verified); the trainer's stall is the publish call alone.
+The sink engine is parked in `wait_staged` from before each publish (as
+an engine waiting for its weights is), so the sink daemon applies a sparse
+version's parts as they arrive; the per-version detail line shows its
+apply-on-arrival counters, and the `bench e2e` line on_arrival=K/N how many
+of the N sparse versions were staged in place (BENCH_E2E_PARK=0: the
+engine calls apply only after publish returns).
 
 Daemon memory is sampled every 10 ms from /proc/PID/status: RssAnon
 (private anonymous memory: the memfds the clients share are RssShmem, not
@@ -64,6 +70,14 @@ LR = 1e-6
 # of a run also pays for mapping the trainer's m and v pages into the
 # source daemon (the dense version read only θ), a one-time cost.
 SPARSE_PER_LINK = 5
+# The sink engine parks in wait_staged before each publish (a real
+# engine waiting for its weights), so sparse versions apply on arrival.
+# BENCH_E2E_PARK=0: it calls apply after publish returns instead (the
+# daemon stages each version whole and applies it after its last part).
+PARK = os.environ.get("BENCH_E2E_PARK", "1") != "0"
+# The daemons' log level (BENCH_E2E_LOG=debug: the source's per-version
+# capture timings, "answered at / worker / reading the source", in its log).
+LOG_LEVEL = os.environ.get("BENCH_E2E_LOG", "warning")
 # The crossover columns: after the sparse versions at LR, one sparse
 # version at each of these rates (one step each), so the changed fraction
 # grows towards all of the model.
@@ -381,6 +395,76 @@ def history(srcd, version):
     return {}
 
 
+def metrics(d):
+    """The daemon's Prometheus counters and gauges: {series: value}."""
+    r = d.ctl("metrics", check=False)
+    if r.returncode != 0:
+        raise RuntimeError("dtectl metrics on %s failed (rc %d): %s" % (
+            d.name, r.returncode, r.stderr))
+    out = {}
+    for line in r.stdout.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def arrival(m, event):
+    return m.get('dted_apply_on_arrival_total{event="%s"}' % event, 0.0)
+
+
+class Parked:
+    """The sink engine waiting for its next weights as a real one does:
+    a thread parked in `wait_staged` (its safe point) from before the
+    publish, so the sink daemon applies a sparse version's parts as they
+    arrive (docs/SYNC.md "Apply on arrival").  `start` returns once the
+    daemon counts the sink parked (dted_sinks_parked), with a deadline."""
+
+    def __init__(self, sink, snkd, timeout_ms=300000):
+        self.sink, self.snkd, self.timeout_ms = sink, snkd, timeout_ms
+        self.got, self.err, self.th = None, None, None
+
+    def _wait(self):
+        try:
+            self.got = self.sink.wait_staged(self.timeout_ms)
+        except Exception as e:  # noqa: BLE001 (raised by join)
+            self.err = e
+
+    def start(self, deadline_s=10.0):
+        base = metrics(self.snkd).get("dted_sinks_parked", 0.0)
+        self.th = threading.Thread(target=self._wait, daemon=True)
+        self.th.start()
+        end = time.monotonic() + deadline_s
+        while metrics(self.snkd).get("dted_sinks_parked", 0.0) < base + len(self.sink.parts):
+            if time.monotonic() > end or not self.th.is_alive():
+                raise RuntimeError("sink not parked in wait_staged within %.0f s (%s)" % (
+                    deadline_s, self.err))
+            time.sleep(0.01)
+        return self
+
+    def join(self, version):
+        self.th.join(self.timeout_ms / 1000.0 + 5)
+        if self.th.is_alive():
+            raise RuntimeError("wait_staged did not return for version %d" % version)
+        if self.err is not None:
+            raise self.err
+        if self.got < version:
+            raise RuntimeError("wait_staged returned %d, expected %d" % (self.got, version))
+
+
+def runq(pid):
+    """Seconds pid's threads so far sat runnable but not running
+    (/proc/PID/task/*/schedstat): time a daemon lost to other load."""
+    wait = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                wait += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return wait / 1e9
+
+
 def pin_cores():
     """(source core, sink core): two CPUs this process may use, or None."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -487,9 +571,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     out["alone"] = alone
     try:
         srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
-                      log_level="warning")
+                      log_level=LOG_LEVEL)
         snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
-                      log_level="warning")
+                      log_level=LOG_LEVEL)
         srcd.core, snkd.core = src_core, snk_core
         on_core(src_core)   # the trainer shares the source's core
         for d in (srcd, snkd):
@@ -534,16 +618,23 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 on_core(src_core)
                 step, groups = tr.step(lr)
                 version += 1
+                m0 = metrics(snkd)
+                waiter = Parked(sink, snkd).start() if PARK else None
                 sampler.window("%s-%d-%s" % (gbit, version, mode))
                 cpu0 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
+                rq0 = {n: runq(p) for n, p in sampler.pids.items()}
                 t0 = time.perf_counter()
                 info = cli.publish(JOB, part, version, step, groups)
                 t1 = time.perf_counter()
+                if waiter is not None:
+                    waiter.join(version)
                 sink.apply(version, timeout_ms=300000)
                 cli.wait(JOB, version, 300000)
                 t2 = time.perf_counter()
                 cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
+                rq1 = {n: runq(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
+                m1 = metrics(snkd)
                 got = "dense" if info["dense"] else "sparse"
                 if mode == "dense" and got != "dense":
                     raise RuntimeError("version %d to a fresh sink went %s" % (version, got))
@@ -562,7 +653,14 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                      "src_cpu_s": cpu1["source"][0] - cpu0["source"][0],
                      "sink_cpu_s": cpu1["sink"][0] - cpu0["sink"][0],
                      "src_faults": cpu1["source"][1] - cpu0["source"][1],
-                     "sink_faults": cpu1["sink"][1] - cpu0["sink"][1]}
+                     "sink_faults": cpu1["sink"][1] - cpu0["sink"][1],
+                     "src_runq_s": rq1["source"] - rq0["source"],
+                     "sink_runq_s": rq1["sink"] - rq0["sink"],
+                     # the sink daemon's apply-on-arrival counters over
+                     # this version: parts swapped in, versions staged in
+                     # place, undone, retreated
+                     "arrival": {e: arrival(m1, e) - arrival(m0, e)
+                                 for e in ("part", "version", "undo", "retreat")}}
                 log("e2e-detail: %s link=%dGbit v%d %s lr=%g total_s=%.3f publish_s=%.3f "
                     "bytes=%d changed=%d (%.2f%%) capture_ms=%.0f transfer_ms=%.0f apply_ms=%.0f "
                     "src_anon_mb=%.0f sink_anon_mb=%.0f" % (
@@ -570,8 +668,13 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                         m["bytes"], m["changed"], 100.0 * m["changed"] / max(m["elements"], 1),
                         m["capture_ms"] or 0, m["transfer_ms"] or 0, m["apply_ms"] or 0,
                         m["src_anon"] / 2**20, m["sink_anon"] / 2**20))
-                log("e2e-detail:   cpu_s source=%.3f sink=%.3f minor_faults source=%d sink=%d" % (
-                    m["src_cpu_s"], m["sink_cpu_s"], m["src_faults"], m["sink_faults"]))
+                log("e2e-detail:   cpu_s source=%.3f sink=%.3f runq_s source=%.3f sink=%.3f "
+                    "minor_faults source=%d sink=%d" % (
+                        m["src_cpu_s"], m["sink_cpu_s"], m["src_runq_s"], m["sink_runq_s"],
+                        m["src_faults"], m["sink_faults"]))
+                log("e2e-detail:   parked=%d apply_on_arrival part=%d version=%d undo=%d "
+                    "retreat=%d" % ((PARK,) + tuple(m["arrival"][e] for e in (
+                        "part", "version", "undo", "retreat"))))
                 log("e2e-detail:   %s" % m["reason"])
                 if mode == "dense":
                     row["dense"] = m
@@ -621,6 +724,9 @@ def summarize(rows):
         sp = [m for m in auto if m["mode"] == "sparse"] or auto
         row["sync_s"] = statistics.median(m["total_s"] for m in auto)
         row["sync_dense"] = sum(m["mode"] == "dense" for m in auto)
+        # sparse versions the sink daemon staged in place (applied on arrival)
+        row["on_arrival"] = sum(m["mode"] == "sparse" and m["arrival"]["version"] > 0
+                                for m in auto)
         row["sparse_s"] = statistics.median(m["total_s"] for m in sp)
         row["sparse_bytes"] = statistics.median(m["bytes"] for m in sp)
         row["stall_s"] = statistics.median(m["publish_s"] for m in auto)
@@ -642,10 +748,11 @@ def e2e_line(r):
     """The `bench e2e` line of one link (summarize first)."""
     return ("bench e2e link=%d sparse_s=%.3f dense_s=%.3f line_rate_s=%.3f speedup=%.2f "
             "speedup_vs_line_rate=%.2f sync_s=%.3f dense_versions=%d/%d sparse_floor_s=%.3f "
-            "dense_floor_s=%.3f floor_ratio=%.2f" % (
+            "dense_floor_s=%.3f floor_ratio=%.2f on_arrival=%d/%d" % (
                 r["gbit"], r["sparse_s"], r["dense_s"], r["line_s"], r["dense_s"] / r["sparse_s"],
                 r["line_s"] / r["sparse_s"], r["sync_s"], r["sync_dense"], len(r["sparse"]),
-                r["sparse_floor_s"], r["dense_floor_s"], r["floor_ratio"]))
+                r["sparse_floor_s"], r["dense_floor_s"], r["floor_ratio"],
+                r["on_arrival"], len(r["sparse"]) - r["sync_dense"]))
 
 
 def main():

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 #include "gpu/backend.h"
@@ -400,6 +401,88 @@ static void test_checksum_strided(void **state)
 	free(dst);
 }
 
+/* Σ mix(dst index, bf16 of the source element) straight from the
+ * definition in gpu/elem.h, position by position (ref_index: no walk, no
+ * coalescing). */
+static uint64_t ref_entry_sum(const struct dte_box_map *e, const float *src)
+{
+	uint64_t s = 0, size = dtc_box_size(e);
+
+	for (uint64_t p = 0; p < size; p++)
+		s += dtc_csum_term((uint64_t)ref_index(e, p, 1), dtc_bf16_rne(src[ref_index(e, p, 0)]));
+	return s;
+}
+
+static void check_extract_csum(const struct dte_box_map *e, const float *src, uint64_t src_len,
+			       const char *what)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	uint64_t size = dtc_box_size(e), sum = 0, sum2 = 0;
+	uint16_t *out = malloc(size * sizeof(*out)), *want = malloc(size * sizeof(*want));
+
+	assert_non_null(out);
+	assert_non_null(want);
+	assert_int_equal(dtc_dense_extract(cpu, e, src, src_len, want), DTC_OK);
+	memset(out, 0xa5, size * sizeof(*out));
+	assert_int_equal(dtc_dense_extract_csum(cpu, e, src, src_len, out, &sum), DTC_OK);
+	if (memcmp(out, want, size * sizeof(*out)))
+		fail_msg("%s: fused extract differs from dtc_dense_extract", what);
+	if (sum != ref_entry_sum(e, src))
+		fail_msg("%s: fused sum %016llx, definition %016llx", what, (unsigned long long)sum,
+			 (unsigned long long)ref_entry_sum(e, src));
+	assert_int_equal(dtc_checksum_entry(cpu, e, src, src_len, &sum2), DTC_OK);
+	assert_int_equal(sum, sum2);
+	free(out);
+	free(want);
+}
+
+/* The dense extract fused with its checksum (one read of θ) gives exactly
+ * the extract and the entry's checksum as defined, on every kind of box,
+ * and on one long enough to cross its slices and the thread split. */
+static void test_extract_csum(void **state)
+{
+	float src[SRC_LEN];
+	uint16_t out[4];
+	uint64_t sum = 0, n = (1u << 21) + 4099;
+	float *big = malloc(2 * n * sizeof(*big));
+	struct dte_box_map e = { 0 };
+	char what[32];
+
+	for (int i = 0; i < SRC_LEN; i++)
+		src[i] = gaussf();
+	for (size_t t = 0; t < N_ENTRIES; t++) {
+		snprintf(what, sizeof(what), "entry %zu", t);
+		check_extract_csum(&entries[t], src, SRC_LEN, what);
+	}
+	assert_non_null(big);
+	for (uint64_t i = 0; i < 2 * n; i++)
+		big[i] = gaussf();
+	/* one long row, contiguous both sides */
+	e.ndim = 1;
+	e.extent[0] = (int64_t)n;
+	e.src_stride[0] = 1;
+	e.dst_stride[0] = 1;
+	e.dst_offset = 7;
+	check_extract_csum(&e, big, 2 * n, "long contiguous");
+	/* long rows, every other source element, destination stride 3 */
+	e.ndim = 2;
+	e.extent[0] = 2;
+	e.extent[1] = (int64_t)(n / 2);
+	e.src_offset = 1;
+	e.src_stride[0] = (int64_t)n;
+	e.src_stride[1] = 2;
+	e.dst_offset = 0;
+	e.dst_stride[0] = 1;
+	e.dst_stride[1] = 3;
+	check_extract_csum(&e, big, 2 * n, "long strided");
+	/* bad input: refused before anything is touched */
+	assert_int_equal(dtc_dense_extract_csum(dtc_backend_cpu(), &entries[0], src, 10, out, &sum),
+			 DTC_EBOX);
+	assert_int_equal(dtc_dense_extract_csum(dtc_backend_cpu(), &entries[0], src, SRC_LEN, out,
+						NULL), DTC_EINVAL);
+	free(big);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -412,6 +495,7 @@ int main(void)
 		cmocka_unit_test(test_checksums),
 		cmocka_unit_test(test_checksum_large),
 		cmocka_unit_test(test_checksum_strided),
+		cmocka_unit_test(test_extract_csum),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
