@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,9 @@ static int setup(void **state)
 	char err[128];
 
 	dlog_init(DLOG_ERROR);
+	/* As dted's main.c: a client that hung up with replies still owed
+	 * (test_async_close_pending) must not kill the server. */
+	signal(SIGPIPE, SIG_IGN);
 	snprintf(dir, sizeof(dir), "/tmp/dte-client-XXXXXX");
 	if (!mkdtemp(dir))
 		return -1;
