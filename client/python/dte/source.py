@@ -374,8 +374,11 @@ class Source:
             while self.pending:
                 part, version = self.pending[0]
                 try:
-                    infos[version].append(self.cli.wait_captured(self.job, part, version,
-                                                                 timeout_ms))
+                    got = self.cli.wait_captured(self.job, part, version, timeout_ms)
+                    # libdte reads the async publish's accept here (it is
+                    # pipelined): its capture event, if any, comes with it.
+                    self._cap_event(part, got)
+                    infos[version].append(got)
                 except _lib.DteError as e:
                     if e.code == _lib.ERR_TIMEOUT:
                         raise SourceError("source: the capture of version %d still reads the "
