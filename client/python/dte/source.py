@@ -216,6 +216,7 @@ class Source:
         self.captures = collections.OrderedDict()  # version -> summed capture info
         self.blocked_s = 0.0     # time steps spent waiting for captures
         self.waits = 0           # wait_captured calls that found a capture pending
+        self.wait_lib_s = 0.0    # of blocked_s, the time inside libdte's wait_captured
         self.cap_events = {}     # part -> the daemon's capture event (CUDA sources)
         self.stream_waits = 0    # times the trainer's stream waited on one
 
@@ -374,7 +375,11 @@ class Source:
             while self.pending:
                 part, version = self.pending[0]
                 try:
-                    got = self.cli.wait_captured(self.job, part, version, timeout_ms)
+                    t1 = time.perf_counter()
+                    try:
+                        got = self.cli.wait_captured(self.job, part, version, timeout_ms)
+                    finally:
+                        self.wait_lib_s += time.perf_counter() - t1
                     # libdte reads the async publish's accept here (it is
                     # pipelined): its capture event, if any, comes with it.
                     self._cap_event(part, got)
