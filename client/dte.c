@@ -21,9 +21,9 @@ struct dte {
 	unsigned timeout_ms;        /* per request (dte_set_timeout) */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[256];
-	/* Async publishes whose accept reply is not read yet (npend_unread,
-	 * the oldest first) or read and not yet collected by
-	 * dte_wait_captured (docs: dte.h, "pipelined"). */
+	/* Async publishes, oldest first, whose accept reply is not read yet
+	 * (DTE_PEND_SENT) or was read and is not yet collected by
+	 * dte_wait_captured (DTE_PEND_READ); dte.h, "pipelined". */
 	struct dte_pending pend[DTE_PENDING_MAX];
 	size_t npend;
 };
