@@ -21,6 +21,11 @@ struct dte {
 	unsigned timeout_ms;        /* per request (dte_set_timeout) */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[256];
+	/* Async publishes, oldest first, whose accept reply is not read yet
+	 * (DTE_PEND_SENT) or was read and is not yet collected by
+	 * dte_wait_captured (DTE_PEND_READ); dte.h, "pipelined". */
+	struct dte_pending pend[DTE_PENDING_MAX];
+	size_t npend;
 };
 
 static __thread char connect_err[256];
@@ -216,15 +221,57 @@ out:
 	return rc;
 }
 
-static int call_locked(dte_t *h, Dte__Request *req, int fd, Dte__Response **out)
+/* Reads the accept replies of the async publishes sent and not yet
+ * answered, oldest first, into their pending entries (the stream's next
+ * frames are theirs: every call drains them before its own request).  A
+ * refusal is kept in its entry for dte_wait_captured; only a broken
+ * stream fails here. */
+static int drain_locked(dte_t *h)
 {
-	Dte__Response *resp = NULL;
+	for (size_t i = 0; i < h->npend; i++) {
+		struct dte_pending *p = &h->pend[i];
+		Dte__Response *resp = NULL;
+		int rc;
+
+		if (p->state != DTE_PEND_SENT)
+			continue;
+		if (h->fd < 0)
+			return seterr(h->err, DTE_ERR_IO, "connection to %s was lost earlier", h->path);
+		if ((rc = recv_frame(h, &resp)) < 0)
+			return rc;
+		if (resp->id != p->id && resp->code == DTE__STATUS__STATUS_OK) {
+			dte__response__free_unpacked(resp, NULL);
+			return broken(h, DTE_ERR_PROTOCOL, "reply out of sequence from", 0);
+		}
+		if (resp->code != DTE__STATUS__STATUS_OK) {
+			p->rc = dte__status_to_err(resp->code);
+			snprintf(p->err, sizeof(p->err), "%s", resp->message && resp->message[0] ?
+				 resp->message : dte_strerror(p->rc));
+		} else if (resp->body_case != DTE__RESPONSE__BODY_PUBLISH) {
+			p->rc = DTE_ERR_PROTOCOL;
+			snprintf(p->err, sizeof(p->err), "reply carries the wrong body");
+		} else {
+			size_t n = resp->publish->cuda_capture_event.len;
+
+			p->rc = DTE_OK;
+			p->cuda_event_len = 0;
+			if (n && n <= sizeof(p->cuda_event)) {
+				memcpy(p->cuda_event, resp->publish->cuda_capture_event.data, n);
+				p->cuda_event_len = (uint32_t)n;
+			}
+		}
+		p->state = DTE_PEND_READ;
+		dte__response__free_unpacked(resp, NULL);
+	}
+	return DTE_OK;
+}
+
+static int send_locked(dte_t *h, Dte__Request *req, int fd)
+{
 	uint8_t *buf;
 	size_t len, sent = 0;
 	int rc;
 
-	if (h->fd < 0)
-		return seterr(h->err, DTE_ERR_IO, "connection to %s was lost earlier", h->path);
 	req->id = ++h->next_id;
 	rc = dte_frame_pack(&req->base, DTE_CLIENT_MAX_FRAME, &buf, &len);
 	if (rc < 0)
@@ -234,7 +281,19 @@ static int call_locked(dte_t *h, Dte__Request *req, int fd, Dte__Response **out)
 	if (rc == DTE_OK)
 		rc = send_all(h, buf + sent, len - sent);
 	free(buf);
-	if (rc < 0)
+	return rc;
+}
+
+static int call_locked(dte_t *h, Dte__Request *req, int fd, Dte__Response **out)
+{
+	Dte__Response *resp = NULL;
+	int rc;
+
+	if (h->fd < 0)
+		return seterr(h->err, DTE_ERR_IO, "connection to %s was lost earlier", h->path);
+	if ((rc = drain_locked(h)) < 0)
+		return rc;
+	if ((rc = send_locked(h, req, fd)) < 0)
 		return rc;
 	rc = recv_frame(h, &resp);
 	if (rc < 0)
@@ -286,6 +345,96 @@ int dte__call_ex(dte_t *h, Dte__Request *req, int fd, unsigned wait_ms, Dte__Res
 	rc = call_locked(h, req, fd, resp);
 	if (wait_ms && h->fd >= 0)
 		set_timeouts(h->fd, h->timeout_ms);
+	pthread_mutex_unlock(&h->lock);
+	return rc;
+}
+
+static void pend_drop(dte_t *h, size_t i)
+{
+	free(h->pend[i].job);
+	memmove(&h->pend[i], &h->pend[i + 1], (h->npend - i - 1) * sizeof(h->pend[0]));
+	h->npend--;
+}
+
+int dte__send_async(dte_t *h, Dte__Request *req)
+{
+	const Dte__PublishRequest *pr = req ? req->publish : NULL;
+	struct dte_pending *p;
+	char *job;
+	int rc;
+
+	if (!h || !pr || req->cmd_case != DTE__REQUEST__CMD_PUBLISH || !pr->async || !pr->job)
+		return DTE_ERR_INVAL;
+	if (!(job = strdup(pr->job)))
+		return DTE_ERR_NOMEM;
+	pthread_mutex_lock(&h->lock);
+	if (h->fd < 0) {
+		rc = seterr(h->err, DTE_ERR_IO, "connection to %s was lost earlier", h->path);
+		goto out;
+	}
+	if (h->npend == DTE_PENDING_MAX) {
+		/* Make room: read what is pending, forget the oldest accept
+		 * nobody waited for; refusals wait for their dte_wait_captured. */
+		if ((rc = drain_locked(h)) < 0)
+			goto out;
+		for (size_t i = 0; i < h->npend; i++)
+			if (h->pend[i].rc == DTE_OK) {
+				pend_drop(h, i);
+				break;
+			}
+		if (h->npend == DTE_PENDING_MAX) {
+			rc = seterr(h->err, DTE_ERR_BUSY, "%d refused async publishes not yet "
+				    "collected by dte_wait_captured", DTE_PENDING_MAX);
+			goto out;
+		}
+	}
+	if ((rc = send_locked(h, req, -1)) < 0)
+		goto out;
+	p = &h->pend[h->npend++];
+	memset(p, 0, sizeof(*p));
+	p->id = req->id;
+	p->state = DTE_PEND_SENT;
+	p->job = job;
+	p->participant = pr->participant;
+	p->version = pr->version;
+	job = NULL;
+	h->err[0] = '\0';
+out:
+	pthread_mutex_unlock(&h->lock);
+	free(job);
+	return rc;
+}
+
+int dte__take_pending(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      struct dte_pending *out)
+{
+	size_t at = (size_t)-1;
+	int rc;
+
+	if (!h || !job || !out)
+		return DTE_ERR_INVAL;
+	pthread_mutex_lock(&h->lock);
+	rc = drain_locked(h);
+	if (rc < 0)
+		goto out;
+	for (size_t i = 0; i < h->npend; i++)
+		if (h->pend[i].participant == participant && !strcmp(h->pend[i].job, job) &&
+		    (version ? h->pend[i].version == version :
+		     at == (size_t)-1 || h->pend[i].version > h->pend[at].version))
+			at = i;
+	if (at == (size_t)-1)
+		goto out;
+	*out = h->pend[at];
+	out->job = NULL;
+	version = h->pend[at].version;
+	pend_drop(h, at);
+	/* Older accepts of the participant are covered by this one. */
+	for (size_t i = h->npend; i-- > 0;)
+		if (h->pend[i].participant == participant && h->pend[i].rc == DTE_OK &&
+		    h->pend[i].version < version && !strcmp(h->pend[i].job, job))
+			pend_drop(h, i);
+	rc = out->rc < 0 ? seterr(h->err, out->rc, "%s", out->err) : 1;
+out:
 	pthread_mutex_unlock(&h->lock);
 	return rc;
 }
@@ -411,6 +560,8 @@ void dte_close(dte_t *h)
 		return;
 	if (h->fd >= 0)
 		close(h->fd);
+	while (h->npend)
+		pend_drop(h, h->npend - 1);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
 }

@@ -242,7 +242,22 @@ int dte_mark_steps(dte_t *h, const char *job, uint64_t participant, int64_t step
  * next forward and backward meanwhile, but must call dte_wait_captured
  * before it writes θ, m or v again (its next optimizer step).  On a
  * daemon that speaks only protocol 1 the flag is ignored: the call
- * returns after the capture, as dte_publish_steps does. */
+ * returns after the capture, as dte_publish_steps does.
+ *
+ * The async publish is pipelined: dte_publish_ex writes the request and
+ * returns without reading the daemon's answer (info: only captured = 0,
+ * field_mask DTE_PUBLISH_CAPTURED).  The handle keeps the publish pending
+ * (up to 64 at a time) and its next call that uses the connection, of any
+ * kind, first reads every pending answer in order, so each call still gets
+ * its own reply.  DTE_OK from it therefore means "sent", not "accepted":
+ * a refusal (unknown job or participant, a version not after the last, a
+ * capture still running, ...) is returned, with the daemon's reason in
+ * dte_errmsg, by dte_wait_captured for that job, participant and version
+ * (0: the newest pending), which then sends nothing; other calls in
+ * between succeed or fail on their own.  The capture event
+ * (DTE_PUBLISH_CUDA_EVENT) comes in dte_wait_captured's info.  A broken
+ * connection fails the next call.  Thread-safety as for every call: the
+ * pending answers belong to the handle, whichever thread reads them. */
 enum dte_publish_flags {
 	DTE_PUBLISH_ASYNC = 1u << 0,
 };
@@ -252,7 +267,8 @@ int dte_publish_ex(dte_t *h, const char *job, uint64_t participant, uint64_t ver
 /* Returns once the capture of `version` (0: the participant's last
  * publish) no longer reads the trainer's buffers, with its counts in info
  * (may be NULL); the capture's own error (a step the optimizer state does
- * not match, ...) is returned here with the daemon's message.
+ * not match, ...) and a pipelined async publish's refusal are returned
+ * here with the daemon's message.
  * DTE_ERR_TIMEOUT after timeout_ms (the capture still reads: do not step).
  * DTE_OK at once on a protocol-1 daemon (every publish was synchronous). */
 int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t version,

@@ -19,6 +19,35 @@ int dte__call(dte_t *h, Dte__Request *req, Dte__Response **resp);
  * reply (requests the daemon answers when a condition holds). */
 int dte__call_ex(dte_t *h, Dte__Request *req, int fd, unsigned wait_ms, Dte__Response **resp);
 
+/* An async publish sent on a handle (dte_publish_ex with
+ * DTE_PUBLISH_ASYNC, pipelined): its accept reply is read by the handle's
+ * next call (any call drains them, oldest first, before its own request)
+ * and kept until dte_wait_captured takes it. */
+#define DTE_PENDING_MAX 64
+enum { DTE_PEND_SENT = 1, DTE_PEND_READ = 2 };
+struct dte_pending {
+	uint32_t id;                /* the request's id */
+	int state;                  /* DTE_PEND_* */
+	int rc;                     /* DTE_PEND_READ: the daemon's answer */
+	char *job;
+	uint64_t participant, version;
+	char err[256];              /* rc < 0: the daemon's reason */
+	uint8_t cuda_event[64];     /* rc == 0: PublishReply.cuda_capture_event */
+	uint32_t cuda_event_len;
+};
+
+/* Sends req (a PublishRequest with async set) and returns without its
+ * reply, which stays pending on the handle. */
+int dte__send_async(dte_t *h, Dte__Request *req);
+
+/* Reads every pending reply, then takes the entry of (job, participant,
+ * version; 0: that participant's newest) out of the handle into *out
+ * (out->job is NULL on return).  Returns 1 if there was one (DTE_OK
+ * answer), 0 if none, the publish's refusal (with its reason in
+ * dte_errmsg) or a broken stream's error. */
+int dte__take_pending(dte_t *h, const char *job, uint64_t participant, uint64_t version,
+		      struct dte_pending *out);
+
 /* The protocol version negotiated on this handle (0 before hello). */
 uint32_t dte__version(const dte_t *h);
 

@@ -298,6 +298,20 @@ int dte_publish_ex(dte_t *h, const char *job, uint64_t participant, uint64_t ver
 	pr.async = (flags & DTE_PUBLISH_ASYNC) && dte__version(h) >= 2;
 	req.cmd_case = DTE__REQUEST__CMD_PUBLISH;
 	req.publish = &pr;
+	if (pr.async) {
+		/* Pipelined: the accept reply is read by the next call on the
+		 * handle, its refusal returned by dte_wait_captured (dte.h). */
+		rc = dte__send_async(h, &req);
+		free(hp);
+		free(pp);
+		if (rc == DTE_OK && info) {
+			typedef struct dte_publish_info T;
+
+			memset((char *)info + offsetof(T, sinks), 0, info->size - offsetof(T, sinks));
+			info->field_mask = FITS(T, info, captured) ? DTE_PUBLISH_CAPTURED : 0;
+		}
+		return rc;
+	}
 	rc = do_call(h, &req, -1, 0, &resp);
 	free(hp);
 	free(pp);
@@ -314,8 +328,9 @@ int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t 
 {
 	Dte__Request req = DTE__REQUEST__INIT;
 	Dte__WaitCapturedRequest w = DTE__WAIT_CAPTURED_REQUEST__INIT;
+	struct dte_pending pend;
 	Dte__Response *resp;
-	int rc;
+	int rc, acc;
 
 	if (!h || !job || (info && info->size < offsetof(struct dte_publish_info, sinks)))
 		return DTE_ERR_INVAL;
@@ -323,6 +338,10 @@ int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t 
 		info->field_mask = 0;
 	if (dte__version(h) < 2)
 		return DTE_OK;  /* protocol 1: the publish answered after its capture */
+	/* The publish's own answer first: a refused version never had a
+	 * capture (the daemon's answer about it would be another's). */
+	if ((acc = dte__take_pending(h, job, participant, version, &pend)) < 0)
+		return acc;
 	w.job = (char *)job;
 	w.participant = participant;
 	w.version = version;
@@ -334,6 +353,13 @@ int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t 
 		return rc;
 	if (info && resp->wait_captured && resp->wait_captured->publish)
 		fill_publish_info(info, resp->wait_captured->publish, 1);
+	if (info && acc == 1 && pend.cuda_event_len && FITS(struct dte_publish_info, info,
+							   cuda_event_len) &&
+	    !(info->field_mask & DTE_PUBLISH_CUDA_EVENT)) {
+		memcpy(info->cuda_event, pend.cuda_event, pend.cuda_event_len);
+		info->cuda_event_len = pend.cuda_event_len;
+		info->field_mask |= DTE_PUBLISH_CUDA_EVENT;
+	}
 	dte__response__free_unpacked(resp, NULL);
 	return DTE_OK;
 }

@@ -17,7 +17,10 @@ capture time measured first, the curve as fb shrinks):
   step_s      mean step time publishing every step, and without publishing
               (the same loop, same work, no publish);
   blocked_s   per version, the trainer's time inside dted: the publish call
-              plus the wait in the step wrapper (Source.blocked_s);
+              plus the wait in the step wrapper (Source.blocked_s), of which
+              wait_lib_s inside libdte's wait_captured (Source.wait_lib_s:
+              the rest is the wrapper's own Python); publish_lib_s the
+              publish call's time inside libdte (Source.publish_lib_s);
 The headline, at fb = the capture time (the smallest fb the goal covers):
   blocked_ratio = blocked_s per version / detect floor (bench_scan's detect
                   alone over the same element count; goal <= 0.05)
@@ -172,9 +175,9 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
 
         def loop(fb, publish, k, asynchronous=True):
             """k steps; mean step time, blocked per version, capture ms."""
-            times, blocked, caps, calls = [], [], [], []
+            times, blocked, caps, calls, libw, libp = [], [], [], [], [], []
             for _ in range(k):
-                b0 = src.blocked_s
+                b0, l0, p0 = src.blocked_s, src.wait_lib_s, src.publish_lib_s
                 t0 = time.monotonic()
                 time.sleep(fb)                   # forward + backward on the GPU
                 trainer.opt.step()               # waits for the last capture if it reads
@@ -188,6 +191,8 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
                 if publish:
                     blocked.append(tb + src.blocked_s - b0)
                     calls.append(tb)
+                    libw.append(src.wait_lib_s - l0)
+                    libp.append(src.publish_lib_s - p0)
                     caps.append(info)
             if publish:
                 # The last capture ends before the next measurement (and its
@@ -197,6 +202,8 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
             cap = [i["capture_ms"] for i in caps] if publish else []
             dense = sum(1 for i in caps if i["dense"]) if publish else 0
             state["calls"] = calls
+            state["libw"] = libw
+            state["libp"] = libp
             return times, blocked, cap, dense
 
         def warm():
@@ -215,7 +222,7 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
             "detect floor %.3f s" % (out["sync"]["blocked_s"], cap_s, floor_s))
         for frac in fracs:
             fb = frac * cap_s
-            t0, t1, b1, c1, calls, d1 = [], [], [], [], [], 0
+            t0, t1, b1, c1, calls, libw, libp, d1 = [], [], [], [], [], [], [], 0
             # Rounds of (publishing, not publishing), interleaved, so the
             # shared machine's drift falls on both alike; each publishing
             # block starts after an unmeasured dense + sparse pair (the
@@ -228,22 +235,27 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
                 c1 += cp
                 d1 += d
                 calls += state["calls"]
+                libw += state["libw"]
+                libp += state["libp"]
                 t0 += loop(fb, False, steps)[0]
             row = {"frac": frac, "fb_s": fb, "step_s_without": statistics.median(t0),
                    "step_s_with": statistics.median(t1), "blocked_s": statistics.mean(b1),
                    "blocked_max_s": max(b1), "capture_s": statistics.median(c1) / 1e3,
                    "dense": d1, "publish_call_s": statistics.mean(calls),
+                   "wait_lib_s": statistics.mean(libw), "publish_lib_s": statistics.mean(libp),
                    "versions": len(b1)}
             row["step_overhead"] = row["step_s_with"] / row["step_s_without"]
             row["blocked_ratio"] = row["blocked_s"] / floor_s
             out["rows"].append(row)
             log("stall: fb=%.3f s (%.2f x capture): step %.3f s with publish, %.3f s "
                 "without (x%.3f, medians); blocked %.4f s per version (max %.4f; the publish "
-                "call %.4f) = %.4f of the detect floor; capture %.3f s; %d dense of %d" % (
+                "call %.4f of which libdte %.4f, libdte's wait_captured %.4f) = %.4f of the "
+                "detect floor; capture %.3f s; %d dense of %d" % (
                     fb, frac, row["step_s_with"], row["step_s_without"],
                     row["step_overhead"], row["blocked_s"], row["blocked_max_s"],
-                    row["publish_call_s"], row["blocked_ratio"], row["capture_s"], d1,
-                    len(b1)))
+                    row["publish_call_s"], row["publish_lib_s"], row["wait_lib_s"],
+                    row["blocked_ratio"],
+                    row["capture_s"], d1, len(b1)))
         head = min(out["rows"], key=lambda r: abs(r["frac"] - HEADLINE))
         out["blocked_ratio"] = head["blocked_ratio"]
         out["step_overhead"] = head["step_overhead"]

@@ -21,8 +21,11 @@ and an SGLang TP=1 sink in this process.
   * errors reach the caller: a publish whose capture fails (one
     optimizer group given where the layout has two: the capture refuses
     it) is accepted, and the failure is raised by the next opt.step(), from
-    wait_captured, before anything is written; the version after it goes
-    dense and is exact.
+    wait_captured, before anything is written; so is a publish the daemon
+    refuses outright (a version not after the last), whose answer libdte
+    reads only later (the async publish is pipelined), with status and
+    wait calls in between getting their own replies; the version
+    after them is exact.
 
 Breaking the wait (Source._before_step doing nothing) makes the real step
 run during the held capture: the ordering checks fail and the sink holds
@@ -202,6 +205,31 @@ def main():
                             % (v, e))
                 opt.step()           # the capture is over: stepping is safe
                 c.check(real["calls"] == calls0 + 1, "the step after the error ran")
+                # 4. a publish the daemon refuses (a version not after the
+                # last): libdte sends it and returns before the answer
+                # (pipelined), a call in between gets its own reply, and
+                # the refusal is raised by the next step, before stepping.
+                rec = src.capture.last
+                r = src.cli.publish(JOB, part, HELD, rec.step, rec.groups, asynchronous=True)
+                src.pending.append((part, HELD))
+                st = src.cli.status()
+                src.cli.wait(JOB, HELD, 5000)   # every sink applied HELD: answers OK
+                c.check(r["captured"] is False and st["protocol"] == 2 and st["jobs"] == 1,
+                        "v%d again: the publish returned before its answer, status and wait "
+                        "in between got theirs (protocol %d, %d jobs)"
+                        % (HELD, st["protocol"], st["jobs"]))
+                forward_backward()
+                calls0 = real["calls"]
+                try:
+                    opt.step()
+                    c.check(False, "v%d again: the refused publish was not reported" % HELD)
+                except SourceError as e:
+                    c.check("is not after the last published" in str(e) and
+                            real["calls"] == calls0 and not src.pending,
+                            "v%d again: the step raised the publish's refusal before "
+                            "stepping: %s" % (HELD, e))
+                opt.step()           # the handle is still usable
+                c.check(real["calls"] == calls0 + 1, "the step after the refusal ran")
                 dense_after_error = v + 1
         # An old-style publish still answers after its capture.
         forward_backward()

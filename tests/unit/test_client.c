@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,9 @@ static int setup(void **state)
 	char err[128];
 
 	dlog_init(DLOG_ERROR);
+	/* As dted's main.c: a client that hung up with replies still owed
+	 * (test_async_close_pending) must not kill the server. */
+	signal(SIGPIPE, SIG_IGN);
 	snprintf(dir, sizeof(dir), "/tmp/dte-client-XXXXXX");
 	if (!mkdtemp(dir))
 		return -1;
@@ -132,8 +136,75 @@ static void test_wait_captured_refusals(void **state)
 	assert_non_null(strstr(dte_errmsg(h), "unknown job"));
 	assert_int_equal(dte_wait_captured(h, NULL, 1, 0, 0, NULL), DTE_ERR_INVAL);
 	assert_int_equal(dte_wait_captured(h, "j", 1, 0, 0, &small), DTE_ERR_INVAL);
-	assert_int_equal(dte_publish_ex(h, "no-such-job", 1, 1, 1, NULL, NULL, 0,
-					DTE_PUBLISH_ASYNC, NULL), DTE_ERR_NOT_FOUND);
+	dte_close(h);
+}
+
+/* A pipelined async publish the daemon refuses: dte_publish_ex returns at
+ * once (its reply is not read), the refusal comes from wait_captured with
+ * the daemon's reason, and the handle stays usable. */
+static void test_async_refusal_from_wait(void **state)
+{
+	struct dte_publish_info info = { .size = sizeof(info) };
+	struct dte_status st = { .size = sizeof(st) };
+	uint64_t rtt;
+	dte_t *h = NULL;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	memset(info.cuda_event, 0xAB, sizeof(info.cuda_event));
+	info.captured = 7;
+	assert_int_equal(dte_publish_ex(h, "no-such-job", 1, 5, 1, NULL, NULL, 0,
+					DTE_PUBLISH_ASYNC, &info), DTE_OK);
+	assert_int_equal(info.field_mask, DTE_PUBLISH_CAPTURED);
+	assert_int_equal(info.captured, 0);
+	assert_int_equal(info.cuda_event_len, 0);
+	assert_int_equal(dte_wait_captured(h, "no-such-job", 1, 5, 1000, NULL), DTE_ERR_NOT_FOUND);
+	assert_non_null(strstr(dte_errmsg(h), "unknown job"));
+	/* Taken: a second wait asks the daemon (which knows no such job). */
+	assert_int_equal(dte_wait_captured(h, "no-such-job", 1, 5, 0, NULL), DTE_ERR_NOT_FOUND);
+	assert_int_equal(dte_ping(h, &rtt), DTE_OK);
+	assert_int_equal(dte_status(h, &st), DTE_OK);
+	assert_string_equal(st.version, DTE_VERSION);
+	dte_close(h);
+}
+
+/* Calls between an async publish and its wait get their own replies: each
+ * drains the pending accept first; the refusals stay for wait_captured,
+ * matched by job, participant and version. */
+static void test_async_then_other_calls(void **state)
+{
+	struct dte_status st = { .size = sizeof(st) };
+	uint64_t rtt = 0;
+	dte_t *h = NULL;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	assert_int_equal(dte_publish_ex(h, "job-a", 3, 1, 1, NULL, NULL, 0, DTE_PUBLISH_ASYNC,
+					NULL), DTE_OK);
+	assert_int_equal(dte_publish_ex(h, "job-b", 4, 2, 1, NULL, NULL, 0, DTE_PUBLISH_ASYNC,
+					NULL), DTE_OK);
+	assert_int_equal(dte_status(h, &st), DTE_OK);
+	assert_string_equal(st.version, DTE_VERSION);
+	assert_true(st.field_mask & DTE_STATUS_REQUESTS);
+	assert_int_equal(dte_ping(h, &rtt), DTE_OK);
+	assert_true(rtt > 0);
+	/* A call libdte itself refuses leaves the stream alone. */
+	assert_int_equal(dte_wait_captured(h, NULL, 4, 2, 0, NULL), DTE_ERR_INVAL);
+	assert_int_equal(dte_wait_captured(h, "job-b", 4, 0, 1000, NULL), DTE_ERR_NOT_FOUND);
+	assert_non_null(strstr(dte_errmsg(h), "\"job-b\""));
+	assert_int_equal(dte_wait_captured(h, "job-a", 3, 1, 1000, NULL), DTE_ERR_NOT_FOUND);
+	assert_non_null(strstr(dte_errmsg(h), "\"job-a\""));
+	assert_int_equal(dte_status(h, &st), DTE_OK);
+	dte_close(h);
+}
+
+/* Closing with replies still pending frees their entries (ASan). */
+static void test_async_close_pending(void **state)
+{
+	dte_t *h = NULL;
+
+	assert_int_equal(dte_connect(conf.socket, &h), DTE_OK);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(dte_publish_ex(h, "j", 1, (uint64_t)i + 1, 1, NULL, NULL, 0,
+						DTE_PUBLISH_ASYNC, NULL), DTE_OK);
 	dte_close(h);
 }
 
@@ -175,6 +246,9 @@ int main(void)
 		cmocka_unit_test(test_status_full_and_old_struct),
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_wait_captured_refusals),
+		cmocka_unit_test(test_async_refusal_from_wait),
+		cmocka_unit_test(test_async_then_other_calls),
+		cmocka_unit_test(test_async_close_pending),
 		cmocka_unit_test(test_shared_handle_threads),
 	};
 

@@ -317,8 +317,10 @@ class Client:
                 asynchronous=False):
         """steps: per group its own step count, 0 for `step`, or
         GROUP_UNCHANGED (dte_publish_steps).  asynchronous: return once the
-        daemon accepted it (info["captured"] False; dte_publish_ex with
-        DTE_PUBLISH_ASYNC): call wait_captured before writing θ, m, v."""
+        request is sent (info["captured"] False, no counts; dte_publish_ex
+        with DTE_PUBLISH_ASYNC, pipelined): call wait_captured before
+        writing θ, m, v; it raises the daemon's refusal of the publish, if
+        any, and returns the capture's counts."""
         arr, n = _groups(groups)
         info = _PublishInfo(ctypes.sizeof(_PublishInfo))
         if asynchronous:

@@ -42,6 +42,7 @@ count, and tensors that did not step sent as unchanged.
 
 import collections
 import collections.abc
+import time
 import types
 
 import torch
@@ -216,6 +217,8 @@ class Source:
         self.captures = collections.OrderedDict()  # version -> summed capture info
         self.blocked_s = 0.0     # time steps spent waiting for captures
         self.waits = 0           # wait_captured calls that found a capture pending
+        self.wait_lib_s = 0.0    # of blocked_s, the time inside libdte's wait_captured
+        self.publish_lib_s = 0.0  # time inside libdte's publish calls
         self.cap_events = {}     # part -> the daemon's capture event (CUDA sources)
         self.stream_waits = 0    # times the trainer's stream waited on one
 
@@ -339,8 +342,12 @@ class Source:
         asynchronous = asynchronous and not wait
         infos = []
         for part, groups, steps in per_part:
-            infos.append(self.cli.publish(self.job, part, version, step, groups, steps,
-                                          asynchronous=asynchronous))
+            t1 = time.perf_counter()
+            try:
+                infos.append(self.cli.publish(self.job, part, version, step, groups, steps,
+                                              asynchronous=asynchronous))
+            finally:
+                self.publish_lib_s += time.perf_counter() - t1
             self._cap_event(part, infos[-1])
             if asynchronous and not infos[-1]["captured"]:
                 self.pending.append((part, version))
@@ -366,7 +373,6 @@ class Source:
         Raises SourceError with the capture's own error (that capture is
         then over: the trainer may step), or when a capture still reads
         after timeout_ms (then it must not step)."""
-        import time
         t0 = time.monotonic()
         self.waits += 1
         errors, infos = [], collections.defaultdict(list)
@@ -374,8 +380,15 @@ class Source:
             while self.pending:
                 part, version = self.pending[0]
                 try:
-                    infos[version].append(self.cli.wait_captured(self.job, part, version,
-                                                                 timeout_ms))
+                    t1 = time.perf_counter()
+                    try:
+                        got = self.cli.wait_captured(self.job, part, version, timeout_ms)
+                    finally:
+                        self.wait_lib_s += time.perf_counter() - t1
+                    # libdte reads the async publish's accept here (it is
+                    # pipelined): its capture event, if any, comes with it.
+                    self._cap_event(part, got)
+                    infos[version].append(got)
                 except _lib.DteError as e:
                     if e.code == _lib.ERR_TIMEOUT:
                         raise SourceError("source: the capture of version %d still reads the "
