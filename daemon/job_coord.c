@@ -14,6 +14,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include "daemon/coord_sm.h"
 #include "daemon/job_state.h"
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
@@ -127,6 +128,56 @@ static void member_free(struct jmember *m)
 	free(m);
 }
 
+/* One member node's state (coord_sm.h; docs/SYNC.md, "Coordinator: one
+ * member node"), read back from its fields; m NULL: absent. */
+static enum coord_mstate member_state(const struct jmember *m)
+{
+	struct coord_mview w = { 0 };
+
+	if (m) {
+		w.member = 1;
+		w.has_plan = m->plan != NULL;
+		w.plan_term = m->plan_term;
+		w.acked_term = m->acked_term;
+		w.retrying = m->next_ns != UINT64_MAX;
+	}
+	return coord_sm_member_state(&w);
+}
+
+/* coord_sm decides a member's transition; the caller executes st.act
+ * and then member_done() checks it reached st.next. */
+static struct coord_step member_step(const struct job *j, const char *node,
+				     const struct jmember *m, enum coord_mevent ev)
+{
+	enum coord_mstate s = member_state(m);
+	struct coord_step st = coord_sm_step(s, ev);
+
+	if (st.act != COORD_A_NONE)
+		DLOG_D("job %s: member %s: %s on %s: %s -> %s", j->name, node,
+		       coord_sm_event_name(ev), coord_sm_state_name(s),
+		       coord_sm_action_name(st.act), coord_sm_state_name(st.next));
+	return st;
+}
+
+static struct jmember *member_find(struct job *j, const char *node);
+
+static void member_done(struct job *j, const char *node, struct coord_step st)
+{
+	enum coord_mstate now = member_state(member_find(j, node));
+
+	if (now != st.next)
+		DLOG_E("job %s: member %s is %s after %s; the table says %s (bug, or out of "
+		       "memory)", j->name, node, coord_sm_state_name(now),
+		       coord_sm_action_name(st.act), coord_sm_state_name(st.next));
+}
+
+static void member_bad_action(const struct job *j, const char *node, enum coord_mevent ev,
+			      struct coord_step st)
+{
+	DLOG_E("job %s: member %s: action %s for %s not executed here (bug)", j->name, node,
+	       coord_sm_action_name(st.act), coord_sm_event_name(ev));
+}
+
 /* ------------------------------------------------ acknowledgement, retry */
 
 /* (Re)sends the PLAN a member was last given, with the newest join_seq
@@ -161,20 +212,28 @@ static void retry_arm(uint64_t *next_ns, uint32_t *backoff_ms, int reset)
 
 void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m)
 {
-	struct jmember *mem;
+	struct jmember *mem = member_find(j, from);
+	enum coord_mevent ev = mem && m->epoch == mem->plan_term ? COORD_EV_ACK_CURRENT :
+			       COORD_EV_ACK_OTHER;
+	struct coord_step st = member_step(j, from, mem, ev);
 
-	for (mem = j->members; mem; mem = mem->next)
-		if (!strcmp(mem->node, from))
-			break;
-	if (!mem || m->epoch != mem->plan_term) {
+	switch (st.act) {
+	case COORD_A_NONE:	/* a duplicate: changes nothing */
+		return;
+	case COORD_A_IGNORE:
 		DLOG_D("job %s: PLAN_ACK %llx from %s ignored (not its current plan)", j->name,
 		       (unsigned long long)m->epoch, from);
 		return;
-	}
-	if (mem->acked_term != m->epoch)
+	case COORD_A_ACK:
 		DLOG_D("job %s: %s acknowledged plan %llx", j->name, from,
 		       (unsigned long long)m->epoch);
-	mem->acked_term = m->epoch;
+		mem->acked_term = m->epoch;
+		break;
+	default:
+		member_bad_action(j, from, ev, st);
+		return;
+	}
+	member_done(j, from, st);
 }
 
 static int job_ctl_pending(const struct job *j, uint64_t *soonest)
@@ -187,7 +246,7 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 			*soonest = j->join_next_ns;
 	}
 	for (const struct jmember *m = j->members; m; m = m->next)
-		if (m->plan && m->acked_term != m->plan_term && m->next_ns != UINT64_MAX) {
+		if (member_state(m) == COORD_M_PLANNED) {
 			any = 1;
 			if (m->next_ns < *soonest)
 				*soonest = m->next_ns;
@@ -238,14 +297,25 @@ void jctl_retry(void)
 			job_send_join_again(j);
 		}
 		for (struct jmember *m = j->members; m; m = m->next) {
-			if (!m->plan || m->acked_term == m->plan_term || m->next_ns == UINT64_MAX ||
-			    now < m->next_ns)
+			enum coord_mevent ev;
+			struct coord_step st;
+
+			if (m->next_ns == UINT64_MAX || now < m->next_ns)
 				continue;
-			if (now >= m->deadline_ns) {
+			ev = now >= m->deadline_ns ? COORD_EV_DEADLINE : COORD_EV_RETRY_DUE;
+			st = member_step(j, m->node, m, ev);
+			if (st.act == COORD_A_NONE)
+				continue;	/* acknowledged, or no plan */
+			if (st.act == COORD_A_GIVE_UP) {
 				DLOG_W("job %s: %s did not acknowledge plan %llx within %u ms; not sent "
 				       "again (its JOIN retry or its going down takes over)", j->name,
 				       m->node, (unsigned long long)m->plan_term, PEER_PLAN_DEADLINE_MS);
 				m->next_ns = UINT64_MAX;
+				member_done(j, m->node, st);
+				continue;
+			}
+			if (st.act != COORD_A_RETRY) {
+				member_bad_action(j, m->node, ev, st);
 				continue;
 			}
 			m->plan_retries++;
@@ -254,6 +324,7 @@ void jctl_retry(void)
 			       (unsigned long long)m->plan_retries);
 			member_send_plan(j, m);
 			retry_arm(&m->next_ns, &m->backoff_ms, 0);
+			member_done(j, m->node, st);
 		}
 	}
 	jctl_update();
@@ -376,7 +447,12 @@ static void send_plans(struct job *j, struct built *b)
 	job_fill_ref(j, &ref);
 	for (struct jmember *m = j->members; m; m = m->next) {
 		Dtep__Plan plan = DTEP__PLAN__INIT;
+		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
 
+		if (st.act != COORD_A_SEND) {
+			member_bad_action(j, m->node, COORD_EV_PLAN_SENT, st);
+			continue;
+		}
 		for (i = 0, k = 0; i < b->ne; i++)
 			if (!strcmp(b->esrc[i]->node, m->node) || !strcmp(b->edst[i]->node, m->node))
 				sel[k++] = &b->e[i];
@@ -406,6 +482,7 @@ static void send_plans(struct job *j, struct built *b)
 			       NULL, 0) < 0)
 			DLOG_W("job %s: cannot send plan epoch %llx to %s (retried)", j->name,
 			       (unsigned long long)j->coord_epoch, m->node);
+		member_done(j, m->node, st);
 	}
 	jctl_update();
 out:
@@ -639,11 +716,26 @@ static void member_remove(struct job *j, const char *node)
 	}
 }
 
+/* A JOIN that fails validation: coord_sm says REFUSED, membership unchanged. */
+static void join_refused(struct job *j, const char *node, const char *from, const char *why)
+{
+	struct jmember *mem = member_find(j, node);
+	struct coord_step st = member_step(j, node, mem, COORD_EV_JOIN_REFUSED);
+
+	if (st.act != COORD_A_REFUSE) {
+		member_bad_action(j, node, COORD_EV_JOIN_REFUSED, st);
+		return;
+	}
+	refuse_join(j, from, why);
+	member_done(j, node, st);
+}
+
 void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 {
 	const char *node = m->node && *m->node ? m->node : from;
 	struct jpinfo *np = NULL;
 	struct jmember *mem;
+	struct coord_step st;
 	char why[512], err[384];
 	size_t i;
 
@@ -652,36 +744,42 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 			 "(run the same dted release on every node of a job)", m->peer_proto,
 			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
 			 PEER_PROTO_MIN_VERSION, PEER_PROTO_VERSION);
-		refuse_join(j, from, why);
+		join_refused(j, node, from, why);
 		return;
 	}
 	mem = member_find(j, node);
 	if (mem && m->join_seq && m->join_boot == mem->join_boot && m->join_seq <= mem->join_seq) {
 		/* A retry or a duplicate: answered with the current plan, which
 		 * acknowledges it; membership is unchanged. */
+		st = member_step(j, node, mem, COORD_EV_JOIN_SEEN);
+		if (st.act != COORD_A_RESEND) {
+			member_bad_action(j, node, COORD_EV_JOIN_SEEN, st);
+			return;
+		}
 		DLOG_I("job %s: JOIN %llu from %s again (have %llu): plan %llx sent again", j->name,
 		       (unsigned long long)m->join_seq, node, (unsigned long long)mem->join_seq,
 		       (unsigned long long)mem->plan_term);
 		member_send_plan(j, mem);
+		member_done(j, node, st);
 		return;
 	}
 	if (m->spec_hash != j->spec.hash) {
 		snprintf(why, sizeof(why), "model spec %016llx differs from the job's %016llx",
 			 (unsigned long long)m->spec_hash, (unsigned long long)j->spec.hash);
-		refuse_join(j, from, why);
+		join_refused(j, node, from, why);
 		return;
 	}
 	if (strlen(node) >= JOB_NODE_MAX || (m->address && strlen(m->address) >= JOB_ADDR_MAX)) {
-		refuse_join(j, from, "node name or address too long");
+		join_refused(j, node, from, "node name or address too long");
 		return;
 	}
 	if (m->n_participants > 65536) {
-		refuse_join(j, from, "too many participants");
+		join_refused(j, node, from, "too many participants");
 		return;
 	}
 	np = calloc(m->n_participants ? m->n_participants : 1, sizeof(*np));
 	if (!np) {
-		refuse_join(j, from, "coordinator out of memory");
+		join_refused(j, node, from, "coordinator out of memory");
 		return;
 	}
 	for (i = 0; i < m->n_participants; i++) {
@@ -739,10 +837,22 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	mem = member_find(j, node);
 	if (!m->n_participants) {
 		free(np);
-		if (mem) {
-			member_remove(j, node);
-			replan(j);
+		st = member_step(j, node, mem, COORD_EV_JOIN_EMPTY);
+		if (st.act == COORD_A_NONE)
+			return;	/* not a member: nothing to leave */
+		if (st.act != COORD_A_REMOVE) {
+			member_bad_action(j, node, COORD_EV_JOIN_EMPTY, st);
+			return;
 		}
+		member_remove(j, node);
+		replan(j);
+		member_done(j, node, st);
+		return;
+	}
+	st = member_step(j, node, mem, COORD_EV_JOIN_NEW);
+	if (st.act != COORD_A_REPLAN) {
+		member_bad_action(j, node, COORD_EV_JOIN_NEW, st);
+		free(np);
 		return;
 	}
 	if (!mem) {
@@ -762,20 +872,36 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	mem->p = np;
 	mem->n = m->n_participants;
 	replan(j);
+	member_done(j, node, st);
 	return;
 refused:
 	free(np);
-	refuse_join(j, from, why);
+	join_refused(j, node, from, why);
 }
 
 void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m)
 {
 	const char *node = m->node && *m->node ? m->node : from;
 	struct jmember *mem = member_find(j, node);
+	enum coord_mevent ev = COORD_EV_LEAVE_LAST;
+	struct coord_step st;
 	size_t i, k;
 
-	if (!mem)
+	for (i = 0; mem && i < mem->n; i++) {
+		int gone = 0;
+
+		for (size_t q = 0; q < m->n_participants; q++)
+			gone |= m->participants[q] == mem->p[i].id;
+		if (!gone)
+			ev = COORD_EV_LEAVE;	/* one stays */
+	}
+	st = member_step(j, node, mem, ev);
+	if (st.act == COORD_A_NONE)
+		return;	/* not a member */
+	if (st.act != (ev == COORD_EV_LEAVE ? COORD_A_REPLAN : COORD_A_REMOVE)) {
+		member_bad_action(j, node, ev, st);
 		return;
+	}
 	for (i = 0, k = 0; i < mem->n; i++) {
 		int gone = 0;
 
@@ -788,15 +914,23 @@ void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m)
 	if (!k)
 		member_remove(j, node);
 	replan(j);
+	member_done(j, node, st);
 }
 
 void jcoord_node_down(struct job *j, const char *node)
 {
-	if (!member_find(j, node))
+	struct coord_step st = member_step(j, node, member_find(j, node), COORD_EV_NODE_DOWN);
+
+	if (st.act == COORD_A_NONE)
+		return;	/* not a member */
+	if (st.act != COORD_A_REMOVE) {
+		member_bad_action(j, node, COORD_EV_NODE_DOWN, st);
 		return;
+	}
 	DLOG_W("job %s: member %s went down; re-planning without it", j->name, node);
 	member_remove(j, node);
 	replan(j);
+	member_done(j, node, st);
 }
 
 /* ---------------------------------------------------------------- member */
@@ -931,14 +1065,6 @@ static void send_plan_ack(struct job *j, const char *from, uint64_t term)
 	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base, NULL, 0);
 }
 
-static int boot_retired(const struct job *j, uint64_t boot)
-{
-	for (unsigned i = 0; i < j->nretired && i < PEER_TERM_RETIRED; i++)
-		if (j->retired[i] == boot)
-			return 1;
-	return 0;
-}
-
 /* The PLAN came from this job's coordinator (proto/peer_protocol.h):
  * the coordinator daemon itself, or the daemon this one connected to at
  * the job's coordinator address. */
@@ -958,22 +1084,33 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 	struct jpair *pairs = NULL;
 	size_t npairs = 0, i, k;
 	uint64_t cur = j->epoch, nb = peer_term_boot(m->epoch);
-	int coord = from_coordinator(j, from);
+	struct coord_plan_in in = {
+		.proto_ok = peer_proto_supported(m->peer_proto),
+		.from_coord = from_coordinator(j, from),
+		.term = m->epoch,
+		.held = cur,
+		.retired = j->retired,
+		.nretired = j->nretired,
+	};
+	struct coord_plan_out d = coord_sm_plan(&in);
 	char err[200];
 
-	if (!peer_proto_supported(m->peer_proto)) {
+	/* coord_sm decides (docs/SYNC.md, "Member: whether a PLAN is
+	 * taken"); this executes. */
+	switch (d.v) {
+	case COORD_P_REJECT_PROTO:
+	case COORD_P_REFUSE_PROTO:
 		snprintf(err, sizeof(err), "the coordinator speaks peer protocol %u%s, this daemon "
 			 "%u..%u (run the same dted release on every node of a job)", m->peer_proto,
 			 m->peer_proto ? "" : " (a dted from before versions were exchanged)",
 			 PEER_PROTO_MIN_VERSION, PEER_PROTO_VERSION);
-		if (coord)
+		if (d.v == COORD_P_REJECT_PROTO)
 			goto bad;
 		DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name,
 		       (unsigned long long)m->epoch, from, err);
 		snprintf(why, whylen, "%s", err);
 		return -EPROTONOSUPPORT;
-	}
-	if (!coord) {
+	case COORD_P_REFUSE_NOT_COORD:
 		/* Only the job's coordinator plans; anyone else holding the
 		 * token cannot replace this member's plan or block it. */
 		j->plans_refused++;
@@ -983,13 +1120,16 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		       (unsigned long long)cur);
 		snprintf(why, whylen, "plans come from the job's coordinator %s alone", j->coordinator);
 		return -EPERM;
+	default:
+		break;
 	}
 	snprintf(j->coord_node, sizeof(j->coord_node), "%s", from);
-	if (!nb || !peer_term_counter(m->epoch)) {
+	if (d.v == COORD_P_REFUSE_NOT_TERM) {
 		snprintf(why, whylen, "plan epoch %llx is not a term", (unsigned long long)m->epoch);
 		DLOG_W("job %s: PLAN from %s refused: %s", j->name, from, why);
 		return -EPROTO;
 	}
+	/* coord_sm_plan_heard(d.v): the coordinator answers. */
 	if (m->join_seq > j->join_acked && m->join_seq <= j->join_seq)
 		j->join_acked = m->join_seq;
 	if (j->coord_down) {
@@ -997,29 +1137,34 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		       (unsigned long long)m->epoch);
 		j->coord_down = 0;
 	}
-	if (boot_retired(j, nb)) {
+	switch (d.v) {
+	case COORD_P_IGNORE_RETIRED:
 		DLOG_W("job %s: plan epoch %llx from %s ignored: its coordinator boot %llx was "
 		       "superseded", j->name, (unsigned long long)m->epoch, from, (unsigned long long)nb);
 		return 0;
-	}
-	if (m->epoch == cur) {
+	case COORD_P_ACK_AGAIN:
 		/* A retry or duplicate of the plan held: acknowledged again. */
 		send_plan_ack(j, from, m->epoch);
 		jctl_update();
 		return 0;
-	}
-	if (cur && peer_term_boot(cur) == nb && m->epoch < cur) {
+	case COORD_P_IGNORE_STALE:
 		DLOG_I("job %s: stale plan epoch %llx (have %llx) ignored", j->name,
 		       (unsigned long long)m->epoch, (unsigned long long)cur);
 		return 0;
-	}
-	if (cur && peer_term_boot(cur) != nb) {
+	case COORD_P_ADOPT_NEW_BOOT:
 		DLOG_N("job %s: coordinator %s plans under a new boot %llx (was %llx): the old "
 		       "term is retired, versions in flight under it are refused", j->name, from,
 		       (unsigned long long)nb, (unsigned long long)peer_term_boot(cur));
 		j->retired[j->nretired++ % PEER_TERM_RETIRED] = peer_term_boot(cur);
 		if (j->nretired >= 2 * PEER_TERM_RETIRED)
 			j->nretired -= PEER_TERM_RETIRED;
+		break;
+	case COORD_P_ADOPT:
+		break;
+	default:
+		DLOG_E("job %s: PLAN %llx from %s: verdict %s not executed here (bug)", j->name,
+		       (unsigned long long)m->epoch, from, coord_sm_verdict_name(d.v));
+		return 0;
 	}
 	send_plan_ack(j, from, m->epoch);
 	jctl_update();

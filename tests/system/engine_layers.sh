@@ -18,7 +18,8 @@ job_src job_sink
 job_ops
 job_capture job_task
 job_state
-route'
+route
+coord_sm pair_sm sink_sm'
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 printf '%s\n' "$ROWS" >"$tmp/rows"

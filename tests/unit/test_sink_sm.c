@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "daemon/sink_sm.h"
+#include "tests/unit/doc_table.h"
 
 /* Columns: record, contradicts, complete, complete_no_base, worker_ok,
  * worker_failed, apply, cap, detached, replan, shutdown, superseded,
@@ -150,46 +151,28 @@ static void test_state_of_fields(void **state)
  * exactly where the code does nothing. */
 static void test_doc_table(void **state)
 {
-	FILE *f = fopen("docs/SYNC.md", "r");
-	char line[4096];
-	unsigned rows = 0, dashes = 0;
-	int in = 0;
+	static struct doc_table t;
+	int rows = doc_table_read("docs/SYNC.md", "| state \xef\xbc\xbc event", SINK_EV_COUNT - 1, &t);
+	unsigned dashes = 0;
 
 	(void)state;
-	if (!f) {
+	if (rows == -1) {
 		skip();
 		return;
 	}
-	while (fgets(line, sizeof(line), f)) {
-		char *cell[SINK_EV_COUNT + 1], *p = line, *bar;
-		int n = 0, s = -1;
+	if (rows < 0)
+		fail_msg("docs/SYNC.md: sink table: %d %s", rows, t.bad);
+	for (int r = 0; r < rows; r++) {
+		int s = -1;
 
-		if (!in) {
-			in = !strncmp(line, "| state \xef\xbc\xbc event", 14);
-			continue;
-		}
-		if (line[0] != '|')
-			break;
-		if (!strncmp(line, "|---", 4))
-			continue;
-		while ((bar = strchr(p, '|')) && n < SINK_EV_COUNT + 1) {
-			*bar = 0;
-			cell[n++] = p;
-			p = bar + 1;
-		}
-		assert_int_equal(n, SINK_EV_COUNT + 1);	/* "", state, a column per event */
-		for (int k = 0; k < SINK_V_COUNT; k++) {
-			char name[32];
-
-			snprintf(name, sizeof(name), " %s ", sink_sm_state_name((enum sink_vstate)k));
-			if (!strcmp(cell[1], name))
+		for (int k = 0; k < SINK_V_COUNT; k++)
+			if (!strcmp(t.cell[r][0], sink_sm_state_name((enum sink_vstate)k)))
 				s = k;
-		}
 		if (s < 0)
-			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", cell[1]);
+			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
 		for (int c = 0; c < SINK_EV_COUNT - 1; c++) {
 			int e = c < SINK_EV_WORKER_FAILED ? c : c + 1;
-			int doc_none = !strcmp(cell[2 + c], " \xe2\x80\x94 ");
+			int doc_none = !strcmp(t.cell[r][1 + c], "\xe2\x80\x94");
 			int code_none = sink_sm_step((enum sink_vstate)s, (enum sink_vevent)e).act ==
 					SINK_A_NONE;
 
@@ -198,16 +181,13 @@ static void test_doc_table(void **state)
 					     SINK_A_NONE;
 			if (doc_none != code_none)
 				fail_msg("docs/SYNC.md %s x event %d: the doc says \"%s\", the code %s",
-					 sink_sm_state_name((enum sink_vstate)s), e, cell[2 + c],
+					 sink_sm_state_name((enum sink_vstate)s), e, t.cell[r][1 + c],
 					 code_none ? "does nothing" : "acts");
 			dashes += doc_none;
 		}
-		rows++;
 	}
-	fclose(f);
-	assert_true(in);
 	assert_int_equal(rows, SINK_V_COUNT);
-	print_message("sink-sm-doc: rows=%u cols=%d dashes=%u\n", rows, SINK_EV_COUNT - 1, dashes);
+	print_message("sink-sm-doc: rows=%d cols=%d dashes=%u\n", rows, SINK_EV_COUNT - 1, dashes);
 }
 
 int main(void)
