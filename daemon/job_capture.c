@@ -704,8 +704,8 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 	c->scan_entries++;
 	if (sh) {
 		*count = sh->count;
-		if (sh->count && bytes_put_shared(c, raw, sh) < 0)
-			return -1;
+		if (sh->count && (r = bytes_put_shared(c, raw, sh)) < 0)
+			return r;
 		return have_sum ? 0 : entry_checksum(c, d, e, s, sum);
 	}
 	if (e->group >= c->ngroups)
@@ -775,18 +775,19 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 {
 	struct jcap_pair *p = &c->p[pi];
 	struct jcap_part *q;
+	int rc;
 
 	if (p->raw.n <= DTC_CHUNK_HDR)
 		return 0;
 	if (p->nparts >= JOB_MAX_PARTS)
 		return CAPFAIL("more than %d payload parts", JOB_MAX_PARTS);
-	if (keep_shared(c, dets, ndets, pi) < 0)
-		return -1;
+	if ((rc = keep_shared(c, dets, ndets, pi)) < 0)
+		return rc;
 	if (!(q = calloc(1, sizeof(*q))))
 		return CAPFAIL("out of memory");
-	if (frame_part(c, p, &q->chunk, &q->len, &q->cap) < 0) {
+	if ((rc = frame_part(c, p, &q->chunk, &q->len, &q->cap)) < 0) {
 		free(q);
-		return -1;
+		return rc;
 	}
 	q->pair = pi;
 	q->part = p->nparts++;
@@ -849,6 +850,7 @@ void jcap_chunk_release(void *chunk, void *cap)
 static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndets)
 {
 	struct jcap_pair *p = &c->p[pi];
+	int rc;
 
 	p->counts = calloc(p->n ? p->n : 1, sizeof(*p->counts));
 	p->cbuf = calloc(p->n ? p->n : 1, sizeof(*p->cbuf));
@@ -866,18 +868,18 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 			return CAPFAIL("source buffers missing");
 		if (!p->sparse) {
 			cnt = e->box;
-			if (entry_dense(c, d, pi, e, &s, &sum) < 0)
-				return -1;
+			if ((rc = entry_dense(c, d, pi, e, &s, &sum)) < 0)
+				return rc;
 		} else if (c->detect == JDETECT_ADAMW && entry_host(c, e)) {
-			if (entry_detect(c, d, pi, e, &s, p->dirty ? p->dirty[i] : NULL, &cnt,
-					 &sum, p->side, i) < 0)
-				return -1;
+			if ((rc = entry_detect(c, d, pi, e, &s, p->dirty ? p->dirty[i] : NULL,
+					       &cnt, &sum, p->side, i)) < 0)
+				return rc;
 		} else {
 			if (!p->dirty)
 				return CAPFAIL("sparse capture without a changed set");
-			if (entry_checksum(c, d, e, &s, &sum) < 0 ||
-			    entry_sparse(c, d, pi, e, &s, p->dirty[i], &cnt) < 0)
-				return -1;
+			if ((rc = entry_checksum(c, d, e, &s, &sum)) < 0 ||
+			    (rc = entry_sparse(c, d, pi, e, &s, p->dirty[i], &cnt)) < 0)
+				return rc;
 		}
 		for (k = 0; k < p->nck && p->cbuf[k] != e->dst_buf; k++)
 			;
@@ -892,8 +894,8 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 		if (--d->left == 0)
 			det_release(d);
 		if (p->raw.n > DTC_CHUNK_HDR && p->raw.n - DTC_CHUNK_HDR >= c->part_bytes &&
-		    flush_part(c, dets, ndets, pi, (uint32_t)(i + 1)) < 0)
-			return -1;
+		    (rc = flush_part(c, dets, ndets, pi, (uint32_t)(i + 1))) < 0)
+			return rc;
 	}
 	return flush_part(c, dets, ndets, pi, (uint32_t)p->n);
 }

@@ -218,7 +218,7 @@ int jsink_make_writer(struct jlocal *l)
 	struct jsink *k = jsink_of(l);
 
 	if (!k->w && !(k->w = calloc(1, sizeof(*k->w))))
-		return -1;
+		return -ENOMEM;
 	return 0;
 }
 
@@ -430,13 +430,13 @@ static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
 		snprintf(why, whylen, "source %llx: %zu parts of %llu bytes, COUNTS names %u of %llu",
 			 (unsigned long long)s->src, s->nparts, (unsigned long long)s->bytes, c->parts,
 			 (unsigned long long)c->payload_bytes);
-		return -1;
+		return -EPROTO;
 	}
 	for (size_t k = 0; k < s->nparts; k++) {
 		if (s->parts[k].part >= c->parts) {
 			snprintf(why, whylen, "source %llx: part %u past the %u COUNTS names",
 				 (unsigned long long)s->src, s->parts[k].part, c->parts);
-			return -1;
+			return -EPROTO;
 		}
 	}
 	return 0;
@@ -633,7 +633,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 	if (!pe || pn != c->n_counts) {
 		snprintf(err, errlen, "source %llx: %zu counts for %zu entries",
 			 (unsigned long long)s->src, c->n_counts, pe ? pn : 0);
-		return -1;
+		return -EBADMSG;
 	}
 	for (size_t i = 0; i < pn; i++) {
 		const struct jentry *e = &pe[i];
@@ -643,7 +643,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 
 		if (!stage_slot(g, e->dst_buf, &slot)) {
 			snprintf(err, errlen, "entry %zu: sink buffer %u missing", i, e->dst_buf);
-			return -1;
+			return -EBADMSG;
 		}
 		memset(w, 0, sizeof(*w));
 		w->dst_slot = (uint32_t)slot;
@@ -654,12 +654,12 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 		if (dense && cnt != e->box) {
 			snprintf(err, errlen, "entry %zu: dense count %llu, box %llu", i,
 				 (unsigned long long)cnt, (unsigned long long)e->box);
-			return -1;
+			return -EBADMSG;
 		}
 		if (cnt > e->box) {
 			snprintf(err, errlen, "entry %zu: %llu positions in a box of %llu", i,
 				 (unsigned long long)cnt, (unsigned long long)e->box);
-			return -1;
+			return -EBADMSG;
 		}
 	}
 	if (s->nparts)
@@ -677,13 +677,13 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			snprintf(err, errlen, "source %llx: part %u (entries %u..+%u) missing, out of "
 				 "order or overlapping", (unsigned long long)s->src, pt->part, pt->first,
 				 pt->entries);
-			return -1;
+			return -EBADMSG;
 		}
 		for (size_t i = covered; i < pt->first; i++) {
 			if (c->counts[i]) {
 				snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
 					 (unsigned long long)c->counts[i]);
-				return -1;
+				return -EBADMSG;
 			}
 		}
 		covered = (size_t)pt->first + pt->entries;
@@ -694,7 +694,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 		if (dtc_chunk_info(pt->data, pt->len, &claimed, &codec) != DTC_OK || claimed > bound) {
 			snprintf(err, errlen, "source %llx part %u: header invalid or larger than its "
 				 "counts allow", (unsigned long long)s->src, pt->part);
-			return -1;
+			return -EBADMSG;
 		}
 		/* Stored raw (the same-cluster default), it is staged where it
 		 * was received: no second copy of the payload. */
@@ -705,7 +705,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			snprintf(err, errlen, "source %llx: payload corrupt (checksum or framing) in "
 				 "part %u", (unsigned long long)s->src, pt->part);
 			free(raw);
-			return -1;
+			return -EBADMSG;
 		}
 		data = view ? pt->data + (view - pt->data) : raw;
 		if (!k && !dense && g->alter) {
@@ -723,7 +723,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8) {
 				snprintf(err, errlen, "entry %zu: payload truncated", i);
 				free(raw);
-				return -1;
+				return -EBADMSG;
 			}
 			off += 8;
 			r = stage_entry(w, g->enc[w->dst_slot], e, cnt, data + off, len);
@@ -731,7 +731,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			if (r != DTC_OK) {
 				snprintf(err, errlen, "entry %zu: %s", i, dtc_strerror(r));
 				free(raw);
-				return -1;
+				return -EBADMSG;
 			}
 			if (alter) {
 				/* After every check. */
@@ -747,7 +747,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			snprintf(err, errlen, "source %llx part %u: %zu bytes after the last entry",
 				 (unsigned long long)s->src, pt->part, raw_len - off);
 			free(raw);
-			return -1;
+			return -EBADMSG;
 		}
 		/* The bytes the writes point into (none when all were decoded). */
 		if (encoded) {
@@ -763,7 +763,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 		if (c->counts[i]) {
 			snprintf(err, errlen, "entry %zu: count %llu but no part carries it", i,
 				 (unsigned long long)c->counts[i]);
-			return -1;
+			return -EBADMSG;
 		}
 	}
 	for (size_t i = 0; i < c->n_checksums; i++) {
@@ -772,7 +772,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 		if (!stage_slot(g, c->checksums[i]->dst_buffer, &slot)) {
 			snprintf(err, errlen, "checksum names buffer %u this sink does not have",
 				 c->checksums[i]->dst_buffer);
-			return -1;
+			return -EBADMSG;
 		}
 		st->expect[slot] += c->checksums[i]->partial;
 	}
@@ -1037,7 +1037,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	return 0;
 fail:
 	stage_free(g);
-	return -1;
+	return -ENOMEM;
 }
 
 /* Stage whatever can be staged now, in version order. */
