@@ -89,6 +89,20 @@ def attach_sink(cli, arena, rank, replica):
     return cli.attach(JOB, TOKEN, _lib.SINK, SINK_LAYOUT, rank, ids, replica=replica)
 
 
+def attach_sources(cli, model):
+    """Register every rank's θ, m, v arenas of model (a megatron.MegatronModel
+    in SRC_LAYOUT) on cli and attach them as JOB's sources; the
+    participant ids, one per rank."""
+    parts = []
+    for r in range(TP):
+        want = _lib.layout_buffers(CFG_TEXT, SRC_LAYOUT, _lib.SOURCE, r)
+        ids = [cli.register_fd(model.arenas[r][kind].fd, 0, length, _lib.FP32,
+                               "%s r%d" % (kind, r))
+               for (_bid, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
+        parts.append(cli.attach(JOB, TOKEN, _lib.SOURCE, SRC_LAYOUT, r, ids))
+    return parts
+
+
 def child_main(sock, replica):
     """A sink replica in its own process: apply whatever is staged, forever."""
     model = sglang.SGLangModel(CFG, tp=TP, label="child%d" % replica)

@@ -58,13 +58,7 @@ def main():
         task = toy.ToyTask(sl.CFG["vocab_size"])
         tcli = _lib.Client(sock)
         tcli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, "local", 1)
-        src_parts = []
-        for r in range(sl.TP):
-            want = _lib.layout_buffers(sl.CFG_TEXT, sl.SRC_LAYOUT, _lib.SOURCE, r)
-            ids = [tcli.register_fd(model.arenas[r][kind].fd, 0, length, _lib.FP32,
-                                    "%s r%d" % (kind, r))
-                   for (_bid, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
-            src_parts.append(tcli.attach(sl.JOB, sl.TOKEN, _lib.SOURCE, sl.SRC_LAYOUT, r, ids))
+        src_parts = sl.attach_sources(tcli, model)
         sink = sl.Replica(c, sock, 0, "verify-sink")
         results = {}
 
