@@ -712,18 +712,13 @@ int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedReq
 		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
 		      size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j;
 	struct jlocal *l;
 	int st;
 
 	*deferred = 0;
-	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
-	if (!l || l->info.role != JROLE_SOURCE)
-		return FAIL(-ENOENT,
-			    "job %s: no source participant %llx on this connection", j->name,
-			    (unsigned long long)rq->participant);
+	if ((st = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+		return st;
 	st = jsrc_captured(j, l, rq->version, pub, err, errlen);
 	if (st < 0)
 		return st;

@@ -218,19 +218,14 @@ static void cap_unlink(struct jcap *c)
 int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j;
 	struct dtc_consts *k;
 	struct jlocal *l;
 	int rc;
 
 	*deferred = 0;
-	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
-	if (!l || l->info.role != JROLE_SOURCE)
-		return FAIL(-ENOENT,
-			    "job %s: no source participant %llx on this connection", j->name,
-			    (unsigned long long)rq->participant);
+	if ((rc = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (rq->step < 1)
@@ -482,7 +477,7 @@ static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep);
 int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j;
 	struct dtc_consts *k;
 	struct jlocal *l;
 	struct jcap *c;
@@ -490,13 +485,8 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	struct pair_choice ch;
 
 	*deferred = 0;
-	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
-	if (!l || l->info.role != JROLE_SOURCE)
-		return FAIL(-ENOENT,
-			    "job %s: no source participant %llx on this connection", j->name,
-			    (unsigned long long)rq->participant);
+	if ((rc = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
 	if (!l->announced)

@@ -51,6 +51,24 @@ struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn)
 	return l && l->owner == conn ? l : NULL;
 }
 
+int job_source_owned(const char *name, uint64_t id, uint64_t conn, struct job **jp,
+		     struct jlocal **lp, char *err, size_t errlen)
+{
+	struct job *j = job_find(name);
+	struct jlocal *l;
+
+	if (!j)
+		return derr_fail(err, errlen, -ENOENT, "unknown job \"%s\"", name ? name : "");
+	l = job_local_owned(j, id, conn);
+	if (!l || l->info.role != JROLE_SOURCE)
+		return derr_fail(err, errlen, -ENOENT,
+				 "job %s: no source participant %llx on this connection", j->name,
+				 (unsigned long long)id);
+	*jp = j;
+	*lp = l;
+	return 0;
+}
+
 const struct jpinfo *job_part(const struct job *j, uint64_t id)
 {
 	for (size_t i = 0; i < j->nparts; i++)
