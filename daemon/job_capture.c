@@ -793,6 +793,15 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	q->part = p->nparts++;
 	q->first = p->part_first;
 	q->entries = end - p->part_first;
+	/* A sparse part carries its entries' counts (known by now), so a
+	 * parked sink can swap it in before COUNTS (proto/peer.proto). */
+	if (p->sparse && q->entries) {
+		if (!(q->counts = malloc(q->entries * sizeof(*q->counts)))) {
+			jcap_part_free(q);
+			return CAPFAIL("out of memory");
+		}
+		memcpy(q->counts, p->counts + q->first, q->entries * sizeof(*q->counts));
+	}
 	p->part_first = end;
 	p->chunk_len += q->len;
 	uv_mutex_lock(&c->mu);
@@ -820,6 +829,7 @@ void jcap_part_free(struct jcap_part *p)
 {
 	if (p) {
 		bpool_put(&cap_pool, p->chunk, p->cap);
+		free(p->counts);
 		free(p);
 	}
 }

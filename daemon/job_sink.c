@@ -116,8 +116,10 @@ static void pend_src_clear(struct jpend_src *s)
 	if (s->counts)
 		dtep__counts__free_unpacked(s->counts, NULL);
 	s->counts = NULL;
-	for (size_t k = 0; k < s->nparts; k++)
+	for (size_t k = 0; k < s->nparts; k++) {
 		free(s->parts[k].data);
+		free(s->parts[k].cnt);
+	}
 	free(s->parts);
 	s->parts = NULL;
 	s->nparts = s->cap = 0;
@@ -433,9 +435,22 @@ static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
 		return -EPROTO;
 	}
 	for (size_t k = 0; k < s->nparts; k++) {
-		if (s->parts[k].part >= c->parts) {
+		const struct jpart *pt = &s->parts[k];
+
+		if (pt->part >= c->parts) {
 			snprintf(why, whylen, "source %llx: part %u past the %u COUNTS names",
-				 (unsigned long long)s->src, s->parts[k].part, c->parts);
+				 (unsigned long long)s->src, pt->part, c->parts);
+			return -EPROTO;
+		}
+		/* A part that described itself (PAYLOAD.counts) must say what
+		 * COUNTS says: it may already be in the buffers. */
+		if (!pt->cnt)
+			continue;
+		if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != pt->base ||
+		    (uint64_t)pt->first + pt->entries > c->n_counts ||
+		    memcmp(pt->cnt, c->counts + pt->first, pt->entries * sizeof(*pt->cnt))) {
+			snprintf(why, whylen, "source %llx: part %u's counts or base contradict its "
+				 "COUNTS", (unsigned long long)s->src, pt->part);
 			return -EPROTO;
 		}
 	}
@@ -1292,12 +1307,37 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		s->parts = np;
 		s->cap = nc;
 	}
+	if (m->n_counts) {
+		/* A sparse part that describes itself: one count per entry of
+		 * its range, none past its entry's box. */
+		int bad = m->n_counts != m->entries;
+
+		for (size_t i = 0; !bad && i < m->n_counts; i++)
+			bad = m->counts[i] > pair->e[m->first_entry + i].box;
+		if (bad) {
+			snprintf(why, sizeof(why), "source %llx: part %u's counts do not fit its "
+				 "%u entries", (unsigned long long)m->src, m->part, m->entries);
+			pend_refuse(j, l, p, why);
+			try_stage(j, l);
+			return;
+		}
+	}
 	pt = &s->parts[s->nparts];
+	memset(pt, 0, sizeof(*pt));
+	if (m->n_counts) {
+		if (!(pt->cnt = malloc(m->n_counts * sizeof(*pt->cnt))))
+			return;
+		memcpy(pt->cnt, m->counts, m->n_counts * sizeof(*pt->cnt));
+		pt->base = m->base_version;
+	}
 	/* A large part that landed in memory of its own is kept as it is
 	 * (the router hands it over); anything else is copied. */
 	if (!(pt->data = route_take_data(data))) {
-		if (!(pt->data = malloc(len)))
+		if (!(pt->data = malloc(len))) {
+			free(pt->cnt);
+			pt->cnt = NULL;
 			return;
+		}
 		memcpy(pt->data, data, len);
 	}
 	pt->len = len;
@@ -1764,6 +1804,8 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 static void arrive_kick(struct job *j, struct jlocal *l);
 static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 		       const struct jpend_src *s, struct jpart *pt);
+static int arrive_part_fits(struct job *j, struct jlocal *l, const struct jpend_src *s,
+			    const struct jpart *pt);
 
 static void aswap_free(struct jaswap *w)
 {
@@ -2178,11 +2220,14 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 	 * jarrive here, with no task of it running: a worker never sees its
 	 * array change. */
 	for (size_t i = 0; p && i < p->n; i++) {
-		if (!p->s[i].counts)
-			continue;
 		for (size_t q = 0; q < p->s[i].nparts; q++) {
-			if (p->s[i].parts[q].data &&
-			    arrive_take(j, l, a, &p->s[i], &p->s[i].parts[q]) < 0) {
+			struct jpart *pt = &p->s[i].parts[q];
+
+			/* With its source's COUNTS, or describing itself. */
+			if (!pt->data ||
+			    (!p->s[i].counts && !arrive_part_fits(j, l, &p->s[i], pt)))
+				continue;
+			if (arrive_take(j, l, a, &p->s[i], pt) < 0) {
 				arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
 				return;
 			}
@@ -2245,9 +2290,12 @@ static void arrive_done(struct jtask *t, int cancelled)
 		a->next += a->swapped_parts;
 		if (a->failed) {
 			a->next = a->nsw;	/* the failed part's swapped entries are undone too */
-			arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
-				     a->err);
-			return;
+			/* Arriving: → undoing (it kicks the undo itself).  Already
+			 * undoing or retreating (the swap ran when it began): the
+			 * undo goes on, kicked below. */
+			if (arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
+					 a->err) != SINK_A_CONTINUE)
+				return;
 		}
 		break;
 	case JA_VERIFY:
@@ -2389,7 +2437,9 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 			return -EINVAL;
 		}
 		w->e[i] = *e;
-		w->cnt[i] = s->counts->counts[pt->first + i];
+		/* COUNTS, or the part's own (equal once COUNTS comes:
+		 * pend_src_check) */
+		w->cnt[i] = s->counts ? s->counts->counts[pt->first + i] : pt->cnt[i];
 		w->slot[i] = (uint32_t)b;
 	}
 	w->data = pt->data;
@@ -2399,19 +2449,36 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 	return 0;
 }
 
-/* Whether source s's COUNTS lets its version go on arrival at l. */
-static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *s)
+/* Whether src's pair into l swaps element by element (every map
+ * injective: no destination element written twice). */
+static int arrive_pair_ok(struct job *j, struct jlocal *l, uint64_t src)
 {
-	const Dtep__Counts *c = s->counts;
-	const struct jpair *pair = job_pair(j, s->src, l->info.id);
+	const struct jpair *pair = job_pair(j, src, l->info.id);
 
-	if (!c || c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied ||
-	    !pair)
+	if (!pair)
 		return 0;
 	for (size_t i = 0; i < pair->n; i++)
 		if (!dtc_map_injective(&pair->e[i].map))
 			return 0;
 	return 1;
+}
+
+/* Whether source s's COUNTS lets its version go on arrival at l. */
+static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *s)
+{
+	const Dtep__Counts *c = s->counts;
+
+	if (!c || c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied)
+		return 0;
+	return arrive_pair_ok(j, l, s->src);
+}
+
+/* Whether part pt of source s can be swapped in at l before its COUNTS:
+ * it describes itself (PAYLOAD.counts) as a delta on what l holds. */
+static int arrive_part_fits(struct job *j, struct jlocal *l, const struct jpend_src *s,
+			    const struct jpart *pt)
+{
+	return pt->cnt && pt->base == jsink_of(l)->applied && arrive_pair_ok(j, l, s->src);
 }
 
 /* Whether sink l can take version p on arrival now: parked, nothing
@@ -2486,7 +2553,9 @@ static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, stru
 		return;
 	}
 	if (!a) {
-		if (!counts || !arrive_can_start(j, l, p) ||
+		/* Started by COUNTS, or by a part that describes itself. */
+		if ((!counts && !(s->nparts && arrive_part_fits(j, l, s, &s->parts[s->nparts - 1]))) ||
+		    !arrive_can_start(j, l, p) ||
 		    sink_decide(l, p->version, pend_state(p), SINK_EV_PARKED) != SINK_A_ARRIVE ||
 		    !(a = arrive_new(j, l, p)))
 			return;

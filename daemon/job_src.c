@@ -372,6 +372,11 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	pl.part = q->part;
 	pl.first_entry = q->first;
 	pl.entries = q->entries;
+	if (cp->sparse && q->counts) {
+		pl.base_version = c->base;
+		pl.n_counts = q->entries;
+		pl.counts = q->counts;
+	}
 	/* The chunk itself goes out (no copy in the router): it comes back
 	 * to the capture's pool once sent (jcap_chunk_release). */
 	jcap_chunk_given();
@@ -515,6 +520,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
 	c->version = rq->version;
+	c->base = jsource_of(l)->last_version;
 	c->scan = stepped && rq->step == jsource_of(l)->covered + 1;
 	for (size_t i = 0; i < l->nbufs; i++)
 		dev |= l->bufs[i] && l->bufs[i]->cuda;

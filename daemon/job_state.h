@@ -82,6 +82,10 @@ struct jpart {
 	uint32_t part, first, entries;
 	uint8_t *data;
 	size_t len;
+	/* PAYLOAD.counts and base_version when the source sent them (a
+	 * sparse part readable before COUNTS), else NULL. */
+	uint64_t *cnt;
+	uint64_t base;
 };
 
 /* A version collected for one local sink from its sources.  Parts come
@@ -392,6 +396,7 @@ struct jcap_part {
 	uint8_t *chunk;
 	size_t len;
 	size_t cap;               /* chunk's capacity (it goes back to a pool) */
+	uint64_t *counts;         /* sparse: its entries' counts (PAYLOAD.counts) */
 };
 
 struct jcap {
@@ -401,6 +406,7 @@ struct jcap {
 	uint64_t participant, conn;
 	uint32_t req_id;
 	uint64_t epoch, version;
+	uint64_t base;            /* the source's last version: sparse parts' base */
 	int64_t step;
 	int scan;                 /* OR this step into the dirty bitmaps */
 	int detect;               /* JDETECT_* of the job */

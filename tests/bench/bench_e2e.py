@@ -130,6 +130,9 @@ class BenchDaemon(Daemon):
         with open(self.conf, "w") as f:
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
                 self.name, self.log_level, self.tmp))
+            if os.environ.get("BENCH_E2E_PART"):
+                # trying another [peer] part_size out (the figures use the default)
+                f.write("[peer]\npart_size = %s\n" % os.environ["BENCH_E2E_PART"])
         cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
                "--peer-listen", "%s:0" % self.host]
         if self.netns:

@@ -10,7 +10,7 @@
  * (BF16 memfds, each registered between canary bytes of its memfd) on a
  * small llama; version 1 staged and applied densely, version 2 published
  * with its COUNTS and PAYLOAD parts held back, not delivered.  The input is
- * then a list of operations (first byte of each, mod 7):
+ * then a list of operations (first byte of each, mod 8):
  *   0 raw       [type u8][from u8][hlen u16][hdr][dlen u16][data]:
  *               job_peer_recv() as the transport would call it
  *   1 held      [i u8]: deliver held record i (again, in any order)
@@ -25,6 +25,9 @@
  *   4 apply     [sel u8]: the sink's apply(v) for some v
  *   5 publish   [hold u8]: the trainer steps and publishes the next version
  *   6 spin      run the loop (deliver what is queued locally)
+ *   7 park      [how u8]: the sink waits in wait_staged (5 ms or 60 s), so
+ *               sparse parts are swapped into its buffers as they arrive
+ *               (before COUNTS when they carry their counts)
  * Properties, beyond the sanitizers': nothing is ever written outside a
  * sink buffer (canaries), into padding no entry maps, or into a source
  * buffer; a forged version with a position outside its box never stages;
@@ -120,8 +123,15 @@ static void spin(void)
 static Dte__Status last_code;
 static int last_checksum_ok;
 
+#define PARK_ID 44
+static int parked;	/* a wait_staged of the sink not answered yet */
+
 static int catch_reply(uint64_t conn, Dte__Response *resp)
 {
+	if (resp->id == PARK_ID) {	/* the park's answer, whatever it is */
+		parked = 0;
+		return 0;
+	}
 	answers++;
 	last_code = resp->code;
 	if (resp->body_case == DTE__RESPONSE__BODY_APPLY && resp->apply)
@@ -336,6 +346,23 @@ static int apply(uint64_t version, int *checksum_ok)
 	return st;
 }
 
+static void park(uint8_t how)
+{
+	Dte__WaitStagedRequest rq = DTE__WAIT_STAGED_REQUEST__INIT;
+	Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+	char err[256];
+	int deferred = 0;
+
+	if (parked)
+		return;
+	rq.job = "fj";
+	rq.participant = sink.participant;
+	rq.timeout_ms = how & 1 ? 5 : 60000;
+	if (job_wait_staged(SINK_CONN, PARK_ID, &rq, &rep, &deferred, err, sizeof(err)) == 0 &&
+	    deferred)
+		parked = 1;
+}
+
 static void check_canaries(void)
 {
 	for (size_t b = 0; b < sink.n; b++) {
@@ -517,7 +544,9 @@ static void op_edit(struct fuzz_in *in)
 			uint8_t f = fuzz_u8(in);
 			uint64_t v = fuzz_value(in);
 
-			switch (f % 9) {
+			switch (f % 11) {
+			case 9: p->base_version = v; break;
+			case 10: if (p->n_counts) p->counts[(f >> 4) % p->n_counts] = v; break;
 			case 0: p->epoch = v; break;
 			case 1: p->version = v; break;
 			case 2: p->src = v; break;
@@ -673,6 +702,15 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 	}
 	c.n_checksums = mode & 4 ? sink.n : 0;
 	c.checksums = ckp;
+	{
+		/* A version of that number staged before (the real one) is
+		 * not the forged one. */
+		const struct jlocal *l = job_local(j, sink.participant);
+
+		for (const struct jstaged *st = l ? jsink_cof(l)->staged : NULL; st; st = st->next)
+			if (st->version == c.version)
+				outside = 0;
+	}
 	if (order & 1)
 		feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &c.base, NULL, 0);
 	for (unsigned q = 0; q < nparts; q++) {
@@ -707,6 +745,7 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 
 static void setup(void)
 {
+	parked = 0;
 	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
 	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
 	char err[512];
@@ -961,7 +1000,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	j = job_find("fj");
 	epoch0 = j->epoch;
 	while (in.n && ops++ < 64) {
-		switch (fuzz_u8(&in) % 7) {
+		switch (fuzz_u8(&in) % 8) {
+		case 7:
+			/* the sink parks in wait_staged: later sparse versions
+			 * are swapped into its buffers as their parts arrive */
+			park(fuzz_u8(&in));
+			break;
 		case 0: {
 			Dtep__PeerMsgType type = (Dtep__PeerMsgType)(fuzz_u8(&in) % 10);
 			const char *from = nodes[fuzz_u8(&in) % 3];
@@ -1027,8 +1071,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (jsink_of(l)->held >= top)
 			top = jsink_of(l)->held + 1;
 		for (const struct jpend *p = jsink_of(l)->pend; p; p = p->next)
-			if (p->version >= top)
-				top = p->version + 1;
+			if (p->version >= top)	/* a forged 2^64 - 1 does not wrap to 0 */
+				top = p->version + 1 ? p->version + 1 : p->version;
 		for (int attempt = 0; attempt < 3 && top < ((uint64_t)1 << 62) && !landed; attempt++) {
 			int ok = 0;
 

@@ -1574,16 +1574,106 @@ static void test_arrival(void **state)
 	apply_ok(v);
 	check_exact();
 	v++;
-	/* the next one goes on arrival on top of it, exact again */
+	/* the next one goes on arrival on top of it, exact again: parts
+	 * first, COUNTS last, each part swapped in as it comes (it carries
+	 * its entries' counts and base, PAYLOAD.counts), before COUNTS */
 	park(112, 30000);
 	publish_held(v, ++step, 0);
-	for (size_t i = 0; i < nheld; i++)
-		feed_rec(&held_recs[i]);	/* parts first, COUNTS last */
+	assert_true(nheld >= 3);
+	parts0 = k->arrival_parts;
+	snapshot(&snap);
+	for (size_t i = 0; i + 1 < nheld; i++) {
+		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[i].mlen, held_recs[i].msg);
+
+		assert_non_null(m);
+		assert_int_equal(m->n_counts, m->entries);
+		assert_int_equal(m->base_version, v - 1);
+		dtep__payload__free_unpacked(m, NULL);
+		feed_rec(&held_recs[i]);
+		assert_non_null(k->arrive);
+		assert_int_equal(k->arrival_parts, parts0 + i + 1);
+	}
+	assert_false(unchanged(snap));	/* in the buffers before COUNTS */
+	free(snap);
+	assert_int_equal(staged(), v - 1);
+	feed_rec(&held_recs[nheld - 1]);
 	assert_int_equal(k->arrival_versions, 2);
 	assert_int_equal(staged(), v);
 	apply_ok(v);
 	check_exact();
 	v++;
+
+	/* Parts without counts (a sender from before PAYLOAD.counts) wait
+	 * for COUNTS, then go on arrival as before. */
+	park(115, 30000);
+	publish_held(v, ++step, 0);
+	parts0 = k->arrival_parts;
+	snapshot(&snap);
+	for (size_t i = 0; i + 1 < nheld; i++) {
+		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[i].mlen, held_recs[i].msg);
+		struct rec x = held_recs[i];
+
+		m->n_counts = 0;
+		m->base_version = 0;
+		x.mlen = protobuf_c_message_get_packed_size(&m->base);
+		x.msg = malloc(x.mlen);
+		protobuf_c_message_pack(&m->base, x.msg);
+		feed_rec(&x);
+		free(x.msg);
+		dtep__payload__free_unpacked(m, NULL);
+	}
+	assert_null(k->arrive);
+	assert_int_equal(k->arrival_parts, parts0);
+	assert_true(unchanged(snap));
+	free(snap);
+	feed_rec(&held_recs[nheld - 1]);
+	assert_int_equal(k->arrival_parts, parts0 + nheld - 1);
+	assert_int_equal(k->arrival_versions, 3);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	v++;
+
+	/* COUNTS that contradicts parts already swapped in (one entry's
+	 * count differs): the version is refused and undone bit for bit. */
+	park(116, 30000);
+	publish_held(v, ++step, 0);
+	snapshot(&snap);
+	for (size_t i = 0; i + 1 < nheld; i++)
+		feed_rec(&held_recs[i]);
+	assert_false(unchanged(snap));
+	{
+		Dtep__Counts *m = dtep__counts__unpack(NULL, held_recs[nheld - 1].mlen,
+						       held_recs[nheld - 1].msg);
+		struct rec x = held_recs[nheld - 1];
+		uint64_t refused0 = j->refused, undos0 = k->arrival_undos;
+		size_t e = 0;
+
+		assert_non_null(m);
+		while (e < m->n_counts && !m->counts[e])
+			e++;
+		assert_true(e < m->n_counts);
+		m->counts[e]--;
+		x.mlen = protobuf_c_message_get_packed_size(&m->base);
+		x.msg = malloc(x.mlen);
+		protobuf_c_message_pack(&m->base, x.msg);
+		feed_rec(&x);
+		free(x.msg);
+		dtep__counts__free_unpacked(m, NULL);
+		spin();
+		assert_true(j->refused > refused0);
+		assert_int_equal(k->arrival_undos, undos0 + 1);
+	}
+	assert_null(k->arrive);
+	assert_true(unchanged(snap));
+	free(snap);
+	assert_int_equal(staged(), v - 1);
+	assert_int_equal(answer.seen[116], 0);	/* the wait goes on */
+	v++;
+	publish_exact(v, ++step, 1);	/* dense next: staged as before; the wait answers */
+	assert_int_equal(answer.seen[116], 1);
+	v++;
+	publish_exact(v++, ++step, 0);
 
 	/* The last part carries a wrong value: the sums fail, undone. */
 	park(113, 30000);
@@ -1598,7 +1688,7 @@ static void test_arrival(void **state)
 	feed_wrong_value(&held_recs[nheld - 2]);
 	assert_int_equal(k->arrival_parts, parts0 + nheld - 1);	/* every part swapped in */
 	assert_int_equal(k->checksum_failures, fails0 + 1);
-	assert_int_equal(k->arrival_undos, 1);
+	assert_int_equal(k->arrival_undos, 2);
 	assert_null(k->arrive);
 	assert_true(unchanged(snap));	/* bit for bit the version before */
 	free(snap);
