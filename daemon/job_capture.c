@@ -793,9 +793,9 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	q->part = p->nparts++;
 	q->first = p->part_first;
 	q->entries = end - p->part_first;
-	/* A sparse part carries its entries' counts (known by now), so a
-	 * parked sink can swap it in before COUNTS (proto/peer.proto). */
-	if (p->sparse && q->entries) {
+	/* A part carries its entries' counts (known by now), so a parked
+	 * sink can swap it in before COUNTS (proto/peer.proto). */
+	if (q->entries) {
 		if (!(q->counts = malloc(q->entries * sizeof(*q->counts)))) {
 			jcap_part_free(q);
 			return CAPFAIL("out of memory");

@@ -40,6 +40,7 @@ struct jaswap {
 	uint64_t *eoff, *elen;
 	uint32_t nswapped;
 	size_t voff;              /* the raw view's offset in data */
+	int dense;                /* a dense part: every entry its whole box */
 };
 
 enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
@@ -59,6 +60,7 @@ struct jarrive {
 	size_t nsw, cap, next;    /* next: the first part not yet swapped */
 	size_t upto;              /* the swap task does sw[next..upto) */
 	uint64_t *delta;          /* per slot: Σ mix(new) − mix(old) of the swaps */
+	uint64_t *dsum;           /* per slot: Σ mix(new) over the dense entries swapped */
 	uint64_t *srcs;           /* the version's sources (APPLIED) */
 	size_t nsrcs;
 	int alter;                /* job_ext: alter the first swapped entry */
@@ -446,7 +448,8 @@ static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
 		 * COUNTS says: it may already be in the buffers. */
 		if (!pt->cnt)
 			continue;
-		if (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != pt->base ||
+		if (c->mode != (Dtep__Mode)pt->mode ||
+		    (c->mode == DTEP__MODE__MODE_SPARSE && c->base_version != pt->base) ||
 		    (uint64_t)pt->first + pt->entries > c->n_counts ||
 		    memcmp(pt->cnt, c->counts + pt->first, pt->entries * sizeof(*pt->cnt))) {
 			snprintf(why, whylen, "source %llx: part %u's counts or base contradict its "
@@ -1308,12 +1311,15 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		s->cap = nc;
 	}
 	if (m->n_counts) {
-		/* A sparse part that describes itself: one count per entry of
-		 * its range, none past its entry's box. */
-		int bad = m->n_counts != m->entries;
+		/* A part that describes itself: one count per entry of its
+		 * range, none past its entry's box (dense: each the box). */
+		int dense = m->mode == DTEP__MODE__MODE_DENSE;
+		int bad = m->n_counts != m->entries ||
+			  (m->mode != DTEP__MODE__MODE_SPARSE && !dense);
 
 		for (size_t i = 0; !bad && i < m->n_counts; i++)
-			bad = m->counts[i] > pair->e[m->first_entry + i].box;
+			bad = dense ? m->counts[i] != pair->e[m->first_entry + i].box
+				    : m->counts[i] > pair->e[m->first_entry + i].box;
 		if (bad) {
 			snprintf(why, sizeof(why), "source %llx: part %u's counts do not fit its "
 				 "%u entries", (unsigned long long)m->src, m->part, m->entries);
@@ -1329,6 +1335,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 			return;
 		memcpy(pt->cnt, m->counts, m->n_counts * sizeof(*pt->cnt));
 		pt->base = m->base_version;
+		pt->mode = m->mode;
 	}
 	/* A large part that landed in memory of its own is kept as it is
 	 * (the router hands it over); anything else is copied. */
@@ -1785,14 +1792,14 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 
 /* ------------------------------------------------------ apply on arrival
  * docs/SYNC.md, "Apply on arrival".  A sink parked at its safe point (its
- * client waits in wait_staged, jsink.parked) takes a sparse version on
- * the base its buffers hold part by part: each part is checked and
+ * client waits in wait_staged, jsink.parked) takes a version (sparse on
+ * the base its buffers hold, or dense) part by part: each part is checked and
  * swapped into the buffers on a worker as it arrives (the payload gets
  * the old values in place of the new ones, dtc_sparse_swap_payload), so
  * a version that fails (a part that fails its checks, the sums, a record
  * that contradicts, a re-plan, the sink going away) is undone exactly by
  * swapping every part again in reverse order, and one that cannot go on
- * this way (the park ends, a dense or compressed record of it, a newer
+ * this way (the park ends, a compressed record of it, a newer
  * version coming) is undone and then staged as usual from the very bytes
  * it arrived as.  Once every part is in and the sums match, the version
  * is staged "in place" (jstaged.in_place): STAGED, wait_staged answers,
@@ -1831,6 +1838,7 @@ static void arrive_free(struct jarrive *a)
 	free(a->bufs);
 	free(a->buf_ids);
 	free(a->delta);
+	free(a->dsum);
 	free(a->srcs);
 	if (a->st)
 		staged_free(a->st);
@@ -1861,7 +1869,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 
 	for (uint32_t i = 0; i < w->entries; i++)
 		if (w->cnt[i])
-			bound += 8 + dtc_sparse_bound(w->cnt[i]);
+			bound += 8 + (w->dense ? 2 * w->cnt[i] : dtc_sparse_bound(w->cnt[i]));
 	if (dtc_chunk_info(w->data, w->len, &claimed, &codec) != DTC_OK || claimed > bound ||
 	    dtc_chunk_view(w->data, w->len, &view, &raw_len) != DTC_OK || !view) {
 		snprintf(err, errlen, "source %llx part %u: header, framing or checksum invalid",
@@ -1877,8 +1885,10 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		if (!w->cnt[i])
 			continue;
 		if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8 ||
-		    dtc_sparse_payload_check(data + off + 8, (size_t)len, w->e[i].box, &got) !=
-			    DTC_OK || got != w->cnt[i]) {
+		    (w->dense ? w->cnt[i] != w->e[i].box || len != 2 * w->cnt[i] ||
+				((uintptr_t)(data + off + 8) & 1)
+			      : dtc_sparse_payload_check(data + off + 8, (size_t)len, w->e[i].box,
+							 &got) != DTC_OK || got != w->cnt[i])) {
 			snprintf(err, errlen, "source %llx part %u entry %u: payload invalid",
 				 (unsigned long long)w->src, w->part, w->first + i);
 			return -EBADMSG;
@@ -1906,8 +1916,18 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			job_ext.sink_alter(data + off + len - 1, 1);
 			a->alter = 0;
 		}
-		r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off, (size_t)len,
-					    b->ptr, b->length, &got, &a->delta[w->slot[i]]);
+		if (w->dense) {
+			uint64_t sn = 0;
+
+			r = dtc_dense_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
+						   (size_t)len, b->ptr, b->length, &sn);
+			if (r == DTC_OK)
+				a->dsum[w->slot[i]] += sn;
+		} else {
+			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
+						    (size_t)len, b->ptr, b->length, &got,
+						    &a->delta[w->slot[i]]);
+		}
 		if (r != DTC_OK) {
 			snprintf(err, errlen, "source %llx part %u entry %u: %s",
 				 (unsigned long long)w->src, w->part, w->first + i, dtc_strerror(r));
@@ -1941,12 +1961,39 @@ static void undo_all(struct jarrive *a)
 			struct dbuf *b = a->bufs[w->slot[i]];
 			uint64_t got = 0, d = 0;
 
-			(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + w->eoff[m],
-						      (size_t)w->elen[m], b->ptr, b->length, &got, &d);
-			a->delta[w->slot[i]] += d;	/* back to 0 once all are undone */
+			if (w->dense)
+				(void)dtc_dense_swap_payload(dtc_backend_cpu(), &w->e[i].map,
+							     data + w->eoff[m], (size_t)w->elen[m],
+							     b->ptr, b->length, &d);
+			else
+				(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map,
+							      data + w->eoff[m],
+							      (size_t)w->elen[m], b->ptr, b->length,
+							      &got, &d);
+			if (!w->dense)
+				a->delta[w->slot[i]] += d;	/* back to 0 once all are undone */
 			w->nswapped = m;
 		}
 	}
+}
+
+/* Whether every part of the version was dense (so every entry of it was
+ * swapped in whole, arrive_cover having checked they cover the pairs). */
+static int arrive_all_dense(const struct jarrive *a)
+{
+	for (size_t k = 0; k < a->nsw; k++)
+		if (!a->sw[k].dense)
+			return 0;
+	return a->nsw > 0;
+}
+
+/* Whether some part was dense (its changes are not in delta). */
+static int arrive_any_dense(const struct jarrive *a)
+{
+	for (size_t k = 0; k < a->nsw; k++)
+		if (a->sw[k].dense)
+			return 1;
+	return 0;
 }
 
 /* Worker: the sums of the version's boxes, as the apply checks them. */
@@ -1956,8 +2003,15 @@ static void arrive_verify(struct jarrive *a)
 	int incremental;
 
 	a->key = verify_key(a->bufs, st);
-	incremental = a->vkey && a->key == a->vkey && a->since_full + 1 < a->full_every;
-	if (incremental) {
+	/* A dense part's changes are not in delta: no incremental sums. */
+	incremental = a->vkey && a->key == a->vkey && a->since_full + 1 < a->full_every &&
+		      !arrive_any_dense(a);
+	if (arrive_all_dense(a)) {
+		/* Every entry of the version was swapped in whole and summed
+		 * from the buffer right after its swap: that is the full pass
+		 * over the boxes, already done part by part. */
+		memcpy(a->sum, a->dsum, a->nbufs * sizeof(*a->sum));
+	} else if (incremental) {
 		for (size_t s = 0; s < a->nbufs; s++)
 			a->sum[s] = a->vsum[s] + a->delta[s];
 	} else if (full_sums(a->nbufs, a->bufs, st, a->sum) < 0) {
@@ -2417,6 +2471,7 @@ static int arrive_take(struct job *j, struct jlocal *l, struct jarrive *a,
 	w->part = pt->part;
 	w->first = pt->first;
 	w->entries = pt->entries;
+	w->dense = (s->counts ? (int)s->counts->mode : pt->mode) == DTEP__MODE__MODE_DENSE;
 	if (!(w->e = malloc(pt->entries * sizeof(*w->e))) ||
 	    !(w->cnt = malloc(pt->entries * sizeof(*w->cnt))) ||
 	    !(w->slot = malloc(pt->entries * sizeof(*w->slot))) ||
@@ -2468,7 +2523,9 @@ static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *
 {
 	const Dtep__Counts *c = s->counts;
 
-	if (!c || c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied)
+	/* Dense replaces every element whatever the buffers hold. */
+	if (!c || (c->mode != DTEP__MODE__MODE_DENSE &&
+		   (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied)))
 		return 0;
 	return arrive_pair_ok(j, l, s->src);
 }
@@ -2478,7 +2535,9 @@ static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *
 static int arrive_part_fits(struct job *j, struct jlocal *l, const struct jpend_src *s,
 			    const struct jpart *pt)
 {
-	return pt->cnt && pt->base == jsink_of(l)->applied && arrive_pair_ok(j, l, s->src);
+	return pt->cnt &&
+	       (pt->mode == DTEP__MODE__MODE_DENSE || pt->base == jsink_of(l)->applied) &&
+	       arrive_pair_ok(j, l, s->src);
 }
 
 /* Whether sink l can take version p on arrival now: parked, nothing
@@ -2509,6 +2568,7 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 	if (!a || !(a->bufs = calloc(nb, sizeof(*a->bufs))) ||
 	    !(a->buf_ids = malloc(nb * sizeof(*a->buf_ids))) ||
 	    !(a->delta = calloc(nb, sizeof(*a->delta))) ||
+	    !(a->dsum = calloc(nb, sizeof(*a->dsum))) ||
 	    !(a->srcs = calloc(p->n ? p->n : 1, sizeof(*a->srcs))) ||
 	    !(a->vsum = calloc(nb, sizeof(*a->vsum))) || !(a->sum = calloc(nb, sizeof(*a->sum))) ||
 	    (!jsink_of(l)->vsum && !(jsink_of(l)->vsum = calloc(nb, sizeof(uint64_t))))) {
@@ -2568,7 +2628,7 @@ static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, stru
 	if (a->state != SINK_V_ARRIVING)
 		return;	/* undoing: dropped (refused); retreating: kept in p */
 	if (counts && !arrive_fits(j, l, s)) {
-		arrive_event(j, l, SINK_EV_UNPARK, 0, "a dense record, or another base");
+		arrive_event(j, l, SINK_EV_UNPARK, 0, "a COUNTS on another base");
 		return;
 	}
 	/* arriving × record: swapped in, in arrival order (arrive_kick takes

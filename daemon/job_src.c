@@ -372,8 +372,9 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	pl.part = q->part;
 	pl.first_entry = q->first;
 	pl.entries = q->entries;
-	if (cp->sparse && q->counts) {
-		pl.base_version = c->base;
+	if (q->counts) {
+		pl.mode = cp->sparse ? DTEP__MODE__MODE_SPARSE : DTEP__MODE__MODE_DENSE;
+		pl.base_version = cp->sparse ? c->base : 0;
 		pl.n_counts = q->entries;
 		pl.counts = q->counts;
 	}

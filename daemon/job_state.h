@@ -86,6 +86,7 @@ struct jpart {
 	 * sparse part readable before COUNTS), else NULL. */
 	uint64_t *cnt;
 	uint64_t base;
+	int mode;                 /* Dtep__Mode, with cnt */
 };
 
 /* A version collected for one local sink from its sources.  Parts come
@@ -396,7 +397,7 @@ struct jcap_part {
 	uint8_t *chunk;
 	size_t len;
 	size_t cap;               /* chunk's capacity (it goes back to a pool) */
-	uint64_t *counts;         /* sparse: its entries' counts (PAYLOAD.counts) */
+	uint64_t *counts;         /* its entries' counts (PAYLOAD.counts) */
 };
 
 struct jcap {

@@ -54,7 +54,7 @@ enum sink_vevent {
 	SINK_EV_REPLAN,           /* a new plan epoch */
 	SINK_EV_SHUTDOWN,
 	SINK_EV_SUPERSEDED,       /* a later version is held (staged dense, or at/below held) */
-	SINK_EV_PARKED,           /* its COUNTS: sparse on the applied base, the sink parked, nothing staged, staging or applying */
+	SINK_EV_PARKED,           /* its COUNTS or a self-describing part: dense, or sparse on the applied base; the sink parked, nothing staged, staging or applying */
 	SINK_EV_UNPARK,           /* the park ends (wait_staged answered or expired), or a record it cannot take on arrival */
 	SINK_EV_COUNT
 };

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "gpu/backend.h"
 #include "gpu/backend_ops.h"
 #include "gpu/box.h"
 #include "gpu/codec.h"
@@ -300,6 +301,66 @@ int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_m
 	if (in && dtc_host_backend(be) && !map_injective(e))
 		return DTC_EINVAL;	/* order would matter: the undo could not be exact */
 	return apply_payload(be, e, in, len, dst, dst_len, count, delta, 1);
+}
+
+int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			   uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			   uint64_t *sum_new)
+{
+	struct dte_box_map m;
+	struct box_walk w;
+	uint64_t size, p = 0;
+	int64_t d1;
+	int rc;
+
+	if (!dtc_host_backend(be) || !dst || !sum_new || (!in && len))
+		return DTC_EINVAL;
+	if ((rc = dtc_entry_check(e, UINT64_MAX, dst_len)) != DTC_OK)
+		return rc;
+	size = dtc_box_size(e);
+	if (len / 2 < size)
+		return DTC_ETRUNC;
+	if (len != size * 2)
+		return DTC_ECORRUPT;
+	if (!map_injective(e))
+		return DTC_EINVAL;	/* order would matter: the undo could not be exact */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+	return DTC_EINVAL;	/* the payload's BF16 are little-endian */
+#endif
+	if ((uintptr_t)in & 1)
+		return DTC_EINVAL;	/* framed payloads keep entries 2-byte aligned */
+	box_coalesce(e, BOX_DST, &m);
+	d1 = m.dst_stride[m.ndim - 1];
+	if (size)
+		box_walk_seek(&w, &m, 0);
+	while (p < size) {
+		uint16_t *v = (uint16_t *)(void *)in + p, *d = dst + box_dst_index(&w);
+		uint64_t run = (uint64_t)(w.row_len - w.col);
+
+		if (d1 == 1) {
+			/* Through a small buffer: three memcpy per block. */
+			uint16_t tmp[2048];
+
+			for (uint64_t k = 0; k < run; k += 2048) {
+				size_t n = (size_t)(run - k < 2048 ? run - k : 2048) * sizeof(*tmp);
+
+				memcpy(tmp, d + k, n);
+				memcpy(d + k, v + k, n);
+				memcpy(v + k, tmp, n);
+			}
+		} else {
+			for (uint64_t k = 0; k < run; k++) {
+				uint16_t t = d[(int64_t)k * d1];
+
+				d[(int64_t)k * d1] = v[k];
+				v[k] = t;
+			}
+		}
+		p += run;
+		if (p < size)
+			box_walk_next_row(&w);
+	}
+	return dtc_checksum_box(be, e, dst, dst_len, sum_new);
 }
 
 int dtc_map_injective(const struct dte_box_map *e)

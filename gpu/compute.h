@@ -181,6 +181,18 @@ int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_m
 			    uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			    uint64_t *count, uint64_t *delta);
 
+/* The dense counterpart: `in` is an entry's dense payload (box_size
+ * little-endian BF16 values in canonical order, exactly 2 * box_size
+ * bytes); each is swapped with the element of dst it maps to, so dst
+ * holds the new values and `in` the old ones, and a second call undoes
+ * the first exactly.  *sum_new gets dtc_checksum_box() of dst over the
+ * box after the swap (the entry's whole contribution to the sink's sum).
+ * The same checks first (nothing written on error); DTC_EINVAL when the
+ * map is not injective. */
+int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+			   uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
+			   uint64_t *sum_new);
+
 /* Whether distinct positions of e's box reach distinct elements (a
  * sufficient test: 0 may be a false negative). */
 int dtc_map_injective(const struct dte_box_map *e);

@@ -32,8 +32,8 @@
  *      - a member takes PLANs only from the job's coordinator.
  *      An older daemon reads a term as an epoch and never acknowledges,
  *      so the supported range is 4..4.
- *   (4, additive) PAYLOAD of a sparse pair also carries its entries'
- *      counts and base_version, so a parked sink swaps it in before
+ *   (4, additive) PAYLOAD also carries its entries' counts, the mode
+ *      and (sparse) base_version, so a parked sink swaps it in before
  *      COUNTS; a sink that ignores them, or a part without them, waits
  *      for COUNTS as before.
  *

@@ -267,6 +267,99 @@ static void test_swap_undo(void **state)
 	free(pl0);
 }
 
+/* dtc_dense_swap_payload: the buffer as dtc_dense_apply() leaves it,
+ * *sum_new as dtc_checksum_box() of it, the payload the old values in
+ * canonical order; the same call again restores both bit for bit; a
+ * wrong length or an aliasing map is refused with nothing written. */
+/* Box position i (row-major) → its destination index, from the map's
+ * definition (gpu/entry.h). */
+static uint64_t dst_index(const struct dte_box_map *e, uint64_t i)
+{
+	int64_t at = e->dst_offset;
+
+	for (uint32_t d = e->ndim; d-- > 0;) {
+		at += (int64_t)(i % (uint64_t)e->extent[d]) * e->dst_stride[d];
+		i /= (uint64_t)e->extent[d];
+	}
+	return (uint64_t)at;
+}
+
+static void dense_swap_case(const struct dte_box_map *e, uint64_t need)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	uint64_t box = dtc_box_size(e), s1 = 0, s2 = 0, s3 = 0;
+	uint16_t *a = malloc(need * sizeof(*a)), *b = malloc(need * sizeof(*b));
+	uint16_t *orig = malloc(need * sizeof(*orig));
+	uint16_t *pl = malloc((box ? box : 1) * sizeof(*pl)), *pl0 = malloc((box ? box : 1) * 2);
+
+	assert_true(a && b && orig && pl && pl0);
+	fill(a, need);
+	memcpy(b, a, need * sizeof(*a));
+	memcpy(orig, a, need * sizeof(*a));
+	fill(pl, box);
+	memcpy(pl0, pl, box * 2);
+	assert_int_equal(dtc_dense_swap_payload(cpu, e, (uint8_t *)pl, box * 2, a, need, &s1),
+			 DTC_OK);
+	assert_int_equal(dtc_dense_apply(cpu, e, pl0, b, need), DTC_OK);
+	assert_memory_equal(a, b, need * sizeof(*a));
+	assert_int_equal(dtc_checksum_box(cpu, e, b, need, &s2), DTC_OK);
+	assert_true(s1 == s2);
+	/* the payload holds what the box's elements held, in box order */
+	for (uint64_t i = 0; i < box; i++)
+		assert_int_equal(pl[i], orig[dst_index(e, i)]);
+	/* undo */
+	assert_int_equal(dtc_dense_swap_payload(cpu, e, (uint8_t *)pl, box * 2, a, need, &s3),
+			 DTC_OK);
+	assert_memory_equal(a, orig, need * sizeof(*a));
+	assert_memory_equal(pl, pl0, box * 2);
+	/* a payload one value short or long: refused, nothing written */
+	if (box) {
+		assert_int_equal(dtc_dense_swap_payload(cpu, e, (uint8_t *)pl, box * 2 - 2, a, need,
+							&s3), DTC_ETRUNC);
+		assert_int_equal(dtc_dense_swap_payload(cpu, e, (uint8_t *)pl, box * 2 + 1, a, need,
+							&s3), DTC_ECORRUPT);
+		assert_memory_equal(a, orig, need * sizeof(*a));
+		assert_memory_equal(pl, pl0, box * 2);
+	}
+	free(a);
+	free(b);
+	free(orig);
+	free(pl);
+	free(pl0);
+}
+
+static void test_dense_swap(void **state)
+{
+	struct dte_box_map rowm = { 2, { 1024, 1536 }, 0, { 0 }, 7, { 1536, 1 } };
+	struct dte_box_map col = { 2, { 300, 40 }, 0, { 0 }, 3, { 1, 300 } };
+	struct dte_box_map alias = { 2, { 64, 16 }, 0, { 0 }, 0, { 0, 1 } };
+	uint16_t buf[16], buf0[16], pl[64 * 16], pl0[64 * 16];
+	uint64_t s = 0;
+	int tried = 0;
+
+	for (int t = 0; t < 200; t++) {
+		struct dte_box_map e;
+		uint64_t need;
+
+		random_map(&e, 4096, &need);
+		if (dtc_map_injective(&e)) {
+			dense_swap_case(&e, need);
+			tried++;
+		}
+	}
+	assert_true(tried > 50);
+	dense_swap_case(&rowm, 1024 * 1536 + 7);	/* rows of memcpy blocks */
+	dense_swap_case(&col, 300 * 40 + 3);		/* a strided destination */
+	fill(buf, 16);
+	memcpy(buf0, buf, sizeof(buf));
+	fill(pl, 64 * 16);
+	memcpy(pl0, pl, sizeof(pl));
+	assert_int_equal(dtc_dense_swap_payload(dtc_backend_cpu(), &alias, (uint8_t *)pl,
+						sizeof(pl), buf, 16, &s), DTC_EINVAL);
+	assert_memory_equal(buf, buf0, sizeof(buf));
+	assert_memory_equal(pl, pl0, sizeof(pl));
+}
+
 /* Every truncation and many one-byte corruptions: the same status as the
  * decoder, and dst untouched whenever it is an error. */
 static void test_bad_payloads(void **state)
@@ -343,6 +436,7 @@ int main(void)
 		cmocka_unit_test(test_aliasing_map),
 		cmocka_unit_test(test_bad_payloads),
 		cmocka_unit_test(test_swap_undo),
+		cmocka_unit_test(test_dense_swap),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1670,8 +1670,49 @@ static void test_arrival(void **state)
 	assert_int_equal(staged(), v - 1);
 	assert_int_equal(answer.seen[116], 0);	/* the wait goes on */
 	v++;
-	publish_exact(v, ++step, 1);	/* dense next: staged as before; the wait answers */
+
+	/* Dense next (the repair), on arrival too: each dense part swapped
+	 * in whole as it comes, before COUNTS.  Its last part carries a
+	 * wrong value: the sums fail, every dense swap is undone bit for
+	 * bit, and the next version is dense again. */
+	parts0 = k->arrival_parts;
+	fails0 = k->checksum_failures;
+	publish_held(v, ++step, 1);
+	snapshot(&snap);
+	for (size_t i = 0; i + 2 < nheld; i++) {
+		feed_rec(&held_recs[i]);
+		assert_int_equal(k->arrival_parts, parts0 + i + 1);
+	}
+	assert_false(unchanged(snap));
+	feed_wrong_value(&held_recs[nheld - 2]);
+	feed_rec(&held_recs[nheld - 1]);
+	spin();
+	assert_int_equal(k->checksum_failures, fails0 + 1);
+	assert_int_equal(k->arrival_undos, 2);
+	assert_null(k->arrive);
+	assert_true(unchanged(snap));
+	free(snap);
+	assert_int_equal(staged(), v - 2);	/* the one before the refused one */
+	assert_int_equal(answer.seen[116], 0);
+	v++;
+	/* the dense repair, whole: staged in place, exact, the wait answers */
+	parts0 = k->arrival_parts;
+	{
+		uint64_t vers0 = k->arrival_versions;
+
+		publish_held(v, ++step, 1);
+		for (size_t i = 0; i + 1 < nheld; i++)
+			feed_rec(&held_recs[i]);
+		assert_int_equal(k->arrival_parts, parts0 + nheld - 1);
+		assert_int_equal(staged(), v - 3);	/* nothing visible before COUNTS */
+		feed_rec(&held_recs[nheld - 1]);
+		spin();
+		assert_int_equal(k->arrival_versions, vers0 + 1);
+	}
 	assert_int_equal(answer.seen[116], 1);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
 	v++;
 	publish_exact(v++, ++step, 0);
 
@@ -1688,7 +1729,7 @@ static void test_arrival(void **state)
 	feed_wrong_value(&held_recs[nheld - 2]);
 	assert_int_equal(k->arrival_parts, parts0 + nheld - 1);	/* every part swapped in */
 	assert_int_equal(k->checksum_failures, fails0 + 1);
-	assert_int_equal(k->arrival_undos, 2);
+	assert_int_equal(k->arrival_undos, 3);
 	assert_null(k->arrive);
 	assert_true(unchanged(snap));	/* bit for bit the version before */
 	free(snap);
