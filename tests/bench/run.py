@@ -10,10 +10,12 @@ figure:
     bench codec bytes_per_change=B sparse_vs_dense=R storage_bytes_per_change=S
     bench e2e link=L sparse_s=S dense_s=D line_rate_s=W speedup=X speedup_vs_line_rate=Y
         sync_s=T dense_versions=K/N sparse_floor_s=A dense_floor_s=B floor_ratio=F
-        on_arrival=K/N                                    (L = 1, 10, 100)
+        on_arrival=K/N floor_ratio_reached=G              (L = 1, 10, 100)
         floor_ratio = sync_s / min(sparse floor, dense floor), each stage of
         the floors measured alone in the same run (bench_e2e.py); on_arrival:
-        of the N sparse versions, K were applied as their parts arrived
+        of the N sparse versions, K were applied as their parts arrived;
+        floor_ratio_reached: the same floors at the rate a plain TCP stream
+        reached over the link in this run where that is below L
     bench stall ratio=X
     bench stall blocked_ratio=R step_overhead=R        (bench_stall.py, issue 18)
     bench memory daemon_peak_mb=A snapshot_mb=B reduction=P peak_incl_dense_mb=C
