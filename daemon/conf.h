@@ -23,7 +23,7 @@
 #define DCONF_MAX_STAGING    (64ull << 30)
 /* Payload part size (a source sends a pair's payload in parts of about
  * this many bytes while it still detects). */
-#define DCONF_DEFAULT_PART   (1ull << 20)
+#define DCONF_DEFAULT_PART   (256ull << 10)
 /* mark_table_size: the side tables' budget (daemon/side_table.h). */
 #define DCONF_DEFAULT_MARK_TABLE (256ull << 20)
 #define DCONF_MAX_MARK_TABLE (1ull << 40)

@@ -854,6 +854,18 @@ void jcap_chunk_release(void *chunk, void *cap)
 		bpool_trim(&cap_pool);
 }
 
+/* When a pair's part goes: at part_bytes, doubled each time the pair's
+ * part count doubles past 4096, so even a terabyte payload stays well
+ * inside JOB_MAX_PARTS (about 45000 parts at the 256 KiB default). */
+static size_t part_threshold(const struct jcap *c, const struct jcap_pair *p)
+{
+	size_t t = c->part_bytes;
+
+	for (uint32_t n = p->nparts; n >= 4096 && t < ((size_t)1 << 30); n >>= 1)
+		t <<= 1;
+	return t;
+}
+
 /* One pair's counts, partial checksums and payload: everything that reads
  * the source buffers.  Its payload goes in parts of about part_bytes, each
  * as soon as it is complete. */
@@ -903,7 +915,7 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 		p->changed += cnt;
 		if (--d->left == 0)
 			det_release(d);
-		if (p->raw.n > DTC_CHUNK_HDR && p->raw.n - DTC_CHUNK_HDR >= c->part_bytes &&
+		if (p->raw.n > DTC_CHUNK_HDR && p->raw.n - DTC_CHUNK_HDR >= part_threshold(c, p) &&
 		    (rc = flush_part(c, dets, ndets, pi, (uint32_t)(i + 1))) < 0)
 			return rc;
 	}

@@ -373,7 +373,7 @@ def write_e2e(w, res, e2e, snap, sc):
       "transfer time): %s. Where that is far below the setting, the link was not the limit. "
       "Sparse time is mostly capture: publish → answer, the one-pass detect over every "
       "entry (entries of at most 2^24 elements) with the expected checksum of every "
-      "element, on both cores; payload parts of about 1 MiB (whole entries) go out while later entries are still "
+      "element, on both cores; payload parts of about 256 KiB (whole entries) go out while later entries are still "
       "detected, COUNTS last (payloads raw, zstd_level 0), and the parked sink swaps each into "
       "its weights as it arrives (a scatter straight from the payload bytes that also sums "
       "the checksum change; a full verification pass every 16 versions). Then the tail: the "

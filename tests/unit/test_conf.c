@@ -31,7 +31,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.max_frame_bytes, 4u << 20);
 	assert_string_equal(c.compute_backend, "auto");
 	assert_int_equal(c.peer_listen_port, 7370);
-	assert_int_equal(c.peer_part_bytes, 1u << 20);
+	assert_int_equal(c.peer_part_bytes, 256u << 10);
 	assert_true(c.node_name[0] != '\0');
 }
 
