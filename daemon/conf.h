@@ -18,7 +18,7 @@
 #define DCONF_MAX_IDS        32
 #define DCONF_MIN_FRAME      1024u
 #define DCONF_MAX_FRAME      (256u * 1024u * 1024u)
-#define DCONF_DEFAULT_STAGING (64ull << 20)
+#define DCONF_DEFAULT_STAGING (16ull << 20)
 #define DCONF_MIN_STAGING    (1ull << 20)
 #define DCONF_MAX_STAGING    (64ull << 30)
 /* Payload part size (a source sends a pair's payload in parts of about

@@ -15,8 +15,9 @@ its cost estimates); the sync time is their median.  Its floor is
 
 each stage measured alone in the same run, on the core it runs on:
 detect = dted's own dtc_detect (with the checksum) over the model's
-element count in memfds (`bench_scan N lr memfd`, best round), before the
-trainer exists; reading θ and rounding = torch's FP32 → BF16 copy of the
+element count in memfds (`bench_scan N lr memfd`, best round), once before
+the trainer exists and again right before each link's versions (the VM's
+speed drifts minute to minute; each link's floor uses its own); reading θ and rounding = torch's FP32 → BF16 copy of the
 trainer's θ into BF16 buffers (RNE, one thread); the sink's dense write =
 a copy of the model's BF16 bytes into the sink engine's own weights; the
 sink's sparse apply = a scatter of the version's changed count of BF16
@@ -613,6 +614,13 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
             wait_plan(srcd, sink.parts[0])
             row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit)}
             log("e2e-detail: link=%dGbit plain TCP stream %.2f Gbit/s" % (gbit, row["tcp_gbit"]))
+            if floors:
+                # The detect alone again, right before this link's versions:
+                # this VM's speed drifts minute to minute (shared host), and
+                # the floor should be the machine the versions ran on.
+                row["detect_alone_s"] = detect_alone(model_elements(), src_core)
+                log("e2e-detail: alone: detect %.3f s before the %d Gbit/s versions" % (
+                    row["detect_alone_s"], gbit))
             # after the fresh sink's dense version, dted chooses ("auto")
             plan = [("dense", LR)] + [("sparse", LR)] * SPARSE_PER_LINK
             if cross and not mem_only:
@@ -738,7 +746,8 @@ def summarize(rows):
         row["wire_s"] = row["sparse_bytes"] / rate
         row["line_s"] = row["dense"]["bytes"] / rate
         if "detect_s" in alone and "alone_dense_write_s" in row:
-            row["sparse_floor_s"] = max(alone["detect_s"], row["wire_s"],
+            det = row.get("detect_alone_s", alone["detect_s"])
+            row["sparse_floor_s"] = max(det, row["wire_s"],
                                         row["alone_sparse_apply_s"])
             row["dense_floor_s"] = max(alone["read_round_s"], row["line_s"],
                                        row["alone_dense_write_s"])
@@ -750,7 +759,7 @@ def summarize(rows):
             # sender could have done here, next to the floor.
             reached = min(row["gbit"], row.get("tcp_gbit") or row["gbit"]) * 1e9 / 8
             row["floor_reached_s"] = min(
-                max(alone["detect_s"], row["sparse_bytes"] / reached,
+                max(det, row["sparse_bytes"] / reached,
                     row["alone_sparse_apply_s"]),
                 max(alone["read_round_s"], row["dense"]["bytes"] / reached,
                     row["alone_dense_write_s"]))

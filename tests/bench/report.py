@@ -342,11 +342,15 @@ def write_e2e(w, res, e2e, snap, sc):
       "dense floor): sparse floor = max(detect alone, sparse bytes at the link rate, the "
       "sink's sparse apply alone), dense floor = max(reading θ and rounding alone, dense "
       "bytes at the link rate, the sink's dense write alone), each stage measured alone in "
-      "the same run on its core (tests/bench/bench_e2e.py; detect alone here %s s). The "
+      "the same run on its core (tests/bench/bench_e2e.py; detect alone here %s s before "
+      "the trainer existed, and %s s right before each link's versions, which that link's "
+      "floor uses: this VM's speed drifts minute to minute). The "
       "dense and sparse times are for consecutive versions of the same run (the same model, "
       "one step apart), not literally the same version." % (
           n, "≥ 2^28" if n >= 1 << 28 else "BENCH_SMALL: below 2^28", 12 * n / 2**30,
-          2 * n / 2**30, "%.3f" % e2e["alone"]["detect_s"] if e2e.get("alone") else "-"))
+          2 * n / 2**30, "%.3f" % e2e["alone"]["detect_s"] if e2e.get("alone") else "-",
+          " / ".join("%.3f" % r["detect_alone_s"] for r in e2e["links"]
+                     if "detect_alone_s" in r) or "-"))
     w("")
     w("| link Gbit/s | dense s | dense bytes | sparse s | sparse bytes | changed % | wire s "
       "| sync s (dense of 5) | floor s | floor ratio | speedup | capture ms | transfer ms "
@@ -433,8 +437,7 @@ def write_e2e(w, res, e2e, snap, sc):
       "captured and the trainer may step again, DESIGN §6; bounding them to a few parts would "
       "keep the trainer waiting for the whole transfer of a dense version). The sink's figure "
       "includes its peer staging region once touched (conf/dted.conf `[peer] staging_size`, "
-      "64 MiB by default, registered with UCX once; earlier versions of this bench ran the "
-      "daemons with the system tests' 16 MiB). "
+      "16 MiB by default since parts became 256 KiB, 64 MiB before; registered with UCX once). "
       "VmHWM (peak RSS including mapped client memory): source %s MiB, sink %s MiB." % (
           e2e["peak_src_mb"], e2e["peak_sink_mb"], e2e["peak_mb"], e2e["snapshot_mb"],
           100 * (1 - e2e["peak_mb"] / e2e["snapshot_mb"]), e2e["all_src_mb"],
