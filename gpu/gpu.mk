@@ -52,6 +52,11 @@ $(B)/tests/bench_scan: gpu/bench_scan.c $(B)/lib/libdtecompute.a
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \
 		$(COMPUTE_LIBS)
 
+$(B)/tests/bench_detect_once: gpu/bench_detect_once.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) -O3 $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \
+		$(COMPUTE_LIBS)
+
 $(B)/tests/test_cuda: tests/gpu/test_cuda.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a \

@@ -7,7 +7,7 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
-bench: all $(B)/tests/bench_scan $(B)/tests/bench_codec $(B)/tests/bench_snapshot
+bench: all $(B)/tests/bench_scan $(B)/tests/bench_detect_once $(B)/tests/bench_codec $(B)/tests/bench_snapshot
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
 
 # The dense path alone, timed per stage, in about a minute (root, ip netns):

@@ -14,10 +14,13 @@ its cost estimates); the sync time is their median.  Its floor is
                        sink dense write alone)
 
 each stage measured alone in the same run, on the core it runs on:
-detect = dted's own dtc_detect (with the checksum) over the model's
-element count in memfds (`bench_scan N lr memfd`, best round), once before
-the trainer exists and again right before each link's versions (the VM's
-speed drifts minute to minute; each link's floor uses its own); reading θ and rounding = torch's FP32 → BF16 copy of the
+detect = dted's own dtc_detect (with the checksum) over the trainer's own
+θ, m, v right after the step, right before that version's publish
+(gpu/bench_detect_once.c, best of three after a warm-up), so every version
+has its own floor and floor_ratio is the median over the versions of sync
+time / floor (the VM's speed drifts minute to minute; `bench_scan N lr
+memfd` over synthetic arrays is also run before the trainer exists and
+before each link, for context); reading θ and rounding = torch's FP32 → BF16 copy of the
 trainer's θ into BF16 buffers (RNE, one thread); the sink's dense write =
 a copy of the model's BF16 bytes into the sink engine's own weights; the
 sink's sparse apply = a scatter of the version's changed count of BF16
@@ -484,6 +487,28 @@ def best_of(fn, reps=3):
     return min(t)
 
 
+def detect_once(tr, step, lr, core):
+    """dted's detect (with the checksum) alone over the trainer's own θ, m,
+    v right after its step (gpu/bench_detect_once.c: the three memfds
+    passed down, one warm-up round, best of three), one thread on `core`:
+    seconds.  Run right before each version's publish, so the version's
+    floor is the same memory, step and machine minute as its sync."""
+    fds = [tr.arenas[k].fd for k in ("param", "exp_avg", "exp_avg_sq")]
+    cmd = [os.path.join(B, "tests", "bench_detect_once")] + [str(f) for f in fds] + [
+        repr(lr), str(step), "0.01"]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, pass_fds=fds,
+                       env=dict(os.environ, DTC_CPU_THREADS="1"))
+    if r.returncode:
+        raise RuntimeError("bench_detect_once failed: %s" % r.stderr.strip())
+    for line in r.stdout.splitlines():
+        if line.startswith("detect-once:"):
+            kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+            return float(kv["best_s"])
+    raise RuntimeError("bench_detect_once printed no detect-once line")
+
+
 def detect_alone(n, core):
     """dted's detect (dtc_detect with the checksum, the daemon's one-pass
     op) over n elements of FP32 θ, m, v in memfds, one thread on `core`:
@@ -628,6 +653,9 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
             for mode, lr in plan:
                 on_core(src_core)
                 step, groups = tr.step(lr)
+                # this version's detect alone, on the memory it will read
+                det_v = detect_once(tr, step, lr, src_core) if floors and mode == "sparse" \
+                    else None
                 version += 1
                 m0 = metrics(snkd)
                 waiter = Parked(sink, snkd).start() if PARK else None
@@ -651,7 +679,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                     raise RuntimeError("version %d to a fresh sink went %s" % (version, got))
                 h = history(srcd, version)
                 m = {"version": version, "lr": lr, "total_s": t2 - t0, "publish_s": t1 - t0,
-                     "mode": got, "reason": h.get("reason", ""),
+                     "mode": got, "reason": h.get("reason", ""), "detect_alone_s": det_v,
                      "bytes": info["bytes"], "changed": info["changed"],
                      "elements": info["elements"], "capture_ms": h.get("capture_ms"),
                      "transfer_ms": h.get("transfer_ms"), "apply_ms": h.get("apply_ms"),
@@ -686,7 +714,8 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 log("e2e-detail:   parked=%d apply_on_arrival part=%d version=%d undo=%d "
                     "retreat=%d" % ((PARK,) + tuple(m["arrival"][e] for e in (
                         "part", "version", "undo", "retreat"))))
-                log("e2e-detail:   %s" % m["reason"])
+                log("e2e-detail:   %s%s" % (m["reason"], "" if det_v is None else
+                                              "; detect alone %.3f s" % det_v))
                 if mode == "dense":
                     row["dense"] = m
                 else:
@@ -753,6 +782,25 @@ def summarize(rows):
                                        row["alone_dense_write_s"])
             row["floor_s"] = min(row["sparse_floor_s"], row["dense_floor_s"])
             row["floor_ratio"] = row["sync_s"] / row["floor_s"]
+            # Each version against its own floor (its detect alone measured
+            # right before its publish, its own bytes at the line rate):
+            # the median of those ratios is the figure (the machine's
+            # speed drifts between versions; a ratio within one version
+            # does not).
+            per = []
+            for m in auto:
+                if m.get("detect_alone_s") is None:
+                    continue
+                fl = min(max(m["detect_alone_s"], m["bytes"] / rate,
+                             row["alone_sparse_apply_s"]), row["dense_floor_s"])
+                m["floor_s"] = fl
+                per.append(m["total_s"] / fl)
+            if per:
+                row["floor_s"] = statistics.median(m["floor_s"] for m in auto if "floor_s" in m)
+                row["sparse_floor_s"] = statistics.median(
+                    max(m["detect_alone_s"], m["bytes"] / rate, row["alone_sparse_apply_s"])
+                    for m in auto if "floor_s" in m)
+                row["floor_ratio"] = statistics.median(per)
             # The same floors at the rate a plain TCP stream reached over
             # this link in this run, where that is below the setting (on
             # a 2-core VM no TCP sender reaches 100 Gbit/s): what any
@@ -764,6 +812,13 @@ def summarize(rows):
                 max(alone["read_round_s"], row["dense"]["bytes"] / reached,
                     row["alone_dense_write_s"]))
             row["floor_ratio_reached"] = row["sync_s"] / row["floor_reached_s"]
+            dense_reached = max(alone["read_round_s"], row["dense"]["bytes"] / reached,
+                                row["alone_dense_write_s"])
+            per = [m["total_s"] / min(max(m["detect_alone_s"], m["bytes"] / reached,
+                                          row["alone_sparse_apply_s"]), dense_reached)
+                   for m in auto if m.get("detect_alone_s") is not None]
+            if per:
+                row["floor_ratio_reached"] = statistics.median(per)
     return rows
 
 

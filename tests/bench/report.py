@@ -342,9 +342,13 @@ def write_e2e(w, res, e2e, snap, sc):
       "dense floor): sparse floor = max(detect alone, sparse bytes at the link rate, the "
       "sink's sparse apply alone), dense floor = max(reading θ and rounding alone, dense "
       "bytes at the link rate, the sink's dense write alone), each stage measured alone in "
-      "the same run on its core (tests/bench/bench_e2e.py; detect alone here %s s before "
-      "the trainer existed, and %s s right before each link's versions, which that link's "
-      "floor uses: this VM's speed drifts minute to minute). The "
+      "the same run on its core (tests/bench/bench_e2e.py). The detect alone is dted's own "
+      "detect with the checksum over the trainer's very θ, m, v right after the step, run "
+      "right before that version's publish on the source's core (gpu/bench_detect_once.c, "
+      "best of three after a warm-up), so each version is compared with its own floor and "
+      "the floor ratio is the median over the versions of sync time / floor: this VM's "
+      "speed drifts minute to minute (bench_scan's detect alone over synthetic arrays: %s s "
+      "before the trainer existed, %s s before each link). The "
       "dense and sparse times are for consecutive versions of the same run (the same model, "
       "one step apart), not literally the same version." % (
           n, "≥ 2^28" if n >= 1 << 28 else "BENCH_SMALL: below 2^28", 12 * n / 2**30,
