@@ -11,8 +11,10 @@ figure:
     bench e2e link=L sparse_s=S dense_s=D line_rate_s=W speedup=X speedup_vs_line_rate=Y
         sync_s=T dense_versions=K/N sparse_floor_s=A dense_floor_s=B floor_ratio=F
         on_arrival=K/N floor_ratio_reached=G              (L = 1, 10, 100)
-        floor_ratio = sync_s / min(sparse floor, dense floor), each stage of
-        the floors measured alone in the same run (bench_e2e.py); on_arrival:
+        floor_ratio = sync time / min(sparse floor, dense floor), per version
+        against its own floor (its detect alone on the trainer's own memory
+        right before its publish), the median over the versions; each stage
+        of the floors measured alone in the same run (bench_e2e.py); on_arrival:
         of the N sparse versions, K were applied as their parts arrived;
         floor_ratio_reached: the same floors at the rate a plain TCP stream
         reached over the link in this run where that is below L
