@@ -377,8 +377,9 @@ def write_e2e(w, res, e2e, snap, sc):
       "column is what the two daemons themselves spent per sparse version (median), so the "
       "difference to the wall-clock time is time spent waiting: for a core on this shared "
       "machine, or for the link. "
-      "Link rate reached by the dense payload (its bytes over the source's capture→staged "
-      "transfer time): %s. Where that is far below the setting, the link was not the limit. "
+      "Link rate reached by the dense payload (its bytes over the time from the capture's "
+      "start to the sink applied, parts going out from the first entry on): %s Gbit/s. "
+      "Where that is far below the setting, the link was not the limit. "
       "Sparse time is mostly capture: publish → answer, the one-pass detect over every "
       "entry (entries of at most 2^24 elements) with the expected checksum of every "
       "element, on both cores; payload parts of about 256 KiB (whole entries) go out while later entries are still "
@@ -390,7 +391,7 @@ def write_e2e(w, res, e2e, snap, sc):
       "Both daemons, the trainer and the sink stand-in share this machine's 2 cores, so the "
       "sink's receive and the kernel's TCP work run on the cores the detect uses; two "
       "machines would not." % (
-          ", ".join("%d Gbit/s → %s" % (r["gbit"], _rate(r["dense"])) for r in e2e["links"])))
+          ", ".join("%d Gbit/s → %s" % (r["gbit"], _rate2(r["dense"])) for r in e2e["links"])))
     w("")
     w("![e2e](bench-e2e.png)")
     w("")
@@ -738,13 +739,6 @@ def dense_bound(e2e):
             "alone. A 100 Gbit/s link is out of reach for any TCP sender on this machine "
             "(the plain stream is the ceiling); a dense sync cannot finish before its last "
             "part is in, swapped and summed (DESIGN §2.3, §2.4).")
-
-
-def _rate(m):
-    t = m.get("transfer_ms")
-    if not isinstance(t, (int, float)) or t <= 0:
-        return "-"
-    return "%.2f Gbit/s" % (m["bytes"] * 8 / (t / 1e3) / 1e9)
 
 
 def _ms(x):
