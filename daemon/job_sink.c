@@ -1961,53 +1961,46 @@ static void undo_all(struct jarrive *a)
 			struct dbuf *b = a->bufs[w->slot[i]];
 			uint64_t got = 0, d = 0;
 
-			if (w->dense)
+			if (w->dense) {
 				(void)dtc_dense_swap_payload(dtc_backend_cpu(), &w->e[i].map,
 							     data + w->eoff[m], (size_t)w->elen[m],
 							     b->ptr, b->length, &d);
-			else
+			} else {
 				(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map,
 							      data + w->eoff[m],
 							      (size_t)w->elen[m], b->ptr, b->length,
 							      &got, &d);
-			if (!w->dense)
 				a->delta[w->slot[i]] += d;	/* back to 0 once all are undone */
+			}
 			w->nswapped = m;
 		}
 	}
 }
 
-/* Whether every part of the version was dense (so every entry of it was
- * swapped in whole, arrive_cover having checked they cover the pairs). */
-static int arrive_all_dense(const struct jarrive *a)
+/* How many of the version's parts are dense. */
+static size_t arrive_dense_parts(const struct jarrive *a)
 {
-	for (size_t k = 0; k < a->nsw; k++)
-		if (!a->sw[k].dense)
-			return 0;
-	return a->nsw > 0;
-}
+	size_t n = 0;
 
-/* Whether some part was dense (its changes are not in delta). */
-static int arrive_any_dense(const struct jarrive *a)
-{
 	for (size_t k = 0; k < a->nsw; k++)
-		if (a->sw[k].dense)
-			return 1;
-	return 0;
+		n += a->sw[k].dense != 0;
+	return n;
 }
 
 /* Worker: the sums of the version's boxes, as the apply checks them. */
 static void arrive_verify(struct jarrive *a)
 {
 	struct jstaged *st = a->st;
+	size_t dense = arrive_dense_parts(a);
 	int incremental;
 
 	a->key = verify_key(a->bufs, st);
 	/* A dense part's changes are not in delta: no incremental sums. */
 	incremental = a->vkey && a->key == a->vkey && a->since_full + 1 < a->full_every &&
-		      !arrive_any_dense(a);
-	if (arrive_all_dense(a)) {
-		/* Every entry of the version was swapped in whole and summed
+		      !dense;
+	if (dense && dense == a->nsw) {
+		/* Every part dense, so every entry of the version (arrive_cover
+		 * checked they cover the pairs) was swapped in whole and summed
 		 * from the buffer right after its swap: that is the full pass
 		 * over the boxes, already done part by part. */
 		memcpy(a->sum, a->dsum, a->nbufs * sizeof(*a->sum));
@@ -2518,16 +2511,21 @@ static int arrive_pair_ok(struct job *j, struct jlocal *l, uint64_t src)
 	return 1;
 }
 
+/* Whether a record of this mode and base goes onto what l holds: dense
+ * replaces every element whatever the buffers hold; sparse needs them at
+ * its base. */
+static int arrive_base_ok(const struct jlocal *l, int mode, uint64_t base)
+{
+	return mode == DTEP__MODE__MODE_DENSE ||
+	       (mode == DTEP__MODE__MODE_SPARSE && base == jsink_cof(l)->applied);
+}
+
 /* Whether source s's COUNTS lets its version go on arrival at l. */
 static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *s)
 {
 	const Dtep__Counts *c = s->counts;
 
-	/* Dense replaces every element whatever the buffers hold. */
-	if (!c || (c->mode != DTEP__MODE__MODE_DENSE &&
-		   (c->mode != DTEP__MODE__MODE_SPARSE || c->base_version != jsink_of(l)->applied)))
-		return 0;
-	return arrive_pair_ok(j, l, s->src);
+	return c && arrive_base_ok(l, c->mode, c->base_version) && arrive_pair_ok(j, l, s->src);
 }
 
 /* Whether part pt of source s can be swapped in at l before its COUNTS:
@@ -2535,9 +2533,7 @@ static int arrive_fits(struct job *j, struct jlocal *l, const struct jpend_src *
 static int arrive_part_fits(struct job *j, struct jlocal *l, const struct jpend_src *s,
 			    const struct jpart *pt)
 {
-	return pt->cnt &&
-	       (pt->mode == DTEP__MODE__MODE_DENSE || pt->base == jsink_of(l)->applied) &&
-	       arrive_pair_ok(j, l, s->src);
+	return pt->cnt && arrive_base_ok(l, pt->mode, pt->base) && arrive_pair_ok(j, l, s->src);
 }
 
 /* Whether sink l can take version p on arrival now: parked, nothing
