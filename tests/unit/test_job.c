@@ -1196,11 +1196,24 @@ static void feed_rec(const struct rec *r)
 }
 
 /* A held part fed with its fields changed. */
+/* Record r delivered with header m (r's own, decoded and edited) in
+ * place of its own; its data as it is. */
+static void feed_as(const struct rec *r, const ProtobufCMessage *m)
+{
+	struct rec x = *r;
+
+	x.mlen = protobuf_c_message_get_packed_size(m);
+	x.msg = malloc(x.mlen ? x.mlen : 1);
+	assert_non_null(x.msg);
+	protobuf_c_message_pack(m, x.msg);
+	feed_rec(&x);
+	free(x.msg);
+}
+
 static void feed_part_as(const struct rec *r, int64_t part, int64_t first, int64_t entries,
 			 uint64_t version)
 {
 	Dtep__Payload *m = dtep__payload__unpack(NULL, r->mlen, r->msg);
-	struct rec x = *r;
 
 	assert_non_null(m);
 	if (part >= 0)
@@ -1211,11 +1224,7 @@ static void feed_part_as(const struct rec *r, int64_t part, int64_t first, int64
 		m->entries = (uint32_t)entries;
 	if (version)
 		m->version = version;
-	x.mlen = protobuf_c_message_get_packed_size(&m->base);
-	x.msg = malloc(x.mlen);
-	protobuf_c_message_pack(&m->base, x.msg);
-	feed_rec(&x);
-	free(x.msg);
+	feed_as(r, &m->base);
 	dtep__payload__free_unpacked(m, NULL);
 }
 
@@ -1417,14 +1426,10 @@ static void test_parts(void **state)
 	refused0 = j->refused;
 	{
 		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[0].mlen, held_recs[0].msg);
-		struct rec x = held_recs[0];
 
+		assert_non_null(m);
 		m->epoch = j->epoch + 5;
-		x.mlen = protobuf_c_message_get_packed_size(&m->base);
-		x.msg = malloc(x.mlen);
-		protobuf_c_message_pack(&m->base, x.msg);
-		feed_rec(&x);
-		free(x.msg);
+		feed_as(&held_recs[0], &m->base);
 		dtep__payload__free_unpacked(m, NULL);
 	}
 	assert_true(j->refused > refused0);
@@ -1657,15 +1662,11 @@ static void test_arrival(void **state)
 	snapshot(&snap);
 	for (size_t i = 0; i + 1 < nheld; i++) {
 		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[i].mlen, held_recs[i].msg);
-		struct rec x = held_recs[i];
 
+		assert_non_null(m);
 		m->n_counts = 0;
 		m->base_version = 0;
-		x.mlen = protobuf_c_message_get_packed_size(&m->base);
-		x.msg = malloc(x.mlen);
-		protobuf_c_message_pack(&m->base, x.msg);
-		feed_rec(&x);
-		free(x.msg);
+		feed_as(&held_recs[i], &m->base);
 		dtep__payload__free_unpacked(m, NULL);
 	}
 	assert_null(k->arrive);
@@ -1691,7 +1692,6 @@ static void test_arrival(void **state)
 	{
 		Dtep__Counts *m = dtep__counts__unpack(NULL, held_recs[nheld - 1].mlen,
 						       held_recs[nheld - 1].msg);
-		struct rec x = held_recs[nheld - 1];
 		uint64_t refused0 = j->refused, undos0 = k->arrival_undos;
 		size_t e = 0;
 
@@ -1700,11 +1700,7 @@ static void test_arrival(void **state)
 			e++;
 		assert_true(e < m->n_counts);
 		m->counts[e]--;
-		x.mlen = protobuf_c_message_get_packed_size(&m->base);
-		x.msg = malloc(x.mlen);
-		protobuf_c_message_pack(&m->base, x.msg);
-		feed_rec(&x);
-		free(x.msg);
+		feed_as(&held_recs[nheld - 1], &m->base);
 		dtep__counts__free_unpacked(m, NULL);
 		spin();
 		assert_true(j->refused > refused0);
