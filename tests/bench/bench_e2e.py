@@ -63,6 +63,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
+import harness  # noqa: E402
 from cluster_sync_lib import B, DTED, Daemon  # noqa: E402
 from dte import _lib, qwen3, sglang  # noqa: E402
 from dte.shm import Arena  # noqa: E402
@@ -408,16 +409,10 @@ def metrics(d):
     if r.returncode != 0:
         raise RuntimeError("dtectl metrics on %s failed (rc %d): %s" % (
             d.name, r.returncode, r.stderr))
-    out = {}
-    for line in r.stdout.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
+    return harness.parse_metrics(r.stdout)
 
 
-def arrival(m, event):
-    return m.get('dted_apply_on_arrival_total{event="%s"}' % event, 0.0)
+arrival = harness.arrival_count
 
 
 class Parked:
@@ -494,37 +489,33 @@ def detect_once(tr, step, lr, core):
     seconds.  Run right before each version's publish, so the version's
     floor is the same memory, step and machine minute as its sync."""
     fds = [tr.arenas[k].fd for k in ("param", "exp_avg", "exp_avg_sq")]
-    cmd = [os.path.join(B, "tests", "bench_detect_once")] + [str(f) for f in fds] + [
-        repr(lr), str(step), "0.01"]
+    kv = pinned_tool("bench_detect_once", [str(f) for f in fds] + [repr(lr), str(step), "0.01"],
+                     core, "detect-once:", 600, pass_fds=fds)
+    return float(kv["best_s"])
+
+
+def pinned_tool(name, args, core, prefix, timeout, **kw):
+    """$B/tests/<name> args, one compute thread, pinned to `core`: the
+    key=value pairs of its output line starting with prefix."""
+    cmd = [os.path.join(B, "tests", name)] + args
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, pass_fds=fds,
-                       env=dict(os.environ, DTC_CPU_THREADS="1"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, DTC_CPU_THREADS="1"), **kw)
     if r.returncode:
-        raise RuntimeError("bench_detect_once failed: %s" % r.stderr.strip())
+        raise RuntimeError("%s failed: %s" % (name, r.stderr.strip()))
     for line in r.stdout.splitlines():
-        if line.startswith("detect-once:"):
-            kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
-            return float(kv["best_s"])
-    raise RuntimeError("bench_detect_once printed no detect-once line")
+        if line.startswith(prefix):
+            return dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+    raise RuntimeError("%s printed no %s line" % (name, prefix))
 
 
 def detect_alone(n, core):
     """dted's detect (dtc_detect with the checksum, the daemon's one-pass
     op) over n elements of FP32 θ, m, v in memfds, one thread on `core`:
     bench_scan's best round, seconds."""
-    cmd = [os.path.join(B, "tests", "bench_scan"), str(n), str(LR), "memfd"]
-    if core is not None:
-        cmd = ["taskset", "-c", str(core)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                       env=dict(os.environ, DTC_CPU_THREADS="1"))
-    if r.returncode:
-        raise RuntimeError("bench_scan failed: %s" % r.stderr.strip())
-    for line in r.stdout.splitlines():
-        if line.startswith("scan-detail:"):
-            kv = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
-            return float(kv["detect_csum_s"])
-    raise RuntimeError("bench_scan printed no scan-detail line")
+    kv = pinned_tool("bench_scan", [str(n), str(LR), "memfd"], core, "scan-detail:", 1800)
+    return float(kv["detect_csum_s"])
 
 
 def on_core(core):

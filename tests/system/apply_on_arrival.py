@@ -47,16 +47,10 @@ def metrics(sock):
     r = harness.dtectl(sock, "metrics", check=False)
     if r.returncode != 0:
         raise RuntimeError("dtectl metrics failed (rc %d): %s" % (r.returncode, r.stderr))
-    out = {}
-    for line in r.stdout.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
+    return harness.parse_metrics(r.stdout)
 
 
-def arrival(m, event):
-    return m.get('dted_apply_on_arrival_total{event="%s"}' % event, 0.0)
+arrival = harness.arrival_count
 
 
 def wait_for(what, pred, deadline_s):

@@ -124,6 +124,22 @@ def dtectl(sock, *args, **kw):
                           text=True, **kw)
 
 
+def parse_metrics(text):
+    """`dtectl metrics` output (Prometheus text) as {name{labels}: value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def arrival_count(m, event):
+    """dted_apply_on_arrival_total{event} in a parse_metrics() dict (0 when
+    the daemon has not counted any yet)."""
+    return m.get('dted_apply_on_arrival_total{event="%s"}' % event, 0.0)
+
+
 # ---------------------------------------------------------------- checking
 def groups_of(rec):
     """A captured step's optimizer groups as the dicts publish takes."""

@@ -47,15 +47,7 @@ def metrics(d):
     if r.returncode != 0:
         print("dtectl metrics failed (rc %d): %s" % (r.returncode, r.stderr.strip()), flush=True)
         return None
-    out = {}
-    for line in r.stdout.splitlines():
-        if line and not line.startswith("#"):
-            k, _, val = line.rpartition(" ")
-            try:
-                out[k] = float(val)
-            except ValueError:
-                pass
-    return out
+    return harness.parse_metrics(r.stdout)
 
 
 def refused_total(m):
