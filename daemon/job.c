@@ -688,6 +688,7 @@ static void prefault_run(struct jtask *t)
 {
 #ifdef MADV_POPULATE_READ
 	struct jprefault *p = (struct jprefault *)t;
+	const size_t chunk = (size_t)2 << 20;
 
 	for (size_t i = 0; i < p->n && !jeng.stopping; i++) {
 		const struct dbuf *b = p->bufs[i];
@@ -696,9 +697,8 @@ static void prefault_run(struct jtask *t)
 		 * loop's own mmap and munmap never wait long behind it (64 MiB chunks
 		 * stalled it 150 ms under ASan), and shutdown does not wait for a
 		 * whole model. */
-		for (size_t off = 0; off < b->map_len && !jeng.stopping; off += (size_t)2 << 20) {
-			size_t len = b->map_len - off < ((size_t)2 << 20) ? b->map_len - off
-									  : (size_t)2 << 20;
+		for (size_t off = 0; off < b->map_len && !jeng.stopping; off += chunk) {
+			size_t len = b->map_len - off < chunk ? b->map_len - off : chunk;
 
 			if (madvise((uint8_t *)b->map + off, len, MADV_POPULATE_READ) < 0)
 				break;	/* not supported, or a hole it cannot fill: touched later */

@@ -435,8 +435,7 @@ void jsrc_parts_ready(uv_async_t *h)
 
 /* COUNTS of a captured pair, after all its parts; -1 when it could not go
  * (that sink misses this version). */
-static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair *cp,
-		     uint64_t base)
+static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair *cp)
 {
 	Dtep__Counts m = DTEP__COUNTS__INIT;
 	Dtep__JobRef ref;
@@ -458,7 +457,7 @@ static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair
 	m.job = &ref;
 	m.epoch = j->epoch;
 	m.version = c->version;
-	m.base_version = cp->sparse ? base : 0;
+	m.base_version = cp->sparse ? c->base : 0;
 	m.mode = cp->sparse ? DTEP__MODE__MODE_SPARSE : DTEP__MODE__MODE_DENSE;
 	m.src = c->participant;
 	m.dst = cp->dst;
@@ -712,7 +711,6 @@ static void hist_reason(struct jhist *h, const struct jcap_pair *cp)
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
 	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
-	uint64_t base = jsource_of(l)->last_version;
 	uint32_t sinks = 0;
 	struct jhist *h;
 
@@ -785,7 +783,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 				pair_sm_event(&p->sm, PAIR_EV_REPAIR, c->version, j->epoch);
 			continue;
 		}
-		rc = send_pair(j, c, cp, base);
+		rc = send_pair(j, c, cp);
 		if (rc < 0) {
 			/* that sink misses this version; the rest proceed */
 			pair_sm_event(&p->sm, PAIR_EV_SEND_FAILED, c->version, j->epoch);

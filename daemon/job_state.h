@@ -407,7 +407,7 @@ struct jcap {
 	uint64_t participant, conn;
 	uint32_t req_id;
 	uint64_t epoch, version;
-	uint64_t base;            /* the source's last version: sparse parts' base */
+	uint64_t base;            /* the source's last version at publish: the sparse base (PAYLOAD, COUNTS) */
 	int64_t step;
 	int scan;                 /* OR this step into the dirty bitmaps */
 	int detect;               /* JDETECT_* of the job */
