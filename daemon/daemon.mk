@@ -8,7 +8,7 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_local.c \
                daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
-               daemon/bufpool.c
+               daemon/bufpool.c daemon/recvpool.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
 DAEMON_SRCS += daemon/derr.c
 # The reply a control handler builds, below dispatch.c (no call loop).
@@ -89,3 +89,6 @@ SYSTEM_TESTS += tests/system/ops.py
 # writes, SGLang sinks' groups read (tests/system/storage_sync.py).
 SYSTEM_TESTS += tests/system/storage_sync.py
 UNIT_TESTS   += test_job_storage
+
+# A fresh sink's receive arena (daemon/recvpool.h).
+UNIT_TESTS += test_recvpool

@@ -19,6 +19,7 @@
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/recvpool.h"
 #include "daemon/route.h"
 #include "daemon/sink_sm.h"
 #include "gpu/backend.h"
@@ -86,7 +87,7 @@ static void staged_free(struct jstaged *s)
 		free(s->w[i].val);
 	}
 	for (size_t i = 0; i < s->nheld; i++)
-		free(s->held[i]);
+		recvpool_free(s->held[i]);
 	free(s->held);
 	free(s->isum);
 	free(s->w);
@@ -109,7 +110,7 @@ static void staged_drop_data(struct jstaged *st)
 		st->w[i].enc_len = 0;
 	}
 	for (size_t i = 0; i < st->nheld; i++)
-		free(st->held[i]);
+		recvpool_free(st->held[i]);
 	st->nheld = 0;
 }
 
@@ -119,7 +120,7 @@ static void pend_src_clear(struct jpend_src *s)
 		dtep__counts__free_unpacked(s->counts, NULL);
 	s->counts = NULL;
 	for (size_t k = 0; k < s->nparts; k++) {
-		free(s->parts[k].data);
+		recvpool_free(s->parts[k].data);
 		free(s->parts[k].cnt);
 	}
 	free(s->parts);
@@ -247,6 +248,8 @@ void jsink_free(struct jlocal *l)
 		arrive_orphan(a);
 	}
 	jops_sink_free(l);
+	recvpool_retire(k->rpool);
+	k->rpool = NULL;
 	free(k->vsum);
 	k->vsum = NULL;
 	k->vkey = 0;
@@ -771,7 +774,7 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 		if (encoded) {
 			st->held[st->nheld++] = raw ? raw : pt->data;
 			if (raw)
-				free(pt->data);
+				recvpool_free(pt->data);
 			pt->data = NULL;
 		} else {
 			free(raw);
@@ -1338,9 +1341,11 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		pt->mode = m->mode;
 	}
 	/* A large part that landed in memory of its own is kept as it is
-	 * (the router hands it over); anything else is copied. */
+	 * (the router hands it over); anything else is copied, into the
+	 * sink's arena while it has one (recvpool.h: a fresh sink's dense
+	 * version). */
 	if (!(pt->data = route_take_data(data))) {
-		if (!(pt->data = malloc(len))) {
+		if (!(pt->data = recvpool_get(len)) && !(pt->data = malloc(len))) {
 			free(pt->cnt);
 			pt->cnt = NULL;
 			return;
@@ -1639,6 +1644,17 @@ static void apply_done(struct jtask *t, int cancelled)
 		dmetrics_add(DM_APPLY_VERIFY, r->incremental ? "incremental" : "full", 1);
 	}
 	jsink_of(l)->applied = a->last->version;
+	/* The first version is in: the arena it was received into goes once
+	 * its last piece is back (recvpool.h). */
+	if (jsink_of(l)->rpool) {
+		struct recvpool_stats rs;
+
+		recvpool_stats(&rs);
+		DLOG_I("job %s: sink %llx: first version applied, arena retired (%lu pieces out, %lu carved)",
+		       j->name, (unsigned long long)l->info.id, rs.out, rs.carved);
+	}
+	recvpool_retire(jsink_of(l)->rpool);
+	jsink_of(l)->rpool = NULL;
 	jops_applied(l, a->last);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
 	if (!r->ok) {
@@ -1816,7 +1832,7 @@ static int arrive_part_fits(struct job *j, struct jlocal *l, const struct jpend_
 
 static void aswap_free(struct jaswap *w)
 {
-	free(w->data);
+	recvpool_free(w->data);
 	free(w->e);
 	free(w->cnt);
 	free(w->slot);

@@ -128,6 +128,7 @@ struct jwrite {
 };
 
 struct jarrive;
+struct recvpool;
 
 struct jstaged {
 	uint64_t version;
@@ -223,6 +224,9 @@ struct jsink {
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
+	/* A fresh sink's receive arena (recvpool.h), retired once its first
+	 * version is applied; NULL: none. */
+	struct recvpool *rpool;
 };
 
 /* A role accessor used on the other role: a bug in the daemon, never

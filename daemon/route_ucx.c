@@ -22,6 +22,7 @@
 #include "daemon/bufpool.h"
 #include "daemon/conf.h"
 #include "daemon/log.h"
+#include "daemon/recvpool.h"
 #include "daemon/registry.h"
 #include "daemon/route_ucx.h"
 #include "proto/peer.pb-c.h"
@@ -43,10 +44,11 @@ struct rmsg {                  /* one record queued or in flight */
 	uint8_t buf[];
 };
 
-struct rslot {                 /* a staging extent handed to UCX */
+struct rslot {                 /* a staging extent or arena piece handed to UCX */
 	struct rslot *next;
 	uint8_t *p;
 	size_t len;
+	int arena;                 /* a piece of a sink's arena (recvpool.h) */
 };
 
 struct rfree {                 /* a free staging extent (sorted by offset) */
@@ -114,6 +116,7 @@ struct droute_ucx {
 	struct rfree *free_ext;
 	struct droute_ucx_stats st;
 	size_t parked_bytes;       /* held by every node's parked list */
+	void *lend_arena;          /* the arena piece being delivered (droute_ucx_take) */
 	void (*close_cb)(void *);
 	void *close_arg;
 	char listen_error[160];    /* the listener's last bind failure ("" once bound) */
@@ -247,7 +250,10 @@ static void slots_release(struct droute_ucx *r, struct rlink *l)
 
 	while ((s = l->inflight)) {
 		l->inflight = s->next;
-		stage_free(r, s->p, s->len);
+		if (s->arena)
+			recvpool_free(s->p);
+		else
+			stage_free(r, s->p, s->len);
 		free(s);
 	}
 }
@@ -851,12 +857,18 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 	struct rlink *l = dte_peer_get_data(peer);
 	struct rnode *n = l ? l->node : NULL;
 	int staged = in_stage(r, data), kept = 0;
+	int arena = !staged && len && recvpool_owns(data);
 	const uint8_t *msg = hdr;
 	size_t msglen = hlen, slen = 0;
 	uint64_t key, version = 0;
 
 	if (staged)
 		slen = l ? slot_take(l, data) : 0;
+	if (arena) {
+		if (l)
+			slot_take(l, data);
+		r->lend_arena = data;	/* the engine may take it as it is */
+	}
 	if (!n || l->stale) {
 		r->st.bad++;
 		goto out;
@@ -930,12 +942,22 @@ out:
 	}
 	if (staged)
 		r->st.staged++;
+	if (arena) {
+		/* Not taken (or parked as a copy): back to its arena. */
+		if (r->lend_arena == data)
+			recvpool_free(data);
+		r->lend_arena = NULL;
+	}
 }
 
 void *droute_ucx_take(struct droute_ucx *r, const void *data)
 {
 	void *p = r ? dte_peer_take(&r->ctx, data) : NULL;
 
+	if (!p && r && data && data == r->lend_arena) {
+		p = r->lend_arena;	/* an arena piece: recvpool_free() gives it back */
+		r->lend_arena = NULL;
+	}
 	if (p)
 		r->st.handed++;
 	return p;
@@ -956,7 +978,14 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 	 * every byte to free the extent again. */
 	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && len >= DROUTE_DIRECT_MIN) {
 		r->st.direct++;
-		return NULL;
+		/* A fresh sink's dense version: memory faulted in ahead. */
+		if (!(p = recvpool_get(len)) || !(s = malloc(sizeof(*s)))) {
+			recvpool_free(p);
+			return NULL;
+		}
+		*s = (struct rslot){ .next = l->inflight, .p = p, .len = len, .arena = 1 };
+		l->inflight = s;
+		return p;
 	}
 	if (len < STAGE_MIN || !r->stage)
 		return NULL;
@@ -970,6 +999,7 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 	}
 	s->p = p;
 	s->len = len;
+	s->arena = 0;
 	s->next = l->inflight;
 	l->inflight = s;
 	return p;

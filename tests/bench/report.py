@@ -709,15 +709,17 @@ def dense_bound(e2e):
         cpu_txt = (" The two daemons together spent %s CPU seconds on the dense versions "
                    "(%s of wall time: the rest of the wall time their threads waited for a core "
                    "or for the link); page faults are the first write of memory the version "
-                   "needs: the payload parts in flight at the source and, at the sink, the "
-                   "receive buffers, which hold the old weights once their part is swapped "
-                   "in, until the whole version is verified (no torn versions, DESIGN §2.4), "
-                   "each a fresh page per 4 KiB, about 20 ms per 32 MiB on this "
-                   "VM against 2 ms for a write to memory already mapped; the parts the source "
-                   "frames reuse the buffers of parts already sent (daemon/bufpool.c) and UCX "
-                   "sends each from the capture's own buffer (no router copy), and the sink "
-                   "keeps each large part in the buffer UCX received it into (no copy out of "
-                   "staging)." % (
+                   "needs, each a fresh page per 4 KiB, about 10-20 ms per 32 MiB on this VM "
+                   "against 2 ms for a write to memory already mapped: at the source, the "
+                   "payload parts in flight (the parts it frames reuse the buffers of parts "
+                   "already sent, daemon/bufpool.c, and UCX sends each from the capture's own "
+                   "buffer, no router copy); at the sink, the receive buffers, which hold the "
+                   "old weights once their part is swapped in, until the whole version is "
+                   "verified (no torn versions, DESIGN §2.4). A fresh sink knows its first "
+                   "version is dense, so those buffers come from an arena populated while it "
+                   "waits for that version (daemon/recvpool.h): its faults are left to the "
+                   "weights' own pages, and UCX receives each large part straight into the "
+                   "arena (no copy out of staging)." % (
                        " / ".join("%.2f" % c for c, _, _, _ in cpu),
                        " / ".join("%.0f %%" % (100 * c / t) for c, t, _, _ in cpu)))
         lo = min(c for c, _, _, _ in cpu)
@@ -725,10 +727,10 @@ def dense_bound(e2e):
                     "cores to the two daemons and nothing else running, %.2f CPU seconds take "
                     "at least %.2f s of wall time, so the dense bytes could reach at most %.1f "
                     "Gbit/s; %.0f %% of a 10 Gbit/s link (%.2f s) is out of reach here without "
-                    "taking CPU work out of the dense path (each byte is written into fresh "
-                    "memory twice: the source's part while it waits for the link and the "
-                    "sink's receive buffer; the source's one core also runs its TCP sends "
-                    "and the read of θ; the sink's swaps and sums run as the parts arrive)."
+                    "taking CPU work out of the dense path (the source's one core reads θ, "
+                    "writes each part into fresh memory while it waits for the link and "
+                    "runs its TCP sends; the sink's receive, swaps and sums run as the parts "
+                    "arrive)."
                     % (
                         lo, lo / 2, cpu[0][3] * 8 / (lo / 2) / 1e9, 90,
                         cpu[0][3] * 8 / 9e9))

@@ -34,7 +34,7 @@ fi
 # docs/SYNC.md's Layers and the helpers they stand on.  None holds one:
 # a bare -1 anywhere in them fails here.
 engine=$(ls daemon/job*.c daemon/job*.h daemon/route.c daemon/route.h daemon/buf.c \
-	 daemon/bufpool.c daemon/registry.c daemon/sink_sm.c daemon/pair_sm.c \
+	 daemon/bufpool.c daemon/recvpool.c daemon/registry.c daemon/sink_sm.c daemon/pair_sm.c \
 	 daemon/coord_sm.c daemon/side_table.c 2>/dev/null | sort)
 ne=$(printf '%s\n' "$engine" | grep -c .)
 if [ "$ne" -lt 20 ]; then

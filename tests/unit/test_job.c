@@ -22,6 +22,7 @@
 #include <cmocka.h>
 #include "tests/unit/slurp.h"
 #include <uv.h>
+#include "daemon/recvpool.h"
 #include "daemon/buf.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
@@ -753,6 +754,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	char err[512];
 	void *snap;
 	uint64_t box0, refused0;
+	struct recvpool_stats rs0;
 
 	jc.name = "tj";
 	jc.model_config = config;
@@ -798,6 +800,11 @@ static void test_sync_and_misbehaving_peer(void **state)
 				    (long)(ls->bufs[b]->map_len & ~(size_t)4095));
 		for (size_t b = 0; b < lk->nbufs; b++)
 			assert_int_equal(smaps_rss_kb(lk->bufs[b]->map), 0);
+		/* The fresh sink has an arena for its first (dense) version
+		 * (recvpool.h); the source none. */
+		assert_non_null(jsink_cof(lk)->rpool);
+		recvpool_stats(&rs0);
+		assert_true(rs0.arenas >= 1);
 	}
 
 	/* v1 dense, v2 sparse: both exact. */
@@ -807,6 +814,17 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(staged(), 1);
 	apply_ok(1);
 	check_exact();
+	/* Its first version applied, the sink's arena is retired and goes
+	 * (on its own thread; nothing of it is out: delivery here is local). */
+	assert_null(jsink_cof(job_local(j, sink.participant))->rpool);
+	{
+		struct recvpool_stats rs;
+		struct timespec ts = { 0, 1000000 };
+
+		for (int k = 0; k < 10000 && (recvpool_stats(&rs), rs.arenas >= rs0.arenas); k++)
+			nanosleep(&ts, NULL);
+		assert_int_equal(rs.arenas, rs0.arenas - 1);
+	}
 	adamw_step(2, 22);
 	publish_again_busy = 1;
 	assert_int_equal(publish(2, 2, &pr), 0);

@@ -18,6 +18,7 @@
 
 #include "daemon/conf.h"
 #include "daemon/log.h"
+#include "daemon/recvpool.h"
 #include "daemon/route_ucx.h"
 #include "proto/peer.pb-c.h"
 
@@ -556,6 +557,74 @@ static void test_payload_direct_take(void **state)
 	free(d2);
 }
 
+/* With an arena prepared (a fresh sink's, daemon/recvpool.h), a large
+ * PAYLOAD is received into it: a taken one is a piece of the arena, intact
+ * after the callback, out until the engine gives it back; one not taken
+ * goes back to the arena when the callback returns.  Once the arena is
+ * retired, large payloads get memory of their own again, and the arena
+ * goes when its last piece is back. */
+static void test_payload_arena(void **state)
+{
+	struct side a, b;
+	uint8_t h[256];
+	size_t n, big = DROUTE_DIRECT_MIN + 4096;
+	uint8_t *d1 = pattern_buf(1, big), *d2 = pattern_buf(2, big), *d3 = pattern_buf(3, big);
+	struct recvpool *arena = recvpool_prepare(2 * big + 4096);
+	struct recvpool_stats rs0, rs;
+	struct droute_ucx_stats st;
+
+	assert_non_null(arena);
+	recvpool_stats(&rs0);
+	next_any_order = 1;
+	side_start(&b, "sink", 1, 0);
+	next_any_order = 0;
+	side_start(&a, "source", 0, 0);
+	b.take = 1;
+	n = pack_payload(h, 1, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
+						h, n, d1, big), 0);
+	assert_true(wait_got(&b, 1));
+	b.take = 0;
+	n = pack_payload(h, 2, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d2, big), 0);
+	assert_true(wait_got(&b, 2));
+	assert_true(b.got[0].data_ok && b.got[1].data_ok);
+	assert_int_equal(b.got[0].version, 1);
+	assert_non_null(b.got[0].taken);
+	assert_true(recvpool_owns(b.got[0].taken));
+	for (size_t i = 0; i < big; i += 4093)
+		assert_int_equal(((uint8_t *)b.got[0].taken)[i], pattern(1, i));
+	assert_null(b.got[1].taken);
+	recvpool_stats(&rs);
+	assert_int_equal(rs.carved - rs0.carved, 2);
+	assert_int_equal(rs.out - rs0.out, 1);	/* v2's piece is back */
+	/* Retired: the next large payload is received into memory of its own. */
+	recvpool_retire(arena);
+	b.take = 1;
+	n = pack_payload(h, 3, 10, 20);
+	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d3, big), 0);
+	assert_true(wait_got(&b, 3));
+	assert_true(b.got[2].data_ok);
+	assert_non_null(b.got[2].taken);
+	assert_false(recvpool_owns(b.got[2].taken));
+	droute_ucx_stats(b.r, &st);
+	assert_int_equal(st.direct, 3);
+	assert_int_equal(st.handed, 2);
+	recvpool_free(b.got[2].taken);	/* free()'d: not the arena's */
+	recvpool_stats(&rs);
+	assert_int_equal(rs.arenas, rs0.arenas);
+	recvpool_free(b.got[0].taken);
+	for (int k = 0; k < 1000 && (recvpool_stats(&rs), rs.arenas == rs0.arenas); k++)
+		usleep(10000);
+	assert_int_equal(rs.arenas, rs0.arenas - 1);
+
+	side_stop(&a);
+	side_stop(&b);
+	free(d1);
+	free(d2);
+	free(d3);
+}
+
 /* A PAYLOAD whose COUNTS never comes is dropped after the timeout and
  * its staging extent returned (the region is reused afterwards). */
 static void test_park_expiry(void **state)
@@ -858,6 +927,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_payload_before_counts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_any_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_direct_take, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_payload_arena, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_expiry, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_park_cap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
