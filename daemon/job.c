@@ -20,7 +20,6 @@
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
-#include "daemon/recvpool.h"
 #include "daemon/registry.h"
 #include "daemon/route.h"
 #include "gpu/compute.h"
@@ -525,7 +524,6 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 /* ----------------------------------------------------------------- attach */
 
 static void prefault_start(const struct jlocal *l);
-static struct recvpool *sink_arena(const struct jlocal *l);
 
 int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	       int *deferred, char *err, size_t errlen)
@@ -653,7 +651,7 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	if (role == JROLE_SOURCE)
 		prefault_start(l);
 	else
-		jsink_of(l)->rpool = sink_arena(l);
+		jsink_of(l)->rpool = jsink_arena(l);	/* its first version is dense */
 	job_send_join(j);
 	if (waiter_add(JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
 		jlocal_remove(j, l);
@@ -748,26 +746,6 @@ static void prefault_start(const struct jlocal *l)
 	p->t.run = prefault_run;
 	p->t.done = prefault_done;
 	jtask_start(&p->t);
-}
-
-/* A fresh sink's first version is dense (it holds no version a sparse one
- * could go onto): the memory that version lands in, faulted in ahead
- * (recvpool.h).  Its payload is the sink's BF16 elements plus each
- * entry's framing (8 bytes, a part header of 32 at most per entry, 64 of
- * alignment): 2 bytes per element of its host buffers and 1/32 more
- * cover models whose entries are over 3 KiB; past the arena, payloads
- * are malloc'ed. */
-static struct recvpool *sink_arena(const struct jlocal *l)
-{
-	size_t bytes = 0;
-
-	for (size_t i = 0; i < l->nbufs; i++) {
-		const struct dbuf *b = l->bufs[i];
-
-		if (b && !b->cuda && b->map)
-			bytes += 2 * b->length;	/* BF16 on the wire, whatever it holds */
-	}
-	return bytes ? recvpool_prepare(bytes + bytes / 32 + ((size_t)1 << 20)) : NULL;
 }
 
 int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)

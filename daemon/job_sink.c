@@ -199,6 +199,7 @@ static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink
 static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
 			  int counts);
 static void arrive_orphan(struct jarrive *a);
+static void arena_next(struct job *j, struct jlocal *l, int dense_next);
 
 /* An APPLIED held back (the storage writer's sink, struct jwriter). */
 struct japplied {
@@ -279,6 +280,42 @@ uint64_t jsink_newest_staged(const struct jlocal *l)
 	/* A version on its way into the buffers (an apply on a worker) is
 	 * held too. */
 	return s ? s->version : k->applying ? k->applying : k->applied;
+}
+
+/* The memory a dense version of l lands in, populated ahead
+ * (recvpool.h): its payload is the sink's BF16 elements plus each entry's
+ * framing (8 bytes, a part header of 32 at most per entry, 64 of
+ * alignment): 2 bytes per element of its host buffers and 1/32 more cover
+ * models whose entries are over 3 KiB; past the arena, payloads are
+ * malloc'ed.  A fresh sink gets one at attach (job.c: its first version
+ * is dense). */
+struct recvpool *jsink_arena(const struct jlocal *l)
+{
+	size_t bytes = 0;
+
+	for (size_t i = 0; i < l->nbufs; i++) {
+		const struct dbuf *b = l->bufs[i];
+
+		if (b && !b->cuda && b->map)
+			bytes += 2 * b->length;	/* BF16 on the wire, whatever it holds */
+	}
+	return bytes ? recvpool_prepare(bytes + bytes / 32 + ((size_t)1 << 20)) : NULL;
+}
+
+/* The arena the sink's next version lands in (recvpool.h): the one it
+ * had is retired (it goes once its last piece is back: bump-allocated,
+ * it serves one version), and a new one is populated ahead when the next
+ * version is likely dense. */
+static void arena_next(struct job *j, struct jlocal *l, int dense_next)
+{
+	struct jsink *k = jsink_of(l);
+
+	if (k->rpool || dense_next)
+		DLOG_D("job %s: sink %llx: receive arena %s", j->name,
+		       (unsigned long long)l->info.id,
+		       dense_next ? "populated for a dense version next" : "retired");
+	recvpool_retire(k->rpool);
+	k->rpool = dense_next ? jsink_arena(l) : NULL;
 }
 
 void jsink_replanned(struct job *j)
@@ -826,6 +863,7 @@ static struct jstaged *decode(struct jstage *g, char *err, size_t errlen)
 		if (decode_src(g, i, st, err, errlen) < 0)
 			goto fail;
 	}
+	st->was_dense = st->all_dense;
 	return st;
 fail:
 	if (st)
@@ -1643,18 +1681,11 @@ static void apply_done(struct jtask *t, int cancelled)
 			jsink_of(l)->full_verifies++;
 		dmetrics_add(DM_APPLY_VERIFY, r->incremental ? "incremental" : "full", 1);
 	}
+	/* A dense version onto one the sink held (the source's cost choice,
+	 * which it makes again from the same rates) or a failed check (a
+	 * dense repair follows): the next is likely dense too. */
+	arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->was_dense));
 	jsink_of(l)->applied = a->last->version;
-	/* The first version is in: the arena it was received into goes once
-	 * its last piece is back (recvpool.h). */
-	if (jsink_of(l)->rpool) {
-		struct recvpool_stats rs;
-
-		recvpool_stats(&rs);
-		DLOG_I("job %s: sink %llx: first version applied, arena retired (%lu pieces out, %lu carved)",
-		       j->name, (unsigned long long)l->info.id, rs.out, rs.carved);
-	}
-	recvpool_retire(jsink_of(l)->rpool);
-	jsink_of(l)->rpool = NULL;
 	jops_applied(l, a->last);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
 	if (!r->ok) {
@@ -2224,6 +2255,7 @@ static struct jstaged *arrive_staged(struct job *j, struct jlocal *l, const stru
 		goto fail;
 	st->version = p->version;
 	st->in_place = 1;
+	st->was_dense = pend_all_dense(p);
 	for (size_t i = 0; i < p->n; i++) {
 		const Dtep__Counts *c = p->s[i].counts;
 		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);
@@ -2371,6 +2403,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 		if (a->failed) {
 			k->checksum_failures++;
 			k->vkey = 0;
+			arena_next(j, l, 1);	/* a dense repair follows */
 			dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 			arrive_event(j, l, SINK_EV_WORKER_FAILED,
 				     DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, a->err);

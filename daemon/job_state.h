@@ -133,6 +133,7 @@ struct recvpool;
 struct jstaged {
 	uint64_t version;
 	int all_dense;
+	int was_dense;            /* every source sent it dense (in place too) */
 	struct jwrite *w;
 	size_t n;
 	uint64_t *expect;         /* per sink buffer slot: Σ partials */
@@ -224,8 +225,8 @@ struct jsink {
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
-	/* A fresh sink's receive arena (recvpool.h), retired once its first
-	 * version is applied; NULL: none. */
+	/* The receive arena for the sink's next version when that is likely
+	 * dense (recvpool.h; job_sink.c, arena_next); NULL: none. */
 	struct recvpool *rpool;
 };
 
@@ -623,6 +624,8 @@ void jsink_free(struct jlocal *l);
 /* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
+/* A receive arena the size of sink l's dense version (recvpool.h), or NULL. */
+struct recvpool *jsink_arena(const struct jlocal *l);
 uint64_t jsink_newest_staged(const struct jlocal *l);
 /* Apply on arrival (docs/SYNC.md): the client's wait_staged on sink l
  * ends (answered or expired).  Nonzero while the sink's buffers hold a

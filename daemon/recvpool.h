@@ -11,10 +11,11 @@
  * when it attaches; a thread of the pool's own populates it (2 MiB at a
  * time, MADV_POPULATE_WRITE) while the sink waits for that version, and
  * the version's payloads are carved from it (the route's receive, the
- * sink's own copies).  The arena is retired when the sink's first version
- * is applied or the sink goes, and unmapped (again on a thread of its
- * own) once its last piece is back, so a sink holds it only around the
- * version that needs it.
+ * sink's own copies).  The arena is retired when that version is applied
+ * or the sink goes, and unmapped (again on a thread of its own) once its
+ * last piece is back, so a sink holds it only around the version that
+ * needs it.  The sink asks for a new one when its next version is likely
+ * dense too (job_sink.c, arena_next).
  *
  * Any memory may be given to recvpool_free(): what an arena did not hand
  * out goes to free().  Thread-safe. */

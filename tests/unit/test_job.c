@@ -1771,10 +1771,16 @@ static void test_arrival(void **state)
 	}
 	assert_int_equal(answer.seen[116], 1);
 	assert_int_equal(staged(), v);
+	/* The failed sums asked for a dense repair: an arena is ready for it
+	 * (recvpool.h). */
+	assert_non_null(k->rpool);
 	apply_ok(v);
 	check_exact();
+	/* A dense version onto a held one: the next is likely dense too. */
+	assert_non_null(k->rpool);
 	v++;
 	publish_exact(v++, ++step, 0);
+	assert_null(k->rpool);	/* a sparse one: none */
 
 	/* The last part carries a wrong value: the sums fail, undone. */
 	park(113, 30000);
