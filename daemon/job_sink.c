@@ -863,7 +863,6 @@ static struct jstaged *decode(struct jstage *g, char *err, size_t errlen)
 		if (decode_src(g, i, st, err, errlen) < 0)
 			goto fail;
 	}
-	st->was_dense = st->all_dense;
 	return st;
 fail:
 	if (st)
@@ -1684,7 +1683,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	/* A dense version onto one the sink held (the source's cost choice,
 	 * which it makes again from the same rates) or a failed check (a
 	 * dense repair follows): the next is likely dense too. */
-	arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->was_dense));
+	arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->all_dense));
 	jsink_of(l)->applied = a->last->version;
 	jops_applied(l, a->last);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
@@ -2255,7 +2254,7 @@ static struct jstaged *arrive_staged(struct job *j, struct jlocal *l, const stru
 		goto fail;
 	st->version = p->version;
 	st->in_place = 1;
-	st->was_dense = pend_all_dense(p);
+	st->all_dense = pend_all_dense(p);
 	for (size_t i = 0; i < p->n; i++) {
 		const Dtep__Counts *c = p->s[i].counts;
 		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);

@@ -132,8 +132,7 @@ struct recvpool;
 
 struct jstaged {
 	uint64_t version;
-	int all_dense;
-	int was_dense;            /* every source sent it dense (in place too) */
+	int all_dense;            /* every source sent it dense (in place too) */
 	struct jwrite *w;
 	size_t n;
 	uint64_t *expect;         /* per sink buffer slot: Σ partials */

@@ -1,5 +1,4 @@
 /* daemon/recvpool.c — see recvpool.h. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -91,27 +90,22 @@ struct recvpool *recvpool_prepare(size_t bytes)
 	}
 	a->base = p;
 	a->size = bytes;
-	pthread_mutex_lock(&rp_mu);
-	a->next = rp_list;
-	rp_list = a;
-	pthread_mutex_unlock(&rp_mu);
+	/* The thread first: it unlinks the arena only once it is retired,
+	 * which cannot happen before it is listed and returned here. */
 	if ((rc = pthread_attr_init(&at)) == 0) {
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 		rc = pthread_create(&t, &at, rp_thread, a);
 		pthread_attr_destroy(&at);
 	}
 	if (rc) {
-		struct recvpool **pp;
-
-		pthread_mutex_lock(&rp_mu);
-		for (pp = &rp_list; *pp != a; pp = &(*pp)->next)
-			;
-		*pp = a->next;
-		pthread_mutex_unlock(&rp_mu);
 		munmap(a->base, a->size);
 		free(a);
 		return NULL;
 	}
+	pthread_mutex_lock(&rp_mu);
+	a->next = rp_list;
+	rp_list = a;
+	pthread_mutex_unlock(&rp_mu);
 	return a;
 }
 
