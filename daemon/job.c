@@ -282,9 +282,8 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 			return e;
 		jeng.ctl_timer_init = 1;
 		/* Workers hand payload parts to the loop as they frame them. */
-		if ((e = uv_async_init(loop, &jeng.parts_async, jsrc_parts_ready)) < 0)
+		if ((e = dwake_init(loop, &jeng.parts_wake, jsrc_parts_ready)) < 0)
 			return e;
-		jeng.parts_async_init = 1;
 	}
 	/* The events the layers below raise (job_state.h, struct jengine). */
 	jeng.ev_progress = job_check_waiters;
@@ -358,10 +357,7 @@ void job_fini(void)
 	}
 	/* Every worker has ended and its completion ran (drained above):
 	 * nothing wakes it any more. */
-	if (jeng.parts_async_init) {
-		uv_close((uv_handle_t *)&jeng.parts_async, NULL);
-		jeng.parts_async_init = 0;
-	}
+	dwake_close(&jeng.parts_wake);
 	dbuf_fini();
 }
 

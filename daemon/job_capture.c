@@ -809,7 +809,7 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	c->q_tail = &q->next;
 	uv_mutex_unlock(&c->mu);
 	if (c->notify)
-		uv_async_send(&jeng.parts_async);
+		dwake_send(&jeng.parts_wake);
 	return 0;
 }
 

@@ -195,7 +195,7 @@ static void cap_start(struct jlocal *l, struct jcap *c)
 	jsource_of(l)->busy = 1;
 	c->next = jeng.inflight;
 	jeng.inflight = c;
-	c->notify = jeng.parts_async_init;
+	c->notify = jeng.parts_wake.init;
 	if (!jeng.loop || uv_queue_work(jeng.loop, &c->work, cap_work, cap_after) < 0) {
 		/* No loop (or no thread pool): capture here, answer the same way. */
 		cap_work(&c->work);
@@ -426,9 +426,9 @@ void job_set_mode_policy(int policy)
 	jeng.mode_policy = policy;
 }
 
-void jsrc_parts_ready(uv_async_t *h)
+void jsrc_parts_ready(struct dwake *w)
 {
-	(void)h;
+	(void)w;
 	for (struct jcap *c = jeng.inflight; c; c = c->next)
 		send_parts(c);
 }

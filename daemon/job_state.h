@@ -25,6 +25,7 @@
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
 #include "daemon/pair_sm.h"
+#include "daemon/wake.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
 #include "proto/dte.pb-c.h"
@@ -417,7 +418,7 @@ struct jcap {
 	int detect;               /* JDETECT_* of the job */
 	uint32_t zstd_level;      /* remote pairs' payloads */
 	size_t part_bytes;        /* a part goes once its payload reaches this */
-	int notify;               /* wake the loop (jeng.parts_async) per part */
+	int notify;               /* wake the loop (jeng.parts_wake) per part */
 	uv_mutex_t mu;            /* guards q between the worker and the loop */
 	int mu_init;
 	struct jcap_part *q, **q_tail;
@@ -495,8 +496,7 @@ struct jengine {
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
-	uv_async_t parts_async;   /* a worker framed a part (job_src.c sends it) */
-	int parts_async_init;
+	struct dwake parts_wake;  /* a worker framed a part (job_src.c sends it) */
 	/* Deferred control answers go here (job_set_reply: main.c installs
 	 * dctl_reply; tests their own). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
@@ -600,8 +600,8 @@ void jplan_free(struct job *j);
 /* job_src.c */
 void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
-/* jeng.parts_async: send the parts every running capture framed. */
-void jsrc_parts_ready(uv_async_t *h);
+/* jeng.parts_wake: send the parts every running capture framed. */
+void jsrc_parts_ready(struct dwake *w);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
