@@ -666,16 +666,27 @@ fail:
 	return st;
 }
 
-/* A source's host buffers mapped in full once it attaches, on a worker
- * (MADV_POPULATE_READ; Linux 5.14+, elsewhere EINVAL and the pages fault
- * in as they are read, as before): the daemon's first read of each page of
- * a client's memfd is a page-table fault, which otherwise lands on the
- * first versions that read θ (the dense one) and m, v (the first sparse
- * one): measured on the 2^28-element bench model at 10 Gbit/s, the dense
- * capture 0.78 -> 0.36 s and the first sparse version 0.33 -> 0.17 s.
- * (With 1 MiB parts the faster dense capture made the sink's receive
- * stall, 0.9 -> 2 s; with 256 KiB parts it did not: 0.63-0.72 s.)  A
- * sink's pages fault in as its first version writes them. */
+/* A source's host buffers mapped in full once it attaches, on a worker:
+ * the daemon's first read of each page of a client's memfd is a
+ * page-table fault, which otherwise lands on the first versions that read
+ * θ (the dense one) and m, v (the first sparse one): measured on the
+ * 2^28-element bench model at 10 Gbit/s, the dense capture 0.78 -> 0.36 s
+ * and the first sparse version 0.33 -> 0.17 s.  (With 1 MiB parts the
+ * faster dense capture made the sink's receive stall, 0.9 -> 2 s; with
+ * 256 KiB parts it did not: 0.63-0.72 s.)  A sink's pages fault in as its
+ * first version writes them.
+ *
+ * By reading one byte per page, not MADV_POPULATE_READ: the madvise holds
+ * mmap_lock across its chunk and yields the CPU inside it
+ * (__get_user_pages' cond_resched), so on a busy machine the lock stayed
+ * held while the worker waited for a core, every mmap of the process
+ * (malloc's, under its arena lock) waited behind it, and the loop behind
+ * that arena lock: loop_latency.py saw status polls answered in 15-57 ms.
+ * A fault holds the lock (per VMA on Linux 6.4+) for one fault and never
+ * sleeps in it for a slice; on a memfd it maps the pages around it too
+ * (fault-around), as fast as the madvise (0.16 against 0.15-0.21 s per
+ * GiB here).  The buffers are memfds sealed against shrinking (buf.c), so
+ * no read inside the mapping can fault past the file's end. */
 struct jprefault {
 	struct jtask t;
 	struct dbuf **bufs;
@@ -684,27 +695,23 @@ struct jprefault {
 
 static void prefault_run(struct jtask *t)
 {
-#ifdef MADV_POPULATE_READ
 	struct jprefault *p = (struct jprefault *)t;
 	const size_t chunk = (size_t)2 << 20;
+	const long pg = sysconf(_SC_PAGESIZE);
+	const size_t page = pg > 0 ? (size_t)pg : 4096;
 
 	for (size_t i = 0; i < p->n && !jeng.stopping; i++) {
 		const struct dbuf *b = p->bufs[i];
+		const volatile uint8_t *m = b->map;
 
-		/* Chunks of 2 MiB: mmap_lock is held for one chunk at a time, so the
-		 * loop's own mmap and munmap never wait long behind it (64 MiB chunks
-		 * stalled it 150 ms under ASan), and shutdown does not wait for a
-		 * whole model. */
+		/* shutdown looks in every 2 MiB and does not wait for a model */
 		for (size_t off = 0; off < b->map_len && !jeng.stopping; off += chunk) {
-			size_t len = b->map_len - off < chunk ? b->map_len - off : chunk;
+			size_t end = b->map_len - off < chunk ? b->map_len : off + chunk;
 
-			if (madvise((uint8_t *)b->map + off, len, MADV_POPULATE_READ) < 0)
-				break;	/* not supported, or a hole it cannot fill: touched later */
+			for (size_t o = off; o < end; o += page)
+				(void)m[o];
 		}
 	}
-#else
-	(void)t;
-#endif
 }
 
 static void prefault_done(struct jtask *t, int cancelled)

@@ -8,8 +8,8 @@
  * the page faults inside the socket receive were half the sink daemon's
  * CPU, on a core the receive saturated.  A fresh sink knows its first
  * version will be dense, so it asks for an arena the size of its model
- * when it attaches; a thread of the pool's own populates it (2 MiB at a
- * time, MADV_POPULATE_WRITE) while the sink waits for that version, and
+ * when it attaches; a thread of the pool's own populates it (a write
+ * fault per page that stores nothing: an atomic add of zero) while the sink waits for that version, and
  * the version's payloads are carved from it (the route's receive, the
  * sink's own copies).  The arena is retired when that version is applied
  * or the sink goes, and unmapped (again on a thread of its own) once its

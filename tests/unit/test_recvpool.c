@@ -87,6 +87,44 @@ static void test_populated_ahead(void **state)
 	wait_arenas(0);
 }
 
+/* A piece written before the arena's thread reaches it (a receive that
+ * landed early) keeps every byte: the thread's touch stores nothing of
+ * its own.  The piece sits at the end of 256 MiB and is written at once,
+ * while the thread is still populating the start (checked: the MiB before
+ * the piece is not all resident yet when the write is done). */
+static void test_written_while_populated(void **state)
+{
+	const size_t size = 256 * MIB, tail = MIB;
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	struct recvpool *a = recvpool_prepare(size);
+	uint8_t *head, *p;
+	double end = now() + 20.0;
+	size_t bad = 0;
+
+	(void)state;
+	assert_non_null(a);
+	head = recvpool_get(size - tail);
+	p = recvpool_get(tail);
+	assert_non_null(head);
+	assert_non_null(p);
+	assert_ptr_equal(p, head + size - tail);
+	memset(p, 0x5a, tail);
+	assert_true(resident(p - MIB, MIB) < MIB / pg);
+	while (resident(head, size) < size / pg && now() < end) {
+		struct timespec ts = { 0, 1000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	assert_int_equal(resident(head, size), size / pg);
+	for (size_t i = 0; i < tail; i++)
+		bad += p[i] != 0x5a;
+	assert_int_equal(bad, 0);
+	recvpool_retire(a);
+	recvpool_free(head);
+	recvpool_free(p);
+	wait_arenas(0);
+}
+
 static void test_pieces(void **state)
 {
 	struct recvpool *a = recvpool_prepare(4 * MIB);
@@ -186,6 +224,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_populated_ahead),
+		cmocka_unit_test(test_written_while_populated),
 		cmocka_unit_test(test_pieces),
 		cmocka_unit_test(test_retire),
 	};
