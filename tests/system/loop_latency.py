@@ -68,26 +68,61 @@ GROUPS = [{"lr": 1e-5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay"
            "variant": "torch"} for wd in (0.01, 0.0)]
 
 
+def run_delay(f):
+    """Nanoseconds a thread has waited on a run queue (runnable, no core
+    free), from its /proc schedstat file (second field)."""
+    f.seek(0)
+    return int(f.read().split()[1])
+
+
 class Poller(threading.Thread):
     """Status round trips on its own connection, back to back (1 ms apart,
-    so the daemon keeps its cores), each as (t0, t1) in perf_counter s."""
+    so the daemon keeps its cores), each as (t0, t1) in perf_counter s.
+    With each, how long the daemon's loop thread (the daemon's main
+    thread) and this thread waited for a core meanwhile (ms, schedstat;
+    None where /proc has no schedstat): a slow answer is then either the
+    loop's own doing or a machine with no core free, and a failure says
+    which."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, daemon_pid):
         super().__init__(daemon=True)
         self.cli = _lib.Client(sock)
         self.stop = threading.Event()
         self.samples = []
+        self.waits = {}
         self.error = None
+        self.loop_stat = "/proc/%d/task/%d/schedstat" % (daemon_pid, daemon_pid)
 
     def run(self):
         try:
+            try:
+                lf = open(self.loop_stat)
+                mf = open("/proc/self/task/%d/schedstat" % threading.get_native_id())
+            except OSError:
+                lf = mf = None
             while not self.stop.is_set():
+                w0 = (run_delay(lf), run_delay(mf)) if lf else None
                 t0 = time.perf_counter()
                 self.cli.status()
-                self.samples.append((t0, time.perf_counter()))
+                t1 = time.perf_counter()
+                if w0:
+                    self.waits[(t0, t1)] = ((run_delay(lf) - w0[0]) / 1e6,
+                                            (run_delay(mf) - w0[1]) / 1e6)
+                self.samples.append((t0, t1))
                 time.sleep(0.001)
         except Exception as e:  # noqa: BLE001  (reported by the main thread)
             self.error = e
+
+    def worst(self, keep):
+        """The slowest poll that keep((t0, t1)) accepts, as
+        'rtt_ms=X loop_wait_ms=Y poller_wait_ms=Z'."""
+        got = [s for s in self.samples if keep(s)]
+        if not got:
+            return "none"
+        t0, t1 = max(got, key=lambda s: s[1] - s[0])
+        w = self.waits.get((t0, t1))
+        return "rtt_ms=%.2f loop_wait_ms=%s poller_wait_ms=%s" % (
+            (t1 - t0) * 1e3, "%.2f" % w[0] if w else "?", "%.2f" % w[1] if w else "?")
 
 
 def window_stats(samples, a0, a1, d):
@@ -144,7 +179,7 @@ def main():
         sink = scli.attach(JOB, TOKEN, _lib.SINK, SINK_LAYOUT, 0, sids)
         c.check(elements >= 1 << 28, "the model has %d elements (>= 2^28)" % elements)
 
-        poller = Poller(sock)
+        poller = Poller(sock, daemon.pid)
         poller.start()
         staged_windows = []
         for v in range(1, APPLIES + 1):
@@ -179,6 +214,7 @@ def main():
         vd = float(m[-1]) / 1e3 if m else 0.0
         c.check(m and vd <= t1 - t0, "the daemon logged the verify's sum (%.1f ms)" % (vd * 1e3))
         vlat, vcore = window_stats(poller.samples[n0:], t0, t1, vd)
+        verify_window = (t0, t1)
         poller.stop.set()
         poller.join(10)
         c.check(poller.error is None, "every status poll answered (%s)" % poller.error)
@@ -219,7 +255,9 @@ def main():
         c.check(core_polls >= MIN_POLLS, "%d polls surely overlapped the applies (>= %d)"
                 % (core_polls, MIN_POLLS))
         c.check(lat and mx < LIMIT_MS, "every status poll during an apply answered within "
-                "%.0f ms (max %.2f ms, p50 %.2f ms, %d polls)" % (LIMIT_MS, mx, p50, len(lat)))
+                "%.0f ms (max %.2f ms, p50 %.2f ms, %d polls; slowest: %s)"
+                % (LIMIT_MS, mx, p50, len(lat), poller.worst(
+                    lambda s: any(s[0] < a1 and s[1] > a0 for a0, a1, _d in results))))
         # Capture (worker), then staging: part checks and xxh3 over the
         # 512 MiB (worker), publish to staged as the clients see it.
         slat = sorted((t1 - t0) * 1e3 for t0, t1 in poller.samples
@@ -231,7 +269,8 @@ def main():
                                   max((b - a) * 1e3 for a, b in staged_windows)))
         c.check(len(slat) >= MIN_POLLS and smx < LIMIT_MS,
                 "every status poll from publish to staged answered within %.0f ms (max %.2f ms, "
-                "%d polls)" % (LIMIT_MS, smx, len(slat)))
+                "%d polls; slowest: %s)" % (LIMIT_MS, smx, len(slat), poller.worst(
+                    lambda s: any(s[0] < b and s[1] > a for a, b in staged_windows))))
         vlat.sort()
         vp50 = vlat[len(vlat) // 2] if vlat else float("nan")
         vmx = vlat[-1] if vlat else float("nan")
@@ -241,7 +280,8 @@ def main():
         c.check(vd * 1e3 >= MIN_APPLY_MS and vcore >= MIN_POLLS,
                 "%d polls surely overlapped a %.0f ms verify (>= %d)" % (vcore, vd * 1e3, MIN_POLLS))
         c.check(vlat and vmx < LIMIT_MS, "every status poll during the verify answered within "
-                "%.0f ms (max %.2f ms)" % (LIMIT_MS, vmx))
+                "%.0f ms (max %.2f ms; slowest: %s)" % (LIMIT_MS, vmx, poller.worst(
+                    lambda s: s[0] < verify_window[1] and s[1] > verify_window[0])))
 
         # Shutdown while an apply is on the worker: a version that differs
         # from the last in every element (θ negated), SIGTERM once its apply
