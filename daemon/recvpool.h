@@ -4,18 +4,18 @@
  * buffers (on arrival their new values are swapped into the weights and
  * they keep the old ones until the version is verified: its undo).
  * Writing a fresh page costs a fault, a zeroed page and a memcg charge:
- * in the bench's dense version at 10 Gbit/s (2^28 elements, 0.53 GiB)
- * the page faults inside the socket receive were half the sink daemon's
- * CPU, on a core the receive saturated.  A fresh sink knows its first
- * version will be dense, so it asks for an arena the size of its model
- * when it attaches; a thread of the pool's own populates it (a write
- * fault per page that stores nothing: an atomic add of zero) while the sink waits for that version, and
- * the version's payloads are carved from it (the route's receive, the
- * sink's own copies).  The arena is retired when that version is applied
- * or the sink goes, and unmapped (again on a thread of its own) once its
- * last piece is back, so a sink holds it only around the version that
- * needs it.  The sink asks for a new one when its next version is likely
- * dense too (job_sink.c, arena_next).
+ * in the bench's dense version at 10 Gbit/s (2^28 elements, 0.53 GiB) the
+ * page faults inside the socket receive were half the sink daemon's CPU,
+ * on a core the receive saturated.  A fresh sink knows its first version
+ * will be dense, so it asks for an arena the size of its model when it
+ * attaches; a thread of the pool's own populates it (a write fault per
+ * page that stores nothing: an atomic add of zero) while the sink waits
+ * for that version, and the version's payloads are carved from it (the
+ * route's receive, the sink's own copies).  The arena is retired when
+ * that version is applied or the sink goes, and unmapped (again on a
+ * thread of its own) once its last piece is back, so a sink holds it only
+ * around the version that needs it.  The sink asks for a new one when its
+ * next version is likely dense too (job_sink.c, arena_next).
  *
  * Any memory may be given to recvpool_free(): what an arena did not hand
  * out goes to free().  Thread-safe. */
