@@ -259,7 +259,9 @@ static void slots_release(struct droute_ucx *r, struct rlink *l)
 }
 
 /* Forget a slot UCX filled; 0 when p was not handed to this link. */
-static size_t slot_take(struct rlink *l, const void *p)
+/* The slot UCX received p into, off the link's list: its length (0: not
+ * one of the link's), and in *arena whether it is an arena piece. */
+static size_t slot_take(struct rlink *l, const void *p, int *arena)
 {
 	struct rslot **pp, *s;
 	size_t len;
@@ -268,6 +270,7 @@ static size_t slot_take(struct rlink *l, const void *p)
 		if (s->p == p) {
 			*pp = s->next;
 			len = s->len;
+			*arena = s->arena;
 			free(s);
 			return len;
 		}
@@ -856,19 +859,17 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 	struct droute_ucx *r = arg;
 	struct rlink *l = dte_peer_get_data(peer);
 	struct rnode *n = l ? l->node : NULL;
-	int staged = in_stage(r, data), kept = 0;
-	int arena = !staged && len && recvpool_owns(data);
+	int staged = in_stage(r, data), arena = 0, kept = 0;
 	const uint8_t *msg = hdr;
 	size_t msglen = hlen, slen = 0;
 	uint64_t key, version = 0;
 
-	if (staged)
-		slen = l ? slot_take(l, data) : 0;
-	if (arena) {
-		if (l)
-			slot_take(l, data);
+	/* Memory on_alloc handed to UCX (a staging extent, or an arena piece
+	 * for a large PAYLOAD) has a slot on the link; the slot says which. */
+	if (l && (staged || len >= DROUTE_DIRECT_MIN))
+		slen = slot_take(l, data, &arena);
+	if (arena)
 		r->lend_arena = data;	/* the engine may take it as it is */
-	}
 	if (!n || l->stale) {
 		r->st.bad++;
 		goto out;
@@ -997,10 +998,7 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 		free(s);
 		return NULL;
 	}
-	s->p = p;
-	s->len = len;
-	s->arena = 0;
-	s->next = l->inflight;
+	*s = (struct rslot){ .next = l->inflight, .p = p, .len = len, .arena = 0 };
 	l->inflight = s;
 	return p;
 }
