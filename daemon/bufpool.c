@@ -33,7 +33,7 @@ void *bpool_get(struct bpool *bp, size_t need, size_t *cap)
 	void *p = NULL;
 	unsigned best = BPOOL_SLOTS;
 
-	if (need >= bp->min_bytes) {
+	if (need >= BPOOL_MIN) {
 		pthread_mutex_lock(&bp->mu);
 		/* The smallest kept buffer that fits. */
 		for (unsigned i = 0; i < bp->n; i++)
@@ -65,7 +65,7 @@ void bpool_put(struct bpool *bp, void *p, size_t cap)
 {
 	if (!p)
 		return;
-	if (cap >= bp->min_bytes) {
+	if (cap >= BPOOL_MIN) {
 		pthread_mutex_lock(&bp->mu);
 		if (bp->held + cap <= bp->max_bytes) {
 			if (bp->n == BPOOL_SLOTS) {

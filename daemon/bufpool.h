@@ -16,17 +16,13 @@
 #include <pthread.h>
 #include <stddef.h>
 
-/* Smaller buffers are not kept by a pool made with BPOOL_INIT; one made
- * with BPOOL_INIT_MIN keeps buffers down to its own minimum (the capture's
- * sparse parts: hundreds of KiB each, a new one every millisecond or so,
- * which would otherwise each fault in fresh pages).  Buffers from
- * BPOOL_MIN up are asked for on huge pages (below). */
+/* Smaller buffers are not kept: a sparse version's parts (part_size, 4 MiB
+ * by default) fault in a few MiB, which is cheaper than holding them. */
 #define BPOOL_MIN	((size_t)16 << 20)
 #define BPOOL_SLOTS	4
 
 struct bpool {
 	pthread_mutex_t mu;
-	size_t min_bytes;         /* smaller buffers are not kept */
 	size_t max_bytes;         /* capacity kept at most */
 	size_t held;              /* capacity kept now */
 	struct { void *p; size_t cap; } slot[BPOOL_SLOTS];
@@ -34,12 +30,10 @@ struct bpool {
 	unsigned long hits, misses;
 };
 
-#define BPOOL_INIT_MIN(min, max) { PTHREAD_MUTEX_INITIALIZER, (min), (max), 0, { { 0, 0 } }, 0, 0, 0 }
-#define BPOOL_INIT(max) BPOOL_INIT_MIN(BPOOL_MIN, max)
+#define BPOOL_INIT(max) { PTHREAD_MUTEX_INITIALIZER, (max), 0, { { 0, 0 } }, 0, 0, 0 }
 
 /* A buffer of at least `need` bytes (a kept one when one is big enough,
- * else malloc'ed), its capacity in *cap; NULL when out of memory.  Any
- * buffer from here may be realloc'ed or freed by the caller. */
+ * else malloc'ed), its capacity in *cap; NULL when out of memory. */
 void *bpool_get(struct bpool *bp, size_t need, size_t *cap);
 
 /* Give back a buffer of capacity cap (from bpool_get or malloc): kept when

@@ -441,41 +441,22 @@ out:
  * generous bound costs address space, not memory. */
 /* Payload buffers of parts that went out, taken again by the next parts
  * (daemon/bufpool.h: a fresh 32 MiB part costs ten times its write in page
- * faults; a sparse version's parts, a few hundred KiB each, came from mmap
- * one by one, M_MMAP_THRESHOLD in main.c, and each faulted in fresh pages:
- * ~4,800 faults on the capture's thread per version of the bench's model);
- * emptied when no capture is left running. */
-static struct bpool cap_pool = BPOOL_INIT_MIN((size_t)64 << 10, (size_t)256 << 20);
+ * faults); emptied when no capture is left running. */
+static struct bpool cap_pool = BPOOL_INIT((size_t)256 << 20);
 
-void jcap_pool_counts(unsigned long *hits, unsigned long *misses)
-{
-	pthread_mutex_lock(&cap_pool.mu);
-	*hits = cap_pool.hits;
-	*misses = cap_pool.misses;
-	pthread_mutex_unlock(&cap_pool.mu);
-}
-
-/* Room for len more bytes in a pair's payload.  A new part's buffer starts
- * at `start` bytes (twice the part size: a part goes once past it) or
- * what len needs, from the pool; growing a small buffer past the pool's
- * minimum also takes a kept one (a dense entry after small ones). */
-static int bytes_reserve(struct dtc_bytes *b, size_t len, size_t start)
+static int bytes_reserve(struct dtc_bytes *b, size_t len)
 {
 	if (!b->n)
 		b->n = DTC_CHUNK_HDR;
 	if (b->n + len > b->cap) {
-		size_t nc = b->cap ? b->cap : start > 4096 ? start : 4096;
+		size_t nc = b->cap ? b->cap : 4096;
 		void *np;
 
 		while (nc < b->n + len)
 			nc *= 2;
-		if (nc >= cap_pool.min_bytes && b->cap < cap_pool.min_bytes) {
+		if (!b->p && nc >= BPOOL_MIN) {
 			if (!(np = bpool_get(&cap_pool, nc, &nc)))
 				return -ENOMEM;
-			if (b->p) {
-				memcpy(np, b->p, b->n);
-				free(b->p);
-			}
 		} else if (!(np = realloc(b->p, nc))) {
 			return -ENOMEM;
 		}
@@ -500,7 +481,7 @@ static const uint8_t *shared_bytes(const struct jcap *c, const struct det_sparse
  * payload, this one's included: its address is taken after the reserve). */
 static int bytes_put_shared(struct jcap *c, struct dtc_bytes *b, const struct det_sparse *s)
 {
-	if (bytes_reserve(b, 8 + s->len, 2 * c->part_bytes) < 0)
+	if (bytes_reserve(b, 8 + s->len) < 0)
 		return CAPFAIL("out of memory");
 	bytes_len(b, b->n, s->len);
 	memcpy(b->p + b->n + 8, shared_bytes(c, s), s->len);
@@ -614,7 +595,7 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 		return r;	/* the reason is in c->err */
 	if (d->have_dense)
 		return bytes_put_shared(c, raw, &d->dense);
-	if (bytes_reserve(raw, 8 + 2 * e->box, 2 * c->part_bytes) < 0)
+	if (bytes_reserve(raw, 8 + 2 * e->box) < 0)
 		return CAPFAIL("out of memory");
 	at = raw->n;
 	out = raw->p + at + 8;
@@ -682,7 +663,7 @@ static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct j
 		bound = dtc_sparse_bound(cnt);
 		pos = malloc(cnt * sizeof(*pos));
 		val = malloc(cnt * sizeof(*val));
-		if (!pos || !val || bytes_reserve(raw, 8 + bound, 2 * c->part_bytes) < 0) {
+		if (!pos || !val || bytes_reserve(raw, 8 + bound) < 0) {
 			free(pos);
 			free(val);
 			return CAPFAIL("out of memory");
@@ -730,7 +711,7 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 	if (e->group >= c->ngroups)
 		return CAPFAIL("optimizer group %u has no hyper-parameters (%zu given)", e->group,
 			       c->ngroups);
-	if (bytes_reserve(raw, 8, 2 * c->part_bytes) < 0)
+	if (bytes_reserve(raw, 8) < 0)
 		return CAPFAIL("out of memory");
 	at = raw->n;
 	raw->n += 8;

@@ -455,9 +455,6 @@ void jcap_part_free(struct jcap_part *p);
  * loop, once it is sent or dropped; arg is its capacity. */
 void jcap_chunk_release(void *chunk, void *cap);
 void jcap_chunk_given(void);	/* count one before giving it */
-/* Part buffers the capture took from its pool since start: kept ones
- * reused (hits) and new ones (misses); tests and logs. */
-void jcap_pool_counts(unsigned long *hits, unsigned long *misses);
 int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);

@@ -1,7 +1,6 @@
 /* test_bufpool: daemon/bufpool.c keeps large released buffers and hands
  * them out again (the smallest that fits), never a too-small one; small
- * buffers (under the pool's own minimum) and those past the byte limit
- * are freed; trim empties it. */
+ * buffers and those past the byte limit are freed; trim empties it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,41 +89,9 @@ static void test_limits(void **state)
 	assert_int_equal(bp.held, 0);
 }
 
-/* A pool with a lower minimum (the capture's part buffers) keeps buffers
- * from that size up, and hands them out again; a BPOOL_INIT pool does not
- * keep them. */
-static void test_own_minimum(void **state)
-{
-	struct bpool bp = BPOOL_INIT_MIN((size_t)64 << 10, 8 * U);
-	struct bpool big = BPOOL_INIT(8 * U);
-	size_t c, c2;
-	void *a = bpool_get(&bp, (size_t)512 << 10, &c), *b;
-
-	assert_non_null(a);
-	assert_true(c >= (size_t)512 << 10);
-	assert_int_equal(bp.misses, 1);
-	memset(a, 1, c);
-	bpool_put(&bp, a, c);
-	assert_int_equal(bp.n, 1);
-	/* below the minimum: neither taken from the pool nor kept */
-	b = bpool_get(&bp, (size_t)32 << 10, &c2);
-	assert_true(b != a);
-	assert_int_equal(bp.hits + bp.misses, 1);
-	bpool_put(&bp, b, c2);
-	assert_int_equal(bp.n, 1);
-	/* a part's worth: the kept one */
-	assert_ptr_equal(bpool_get(&bp, (size_t)300 << 10, &c2), a);
-	assert_int_equal(c2, c);
-	assert_int_equal(bp.hits, 1);
-	bpool_put(&big, a, c);
-	assert_int_equal(big.n, 0);	/* freed: under BPOOL_MIN */
-	bpool_trim(&bp);
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_own_minimum),
 		cmocka_unit_test(test_reuse_smallest_fit),
 		cmocka_unit_test(test_never_too_small),
 		cmocka_unit_test(test_limits),

@@ -1317,30 +1317,6 @@ static void test_parts(void **state)
 
 	/* Many versions: dense, then sparse; some applied as a chain of 3. */
 	publish_exact(v++, ++step, 1);
-	{
-		/* Each part's buffer comes from the capture's pool
-		 * (job_capture.c bytes_reserve), where a part sent earlier
-		 * in the version left its buffer: at the default part size a
-		 * sparse version's parts, hundreds of KiB each, otherwise
-		 * came from mmap one by one and faulted in fresh pages. */
-		unsigned long h0, m0, h1, m1;
-		Dte__PublishReply pr;
-
-		jeng.part_bytes = 64 << 10;
-		jcap_pool_counts(&h0, &m0);
-		step++;
-		adamw_step(step, (unsigned)(step * 7919));
-		payloads_seen = 0;
-		assert_int_equal(publish(v, step, &pr), 0);
-		assert_int_equal(pr.dense, 0);
-		assert_int_equal(staged(), v);
-		apply_ok(v++);
-		check_exact();
-		jcap_pool_counts(&h1, &m1);
-		assert_true(payloads_seen >= 1);
-		assert_int_equal((h1 - h0) + (m1 - m0), payloads_seen);
-		jeng.part_bytes = 512;
-	}
 	for (int i = 0; i < 12; i++) {
 		Dte__PublishReply pr;
 
