@@ -330,6 +330,11 @@ int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_ma
 	if ((uintptr_t)in & 1)
 		return DTC_EINVAL;	/* framed payloads keep entries 2-byte aligned */
 	box_coalesce(e, BOX_DST, &m);
+	/* The backend's fused op (cpu: swap and sum in one pass, on its
+	 * threads); below, the definition it must match: the swap, then
+	 * dtc_checksum_box over the box. */
+	if (be->ops->dense_swap)
+		return be->ops->dense_swap(&m, (uint16_t *)(void *)in, dst, sum_new);
 	d1 = m.dst_stride[m.ndim - 1];
 	if (size)
 		box_walk_seek(&w, &m, 0);

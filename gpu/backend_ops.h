@@ -76,6 +76,13 @@ struct dtc_backend_ops {
 	 * the ops run on); returns at once, no host synchronisation. */
 	int (*event_record)(void *ev);
 	void (*event_destroy)(void *ev);
+
+	/* --- host backends only (dtc_dense_swap_payload reads it only for a
+	 * host backend; NULL in the cuda plugin) --- */
+	/* Trade the BF16 payload in[] (box order, box coalesced BOX_DST) with
+	 * the elements of dst the injective map e names, and *sum = Σ mix over
+	 * the box of what dst then holds: dtc_dense_swap_payload in one pass. */
+	int (*dense_swap)(const struct dte_box_map *e, uint16_t *in, uint16_t *dst, uint64_t *sum);
 };
 
 struct dtc_backend {

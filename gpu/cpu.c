@@ -939,6 +939,84 @@ static int cpu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, ui
 	return DTC_OK;
 }
 
+/* ---- dense swap fused with its checksum (a parked sink's dense part) -- */
+
+/* Trade n payload values v[i] with the destination run d[i·d1] and return
+ * Σ mix(base + i·d1, new value), summed while the value is in a register:
+ * the swap and the sum of what it wrote in one pass (the generic swap in
+ * gpu/apply.c summed the box again afterwards, a second read of every
+ * destination value).  v and d never overlap: a payload is a buffer of its
+ * own. */
+DTC_CSUM_CLONES
+static uint64_t swap_run(uint16_t *restrict v, uint16_t *restrict d, int64_t base, int64_t d1,
+			 uint64_t n)
+{
+	uint64_t s = 0;
+
+	if (d1 == 1) {
+		for (uint64_t i = 0; i < n; i++) {
+			uint16_t x = v[i];
+
+			v[i] = d[i];
+			d[i] = x;
+			s += dtc_csum_term((uint64_t)base + i, x);
+		}
+	} else {
+		for (uint64_t i = 0; i < n; i++) {
+			int64_t k = (int64_t)i * d1;
+			uint16_t x = v[i];
+
+			v[i] = d[k];
+			d[k] = x;
+			s += dtc_csum_term((uint64_t)(base + k), x);
+		}
+	}
+	return s;
+}
+
+struct swap_ctx {
+	struct dte_box_map e;
+	uint16_t *in, *dst;
+};
+
+static uint64_t swap_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
+{
+	struct swap_ctx *c = arg;
+	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
+	struct box_walk w;
+	uint64_t s = 0, p = lo;
+
+	if (lo >= hi)
+		return 0;
+	box_walk_seek(&w, &c->e, lo);
+	while (p < hi) {
+		uint64_t run = (uint64_t)(w.row_len - w.col);
+		int64_t at = box_dst_index(&w);
+
+		if (run > hi - p)
+			run = hi - p;
+		s += swap_run(c->in + p, c->dst + at, at, d1, run);
+		p += run;
+		if (p < hi)
+			box_walk_next_row(&w);
+	}
+	return s;
+}
+
+/* The payload is in box order (element p of the box at in[p]); the map is
+ * injective (checked by the caller), so the rows the threads take write
+ * disjoint elements. */
+static int cpu_dense_swap(const struct dte_box_map *e, uint16_t *in, uint16_t *dst,
+			  uint64_t *sum)
+{
+	struct swap_ctx c = { .in = in, .dst = dst };
+	uint64_t size = dtc_box_size(e);
+
+	c.e = *e;
+	*sum = run_split(swap_box_range, &c, size, 64, size);
+	return DTC_OK;
+}
+
 /* ---- dense extract fused with its checksum ---------------------------- */
 
 /* Σ mix(base + i·dstride, out[i]): the terms of BF16 values just written
@@ -1053,4 +1131,5 @@ const struct dtc_backend_ops dtc_cpu_ops = {
 	.checksum_entry = cpu_checksum_entry,
 	.checksum_box = cpu_checksum_box,
 	.detect = cpu_detect,
+	.dense_swap = cpu_dense_swap,
 };
