@@ -815,6 +815,7 @@ struct csum_ctx {
 	struct dte_box_map e;
 	const uint16_t *buf;
 	const float *param;
+	uint16_t *in, *out;	/* dense swap: the payload, the destination */
 };
 
 /* Σ mix over a run of destination indices base + i·dstride, values from
@@ -903,44 +904,6 @@ static int cpu_checksum_entry(const struct dte_box_map *e, const float *param, u
 	return DTC_OK;
 }
 
-/* Σ mix over a destination box (the sink's verification): rows of the
- * last dim through the vectorized run, rows split over the cores. */
-static uint64_t csum_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
-{
-	struct csum_ctx *c = arg;
-	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t s = 0, p = lo;
-
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-		int64_t at = box_dst_index(&w);
-
-		if (run > hi - p)
-			run = hi - p;
-		s += csum_run_bits(c->buf + at, at, d1, run);
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
-	}
-	return s;
-}
-
-static int cpu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, uint64_t *sum)
-{
-	struct csum_ctx c = { .buf = dst };
-	uint64_t size = dtc_box_size(e);
-
-	c.e = *e;
-	*sum = run_split(csum_box_range, &c, size, 64, size);
-	return DTC_OK;
-}
-
-/* ---- dense swap fused with its checksum (a parked sink's dense part) -- */
-
 /* Trade n payload values v[i] with the destination run d[i·d1] and return
  * Σ mix(base + i·d1, new value), summed while the value is in a register:
  * the swap and the sum of what it wrote in one pass (the generic swap in
@@ -974,14 +937,13 @@ static uint64_t swap_run(uint16_t *restrict v, uint16_t *restrict d, int64_t bas
 	return s;
 }
 
-struct swap_ctx {
-	struct dte_box_map e;
-	uint16_t *in, *dst;
-};
-
-static uint64_t swap_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
+/* Σ mix over a destination box (the sink's verification): rows of the
+ * last dim through the vectorized run, rows split over the cores.  With
+ * c->in set, each row is first swapped with the payload (cpu_dense_swap)
+ * and the sum is of what the swap wrote. */
+static uint64_t csum_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
-	struct swap_ctx *c = arg;
+	struct csum_ctx *c = arg;
 	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
 	struct box_walk w;
 	uint64_t s = 0, p = lo;
@@ -995,7 +957,8 @@ static uint64_t swap_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 
 		if (run > hi - p)
 			run = hi - p;
-		s += swap_run(c->in + p, c->dst + at, at, d1, run);
+		s += c->in ? swap_run(c->in + p, c->out + at, at, d1, run) :
+			     csum_run_bits(c->buf + at, at, d1, run);
 		p += run;
 		if (p < hi)
 			box_walk_next_row(&w);
@@ -1003,17 +966,29 @@ static uint64_t swap_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 	return s;
 }
 
+static int cpu_checksum_box(const struct dte_box_map *e, const uint16_t *dst, uint64_t *sum)
+{
+	struct csum_ctx c = { .buf = dst };
+	uint64_t size = dtc_box_size(e);
+
+	c.e = *e;
+	*sum = run_split(csum_box_range, &c, size, 64, size);
+	return DTC_OK;
+}
+
+/* ---- dense swap fused with its checksum (a parked sink's dense part) -- */
+
 /* The payload is in box order (element p of the box at in[p]); the map is
  * injective (checked by the caller), so the rows the threads take write
  * disjoint elements. */
 static int cpu_dense_swap(const struct dte_box_map *e, uint16_t *in, uint16_t *dst,
 			  uint64_t *sum)
 {
-	struct swap_ctx c = { .in = in, .dst = dst };
+	struct csum_ctx c = { .in = in, .out = dst };
 	uint64_t size = dtc_box_size(e);
 
 	c.e = *e;
-	*sum = run_split(swap_box_range, &c, size, 64, size);
+	*sum = run_split(csum_box_range, &c, size, 64, size);
 	return DTC_OK;
 }
 
