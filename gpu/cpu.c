@@ -856,11 +856,61 @@ static uint64_t csum_run_fp32(const float *src, int64_t sstride, int64_t base, i
 	return s;
 }
 
+/* The portable row kernels of struct dtc_cpu_runs. */
+static uint64_t gen_csum_bits(const uint16_t *b, int64_t base, int64_t dstride, uint64_t n)
+{
+	uint64_t s = 0;
+
+	if (dstride == 1)
+		return csum_run_bits(b, base, 1, n);
+	for (uint64_t i = 0; i < n; i++)
+		s += dtc_csum_term((uint64_t)(base + (int64_t)i * dstride), b[i]);
+	return s;
+}
+
+static uint64_t gen_csum_fp32(const float *src, int64_t base, int64_t dstride, uint64_t n)
+{
+	return csum_run_fp32(src, 1, base, dstride, n);
+}
+
+static uint64_t gen_extract_csum(const float *src, uint16_t *out, int64_t base, int64_t dstride,
+				 uint64_t n);
+static uint64_t swap_run(uint16_t *restrict v, uint16_t *restrict d, int64_t base, int64_t d1,
+			 uint64_t n);
+
+static uint64_t gen_swap_csum(uint16_t *v, uint16_t *d, int64_t base, uint64_t n)
+{
+	return swap_run(v, d, base, 1, n);
+}
+
+const struct dtc_cpu_runs dtc_cpu_runs_generic = {
+	.csum_bits = gen_csum_bits,
+	.csum_fp32 = gen_csum_fp32,
+	.extract_csum = gen_extract_csum,
+	.swap_csum = gen_swap_csum,
+};
+
+const struct dtc_cpu_runs *dtc_cpu_runs_best(void)
+{
+	static const struct dtc_cpu_runs *best;
+	const struct dtc_cpu_runs *r = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
+
+	if (!r) {
+		const char *s = getenv("DTC_CPU_SIMD");
+
+		r = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_runs_avx512();
+		if (!r)
+			r = &dtc_cpu_runs_generic;
+		__atomic_store_n(&best, r, __ATOMIC_RELEASE);
+	}
+	return r;
+}
+
 static uint64_t csum_buf_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	const uint16_t *b = ((struct csum_ctx *)arg)->buf;
 
-	return lo < hi ? csum_run_bits(b + lo, (int64_t)lo, 1, hi - lo) : 0;
+	return lo < hi ? dtc_cpu_runs_best()->csum_bits(b + lo, (int64_t)lo, 1, hi - lo) : 0;
 }
 
 static int cpu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
@@ -873,6 +923,7 @@ static int cpu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
 
 static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
+	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
 	struct csum_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
 	struct box_walk w;
@@ -886,7 +937,8 @@ static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi, int part)
 
 		if (run > hi - p)
 			run = hi - p;
-		s += csum_run_fp32(c->param + box_src_index(&w), s1, box_dst_index(&w), d1, run);
+		s += s1 == 1 ? r->csum_fp32(c->param + box_src_index(&w), box_dst_index(&w), d1, run)
+			     : csum_run_fp32(c->param + box_src_index(&w), s1, box_dst_index(&w), d1, run);
 		p += run;
 		if (p < hi)
 			box_walk_next_row(&w);
@@ -943,6 +995,7 @@ static uint64_t swap_run(uint16_t *restrict v, uint16_t *restrict d, int64_t bas
  * and the sum is of what the swap wrote. */
 static uint64_t csum_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
+	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
 	struct csum_ctx *c = arg;
 	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
 	struct box_walk w;
@@ -957,8 +1010,12 @@ static uint64_t csum_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 
 		if (run > hi - p)
 			run = hi - p;
-		s += c->in ? swap_run(c->in + p, c->out + at, at, d1, run) :
-			     csum_run_bits(c->buf + at, at, d1, run);
+		if (c->in)
+			s += d1 == 1 ? r->swap_csum(c->in + p, c->out + at, at, run)
+				     : swap_run(c->in + p, c->out + at, at, d1, run);
+		else
+			s += d1 == 1 ? r->csum_bits(c->buf + at, at, 1, run)
+				     : csum_run_bits(c->buf + at, at, d1, run);
 		p += run;
 		if (p < hi)
 			box_walk_next_row(&w);
@@ -1016,9 +1073,38 @@ static uint64_t csum_run_out(const uint16_t *out, int64_t base, int64_t dstride,
  * once for both (the separate passes read it twice: issue #16). */
 #define EXTRACT_CSUM_SLICE	2048
 
+/* Round a run of n values at source stride s1 into out[0..n) and sum
+ * their terms at destination indices base + i·dstride, slice by slice. */
 DTC_CLONES
+static uint64_t extract_slices(const float *src, int64_t s1, uint16_t *o, int64_t base,
+			       int64_t d1, uint64_t n)
+{
+	uint64_t sum = 0;
+
+	for (uint64_t at = 0; at < n; at += EXTRACT_CSUM_SLICE) {
+		uint64_t k = n - at < EXTRACT_CSUM_SLICE ? n - at : EXTRACT_CSUM_SLICE;
+
+		if (s1 == 1) {
+			for (uint64_t i = 0; i < k; i++)
+				o[at + i] = dtc_bf16_rne(src[at + i]);
+		} else {
+			for (uint64_t i = 0; i < k; i++)
+				o[at + i] = dtc_bf16_rne(src[(int64_t)(at + i) * s1]);
+		}
+		sum += csum_run_out(o + at, base + (int64_t)at * d1, d1, k);
+	}
+	return sum;
+}
+
+static uint64_t gen_extract_csum(const float *src, uint16_t *out, int64_t base, int64_t dstride,
+				 uint64_t n)
+{
+	return extract_slices(src, 1, out, base, dstride, n);
+}
+
 static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
+	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
 	struct dense_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
 	struct box_walk w;
@@ -1031,23 +1117,11 @@ static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part
 	while (p < hi) {
 		uint64_t run = (uint64_t)(w.row_len - w.col);
 		const float *src = c->param + box_src_index(&w);
-		int64_t dbase = box_dst_index(&w);
-		uint16_t *o = c->out + p;
 
 		if (run > hi - p)
 			run = hi - p;
-		for (uint64_t at = 0; at < run; at += EXTRACT_CSUM_SLICE) {
-			uint64_t k = run - at < EXTRACT_CSUM_SLICE ? run - at : EXTRACT_CSUM_SLICE;
-
-			if (s1 == 1) {
-				for (uint64_t i = 0; i < k; i++)
-					o[at + i] = dtc_bf16_rne(src[at + i]);
-			} else {
-				for (uint64_t i = 0; i < k; i++)
-					o[at + i] = dtc_bf16_rne(src[(int64_t)(at + i) * s1]);
-			}
-			sum += csum_run_out(o + at, dbase + (int64_t)at * d1, d1, k);
-		}
+		sum += s1 == 1 ? r->extract_csum(src, c->out + p, box_dst_index(&w), d1, run)
+			       : extract_slices(src, s1, c->out + p, box_dst_index(&w), d1, run);
 		p += run;
 		if (p < hi)
 			box_walk_next_row(&w);

@@ -65,6 +65,28 @@ dtc_cpu_detect_fn dtc_cpu_detect_avx512(void);
 /* Chosen like dtc_cpu_flags_best(). */
 dtc_cpu_detect_fn dtc_cpu_detect_best(void);
 
+/* Row kernels of the checksum outside the detect, each returning
+ * Σ dtc_csum_term(base + i·dstride, value i) over n values (mod 2^64):
+ *   csum_bits     values b[i] (BF16 bits, unit stride)
+ *   csum_fp32     values dtc_bf16_rne(src[i])
+ *   extract_csum  the same, also writing them to out[i]
+ *   swap_csum     values v[i], traded with d[i] (dstride 1: d[i] gets
+ *                 v[i], v[i] gets the old d[i]); v and d never overlap */
+struct dtc_cpu_runs {
+	uint64_t (*csum_bits)(const uint16_t *b, int64_t base, int64_t dstride, uint64_t n);
+	uint64_t (*csum_fp32)(const float *src, int64_t base, int64_t dstride, uint64_t n);
+	uint64_t (*extract_csum)(const float *src, uint16_t *out, int64_t base, int64_t dstride,
+				 uint64_t n);
+	uint64_t (*swap_csum)(uint16_t *v, uint16_t *d, int64_t base, uint64_t n);
+};
+
+/* The portable ones (the reference), the AVX-512 ones (NULL where this
+ * build or CPU cannot run them), and the ones the backend uses: chosen
+ * like dtc_cpu_flags_best(). */
+extern const struct dtc_cpu_runs dtc_cpu_runs_generic;
+const struct dtc_cpu_runs *dtc_cpu_runs_avx512(void);
+const struct dtc_cpu_runs *dtc_cpu_runs_best(void);
+
 /* Dense extract and its checksum from one read of θ (the entry checked
  * and merged with BOX_SRC | BOX_DST): out as dtc_dense_extract(), *sum as
  * dtc_checksum_entry(). */

@@ -167,11 +167,85 @@ static void test_best(void **state)
 	run_kernel(dtc_cpu_flags_best());
 }
 
+/* ---- the checksum's row kernels (struct dtc_cpu_runs) ----------------
+ * Each against the element math written out here (dtc_bf16_rne,
+ * dtc_csum_term per element), not against gpu/cpu.c's loops: lengths
+ * around the 16-lane vectors, destination strides of either sign, bases
+ * far apart (the keys are carried as Weyl states), every kind of weight. */
+static uint64_t ref_term(int64_t base, int64_t dstride, uint64_t i, uint16_t b)
+{
+	return dtc_csum_term((uint64_t)(base + (int64_t)i * dstride), b);
+}
+
+static void run_runs(const struct dtc_cpu_runs *r)
+{
+	enum { N = 300 };
+	static const uint64_t lens[] = { 0, 1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129, 250, N };
+	static const int64_t strides[] = { 1, 2, 3, -1, -5, 1024, 151936 };
+	static const int64_t bases[] = { 0, 1, 12345, (int64_t)1 << 33, 276836607 };
+	float src[N];
+	uint16_t bits[N], out[N + 8], v[N], d[N], v0[N], d0[N];
+	uint64_t cases = 0;
+
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+		for (size_t si = 0; si < sizeof(strides) / sizeof(strides[0]); si++)
+			for (size_t bi = 0; bi < sizeof(bases) / sizeof(bases[0]); bi++) {
+				uint64_t n = lens[li], want_b = 0, want_f = 0, want_s = 0;
+				int64_t ds = strides[si], base = bases[bi];
+
+				for (uint64_t i = 0; i < N; i++) {
+					src[i] = weight();
+					bits[i] = (uint16_t)rnd();
+					v[i] = v0[i] = (uint16_t)rnd();
+					d[i] = d0[i] = (uint16_t)rnd();
+				}
+				for (uint64_t i = 0; i < n; i++) {
+					want_b += ref_term(base, ds, i, bits[i]);
+					want_f += ref_term(base, ds, i, dtc_bf16_rne(src[i]));
+					want_s += ref_term(base, 1, i, v0[i]);
+				}
+				assert_int_equal(r->csum_bits(bits, base, ds, n), want_b);
+				assert_int_equal(r->csum_fp32(src, base, ds, n), want_f);
+				memset(out, 0xa5, sizeof(out));
+				assert_int_equal(r->extract_csum(src, out, base, ds, n), want_f);
+				for (uint64_t i = 0; i < n; i++)
+					assert_int_equal(out[i], dtc_bf16_rne(src[i]));
+				for (uint64_t i = n; i < N + 8; i++)
+					assert_int_equal(out[i], 0xa5a5);	/* nothing past the run */
+				assert_int_equal(r->swap_csum(v, d, base, n), want_s);
+				for (uint64_t i = 0; i < N; i++) {
+					assert_int_equal(d[i], i < n ? v0[i] : d0[i]);
+					assert_int_equal(v[i], i < n ? d0[i] : v0[i]);
+				}
+				cases++;
+			}
+	print_message("runs: cases=%llu\n", (unsigned long long)cases);
+	assert_int_equal(cases, 15 * 7 * 5);
+}
+
+static void test_runs_generic(void **state)
+{
+	run_runs(&dtc_cpu_runs_generic);
+}
+
+static void test_runs_avx512(void **state)
+{
+	const struct dtc_cpu_runs *r = dtc_cpu_runs_avx512();
+
+	if (!r) {
+		print_message("avx512 row kernels unavailable here (build or CPU): skipped\n");
+		skip();
+	}
+	run_runs(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_avx512),
 		cmocka_unit_test(test_best),
+		cmocka_unit_test(test_runs_generic),
+		cmocka_unit_test(test_runs_avx512),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
