@@ -1,6 +1,9 @@
 /* daemon/bufpool.c — see bufpool.h. */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include "daemon/bufpool.h"
 
 /* A large buffer on transparent huge pages where the kernel allows them
@@ -98,6 +101,53 @@ void bpool_put(struct bpool *bp, void *p, size_t cap)
 		pthread_mutex_unlock(&bp->mu);
 	}
 	free(p);
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23	/* Linux 5.14 */
+#endif
+
+/* How many more buffers of `need` the pool wants, and has room for. */
+static unsigned prefill_want(struct bpool *bp, size_t need, unsigned count)
+{
+	size_t cap = (need + BPOOL_HUGE - 1) / BPOOL_HUGE * BPOOL_HUGE;
+	unsigned have = 0, want;
+
+	pthread_mutex_lock(&bp->mu);
+	for (unsigned i = 0; i < bp->n; i++)
+		have += bp->slot[i].cap >= need;
+	want = count > have ? count - have : 0;
+	if (want > BPOOL_SLOTS - bp->n)
+		want = BPOOL_SLOTS - bp->n;
+	while (want && bp->held + (size_t)want * cap > bp->max_bytes)
+		want--;
+	pthread_mutex_unlock(&bp->mu);
+	return want;
+}
+
+unsigned bpool_prefill(struct bpool *bp, size_t need, unsigned count)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	unsigned made = 0;
+
+	if (need < BPOOL_MIN)
+		return 0;
+	count = prefill_want(bp, need, count);
+	for (; made < count; made++) {
+		size_t cap;
+		uint8_t *p = alloc_large(need, &cap);
+
+		if (!p)
+			break;
+		/* A write fault per page, storing nothing the buffer needs
+		 * (its user writes every byte it sends); the kernel does it in
+		 * one call where it can. */
+		if (madvise(p, cap, MADV_POPULATE_WRITE) < 0)
+			for (size_t o = 0; o < cap; o += (size_t)(pg > 0 ? pg : 4096))
+				p[o] = 0;
+		bpool_put(bp, p, cap);	/* kept, or freed when the pool filled meanwhile */
+	}
+	return made;
 }
 
 void bpool_trim(struct bpool *bp)

@@ -19,7 +19,7 @@
 /* Smaller buffers are not kept: a sparse version's parts (part_size, 4 MiB
  * by default) fault in a few MiB, which is cheaper than holding them. */
 #define BPOOL_MIN	((size_t)16 << 20)
-#define BPOOL_SLOTS	4
+#define BPOOL_SLOTS	8
 
 struct bpool {
 	pthread_mutex_t mu;
@@ -39,6 +39,14 @@ void *bpool_get(struct bpool *bp, size_t need, size_t *cap);
 /* Give back a buffer of capacity cap (from bpool_get or malloc): kept when
  * it is large and there is room, else freed.  NULL is fine. */
 void bpool_put(struct bpool *bp, void *p, size_t cap);
+
+/* Keep up to `count` buffers of at least `need` bytes ready, their pages
+ * written once (populated), so a phase known to come (a source's dense
+ * version: daemon/job_capture.c, from a worker thread) does not pay its
+ * first-touch page faults while it runs.  Buffers already kept that fit
+ * count; the pool's max_bytes and slots bound the rest.  Returns how many
+ * it added. */
+unsigned bpool_prefill(struct bpool *bp, size_t need, unsigned count);
 
 /* Free every kept buffer. */
 void bpool_trim(struct bpool *bp);

@@ -1260,6 +1260,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		if (job_part(j, l->info.id))
 			l->announced = 1;
 	jsink_replanned(j);
+	jsrc_replanned(j);
 	DLOG_I("job %s: plan epoch %llx from %s: %zu participants, %zu local pairs%s", j->name,
 	       (unsigned long long)j->epoch, from, j->nparts, j->npairs,
 	       j->complete ? "" : " (incomplete)");

@@ -416,6 +416,20 @@ static void send_parts(struct jcap *c)
 	}
 }
 
+/* A new plan: the pairs of a local source whose next version is dense
+ * (a sink new to them, entries changed, a repair pending) get their part
+ * buffers populated ahead while the trainer has not published yet. */
+void jsrc_replanned(struct job *j)
+{
+	for (size_t k = 0; k < j->npairs; k++) {
+		const struct jpair *p = &j->pairs[k];
+		struct jlocal *l = job_local(j, p->src);
+
+		if (l && l->info.role == JROLE_SOURCE && (!p->sm.last_sent || p->sm.need_dense))
+			jcap_prefill_dense(p->e, p->n, jeng.part_bytes);
+	}
+}
+
 void job_set_part_bytes(size_t n)
 {
 	jeng.part_bytes = n;

@@ -455,6 +455,9 @@ void jcap_part_free(struct jcap_part *p);
  * loop, once it is sent or dropped; arg is its capacity. */
 void jcap_chunk_release(void *chunk, void *cap);
 void jcap_chunk_given(void);	/* count one before giving it */
+/* A dense version of a pair with these entries is coming (a fresh sink, a
+ * repair): its parts' buffers populated ahead, on a worker. */
+void jcap_prefill_dense(const struct jentry *e, size_t n, size_t part_bytes);
 int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);
@@ -623,6 +626,8 @@ void jsink_free(struct jlocal *l);
 /* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
+/* The same for the local sources: buffers ready for their dense versions. */
+void jsrc_replanned(struct job *j);
 /* A receive arena the size of sink l's dense version (recvpool.h), or NULL. */
 struct recvpool *jsink_arena(const struct jlocal *l);
 uint64_t jsink_newest_staged(const struct jlocal *l);

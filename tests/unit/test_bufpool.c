@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "daemon/bufpool.h"
 
 /* sizes in units of the smallest kept buffer */
@@ -83,8 +85,62 @@ static void test_limits(void **state)
 	assert_int_equal(bp.n, BPOOL_SLOTS);
 	bpool_put(&bp, malloc(9 * U), 9 * U);
 	assert_int_equal(bp.n, BPOOL_SLOTS);
-	assert_int_equal(bp.held, (2 + 3 + 4 + 9) * U);
+	/* the 1-unit one went */
+	assert_int_equal(bp.held, ((size_t)BPOOL_SLOTS * (BPOOL_SLOTS + 1) / 2 - 1 + 9) * U);
 	bpool_put(&bp, NULL, 0);
+	bpool_trim(&bp);
+	assert_int_equal(bp.held, 0);
+}
+
+/* Every page of [p, p + len) is resident (mincore). */
+static int resident(void *p, size_t len)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg, in = 0;
+	unsigned char *v = malloc(n);
+
+	assert_non_null(v);
+	assert_int_equal(mincore(p, len, v), 0);
+	for (size_t i = 0; i < n; i++)
+		in += v[i] & 1;
+	free(v);
+	return in == n;
+}
+
+/* Prefill: buffers populated ahead (their pages resident before anyone
+ * writes them), as many as asked minus those already kept that fit,
+ * within the byte limit and the slots; too small a size is not kept. */
+static void test_prefill(void **state)
+{
+	struct bpool bp = BPOOL_INIT(4 * U);
+	size_t c;
+	void *a, *b;
+
+	assert_int_equal(bpool_prefill(&bp, U / 2, 3), 0);	/* never kept anyway */
+	assert_int_equal(bp.n, 0);
+	/* 8 asked, the limit holds 4 */
+	assert_int_equal(bpool_prefill(&bp, U, 8), 4);
+	assert_int_equal(bp.n, 4);
+	assert_int_equal(bp.held, 4 * U);
+	for (unsigned i = 0; i < bp.n; i++)
+		assert_true(resident(bp.slot[i].p, bp.slot[i].cap));
+	assert_int_equal(bpool_prefill(&bp, U, 8), 0);		/* full */
+	/* handed out as kept buffers: hits, not misses */
+	a = bpool_get(&bp, U, &c);
+	assert_true(resident(a, c));
+	assert_int_equal(bp.hits, 1);
+	assert_int_equal(bp.misses, 0);
+	bpool_put(&bp, a, c);
+	bpool_trim(&bp);
+	/* one kept that fits counts: 2 asked, 1 made */
+	b = bpool_get(&bp, 2 * U, &c);
+	bpool_put(&bp, b, c);
+	assert_int_equal(bpool_prefill(&bp, U, 2), 1);
+	assert_int_equal(bp.n, 2);
+	/* a kept one too small does not count */
+	bpool_trim(&bp);
+	bpool_put(&bp, malloc(U), U);
+	assert_int_equal(bpool_prefill(&bp, 2 * U, 1), 1);
+	assert_int_equal(bp.n, 2);
 	bpool_trim(&bp);
 	assert_int_equal(bp.held, 0);
 }
@@ -95,6 +151,7 @@ int main(void)
 		cmocka_unit_test(test_reuse_smallest_fit),
 		cmocka_unit_test(test_never_too_small),
 		cmocka_unit_test(test_limits),
+		cmocka_unit_test(test_prefill),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
