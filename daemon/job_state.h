@@ -387,6 +387,11 @@ struct jcap_pair {
 	size_t chunk_len;         /* Σ of its parts' framed bytes */
 	uint64_t changed, elements;
 	struct dtc_bytes raw;     /* the part being built */
+	/* its chunk hash, fed as the dense extract writes (job_capture.c,
+	 * entry_dense): raw.p[DTC_CHUNK_HDR, hashed) is in hs; NULL or
+	 * hashed = 0: the part is hashed whole when framed */
+	struct XXH3_state_s *hs;
+	size_t hashed;
 	uint32_t part_first;      /* first entry of that part */
 	uint32_t nparts;          /* parts framed by the worker */
 	/* loop side */

@@ -269,6 +269,14 @@ int dtc_chunk_seal_raw(uint8_t *buf, size_t len)
 	return DTC_OK;
 }
 
+int dtc_chunk_seal_raw_hashed(uint8_t *buf, size_t len, uint64_t xxh3)
+{
+	if (!buf)
+		return DTC_EINVAL;
+	chunk_header(buf, DTC_CODEC_RAW, len, len, xxh3);
+	return DTC_OK;
+}
+
 int dtc_chunk_view(const uint8_t *in, size_t len, const uint8_t **raw, size_t *raw_len)
 {
 	uint64_t n;

@@ -62,6 +62,9 @@ int dtc_chunk_pack(const void *in, size_t len, int zlevel, uint8_t *out, size_t 
  * `len` payload bytes; writes the header, so buf becomes a chunk of
  * DTC_CHUNK_HDR + len bytes without a second copy of the payload. */
 int dtc_chunk_seal_raw(uint8_t *buf, size_t len);
+/* The same with the payload's XXH3_64bits already known (the caller
+ * hashed it as it wrote it, in order: daemon/job_capture.c). */
+int dtc_chunk_seal_raw_hashed(uint8_t *buf, size_t len, uint64_t xxh3);
 
 /* A raw-stored chunk's payload in place, checksum verified (*raw points
  * into `in`); *raw = NULL when it is compressed (use dtc_chunk_unpack). */

@@ -74,8 +74,9 @@ int dtc_dense_extract(const struct dtc_backend *be, const struct dte_box_map *e,
 	return be->ops->dense_extract(&ce, param, out);
 }
 
-int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_map *e,
-			   const float *param, uint64_t param_len, uint16_t *out, uint64_t *sum)
+int dtc_dense_extract_csum_each(const struct dtc_backend *be, const struct dte_box_map *e,
+				const float *param, uint64_t param_len, uint16_t *out,
+				uint64_t *sum, dtc_out_fn done, void *arg)
 {
 	struct dte_box_map ce;
 	uint64_t s = 0;
@@ -84,17 +85,26 @@ int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_ma
 	if (!be || !param || !out || !sum)
 		return DTC_EINVAL;
 	if (be->ops != &dtc_cpu_ops) {
-		if ((rc = dtc_dense_extract(be, e, param, param_len, out)) != DTC_OK)
+		if ((rc = dtc_dense_extract(be, e, param, param_len, out)) != DTC_OK ||
+		    (rc = dtc_checksum_entry(be, e, param, param_len, sum)) != DTC_OK)
 			return rc;
-		return dtc_checksum_entry(be, e, param, param_len, sum);
+		if (done)
+			done(arg, out, dtc_box_size(e));
+		return DTC_OK;
 	}
 	if ((rc = dtc_entry_check(e, param_len, UINT64_MAX)) != DTC_OK)
 		return rc;
 	box_coalesce(e, BOX_SRC | BOX_DST, &ce);
-	rc = dtc_cpu_extract_csum(&ce, param, out, &s);
+	rc = dtc_cpu_extract_csum(&ce, param, out, &s, done, arg);
 	if (rc == DTC_OK)
 		*sum = s;
 	return rc;
+}
+
+int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_map *e,
+			   const float *param, uint64_t param_len, uint16_t *out, uint64_t *sum)
+{
+	return dtc_dense_extract_csum_each(be, e, param, param_len, out, sum, NULL, NULL);
 }
 
 int dtc_scatter_apply(const struct dtc_backend *be, const struct dte_box_map *e,

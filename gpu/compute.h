@@ -100,6 +100,19 @@ int dtc_dense_extract(const struct dtc_backend *be, const struct dte_box_map *e,
 int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_map *e,
 			   const float *param, uint64_t param_len, uint16_t *out, uint64_t *sum);
 
+/* dtc_dense_extract_csum(), with done(arg, p, n) called on the calling
+ * thread for runs of out just written, in order, covering out exactly
+ * once: a host backend on one thread every DTC_EXTRACT_RUN values, while
+ * the run is still in cache (the source's chunk hash: daemon/
+ * job_capture.c, which would otherwise read the part again from memory);
+ * several threads or another backend, once for all of out at the end.
+ * Not called when the extract fails. */
+#define DTC_EXTRACT_RUN ((uint64_t)1 << 16)
+typedef void (*dtc_out_fn)(void *arg, const uint16_t *p, uint64_t n);
+int dtc_dense_extract_csum_each(const struct dtc_backend *be, const struct dte_box_map *e,
+				const float *param, uint64_t param_len, uint16_t *out,
+				uint64_t *sum, dtc_out_fn done, void *arg);
+
 /* Write val[i] at the destination of box position pos[i].  Every position
  * is checked (< box size, destination inside dst_len) before anything is
  * written: on error dst is untouched. */

@@ -1130,12 +1130,28 @@ static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part
 }
 
 int dtc_cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
-			 uint64_t *sum)
+			 uint64_t *sum, void (*done)(void *arg, const uint16_t *p, uint64_t n),
+			 void *arg)
 {
 	struct dense_ctx c = { .param = param, .out = out, .size = dtc_box_size(e) };
+	struct part probe[MAX_THREADS];
+	uint64_t s = 0;
 
 	c.e = *e;
-	*sum = run_split(extract_csum_range, &c, c.size, 64, c.size);
+	if (!done || split_plan(probe, c.size, 64, c.size) > 1) {
+		*sum = run_split(extract_csum_range, &c, c.size, 64, c.size);
+		if (done && c.size)
+			done(arg, out, c.size);
+		return DTC_OK;
+	}
+	/* one thread: each run handed over while it is in cache */
+	for (uint64_t lo = 0; lo < c.size; lo += DTC_EXTRACT_RUN) {
+		uint64_t hi = c.size - lo < DTC_EXTRACT_RUN ? c.size : lo + DTC_EXTRACT_RUN;
+
+		s += extract_csum_range(&c, lo, hi, 0);
+		done(arg, out + lo, hi - lo);
+	}
+	*sum = s;
 	return DTC_OK;
 }
 

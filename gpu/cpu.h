@@ -91,7 +91,8 @@ const struct dtc_cpu_runs *dtc_cpu_runs_best(void);
  * and merged with BOX_SRC | BOX_DST): out as dtc_dense_extract(), *sum as
  * dtc_checksum_entry(). */
 int dtc_cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
-			 uint64_t *sum);
+			 uint64_t *sum, void (*done)(void *arg, const uint16_t *p, uint64_t n),
+			 void *arg);
 
 /* The gap code of gpu/codec.h (tests hold it to dtc_sparse_encode()). */
 static inline size_t dtc_cpu_put_gap(uint8_t *g, uint64_t gap)

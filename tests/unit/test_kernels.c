@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
+#include <xxhash.h>
 #include "gpu/backend.h"
 #include "gpu/compute.h"
 #include "gpu/elem.h"
@@ -413,6 +414,29 @@ static uint64_t ref_entry_sum(const struct dte_box_map *e, const float *src)
 	return s;
 }
 
+struct runs {
+	const uint16_t *out, *want;
+	XXH3_state_t *hs;
+	uint64_t next, n, max;
+};
+
+static uint64_t extract_runs_max, extract_runs_seen;
+
+static void took_run(void *arg, const uint16_t *p, uint64_t n)
+{
+	struct runs *r = arg;
+
+	if (p != r->out + r->next)
+		fail_msg("run at %td, expected at %llu", p - r->out, (unsigned long long)r->next);
+	if (memcmp(p, r->want + r->next, n * sizeof(*p)))
+		fail_msg("run at %llu handed over before it was written",
+			 (unsigned long long)r->next);
+	XXH3_64bits_update(r->hs, p, n * sizeof(*p));
+	r->next += n;
+	r->n++;
+	r->max = n > r->max ? n : r->max;
+}
+
 static void check_extract_csum(const struct dte_box_map *e, const float *src, uint64_t src_len,
 			       const char *what)
 {
@@ -432,6 +456,26 @@ static void check_extract_csum(const struct dte_box_map *e, const float *src, ui
 			 (unsigned long long)ref_entry_sum(e, src));
 	assert_int_equal(dtc_checksum_entry(cpu, e, src, src_len, &sum2), DTC_OK);
 	assert_int_equal(sum, sum2);
+	/* with its runs handed over: the same values and sum, the runs in
+	 * order, each final when handed over, covering out once, and a hash
+	 * streamed over them equal to one over the whole */
+	{
+		struct runs r = { .out = out, .want = want, .hs = XXH3_createState() };
+
+		assert_non_null(r.hs);
+		XXH3_64bits_reset(r.hs);
+		memset(out, 0xa5, size * sizeof(*out));
+		assert_int_equal(dtc_dense_extract_csum_each(cpu, e, src, src_len, out, &sum2,
+							     took_run, &r), DTC_OK);
+		assert_int_equal(sum2, sum);
+		if (r.next != size)
+			fail_msg("%s: runs covered %llu of %llu", what, (unsigned long long)r.next,
+				 (unsigned long long)size);
+		assert_int_equal(XXH3_64bits_digest(r.hs), XXH3_64bits(want, size * sizeof(*want)));
+		extract_runs_max = r.max > extract_runs_max ? r.max : extract_runs_max;
+		extract_runs_seen += r.n;
+		XXH3_freeState(r.hs);
+	}
 	free(out);
 	free(want);
 }
@@ -475,6 +519,13 @@ static void test_extract_csum(void **state)
 	e.dst_stride[0] = 1;
 	e.dst_stride[1] = 3;
 	check_extract_csum(&e, big, 2 * n, "long strided");
+	/* below the threads' split: one thread, runs of DTC_EXTRACT_RUN */
+	e.extent[1] = (int64_t)(DTC_EXTRACT_RUN * 7 / 4);
+	extract_runs_seen = 0;
+	check_extract_csum(&e, big, 2 * n, "runs strided");
+	print_message("extract runs: handed over %llu, longest %llu\n",
+		      (unsigned long long)extract_runs_seen, (unsigned long long)extract_runs_max);
+	assert_int_equal(extract_runs_seen, 4);	/* 2 rows × 1¾ runs: 3.5 runs, 4 calls */
 	/* bad input: refused before anything is touched */
 	assert_int_equal(dtc_dense_extract_csum(dtc_backend_cpu(), &entries[0], src, 10, out, &sum),
 			 DTC_EBOX);
