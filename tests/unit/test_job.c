@@ -1755,6 +1755,38 @@ static void test_arrival(void **state)
 	assert_int_equal(staged(), v - 2);	/* the one before the refused one */
 	assert_int_equal(answer.seen[116], 0);
 	v++;
+	/* A dense part whose bytes changed on the way, its chunk xxh3 left
+	 * as sent: refused by its checksum before it is swapped in, and the
+	 * parts already in are undone bit for bit (nothing staged, the wait
+	 * goes on). */
+	{
+		uint64_t undos0 = k->arrival_undos, parts1 = k->arrival_parts;
+		struct rec x = held_recs[nheld - 2];
+
+		publish_held(v, ++step, 1);
+		snapshot(&snap);
+		for (size_t i = 0; i + 2 < nheld; i++)
+			feed_rec(&held_recs[i]);
+		assert_false(unchanged(snap));
+		x = held_recs[nheld - 2];
+		assert_true(x.len > DTC_CHUNK_HDR + 64);
+		x.data = malloc(x.len);
+		assert_non_null(x.data);
+		memcpy(x.data, held_recs[nheld - 2].data, x.len);
+		x.data[DTC_CHUNK_HDR + 8 + (x.len - DTC_CHUNK_HDR - 8) / 2] ^= 0x40;
+		feed_rec(&x);
+		free(x.data);
+		feed_rec(&held_recs[nheld - 1]);
+		spin();
+		assert_int_equal(k->arrival_parts, parts1 + nheld - 2);	/* not the bad one */
+		assert_int_equal(k->arrival_undos, undos0 + 1);
+		assert_null(k->arrive);
+		assert_true(unchanged(snap));
+		free(snap);
+		assert_int_equal(staged(), v - 3);
+		assert_int_equal(answer.seen[116], 0);
+		v++;
+	}
 	/* the dense repair, whole: staged in place, exact, the wait answers */
 	parts0 = k->arrival_parts;
 	{
@@ -1764,7 +1796,7 @@ static void test_arrival(void **state)
 		for (size_t i = 0; i + 1 < nheld; i++)
 			feed_rec(&held_recs[i]);
 		assert_int_equal(k->arrival_parts, parts0 + nheld - 1);
-		assert_int_equal(staged(), v - 3);	/* nothing visible before COUNTS */
+		assert_int_equal(staged(), v - 4);	/* nothing visible before COUNTS */
 		feed_rec(&held_recs[nheld - 1]);
 		spin();
 		assert_int_equal(k->arrival_versions, vers0 + 1);
@@ -1795,7 +1827,7 @@ static void test_arrival(void **state)
 	feed_wrong_value(&held_recs[nheld - 2]);
 	assert_int_equal(k->arrival_parts, parts0 + nheld - 1);	/* every part swapped in */
 	assert_int_equal(k->checksum_failures, fails0 + 1);
-	assert_int_equal(k->arrival_undos, 3);
+	assert_int_equal(k->arrival_undos, 4);
 	assert_null(k->arrive);
 	assert_true(unchanged(snap));	/* bit for bit the version before */
 	free(snap);
