@@ -26,12 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
-#if defined(__x86_64__) && defined(__has_include)
-#if __has_include(<xxh_x86dispatch.h>)
-#include <xxh_x86dispatch.h>	/* see gpu/codec.c */
-#endif
-#endif
 #include "daemon/bufpool.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_cuda.h"
@@ -42,6 +36,7 @@
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
+#include "gpu/xxh.h"
 
 /* What makes two entries read the same source elements. */
 struct det_key {
@@ -642,9 +637,16 @@ static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t a
  * Starts the part's stream if it has none and brings it up to
  * raw[upto); 0 when the part is hashed whole at framing instead (zstd
  * packs it, or no state could be had). */
+/* The zstd level a pair's parts are framed at: 0, raw, unless the pair
+ * is remote and the job asks for zstd. */
+static int part_zlevel(const struct jcap *c, const struct jcap_pair *p)
+{
+	return p->remote ? (int)c->zstd_level : 0;
+}
+
 static int hash_start(const struct jcap *c, struct jcap_pair *p, size_t upto)
 {
-	if (p->remote && c->zstd_level)
+	if (part_zlevel(c, p))
 		return 0;
 	if (!p->hashed) {
 		if (!p->hs && !(p->hs = XXH3_createState()))
@@ -1023,7 +1025,7 @@ static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size
 		      size_t *chunk_cap)
 {
 	size_t len = p->raw.n - DTC_CHUNK_HDR, bound;
-	int zl = p->remote ? (int)c->zstd_level : 0;
+	int zl = part_zlevel(c, p);
 
 	/* Memory is faster than zstd, and a same-cluster link usually is
 	 * too: zstd only where the job asks for it (zstd_level). */

@@ -1,18 +1,9 @@
 /* Sparse/dense payload codecs and chunk framing (zstd + xxh3). */
 #include <string.h>
-#include <xxhash.h>
-/* xxHash's own run-time dispatch (AVX2 / AVX-512 where the CPU has them;
- * it redefines XXH3_64bits to XXH3_64bits_dispatch): Debian builds
- * libxxhash for baseline x86-64, SSE2, which hashed a 32 MiB part just
- * written at 5.7 GB/s here against 10-12 GB/s dispatched. */
-#if defined(__x86_64__) && defined(__has_include)
-#if __has_include(<xxh_x86dispatch.h>)
-#include <xxh_x86dispatch.h>
-#endif
-#endif
 #include <zstd.h>
 #include "gpu/codec.h"
 #include "gpu/compute.h"
+#include "gpu/xxh.h"
 
 #define GAP1_MAX	128u
 #define GAP2_MAX	(128u + 16384u)

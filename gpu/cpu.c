@@ -197,15 +197,22 @@ void dtc_cpu_flags(const struct dtc_consts *kp, const float *p, const float *m, 
 		out[idx[i] / 64] |= (uint64_t)f[i] << (idx[i] % 64);
 }
 
+/* Whether the SIMD kernels may be used: DTC_CPU_SIMD=generic says no
+ * (the portable ones, the reference, everywhere). */
+static int simd_allowed(void)
+{
+	const char *s = getenv("DTC_CPU_SIMD");
+
+	return !(s && strcmp(s, "generic") == 0);
+}
+
 dtc_cpu_flags_fn dtc_cpu_flags_best(void)
 {
 	static dtc_cpu_flags_fn best;
 	dtc_cpu_flags_fn f = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		const char *s = getenv("DTC_CPU_SIMD");
-
-		f = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_flags_avx512();
+		f = simd_allowed() ? dtc_cpu_flags_avx512() : NULL;
 		if (!f)
 			f = dtc_cpu_flags;
 		__atomic_store_n(&best, f, __ATOMIC_RELEASE);
@@ -857,16 +864,7 @@ static uint64_t csum_run_fp32(const float *src, int64_t sstride, int64_t base, i
 }
 
 /* The portable row kernels of struct dtc_cpu_runs. */
-static uint64_t gen_csum_bits(const uint16_t *b, int64_t base, int64_t dstride, uint64_t n)
-{
-	uint64_t s = 0;
-
-	if (dstride == 1)
-		return csum_run_bits(b, base, 1, n);
-	for (uint64_t i = 0; i < n; i++)
-		s += dtc_csum_term((uint64_t)(base + (int64_t)i * dstride), b[i]);
-	return s;
-}
+static uint64_t csum_run_out(const uint16_t *out, int64_t base, int64_t dstride, uint64_t n);
 
 static uint64_t gen_csum_fp32(const float *src, int64_t base, int64_t dstride, uint64_t n)
 {
@@ -884,7 +882,7 @@ static uint64_t gen_swap_csum(uint16_t *v, uint16_t *d, int64_t base, uint64_t n
 }
 
 const struct dtc_cpu_runs dtc_cpu_runs_generic = {
-	.csum_bits = gen_csum_bits,
+	.csum_bits = csum_run_out,	/* contiguous values, keys at any stride */
 	.csum_fp32 = gen_csum_fp32,
 	.extract_csum = gen_extract_csum,
 	.swap_csum = gen_swap_csum,
@@ -896,9 +894,7 @@ const struct dtc_cpu_runs *dtc_cpu_runs_best(void)
 	const struct dtc_cpu_runs *r = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
 
 	if (!r) {
-		const char *s = getenv("DTC_CPU_SIMD");
-
-		r = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_runs_avx512();
+		r = simd_allowed() ? dtc_cpu_runs_avx512() : NULL;
 		if (!r)
 			r = &dtc_cpu_runs_generic;
 		__atomic_store_n(&best, r, __ATOMIC_RELEASE);
@@ -1176,9 +1172,7 @@ dtc_cpu_detect_fn dtc_cpu_detect_best(void)
 	dtc_cpu_detect_fn f = __atomic_load_n(&best, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		const char *s = getenv("DTC_CPU_SIMD");
-
-		f = s && strcmp(s, "generic") == 0 ? NULL : dtc_cpu_detect_avx512();
+		f = simd_allowed() ? dtc_cpu_detect_avx512() : NULL;
 		if (!f)
 			f = dtc_cpu_detect_block;
 		__atomic_store_n(&best, f, __ATOMIC_RELEASE);

@@ -5,15 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
-#include <xxhash.h>
-#if defined(__x86_64__) && defined(__has_include)
-#if __has_include(<xxh_x86dispatch.h>)
-#include <xxh_x86dispatch.h>	/* see gpu/codec.c */
-#endif
-#endif
 #include "daemon/storage/storage_int.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
+#include "gpu/xxh.h"
 
 struct dts_reader {
 	char      root[4096];
