@@ -308,8 +308,8 @@ int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_ma
 			   uint64_t *sum_new)
 {
 	struct dte_box_map m;
-	struct box_walk w;
-	uint64_t size, p = 0;
+	struct box_rows r;
+	uint64_t size;
 	int64_t d1;
 	int rc;
 
@@ -336,11 +336,9 @@ int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_ma
 	if (be->ops->dense_swap)
 		return be->ops->dense_swap(&m, (uint16_t *)(void *)in, dst, sum_new);
 	d1 = m.dst_stride[m.ndim - 1];
-	if (size)
-		box_walk_seek(&w, &m, 0);
-	while (p < size) {
-		uint16_t *v = (uint16_t *)(void *)in + p, *d = dst + box_dst_index(&w);
-		uint64_t run = (uint64_t)(w.row_len - w.col);
+	for (box_rows_init(&r, &m, 0, size); box_rows_next(&r);) {
+		uint16_t *v = (uint16_t *)(void *)in + r.p, *d = dst + r.dst;
+		uint64_t run = r.n;
 
 		if (d1 == 1) {
 			/* Through a small buffer: three memcpy per block. */
@@ -361,9 +359,6 @@ int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_ma
 				v[k] = t;
 			}
 		}
-		p += run;
-		if (p < size)
-			box_walk_next_row(&w);
 	}
 	return dtc_checksum_box(be, e, dst, dst_len, sum_new);
 }

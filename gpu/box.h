@@ -46,6 +46,52 @@ static inline void box_walk_step(struct box_walk *w)
 		box_walk_next_row(w);
 }
 
+/* The rows of box positions [lo, hi), a piece at a time: each call of
+ * box_rows_next() gives the next piece [p, p + n) of one row, its first
+ * element at src index `src` and dst index `dst` (the last dim's strides
+ * step within it).  The walk never moves past hi:
+ *
+ *	struct box_rows r;
+ *
+ *	for (box_rows_init(&r, e, lo, hi); box_rows_next(&r); )
+ *		do_run(r.src, r.dst, r.p, r.n);
+ *
+ * Inline, so a loop over a piece stays in the caller's own (cloned,
+ * vectorized) body. */
+struct box_rows {
+	struct box_walk w;
+	uint64_t p, n, hi;
+	int64_t src, dst;
+};
+
+static inline void box_rows_init(struct box_rows *r, const struct dte_box_map *e, uint64_t lo,
+				 uint64_t hi)
+{
+	r->p = lo;
+	r->n = 0;
+	r->hi = hi;
+	if (lo < hi)
+		box_walk_seek(&r->w, e, lo);
+}
+
+static inline int box_rows_next(struct box_rows *r)
+{
+	if (r->n) {
+		r->p += r->n;
+		if (r->p >= r->hi)
+			return 0;
+		box_walk_next_row(&r->w);
+	} else if (r->p >= r->hi) {
+		return 0;
+	}
+	r->n = (uint64_t)(r->w.row_len - r->w.col);
+	if (r->n > r->hi - r->p)
+		r->n = r->hi - r->p;
+	r->src = box_src_index(&r->w);
+	r->dst = box_dst_index(&r->w);
+	return 1;
+}
+
 /* dst index of an arbitrary position (no walk). */
 int64_t box_dst_of(const struct dte_box_map *e, uint64_t pos);
 

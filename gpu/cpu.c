@@ -722,29 +722,19 @@ static uint64_t extract_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct dense_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t p = lo;
+	struct box_rows r;
 
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-		const float *src = c->param + box_src_index(&w);
-		uint16_t *o = c->out + p;
+	for (box_rows_init(&r, &c->e, lo, hi); box_rows_next(&r);) {
+		const float *src = c->param + r.src;
+		uint16_t *o = c->out + r.p;
 
-		if (run > hi - p)
-			run = hi - p;
 		if (s1 == 1) {
-			for (uint64_t i = 0; i < run; i++)
+			for (uint64_t i = 0; i < r.n; i++)
 				o[i] = dtc_bf16_rne(src[i]);
 		} else {
-			for (uint64_t i = 0; i < run; i++)
+			for (uint64_t i = 0; i < r.n; i++)
 				o[i] = dtc_bf16_rne(src[(int64_t)i * s1]);
 		}
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
 	}
 	return 0;
 }
@@ -762,26 +752,16 @@ static uint64_t apply_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
 	struct dense_ctx *c = arg;
 	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t p = lo;
+	struct box_rows r;
 
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-		uint16_t *dst = c->dst + box_dst_index(&w);
+	for (box_rows_init(&r, &c->e, lo, hi); box_rows_next(&r);) {
+		uint16_t *dst = c->dst + r.dst;
 
-		if (run > hi - p)
-			run = hi - p;
 		if (d1 == 1)
-			memcpy(dst, c->vals + p, run * sizeof(uint16_t));
+			memcpy(dst, c->vals + r.p, r.n * sizeof(uint16_t));
 		else
-			for (uint64_t i = 0; i < run; i++)
-				dst[(int64_t)i * d1] = c->vals[p + i];
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
+			for (uint64_t i = 0; i < r.n; i++)
+				dst[(int64_t)i * d1] = c->vals[r.p + i];
 	}
 	return 0;
 }
@@ -919,26 +899,15 @@ static int cpu_checksum_buffer(const uint16_t *buf, uint64_t len, uint64_t *sum)
 
 static uint64_t csum_entry_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
-	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
+	const struct dtc_cpu_runs *k = dtc_cpu_runs_best();
 	struct csum_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t s = 0, p = lo;
+	struct box_rows r;
+	uint64_t s = 0;
 
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-
-		if (run > hi - p)
-			run = hi - p;
-		s += s1 == 1 ? r->csum_fp32(c->param + box_src_index(&w), box_dst_index(&w), d1, run)
-			     : csum_run_fp32(c->param + box_src_index(&w), s1, box_dst_index(&w), d1, run);
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
-	}
+	for (box_rows_init(&r, &c->e, lo, hi); box_rows_next(&r);)
+		s += s1 == 1 ? k->csum_fp32(c->param + r.src, r.dst, d1, r.n)
+			     : csum_run_fp32(c->param + r.src, s1, r.dst, d1, r.n);
 	return s;
 }
 
@@ -991,30 +960,19 @@ static uint64_t swap_run(uint16_t *restrict v, uint16_t *restrict d, int64_t bas
  * and the sum is of what the swap wrote. */
 static uint64_t csum_box_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
-	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
+	const struct dtc_cpu_runs *k = dtc_cpu_runs_best();
 	struct csum_ctx *c = arg;
 	int64_t d1 = c->e.dst_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t s = 0, p = lo;
+	struct box_rows r;
+	uint64_t s = 0;
 
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-		int64_t at = box_dst_index(&w);
-
-		if (run > hi - p)
-			run = hi - p;
+	for (box_rows_init(&r, &c->e, lo, hi); box_rows_next(&r);) {
 		if (c->in)
-			s += d1 == 1 ? r->swap_csum(c->in + p, c->out + at, at, run)
-				     : swap_run(c->in + p, c->out + at, at, d1, run);
+			s += d1 == 1 ? k->swap_csum(c->in + r.p, c->out + r.dst, r.dst, r.n)
+				     : swap_run(c->in + r.p, c->out + r.dst, r.dst, d1, r.n);
 		else
-			s += d1 == 1 ? r->csum_bits(c->buf + at, at, 1, run)
-				     : csum_run_bits(c->buf + at, at, d1, run);
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
+			s += d1 == 1 ? k->csum_bits(c->buf + r.dst, r.dst, 1, r.n)
+				     : csum_run_bits(c->buf + r.dst, r.dst, d1, r.n);
 	}
 	return s;
 }
@@ -1100,28 +1058,16 @@ static uint64_t gen_extract_csum(const float *src, uint16_t *out, int64_t base, 
 
 static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part)
 {
-	const struct dtc_cpu_runs *r = dtc_cpu_runs_best();
+	const struct dtc_cpu_runs *k = dtc_cpu_runs_best();
 	struct dense_ctx *c = arg;
 	int64_t s1 = c->e.src_stride[c->e.ndim - 1], d1 = c->e.dst_stride[c->e.ndim - 1];
-	struct box_walk w;
-	uint64_t p = lo, sum = 0;
+	struct box_rows r;
+	uint64_t sum = 0;
 
 	(void)part;
-	if (lo >= hi)
-		return 0;
-	box_walk_seek(&w, &c->e, lo);
-	while (p < hi) {
-		uint64_t run = (uint64_t)(w.row_len - w.col);
-		const float *src = c->param + box_src_index(&w);
-
-		if (run > hi - p)
-			run = hi - p;
-		sum += s1 == 1 ? r->extract_csum(src, c->out + p, box_dst_index(&w), d1, run)
-			       : extract_slices(src, s1, c->out + p, box_dst_index(&w), d1, run);
-		p += run;
-		if (p < hi)
-			box_walk_next_row(&w);
-	}
+	for (box_rows_init(&r, &c->e, lo, hi); box_rows_next(&r);)
+		sum += s1 == 1 ? k->extract_csum(c->param + r.src, c->out + r.p, r.dst, d1, r.n)
+			       : extract_slices(c->param + r.src, s1, c->out + r.p, r.dst, d1, r.n);
 	return sum;
 }
 
