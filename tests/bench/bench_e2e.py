@@ -49,7 +49,9 @@ Daemon memory is sampled every 10 ms from /proc/PID/status: RssAnon
 counted) and VmHWM (peak RSS, shared pages included).
 """
 
+import errno
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -486,6 +488,63 @@ def runq(pid):
     return wait / 1e9
 
 
+class PerfRecord:
+    """`perf record -a -g` started with its events disabled and enabled
+    through its control fifo (perf record --control): the constructor
+    returns once perf acknowledged the enable, so the profile holds the
+    version from its first instruction and nothing of perf's own start-up
+    (no guessed sleep for perf to come up)."""
+
+    def __init__(self, out, work, timeout=30.0):
+        self.ctl = os.path.join(work, "perf-ctl.fifo")
+        self.ack = os.path.join(work, "perf-ack.fifo")
+        for f in (self.ctl, self.ack):
+            if os.path.exists(f):
+                os.unlink(f)
+            os.mkfifo(f)
+        self.proc = subprocess.Popen(
+            ["perf", "record", "-a", "-g", "-F", "4000", "-D", "-1",
+             "--control", "fifo:%s,%s" % (self.ctl, self.ack), "-o", out],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # A fifo opened for writing without a reader fails with ENXIO:
+        # retried until perf opened it, or perf exited, or the deadline.
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                self.ctl_fd = os.open(self.ctl, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.proc.kill()
+                raise RuntimeError("perf record did not open its control fifo (exit %s)"
+                                   % self.proc.poll())
+            time.sleep(0.01)
+        self.ack_fd = os.open(self.ack, os.O_RDONLY | os.O_NONBLOCK)
+        os.write(self.ctl_fd, b"enable\n")
+        got = b""   # perf 6.1 answers "ack\n\0"
+        while b"\n" not in got:
+            r, _, _ = select.select([self.ack_fd], [], [], max(0.0, end - time.monotonic()))
+            if not r:
+                self.proc.kill()
+                raise RuntimeError("perf record did not acknowledge 'enable'")
+            chunk = os.read(self.ack_fd, 64)
+            if not chunk and self.proc.poll() is not None:
+                raise RuntimeError("perf record exited before enabling its events")
+            got += chunk
+        if got.split(b"\n")[0] != b"ack":
+            raise RuntimeError("perf record answered %r to 'enable'" % got)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=120)
+        os.close(self.ctl_fd)
+        os.close(self.ack_fd)
+        for f in (self.ctl, self.ack):
+            os.unlink(f)
+
+
 def pin_cores():
     """(source core, sink core): two CPUs this process may use, or None."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -676,10 +735,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 # BENCH_E2E_PERF=FILE: a system-wide `perf record -g` of
                 # each dense version (where its CPU goes, per thread)
                 if os.environ.get("BENCH_E2E_PERF") and mode == "dense":
-                    perf = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "4000", "-o",
-                                             os.environ["BENCH_E2E_PERF"]],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    time.sleep(1.0)
+                    perf = PerfRecord(os.environ["BENCH_E2E_PERF"], work)
                 t0 = time.perf_counter()
                 info = cli.publish(JOB, part, version, step, groups)
                 t1 = time.perf_counter()
@@ -689,8 +745,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
                 cli.wait(JOB, version, 300000)
                 t2 = time.perf_counter()
                 if perf is not None:
-                    perf.send_signal(signal.SIGINT)
-                    perf.wait()
+                    perf.stop()
                 cpu1 = {n: MemSampler.cpu(p) for n, p in sampler.pids.items()}
                 rq1 = {n: runq(p) for n, p in sampler.pids.items()}
                 sampler.window(None)
@@ -857,8 +912,9 @@ def e2e_line(r):
 
 def main():
     """BENCH_LINKS (default 1,10,100) Gbit/s; BENCH_SMALL=1 for a smaller
-    model.  Needs root.  Prints the detail lines and one `bench e2e` line
-    per link."""
+    model; BENCH_E2E_PERF=FILE profiles each dense version system-wide
+    into FILE (needs perf).  Needs root.  Prints the detail lines and one
+    `bench e2e` line per link."""
     import tempfile
     why = Link.available()
     if why:
