@@ -235,18 +235,27 @@ class Link:
                       "%dgbit" % gbit, "burst", str(burst), "latency", "50ms")
         self.rate = gbit
 
-    def tcp_rate(self, gbit):
-        """One plain TCP stream A -> B over the shaped link: Gbit/s."""
+    def tcp_rate(self, gbit, cores=None):
+        """One plain TCP stream A -> B over the shaped link: Gbit/s.  With
+        `cores` (A's, B's), the sender runs on A's core and the receiver on
+        B's, as the daemons do: two machines, not one core doing both ends
+        (a child inherits the bench's own pinning otherwise)."""
         nbytes = int(min(max(gbit * 1e9 / 8 * TCP_SECONDS, 64 << 20), 1 << 30)) >> 22 << 22
         py = sys.executable
+
+        def pin(k):
+            if not cores:
+                return None
+            return lambda: os.sched_setaffinity(0, {cores[k]})
         rx = subprocess.Popen(["ip", "netns", "exec", self.ns[1], py, "-c", TCP_SCRIPT, "recv",
-                               self.addr[1], str(nbytes)], stdout=subprocess.PIPE, text=True)
+                               self.addr[1], str(nbytes)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=pin(1))
         try:
             if rx.stdout.readline().strip() != "ready":
                 raise RuntimeError("tcp baseline: receiver did not start")
             r = subprocess.run(["ip", "netns", "exec", self.ns[0], py, "-c", TCP_SCRIPT, "send",
                                 self.addr[1], str(nbytes)], capture_output=True, text=True,
-                               timeout=120)
+                               timeout=120, preexec_fn=pin(0))
             if r.returncode:
                 raise RuntimeError("tcp baseline: %s" % r.stderr.strip())
             sent, secs = r.stdout.split()
@@ -706,7 +715,7 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
             sink = Sink.sglang(eng, snkd.sock, JOB, TOKEN, cfg_text, coordinator=srcd.address,
                                replica=k)
             wait_plan(srcd, sink.parts[0])
-            row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit)}
+            row = {"gbit": gbit, "sparse": [], "cross": [], "tcp_gbit": net.tcp_rate(gbit, cores)}
             log("e2e-detail: link=%dGbit plain TCP stream %.2f Gbit/s" % (gbit, row["tcp_gbit"]))
             if floors:
                 # The detect alone again, right before this link's versions:
