@@ -83,6 +83,15 @@ struct dtc_backend_ops {
 	 * the elements of dst the injective map e names, and *sum = Σ mix over
 	 * the box of what dst then holds: dtc_dense_swap_payload in one pass. */
 	int (*dense_swap)(const struct dte_box_map *e, uint16_t *in, uint16_t *dst, uint64_t *sum);
+	/* --- host backends only, read only for one (NULL in the cuda
+	 * plugin) --- */
+	/* dtc_dense_extract_csum_each in one read of θ (the entry checked and
+	 * merged with BOX_SRC | BOX_DST): out as dense_extract, *sum as
+	 * checksum_entry; done, when not NULL, is handed the output in order,
+	 * each run once it is written. */
+	int (*dense_extract_csum)(const struct dte_box_map *e, const float *param, uint16_t *out,
+				  uint64_t *sum,
+				  void (*done)(void *arg, const uint16_t *p, uint64_t n), void *arg);
 };
 
 struct dtc_backend {
@@ -90,6 +99,14 @@ struct dtc_backend {
 	const struct dtc_backend_ops *ops;
 	char device[128];	/* human-readable device description */
 };
+
+/* A backend on host memory (no mem_alloc): the one-pass and host-only ops
+ * are read only for one; a backend with device memory (cuda) takes the
+ * device pointers of its own API instead. */
+static inline int dtc_host_backend(const struct dtc_backend *be)
+{
+	return be && be->ops && !be->ops->mem_alloc;
+}
 
 /* The cpu backend's ops (gpu/cpu.c). */
 extern const struct dtc_backend_ops dtc_cpu_ops;

@@ -6,7 +6,6 @@
 #include "gpu/backend_ops.h"
 #include "gpu/box.h"
 #include "gpu/compute.h"
-#include "gpu/cpu.h"
 
 static int check_bitmap(const struct dte_box_map *e, const uint64_t *bitmap, uint64_t words)
 {
@@ -84,7 +83,7 @@ int dtc_dense_extract_csum_each(const struct dtc_backend *be, const struct dte_b
 
 	if (!be || !param || !out || !sum)
 		return DTC_EINVAL;
-	if (be->ops != &dtc_cpu_ops) {
+	if (!dtc_host_backend(be) || !be->ops->dense_extract_csum) {
 		if ((rc = dtc_dense_extract(be, e, param, param_len, out)) != DTC_OK ||
 		    (rc = dtc_checksum_entry(be, e, param, param_len, sum)) != DTC_OK)
 			return rc;
@@ -95,7 +94,7 @@ int dtc_dense_extract_csum_each(const struct dtc_backend *be, const struct dte_b
 	if ((rc = dtc_entry_check(e, param_len, UINT64_MAX)) != DTC_OK)
 		return rc;
 	box_coalesce(e, BOX_SRC | BOX_DST, &ce);
-	rc = dtc_cpu_extract_csum(&ce, param, out, &s, done, arg);
+	rc = be->ops->dense_extract_csum(&ce, param, out, &s, done, arg);
 	if (rc == DTC_OK)
 		*sum = s;
 	return rc;

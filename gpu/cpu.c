@@ -1071,9 +1071,9 @@ static uint64_t extract_csum_range(void *arg, uint64_t lo, uint64_t hi, int part
 	return sum;
 }
 
-int dtc_cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
-			 uint64_t *sum, void (*done)(void *arg, const uint16_t *p, uint64_t n),
-			 void *arg)
+static int cpu_extract_csum(const struct dte_box_map *e, const float *param, uint16_t *out,
+			    uint64_t *sum, void (*done)(void *arg, const uint16_t *p, uint64_t n),
+			    void *arg)
 {
 	struct dense_ctx c = { .param = param, .out = out, .size = dtc_box_size(e) };
 	struct part probe[MAX_THREADS];
@@ -1137,4 +1137,5 @@ const struct dtc_backend_ops dtc_cpu_ops = {
 	.checksum_box = cpu_checksum_box,
 	.detect = cpu_detect,
 	.dense_swap = cpu_dense_swap,
+	.dense_extract_csum = cpu_extract_csum,
 };

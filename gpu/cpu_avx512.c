@@ -17,7 +17,7 @@
  * the reference (tests/unit/test_cpu_simd.c checks random and edge-case
  * inputs against it). */
 #include <string.h>
-#include "gpu/cpu.h"
+#include "gpu/cpu_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -8,13 +8,6 @@
 
 #include "gpu/backend_ops.h"
 
-/* The one-pass calls work on host memory only: a backend with device
- * memory (cuda) takes the device pointers of its own API instead. */
-static inline int dtc_host_backend(const struct dtc_backend *be)
-{
-	return be && be->ops && !be->ops->mem_alloc;
-}
-
 /* Threads the cpu backend uses for large inputs (DTC_CPU_THREADS, else the
  * online CPUs; 1..16). */
 int dtc_cpu_threads(void);
