@@ -6,6 +6,7 @@ Pure torch/numpy modules (no native code):
   megatron  trainer: Megatron-Core TP layout, AdamW state in shm, converters
   sglang    inference stand-in: SGLang TP layout in BF16 shm, converters
   toy       a toy task whose loss falls in ~20 steps
+  shard     a shard an optimizer holds, memfd arenas for host tensors, SourceError
   trainers  walks real optimizers (Megatron-Core, FSDP2) for the shards they hold
             (used by dte.source: Source.megatron_core, Source.fsdp2)
 

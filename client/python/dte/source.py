@@ -48,6 +48,7 @@ import types
 import torch
 
 from . import _lib
+from .shard import Shard, SourceError, move_to_arena  # noqa: F401  (dte.source's own names too)
 from .shm import Arena
 
 LAYOUT_GROUPS = 2  # 0: weight decay (matrices), 1: no decay (1-D)
@@ -58,10 +59,6 @@ KINDS = ("param", "exp_avg", "exp_avg_sq")
 def layout_group(param):
     """The daemon's group id for a parameter: 1-D tensors carry no decay."""
     return 1 if param.dim() == 1 else 0
-
-
-class SourceError(RuntimeError):
-    pass
 
 
 StepRecord = collections.namedtuple("StepRecord", "step groups")
@@ -533,32 +530,7 @@ class Source:
 # optimizer group at the daemon: it carries its param group's
 # hyper-parameters and its own step count, and a shard whose tensor did not
 # step (grad None: an MoE expert no token reached, a frozen module) is sent
-# as unchanged.
-
-class Shard:
-    """One shard the optimizer holds.
-
-    name, shape: the trainer-side parameter (TP-local shape); [lo, hi): the
-    range of its row-major flattened elements held; theta, exp_avg,
-    exp_avg_sq: 1-D FP32 tensors of hi - lo elements (the very memory the
-    optimizer updates); opt: the torch optimizer that steps it; key: the
-    tensor that optimizer steps (its param_groups entry: grad and state
-    are looked up on it)."""
-
-    __slots__ = ("name", "shape", "lo", "hi", "theta", "exp_avg", "exp_avg_sq", "opt", "key")
-
-    def __init__(self, name, shape, lo, hi, theta, exp_avg, exp_avg_sq, opt, key):
-        self.name, self.shape = name, tuple(int(s) for s in shape)
-        self.lo, self.hi = int(lo), int(hi)
-        self.theta, self.exp_avg, self.exp_avg_sq = theta, exp_avg, exp_avg_sq
-        self.opt, self.key = opt, key
-        n = self.hi - self.lo
-        for kind in ("theta", "exp_avg", "exp_avg_sq"):
-            t = getattr(self, kind)
-            if t is None or t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous():
-                raise SourceError("source: %s [%d, %d) %s must be a contiguous FP32 tensor of %d "
-                                  "elements, not %s" % (name, lo, hi, kind, n, None if t is None
-                                                        else "%s %s" % (t.dtype, tuple(t.shape))))
+# as unchanged.  A shard itself is dte.shard.Shard.
 
 
 def optimizer_form(opt):
@@ -711,24 +683,6 @@ def host_region(arenas, t):
             return a.fd, t.data_ptr() - a.base
     raise SourceError("source: a host tensor is not in a registered memfd arena "
                       "(the daemon maps memfds only)")
-
-
-def move_to_arena(label, tensors):
-    """Puts CPU tensors into one memfd arena, values kept, and rebinds each
-    tensor object to its arena memory (t.data = ...), so every holder of
-    the object (optimizer state, param groups) now updates shared memory.
-    tensors: [(key, tensor)].  Returns the Arena."""
-    specs = [(str(i), tuple(t.shape), torch.float32) for i, (_k, t) in enumerate(tensors)]
-    arena = Arena(label, specs)
-    for i, (_k, t) in enumerate(tensors):
-        if t.dtype != torch.float32 or t.is_cuda:
-            arena.close()
-            raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU tensors"
-                              % (_k, t.dtype, t.device))
-        view = arena.tensor(str(i))
-        view.copy_(t.detach())
-        t.data = view
-    return arena
 
 
 class ShardSource(Source):

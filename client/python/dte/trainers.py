@@ -15,7 +15,7 @@ optimizer.py, __init__.py), TransformerEngine 2.x
 
 import torch
 
-from .source import Shard, SourceError, move_to_arena
+from .shard import Shard, SourceError, move_to_arena
 
 KINDS = ("theta", "exp_avg", "exp_avg_sq")
 
