@@ -10,73 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include "daemon/dreply.h"
 #include "proto/cmdtab.h"
 #include "proto/dte.pb-c.h"
-
-struct dconf;
-
-/* Daemon-wide facts and counters the handlers report (owned by ctl.c). */
-struct dsrv {
-	const struct dconf *conf;
-	const char *backend;       /* compute backend name */
-	uint64_t start_ns;         /* uv_hrtime() at start */
-	uint32_t clients;          /* open control connections */
-	uint64_t requests;         /* requests answered */
-	uint64_t refused;          /* connections refused by credentials */
-	uint64_t bad_frames;       /* connections closed for protocol errors */
-	/* A control connection went away (its buffers and participants go
-	 * with it); NULL when no layer cares. */
-	void (*conn_gone)(uint64_t conn_id);
-};
-
-#define DSESS_MAX_FDS 4
-
-/* A handler answers later (daemon/job_*.c) instead of in its reply. */
-
-/* One control connection as the protocol sees it. */
-struct dsess {
-	uint32_t version;          /* negotiated; 0 until hello */
-	int denied;                /* credentials refused: answer ERR_DENIED */
-	int close_after;           /* set by the ladder or a handler */
-	uid_t uid;
-	gid_t gid;
-	pid_t pid;
-	uint64_t conn_id;          /* unique per connection, never reused; 0 in tests */
-	int deferred;              /* a request waits for a deferred reply */
-	/* Descriptors received with SCM_RIGHTS, oldest first; a handler that
-	 * takes one owns it (dsess_take_fd). ctl.c closes what is left. */
-	int fds[DSESS_MAX_FDS];
-	unsigned nfds;
-};
-
-/* The oldest received descriptor, or -1 when none arrived. */
-int dsess_take_fd(struct dsess *s);
-
-/* Memory a handler allocates for its reply; freed after packing.  Strings
- * may also point at static or long-lived storage. */
-/* Fields for dispatch.c and dreply.c only. */
-struct dreply_block {
-	struct dreply_block *next;
-	max_align_t data[];
-};
-
-struct dreply {
-	struct dreply_block *blocks;
-	int deferred;
-	char msg[512];
-};
-
-void *dreply_alloc(struct dreply *r, size_t size);
-char *dreply_strdup(struct dreply *r, const char *s);
-/* The reply's human-readable message (errors should always set one). */
-void dreply_msg(struct dreply *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* The handler will answer later with dctl_reply(); ddispatch() then
- * produces no frame (*out NULL) and the session refuses further requests
- * until that reply went out. */
-void dreply_defer(struct dreply *r);
-/* dispatch.c, once the reply is packed: frees what dreply_alloc gave. */
-void dreply_release(struct dreply *r);
 
 typedef Dte__Status (*dcmd_fn)(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 			       Dte__Response *resp, struct dreply *r);

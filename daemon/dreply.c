@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/dispatch.h"
+#include "daemon/dreply.h"
 
 void dreply_defer(struct dreply *r)
 {
