@@ -333,7 +333,8 @@ def write_e2e(w, res, e2e, snap, sc):
       "FP32 θ, m, v = %.1f GiB in memfds) updated by torch AdamW (lr 1e-6, Gaussian "
       "gradients) in place; the sink is one SGLang tp=1 BF16 copy (%.2f GiB, its memory "
       "populated before the first sync, as a serving engine's loaded weights are). Per link: "
-      "a plain TCP stream measures the link, then a fresh sink attaches, so the next version "
+      "a plain TCP stream measures the link (its sender on the source's core, its receiver on "
+      "the sink's), then a fresh sink attaches, so the next version "
       "goes dense through dted's own dense path, then five versions at lr 1e-6 whose mode "
       "dted chooses (`sync_mode = auto`; sync time = their median, sparse = the median of "
       "those that went sparse), then the crossover sweep above. The source daemon and the "
@@ -538,8 +539,9 @@ def write_baselines(w, res):
           "path (a fresh sink's first version: extract every BF16 and its checksum from the "
           "trainer's θ, send, stage, apply, verify in full) is measured next to it, and so is "
           "a plain TCP stream over the same shaped link in the same run (one socket, 4 MiB "
-          "sends, nothing else running): what this machine's kernel carries between two "
-          "namespaces, the bound for any TCP transport here.")
+          "sends, nothing else running, the sender on the source's core and the receiver on "
+          "the sink's): what this machine's kernel carries between two namespaces, the bound "
+          "for any TCP transport here.")
         w("")
         w("| link Gbit/s | dense MB | line-rate floor s | dted dense s | of line rate | dense "
           "capture ms | transfer tail ms | apply+verify ms | dense payload Gbit/s | plain TCP "
@@ -724,18 +726,32 @@ def dense_bound(e2e):
                    "arena (no copy out of staging)." % (
                        " / ".join("%.2f" % c for c, _, _, _ in cpu),
                        " / ".join("%.0f %%" % (100 * c / t) for c, t, _, _ in cpu)))
-        lo = min(c for c, _, _, _ in cpu)
-        cpu_txt += (" That CPU alone bounds the dense sync on this machine: even with both "
-                    "cores to the two daemons and nothing else running, %.2f CPU seconds take "
-                    "at least %.2f s of wall time, so the dense bytes could reach at most %.1f "
-                    "Gbit/s; %.0f %% of a 10 Gbit/s link (%.2f s) is out of reach here without "
-                    "taking CPU work out of the dense path (the source's one core reads θ, "
-                    "writes each part into fresh memory while it waits for the link and "
-                    "runs its TCP sends; the sink's receive, swaps and sums run as the parts "
-                    "arrive)."
-                    % (
-                        lo, lo / 2, cpu[0][3] * 8 / (lo / 2) / 1e9, 90,
-                        cpu[0][3] * 8 / 9e9))
+    ten = [r for r in e2e["links"] if r["gbit"] == 10 and "src_cpu_s" in r["dense"]]
+    if ten:
+        r = ten[0]
+        d = r["dense"]
+        goal = r["line_s"] / 0.9
+        wire = d["bytes"] * 8 / ((r.get("tcp_gbit") or r["gbit"]) * 1e9)
+        cpu_txt += (" At 10 Gbit/s, 90 %% of the link rate means the whole version in %.3f s. "
+                    "The wire alone needs %.3f s of it at the plain stream's rate (TCP/IP and "
+                    "Ethernet headers count against the shaped rate too), %s, and the "
+                    "source's one core spent %.2f s (%.0f %% of the %.3f s; the sink's core "
+                    "%.2f s): it reads θ, rounds and sums every BF16 (the checksum, DESIGN "
+                    "§2.3) and writes each part, and it runs the kernel's TCP send, which on a "
+                    "veth also carries the receiving socket's TCP input (veth_xmit hands each "
+                    "frame to netif_rx on the sending CPU, where a NIC would raise it on the "
+                    "sink's machine; steering it to the sink's core with RPS cost more in "
+                    "inter-processor interrupts on this VM than it moved). With the source's "
+                    "core that busy the sends keep the link full only between the capture's "
+                    "runs: the first part goes out once it is extracted, parts follow one "
+                    "rendezvous at a time on one TCP connection, and the last part is swapped "
+                    "and summed after it lands."
+                    % (goal, wire,
+                       "which leaves %.3f s for the first part's extract, each part's "
+                       "rendezvous and the last part's swap" % (goal - wire) if wire < goal
+                       else "already more than that: no TCP sender reaches 90 % here",
+                       d["src_cpu_s"], 100 * d["src_cpu_s"] / goal, goal,
+                       d["sink_cpu_s"]))
     return ("What bounds it, from this run: " + "; ".join(parts) + "." + cpu_txt + " Both daemons, the "
             "trainer and the sink stand-in share 2 cores: the capture's extract and checksum "
             "threads, the source's sends, the sink's receive and swaps and the "
