@@ -629,6 +629,13 @@ static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t a
 	d->nsp++;
 }
 
+/* The zstd level a pair's parts are framed at: 0, raw, unless the pair
+ * is remote and the job asks for zstd. */
+static int part_zlevel(const struct jcap *c, const struct jcap_pair *p)
+{
+	return p->remote ? (int)c->zstd_level : 0;
+}
+
 /* A raw part's chunk hash, fed while the dense extract writes it (a run
  * of values still in cache: dtc_dense_extract_csum_each), instead of a
  * pass over the whole part from memory when it is framed: in the bench's
@@ -637,13 +644,6 @@ static void sp_keep(struct det *d, const uint64_t *bitmap, size_t pair, size_t a
  * Starts the part's stream if it has none and brings it up to
  * raw[upto); 0 when the part is hashed whole at framing instead (zstd
  * packs it, or no state could be had). */
-/* The zstd level a pair's parts are framed at: 0, raw, unless the pair
- * is remote and the job asks for zstd. */
-static int part_zlevel(const struct jcap *c, const struct jcap_pair *p)
-{
-	return p->remote ? (int)c->zstd_level : 0;
-}
-
 static int hash_start(const struct jcap *c, struct jcap_pair *p, size_t upto)
 {
 	if (part_zlevel(c, p))

@@ -689,6 +689,12 @@ def _rate2(m):
     return "%.2f" % (m["bytes"] * 8 / ((c + t) / 1e3) / 1e9)
 
 
+def _wire_s(r):
+    """A link's dense bytes at the plain TCP stream's rate (the setting's
+    when no stream was measured)."""
+    return r["dense"]["bytes"] * 8 / ((r.get("tcp_gbit") or r["gbit"]) * 1e9)
+
+
 def dense_bound(e2e):
     """What this run's numbers say bounds the dense path here."""
     parts = []
@@ -700,13 +706,12 @@ def dense_bound(e2e):
         cap = (d.get("capture_ms") or 0) / 1e3
         ap = ((d.get("transfer_ms") or 0) + (d.get("apply_ms") or 0)) / 1e3
         if tcp:
-            tcp_s = d["bytes"] * 8 / (tcp * 1e9)
             parts.append("at %d Gbit/s the plain stream reached %.2f Gbit/s (%.0f %% of the "
                          "setting), so moving the dense bytes alone takes at least %.3f s here; "
                          "dted took %.3f s, of which capture %.3f s (read θ, extract BF16, "
                          "checksum; parts go out meanwhile) and then %.3f s until the sink had "
                          "every part swapped in and verified" % (
-                             r["gbit"], tcp, 100 * tcp / r["gbit"], max(tcp_s, r["line_s"]),
+                             r["gbit"], tcp, 100 * tcp / r["gbit"], max(_wire_s(r), r["line_s"]),
                              r["dense_s"], cap, ap))
     cpu_txt = ""
     if cpu:
@@ -731,7 +736,7 @@ def dense_bound(e2e):
         r = ten[0]
         d = r["dense"]
         goal = r["line_s"] / 0.9
-        wire = d["bytes"] * 8 / ((r.get("tcp_gbit") or r["gbit"]) * 1e9)
+        wire = _wire_s(r)
         cpu_txt += (" At 10 Gbit/s, 90 %% of the link rate means the whole version in %.3f s. "
                     "The wire alone needs %.3f s of it at the plain stream's rate (TCP/IP and "
                     "Ethernet headers count against the shaped rate too), %s, and the "
