@@ -53,6 +53,33 @@ static int spec_int(json_t *root, const char *key, int64_t def, int64_t min,
 	return 0;
 }
 
+/* The expert count.  transformers 5 writes it as "num_local_experts"
+ * (transformers/models/qwen3_moe/configuration_qwen3_moe.py
+ * Qwen3MoeConfig.attribute_map: num_experts -> num_local_experts), earlier
+ * releases and the engines' own configs as "num_experts".  Either is taken;
+ * both present must agree. */
+static int spec_experts(json_t *root, int64_t *out, char *err, size_t errlen)
+{
+	int64_t a = 0, b = 0;
+	int has_a = json_object_get(root, "num_experts") != NULL &&
+		    !json_is_null(json_object_get(root, "num_experts"));
+	int has_b = json_object_get(root, "num_local_experts") != NULL &&
+		    !json_is_null(json_object_get(root, "num_local_experts"));
+
+	if (!has_a && !has_b)
+		return spec_err(err, errlen, "config.json: missing \"num_experts\" "
+				"(or transformers 5's \"num_local_experts\")");
+	if (has_a && spec_int(root, "num_experts", -1, 1, SPEC_MAX_EXPERTS, &a, err, errlen))
+		return -1;
+	if (has_b && spec_int(root, "num_local_experts", -1, 1, SPEC_MAX_EXPERTS, &b, err, errlen))
+		return -1;
+	if (has_a && has_b && a != b)
+		return spec_err(err, errlen, "config.json: \"num_experts\" = %lld and "
+				"\"num_local_experts\" = %lld disagree", (long long)a, (long long)b);
+	*out = has_a ? a : b;
+	return 0;
+}
+
 static int spec_bool(json_t *root, const char *key, int def, int *out,
 		     char *err, size_t errlen)
 {
@@ -144,7 +171,7 @@ static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_
 		return spec_err(err, errlen, "out of memory");
 	if (!fam->moe)
 		return 0;
-	if (spec_int(root, "num_experts", -1, 1, SPEC_MAX_EXPERTS, &c->experts, err, errlen) ||
+	if (spec_experts(root, &c->experts, err, errlen) ||
 	    spec_int(root, "moe_intermediate_size", -1, 1, SPEC_MAX_DIM, &c->moe_intermediate, err, errlen) ||
 	    spec_int(root, "decoder_sparse_step", 1, 1, SPEC_MAX_LAYERS, &c->sparse_step, err, errlen))
 		return -1;

@@ -160,6 +160,33 @@ static void test_bad_configs(void **state)
 	expect_error("{\"model_type\":\"llama\",\"model_type\":\"qwen3\"}", "malformed");
 }
 
+/* transformers 5 writes the expert count as "num_local_experts"
+ * (Qwen3MoeConfig.attribute_map); the spec reads either, the same model
+ * either way, and refuses the two disagreeing. */
+static void test_num_local_experts(void **state)
+{
+	static const char *head = "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,"
+		"\"intermediate_size\":96,\"moe_intermediate_size\":32,\"num_hidden_layers\":2,"
+		"\"num_attention_heads\":8,\"vocab_size\":300,";
+	struct dte_spec a, b;
+	char js[512], err[512] = "";
+
+	snprintf(js, sizeof(js), "%s\"num_experts\":4}", head);
+	assert_int_equal(dte_spec_load_string(&a, js, err, sizeof(err)), 0);
+	snprintf(js, sizeof(js), "%s\"num_local_experts\":4,\"num_experts\":null}", head);
+	assert_int_equal(dte_spec_load_string(&b, js, err, sizeof(err)), 0);
+	assert_int_equal(a.n, b.n);
+	assert_int_equal(dte_spec_find(&b, "model.layers.1.mlp.experts.3.down_proj.weight"),
+			 dte_spec_find(&a, "model.layers.1.mlp.experts.3.down_proj.weight"));
+	assert_int_equal(dte_spec_find(&b, "model.layers.1.mlp.experts.4.down_proj.weight"), -1);
+	dte_spec_fini(&a);
+	dte_spec_fini(&b);
+	snprintf(js, sizeof(js), "%s\"num_local_experts\":4,\"num_experts\":8}", head);
+	expect_error(js, "disagree");
+	snprintf(js, sizeof(js), "%s\"num_local_experts\":0}", head);
+	expect_error(js, "num_local_experts");
+}
+
 /* Found by tests/fuzz/fuzz_spec: every dim is capped, but their product
  * (q_proj: heads*head_dim x hidden) and the model's total overflowed int64
  * (UB), and 4096 layers x 4096 experts asked for ~10 GB of tensors. */
@@ -183,6 +210,7 @@ int main(void)
 		cmocka_unit_test(test_names_and_shapes),
 		cmocka_unit_test(test_hash_stable),
 		cmocka_unit_test(test_bad_configs),
+		cmocka_unit_test(test_num_local_experts),
 		cmocka_unit_test(test_oversized_configs),
 	};
 

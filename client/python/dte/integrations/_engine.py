@@ -88,7 +88,9 @@ def attach_request(socket, job, token, model_config, coordinator="local", replic
 
 def has_experts(model_config):
     cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
-    return int(cfg.get("num_experts") or cfg.get("n_routed_experts") or 0) > 0
+    # transformers 5 writes num_local_experts (Qwen3MoeConfig.attribute_map)
+    return int(cfg.get("num_experts") or cfg.get("num_local_experts") or
+               cfg.get("n_routed_experts") or 0) > 0
 
 
 class EngineSink:
