@@ -490,6 +490,36 @@ int dte_megatron_check(const struct dte_spec *spec, const struct dte_megatron_cf
 	return mg_check(spec, cfg, cfg->etp ? cfg->etp : cfg->tp, err, errlen);
 }
 
+/* Megatron-Core's local spec (megatron/core/models/gpt/gpt_layer_specs.py,
+ * get_gpt_layer_local_spec) keeps the norms before attention and MLP as
+ * modules of the layer, input_layernorm.weight and pre_mlp_layernorm.weight,
+ * where the TE spec fuses them into linear_qkv.layer_norm_weight and
+ * linear_fc1.layer_norm_weight (its sharded_state_dict_keys_map says the
+ * same).  A dense layer's pre_mlp_layernorm is the TE spec's
+ * linear_fc1.layer_norm_weight; an MoE layer has pre_mlp_layernorm in both. */
+static const struct { const char *local, *te; } mg_local_norms[] = {
+	{ ".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight" },
+	{ ".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight" },
+};
+
+/* The TE spec's name of a local-spec norm, or 0 when `in` is none. */
+static int mg_local_norm_alias(const char *in, char *out, size_t len)
+{
+	size_t n = strlen(in), i;
+
+	if (strncmp(in, "decoder.layers.", strlen("decoder.layers.")))
+		return 0;
+	for (i = 0; i < sizeof(mg_local_norms) / sizeof(mg_local_norms[0]); i++) {
+		size_t k = strlen(mg_local_norms[i].local);
+
+		if (n > k && !strcmp(in + n - k, mg_local_norms[i].local)) {
+			snprintf(out, len, "%.*s%s", (int)(n - k), in, mg_local_norms[i].te);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 /* SequentialMLP (megatron/core/transformer/moe/experts.py, SequentialMLP:
  * local_experts.{e}.linear_fc1.weight) names the same TP-local tensors as
  * TEGroupedMLP (linear_fc1.weight{e}); both map to the grouped name. */
@@ -593,6 +623,8 @@ int dte_megatron_shard_pieces(struct dte_layout *l, const struct dte_spec *spec,
 
 		mg_canon_name(s[i].name, name, sizeof(name));
 		at = mg_lookup(&m, idx, name);
+		if (at == (size_t)-1 && mg_local_norm_alias(s[i].name, name, sizeof(name)))
+			at = mg_lookup(&m, idx, name);
 		if (at == (size_t)-1) {
 			dte_layout_err(err, errlen, "mcore: rank %u: %s is not a parameter of this model "
 				       "at tp=%lld ep=%lld", rank, s[i].name, (long long)T,

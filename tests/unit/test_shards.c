@@ -51,8 +51,10 @@ static void put(struct text *t, const char *fmt, ...)
 
 /* Shards of every parameter of a Megatron TP layout (taken from the whole
  * tensors of megatron:tp=T,dopt=0), each cut into dp uneven flat ranges
- * owned by DP ranks in turn; `seq` renames grouped experts to
- * SequentialMLP's local_experts.{i}.linear_fcN.weight. */
+ * owned by DP ranks in turn; `seq` gives the local spec's names
+ * (get_gpt_layer_local_spec): grouped experts become SequentialMLP's
+ * local_experts.{i}.linear_fcN.weight, the fused norms input_layernorm.weight
+ * and pre_mlp_layernorm.weight. */
 static char *mcore_table(const struct dte_spec *s, int64_t tp, int64_t dp, int seq)
 {
 	struct dte_layout l;
@@ -68,8 +70,13 @@ static char *mcore_table(const struct dte_spec *s, int64_t tp, int64_t dp, int s
 		int64_t numel = x->shape[0] * (x->ndim > 1 ? x->shape[1] : 1), d, lo = 0;
 		char name[DTE_LAYOUT_NAME_MAX];
 		const char *w = strstr(x->name, ".mlp.experts.linear_fc");
+		const char *qn = strstr(x->name, ".self_attention.linear_qkv.layer_norm_weight");
+		const char *fn = strstr(x->name, ".mlp.linear_fc1.layer_norm_weight");
 
 		snprintf(name, sizeof(name), "%s", x->name);
+		if (seq && (qn || fn))
+			snprintf(name, sizeof(name), "%.*s.%s", (int)((qn ? qn : fn) - x->name),
+				 x->name, qn ? "input_layernorm.weight" : "pre_mlp_layernorm.weight");
 		if (seq && w) {
 			int fc = w[strlen(".mlp.experts.linear_fc")] - '0';
 			long e = strtol(strstr(w, ".weight") + 7, NULL, 10);
