@@ -28,3 +28,9 @@ SYSTEM_TESTS += tests/system/engines.py tests/system/engines_real.py
 # the converter engines.py checks the daemon's sinks with; prints
 # `engines-upstream: sglang=tensors N/N exact vllm=tensors N/N exact sglang-moe=... vllm-moe=...`.
 SYSTEM_TESTS += tests/system/engines_upstream.py
+
+# dte.source on real transformers 5 models (/opt/dted-vllm, scripts/install-deps.sh):
+# a Qwen3-MoE with fused experts through Source.hf, and trainer memory
+# replaced after attach (load_state_dict, offload and back) adopted back;
+# prints `source-real: models=N versions=V exact=V/V replaced=R readopted=R`.
+SYSTEM_TESTS += tests/system/source_real.py

@@ -3,9 +3,11 @@
 A Shard is one range of one parameter's flattened elements with the three
 FP32 tensors the optimizer updates for it; move_to_arena puts host tensors
 into a memfd arena the daemon can map; SourceError is what both raise on
-memory dted cannot read.  dte.source (the Source classes) and dte.trainers
-(the walks over real optimizers) both build on these, so neither needs the
-other's module to describe a shard.
+memory dted cannot read; adamw_state creates the state torch AdamW would
+on its first step, so it can be registered before that step.  dte.source
+(the Source classes) and dte.trainers (the walks over real optimizers)
+both build on these, so neither needs the other's module to describe a
+shard.
 """
 
 import torch
@@ -59,3 +61,19 @@ def move_to_arena(label, tensors):
         view.copy_(t.detach())
         t.data = view
     return arena
+
+
+def adamw_state(opt, group, p):
+    """The state dict torch Adam/AdamW keeps for p (opt.state[p]).  When it
+    has none yet it is created as the optimizer's first step would create
+    it (torch/optim/adam.py _init_group: a 0 step, zero moments; the step a
+    0-d tensor on p's device for fused / capturable), so its moments exist
+    before that step and can be registered; an existing state is kept."""
+    st = opt.state.setdefault(p, {})
+    if "step" not in st:
+        fused = bool(group.get("fused")) or bool(group.get("capturable"))
+        st["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if fused
+                      else torch.tensor(0.0, dtype=torch.float32))
+        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return st

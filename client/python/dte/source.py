@@ -1,8 +1,8 @@
 """Trainer side: publish a torch model's AdamW updates through dted.
 
 A Source is one trainer process's view of a job: it registers, per trainer
-rank it hosts, the three FP32 buffers a layout expects (param, exp_avg,
-exp_avg_sq) and attaches them; it watches the optimizer so every step's
+rank it hosts, the FP32 memory a layout expects (param, exp_avg,
+exp_avg_sq) and attaches it; it watches the optimizer so every step's
 hyper-parameters are the ones torch actually used; and it exposes
 publish / mark / wait (docs/SYNC.md).
 
@@ -10,7 +10,7 @@ publish / mark / wait (docs/SYNC.md).
                                config_json, tp, dp, rank)   # a real Megatron-Core rank
     src = Source.fsdp2(model, opt, socket, job, token, config_json, rank, world)
     src = Source.megatron(model, trainer.opt, socket, job, token)   # dte.megatron stand-in
-    src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # FSDP, dp=1
+    src = Source.hf(dict(model.named_parameters()), opt, socket, ...)  # unsharded, fsdp2:dp=1
     loss.backward(); opt.step()             # captured by the Source
     src.publish(v)                          # returns at once: the daemon reads θ, m, v
                                             # while the trainer runs forward/backward
@@ -25,30 +25,46 @@ reading.  An error the capture found is raised there, by the step, before
 anything is written.  The info publish(v) returns resolves (waits for the
 capture) when first read.
 
-Host memory goes to the daemon as memfds (shm.Arena); CUDA tensors as IPC
-handles of their allocations plus an IPC event the Source records after
-every optimizer step (register_cuda_tensor).
+One wrapper around optimizer.step for every Source: OptimizerWatch.  It
+reads each group's hyper-parameters and which parameters have a gradient
+before the step, and the step counts after it.  ShardSource (Source.hf,
+Source.megatron_core, Source.fsdp2; layouts fsdp2:, mcore:) registers
+what the optimizer holds, shard by shard, and gives every shard its own
+group: any number of param groups, each tensor's own step count, and
+tensors that did not step (grad None: an expert no token reached) sent as
+unchanged.  The flat layouts (megatron:, fsdp:; Source.megatron,
+attach_host / attach_cuda + track) know two groups, 0 for tensors with
+weight decay (every matrix) and 1 for those without (1-D: norms,
+biases); Source derives that record from the watch and refuses a step it
+cannot describe that way (param groups of one layout group that disagree,
+a tensor that did not step).
 
-The generator layouts (megatron:, fsdp:) know two optimizer groups: 0 for
-tensors with weight decay (every matrix) and 1 for those without (1-D:
-norms, biases); Source maps torch's param_groups onto them by the dimension
-of the params each holds and refuses an optimizer it cannot describe that
-way, or one whose update is not invertible (amsgrad, maximize).
-ShardSource (Source.megatron_core, Source.fsdp2; layouts mcore:, fsdp2:)
-registers what a real optimizer holds, shard by shard, and gives every
-shard its own group: any number of param groups, each tensor's own step
-count, and tensors that did not step sent as unchanged.
+Registered memory stays what the trainer updates (docs/DESIGN.md,
+"Registered trainer memory"): host memory goes to the daemon as memfds
+(shm.Arena) the Source owns; CUDA tensors as IPC handles of their
+allocations plus an IPC event the Source records after every optimizer
+step (register_cuda_tensor).  The Source keeps a reference to every
+registered tensor (so the allocator cannot free or reuse it while the
+Source lives) and, at every publish and mark, before the capture, checks
+that the model and the optimizer still hold that memory: a host tensor
+the trainer replaced (optimizer.load_state_dict, an offload and reload of
+the optimizer state) is adopted back (its values copied into the
+registered memory, the optimizer or parameter pointed at it again); what
+cannot be adopted (CUDA memory, another shape or dtype) fails the publish
+with a SourceError naming the tensor.
 """
 
 import collections
 import collections.abc
+import re
 import time
 import types
 
 import torch
 
 from . import _lib
-from .shard import Shard, SourceError, move_to_arena  # noqa: F401  (dte.source's own names too)
+from .shard import (Shard, SourceError, adamw_state,  # noqa: F401  (dte.source's own names too)
+                    move_to_arena)
 from .shm import Arena
 
 LAYOUT_GROUPS = 2  # 0: weight decay (matrices), 1: no decay (1-D)
@@ -61,91 +77,298 @@ def layout_group(param):
     return 1 if param.dim() == 1 else 0
 
 
-StepRecord = collections.namedtuple("StepRecord", "step groups")
+# What a Source publishes for one step and one rank: the step, one
+# hyper-parameter dict per group, and (shard layouts) each group's own step
+# count or GROUP_UNCHANGED (None: every group has `step`).
+StepRecord = collections.namedtuple("StepRecord", "step groups steps", defaults=(None,))
 
 
-class StepCapture:
-    """Wraps optimizer.step: reads each group's hyper-parameters right
-    before torch uses them (a scheduler stepped afterwards, as Megatron
-    does, cannot make the record lie) and the step count right after."""
+# ---- the optimizer step: one wrapper for every Source --------------------------------
 
-    def __init__(self, optimizer, on_step=None, before_step=None):
-        if not isinstance(optimizer, torch.optim.AdamW):
-            raise SourceError("source: only torch.optim.AdamW is invertible here, not %s"
-                              % type(optimizer).__name__)
-        self.opt = optimizer
-        self.on_step = on_step
-        self.before_step = before_step
-        self.last = None
-        self.steps = 0
-        self.members = [[] for _ in range(LAYOUT_GROUPS)]
-        for gi, g in enumerate(optimizer.param_groups):
+def optimizer_form(opt):
+    """('torch', 'state') for torch Adam/AdamW (per-parameter step in
+    state['step']); ('fused', 'group') for Apex / TransformerEngine
+    FusedAdam in decoupled mode (transformer_engine/pytorch/optimizers/
+    fused_adam.py FusedAdam.step: group['step'] += 1 per group, params whose
+    grad is None skipped; apex/optimizers/fused_adam.py likewise).  Anything
+    whose update is not the AdamW the compute core inverts is refused."""
+    if isinstance(opt, torch.optim.AdamW):
+        for gi, g in enumerate(opt.param_groups):
             if g.get("amsgrad") or g.get("maximize"):
                 raise SourceError("source: param group %d uses amsgrad/maximize; its update "
                                   "cannot be inverted" % gi)
-            held = {layout_group(p) for p in g["params"]}
-            for lg in held:
-                self.members[lg].append(gi)
-        if not any(self.members):
-            raise SourceError("source: the optimizer holds no parameters")
-        self._orig = optimizer.step
-        capture = self
+        return "torch", "state"
+    if isinstance(opt, torch.optim.Adam):
+        for gi, g in enumerate(opt.param_groups):
+            if g.get("amsgrad") or g.get("maximize"):
+                raise SourceError("source: param group %d uses amsgrad/maximize" % gi)
+            if float(g["weight_decay"]) != 0.0 or g.get("decoupled_weight_decay"):
+                if not g.get("decoupled_weight_decay"):
+                    raise SourceError("source: torch.optim.Adam with weight_decay (L2 on the "
+                                      "gradient) is not AdamW; use AdamW")
+        return "torch", "state"
+    if hasattr(opt, "adam_w_mode") and all("bias_correction" in g for g in opt.param_groups):
+        if not opt.adam_w_mode:
+            if any(float(g["weight_decay"]) for g in opt.param_groups):
+                raise SourceError("source: %s with adam_w_mode=False (L2 decay) is not AdamW"
+                                  % type(opt).__name__)
+        if not all(g["bias_correction"] for g in opt.param_groups):
+            raise SourceError("source: %s without bias_correction cannot be inverted"
+                              % type(opt).__name__)
+        if getattr(opt, "capturable", False):
+            raise SourceError("source: %s(capturable=True) keeps its step on the device; "
+                              "not supported" % type(opt).__name__)
+        return "fused", "group"
+    raise SourceError("source: cannot invert %s.%s (torch AdamW, or Apex/TransformerEngine "
+                      "FusedAdam)" % (type(opt).__module__, type(opt).__name__))
 
-        def step(opt, *args, **kwargs):
-            hyper = capture._hyper()
-            if capture.before_step:
-                # The last publish's capture may still read θ, m, v: the
-                # step writes them, so it waits (Source.wait_captured).
-                capture.before_step()
-            out = capture._orig(*args, **kwargs)
-            capture._after(hyper)
+
+def _hyper(g, variant):
+    lr = g["lr"]
+    return {"lr": float(lr), "beta1": float(g["betas"][0]), "beta2": float(g["betas"][1]),
+            "eps": float(g["eps"]), "weight_decay": float(g["weight_decay"]),
+            "variant": variant}
+
+
+StepSeen = collections.namedtuple("StepSeen", "calls hyper stepped steps group_steps")
+
+
+class OptimizerWatch:
+    """Wraps one optimizer's step (the optimizer that updates the FP32
+    values: Megatron's inner optimizer, not its wrapper).  Before the step
+    it reads each group's hyper-parameters (a scheduler stepped afterwards,
+    as Megatron does, cannot make the record lie) and which parameters have
+    a gradient; after it, the step counts (StepSeen)."""
+
+    def __init__(self, opt):
+        self.opt = opt
+        self.variant, self.where = optimizer_form(opt)
+        self.calls = 0
+        self.last = None
+        self.listeners = []
+        self.before = []         # called before the real step (Source: wait_captured)
+        self._orig = opt.step
+        watch = self
+
+        def step(o, *args, **kwargs):
+            hyper = [_hyper(g, watch.variant) for g in o.param_groups]
+            decoupled = getattr(o, "use_decoupled_grad", False)
+            stepped = {}
+            for g in o.param_groups:
+                for p in g["params"]:
+                    grad = getattr(p, "decoupled_grad", None) if decoupled else p.grad
+                    stepped[id(p)] = grad is not None
+            for f in watch.before:
+                f()
+            out = watch._orig(*args, **kwargs)
+            watch._after(hyper, stepped)
             return out
 
-        # A scheduler made earlier already counts steps inside _orig; say so,
-        # or it warns that step() was overridden.
-        if getattr(self._orig, "_with_counter", False):
-            step._with_counter = True
+        # A scheduler made earlier already wraps _orig to see the steps; say
+        # so, or it warns that step() was overridden (torch 1.x
+        # _with_counter, 2.x _wrapped_by_lr_sched: torch/optim/lr_scheduler.py).
+        for mark in ("_with_counter", "_wrapped_by_lr_sched"):
+            if getattr(self._orig, mark, False):
+                setattr(step, mark, True)
         # A bound method, so that a scheduler created later can still wrap it.
-        optimizer.step = types.MethodType(step, optimizer)
+        opt.step = types.MethodType(step, opt)
 
-    def _hyper(self):
-        out = []
-        for lg, gis in enumerate(self.members):
-            seen = {}
-            for gi in gis:
-                g = self.opt.param_groups[gi]
-                seen[gi] = {"lr": float(g["lr"]), "beta1": float(g["betas"][0]),
-                            "beta2": float(g["betas"][1]), "eps": float(g["eps"]),
-                            "weight_decay": float(g["weight_decay"]), "variant": "torch"}
-            values = list(seen.values())
-            if any(v != values[0] for v in values[1:]):
-                raise SourceError("source: param groups %s disagree on hyper-parameters (%s) but "
-                                  "the layout has one group for all %s tensors" % (
-                                      gis, values, "1-D" if lg else "matrix"))
-            out.append(values[0] if values else None)
-        # A layout group with no params in this optimizer: any values do.
-        fill = next(v for v in out if v is not None)
-        return [v if v is not None else fill for v in out]
-
-    def _after(self, hyper):
-        steps = set()
+    def _after(self, hyper, stepped):
+        self.calls += 1
+        steps, gsteps = {}, []
         for g in self.opt.param_groups:
-            for p in g["params"]:
-                st = self.opt.state.get(p)
-                if st and "step" in st:
-                    steps.add(int(float(st["step"])))
-        if len(steps) != 1:
-            raise SourceError("source: parameters disagree on the step count %s" % sorted(steps))
-        self.steps += 1
-        self.last = StepRecord(steps.pop(), hyper)
-        if self.on_step:
-            self.on_step(self.last)
+            gs = g.get("step")
+            gsteps.append(int(gs) if gs is not None else 0)
+            if self.where == "state":
+                for p in g["params"]:
+                    st = self.opt.state.get(p)
+                    if st and "step" in st:
+                        steps[id(p)] = int(float(st["step"]))
+        self.last = StepSeen(self.calls, hyper, stepped, steps, gsteps)
+        for f in self.listeners:
+            f(self)
+
+    def group_of(self, key):
+        for gi, g in enumerate(self.opt.param_groups):
+            if any(p is key for p in g["params"]):
+                return gi
+        raise SourceError("source: a shard's tensor is in no param group of %s"
+                          % type(self.opt).__name__)
+
+    def step_of(self, seen, gi, key):
+        """The step count `key` (in param group gi) reached in `seen`, or
+        GROUP_UNCHANGED when it had no gradient (it did not step)."""
+        if not seen.stepped.get(id(key), False):
+            return _lib.GROUP_UNCHANGED
+        if self.where == "group":
+            return seen.group_steps[gi]
+        return seen.steps.get(id(key), 0)
 
     def detach(self):
-        """Put the optimizer's own step back."""
         if self.opt is not None:
             self.opt.step = self._orig
             self.opt = None
+
+
+# The name earlier releases gave their (second) step wrapper.
+StepCapture = OptimizerWatch
+
+
+class StepView:
+    """Source.capture: the step its OptimizerWatch saw last, as this Source
+    publishes it.  .last is that StepRecord (of the first attached rank; None
+    before any step); ._orig is the watched optimizer's own step.  It wraps
+    nothing itself."""
+
+    def __init__(self, src):
+        self._src = src
+
+    @property
+    def watch(self):
+        ws = list(self._src.watches.values())
+        if len(ws) != 1:
+            raise SourceError("source: %d optimizers watched; use Source.watches" % len(ws))
+        return ws[0]
+
+    @property
+    def last(self):
+        if all(w.last is None for w in self._src.watches.values()):
+            return None
+        return self._src.record()
+
+    @property
+    def steps(self):
+        return self.watch.calls
+
+    @property
+    def _orig(self):
+        return self.watch._orig
+
+    @_orig.setter
+    def _orig(self, f):
+        self.watch._orig = f
+
+
+# ---- registered memory: still what the trainer updates? -------------------------------
+
+def _local(t):
+    """The plain tensor holding t's memory (a DTensor's local shard)."""
+    if t is None:
+        return None
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t.detach()
+
+
+def _span(t):
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _within(t, outer):
+    """True when tensor t's memory lies inside tensor outer's."""
+    if outer is None or t.device != outer.device or t.numel() == 0:
+        return False
+    a, b = _span(t)
+    c, d = _span(outer)
+    return c <= a and b <= d
+
+
+def _same_memory(a, b):
+    return (a.device == b.device and a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+            and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
+
+
+class Held:
+    """One registered tensor and where the trainer keeps it.
+
+    reg: the memory the daemon reads (a private alias: it pins the storage,
+    so neither torch's caching allocator nor the host allocator can hand it
+    to anything else while the Source lives); get(): the tensor the model or
+    optimizer holds now for it; put(t): makes the trainer hold t again
+    (None where that cannot be done: DTensors, CUDA)."""
+
+    __slots__ = ("name", "reg", "get", "put")
+
+    def __init__(self, name, reg, get, put=None):
+        self.name, self.reg, self.get, self.put = name, reg.detach(), get, put
+
+    def check(self):
+        """False while the trainer still holds the registered memory; True
+        after adopting a replacement back; SourceError where it cannot."""
+        try:
+            live = self.get()
+        except (KeyError, AttributeError, TypeError, IndexError):
+            live = None
+        reg = self.reg
+        if live is not None and _same_memory(live, reg):
+            return False
+        why = ("the trainer no longer holds it" if live is None else
+               "the trainer replaced it (now %s %s on %s at 0x%x; registered: %s %s on %s at "
+               "0x%x)" % (live.dtype, tuple(live.shape), live.device, live.data_ptr(),
+                          reg.dtype, tuple(reg.shape), reg.device, reg.data_ptr()))
+        if reg.is_cuda:
+            raise SourceError(
+                "source: %s: %s.  Its CUDA memory was registered by IPC handle at attach; "
+                "re-registering CUDA memory needs a new attach (close this Source and attach "
+                "again after the trainer settled its memory), so this publish is refused"
+                % (self.name, why))
+        if live is None or self.put is None:
+            raise SourceError("source: %s: %s, and the Source cannot point the trainer back at "
+                              "the registered memory; attach again" % (self.name, why))
+        if live.dtype != reg.dtype or tuple(live.shape) != tuple(reg.shape) or \
+                live.device != reg.device:
+            raise SourceError("source: %s: %s; a tensor of another shape, dtype or device "
+                              "cannot be adopted into the registered memory; attach again"
+                              % (self.name, why))
+        with torch.no_grad():
+            reg.copy_(live)
+        self.put(reg)
+        now = self.get()
+        if now is None or not _same_memory(now, reg):
+            raise SourceError("source: %s: %s, and pointing the trainer back at the registered "
+                              "memory did not hold; attach again" % (self.name, why))
+        return True
+
+
+def held_tensors(opt, key, name, thetas=(), moments=((), ())):
+    """Held entries for one tensor the optimizer steps (key): its θ when
+    every registered θ in `thetas` lies in key's memory (or in
+    state['master_param']: FusedAdam master weights), and each moment whose
+    registered views (moments[0]: exp_avg, moments[1]: exp_avg_sq) lie in
+    the state tensor.  A parameter or state tensor is pointed back by
+    key.data = / state[kind] = , which only plain tensors allow."""
+    out = []
+    plain = not hasattr(key, "_local_tensor")
+    local = _local(key)
+
+    def put_param(reg, key=key):
+        key.data = reg
+
+    def state_getter(kind):
+        def get():
+            st = opt.state.get(key)
+            return _local(st.get(kind)) if st else None
+        return get
+
+    def state_putter(kind):
+        def put(reg):
+            opt.state[key][kind] = reg.detach()
+        return put
+
+    st = opt.state.get(key) or {}
+    if thetas and all(_within(t, local) for t in thetas):
+        out.append(Held("%s param" % name, local, lambda: _local(key),
+                        put_param if plain and not local.is_cuda else None))
+    elif thetas and all(_within(t, _local(st.get("master_param"))) for t in thetas):
+        mp = st["master_param"]
+        out.append(Held("%s master_param" % name, _local(mp), state_getter("master_param"),
+                        state_putter("master_param") if not hasattr(mp, "_local_tensor")
+                        else None))
+    for kind, views in zip(("exp_avg", "exp_avg_sq"), moments):
+        t = st.get(kind)
+        if views and all(_within(v, _local(t)) for v in views):
+            out.append(Held("%s %s" % (name, kind), _local(t), state_getter(kind),
+                            state_putter(kind) if not hasattr(t, "_local_tensor") else None))
+    return out
 
 
 # ---- CUDA: IPC handles of the storages ------------------------------------------
@@ -206,7 +429,10 @@ class Source:
         self.created = self.cli.job_create(job, model_config, token, coordinator, interval)
         self.parts = []          # participant id per attached rank
         self.ranks = []
-        self.capture = None
+        self.watches = {}        # id(optimizer) -> OptimizerWatch
+        self.capture = StepView(self)
+        self.held = []           # [Held]: registered tensors checked at publish and mark
+        self.readopted = 0       # replaced host tensors adopted back so far
         self.event = None        # CUDA IPC event recorded after each step
         self.arenas = []         # arenas this Source made (hf path) and must close
         self.published = None    # the step of the last publish
@@ -282,11 +508,27 @@ class Source:
         self.ranks.append(rank)
         return part
 
+
+    def watch(self, opt):
+        """The OptimizerWatch of `opt`, made on first use: the one wrapper of
+        its step.  Before each step it waits for a capture that still reads
+        (and on CUDA makes the stream wait on the daemon's event); after it,
+        the Source's IPC event, if any, is recorded."""
+        w = self.watches.get(id(opt))
+        if w is None:
+            w = self.watches[id(opt)] = OptimizerWatch(opt)
+            w.before.append(self._before_step)
+            w.listeners.append(self._stepped)
+        return w
+
     def track(self, optimizer):
-        """Capture every optimizer step from now on."""
-        if self.capture is not None:
+        """Capture every optimizer step from now on (flat layouts: one
+        optimizer, whose param groups map onto the layout's two groups)."""
+        if self.watches:
             raise SourceError("source: already tracking an optimizer")
-        self.capture = StepCapture(optimizer, self._stepped, self._before_step)
+        if not any(g["params"] for g in optimizer.param_groups):
+            raise SourceError("source: the optimizer holds no parameters")
+        self.watch(optimizer)
         return self
 
     def _before_step(self):
@@ -311,15 +553,63 @@ class Source:
             self.cap_events[part] = torch.cuda.Event.from_ipc_handle(
                 torch.cuda.current_device(), h)
 
-    def _stepped(self, rec):
+
+    def _stepped(self, _watch):
         if self.event is not None:
             self.event.record()  # the daemon waits on it before reading
 
     # -- per step --
-    def _record(self):
-        if self.capture is None or self.capture.last is None:
+    def record(self, index=0):
+        """The StepRecord the last step gives rank `index`: on the flat
+        layouts the two groups (0: matrices, 1: 1-D tensors), each with the
+        hyper-parameters of the param groups that hold such tensors and one
+        step count for all.  A step that does not fit is refused here:
+        param groups of one layout group that disagree, or a tensor that
+        had no gradient (it did not step; a shard layout sends it as
+        unchanged)."""
+        if not self.watches:
             raise SourceError("source: no optimizer step captured yet (call track() first)")
-        return self.capture.last
+        w = next(iter(self.watches.values()))
+        seen = w.last
+        if seen is None or w.opt is None:
+            raise SourceError("source: no optimizer step captured yet")
+        groups, holder, steps = [None] * LAYOUT_GROUPS, [None] * LAYOUT_GROUPS, {}
+        kinds = ("matrix", "1-D")
+        for gi, g in enumerate(w.opt.param_groups):
+            for p in g["params"]:
+                lg = layout_group(p)
+                if groups[lg] is None:
+                    groups[lg], holder[lg] = seen.hyper[gi], gi
+                elif seen.hyper[gi] != groups[lg]:
+                    raise SourceError(
+                        "source: param groups %d and %d disagree on hyper-parameters (%s vs "
+                        "%s) but layout %s has one group for all %s tensors" % (
+                            holder[lg], gi, groups[lg], seen.hyper[gi], self.layout, kinds[lg]))
+                s = w.step_of(seen, gi, p)
+                if s == _lib.GROUP_UNCHANGED:
+                    raise SourceError(
+                        "source: a %s tensor of shape %s (param group %d) had no gradient on "
+                        "optimizer step %d, so it did not step; layout %s gives all %s tensors "
+                        "one step count and cannot say so (a shard layout can: Source.hf, "
+                        "ShardSource)" % (kinds[lg], tuple(p.shape), gi, seen.calls,
+                                          self.layout, kinds[lg]))
+                steps.setdefault(s, tuple(p.shape))
+        if len(steps) != 1:
+            raise SourceError("source: parameters disagree on the step count %s" % sorted(steps))
+        fill = next(v for v in groups if v is not None)
+        return StepRecord(next(iter(steps)), [v if v is not None else fill for v in groups])
+
+    def check_memory(self):
+        """Before a capture: every registered tensor must still be what the
+        model / optimizer holds.  A replaced host tensor is adopted back
+        (values copied into the registered memory, the trainer pointed at
+        it); anything else raises SourceError naming the tensor.  Returns
+        how many were adopted back."""
+        n = 0
+        for h in self.held:
+            n += bool(h.check())
+        self.readopted += n
+        return n
 
     def publish(self, version, wait=False, timeout_ms=60000, asynchronous=True):
         """Publish `version` on every attached rank.  By default returns
@@ -329,13 +619,16 @@ class Source:
         capture; wait=True also waits until every sink applied it (today's
         meaning).  Returns the summed publish info (it waits for the
         capture when first read)."""
-        rec = self._record()
+        rec = self.record()
         return self._publish(version, [(part, rec.groups, None) for part in self.parts],
                              rec.step, wait, timeout_ms, asynchronous)
 
     def _publish(self, version, per_part, step, wait, timeout_ms, asynchronous):
         if self.pending:
             self.wait_captured(timeout_ms=timeout_ms)
+        # No capture reads the registered memory now: adopting a replaced
+        # tensor back may write it.
+        self.check_memory()
         asynchronous = asynchronous and not wait
         infos = []
         for part, groups, steps in per_part:
@@ -400,11 +693,13 @@ class Source:
         if errors:
             raise SourceError("source: capture failed: %s" % "; ".join(errors))
 
+
     def mark(self):
         """After each step that is not published (publish interval K > 1)."""
-        rec = self._record()
+        rec = self.record()
         if self.pending:
             self.wait_captured()
+        self.check_memory()
         return sum(self.cli.mark(self.job, part, rec.step, rec.groups) for part in self.parts)
 
     def wait(self, version, timeout_ms=60000):
@@ -413,15 +708,21 @@ class Source:
             self.wait_captured(timeout_ms=timeout_ms)
         self.cli.wait(self.job, version, timeout_ms)
 
+
+    def detach(self):
+        """Put every watched optimizer's own step back (close calls this)."""
+        for w in self.watches.values():
+            w.detach()
+        self.watches = {}
+
     def close(self):
         if self.pending and self.cli is not None:
             try:
                 self.wait_captured(timeout_ms=10000)
             except SourceError:
                 pass  # closing anyway: the daemon drops the capture with the connection
-        if self.capture is not None:
-            self.capture.detach()
-            self.capture = None
+        self.detach()
+        self.held = []
         if self._own_cli and self.cli is not None:
             self.cli.close()
         self.cli = None
@@ -444,7 +745,7 @@ class Source:
                  model_config=None):
         """A dte.megatron.MegatronModel built with flat=True (its arenas are
         the distributed optimizer's flat buffers) and the AdamW whose state
-        lives in those arenas."""
+        lives in those arenas (layout megatron:tp=N, two groups)."""
         import json
         if not getattr(model, "flat", False):
             raise SourceError("source: build the MegatronModel with flat=True, so each rank's "
@@ -465,117 +766,16 @@ class Source:
                 src.check_places(r, model.arenas[r]["param"])
                 src.attach_host(r, [(model.arenas[r][k].fd, 0, model.arenas[r][k].size)
                                     for k in KINDS])
+                for n, p in model.params[r].items():
+                    st = optimizer.state[p]
+                    src.held += held_tensors(optimizer, p, "rank %d %s" % (r, n),
+                                             [model.arenas[r]["param"].tensor(n)],
+                                             ([st["exp_avg"]], [st["exp_avg_sq"]]))
             src.track(optimizer)
         except Exception:
             src.close()
             raise
         return src
-
-    @classmethod
-    def hf(cls, named_params, optimizer, socket, job, token, model_config, coordinator="local",
-           interval=1, label="hf-source"):
-        """An unsharded model under HF names (dict(model.named_parameters()))
-        as rank 0 of fsdp:dp=1.  Its FP32 params and AdamW moments are moved
-        into shm arenas (values kept), so the daemon reads the very memory
-        torch updates."""
-        named = collections.OrderedDict(named_params)
-        for n, p in named.items():
-            if p.dtype != torch.float32 or p.is_cuda:
-                raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU "
-                                  "params" % (n, p.dtype, p.device))
-        specs = [(n, tuple(p.shape), torch.float32) for n, p in named.items()]
-        arenas = {k: Arena("%s-%s" % (label, k), specs) for k in KINDS}
-        src = None
-        try:
-            for n, p in named.items():
-                st = optimizer.state.setdefault(p, {})
-                arenas["param"].tensor(n).copy_(p.detach())
-                p.data = arenas["param"].tensor(n)
-                for kind in ("exp_avg", "exp_avg_sq"):
-                    t = arenas[kind].tensor(n)
-                    if kind in st:
-                        t.copy_(st[kind])
-                    else:
-                        t.zero_()
-                    st[kind] = t
-                st.setdefault("step", torch.tensor(0.0))
-            src = cls(socket, job, token, model_config, "fsdp:dp=1", coordinator, interval)
-            src.arenas = list(arenas.values())
-            regions = []
-            for _bid, _length, bname in src.expected(0):
-                base, _, kind = bname.partition(" ")
-                kind = kind or "param"
-                if base not in named or kind not in arenas:
-                    raise SourceError("source: the layout wants %r, which the model does not "
-                                      "have" % bname)
-                loc = arenas[kind].loc(base)
-                regions.append((loc.fd, loc.offset, loc.nbytes))
-            src.attach_host(0, regions)
-            src.track(optimizer)
-        except Exception:
-            if src is not None:
-                src.close()
-            raise
-        return src
-
-
-
-# ---- registered shards: what a real optimizer holds ---------------------------------
-#
-# Real trainers keep one FP32 master and one pair of Adam moments per
-# parameter shard (Megatron-Core DistributedOptimizer, FSDP2), not flat
-# buffers.  A ShardSource registers each shard as three buffers and tells
-# the daemon which parameter and which flat range of it they hold (layouts
-# mcore: and fsdp2:, daemon/layout/gen_shards.c).  Every shard is its own
-# optimizer group at the daemon: it carries its param group's
-# hyper-parameters and its own step count, and a shard whose tensor did not
-# step (grad None: an MoE expert no token reached, a frozen module) is sent
-# as unchanged.  A shard itself is dte.shard.Shard.
-
-
-def optimizer_form(opt):
-    """('torch', 'state') for torch Adam/AdamW (per-parameter step in
-    state['step']); ('fused', 'group') for Apex / TransformerEngine
-    FusedAdam in decoupled mode (transformer_engine/pytorch/optimizers/
-    fused_adam.py FusedAdam.step: group['step'] += 1 per group, params whose
-    grad is None skipped; apex/optimizers/fused_adam.py likewise).  Anything
-    whose update is not the AdamW the compute core inverts is refused."""
-    if isinstance(opt, torch.optim.AdamW):
-        for gi, g in enumerate(opt.param_groups):
-            if g.get("amsgrad") or g.get("maximize"):
-                raise SourceError("source: param group %d uses amsgrad/maximize; its update "
-                                  "cannot be inverted" % gi)
-        return "torch", "state"
-    if isinstance(opt, torch.optim.Adam):
-        for gi, g in enumerate(opt.param_groups):
-            if g.get("amsgrad") or g.get("maximize"):
-                raise SourceError("source: param group %d uses amsgrad/maximize" % gi)
-            if float(g["weight_decay"]) != 0.0 or g.get("decoupled_weight_decay"):
-                if not g.get("decoupled_weight_decay"):
-                    raise SourceError("source: torch.optim.Adam with weight_decay (L2 on the "
-                                      "gradient) is not AdamW; use AdamW")
-        return "torch", "state"
-    if hasattr(opt, "adam_w_mode") and all("bias_correction" in g for g in opt.param_groups):
-        if not opt.adam_w_mode:
-            if any(float(g["weight_decay"]) for g in opt.param_groups):
-                raise SourceError("source: %s with adam_w_mode=False (L2 decay) is not AdamW"
-                                  % type(opt).__name__)
-        if not all(g["bias_correction"] for g in opt.param_groups):
-            raise SourceError("source: %s without bias_correction cannot be inverted"
-                              % type(opt).__name__)
-        if getattr(opt, "capturable", False):
-            raise SourceError("source: %s(capturable=True) keeps its step on the device; "
-                              "not supported" % type(opt).__name__)
-        return "fused", "group"
-    raise SourceError("source: cannot invert %s.%s (torch AdamW, or Apex/TransformerEngine "
-                      "FusedAdam)" % (type(opt).__module__, type(opt).__name__))
-
-
-def _hyper(g, variant):
-    lr = g["lr"]
-    return {"lr": float(lr), "beta1": float(g["betas"][0]), "beta2": float(g["betas"][1]),
-            "eps": float(g["eps"]), "weight_decay": float(g["weight_decay"]),
-            "variant": variant}
 
 
 class PublishInfo(collections.abc.Mapping):
@@ -610,72 +810,6 @@ class PublishInfo(collections.abc.Mapping):
         return repr(self._resolve())
 
 
-StepSeen = collections.namedtuple("StepSeen", "calls hyper stepped steps group_steps")
-
-
-class OptimizerWatch:
-    """Wraps one optimizer's step (the optimizer that updates the FP32
-    values: Megatron's inner optimizer, not its wrapper).  Before the step
-    it reads each group's hyper-parameters (a scheduler stepped afterwards
-    cannot make the record lie) and which parameters have a gradient;
-    after it, the step counts."""
-
-    def __init__(self, opt):
-        self.opt = opt
-        self.variant, self.where = optimizer_form(opt)
-        self.calls = 0
-        self.last = None
-        self.listeners = []
-        self.before = []         # called before the real step (Source: wait_captured)
-        self._orig = opt.step
-        watch = self
-
-        def step(o, *args, **kwargs):
-            hyper = [_hyper(g, watch.variant) for g in o.param_groups]
-            decoupled = getattr(o, "use_decoupled_grad", False)
-            stepped = {}
-            for g in o.param_groups:
-                for p in g["params"]:
-                    grad = getattr(p, "decoupled_grad", None) if decoupled else p.grad
-                    stepped[id(p)] = grad is not None
-            for f in watch.before:
-                f()
-            out = watch._orig(*args, **kwargs)
-            watch._after(hyper, stepped)
-            return out
-
-        if getattr(self._orig, "_with_counter", False):
-            step._with_counter = True
-        opt.step = types.MethodType(step, opt)
-
-    def _after(self, hyper, stepped):
-        self.calls += 1
-        steps, gsteps = {}, []
-        for g in self.opt.param_groups:
-            gs = g.get("step")
-            gsteps.append(int(gs) if gs is not None else 0)
-            if self.where == "state":
-                for p in g["params"]:
-                    st = self.opt.state.get(p)
-                    if st and "step" in st:
-                        steps[id(p)] = int(float(st["step"]))
-        self.last = StepSeen(self.calls, hyper, stepped, steps, gsteps)
-        for f in self.listeners:
-            f(self)
-
-    def group_of(self, key):
-        for gi, g in enumerate(self.opt.param_groups):
-            if any(p is key for p in g["params"]):
-                return gi
-        raise SourceError("source: a shard's tensor is in no param group of %s"
-                          % type(self.opt).__name__)
-
-    def detach(self):
-        if self.opt is not None:
-            self.opt.step = self._orig
-            self.opt = None
-
-
 def host_region(arenas, t):
     """(fd, byte offset) of a CPU tensor inside one of the arenas."""
     for a in arenas:
@@ -683,6 +817,19 @@ def host_region(arenas, t):
             return a.fd, t.data_ptr() - a.base
     raise SourceError("source: a host tensor is not in a registered memfd arena "
                       "(the daemon maps memfds only)")
+
+
+# ---- registered shards: what a real optimizer holds ---------------------------------
+#
+# Real trainers keep one FP32 master and one pair of Adam moments per
+# parameter shard (Megatron-Core DistributedOptimizer, FSDP2), not flat
+# buffers.  A ShardSource registers each shard as three buffers and tells
+# the daemon which parameter and which flat range of it they hold (layouts
+# mcore: and fsdp2:, daemon/layout/gen_shards.c).  Every shard is its own
+# optimizer group at the daemon: it carries its param group's
+# hyper-parameters and its own step count, and a shard whose tensor did not
+# step (grad None: an MoE expert no token reached, a frozen module) is sent
+# as unchanged.  A shard itself is dte.shard.Shard.
 
 
 class ShardSource(Source):
@@ -696,18 +843,7 @@ class ShardSource(Source):
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
                  interval=1, client=None):
         super().__init__(socket, job, token, model_config, layout, coordinator, interval, client)
-        self.watches = {}        # id(opt) -> OptimizerWatch
         self.shards = []         # per attached part: [Shard]
-        self.capture = self      # Source.close() detaches through this
-
-    def watch(self, opt):
-        w = self.watches.get(id(opt))
-        if w is None:
-            w = self.watches[id(opt)] = OptimizerWatch(opt)
-            w.before.append(self._before_step)
-            if self.event is not None:
-                w.listeners.append(lambda _w: self.event.record())
-        return w
 
     @staticmethod
     def table(rank, shards):
@@ -717,7 +853,9 @@ class ShardSource(Source):
                                                ",".join(str(d) for d in s.shape))
                        for k, s in enumerate(shards))
 
-    def attach_shards(self, rank, shards):
+    def attach_shards(self, rank, shards, names=None):
+        """names: {id(key): the trainer's name of that tensor}, for messages
+        about its memory (default: its first shard's name)."""
         shards = list(shards)
         for s in shards:
             self.watch(s.opt).group_of(s.key)  # refuses a tensor the optimizer does not step
@@ -726,8 +864,6 @@ class ShardSource(Source):
         if cuda and self.event is None:
             self.event = torch.cuda.Event(interprocess=True)
             self.event.record()
-            for w in self.watches.values():
-                w.listeners.append(lambda _w: self.event.record())
         for s in shards:
             for kind in ("theta", "exp_avg", "exp_avg_sq"):
                 t = getattr(s, kind)
@@ -743,24 +879,41 @@ class ShardSource(Source):
         self.parts.append(part)
         self.ranks.append(rank)
         self.shards.append(shards)
+        self.held += self._held_of(shards, names or {})
         return part
+
+    @staticmethod
+    def _held_of(shards, names):
+        """Held entries per tensor the optimizer steps (held_tensors): one
+        per registered θ / moment tensor, however many shards view it."""
+        by = collections.OrderedDict()
+        for s in shards:
+            by.setdefault((id(s.opt), id(s.key)), []).append(s)
+        out = []
+        for group in by.values():
+            s0 = group[0]
+            out += held_tensors(s0.opt, s0.key, names.get(id(s0.key), s0.name),
+                                [s.theta for s in group],
+                                ([s.exp_avg for s in group], [s.exp_avg_sq for s in group]))
+        return out
 
     # -- per step --
     def _groups(self, shards):
-        groups, steps = [], []
+        groups, steps, index = [], [], {}
         for s in shards:
             w = self.watches[id(s.opt)]
             seen = w.last
             if seen is None:
                 raise SourceError("source: no optimizer step captured yet")
-            gi = w.group_of(s.key)
+            gis = index.get(id(w))
+            if gis is None:
+                gis = index[id(w)] = {id(p): gi for gi, g in enumerate(w.opt.param_groups)
+                                      for p in g["params"]}
+            gi = gis.get(id(s.key))
+            if gi is None:
+                w.group_of(s.key)  # raises, naming the optimizer
             groups.append(seen.hyper[gi])
-            if not seen.stepped.get(id(s.key), False):
-                steps.append(_lib.GROUP_UNCHANGED)
-            elif w.where == "group":
-                steps.append(seen.group_steps[gi])
-            else:
-                steps.append(seen.steps.get(id(s.key), 0))
+            steps.append(w.step_of(seen, gi, s.key))
             if steps[-1] == 0:
                 raise SourceError("source: %s stepped but its optimizer keeps no step count"
                                   % s.name)
@@ -770,6 +923,13 @@ class ShardSource(Source):
         if not self.watches or all(w.last is None for w in self.watches.values()):
             raise SourceError("source: no optimizer step captured yet")
         return max(w.calls for w in self.watches.values())
+
+    def record(self, index=0):
+        """The StepRecord of rank `index` (its index in self.parts): one
+        group per shard, each with its own step count or GROUP_UNCHANGED."""
+        step = self._step()
+        groups, steps = self._groups(self.shards[index])
+        return StepRecord(step, groups, steps)
 
     def publish(self, version, wait=False, timeout_ms=60000, asynchronous=True):
         step = self._step()
@@ -783,6 +943,7 @@ class ShardSource(Source):
         step = self._step()
         if self.pending:
             self.wait_captured()
+        self.check_memory()
         n = 0
         for part, shards in zip(self.parts, self.shards):
             groups, steps = self._groups(shards)
@@ -793,12 +954,6 @@ class ShardSource(Source):
         self.watch(optimizer)
         return self
 
-    def detach(self):
-        """Put every optimizer's own step back (Source.close calls this)."""
-        for w in self.watches.values():
-            w.detach()
-        self.watches = {}
-
     def close(self):
         self.shards = []
         super().close()
@@ -807,6 +962,138 @@ class ShardSource(Source):
 def _shards_from(entries):
     return [Shard(name, shape, lo, hi, theta.reshape(-1), m.reshape(-1), v.reshape(-1), opt, key)
             for name, shape, lo, hi, theta, m, v, opt, key in entries]
+
+
+# ---- Hugging Face models, unsharded ---------------------------------------------------
+#
+# transformers 5 holds an MoE layer's experts fused, as two parameters
+# (transformers/models/qwen3_moe/modeling_qwen3_moe.py, Qwen3MoeExperts,
+# transformers 5.19): gate_up_proj [E, 2I, H] and down_proj [E, H, I].
+# Its forward takes `gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)`
+# and `linear(h, down_proj[e])`, so rows [0, I) of gate_up_proj[e] are
+# expert e's gate_proj.weight [I, H], rows [I, 2I) its up_proj.weight, and
+# down_proj[e] its down_proj.weight [H, I] (the decorator
+# use_experts_implementation: is_concatenated=True, is_transposed=False).
+# Each of those is a contiguous range of the fused tensor: the Source
+# registers the checkpoint's per-expert tensors as views of it.
+
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def hf_places(named, wanted):
+    """Where each canonical tensor (name, shape) of `wanted` lives among the
+    model's parameters `named`: [(name, shape, model name, flat offset)].
+    A tensor the model holds under its own name is the whole of it; an
+    expert's tensor missing under its name is a range of the fused
+    mlp.experts.gate_up_proj / down_proj (transformers 5).  Every element
+    of a model tensor used must be some canonical tensor's."""
+    out, covered = [], collections.Counter()
+    for name, shape in wanted:
+        shape = tuple(int(s) for s in shape)
+        n = _numel(shape)
+        p = named.get(name)
+        if p is not None:
+            if tuple(p.shape) != shape:
+                raise SourceError("source: %s is %s in the model, the config says %s"
+                                  % (name, tuple(p.shape), shape))
+            out.append((name, shape, name, 0))
+            covered[name] += n
+            continue
+        m = EXPERT.match(name)
+        fused = None
+        if m and len(shape) == 2:
+            base, e, proj = m.group(1), int(m.group(2)), m.group(3)
+            fname = base + (".down_proj" if proj == "down_proj" else ".gate_up_proj")
+            f = named.get(fname)
+            if f is not None:
+                rows = shape[0] if proj == "down_proj" else 2 * shape[0]
+                if f.dim() != 3 or e >= f.shape[0] or tuple(f.shape[1:]) != (rows, shape[1]):
+                    raise SourceError("source: %s is %s; expert %d's %s %s does not fit in it "
+                                      "as transformers' Qwen3MoeExperts holds it ([E, 2I, H] "
+                                      "gate_up_proj, [E, H, I] down_proj)"
+                                      % (fname, tuple(f.shape), e, proj, shape))
+                lo = e * rows * shape[1] + (n if proj == "up_proj" else 0)
+                fused = (name, shape, fname, lo)
+        if fused is None:
+            raise SourceError("source: the layout wants %r, which the model does not have" % name)
+        out.append(fused)
+        covered[fused[2]] += n
+    for mname, n in covered.items():
+        if n != named[mname].numel():
+            raise SourceError("source: the config's tensors cover %d of the %d elements of %s "
+                              "%s (more experts in the model than in config.json?)"
+                              % (n, named[mname].numel(), mname, tuple(named[mname].shape)))
+    return out
+
+
+def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordinator="local",
+        interval=1, label="hf-source"):
+    if not (isinstance(cls, type) and issubclass(cls, ShardSource)):
+        cls = ShardSource
+    named = collections.OrderedDict(named_params)
+    wanted = [(pl.name, pl.shape) for pl in
+              _lib.layout_tensors(model_config, "fsdp:dp=1", _lib.SOURCE, 0)]
+    places = hf_places(named, wanted)
+    used = collections.OrderedDict()
+    for _c, _s, mname, _lo in places:
+        used.setdefault(mname, named[mname])
+    for n, p in used.items():
+        if p.dtype != torch.float32 or p.is_cuda:
+            raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU "
+                              "params" % (n, p.dtype, p.device))
+    src = cls(socket, job, token, model_config, "fsdp2:dp=1", coordinator, interval)
+    try:
+        w = src.watch(optimizer)
+        if w.where != "state":
+            raise SourceError("source: Source.hf takes torch AdamW (or Adam with decoupled "
+                              "decay), not %s" % type(optimizer).__name__)
+        group = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        for n, p in used.items():
+            if id(p) not in group:
+                raise SourceError("source: the optimizer does not step %s" % n)
+            adamw_state(optimizer, group[id(p)], p)
+        # Params and moments into memfd arenas (values kept), so the daemon
+        # reads the very memory torch updates.
+        specs = [(n, tuple(p.shape), torch.float32) for n, p in used.items()]
+        arenas = collections.OrderedDict((k, Arena("%s-%s" % (label, k), specs)) for k in KINDS)
+        src.arenas = list(arenas.values())
+        for n, p in used.items():
+            st = optimizer.state[p]
+            t = arenas["param"].tensor(n)
+            t.copy_(p.detach())
+            p.data = t
+            for kind in ("exp_avg", "exp_avg_sq"):
+                t = arenas[kind].tensor(n)
+                t.copy_(st[kind])
+                st[kind] = t
+        shards = []
+        for cname, shape, mname, lo in places:
+            n = _numel(shape)
+            views = [arenas[k].tensor(mname).view(-1)[lo:lo + n] for k in KINDS]
+            shards.append(Shard(cname, shape, 0, n, views[0], views[1], views[2], optimizer,
+                                used[mname]))
+        src.attach_shards(0, shards, names={id(p): n for n, p in used.items()})
+    except Exception:
+        src.close()
+        raise
+    return src
+
+
+_hf.__doc__ = """An unsharded model under HF names (dict(model.named_parameters()))
+as rank 0 of fsdp2:dp=1, every canonical tensor its own shard (so a tensor
+that did not step is sent as unchanged).  Its FP32 params and AdamW moments
+are moved into shm arenas (values kept), so the daemon reads the very
+memory torch updates.  transformers 5's fused MoE experts
+(mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]) are
+registered as the per-expert tensors of the checkpoint, views of the fused
+memory; nothing the model holds is copied or renamed."""
 
 
 def _megatron_core(cls, model_chunks, optimizer, socket, job, token, model_config, tp, dp,
@@ -860,3 +1147,5 @@ ShardSource.megatron_core = classmethod(_megatron_core)
 ShardSource.fsdp2 = classmethod(_fsdp2)
 Source.megatron_core = ShardSource.megatron_core
 Source.fsdp2 = ShardSource.fsdp2
+ShardSource.hf = classmethod(_hf)
+Source.hf = ShardSource.hf

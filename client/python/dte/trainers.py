@@ -15,7 +15,7 @@ optimizer.py, __init__.py), TransformerEngine 2.x
 
 import torch
 
-from .shard import Shard, SourceError, move_to_arena
+from .shard import Shard, SourceError, adamw_state, move_to_arena
 
 KINDS = ("theta", "exp_avg", "exp_avg_sq")
 
@@ -194,15 +194,7 @@ def fsdp2_shards(model, optimizer, label, host_arenas):
             if id(p) not in names:
                 raise SourceError("source: the optimizer steps a tensor that is not a parameter "
                                   "of the model")
-            st = optimizer.state.setdefault(p, {})
-            if "step" not in st:
-                fused = bool(g.get("fused")) or bool(g.get("capturable"))
-                # torch/optim/adam.py _init_group: what AdamW creates on its
-                # first step; an existing state is used as it is.
-                st["step"] = (torch.zeros((), dtype=torch.float32, device=p.device) if fused
-                              else torch.tensor(0.0, dtype=torch.float32))
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st = adamw_state(optimizer, g, p)
             entries.append((names[id(p)], p, st))
     if not entries:
         raise SourceError("source: the optimizer holds no parameters")
