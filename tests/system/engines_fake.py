@@ -575,6 +575,31 @@ class Worker:
         self.model_runner = types.SimpleNamespace(model=model, get_model=lambda: model)
 
 
+def vllm_moe_name(name):
+    """Where vLLM's model holds an expert tensor SGLang's holds at
+    mlp.experts.w13_weight: MoERunner (model_executor/layers/fused_moe/
+    runner/moe_runner.py) keeps the weights in its child routed_experts
+    (a RoutedExperts), so vLLM 0.33's named_parameters() says
+    mlp.experts.routed_experts.w13_weight."""
+    head, _, leaf = name.rpartition(".")
+    return head + ".routed_experts." + leaf if head.endswith(".mlp.experts") else name
+
+
+def vllm_experts(model):
+    """The expert tensors moved under the module structure vLLM has:
+    mlp.experts is a module (MoERunner) whose child routed_experts holds
+    w13_weight and w2_weight."""
+    for name in [n for n in list(model._parameters) if vllm_moe_name(n) != n]:
+        head, _, leaf = name.rpartition(".")
+        runner = model._modules.get(head)
+        if runner is None:
+            runner = type("MoERunner", (torch.nn.Module,), {})()
+            runner.routed_experts = type("RoutedExperts", (torch.nn.Module,), {})()
+            model._modules[head] = runner
+        runner.routed_experts._parameters[leaf] = model._parameters.pop(name)
+    return model
+
+
 def vllm_worker(conn, rank, tp, cfg, dp_rank, ext_qualname, ep=False):
     torch.set_num_threads(1)
     _module("vllm")
@@ -596,8 +621,9 @@ def vllm_worker(conn, rank, tp, cfg, dp_rank, ext_qualname, ep=False):
     pc = types.SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=1,
                                data_parallel_rank=dp_rank, enable_expert_parallel=ep,
                                worker_extension_cls=ext_qualname)
-    model = loaded_padding(make_model("Qwen3ForCausalLM", target_shapes(cfg, tp, tp if ep else 1),
-                                      False, seed=300 + rank), cfg, tp, rank)
+    model = vllm_experts(loaded_padding(make_model(
+        "Qwen3ForCausalLM", target_shapes(cfg, tp, tp if ep else 1), False, seed=300 + rank),
+        cfg, tp, rank))
     w = worker_class(rank, model, types.SimpleNamespace(parallel_config=pc))
     while True:
         try:

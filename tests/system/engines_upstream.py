@@ -396,17 +396,28 @@ def sglang_moe(cfg, hf, tp, ep):
     return ranks
 
 
+def vllm_moe_name(name):
+    """Where vLLM's model holds an expert tensor the reference names by its
+    checkpoint-side module (mlp.experts.w13_weight): MoERunner keeps the
+    experts in its child routed_experts (vllm 0.33.0 model_executor/layers/
+    fused_moe/runner/moe_runner.py MoERunner.__init__; its load_weights
+    reports them as routed_experts.*)."""
+    head, _, leaf = name.rpartition(".")
+    return head + ".routed_experts." + leaf if head.endswith(".mlp.experts") else name
+
+
 def moe_compare(engine, run_moe, lines):
     import torch
     import sglang_reference as ref
     cfg, shapes_of, expected = engines_moe_converter()
+    rename = vllm_moe_name if engine == "vllm" else (lambda n: n)
     ex = tot = 0
     for seed, (label, tp, ep) in enumerate(MOE_CASES):
         g = torch.Generator().manual_seed(100 + seed)
         hf = collections.OrderedDict(
             (n, ref.rne_bf16_bits(torch.randn(sh, generator=g)).view(torch.bfloat16))
             for n, sh in shapes_of(cfg).items())
-        want = [collections.OrderedDict((n, t.view(torch.int16)) for n, t in d.items()
+        want = [collections.OrderedDict((rename(n), t.view(torch.int16)) for n, t in d.items()
                                         if ".mlp.experts." in n)
                 for d in expected(hf, cfg, tp, ep)]
         got = run_moe(cfg, hf, tp, ep)
@@ -516,10 +527,10 @@ def vllm_engine():
                         if not loaded:
                             raise RuntimeError("vLLM loaded nothing into %s" % prefix)
                         for pn, t in block.named_parameters():
-                            # routed_experts.w13_weight -> the checkpoint-side name
-                            # the sink layout uses (mlp.experts.w13_weight).
-                            out[prefix + "." + pn.rsplit(".", 1)[-1]] = \
-                                t.data.contiguous().view(torch.int16).clone()
+                            # the names vLLM's model has (routed_experts.w13_weight),
+                            # as they are: the reference names them the same way
+                            # (moe_compare, vllm_moe_names)
+                            out[prefix + "." + pn] = t.data.contiguous().view(torch.int16).clone()
                 ranks.append(out)
         finally:
             torch.set_default_dtype(old)
