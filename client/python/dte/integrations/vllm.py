@@ -146,12 +146,13 @@ def _routed_prefixes(model):
     return out
 
 
-class VLLMComputeView(_engine.ComputeView):
+class VLLMComputeView(_engine.ModuleComputeView):
     """What a vLLM worker's compute reads (see the notes above)."""
 
+    engine = "vllm"
+
     def __init__(self, model):
-        self.model = model
-        self.modules = dict(model.named_modules())
+        super().__init__(model)
         self.routed = _routed_prefixes(model)
         self.repack = []          # layers whose CPU GEMM copy is rebuilt after an apply
         self.prepacked = []       # expert weights written through a canonical shadow
@@ -162,23 +163,13 @@ class VLLMComputeView(_engine.ComputeView):
         pre = self.routed.get(mod + ".")
         return pre + leaf if pre else layout_name
 
-    def _owner(self, model_name):
-        mod, _, leaf = model_name.rpartition(".")
-        return mod, self.modules.get(mod), leaf
-
     def prepare(self, model_name, param):
-        mod_name, mod, leaf = self._owner(model_name)
+        super().prepare(model_name, param)      # quantized layers: refused
+        mod_name, mod, leaf = self.owner(model_name)
         if mod is None:
             return None
         qm = getattr(mod, "quant_method", None)
         qname = type(qm).__name__ if qm is not None else ""
-        if qm is not None and qname not in ("UnquantizedLinearMethod",
-                                            "UnquantizedEmbeddingMethod",
-                                            "UnquantizedFusedMoEMethod"):
-            raise IntegrationError(
-                "vllm: %s computes through %s, which post-processes its weights after "
-                "loading (process_weights_after_loading); dted writes only unquantized "
-                "BF16 weights: serve the model unquantized" % (mod_name, qname))
         if hasattr(mod, "cpu_linear") and leaf == "weight":
             if param.numel() == 0:
                 raise IntegrationError(
