@@ -371,7 +371,17 @@ void testhook_capture(uint64_t version)
 	if (th.fault != F_CAPTURE_STALL || !version_hit(version))
 		return;
 	/* Worker thread: th is read-only once init has run, and nothing here
-	 * logs (the log module belongs to the loop thread). */
+	 * logs (the log module belongs to the loop thread).  The test learns
+	 * the capture has started and is held from <release>.held.<version>,
+	 * written before the wait. */
+	if (release) {
+		char held[4096];
+		FILE *f;
+
+		snprintf(held, sizeof(held), "%s.held.%llu", release, (unsigned long long)version);
+		if ((f = fopen(held, "w")))
+			fclose(f);
+	}
 	for (int i = 0; i < 6000; i++) {
 		if (release && access(release, F_OK) == 0)
 			return;

@@ -79,41 +79,8 @@ int dts_parse_vname(const char *name, const char *suffix, uint64_t *v)
 	return 1;
 }
 
-/* "-pause": until killed; "chunk-slow": 2 s, once per process, then the
- * write goes on. */
-static void hook_pause(enum dts_hook hook, const char *path)
-{
-	const char *h = getenv("DTE_STORAGE_HOOK");
-
-	if (h && !strcmp(h, "chunk-slow")) {
-		static int done;
-
-		if (__atomic_exchange_n(&done, 1, __ATOMIC_RELAXED))
-			return;
-		fprintf(stderr, "dte-storage hook: slowed in chunk %s\n", path);
-		fflush(stderr);
-		sleep(2);
-		return;
-	}
-	fprintf(stderr, "dte-storage hook: paused in %s %s\n",
-		hook == DTS_HOOK_CHUNK ? "chunk" : "manifest", path);
-	fflush(stderr);
-	for (;;)
-		pause();
-}
-
-static enum dts_hook hook_armed(void)
-{
-	const char *h = getenv("DTE_STORAGE_HOOK");
-
-	if (!h)
-		return DTS_HOOK_NONE;
-	if (!strcmp(h, "chunk-pause") || !strcmp(h, "chunk-slow"))
-		return DTS_HOOK_CHUNK;
-	if (!strcmp(h, "manifest-pause"))
-		return DTS_HOOK_MANIFEST;
-	return DTS_HOOK_NONE;
-}
+/* The test hook (storage_int.h); NULL in every production binary. */
+const struct dts_fs_hook *dts_fs_hook;
 
 static int write_n(int fd, const uint8_t *p, size_t len)
 {
@@ -133,12 +100,13 @@ static int write_n(int fd, const uint8_t *p, size_t len)
 static int write_all(int fd, const void *data, size_t len, enum dts_hook hook,
 		     const char *path)
 {
-	size_t half = hook != DTS_HOOK_NONE && hook == hook_armed() ? len / 2 : 0;
+	const struct dts_fs_hook *h = dts_fs_hook;
+	size_t half = h && hook != DTS_HOOK_NONE && hook == h->armed() ? len / 2 : 0;
 
 	if (half) {
 		if (write_n(fd, data, half) < 0 || fsync(fd) < 0)
 			return -1;
-		hook_pause(hook, path);	/* returns for "chunk-slow" only */
+		h->reached(hook, path);	/* returns for "chunk-slow" only */
 	}
 	return write_n(fd, (const uint8_t *)data + half, len - half);
 }

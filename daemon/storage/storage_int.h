@@ -147,11 +147,22 @@ int dts_mpart_add(struct dts_mpart *p, const struct dts_mchunk *c);
 
 /* ---- files (fsutil.c) ----------------------------------------------- */
 
-/* Test hooks (env DTE_STORAGE_HOOK): "chunk-pause" or "manifest-pause"
- * stop the writer half way through that file (after an fsync, so the
- * partial bytes are really there) until it is killed; "chunk-slow" holds
- * the first chunk written half way for 2 s, then finishes it. */
+/* Where a write may be held half way (after an fsync, so the partial
+ * bytes are really there): the chunk or the manifest file. */
 enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST };
+
+/* The test hook's extension point.  NULL in production: no production
+ * binary reads DTE_STORAGE_HOOK.  daemon/storage/testhook_storage.c,
+ * linked only into the test builds (tests/faults/faults.mk:
+ * $(B)/tests/dted-faults, $(B)/tests/dte-storage-faults), sets it before
+ * main() runs: armed() says which file the env DTE_STORAGE_HOOK holds
+ * ("chunk-pause", "manifest-pause": until killed; "chunk-slow": the first
+ * chunk, 2 s), reached() is called half way through that file. */
+struct dts_fs_hook {
+	enum dts_hook (*armed)(void);
+	void (*reached)(enum dts_hook hook, const char *path);
+};
+extern const struct dts_fs_hook *dts_fs_hook;
 
 /* Write `name` in `dir` atomically: temp file, fsync, rename, fsync dir. */
 int dts_write_atomic(const char *dir, const char *name, const void *data, size_t len,

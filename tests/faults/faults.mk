@@ -10,7 +10,10 @@
 # packaged one) has no test-hook code and never reads DTE_TEST_HOOK, which
 # tests/faults/prod_hooks.py checks.  Every test that sets DTE_TEST_HOOK
 # runs this binary (harness.DTED_FAULTS).
-TESTHOOK_SRCS := daemon/testhook.c daemon/testhook_decor.c
+# The storage writer's hook (DTE_STORAGE_HOOK, testhook_storage.c) is
+# test-only the same way: it is in dted-faults and in dte-storage-faults,
+# the test build of $(B)/bin/dte-storage.
+TESTHOOK_SRCS := daemon/testhook.c daemon/testhook_decor.c daemon/storage/testhook_storage.c
 TESTHOOK_OBJS := $(TESTHOOK_SRCS:%.c=$(B)/obj/%.o)
 
 $(B)/tests/dted-faults: $(B)/obj/daemon/main.o $(TESTHOOK_OBJS) $(DTED_LIBS)
@@ -19,6 +22,14 @@ $(B)/tests/dted-faults: $(B)/obj/daemon/main.o $(TESTHOOK_OBJS) $(DTED_LIBS)
 		-Wl,--start-group $(DTED_LIBS) -Wl,--end-group $(PKG_LIBS) -ldl
 
 TEST_PROGS += $(B)/tests/dted-faults
+
+$(B)/tests/dte-storage-faults: $(B)/obj/daemon/storage/storage_main.o \
+		$(B)/obj/daemon/storage/testhook_storage.o $(B)/lib/libdtestorage.a \
+		$(B)/lib/libdtelayout.a $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDFLAGS) $(PKG_LIBS) -ldl
+
+TEST_PROGS += $(B)/tests/dte-storage-faults
 
 # The parser and the send-side cut point, on testhook.o alone (no
 # decorators installed).

@@ -14,7 +14,16 @@ packaged /usr/sbin/dted that tests/system/packaging.sh extracts):
            word: "dup" in "strdup" is not one);
   runtime  (the build's dted only) started with DTE_TEST_HOOK set, once
            malformed and once well formed, it comes up and answers, and
-           says nothing of a test hook: it does not read the variable.
+           says nothing of a test hook: it does not read the variable;
+  getenv   every environment variable production may read is one of
+           PROD_ENV: each getenv()/secure_getenv() in the daemon's sources
+           (daemon/, gpu/, proto/; the test-hook sources of faults.mk's
+           TESTHOOK_SRCS aside) names a PROD_ENV variable as a literal,
+           and the binary's read-only data holds no DTE_*/DTC_* name
+           outside PROD_ENV, so none of the test builds' variables
+           (DTE_TEST_HOOK, DTE_STORAGE_HOOK, ...).  A new getenv in
+           production fails here until it is added to PROD_ENV with its
+           reason.
 
 Each check has its positive control on the test build, which must carry
 every such symbol and string, refuse the malformed spec and arm the good
@@ -37,9 +46,22 @@ import harness  # noqa: E402  (sets ROOT and B)
 
 B, ROOT = harness.B, harness.ROOT
 TEST_BUILD = harness.DTED_FAULTS
-HOOK_OBJS = [os.path.join(B, "obj", "daemon", n) for n in ("testhook.o", "testhook_decor.o")]
+HOOK_OBJS = [os.path.join(B, "obj", "daemon", n)
+             for n in ("testhook.o", "testhook_decor.o", "storage/testhook_storage.o")]
 SYMBOL_RE = re.compile(r"testhook|test_hook", re.I)
-FIXED_STRINGS = ["DTE_TEST_HOOK", "test hook"]
+FIXED_STRINGS = ["DTE_TEST_HOOK", "test hook", "DTE_STORAGE_HOOK", "dte-storage hook"]
+# Every environment variable a production binary may read, and why.
+PROD_ENV = {
+    "JOURNAL_STREAM": "daemon/log.c: log to the systemd journal when started by it",
+    "DTE_PEER_DEBUG": "daemon/peer/peer_base.c: the peer layer's debug lines",
+    "DTE_CUDA_PLUGIN": "gpu/backend.c: where the dlopen()ed CUDA backend is",
+    "DTC_CPU_SIMD": "gpu/cpu.c, daemon/job_snapshot.c: the CPU backend's SIMD level",
+    "DTC_CPU_THREADS": "gpu/cpu.c: the CPU backend's threads",
+}
+# Where the production daemon's code is (what the source scan reads).
+PROD_SRC_DIRS = ["daemon", "gpu", "proto"]
+ENV_NAME_RE = re.compile(r"^(?:DTE|DTC)_[A-Z0-9][A-Z0-9_]*$")
+GETENV_RE = re.compile(r"\b(?:secure_)?getenv\s*\(\s*([^)]*)\)")
 
 failures = []
 
@@ -55,6 +77,69 @@ def fault_names():
     """The fault names of testhook.c's table ({ "name", F_... })."""
     with open(os.path.join(ROOT, "daemon", "testhook.c")) as f:
         return re.findall(r'\{\s*"([a-z][a-z0-9-]*)",\s*F_[A-Z0-9_]+\s*\}', f.read())
+
+
+def testhook_srcs():
+    """faults.mk's TESTHOOK_SRCS: the sources only the test builds link."""
+    with open(os.path.join(ROOT, "tests", "faults", "faults.mk")) as f:
+        m = re.search(r"^TESTHOOK_SRCS\s*:?=\s*(.*)$", f.read(), re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def getenv_calls():
+    """(path, line, argument) of every getenv()/secure_getenv() call in the
+    daemon's C sources, comments dropped."""
+    out = []
+    for d in PROD_SRC_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(ROOT, d)):
+            for fn in sorted(files):
+                if not fn.endswith((".c", ".h")):
+                    continue
+                path = os.path.join(dirpath, fn)
+                with open(path, errors="replace") as f:
+                    text = f.read()
+                text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text,
+                              flags=re.S)
+                text = re.sub(r"//[^\n]*", "", text)
+                for m in GETENV_RE.finditer(text):
+                    out.append((os.path.relpath(path, ROOT), text.count("\n", 0, m.start()) + 1,
+                                m.group(1).strip()))
+    return out
+
+
+def env_check(prods):
+    """The getenv check (see the docstring).  Returns (test-only names,
+    {prod: names outside PROD_ENV in its read-only data})."""
+    tsrcs = testhook_srcs()
+    need(tsrcs, "faults.mk's TESTHOOK_SRCS parsed (%s)" % " ".join(sorted(tsrcs)))
+    test_env, bad = set(), []
+    calls = getenv_calls()
+    for path, line, arg in calls:
+        m = re.fullmatch(r'"([A-Za-z0-9_]+)"', arg)
+        if path in tsrcs:
+            if m:
+                test_env.add(m.group(1))
+            continue
+        if not m:
+            bad.append("%s:%d: getenv(%s) (not a literal name)" % (path, line, arg))
+        elif m.group(1) not in PROD_ENV:
+            bad.append("%s:%d: getenv(\"%s\") (not in PROD_ENV)" % (path, line, m.group(1)))
+    need(not bad, "production sources read only PROD_ENV variables (%d getenv calls%s)"
+         % (len(calls), ": " + "; ".join(bad) if bad else ""))
+    need({"DTE_TEST_HOOK", "DTE_STORAGE_HOOK"} <= test_env and not test_env & set(PROD_ENV),
+         "the test-hook sources read %s, none of them in PROD_ENV" % " ".join(sorted(test_env)))
+    # Positive control: the test build's data names every test variable.
+    tnames = {x for x in rodata_strings(TEST_BUILD) if ENV_NAME_RE.match(x)}
+    need(test_env <= tnames, "test build %s names every test variable in its data (%s)"
+         % (os.path.relpath(TEST_BUILD, ROOT), " ".join(sorted(tnames & test_env))))
+    found = {}
+    for prod in prods:
+        names = {x for x in rodata_strings(prod) if ENV_NAME_RE.match(x)}
+        found[prod] = sorted(names - set(PROD_ENV))
+        need(not found[prod], "%s: every DTE_*/DTC_* name in its data is in PROD_ENV (%s)%s"
+             % (prod, " ".join(sorted(names)),
+                "; not: %s" % " ".join(found[prod]) if found[prod] else ""))
+    return test_env, found
 
 
 def symbols(path):
@@ -145,10 +230,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", action="append",
                     help="production binary to check (default $B/bin/dted, with the runtime "
-                    "check); may be repeated; strings and symbols only")
+                    "check, and $B/bin/dte-storage); may be repeated; strings, symbols "
+                    "and environment names only")
     args = ap.parse_args()
-    prods = args.binary or [harness.DTED]
-    runtime = args.binary is None
+    # By default the build's dted (with the runtime check) and dte-storage
+    # (the other binary that links the storage writer).
+    prods = args.binary or [harness.DTED, os.path.join(ROOT, B, "bin", "dte-storage")]
 
     for p in [TEST_BUILD] + prods + HOOK_OBJS:
         if not os.path.exists(p):
@@ -175,6 +262,7 @@ def main():
     need(not t_absent, "test build carries every hook string (%d strings%s)"
          % (sum(thits.values()), "; absent: %s" % t_absent if t_absent else ""))
 
+    test_env, env_found = env_check(prods)
     result = 0
     for prod in prods:
         psyms = symbols(prod)
@@ -189,7 +277,9 @@ def main():
                 "test_build_strings=%d" % (os.path.relpath(prod, ROOT) if prod.startswith(ROOT)
                                            else prod, len(bad_syms), sum(bad_strs.values()),
                                            len(t_hook_syms), sum(thits.values())))
-        if runtime:
+        line += " test_env_names=%d other_env_names=%d" % (
+            len(test_env), len(env_found[prod]))
+        if args.binary is None and prod == harness.DTED:
             line += " env_ignored=%d" % runtime_check(prod)
         print(line)
     if failures:

@@ -67,9 +67,10 @@ child_env = demo.child_env
 def hook_binary_check(binary, env):
     """A test that sets DTE_TEST_HOOK must run the test build: the
     production dted ignores the variable, so its fault would never land."""
-    if (env or {}).get("DTE_TEST_HOOK") and os.path.basename(binary) == "dted":
-        raise RuntimeError("DTE_TEST_HOOK=%s given to the production dted %s, which ignores "
-                           "it: run harness.DTED_FAULTS" % (env["DTE_TEST_HOOK"], binary))
+    for var in ("DTE_TEST_HOOK", "DTE_STORAGE_HOOK"):
+        if (env or {}).get(var) and os.path.basename(binary) == "dted":
+            raise RuntimeError("%s=%s given to the production dted %s, which ignores "
+                               "it: run harness.DTED_FAULTS" % (var, env[var], binary))
 
 
 def start_dted(dirpath, name, log, conf_name="dted.conf", sock_name="dted.sock",

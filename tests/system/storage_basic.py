@@ -29,6 +29,9 @@ import torch
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 B = os.environ.get("B", "build")
 TOOL = os.path.join(ROOT, B, "bin", "dte-storage")
+# The test build of dte-storage: the only one that reads DTE_STORAGE_HOOK
+# (tests/faults/faults.mk).
+TOOL_FAULTS = os.path.join(ROOT, B, "tests", "dte-storage-faults")
 JOB = "policy"
 LAST = 70
 KEYFRAME_EVERY = 10
@@ -111,7 +114,9 @@ def main():
         if prev is not None:
             changed[v] = write_delta(dfile, tr.numel, prev, cur)
         cur.astype("<u2").tofile(dense)
-        cmd = [TOOL, "write", root, JOB, "--spec", spec, "--version", str(v), "--dense", dense,
+        # A hook (env) needs the test build; the production tool ignores it.
+        cmd = [TOOL_FAULTS if env else TOOL, "write", root, JOB, "--spec", spec,
+               "--version", str(v), "--dense", dense,
                "--keyframe-every", str(KEYFRAME_EVERY), "--max-chunk", "262144"]
         if prev is not None:
             cmd += ["--delta", dfile]

@@ -344,7 +344,7 @@ def main():
         w.close()
         a.kill()
         for hook in ("chunk", "manifest"):
-            a = start("grp-a", {"DTE_STORAGE_HOOK": hook + "-pause"})
+            a = start("grp-a", {"DTE_STORAGE_HOOK": hook + "-pause"}, dted=harness.DTED_FAULTS)
             w = Writer(model, a, store)
             v = state["version"] + 1
             rec = train()
@@ -374,7 +374,7 @@ def main():
         # SIGTERM while a commit is on the worker (held 2 s half way through
         # its first chunk): dted waits for it, the version lands whole and
         # the daemon exits cleanly.
-        a = start("grp-a", {"DTE_STORAGE_HOOK": "chunk-slow"})
+        a = start("grp-a", {"DTE_STORAGE_HOOK": "chunk-slow"}, dted=harness.DTED_FAULTS)
         w = Writer(model, a, store)
         v = state["version"] + 1
         rec = train()

@@ -8,7 +8,8 @@ and `dtectl status` must come back before the publish answer: ordering,
 not timing.  The daemon runs with DTE_TEST_HOOK=capture-stall@1, so the
 capture worker of version 1 holds until the test creates the release file
 after ping and status have answered: if capture ran on the loop, they
-could not.  The sink then applies the version, checked against RNE(θ).
+could not.  The test sends them only once the hook's marker file shows the
+capture has started and is held (no sleep).  The sink then applies the version, checked against RNE(θ).
 """
 
 import json
@@ -108,7 +109,15 @@ def main():
 
         th = threading.Thread(target=publish)
         th.start()
-        time.sleep(0.15)
+        # The capture has started: the hook, called by the capture worker
+        # as version 1's capture begins, writes <release>.held.1 before it
+        # holds the worker.  Within a deadline, and before any answer.
+        held, deadline = release + ".held.1", time.monotonic() + 60
+        while not os.path.exists(held) and th.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c.check(os.path.exists(held) and th.is_alive(),
+                "the capture of version 1 started and is held by the hook (%s seen, publish "
+                "%s)" % (os.path.basename(held), "pending" if th.is_alive() else "answered"))
         for cmd in ("ping", "status"):
             rc, out, dt = dtectl(sock, cmd)
             c.check(rc == 0, "dtectl %s answered during the capture (%.3f s)" % (cmd, dt))

@@ -8,14 +8,20 @@ size, 64-element start padding, lcm(dp, 128) bucket padding, one FP32
 allocation per shard, FusedAdam-style state and param groups with a
 decoupled lr, experts in the dense buffer (ep=1) or their own (ep>1, a
 ChainedOptimizer), both MoE namings, a padded vocab that is not
-config.json's).  Where megatron-core imports (the upstream venv), its own
-_ParamAndGradBuffer layout and DistributedOptimizer._build_model_gbuf_range
-produce the shard ranges, checked against the model.  Each rank attaches
+config.json's).  megatron-core's own _ParamAndGradBuffer layout and
+DistributedOptimizer._build_model_gbuf_range (the upstream venv) produce the
+shard ranges, checked against the model; where megatron-core does not
+import the test prints SKIP and exits 77 (a skip is never a pass).  Each rank attaches
 with Source.megatron_core (layout mcore:, registered shards).  After every
 version every sink element must equal RNE(θ_t), θ_t gathered from the
 shards and converted to canonical space by index maps built with plain
 torch ops (the HF -> Megatron direction, here) and the sink by
 layout_reference.py's converter.
+
+Without the distributed optimizer (Float16OptimizerWithFloat16Params) every
+DP replica holds whole FP32 copies and the source takes the first replica:
+of dense params the ranks of DP rank 0, of experts those of the first
+expert-data-parallel group (ep > 1, dp > 1: the two differ).
 
 moe-unrouted: an MoE run where some experts get no tokens on some steps
 (grad None; TE FusedAdam and torch AdamW skip them): exact, and no version
@@ -36,6 +42,26 @@ VENV = os.path.dirname(os.path.dirname(VENV_PY))
 if __name__ == "__main__" and os.path.realpath(sys.prefix) != os.path.realpath(VENV) \
         and os.access(VENV_PY, os.X_OK) and not os.environ.get("DTE_MCORE_NO_VENV"):
     os.execv(VENV_PY, [VENV_PY] + sys.argv)
+
+
+def skip_without_megatron_core():
+    """Without megatron-core (or torch) the shard ranges would be this
+    test's own model of its layout only: nothing upstream checked, so it
+    skips (77), never passes."""
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer  # noqa
+            from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer  # noqa
+    except Exception as e:  # noqa: BLE001 - any failure to import is a skip
+        print("SKIP: megatron-core does not import in %s (%s: %s; DTE_UPSTREAM_PYTHON, default "
+              "%s)" % (sys.executable, type(e).__name__, e, VENV_PY), flush=True)
+        sys.exit(77)
+
+
+if __name__ == "__main__":
+    skip_without_megatron_core()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -82,6 +108,10 @@ CONFIGS = [
     ("llama-3.1-8b.json", 2, 1, 1, None, None, None, "fused", True, 2, 1),
     ("llama-3.1-8b.json", 2, 2, 1, None, None, 160, "fused", True, 1, 1),
     ("llama-3.1-8b.json", 1, 4, 1, None, None, None, "fused", False, 2, 1),
+    # Experts without the distributed optimizer: the expert replicas are
+    # the expert-data-parallel groups (rank // (ep * etp)), not DP.
+    ("qwen3-30b-a3b.json", 1, 4, 2, None, "grouped", None, "fused", False, 2, 2),
+    ("qwen3-30b-a3b.json", 2, 2, 2, None, "sequential", None, "torch", False, 2, 1),
     ("qwen3-30b-a3b.json", 2, 2, 1, None, "sequential", None, "fused", True, 2, 1),
     ("qwen3-30b-a3b.json", 2, 2, 2, None, "grouped", None, "fused", True, 2, 2),
     ("qwen3-30b-a3b.json", 1, 4, 2, None, "grouped", 320, "fused", True, 2, 1),
@@ -112,6 +142,8 @@ class Rank:
         dense, experts = mc.local_params(cfg, w_idx, tp, t, vp, eg // etp, ep, eg % etp, etp,
                                          naming or "grouped")
         self.index = dict(dense + experts)
+        self.experts = {name for name, _ in experts}
+        self.eg = ep * etp              # ranks per expert-data-parallel replica
         flat_init = w_init
         self.params = {}
         for name, idx in dense + experts:
@@ -207,11 +239,17 @@ def canonical(cfg, ranks, w_idx, total, tp=1, dist=True):
             idx = rk.index[name].reshape(-1)[lo:hi]
             main = main.reshape(-1)
             if not dist:
-                # Whole copies on every DP replica: identical, DP rank 0's counts.
-                prev = replicas.setdefault(("dp", rk.tp_idx, name), main)
+                # Whole copies on every DP replica: identical, DP rank 0's
+                # counts; of experts, every expert-DP replica's (the ranks
+                # rank % (ep * etp) hold the same experts), the first's count.
+                if name in rk.experts:
+                    key, first = ("edp", rk.rank % rk.eg, name), rk.rank // rk.eg == 0
+                else:
+                    key, first = ("dp", rk.tp_idx, name), rk.rank // tp == 0
+                prev = replicas.setdefault(key, main)
                 if not torch.equal(prev.view(torch.int32), main.view(torch.int32)):
                     raise AssertionError("%s differs across DP replicas" % name)
-                if rk.rank // tp:
+                if not first:
                     continue
             if mc.replicated(name):
                 key = (name, lo, hi)
@@ -311,6 +349,7 @@ def run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vp_local, inner, 
 
 def main():
     harness.asan_reexec()
+    skip_without_megatron_core()
     ref = tl.layout_reference()
     tmp = tempfile.mkdtemp(prefix="dte-mcore-")
     log = open(os.path.join(tmp, "dted.log"), "w+")
@@ -322,7 +361,6 @@ def main():
                                       extra_conf="sync_mode = sparse\n")
     ok = True
     n = exact = 0
-    upstream = mc.upstream_available()
     try:
         harness.wait_socket(sock)
         for i, (model, tp, dp, ep, etp, naming, vpl, inner, dist, stp, sep) in enumerate(CONFIGS):
@@ -335,8 +373,9 @@ def main():
             try:
                 r = run_config(ref, sock, cfg, model, tp, dp, ep, etp, naming, vpl, inner, dist,
                                stp, sep, "mcore-%d" % i, VERSIONS)
+                # Every config that shards goes through megatron-core's own ranges.
                 good = r["exact"] == r["versions"] == VERSIONS and not r["dense_after_first"] \
-                    and r["upstream"] is not False
+                    and r["upstream"] is not False and (r["upstream"] or not dist)
                 why = "; ".join(r["bad"][:2])
             except Exception as e:   # noqa: BLE001 - reported as this config's failure
                 good, why, r = False, "%s: %s" % (type(e).__name__, e), {}
@@ -345,10 +384,9 @@ def main():
             ok &= good
             print("%s %s: versions=%s exact=%s upstream_ranges=%s (%.1fs)%s" % (
                 "ok  " if good else "FAIL", desc, r.get("versions"), r.get("exact"),
-                {True: "agree", False: "DIFFER", None: "n/a"}[r.get("upstream")] if upstream
-                else "n/a", time.time() - t0, "" if good else " " + why))
-        print("real-trainers: configs=%d exact=%d/%d upstream=%s" % (
-            n, exact, n, "megatron-core" if upstream else "model-only"))
+                {True: "agree", False: "DIFFER", None: "n/a"}[r.get("upstream")],
+                time.time() - t0, "" if good else " " + why))
+        print("real-trainers: configs=%d exact=%d/%d upstream=megatron-core" % (n, exact, n))
         # Unrouted experts.
         uv = ue = 0
         for j, (inner, every) in enumerate((("fused", 1), ("torch", 1), ("torch", 2))):
