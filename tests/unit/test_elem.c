@@ -435,6 +435,55 @@ static void test_guard_midpoints(void **state)
 	assert_int_equal(fn, 0);
 }
 
+/* The inverse against its own bound where it is tightest: FusedAdam with
+ * lr·wd near the 1/2 limit hparams.c admits (lr 0.1, wd 4.944:
+ * c = 0.506), weights with mantissa just above 1 (where e is smallest in
+ * ulps), steps from far below eps to lr.  The forward's fl(wd·θ),
+ * fl(m̂/d + wd·θ) and fl(lr·update) each round at the size of lr·wd·|θ|,
+ * about |θ|/2 here, and θ_t − u is divided by c: elem.h's analysis ("lr·upd
+ * and the decay term add two roundings of the size of u") leaves that out,
+ * and the real error reaches past half of e (0.53).  So the band cannot be
+ * halved: every element must stay within it, and some must need more than
+ * half of it (the planted-at-the-bound check: a narrowed DTC_GUARD_ULP
+ * fails here).  The torch forward at lr·wd = 0.498 reaches 0.40 (a
+ * quartered band fails).  Such steps halve θ, so the BF16 always changes
+ * and the detector cannot miss them; what needs the bound here is every
+ * user of the guard interval as a claim about θ_{t-1} (side_table.c's
+ * prev_certain). */
+static void bound_tight(int variant, double lr, double wd, double want)
+{
+	struct dtc_consts k;
+	uint64_t bad = 0;
+	double worst = 0;
+
+	derive(&k, variant, lr, wd, 1);
+	for (int i = 0; i < 1 << 20; i++) {
+		float prev = (float)ldexp(1.0 + unif() / 16, (int)(rnd() % 6) - 4) *
+			     (rnd() % 2 ? 1.0f : -1.0f);
+		float g = (float)(gauss() * exp(unif() * 8 - 4) * 1e-8);
+		float m = 0.1f * g, v = 0.001f * (g * g);	/* step 1 from zero moments */
+		float th = dtc_adamw_forward(&k, prev, m, v);
+		float u = dtc_adamw_u(&k, m, v), thh = dtc_adamw_prev(&k, th, u);
+		double err = fabs((double)thh - (double)prev);
+		double e = (double)dtc_guard_bound(thh, th, u);
+
+		bad += err > e;
+		if (err / e > worst)
+			worst = err / e;
+	}
+	print_message("bound at its tightest: variant=%d lr=%g wd=%g worst_err/bound=%.4f beyond=%llu\n",
+		      variant, lr, wd, worst, (unsigned long long)bad);
+	assert_int_equal(bad, 0);
+	assert_true(worst > want);
+}
+
+static void test_guard_at_bound(void **state)
+{
+	(void)state;
+	bound_tight(DTC_VARIANT_FUSED, 0.1, 4.944, 0.5);
+	bound_tight(DTC_VARIANT_TORCH, 0.1, 4.98, 0.25);
+}
+
 /* The cheap test alone, where its FP32 products over- or underflow: weights
  * from subnormal to 2^126, moments from 1e-45 to 1e38, eps 0 or tiny.  It
  * may only clear elements whose BF16 did not move.  (A huge weight with a
@@ -563,6 +612,7 @@ int main(void)
 		cmocka_unit_test(test_guard_fused),
 		cmocka_unit_test(test_guard_directed),
 		cmocka_unit_test(test_guard_midpoints),
+		cmocka_unit_test(test_guard_at_bound),
 		cmocka_unit_test(test_quiet_extremes),
 		cmocka_unit_test(test_hparams),
 		cmocka_unit_test(test_mix),
