@@ -987,6 +987,29 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 		DLOG_W("peer %s: undecodable record of type %d (%zu bytes) dropped", from, (int)type, hdrlen);
 		return;
 	}
+	if (dlog_get_level() >= DLOG_DEBUG) {
+		uint64_t v = 0;
+
+		switch (type) {
+		case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS:
+			v = ((const Dtep__Counts *)msg)->version;
+			break;
+		case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD:
+			v = ((const Dtep__Payload *)msg)->version;
+			break;
+		case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED:
+			v = ((const Dtep__Staged *)msg)->version;
+			break;
+		case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED:
+			v = ((const Dtep__Applied *)msg)->version;
+			break;
+		default:
+			break;
+		}
+		/* The key route_deliver logged it under (route.h). */
+		DLOG_D("job layer took: record type %d from %s version %llu key %016llx", (int)type,
+		       from, (unsigned long long)v, route_record_key(hdr, hdrlen));
+	}
 	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
 		refuse(from, NULL, type, "unexpected data after a record that carries none");
 		goto out;

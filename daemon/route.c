@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include "daemon/log.h"
 #include "daemon/route.h"
 
@@ -312,9 +313,17 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 	return rc;
 }
 
+unsigned long long route_record_key(const uint8_t *hdr, size_t hdrlen)
+{
+	return (unsigned long long)XXH3_64bits(hdr, hdrlen);
+}
+
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len)
 {
+	if (dlog_get_level() >= DLOG_DEBUG)
+		DLOG_D("route: off the wire: record type %d from %s key %016llx (%zu bytes)",
+		       (int)type, from_node, route_record_key(hdr, hdrlen), len);
 	/* A decorator may take the record over (a test build's faults:
 	 * altered, delivered twice or later). */
 	if (dec && dec->deliver && dec->deliver(from_node, type, hdr, hdrlen, data, len))

@@ -129,6 +129,14 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 		     const ProtobufCMessage *msg, void *data, size_t len,
 		     void (*release)(void *data, void *rarg), void *rarg);
 
+/* A record's identity for the debug log: a hash of its header (version,
+ * pair, part ... all live there).  route_deliver logs each remote record
+ * as it comes off the wire, before any decorator, and job_peer_recv logs
+ * what the job layer takes, under the same key, so a test can tell what
+ * the receiver's protocol code got from what the wire carried (a
+ * duplicate, a reorder).  Both lines are debug level only. */
+unsigned long long route_record_key(const uint8_t *hdr, size_t hdrlen);
+
 /* The remote transport hands every received record here (from_node is
  * the sender's HELLO name); it is delivered to job_peer_recv() at once
  * (through the decorator, if one is installed). */

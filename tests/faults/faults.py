@@ -9,57 +9,83 @@ publishes.  After every version each sink reports the version it applied
 and its memory is compared element by element with RNE(θ) of *that*
 version (written by the trainer before it published):
 
-  landed     the trial proved its fault happened (below);
+  landed     the trial proved its fault fired (the hook logged, the test
+             did what it does; below);
+  effects    the trial proved what the fault did where it was aimed, seen
+             by the receiver itself, apart from the hook's own word (its
+             log lines and counters, a process's exit status, what the
+             other daemons saw; "effect:" below and in each function);
   torn       a sink's content differs from the version it reports, checked
              right after the faulted version (a half-applied version);
   wrong      the same at any other time;
   recovered  within two publishes after the fault every sink reports the
-             newest version and is exact (counted only for a landed fault).
+             newest version and is exact (counted only for a landed fault);
+  detected   a sink's apply answered checksum_ok=0 (the daemon's own check
+             caught a wrong version): filed apart, never as torn nor as a
+             clean version, and no scenario here expects one.
 
-Scenarios, and what each trial must show for its fault to have landed:
+Scenarios, and what each trial must show for its fault to have landed
+(and, where it says "effect:", for its effect to count):
 
   src-die-counts, src-die-payload  the source daemon SIGKILLs itself at the
       second remote COUNTS / PAYLOAD of v (DTE_TEST_HOOK die-in-*,
       daemon/testhook.h): its log says the hook fired at v and raised
-      SIGKILL, and the process (which the test never signals) ended by
-      SIGKILL.
+      SIGKILL; effect: the process (which the test never signals) ended
+      by SIGKILL.
   sink-daemon-kill  sink2's daemon SIGKILLed by the test after v was
-      published and before its sinks applied it: it was running and ended
-      by that SIGKILL.
+      published and before its sinks applied it, while it was running;
+      effect: it ended by that SIGKILL.
   trainer-kill  the trainer process SIGKILLs itself mid-publish: src's
-      dtectl job shows TP rank 0 at v and rank 1 before it, then the
-      process ends by its SIGKILL (its buffers must be released).
+      dtectl job shows TP rank 0 at v and rank 1 before it; effect: the
+      process ended by its SIGKILL and src released its clients and
+      sources.
   sink-proc-kill  a sink process SIGKILLs itself with v staged for it and
-      not applied (sink1's dtectl job shows applied < v <= staged), then
-      ends by its SIGKILL (its client must be released).
+      not applied (sink1's dtectl job shows applied < v <= staged);
+      effect: it ended by its SIGKILL and sink1 released its client.
   link-cut  sink2's veth goes down mid-transfer and up 0.3 s or 2.5 s
       later: the bridge port into sink2 is shaped (tbf, 1 Mbit/s) for the
       faulted publish; at least 8 KB reached sink2 before the cut, sink2
-      had staged nothing of v after it, and the source published v.
+      had staged nothing of v after it, the link was down and the source
+      published v; effect: not one byte came into sink2's veth during the
+      outage and sink2 had still staged nothing of v at its end.
   corrupt-payload, dup, reorder  router hooks on the receiving daemons:
-      each armed daemon logs the hook firing at v.
+      each armed daemon logs the hook firing at v.  Those daemons log at
+      debug level each record off the wire (before the hook) and each
+      the job layer takes (after it), under one key (daemon/route.h);
+      effect: corrupt-payload: sink1 refused v as corrupt (log line, its
+      job's refused counter) and src heard the refusal; dup: each armed
+      daemon's job layer took records of v twice that came off the wire
+      once, at least once per firing, and sink1's sinks logged dropping
+      or refusing a duplicate; reorder: each armed daemon's job layer
+      took a record of v after one that came off the wire later, and
+      every record of v off the wire reached it.
   disk-full  a real storage job whose root is a small tmpfs (its own
       writer and reader groups, see sc_disk_full): the tmpfs had no free
-      block and the writer logged v not written for lack of space.
+      block; effect: the writer logged v not written for lack of space
+      and its storage_broken counter moved.
   coord-restart  the coordinator's daemon SIGKILLed and restarted on its
       fixed peer port with sockets in TIME_WAIT there (it restores the job
       from its job_state_dir; nothing done to it, members or sinks): every
       member logged its coordinator going down and its re-plan under the
-      new boot, all converged on one new term, and v reached every sink.
+      new boot, all converged on one new term, and v reached every sink
+      (effect: all but the kill and the restart).
   fixed-port-restart  sink2's daemon SIGKILLed and restarted on its fixed
-      peer port with sockets in TIME_WAIT there; its sinks attach again,
-      the others reach it at the same address, v reaches every sink.
+      peer port with sockets in TIME_WAIT there; its sinks attach again;
+      effect: the others reach it at the same address, v reaches every
+      sink.
   drop-join  sink1 restarted with drop-join@1: the hook logged the lost
-      JOIN, sink1 logged sending it again, its sinks attached.
+      JOIN; effect: sink1 logged sending it again, its sinks attached.
   drop-plan  the coordinator's hook drops the first PLAN of a plan nothing
-      supersedes: logged, sent again, every member converged on it.
+      supersedes: logged; effect: sent again, every member converged on
+      it.
   forged-plan  a non-coordinator holding the token sends sink1 a PLAN with
-      a huge epoch: REFUSED with the reason, a warning logged, sink1's
-      plan term unchanged.
+      a huge epoch; effect: REFUSED with the reason, a warning logged,
+      sink1's plan term unchanged.
   These five run at most 3 trials each (TRIALS_MAX).
 
 A trial whose fault did not land fails the run (it is not skipped, and not
-counted as recovered).  So do: a daemon exit other than the intended one
+counted as recovered); so does one whose fault landed without its effect
+(a hook that logs but does not act), and a detected failure.  So do: a daemon exit other than the intended one
 (every process is reaped and judged before its successor starts: SIGTERM
 wants 0, a kill wants SIGKILL), a DTE_TEST_HOOK the daemon did not arm (dted
 refuses an unknown or malformed one at start), a sanitizer report in a
@@ -67,8 +93,8 @@ daemon log, a setup or harness exception, a scenario that ran fewer trials
 than asked, and the scenario checks listed in each function.
 
   faults.py [--trials N] [--only a,b]      default 10 trials per scenario
-Final line: `faults: scenarios=S trials=T landed=T torn=0 wrong=0 recovered=T`
-(exit 0 only then, with no failure listed).
+Final line: `faults: scenarios=S trials=T landed=T effects=T/T torn=0 wrong=0
+recovered=T detected=0` (exit 0 only then, with no failure listed).
 """
 
 import argparse
@@ -110,6 +136,7 @@ class Sink:
         self.model = sglang.SGLangModel(sl.CFG, tp=TP, label="f-%d-%d" % (replica, rank))
         self.cli = None
         self.part = None
+        self.failed = {}     # version -> apply's answer, where its checksum failed
 
     def attach(self, coord_addr):
         self.cli = _lib.Client(self.daemon.sock)
@@ -134,7 +161,11 @@ class Sink:
         while True:
             a, s = self.cli.query_version(JOB, self.part)
             if s > a:
-                self.cli.apply(JOB, self.part, s)
+                r = self.cli.apply(JOB, self.part, s)
+                if not r.get("checksum_ok", 1):
+                    # The daemon's own check failed: a detected failure,
+                    # never a clean version (check_sinks).
+                    self.failed[s] = r
                 a = s
             left = end - time.time()
             if a >= v or left <= 0:
@@ -153,9 +184,10 @@ class Sink:
 
 
 class Cluster:
-    def __init__(self, work, netns=False, hooks=None):
+    def __init__(self, work, netns=False, hooks=None, debug=()):
         self.work = work
         self.hooks = hooks or {}
+        self.debug = debug       # daemons that log at debug level (receipts())
         self.net = csl.Netns(4) if netns else None
         self.daemons = {}
         self.trainer = None
@@ -169,11 +201,12 @@ class Cluster:
         if self.net:
             self.net.setup()
         for i, n in enumerate(("coord", "src", "sink1", "sink2")):
+            lv = "debug" if n in self.debug else "info"
             if self.net:
                 d = fl.HookDaemon(self.work, n, host=self.net.addrs[i], netns=self.net.names[i],
-                                  dev=self.net.devs[i], hook=self.hooks.get(n))
+                                  dev=self.net.devs[i], hook=self.hooks.get(n), log_level=lv)
             else:
-                d = fl.HookDaemon(self.work, n, hook=self.hooks.get(n))
+                d = fl.HookDaemon(self.work, n, hook=self.hooks.get(n), log_level=lv)
             self.daemons[n] = d.start()
         self.coord = self.daemons["coord"]
         self.ccli = _lib.Client(self.coord.sock)
@@ -236,7 +269,7 @@ class Tally:
     counts (a fault that did not land, a bad daemon exit, a sanitizer
     report, a harness error, a check of the scenario that failed)."""
 
-    KEYS = ("trials", "landed", "torn", "wrong", "recovered")
+    KEYS = ("trials", "landed", "effects", "torn", "wrong", "recovered", "detected")
 
     def __init__(self, log):
         self.log = log
@@ -255,25 +288,42 @@ class Tally:
 
 
 class Proof:
-    """What one trial shows about its fault: every need() must hold for the
-    fault to count as landed."""
+    """What one trial shows about its fault, in two parts.  need(): the
+    fault fired (the hook logged, the test did what it does); every one
+    must hold for the fault to count as landed.  effect(): what the fault
+    did where it was aimed, seen by the receiver itself (its own log lines
+    or counters, a process's exit status, what the other daemons saw):
+    at least one, and every one must hold, for the trial's effect to
+    count.  A hook that logs but does not act lands and has no effect,
+    which fails the run."""
 
     def __init__(self):
         self.seen, self.missing = [], []
+        self.effects, self.no_effect = [], []
 
     def need(self, cond, what):
         (self.seen if cond else self.missing).append(what)
         return cond
 
+    def effect(self, cond, what):
+        (self.effects if cond else self.no_effect).append(what)
+        return cond
+
 
 def check_sinks(cl, sinks, when):
-    """Each sink against RNE(θ) of the version it reports.  Returns
-    (mismatches, reported versions)."""
-    bad, got = [], []
+    """Each sink against RNE(θ) of the version it reports.  A sink whose
+    apply of that version answered checksum_ok=0 is a detected failure
+    (the daemon's own check caught it): listed apart, neither torn nor a
+    clean version.  Returns (mismatches, reported versions, detected)."""
+    bad, got, det = [], [], []
     for s in sinks:
         a = s.applied()
         got.append(a)
         if a == 0:
+            continue
+        if a in s.failed:
+            det.append("%s at v%d (%s): the daemon's checksum failed (its failures: %s)" % (
+                s.label(), a, when, s.failed[a].get("checksum_failures")))
             continue
         want = cl.expected(a)
         if want is None:
@@ -282,7 +332,7 @@ def check_sinks(cl, sinks, when):
         diff = sl.exact(want[s.rank], s.tensors())
         if diff:
             bad.append("%s at v%d (%s): %s" % (s.label(), a, when, ", ".join(diff[:3])))
-    return bad, got
+    return bad, got, det
 
 
 def check_procs(cl, target=0, wait_s=0.0):
@@ -330,7 +380,14 @@ def trial(cl, tally, name, v, fault, log):
     else:
         tally.fail("%s v%d: the fault did not land: %s (seen: %s)" % (
             name, v, "; ".join(proof.missing), "; ".join(proof.seen) or "nothing"))
-    bad, got = check_sinks(cl, [s for s in live if s.cli], "faulted")
+    if landed and proof.effects and not proof.no_effect:
+        t["effects"] += 1
+        log("%s v%d: effect: %s" % (name, v, "; ".join(proof.effects)))
+    elif landed:
+        tally.fail("%s v%d: the fault fired but its effect was not seen at the receiver: %s "
+                   "(seen: %s)" % (name, v, "; ".join(proof.no_effect) or "nothing checked",
+                                   "; ".join(proof.effects) or "nothing"))
+    bad, got, det = check_sinks(cl, [s for s in live if s.cli], "faulted")
     pb, pg = check_procs(cl) if cl.sinkprocs else ([], [])
     bad += pb
     if bad:
@@ -340,13 +397,19 @@ def trial(cl, tally, name, v, fault, log):
     wrong = []
     for k in (1, 2):
         ok, msg = publish(cl, v + k, CLEAN_WAIT_S)
-        bad, got = check_sinks(cl, cl.sinks, "recovery")
+        bad, got, d2 = check_sinks(cl, cl.sinks, "recovery")
+        det += d2
         pb, pg = check_procs(cl, v + k, CLEAN_WAIT_S) if cl.sinkprocs else ([], [])
         wrong += bad + pb
         if not ok:
             log("%s v%d: publish failed: %s" % (name, v + k, msg))
-        if ok and not bad and not pb and all(a == v + k for a in got + pg):
+        if ok and not bad and not pb and not d2 and all(a == v + k for a in got + pg):
             rec = True     # still publish the second: it must stay exact
+    if det:
+        # The daemon caught it (apply said checksum_ok=0): not torn, not a
+        # clean version, and no scenario here expects one.
+        t["detected"] += 1
+        log("%s v%d DETECTED: %s" % (name, v, "; ".join(det[:4])))
 
     if wrong:
         t["wrong"] += 1
@@ -379,7 +442,7 @@ def sc_src_die(kind):
                 proof.need("test hook: die-in-%s at version %d:" % (kind, fv) in text,
                            "the hook fired at v%d" % fv)
                 proof.need("test hook: SIGKILL now" in text, "the hook logged its SIGKILL")
-                proof.need(rc == -signal.SIGKILL, "src died of SIGKILL (exit %s)" % rc)
+                proof.effect(rc == -signal.SIGKILL, "src died of SIGKILL (exit %s)" % rc)
                 catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
                 src.hook = None
                 src.start()
@@ -407,7 +470,7 @@ def sc_sink_daemon(cl, tally, trials, v, log):
                        (fv, at))
             proof.need(d.proc.poll() is None, "sink2 was running at the kill")
             rc = d.kill()                         # reaped, -SIGKILL checked
-            proof.need(rc == -signal.SIGKILL, "sink2 died of the SIGKILL (exit %s)" % rc)
+            proof.effect(rc == -signal.SIGKILL, "sink2 died of the SIGKILL (exit %s)" % rc)
             for s in on:
                 s.drop()
             live = [s for s in cl.sinks if s.cli]
@@ -446,7 +509,7 @@ def publish_reaches_all(cl, fv, proof, what=""):
     proof.need(ok, "the trainer published v%d%s" % (fv, "" if ok else ": " + msg))
     catch_up_all(cl.sinks, fv, CLEAN_WAIT_S)
     got = [s.applied() for s in cl.sinks]
-    proof.need(all(a == fv for a in got), "every sink applied v%d%s (%s)" % (fv, what, got))
+    proof.effect(all(a == fv for a in got), "every sink applied v%d%s (%s)" % (fv, what, got))
 
 
 def sc_trainer_kill(cl, tally, trials, v, log):
@@ -466,16 +529,16 @@ def sc_trainer_kill(cl, tally, trials, v, log):
                        "src shows rank 0 at v%d, rank 1 before it (%s)" % (fv, pub))
             cl.trainer.die(random.randint(0, 20))
             rc = cl.trainer.wait_exit(10)
-            proof.need(rc == -signal.SIGKILL, "the trainer died of its SIGKILL (exit %s)" % rc)
+            proof.effect(rc == -signal.SIGKILL, "the trainer died of its SIGKILL (exit %s)" % rc)
             if rc is None:
                 cl.trainer.kill()
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             end = time.time() + 5
             while time.time() < end and (clients(src) or sources_on(src)):
                 time.sleep(0.05)
-            if clients(src) or sources_on(src):
-                tally.fail("trainer-kill v%d: src still holds %d clients, sources %s" %
-                           (fv, clients(src), sources_on(src)))
+            held = (clients(src), sources_on(src))
+            proof.effect(not held[0] and not held[1], "src released the dead trainer (clients "
+                         "%d, sources %s)" % held)
             # A new trainer (another seed: fresh weights) takes over; the
             # versions it publishes overwrite the expectations.
             for k in (1, 2):
@@ -530,14 +593,14 @@ def sc_sink_proc(cl, tally, trials, v, log):
             if rc is None:
                 p.kill()
             cl.sinkprocs = []
-            proof.need(rc == -signal.SIGKILL, "it died of its SIGKILL (exit %s)" % rc)
+            proof.effect(rc == -signal.SIGKILL, "it died of its SIGKILL (exit %s)" % rc)
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             end = time.time() + 5
             while time.time() < end and clients(d) != base:
                 time.sleep(0.05)
-            if clients(d) != base:
-                tally.fail("sink-proc-kill v%d: sink1 holds %s clients, %s before the process" %
-                           (fv, clients(d), base))
+            now = clients(d)
+            proof.effect(now == base, "sink1 released the dead process's client (%s clients, %s "
+                         "before it)" % (now, base))
             cl.sinkprocs = [SinkP(cl, 2, 0, d)]
             return cl.sinks
         v = trial(cl, tally, "sink-proc-kill", v, fault, log)
@@ -599,7 +662,17 @@ def sc_link_cut(cl, tally, trials, v, log):
             proof.need(down, "sink2's link was down")
             r = cl.trainer.readline(60)
             proof.need(r.startswith("ok"), "the source published v%d (%s)" % (fv, r))
+            rx0 = rx_bytes(d.netns, d.dev)
             time.sleep(down_s)
+            # What sink2 saw while its link was down: no byte came in, and
+            # v, in flight, stayed unstaged there to the end of the outage.
+            rx1 = rx_bytes(d.netns, d.dev)
+            staged = [s.cli.query_version(JOB, s.part)[1] for s in on]
+            still = not link_up(d.netns, d.dev)
+            proof.effect(still and rx1 == rx0, "sink2 received %d bytes in its %.1f s outage "
+                         "(link still down: %s)" % (rx1 - rx0, down_s, still))
+            proof.effect(all(x < fv for x in staged), "sink2 had staged nothing of v%d at the "
+                         "end of the outage (staged %s)" % (fv, staged))
             subprocess.run(["ip", "-n", d.netns, "link", "set", d.dev, "up"], check=True)
             catch_up_all(cl.sinks, fv, FAULT_WAIT_S)
             return cl.sinks
@@ -607,21 +680,112 @@ def sc_link_cut(cl, tally, trials, v, log):
     return v
 
 
+# The armed daemons of the router hooks run at log level debug, where
+# route_deliver logs each remote record as it comes off the wire (before
+# any decorator) and job_peer_recv each record the job layer takes, under
+# the same key (a hash of the record's header, daemon/route.h): what the
+# receiver's protocol code got, against what the wire carried.
+WIRE_RX = re.compile(r"route: off the wire: record type (\d+) from (\S+) key ([0-9a-f]{16})")
+TOOK_RX = re.compile(r"job layer took: record type (\d+) from (\S+) version (\d+) "
+                     r"key ([0-9a-f]{16})")
+
+
+def receipts(text):
+    """(keys off the wire in order, [(key, version)] the job layer took in
+    order), the latter only for records that came off the wire."""
+    wire = [m.group(3) for m in WIRE_RX.finditer(text)]
+    seen = set(wire)
+    took = [(m.group(4), int(m.group(3))) for m in TOOK_RX.finditer(text)
+            if m.group(4) in seen]
+    return wire, took
+
+
+def dup_effect(text, v):
+    """Records of v the job layer took more often than they came off the
+    wire (the extra deliveries)."""
+    wire, took = receipts(text)
+    keys = {k for k, ver in took if ver == v}
+    return sum(1 for k, _ in took if k in keys) - sum(1 for k in wire if k in keys)
+
+
+def reorder_effect(text, v):
+    """(records of v the job layer took after a record that came off the
+    wire later, records of v off the wire that never reached it)."""
+    wire, took = receipts(text)
+    pos, nth = {}, {}
+    for i, k in enumerate(wire):
+        pos.setdefault(k, []).append(i)
+    order = []
+    for k, ver in took:
+        n = nth.get(k, 0)
+        nth[k] = n + 1
+        if n < len(pos[k]):
+            order.append((pos[k][n], ver))
+    overtaken = sum(1 for i in range(1, len(order))
+                    if order[i][1] == v and order[i][0] < order[i - 1][0])
+    keys = {k for k, ver in took if ver == v}
+    lost = sum(len(pos[k]) - nth.get(k, 0) for k in keys)
+    return overtaken, lost
+
+
+SINK_SAW_DUP = r"(COUNTS from \S+ for version %d duplicated|refuses version %d: .*part \d+ twice|" \
+               r"for version %d but sink \S+ holds \d+ \(dropped\))"
+
+
 def sc_hooked(name):
     """Receiver-side router hooks (daemon/testhook.c) fire every third
     version from 3 on, on every daemon main() armed them on: lands when
-    each of those logged that its hook fired at v."""
+    each of those logged that its hook fired at v.  Its effect, seen by
+    the receiver's own code:
+      corrupt-payload  sink1 refused v as corrupt (its log, and its job's
+          refused counter moved) and src heard that refusal;
+      dup  on each armed daemon the job layer took records of v more often
+          than they came off the wire, at least once per firing, and
+          sink1's sink code logged the duplicate it dropped or refused;
+      reorder  on each armed daemon the job layer took a record of v after
+          one that came off the wire later, and every record of v off the
+          wire reached it."""
     def run(cl, tally, trials, v, log):
         armed = [d for d in cl.daemons.values() if d.hook]
         for i in range(trials):
             def fault(fv, proof):
                 before = {d.name: len(d.log_since()) for d in armed}
+                offs = {n: len(d.log_since()) for n, d in cl.daemons.items()}
+                refused0 = (cl.daemons["sink1"].ctl_json("job", JOB) or {}).get("refused", 0)
                 ok, msg = publish(cl, fv, FAULT_WAIT_S)
                 marker = r"test hook: %s: version %d " % (re.escape(name), fv)
+                fired = {}
                 for d in armed:
-                    fired = len(re.findall(marker, d.log_since()[before[d.name]:]))
-                    proof.need(fired > 0, "the hook fired on %s at v%d (%d records)" %
-                               (d.name, fv, fired))
+                    fired[d.name] = len(re.findall(marker, d.log_since()[before[d.name]:]))
+                    proof.need(fired[d.name] > 0, "the hook fired on %s at v%d (%d records)" %
+                               (d.name, fv, fired[d.name]))
+                text = {n: d.log_since()[offs[n]:] for n, d in cl.daemons.items()}
+                if name == "corrupt-payload":
+                    refused = (cl.daemons["sink1"].ctl_json("job", JOB) or {}).get("refused", 0)
+                    said = re.findall(r"sink \S+ refuses version %d: .*payload corrupt" % fv,
+                                      text["sink1"])
+                    proof.effect(said and refused > refused0,
+                                 "sink1 refused v%d as corrupt (%d log lines, job refused %s -> "
+                                 "%s)" % (fv, len(said), refused0, refused))
+                    proof.effect(re.search(r"reports version %d refused: .*payload corrupt" % fv,
+                                           text["src"]) is not None,
+                                 "src heard sink1's refusal of v%d" % fv)
+                elif name == "dup":
+                    for d in armed:
+                        extra = dup_effect(text[d.name], fv)
+                        proof.effect(extra >= fired[d.name] > 0,
+                                     "%s's job layer took %d records of v%d twice (%d firings)" %
+                                     (d.name, extra, fv, fired[d.name]))
+                    n = len(re.findall(SINK_SAW_DUP % (fv, fv, fv), text["sink1"]))
+                    proof.effect(n > 0, "sink1's sinks saw %d duplicates of v%d and dropped or "
+                                 "refused them" % (n, fv))
+                else:
+                    for d in armed:
+                        over, lost = reorder_effect(text[d.name], fv)
+                        proof.effect(over > 0 and lost == 0,
+                                     "%s's job layer took %d records of v%d after a later one "
+                                     "(%d off the wire never reached it)" % (d.name, over, fv,
+                                                                            lost))
                 return cl.sinks
             v = trial(cl, tally, name, v, fault, log)
         return v
@@ -734,25 +898,26 @@ def sc_coord_restart(cl, tally, trials, v, log):
             cl.ccli = _lib.Client(d.sock)
             # Nobody creates the job again: the restarted daemon restores
             # it from its job_state_dir (daemon/job_persist.c).
-            proof.need("job %s restored from" % JOB in d.log_text()[off_coord:],
-                       "coord restored job %s from its job_state_dir" % JOB)
+            proof.effect("job %s restored from" % JOB in d.log_text()[off_coord:],
+                         "coord restored job %s from its job_state_dir" % JOB)
             ok, seen = await_converged(cl, old_boot, CONVERGE_S)
-            proof.need(ok, "members converged on a new term within %.0f s (before: %s; now: %s)"
-                       % (CONVERGE_S, before, seen))
+            proof.effect(ok, "members converged on a new term within %.0f s (before: %s; now: "
+                         "%s)" % (CONVERGE_S, before, seen))
             for n in ("src", "sink1", "sink2"):
                 text = cl.daemons[n].log_text()[offs[n]:]
-                proof.need("the coordinator coord" in text and "went down; rejoining" in text,
-                           "%s noticed its coordinator go down" % n)
-                proof.need("plans under a new boot" in text, "%s re-planned under the new boot" % n)
+                proof.effect("the coordinator coord" in text and "went down; rejoining" in text,
+                             "%s noticed its coordinator go down" % n)
+                proof.effect("plans under a new boot" in text,
+                             "%s re-planned under the new boot" % n)
             # A new attach after the restart is planned by the new
             # coordinator (it timed out before peer protocol 4).
             s = cl.sinks[i % len(cl.sinks)]
             s.drop()
             try:
                 s.attach(d.address)
-                proof.need(True, "a sink attached anew after the restart")
+                proof.effect(True, "a sink attached anew after the restart")
             except Exception as e:
-                proof.need(False, "a sink attached anew after the restart: %s" % e)
+                proof.effect(False, "a sink attached anew after the restart: %s" % e)
                 s.drop()
                 s.attach(d.address)
             publish_reaches_all(cl, fv, proof, ", the first version after the restart")
@@ -785,7 +950,7 @@ def sc_fixed_port_restart(cl, tally, trials, v, log):
             for s in on:
                 s.attach(cl.coord.address)
             ok, seen = await_converged(cl, None, CONVERGE_S)
-            proof.need(ok, "members converged (%s)" % seen)
+            proof.effect(ok, "members converged (%s)" % seen)
             publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "fixed-port-restart", v, fault, log)
@@ -813,7 +978,7 @@ def sc_drop_join(cl, tally, trials, v, log):
                     s.attach(cl.coord.address)
             except Exception as e:       # an attach that timed out: the fault won
                 err = e
-            proof.need(err is None, "sink1's sinks attached again%s" % (
+            proof.effect(err is None, "sink1's sinks attached again%s" % (
                 "" if err is None else ": %s" % err))
             for s in on:
                 if not s.part:           # the fault won: attach again so the run goes on
@@ -821,10 +986,10 @@ def sc_drop_join(cl, tally, trials, v, log):
                     s.attach(cl.coord.address)
             text = d.log_since()
             proof.need("test hook: drop-join: JOIN #1 dropped" in text, "the first JOIN was dropped")
-            proof.need(re.search(r"JOIN \d+ not acknowledged; sent again", text) is not None,
-                       "sink1 sent the JOIN again")
+            proof.effect(re.search(r"JOIN \d+ not acknowledged; sent again", text) is not None,
+                         "sink1 sent the JOIN again")
             ok, seen = await_converged(cl, None, CONVERGE_S)
-            proof.need(ok, "members converged (%s)" % seen)
+            proof.effect(ok, "members converged (%s)" % seen)
             publish_reaches_all(cl, fv, proof)
             d.hook = None
             return cl.sinks
@@ -862,9 +1027,9 @@ def sc_drop_plan(cl, tally, trials, v, log):
                        "(members hold plan %d)" % (want - 2, before))
             proof.need("test hook: drop-plan: PLAN of plan %d " % want in text,
                        "the first PLAN of plan %d was dropped" % want)
-            proof.need(re.search(r"sent again", text) is not None,
-                       "the coordinator sent the lost PLAN again")
-            proof.need(ok and now == want, "members converged on plan %d (%s)" % (want, seen))
+            proof.effect(re.search(r"sent again", text) is not None,
+                         "the coordinator sent the lost PLAN again")
+            proof.effect(ok and now == want, "members converged on plan %d (%s)" % (want, seen))
             publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "drop-plan", v, fault, log)
@@ -885,14 +1050,16 @@ def sc_forged_plan(cl, tally, trials, v, log):
             rc, out = csl.forge(d.address, ["plan job=%s token=%s epoch=%d" % (JOB, TOKEN, huge)],
                                 node="forger", expect=1)
             refused = [x for x in out if x.startswith("recv REFUSED")]
-            proof.need(rc == 0 and len(refused) == 1 and
+            sent = [x for x in out if x.startswith("sent PLAN")]
+            proof.need(len(sent) == 1, "the forger sent sink1 the PLAN (%s)" % (sent or out[-2:]))
+            proof.effect(rc == 0 and len(refused) == 1 and
                        "plans come from the job's coordinator" in refused[0],
                        "sink1 answered the forged PLAN with REFUSED (%s)" % (refused or out[-2:]))
-            proof.need(re.search(r"warn: .*PLAN epoch %x from forger refused: not the job's "
+            proof.effect(re.search(r"warn: .*PLAN epoch %x from forger refused: not the job's "
                                  r"coordinator" % huge, d.log_since()) is not None,
                        "sink1 logged the refusal at warning level")
             after = (d.ctl_json("job", JOB) or {}).get("epoch", 0)
-            proof.need(after == ep and ep, "sink1 kept its plan term %x (now %x)" % (ep, after))
+            proof.effect(after == ep and ep, "sink1 kept its plan term %x (now %x)" % (ep, after))
             publish_reaches_all(cl, fv, proof)
             return cl.sinks
         v = trial(cl, tally, "forged-plan", v, fault, log)
@@ -995,6 +1162,7 @@ def sc_disk_full(tally, trials, work, log):
                 tally.fail("disk-full: sanitizer report in %s's log: %s" % (d.name, x))
         t = tally.per.get(name)
         if not t or t["trials"] != t["landed"] or t["landed"] != t["recovered"] or \
+                t["effects"] != t["landed"] or \
                 any(rc != 0 for _, rc in rcs):
             for d in daemons:
                 print("--- %s log (tail) ---\n%s" % (d.name,
@@ -1090,13 +1258,26 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
         note = history_note(a, v) or ""
         line = next((x for x in a.text().splitlines()
                      if "storage v%d not written" % v in x), "")
-        landed = left == 0 and "no space left" in line.lower()
+        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+        # Landed: the disk was full.  Its effect, at the writer: it logged
+        # v not written for lack of space and counted the lost version.
+        landed = left == 0
+        effect = landed and "no space left" in line.lower() and \
+            int(j.get("storage_broken", 0)) == i + 1
         if landed:
             t["landed"] += 1
-            log("disk-full v%d: landed: 0 free blocks; writer: %s" % (v, line.split("job ", 1)[-1]))
+            log("disk-full v%d: landed: 0 free blocks" % v)
         else:
-            tally.fail("disk-full v%d: the fault did not land (free blocks %d, writer log %r, "
-                       "publish %s %s)" % (v, left, line, ok, msg))
+            tally.fail("disk-full v%d: the fault did not land (free blocks %d, publish %s %s)" %
+                       (v, left, ok, msg))
+        if effect:
+            t["effects"] += 1
+            log("disk-full v%d: effect: writer: %s; storage_broken %s" % (
+                v, line.split("job ", 1)[-1], j.get("storage_broken")))
+        elif landed:
+            tally.fail("disk-full v%d: the disk was full but the writer did not say v%d was lost "
+                       "for lack of space (log %r, storage_broken %s, publish %s %s)" % (
+                           v, v, line, j.get("storage_broken"), ok, msg))
         torn = []
         if at != before or man:
             torn.append("readers moved v%d -> v%d on a failed write (manifest %s)" %
@@ -1105,7 +1286,6 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
         if torn:
             t["torn"] += 1
             log("disk-full v%d TORN: %s" % (v, "; ".join(torn[:3])))
-        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
         jerr = j.get("storage_error", "")
         # The cause, not just "failed": in the history note and dtectl job
         # (whose counter moves once per lost version).
@@ -1192,7 +1372,8 @@ def main():
                 hooks.pop("src")
         if name == "drop-plan":
             hooks = {"coord": DROP_PLAN_HOOK}
-        cl = Cluster(work, netns=netns, hooks=hooks)
+        cl = Cluster(work, netns=netns, hooks=hooks,
+                     debug=tuple(hooks) if name in HOOKED else ())
         nfail = len(tally.failures)
         try:
             cl.start()
@@ -1200,7 +1381,8 @@ def main():
             for v in range(1, first):     # warm: dense, then sparse
                 publish(cl, v, CLEAN_WAIT_S)
             v = first
-            bad, _ = check_sinks(cl, cl.sinks, "warm-up")
+            bad, _, det = check_sinks(cl, cl.sinks, "warm-up")
+            bad += det
             if bad:
                 tally.fail("%s: not exact before the faults: %s" % (name, bad[:2]))
             run = {"src-die-counts": sc_src_die("counts"), "src-die-payload": sc_src_die("payload"),
@@ -1236,11 +1418,13 @@ def main():
         if not t or t["trials"] != want:
             tally.fail("%s: ran %d of %d trials" % (name, t["trials"] if t else 0, want))
     print("faults: %.0f s" % (time.time() - t0))
-    print("faults: scenarios=%d trials=%d landed=%d torn=%d wrong=%d recovered=%d" % (
-        len(tally.per), tot["trials"], tot["landed"], tot["torn"], tot["wrong"],
-        tot["recovered"]), flush=True)
+    print("faults: scenarios=%d trials=%d landed=%d effects=%d/%d torn=%d wrong=%d recovered=%d "
+          "detected=%d" % (len(tally.per), tot["trials"], tot["landed"], tot["effects"],
+                           tot["trials"], tot["torn"], tot["wrong"], tot["recovered"],
+                           tot["detected"]), flush=True)
     good = (not tally.failures and tot["trials"] > 0 and tot["torn"] == 0 and
             tot["wrong"] == 0 and tot["landed"] == tot["trials"] and
+            tot["effects"] == tot["landed"] and tot["detected"] == 0 and
             tot["recovered"] == tot["trials"] and len(tally.per) == len(only))
     if not good:
         print("faults: FAILED (%d problems besides the counts)" % len(tally.failures))
@@ -1252,9 +1436,10 @@ def main():
 def _report(tally, name, ts):
     t = tally.per.get(name)
     if t:
-        print("fault %-17s trials=%d landed=%d torn=%d wrong=%d recovered=%d (%.1fs)" % (
-            name, t["trials"], t["landed"], t["torn"], t["wrong"], t["recovered"],
-            time.time() - ts), flush=True)
+        print("fault %-17s trials=%d landed=%d effects=%d/%d torn=%d wrong=%d recovered=%d "
+              "detected=%d (%.1fs)" % (name, t["trials"], t["landed"], t["effects"], t["trials"],
+                                       t["torn"], t["wrong"], t["recovered"], t["detected"],
+                                       time.time() - ts), flush=True)
 
 
 if __name__ == "__main__":
