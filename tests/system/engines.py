@@ -166,6 +166,25 @@ def sink_refusals(c, sock):
             "%s: a quantized layer is refused at attach" % view.engine)
     unq = type("UnquantizedLinearMethod", (), {})()
     qkv.quant_method = unq
+    # vLLM-CPU's dispatch_cpu_unquantized_gemm(remove_weight=True) leaves an
+    # empty parameter and computes from layer.cpu_linear: refused, saying why
+    # and what makes it work.
+    full = qkv.weight
+    qkv.weight = torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)
+    qkv.cpu_linear = lambda x, w, b: x
+    c.raises(IntegrationError, lambda: _engine.EngineSink(
+        quant.named_parameters(), 0, "sglang:tp=1", att, view=dvl.VLLMComputeView(quant)),
+        "vllm: a CPU GEMM layer whose weight vLLM dropped is refused, naming "
+        "DTE_VLLM_CPU_KEEP_WEIGHTS")
+    try:
+        _engine.EngineSink(quant.named_parameters(), 0, "sglang:tp=1", att,
+                           view=dvl.VLLMComputeView(quant))
+    except IntegrationError as e:
+        c.check("qkv_proj" in str(e) and "DTE_VLLM_CPU_KEEP_WEIGHTS" in str(e) and
+                "worker_extension_cls" in str(e), "the refusal names the layer and the setting: "
+                "%s" % e)
+    qkv.weight = full
+    del qkv.cpu_linear
     es = _engine.EngineSink(quant.named_parameters(), 0, "sglang:tp=1", att,
                             view=dsg.SGLangComputeView(quant))
     c.check(len(es.parts) == 1, "the same layer unquantized attaches")
