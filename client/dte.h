@@ -273,7 +273,12 @@ int dte_publish_ex(dte_t *h, const char *job, uint64_t participant, uint64_t ver
  * DTE_OK at once on a protocol-1 daemon (every publish was synchronous). */
 int dte_wait_captured(dte_t *h, const char *job, uint64_t participant, uint64_t version,
 		      unsigned timeout_ms, struct dte_publish_info *info);
-/* Returns when every sink applied `version`; DTE_ERR_TIMEOUT otherwise. */
+/* Returns once every sink settled `version`: 0 when every one applied it;
+ * DTE_ERR_INTERNAL (the daemon's message names the sink) when one failed
+ * it, answered only once every other sink applied or failed it too, so
+ * that every sink that applies `version` holds it when dte_wait returns;
+ * DTE_ERR_TIMEOUT when a sink did not answer in timeout_ms and none failed
+ * (docs/SYNC.md, WAIT). */
 int dte_wait(dte_t *h, const char *job, uint64_t version, unsigned timeout_ms);
 
 /* Sink: the newest staged version (newer than the applied one). */

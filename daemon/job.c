@@ -133,6 +133,10 @@ static int waiter_try(struct jwaiter *w, int expired)
 			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT, &rep);
 			return 1;
 		}
+		if (expired && msg[0]) {        /* a sink failed it; another never answered */
+			reply_deferred(w, -EIO, msg, 0, NULL);
+			return 1;
+		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: version %llu not applied by every sink in time",
 				 j->name, (unsigned long long)w->arg);
@@ -787,6 +791,8 @@ int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 		rep->sinks = sinks;
 		return 0;
 	}
+	if (rq->timeout_ms == 0 && err[0])      /* a sink failed it: the poll's deadline is now */
+		return -EIO;
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: version %llu not applied everywhere yet",
 			    j->name, (unsigned long long)rq->version);

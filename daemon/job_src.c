@@ -949,11 +949,20 @@ void jsrc_applied(struct job *j, const Dtep__Applied *m)
 	}
 }
 
+/* wait(version): 1 once every sink applied it; -EIO once every sink
+ * settled it (applied or failed) and one failed; 0 while a sink has not
+ * answered, with err naming a failure already seen ("" when none), so that
+ * a deadline reports the failure rather than a timeout (job.c).  A failure
+ * never answers early: until every sink settled, a sink that will apply
+ * the version may still hold the one before, and the answer would say
+ * nothing about it (docs/SYNC.md, WAIT; issue 30). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen)
 {
 	uint32_t n = 0;
-	int done = 1;
+	int pending = 0, failed = 0;
 
+	if (errlen)
+		err[0] = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
 		int first = 1, has;
@@ -968,14 +977,17 @@ int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, 
 		if (has > 0)
 			continue;
 		if (has < 0) {
-			snprintf(err, errlen, "sink %llx did not apply version %llu cleanly (checksum or "
-				 "refusal, see the daemon log); the next version repairs it densely",
-				 (unsigned long long)p->dst, (unsigned long long)p->sm.failed);
-			*sinks = n;
-			return -EIO;
+			if (!failed++)
+				snprintf(err, errlen, "sink %llx did not apply version %llu cleanly "
+					 "(checksum or refusal, see the daemon log); the next version "
+					 "repairs it densely", (unsigned long long)p->dst,
+					 (unsigned long long)p->sm.failed);
+			continue;
 		}
-		done = 0;
+		pending = 1;
 	}
 	*sinks = n;
-	return done;
+	if (pending)
+		return 0;
+	return failed ? -EIO : 1;
 }

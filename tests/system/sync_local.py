@@ -8,6 +8,11 @@ in this process, replica 1 in a child process that is SIGKILLed and
 restarted, replica 2 attaching at version 20) apply every version.  After
 each version every sink element must be bit-identical to RNE(θ_t) mapped
 through the independent Python converter (dte.sglang.hf_to_sglang).
+At version 28 a buffer of replica 0 is corrupted (its checksum fails, so
+wait(28) fails) while the restarted child's rank 1 is held on 27 for
+HOLD_S: wait(28) must answer only after that rank applied 28, and replica
+1 must then hold 28 exactly (a failure answered before every sink settled
+once let this test read 27 there under load: issue 30).
 Phases: K=1, K=4 with marks (sparse, exact), K=4 without marks (dense,
 exact), then bad input (wrong token, unknown job, out-of-range and
 unsealed registrations, another client's buffer) must be refused with a
@@ -21,10 +26,12 @@ inverting AdamW): the same exactness on every sink, every version.
 import json
 import mmap
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import harness  # sets ROOT and B, puts client/python on sys.path
 from harness import ROOT, groups_of  # noqa: E402  (groups_of: also for importers)
@@ -46,6 +53,7 @@ CFG_TEXT = json.dumps(CFG)
 TP = 2
 SRC_LAYOUT, SINK_LAYOUT = "megatron:tp=2", "sglang:tp=2"
 LR, WARMUP = 1e-5, 5
+HOLD_S = 2.0    # publish(held=): how long a sink rank is kept from the version
 
 
 # ---------------------------------------------------------------- trainer
@@ -103,14 +111,26 @@ def attach_sources(cli, model):
     return parts
 
 
-def child_main(sock, replica):
-    """A sink replica in its own process: apply whatever is staged, forever."""
+def child_main(sock, replica, hold=None):
+    """A sink replica in its own process: apply whatever is staged, forever.
+
+    hold = (rank, version): once that rank has applied version - 1, leave
+    it alone (no wait_staged, so nothing of it is parked or applied on
+    arrival, and no apply) until the parent writes a line on stdin; the
+    other rank goes on as usual.  The window the parent's wait(version)
+    must not answer in (docs/SYNC.md, wait)."""
     model = sglang.SGLangModel(CFG, tp=TP, label="child%d" % replica)
     cli = _lib.Client(sock)
     parts = [attach_sink(cli, model.arenas[r], r, replica) for r in range(TP)]
     print("READY %s" % " ".join(str(model.arenas[r].fd) for r in range(TP)), flush=True)
+    held = False
     while True:
-        for p in parts:
+        for rank, p in enumerate(parts):
+            if held and rank == hold[0]:
+                if not select.select([sys.stdin], [], [], 0)[0]:
+                    continue
+                sys.stdin.readline()
+                held, hold = False, None
             try:
                 v = cli.wait_staged(JOB, p, 100)
             except _lib.DteError as e:
@@ -120,15 +140,20 @@ def child_main(sock, replica):
             r = cli.apply(JOB, p, v)
             if not r["checksum_ok"]:
                 print("CHECKSUM-FAILED %d" % v, flush=True)
+            if hold and rank == hold[0] and hold[1] - 1 <= r["version"] < hold[1]:
+                held = True
 
 
 class ChildReplica:
     """A sink replica in a child process; its memory read through /proc."""
 
-    def __init__(self, sock, replica):
+    def __init__(self, sock, replica, hold=None):
         self.replica = replica
-        self.proc = subprocess.Popen([sys.executable, __file__, "--sink-child", sock, str(replica)],
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        argv = [sys.executable, __file__, "--sink-child", sock, str(replica)]
+        if hold:
+            argv += ["%d:%d" % hold]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=ROOT)
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "READY":
             raise RuntimeError("sink child did not start: %r" % line)
@@ -147,6 +172,11 @@ class ChildReplica:
             raw = self.maps[r][loc.offset:loc.offset + loc.nbytes]
             out[name] = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).view(loc.shape)
         return out
+
+    def release(self):
+        """Ends the child's hold (child_main)."""
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -220,7 +250,8 @@ def bad_input(c, sock, trainer_cli, src_ids):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--sink-child":
         torch.set_num_threads(1)
-        child_main(sys.argv[2], int(sys.argv[3]))
+        hold = tuple(int(x) for x in sys.argv[4].split(":")) if len(sys.argv) > 4 else None
+        child_main(sys.argv[2], int(sys.argv[3]), hold)
         return
     c = Checks("sync-local")
     torch.manual_seed(0)
@@ -285,19 +316,44 @@ def main():
         version = 0
         modes = {}
 
-        def publish(rec, wait_fails=False):
+        def publish(rec, wait_fails=False, held=None):
+            """held: a ChildReplica one rank of which holds version - 1
+            (child_main's hold); it is released HOLD_S after the wait
+            began, and the wait must not have answered before that: a
+            wait answers once every sink settled the version, even when
+            another sink failed it (docs/SYNC.md, WAIT).  Returns the
+            publish infos and what ends the hold (call it after the
+            check of the sinks' memory)."""
             nonlocal version
             version += 1
             infos = [tcli.publish(JOB, p, version, rec["step"], groups_of(rec)) for p in src_parts]
             for s in sinks.values():
                 if isinstance(s, Replica):
                     s.step()
+            released = threading.Event()
+
+            def release():
+                released.set()
+                held.release()
+            timer = threading.Timer(HOLD_S, release) if held else None
+            if timer:
+                timer.start()
             if wait_fails:
                 c.raises(_lib.DteError, lambda: tcli.wait(JOB, version, 30000),
                          "wait reports the sink that failed its checksum")
             else:
                 tcli.wait(JOB, version, 30000)
-            return infos
+            if timer:
+                c.check(released.is_set(), "wait(%d) answered only after replica %d's held rank "
+                        "was released to apply it" % (version, held.replica))
+
+            def unhold():
+                if timer:
+                    timer.cancel()
+                    timer.join()
+                    if not released.is_set():
+                        release()
+            return infos, unhold
 
         def verify(tag, skip=()):
             nonlocal versions, exact_versions
@@ -325,16 +381,21 @@ def main():
                 sinks[2] = late
             if v == 25:
                 child.kill()
-                child = ChildReplica(sock, 1)
+                # Its rank 1 holds version 27 until publish(28) releases
+                # it: 28 is the version another sink fails, and wait(28)
+                # once answered that failure while this sink still held
+                # 27 (issue 30, "a rare inexact version").
+                child = ChildReplica(sock, 1, hold=(1, 28))
                 children.append(child)
                 sinks[1] = child
-            infos = publish(rec, wait_fails=v == 28)
+            infos, unhold = publish(rec, wait_fails=v == 28, held=child if v == 28 else None)
             modes[version] = infos
             if v == 28:
                 # The corruption below is caught by the checksum, not by luck.
                 c.check(not rep0.last[0]["checksum_ok"] and rep0.last[1]["checksum_ok"],
                         "corrupted sink buffer: checksum failure reported (%s)" % rep0.last)
                 verify("K=1", skip={(0, 0)})
+                unhold()
                 continue
             if v == 29:
                 c.check(rep0.last[0]["checksum_ok"] and infos[0]["dense"] == 1,
@@ -356,7 +417,7 @@ def main():
                 if k < 3:
                     for p in src_parts:
                         tcli.mark(JOB, p, rec["step"], groups_of(rec))
-            infos = publish(rec)
+            infos, _ = publish(rec)
             modes[version] = infos
             verify("K=4 marks")
         c.check(all(i["dense"] == 0 for v in range(version - 9, version + 1) for i in modes[v]),
@@ -366,7 +427,7 @@ def main():
             for k in range(4):
                 step += 1
                 rec = trainer.step(*task.batch_at(step))
-            infos = publish(rec)
+            infos, _ = publish(rec)
             modes[version] = infos
             verify("K=4 no marks")
         c.check(all(i["dense"] == i["sinks"] for v in range(version - 9, version + 1)
@@ -375,7 +436,7 @@ def main():
         for v in range(3):
             step += 1
             rec = trainer.step(*task.batch_at(step))
-            infos = publish(rec)
+            infos, _ = publish(rec)
             modes[version] = infos
             verify("K=1 again")
         c.check(all(i["dense"] == 0 for i in modes[version]), "sparse again after dense versions")

@@ -1124,7 +1124,39 @@ static void test_sync_and_misbehaving_peer(void **state)
 		adamw_step((int64_t)v - 5, (unsigned)v);
 		assert_int_equal(publish(v, (int64_t)v - 5, &pr), 0);
 		assert_int_equal(pr.dense, 0);
+		if (v == 21) {
+			uint32_t sinks;
+
+			/* One sink failed 21 (its staging went), the other has
+			 * not applied it yet: wait(21) still waits, knowing the
+			 * failure, and says so only once every sink settled
+			 * (issue 30: a failure answered early let a test read
+			 * the other replica still on 20). */
+			assert_true(job_pair(j, src.participant, sink.participant)->sm.failed >= 21);
+			assert_int_equal(jsrc_wait_done(j, 21, &sinks, err, sizeof(err)), 0);
+			assert_non_null(strstr(err, "did not apply version"));
+			{       /* a poll (timeout 0) has its deadline now: the failure */
+				Dte__WaitRequest wrq = DTE__WAIT_REQUEST__INIT;
+				Dte__WaitReply wrep = DTE__WAIT_REPLY__INIT;
+				int deferred = 1;
+
+				wrq.job = j->name;
+				wrq.version = 21;
+				wrq.timeout_ms = 0;
+				err[0] = 0;
+				assert_int_equal(job_wait(SRC_CONN, 1, &wrq, &wrep, &deferred, err,
+							  sizeof(err)), -EIO);
+				assert_int_equal(deferred, 0);
+				assert_non_null(strstr(err, "did not apply version"));
+			}
+		}
 		apply_side_ok(&sink2, SINK2_CONN, v);
+		if (v == 21) {
+			uint32_t sinks;
+
+			assert_int_equal(jsrc_wait_done(j, 21, &sinks, err, sizeof(err)), -EIO);
+			assert_int_equal(sinks, 2);
+		}
 	}
 	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
 	assert_int_equal(jsink_of(job_local(j, sink.participant))->staging_drops, 1);

@@ -703,7 +703,9 @@ class Source:
         return sum(self.cli.mark(self.job, part, rec.step, rec.groups) for part in self.parts)
 
     def wait(self, version, timeout_ms=60000):
-        """Returns when every sink applied `version` (DteError on timeout)."""
+        """Returns when every sink applied `version`; DteError when one
+        failed it (raised only once every sink settled it: docs/SYNC.md,
+        WAIT) or on timeout."""
         if self.pending:
             self.wait_captured(timeout_ms=timeout_ms)
         self.cli.wait(self.job, version, timeout_ms)
