@@ -5,12 +5,22 @@ A tiny Qwen3 (Megatron TP=2 trainer with real AdamW in this process) on
 daemon "src" (also the coordinator), one SGLang TP=2 sink replica on daemon
 "sink" over UCX.  Every apply must pass its checksum; every 50th version and
 the last are compared element by element with RNE(θ).  The resident set of
-both daemons is read from /proc after a warm-up (10 % of the run) and at
-the end.
+both daemons is read from /proc once the bounded per-version structures are
+full, and at the end.  The last to fill is the job's history ring
+(JOB_HISTORY versions, read from daemon/job_state.h: a fixed array in
+struct job whose pages are first touched as it fills, ~400 B a version),
+so the window starts a tenth of the run after the ring is full; its size
+is checked against `dtectl history` at the end.  Measured from v100
+instead, the ring filling alone read as 1.2 % growth.  What the window
+still shows is printed in bytes per version, with the growth while the
+ring filled for contrast.
 
-  soak.py [--versions N]
-Final line: `soak: versions=N rss_growth_pct=X` (X: the larger daemon's
-growth; fails at X >= 1).
+  soak.py [--versions N]      (N >= JOB_HISTORY + N/10 + 100)
+Final line: `soak: versions=N rss_growth_pct=X rss_growth_b_per_version=Y`
+(the larger daemon's growth over the window).  Fails at X >= 1, or at
+Y > PER_VERSION_LIMIT: 1 % of ~14 MB over the window of a 1000-version
+run is ~360 B a version, and a leak of 200 B a version planted in
+hist_get read as 0.55 % but 211 B/version.
 
   soak.py --valgrind [--versions N]      (make valgrind)
 Both daemons run under valgrind --leak-check=full --error-exitcode=1
@@ -22,6 +32,7 @@ SIGTERM stop; either one exiting non-zero fails.  Final line:
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -45,6 +56,18 @@ sl.CFG = qwen3.make_config(None, hidden_size=64, intermediate_size=128, num_hidd
 sl.CFG_TEXT = json.dumps(sl.CFG)
 
 
+PER_VERSION_LIMIT = 128   # B/version; seen: 0-21 (one 4 KiB page is 10.6 at 1000 versions)
+
+
+def history_bound():
+    """JOB_HISTORY: the versions a job's history ring keeps (daemon/job_state.h)."""
+    with open(os.path.join(faults_lib.ROOT, "daemon", "job_state.h")) as f:
+        m = re.search(r"^#define\s+JOB_HISTORY\s+(\d+)", f.read(), re.M)
+    if not m:
+        raise RuntimeError("JOB_HISTORY not found in daemon/job_state.h")
+    return int(m.group(1))
+
+
 def rss_kb(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -59,6 +82,15 @@ def main():
     ap.add_argument("--valgrind", action="store_true")
     args = ap.parse_args()
     n = args.versions
+    bound = history_bound()
+    # The window: from a tenth of the run after the history ring is full
+    # (every bounded structure is then at its size) to the end.
+    warm = bound + max(n // 10, 1)
+    if not args.valgrind and n < warm + 100:
+        print("soak: --versions %d leaves no window: the history ring (JOB_HISTORY=%d) is "
+              "full at v%d, the window starts at v%d and needs 100 versions" % (
+                  n, bound, bound, warm))
+        sys.exit(2)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     work = csl.Workdir("dte-soak-")
@@ -73,7 +105,8 @@ def main():
     src = csl.Daemon(work.path, "src", log_level="notice")
     sink = csl.Daemon(work.path, "sink", log_level="notice")
     fails = []
-    rss0 = rss1 = None
+    rss0 = rss1 = rss_early = None
+    early = min(max(n // 10, 1), bound)
     v = checked = 0
     t0 = time.time()
     try:
@@ -96,7 +129,6 @@ def main():
         scli = _lib.Client(sink.sock)
         scli.job_create(sl.JOB, sl.CFG_TEXT, sl.TOKEN, src.address, 1)
         sparts = [sl.attach_sink(scli, rep.arenas[r], r, 0) for r in range(sl.TP)]
-        warm = max(n // 10, 1)
         for v in range(1, n + 1):
             rec = trainer.step(*task.batch_at(v))
             for p in parts:
@@ -114,6 +146,8 @@ def main():
                     if bad:
                         fails.append("v%d rank %d differs: %s" % (v, r, bad[:3]))
                 checked += 1
+            if v == early:
+                rss_early = (rss_kb(src.proc.pid), rss_kb(sink.proc.pid))
             if v == warm:
                 rss0 = (rss_kb(src.proc.pid), rss_kb(sink.proc.pid))
             if len(fails) > 5:
@@ -122,6 +156,13 @@ def main():
         hist = src.ctl_json("history", sl.JOB) or {}
         modes = [x.get("mode") for x in hist.get("versions", [])]
         print("soak: history keeps %d versions (%d sparse)" % (len(modes), modes.count("sparse")))
+        # The ring's size is what the window's start was computed from
+        # (asked only now: building that answer grows the heap once, and
+        # the free memory it leaves would hide a leak in the window).
+        if v == n and len(modes) != bound:
+            fails.append("the history keeps %d versions, not JOB_HISTORY=%d from "
+                         "daemon/job_state.h: the window did not start at a full ring" % (
+                             len(modes), bound))
         scli.close()
         tcli.close()
         trainer.close()
@@ -142,10 +183,26 @@ def main():
             print(sink.log_tail(10))
         work.close(keep=bool(fails))
     growth = 0.0
+    per_version = 0.0
     if rss0 and rss1:
         growth = max(100.0 * (b - a) / a for a, b in zip(rss0, rss1))
-        print("soak: rss_kb src %d -> %d, sink %d -> %d (after v%d and at v%d)" % (
-            rss0[0], rss1[0], rss0[1], rss1[1], max(n // 10, 1), v))
+        per_version = max(1024.0 * (b - a) / max(v - warm, 1) for a, b in zip(rss0, rss1))
+        if per_version > PER_VERSION_LIMIT:
+            fails.append("a daemon grew %.1f B/version after the history ring was full "
+                         "(limit %d)" % (per_version, PER_VERSION_LIMIT))
+        print("soak: rss_kb src %d -> %d, sink %d -> %d (window v%d..v%d, after the "
+              "%d-version history ring filled)" % (rss0[0], rss1[0], rss0[1], rss1[1], warm, v,
+                                                  bound))
+        span = max(v - warm, 1)
+        print("soak: what remains in the window: src %+.1f B/version, sink %+.1f B/version "
+              "(%d versions; one 4 KiB page is %.1f B/version)" % (
+                  1024.0 * (rss1[0] - rss0[0]) / span, 1024.0 * (rss1[1] - rss0[1]) / span,
+                  span, 4096.0 / span))
+        if rss_early:
+            fill = max(warm - early, 1)
+            print("soak: while the ring filled (v%d..v%d): src %+.1f B/version, sink %+.1f "
+                  "B/version" % (early, warm, 1024.0 * (rss0[0] - rss_early[0]) / fill,
+                                 1024.0 * (rss0[1] - rss_early[1]) / fill))
     for f in fails[:6]:
         print("FAIL: " + f)
     if args.valgrind:
@@ -153,7 +210,8 @@ def main():
         sys.exit(0 if not fails and v == n else 1)
     print("soak: %.1f s, %.1f ms/version, %d exact checks" % (
         time.time() - t0, 1000 * (time.time() - t0) / max(v, 1), checked))
-    print("soak: versions=%d rss_growth_pct=%.2f" % (v, growth), flush=True)
+    print("soak: versions=%d rss_growth_pct=%.2f rss_growth_b_per_version=%.1f" % (
+        v, growth, per_version), flush=True)
     sys.exit(0 if not fails and rss0 and growth < 1.0 and v == n else 1)
 
 
