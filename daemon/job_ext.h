@@ -39,6 +39,15 @@ struct job_ext {
 	 * (daemon/side_table.h): one marked element that did change is not
 	 * sent either.  The sink's checksum must then catch it. */
 	int (*capture_wrong_drop)(uint64_t version);
+	/* A sink's apply of `version` is handed to a worker, on the loop
+	 * (may log): 1 to have apply_skip called once, on the apply worker,
+	 * for that version's first sparse entry written. */
+	int (*apply_select)(uint64_t version);
+	/* On the apply worker (must not log), right after the entry's writes:
+	 * `elem` is the first element it wrote, `old` what it held before.
+	 * May put `old` back (a write silently skipped); the apply's own
+	 * verification, which reads the memory, must then catch it. */
+	void (*apply_skip)(uint16_t *elem, uint16_t old);
 };
 
 /* Defined in job_state.c, all NULL. */

@@ -65,6 +65,7 @@ struct jarrive {
 	uint64_t *srcs;           /* the version's sources (APPLIED) */
 	size_t nsrcs;
 	int alter;                /* job_ext: alter the first swapped entry */
+	int skip;                 /* job_ext: apply_skip on the first sparse entry swapped */
 	int failed;               /* worker: a check or the sums failed (err) */
 	char err[256];
 	int reported;             /* the failure's APPLIED went out already */
@@ -174,7 +175,7 @@ static enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 {
 	const struct jsink *k = jsink_of(l);
 	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
-			       .applied = k->applied };
+			       .applied = k->applied, .failed = k->failed };
 
 	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
 		w.chained = st->version == v;
@@ -1443,29 +1444,87 @@ static int apply_dense_enc(const struct jwrite *w, struct dbuf *b)
 	return r;
 }
 
-/* Write one staged version; delta[slot] gets the checksum change of the
- * sparse payload writes.  Returns 1 when every write it made is in delta
- * (so the version can be verified incrementally), 0 when not, -1 with why
- * on a failed write. */
-static int apply_version(struct dbuf *const *bufs, const struct jstaged *st, uint64_t *delta,
-			 char *why, size_t whylen)
+/* The element of box position pos (row-major over the box). */
+static uint16_t *box_elem(const struct dte_box_map *m, uint16_t *base, uint64_t pos)
+{
+	int64_t at = m->dst_offset;
+
+	for (uint32_t d = m->ndim; d-- > 0;) {
+		at += (int64_t)(pos % (uint64_t)m->extent[d]) * m->dst_stride[d];
+		pos /= (uint64_t)m->extent[d];
+	}
+	return base + at;
+}
+
+/* The test build's skipped write (job_ext.h): the first element the
+ * entry's swap wrote gets back the value it held, which the swapped
+ * payload holds now. */
+static void skip_one(const struct dte_box_map *m, const uint8_t *enc, size_t len, uint64_t n,
+		     uint16_t *dst)
+{
+	uint64_t *pos = malloc((n ? n : 1) * sizeof(*pos)), got = 0;
+	uint16_t *old = malloc((n ? n : 1) * sizeof(*old));
+
+	if (pos && old && dtc_sparse_decode(enc, len, dtc_box_size(m), pos, old, n, &got) ==
+	    DTC_OK && got)
+		job_ext.apply_skip(box_elem(m, dst, pos[0]), old[0]);
+	free(pos);
+	free(old);
+}
+
+/* Write one staged version.  Host entries from their payload are
+ * swapped in (the payload keeps the old values: w->swapped, undone by
+ * undo_writes), and a sparse one is then read back: delta[slot] gets
+ * Σ mix(i, memory) − mix(i, old) over its positions, the change of the
+ * buffer's sum as the memory holds it, not as the apply meant to write
+ * it.  *undoable is cleared by a write that cannot be undone (device
+ * memory, decoded writes, a map that may alias).  Returns 1 when every
+ * write it made is in delta (so the version can be verified
+ * incrementally), 0 when not, -EIO with why on a failed write. */
+static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t *delta,
+			 int *undoable, int skip, char *why, size_t whylen)
 {
 	int tracked = !st->all_dense;
 
 	for (size_t i = 0; i < st->n; i++) {
-		const struct jwrite *w = &st->w[i];
+		struct jwrite *w = &st->w[i];
 		struct dbuf *b = bufs[w->dst_slot];
-		uint64_t got = 0;
+		uint64_t got = 0, sn = 0;
 		int r;
 
 		if (!w->n)
 			continue;
-		if (w->enc && !w->dense) {
-			r = dtc_sparse_apply_payload(dtc_backend_cpu(), &w->map, w->enc, w->enc_len,
-						     b->ptr, b->length, &got, &delta[w->dst_slot]);
-		} else {
+		if (w->enc && !w->dense && dtc_map_injective(&w->map)) {
+			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->map,
+						    (uint8_t *)(uintptr_t)w->enc, w->enc_len, b->ptr,
+						    b->length, &got, NULL);
+			if (r == DTC_OK) {
+				w->swapped = 1;
+				if (skip && job_ext.apply_skip) {
+					skip_one(&w->map, w->enc, w->enc_len, w->n, b->ptr);
+					skip = 0;
+				}
+				r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->map, w->enc,
+								w->enc_len, b->ptr, b->length, &got,
+								&delta[w->dst_slot]);
+			}
+		} else if (w->enc && w->dense && !((uintptr_t)w->enc & 1) &&
+			   __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && dtc_map_injective(&w->map)) {
+			/* Dense: verified by the full pass, which reads the box. */
 			tracked = 0;
-			r = w->enc ? apply_dense_enc(w, b)
+			r = dtc_dense_swap_payload(dtc_backend_cpu(), &w->map,
+						   (uint8_t *)(uintptr_t)w->enc, w->enc_len, b->ptr,
+						   b->length, &sn);
+			w->swapped = r == DTC_OK;
+		} else {
+			uint64_t unused = 0;
+
+			tracked = 0;
+			*undoable = 0;
+			r = w->enc && !w->dense ?
+			    dtc_sparse_apply_payload(dtc_backend_cpu(), &w->map, w->enc, w->enc_len,
+						     b->ptr, b->length, &got, &unused)
+			    : w->enc ? apply_dense_enc(w, b)
 			    : w->dense ? jdev_dense_apply(&w->map, w->val, b->ptr, b->length)
 			    : jdev_scatter_apply(&w->map, w->pos, w->val, w->n, b->ptr, b->length);
 		}
@@ -1476,6 +1535,35 @@ static int apply_version(struct dbuf *const *bufs, const struct jstaged *st, uin
 		}
 	}
 	return tracked;
+}
+
+/* Every swap of the versions from st on undone, last first (versions,
+ * then entries; maps are injective, so each swap undoes exactly): the
+ * buffers hold what they held before the first write, bit for bit.  The
+ * recursion is as deep as the versions of one apply (max_staged_versions
+ * at most). */
+static void undo_writes(struct dbuf *const *bufs, struct jstaged *st)
+{
+	if (!st)
+		return;
+	undo_writes(bufs, st->next);
+	for (size_t i = st->n; i-- > 0;) {
+		struct jwrite *w = &st->w[i];
+		struct dbuf *b = bufs[w->dst_slot];
+		uint64_t got = 0, sn = 0;
+
+		if (!w->swapped)
+			continue;
+		if (w->dense)
+			(void)dtc_dense_swap_payload(dtc_backend_cpu(), &w->map,
+						     (uint8_t *)(uintptr_t)w->enc, w->enc_len,
+						     b->ptr, b->length, &sn);
+		else
+			(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->map,
+						      (uint8_t *)(uintptr_t)w->enc, w->enc_len,
+						      b->ptr, b->length, &got, NULL);
+		w->swapped = 0;
+	}
 }
 
 /* Σ mix over the boxes of st, per covered slot, into sum[]. */
@@ -1531,6 +1619,8 @@ struct japply {
 	uint64_t vkey;
 	uint32_t since_full, full_every;
 	uint64_t t0;
+	uint64_t skip;            /* job_ext: the version whose first write apply_skip sees */
+	uint64_t in_place;        /* worker: the version staged in place it began with; 0: none */
 	/* worker results */
 	struct jsink_apply_result r;
 	uint64_t *sum, *delta;
@@ -1560,7 +1650,8 @@ static void apply_run(struct jtask *t)
 {
 	struct japply *a = (struct japply *)t;
 	struct jsink_apply_result *r = &a->r;
-	int incremental = a->vkey != 0;
+	int incremental = a->vkey != 0, undoable = 1;
+	struct jstaged *written = NULL;	/* the first version this task writes */
 	uint64_t t0 = uv_hrtime();
 
 	r->ok = 1;
@@ -1572,10 +1663,15 @@ static void apply_run(struct jtask *t)
 			 * first): its sums are the verified state from here. */
 			memcpy(a->vsum, st->isum, a->nbufs * sizeof(*a->vsum));
 			a->vkey = st->ikey;
+			a->in_place = st->version;
 			r->key = st->ikey;
 			incremental = 1;
 		} else if (!r->failed_apply) {
-			int tr = apply_version(a->bufs, st, a->delta, r->why, sizeof(r->why));
+			int tr = apply_version(a->bufs, st, a->delta, &undoable, st->version == a->skip,
+					       r->why, sizeof(r->why));
+
+			if (!written)
+				written = st;
 
 			if (tr < 0)
 				r->failed_apply = 1;
@@ -1605,19 +1701,63 @@ static void apply_run(struct jtask *t)
 	}
 	if (r->failed_apply)
 		r->ok = 0;
+	if (!r->ok && undoable) {
+		/* A failed check never leaves the sink on what failed: every
+		 * write of this apply is swapped back, and the buffers are what
+		 * they were (the version before, or the one staged in place
+		 * ahead of them, whose sums a->vsum holds), bit for bit. */
+		undo_writes(a->bufs, written);
+		r->undone = 1;
+	}
 	r->incremental = incremental;
 	r->version = a->last->version;
 	/* The payloads (a dense version holds the model's size) are
 	 * unmapped here, not on the loop: the loop needs only the newest
-	 * version's maps, partials and sources. */
-	while (a->list != a->last) {
-		struct jstaged *st = a->list;
+	 * version's maps, partials and sources (and, undone, those of the
+	 * version staged in place it began with: the sink stays on it). */
+	{
+		struct jstaged *keep = r->undone && a->in_place && a->list != a->last ?
+				       a->list : NULL;
+		struct jstaged **pp = keep ? &keep->next : &a->list;
 
-		a->list = st->next;
-		staged_free(st);
+		while (*pp != a->last) {
+			struct jstaged *st = *pp;
+
+			*pp = st->next;
+			staged_free(st);
+		}
+		if (keep)
+			staged_drop_data(keep);
 	}
 	staged_drop_data(a->last);
 	r->work_ms = job_ms_since(t0);
+}
+
+/* Loop: an apply failed its check and was undone, so the sink holds the
+ * version it held before (applied).  Staged versions that build on the
+ * failed one (sparse, up to the first dense one) go, refused: nothing with
+ * a hole under it is applied; held falls back to what is left. */
+static void fail_fallback(struct job *j, struct jlocal *l)
+{
+	struct jsink *k = jsink_of(l);
+	char why[160];
+
+	while (k->staged && !k->staged->all_dense && !k->staged->in_place) {
+		struct jstaged *s = k->staged;
+
+		k->staged = s->next;
+		(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
+		snprintf(why, sizeof(why), "staged on version %llu, whose check failed and was undone",
+			 (unsigned long long)k->failed);
+		send_applied(j, l, s->version, s->srcs, s->nsrcs, DTEP__APPLY_RESULT__APPLY_REFUSED,
+			     why, 0);
+		staged_free(s);
+	}
+	k->held = k->applied;
+	for (const struct jstaged *s = k->staged; s; s = s->next)
+		k->held = s->version;
+	if (k->staging > k->held)
+		k->held = k->staging;
 }
 
 /* Loop: commit what the worker did to the sink, if it is still there. */
@@ -1670,6 +1810,11 @@ static void apply_done(struct jtask *t, int cancelled)
 		memcpy(jsink_of(l)->vsum, a->sum, l->nbufs * sizeof(*jsink_of(l)->vsum));
 		jsink_of(l)->vkey = r->key;
 		jsink_of(l)->since_full = r->incremental ? jsink_of(l)->since_full + r->n : 0;
+	} else if (r->undone) {
+		/* The buffers are bit for bit what the verified state (or the
+		 * version staged in place first) describes. */
+		memcpy(jsink_of(l)->vsum, a->vsum, l->nbufs * sizeof(*jsink_of(l)->vsum));
+		jsink_of(l)->vkey = a->vkey;
 	} else {
 		jsink_of(l)->vkey = 0;	/* the next apply recomputes everything */
 	}
@@ -1684,14 +1829,35 @@ static void apply_done(struct jtask *t, int cancelled)
 	 * which it makes again from the same rates) or a failed check (a
 	 * dense repair follows): the next is likely dense too. */
 	arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->all_dense));
-	jsink_of(l)->applied = a->last->version;
-	jops_applied(l, a->last);
-	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->n);
+	if (!r->ok)
+		jsink_of(l)->failed = a->last->version;
+	if (r->ok || !r->undone) {
+		jsink_of(l)->applied = a->last->version;
+		jops_applied(l, a->last);
+	} else {
+		/* Undone: the sink stays on what it held (or on the version
+		 * staged in place that this apply began with) until the dense
+		 * repair lands; what was staged on the failed version goes. */
+		if (a->in_place) {
+			jsink_of(l)->applied = a->in_place;
+			jops_applied(l, a->list);
+		}
+		fail_fallback(j, l);
+	}
+	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->ok || !r->undone ? r->n : 0);
 	if (!r->ok) {
 		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
 		jsink_of(l)->checksum_failures++;
-		DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested", j->name,
-		       (unsigned long long)l->info.id, (unsigned long long)a->last->version, r->why);
+		jsink_of(l)->apply_undos += r->undone != 0;
+		if (r->undone)
+			DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested; undone: "
+			       "the sink holds version %llu until it lands", j->name,
+			       (unsigned long long)l->info.id, (unsigned long long)a->last->version,
+			       r->why, (unsigned long long)jsink_of(l)->applied);
+		else
+			DLOG_E("job %s: sink %llx version %llu: %s; dense repair requested; not undone "
+			       "(device or decoded writes)", j->name, (unsigned long long)l->info.id,
+			       (unsigned long long)a->last->version, r->why);
 	} else {
 		DLOG_D("job %s: sink %llx version %llu verified (%s) on a worker in %.2f ms", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)a->last->version,
@@ -1705,8 +1871,10 @@ static void apply_done(struct jtask *t, int cancelled)
 	if (a->then) {
 		a->then(j, l, r, a->arg);
 	} else {
-		rep.version = r->version;
-		rep.applied = r->n;
+		/* The version the buffers hold now: an undone apply left
+		 * them on the one before, and applied none. */
+		rep.version = jsink_of(l)->applied;
+		rep.applied = r->ok || !r->undone ? r->n : 0;
 		rep.checksum_ok = r->ok;
 		rep.checksum_failures = jsink_of(l)->checksum_failures;
 		rep.apply_ms = r->work_ms;
@@ -1772,6 +1940,10 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 		*tail = st;
 		tail = &st->next;
 		jsink_of(l)->applying = st->version;
+		/* On the loop (it may log), once per apply (job_ext.h). */
+		if (!a->skip && !st->in_place && job_ext.apply_select && job_ext.apply_skip &&
+		    job_ext.apply_select(st->version))
+			a->skip = st->version;
 	}
 	jsink_of(l)->apply_gen++;
 	DLOG_I("job %s: sink %llx: apply up to version %llu handed to a worker", j->name,
@@ -1817,10 +1989,13 @@ int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 	if (!jsink_of(l)->applying &&
 	    (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
 		/* Nothing staged at or below it: its state answers. */
-		if (sink_decide(l, rq->version, jsink_vstate(l, rq->version), SINK_EV_APPLY) ==
-		    SINK_A_ANSWER) {
+		enum sink_vstate vs = jsink_vstate(l, rq->version);
+
+		if (sink_decide(l, rq->version, vs, SINK_EV_APPLY) == SINK_A_ANSWER) {
+			/* A failed version (its check failed, undone): the sink
+			 * holds the version before it, and says so. */
 			rep->version = jsink_of(l)->applied;
-			rep->checksum_ok = 1;
+			rep->checksum_ok = vs != SINK_V_FAILED;
 			rep->checksum_failures = jsink_of(l)->checksum_failures;
 			return 0;
 		}
@@ -1970,9 +2145,14 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			if (r == DTC_OK)
 				a->dsum[w->slot[i]] += sn;
 		} else {
+			/* Swapped in, then read back: the sums get what the
+			 * memory holds, not what the swap meant to write. */
 			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
-						    (size_t)len, b->ptr, b->length, &got,
-						    &a->delta[w->slot[i]]);
+						    (size_t)len, b->ptr, b->length, &got, NULL);
+			if (r == DTC_OK && a->skip) {
+				skip_one(&w->e[i].map, data + off, (size_t)len, got, b->ptr);
+				a->skip = 0;
+			}
 		}
 		if (r != DTC_OK) {
 			snprintf(err, errlen, "source %llx part %u entry %u: %s",
@@ -1983,6 +2163,14 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		w->eoff[w->nswapped] = off;
 		w->elen[w->nswapped] = len;
 		w->nswapped++;
+		if (!w->dense && (r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->e[i].map,
+								  data + off, (size_t)len, b->ptr,
+								  b->length, &got,
+								  &a->delta[w->slot[i]])) != DTC_OK) {
+			snprintf(err, errlen, "source %llx part %u entry %u: read back: %s",
+				 (unsigned long long)w->src, w->part, w->first + i, dtc_strerror(r));
+			return -EINVAL;
+		}
 		off += len;
 	}
 	return 0;
@@ -2636,6 +2824,7 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 		a->srcs[a->nsrcs++] = p->s[i].src;
 	/* On the loop (it may log), once per version (job_ext.h). */
 	a->alter = job_ext.sink_select && job_ext.sink_alter && job_ext.sink_select(p->version);
+	a->skip = job_ext.apply_select && job_ext.apply_skip && job_ext.apply_select(p->version);
 	return a;
 }
 

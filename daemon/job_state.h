@@ -126,6 +126,7 @@ struct jwrite {
 	uint16_t *val;            /* n values, or box values when dense */
 	const uint8_t *enc;       /* or: the entry's payload (sparse codec or dense LE values) */
 	size_t enc_len;
+	int swapped;              /* apply worker: enc holds the old values (undo: swap again) */
 };
 
 struct jarrive;
@@ -203,6 +204,7 @@ struct jsink {
 	struct jlocal l;
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t applied;
+	uint64_t failed;          /* the last version whose check failed (undone: not applied) */
 	uint64_t staging;         /* a worker stages this version; 0: none */
 	uint64_t applying;        /* an apply on a worker brings it to this version; 0: none */
 	uint64_t apply_gen;       /* applies started: a verify that saw another one skips */
@@ -222,6 +224,7 @@ struct jsink {
 	uint32_t parked;
 	struct jarrive *arrive;
 	uint64_t arrival_parts, arrival_versions, arrival_undos, arrival_retreats;
+	uint64_t apply_undos;      /* applies whose failed check undid their writes */
 	struct jpend *pend;
 	struct jstaged *staged;
 	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
@@ -651,6 +654,7 @@ struct jsink_apply_result {
 	uint64_t version;         /* the newest version applied */
 	uint32_t n;               /* versions applied */
 	int ok, failed_apply, incremental;
+	int undone;               /* !ok: every write undone, the buffers as before */
 	uint64_t key;
 	uint64_t checksum_failures;
 	double work_ms;           /* on the worker */

@@ -84,6 +84,8 @@ enum sink_vstate sink_sm_state(const struct sink_view *w, uint64_t v)
 	 * in between is on its way into the buffers. */
 	if (w->applying && v > w->applied && v <= w->applying)
 		return SINK_V_APPLYING;
+	if (w->failed && v == w->failed)
+		return SINK_V_FAILED;
 	if (v <= w->applied)
 		return SINK_V_APPLIED;
 	if (v <= w->held)

@@ -14,10 +14,10 @@
  * logs a cell the table says cannot happen as a daemon bug).
  *
  * The states live in the sink's fields (struct jsink, job_state.h):
- * sink_sm_state() reads them back for one version.  Failed and applied
- * share `applied` (failed: its checksum did not match), so the fields
- * give applied for both; a version above the held one that the sink has
- * no record of is NONE whether it never came or went (gone). */
+ * sink_sm_state() reads them back for one version.  A failed version is
+ * `failed` (its check did not match; its writes were undone, so `applied`
+ * stayed on the version before it); a version above the held one that the
+ * sink has no record of is NONE whether it never came or went (gone). */
 #ifndef DTED_SINK_SM_H
 #define DTED_SINK_SM_H
 
@@ -106,6 +106,7 @@ struct sink_view {
 	uint64_t staging;         /* 0: none */
 	uint64_t applying;        /* 0: none */
 	uint64_t applied;
+	uint64_t failed;          /* the last version whose check failed; 0: none */
 	int pending;              /* 0: no jpend of it, 1: collecting, 2: refused */
 	int chained;              /* it is in the staged chain */
 	uint64_t arrive;          /* the version applied on arrival (jsink.arrive); 0: none */

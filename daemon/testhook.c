@@ -24,6 +24,7 @@ enum fault {
 	F_DROP_PLAN,
 	F_STORAGE_READ_STALL,
 	F_WRONG_DROP,
+	F_SKIP_WRITE,
 };
 
 static const struct {
@@ -41,6 +42,7 @@ static const struct {
 	{ "drop-plan", F_DROP_PLAN },
 	{ "storage-read-stall", F_STORAGE_READ_STALL },
 	{ "wrong-drop", F_WRONG_DROP },
+	{ "skip-write", F_SKIP_WRITE },
 };
 
 struct held {
@@ -176,7 +178,7 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value drop-join drop-plan storage-read-stall wrong-drop)", env);
+		       "capture-stall wrong-value drop-join drop-plan storage-read-stall wrong-drop skip-write)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -353,6 +355,18 @@ int testhook_sink_value(uint64_t version)
 		return 0;
 	th.corrupted = version;
 	DLOG_W("test hook: wrong-value: version %llu: one staged value flipped",
+	       (unsigned long long)version);
+	return 1;
+}
+
+int testhook_apply_select(uint64_t version)
+{
+	static uint64_t skipped;
+
+	if (th.fault != F_SKIP_WRITE || !version_hit(version) || skipped == version)
+		return 0;
+	skipped = version;
+	DLOG_W("test hook: skip-write: version %llu: one element of the apply not written",
 	       (unsigned long long)version);
 	return 1;
 }

@@ -56,6 +56,13 @@
  *                     daemon/side_table.h); only the sink's checksum can
  *                     catch it.  Like capture-stall it does not log: the
  *                     publish counts one element fewer than changed.
+ *   skip-write        sink: the apply (or apply on arrival) of the
+ *                     version puts the old value back into the first
+ *                     element its first sparse entry wrote, after the
+ *                     write: a write silently skipped, which only the
+ *                     sink's own read-back verification can catch; the
+ *                     apply is then undone (the sink stays on the version
+ *                     before, bit for bit) and the next version is dense.
  *
  * A hook that fires logs "test hook: ..." at warning level, so a test can
  * tell it did (capture-stall, on a worker thread, does not log).  Module
@@ -103,5 +110,8 @@ void testhook_storage_read(uint64_t version);
 /* At the start of a publish's capture, on the worker thread: 1 to break
  * the side tables' drop rule once (wrong-drop; it does not log). */
 int testhook_capture_wrong_drop(uint64_t version);
+/* skip-write: 1 (and logs) when a sink's apply of this version (or its
+ * apply on arrival) is to leave one written element on its old value. */
+int testhook_apply_select(uint64_t version);
 
 #endif

@@ -79,6 +79,14 @@ static void alter(void *bytes, size_t len)
 	}
 }
 
+/* skip-write (testhook_apply_select chose the version): the element the
+ * apply's first sparse entry wrote first gets its old value back, as if
+ * that write had been skipped. */
+static void skip(uint16_t *elem, uint16_t old)
+{
+	*elem = old;
+}
+
 __attribute__((constructor)) static void testhook_install(void)
 {
 	route_set_decorator(&decorator);
@@ -87,4 +95,6 @@ __attribute__((constructor)) static void testhook_install(void)
 	job_ext.sink_alter = alter;
 	job_ext.storage_read = testhook_storage_read;
 	job_ext.capture_wrong_drop = testhook_capture_wrong_drop;
+	job_ext.apply_select = testhook_apply_select;
+	job_ext.apply_skip = skip;
 }

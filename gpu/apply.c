@@ -120,6 +120,7 @@ struct share {
 	uint16_t *dst;
 	int want_delta;
 	int swap;                 /* the old values go back into the payload */
+	int readback;             /* write nothing: Σ mix(at, dst) − mix(at, payload value) */
 	uint64_t delta;
 	pthread_t tid;
 	int started;
@@ -184,6 +185,17 @@ static void share_write(struct share *s)
 					box_walk_seek(&w, e, cur);
 				}
 			}
+		}
+		if (s->readback) {
+			/* The sink's memory as it is now against the payload's
+			 * values (after a swap: what the elements held before). */
+			for (uint64_t k = 0; k < nb; k++, v += 2) {
+				nv[k] = dst[at[k]];
+				ov[k] = (uint16_t)(v[0] | (v[1] << 8));
+			}
+			d += delta_batch(at, nv, ov, nb);
+			i += nb;
+			continue;
 		}
 		/* Old value read, new one written, in order (a later position
 		 * reads what an earlier one wrote, should two share an element);
@@ -284,14 +296,17 @@ out:
 
 static int apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
 			 uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len, uint64_t *count,
-			 uint64_t *delta, int swap);
+			 uint64_t *delta, int mode);
+
+enum { AP_WRITE, AP_SWAP, AP_READBACK };
 
 int dtc_sparse_apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
 			     const uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			     uint64_t *count, uint64_t *delta)
 {
-	/* swap 0: the payload is only read */
-	return apply_payload(be, e, (uint8_t *)(uintptr_t)in, len, dst, dst_len, count, delta, 0);
+	/* AP_WRITE: the payload is only read */
+	return apply_payload(be, e, (uint8_t *)(uintptr_t)in, len, dst, dst_len, count, delta,
+			     AP_WRITE);
 }
 
 int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
@@ -300,7 +315,18 @@ int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_m
 {
 	if (in && dtc_host_backend(be) && !map_injective(e))
 		return DTC_EINVAL;	/* order would matter: the undo could not be exact */
-	return apply_payload(be, e, in, len, dst, dst_len, count, delta, 1);
+	return apply_payload(be, e, in, len, dst, dst_len, count, delta, AP_SWAP);
+}
+
+int dtc_sparse_readback_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+				const uint8_t *in, size_t len, const uint16_t *dst, uint64_t dst_len,
+				uint64_t *count, uint64_t *delta)
+{
+	if (!delta)
+		return DTC_EINVAL;
+	/* AP_READBACK writes neither dst nor the payload. */
+	return apply_payload(be, e, (uint8_t *)(uintptr_t)in, len, (uint16_t *)(uintptr_t)dst,
+			     dst_len, count, delta, AP_READBACK);
 }
 
 int dtc_dense_swap_payload(const struct dtc_backend *be, const struct dte_box_map *e,
@@ -370,7 +396,7 @@ int dtc_map_injective(const struct dte_box_map *e)
 
 static int apply_payload(const struct dtc_backend *be, const struct dte_box_map *e,
 			 uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len, uint64_t *count,
-			 uint64_t *delta, int swap)
+			 uint64_t *delta, int mode)
 {
 	struct cut cuts[APPLY_MAX_PARTS];
 	struct share sh[APPLY_MAX_PARTS];
@@ -395,7 +421,8 @@ static int apply_payload(const struct dtc_backend *be, const struct dte_box_map 
 		sh[k] = (struct share){
 			.e = &m, .p = in + cuts[k].off, .end = in + vals, .vals = in + vals,
 			.first = cuts[k].first, .last = k + 1 < parts ? cuts[k + 1].first : n,
-			.next = cuts[k].next, .dst = dst, .want_delta = delta != NULL, .swap = swap,
+			.next = cuts[k].next, .dst = dst, .want_delta = delta != NULL,
+			.swap = mode == AP_SWAP, .readback = mode == AP_READBACK,
 		};
 	}
 	for (int k = 1; k < parts; k++)

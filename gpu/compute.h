@@ -194,6 +194,18 @@ int dtc_sparse_swap_payload(const struct dtc_backend *be, const struct dte_box_m
 			    uint8_t *in, size_t len, uint16_t *dst, uint64_t dst_len,
 			    uint64_t *count, uint64_t *delta);
 
+/* The read-back of a swap (dtc_sparse_swap_payload()): `in` is the
+ * payload as the swap left it (the old values in place of the new ones);
+ * nothing is written.  *delta += Σ mix(i, dst[i]) − mix(i, old) over its
+ * positions, dst[i] read from memory as it is now: after a swap that wrote
+ * every value, the swap's own delta; a write that did not land (or was
+ * overwritten since) shows as a difference.  What a sink's incremental
+ * verification adds, so it checks the memory, not what it meant to write
+ * (docs/SYNC.md, step 5).  The same checks first; *count the positions. */
+int dtc_sparse_readback_payload(const struct dtc_backend *be, const struct dte_box_map *e,
+				const uint8_t *in, size_t len, const uint16_t *dst, uint64_t dst_len,
+				uint64_t *count, uint64_t *delta);
+
 /* The dense counterpart: `in` is an entry's dense payload (box_size
  * little-endian BF16 values in canonical order, exactly 2 * box_size
  * bytes); each is swapped with the element of dst it maps to, so dst

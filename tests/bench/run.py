@@ -151,6 +151,18 @@ def main():
         res["snapdet"][line.split(":", 1)[0]] = kv(line)
         log(line)
 
+    # The sink's sparse apply with the verify that reads back what it wrote
+    # (and the undo log: a swap) against the write and its delta alone, in
+    # the same rounds (docs/SYNC.md step 5).
+    cmd = [os.path.join(B, "tests", "bench_apply")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError("bench_apply failed: %s" % r.stderr)
+    res["apply_verify"] = {"cmd": "%s/tests/bench_apply" % os.path.relpath(B, ROOT),
+                           "lines": r.stdout.strip().splitlines()}
+    for line in res["apply_verify"]["lines"]:
+        log(line)
+
     scan_run("after the snapshot baseline")
     log("codec: real AdamW steps, lr sweep")
     res["codec"] = bench_codec.run({"bench_codec": os.path.join(B, "tests", "bench_codec"),
@@ -196,6 +208,11 @@ def main():
     res["stall_async"] = stall_async(res, log)
     lines = summary(res) + [bench_stall.summary_line(res["stall_async"])]
     lines.append(bench_k4.line(res["k4"]))
+    av = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-verify:")]
+    dn = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-dense:")]
+    lines.append("bench apply-verify " + " ".join(
+        "changed=%s ratio=%s" % (a["changed"], a["ratio"]) for a in av) +
+        "".join(" dense_swap_ratio=%s" % d["ratio"] for d in dn))
     res["summary"] = lines
     res["elapsed_s"] = time.time() - T0
     res["machine"]["load_end"] = loadavg()

@@ -194,6 +194,49 @@ static void test_aliasing_map(void **state)
 	aliasing_case(16384, 16, 600);
 }
 
+static uint64_t dst_index(const struct dte_box_map *e, uint64_t i);
+
+/* dtc_sparse_readback_payload after a swap: the memory's delta equals the
+ * swap's while every write landed, and differs once one element holds its
+ * old value again (a write that did not land); nothing is written. */
+static void readback_case(const struct dte_box_map *e, uint64_t need, const uint8_t *pl,
+			  const uint8_t *pl0, size_t len, uint64_t cnt, uint16_t *a,
+			  const uint16_t *orig, uint64_t d_swap)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	uint64_t rb = 0, n = 0, *pos = malloc((cnt ? cnt : 1) * sizeof(*pos)), got = 0;
+	uint16_t *val = malloc((cnt ? cnt : 1) * sizeof(*val));
+	uint16_t *a0 = malloc(need * sizeof(*a0));
+	uint8_t *plc = malloc(len ? len : 1);
+
+	assert_true(pos && val && a0 && plc);
+	memcpy(a0, a, need * sizeof(*a));
+	memcpy(plc, pl, len);
+	assert_int_equal(dtc_sparse_readback_payload(cpu, e, pl, len, a, need, &n, &rb), DTC_OK);
+	assert_int_equal(n, cnt);
+	assert_true(rb == d_swap);
+	assert_memory_equal(a, a0, need * sizeof(*a));	/* nothing written */
+	assert_memory_equal(pl, plc, len);
+	assert_int_equal(dtc_sparse_decode(pl0, len, dtc_box_size(e), pos, val, cnt, &got), DTC_OK);
+	for (uint64_t k = 0; k < got; k++) {
+		uint64_t at = dst_index(e, pos[k]);
+
+		if (orig[at] == a[at])
+			continue;	/* the write changed nothing there */
+		a[at] = orig[at];	/* as if that write had been skipped */
+		rb = 0;
+		assert_int_equal(dtc_sparse_readback_payload(cpu, e, pl, len, a, need, &n, &rb),
+				 DTC_OK);
+		assert_true(rb != d_swap);
+		a[at] = a0[at];
+		break;
+	}
+	free(pos);
+	free(val);
+	free(a0);
+	free(plc);
+}
+
 /* dtc_sparse_swap_payload (apply on arrival with undo): the buffer gets
  * what the apply writes (same delta), the payload the old values; the
  * same call again puts the buffer and the payload back bit for bit (delta
@@ -221,6 +264,7 @@ static void swap_case(const struct dte_box_map *e, uint64_t need, unsigned frac)
 	assert_int_equal(n1, cnt);
 	assert_memory_equal(a, b, need * sizeof(*a));
 	assert_true(d1 == d2);
+	readback_case(e, need, pl, pl0, len, cnt, a, orig, d1);
 	/* undo */
 	assert_int_equal(dtc_sparse_swap_payload(cpu, e, pl, len, a, need, &n1, &d3), DTC_OK);
 	assert_memory_equal(a, orig, need * sizeof(*a));

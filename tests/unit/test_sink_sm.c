@@ -141,6 +141,18 @@ static void test_state_of_fields(void **state)
 	w.arrive_state = SINK_V_ARRIVING;
 	assert_int_equal(sink_sm_state(&w, 8), SINK_V_ARRIVING);
 	assert_int_equal(sink_sm_state(&w, 9), SINK_V_STAGING);
+	/* a version whose check failed and was undone: failed, the sink on
+	 * the version before it; one that failed and was not undone (device
+	 * writes: applied moved on to it) is failed too */
+	w.arrive = 0;
+	w.applied = 3;
+	w.failed = 4;
+	assert_int_equal(sink_sm_state(&w, 4), SINK_V_FAILED);
+	assert_int_equal(sink_sm_state(&w, 3), SINK_V_APPLIED);
+	w.applied = 4;
+	assert_int_equal(sink_sm_state(&w, 4), SINK_V_FAILED);
+	w.failed = 0;
+	assert_int_equal(sink_sm_state(&w, 4), SINK_V_APPLIED);
 	/* a fresh sink */
 	memset(&w, 0, sizeof(w));
 	assert_int_equal(sink_sm_state(&w, 1), SINK_V_NONE);
