@@ -31,7 +31,7 @@ endif
 CC       ?= cc
 NVCC     ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 PYTHON   := /usr/bin/python3
-PKGS     := libuv ucx libprotobuf-c libzstd libsystemd inih jansson libxxhash
+PKGS     := libuv ucx libprotobuf-c libzstd libsystemd inih jansson libxxhash libsodium
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -36,6 +36,8 @@ static const struct {
 	[DCONF_K_JOB_STATE_DIR] = { "daemon", "job_state_dir" },
 	[DCONF_K_MARK_TABLE_SIZE] = { "daemon", "mark_table_size" },
 	[DCONF_K_SYNC_MODE] = { "daemon", "sync_mode" },
+	[DCONF_K_PEER_AUTH] = { "peer", "auth" },
+	[DCONF_K_PEER_AUTH_OFF_JOBS] = { "peer", "auth_off_jobs" },
 };
 
 struct parse_ctx {
@@ -59,6 +61,7 @@ void dconf_defaults(struct dconf *c)
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
 	c->peer_part_bytes = DCONF_DEFAULT_PART;
+	c->peer_auth = 1;
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, struct parse_ctx *p, const char *key)
@@ -291,6 +294,14 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_part_bytes = x;
 		return 1;
 	}
+	if (strcmp(key, "auth") == 0) {
+		if (strcmp(v, "on") && strcmp(v, "off"))
+			return bad_value(p, key, v, "on|off");
+		c->peer_auth = !strcmp(v, "on");
+		return 1;
+	}
+	if (strcmp(key, "auth_off_jobs") == 0)
+		return copy_str(c->peer_auth_off_jobs, sizeof(c->peer_auth_off_jobs), v, p, key);
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -500,6 +511,8 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_MARK_TABLE_SIZE:
 		snprintf(val, vlen, "%llu", (unsigned long long)c->mark_table_bytes);
 		break;
+	case DCONF_K_PEER_AUTH: snprintf(val, vlen, "%s", c->peer_auth ? "on" : "off"); break;
+	case DCONF_K_PEER_AUTH_OFF_JOBS: snprintf(val, vlen, "%s", c->peer_auth_off_jobs); break;
 	case DCONF_K__COUNT:
 		return -1;
 	}

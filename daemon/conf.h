@@ -48,7 +48,7 @@ enum dconf_key {
 	DCONF_K_PEER_LISTEN_ADDRESS, DCONF_K_PEER_LISTEN_PORT, DCONF_K_PEER_ADVERTISE_ADDRESS,
 	DCONF_K_PEER_STAGING_SIZE, DCONF_K_MAX_STAGED_VERSIONS, DCONF_K_VERIFY_FULL_EVERY,
 	DCONF_K_PEER_PART_SIZE, DCONF_K_JOB_STATE_DIR, DCONF_K_MARK_TABLE_SIZE,
-	DCONF_K_SYNC_MODE,
+	DCONF_K_SYNC_MODE, DCONF_K_PEER_AUTH, DCONF_K_PEER_AUTH_OFF_JOBS,
 	DCONF_K__COUNT
 };
 
@@ -90,6 +90,10 @@ struct dconf {
 	char     peer_advertise_address[96];
 	uint64_t peer_staging_bytes;   /* UCX-registered receive staging */
 	uint64_t peer_part_bytes;      /* payload part size */
+	/* Peer auth (daemon/job_auth.h): on (1, default) or off for every
+	 * job, and the jobs it is off for (comma separated names). */
+	int      peer_auth;
+	char     peer_auth_off_jobs[512];
 	unsigned char src[DCONF_K__COUNT];  /* enum dconf_src per key */
 };
 

@@ -22,6 +22,8 @@ DAEMON_SRCS += daemon/side_table.c
 DAEMON_SRCS += daemon/route_ucx.c daemon/route_ucx_engine.c daemon/cmd_peer.c
 # A job's storage transport over daemon/storage (docs/STORAGE.md).
 DAEMON_SRCS += daemon/job_storage.c
+# Peers that prove the job key (peer protocol 5, job_auth.h).
+DAEMON_SRCS += daemon/job_auth.c
 # Heavy steps (apply, verify) on worker threads (docs/SYNC.md, Threads).
 DAEMON_SRCS += daemon/job_task.c
 # Operations: metrics (and their HTTP listener), verify/resync, config,

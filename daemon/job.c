@@ -15,6 +15,7 @@
 #include "daemon/ctl.h"
 #include "daemon/dispatch.h"
 #include "daemon/job_cuda.h"
+#include "daemon/job_auth.h"
 #include "daemon/job_ext.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
@@ -272,6 +273,8 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	jeng.be = be;
 	jeng.backend_name = backend_name;
 	jcuda_init(be);
+	if (peer_auth_init() < 0)
+		return -EIO;	/* libsodium: no randomness source */
 	/* 31 bits: participant ids (node_hash << 32 | local) stay below 2^63,
 	 * so they survive JSON tools that hold integers as int64. */
 	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
@@ -296,6 +299,7 @@ int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_
 	/* Records come up from the router through these (route.c never
 	 * names the engine). */
 	route_set_receiver(job_peer_recv, job_peer_down);
+	route_set_sealer(job_auth_seal);
 	return 0;
 }
 
@@ -489,6 +493,7 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	}
 	snprintf(j->name, sizeof(j->name), "%s", rq->name);
 	snprintf(j->token, sizeof(j->token), "%s", rq->token);
+	job_auth_setup(j);
 	snprintf(j->coordinator, sizeof(j->coordinator), "%s", coord);
 	/* This job's boot: its JOINs' join_boot, and as coordinator its
 	 * terms' boot (proto/peer_protocol.h), so a restart plans anew. */
@@ -916,8 +921,11 @@ static int speaks_for(struct job *j, const char *from, Dtep__PeerMsgType type, c
 	return 0;
 }
 
-/* The job a record names, if its token matches. */
-static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref)
+/* The job a record names, if the record proves its key (job_auth.h: its
+ * MAC, or with auth off its token).  Records from this daemon itself
+ * never left the process: they carry no MAC. */
+static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref,
+			     const ProtobufCMessage *msg, const void *data, size_t len)
 {
 	struct job *j;
 	char why[160];
@@ -932,9 +940,10 @@ static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dte
 		refuse(from, ref->job, type, why);
 		return NULL;
 	}
-	if (!ref->token || strcmp(ref->token, j->token)) {
+	if (strcmp(from, route_self_node()) &&
+	    job_auth_check(j, from, type, msg, data, len, why, sizeof(why)) < 0) {
 		j->refused++;
-		refuse(from, ref->job, type, "wrong token");
+		refuse(from, ref->job, type, why);
 		return NULL;
 	}
 	return j;
@@ -1024,7 +1033,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN: {
 		const Dtep__Join *m = (const Dtep__Join *)msg;
 
-		if ((j = check_ref(from, type, m->job))) {
+		if ((j = check_ref(from, type, m->job, msg, data, len))) {
 			if (!j->is_coord)
 				refuse(from, j->name, type, "this daemon is not the job's coordinator");
 			else if (speaks_for(j, from, type, m->node))
@@ -1035,7 +1044,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE: {
 		const Dtep__Leave *m = (const Dtep__Leave *)msg;
 
-		if ((j = check_ref(from, type, m->job)) && j->is_coord &&
+		if ((j = check_ref(from, type, m->job, msg, data, len)) && j->is_coord &&
 		    speaks_for(j, from, type, m->node))
 			jcoord_leave(j, from, m);
 		break;
@@ -1045,7 +1054,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 
 		/* The coordinator takes plans from itself alone; another
 		 * node's would replace the one it made for everyone. */
-		if ((j = check_ref(from, type, m->job))) {
+		if ((j = check_ref(from, type, m->job, msg, data, len))) {
 			char why[256];
 
 			if (j->is_coord && strcmp(from, route_self_node())) {
@@ -1062,7 +1071,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: {
 		const Dtep__PlanAck *m = (const Dtep__PlanAck *)msg;
 
-		if ((j = check_ref(from, type, m->job)) && j->is_coord &&
+		if ((j = check_ref(from, type, m->job, msg, data, len)) && j->is_coord &&
 		    speaks_for(j, from, type, m->node))
 			jcoord_plan_ack(j, from, m);
 		break;
@@ -1070,28 +1079,28 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {
 		const Dtep__Counts *m = (const Dtep__Counts *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
+		if ((j = check_ref(from, type, m->job, msg, data, len)))
 			jsink_counts(j, from, m, hdr, hdrlen);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: {
 		const Dtep__Payload *m = (const Dtep__Payload *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
+		if ((j = check_ref(from, type, m->job, msg, data, len)))
 			jsink_payload(j, from, m, data, len);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
 		const Dtep__Staged *m = (const Dtep__Staged *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
+		if ((j = check_ref(from, type, m->job, msg, data, len)))
 			jsrc_staged(j, m);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: {
 		const Dtep__Applied *m = (const Dtep__Applied *)msg;
 
-		if ((j = check_ref(from, type, m->job)))
+		if ((j = check_ref(from, type, m->job, msg, data, len)))
 			jsrc_applied(j, m);
 		break;
 	}

@@ -93,6 +93,11 @@ static void send_join(struct job *j, int retry)
 		j->join_seq++;
 	m.join_boot = j->boot;
 	m.join_seq = j->join_seq;
+	if (j->auth) {
+		/* The challenge every PLAN to this daemon answers (job_auth.h). */
+		m.nonce.data = j->auth_nonce;
+		m.nonce.len = sizeof(j->auth_nonce);
+	}
 	if (!n)
 		j->join_acked = j->join_seq;
 	if (!retry)
@@ -467,6 +472,10 @@ static void send_plans(struct job *j, struct built *b)
 		plan.n_addresses = nm;
 		plan.addresses = ap;
 		plan.join_seq = m->join_seq;
+		if (j->auth) {
+			plan.join_nonce.data = m->nonce;
+			plan.join_nonce.len = sizeof(m->nonce);
+		}
 		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
 		free(m->plan);
 		m->plan_len = protobuf_c_message_get_packed_size(&plan.base);
@@ -868,6 +877,9 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	snprintf(mem->address, sizeof(mem->address), "%s", m->address ? m->address : "");
 	mem->join_boot = m->join_boot;
 	mem->join_seq = m->join_seq;
+	memset(mem->nonce, 0, sizeof(mem->nonce));
+	if (m->nonce.len == sizeof(mem->nonce))
+		memcpy(mem->nonce, m->nonce.data, sizeof(mem->nonce));
 	free(mem->p);
 	mem->p = np;
 	mem->n = m->n_participants;
@@ -1122,6 +1134,18 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		return -EPERM;
 	default:
 		break;
+	}
+	if (j->auth && strcmp(from, route_self_node()) &&
+	    (m->join_nonce.len != sizeof(j->auth_nonce) ||
+	     memcmp(m->join_nonce.data, j->auth_nonce, sizeof(j->auth_nonce)))) {
+		/* Under the key, but not an answer to this daemon's JOIN: a
+		 * replay from another life of the job (job_auth.h). */
+		j->auth_refused++;
+		dmetrics_add(DM_REFUSED, "auth", 1);
+		snprintf(why, whylen, "plan epoch %llx does not answer this daemon's JOIN (its "
+			 "join_nonce is not ours)", (unsigned long long)m->epoch);
+		DLOG_W("job %s: PLAN from %s refused: %s", j->name, from, why);
+		return -EACCES;
 	}
 	snprintf(j->coord_node, sizeof(j->coord_node), "%s", from);
 	if (d.v == COORD_P_REFUSE_NOT_TERM) {

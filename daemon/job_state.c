@@ -109,7 +109,9 @@ void job_fill_ref(const struct job *j, Dtep__JobRef *ref)
 {
 	dtep__job_ref__init(ref);
 	ref->job = (char *)j->name;
-	ref->token = (char *)j->token;
+	/* With peer auth the token stays here: the record carries a MAC of
+	 * the key derived from it instead (job_auth.h). */
+	ref->token = j->auth ? (char *)protobuf_c_empty_string : (char *)j->token;
 }
 
 int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,

@@ -31,6 +31,7 @@
 #include "proto/dte.pb-c.h"
 #include "proto/peer.pb-c.h"
 #include "proto/peer_protocol.h"
+#include "proto/peer_auth.h"
 
 #define JOB_NAME_MAX   64
 #define JOB_NODE_MAX   64
@@ -285,6 +286,8 @@ struct jmember {
 	/* Its newest JOIN processed (proto/peer_protocol.h): a JOIN with the
 	 * same join_boot and a join_seq at or below this is a duplicate. */
 	uint64_t join_boot, join_seq;
+	/* Its JOIN nonce (peer auth), echoed in every PLAN to it. */
+	uint8_t nonce[PEER_AUTH_NONCEBYTES];
 	/* The PLAN it was last sent (packed), until it acknowledges its term;
 	 * retried at next_ns with backoff until deadline_ns. */
 	uint8_t *plan;
@@ -315,6 +318,13 @@ struct jhist {
 struct job {
 	char name[JOB_NAME_MAX];
 	char token[128];
+	/* Peer auth (daemon/job_auth.c, proto/peer_auth.h): on unless the
+	 * operator turned it off for this job; the key derived from token;
+	 * this daemon's JOIN nonce; records refused for their MAC. */
+	int auth;
+	uint8_t auth_key[PEER_AUTH_KEYBYTES];
+	uint8_t auth_nonce[PEER_AUTH_NONCEBYTES];
+	uint64_t auth_refused;
 	char coordinator[JOB_ADDR_MAX];
 	char transport[16];
 	struct jstore *store;     /* transport storage/both (job_storage.c) */

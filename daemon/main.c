@@ -24,6 +24,7 @@
 #include "daemon/notify.h"
 #include "daemon/registry.h"
 #include "daemon/job.h"
+#include "daemon/job_auth.h"
 #include "daemon/job_persist.h"
 #include "daemon/route.h"
 #include "daemon/route_ucx.h"
@@ -379,6 +380,7 @@ int main(int argc, char **argv)
 		goto out_route;
 	}
 	droute_ucx_attach_engine(droute_ucx_daemon());
+	job_auth_configure(conf.peer_auth, conf.peer_auth_off_jobs);
 	if (job_init(&loop, be, srv.backend) < 0) {
 		DLOG_E("cannot start the sync engine");
 		goto out_job;

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 #include "daemon/log.h"
 #include "daemon/route.h"
+#include "proto/peer_auth.h"
 
 struct rec {
 	struct rec *next;
@@ -44,6 +45,7 @@ static const struct route_decorator *dec;
  * until the engine registers: a record is then dropped. */
 static route_recv_fn recv_fn;
 static route_down_fn down_fn;
+static route_seal_fn seal_fn;
 
 static const struct route_transport local_transport;
 
@@ -250,6 +252,35 @@ static const struct route_transport local_transport = {
 	.name = "local", .send = local_send, .send_given = local_send_given, .take = local_take,
 };
 
+/* Pack msg into stackbuf or a malloc'ed buffer (*hdr); a record leaving
+ * for another daemon is sealed first (route_set_sealer): packed with its
+ * MAC in its JobRef, the caller's record left as it was. */
+static int pack(int remote, Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
+		size_t len, uint8_t *stackbuf, size_t stacklen, uint8_t **hdr, size_t *hdrlen)
+{
+	Dtep__JobRef *ref = NULL;
+	ProtobufCBinaryData keep = { 0, NULL };
+	uint8_t mac[PEER_AUTH_MACBYTES];
+	int rc;
+
+	if (remote && seal_fn) {
+		if ((rc = seal_fn(type, msg, data, len, mac)) < 0)
+			return rc;
+		if (rc > 0 && (ref = peer_auth_ref(msg))) {
+			keep = ref->mac;
+			ref->mac.data = mac;
+			ref->mac.len = sizeof(mac);
+		}
+	}
+	*hdrlen = protobuf_c_message_get_packed_size(msg);
+	*hdr = *hdrlen <= stacklen ? stackbuf : malloc(*hdrlen);
+	if (*hdr)
+		protobuf_c_message_pack(msg, *hdr);
+	if (ref)
+		ref->mac = keep;
+	return *hdr ? 0 : -ENOMEM;
+}
+
 int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 	       const ProtobufCMessage *msg, const void *data, size_t len)
 {
@@ -268,11 +299,9 @@ int route_send(const char *node, const char *address, Dtep__PeerMsgType type,
 		}
 		t = &rt.remote;
 	}
-	hdrlen = protobuf_c_message_get_packed_size(msg);
-	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
-	if (!hdr)
-		return -ENOMEM;
-	protobuf_c_message_pack(msg, hdr);
+	if ((rc = pack(t != &local_transport, type, msg, data, len, stackbuf, sizeof(stackbuf),
+		       &hdr, &hdrlen)) < 0)
+		return rc;
 	rc = t->send(t->arg, node, address, type, hdr, hdrlen, data, len);
 	if (hdr != stackbuf)
 		free(hdr);
@@ -300,13 +329,11 @@ int route_send_given(const char *node, const char *address, Dtep__PeerMsgType ty
 		release(data, rarg);
 		return -EINVAL;
 	}
-	hdrlen = protobuf_c_message_get_packed_size(msg);
-	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
-	if (!hdr) {
+	if ((rc = pack(t != &local_transport, type, msg, data, len, stackbuf, sizeof(stackbuf),
+		       &hdr, &hdrlen)) < 0) {
 		release(data, rarg);
-		return -ENOMEM;
+		return rc;
 	}
-	protobuf_c_message_pack(msg, hdr);
 	rc = t->send_given(t->arg, node, address, type, hdr, hdrlen, data, len, release, rarg);
 	if (hdr != stackbuf)
 		free(hdr);
@@ -360,6 +387,11 @@ void route_set_receiver(route_recv_fn recv, route_down_fn down)
 {
 	recv_fn = recv;
 	down_fn = down;
+}
+
+void route_set_sealer(route_seal_fn seal)
+{
+	seal_fn = seal;
 }
 
 size_t route_pending(void)

@@ -166,4 +166,15 @@ typedef void (*route_recv_fn)(const char *from_node, Dtep__PeerMsgType type,
 typedef void (*route_down_fn)(const char *node);
 void route_set_receiver(route_recv_fn recv, route_down_fn down);
 
+/* The sealer of every record leaving for another daemon: the sync engine
+ * (daemon/job_auth.c) computes the record's MAC (peer protocol 5,
+ * proto/peer_auth.h) into mac and returns 1; route.c packs the record
+ * with it in its JobRef (the caller's record is left as it was).  0: the
+ * record goes without one (no JobRef, auth off for its job); < 0 fails
+ * the send with it.  Records for this daemon are not sealed: they never
+ * leave the process.  data is the PAYLOAD's. */
+typedef int (*route_seal_fn)(Dtep__PeerMsgType type, const ProtobufCMessage *msg,
+			     const void *data, size_t len, uint8_t mac[32]);
+void route_set_sealer(route_seal_fn seal);
+
 #endif

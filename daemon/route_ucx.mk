@@ -17,3 +17,7 @@ BINS += $(B)/bin/dte-peer-forge
 # Three daemons, real UCX, real AdamW: loopback, then network namespaces.
 # Both import tests/system/sync_local.py (the single-daemon harness).
 SYSTEM_TESTS += tests/system/cluster_sync.py tests/system/cluster_sync_netns.py
+
+# Peers that prove the job key (peer protocol 5): the forge without it is
+# refused and counted, nothing lost; with auth off it is not refused.
+SYSTEM_TESTS += tests/system/peer_auth.py

@@ -36,6 +36,12 @@
  *      and (sparse) base_version, so a parked sink swaps it in before
  *      COUNTS; a sink that ignores them, or a part without them, waits
  *      for COUNTS as before.
+ *   5  peers prove the job key, the token never crosses the wire
+ *      (proto/peer_auth.h): JobRef.token is empty and JobRef.mac is a
+ *      keyed BLAKE2b over the record and, for PAYLOAD, its data; JOIN
+ *      carries the member's nonce, every PLAN to it echoes it
+ *      (join_nonce).  A v4 daemon sends tokens and no MAC: 5..5.
+ *      With auth = off on a job both ends send the token as in 4.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -73,8 +79,8 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     4u
-#define PEER_PROTO_MIN_VERSION 4u
+#define PEER_PROTO_VERSION     5u
+#define PEER_PROTO_MIN_VERSION 5u
 
 #define PEER_TERM_COUNTER_BITS 24
 #define PEER_TERM_BOOT_BITS    39

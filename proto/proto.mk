@@ -9,7 +9,9 @@ PROTO_OBJS  := $(B)/obj/gen/proto/dte.pb-c.o $(PROTO_SRCS:%.c=$(B)/obj/%.o)
 # go into libdteproto.a but not into libdte.
 PEER_PROTO_GEN_C := $(B)/gen/proto/peer.pb-c.c
 PEER_PROTO_GEN_H := $(B)/gen/proto/peer.pb-c.h
-PEER_PROTO_OBJS  := $(B)/obj/gen/proto/peer.pb-c.o
+# peer_auth.c: job keys and record MACs (peer protocol 5, libsodium).
+PEER_PROTO_SRCS  := proto/peer_auth.c
+PEER_PROTO_OBJS  := $(B)/obj/gen/proto/peer.pb-c.o $(PEER_PROTO_SRCS:%.c=$(B)/obj/%.o)
 
 # protoc-c writes both files at once; the .c rule makes the header.
 # Static pattern rules: the generated files are real targets, never

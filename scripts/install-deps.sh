@@ -7,7 +7,7 @@ set -eu
 PKGS="build-essential pkg-config clang llvm lld libclang-rt-14-dev \
 libuv1-dev libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler \
 libzstd-dev zstd libsystemd-dev libcmocka-dev libinih-dev libjansson-dev \
-libxxhash-dev python3 python3-torch python3-numpy python3-venv python3-pip \
+libxxhash-dev libsodium-dev python3 python3-torch python3-numpy python3-venv python3-pip \
 iproute2 util-linux procps gnuplot-nox libopenblas0-pthread \
 systemd dpkg-dev lintian groff-base mandoc prometheus"
 

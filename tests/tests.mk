@@ -2,6 +2,8 @@
 # Other layers append their own UNIT_TESTS / SYSTEM_TESTS in their fragments.
 UNIT_TESTS   += test_frame test_conf test_proto test_msgfmt test_client test_apply
 UNIT_TESTS   += test_detect
+# Record MACs of peer protocol 5 (proto/peer_auth.h).
+UNIT_TESTS   += test_peer_auth
 SYSTEM_TESTS += tests/system/foundation.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it

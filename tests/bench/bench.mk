@@ -3,11 +3,30 @@
 # Needs root for the network namespaces of the end-to-end figure; about
 # 15 minutes and 8 GiB on a 2-core machine (BENCH_SMALL=1: a smaller model).
 
+# The sink's sparse apply with its read-back verify against the write
+# and delta alone (docs/BENCHMARKS.md, "apply-verify").
+$(B)/tests/bench_apply: tests/bench/bench_apply.c $(B)/lib/libdtecompute.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
+
+bench-apply: $(B)/tests/bench_apply
+	$(B)/tests/bench_apply
+
+# What peer auth costs per PAYLOAD part (docs/SYNC.md, "Peers that prove
+# the job key"; end to end: tests/bench/peer_auth_e2e.py, and
+# BENCH_E2E_AUTH=on|off with tests/bench/dense_probe.py).
+$(B)/tests/bench_peer_auth: tests/bench/bench_peer_auth.c $(B)/lib/libdteproto.a $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdteproto.a $(PKG_LIBS)
+
+bench-peer-auth: $(B)/tests/bench_peer_auth
+	$(B)/tests/bench_peer_auth
+
 $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
-bench: all $(B)/tests/bench_scan $(B)/tests/bench_detect_once $(B)/tests/bench_codec $(B)/tests/bench_snapshot
+bench: all $(B)/tests/bench_scan $(B)/tests/bench_detect_once $(B)/tests/bench_codec $(B)/tests/bench_snapshot $(B)/tests/bench_apply
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
 
 # The dense path alone, timed per stage, in about a minute (root, ip netns):

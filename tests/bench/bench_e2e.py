@@ -138,9 +138,13 @@ class BenchDaemon(Daemon):
         with open(self.conf, "w") as f:
             f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
                 self.name, self.log_level, self.tmp))
+            f.write("[peer]\n")
             if os.environ.get("BENCH_E2E_PART"):
                 # trying another [peer] part_size out (the figures use the default)
-                f.write("[peer]\npart_size = %s\n" % os.environ["BENCH_E2E_PART"])
+                f.write("part_size = %s\n" % os.environ["BENCH_E2E_PART"])
+            if os.environ.get("BENCH_E2E_AUTH"):
+                # peer auth on (default) or off: what it costs (docs/SYNC.md)
+                f.write("auth = %s\n" % os.environ["BENCH_E2E_AUTH"])
         cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
                "--peer-listen", "%s:0" % self.host]
         if self.netns:

@@ -33,6 +33,10 @@
  * nothing, as a zero count does); chunk=Z then frames it as the sources do.
  * xxh3 defaults to the data's.
  *
+ * Job records go as a peer holding the token sends them (peer protocol
+ * 5): token=T is not sent, the record carries its MAC under the key of
+ * (job, T) instead; token= empty sends neither (a host without the key);
+ * auth=off sends the token in clear and no MAC (a job with auth off).
  * Every record received is printed as one line
  *   recv TYPE from NODE job=.. [version=..] [reason=..]
  * and at the end
@@ -51,6 +55,7 @@
 #include "daemon/route_ucx.h"
 #include "gpu/codec.h"
 #include "proto/peer.pb-c.h"
+#include "proto/peer_auth.h"
 
 #define MAXF 32
 
@@ -242,6 +247,30 @@ static uint8_t *payload_data(const struct kv *f, size_t *len, char *err, size_t 
 	return out;
 }
 
+/* Pack a job record as a peer holding the token would (peer protocol 5,
+ * proto/peer_auth.h): its MAC under the key of (job, token), the token
+ * not on the wire.  token= empty: no MAC (a host without the key); auth=off:
+ * the token in clear and no MAC (what a job with auth off sends). */
+static uint8_t *pack(unsigned type, ProtobufCMessage *msg, const struct kv *f, const void *data,
+		     size_t dlen, size_t *plen)
+{
+	Dtep__JobRef *ref = peer_auth_ref(msg);
+	uint8_t key[PEER_AUTH_KEYBYTES], mac[PEER_AUTH_MACBYTES], *out;
+	const char *token = get(f, "token", "");
+
+	if (ref && *token && strcmp(get(f, "auth", "on"), "off")) {
+		ref->token = (char *)protobuf_c_empty_string;
+		peer_auth_key(key, ref->job, token);
+		if (peer_auth_seal(key, type, msg, data, dlen, mac) < 0)
+			return NULL;
+	}
+	*plen = protobuf_c_message_get_packed_size(msg);
+	out = malloc(*plen + 1);
+	if (out)
+		protobuf_c_message_pack(msg, out);
+	return out;
+}
+
 /* Entries of the last COUNTS sent: a PAYLOAD's part covers them by default. */
 static uint32_t last_counts;
 
@@ -299,9 +328,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 			c = *end == ',' ? end + 1 : end + strlen(end);
 		}
 		m.checksums = csp;
-		plen = dtep__counts__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__counts__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 		free(m.counts);
 	} else if (!strcmp(type, "payload")) {
 		Dtep__Payload m = DTEP__PAYLOAD__INIT;
@@ -320,9 +347,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.part = (uint32_t)getu(f, "part", 0);
 		m.first_entry = (uint32_t)getu(f, "first_entry", 0);
 		m.entries = (uint32_t)getu(f, "part_entries", last_counts - m.first_entry);
-		plen = dtep__payload__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__payload__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "join")) {
 		Dtep__Join m = DTEP__JOIN__INIT;
 
@@ -334,9 +359,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.address = (char *)get(f, "address", "");
 		m.join_boot = getu(f, "join_boot", 0);
 		m.join_seq = getu(f, "join_seq", 0);
-		plen = dtep__join__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__join__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "leave")) {
 		Dtep__Leave m = DTEP__LEAVE__INIT;
 
@@ -344,9 +367,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.job = &ref;
 		m.node = (char *)get(f, "node", "");
 		m.participants = list_u64(get(f, "participants", NULL), &m.n_participants);
-		plen = dtep__leave__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__leave__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 		free(m.participants);
 	} else if (!strcmp(type, "plan")) {
 		Dtep__Plan m = DTEP__PLAN__INIT;
@@ -356,9 +377,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.epoch = getu(f, "epoch", 0);
 		m.peer_proto = (uint32_t)getu(f, "peer_proto", PEER_PROTO_VERSION);
 		m.join_seq = getu(f, "join_seq", 0);
-		plen = dtep__plan__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__plan__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "staged")) {
 		Dtep__Staged m = DTEP__STAGED__INIT;
 
@@ -367,9 +386,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.version = getu(f, "version", 0);
 		m.src = getu(f, "src", 0);
 		m.dst = getu(f, "dst", 0);
-		plen = dtep__staged__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__staged__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "applied")) {
 		Dtep__Applied m = DTEP__APPLIED__INIT;
 
@@ -379,9 +396,7 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.dst = getu(f, "dst", 0);
 		m.result = (Dtep__ApplyResult)getu(f, "result", 0);
 		m.message = (char *)get(f, "message", "");
-		plen = dtep__applied__get_packed_size(&m);
-		packed = malloc(plen + 1);
-		dtep__applied__pack(&m, packed);
+		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "raw")) {
 		const char *hex = get(f, "hex", "");
 

@@ -44,7 +44,7 @@ endif
 # Per-layer archives of the product's sources, rebuilt with clang.
 FUZZ_LAYERS := proto compute layout peer daemon $(if $(STORAGE_SRCS),storage)
 fuzz_srcs_storage := $(STORAGE_SRCS)
-fuzz_srcs_proto   := $(PROTO_SRCS)
+fuzz_srcs_proto   := $(PROTO_SRCS) $(PEER_PROTO_SRCS)
 fuzz_srcs_compute := $(COMPUTE_SRCS)
 fuzz_srcs_layout  := $(LAYOUT_SRCS)
 fuzz_srcs_peer    := $(PEER_SRCS)

@@ -53,6 +53,7 @@
 #include "daemon/job_state.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
+#include "proto/peer_auth.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -456,15 +457,37 @@ static void check_members(struct job *j)
 		   (unsigned long long)j->epoch);
 }
 
+/* A decoded record goes as a peer holding the token sends it: sealed
+ * with the job key (peer protocol 5), so the fuzzer reaches past the MAC
+ * check; raw records (feed_raw) carry whatever MAC the input holds and
+ * exercise the refusal. */
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
 		 const void *data, size_t len)
 {
-	size_t n = protobuf_c_message_get_packed_size(m);
-	uint8_t *buf = malloc(n ? n : 1);
+	Dtep__JobRef *ref = peer_auth_ref(m);
+	ProtobufCBinaryData keep_mac = { 0, NULL };
+	char *keep_token = NULL;
+	uint8_t mac[PEER_AUTH_MACBYTES];
+	struct job *j = ref && ref->job ? job_find(ref->job) : NULL;
+	int sealed = 0;
+	size_t n;
+	uint8_t *buf;
 
+	if (j && j->auth && strcmp(from, route_self_node())) {
+		keep_mac = ref->mac;
+		keep_token = ref->token;
+		sealed = peer_auth_seal(j->auth_key, type, (ProtobufCMessage *)m, data, len, mac) == 0;
+	}
+	n = protobuf_c_message_get_packed_size(m);
+	buf = malloc(n ? n : 1);
 	if (!buf)
 		abort();
 	protobuf_c_message_pack(m, buf);
+	if (sealed) {
+		/* A held record is protobuf-c's: its own pointers go back. */
+		ref->mac = keep_mac;
+		ref->token = keep_token;
+	}
 	job_peer_recv(from, type, buf, n, data, len);
 	free(buf);
 }

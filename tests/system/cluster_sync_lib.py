@@ -29,9 +29,10 @@ class Daemon:
     """One dted: config file, control socket, log, peer listener."""
 
     def __init__(self, tmp, name, host="127.0.0.1", netns=None, dev="lo",
-                 log_level="info", part_size=None, sync_mode=None):
+                 log_level="info", part_size=None, sync_mode=None, peer_conf=""):
         self.tmp = tmp
         self.part_size = part_size
+        self.peer_conf = peer_conf   # more [peer] lines ("auth = off\n")
         self.sync_mode = sync_mode   # None: dted's default (auto)
         self.name = name
         self.host = host
@@ -68,6 +69,7 @@ class Daemon:
                         "sync_mode = %s\n" % self.sync_mode if self.sync_mode else ""))
             if self.part_size:
                 f.write("part_size = %s\n" % self.part_size)
+            f.write(self.peer_conf)
         env = self.env()
         harness.hook_binary_check(self.binary(), env)
         cmd = [self.binary(), "--foreground", "--config", self.conf, "--socket", self.sock,

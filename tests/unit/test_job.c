@@ -25,11 +25,13 @@
 #include "daemon/recvpool.h"
 #include "daemon/buf.h"
 #include "daemon/job.h"
+#include "daemon/job_ext.h"
 #include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/layout/layout.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
+#include "proto/peer_auth.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -665,13 +667,42 @@ static void check_exact(void)
 	check_exact_side(&sink);
 }
 
+/* Pack m as a peer holding the token its JobRef names sends it (peer
+ * protocol 5): sealed with the key of (job, token), the token not sent;
+ * no token, no MAC.  The caller's record is left as it was. */
+static uint8_t *pack_as_peer(Dtep__PeerMsgType type, const ProtobufCMessage *m, const void *data,
+			     size_t len, size_t *n)
+{
+	Dtep__JobRef *ref = peer_auth_ref(m);
+	ProtobufCBinaryData keep_mac = { 0, NULL };
+	char *keep_token = NULL;
+	uint8_t key[PEER_AUTH_KEYBYTES], mac[PEER_AUTH_MACBYTES], *buf;
+	int sealed = 0;
+
+	if (ref && ref->job && ref->token && *ref->token) {
+		keep_mac = ref->mac;
+		keep_token = ref->token;
+		peer_auth_key(key, ref->job, ref->token);
+		assert_int_equal(peer_auth_seal(key, type, (ProtobufCMessage *)m, data, len, mac), 0);
+		sealed = 1;
+	}
+	*n = protobuf_c_message_get_packed_size(m);
+	buf = malloc(*n ? *n : 1);
+	assert_non_null(buf);
+	protobuf_c_message_pack(m, buf);
+	if (sealed) {
+		ref->mac = keep_mac;
+		ref->token = keep_token;
+	}
+	return buf;
+}
+
 static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessage *m,
 		 const void *data, size_t len)
 {
-	size_t n = protobuf_c_message_get_packed_size(m);
-	uint8_t *buf = malloc(n ? n : 1);
+	size_t n;
+	uint8_t *buf = pack_as_peer(type, m, data, len, &n);
 
-	protobuf_c_message_pack(m, buf);
 	job_peer_recv(from, type, buf, n, data, len);
 	free(buf);
 	spin();
@@ -872,6 +903,26 @@ static void test_sync_and_misbehaving_peer(void **state)
 		enc[n++] = 0x3f;
 		send_forged(j, "wrong-token", 3, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
 		assert_true(j->refused > refused0);
+		/* Sealed under another token's key: refused by the MAC check. */
+		assert_int_equal(j->auth_refused, 2);
+		/* The right token in clear without a MAC proves nothing (peer
+		 * protocol 5: the token never crosses the wire). */
+		{
+			Dtep__Staged st = DTEP__STAGED__INIT;
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+			uint8_t b[256];
+			size_t bn;
+
+			ref.job = "tj";
+			ref.token = "tok";
+			st.job = &ref;
+			st.version = 2;
+			st.src = src.participant;
+			st.dst = sink.participant;
+			bn = dtep__staged__pack(&st, b);
+			job_peer_recv("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, b, bn, NULL, 0);
+			assert_int_equal(j->auth_refused, 3);
+		}
 		send_forged(j, "tok", 3, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
 		assert_int_equal(staged(), 2);
 		assert_true(unchanged(snap));
@@ -1239,9 +1290,34 @@ static void held_clear(void)
 	nheld = 0;
 }
 
+/* A record this daemon sent to itself (no MAC: it never left), fed as
+ * the peer "evil" holding the job's token sends it. */
 static void feed_rec(const struct rec *r)
 {
-	job_peer_recv("evil", r->type, r->msg, r->mlen, r->data, r->len);
+	static const ProtobufCMessageDescriptor *const desc[] = {
+		[DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS] = &dtep__counts__descriptor,
+		[DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD] = &dtep__payload__descriptor,
+		[DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED] = &dtep__staged__descriptor,
+		[DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED] = &dtep__applied__descriptor,
+	};
+	ProtobufCMessage *m = NULL;
+	Dtep__JobRef *ref;
+	uint8_t *buf = NULL;
+	size_t n = 0;
+
+	if ((size_t)r->type < sizeof(desc) / sizeof(desc[0]) && desc[r->type])
+		m = protobuf_c_message_unpack(desc[r->type], NULL, r->mlen, r->msg);
+	if (m && (ref = peer_auth_ref(m))) {
+		char *t = ref->token;
+
+		ref->token = "tok";
+		buf = pack_as_peer(r->type, m, r->data, r->len, &n);
+		ref->token = t;
+	}
+	if (m)
+		protobuf_c_message_free_unpacked(m, NULL);
+	job_peer_recv("evil", r->type, buf ? buf : r->msg, buf ? n : r->mlen, r->data, r->len);
+	free(buf);
 	spin();
 }
 
@@ -1925,6 +2001,163 @@ static void test_arrival(void **state)
 		munmap(sink.mem[b], sink.bytes[b]);
 }
 
+/* ------------------------------------------------------- skipped write
+ * The apply's verification reads the memory it wrote: a write skipped
+ * inside the apply (job_ext.apply_skip puts the old value back into the
+ * first element an entry wrote, as the test build's skip-write fault
+ * does) fails the check, although the apply's own delta says it wrote
+ * it.  A failed check never leaves the sink on what failed: every write
+ * is undone, the buffers are the version before bit for bit, the apply
+ * answers checksum_ok 0 with that version, the version is failed at the
+ * sink (apply(v) again answers so) and at the source (wait fails), and
+ * the dense repair lands.  The same for a version applied on arrival. */
+static uint64_t skip_version;
+static int skip_calls;
+
+static int skip_select(uint64_t version)
+{
+	return version == skip_version;
+}
+
+static void skip_put_back(uint16_t *elem, uint16_t old)
+{
+	skip_calls++;
+	*elem = old;
+}
+
+static Dte__ApplyReply apply_answer(uint64_t version)
+{
+	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
+	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	char err[256];
+	int deferred = 0, n0 = answer.n;
+
+	rq.job = "tj";
+	rq.participant = sink.participant;
+	rq.version = version;
+	assert_int_equal(job_apply(SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	if (deferred) {
+		for (int i = 0; i < 10000 && answer.n == n0; i++)
+			uv_run(&loop, UV_RUN_ONCE);
+		assert_int_equal(answer.n, n0 + 1);
+		assert_int_equal(answer.id, 78);
+		assert_int_equal(answer.code, 0);
+		rep = answer.apply;
+	}
+	spin();
+	return rep;
+}
+
+static void publish_step(uint64_t v, int64_t step, int dense)
+{
+	Dte__PublishReply pr;
+
+	adamw_step(step, (unsigned)(step * 7919));
+	assert_int_equal(publish(v, step, &pr), 0);
+	assert_int_equal(pr.dense, dense);
+}
+
+static void test_skip_write(void **state)
+{
+	struct job *j = job_find("tj");
+	struct jsink *k;
+	uint64_t v = 700, fails0;
+	int64_t step = 0;
+	Dte__ApplyReply rep;
+	uint32_t sinks = 0;
+	char err[256];
+	void *snap;
+
+	src.participant = sink.participant = 0;
+	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
+	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach(&src, SRC_CONN, "source", "megatron:tp=1");
+	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
+	assert_true(j->complete);
+	k = jsink_of(job_local(j, sink.participant));
+	job_ext.apply_select = skip_select;
+	job_ext.apply_skip = skip_put_back;
+	skip_calls = 0;
+	publish_step(v, ++step, 1);
+	apply_ok(v++);
+	check_exact();
+	publish_step(v, ++step, 0);
+	apply_ok(v++);	/* sparse, verified from what it read back */
+	check_exact();
+	assert_true(k->incremental_verifies >= 1);
+
+	/* A sparse apply with one write skipped. */
+	skip_version = v;
+	publish_step(v, ++step, 0);
+	assert_int_equal(staged(), v);
+	snapshot(&snap);
+	fails0 = k->checksum_failures;
+	rep = apply_answer(v);
+	assert_int_equal(skip_calls, 1);
+	assert_false(rep.checksum_ok);
+	assert_int_equal(rep.version, v - 1);	/* what the buffers hold */
+	assert_int_equal(rep.applied, 0);
+	assert_int_equal(k->checksum_failures, fails0 + 1);
+	assert_int_equal(k->apply_undos, 1);
+	assert_true(unchanged(snap));	/* v - 1, bit for bit */
+	assert_int_equal(k->applied, v - 1);
+	assert_int_equal(k->failed, v);
+	/* asked again: still failed, still v - 1, nothing written */
+	rep = apply_answer(v);
+	assert_false(rep.checksum_ok);
+	assert_int_equal(rep.version, v - 1);
+	assert_true(unchanged(snap));
+	free(snap);
+	/* the source: wait(v) fails, the next version is dense */
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
+	assert_int_equal(jsrc_wait_done(j, v, &sinks, err, sizeof(err)), -EIO);
+	v++;
+	publish_step(v, ++step, 1);
+	apply_ok(v++);
+	check_exact();
+	publish_step(v, ++step, 0);
+	apply_ok(v++);
+	check_exact();
+
+	/* The same on arrival: swapped in part by part, the sums read back,
+	 * the check fails, every part undone; the wait goes on until the
+	 * dense repair is staged in place. */
+	skip_version = v;
+	park(120, 30000);
+	snapshot(&snap);
+	publish_step(v, ++step, 0);
+	spin();
+	assert_int_equal(skip_calls, 2);
+	assert_int_equal(k->checksum_failures, fails0 + 2);
+	assert_null(k->arrive);
+	assert_true(unchanged(snap));
+	free(snap);
+	assert_int_equal(staged(), v - 1);
+	assert_int_equal(answer.seen[120], 0);
+	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
+	v++;
+	publish_step(v, ++step, 1);
+	spin();
+	assert_int_equal(answer.seen[120], 1);
+	assert_int_equal(answer.code_of[120], 0);
+	assert_int_equal(staged(), v);
+	apply_ok(v++);
+	check_exact();
+	print_message("skip-write: caught=%d undone=%llu arrival_undos=%llu\n", skip_calls,
+		      (unsigned long long)k->apply_undos, (unsigned long long)k->arrival_undos);
+
+	job_ext.apply_select = NULL;
+	job_ext.apply_skip = NULL;
+	job_conn_gone(SINK_CONN);
+	job_conn_gone(SRC_CONN);
+	spin();
+	assert_int_equal(dbuf_count(NULL), 0);
+	for (size_t b = 0; b < src.n; b++)
+		munmap(src.mem[b], src.bytes[b]);
+	for (size_t b = 0; b < sink.n; b++)
+		munmap(sink.mem[b], sink.bytes[b]);
+}
+
 /* ------------------------------------------------------------- roles */
 
 /* fn(l) in a child: 1 when it died of abort(), 0 when it returned. */
@@ -2052,6 +2285,7 @@ int main(void)
 		cmocka_unit_test(test_sync_and_misbehaving_peer),
 		cmocka_unit_test(test_parts),
 		cmocka_unit_test(test_arrival),
+		cmocka_unit_test(test_skip_write),
 		cmocka_unit_test(test_roles),
 	};
 

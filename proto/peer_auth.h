@@ -1,0 +1,57 @@
+/* proto/peer_auth.h — how a peer proves it holds a job's key (peer
+ * protocol 5, proto/peer_protocol.h).
+ *
+ * The key is BLAKE2b-256 of "dted-job", the job name and its token, each
+ * NUL-terminated: every daemon the user gave the token derives it, and
+ * nothing on the wire shows it.  Every job record (field 1 is its JobRef)
+ * carries JobRef.mac: keyed BLAKE2b-256 (libsodium crypto_generichash)
+ * over a domain tag, the record type, the record packed with an empty mac
+ * and, for PAYLOAD, the data's length and bytes.  The receiver repacks
+ * what it decoded with the mac emptied and compares in constant time, so
+ * what it checks is exactly what it then reads.  The token must be
+ * guessable by no one: the key is no stronger than the token.
+ */
+#ifndef DTE_PEER_AUTH_H
+#define DTE_PEER_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+#include "proto/peer.pb-c.h"
+
+#define PEER_AUTH_KEYBYTES   32u
+#define PEER_AUTH_MACBYTES   32u
+#define PEER_AUTH_NONCEBYTES 16u
+
+/* sodium_init; 0 or -EIO.  Safe to call more than once. */
+int peer_auth_init(void);
+
+/* The job key of (job, token). */
+void peer_auth_key(uint8_t key[PEER_AUTH_KEYBYTES], const char *job, const char *token);
+
+/* Random bytes (a JOIN nonce). */
+void peer_auth_random(void *buf, size_t len);
+
+/* The JobRef of a job record (field 1), NULL for records without one
+ * (REFUSED) or without it set. */
+Dtep__JobRef *peer_auth_ref(const ProtobufCMessage *msg);
+
+/* The MAC of a record (its JobRef's mac is ignored: emptied for the
+ * computation, then restored).  0 or -ENOMEM. */
+int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
+		  const ProtobufCMessage *msg, const void *data, size_t len,
+		  uint8_t mac[PEER_AUTH_MACBYTES]);
+
+/* Seal a record: its JobRef's token emptied and mac set to `macbuf`
+ * (caller's storage, filled here; it must outlive the packing of msg).
+ * 0, -EINVAL (no JobRef) or -ENOMEM. */
+int peer_auth_seal(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type, ProtobufCMessage *msg,
+		   const void *data, size_t len, uint8_t macbuf[PEER_AUTH_MACBYTES]);
+
+/* Check a received record's MAC: 0 when it verifies, -ENOKEY when the
+ * record carries none (or one of the wrong size), -EBADMSG when it does
+ * not verify, -EINVAL without a JobRef, -ENOMEM. */
+int peer_auth_check(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
+		    const ProtobufCMessage *msg, const void *data, size_t len);
+
+#endif
