@@ -48,7 +48,15 @@ Scenarios, and what each trial must show for its fault to have landed
       had staged nothing of v after it, the link was down and the source
       published v; effect: not one byte came into sink2's veth during the
       outage and sink2 had still staged nothing of v at its end.
-  corrupt-payload, dup, reorder  router hooks on the receiving daemons:
+  skip-write  one element of sink1's apply of v left unwritten inside the
+      apply (DTE_TEST_HOOK skip-write): sink1 logs the hook at v; effect:
+      sink1's own verify (the read-back of what it wrote) failed the
+      check and it logged the undo, an apply of v there answered
+      checksum_ok=0, and those sinks hold a version before v, which must
+      be exact (bit for bit, else torn) until the repair lands.
+  corrupt-payload, dup, reorder  router hooks on the receiving daemons
+      (corrupt-payload with auth = off: with peer auth the tampered part
+      is refused for its MAC before the sink's checks, peer_auth.py):
       each armed daemon logs the hook firing at v.  Those daemons log at
       debug level each record off the wire (before the hook) and each
       the job layer takes (after it), under one key (daemon/route.h);
@@ -425,6 +433,50 @@ def trial(cl, tally, name, v, fault, log):
 
 
 # ----------------------------------------------------------- scenarios
+def sc_skip_write(cl, tally, trials, v, log):
+    """A write silently skipped inside sink1's apply of v (skip-write,
+    daemon/testhook.c through job_ext.apply_select/apply_skip: one element
+    keeps its old value while the apply goes on).  Lands when the hook
+    logged it at v.  Its effect, seen by sink1 itself: its own verify (the
+    read-back of what it wrote) failed the check, it logged the undo, an
+    apply of v there answered checksum_ok=0, and every sink of sink1 holds
+    a version before v; check_sinks then compares each with RNE(θ) of the
+    version it reports, bit for bit (v-1 after the undo: torn otherwise),
+    and the next versions repair it."""
+    d = cl.daemons["sink1"]
+    for i in range(trials):
+        def fault(fv, proof):
+            off = len(d.log_since())
+            on = [s for s in cl.sinks if s.daemon is d]
+            for s in on:
+                s.failed.pop(fv, None)
+            ok, msg = publish(cl, fv, FAULT_WAIT_S)
+            text = d.log_since()[off:]
+            proof.need("test hook: skip-write: version %d:" % fv in text,
+                       "the hook skipped a write of v%d on sink1" % fv)
+            # Two places verify: the apply (it answers checksum_ok=0) and,
+            # when v's parts were swapped in as they arrived, the arrival
+            # (its sums fail and the parts are undone; v is never staged).
+            undone = re.findall(r"version %d: .*dense repair requested; undone: the sink holds "
+                                r"version %d until it lands" % (fv, fv - 1), text)
+            arrival = re.findall(r"version %d applied on arrival fails \(.*checksum.*\): undone"
+                                 % fv, text)
+            proof.effect(undone or arrival, "sink1 caught its own skipped write of v%d and undid "
+                         "it (%d apply, %d on-arrival log lines)" % (fv, len(undone),
+                                                                    len(arrival)))
+            caught = [s for s in on if fv in s.failed]
+            proof.effect(arrival or caught, "an apply of v%d on sink1 answered checksum_ok=0 "
+                         "(%d sinks), or its arrival was undone" % (fv, len(caught)))
+            at = {s.label(): s.applied() for s in on}
+            proof.effect(any(a < fv for a in at.values()),
+                         "a sink of sink1 holds a version before v%d: %s" % (fv, at))
+            for s in on:
+                s.failed.pop(fv, None)   # answered and undone: not a detected torn version
+            return cl.sinks
+        v = trial(cl, tally, "skip-write", v, fault, log)
+    return v
+
+
 def sc_src_die(kind):
     """The source daemon SIGKILLs itself at a precise point of version v
     (die-in-counts / die-in-payload, daemon/testhook.c): the trial lands
@@ -1330,7 +1382,8 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
 # ----------------------------------------------------------------- main
 SCENARIOS = ["src-die-counts", "src-die-payload", "sink-daemon-kill", "trainer-kill",
              "sink-proc-kill", "link-cut", "corrupt-payload", "dup", "reorder", "disk-full",
-             "coord-restart", "fixed-port-restart", "drop-join", "drop-plan", "forged-plan"]
+             "coord-restart", "fixed-port-restart", "drop-join", "drop-plan", "forged-plan",
+             "skip-write"]
 
 
 def main():
@@ -1375,6 +1428,8 @@ def main():
                 hooks.pop("src")
         if name == "drop-plan":
             hooks = {"coord": DROP_PLAN_HOOK}
+        if name == "skip-write":
+            hooks = {"sink1": "skip-write@%d/3" % first}
         # corrupt-payload tests the sink's own payload checks (chunk xxh3,
         # element checksum), which a job with peer auth (the default) never
         # reaches: the part's MAC fails first and is refused as forged
@@ -1399,7 +1454,8 @@ def main():
                    "sink-proc-kill": sc_sink_proc, "link-cut": sc_link_cut,
                    "coord-restart": sc_coord_restart, "drop-join": sc_drop_join,
                    "fixed-port-restart": sc_fixed_port_restart,
-                   "drop-plan": sc_drop_plan, "forged-plan": sc_forged_plan}.get(name)
+                   "drop-plan": sc_drop_plan, "forged-plan": sc_forged_plan,
+                   "skip-write": sc_skip_write}.get(name)
             if run is None:
                 run = sc_hooked(name)
             run(cl, tally, min(args.trials, TRIALS_MAX.get(name, args.trials)), v, log)
