@@ -293,6 +293,8 @@ def write(res, root):
     else:
         write_e2e(w, res, e2e, snap, sc)
     write_stall_async(w, res.get("stall_async"))
+    if res.get("apply_verify"):
+        write_apply_verify(w, res["apply_verify"])
     w("")
     w("## Exact commands")
     if res.get("k4"):
@@ -320,6 +322,33 @@ def write(res, root):
     check_met(L)
     with open(os.path.join(docs, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(L) + "\n")
+
+
+def write_apply_verify(w, av):
+    """The sink's apply with the verify that reads back what it wrote
+    (docs/SYNC.md step 5) against the write and its own delta, same run."""
+    w("")
+    w("## Apply: the verify that reads memory")
+    w("")
+    w("A sparse apply swaps the new values in (the staged payload keeps the old ones:")
+    w("the undo log of a failed check) and then sums what memory holds at the written")
+    w("positions (`dtc_sparse_readback_payload`); before, the sum came from the write's")
+    w("own delta and never looked at memory.  `%s`, alternating rounds, medians:" % av["cmd"])
+    w("")
+    w("| changed | before ms | now ms | now / before |")
+    w("|---|---|---|---|")
+    for line in av["lines"]:
+        if line.startswith("apply-verify:"):
+            d = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+            w("| %s of %s | %s | %s | %s |" % (d.get("changed"), d.get("elements"),
+                                              d.get("before_ms"), d.get("now_ms", d.get("after_ms")),
+                                              d.get("ratio")))
+    for line in av["lines"]:
+        if line.startswith("apply-dense:"):
+            d = dict(x.split("=", 1) for x in line.split()[1:] if "=" in x)
+            w("")
+            w("Dense: the swap %s ms against a plain copy %s ms (%sx) over %s elements."
+              % (d.get("swap_ms"), d.get("copy_ms"), d.get("ratio"), d.get("elements")))
 
 
 def check_met(lines):
