@@ -5,8 +5,11 @@
 # (stripped into the staging tree; the build keeps its debug info).
 #
 #   dted_<v>_<arch>.deb        dted, dtectl, units, sysusers/tmpfiles,
-#                              /etc/dted/dted.conf, manuals, Python modules,
+#                              /etc/dted/dted.conf, manuals,
 #                              the CUDA plugin when it was built
+#   python3-dte_<v>_all.deb    the Python package dte (dte.integrations
+#                              included, the test stand-ins not; when
+#                              libdte was built)
 #   libdte0_<v>_<arch>.deb     libdte.so.0 (when libdte was built)
 #   libdte-dev_<v>_<arch>.deb  dte.h, libdte.so, libdte.a, dte.pc
 #
@@ -107,8 +110,9 @@ finish() {
 		LC_ALL=C sort | xargs -r md5sum) > "$root/DEBIAN/md5sums"
 	chmod 0644 "$root/DEBIAN/md5sums"
 	find "$root" -type d -exec chmod 0755 {} +
-	dpkg-deb --root-owner-group -Zxz --build "$root" "$OUT/${pkg}_${DEB_VERSION}_$ARCH.deb" >/dev/null
-	echo "mkdeb: $OUT/${pkg}_${DEB_VERSION}_$ARCH.deb"
+	a=$(sed -n 's/^Architecture: //p' "$root/DEBIAN/control")
+	dpkg-deb --root-owner-group -Zxz --build "$root" "$OUT/${pkg}_${DEB_VERSION}_$a.deb" >/dev/null
+	echo "mkdeb: $OUT/${pkg}_${DEB_VERSION}_$a.deb"
 }
 
 GIT_DESC=$(git describe --always --dirty 2>/dev/null || true)
@@ -197,16 +201,28 @@ for m in "$B"/man/man*/*; do
 	chmod 0644 "$r/usr/share/man/$sec/$(basename "$m").gz"
 done
 
-# The Python binding: every module that exists in client/python/dte.
-py=$r/usr/lib/python3/dist-packages/dte
-mkdir -p "$py"
-for f in client/python/dte/*.py; do
-	install -m 0644 "$f" "$py/"
-done
-
 add_docs "$r" dted
 
 deps=$(shlibdeps $elves)
-deps="$deps, systemd | systemd-standalone-sysusers, python3"
+deps="$deps, systemd | systemd-standalone-sysusers"
 [ -n "$LIBDTE_SO" ] && deps="$deps, libdte0 (= $DEB_VERSION)"
 finish "$r" dted "$deps"
+
+# ---- python3-dte --------------------------------------------------------
+# The whole Python package dte (dte.integrations included) less the test
+# and demo stand-ins, the same list client/python/setup.py leaves out of
+# the wheel.  dte._lib finds libdte0's library beside its own prefix.
+if [ -n "$LIBDTE_SO" ]; then
+	standins=$(sed -n 's/^STANDINS = (\(.*\))$/\1/p' client/python/setup.py | tr -d '",')
+	[ -n "$standins" ] || die "no STANDINS = (...) line in client/python/setup.py; update $0"
+	r=$STAGE/python3-dte
+	py=$r/usr/lib/python3/dist-packages/dte
+	for f in client/python/dte/*.py client/python/dte/integrations/*.py; do
+		m=${f#client/python/dte/}
+		case " $standins " in *" ${m%.py} "*) continue ;; esac
+		inst 0644 "$f" "$py/$m"
+	done
+	add_docs "$r" python3-dte
+	# Architecture all: libdte0 by a lower bound (binNMU-safe).
+	finish "$r" python3-dte "python3:any, python3-torch, libdte0 (>= $DEB_VERSION)"
+fi

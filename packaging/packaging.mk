@@ -37,3 +37,8 @@ deb: $(BINS) $(LIBS) $(MAN_PAGES)
 	./packaging/mkdeb.sh
 
 SYSTEM_TESTS += tests/system/packaging.sh
+
+# The Python package as users install it: python3-dte (+ libdte0) unpacked
+# into a fresh root, the dte wheel (built offline) in a fresh venv; prints
+# `packages: deb=ok wheel=ok integrations=N/N`.
+SYSTEM_TESTS += tests/system/packages.sh

@@ -49,4 +49,9 @@ SYSTEM_TESTS += tests/system/source_real.py
 # test of dted.
 ifneq ($(SANITIZE),1)
 SYSTEM_TESTS += tests/system/real_vllm.py tests/system/real_chain.py
+# dted as vLLM's own weight transfer backend, WeightTransferConfig(backend=
+# "dted"), loaded through the vllm.general_plugins entry point, 5 versions
+# through vLLM's start/update/finish protocol on a real vllm.LLM (TP 1):
+# `vllm-backend: versions=V exact=V/V` (vllm_transfer.py, about a minute).
+SYSTEM_TESTS += tests/system/vllm_transfer.py
 endif

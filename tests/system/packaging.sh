@@ -127,7 +127,7 @@ if [ -z "$DEB" ]; then
 	exit 1
 fi
 DEBS=$DEB
-[ $HAVE_LIB -eq 1 ] && DEBS="$DEBS $B/deb/libdte0_${DEBV}_$ARCH.deb $B/deb/libdte-dev_${DEBV}_$ARCH.deb"
+[ $HAVE_LIB -eq 1 ] && DEBS="$DEBS $B/deb/libdte0_${DEBV}_$ARCH.deb $B/deb/libdte-dev_${DEBV}_$ARCH.deb $B/deb/python3-dte_${DEBV}_all.deb"
 
 # lintian: no errors, no warnings; the overrides it honours are explained
 # in packaging/lintian-overrides.
@@ -146,9 +146,8 @@ for f in /usr/sbin/dted /usr/bin/dtectl /etc/dted/dted.conf \
 	[ "$f" = /usr/bin/dtectl ] && [ ! -x "$B/bin/dtectl" ] && continue
 	grep -qxF "$f" "$T/list" || miss="$miss $f"
 done
-for f in client/python/dte/*.py; do
-	grep -qxF "/usr/lib/python3/dist-packages/dte/${f##*/}" "$T/list" || miss="$miss ${f##*/}"
-done
+# The Python package is python3-dte's (tests/system/packages.sh), not dted's.
+grep -q '^/usr/lib/python3/' "$T/list" && miss="$miss (python modules: python3-dte's)"
 [ -e "$B/lib/dte-cuda.so" ] && { grep -qxF /usr/lib/dted/dte-cuda.so "$T/list" || miss="$miss dte-cuda.so"; }
 [ -z "$miss" ] && ok "dted package contents" || bad "dted package lacks:$miss"
 

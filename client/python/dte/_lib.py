@@ -5,14 +5,26 @@ mark, wait) and sink (wait_staged, apply, query_version), plus the layout
 helper that tells a client which buffers its rank must register.  Errors
 raise DteError with libdte's code and the daemon's message.
 
-The library is found at $DTE_LIB, else $B/lib/libdte.so.0 (B defaults to
-"build" under the repository), else by the loader's search path.
+libdte is found (_find_lib), first hit wins:
+  1. $DTE_LIB, the path of libdte.so.0 (an error if it does not load);
+  2. from a source checkout (this file is client/python/dte/_lib.py of a
+     tree with client/dte.h): $B/lib/libdte.so.0, B defaulting to "build"
+     under the repository, so tests and the demo use the library built with
+     them;
+  3. the libdte0 package's path beside this package's prefix
+     (<prefix>/lib/python3/dist-packages/dte -> <prefix>/lib/<multiarch>/,
+     so an unpacked root works too), then /usr/lib/<multiarch>/libdte.so.0;
+  4. the loader's search path (ctypes.util.find_library: ldconfig; then
+     dlopen("libdte.so.0"): LD_LIBRARY_PATH);
+otherwise lib() raises LibraryNotFound, saying what to install or set.
 """
 
 import collections
 import ctypes
 import ctypes.util
 import os
+import sys
+import sysconfig
 
 SOURCE, SINK = 0, 1
 FP32, BF16 = 0, 1
@@ -95,27 +107,93 @@ class _LayoutBuffer(ctypes.Structure):
                 ("name", ctypes.c_char * 96)]
 
 
+class LibraryNotFound(OSError):
+    """libdte could not be found or loaded; the message says what to do."""
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _multiarch():
+    return sysconfig.get_config_var("MULTIARCH") or \
+        "%s-linux-gnu" % (os.uname().machine if hasattr(os, "uname") else "x86_64")
+
+
+def _source_tree():
+    """The repository root when this file is client/python/dte/_lib.py of a
+    source checkout, else None."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+    if os.path.isfile(os.path.join(root, "client", "dte.h")) and \
+            os.path.basename(os.path.dirname(_HERE)) == "python":
+        return root
+    return None
+
+
+def _candidates():
+    """(path, why) in the order _find_lib tries them (after $DTE_LIB)."""
+    out = []
+    root = _source_tree()
+    if root:
+        b = os.environ.get("B", "build")
+        out.append((os.path.join(b if os.path.isabs(b) else os.path.join(root, b),
+                                 "lib", "libdte.so.0"), "source checkout ($B/lib)"))
+    ma = _multiarch()
+    # <prefix>/lib/python3/dist-packages/dte (Debian) or
+    # <prefix>/lib/pythonX.Y/site-packages/dte (venv, conda).
+    prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+    for d in (os.path.join(prefix, "lib", ma), os.path.join(prefix, "lib"),
+              os.path.join(sys.prefix, "lib"), os.path.join("/usr/lib", ma)):
+        p = os.path.join(d, "libdte.so.0")
+        if p not in [c[0] for c in out]:
+            out.append((p, "package path"))
+    return out
+
+
 def _find_lib():
+    """The path (or soname) of libdte to load; raises LibraryNotFound."""
     env = os.environ.get("DTE_LIB")
     if env:
+        if not os.path.exists(env):
+            raise LibraryNotFound(
+                "DTE_LIB=%s: no such file; set DTE_LIB to the path of libdte.so.0 "
+                "(e.g. /usr/lib/%s/libdte.so.0) or unset it" % (env, _multiarch()))
         return env
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
-    b = os.environ.get("B", "build")
-    cand = os.path.join(b if os.path.isabs(b) else os.path.join(root, b), "lib", "libdte.so.0")
-    if os.path.exists(cand):
-        return cand
-    return ctypes.util.find_library("dte") or "libdte.so.0"
+    for path, _ in _candidates():
+        if os.path.exists(path):
+            return path
+    found = ctypes.util.find_library("dte")
+    if found:
+        return found
+    try:  # the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache)
+        ctypes.CDLL("libdte.so.0")
+        return "libdte.so.0"
+    except OSError:
+        pass
+    tried = ", ".join(p for p, _ in _candidates())
+    raise LibraryNotFound(
+        "libdte.so.0 (the dted client library) not found (tried %s and the loader's "
+        "search path). Install the libdte0 package (or dted's .deb packages: "
+        "libdte0, python3-dte), or set DTE_LIB=/path/to/libdte.so.0 (from a source "
+        "build: build/lib/libdte.so.0)" % tried)
 
 
 _lib = None
+lib_path = None  # what lib() loaded
 
 
 def lib():
     global _lib
     if _lib is not None:
         return _lib
-    L = ctypes.CDLL(_find_lib())
+    path = _find_lib()
+    try:
+        L = ctypes.CDLL(path)
+    except OSError as e:
+        raise LibraryNotFound(
+            "cannot load libdte from %s: %s. Set DTE_LIB=/path/to/libdte.so.0 or "
+            "install the libdte0 package (with its dependencies)" % (path, e)) from e
+    global lib_path
+    lib_path = path
     h, u64, i64, u32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint32
     pu64 = ctypes.POINTER(ctypes.c_uint64)
     sig = {
