@@ -26,3 +26,7 @@ $(B)/bin/dtectl: $(B)/obj/client/dtectl.o $(DTECTL_LIBS)
 
 BINS += $(B)/bin/dtectl
 LIBS += $(B)/lib/libdte.a $(B)/lib/libdte.so.0 $(B)/lib/libdte.so
+
+# dtectl as scripts meet it (dtectl(8)): exit codes, wait, history, help,
+# errors under --json, the local commands' error messages.
+SYSTEM_TESTS += tests/system/dtectl_cli.py

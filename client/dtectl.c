@@ -3,12 +3,19 @@
  * Commands, their usage and help come from proto/cmdtab.h; daemon commands
  * without a printer here are sent generically (arguments become request
  * fields) and their replies printed field by field (client/msgfmt.h).
- * Exit status: 0 ok, 1 the daemon refused or failed, 2 usage, 3 the daemon
- * could not be reached.
+ * Exit status (dtectl(8), EXIT STATUS): 0 ok, 1 the daemon refused or
+ * failed (or `wait` found no sink to wait for), 2 usage, 3 the daemon could
+ * not be reached (or the connection broke), 4 timed out (a `wait` deadline,
+ * or the daemon did not answer in time).  Under --json a failure also prints
+ * {"error", "code", "message"} on stdout.
  */
+#include <inttypes.h>
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <jansson.h>
 #include "client/dte_internal.h"
 #include "client/msgfmt.h"
@@ -16,7 +23,9 @@
 #include "daemon/storage/storage_cli.h"
 #include "proto/cmdtab.h"
 
-enum { EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
+enum { EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4 };
+
+static int g_json;   /* --json: failures print a JSON object on stdout too */
 
 struct ctx {
 	const char *socket;
@@ -26,11 +35,75 @@ struct ctx {
 	char **argv;
 };
 
+/* The exit status of a libdte error (dtectl(8), EXIT STATUS). */
+static int exit_of(int err)
+{
+	switch (err) {
+	case DTE_ERR_UNREACHABLE: case DTE_ERR_IO:
+		return EXIT_UNREACHABLE;
+	case DTE_ERR_TIMEOUT:
+		return EXIT_TIMEOUT;
+	default:
+		return EXIT_FAILED;
+	}
+}
+
+/* A stable one-word name of a libdte error: --json's "error". */
+static const char *error_name(int err)
+{
+	switch (err) {
+	case DTE_ERR_INVAL: return "invalid";
+	case DTE_ERR_NOMEM: return "no_memory";
+	case DTE_ERR_UNREACHABLE: return "unreachable";
+	case DTE_ERR_IO: return "connection";
+	case DTE_ERR_TIMEOUT: return "timeout";
+	case DTE_ERR_PROTOCOL: return "protocol";
+	case DTE_ERR_VERSION: return "version";
+	case DTE_ERR_DENIED: return "denied";
+	case DTE_ERR_UNKNOWN_COMMAND: return "unknown_command";
+	case DTE_ERR_BAD_REQUEST: return "bad_request";
+	case DTE_ERR_NOT_FOUND: return "not_found";
+	case DTE_ERR_BUSY: return "busy";
+	case DTE_ERR_UNIMPLEMENTED: return "unimplemented";
+	case DTE_ERR_INTERNAL: return "internal";
+	default: return "failed";
+	}
+}
+
+/* Reports a failure: the message on stderr, and under --json also
+ * {"error": name, "code": exit status, "message": msg} on stdout. */
+static int report(int code, const char *name, const char *msg)
+{
+	fprintf(stderr, "dtectl: %s\n", msg);
+	if (g_json) {
+		json_t *j = json_pack("{s:s, s:i, s:s}", "error", name, "code", code,
+				      "message", msg);
+		char *t = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+
+		if (t)
+			printf("%s\n", t);
+		free(t);
+		json_decref(j);
+	}
+	return code;
+}
+
 static int fail(int err, const char *msg)
 {
-	fprintf(stderr, "dtectl: %s\n", msg && *msg ? msg : dte_strerror(err));
-	return err == DTE_ERR_UNREACHABLE || err == DTE_ERR_IO || err == DTE_ERR_TIMEOUT ?
-	       EXIT_UNREACHABLE : EXIT_FAILED;
+	return report(exit_of(err), error_name(err), msg && *msg ? msg : dte_strerror(err));
+}
+
+/* A usage error: exit 2 (a JSON object too under --json). */
+static int usage_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_fail(const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return report(EXIT_USAGE, "usage", msg);
 }
 
 static void emit_json(json_t *j)
@@ -47,29 +120,84 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: dtectl [--socket PATH] [--json] COMMAND [ARGS]\n\n"
 		   "  --socket PATH  control socket (default $%s, else %s)\n"
-		   "  --json         machine-readable output\n\ncommands:\n",
+		   "  --json         machine-readable output (errors too)\n"
+		   "  --help         this list; `dtectl help COMMAND` or `dtectl COMMAND --help`\n"
+		   "                 for one command\n"
+		   "  --version      dtectl's version and protocol\n\ncommands:\n",
 		DTE_SOCKET_ENV, DTE_DEFAULT_SOCKET);
 	fprintf(f, "  %-10s %s\n", "help", "list commands, or `help COMMAND` for its usage");
 	for (size_t i = 0; i < DTE_CMD__COUNT; i++)
 		if (!(dte_cmdtab[i].flags & DTE_CMD_HIDDEN))
 			fprintf(f, "  %-10s %s\n", dte_cmdtab[i].name, dte_cmdtab[i].summary);
+	fprintf(f, "\nexit status: 0 ok, 1 refused or failed, 2 usage, 3 daemon unreachable,\n"
+		   "4 timed out (dtectl(8))\n");
+}
+
+/* Arguments a command cannot do without: the leading upper-case words of
+ * its usage line, before the first optional `[...]`. */
+static int required_args(const struct dte_cmd *cmd)
+{
+	const char *p = strchr(cmd->usage, ' ');
+	int n = 0;
+
+	while (p && *p) {
+		const char *e;
+		int upper = 1;
+
+		while (*p == ' ')
+			p++;
+		if (!*p || *p == '[' || *p == '(')
+			break;
+		for (e = p; *e && *e != ' '; e++)
+			if (!((*e >= 'A' && *e <= 'Z') || *e == '_'))
+				upper = 0;
+		n += upper;
+		p = e;
+	}
+	return n;
+}
+
+/* Extra lines of `help CMD` beyond the table's usage and summary. */
+static const char *help_more(const char *name)
+{
+	if (!strcmp(name, "wait"))
+		return "  exit 0 once every sink fed from this daemon applied VERSION; 1 when a sink\n"
+		       "  failed it or no sink is fed from this daemon; 4 when TIMEOUT_MS (default 0:\n"
+		       "  answer at once) runs out.  While waiting, which sink is behind and by how\n"
+		       "  many versions goes to stderr each second (-q, --quiet: not).\n";
+	if (!strcmp(name, "history"))
+		return "  one line of key=value words per version, oldest first; --json: a versions list\n";
+	return NULL;
+}
+
+static int help_for(const char *name)
+{
+	const struct dte_cmd *cmd;
+	const char *more;
+
+	if (!strcmp(name, "help")) {
+		printf("usage: dtectl help [COMMAND]\n"
+		       "  list the commands, or print one command's usage (also `dtectl COMMAND --help`)\n");
+		return 0;
+	}
+	cmd = dte_cmd_by_name(name);
+	if (!cmd)
+		return usage_fail("unknown command '%s' (try `dtectl help`)", name);
+	printf("usage: dtectl [--socket PATH] [--json] %s\n  %s\n", cmd->usage, cmd->summary);
+	if ((more = help_more(name)))
+		fputs(more, stdout);
+	return 0;
 }
 
 static int cmd_help(struct ctx *c)
 {
-	const struct dte_cmd *cmd;
-
 	if (c->argc == 0) {
 		usage(stdout);
 		return 0;
 	}
-	cmd = dte_cmd_by_name(c->argv[0]);
-	if (!cmd) {
-		fprintf(stderr, "dtectl: unknown command '%s'\n", c->argv[0]);
-		return EXIT_USAGE;
-	}
-	printf("usage: dtectl [--socket PATH] [--json] %s\n  %s\n", cmd->usage, cmd->summary);
-	return 0;
+	if (c->argc > 1)
+		return usage_fail("help takes one command name (usage: dtectl help [COMMAND])");
+	return help_for(c->argv[0]);
 }
 
 static int connect_or_fail(struct ctx *c, dte_t **h)
@@ -83,9 +211,8 @@ static int no_args(struct ctx *c)
 {
 	if (c->argc == 0)
 		return 0;
-	fprintf(stderr, "dtectl: %s takes no arguments (usage: dtectl %s)\n", c->cmd->name,
-		c->cmd->usage);
-	return EXIT_USAGE;
+	return usage_fail("%s takes no arguments (usage: dtectl %s)", c->cmd->name,
+			  c->cmd->usage);
 }
 
 static int cmd_hello(struct ctx *c)
@@ -185,9 +312,13 @@ typedef int (*printer_fn)(struct ctx *c, const ProtobufCMessage *body, const cha
 
 static int print_generic(struct ctx *c, const ProtobufCMessage *body, const char *message)
 {
-	if (c->json)
-		emit_json(dte_msg_to_json(body));
-	else
+	if (c->json) {
+		json_t *j = dte_msg_to_json(body);
+
+		if (j && message && message[0])
+			json_object_set_new(j, "message", json_string(message));
+		emit_json(j);
+	} else
 		dte_msg_print(stdout, body, "");
 	if (message && message[0] && !c->json)
 		printf("message: %s\n", message);
@@ -296,6 +427,207 @@ static int print_config(struct ctx *c, const ProtobufCMessage *body, const char 
 	return 0;
 }
 
+/* history: one line per version, oldest first (note and reason last,
+ * quoted); --json has every field as numbers. */
+static int print_history(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	const Dte__HistoryReply *r = (const Dte__HistoryReply *)body;
+
+	if (c->json) {
+		json_t *j = dte_msg_to_json(body);
+
+		if (j && !json_object_get(j, "versions"))
+			json_object_set_new(j, "versions", json_array());
+		if (j && message && message[0])
+			json_object_set_new(j, "message", json_string(message));
+		emit_json(j);
+		return 0;
+	}
+	if (!r || r->n_versions == 0) {
+		printf("no versions published from this daemon for job %s\n", c->argv[0]);
+		return 0;
+	}
+	for (size_t i = 0; i < r->n_versions; i++) {
+		const Dte__VersionRecord *v = r->versions[i];
+
+		printf("version=%" PRIu64 " step=%" PRId64 " mode=%s changed_pct=%.3f bytes=%" PRIu64
+		       " capture_ms=%.2f transfer_ms=%.2f apply_ms=%.2f checksum=%s sinks=%u",
+		       v->version, v->step, v->mode, v->changed_pct, v->bytes, v->capture_ms,
+		       v->transfer_ms, v->apply_ms, v->checksum, v->sinks);
+		if (v->note && v->note[0])
+			printf(" note=\"%s\"", v->note);
+		if (v->reason && v->reason[0])
+			printf(" reason=\"%s\"", v->reason);
+		putchar('\n');
+	}
+	return 0;
+}
+
+/* jobs: says so when there are none. */
+static int print_jobs(struct ctx *c, const ProtobufCMessage *body, const char *message)
+{
+	const Dte__JobsReply *r = (const Dte__JobsReply *)body;
+
+	if (c->json) {
+		json_t *j = dte_msg_to_json(body);
+
+		if (j && !json_object_get(j, "jobs"))
+			json_object_set_new(j, "jobs", json_array());
+		emit_json(j);
+		return 0;
+	}
+	if (!r || r->n_jobs == 0) {
+		printf("no jobs on this daemon\n");
+		return 0;
+	}
+	return print_generic(c, body, message);
+}
+
+static int parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!s[0] || s[0] == '-')
+		return -1;
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || *end || v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The sinks of a job that have not applied `version` yet, as
+ * "sink 3 (rank 0 replica 0 on n1) at 2, 1 behind; ..." into out. */
+static int sinks_behind(dte_t *h, const char *job, uint64_t version, char *out, size_t n)
+{
+	Dte__Request req = DTE__REQUEST__INIT;
+	Dte__JobRequest jr = DTE__JOB_REQUEST__INIT;
+	Dte__Response *resp = NULL;
+	size_t len = 0;
+	int behind = 0;
+
+	out[0] = 0;
+	jr.name = (char *)job;
+	req.cmd_case = DTE__REQUEST__CMD_JOB;
+	req.job = &jr;
+	if (dte__call(h, &req, &resp) < 0 || resp->body_case != DTE__RESPONSE__BODY_JOB) {
+		if (resp)
+			dte__response__free_unpacked(resp, NULL);
+		return -1;
+	}
+	for (size_t i = 0; i < resp->job->n_participants; i++) {
+		const Dte__ParticipantInfo *p = resp->job->participants[i];
+
+		if (strcmp(p->role, "sink") || p->version >= version)
+			continue;
+		behind++;
+		if (len < n)
+			len += (size_t)snprintf(out + len, n - len, "%ssink 0x%" PRIx64 " (rank %u "
+						"replica %u on %s) at version %" PRIu64 ", %" PRIu64
+						" behind", behind > 1 ? "; " : "", p->id, p->rank,
+						p->replica, p->node && p->node[0] ? p->node : "?",
+						p->version, version - p->version);
+	}
+	dte__response__free_unpacked(resp, NULL);
+	return behind;
+}
+
+/* wait JOB VERSION [TIMEOUT_MS]: asks the daemon in slices of at most a
+ * second, so that in between it can say which sink is behind (stderr);
+ * refuses to call a version applied when no sink is fed from here. */
+static int cmd_wait(struct ctx *c)
+{
+	const char *job = NULL, *pos[3];
+	uint64_t version = 0, timeout = 0, start, waited = 0;
+	int npos = 0, quiet = 0, rc;
+	dte_t *h;
+
+	for (int i = 0; i < c->argc; i++) {
+		if (!strcmp(c->argv[i], "-q") || !strcmp(c->argv[i], "--quiet"))
+			quiet = 1;
+		else if (npos < 3)
+			pos[npos++] = c->argv[i];
+		else
+			npos = 4;
+	}
+	if (npos < 2 || npos > 3)
+		return usage_fail("wait needs JOB and VERSION (usage: dtectl %s)", c->cmd->usage);
+	job = pos[0];
+	if (parse_u64(pos[1], UINT64_MAX, &version) || version == 0)
+		return usage_fail("wait: VERSION must be a positive integer, not \"%s\"", pos[1]);
+	if (npos == 3 && parse_u64(pos[2], UINT32_MAX, &timeout))
+		return usage_fail("wait: TIMEOUT_MS must be milliseconds, not \"%s\"", pos[2]);
+	if ((rc = connect_or_fail(c, &h)))
+		return rc;
+	start = now_ms();
+	for (;;) {
+		Dte__Request req = DTE__REQUEST__INIT;
+		Dte__WaitRequest wr = DTE__WAIT_REQUEST__INIT;
+		Dte__Response *resp = NULL;
+		uint64_t left = timeout > waited ? timeout - waited : 0;
+		char behind[1024], msg[1400];
+		int nb;
+
+		wr.job = (char *)job;
+		wr.version = version;
+		wr.timeout_ms = (uint32_t)(left > 1000 ? 1000 : left);
+		req.cmd_case = DTE__REQUEST__CMD_WAIT;
+		req.wait = &wr;
+		rc = dte__call(h, &req, &resp);
+		if (rc == 0) {
+			uint32_t sinks = resp->wait ? resp->wait->sinks : 0;
+
+			if (sinks == 0) {
+				snprintf(msg, sizeof(msg), "job %s: no sink is fed from this daemon, so no "
+					 "sink applied version %" PRIu64 " here (run wait on a daemon "
+					 "with a source of the job)", job, version);
+				rc = report(EXIT_FAILED, "no_sinks", msg);
+			} else {
+				rc = print_generic(c, &resp->wait->base, resp->message);
+			}
+			dte__response__free_unpacked(resp, NULL);
+			break;
+		}
+		if (rc != DTE_ERR_TIMEOUT) {
+			rc = fail(rc, dte_errmsg(h));
+			break;
+		}
+		/* The daemon's deadline (a reply) keeps the handle; the socket's
+		 * (the daemon did not answer) closed it, and the job query fails. */
+		snprintf(msg, sizeof(msg), "%s", dte_errmsg(h));
+		waited = now_ms() - start;
+		nb = sinks_behind(h, job, version, behind, sizeof(behind));
+		if (nb < 0) {
+			rc = fail(DTE_ERR_TIMEOUT, msg);
+			break;
+		}
+		if (waited < timeout) {
+			if (!quiet)
+				fprintf(stderr, "dtectl wait: job %s version %" PRIu64 ": %.1f s, %s\n",
+					job, version, (double)waited / 1000.0,
+					nb > 0 ? behind : "no sink reported behind yet");
+			continue;
+		}
+		snprintf(msg, sizeof(msg), "job %s: version %" PRIu64 " not applied by every sink "
+			 "within %" PRIu64 " ms%s%s", job, version, timeout, nb > 0 ? ": " : "",
+			 nb > 0 ? behind : "");
+		rc = report(EXIT_TIMEOUT, "timeout", msg);
+		break;
+	}
+	dte_close(h);
+	return rc;
+}
+
 /* Any daemon command: arguments fill the request message by descriptor,
  * the reply body prints by descriptor unless the command has a printer. */
 static int call_daemon(struct ctx *c, printer_fn print)
@@ -315,10 +647,15 @@ static int call_daemon(struct ctx *c, printer_fn print)
 	if (!sub)
 		return fail(DTE_ERR_NOMEM, NULL);
 	protobuf_c_message_init(rf->descriptor, sub);
-	if (dte_msg_from_args(sub, c->argc, c->argv, err, sizeof(err)) < 0) {
-		fprintf(stderr, "dtectl %s: %s (usage: dtectl %s)\n", c->cmd->name, err, c->cmd->usage);
+	if (c->argc < required_args(c->cmd)) {
 		free(sub);
-		return EXIT_USAGE;
+		return usage_fail("%s needs %d argument%s (usage: dtectl %s)", c->cmd->name,
+				  required_args(c->cmd), required_args(c->cmd) == 1 ? "" : "s",
+				  c->cmd->usage);
+	}
+	if (dte_msg_from_args(sub, c->argc, c->argv, err, sizeof(err)) < 0) {
+		free(sub);
+		return usage_fail("%s: %s (usage: dtectl %s)", c->cmd->name, err, c->cmd->usage);
 	}
 	*(ProtobufCMessage **)((char *)&req + rf->offset) = sub;
 	*(uint32_t *)((char *)&req + rf->quantifier_offset) = rf->id;
@@ -344,6 +681,44 @@ static int call_daemon(struct ctx *c, printer_fn print)
 	return rc;
 }
 
+/* plan and storage report on stderr; under --json their failure becomes
+ * the JSON error object too (its message: the first line they wrote). */
+static int run_local(struct ctx *c, int (*fn)(int, char **), int ac, char **av)
+{
+	FILE *saved = stderr, *mem;
+	char *buf = NULL, *line, *nl;
+	size_t len = 0;
+	int rc, json = c->json;
+
+	for (int i = 1; i < ac; i++)
+		json |= !strcmp(av[i], "--json");
+	if (!json || !(mem = open_memstream(&buf, &len)))
+		return fn(ac, av);
+	stderr = mem;
+	rc = fn(ac, av);
+	fflush(stdout);
+	fclose(mem);
+	stderr = saved;
+	if (buf && len)
+		fwrite(buf, 1, len, stderr);
+	if (rc) {
+		line = buf ? buf : "";
+		if ((nl = strchr(line, '\n')))
+			*nl = 0;
+		if (!strncmp(line, "dtectl ", 7) || !strncmp(line, "dte-storage: ", 13))
+			line = strchr(line, ':') ? strchr(line, ':') + 1 : line;
+		while (*line == ' ')
+			line++;
+		{   /* not report(): the message is on stderr already */
+			json_t *j = json_pack("{s:s, s:i, s:s}", "error", rc == EXIT_USAGE ? "usage" : "failed",
+					      "code", rc, "message", *line ? line : "failed");
+			emit_json(j);
+		}
+	}
+	free(buf);
+	return rc;
+}
+
 /* plan needs no daemon; it gets its own argv (argv[0] = "plan"). */
 static int cmd_plan(struct ctx *c)
 {
@@ -357,7 +732,7 @@ static int cmd_plan(struct ctx *c)
 		av[ac++] = "--json";
 	for (int i = 0; i < c->argc; i++)
 		av[ac++] = c->argv[i];
-	rc = dte_plan_cli(ac, av);
+	rc = run_local(c, dte_plan_cli, ac, av);
 	free(av);
 	return rc;
 }
@@ -409,7 +784,7 @@ static int cmd_storage(struct ctx *c)
 			av[ac++] = root;
 		av[ac++] = c->argv[i];
 	}
-	rc = dte_storage_cli(ac, av);
+	rc = run_local(c, dte_storage_cli, ac, av);
 	free(root);
 	free(av);
 	return rc;
@@ -423,6 +798,18 @@ static int cmd_generic(struct ctx *c)
 static int cmd_verify(struct ctx *c)
 {
 	return call_daemon(c, print_verify);
+}
+
+static int cmd_history(struct ctx *c)
+{
+	return call_daemon(c, print_history);
+}
+
+static int cmd_jobs(struct ctx *c)
+{
+	int rc = no_args(c);
+
+	return rc ? rc : call_daemon(c, print_jobs);
 }
 
 static int cmd_metrics(struct ctx *c)
@@ -449,6 +836,9 @@ static const struct {
 	{ "plan", cmd_plan },
 	{ "storage", cmd_storage },
 	{ "verify", cmd_verify },
+	{ "wait", cmd_wait },
+	{ "history", cmd_history },
+	{ "jobs", cmd_jobs },
 	{ "metrics", cmd_metrics },
 	{ "config", cmd_config },
 };
@@ -461,7 +851,7 @@ static int take_option(struct ctx *c, int argc, char **argv, int *i)
 	const char *a = argv[*i];
 
 	if (!strcmp(a, "--json") || !strcmp(a, "-j")) {
-		c->json = 1;
+		c->json = g_json = 1;
 		return 1;
 	}
 	if (!strncmp(a, "--socket=", 9)) {
@@ -469,10 +859,8 @@ static int take_option(struct ctx *c, int argc, char **argv, int *i)
 		return 1;
 	}
 	if (!strcmp(a, "--socket") || !strcmp(a, "-s")) {
-		if (*i + 1 >= argc) {
-			fprintf(stderr, "dtectl: %s needs a path\n", a);
-			return -1;
-		}
+		if (*i + 1 >= argc)
+			return -usage_fail("%s needs a path", a);
 		c->socket = argv[++*i];
 		return 1;
 	}
@@ -484,8 +872,13 @@ int main(int argc, char **argv)
 	struct ctx c = { 0 };
 	const char *name = NULL;
 	char **rest;
-	int i, nrest = 0;
+	int i, nrest = 0, want_help = 0, rc;
 
+	for (i = 1; i < argc; i++)   /* --json anywhere: usage errors as JSON too */
+		if (!strcmp(argv[i], "--json") || !strcmp(argv[i], "-j"))
+			g_json = 1;
+		else if (!strcmp(argv[i], "plan") || !strcmp(argv[i], "storage"))
+			break;
 	rest = calloc((size_t)argc + 1, sizeof(*rest));
 	if (!rest)
 		return fail(DTE_ERR_NOMEM, NULL);
@@ -497,19 +890,24 @@ int main(int argc, char **argv)
 			continue;
 		}
 		t = take_option(&c, argc, argv, &i);
-		if (t < 0)
-			goto usage_err;
+		if (t < 0) {
+			rc = EXIT_USAGE;
+			goto out;
+		}
 		if (t)
 			continue;
-		if (!name && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
-			name = "help";
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			if (!name)
+				name = "help";
+			else
+				want_help = 1;
 		} else if (!name && (!strcmp(argv[i], "--version") || !strcmp(argv[i], "-V"))) {
 			printf("dtectl %s (protocol %u)\n", DTE_VERSION, DTE_PROTO_VERSION);
-			free(rest);
-			return 0;
+			rc = 0;
+			goto out;
 		} else if (!name && argv[i][0] == '-') {
-			fprintf(stderr, "dtectl: unknown option '%s'\n", argv[i]);
-			goto usage_err;
+			rc = usage_fail("unknown option '%s' (try `dtectl --help`)", argv[i]);
+			goto out;
 		} else if (!name) {
 			name = argv[i];
 		} else {
@@ -518,21 +916,22 @@ int main(int argc, char **argv)
 	}
 	if (!name) {
 		usage(stderr);
-		free(rest);
-		return EXIT_USAGE;
+		rc = g_json ? usage_fail("no command given") : EXIT_USAGE;
+		goto out;
 	}
 	c.argc = nrest;
 	c.argv = rest;
-	int rc;
-
 	if (!strcmp(name, "help")) {
-		rc = cmd_help(&c);
+		rc = want_help ? help_for("help") : cmd_help(&c);
 		goto out;
 	}
 	c.cmd = dte_cmd_by_name(name);
 	if (!c.cmd) {
-		fprintf(stderr, "dtectl: unknown command '%s' (try `dtectl help`)\n", name);
-		rc = EXIT_USAGE;
+		rc = usage_fail("unknown command '%s' (try `dtectl help`)", name);
+		goto out;
+	}
+	if (want_help) {
+		rc = help_for(name);
 		goto out;
 	}
 	for (size_t k = 0; k < sizeof(client_cmds) / sizeof(client_cmds[0]); k++) {
@@ -542,15 +941,11 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!(c.cmd->flags & DTE_CMD_DAEMON)) {
-		fprintf(stderr, "dtectl: %s is not available in this build\n", name);
-		rc = EXIT_FAILED;
+		rc = report(EXIT_FAILED, "unavailable", "this command is not available in this build");
 		goto out;
 	}
 	rc = cmd_generic(&c);
 out:
 	free(rest);
 	return rc;
-usage_err:
-	free(rest);
-	return EXIT_USAGE;
 }

@@ -114,10 +114,31 @@ json_t *dte_msg_to_json(const ProtobufCMessage *m)
 	return o;
 }
 
+/* Ids and epochs print in hex, the digits the daemon's log prints (with
+ * 0x, which arguments accept back); spec hashes as `dtectl plan` prints
+ * them.  JSON keeps every number a number. */
+static const char *hex_format(const ProtobufCFieldDescriptor *fd)
+{
+	if (fd->type != PROTOBUF_C_TYPE_UINT64 && fd->type != PROTOBUF_C_TYPE_FIXED64)
+		return NULL;
+	if (!strcmp(fd->name, "id") || !strcmp(fd->name, "epoch") ||
+	    !strcmp(fd->name, "participant") || !strcmp(fd->name, "sink"))
+		return "0x%" PRIx64;
+	if (!strcmp(fd->name, "spec_hash"))
+		return "%016" PRIx64;
+	return NULL;
+}
+
 static void print_scalar(FILE *f, const ProtobufCFieldDescriptor *fd, const void *p)
 {
-	json_t *j = scalar_json(fd, p);
+	const char *hex = hex_format(fd);
+	json_t *j;
 
+	if (hex) {
+		fprintf(f, hex, *(const uint64_t *)p);
+		return;
+	}
+	j = scalar_json(fd, p);
 	if (json_is_string(j))
 		fputs(json_string_value(j), f);
 	else if (json_is_integer(j) && (fd->type == PROTOBUF_C_TYPE_UINT64 ||

@@ -193,6 +193,8 @@ int dte_layout_load_json(struct dte_layout *l, const struct dte_spec *spec,
 
 	snprintf(l->desc, sizeof(l->desc), "json:%s", path);
 	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root && json_error_code(&jerr) == json_error_cannot_open_file)
+		return dte_layout_err(err, errlen, "%s", jerr.text);
 	if (!root)
 		return dte_layout_err(err, errlen, "%s: malformed JSON at line %d: %s", path, jerr.line, jerr.text);
 	if (!json_is_object(root)) {

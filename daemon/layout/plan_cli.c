@@ -127,6 +127,16 @@ static int plan_parse(struct plan_args *a, int argc, char **argv)
 		fprintf(stderr, "dtectl plan: --model, --source and --sink are required\n");
 		return -1;
 	}
+	if (a->dump && !a->json) {
+		fprintf(stderr, "dtectl plan: --dump-entries needs --json (the entries are listed "
+			"in the JSON output)\n");
+		return -1;
+	}
+	if (dte_layout_desc_sharded(a->source) && !a->shards) {
+		fprintf(stderr, "dtectl plan: source %s needs --shards FILE (what each rank's "
+			"optimizer holds, lines \"rank group lo hi name d0[,d1..]\")\n", a->source);
+		return -1;
+	}
 	return 0;
 }
 

@@ -377,6 +377,8 @@ int dte_spec_load_file(struct dte_spec *spec, const char *path,
 
 	memset(spec, 0, sizeof(*spec));
 	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root && json_error_code(&jerr) == json_error_cannot_open_file)
+		return spec_err(err, errlen, "%s", jerr.text);   /* "unable to open PATH: OS error" */
 	if (!root)
 		return spec_err(err, errlen, "%s: malformed JSON at line %d: %s",
 				path, jerr.line, jerr.text);

@@ -15,31 +15,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include "daemon/storage/cli_int.h"
 #include "daemon/storage/storage_int.h"
 #include "daemon/storage/storage_cli.h"
 
+/* "dte-storage", or "dtectl storage" when dtectl runs it (argv[0] "storage"). */
+static const char *prog = "dte-storage";
+
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: dte-storage write ROOT JOB (--spec F | --config F) --version N\n"
+		"usage: %1$s write ROOT JOB (--spec F | --config F) --version N\n"
 		"                         [--delta F] [--dense F] [--keyframe] [--keyframe-every N]\n"
 		"                         [--max-chunk BYTES] [--zlevel 1-3]\n"
-		"       dte-storage read ROOT JOB (--spec F | --config F) [--name R] [--state F]\n"
+		"       %1$s read ROOT JOB (--spec F | --config F) [--name R] [--state F]\n"
 		"                         [--watch inotify|poll|none] [--interval-ms N] [--until V]\n"
 		"                         [--timeout S]\n"
-		"       dte-storage ls ROOT JOB [--stale-after S] [--json]\n"
-		"       dte-storage gc ROOT JOB [--keep K] [--keep-keyframes M] [--stale-after S]\n"
+		"       %1$s ls ROOT JOB [--stale-after S] [--json]\n"
+		"       %1$s gc ROOT JOB [--keep K] [--keep-keyframes M] [--stale-after S]\n"
 		"                         [--dry-run] [--json]\n"
-		"       dte-storage verify ROOT JOB [--spec F | --config F] [--json]\n"
-		"       dte-storage keyframe ROOT JOB   (the writing dted makes its next\n"
+		"       %1$s verify ROOT JOB [--spec F | --config F] [--json]\n"
+		"       %1$s keyframe ROOT JOB   (the writing dted makes its next\n"
 		"                         version a keyframe)\n"
 		"  --spec F: JSON {\"tensors\":[{\"name\":..,\"numel\":..},..][,\"spec_hash\":\"hex16\"]}\n"
 		"  --config F: a Hugging Face config.json (the model spec of dted)\n"
 		"  --delta F: \"DTSD1\\0\\0\\0\" u32 ntensors u32 0, per tensor u64 count,\n"
 		"             u64 positions[count], u16 values[count] (little-endian)\n"
-		"  --dense F: all tensors' BF16 values, in spec order\n");
+		"  --dense F: all tensors' BF16 values, in spec order\n", prog);
 }
 
 static int parse_num(const char *opt, const char *v, double lo, double hi, double *out)
@@ -226,6 +230,14 @@ static int cmd_ls(struct cli *c)
 	size_t nk = 0;
 	double now = dts_now();
 
+	struct stat st;
+
+	/* A root that is not there is a mistake, not a job without versions
+	 * (a job directory not written yet is: versions=0). */
+	if (stat(c->pos[0], &st) < 0)
+		return cli_err("ls: %s: %s", c->pos[0], strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return cli_err("ls: %s: not a directory", c->pos[0]);
 	if (dts_catalog_load(&cat, c->pos[0], c->pos[1], c->stale_after, err, sizeof(err)))
 		return cli_err("ls: %s", err);
 	if (c->json) {
@@ -348,6 +360,7 @@ int dte_storage_cli(int argc, char **argv)
 	struct cli c;
 	int rc;
 
+	prog = argc > 0 && !strcmp(argv[0], "storage") ? "dtectl storage" : "dte-storage";
 	if ((rc = parse_args(&c, argc, argv)) != 0)
 		return rc > 0 ? 0 : 2;
 	if (!strcmp(c.sub, "ls"))

@@ -239,9 +239,11 @@ def check_commands(c, ctl, tmp, cfg):
     rc, j, _ = ctl.js("job", JOB)
     c.check(rc == 0 and sorted(p["role"] for p in j["participants"]) ==
             ["sink", "sink", "source"], "job --json: one source, two sinks")
-    rc, kv, _, _ = ctl.human("history", JOB)
-    c.check(rc == 0 and kv.get("versions[0].mode") == "dense" and
-            kv.get("versions[1].mode") == "sparse", "history: v1 dense, v2 sparse")
+    rc, _, out, _ = ctl.human("history", JOB)
+    # One `version=V ... mode=M ...` line per version (dtectl(8)).
+    rows = [dict(kv.split("=", 1) for kv in ln.split() if "=" in kv) for ln in out.splitlines()]
+    c.check(rc == 0 and len(rows) >= 2 and rows[0].get("mode") == "dense" and
+            rows[1].get("mode") == "sparse", "history: v1 dense, v2 sparse, one line each")
     rc, j, _ = ctl.js("history", JOB, "2")
     c.check(rc == 0 and len(j["versions"]) == 2 and "changed_pct" in j["versions"][0],
             "history --json with a limit")
@@ -311,7 +313,7 @@ def check_resync(c, ctl, run):
     c.check(history_modes(ctl).get(run.v) == "dense", "after resync v%d dense" % run.v)
     run.version()
     c.check(history_modes(ctl).get(run.v) == "sparse", "then sparse again (v%d)" % run.v)
-    # The id as the human output prints it (unsigned decimal).
+    # The id as the human output prints it (0x hex, as the log), taken back by resync.
     rc, kv, _, _ = ctl.human("job", JOB)
     sink = [kv[k[:-4] + "id"] for k, v in kv.items() if k.endswith("].role") and v == "sink"][0]
     rc, j, err = ctl.js("resync", JOB, sink)

@@ -83,6 +83,36 @@ static void test_nested_oneof_and_enum(void **state)
 	json_decref(j);
 }
 
+/* Ids and epochs print in hex (0x, the log's digits), spec hashes as 16
+ * hex digits; JSON keeps them numbers; arguments take the hex back. */
+static void test_ids_in_hex(void **state)
+{
+	Dte__JobReply jr = DTE__JOB_REPLY__INIT;
+	Dte__ParticipantInfo p = DTE__PARTICIPANT_INFO__INIT, *ps[1] = { &p };
+	Dte__ResyncRequest rq = DTE__RESYNC_REQUEST__INIT;
+	char *argv[] = { "job1", "0x5a0b1b3200000003" };
+	char err[128], *text;
+	json_t *j;
+
+	jr.epoch = 0x7802737de1000002ull;
+	jr.spec_hash = 0xabcull;
+	jr.n_participants = 1;
+	jr.participants = ps;
+	p.id = 0x5a0b1b3200000003ull;
+	p.version = 12;
+	text = print_to_string(&jr.base);
+	assert_non_null(strstr(text, "epoch: 0x7802737de1000002\n"));
+	assert_non_null(strstr(text, "spec_hash: 0000000000000abc\n"));
+	assert_non_null(strstr(text, "participants[0].id: 0x5a0b1b3200000003\n"));
+	assert_non_null(strstr(text, "participants[0].version: 12\n"));
+	free(text);
+	j = dte_msg_to_json(&jr.base);
+	assert_true(json_integer_value(json_object_get(j, "epoch")) == 0x7802737de1000002ll);
+	json_decref(j);
+	assert_int_equal(dte_msg_from_args(&rq.base, 2, argv, err, sizeof(err)), 0);
+	assert_true(rq.sink == 0x5a0b1b3200000003ull);
+}
+
 static void test_from_args(void **state)
 {
 	Dte__HelloRequest h = DTE__HELLO_REQUEST__INIT;
@@ -125,6 +155,7 @@ int main(void)
 		cmocka_unit_test(test_text_and_json),
 		cmocka_unit_test(test_nested_oneof_and_enum),
 		cmocka_unit_test(test_from_args),
+		cmocka_unit_test(test_ids_in_hex),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
