@@ -42,8 +42,10 @@ done
 # (dte.demo.asan_reexec's rule).
 asan=$(ldd "$B/lib/libdte.so.0" | sed -n 's/.*libasan\.so[^ ]* => \([^ ]*\).*/\1/p')
 py() { # ENV... -- run python with the ASan preload when needed, from $T
+	# env's own options (-u NAME) must come first: the preload goes into
+	# the environment env starts from, not after them
 	(cd "$T" && if [ -n "$asan" ]; then
-		env LD_PRELOAD="$asan" ASAN_OPTIONS=detect_leaks=0 "$@"
+		LD_PRELOAD="$asan" ASAN_OPTIONS=detect_leaks=0 env "$@"
 	else env "$@"; fi)
 }
 
