@@ -37,6 +37,21 @@ from dte import demo  # noqa: E402  (stdlib only: safe before the ASan re-exec)
 # caller's ASAN_OPTIONS so child_env can hand daemons and tools the
 # caller's environment back without the preload.
 
+VLLM_PY = "/opt/dted-vllm/bin/python"
+
+
+def venv_reexec(python, what="scripts/install-deps.sh makes it"):
+    """Run this script again under `python` (a venv's interpreter) unless
+    it already runs there; a missing venv is a failure, never a skip."""
+    venv = os.path.dirname(os.path.dirname(python))
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
+        return
+    if not os.access(python, os.X_OK):
+        print("FAIL: %s is missing: %s" % (python, what))
+        sys.exit(1)
+    os.execv(python, [python] + sys.argv)
+
+
 def asan_preload_reexec(guard):
     """When B is an ASan build, run this script again with the ASan runtime
     preloaded (leak checks off for Python itself); guard names the variable

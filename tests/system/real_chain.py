@@ -22,17 +22,13 @@ vLLM venv (/opt/dted-vllm, which carries megatron-core too); never skips.
 import os
 import sys
 
-VENV_PY = os.environ.get("DTE_VLLM_PYTHON", "/opt/dted-vllm/bin/python")
-VENV = os.path.dirname(os.path.dirname(VENV_PY))
-if __name__ == "__main__" and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
-    if not os.access(VENV_PY, os.X_OK):
-        print("FAIL: %s is missing: scripts/install-deps.sh makes the vLLM venv" % VENV_PY)
-        sys.exit(1)
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
+
+if __name__ == "__main__":
+    harness.venv_reexec(os.environ.get("DTE_VLLM_PYTHON", harness.VLLM_PY))
 
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [HERE, harness.PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])

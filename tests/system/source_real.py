@@ -43,17 +43,11 @@ import sys
 import tempfile
 import time
 
-VENV_PY = os.environ.get("DTE_HF5_PYTHON", "/opt/dted-vllm/bin/python")
-VENV = os.path.dirname(os.path.dirname(VENV_PY))
-if __name__ == "__main__" and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
-    if not os.access(VENV_PY, os.X_OK):
-        print("FAIL: %s (transformers 5, torch 2.x) is not installed; scripts/install-deps.sh "
-              "installs it" % VENV_PY)
-        sys.exit(1)
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+
+if __name__ == "__main__":   # transformers 5, torch 2.x
+    harness.venv_reexec(os.environ.get("DTE_HF5_PYTHON", harness.VLLM_PY))
 
 import torch  # noqa: E402
 

@@ -79,6 +79,21 @@ def save_bf16(model, path):
     return path
 
 
+def train_step(model, opt, g, vocab, batch=4, seq=24):
+    """One real AdamW step of the HF model on a random token batch."""
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    opt.zero_grad()
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    return float(out.loss)
+
+
+def hf_state(model):
+    """RNE(θ) of the model's parameters, by HF name."""
+    return {n: rne_bf16(p) for n, p in model.named_parameters()}
+
+
 # ---- HF (transformers 5) -> vLLM per-rank parameters --------------------------------
 
 def hf_to_vllm(hf, cfg, tp):

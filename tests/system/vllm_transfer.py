@@ -40,19 +40,15 @@ Prints `vllm-backend: versions=V exact=V/V`.
 import os
 import sys
 
-VENV_PY = os.environ.get("DTE_VLLM_PYTHON", "/opt/dted-vllm/bin/python")
-VENV = os.path.dirname(os.path.dirname(VENV_PY))
-if __name__ == "__main__" and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
-    if not os.access(VENV_PY, os.X_OK):
-        print("FAIL: %s is missing: scripts/install-deps.sh makes the vLLM venv" % VENV_PY)
-        sys.exit(1)
-    os.execv(VENV_PY, [VENV_PY] + sys.argv)
 
 import tempfile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
+
+if __name__ == "__main__":
+    harness.venv_reexec(os.environ.get("DTE_VLLM_PYTHON", harness.VLLM_PY))
 
 # The plugin entry point, as an installed dte would declare it.
 PLUGIN_DIR = tempfile.mkdtemp(prefix="dte-vllm-plugin-")
@@ -84,19 +80,6 @@ import vllm_real_lib as vl  # noqa: E402
 
 VERSIONS = int(os.environ.get("DTE_VLLM_BACKEND_VERSIONS", "5"))
 LR = 2e-3
-
-
-def train_step(model, opt, g, vocab, batch=4, seq=24):
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    opt.zero_grad()
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    opt.step()
-    return float(out.loss)
-
-
-def hf_state(model):
-    return {n: vl.rne_bf16(p) for n, p in model.named_parameters()}
 
 
 def main():
@@ -153,7 +136,7 @@ def main():
         g = torch.Generator().manual_seed(5)
         for v in range(1, VERSIONS + 1):
             tag = "v%d" % v
-            loss = train_step(model, opt, g, cfgd["vocab_size"])
+            loss = vl.train_step(model, opt, g, cfgd["vocab_size"])
             t1 = time.time()
             got_v = trainer.send_weights()     # finish also resets the prefix cache
             dt = time.time() - t1
@@ -161,7 +144,7 @@ def main():
             c.check(got_v == v and llm.get_weight_version() == str(v),
                     "%s: send_weights -> %s, engine weight_version %r"
                     % (tag, got_v, llm.get_weight_version()))
-            want = vl.hf_to_vllm(hf_state(model), cfgd, 1)
+            want = vl.hf_to_vllm(vl.hf_state(model), cfgd, 1)
             res = llm.collective_rpc(vl.worker_check,
                                      args=({r: vl.pack(w) for r, w in want.items()},))
             packed = llm.collective_rpc(vl.worker_packed_is_live)
@@ -203,7 +186,7 @@ def main():
             err = "%s: %s" % (type(e).__name__, str(e)[:160])
         c.check(err is not None, "update_weights of a version never published raises "
                                  "(stage timed out): %s" % err)
-        want = vl.hf_to_vllm(hf_state(model), cfgd, 1)
+        want = vl.hf_to_vllm(vl.hf_state(model), cfgd, 1)
         (rank, checked, bad), = llm.collective_rpc(
             vl.worker_check, args=({r: vl.pack(w) for r, w in want.items()},))
         c.check(not bad and checked == len(want[0]),
