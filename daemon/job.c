@@ -85,7 +85,7 @@ static void waiter_unpark(const struct jwaiter *w)
 static int waiter_try(struct jwaiter *w, int expired)
 {
 	struct job *j = job_find(w->job);
-	char msg[640];
+	char msg[1024];
 
 	if (!j) {
 		reply_deferred(w, -ENOENT, "job vanished", 0, NULL);
@@ -107,9 +107,11 @@ static int waiter_try(struct jwaiter *w, int expired)
 			/* Decided before l goes: jlocal_remove frees it. */
 			int rc = !l ? -ENOENT : l->refused[0] ? -EINVAL : -ETIMEDOUT;
 
-			snprintf(msg, sizeof(msg), "attach to job %s refused: %s", j->name,
+			snprintf(msg, sizeof(msg), "attach to job %s refused: %s%s%s", j->name,
 				 !l ? "participant gone" : l->refused[0] ? l->refused :
-				 "the coordinator did not answer in time");
+				 "the coordinator did not answer in time",
+				 l && !l->refused[0] && j->refusal_hint[0] ? "; " : "",
+				 l && !l->refused[0] ? j->refusal_hint : "");
 			if (l) {
 				jlocal_remove(j, l);
 				job_send_join(j);
@@ -952,7 +954,21 @@ static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dte
 static void on_refused(const char *from, const Dtep__Refused *m)
 {
 	struct job *j = job_find(m->job);
+	char why[160];
 
+	if (j && strcmp(from, route_self_node()) &&
+	    job_auth_check_refused(j, from, m, why, sizeof(why)) < 0) {
+		/* Not from a holder of the key: nothing changes.  Kept as a
+		 * hint for an attach that times out (a peer with another
+		 * token answers so). */
+		j->refused++;
+		snprintf(j->refusal_hint, sizeof(j->refusal_hint),
+			 "%s answered with a REFUSED that does not verify under this job's key "
+			 "(does it hold the same token?): %.160s", from, m->reason);
+		DLOG_N("job %s: REFUSED of our record %d from %s not acted on (%s); it said: %s",
+		       j->name, (int)m->type, from, why, m->reason);
+		return;
+	}
 	DLOG_W("peer %s refused our record %d for job %s: %s", from, (int)m->type, m->job, m->reason);
 	if (!j)
 		return;

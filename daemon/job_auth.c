@@ -47,17 +47,37 @@ int job_auth_seal(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const voi
 		  size_t len, uint8_t mac[32])
 {
 	Dtep__JobRef *ref = peer_auth_ref(msg);
+	const char *name = ref ? ref->job : NULL;
 	struct job *j;
 	int rc;
 
-	if (!ref || !ref->job || !(j = job_find(ref->job)) || !j->auth)
-		return 0;	/* REFUSED names its job as a string: not sealed */
-	if (ref->token && *ref->token) {
+	/* A REFUSED names its job as a string and is sealed when this daemon
+	 * holds that job (a refusal of an unknown job cannot be). */
+	if (msg && msg->descriptor == &dtep__refused__descriptor)
+		name = ((const Dtep__Refused *)msg)->job;
+	if (!name || !(j = job_find(name)) || !j->auth)
+		return 0;
+	if (ref && ref->token && *ref->token) {
 		DLOG_E("job %s: a record to send carries the token (bug): not sent", j->name);
 		return -EPERM;
 	}
 	rc = peer_auth_mac(j->auth_key, type, msg, data, len, mac);
 	return rc < 0 ? rc : 1;
+}
+
+static int auth_refuse(struct job *j, const char *from, Dtep__PeerMsgType type, size_t len,
+		       int rc, char *why, size_t whylen)
+{
+	j->auth_refused++;
+	dmetrics_add(DM_REFUSED, "auth", 1);
+	snprintf(why, whylen, "wrong token: %s",
+		 rc == -ENOKEY ? "the record carries no MAC of the job key (peer auth is on)" :
+		 rc == -EBADMSG ? "the record's MAC does not verify under the job key" :
+		 "the record's MAC cannot be checked");
+	DLOG_W("job %s: %s record from %s refused by peer auth (%zu data bytes): %s", j->name,
+	       dtep__peer_msg_type__descriptor.values[type < dtep__peer_msg_type__descriptor.n_values ?
+						      type : 0].name, from, len, why);
+	return -EACCES;
 }
 
 int job_auth_check(struct job *j, const char *from, Dtep__PeerMsgType type,
@@ -74,16 +94,16 @@ int job_auth_check(struct job *j, const char *from, Dtep__PeerMsgType type,
 		return -EACCES;
 	}
 	rc = peer_auth_check(j->auth_key, type, msg, data, len);
-	if (!rc)
+	return rc ? auth_refuse(j, from, type, len, rc, why, whylen) : 0;
+}
+
+int job_auth_check_refused(struct job *j, const char *from, const Dtep__Refused *m, char *why,
+			   size_t whylen)
+{
+	int rc;
+
+	if (!j->auth)
 		return 0;
-	j->auth_refused++;
-	dmetrics_add(DM_REFUSED, "auth", 1);
-	snprintf(why, whylen, "wrong token: %s",
-		 rc == -ENOKEY ? "the record carries no MAC of the job key (peer auth is on)" :
-		 rc == -EBADMSG ? "the record's MAC does not verify under the job key" :
-		 "the record's MAC cannot be checked");
-	DLOG_W("job %s: %s record from %s refused by peer auth (%zu data bytes): %s", j->name,
-	       dtep__peer_msg_type__descriptor.values[type < dtep__peer_msg_type__descriptor.n_values ?
-						      type : 0].name, from, len, why);
-	return -EACCES;
+	rc = peer_auth_check(j->auth_key, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m->base, NULL, 0);
+	return rc ? auth_refuse(j, from, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, 0, rc, why, whylen) : 0;
 }

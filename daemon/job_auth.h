@@ -7,7 +7,8 @@
  * (job_auth_check, from job.c's check_ref) before any handler reads it:
  * no MAC, or one that does not verify, and the record is refused, logged
  * and counted (the job's refused and auth_refused, dted_refused_total
- * {reason="auth"}), nothing else changes.  Records between a daemon's own
+ * {reason="auth"}), nothing else changes.  REFUSED records are sealed
+ * and checked too (job_auth_check_refused).  Records between a daemon's own
  * roles never leave the process and carry none.
  *
  * The operator turns auth off for jobs on fabrics they trust: conf
@@ -42,5 +43,13 @@ int job_auth_seal(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const voi
 int job_auth_check(struct job *j, const char *from, Dtep__PeerMsgType type,
 		   const ProtobufCMessage *msg, const void *data, size_t len, char *why,
 		   size_t whylen);
+
+/* A REFUSED of one of our records for j from daemon `from`: 0 when it may
+ * be acted on (auth off for j: anyone may send one; auth on: its MAC
+ * verifies under j's key), else -EACCES with the reason in why (counted
+ * here).  An unverified refusal is a forgery, or a peer that holds
+ * another token: it changes nothing but a hint (job.c, on_refused). */
+int job_auth_check_refused(struct job *j, const char *from, const Dtep__Refused *m, char *why,
+			   size_t whylen);
 
 #endif

@@ -325,6 +325,10 @@ struct job {
 	uint8_t auth_key[PEER_AUTH_KEYBYTES];
 	uint8_t auth_nonce[PEER_AUTH_NONCEBYTES];
 	uint64_t auth_refused;
+	/* The newest REFUSED of our records that did not verify: not acted
+	 * on (a forgery, or a peer with another token), named in the error
+	 * of an attach that then times out (job.c). */
+	char refusal_hint[384];
 	char coordinator[JOB_ADDR_MAX];
 	char transport[16];
 	struct jstore *store;     /* transport storage/both (job_storage.c) */

@@ -254,30 +254,29 @@ static const struct route_transport local_transport = {
 
 /* Pack msg into stackbuf or a malloc'ed buffer (*hdr); a record leaving
  * for another daemon is sealed first (route_set_sealer): packed with its
- * MAC in its JobRef, the caller's record left as it was. */
+ * MAC (peer_auth_mac_field), the caller's record left as it was. */
 static int pack(int remote, Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
 		size_t len, uint8_t *stackbuf, size_t stacklen, uint8_t **hdr, size_t *hdrlen)
 {
-	Dtep__JobRef *ref = NULL;
-	ProtobufCBinaryData keep = { 0, NULL };
+	ProtobufCBinaryData *field = NULL, keep = { 0, NULL };
 	uint8_t mac[PEER_AUTH_MACBYTES];
 	int rc;
 
 	if (remote && seal_fn) {
 		if ((rc = seal_fn(type, msg, data, len, mac)) < 0)
 			return rc;
-		if (rc > 0 && (ref = peer_auth_ref(msg))) {
-			keep = ref->mac;
-			ref->mac.data = mac;
-			ref->mac.len = sizeof(mac);
+		if (rc > 0 && (field = peer_auth_mac_field(msg))) {
+			keep = *field;
+			field->data = mac;
+			field->len = sizeof(mac);
 		}
 	}
 	*hdrlen = protobuf_c_message_get_packed_size(msg);
 	*hdr = *hdrlen <= stacklen ? stackbuf : malloc(*hdrlen);
 	if (*hdr)
 		protobuf_c_message_pack(msg, *hdr);
-	if (ref)
-		ref->mac = keep;
+	if (field)
+		*field = keep;
 	return *hdr ? 0 : -ENOMEM;
 }
 

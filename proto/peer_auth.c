@@ -42,29 +42,38 @@ Dtep__JobRef *peer_auth_ref(const ProtobufCMessage *msg)
 	return *(Dtep__JobRef **)((char *)msg + f->offset);
 }
 
+ProtobufCBinaryData *peer_auth_mac_field(const ProtobufCMessage *msg)
+{
+	Dtep__JobRef *ref;
+
+	if (msg && msg->descriptor == &dtep__refused__descriptor)
+		return &((Dtep__Refused *)msg)->mac;
+	ref = peer_auth_ref(msg);
+	return ref ? &ref->mac : NULL;
+}
+
 int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		  const ProtobufCMessage *msg, const void *data, size_t len,
 		  uint8_t mac[PEER_AUTH_MACBYTES])
 {
-	Dtep__JobRef *ref = peer_auth_ref(msg);
-	ProtobufCBinaryData keep;
+	ProtobufCBinaryData *field = peer_auth_mac_field(msg), keep;
 	crypto_generichash_state st;
 	uint8_t stackbuf[512], *hdr, le[8];
 	size_t hdrlen;
 
-	if (!ref)
+	if (!field)
 		return -EINVAL;
-	keep = ref->mac;
-	ref->mac.len = 0;
-	ref->mac.data = NULL;
+	keep = *field;
+	field->len = 0;
+	field->data = NULL;
 	hdrlen = protobuf_c_message_get_packed_size(msg);
 	hdr = hdrlen <= sizeof(stackbuf) ? stackbuf : malloc(hdrlen);
 	if (!hdr) {
-		ref->mac = keep;
+		*field = keep;
 		return -ENOMEM;
 	}
 	protobuf_c_message_pack(msg, hdr);
-	ref->mac = keep;
+	*field = keep;
 	crypto_generichash_init(&st, key, PEER_AUTH_KEYBYTES, PEER_AUTH_MACBYTES);
 	crypto_generichash_update(&st, (const unsigned char *)tag, sizeof(tag));
 	for (int i = 0; i < 4; i++)
@@ -104,15 +113,15 @@ int peer_auth_seal(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type, Protobu
 int peer_auth_check(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		    const ProtobufCMessage *msg, const void *data, size_t len)
 {
-	Dtep__JobRef *ref = peer_auth_ref(msg);
+	const ProtobufCBinaryData *field = peer_auth_mac_field(msg);
 	uint8_t want[PEER_AUTH_MACBYTES];
 	int rc;
 
-	if (!ref)
+	if (!field)
 		return -EINVAL;
-	if (ref->mac.len != PEER_AUTH_MACBYTES || !ref->mac.data)
+	if (field->len != PEER_AUTH_MACBYTES || !field->data)
 		return -ENOKEY;
 	if ((rc = peer_auth_mac(key, type, msg, data, len, want)) < 0)
 		return rc;
-	return crypto_verify_32(want, ref->mac.data) == 0 ? 0 : -EBADMSG;
+	return crypto_verify_32(want, field->data) == 0 ? 0 : -EBADMSG;
 }

@@ -4,7 +4,8 @@
  * The key is BLAKE2b-256 of "dted-job", the job name and its token, each
  * NUL-terminated: every daemon the user gave the token derives it, and
  * nothing on the wire shows it.  Every job record (field 1 is its JobRef)
- * carries JobRef.mac: keyed BLAKE2b-256 (libsodium crypto_generichash)
+ * carries JobRef.mac, and a REFUSED of a job the refuser holds carries
+ * Refused.mac: keyed BLAKE2b-256 (libsodium crypto_generichash)
  * over a domain tag, the record type, the record packed with an empty mac
  * and, for PAYLOAD, the data's length and bytes.  The receiver repacks
  * what it decoded with the mac emptied and compares in constant time, so
@@ -36,7 +37,11 @@ void peer_auth_random(void *buf, size_t len);
  * (REFUSED) or without it set. */
 Dtep__JobRef *peer_auth_ref(const ProtobufCMessage *msg);
 
-/* The MAC of a record (its JobRef's mac is ignored: emptied for the
+/* Where a record's MAC goes: its JobRef's mac, or a REFUSED's own mac;
+ * NULL for a record with neither. */
+ProtobufCBinaryData *peer_auth_mac_field(const ProtobufCMessage *msg);
+
+/* The MAC of a record (its MAC field is ignored: emptied for the
  * computation, then restored).  0 or -ENOMEM. */
 int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		  const ProtobufCMessage *msg, const void *data, size_t len,
@@ -50,7 +55,7 @@ int peer_auth_seal(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type, Protobu
 
 /* Check a received record's MAC: 0 when it verifies, -ENOKEY when the
  * record carries none (or one of the wrong size), -EBADMSG when it does
- * not verify, -EINVAL without a JobRef, -ENOMEM. */
+ * not verify, -EINVAL without a MAC field, -ENOMEM. */
 int peer_auth_check(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		    const ProtobufCMessage *msg, const void *data, size_t len);
 

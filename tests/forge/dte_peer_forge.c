@@ -21,6 +21,10 @@
  *                                     (no participants, no entries)
  *   "staged job=J token=T version=V src=S dst=D"
  *   "applied job=J token=T version=V dst=D result=N message=TEXT"
+ *   "refused job=J token=T [type=N] reason=TEXT"
+ *                                     (a refusal of our record of type N,
+ *                                      default JOIN: sealed under (J, T),
+ *                                      token= empty: no MAC)
  *   "raw type=N hex=0a03..."          (bytes no encoder would produce)
  *   "encode out=FILE [entries=..] [box=..] [chunk=..] [truncate=..] [corrupt=..]"
  *                                     (payload data into FILE, nothing sent:
@@ -396,6 +400,26 @@ static int send_record(const char *type, struct kv *f, char *err, size_t errlen)
 		m.dst = getu(f, "dst", 0);
 		m.result = (Dtep__ApplyResult)getu(f, "result", 0);
 		m.message = (char *)get(f, "message", "");
+		packed = pack(t, &m.base, f, data, dlen, &plen);
+	} else if (!strcmp(type, "refused")) {
+		Dtep__Refused m = DTEP__REFUSED__INIT;
+		uint8_t key[PEER_AUTH_KEYBYTES], mac[PEER_AUTH_MACBYTES];
+
+		/* Sealed as a daemon holding (job, token) seals it; token=
+		 * empty: no MAC. */
+		t = DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED;
+		m.job = ref.job;
+		m.type = (Dtep__PeerMsgType)getu(f, "type", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN);
+		m.reason = (char *)get(f, "reason", "");
+		if (*ref.token) {
+			peer_auth_key(key, ref.job, ref.token);
+			if (peer_auth_mac(key, t, &m.base, NULL, 0, mac) < 0) {
+				snprintf(err, errlen, "refused: cannot seal");
+				return -ENOMEM;
+			}
+			m.mac.data = mac;
+			m.mac.len = sizeof(mac);
+		}
 		packed = pack(t, &m.base, f, data, dlen, &plen);
 	} else if (!strcmp(type, "raw")) {
 		const char *hex = get(f, "hex", "");

@@ -18,11 +18,20 @@ peer sent, and what anyone who saw one JOIN could replay).
 - auth off for the job (conf [peer] auth_off_jobs): the same records with
   the token in clear are NOT refused by the entry check (none counted as
   auth, the sink's own checks meet them): the MAC is what refuses them.
-Final lines: `auth: forged=N refused=N` and `auth-off: forged=N refused=0`.
+- REFUSED records are sealed too: a sink's attach pending on a coordinator
+  that does not hold the job yet meets REFUSED records that do not verify
+  under the job key (the coordinator's own `unknown job`, which it cannot
+  seal, one under a guessed token's key, one with no MAC): none is acted
+  on, each is counted as an auth refusal, and the attach lands once the
+  coordinator holds the job.  A REFUSED sealed under the real key is
+  acted on: a pending attach fails with its reason.
+Final lines: `auth: forged=N refused=N`, `auth-off: forged=N refused=0` and
+`auth-refusals: unverified=N acted_on=0 sealed_acted_on=1`.
 """
 
 import os
 import sys
+import threading
 import time
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -212,16 +221,110 @@ def scenario(c, auth):
     return forged, refused
 
 
+def attach_pending(cli, job, model, out):
+    """sl.attach_sink for job `job`, in a thread: out gets "part" or "err"."""
+    def run():
+        want = _lib.layout_buffers(sl.CFG_TEXT, sl.SINK_LAYOUT, _lib.SINK, 0)
+        try:
+            ids = [cli.register_fd(model.arenas[0].loc(n).fd, model.arenas[0].loc(n).offset,
+                                   length, _lib.BF16, n) for _b, length, n in want]
+            out["part"] = cli.attach(job, TOKEN, _lib.SINK, sl.SINK_LAYOUT, 0, ids, replica=0)
+        except Exception as e:  # the attach's answer, checked by the caller
+            out["err"] = str(e)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def wait_until(cond, secs):
+    end = time.time() + secs
+    while not cond() and time.time() < end:
+        time.sleep(0.05)
+    return cond()
+
+
+def refusals(c):
+    """REFUSED records: only one that verifies under the job key is acted
+    on.  Returns (unverified refusals seen, of them acted on, sealed ones
+    acted on)."""
+    work = csl.Workdir("dte-auth-refused-")
+    coord = csl.Daemon(work.path, "coord", sync_mode="sparse")
+    sinkd = csl.Daemon(work.path, "sinkd", sync_mode="sparse")
+    daemons = [coord, sinkd]
+    unverified = acted = sealed_acted = 0
+    ok = False
+    try:
+        for d in daemons:
+            d.start()
+        rep = sglang.SGLangModel(sl.CFG, tp=TP, label="refused-rep")
+        scli = _lib.Client(sinkd.sock)
+        # The coordinator does not hold the job yet: it answers the JOIN
+        # with REFUSED "unknown job", which it cannot seal.
+        scli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord.address, 1)
+        a0 = auth_refused(sinkd) or 0
+        res = {}
+        th = attach_pending(scli, JOB, rep, res)
+        c.check(wait_until(lambda: "not acted on" in sinkd.log_text(), 10),
+                "the coordinator's unsealed REFUSED (unknown job) is not acted on")
+        rc, out = csl.forge(sinkd.address, [
+            "refused job=%s token=guessed-token reason=forged-guessed-key" % JOB,
+            "refused job=%s token= reason=forged-no-mac" % JOB], wait_ms=300)
+        c.check(rc == 0, "forged REFUSED records sent: %s" % out[-1:])
+        c.check(wait_until(lambda: "forged-no-mac" in sinkd.log_text() and
+                           "forged-guessed-key" in sinkd.log_text(), 10),
+                "both forged REFUSED records logged as not acted on")
+        a1 = auth_refused(sinkd) or 0
+        unverified = a1 - a0
+        c.check(unverified >= 3, "counted as auth refusals on sinkd (%d)" % unverified)
+        acted = int("err" in res)
+        c.check(th.is_alive() and not acted, "the pending attach stands after %d unverified "
+                "refusals (%s)" % (unverified, res))
+        # The job appears at the coordinator: the JOIN's retry lands.
+        ccli = _lib.Client(coord.sock)
+        ccli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+        th.join(30)
+        c.check("part" in res, "the attach lands once the coordinator holds the job (%s)" % res)
+        # A REFUSED sealed under the real key is acted on.
+        job2 = JOB + "-2"
+        scli.job_create(job2, sl.CFG_TEXT, TOKEN, coord.address, 1)
+        res2 = {}
+        th2 = attach_pending(scli, job2, rep, res2)
+        wait_until(lambda: sinkd.log_text().count("not acted on") >= 3, 10)
+        rc, out = csl.forge(sinkd.address, ["refused job=%s token=%s reason=sealed-refusal" %
+                                            (job2, TOKEN)], wait_ms=300)
+        th2.join(20)
+        sealed_acted = int("sealed-refusal" in res2.get("err", ""))
+        c.check(sealed_acted == 1, "a REFUSED sealed under the job key fails the pending attach "
+                "with its reason (%s)" % res2)
+        c.check(sinkd.ctl("status", check=False).returncode == 0, "sinkd still serving")
+        scli.close()
+        ccli.close()
+        ok = True
+    finally:
+        rcs = [d.stop() for d in daemons]
+        if ok:
+            c.check(all(r == 0 for r in rcs), "refusals: daemons exit cleanly (%s)" % (rcs,))
+        if c.passed != c.total or not ok:
+            for d in daemons:
+                print("--- %s log (tail) ---\n%s" % (d.name, d.log_tail(25)))
+        work.close(keep=c.passed != c.total)
+    return unverified, acted, sealed_acted
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     c = Checks("peer-auth")
     forged, refused = scenario(c, True)
     off_forged, off_refused = scenario(c, False)
+    unverified, acted, sealed_acted = refusals(c)
     print("peer-auth: checks=%d passed=%d (%.1fs)" % (c.total, c.passed, time.time() - c.start))
     print("auth: forged=%d refused=%d" % (forged, refused))
-    print("auth-off: forged=%d refused=%d" % (off_forged, off_refused), flush=True)
-    sys.exit(0 if c.total and c.passed == c.total and forged > 0 and refused == forged else 1)
+    print("auth-off: forged=%d refused=%d" % (off_forged, off_refused))
+    print("auth-refusals: unverified=%d acted_on=%d sealed_acted_on=%d" %
+          (unverified, acted, sealed_acted), flush=True)
+    sys.exit(0 if c.total and c.passed == c.total and forged > 0 and refused == forged and
+             unverified > 0 and not acted and sealed_acted else 1)
 
 
 if __name__ == "__main__":
