@@ -28,7 +28,8 @@ DAEMON_SRCS += daemon/job_auth.c
 DAEMON_SRCS += daemon/job_task.c
 # Operations: metrics (and their HTTP listener), verify/resync, config,
 # log-level.
-DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c
+DAEMON_SRCS += daemon/metrics.c daemon/http_metrics.c daemon/cmd_ops.c daemon/job_ops.c \
+               daemon/job_metrics.c
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/obj/%.o)
 
 include daemon/route_ucx.mk

@@ -20,7 +20,7 @@ static const double phase_buckets[] = {
 struct family {
 	const char *name, *help;
 	int type;
-	const char *label;               /* NULL: no label */
+	const char *labels[DMETRICS_LABELS]; /* label names; NULL ends them (none: no label) */
 	const double *buckets;
 	unsigned nbuckets;
 };
@@ -30,7 +30,7 @@ static const struct family fam[DM__COUNT] = {
 	[DM_BUILD_INFO] = { .name = "dted_build_info",
 		.help = "dted version; always 1",
 		.type = T_GAUGE,
-		.label = "version" },
+		.labels = { "version" } },
 	[DM_UPTIME] = { .name = "dted_uptime_seconds",
 		.help = "Seconds since the daemon started",
 		.type = T_GAUGE },
@@ -49,11 +49,11 @@ static const struct family fam[DM__COUNT] = {
 	[DM_CONTROL_REQUESTS] = { .name = "dted_control_requests_total",
 		.help = "Control requests answered, by command",
 		.type = T_COUNTER,
-		.label = "command" },
+		.labels = { "command" } },
 	[DM_REFUSED] = { .name = "dted_refused_total",
 		.help = "Requests, connections and peer records refused, by reason",
 		.type = T_COUNTER,
-		.label = "reason" },
+		.labels = { "reason" } },
 	[DM_VERSIONS_PUBLISHED] = { .name = "dted_versions_published_total",
 		.help = "Versions captured by local sources",
 		.type = T_COUNTER },
@@ -63,7 +63,7 @@ static const struct family fam[DM__COUNT] = {
 	[DM_WIRE_BYTES] = { .name = "dted_wire_bytes_total",
 		.help = "Payload bytes sent to sinks, by encoding",
 		.type = T_COUNTER,
-		.label = "mode" },
+		.labels = { "mode" } },
 	[DM_ELEMENTS_CHANGED] = { .name = "dted_elements_changed_total",
 		.help = "Elements sent: changed (sparse) or every one (dense)",
 		.type = T_COUNTER },
@@ -76,7 +76,7 @@ static const struct family fam[DM__COUNT] = {
 	[DM_PHASE_SECONDS] = { .name = "dted_phase_seconds",
 		.help = "Time per version phase (capture, transfer, stage, apply)",
 		.type = T_HISTOGRAM,
-		.label = "phase",
+		.labels = { "phase" },
 		.buckets = phase_buckets, .nbuckets = ARRAY_LEN(phase_buckets) },
 	[DM_CHECKSUM_FAILURES] = { .name = "dted_checksum_failures_total",
 		.help = "Sink buffers whose checksum did not match after apply",
@@ -84,11 +84,11 @@ static const struct family fam[DM__COUNT] = {
 	[DM_DENSE_FALLBACKS] = { .name = "dted_dense_fallbacks_total",
 		.help = "Source-to-sink pairs sent dense, by reason",
 		.type = T_COUNTER,
-		.label = "reason" },
+		.labels = { "reason" } },
 	[DM_VERIFY] = { .name = "dted_verify_total",
 		.help = "Sinks verified on request, by result",
 		.type = T_COUNTER,
-		.label = "result" },
+		.labels = { "result" } },
 	[DM_RESYNCS] = { .name = "dted_resyncs_total",
 		.help = "Pairs forced dense by a resync request",
 		.type = T_COUNTER },
@@ -98,11 +98,11 @@ static const struct family fam[DM__COUNT] = {
 	[DM_APPLY_ON_ARRIVAL] = { .name = "dted_apply_on_arrival_total",
 		.help = "Apply on arrival at parked sinks: parts swapped in, versions staged in place, undone, retreated to staging",
 		.type = T_COUNTER,
-		.label = "event" },
+		.labels = { "event" } },
 	[DM_APPLY_VERIFY] = { .name = "dted_apply_verifications_total",
 		.help = "Sink checksum checks after apply, by kind (incremental, full)",
 		.type = T_COUNTER,
-		.label = "kind" },
+		.labels = { "kind" } },
 	[DM_MARK_TABLE_BYTES] = { .name = "dted_mark_table_bytes",
 		.help = "Bytes held by the published values of first-marked elements (K > 1)",
 		.type = T_GAUGE },
@@ -113,11 +113,20 @@ static const struct family fam[DM__COUNT] = {
 		.help = "First-marked elements by outcome (kept, uncertain, over_cap) and "
 			"marked elements a publish did not send, back at the sink's value (not_sent)",
 		.type = T_COUNTER,
-		.label = "outcome" },
+		.labels = { "outcome" } },
+	[DM_JOB_PUBLISHED_VERSION] = { .name = "dted_job_published_version",
+		.help = "Newest version the job's sources on this daemon published",
+		.type = T_GAUGE,
+		.labels = { "job_name" } },
+	[DM_SINK_VERSIONS_BEHIND] = { .name = "dted_sink_versions_behind",
+		.help = "Versions a sink fed from this daemon is behind the newest version "
+			"its sources published (from the sink's APPLIED acknowledgements)",
+		.type = T_GAUGE,
+		.labels = { "job_name", "sink", "sink_node" } },
 };
 
 struct series {
-	char label[DMETRICS_LABEL_MAX];
+	char label[DMETRICS_LABELS][DMETRICS_LABEL_MAX];   /* "" past the family's labels */
 	double value;                    /* counter, gauge; histogram: sum */
 	unsigned long long count;        /* histogram */
 	unsigned long long bucket[NB_MAX];  /* histogram, not cumulative */
@@ -133,8 +142,6 @@ static struct fam_state st[DM__COUNT];
 static void (*collector)(void *);
 static void *collector_arg;
 
-/* Locked.  The series for a label value; the last slot is "_other" once
- * the family is full.  NULL only for a bad id. */
 /* A label value as stored: at most DMETRICS_LABEL_MAX - 1 bytes, cut at
  * a character boundary so the exposition stays UTF-8. */
 static void label_key(char *key, const char *label)
@@ -152,32 +159,63 @@ static void label_key(char *key, const char *label)
 	key[k] = '\0';
 }
 
-/* Locked.  The series for a label value; the last slot is "_other" once
- * the family is full.  NULL only for a bad id. */
-static struct series *series_get(enum dmetric_id id, const char *label)
+static unsigned nlabels(const struct family *f)
 {
-	char key[DMETRICS_LABEL_MAX];
-	struct fam_state *f;
-	unsigned i;
+	unsigned n = 0;
 
+	while (n < DMETRICS_LABELS && f->labels[n])
+		n++;
+	return n;
+}
+
+/* Locked.  The series for label values `vals` (one per label name of the
+ * family; NULL: none); the last slot is "_other" once the family is full.
+ * *other: set when the values had no series of their own and "_other"
+ * stands for them.  NULL only for a bad id. */
+static struct series *series_getv(enum dmetric_id id, const char *const *vals, int *other)
+{
+	char key[DMETRICS_LABELS][DMETRICS_LABEL_MAX];
+	struct fam_state *f;
+	unsigned i, k, nl;
+
+	if (other)
+		*other = 0;
 	if ((unsigned)id >= DM__COUNT)
 		return NULL;
 	f = &st[id];
-	label_key(key, fam[id].label && label ? label : "");
+	nl = nlabels(&fam[id]);
+	memset(key, 0, sizeof(key));
+	for (k = 0; k < nl; k++)
+		label_key(key[k], vals && vals[k] ? vals[k] : "");
 	for (i = 0; i < f->n; i++)
-		if (strcmp(f->s[i].label, key) == 0)
+		if (memcmp(f->s[i].label, key, sizeof(key)) == 0)
 			return &f->s[i];
-	if (f->n >= DMETRICS_SERIES - 1 && strcmp(key, "_other")) {
-		for (i = 0; i < f->n; i++)
-			if (strcmp(f->s[i].label, "_other") == 0)
-				return &f->s[i];
-		snprintf(key, sizeof(key), "_other");
+	if (f->n >= DMETRICS_SERIES - 1) {
+		char okey[DMETRICS_LABELS][DMETRICS_LABEL_MAX];
+
+		memset(okey, 0, sizeof(okey));
+		for (k = 0; k < nl; k++)
+			snprintf(okey[k], sizeof(okey[k]), "_other");
+		if (memcmp(key, okey, sizeof(key))) {
+			if (other)
+				*other = 1;
+			for (i = 0; i < f->n; i++)
+				if (memcmp(f->s[i].label, okey, sizeof(okey)) == 0)
+					return &f->s[i];
+			memcpy(key, okey, sizeof(key));
+		}
 	}
 	if (f->n == DMETRICS_SERIES)
 		return &f->s[DMETRICS_SERIES - 1];
 	memset(&f->s[f->n], 0, sizeof(f->s[f->n]));
 	memcpy(f->s[f->n].label, key, sizeof(key));
 	return &f->s[f->n++];
+}
+
+/* The same for a family with at most one label. */
+static struct series *series_get(enum dmetric_id id, const char *label)
+{
+	return series_getv(id, label ? &label : NULL, NULL);
 }
 
 void dmetrics_add(enum dmetric_id id, const char *label, double n)
@@ -201,6 +239,27 @@ void dmetrics_set(enum dmetric_id id, const char *label, double v)
 	s = series_get(id, label);
 	if (s && fam[id].type == T_GAUGE)
 		s->value = v;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_set_labels(enum dmetric_id id, const char *const *labels, double v)
+{
+	struct series *s;
+	int other;
+
+	pthread_mutex_lock(&lock);
+	s = series_getv(id, labels, &other);
+	if (s && fam[id].type == T_GAUGE && (!other || v > s->value))
+		s->value = v;
+	pthread_mutex_unlock(&lock);
+}
+
+void dmetrics_clear(enum dmetric_id id)
+{
+	if ((unsigned)id >= DM__COUNT)
+		return;
+	pthread_mutex_lock(&lock);
+	st[id].n = 0;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -268,7 +327,7 @@ void dmetrics_init(void)
 	}
 	series_get(DM_BUILD_INFO, DTE_VERSION)->value = 1;
 	for (unsigned i = 0; i < DM__COUNT; i++)
-		if (!fam[i].label)
+		if (!fam[i].labels[0])
 			series_get((enum dmetric_id)i, NULL);
 	pthread_mutex_unlock(&lock);
 }
@@ -325,8 +384,15 @@ static void fmt_value(char *buf, size_t cap, double v)
 		snprintf(buf, cap, v > 0 ? "+Inf" : "-Inf");
 	else if (v == floor(v) && fabs(v) < 1e15)
 		snprintf(buf, cap, "%.0f", v);
-	else
-		snprintf(buf, cap, "%.17g", v);
+	else {
+		/* The shortest of %.15g, %.16g, %.17g that reads back as v:
+		 * 7.617, not 7.6169999999999999 (%.17g alone). */
+		for (int prec = 15; prec <= 17; prec++) {
+			snprintf(buf, cap, "%.*g", prec, v);
+			if (strtod(buf, NULL) == v)
+				break;
+		}
+	}
 }
 
 /* One walk over every sample, shared by the text and the sample list. */
@@ -343,9 +409,14 @@ static void series_labels(char *dst, size_t cap, const struct family *f, const s
 	int n = 0;
 
 	dst[0] = '\0';
-	if (f->label) {
-		dmetrics_escape_label(esc, sizeof(esc), s->label);
-		n = snprintf(dst, cap, "%s=\"%s\"", f->label, esc);
+	for (unsigned k = 0; k < DMETRICS_LABELS && f->labels[k]; k++) {
+		int m;
+
+		if (n < 0 || (size_t)n >= cap)
+			break;
+		dmetrics_escape_label(esc, sizeof(esc), s->label[k]);
+		m = snprintf(dst + n, cap - (size_t)n, "%s%s=\"%s\"", n ? "," : "", f->labels[k], esc);
+		n = m < 0 ? m : n + m;
 	}
 	if (le && n >= 0 && (size_t)n < cap)
 		snprintf(dst + n, cap - (size_t)n, "%sle=\"%s\"", n ? "," : "", le);

@@ -2,11 +2,15 @@
  * their Prometheus text exposition (format 0.0.4).
  *
  * Every family is declared once in metrics.c (name, help, type, at most
- * one label, fixed histogram buckets), so what `dtectl metrics` and the
- * HTTP listener print cannot drift from what the code updates.  A family
- * with a label holds at most DMETRICS_SERIES series; label values beyond
- * that are counted under "_other", so a hostile or runaway label cannot
- * grow memory.  Updates take one mutex: they happen per version or per
+ * DMETRICS_LABELS labels, fixed histogram buckets), so what `dtectl
+ * metrics` and the HTTP listener print cannot drift from what the code
+ * updates.  A family with labels holds at most DMETRICS_SERIES series;
+ * label values beyond that are counted under "_other" (every label of the
+ * series "_other"; a gauge's "_other" holds the largest value set into it
+ * since the family was last cleared), so a hostile or runaway label cannot
+ * grow memory.  Pull-style families (the per-sink lag) are cleared and
+ * set again by the collector before each rendering, so the series of a
+ * sink or job that left disappear.  Updates take one mutex: they happen per version or per
  * request, never per element, and may come from a capture worker thread.
  */
 #ifndef DTED_METRICS_H
@@ -16,6 +20,7 @@
 
 #define DMETRICS_SERIES    32
 #define DMETRICS_LABEL_MAX 64
+#define DMETRICS_LABELS    3     /* label names a family may have */
 
 enum dmetric_id {
 	DM_BUILD_INFO,            /* gauge{version} = 1 */
@@ -43,6 +48,8 @@ enum dmetric_id {
 	DM_MARK_TABLE_BYTES,      /* gauge: side tables of first marks held (side_table.h) */
 	DM_MARK_TABLE_PEAK,       /* gauge: the most they held since the start */
 	DM_MARK_TABLE_ELEMENTS,   /* counter{outcome}: kept, uncertain, over_cap, not_sent */
+	DM_JOB_PUBLISHED_VERSION, /* gauge{job_name}: newest version the local sources published */
+	DM_SINK_VERSIONS_BEHIND,  /* gauge{job_name,sink,sink_node}: that minus the sink's APPLIED */
 	DM__COUNT
 };
 
@@ -59,6 +66,12 @@ void dmetrics_observe(enum dmetric_id id, const char *label, double v);
 /* A mirrored monotonic count kept elsewhere (e.g. ctl.c's refusals):
  * raises the counter to `v`, never lowers it. */
 void dmetrics_raise(enum dmetric_id id, const char *label, double v);
+/* A gauge of a family with several labels: `labels` holds one value per
+ * label name of the family, in its order. */
+void dmetrics_set_labels(enum dmetric_id id, const char *const *labels, double v);
+/* Forget every series of a family (a pull-style gauge the collector sets
+ * again: what it does not set is gone from the exposition). */
+void dmetrics_clear(enum dmetric_id id);
 
 /* Called before every rendering to refresh pull-style gauges. */
 void dmetrics_set_collector(void (*fn)(void *arg), void *arg);
@@ -70,7 +83,7 @@ char *dmetrics_render(size_t *len);
 /* One sample line, for structured (--json) output. */
 struct dmetric_sample {
 	char name[80];            /* with _bucket/_sum/_count for histograms */
-	char labels[160];         /* `k="v",k2="v2"` as in the text, "" for none */
+	char labels[448];         /* `k="v",k2="v2"` as in the text, "" for none */
 	double value;
 };
 

@@ -183,6 +183,8 @@ inst 0644 "$PKG/dted.socket" "$r/usr/lib/systemd/system/dted.socket"
 inst 0644 "$PKG/dted.sysusers" "$r/usr/lib/sysusers.d/dted.conf"
 inst 0644 "$PKG/dted.tmpfiles" "$r/usr/lib/tmpfiles.d/dted.conf"
 inst 0644 "$PKG/dtectl.bash-completion" "$r/usr/share/bash-completion/completions/dtectl"
+# A Grafana dashboard of the metrics dted exports (docs/DEPLOY.md, Metrics).
+inst 0644 conf/grafana/dted-dashboard.json "$r/usr/share/dted/grafana/dted-dashboard.json"
 
 # The packaged configuration lets group dte (created by the package) past
 # the credential check; everything else stays at the documented defaults.

@@ -5,6 +5,10 @@ UNIT_TESTS   += test_detect
 # Record MACs of peer protocol 5 (proto/peer_auth.h).
 UNIT_TESTS   += test_peer_auth
 SYSTEM_TESTS += tests/system/foundation.py
+# conf/grafana/dted-dashboard.json against a real scrape; the per-sink lag.
+SYSTEM_TESTS += tests/system/metrics_dashboard.py
+# docs/SUPPORTED.md against `dtectl plan --supported` and the pin files.
+SYSTEM_TESTS += tests/system/supported_matrix.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
 # repeats the proto and layout objects).

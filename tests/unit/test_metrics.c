@@ -272,6 +272,56 @@ static void test_collector_and_samples(void **state)
 	dmetrics_set_collector(NULL, NULL);
 }
 
+/* A family with several labels (the per-sink lag): set per label tuple,
+ * cleared and set again by a collector so a sink that left has no series;
+ * past DMETRICS_SERIES the "_other" series holds the largest value.  And
+ * non-integral values print in the fewest digits that read back exactly. */
+static void test_labels_clear_and_floats(void **state)
+{
+	const char *a[] = { "job1", "0x1", "node-a" }, *b[] = { "job1", "0x2", "node\"b" };
+	char *t;
+
+	dmetrics_set_labels(DM_SINK_VERSIONS_BEHIND, a, 3);
+	dmetrics_set_labels(DM_SINK_VERSIONS_BEHIND, b, 0);
+	dmetrics_set_labels(DM_SINK_VERSIONS_BEHIND, a, 2);
+	dmetrics_set(DM_UPTIME, NULL, 7.617);
+	dmetrics_set(DM_CHANGED_RATIO, NULL, 0.1);
+	t = dmetrics_render(NULL);
+	assert_non_null(t);
+	check_format(t);
+	assert_true(value_of(t, "dted_sink_versions_behind",
+			     "job_name=\"job1\",sink=\"0x1\",sink_node=\"node-a\"") == 2);
+	assert_true(value_of(t, "dted_sink_versions_behind",
+			     "job_name=\"job1\",sink=\"0x2\",sink_node=\"node\\\"b\"") == 0);
+	assert_non_null(strstr(t, "\ndted_uptime_seconds 7.617\n"));
+	assert_non_null(strstr(t, "\ndted_changed_ratio 0.1\n"));
+	free(t);
+
+	dmetrics_clear(DM_SINK_VERSIONS_BEHIND);
+	dmetrics_set_labels(DM_SINK_VERSIONS_BEHIND, b, 1);
+	t = dmetrics_render(NULL);
+	assert_non_null(t);
+	assert_null(strstr(t, "sink=\"0x1\""));
+	assert_true(value_of(t, "dted_sink_versions_behind",
+			     "job_name=\"job1\",sink=\"0x2\",sink_node=\"node\\\"b\"") == 1);
+	free(t);
+
+	dmetrics_clear(DM_SINK_VERSIONS_BEHIND);
+	for (unsigned i = 0; i < DMETRICS_SERIES + 8; i++) {
+		char id[16];
+		const char *l[] = { "j", id, "n" };
+
+		snprintf(id, sizeof(id), "0x%x", i);
+		dmetrics_set_labels(DM_SINK_VERSIONS_BEHIND, l, i == DMETRICS_SERIES + 2 ? 99 : 1);
+	}
+	t = dmetrics_render(NULL);
+	assert_non_null(t);
+	check_format(t);
+	assert_true(value_of(t, "dted_sink_versions_behind",
+			     "job_name=\"_other\",sink=\"_other\",sink_node=\"_other\"") == 99);
+	free(t);
+}
+
 static void test_escape_label(void **state)
 {
 	char small[4];
@@ -339,6 +389,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_histogram, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_series_bounded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_collector_and_samples, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_labels_clear_and_floats, setup, teardown),
 		cmocka_unit_test(test_escape_label),
 		cmocka_unit_test(test_conf_metrics_listen),
 	};
