@@ -111,4 +111,28 @@ int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spe
 /* 1 when the description is one whose buffers come from a shard table. */
 int dte_layout_desc_sharded(const char *desc);
 
+/* The layout kinds dte_layout_from_desc knows (desc.c's table, which its
+ * parser reads): "name:key=value,..." with exactly these keys (defaults
+ * when left out); json takes a file name instead.  For `dtectl plan
+ * --supported` and the errors naming them. */
+#define DTE_LAYOUT_KIND_MAX_KEYS 5
+struct dte_layout_kind {
+	const char *name;
+	int         role;       /* enum dte_layout_role */
+	int         sharded;    /* buffers from a shard table (--shards) */
+	int         file;       /* "json:FILE" */
+	const char *runtime;    /* what the layout is of */
+	size_t      nkeys;
+	const char *keys[DTE_LAYOUT_KIND_MAX_KEYS];
+	int64_t     defaults[DTE_LAYOUT_KIND_MAX_KEYS];
+};
+const struct dte_layout_kind *dte_layout_kinds(size_t *n);
+/* Parallelisms no layout has: a key of this name is refused (with what it
+ * is) unless its value is 1; the listing prints them as refused. */
+struct dte_layout_refused {
+	const char *key;
+	const char *what;
+};
+const struct dte_layout_refused *dte_layout_refused_keys(size_t *n);
+
 #endif

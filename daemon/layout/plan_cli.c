@@ -11,6 +11,15 @@
  * Sparse bytes estimate (2 B position + 2 B BF16 value) per changed element
  * at --density; dense is 2 B per element.  An invalid plan prints
  * "coverage: invalid" and the reason on stderr, exit 1; usage errors exit 2.
+ *
+ * `--supported` (no other option but --json) lists what the layout code
+ * knows, from its own tables (spec.c's families, desc.c's layout kinds and
+ * refused keys); docs/SUPPORTED.md is checked against it:
+ *   family: NAME arch=ARCH attention_bias=0|1 qk_norm=0|1 moe=0|1
+ *   source: NAME keys=k=default,.. sharded=0|1 -- what
+ *   sink: NAME keys=... sharded=0 -- what
+ *   refused: KEY -- what
+ *   supported: families=F sources=S sinks=K refused=R
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,7 +39,7 @@ struct plan_args {
 	const char *model, *source, *sink, *shards;
 	uint32_t    replicas, rpn;
 	double      density;
-	int         json, dump;
+	int         json, dump, supported;
 };
 
 static void plan_usage(FILE *f)
@@ -39,6 +48,7 @@ static void plan_usage(FILE *f)
 		"usage: dtectl plan --model CONFIG.json --source SRC --sink SINK\n"
 		"                   [--sink-replicas N] [--ranks-per-node N] [--density D]\n"
 		"                   [--json [--dump-entries]] [--shards FILE]\n"
+		"       dtectl plan --supported [--json]   (model families and layouts known)\n"
 		"  SRC:  megatron:tp=T,dp=D[,ep=E,etp=X,dopt=0|1] | fsdp:dp=D | json:FILE\n"
 		"        mcore:tp=T,dp=D[,ep=E,etp=X] | fsdp2:dp=D  (with --shards: the\n"
 		"        registered shards, lines \"rank group lo hi name d0[,d1..]\")\n"
@@ -84,6 +94,10 @@ static int plan_parse(struct plan_args *a, int argc, char **argv)
 			a->dump = 1;
 			continue;
 		}
+		if (!strcmp(name, "--supported")) {
+			a->supported = 1;
+			continue;
+		}
 		if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
 			plan_usage(stdout);
 			return 1;
@@ -122,6 +136,13 @@ static int plan_parse(struct plan_args *a, int argc, char **argv)
 			fprintf(stderr, "dtectl plan: unknown option \"%s\"\n", o);
 			return -1;
 		}
+	}
+	if (a->supported) {
+		if (a->model || a->source || a->sink || a->shards || a->dump) {
+			fprintf(stderr, "dtectl plan: --supported takes no other option but --json\n");
+			return -1;
+		}
+		return 0;
 	}
 	if (!a->model || !a->source || !a->sink) {
 		fprintf(stderr, "dtectl plan: --model, --source and --sink are required\n");
@@ -307,6 +328,78 @@ fail:
 	return NULL;
 }
 
+/* "tp=1,dp=1,..." (keys with their defaults), "FILE" for json. */
+static void plan_kind_keys(const struct dte_layout_kind *k, char *buf, size_t len)
+{
+	size_t i, n = 0;
+
+	buf[0] = 0;
+	if (k->file)
+		snprintf(buf, len, "FILE");
+	for (i = 0; i < k->nkeys && n < len; i++) {
+		int w = snprintf(buf + n, len - n, "%s%s=%lld", i ? "," : "", k->keys[i],
+				 (long long)k->defaults[i]);
+		if (w < 0)
+			break;
+		n += (size_t)w;
+	}
+}
+
+static int plan_supported(int json)
+{
+	size_t nf, nk, nr, i, j, ns = 0, nsink = 0;
+	const struct dte_spec_family *f = dte_spec_families(&nf);
+	const struct dte_layout_kind *k = dte_layout_kinds(&nk);
+	const struct dte_layout_refused *r = dte_layout_refused_keys(&nr);
+	char keys[256];
+
+	if (json) {
+		json_t *root = json_object(), *fams = json_array(), *src = json_array(),
+		       *sink = json_array(), *ref = json_array();
+		int rc;
+
+		for (i = 0; i < nf; i++)
+			json_array_append_new(fams, json_pack("{s:s, s:s, s:b, s:b, s:b}",
+				"model_type", f[i].model_type, "architecture", f[i].architecture,
+				"attention_bias", f[i].attn_bias, "qk_norm", f[i].qk_norm, "moe", f[i].moe));
+		for (i = 0; i < nk; i++) {
+			json_t *kv = json_object();
+			for (j = 0; j < k[i].nkeys; j++)
+				json_object_set_new(kv, k[i].keys[j], json_integer(k[i].defaults[j]));
+			json_array_append_new(k[i].role == DTE_LAYOUT_SOURCE ? src : sink,
+				json_pack("{s:s, s:o, s:b, s:b, s:s}", "name", k[i].name, "keys", kv,
+					  "sharded", k[i].sharded, "file", k[i].file, "runtime", k[i].runtime));
+		}
+		for (i = 0; i < nr; i++)
+			json_array_append_new(ref, json_pack("{s:s, s:s}", "key", r[i].key, "what", r[i].what));
+		json_object_set_new(root, "families", fams);
+		json_object_set_new(root, "sources", src);
+		json_object_set_new(root, "sinks", sink);
+		json_object_set_new(root, "refused", ref);
+		rc = json_dumpf(root, stdout, JSON_COMPACT);
+		fputc('\n', stdout);
+		json_decref(root);
+		return rc ? 1 : 0;
+	}
+	for (i = 0; i < nf; i++)
+		printf("family: %s arch=%s attention_bias=%d qk_norm=%d moe=%d\n", f[i].model_type,
+		       f[i].architecture, f[i].attn_bias, f[i].qk_norm, f[i].moe);
+	for (i = 0; i < nk; i++) {
+		int source = k[i].role == DTE_LAYOUT_SOURCE;
+		plan_kind_keys(&k[i], keys, sizeof(keys));
+		printf("%s: %s keys=%s sharded=%d -- %s\n", source ? "source" : "sink", k[i].name,
+		       keys, k[i].sharded, k[i].runtime);
+		if (source)
+			ns++;
+		else
+			nsink++;
+	}
+	for (i = 0; i < nr; i++)
+		printf("refused: %s -- %s\n", r[i].key, r[i].what);
+	printf("supported: families=%zu sources=%zu sinks=%zu refused=%zu\n", nf, ns, nsink, nr);
+	return 0;
+}
+
 int dte_plan_cli(int argc, char **argv)
 {
 	struct dte_layout src, sink;
@@ -322,6 +415,10 @@ int dte_plan_cli(int argc, char **argv)
 		if (rc < 0)
 			plan_usage(stderr);
 		return rc < 0 ? 2 : 0;
+	}
+	if (a.supported) {
+		rc = plan_supported(a.json);
+		return fflush(stdout) ? 1 : rc;
 	}
 	if (dte_spec_load_file(&spec, a.model, err, sizeof(err))) {
 		fprintf(stderr, "dtectl plan: %s\n", err);

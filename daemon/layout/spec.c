@@ -95,47 +95,55 @@ static int spec_bool(json_t *root, const char *key, int def, int *out,
 	return 0;
 }
 
-/* Families we know the tensor names of. */
-struct spec_family {
-	const char *model_type;
-	const char *architecture;
-	int         attn_bias;   /* default for attention_bias */
-	int         qk_norm;
-	int         moe;
-};
-
-static const struct spec_family spec_families[] = {
+/* Families we know the tensor names of (spec.h). */
+static const struct dte_spec_family spec_families[] = {
 	{ "llama",     "LlamaForCausalLM",    0, 0, 0 },
 	{ "mistral",   "MistralForCausalLM",  0, 0, 0 },
 	{ "qwen2",     "Qwen2ForCausalLM",    1, 0, 0 },
 	{ "qwen3",     "Qwen3ForCausalLM",    0, 1, 0 },
 	{ "qwen3_moe", "Qwen3MoeForCausalLM", 0, 1, 1 },
 };
+#define SPEC_NFAMILIES (sizeof(spec_families) / sizeof(spec_families[0]))
 
-static const struct spec_family *spec_family_of(json_t *root, char *err, size_t errlen)
+const struct dte_spec_family *dte_spec_families(size_t *n)
+{
+	*n = SPEC_NFAMILIES;
+	return spec_families;
+}
+
+static const struct dte_spec_family *spec_family_of(json_t *root, char *err, size_t errlen)
 {
 	json_t *mt = json_object_get(root, "model_type");
 	json_t *archs = json_object_get(root, "architectures");
 	const char *arch = NULL;
-	size_t i;
+	char names[256];
+	size_t i, len = 0;
 
 	if (json_is_array(archs) && json_array_size(archs) > 0 &&
 	    json_is_string(json_array_get(archs, 0)))
 		arch = json_string_value(json_array_get(archs, 0));
-	for (i = 0; i < sizeof(spec_families) / sizeof(spec_families[0]); i++) {
+	for (i = 0; i < SPEC_NFAMILIES; i++) {
 		if (json_is_string(mt) ? !strcmp(json_string_value(mt), spec_families[i].model_type)
 				       : (arch && !strcmp(arch, spec_families[i].architecture)))
 			return &spec_families[i];
 	}
+	names[0] = 0;
+	for (i = 0; i < SPEC_NFAMILIES && len < sizeof(names); i++) {
+		int w = snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "",
+				 spec_families[i].model_type);
+		if (w < 0)
+			break;
+		len += (size_t)w;
+	}
 	spec_err(err, errlen, "config.json: unknown architecture (model_type \"%s\", architectures[0] \"%s\"); "
-		 "supported: llama, mistral, qwen2, qwen3, qwen3_moe",
-		 json_is_string(mt) ? json_string_value(mt) : "?", arch ? arch : "?");
+		 "supported: %s",
+		 json_is_string(mt) ? json_string_value(mt) : "?", arch ? arch : "?", names);
 	return NULL;
 }
 
 static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_t errlen)
 {
-	const struct spec_family *fam;
+	const struct dte_spec_family *fam;
 	int64_t dflt_hd;
 	json_t *only;
 	size_t i;

@@ -71,6 +71,19 @@ struct dte_spec {
 	int32_t                 embed, lm_head, final_norm;
 };
 
+/* The model families whose tensor names the spec knows (model_type or
+ * architectures[0] of config.json picks one), for `dtectl plan --supported`
+ * and the error naming them.  attn_bias: attention_bias's default; qk_norm:
+ * per-layer q_norm/k_norm; moe: experts (num_experts). */
+struct dte_spec_family {
+	const char *model_type;
+	const char *architecture;
+	int         attn_bias;
+	int         qk_norm;
+	int         moe;
+};
+const struct dte_spec_family *dte_spec_families(size_t *n);
+
 /* Build from a config.json file / a JSON text. Returns 0 or -1 with a
  * message in err. On error *spec is left zeroed (nothing to free). */
 int dte_spec_load_file(struct dte_spec *spec, const char *path,
