@@ -20,7 +20,7 @@
 # Environment (set by packaging/packaging.mk):
 #   B             build directory (binaries in $B/bin, libraries in $B/lib)
 #   DEB_VERSION   package version
-#   DEB_MAINTAINER
+#   DEB_MAINTAINER "Name <address>"; unset or empty: packaging/MAINTAINER's
 #   DTED DTECTL   built programs (DTECTL may be empty while dtectl is not built)
 #   LIBDTE_SO LIBDTE_A   the built library (empty: no libdte packages)
 #   CUDA_PLUGIN   the built dte-cuda.so (may be empty)
@@ -29,14 +29,28 @@ set -eu
 
 die() { echo "mkdeb: $*" >&2; exit 1; }
 
-: "${B:?}" "${DEB_VERSION:?}" "${DEB_MAINTAINER:?}" "${DTED:?}"
+: "${B:?}" "${DEB_VERSION:?}" "${DTED:?}"
+PKG=packaging
+# One maintainer for every package, the project's (packaging/MAINTAINER).
+if [ -z "${DEB_MAINTAINER:-}" ]; then
+	DEB_MAINTAINER=$(sed -n '/^[^#[:space:]]/{p;q;}' "$PKG/MAINTAINER")
+fi
+case $DEB_MAINTAINER in
+*'|'* | *'&'* | *'\'* | *'#'*)
+	die "DEB_MAINTAINER \"$DEB_MAINTAINER\": no |, &, \\ or # (they reach sed)" ;;
+?*' <'?*@?*.?*'>') ;;
+*)	die "DEB_MAINTAINER \"$DEB_MAINTAINER\" is not \"Name <user@host.domain>\" (packaging/MAINTAINER)" ;;
+esac
+case $DEB_MAINTAINER in
+*'<root@'* | *'@localhost>'* | *'@localhost.'*)
+	die "DEB_MAINTAINER \"$DEB_MAINTAINER\": a person or team, not root@ or @localhost" ;;
+esac
 DTECTL=${DTECTL:-}
 LIBDTE_SO=${LIBDTE_SO:-}
 LIBDTE_A=${LIBDTE_A:-}
 CUDA_PLUGIN=${CUDA_PLUGIN:-}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date +%s)}
 
-PKG=packaging
 ARCH=$(dpkg-architecture -qDEB_HOST_ARCH)
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 OUT=$B/deb

@@ -21,8 +21,9 @@ $(B)/man/man8/%: docs/man/%.in
 # A Debian revision: packaging may change without a new upstream version,
 # and the changelog is then changelog.Debian.gz as policy wants.
 DEB_VERSION    ?= $(DTE_VERSION)-1
-DEB_MAINTAINER ?= $(or $(shell git config user.name 2>/dev/null),dted maintainers) \
-                  <$(or $(shell git config user.email 2>/dev/null),root@localhost)>
+# The maintainer is the project's, kept in packaging/MAINTAINER (not whoever
+# builds); DEB_MAINTAINER='Name <address>' on the command line overrides it.
+DEB_MAINTAINER ?= $(shell sed -n '/^[^\#[:space:]]/{p;q;}' packaging/MAINTAINER)
 
 .PHONY: man deb
 man: $(MAN_PAGES)
