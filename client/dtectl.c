@@ -11,6 +11,7 @@
  */
 #include <inttypes.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -372,8 +373,20 @@ static json_t *labels_json(const char *p)
 	return o;
 }
 
-/* metrics: the Prometheus text as the daemon rendered it; --json gives
- * every sample with its labels as an object. */
+/* A sample's value for --json: an integer where it is one (counters,
+ * most gauges), else a real; null for NaN or an infinity. */
+static json_t *metric_value_json(double v)
+{
+	if (!isfinite(v))
+		return json_null();	/* JSON has no NaN or infinity */
+	if (v == floor(v) && fabs(v) < 9007199254740992.0)	/* 2^53 */
+		return json_integer((json_int_t)v);
+	return json_real(v);
+}
+
+/* metrics: the Prometheus text as the daemon rendered it (its values in
+ * the fewest digits that read back exactly: daemon/metrics.c); --json
+ * gives every sample with its labels as an object. */
 static int print_metrics(struct ctx *c, const ProtobufCMessage *body, const char *message)
 {
 	const Dte__MetricsReply *m = (const Dte__MetricsReply *)body;
@@ -388,9 +401,9 @@ static int print_metrics(struct ctx *c, const ProtobufCMessage *body, const char
 	j = json_object();
 	arr = json_array();
 	for (size_t i = 0; i < m->n_samples; i++)
-		json_array_append_new(arr, json_pack("{s:s, s:o, s:f}", "name", m->samples[i]->name,
+		json_array_append_new(arr, json_pack("{s:s, s:o, s:o}", "name", m->samples[i]->name,
 						     "labels", labels_json(m->samples[i]->labels),
-						     "value", m->samples[i]->value));
+						     "value", metric_value_json(m->samples[i]->value)));
 	json_object_set_new(j, "samples", arr);
 	json_object_set_new(j, "text", json_string(m->text ? m->text : ""));
 	emit_json(j);
