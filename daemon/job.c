@@ -1148,6 +1148,69 @@ static const char *role_name(int role)
 	return role == JROLE_SOURCE ? "source" : "sink";
 }
 
+/* The participants `jobs` and `job` show: those in the job now, as this
+ * daemon knows them.  The coordinator's own view is its members' (the
+ * newest plan, also on a coordinator without participants of its own); a
+ * member shows the plan the coordinator last sent it while it has local
+ * participants.  Once its last one left, the coordinator drops it and
+ * sends it no more plans, so the one it holds goes stale: nothing is
+ * shown (a participant that left is never listed).  Local participants
+ * not planned yet are added.  Returns a malloc()ed array (NULL when
+ * empty or out of memory: *n 0, -ENOMEM for the latter) of *n entries;
+ * *complete is 1 when every source rank is attached. */
+static int view_parts(const struct job *j, const struct jpinfo ***outp, size_t *np,
+		      int *complete)
+{
+	const struct jpinfo **out;
+	size_t n = 0, max = 0, planned;
+
+	*outp = NULL;
+	*np = 0;
+	*complete = 0;
+	if (j->is_coord)
+		for (const struct jmember *m = j->members; m; m = m->next)
+			max += m->n;
+	else if (j->locals)
+		max = j->nparts;
+	for (const struct jlocal *l = j->locals; l; l = l->next)
+		max++;
+	if (!max)
+		return 0;
+	out = calloc(max, sizeof(*out));
+	if (!out)
+		return -ENOMEM;
+	if (j->is_coord) {
+		for (const struct jmember *m = j->members; m; m = m->next)
+			for (size_t i = 0; i < m->n; i++)
+				out[n++] = &m->p[i];
+		*complete = j->coord_complete && n > 0;
+	} else if (j->locals) {
+		for (size_t i = 0; i < j->nparts; i++)
+			out[n++] = &j->parts[i];
+		*complete = j->complete;
+	}
+	planned = n;
+	for (const struct jlocal *l = j->locals; l; l = l->next) {
+		size_t i;
+
+		for (i = 0; i < planned && out[i]->id != l->info.id; i++)
+			;
+		if (i == planned)
+			out[n++] = &l->info;
+	}
+	*outp = out;
+	*np = n;
+	return 0;
+}
+
+/* The term of the plan view_parts() shows. */
+static uint64_t view_epoch(const struct job *j)
+{
+	if (j->is_coord && j->coord_epoch)
+		return j->coord_epoch;
+	return j->epoch;
+}
+
 int job_list(Dte__JobsReply *rep, struct dreply *r)
 {
 	size_t n = 0, i = 0;
@@ -1160,16 +1223,20 @@ int job_list(Dte__JobsReply *rep, struct dreply *r)
 		return -ENOMEM;
 	for (struct job *j = jeng.jobs; j; j = j->next, i++) {
 		Dte__JobSummary *s = dreply_alloc(r, sizeof(*s));
+		const struct jpinfo **parts;
 		uint64_t v = 0;
+		size_t np;
+		int complete;
 
-		if (!s)
+		if (!s || view_parts(j, &parts, &np, &complete) < 0)
 			return -ENOMEM;
 		dte__job_summary__init(s);
 		s->name = j->name;
 		s->coordinator = j->is_coord;
-		s->epoch = j->epoch;
-		s->complete = j->complete;
-		s->participants = (uint32_t)j->nparts;
+		free(parts);
+		s->epoch = view_epoch(j);
+		s->complete = complete;
+		s->participants = (uint32_t)np;
 		for (struct jlocal *l = j->locals; l; l = l->next) {
 			s->local_participants++;
 			if (l->info.role == JROLE_SOURCE && jsource_of(l)->last_version > v)
@@ -1187,7 +1254,9 @@ int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
 	     size_t errlen)
 {
 	struct job *j = job_find(name);
+	const struct jpinfo **parts = NULL;
 	size_t n = 0, i;
+	int complete, rc;
 
 	if (!j)
 		return FAIL(-ENOENT, "unknown job \"%s\"", name ? name : "");
@@ -1196,53 +1265,44 @@ int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
 	rep->is_coordinator = j->is_coord;
 	rep->spec_hash = j->spec.hash;
 	rep->publish_interval = j->interval;
-	rep->epoch = j->epoch;
-	rep->complete = j->complete;
+	rep->epoch = view_epoch(j);
 	rep->versions = j->published;
 	rep->refused = j->refused;
 	jstore_info(j, rep);
 	for (i = 0; i < j->npairs; i++)
 		rep->entries += j->pairs[i].n;
-	for (struct jmember *m = j->members; m; m = m->next)
-		n++;
-	if (!n)
+	/* Members: the coordinator's own list; a member's, the nodes of the
+	 * plan it holds (none once it left: that plan is stale). */
+	if (j->is_coord)
+		for (struct jmember *m = j->members; m; m = m->next)
+			n++;
+	else if (j->locals)
 		n = j->naddr;
 	rep->members = n ? dreply_alloc(r, n * sizeof(char *)) : NULL;
 	i = 0;
-	if (j->members)
+	if (j->is_coord)
 		for (struct jmember *m = j->members; m && rep->members; m = m->next)
 			rep->members[i++] = m->node;
 	else
-		for (; i < j->naddr && rep->members; i++)
+		for (; i < n && rep->members; i++)
 			rep->members[i] = j->addr_node[i];
 	rep->n_members = rep->members ? n : 0;
-	/* The plan's participants, plus local ones not planned yet. */
-	n = j->nparts;
-	for (struct jlocal *l = j->locals; l; l = l->next)
-		if (!job_part(j, l->info.id))
-			n++;
-	rep->participants = n ? dreply_alloc(r, n * sizeof(*rep->participants)) : NULL;
-	if (n && !rep->participants)
+	if (view_parts(j, &parts, &n, &complete) < 0)
 		return FAIL(-ENOMEM, "out of memory");
-	rep->n_participants = n;
-	for (i = 0; i < n; i++) {
+	rep->complete = complete;
+	rep->participants = n ? dreply_alloc(r, n * sizeof(*rep->participants)) : NULL;
+	rc = n && !rep->participants ? -ENOMEM : 0;
+	rep->n_participants = rc ? 0 : n;
+	for (i = 0; !rc && i < n; i++) {
 		Dte__ParticipantInfo *p = dreply_alloc(r, sizeof(*p));
-		const struct jpinfo *pi;
+		const struct jpinfo *pi = parts[i];
 		struct jlocal *l;
 
-		if (!p)
-			return FAIL(-ENOMEM, "out of memory");
-		dte__participant_info__init(p);
-		if (i < j->nparts) {
-			pi = &j->parts[i];
-		} else {
-			size_t k = j->nparts;
-
-			for (l = j->locals; l; l = l->next)
-				if (!job_part(j, l->info.id) && k++ == i)
-					break;
-			pi = &l->info;
+		if (!p) {
+			rc = -ENOMEM;
+			break;
 		}
+		dte__participant_info__init(p);
 		l = job_local(j, pi->id);
 		p->id = pi->id;
 		p->role = (char *)role_name(pi->role);
@@ -1270,6 +1330,9 @@ int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
 		}
 		rep->participants[i] = p;
 	}
+	free(parts);
+	if (rc)
+		return FAIL(rc, "out of memory");
 	return 0;
 }
 

@@ -667,6 +667,7 @@ static void replan(struct job *j)
 				goto oom;
 		}
 	}
+	j->coord_complete = b.complete;
 	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries%s",
 	       j->name, (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),

@@ -367,6 +367,7 @@ struct job {
 	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
 	uint32_t n_src_shards;
 	uint64_t coord_epoch;     /* term of the newest plan (peer_term(boot, counter)) */
+	int coord_complete;       /* that plan had every source rank attached */
 	/* counters and history */
 	uint64_t refused;
 	uint64_t published;

@@ -222,9 +222,12 @@ static void signals_fini(void)
 
 /* The peer listener's bind, retried while it fails (a port held by
  * another process, or an old socket the kernel still holds): first after
- * LISTEN_RETRY_FIRST_MS, doubling to LISTEN_RETRY_MAX_MS, each failure
- * logged and shown by `dtectl peers` (listen_error, listen_retries) and
- * the dted_peer_listener gauge, never silently absent. */
+ * LISTEN_RETRY_FIRST_MS, doubling to LISTEN_RETRY_MAX_MS, forever.  The
+ * failure is explained once, with the fix (listen_explain); the retries
+ * are debug lines (another error than the first is said once too), and
+ * `dtectl peers` (listen_error, listen_retries) and the
+ * dted_peer_listener gauge show the state meanwhile, so the listener is
+ * never silently absent. */
 #define LISTEN_RETRY_FIRST_MS 250u
 #define LISTEN_RETRY_MAX_MS   8000u
 
@@ -233,8 +236,26 @@ static struct {
 	int timer_init;
 	uint32_t backoff_ms;
 	uint64_t tries;
+	int said_rc;              /* the error last explained in the log */
 	char error[160];
 } lsn;
+
+/* One line: which address, why, what it means and what to do. */
+static void listen_explain(int rc)
+{
+	lsn.said_rc = rc;
+	if (rc == -EADDRINUSE)
+		DLOG_E("peers: cannot listen on %s:%u: another process holds that port (another "
+		       "dted?), and until it is free other daemons cannot connect to this one; "
+		       "use another port (--peer-listen %s:0 for any free one, or listen_port in "
+		       "[peer] of dted.conf) or stop the other daemon; retrying quietly meanwhile",
+		       conf.peer_listen_address, conf.peer_listen_port, conf.peer_listen_address);
+	else
+		DLOG_E("peers: cannot listen on %s:%u: %s, and until it can other daemons cannot "
+		       "connect to this one; check --peer-listen, or listen_address and "
+		       "listen_port in [peer] of dted.conf; retrying quietly meanwhile",
+		       conf.peer_listen_address, conf.peer_listen_port, strerror(-rc));
+}
 
 static void listen_retry(uv_timer_t *t)
 {
@@ -260,7 +281,9 @@ static void listen_retry(uv_timer_t *t)
 	droute_ucx_listen_failed(r, lsn.error, lsn.tries);
 	if (lsn.backoff_ms < LISTEN_RETRY_MAX_MS)
 		lsn.backoff_ms *= 2;
-	DLOG_W("peers: listener retry %llu failed: %s; next in %u ms", (unsigned long long)lsn.tries,
+	if (rc != lsn.said_rc)
+		listen_explain(rc);
+	DLOG_D("peers: listener retry %llu failed: %s; next in %u ms", (unsigned long long)lsn.tries,
 	       lsn.error, lsn.backoff_ms);
 	uv_timer_start(&lsn.timer, listen_retry, lsn.backoff_ms, 0);
 }
@@ -288,8 +311,7 @@ static int peers_init(uv_loop_t *loop)
 	if (rc < 0 && p.listen_address[0]) {
 		snprintf(lsn.error, sizeof(lsn.error), "cannot bind %s:%u: %s",
 			 conf.peer_listen_address, conf.peer_listen_port, strerror(-rc));
-		DLOG_E("peers: no listener yet (%s); other daemons cannot connect to this one "
-		       "first; retrying in %u ms", lsn.error, LISTEN_RETRY_FIRST_MS);
+		listen_explain(rc);
 		p.listen_address = NULL;
 		rc = droute_ucx_init(&r, loop, &p);
 		if (rc == 0)
@@ -347,9 +369,18 @@ int main(int argc, char **argv)
 	dlog_set_level(conf.log_level);
 	umask(0027);
 
+	/* Under auto, a node without CUDA is a CPU node, not a fault: one info
+	 * line says which backend and why.  Asked for cuda by name, not
+	 * getting it stays a warning. */
 	be = dtc_backend_get(conf.compute_backend, why, sizeof(why));
-	if (why[0])
+	if (why[0] && strcmp(conf.compute_backend, "auto") == 0 &&
+	    strcmp(dtc_backend_name(be), "cpu") == 0)
+		DLOG_I("compute backend: cpu (auto: %s)",
+		       strncmp(why, "cuda unavailable: ", 18) == 0 ? why + 18 : why);
+	else if (why[0])
 		DLOG_W("compute backend: %s", why);
+	else
+		DLOG_I("compute backend: %s (%s)", dtc_backend_name(be), dtc_backend_device(be));
 
 	if (!opt.foreground && ddaemon_detach() < 0) {
 		DLOG_E("cannot detach: fork failed");

@@ -1287,8 +1287,8 @@ int droute_ucx_listen(struct droute_ucx *r, const char *listen_address, uint16_t
 		return -EALREADY;
 	rc = dte_peer_listen(&r->ctx, listen_address, listen_port, &bound);
 	if (rc < 0) {
-		DLOG_E("route: cannot listen for peers on %s:%u: %s", listen_address, listen_port,
-		       strerror(-rc));
+		/* Not logged: the caller reports it (main.c: once, with the
+		 * fix, then a debug line per retry). */
 		snprintf(r->listen_error, sizeof(r->listen_error), "cannot bind %s:%u: %s",
 			 listen_address, listen_port, strerror(-rc));
 		return rc;

@@ -13,9 +13,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <ucs/debug/log_def.h>
 
 static void peer_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -272,6 +275,25 @@ static void peer_conn_request_cb(ucp_conn_request_h req, void *arg)
 	dte_peer__log(ctx, LOG_DEBUG, "accepted connection from %s", addr);
 }
 
+/* What UCX itself logs (warnings and errors, straight to stderr) while
+ * this thread creates a listener: held back, so that a port another
+ * process holds is said once, by the caller, with what to do about it,
+ * rather than by UCX's "bind() failed" on every retry. */
+static __thread char *listen_ucx_msg;
+static __thread size_t listen_ucx_len;
+
+static ucs_log_func_rc_t listen_ucx_log(const char *file, unsigned line, const char *function,
+                                        ucs_log_level_t level,
+                                        const ucs_log_component_config_t *comp_conf,
+                                        const char *fmt, va_list ap)
+{
+	if (!listen_ucx_msg || level > UCS_LOG_LEVEL_WARN)
+		return UCS_LOG_FUNC_RC_CONTINUE;
+	if (!listen_ucx_msg[0])
+		vsnprintf(listen_ucx_msg, listen_ucx_len, fmt, ap);
+	return UCS_LOG_FUNC_RC_STOP;
+}
+
 int dte_peer_listen(dte_peer_ctx_t *ctx, const char *addr, uint16_t port,
                     uint16_t *bound_port)
 {
@@ -288,6 +310,7 @@ int dte_peer_listen(dte_peer_ctx_t *ctx, const char *addr, uint16_t port,
 	socklen_t len;
 	ucp_listener_h listener;
 	ucs_status_t st;
+	char ucx_msg[256] = "";
 	int rc;
 
 	if (!ctx || !ctx->worker || ctx->closing)
@@ -302,12 +325,21 @@ int dte_peer_listen(dte_peer_ctx_t *ctx, const char *addr, uint16_t port,
 	}
 	lp.sockaddr.addr = (const struct sockaddr *)&ss;
 	lp.sockaddr.addrlen = len;
+	listen_ucx_msg = ucx_msg;
+	listen_ucx_len = sizeof(ucx_msg);
+	ucs_log_push_handler(listen_ucx_log);
 	st = ucp_listener_create(ctx->worker, &lp, &listener);
+	ucs_log_pop_handler();
+	listen_ucx_msg = NULL;
+	if (st == UCS_ERR_BUSY)
+		return -EADDRINUSE;	/* the port is in use: the caller's to say */
 	if (st != UCS_OK) {
-		dte_peer__log(ctx, LOG_ERR, "listen on %s:%u: %s", addr, port,
-		              ucs_status_string(st));
-		return st == UCS_ERR_BUSY ? -EADDRINUSE : dte_peer__errno(st);
+		dte_peer__log(ctx, LOG_ERR, "listen on %s:%u: %s%s%s", addr, port,
+		              ucs_status_string(st), ucx_msg[0] ? "; ucx: " : "", ucx_msg);
+		return dte_peer__errno(st);
 	}
+	if (ucx_msg[0])
+		dte_peer__log(ctx, LOG_WARNING, "listen on %s:%u: ucx: %s", addr, port, ucx_msg);
 	st = ucp_listener_query(listener, &la);
 	if (st != UCS_OK) {
 		dte_peer__log(ctx, LOG_ERR, "listener query: %s",

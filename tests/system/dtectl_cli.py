@@ -12,7 +12,11 @@ without arguments; `jobs` with no jobs says so; errors as a JSON object
 {error, code, message} under --json; `--json verify` keeps the daemon's
 message; `plan --dump-entries` without --json, an mcore source without
 --shards and a missing --model file are named; `storage ls` of a missing
-root is an error.  Prints `dtectl-cli: checks=N passed=N`.
+root is an error; `job` and `jobs` list only the participants in the job
+now (a source that left makes it incomplete; after the last one left,
+none); compute_backend = auto on a node without CUDA logs one info line
+naming the backend and no warning (= cuda there still warns).  Prints
+`dtectl-cli: checks=N passed=N`.
 """
 
 import json
@@ -147,12 +151,100 @@ def check_help(c, ctl):
     c.check(rc == 2 and "unknown command" in err, "help of an unknown command: exit 2")
 
 
+def check_backend_log(c, tmp, logged):
+    """compute_backend = auto on a node without CUDA is no fault: one info
+    line naming the backend chosen, no warning.  Asked for cuda by name on
+    such a node, it stays a warning."""
+    lines = logged.splitlines()
+    chosen = [ln for ln in lines if re.search(r" info: compute backend: (cpu|cuda) \(", ln)]
+    warned = [ln for ln in lines if re.search(r" (warn|error): .*(cuda unavailable|compute "
+                                              r"backend)", ln, re.I)]
+    c.check(len(chosen) == 1, "auto: one info line naming the compute backend (%s)" % chosen)
+    c.check(not warned, "auto: no warning about CUDA (%s)" % warned)
+    if not chosen or " compute backend: cpu (" not in chosen[0]:
+        return
+    # This node has no usable CUDA: compute_backend = cuda must say so.
+    sub = os.path.join(tmp, "cuda")
+    os.makedirs(sub)
+    with open(os.path.join(sub, "dted.log"), "w") as log:
+        d, sock = harness.start_dted(sub, "cli-cuda", log, extra_conf="runtime_dir = %s\n"
+                                     "compute_backend = cuda\n" % sub,
+                                     env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
+        try:
+            harness.wait_socket(sock, proc=d)
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait(20)
+    with open(os.path.join(sub, "dted.log"), errors="replace") as f:
+        text = f.read()
+    c.check(re.search(r" warn: compute backend: ", text) and
+            " info: compute backend:" not in text,
+            "compute_backend = cuda without CUDA: a warning, as before (%s)" %
+            [ln for ln in text.splitlines() if "compute backend" in ln])
+
+
+def job_view(ctl, job):
+    """(rc, text kv, text, json) of `dtectl job JOB`."""
+    rc, out, _ = ctl.run("job", job)
+    kv = dict(ln.split(": ", 1) for ln in out.splitlines() if ": " in ln)
+    _, j, _ = ctl.js("job", job)
+    return rc, kv, out, j or {}
+
+
+def check_departures(c, ctl, cfg):
+    """`job` lists the participants in the job now: a source that left is
+    gone from it (and the job is no longer complete); once the last one
+    left, none is listed, in text, --json and `jobs`."""
+    t = Trainer(ctl.sock, "gone", cfg, sink=True)
+    try:
+        t.step(1)
+        rc, kv, out, j = job_view(ctl, "gone")
+        c.check(rc == 0 and kv.get("complete") == "true" and
+                sorted(p["role"] for p in j.get("participants", [])) == ["sink", "source"],
+                "departures: source and sink in the job, complete (%s)" % j.get("participants"))
+        t.src.close()
+        t.src = None
+        end = time.time() + 10
+        while True:
+            rc, kv, out, j = job_view(ctl, "gone")
+            roles = [p["role"] for p in j.get("participants", [])]
+            if roles == ["sink"] or time.time() > end:
+                break
+            time.sleep(0.1)
+        c.check(roles == ["sink"] and j.get("complete") is False,
+                "the source left: --json lists the sink only, complete false (%s %s)" %
+                (roles, j.get("complete")))
+        c.check(kv.get("complete") == "false" and
+                [v for k, v in kv.items() if k.endswith("].role")] == ["sink"],
+                "the source left: the text lists the sink only, complete: false (%r)" % out)
+        t.sink.close()
+        t.sink = None
+        end = time.time() + 10
+        while True:
+            rc, kv, out, j = job_view(ctl, "gone")
+            if not j.get("participants") or time.time() > end:
+                break
+            time.sleep(0.1)
+        c.check(rc == 0 and j.get("participants", []) == [] and j.get("complete") is False and
+                j.get("members") in (None, []),
+                "all left: --json lists no participant and no member, complete false (%s)" % j)
+        c.check(kv.get("complete") == "false" and "participants[" not in out,
+                "all left: the text lists no participant, complete: false (%r)" % out)
+        rc, js, _ = ctl.js("jobs")
+        g = [x for x in (js or {}).get("jobs", []) if x.get("name") == "gone"]
+        c.check(len(g) == 1 and not g[0].get("participants") and not g[0].get("complete"),
+                "all left: jobs says participants 0, complete false (%s)" % g)
+    finally:
+        t.close()
+
+
 def main():
     c = Checks("dtectl-cli")
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-cli-")
     log = open(os.path.join(tmp, "dted.log"), "w")
-    d, sock = harness.start_dted(tmp, "cli", log, extra_conf="runtime_dir = %s\n" % tmp,
+    d, sock = harness.start_dted(tmp, "cli", log, extra_conf="runtime_dir = %s\n"
+                                 "compute_backend = auto\n" % tmp,
                                  env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
     ctl = Ctl(sock)
     cfg = qwen3.make_config(None, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -161,6 +253,8 @@ def main():
     solo = pair = None
     try:
         harness.wait_socket(sock, proc=d)
+        with open(os.path.join(tmp, "dted.log"), errors="replace") as f:
+            check_backend_log(c, tmp, f.read())
         check_help(c, ctl)
 
         # Exit codes without jobs.
@@ -261,6 +355,7 @@ def main():
         pair.sink.apply(2)
         rc, out, err = ctl.run("wait", "pair", "2", "10000")
         c.check(rc == 0 and out == "version: 2\nsinks: 1\n", "after the apply: exit 0")
+        check_departures(c, ctl, cfg)
 
         # Local commands: plan and storage.
         model = os.path.join(tmp, "config.json")

@@ -2,13 +2,18 @@
 """A dted whose peer port is held by another process at start: it still
 serves clients, reports the missing listener (dtectl peers: address "",
 listen_error, listen_retries growing; metrics: dted_peer_listener 0; the
-log: each failed retry), and binds the port on its own once it is free
-(the retry timer in daemon/main.c), never staying silently without one.
+log: one line that names the port, says another process holds it and
+gives the fix (--peer-listen HOST:0, listen_port in [peer], or stop the
+other daemon), then one debug line per failed retry and nothing louder,
+not even UCX's own bind() error), and binds the port on its own once it
+is free (the retry timer in daemon/main.c), never staying silently
+without one.
 
 Prints `peer-listen-retry: held_retries=N bound_after_s=S`.
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -53,6 +58,32 @@ def wait_for(what, cond, wait_s, log):
         time.sleep(0.05)
 
 
+def check_said_once(port, retries, log):
+    """The clash is explained once, at error level, with the fix; each
+    retry is one debug line; nothing else above debug names the port."""
+    with open(log, errors="replace") as f:
+        lines = f.read().splitlines()
+    where = "127.0.0.1:%d" % port
+    loud = [ln for ln in lines if where in ln and " debug: " not in ln and
+            "listening on" not in ln]
+    said = [ln for ln in loud if " error: peers: cannot listen on %s: " % where in ln]
+    if len(said) != 1 or len(loud) != 1:
+        fail("wanted the clash said exactly once above debug, got %d lines naming %s:\n%s" %
+             (len(loud), where, "\n".join(loud)), log)
+    for words in ("another process holds that port", "--peer-listen 127.0.0.1:0",
+                  "listen_port in [peer] of dted.conf", "stop the other daemon"):
+        if words not in said[0]:
+            fail("the clash's line does not say %r: %s" % (words, said[0]), log)
+    quiet = [ln for ln in lines if " debug: peers: listener retry " in ln]
+    per = {}
+    for ln in lines:
+        m = re.search(r" debug: .*\b(retry (\d+))\b", ln)
+        if m and where in ln:
+            per[m.group(2)] = per.get(m.group(2), 0) + 1
+    if len(quiet) < retries or any(n > 1 for n in per.values()):
+        fail("wanted one debug line per failed retry (%d retries): %s" % (retries, per), log)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="dte-listen-")
     sock, conf, log = (os.path.join(tmp, x) for x in ("d.sock", "d.conf", "d.log"))
@@ -61,7 +92,7 @@ def main():
     holder.listen(1)
     port = holder.getsockname()[1]
     with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = lr\nlog_level = info\nruntime_dir = %s\n" % tmp)
+        f.write("[daemon]\nnode_name = lr\nlog_level = debug\nruntime_dir = %s\n" % tmp)
     env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
     env.pop("DTE_TEST_HOOK", None)
     with open(log, "w") as lf:
@@ -85,9 +116,7 @@ def main():
         held = wait_for("two failed bind retries, shown by dtectl peers",
                         lambda: (ctl(sock, "peers") or {}).get("listen_retries", 0) >= 2 and
                         (ctl(sock, "peers") or {}).get("listen_retries"), 20, log)
-        with open(log, errors="replace") as f:
-            if "listener retry 1 failed: cannot bind" not in f.read():
-                fail("the failed retries are not logged", log)
+        check_said_once(port, held, log)
         t0 = time.time()
         holder.close()
         addr = wait_for("dted binding the freed port",
