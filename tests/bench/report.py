@@ -1,49 +1,134 @@
-"""docs/BENCHMARKS.md and docs/bench-*.png from one run's results."""
+"""docs/BENCHMARKS.md and docs/bench-*.png from one run's results.
 
+The plots' own numbers are kept beside them in docs/bench-plots.json, so
+`python3 tests/bench/report.py --plots [docs/bench-plots.json]` draws them
+again (a new look, no new measurements) without the run's full results.
+"""
+
+import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 
+PLOT_DATA = "bench-plots.json"
 
-def _plot(script, data, out):
+
+def _plot(script, data, out, size=(800, 500)):
     with tempfile.TemporaryDirectory(prefix="dte-bench-plot-") as tmp:
         paths = []
         for i, rows in enumerate(data):
             p = os.path.join(tmp, "d%d.dat" % i)
             with open(p, "w") as f:
                 for r in rows:
-                    f.write(" ".join(str(x) for x in r) + "\n")
+                    f.write(" ".join("NaN" if x is None else str(x) for x in r) + "\n")
             paths.append(p)
-        text = "set terminal pngcairo size 800,500\nset output '%s'\n" % out + script % tuple(paths)
+        text = ("set terminal pngcairo enhanced size %d,%d font ',10'\nset output '%s'\n"
+                % (size + (out,)) + script % tuple(paths))
         r = subprocess.run(["gnuplot"], input=text, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError("gnuplot: %s" % r.stderr)
 
 
-def plots(res, docs):
-    made = []
-    rows = res["codec"]["rows"]
-    _plot("set logscale x\nset xlabel 'learning rate'\nset ylabel 'bytes per changed element'\n"
-          "set y2label 'changed %%'\nset y2tics\nset logscale y2\nset key top center\n"
-          "set title 'Real torch AdamW step: bytes per truly changed BF16 element'\n"
-          "plot '%s' u 1:2 w lp t 'wire, default (raw, guard band incl.)', "
-          "'' u 1:3 w lp t 'wire, zstd 1', '' u 1:4 w lp t 'storage (zstd)', "
-          "'' u 1:6 w lp t 'AReaL-DTE rule (int32+BF16)', "
-          "'' u 1:5 axes x1y2 w lp dt 2 t 'changed %% (right)', 2 w l dt 3 t 'dense 2 B/element'\n",
-          [[(r["lr"], r["bpc_wire"], r["bpc_wire_zstd"], r["bpc_storage"], r["changed_pct"],
-             r["bpc_dte"]) for r in rows]], os.path.join(docs, "bench-codec.png"))
-    made.append("bench-codec.png")
+def fmt_count(n):
+    """276836608 -> '276.8 M' (k, M, G: powers of ten)."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return "%.1f %s" % (n / div, unit)
+    return "%d" % n
+
+
+def plot_data(res):
+    """What the plots draw, taken from a run's results (kept as
+    docs/bench-plots.json)."""
+    d = {"codec": [{k: r[k] for k in ("lr", "bpc_wire", "bpc_wire_zstd", "bpc_storage",
+                                       "changed_pct", "bpc_dte")}
+                   for r in res["codec"]["rows"]]}
     e2e = res.get("e2e")
     if e2e:
-        _plot("set logscale xy\nset xlabel 'link (Gbit/s)'\nset ylabel 'seconds to applied'\n"
-              "set xtics (1, 10, 100)\nset key top right\n"
-              "set title 'One version end to end, %d elements'\n" % e2e["elements"] +
-              "plot '%s' u 1:2 w lp t 'dense, dted (fresh sink)', '' u 1:5 w lp dt 4 t "
-              "'dense at line rate (broadcast floor)', '' u 1:3 w lp t 'sparse (AdamW "
-              "inversion)', '' u 1:4 w lp dt 2 t 'floor min(sparse floor, dense floor)'\n",
-              [[(r["gbit"], r["dense_s"], r["sparse_s"], r["floor_s"], r["line_s"])
-                for r in e2e["links"]]], os.path.join(docs, "bench-e2e.png"))
+        d["e2e"] = {"elements": e2e["elements"], "links": [
+            {"gbit": r["gbit"], "tcp_gbit": r.get("tcp_gbit"), "dense_bytes": r["dense"]["bytes"],
+             "dense_s": r["dense_s"], "sparse_s": r["sparse_s"], "floor_s": r["floor_s"],
+             "line_s": r["line_s"]} for r in e2e["links"]]}
+    return d
+
+
+def plots(res, docs):
+    data = plot_data(res)
+    with open(os.path.join(docs, PLOT_DATA), "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    return draw(data, docs)
+
+
+def draw(data, docs):
+    """docs/bench-codec.png and docs/bench-e2e.png from plot_data()'s numbers.
+    Each gnuplot script is %-formatted once, with the data files' paths."""
+    made = []
+    codec = data["codec"]
+    _plot("set logscale x\nset format x '10^{%%L}'\n" +
+          "set xrange [%g:%g]\n" % (min(r["lr"] for r in codec) / 1.5,
+                                    max(r["lr"] for r in codec) * 1.5) +
+          "set xlabel 'learning rate (one real torch AdamW step)'\n"
+          "set ylabel 'bytes per changed element'\nset yrange [0:*]\n"
+          "set y2label 'changed %% of BF16 elements'\nset y2tics\nset logscale y2\n"
+          "set format y2 '%%g'\nset ytics nomirror\n"
+          "set key outside below center horizontal maxrows 3 Left reverse\n"
+          "set title 'Real torch AdamW step: bytes per truly changed BF16 element'\n"
+          "plot '%s' u 1:2 w lp pt 7 t 'wire, default (raw, guard band incl.)', "
+          "'' u 1:3 w lp pt 5 t 'wire, zstd 1', '' u 1:4 w lp pt 9 t 'storage (zstd)', "
+          "'' u 1:6 w lp pt 13 t 'AReaL-DTE rule (int32+BF16)', "
+          "'' u 1:5 axes x1y2 w lp dt 2 pt 6 lc rgb '#777777' t 'changed %% (right axis)', "
+          "2 w l dt 3 lc rgb 'black' t 'dense: 2 B per element'\n",
+          [[(r["lr"], r["bpc_wire"], r["bpc_wire_zstd"], r["bpc_storage"], r["changed_pct"],
+             r["bpc_dte"]) for r in codec]], os.path.join(docs, "bench-codec.png"),
+          size=(800, 560))
+    made.append("bench-codec.png")
+    e2e = data.get("e2e")
+    if e2e:
+        links = e2e["links"]
+
+        def reached(r):
+            return min(r["gbit"], r["tcp_gbit"]) if r.get("tcp_gbit") else None
+
+        def g(x):
+            return "%.3g" % x
+        tics = ", ".join('"%s%s" %s' % (r["gbit"], "\\n(TCP %s)" % g(r["tcp_gbit"])
+                                         if r.get("tcp_gbit") else "", r["gbit"])
+                         for r in links)
+        short = [r for r in links if r.get("tcp_gbit") and r["tcp_gbit"] < 0.8 * r["gbit"]]
+        sub = ["measured on a veth shaped by tc to %s Gbit/s" % ", ".join(
+            str(r["gbit"]) for r in links)]
+        if any(r.get("tcp_gbit") for r in links):
+            sub[0] += "; a plain TCP stream reached %s Gbit/s on it" % ", ".join(
+                g(r["tcp_gbit"]) if r.get("tcp_gbit") else "-" for r in links)
+            sub += ["the points at %s Gbit/s ran on a link that carried at most %s Gbit/s "
+                    "(this VM's TCP ceiling)" % (r["gbit"], g(r["tcp_gbit"])) for r in short]
+        sub.append("solid lines, filled points: measured; dashed lines, open points: "
+                   "modelled from bytes and rates")
+        head = ("set xrange [%g:%g]\nset xtics (%s)\n" % (
+                    min(r["gbit"] for r in links) / 1.4, max(r["gbit"] for r in links) * 1.4,
+                    tics) +
+                "set title \"One version end to end: %s elements (%.1f MB as dense BF16)%s\"\n"
+                % (fmt_count(e2e["elements"]), links[0]["dense_bytes"] / 1e6,
+                   "".join("\\n{/*0.85 %s}" % x for x in sub)))
+        _plot(head.replace("%", "%%") +
+              "set logscale xy\nset format y '%%g'\n"
+              "set xlabel 'link rate set with tc, Gbit/s (below: what a plain TCP stream "
+              "reached)' offset 0,-0.8\nset ylabel 'seconds, publish to applied'\n"
+              "set key outside below center vertical Left reverse\n"
+              "plot '%s' u 1:2 w lp lw 2 pt 7 ps 1.3 t 'dted dense, fresh sink (measured)', "
+              "'' u 1:3 w lp lw 2 pt 5 ps 1.3 t 'dted sparse, AdamW inversion (measured)', "
+              "'' u 1:5 w lp dt 2 pt 6 lc rgb '#1f77b4' t 'dense bytes at the set rate (modelled: the broadcast "
+              "floor)', "
+              "'' u 1:6 w lp dt 3 pt 8 lc rgb '#d62728' t 'dense bytes at the rate plain TCP reached (modelled "
+              "from the measured rate)', "
+              "'' u 1:4 w lp dt 4 pt 4 lc rgb '#555555' t 'floor: min(sparse floor, dense floor), stages "
+              "measured alone, wire at the set rate (modelled)'\n",
+              [[(r["gbit"], r["dense_s"], r["sparse_s"], r["floor_s"], r["line_s"],
+                 r["dense_bytes"] * 8 / (reached(r) * 1e9) if reached(r) else None)
+                for r in links]], os.path.join(docs, "bench-e2e.png"), size=(900, 640))
         made.append("bench-e2e.png")
     return made
 
@@ -318,7 +403,8 @@ def write(res, root):
           "UCX_NET_DEVICES=veth")
     w("```")
     w("")
-    w("Plots: %s." % ", ".join("docs/" + p for p in made))
+    w("Plots: %s (their numbers: docs/%s; `python3 tests/bench/report.py --plots` draws "
+      "them again from it)." % (", ".join("docs/" + p for p in made), PLOT_DATA))
     check_met(L)
     with open(os.path.join(docs, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(L) + "\n")
@@ -823,3 +909,19 @@ def dense_bound(e2e):
 
 def _ms(x):
     return "%.0f" % x if isinstance(x, (int, float)) else "-"
+
+
+def main(argv):
+    """--plots [FILE]: draw docs/bench-*.png again from FILE (default
+    docs/bench-plots.json), without a run."""
+    if not argv or argv[0] != "--plots" or len(argv) > 2:
+        sys.exit("usage: report.py --plots [docs/bench-plots.json]")
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs")
+    path = argv[1] if len(argv) == 2 else os.path.join(docs, PLOT_DATA)
+    with open(path) as f:
+        made = draw(json.load(f), os.path.dirname(os.path.abspath(path)))
+    print("report: drew %s" % ", ".join(made))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

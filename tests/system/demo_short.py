@@ -95,9 +95,29 @@ def run_demo(c):
             "sparse versions change a few %% of elements (%s)" % [x[3] for x in rows[1:]])
     c.check("processes left: none" in out, "no process left behind")
     c.check("two daemons over UCX" in out, "trainer and inference on separate daemons")
-    c.check(re.search(r"demo: synced versions 1\.\.%d: training loss [\d.]+ -> [\d.]+ .*"
-                      r"held-out loss of the stand-in's logits [\d.]+ -> [\d.]+$" % VERSIONS,
-                      out, re.M) is not None, "loss over the synced versions reported")
+    c.check(re.search(r"^demo: held-out loss \(the stand-in's logits on a batch never trained "
+                      r"on\): [\d.]+ after version 1 -> [\d.]+ after version %d$" % VERSIONS,
+                      out, re.M) is not None, "held-out loss over the synced versions reported")
+    # 8 versions on the toy task's 8 batches: no two rows share a batch.
+    c.check(re.search(r"^demo: training loss: the %d synced versions each stepped on a "
+                      r"different one of the task's 8 batches .* their mean [\d.]+$" % VERSIONS,
+                      out, re.M) is not None, "training loss reported as per-batch")
+    whole = re.search(r"^demo: whole run, versions 1\.\.%d \(version 1 dense, to a fresh "
+                      r"sink\): sent (\d+) bytes against (\d+) .*: ([\d.]+)x fewer" % VERSIONS,
+                      out, re.M)
+    c.check(whole is not None and (whole.group(1), whole.group(2), whole.group(3)) ==
+            (m.group(4), m.group(5), m.group(6)),
+            "the whole-run line names the last line's bytes and ratio (%s)" % (
+                whole.groups() if whole else None,))
+    steady = re.search(r"^demo: versions 2\.\.%d \(sparse\): .* sent (\d+) bytes where dense "
+                       r"syncs would send (\d+): ([\d.]+)x fewer" % VERSIONS, out, re.M)
+    c.check(steady is not None and
+            int(steady.group(1)) == sum(int(x[4]) for x in rows[1:]) and
+            float(steady.group(3)) > float(m.group(6)),
+            "versions 2..N: the sparse rows' sent bytes, a higher ratio than the whole "
+            "run's (%s)" % (steady.groups() if steady else None,))
+    marks = [x for x in out.splitlines() if x.startswith("demo: starting ")]
+    c.check(len(marks) == 3, "it says when it starts each daemon and the stand-in (%s)" % marks)
 
 
 def run_demo_corrupted(c):

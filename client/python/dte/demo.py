@@ -8,9 +8,11 @@ torch AdamW on CPU on the toy task.  The inference side is the SGLang-layout
 TP=2 stand-in in its own process, which registers its BF16 arenas with its
 own daemon and applies each version when told.
 
-Every version prints: step, loss, changed %, sparse bytes (what went on the
-wire), dense bytes (2 bytes per element a full sync would send), sync ms
-(publish to every sink applied) and exact?.  exact? is "yes" only when
+Every version prints: step, loss (of that step's own training batch),
+changed %, sent bytes (what that version put on the wire: the sparse payload,
+or every element for a dense version), dense bytes (2 bytes per element, what
+a dense sync sends), mode, sync ms (publish to every sink applied) and
+exact?.  exact? is "yes" only when
   - EVERY element of EVERY stand-in rank (replicated norms and KV heads
     checked on each rank that holds them), read from the stand-in's own
     shared memory, equals bit for bit RNE-BF16 of the trainer's FP32 θ of
@@ -24,11 +26,20 @@ Otherwise it prints NO with the number of mismatched elements.
 
     /usr/bin/python3 -m dte.demo [--versions N] [--nodes 1|2] ...
 
+While it builds, warms up and starts its processes it says what it is
+doing, at least every few seconds.
+
 Ends with `demo: versions=N exact=N/N sparse_bytes=S dense_bytes=D ratio=R`
 and exits non-zero unless every version is exact and no process it started
-is left.  The training loss over the synced versions is reported as it is
-(each step's loss is on its own batch; at the synced phase's small lr it
-need not fall), next to the held-out loss of the stand-in's logits.
+is left.  On that line S is every byte the run sent (version 1, dense to a
+fresh sink, included), D what a dense sync of every version would send and
+R = D / S, named on the line above it; an earlier line gives the ratio over
+versions 2..N alone (the sparse steady state, without the dense first).
+The loss is reported as the held-out loss of the stand-in's logits after
+the first and the last version, and the training loss as the mean over all
+the toy task's batches (they cycle) at the start and at the end of the
+synced phase: one row's loss is that step's own batch, so rows rise and
+fall with the batch.
 """
 
 import argparse
@@ -45,6 +56,23 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 JOB, TOKEN = "demo", "demo-token"
+
+
+class Progress:
+    """Lines for whoever watches: each phase says what it starts, and a long
+    loop says where it is once `every` seconds have passed without a line."""
+
+    def __init__(self, every=5.0):
+        self.t0 = self.last = time.time()
+        self.every = every
+
+    def say(self, msg):
+        print("demo: " + msg, flush=True)
+        self.last = time.time()
+
+    def tick(self, msg):
+        if time.time() - self.last >= self.every:
+            self.say("%s (%.0f s so far)" % (msg, time.time() - self.t0))
 
 
 def build_dir():
@@ -252,6 +280,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     asan_reexec()
     signal.signal(signal.SIGTERM, _sigterm)
+    prog = Progress()
+    prog.say("loading torch and the dte package")
 
     import torch
     from . import _lib, megatron, qwen3, sglang, toy
@@ -275,6 +305,7 @@ def main(argv=None):
               cfg["num_key_value_heads"], cfg["vocab_size"], TP, TP), flush=True)
     print("demo: runtime directory %s" % tmp, flush=True)
     try:
+        prog.say("building the trainer: TP=2 Megatron-Core shards, FP32 θ, m, v in memfds")
         model = megatron.MegatronModel(cfg, tp=TP, seed=0, flat=True, label="demo-trainer")
         trainer = megatron.Trainer(model, lr=args.warm_lr)
         task = toy.ToyTask(cfg["vocab_size"])
@@ -283,8 +314,13 @@ def main(argv=None):
         # The "SFT checkpoint": a few unsynced steps at a high lr, so the loss
         # visibly falls; sync starts from there (its version 1 is dense).
         losses = []
+        if args.warm_steps:
+            prog.say("warm start: %d unsynced AdamW steps at lr %g on CPU (%d torch threads)"
+                     % (args.warm_steps, args.warm_lr, max(args.threads, 1)))
         for s in range(args.warm_steps):
             losses.append(trainer.step(*task.batch_at(s))["loss"])
+            prog.tick("warm start: step %d/%d, loss %.2f" % (s + 1, args.warm_steps,
+                                                              losses[-1]))
         if losses:
             print("demo: warm start (unsynced, lr %g): loss %s" % (
                 args.warm_lr, " ".join("%.2f" % x for x in losses)), flush=True)
@@ -295,10 +331,12 @@ def main(argv=None):
               "state continued), publish interval 1; loss is that step's batch (8 batches "
               "cycle)" % (args.versions, args.lr), flush=True)
 
+        prog.say("starting the trainer node's dted")
         trainer_d = Daemon(tmp, "trainer").start()
         daemons.append(trainer_d)
         pids.append(trainer_d.proc.pid)
         if args.nodes == 2:
+            prog.say("starting the inference node's dted")
             infer_d = Daemon(tmp, "inference").start()
             daemons.append(infer_d)
             pids.append(infer_d.proc.pid)
@@ -310,7 +348,10 @@ def main(argv=None):
             print("demo: one daemon: source and sink on the same node (memory path, no UCX)",
                   flush=True)
 
+        prog.say("attaching the trainer's memory to its daemon (source)")
         src = Source.megatron(model, trainer.opt, trainer_d.sock, JOB, TOKEN)
+        prog.say("starting the SGLang-layout stand-in in its own process (it loads torch) "
+                 "and attaching its sink ranks")
         standin = sglang.Standin(cfg, tp=TP, label="demo-standin", timeout=120.0)
         pids.append(standin.proc.pid)
         sink = StandinSink(standin, infer_d.sock, JOB, TOKEN, cfg_text, coordinator=coord)
@@ -330,8 +371,12 @@ def main(argv=None):
               "the independent converter (tests/system/sglang_reference.py), and its logits "
               "on a held-out batch == the same forward on those tensors" % n_elems, flush=True)
 
+        print("demo: columns: loss = that step's own training batch; sent_B = bytes the "
+              "version put on the wire (every element for a dense one); dense_B = 2 B per "
+              "element, what a dense sync sends; sync_ms = publish to every sink applied",
+              flush=True)
         hdr = "%4s %5s %7s %8s %11s %11s %6s %8s  %s" % (
-            "ver", "step", "loss", "changed%", "sparse_B", "dense_B", "mode", "sync_ms", "exact?")
+            "ver", "step", "loss", "changed%", "sent_B", "dense_B", "mode", "sync_ms", "exact?")
         print(hdr + "\n" + "-" * len(hdr), flush=True)
         step0 = args.warm_steps
         for v in range(1, args.versions + 1):
@@ -394,6 +439,8 @@ def main(argv=None):
                 mem.flip_bit(*flipped, 0)   # back, before the daemon writes again
         failed = False
     finally:
+        if rows or daemons:
+            prog.say("stopping the stand-in and the daemons")
         if mem is not None:
             mem.close()
         if standin is not None:
@@ -414,7 +461,7 @@ def main(argv=None):
 
     n = len(rows)
     exact = sum(1 for r in rows if r[5])
-    sparse_b = sum(r[2]["bytes"] for r in rows)
+    sparse_b = sum(r[2]["bytes"] for r in rows)     # every byte sent, version 1 included
     dense_b = sum(r[3] for r in rows)
     later = rows[1:]
     if later:
@@ -422,21 +469,45 @@ def main(argv=None):
         pct = [100.0 * r[2]["changed"] / max(r[2]["elements"], 1) for r in later]
         nd = sum(1 for r in later if r[2]["dense"])
         print("demo: versions 2..%d (%s): %.2f%% of BF16 elements changed per step on "
-              "average, %d bytes against %d dense (%.1fx), mean sync %.1f ms" % (
+              "average; sent %d bytes where dense syncs would send %d: %.1fx fewer; mean "
+              "sync %.1f ms" % (
                   n, "sparse" if not nd else "%d sparse, %d dense" % (len(later) - nd, nd),
                   sum(pct) / len(pct), sb, db, db / max(sb, 1),
                   sum(r[4] for r in later) / len(later)))
     if rows:
         first, last = rows[0], rows[-1]
-        print("demo: synced versions %d..%d: training loss %.4f -> %.4f (each on its own "
-              "batch), held-out loss of the stand-in's logits %.4f -> %.4f" % (
-                  first[0], last[0], first[1]["loss"], last[1]["loss"], first[6], last[6]))
+        print("demo: held-out loss (the stand-in's logits on a batch never trained on): "
+              "%.4f after version %d -> %.4f after version %d" % (
+                  first[6], first[0], last[6], last[0]))
+        print("demo: " + train_loss_line(rows, task.data.shape[0]))
     print("demo: daemons exited %s; processes left: %s" % (
         ", ".join("%s=%s" % kv for kv in codes.items()), left or "none"))
+    if rows:
+        print("demo: whole run, versions 1..%d (version 1 %s, to a fresh sink): sent %d bytes "
+              "against %d for a dense sync of every version: %.1fx fewer (the last line's "
+              "sparse_bytes, dense_bytes and ratio)" % (
+                  n, "dense" if rows[0][2]["dense"] else "sparse", sparse_b, dense_b,
+                  dense_b / max(sparse_b, 1)))
     print("demo: versions=%d exact=%d/%d sparse_bytes=%d dense_bytes=%d ratio=%.1f" % (
         n, exact, n, sparse_b, dense_b, dense_b / max(sparse_b, 1)), flush=True)
     ok = n == args.versions and exact == n and not left and not any(codes.values())
     return 0 if ok else 1
+
+
+def train_loss_line(rows, nb):
+    """The synced phase's training loss in a form that compares: each step's
+    loss is on its own batch and the toy task's nb batches cycle, so any nb
+    consecutive versions stepped on every batch once, and their means at the
+    start and at the end are over the same batches."""
+    loss = [r[1]["loss"] for r in rows]
+    n = len(loss)
+    if n <= nb:
+        return ("training loss: the %d synced versions each stepped on a different one of "
+                "the task's %d batches (a row's loss is its own batch's), so no two rows "
+                "compare; their mean %.4f" % (n, nb, sum(loss) / n))
+    return ("training loss, mean over the task's %d batches (a row's loss is its own "
+            "batch's): versions 1..%d %.4f -> versions %d..%d %.4f" % (
+                nb, nb, sum(loss[:nb]) / nb, n - nb + 1, n, sum(loss[-nb:]) / nb))
 
 
 def corrupt_target(kind, task, mem, cfg, tp):
