@@ -424,6 +424,33 @@ static int name_ok(const char *s)
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
+/* Families `dtectl plan` maps but whose sync the data path cannot keep
+ * exact yet (docs/SUPPORTED.md): a tensor the engines hold in FP32 would
+ * move as BF16 sink elements, and an MLA engine derives w_kc/w_vc
+ * (SGLang, DeepseekV2AttentionMLA via post_load_weights) or W_UK/W_UV
+ * (vLLM, MLA process_weights_after_loading) from kv_b_proj after loading,
+ * which dted does not rebuild.  Refused at job creation, naming why,
+ * rather than served inexact. */
+static int spec_syncable(const struct dte_spec *s, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < s->n; i++)
+		if (s->t[i].dtype != DTE_SPEC_DTYPE_BF16) {
+			snprintf(err, errlen, "model config: %s is held in %s by the engines and dted "
+				 "moves BF16 elements only, so a sync of this model would not be exact "
+				 "(dtectl plan maps it; docs/SUPPORTED.md)", s->t[i].name,
+				 dte_spec_dtype_name(s->t[i].dtype));
+			return -EOPNOTSUPP;
+		}
+	if (s->cfg.arch == DTE_SPEC_ARCH_MLA) {
+		snprintf(err, errlen, "model config: multi-head latent attention: the engines derive "
+			 "w_kc/w_vc (SGLang) and W_UK/W_UV (vLLM) from kv_b_proj after loading and dted "
+			 "does not rebuild them yet, so a sync would serve stale attention (dtectl plan "
+			 "maps it; docs/SUPPORTED.md)");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
 int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
 	       size_t errlen)
 {
@@ -431,7 +458,7 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	struct jstore_cfg scfg;
 	uint32_t k = rq->publish_interval ? rq->publish_interval : 1;
 	int detect;
-	char serr[256];
+	char serr[384];
 	int src;
 	struct dte_spec spec;
 	struct job *j;
@@ -467,6 +494,10 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 			    rq->name);
 	if (dte_spec_load_string(&spec, rq->model_config, serr, sizeof(serr)) < 0)
 		return FAIL(-EINVAL, "job %s: model config: %s", rq->name, serr);
+	if ((src = spec_syncable(&spec, serr, sizeof(serr))) < 0) {
+		dte_spec_fini(&spec);
+		return FAIL(src, "job %s: %s", rq->name, serr);
+	}
 	j = job_find(rq->name);
 	if (j) {
 		const char *why = spec.hash != j->spec.hash ? "model" :

@@ -9,6 +9,8 @@ SYSTEM_TESTS += tests/system/foundation.py
 SYSTEM_TESTS += tests/system/metrics_dashboard.py
 # docs/SUPPORTED.md against `dtectl plan --supported` and the pin files.
 SYSTEM_TESTS += tests/system/supported_matrix.py
+# DeepSeek-V3 / Kimi-K2 / GLM-4.5 MoE: plans at real size, element maps at small dims.
+SYSTEM_TESTS += tests/system/families.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
 # repeats the proto and layout objects).

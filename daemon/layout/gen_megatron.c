@@ -62,6 +62,7 @@ struct mg_param {
 	size_t   sub0, nsub;
 	int64_t  offset;           /* in the flat buffer */
 	int32_t  vocab;            /* canonical tensor of a vocab-parallel param, else -1 */
+	int      buffer;           /* a registered buffer, not a parameter (mg_buffers) */
 };
 
 struct mg_list {
@@ -195,6 +196,59 @@ static void mg_qkv_rows(struct mg_list *m, const struct dte_spec *spec, int32_t 
 	}
 }
 
+/* Multi-latent attention of one layer at TP rank t (Megatron-Core 0.16
+ * megatron/core/transformer/multi_latent_attention.py: MultiLatentAttention
+ * .__init__ builds linear_proj, then MLASelfAttention.__init__
+ * linear_q_proj or linear_q_down_proj + linear_q_up_proj, then
+ * linear_kv_down_proj, linear_kv_up_proj; the TE layer spec
+ * (models/gpt/gpt_layer_specs.py, multi_latent_attention with
+ * qk_layernorm, as DeepSeek-V3 recipes set) keeps input_layernorm as a
+ * module and fuses q_layernorm / kv_layernorm into linear_q_up_proj /
+ * linear_kv_up_proj (TELayerNormColumnParallelLinear: layer_norm_weight).
+ * The down projections are TELinear with parallel_mode "duplicated" (whole
+ * on every TP rank: TP rank 0 is the source); the up projections are column
+ * parallel over heads, linear_proj row parallel.  Row order inside a head
+ * is the checkpoint's ([nope; rope] for q, [k_nope; v] for kv, [kv_lora;
+ * rope] for kv_down), as MLASelfAttention.get_query_key_value_tensors
+ * splits them, so the map is a straight slice. */
+static void mg_mla(struct mg_list *m, const struct dte_spec *spec, int64_t l, int64_t T, int64_t t)
+{
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t H = c->hidden, nhl = c->heads / T, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+	int64_t kvb = c->qk_nope_head_dim + c->v_head_dim, qr = c->q_lora_rank, kr = c->kv_lora_rank;
+	int64_t vd = c->v_head_dim;
+	char n[DTE_LAYOUT_NAME_MAX];
+	long long L = (long long)l;
+
+#define LT(kind) dte_spec_layer_tensor(spec, l, kind)
+	snprintf(n, sizeof(n), "decoder.layers.%lld.input_layernorm.weight", L);
+	mg_replicated(m, spec, LT(DTE_SPEC_IN_NORM), t, n);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_proj.weight", L);
+	mg_param(m, 2, H, nhl * vd, DTE_SPEC_GROUP_DECAY, n);
+	mg_sub(m, LT(DTE_SPEC_O), 0, H, t * nhl * vd, nhl * vd, 0, 0, spec);
+	if (qr) {
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_q_down_proj.weight", L);
+		mg_replicated(m, spec, LT(DTE_SPEC_Q_A), t, n);
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_q_up_proj.layer_norm_weight", L);
+		mg_replicated(m, spec, LT(DTE_SPEC_Q_A_NORM), t, n);
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_q_up_proj.weight", L);
+		mg_param(m, 2, nhl * qk, qr, DTE_SPEC_GROUP_DECAY, n);
+		mg_sub(m, LT(DTE_SPEC_Q_B), t * nhl * qk, nhl * qk, 0, 0, 0, 0, spec);
+	} else {
+		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_q_proj.weight", L);
+		mg_param(m, 2, nhl * qk, H, DTE_SPEC_GROUP_DECAY, n);
+		mg_sub(m, LT(DTE_SPEC_Q), t * nhl * qk, nhl * qk, 0, 0, 0, 0, spec);
+	}
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_kv_down_proj.weight", L);
+	mg_replicated(m, spec, LT(DTE_SPEC_KV_A), t, n);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_kv_up_proj.layer_norm_weight", L);
+	mg_replicated(m, spec, LT(DTE_SPEC_KV_A_NORM), t, n);
+	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_kv_up_proj.weight", L);
+	mg_param(m, 2, nhl * kvb, kr, DTE_SPEC_GROUP_DECAY, n);
+	mg_sub(m, LT(DTE_SPEC_KV_B), t * nhl * kvb, nhl * kvb, 0, 0, 0, 0, spec);
+#undef LT
+}
+
 static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64_t l,
 			   int64_t T, int64_t t)
 {
@@ -205,6 +259,10 @@ static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64
 	char n[DTE_LAYOUT_NAME_MAX];
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
+	if (c->arch == DTE_SPEC_ARCH_MLA) {
+		mg_mla(m, spec, l, T, t);
+		goto mlp;
+	}
 	snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.linear_proj.weight", (long long)l);
 	mg_param(m, 2, H, c->heads * hd / T, DTE_SPEC_GROUP_DECAY, n);
 	mg_sub(m, LT(DTE_SPEC_O), 0, H, t * c->heads * hd / T, c->heads * hd / T, 0, 0, spec);
@@ -226,11 +284,34 @@ static void mg_layer_dense(struct mg_list *m, const struct dte_spec *spec, int64
 		snprintf(n, sizeof(n), "decoder.layers.%lld.self_attention.k_layernorm.weight", (long long)l);
 		mg_replicated(m, spec, LT(DTE_SPEC_K_NORM), t, n);
 	}
+mlp:
 	if (c->moe_layer[l]) {
 		snprintf(n, sizeof(n), "decoder.layers.%lld.pre_mlp_layernorm.weight", (long long)l);
 		mg_replicated(m, spec, LT(DTE_SPEC_POST_NORM), t, n);
 		snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.router.weight", (long long)l);
 		mg_replicated(m, spec, LT(DTE_SPEC_ROUTER), t, n);
+		if (c->router_bias) {
+			/* TopKRouter (megatron/core/transformer/moe/router.py
+			 * __init__, moe_router_enable_expert_bias): register_buffer
+			 * 'expert_bias', FP32, no optimizer state (mg_buffers). */
+			snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.router.expert_bias", (long long)l);
+			mg_replicated(m, spec, LT(DTE_SPEC_ROUTER_BIAS), t, n);
+			if (!m->oom)
+				m->p[m->n - 1].buffer = 1;
+		}
+		if (c->shared_experts) {
+			/* SharedExpertMLP (moe/shared_experts.py), built after the
+			 * experts in MoELayer.__init__; an MLP over the TP group,
+			 * in the dense buffer. */
+			int64_t Is = c->moe_intermediate * c->shared_experts / T;
+			snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.shared_experts.linear_fc1.weight", (long long)l);
+			mg_param(m, 2, 2 * Is, H, DTE_SPEC_GROUP_DECAY, n);
+			mg_sub(m, LT(DTE_SPEC_SH_GATE), t * Is, Is, 0, 0, 0, 0, spec);
+			mg_sub(m, LT(DTE_SPEC_SH_UP), t * Is, Is, 0, 0, Is, 0, spec);
+			snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.shared_experts.linear_fc2.weight", (long long)l);
+			mg_param(m, 2, H, Is, DTE_SPEC_GROUP_DECAY, n);
+			mg_sub(m, LT(DTE_SPEC_SH_DOWN), 0, H, t * Is, Is, 0, 0, spec);
+		}
 		return;
 	}
 	snprintf(n, sizeof(n), "decoder.layers.%lld.mlp.linear_fc1.layer_norm_weight", (long long)l);
@@ -286,6 +367,10 @@ static int64_t mg_assign_offsets(struct mg_list *m, int dist_opt)
 
 	for (i = m->n; i > 0; i--) {
 		struct mg_param *p = &m->p[i - 1];
+		if (p->buffer) {
+			p->offset = -1;
+			continue;
+		}
 		off = (off + align - 1) / align * align;
 		p->offset = off;
 		off += p->numel;
@@ -349,7 +434,7 @@ static int mg_emit_shard(struct dte_layout *l, const struct mg_list *m, uint32_t
 		const struct mg_param *p = &m->p[i];
 		int64_t a = p->offset > s ? p->offset : s;
 		int64_t z = p->offset + p->numel < e ? p->offset + p->numel : e;
-		if (a >= z || !p->nsub)
+		if (p->buffer || a >= z || !p->nsub)
 			continue;
 		if (mg_emit_range(l, p, &m->s[p->sub0], p->nsub, rank, buf0, p->group, p->offset - s,
 				  a - p->offset, z - p->offset, spec))
@@ -380,11 +465,46 @@ static int mg_emit(struct dte_layout *l, const struct mg_list *m, int64_t total,
 	for (size_t i = 0; i < m->n; i++) {
 		const struct mg_param *p = &m->p[i];
 
-		if (p->offset < s + shard && p->offset + p->numel > s &&
+		if (!p->buffer && p->offset < s + shard && p->offset + p->numel > s &&
 		    dte_layout_add_tensor(l, rank, buf0, p->offset - s, p->ndim, p->shape, p->name))
 			return -1;
 	}
 	return mg_emit_shard(l, m, rank, buf0, s, s + shard, spec);
+}
+
+/* Registered buffers (p->buffer: the routers' FP32 expert_bias) are not in
+ * Megatron's param-and-grad buffer: TP rank 0 / DP rank 0 (global rank 0)
+ * holds them, modelled as one more buffer triple (ids 6, 7, 8), the
+ * buffers back to back in registration order.  They have no exp_avg /
+ * exp_avg_sq: the 7 and 8 buffers exist for the plan's piece shape only
+ * (docs/SUPPORTED.md: what a sync does with them). */
+static int mg_buffers(struct dte_layout *l, struct mg_list *m, const struct dte_spec *spec)
+{
+	int64_t total = 0;
+	size_t i;
+
+	for (i = 0; i < m->n; i++)
+		if (m->p[i].buffer && m->p[i].nsub) {
+			m->p[i].offset = total;
+			total += m->p[i].numel;
+		}
+	if (!total)
+		return 0;
+	if (dte_layout_add_buffer(l, 0, 6, total, "buffers (fp32, not optimized) [0, %lld)", (long long)total) < 0 ||
+	    dte_layout_add_buffer(l, 0, 7, total, "buffers exp_avg (none)") < 0 ||
+	    dte_layout_add_buffer(l, 0, 8, total, "buffers exp_avg_sq (none)") < 0)
+		return -1;
+	for (i = 0; i < m->n; i++) {
+		const struct mg_param *p = &m->p[i];
+
+		if (!p->buffer || !p->nsub)
+			continue;
+		if (dte_layout_add_tensor(l, 0, 6, p->offset, p->ndim, p->shape, p->name) ||
+		    mg_emit_range(l, p, &m->s[p->sub0], p->nsub, 0, 6, p->group, p->offset, 0,
+				  p->numel, spec))
+			return -1;
+	}
+	return 0;
 }
 
 static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *cfg,
@@ -402,7 +522,7 @@ static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *
 		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide num_attention_heads=%lld",
 				      (long long)cfg->tp, (long long)c->heads);
 	/* TP above the query groups: ranks share a group (mg_qkv_rows). */
-	if (c->kv_heads % cfg->tp && (cfg->tp % c->kv_heads ||
+	if (c->arch != DTE_SPEC_ARCH_MLA && c->kv_heads % cfg->tp && (cfg->tp % c->kv_heads ||
 				      (c->kv_heads * (c->heads / c->kv_heads + 2) * c->head_dim) % cfg->tp))
 		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the %lld query groups (num_key_value_heads), "
 				      "nor do they divide it with linear_qkv's rows divisible by tp",
@@ -417,6 +537,9 @@ static int mg_check(const struct dte_spec *spec, const struct dte_megatron_cfg *
 	if (c->experts % cfg->ep)
 		return dte_layout_err(err, errlen, "megatron: ep=%lld does not divide num_experts=%lld",
 				      (long long)cfg->ep, (long long)c->experts);
+	if (c->shared_experts && (c->moe_intermediate * c->shared_experts) % cfg->tp)
+		return dte_layout_err(err, errlen, "megatron: tp=%lld does not divide the shared experts' intermediate size %lld",
+				      (long long)cfg->tp, (long long)(c->moe_intermediate * c->shared_experts));
 	if (c->moe_intermediate % etp)
 		return dte_layout_err(err, errlen, "megatron: etp=%lld does not divide moe_intermediate_size=%lld",
 				      (long long)etp, (long long)c->moe_intermediate);
@@ -455,6 +578,8 @@ int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,
 		for (d = 0; d < cfg->dp; d++)
 			if (mg_emit(l, &m, total, cfg, cfg->dp, d, (uint32_t)(d * T + t), 0, "dense", spec))
 				goto oom;
+		if (t == 0 && mg_buffers(l, &m, spec))
+			goto oom;
 	}
 	if (c->experts) {
 		edp = world / (cfg->ep * etp);

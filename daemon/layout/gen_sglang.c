@@ -34,6 +34,7 @@ struct infer_ctx {
 	uint32_t                rank;
 	int64_t                 buf;   /* current buffer id */
 	int                     oom;
+	int                     vllm;  /* vLLM's parameter names where they differ */
 };
 
 /* One runtime tensor of shape {d0[, d1[, d2]]} (0 ends the shape) in a
@@ -100,6 +101,57 @@ static void infer_vocab(struct infer_ctx *x, int32_t tensor, int64_t T, int64_t 
 	infer_piece(x, tensor, lo, hi - lo, 0, 0, 0, H);
 }
 
+/* Multi-head latent attention of one layer at TP rank t of T (attention TP
+ * = TP, SGLang without DP attention), from DeepseekV2AttentionMLA.__init__
+ * in both engines:
+ *   q_lora_rank set: fused_qkv_a_proj_with_mqa (SGLang) / fused_qkv_a_proj
+ *     (vLLM) [q_lora + kv_lora + rope, H] = [q_a_proj; kv_a_proj_with_mqa],
+ *     replicated (SGLang ReplicatedLinear, loaded as torch.cat([q_a, kv_a])
+ *     in deepseek_weight_loader.py do_load_weights; vLLM
+ *     DeepSeekV2FusedQkvAProjLinear, a MergedColumnParallelLinear with
+ *     disable_tp=True, shards 0/1 from load_weights' mla_params_mapping);
+ *     q_a_layernorm [q_lora] replicated; q_b_proj [nh/T * (nope+rope),
+ *     q_lora] (ColumnParallelLinear: rows of heads t*nh/T..);
+ *   q_lora_rank absent: q_proj [nh/T * (nope+rope), H] (column parallel)
+ *     and kv_a_proj_with_mqa [kv_lora + rope, H] (ReplicatedLinear);
+ *   kv_a_layernorm [kv_lora]; kv_b_proj [nh/T * (nope+v), kv_lora] (column
+ *   parallel); o_proj [H, nh/T * v] (row parallel: split on dim 1).
+ * The engines also keep copies DERIVED from kv_b_proj after loading (SGLang
+ * post_load_weights: self_attn.w_kc / w_vc; vLLM MLA
+ * process_weights_after_loading: W_UK / W_UV): they are not parameters,
+ * this layout does not write them, and the sink's desc says so. */
+static void infer_mla(struct infer_ctx *x, int64_t l, int64_t T, int64_t t)
+{
+	const struct dte_spec *spec = x->spec;
+	const struct dte_spec_cfg *c = &spec->cfg;
+	int64_t H = c->hidden, nhl = c->heads / T, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+	int64_t kva = c->kv_lora_rank + c->qk_rope_head_dim, kvb = c->qk_nope_head_dim + c->v_head_dim;
+	int64_t qr = c->q_lora_rank, kr = c->kv_lora_rank, vd = c->v_head_dim;
+	long long L = (long long)l;
+
+#define LT(kind) dte_spec_layer_tensor(spec, l, kind)
+	if (qr) {
+		infer_buffer(x, x->vllm ? "model.layers.%lld.self_attn.fused_qkv_a_proj.weight"
+					: "model.layers.%lld.self_attn.fused_qkv_a_proj_with_mqa.weight",
+			     L, qr + kva, H, 0);
+		infer_piece(x, LT(DTE_SPEC_Q_A), 0, qr, 0, 0, 0, H);
+		infer_piece(x, LT(DTE_SPEC_KV_A), 0, kva, 0, 0, qr * H, H);
+		infer_replicated(x, LT(DTE_SPEC_Q_A_NORM), "model.layers.%lld.self_attn.q_a_layernorm.weight", L);
+		infer_buffer(x, "model.layers.%lld.self_attn.q_b_proj.weight", L, nhl * qk, qr, 0);
+		infer_piece(x, LT(DTE_SPEC_Q_B), t * nhl * qk, nhl * qk, 0, 0, 0, qr);
+	} else {
+		infer_buffer(x, "model.layers.%lld.self_attn.q_proj.weight", L, nhl * qk, H, 0);
+		infer_piece(x, LT(DTE_SPEC_Q), t * nhl * qk, nhl * qk, 0, 0, 0, H);
+		infer_replicated(x, LT(DTE_SPEC_KV_A), "model.layers.%lld.self_attn.kv_a_proj_with_mqa.weight", L);
+	}
+	infer_buffer(x, "model.layers.%lld.self_attn.kv_b_proj.weight", L, nhl * kvb, kr, 0);
+	infer_piece(x, LT(DTE_SPEC_KV_B), t * nhl * kvb, nhl * kvb, 0, 0, 0, kr);
+	infer_buffer(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nhl * vd, 0);
+	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nhl * vd, nhl * vd, 0, nhl * vd);
+	infer_replicated(x, LT(DTE_SPEC_KV_A_NORM), "model.layers.%lld.self_attn.kv_a_layernorm.weight", L);
+#undef LT
+}
+
 static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, int64_t ep)
 {
 	const struct dte_spec *spec = x->spec;
@@ -112,6 +164,10 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
 	infer_replicated(x, LT(DTE_SPEC_IN_NORM), "model.layers.%lld.input_layernorm.weight", L);
+	if (c->arch == DTE_SPEC_ARCH_MLA) {
+		infer_mla(x, l, T, t);
+		goto mlp;
+	}
 	infer_buffer(x, "model.layers.%lld.self_attn.qkv_proj.weight", L, rows, H, 0);
 	infer_piece(x, LT(DTE_SPEC_Q), t * nql * hd, nql * hd, 0, 0, 0, H);
 	infer_piece(x, LT(DTE_SPEC_K), kv0 * hd, kvl * hd, 0, 0, nql * hd * H, H);
@@ -128,6 +184,7 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 	}
 	infer_buffer(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nql * hd, 0);
 	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nql * hd, nql * hd, 0, nql * hd);
+mlp:
 	infer_replicated(x, LT(DTE_SPEC_POST_NORM), "model.layers.%lld.post_attention_layernorm.weight", L);
 	if (!c->moe_layer[l]) {
 		int64_t Il = c->intermediate / T;
@@ -140,6 +197,9 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 		int64_t mtp = T / ep, ep_idx = t / mtp, mt = t % mtp;
 		int64_t El = c->experts / ep, Ip = c->moe_intermediate / mtp, e;
 		infer_replicated(x, LT(DTE_SPEC_ROUTER), "model.layers.%lld.mlp.gate.weight", L);
+		if (c->router_bias)
+			infer_replicated(x, LT(DTE_SPEC_ROUTER_BIAS),
+					 "model.layers.%lld.mlp.gate.e_score_correction_bias", L);
 		infer_buffer(x, "model.layers.%lld.mlp.experts.w13_weight", L, El, 2 * Ip, H);
 		for (e = 0; e < El; e++) {
 			int64_t E = ep_idx * El + e;
@@ -152,6 +212,18 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 		for (e = 0; e < El; e++)
 			infer_piece(x, dte_spec_expert_tensor(spec, l, ep_idx * El + e, DTE_SPEC_EXP_DOWN),
 				    0, H, mt * Ip, Ip, e * H * Ip, Ip);
+		if (c->shared_experts) {
+			/* DeepseekV2MLP / Glm4MoeMLP over the whole TP group (the
+			 * engines' default; SGLang's DeepEP-style a2a backends and
+			 * SGLANG_SHARED_EXPERT_TP1 replicate it instead, vLLM's
+			 * sequence-parallel MoE likewise: not modelled). */
+			int64_t Is = c->moe_intermediate * c->shared_experts / T;
+			infer_buffer(x, "model.layers.%lld.mlp.shared_experts.gate_up_proj.weight", L, 2 * Is, H, 0);
+			infer_piece(x, LT(DTE_SPEC_SH_GATE), t * Is, Is, 0, 0, 0, H);
+			infer_piece(x, LT(DTE_SPEC_SH_UP), t * Is, Is, 0, 0, Is * H, H);
+			infer_buffer(x, "model.layers.%lld.mlp.shared_experts.down_proj.weight", L, H, Is, 0);
+			infer_piece(x, LT(DTE_SPEC_SH_DOWN), 0, H, t * Is, Is, 0, Is);
+		}
 	}
 #undef LT
 }
@@ -168,7 +240,7 @@ static int infer_check(const struct dte_spec *spec, const struct dte_infer_cfg *
 	if (c->heads % T)
 		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide num_attention_heads=%lld",
 				      who, (long long)T, (long long)c->heads);
-	if (T % c->kv_heads && c->kv_heads % T)
+	if (c->arch != DTE_SPEC_ARCH_MLA && T % c->kv_heads && c->kv_heads % T)
 		return dte_layout_err(err, errlen, "%s: tp=%lld and num_key_value_heads=%lld: neither divides the other, KV heads cannot be split or replicated",
 				      who, (long long)T, (long long)c->kv_heads);
 	Vp = (c->vocab + INFER_VOCAB_PAD - 1) / INFER_VOCAB_PAD * INFER_VOCAB_PAD;
@@ -189,6 +261,9 @@ static int infer_check(const struct dte_spec *spec, const struct dte_infer_cfg *
 	if (c->experts % cfg->ep)
 		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide num_experts=%lld",
 				      who, (long long)cfg->ep, (long long)c->experts);
+	if (c->shared_experts && (c->moe_intermediate * c->shared_experts) % T)
+		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide the shared experts' intermediate size %lld",
+				      who, (long long)T, (long long)(c->moe_intermediate * c->shared_experts));
 	if (c->moe_intermediate % (T / cfg->ep))
 		return dte_layout_err(err, errlen, "%s: MoE tensor parallel size tp/ep=%lld does not divide moe_intermediate_size=%lld",
 				      who, (long long)(T / cfg->ep), (long long)c->moe_intermediate);
@@ -204,10 +279,16 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 
 	if (infer_check(spec, cfg, who, err, errlen))
 		return -1;
-	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld", who, (long long)cfg->tp, (long long)cfg->ep);
+	/* An MLA sink: say that the engine's derived copies of kv_b_proj
+	 * (infer_mla) are not written, wherever the layout is named. */
+	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld%s", who, (long long)cfg->tp, (long long)cfg->ep,
+		 spec->cfg.arch != DTE_SPEC_ARCH_MLA ? "" : !strcmp(who, "vllm")
+		 ? " [MLA: derived W_UK/W_UV from kv_b_proj NOT written]"
+		 : " [MLA: derived w_kc/w_vc from kv_b_proj NOT written]");
 	memset(&x, 0, sizeof(x));
 	x.l = l;
 	x.spec = spec;
+	x.vllm = !strcmp(who, "vllm");
 	for (t = 0; t < cfg->tp && !x.oom; t++) {
 		x.rank = (uint32_t)t;
 		infer_vocab(&x, spec->embed, cfg->tp, t, "model.embed_tokens.weight");

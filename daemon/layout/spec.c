@@ -97,11 +97,19 @@ static int spec_bool(json_t *root, const char *key, int def, int *out,
 
 /* Families we know the tensor names of (spec.h). */
 static const struct dte_spec_family spec_families[] = {
-	{ "llama",     "LlamaForCausalLM",    0, 0, 0 },
-	{ "mistral",   "MistralForCausalLM",  0, 0, 0 },
-	{ "qwen2",     "Qwen2ForCausalLM",    1, 0, 0 },
-	{ "qwen3",     "Qwen3ForCausalLM",    0, 1, 0 },
-	{ "qwen3_moe", "Qwen3MoeForCausalLM", 0, 1, 1 },
+	{ "llama",     "LlamaForCausalLM",    0, 0, 0, DTE_SPEC_ARCH_GQA },
+	{ "mistral",   "MistralForCausalLM",  0, 0, 0, DTE_SPEC_ARCH_GQA },
+	{ "qwen2",     "Qwen2ForCausalLM",    1, 0, 0, DTE_SPEC_ARCH_GQA },
+	{ "qwen3",     "Qwen3ForCausalLM",    0, 1, 0, DTE_SPEC_ARCH_GQA },
+	{ "qwen3_moe", "Qwen3MoeForCausalLM", 0, 1, 1, DTE_SPEC_ARCH_GQA },
+	/* DeepSeek-V3 (and R1); Kimi-K2 ships the same architecture under
+	 * model_type "kimi_k2" (vllm/transformers_utils/config.py maps kimi_k2
+	 * to DeepseekV3Config). */
+	{ "deepseek_v3", "DeepseekV3ForCausalLM", 0, 0, 1, DTE_SPEC_ARCH_MLA },
+	{ "kimi_k2",     "DeepseekV3ForCausalLM", 0, 0, 1, DTE_SPEC_ARCH_MLA },
+	/* GLM-4.5 / 4.6 (Glm4MoeConfig: attention_bias and use_qk_norm default
+	 * false; the published configs set attention_bias true). */
+	{ "glm4_moe",    "Glm4MoeForCausalLM",    0, 0, 1, DTE_SPEC_ARCH_GLM4_MOE },
 };
 #define SPEC_NFAMILIES (sizeof(spec_families) / sizeof(spec_families[0]))
 
@@ -141,6 +149,89 @@ static const struct dte_spec_family *spec_family_of(json_t *root, char *err, siz
 	return NULL;
 }
 
+/* DeepSeek-V3 / Kimi-K2 (MLA) and GLM-4.5 MoE fields, as the engines read
+ * them:
+ * - experts: "n_routed_experts"; shared experts "n_shared_experts" (null or
+ *   absent: none), each of moe_intermediate_size, fused into one MLP of
+ *   moe_intermediate_size * n_shared_experts rows (SGLang 0.5.23
+ *   models/deepseek_v2.py DeepseekV2MoE.__init__, glm4_moe.py
+ *   Glm4MoeSparseMoeBlock; vLLM 0.33 models/deepseek_v2.py DeepseekV2MoE,
+ *   glm4_moe.py Glm4MoE);
+ * - MoE layers: layer >= first_k_dense_replace and, for DeepSeek,
+ *   layer % moe_layer_freq == 0 (vLLM deepseek_v2.py
+ *   DeepseekV2DecoderLayer.__init__ is_moe_layer; GLM: glm4_moe.py
+ *   Glm4MoeDecoderLayer, first_k_dense_replace alone);
+ * - e_score_correction_bias [n_routed_experts] FP32: DeepSeek when
+ *   topk_method == "noaux_tc" (SGLang MoEGate.__init__, vLLM
+ *   DeepseekV2MoE: getattr(config, "topk_method", None)); GLM always
+ *   (Glm4MoeGate / Glm4MoE), whose router weight is FP32 too;
+ * - MLA: q_lora_rank (null: q_proj, DeepSeek-V2-Lite style),
+ *   kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+ *   (DeepseekV2AttentionMLA.__init__ in both engines).  Present and
+ *   explicit: a guessed default would give the wrong shapes.
+ * Multi-token-prediction layers (num_nextn_predict_layers, checkpoint layer
+ * ids >= num_hidden_layers) are skipped by both engines' main-model
+ * load_weights and are not part of the spec. */
+static int spec_parse_ds(struct dte_spec_cfg *c, json_t *root, char *err, size_t errlen)
+{
+	int mla = c->arch == DTE_SPEC_ARCH_MLA;
+	int64_t freq = 1, alias = 0;
+	json_t *v;
+	size_t i;
+
+	if (spec_int(root, "n_routed_experts", mla ? 256 : 128, 1, SPEC_MAX_EXPERTS, &c->experts, err, errlen) ||
+	    spec_int(root, "moe_intermediate_size", mla ? 2048 : 1408, 1, SPEC_MAX_DIM, &c->moe_intermediate, err, errlen) ||
+	    spec_int(root, "n_shared_experts", 1, 0, 64, &c->shared_experts, err, errlen) ||
+	    spec_int(root, "first_k_dense_replace", mla ? 3 : 1, 0, SPEC_MAX_LAYERS, &c->first_dense, err, errlen))
+		return -1;
+	/* attribute_map: num_local_experts -> n_routed_experts. */
+	v = json_object_get(root, "num_local_experts");
+	if (v && !json_is_null(v)) {
+		if (spec_int(root, "num_local_experts", -1, 1, SPEC_MAX_EXPERTS, &alias, err, errlen))
+			return -1;
+		if (json_object_get(root, "n_routed_experts") && alias != c->experts)
+			return spec_err(err, errlen, "config.json: \"n_routed_experts\" = %lld and "
+					"\"num_local_experts\" = %lld disagree", (long long)c->experts, (long long)alias);
+		c->experts = alias;
+	}
+	if (json_is_null(json_object_get(root, "n_shared_experts")))
+		c->shared_experts = 0;
+	if (c->arch == DTE_SPEC_ARCH_MLA) {
+		const char *tm = NULL;
+
+		if (spec_int(root, "moe_layer_freq", 1, 1, SPEC_MAX_LAYERS, &freq, err, errlen) ||
+		    spec_int(root, "kv_lora_rank", 512, 1, SPEC_MAX_DIM, &c->kv_lora_rank, err, errlen) ||
+		    spec_int(root, "qk_nope_head_dim", 128, 0, 65536, &c->qk_nope_head_dim, err, errlen) ||
+		    spec_int(root, "qk_rope_head_dim", 64, 1, 65536, &c->qk_rope_head_dim, err, errlen) ||
+		    spec_int(root, "v_head_dim", 128, 1, 65536, &c->v_head_dim, err, errlen))
+			return -1;
+		v = json_object_get(root, "q_lora_rank");
+		if (v && json_is_null(v))
+			c->q_lora_rank = 0;
+		else if (spec_int(root, "q_lora_rank", 1536, 1, SPEC_MAX_DIM, &c->q_lora_rank, err, errlen))
+			return -1;
+		v = json_object_get(root, "topk_method");
+		if (v && !json_is_null(v) && !json_is_string(v))
+			return spec_err(err, errlen, "config.json: \"topk_method\" is not a string");
+		if (json_is_string(v))
+			tm = json_string_value(v);
+		c->router_bias = tm && !strcmp(tm, "noaux_tc");
+		/* MLA has no GQA heads: num_key_value_heads is not read. */
+		c->kv_heads = c->heads;
+	} else {
+		if (spec_bool(root, "use_qk_norm", 0, &c->qk_norm, err, errlen))
+			return -1;
+		c->router_bias = 1;
+		c->router_fp32 = 1;
+	}
+	if (c->layers * (c->experts * 3 + 32) > SPEC_MAX_TENSORS)
+		return spec_err(err, errlen, "config.json: %lld layers of %lld experts are over %d tensors",
+				(long long)c->layers, (long long)c->experts, SPEC_MAX_TENSORS);
+	for (i = 0; i < (size_t)c->layers; i++)
+		c->moe_layer[i] = (int64_t)i >= c->first_dense && (int64_t)i % freq == 0;
+	return 0;
+}
+
 static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_t errlen)
 {
 	const struct dte_spec_family *fam;
@@ -174,11 +265,14 @@ static int spec_parse_cfg(struct dte_spec_cfg *c, json_t *root, char *err, size_
 	    spec_bool(root, "attention_bias", fam->attn_bias, &c->attn_bias, err, errlen))
 		return -1;
 	c->qk_norm = fam->qk_norm;
+	c->arch = fam->arch;
 	c->moe_layer = calloc((size_t)c->layers, 1);
 	if (!c->moe_layer)
 		return spec_err(err, errlen, "out of memory");
 	if (!fam->moe)
 		return 0;
+	if (fam->arch != DTE_SPEC_ARCH_GQA)
+		return spec_parse_ds(c, root, err, errlen);
 	if (spec_experts(root, &c->experts, err, errlen) ||
 	    spec_int(root, "moe_intermediate_size", -1, 1, SPEC_MAX_DIM, &c->moe_intermediate, err, errlen) ||
 	    spec_int(root, "decoder_sparse_step", 1, 1, SPEC_MAX_LAYERS, &c->sparse_step, err, errlen))
@@ -248,6 +342,34 @@ static int spec_add(struct spec_builder *b, enum dte_spec_kind kind, int32_t lay
 	return 0;
 }
 
+/* Multi-head latent attention of one layer, in the Hugging Face DeepSeek-V3
+ * checkpoint's names and shapes (the engines' load_weights read these:
+ * SGLang 0.5.23 models/deepseek_common/deepseek_weight_loader.py
+ * do_load_weights, vLLM 0.33 models/deepseek_v2.py
+ * DeepseekV2ForCausalLM.load_weights). */
+static int spec_mla_attention(struct spec_builder *b, int32_t l)
+{
+	const struct dte_spec_cfg *c = &b->s->cfg;
+	int64_t H = c->hidden, nh = c->heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+	const char *p = "model.layers";
+	int rc = 0;
+
+	if (c->q_lora_rank) {
+		rc |= spec_add(b, DTE_SPEC_Q_A, l, -1, 2, c->q_lora_rank, H, "%s.%d.self_attn.q_a_proj.weight", p, l);
+		rc |= spec_add(b, DTE_SPEC_Q_A_NORM, l, -1, 1, c->q_lora_rank, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, l);
+		rc |= spec_add(b, DTE_SPEC_Q_B, l, -1, 2, nh * qk, c->q_lora_rank, "%s.%d.self_attn.q_b_proj.weight", p, l);
+	} else {
+		rc |= spec_add(b, DTE_SPEC_Q, l, -1, 2, nh * qk, H, "%s.%d.self_attn.q_proj.weight", p, l);
+	}
+	rc |= spec_add(b, DTE_SPEC_KV_A, l, -1, 2, c->kv_lora_rank + c->qk_rope_head_dim, H,
+		       "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
+	rc |= spec_add(b, DTE_SPEC_KV_A_NORM, l, -1, 1, c->kv_lora_rank, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
+	rc |= spec_add(b, DTE_SPEC_KV_B, l, -1, 2, nh * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank,
+		       "%s.%d.self_attn.kv_b_proj.weight", p, l);
+	rc |= spec_add(b, DTE_SPEC_O, l, -1, 2, H, nh * c->v_head_dim, "%s.%d.self_attn.o_proj.weight", p, l);
+	return rc;
+}
+
 static int spec_build_tensors(struct dte_spec *s)
 {
 	const struct dte_spec_cfg *c = &s->cfg;
@@ -269,19 +391,23 @@ static int spec_build_tensors(struct dte_spec *s)
 		const char *p = "model.layers";
 		s->expert_base[l] = -1;
 		rc |= spec_add(&b, DTE_SPEC_IN_NORM, l, -1, 1, H, 0, "%s.%d.input_layernorm.weight", p, l);
-		rc |= spec_add(&b, DTE_SPEC_Q, l, -1, 2, c->heads * hd, H, "%s.%d.self_attn.q_proj.weight", p, l);
-		rc |= spec_add(&b, DTE_SPEC_K, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.k_proj.weight", p, l);
-		rc |= spec_add(&b, DTE_SPEC_V, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.v_proj.weight", p, l);
-		if (c->attn_bias) {
-			rc |= spec_add(&b, DTE_SPEC_Q_BIAS, l, -1, 1, c->heads * hd, 0, "%s.%d.self_attn.q_proj.bias", p, l);
-			rc |= spec_add(&b, DTE_SPEC_K_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.k_proj.bias", p, l);
-			rc |= spec_add(&b, DTE_SPEC_V_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+		if (c->arch == DTE_SPEC_ARCH_MLA) {
+			rc |= spec_mla_attention(&b, l);
+		} else {
+			rc |= spec_add(&b, DTE_SPEC_Q, l, -1, 2, c->heads * hd, H, "%s.%d.self_attn.q_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_K, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.k_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_V, l, -1, 2, c->kv_heads * hd, H, "%s.%d.self_attn.v_proj.weight", p, l);
+			if (c->attn_bias) {
+				rc |= spec_add(&b, DTE_SPEC_Q_BIAS, l, -1, 1, c->heads * hd, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+				rc |= spec_add(&b, DTE_SPEC_K_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+				rc |= spec_add(&b, DTE_SPEC_V_BIAS, l, -1, 1, c->kv_heads * hd, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+			}
+			if (c->qk_norm) {
+				rc |= spec_add(&b, DTE_SPEC_Q_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+				rc |= spec_add(&b, DTE_SPEC_K_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+			}
+			rc |= spec_add(&b, DTE_SPEC_O, l, -1, 2, H, c->heads * hd, "%s.%d.self_attn.o_proj.weight", p, l);
 		}
-		if (c->qk_norm) {
-			rc |= spec_add(&b, DTE_SPEC_Q_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.q_norm.weight", p, l);
-			rc |= spec_add(&b, DTE_SPEC_K_NORM, l, -1, 1, hd, 0, "%s.%d.self_attn.k_norm.weight", p, l);
-		}
-		rc |= spec_add(&b, DTE_SPEC_O, l, -1, 2, H, c->heads * hd, "%s.%d.self_attn.o_proj.weight", p, l);
 		rc |= spec_add(&b, DTE_SPEC_POST_NORM, l, -1, 1, H, 0, "%s.%d.post_attention_layernorm.weight", p, l);
 		if (!c->moe_layer[l]) {
 			int64_t I = c->intermediate;
@@ -291,12 +417,26 @@ static int spec_build_tensors(struct dte_spec *s)
 			continue;
 		}
 		rc |= spec_add(&b, DTE_SPEC_ROUTER, l, -1, 2, c->experts, H, "%s.%d.mlp.gate.weight", p, l);
+		if (!rc && c->router_fp32)
+			s->t[s->n - 1].dtype = DTE_SPEC_DTYPE_FP32;
+		if (c->router_bias) {
+			rc |= spec_add(&b, DTE_SPEC_ROUTER_BIAS, l, -1, 1, c->experts, 0,
+				       "%s.%d.mlp.gate.e_score_correction_bias", p, l);
+			if (!rc)
+				s->t[s->n - 1].dtype = DTE_SPEC_DTYPE_FP32;
+		}
 		s->expert_base[l] = (int32_t)s->n;
 		for (e = 0; e < c->experts && !rc; e++) {
 			int64_t I = c->moe_intermediate;
 			rc |= spec_add(&b, DTE_SPEC_EXP_GATE, l, e, 2, I, H, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
 			rc |= spec_add(&b, DTE_SPEC_EXP_UP, l, e, 2, I, H, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
 			rc |= spec_add(&b, DTE_SPEC_EXP_DOWN, l, e, 2, H, I, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+		}
+		if (c->shared_experts) {
+			int64_t Is = c->moe_intermediate * c->shared_experts;
+			rc |= spec_add(&b, DTE_SPEC_SH_GATE, l, -1, 2, Is, H, "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_SH_UP, l, -1, 2, Is, H, "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+			rc |= spec_add(&b, DTE_SPEC_SH_DOWN, l, -1, 2, H, Is, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
 		}
 	}
 	s->final_norm = (int32_t)s->n;
@@ -309,7 +449,9 @@ static int spec_build_tensors(struct dte_spec *s)
 	return rc;
 }
 
-/* Canonical serialization: per tensor name NUL ndim shape (LE int64), "bf16". */
+/* Canonical serialization: per tensor name NUL ndim shape (LE int64), then
+ * "bf16" or "fp32" (every tensor of the earlier families is "bf16", so
+ * their hashes are unchanged). */
 static uint64_t spec_hash(const struct dte_spec *s)
 {
 	XXH3_state_t *st = XXH3_createState();
@@ -332,7 +474,7 @@ static uint64_t spec_hash(const struct dte_spec *s)
 				buf[k] = (uint8_t)(v >> (8 * k));
 			XXH3_64bits_update(st, buf, 8);
 		}
-		XXH3_64bits_update(st, "bf16", 4);
+		XXH3_64bits_update(st, dte_spec_dtype_name(t->dtype), 4);
 	}
 	h = XXH3_64bits_digest(st);
 	XXH3_freeState(st);
@@ -430,4 +572,9 @@ int32_t dte_spec_expert_tensor(const struct dte_spec *spec, int64_t layer,
 	    kind < DTE_SPEC_EXP_GATE || kind > DTE_SPEC_EXP_DOWN)
 		return -1;
 	return spec->expert_base[layer] + (int32_t)(expert * 3 + (kind - DTE_SPEC_EXP_GATE));
+}
+
+const char *dte_spec_dtype_name(int dtype)
+{
+	return dtype == DTE_SPEC_DTYPE_FP32 ? "fp32" : "bf16";
 }

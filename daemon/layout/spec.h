@@ -29,12 +29,33 @@ enum dte_spec_kind {
 	DTE_SPEC_GATE, DTE_SPEC_UP, DTE_SPEC_DOWN,   /* dense MLP */
 	DTE_SPEC_ROUTER,
 	DTE_SPEC_EXP_GATE, DTE_SPEC_EXP_UP, DTE_SPEC_EXP_DOWN, /* per expert */
+	/* Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): q_a_proj,
+	 * q_a_layernorm, q_b_proj (or DTE_SPEC_Q = q_proj without q_lora_rank),
+	 * kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; O is o_proj. */
+	DTE_SPEC_Q_A, DTE_SPEC_Q_A_NORM, DTE_SPEC_Q_B,
+	DTE_SPEC_KV_A, DTE_SPEC_KV_A_NORM, DTE_SPEC_KV_B,
+	DTE_SPEC_ROUTER_BIAS,    /* mlp.gate.e_score_correction_bias (FP32) */
+	DTE_SPEC_SH_GATE, DTE_SPEC_SH_UP, DTE_SPEC_SH_DOWN,   /* shared experts */
 	DTE_SPEC_NKINDS
 };
 
 /* Optimizer groups the generators assign (Megatron/HF convention:
  * no weight decay on norms and biases). */
 enum { DTE_SPEC_GROUP_DECAY = 0, DTE_SPEC_GROUP_NO_DECAY = 1 };
+
+/* The dtype the engines hold a canonical tensor in (and the spec hash
+ * covers): BF16 unless the engines allocate it FP32 (the MoE routers'
+ * e_score_correction_bias of DeepSeek-V3 and GLM-4.5, GLM-4.5's router
+ * weight).  The sync data path moves BF16 sink elements (docs/SUPPORTED.md
+ * says what that means for an FP32 tensor). */
+enum { DTE_SPEC_DTYPE_BF16 = 0, DTE_SPEC_DTYPE_FP32 = 1 };
+
+/* Tensor-name families (struct dte_spec_family.arch). */
+enum {
+	DTE_SPEC_ARCH_GQA = 0,   /* llama/qwen-style q/k/v/o, SwiGLU MLP or MoE */
+	DTE_SPEC_ARCH_MLA,       /* DeepSeek-V3 / Kimi-K2: MLA, shared experts */
+	DTE_SPEC_ARCH_GLM4_MOE,  /* GLM-4.5: GQA (+bias), shared experts */
+};
 
 struct dte_spec_tensor {
 	char     name[DTE_SPEC_NAME_MAX];
@@ -45,6 +66,7 @@ struct dte_spec_tensor {
 	uint8_t  group;   /* optimizer group */
 	int32_t  layer;   /* -1 for global tensors */
 	int32_t  expert;  /* -1 unless an expert tensor */
+	uint8_t  dtype;   /* DTE_SPEC_DTYPE_* */
 };
 
 struct dte_spec_cfg {
@@ -57,6 +79,14 @@ struct dte_spec_cfg {
 	int     attn_bias;        /* q/k/v biases (qwen2, attention_bias) */
 	int     qk_norm;          /* q_norm/k_norm per layer (qwen3) */
 	uint8_t *moe_layer;       /* [layers]: 1 when that layer has experts */
+	int     arch;             /* DTE_SPEC_ARCH_* */
+	/* MLA (arch MLA): q_lora_rank 0 when absent (q_proj instead of
+	 * q_a_proj/q_a_layernorm/q_b_proj, DeepSeek-V2-Lite style). */
+	int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+	int64_t shared_experts;   /* n_shared_experts (0: none) */
+	int     router_bias;      /* mlp.gate.e_score_correction_bias per MoE layer */
+	int     router_fp32;      /* the engines hold mlp.gate.weight in FP32 */
+	int64_t first_dense;      /* first_k_dense_replace */
 };
 
 struct dte_spec {
@@ -81,6 +111,7 @@ struct dte_spec_family {
 	int         attn_bias;
 	int         qk_norm;
 	int         moe;
+	int         arch;        /* DTE_SPEC_ARCH_* */
 };
 const struct dte_spec_family *dte_spec_families(size_t *n);
 
@@ -98,5 +129,7 @@ int32_t dte_spec_layer_tensor(const struct dte_spec *spec, int64_t layer,
 			      enum dte_spec_kind kind);
 int32_t dte_spec_expert_tensor(const struct dte_spec *spec, int64_t layer,
 			       int64_t expert, enum dte_spec_kind kind);
+/* "bf16" / "fp32". */
+const char *dte_spec_dtype_name(int dtype);
 
 #endif

@@ -2248,6 +2248,35 @@ static void test_roles(void **state)
 	jlocal_free(NULL);
 }
 
+/* Families dtectl plan maps but the data path cannot keep exact (FP32
+ * router tensors, MLA's derived copies of kv_b_proj) are refused at job
+ * creation with the reason, not synced inexact (docs/SUPPORTED.md).  The
+ * configs: the real DeepSeek-V3 and GLM-4.5 configs' fields at small
+ * dims. */
+static void test_plan_only_families(void **state)
+{
+	static const char *cfgs[] = {
+		"{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"attention_bias\":false,\"first_k_dense_replace\":1,\"hidden_act\":\"silu\",\"hidden_size\":64,\"intermediate_size\":96,\"kv_lora_rank\":16,\"max_position_embeddings\":163840,\"model_type\":\"deepseek_v3\",\"moe_intermediate_size\":16,\"moe_layer_freq\":1,\"n_group\":8,\"n_routed_experts\":4,\"n_shared_experts\":1,\"norm_topk_prob\":true,\"num_attention_heads\":4,\"num_experts_per_tok\":8,\"num_hidden_layers\":2,\"num_key_value_heads\":4,\"q_lora_rank\":24,\"qk_nope_head_dim\":8,\"qk_rope_head_dim\":4,\"rms_norm_eps\":1e-06,\"rope_theta\":10000,\"routed_scaling_factor\":2.5,\"scoring_func\":\"sigmoid\",\"tie_word_embeddings\":false,\"topk_group\":4,\"topk_method\":\"noaux_tc\",\"torch_dtype\":\"bfloat16\",\"v_head_dim\":8,\"vocab_size\":300}",
+		"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,\"head_dim\":16,\"hidden_act\":\"silu\",\"hidden_size\":64,\"intermediate_size\":96,\"max_position_embeddings\":131072,\"model_type\":\"glm4_moe\",\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,\"norm_topk_prob\":true,\"num_attention_heads\":4,\"num_experts_per_tok\":8,\"num_hidden_layers\":2,\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"rms_norm_eps\":1e-05,\"rope_theta\":1000000,\"routed_scaling_factor\":2.5,\"tie_word_embeddings\":false,\"topk_group\":1,\"torch_dtype\":\"bfloat16\",\"use_qk_norm\":false,\"vocab_size\":300}",
+	};
+	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
+	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+	char err[512];
+
+	(void)state;
+	jc.token = "tok";
+	jc.coordinator = "local";
+	for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++) {
+		jc.name = i ? "glm" : "dsv3";
+		jc.model_config = (char *)cfgs[i];
+		err[0] = 0;
+		assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EOPNOTSUPP);
+		assert_non_null(strstr(err, "dtectl plan maps it"));
+		assert_non_null(strstr(err, i ? "fp32" : "e_score_correction_bias"));
+		assert_null(job_find(jc.name));
+	}
+}
+
 static int setup(void **state)
 {
 	char err[256];
@@ -2287,6 +2316,7 @@ int main(void)
 		cmocka_unit_test(test_arrival),
 		cmocka_unit_test(test_skip_write),
 		cmocka_unit_test(test_roles),
+		cmocka_unit_test(test_plan_only_families),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -203,6 +203,64 @@ static void test_oversized_configs(void **state)
 		     "\"num_experts\":4096,\"vocab_size\":8}", "tensors");
 }
 
+/* DeepSeek-V3 / Kimi-K2 / GLM-4.5 at their real sizes (../shared/models):
+ * the published parameter counts without the MTP layer (DeepSeek-V3 671B,
+ * Kimi-K2 1.03T), the FP32 router bias, MLA shapes; and the
+ * q_lora_rank-null (V2-Lite style) variant. */
+static void test_deepseek_glm(void **state)
+{
+	static const struct { const char *file; int64_t elems; uint32_t tensors; } m[] = {
+		{ "../shared/models/deepseek-v3.json", 671026419200LL, 45395 },
+		{ "../shared/models/kimi-k2.json",     1026408232448LL, 69975 },
+		{ "../shared/models/glm-4.5.json",     352797805472LL, 44005 },
+	};
+	const char *lite = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, "
+		"\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+		"\"vocab_size\": 100, \"q_lora_rank\": null, \"kv_lora_rank\": 16, "
+		"\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, "
+		"\"n_routed_experts\": 4, \"moe_intermediate_size\": 8, \"first_k_dense_replace\": 1, "
+		"\"topk_method\": \"noaux_tc\"}";
+	struct dte_spec s;
+	char err[256];
+	int32_t id;
+	size_t i;
+	FILE *f = fopen(m[0].file, "r");
+
+	if (!f) {
+		print_message("no ../shared/models/deepseek-v3.json\n");
+		skip();
+	}
+	fclose(f);
+	for (i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
+		load(&s, m[i].file);
+		assert_int_equal(s.total_elems, m[i].elems);
+		assert_int_equal(s.n, m[i].tensors);
+		dte_spec_fini(&s);
+	}
+	load(&s, m[0].file);
+	assert_int_equal(dte_spec_layer_tensor(&s, 2, DTE_SPEC_ROUTER), -1);   /* first_k_dense_replace 3 */
+	id = dte_spec_find(&s, "model.layers.3.mlp.gate.e_score_correction_bias");
+	assert_true(id >= 0);
+	assert_int_equal(s.t[id].dtype, DTE_SPEC_DTYPE_FP32);
+	assert_int_equal(s.t[id].shape[0], 256);
+	id = dte_spec_find(&s, "model.layers.0.self_attn.kv_b_proj.weight");
+	assert_int_equal(s.t[id].shape[0], 128 * 256);
+	assert_int_equal(s.t[id].shape[1], 512);
+	id = dte_spec_find(&s, "model.layers.3.mlp.shared_experts.down_proj.weight");
+	assert_int_equal(s.t[id].shape[1], 2048);
+	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.weight")].dtype, DTE_SPEC_DTYPE_BF16);
+	dte_spec_fini(&s);
+	load(&s, m[2].file);
+	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.weight")].dtype, DTE_SPEC_DTYPE_FP32);
+	assert_true(dte_spec_find(&s, "model.layers.0.self_attn.q_proj.bias") >= 0);
+	dte_spec_fini(&s);
+	assert_int_equal(dte_spec_load_string(&s, lite, err, sizeof(err)), 0);
+	assert_true(dte_spec_find(&s, "model.layers.0.self_attn.q_proj.weight") >= 0);
+	assert_int_equal(dte_spec_find(&s, "model.layers.0.self_attn.q_a_proj.weight"), -1);
+	assert_true(dte_spec_find(&s, "model.layers.1.mlp.shared_experts.gate_proj.weight") >= 0);
+	dte_spec_fini(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -212,6 +270,7 @@ int main(void)
 		cmocka_unit_test(test_bad_configs),
 		cmocka_unit_test(test_num_local_experts),
 		cmocka_unit_test(test_oversized_configs),
+		cmocka_unit_test(test_deepseek_glm),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
