@@ -114,12 +114,32 @@ static void test_wrong_key_or_none(void **state)
 	dtep__payload__free_unpacked(p, NULL);
 }
 
-static void test_no_jobref(void **state)
+/* REFUSED has no JobRef (it names its job as a string) but its own mac:
+ * unsealed it is -ENOKEY, sealed it verifies, tampered it does not; a
+ * record with neither a JobRef nor a mac field is -EINVAL. */
+static void test_refused(void **state)
 {
 	Dtep__Refused r = DTEP__REFUSED__INIT;
+	Dtep__PlanAck a = DTEP__PLAN_ACK__INIT;
+	uint8_t mac[PEER_AUTH_MACBYTES];
 
+	(void)state;
+	r.job = "j";
+	r.reason = "no";
 	assert_null(peer_auth_ref(&r.base));
 	assert_int_equal(peer_auth_check(key, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &r.base,
+					 NULL, 0), -ENOKEY);
+	assert_int_equal(peer_auth_mac(key, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &r.base, NULL, 0,
+				       mac), 0);
+	r.mac.data = mac;
+	r.mac.len = sizeof(mac);
+	assert_int_equal(peer_auth_check(key, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &r.base,
+					 NULL, 0), 0);
+	r.reason = "forged";
+	assert_int_equal(peer_auth_check(key, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &r.base,
+					 NULL, 0), -EBADMSG);
+	/* A PLAN_ACK without its JobRef set: nowhere to put a MAC. */
+	assert_int_equal(peer_auth_check(key, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base,
 					 NULL, 0), -EINVAL);
 }
 
@@ -130,7 +150,7 @@ int main(void)
 		cmocka_unit_test(test_tampered_header),
 		cmocka_unit_test(test_tampered_payload),
 		cmocka_unit_test(test_wrong_key_or_none),
-		cmocka_unit_test(test_no_jobref),
+		cmocka_unit_test(test_refused),
 	};
 
 	return cmocka_run_group_tests(tests, setup, NULL);
