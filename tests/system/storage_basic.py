@@ -262,7 +262,8 @@ def main():
         check(len(refused) == 3, "reader %s: %d refusals, expected 3:\n%s" % (name, len(refused), reasons))
         for what in ("v%d chunk d00000.dtc: xxh3 mismatch" % CORRUPT, "v%d: manifest: not valid JSON" % TRUNCATE,
                      "v%d chunk d00000.dtc: file missing" % DELETE):
-            check(what in reasons, "reader %s: no refusal saying %r" % (name, what))
+            check(what in reasons, "reader %s: no refusal saying %r; its refusals:\n%s" %
+                  (name, what, reasons))
         print("reader %s: applied=%d exact=%d refused=%d first=v%d" % (name, len(applied), exact, len(refused),
                                                                         vers[0] if vers else -1), flush=True)
     check(out["C"].splitlines()[0].startswith("applied version=30 kind=keyframe"),
