@@ -345,15 +345,25 @@ int dts_reader_next(struct dts_reader *r, struct dts_version **out, char *err, s
 		/* Not committed yet, unless a newer version exists: then a gap. */
 		int newer = 0;
 
+		if (dts_fs_hook && dts_fs_hook->armed() == DTS_HOOK_READ_MISS)
+			dts_fs_hook->reached(DTS_HOOK_READ_MISS, r->jobdir);
 		if (dts_scan(r->jobdir, &v, &n, NULL, NULL, NULL, 0) == DTS_OK && n)
 			newer = v[n - 1] > want;
 		free(v);
 		if (!newer)
 			return DTS_EAGAIN;
-		r->need_key_from = (int64_t)want;
-		DTS_ERR(err, errlen, "v%" PRIu64 " is missing but newer versions exist; "
-			"repairing from the next keyframe", want);
-		return DTS_EGAP;
+		/* A writer commits its versions in order, so a newer one in the
+		 * scan means `want` was committed before it, or never will be
+		 * (a writer that died in it).  The miss above may be older than
+		 * that commit (this reader was preempted, or stopped, between
+		 * the two looks): look once more before calling it a gap. */
+		rc = load_manifest(r->jobdir, r->job, want, &model, &m, why, sizeof(why));
+		if (rc == DTS_EAGAIN) {
+			r->need_key_from = (int64_t)want;
+			DTS_ERR(err, errlen, "v%" PRIu64 " is missing but newer versions exist; "
+				"repairing from the next keyframe", want);
+			return DTS_EGAP;
+		}
 	}
 	if (rc != DTS_OK) {
 		if (rc != DTS_ENOMEM)

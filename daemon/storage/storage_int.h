@@ -149,7 +149,9 @@ int dts_mpart_add(struct dts_mpart *p, const struct dts_mchunk *c);
 
 /* Where a write may be held half way (after an fsync, so the partial
  * bytes are really there): the chunk or the manifest file. */
-enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST };
+/* DTS_HOOK_READ_MISS: a reader found the manifest it wants missing and is
+ * about to look for newer versions (reader.c, dts_reader_next). */
+enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST, DTS_HOOK_READ_MISS };
 
 /* The test hook's extension point.  NULL in production: no production
  * binary reads DTE_STORAGE_HOOK.  daemon/storage/testhook_storage.c,

@@ -9,7 +9,10 @@
  *
  * "chunk-pause", "manifest-pause": the writer stops half way through that
  * file until it is killed; "chunk-slow": the first chunk written is held
- * half way for 2 s (once per process), then finished. */
+ * half way for 2 s (once per process), then finished; "read-miss-stop":
+ * a reader stops itself (SIGSTOP) at its first manifest miss, between
+ * that miss and its look for newer versions, until the test continues it
+ * (once per process). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,16 @@ static void testhook_storage_reached(enum dts_hook hook, const char *path)
 {
 	const char *h = getenv("DTE_STORAGE_HOOK");
 
+	if (hook == DTS_HOOK_READ_MISS) {
+		static int stopped;
+
+		if (__atomic_exchange_n(&stopped, 1, __ATOMIC_RELAXED))
+			return;
+		fprintf(stderr, "dte-storage hook: stopped after a miss in %s\n", path);
+		fflush(stderr);
+		raise(SIGSTOP);
+		return;
+	}
 	if (h && !strcmp(h, "chunk-slow")) {
 		static int done;
 
@@ -48,6 +61,8 @@ static enum dts_hook testhook_storage_armed(void)
 		return DTS_HOOK_CHUNK;
 	if (!strcmp(h, "manifest-pause"))
 		return DTS_HOOK_MANIFEST;
+	if (!strcmp(h, "read-miss-stop"))
+		return DTS_HOOK_READ_MISS;
 	return DTS_HOOK_NONE;
 }
 

@@ -96,6 +96,54 @@ def write_delta(path, numel, prev, cur):
     return changed
 
 
+def proc_state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "?"
+
+
+def reader_race(root, spec, tr, write):
+    """A reader that misses v, then (preempted, or stopped) looks for newer
+    versions after the writer committed v and v+1, must read v, not call it
+    a gap.  Made certain with the test build's reader, which stops itself
+    between the two looks (DTE_STORAGE_HOOK=read-miss-stop).  Under two CPU
+    hogs this once cost reader C of the main run versions 36..39."""
+    job = "race"
+    states = []
+    for v in range(2):
+        if v:
+            tr.step()
+        states.append(tr.bf16())
+        write(v, states[v], states[v - 1] if v else None, job=job)
+    p = subprocess.Popen([TOOL_FAULTS, "read", root, job, "--spec", spec, "--name", "R",
+                          "--watch", "inotify", "--interval-ms", "50", "--until", "3",
+                          "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(os.environ, DTE_STORAGE_HOOK="read-miss-stop"))
+    end = time.time() + 30
+    while proc_state(p.pid) != "T" and p.poll() is None and time.time() < end:
+        time.sleep(0.01)
+    stopped = proc_state(p.pid) == "T"
+    check(stopped, "reader-race: the reader did not stop at its first miss (state %s)" %
+          proc_state(p.pid))
+    for v in (2, 3):
+        tr.step()
+        states.append(tr.bf16())
+        write(v, states[v], states[v - 1], job=job)
+    os.kill(p.pid, signal.SIGCONT)
+    o, e = p.communicate(timeout=60)
+    applied = [int(x.split()[1].split("=")[1]) for x in o.splitlines() if x.startswith("applied ")]
+    refused = [x for x in o.splitlines() if x.startswith("refused: ")]
+    hashes = [x.split("xxh3=")[1] for x in o.splitlines() if x.startswith("applied ")]
+    exact = sum(1 for v, h in zip(applied, hashes) if h == xxh3(states[v]))
+    check("stopped after a miss" in e, "reader-race: the hook did not fire: %r" % e[-300:])
+    check(p.returncode == 0 and applied == [0, 1, 2, 3] and not refused and exact == 4,
+          "reader-race: a reader stopped between its miss of v2 and its look for newer versions "
+          "applied %s (exact %d), refused %s, rc %s" % (applied, exact, refused, p.returncode))
+    return "stopped=%d applied=%d exact=%d refused=%d" % (stopped, len(applied), exact, len(refused))
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="storage_basic.")
     root = os.path.join(tmp, "shared")
@@ -109,13 +157,13 @@ def main():
     ref = {}
     changed = {}
 
-    def write(v, cur, prev, env=None, wait=True):
+    def write(v, cur, prev, env=None, wait=True, job=JOB):
         dfile, dense = os.path.join(tmp, "delta.bin"), os.path.join(tmp, "dense.bin")
         if prev is not None:
             changed[v] = write_delta(dfile, tr.numel, prev, cur)
         cur.astype("<u2").tofile(dense)
         # A hook (env) needs the test build; the production tool ignores it.
-        cmd = [TOOL_FAULTS if env else TOOL, "write", root, JOB, "--spec", spec,
+        cmd = [TOOL_FAULTS if env else TOOL, "write", root, job, "--spec", spec,
                "--version", str(v), "--dense", dense,
                "--keyframe-every", str(KEYFRAME_EVERY), "--max-chunk", "262144"]
         if prev is not None:
@@ -300,7 +348,10 @@ def main():
                      os.path.join(root, JOB, f + ".manifest")))]
     check(not leftovers, "gc left %s" % leftovers)
 
+    race = reader_race(root, spec, tr, write)
+
     subprocess.run(["rm", "-rf", tmp])
+    print("reader-race: %s" % race, flush=True)
     print("kills: SIGKILL in %s; no partial version applied" % ", ".join(kills), flush=True)
     print("storage-readers: %s write_s=%.1f keyframe_bytes=%d keyframes=%d" % (
         " ".join("%s=%d/%d" % (n, s[1], s[0]) for n, s in sorted(summary.items())), t_write,
