@@ -67,7 +67,7 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
 import harness  # noqa: E402
-from cluster_sync_lib import B, DTED, Daemon  # noqa: E402
+from cluster_sync_lib import B  # noqa: E402
 from dte import _lib, qwen3, sglang  # noqa: E402
 from dte.shm import Arena  # noqa: E402
 from dte.sink import Sink  # noqa: E402
@@ -127,44 +127,17 @@ MODEL = dict(hidden_size=4096, intermediate_size=8192, num_hidden_layers=1,
              tie_word_embeddings=True)
 
 
-class BenchDaemon(Daemon):
-    """The system tests' daemon, configured as dted ships (conf/dted.conf
-    defaults: the tests shrink the peer staging to 16M, which a dense part
-    of one 2^24-element entry, 32 MiB, does not fit)."""
+def BenchDaemon(work, name, core=None, **kw):
+    """The daemon fixture (harness.Daemon) configured as dted ships: only
+    node_name, log_level and runtime_dir, conf/dted.conf's defaults for the
+    rest.  BENCH_E2E_PART tries another [peer] part_size out and
+    BENCH_E2E_AUTH peer auth on (the default) or off, what it costs
+    (docs/SYNC.md); the figures use the defaults.  core: pinned to that CPU
+    (taskset)."""
+    return harness.Daemon(work, name, part_size=os.environ.get("BENCH_E2E_PART") or None,
+                          auth=os.environ.get("BENCH_E2E_AUTH") or None,
+                          wrap=["taskset", "-c", str(core)] if core is not None else (), **kw)
 
-    core = None     # pinned to this CPU (taskset) when set
-
-    def start(self, timeout=20.0):
-        with open(self.conf, "w") as f:
-            f.write("[daemon]\nnode_name = %s\nlog_level = %s\nruntime_dir = %s\n" % (
-                self.name, self.log_level, self.tmp))
-            f.write("[peer]\n")
-            if os.environ.get("BENCH_E2E_PART"):
-                # trying another [peer] part_size out (the figures use the default)
-                f.write("part_size = %s\n" % os.environ["BENCH_E2E_PART"])
-            if os.environ.get("BENCH_E2E_AUTH"):
-                # peer auth on (default) or off: what it costs (docs/SYNC.md)
-                f.write("auth = %s\n" % os.environ["BENCH_E2E_AUTH"])
-        cmd = [DTED, "--foreground", "--config", self.conf, "--socket", self.sock,
-               "--peer-listen", "%s:0" % self.host]
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns] + cmd
-        if self.core is not None:
-            cmd = ["taskset", "-c", str(self.core)] + cmd
-        with open(self.logpath, "a") as log:
-            self.starts += 1
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env())
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError("dted %s exited: %s" % (self.name, self.log_tail()))
-            if os.path.exists(self.sock):
-                p = self.ctl_json("peers", check=False)
-                if p and p.get("address"):
-                    self.address = p["address"]
-                    return self
-            time.sleep(0.05)
-        raise RuntimeError("dted %s did not come up: %s" % (self.name, self.log_tail()))
 
 # BENCH_SMALL=1: a 102,766,848-element model (hidden 2048) for trying the
 # bench out; the figures in docs/BENCHMARKS.md come from the full one.
@@ -681,11 +654,10 @@ def run(work, links, detect="adamw", log=print, mem_only=False, cross=True):
     daemons, sampler, tr, cli, sink, eng = [], None, None, None, None, None
     out["alone"] = alone
     try:
-        srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
-                      log_level=LOG_LEVEL)
-        snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
-                      log_level=LOG_LEVEL)
-        srcd.core, snkd.core = src_core, snk_core
+        srcd = BenchDaemon(work, "src-" + detect, host=net.addr[0], netns=net.ns[0],
+                           dev=net.dev[0], log_level=LOG_LEVEL, core=src_core)
+        snkd = BenchDaemon(work, "sink-" + detect, host=net.addr[1], netns=net.ns[1],
+                           dev=net.dev[1], log_level=LOG_LEVEL, core=snk_core)
         on_core(src_core)   # the trainer shares the source's core
         for d in (srcd, snkd):
             daemons.append(d)   # stopped in finally even when start() fails

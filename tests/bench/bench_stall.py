@@ -58,7 +58,6 @@ from dte import sglang  # noqa: E402
 from dte.sink import Sink  # noqa: E402
 from dte.source import Source  # noqa: E402
 
-DTED = os.path.join(B, "bin", "dted")
 # fb / capture time, the curve
 FRACS = tuple(float(x) for x in os.environ.get("BENCH_STALL_FRACS", "2,1,0.5,0.25,0").split(","))
 HEADLINE = 1.0                        # fb = the capture time
@@ -141,23 +140,13 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
         floor_s = detect_floor(n)
     tmp = tempfile.mkdtemp(prefix="dte-stall-")
     log("stall: daemon in %s" % tmp)
-    sock = os.path.join(tmp, "dted.sock")
-    conf = os.path.join(tmp, "dted.conf")
-    with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = stall\nlog_level = notice\nruntime_dir = %s\n" % tmp)
-    logf = open(os.path.join(tmp, "dted.log"), "w")
-    daemon = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
-                               "--peer-listen", "127.0.0.1:0"], stdout=logf, stderr=logf)
+    daemon = bench_e2e.harness.Daemon(tmp, "stall", log_level="notice")
+    sock = daemon.sock
     trainer = src = sink = None
     out = {"elements": n, "floor_s": floor_s, "steps": steps, "rounds": ROUNDS, "rows": [],
            "load_start": os.getloadavg()[0]}
     try:
-        end = time.monotonic() + 30
-        while not os.path.exists(sock):
-            if daemon.poll() is not None or time.monotonic() > end:
-                raise RuntimeError("dted did not come up (%s)" % os.path.join(tmp, "dted.log"))
-            time.sleep(0.05)
-        time.sleep(0.1)
+        daemon.start(30)
         log("stall: model of %d elements, θ/m/v in memfds, torch AdamW, 1 thread" % n)
         trainer = bench_e2e.Trainer(cfg)
         src = Source(sock, bench_e2e.JOB, bench_e2e.TOKEN, cfg_text, "fsdp:dp=1")
@@ -270,12 +259,7 @@ def run(floor_s=None, log=print, steps=STEPS, fracs=FRACS):
                     x.close()
             except Exception as e:  # closing must not hide the figures
                 log("stall: close: %s" % e)
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        logf.close()
+        daemon.stop(30)
     return out
 
 

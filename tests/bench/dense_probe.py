@@ -26,7 +26,7 @@ import bench_e2e as be  # noqa: E402
 
 be.MODEL.update(hidden_size=int(os.environ.get("PROBE_HIDDEN", "2048")))
 # PROBE_DTED: another dted binary (an A/B against an older build).
-be.DTED = os.environ.get("PROBE_DTED", be.DTED)
+DTED = os.environ.get("PROBE_DTED")     # None: the build's
 be.MODEL.update(intermediate_size=2 * be.MODEL["hidden_size"],
                 num_attention_heads=be.MODEL["hidden_size"] // 128,
                 num_key_value_heads=max(1, be.MODEL["hidden_size"] // 512))
@@ -57,9 +57,9 @@ def main():
     daemons, tr, cli, sink, eng = [], None, None, None, None
     try:
         srcd = be.BenchDaemon(work, "src", host=net.addr[0], netns=net.ns[0], dev=net.dev[0],
-                              log_level=os.environ.get("PROBE_LOG", "warning"))
+                              log_level=os.environ.get("PROBE_LOG", "warning"), binary=DTED)
         snkd = be.BenchDaemon(work, "sink", host=net.addr[1], netns=net.ns[1], dev=net.dev[1],
-                              log_level=os.environ.get("PROBE_LOG", "warning"))
+                              log_level=os.environ.get("PROBE_LOG", "warning"), binary=DTED)
         for d in (srcd, snkd):
             daemons.append(d)
             d.start()

@@ -1213,15 +1213,14 @@ def sc_disk_full(tally, trials, work, log):
             if rc != 0:
                 tally.fail("disk-full: daemon %s exited %s, wanted 0" % (n, rc))
         for d in daemons:
-            for x in fl.sanitizer_lines(d.text())[:3]:
+            for x in d.sanitizer_reports()[:3]:
                 tally.fail("disk-full: sanitizer report in %s's log: %s" % (d.name, x))
         t = tally.per.get(name)
         if not t or t["trials"] != t["landed"] or t["landed"] != t["recovered"] or \
                 t["effects"] != t["landed"] or \
                 any(rc != 0 for _, rc in rcs):
             for d in daemons:
-                print("--- %s log (tail) ---\n%s" % (d.name,
-                                                     "\n".join(d.text().splitlines()[-20:])))
+                print("--- %s log (tail) ---\n%s" % (d.name, d.log_tail(20)))
         subprocess.run(["umount", mnt], capture_output=True)
 
 
@@ -1261,7 +1260,7 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
         return ss.exact(wants[v], rd.g)
 
     def history_note(d, v):
-        h = json.loads(d.ctl("--json", "history", JOB_DISK).stdout or "{}").get("versions", [])
+        h = (d.ctl_json("history", JOB_DISK, check=False) or {}).get("versions", [])
         return next((x.get("note", "") for x in h if int(x.get("version", -1)) == v), None)
 
     def close():
@@ -1274,23 +1273,12 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
                 pass
         trainer.close()
 
-    def serving(d):
-        """harness.wait_socket sees the socket file, which exists from bind()
-        on, before listen(): wait until dtectl gets an answer."""
-        end = time.time() + 20
-        while d.ctl("status").returncode != 0:
-            if time.time() > end or d.proc.poll() is not None:
-                raise RuntimeError("dted %s is not serving: %s" % (d.name, d.text()[-500:]))
-            time.sleep(0.05)
-
     cleanups.append(close)
-    a = ss.Daemon(work, "grp-a")
+    a = ss.Daemon(work, "grp-a")          # serving: the fixture waited for dtectl
     daemons.append(a)
-    serving(a)
     hold["w"] = ss.Writer(model, a, store)
     b = ss.Daemon(work, "grp-b")
     daemons.append(b)
-    serving(b)
     rd = hold["rd"] = StoreReaders(ss, b, store)
     for v in (1, 2):                        # warm: a keyframe, then a delta
         publish(v)
@@ -1311,9 +1299,9 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
         alive = a.proc.poll() is None
         man = os.path.exists(os.path.join(store, JOB_DISK, "v%d.manifest" % v))
         note = history_note(a, v) or ""
-        line = next((x for x in a.text().splitlines()
+        line = next((x for x in a.log_text().splitlines()
                      if "storage v%d not written" % v in x), "")
-        j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+        j = a.ctl_json("job", JOB_DISK, check=False) or {}
         # Landed: the disk was full.  Its effect, at the writer: it logged
         # v not written for lack of space and counted the lost version.
         landed = left == 0
@@ -1374,7 +1362,7 @@ def _disk_full(tally, trials, mnt, work, log, daemons, cleanups):
             log("disk-full v%d: not recovered within two publishes (readers at v%d)" %
                 (v, rd.applied()))
         v += 3
-    j = json.loads(a.ctl("--json", "job", JOB_DISK).stdout or "{}")
+    j = a.ctl_json("job", JOB_DISK, check=False) or {}
     if int(j.get("storage_head", -1)) != v - 1:
         tally.fail("disk-full: writer head v%s, wanted v%d" % (j.get("storage_head"), v - 1))
 

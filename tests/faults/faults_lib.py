@@ -29,20 +29,16 @@ if not os.path.isabs(B):
 os.environ["B"] = B
 
 import cluster_sync_lib as csl  # noqa: E402
+import harness  # noqa: E402
+
+# One implementation in harness.py; the names stay here for importers.
+SANITIZER_MARKS, sanitizer_lines = harness.SANITIZER_MARKS, harness.sanitizer_lines
 
 
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
-
-
-def sanitizer_lines(text):
-    """Lines of a daemon log that are sanitizer reports."""
-    return [x for x in text.splitlines() if any(m in x for m in SANITIZER_MARKS)]
-
-
-class HookDaemon(csl.Daemon):
-    """A dted whose environment may carry DTE_TEST_HOOK (daemon/testhook.h):
-    with a hook, the test build ($B/tests/dted-faults), else the production
-    $B/bin/dted.
+class HookDaemon(harness.Daemon):
+    """The daemon fixture (harness.Daemon), whose hook= (DTE_TEST_HOOK,
+    daemon/testhook.h) runs the test build ($B/tests/dted-faults), else the
+    production $B/bin/dted, with every exit judged.
 
     Every process it starts is reaped and its exit checked before the next
     one starts: stop() wants status 0, kill() (the test's SIGKILL) wants
@@ -50,33 +46,16 @@ class HookDaemon(csl.Daemon):
     hook) wants -SIGKILL from the hook's own raise().  Anything else lands
     in self.bad_exits, which the matrix turns into a failure."""
 
-    def __init__(self, *a, hook=None, **kw):
+    def __init__(self, *a, **kw):
+        kw.setdefault("job_state_dir", True)     # as cluster_sync_lib.Daemon
         super().__init__(*a, **kw)
-        self.hook = hook
-        self.log_off = 0
         self.checked = True      # the current process was reaped and judged
         self.bad_exits = []
-
-    def env(self):
-        e = super().env()
-        e.pop("DTE_TEST_HOOK", None)
-        if self.hook:
-            e["DTE_TEST_HOOK"] = self.hook
-        return e
-
-    def binary(self):
-        # Armed, the test build (the production dted ignores the
-        # variable); unarmed, the production daemon itself.
-        return csl.DTED_FAULTS if self.hook else super().binary()
 
     def start(self, timeout=20.0):
         if not self.checked:
             raise RuntimeError("dted %s: the previous process was not reaped and checked"
                                % self.name)
-        try:
-            self.log_off = os.path.getsize(self.logpath)
-        except OSError:
-            self.log_off = 0
         self.checked = False
         try:
             super().start(timeout)
@@ -95,15 +74,6 @@ class HookDaemon(csl.Daemon):
             raise RuntimeError("dted %s: DTE_TEST_HOOK=%s not armed (%s)" % (
                 self.name, self.hook, said[-1] if said else "the daemon said nothing of it"))
         return self
-
-    def log_since(self):
-        """The log of the current process only."""
-        try:
-            with open(self.logpath, errors="replace") as f:
-                f.seek(self.log_off)
-                return f.read()
-        except OSError:
-            return ""
 
     def _judge(self, rc, want, how):
         self.checked = True
@@ -126,8 +96,7 @@ class HookDaemon(csl.Daemon):
         if self.proc.poll() is not None:
             rc = self._judge(self.proc.returncode, "running", "died before the test killed it")
         else:
-            super().kill()
-            rc = self._judge(self.proc.returncode, -signal.SIGKILL, "SIGKILL by the test")
+            rc = self._judge(super().kill(), -signal.SIGKILL, "SIGKILL by the test")
         if os.path.exists(self.sock):
             os.unlink(self.sock)
         return rc
@@ -149,9 +118,6 @@ class HookDaemon(csl.Daemon):
         if os.path.exists(self.sock):
             os.unlink(self.sock)
         return rc
-
-    def sanitizer_reports(self):
-        return sanitizer_lines(self.log_text())
 
 
 class LineProc:

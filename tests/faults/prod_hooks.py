@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "system"))
 
@@ -191,39 +190,26 @@ def string_hits(strs, needles):
 
 
 def run_with_hook(binary, spec, tmp, tag):
-    """Start binary with DTE_TEST_HOOK=spec.  Returns (came_up, answered,
-    exit status or None, log text)."""
+    """Start binary with DTE_TEST_HOOK=spec (the fixture's hook_check off:
+    the production dted gets the variable on purpose, to show it ignores
+    it; no --peer-listen, as a packaged dted starts).  Returns (came_up,
+    answered, exit status or None, log text)."""
     d = os.path.join(tmp, tag)
     os.makedirs(d)
-    logpath = os.path.join(d, "dted.log")
-    env = harness.child_env({"DTE_TEST_HOOK": spec,
-                             "DTE_TEST_HOOK_RELEASE": os.path.join(d, "release")})
-    with open(logpath, "w") as log:
-        conf = os.path.join(d, "dted.conf")
-        sock = os.path.join(d, "dted.sock")
-        with open(conf, "w") as f:
-            f.write("[daemon]\nnode_name = %s\nlog_level = debug\n" % tag)
-        proc = subprocess.Popen([binary, "--foreground", "--config", conf, "--socket", sock],
-                                stdout=log, stderr=log, env=env)
+    dm = harness.Daemon(d, tag, binary=binary, hook=spec, hook_check=False, log_level="debug",
+                        peer_listen=False,
+                        env={"DTE_TEST_HOOK_RELEASE": os.path.join(d, "release")})
     up = answered = False
     try:
-        harness.wait_socket(sock, tries=200, proc=proc)
+        dm.start(timeout=10)
         up = True
-        r = harness.dtectl(sock, "status", timeout=10)
+        r = dm.ctl("status", check=False, timeout=10)
         answered = r.returncode == 0 and "version:" in r.stdout
     except RuntimeError:
         pass
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    with open(logpath, errors="replace") as f:
-        text = f.read()
-    return up, answered, rc, text
+        rc = dm.stop() if dm.proc else None
+    return up, answered, rc, dm.log_text()
 
 
 def main():

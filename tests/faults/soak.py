@@ -94,16 +94,13 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     work = csl.Workdir("dte-soak-")
+    wrap = []
     if args.valgrind:
-        wrap = os.path.join(work.path, "vg-dted")
-        with open(wrap, "w") as f:
-            f.write("#!/bin/sh\nexec valgrind -q --leak-check=full --error-exitcode=1 "
-                    "--suppressions=%s --log-file=%s/vg.%%p.log %s \"$@\"\n" % (
-                        os.path.join(HERE, "valgrind.supp"), work.path, csl.DTED))
-        os.chmod(wrap, 0o755)
-        csl.DTED = wrap
-    src = csl.Daemon(work.path, "src", log_level="notice")
-    sink = csl.Daemon(work.path, "sink", log_level="notice")
+        wrap = ["valgrind", "-q", "--leak-check=full", "--error-exitcode=1",
+                "--suppressions=%s" % os.path.join(HERE, "valgrind.supp"),
+                "--log-file=%s/vg.%%p.log" % work.path]
+    src = csl.Daemon(work.path, "src", log_level="notice", wrap=wrap)
+    sink = csl.Daemon(work.path, "sink", log_level="notice", wrap=wrap)
     fails = []
     rss0 = rss1 = rss_early = None
     early = min(max(n // 10, 1), bound)

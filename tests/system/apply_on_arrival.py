@@ -20,10 +20,7 @@ records arrive and its parts are swapped into the buffers as they come.
 - Version WRONG_AT+1 repairs (dense): every rank exact.
 """
 
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -75,12 +72,9 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-arrival-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    env = dict(os.environ, DTE_TEST_HOOK="wrong-value@%d" % WRONG_AT)
-    daemon, sock = harness.start_dted(tmp, "arrival", log, env=env,
-                                      dted=harness.DTED_FAULTS)
+    daemon = harness.Daemon(tmp, "arrival", hook="wrong-value@%d" % WRONG_AT)
     try:
-        harness.wait_socket(sock)
+        sock = daemon.start().sock
         model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=0, label="arrival-src",
                                        placement=sl.SRC_LAYOUT)
         trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
@@ -164,9 +158,7 @@ def main():
         before = [bits(sink.weights(r)) for r in range(sl.TP)]
         got = publish(parked=True)
         m2 = metrics(sock)
-        log.flush()
-        log.seek(0)
-        text = log.read()
+        text = daemon.log_text()
         c.check("test hook: wrong-value: version %d" % WRONG_AT in text,
                 "the hook flipped a value of version %d" % WRONG_AT)
         c.check("applied on arrival fails" in text, "the daemon logged the on-arrival failure")
@@ -195,17 +187,10 @@ def main():
               "retreated=%d" % (version, arrival(m3, "part"), arrival(m3, "version"),
                                 arrival(m3, "undo"), arrival(m3, "retreat")), flush=True)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            rc = daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = -9
+        rc = daemon.stop(10)
         c.check(rc == 0, "dted exits cleanly (status %s)" % rc)
         if c.passed != c.total:
-            log.seek(0)
-            print("--- dted log (tail) ---\n" + "\n".join(log.read().splitlines()[-40:]))
-        log.close()
+            print("--- dted log (tail) ---\n" + daemon.log_tail(40))
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish()
 

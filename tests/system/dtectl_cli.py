@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -166,17 +165,12 @@ def check_backend_log(c, tmp, logged):
     # This node has no usable CUDA: compute_backend = cuda must say so.
     sub = os.path.join(tmp, "cuda")
     os.makedirs(sub)
-    with open(os.path.join(sub, "dted.log"), "w") as log:
-        d, sock = harness.start_dted(sub, "cli-cuda", log, extra_conf="runtime_dir = %s\n"
-                                     "compute_backend = cuda\n" % sub,
-                                     env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
-        try:
-            harness.wait_socket(sock, proc=d)
-        finally:
-            d.send_signal(signal.SIGTERM)
-            d.wait(20)
-    with open(os.path.join(sub, "dted.log"), errors="replace") as f:
-        text = f.read()
+    d = harness.Daemon(sub, "cli-cuda", compute_backend="cuda")
+    try:
+        d.start()
+    finally:
+        d.stop()
+    text = d.log_text()
     c.check(re.search(r" warn: compute backend: ", text) and
             " info: compute backend:" not in text,
             "compute_backend = cuda without CUDA: a warning, as before (%s)" %
@@ -242,19 +236,16 @@ def main():
     c = Checks("dtectl-cli")
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-cli-")
-    log = open(os.path.join(tmp, "dted.log"), "w")
-    d, sock = harness.start_dted(tmp, "cli", log, extra_conf="runtime_dir = %s\n"
-                                 "compute_backend = auto\n" % tmp,
-                                 env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
+    d = harness.Daemon(tmp, "cli", compute_backend="auto")
+    sock = d.sock
     ctl = Ctl(sock)
     cfg = qwen3.make_config(None, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                             vocab_size=256)
     solo = pair = None
     try:
-        harness.wait_socket(sock, proc=d)
-        with open(os.path.join(tmp, "dted.log"), errors="replace") as f:
-            check_backend_log(c, tmp, f.read())
+        d.start()
+        check_backend_log(c, tmp, d.log_text())
         check_help(c, ctl)
 
         # Exit codes without jobs.
@@ -341,8 +332,7 @@ def main():
                 "job: epoch and participant ids in 0x hex, the same numbers as --json (%s)" % hexes)
         c.check(sink_id and all(sink_id[0] in ln for ln in progress),
                 "wait's progress names the sink by the id `job` prints (%s)" % sink_id)
-        with open(os.path.join(tmp, "dted.log"), errors="replace") as f:
-            logged = f.read()
+        logged = d.log_text()
         c.check(sink_id and re.search(r"\bsink %s:" % sink_id[0][2:], logged),
                 "the log prints the same hex digits for the sink")
         rc, out, _ = ctl.run("jobs")
@@ -392,17 +382,10 @@ def main():
         for t in (pair, solo):
             if t:
                 t.close()
-        d.send_signal(signal.SIGTERM)
-        try:
-            rc = d.wait(20)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            rc = d.wait()
-        log.close()
+        rc = d.stop()
         c.check(rc == 0, "dted exits cleanly (%s)" % rc)
         if c.passed != c.total:
-            with open(os.path.join(tmp, "dted.log"), errors="replace") as f:
-                print("\n".join(f.read().splitlines()[-20:]))
+            print(d.log_tail(20))
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish()
 

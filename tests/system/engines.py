@@ -34,7 +34,6 @@ as the exact FP32 of it.  Along the way:
 """
 
 import json
-import os
 import tempfile
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -333,12 +332,12 @@ def main():
     torch.set_num_threads(1)
     refusals(c)
     tmp = tempfile.mkdtemp(prefix="dte-engines-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "engines", log)
+    daemon = harness.Daemon(tmp, "engines")
+    sock = daemon.sock
     engines = []
     exact = {"sglang": 0, "vllm": 0}
     try:
-        harness.wait_socket(sock)
+        daemon.start()
         model = megatron.MegatronModel(CFG, tp=1, seed=0, label="eng-src", placement=SRC_LAYOUT)
         trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
         task = toy.ToyTask(CFG["vocab_size"])
@@ -557,8 +556,7 @@ def main():
                 e.stop()
             except Exception as ex:
                 print("stop: %s" % ex)
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop(10)
     print("engines: sglang=%d/%d vllm=%d/%d exact" % (exact["sglang"], VERSIONS,
                                                        exact["vllm"], VERSIONS), flush=True)
     c.finish(versions=VERSIONS)

@@ -73,11 +73,11 @@ def main():
     if cfg["tie_word_embeddings"]:
         hf.pop("lm_head.weight", None)
     tmp = tempfile.mkdtemp(prefix="dte-engines-real-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "engines-real", log)
+    daemon = harness.Daemon(tmp, "engines-real")
+    sock = daemon.sock
     exact = {}
     try:
-        harness.wait_socket(sock)
+        daemon.start()
         params = {n: torch.nn.Parameter(t.float().clone()) for n, t in hf.items()
                   if n in qwen3.hf_tensor_shapes(cfg)}
         opt = torch.optim.AdamW(params.values(), lr=1e-4, weight_decay=0.0)
@@ -136,8 +136,7 @@ def main():
             stop()
         src.close()
     finally:
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop(10)
     print("engines-real: %s" % " ".join("%s=%d/%d" % (e, exact.get(e, 0), VERSIONS)
                                         for e in have))
     c.finish()

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Foundation system test: a real dted on a temp socket, driven by dtectl
-and by raw clients that misbehave.  Pure stdlib.  Run from the repo root
-with B=<build dir>; prints `foundation: checks=N passed=N`."""
+and by raw clients that misbehave.  Pure stdlib (the daemon fixture,
+harness.Daemon, is too).  Run from the repo root with B=<build dir>;
+prints `foundation: checks=N passed=N`."""
 
 import json
 import os
@@ -14,9 +15,8 @@ import tempfile
 import threading
 import time
 
-B = os.environ.get("B", "build")
-DTED = os.path.join(B, "bin", "dted")
-DTECTL = os.path.join(B, "bin", "dtectl")
+import harness  # noqa: E402  (sets B; stdlib only)
+from harness import DTED, DTECTL  # noqa: E402
 
 checks = 0
 passed = 0
@@ -224,13 +224,6 @@ def status_of(sock):
     return status_lines(r.stdout) if r.returncode == 0 else None
 
 
-def write_conf(path, **kv):
-    with open(path, "w") as f:
-        f.write("[daemon]\n")
-        for k, v in kv.items():
-            f.write(f"{k} = {v}\n")
-
-
 def alive_and_answering(p, sock, what):
     st = status_of(sock)
     check(f"{what}: daemon alive", p.poll() is None)
@@ -240,33 +233,29 @@ def alive_and_answering(p, sock, what):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="dted-foundation-")
-    sock = os.path.join(tmp, "run", "dted.sock")
-    conf = os.path.join(tmp, "dted.conf")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     notify = Notify(os.path.join(tmp, "notify.sock"))
-    write_conf(conf, log_level="notice", node_name="ftest")
-
-    env = dict(os.environ, NOTIFY_SOCKET=os.path.join(tmp, "notify.sock"), WATCHDOG_USEC="200000")
-    env.pop("WATCHDOG_PID", None)
-    env.pop("LISTEN_FDS", None)
-    p = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock],
-                         stdout=log, stderr=log, env=env)
+    # dted as systemd starts it: a config with only these keys, the socket
+    # in a runtime directory dted makes, no --peer-listen, sd_notify with
+    # a watchdog.
+    d = harness.Daemon(tmp, "dted", node_name="ftest", log_level="notice", runtime_dir=None,
+                       sock=os.path.join(tmp, "run", "dted.sock"), peer_listen=False,
+                       env={"NOTIFY_SOCKET": os.path.join(tmp, "notify.sock"),
+                            "WATCHDOG_USEC": "200000", "WATCHDOG_PID": None,
+                            "LISTEN_FDS": None})
     try:
-        run_checks(p, tmp, sock, conf, notify)
+        d.start()
+        run_checks(d, tmp, notify)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        log.seek(0)
-        text = log.read()
+        d.kill(unlink=False)
         print("--- dted log (tail) ---")
-        print("\n".join(text.splitlines()[-25:]))
+        print(d.log_tail(25))
         notify.stop = True
     print(f"foundation: checks={checks} passed={passed}")
     return 0 if checks == passed else 1
 
 
-def run_checks(p, tmp, sock, conf, notify):
+def run_checks(d, tmp, notify):
+    p, sock = d.proc, d.sock
     # Startup and sd_notify.
     check("READY=1 sent", notify.wait_for(lambda m: m == "READY=1"))
     check("socket exists once READY", os.path.exists(sock))
@@ -417,13 +406,12 @@ def run_checks(p, tmp, sock, conf, notify):
         p.send_signal(signal.SIGHUP)
         return check("SIGHUP: reload finished (READY=1 again)", notify.wait_count("READY=1", n + 1))
 
-    write_conf(conf, log_level="debug", node_name="ftest")
+    d.write_conf(log_level="debug")
     hup()
     st = status_of(sock)
     check("SIGHUP: log level now debug", st is not None and st.get("log_level") == "debug", str(st))
     check("SIGHUP: RELOADING=1 sent", notify.count("RELOADING=1") >= 1)
-    with open(conf, "w") as f:
-        f.write("[daemon]\nlog_level = shouting\n")
+    d.write_conf(raw="[daemon]\nlog_level = shouting\n")
     hup()
     st = status_of(sock)
     check("SIGHUP with a bad file keeps the running config",
@@ -440,24 +428,23 @@ def run_checks(p, tmp, sock, conf, notify):
           f"rc={r.returncode} {r.stderr}")
     st = status_of(sock)
     check("refusal shows in status", st is not None and int(st.get("refused", 0)) >= 1, str(st))
-    write_conf(conf, log_level="debug", node_name="ftest", allow_uids="65534")
+    d.write_conf(allow_uids="65534")
     hup()
     r = dtectl("status", sock=sock, prefix=nobody)
     check("uid 65534 allowed after allow_uids + SIGHUP", r.returncode == 0, r.stderr)
 
-    # A second daemon on the same socket must not steal it.
-    r = subprocess.run([DTED, "--foreground", "--socket", sock, "--config", conf],
-                       capture_output=True, text=True, timeout=10)
-    check("second dted on a live socket refuses", r.returncode != 0
-          and "already listening" in r.stderr, r.stderr)
+    # A second daemon on the same socket must not steal it (a start that
+    # is to fail: not waited for, its exit is).
+    second = harness.Daemon(tmp, "second", sock=sock, peer_listen=False, runtime_dir=None,
+                            env={"NOTIFY_SOCKET": None})
+    second.start(ready="none")
+    check("second dted on a live socket refuses", second.wait_exit(10) not in (0, None)
+          and "already listening" in second.log_text(), second.log_tail(5))
+    second.kill(unlink=False)
     alive_and_answering(p, sock, "second daemon attempt")
 
     # SIGTERM: exit 0, socket removed, STOPPING=1.
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(10)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = d.stop(10)
     check("SIGTERM: exit 0 (no leaks under ASan)", rc == 0, f"rc={rc}")
     check("SIGTERM: socket removed", not os.path.exists(sock))
     check("STOPPING=1 sent", notify.wait_for(lambda m: m == "STOPPING=1", 3))
@@ -465,18 +452,19 @@ def run_checks(p, tmp, sock, conf, notify):
     # Stale socket from a killed daemon is cleaned up by the next one.
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
-    q = subprocess.Popen([DTED, "--foreground", "--socket", sock], stderr=subprocess.DEVNULL, env=env)
-    wait_socket(sock)
-    q.kill()
-    q.wait()
+    q = harness.Daemon(tmp, "stale", sock=sock, peer_listen=False, runtime_dir=None,
+                       env={"NOTIFY_SOCKET": None})
+    q.start(timeout=10)
+    q.kill(unlink=False)
     check("SIGKILL leaves a stale socket", os.path.exists(sock))
-    q = subprocess.Popen([DTED, "--foreground", "--socket", sock], stderr=subprocess.DEVNULL, env=env)
-    wait_socket(sock)
+    q.start(timeout=10)
     check("next dted replaces a stale socket", status_of(sock) is not None)
-    q.send_signal(signal.SIGINT)
-    check("SIGINT: exit 0", q.wait(10) == 0)
+    q.proc.send_signal(signal.SIGINT)
+    check("SIGINT: exit 0", q.wait_exit(10) == 0)
 
-    # Without --foreground: the parent returns once the child serves.
+    # Without --foreground: the parent returns once the child serves.  A
+    # raw start on purpose: the fixture runs dted in the foreground, and
+    # this is the detaching path (no --foreground, no config).
     r = subprocess.run([DTED, "--socket", sock], capture_output=True, text=True, timeout=10, env=env)
     st = status_of(sock)
     check("detached dted: parent exits 0 after ready", r.returncode == 0 and st is not None,
@@ -489,21 +477,6 @@ def run_checks(p, tmp, sock, conf, notify):
     r = subprocess.run([DTED, "--socket", os.path.join(tmp, "no", "such", "dir", "d.sock")],
                        capture_output=True, text=True, timeout=10, env=env)
     check("detached dted: startup failure reaches the exit status", r.returncode != 0, r.stderr)
-
-
-def wait_socket(path, timeout=10):
-    """Until the socket accepts a connection; a failed check when the
-    deadline passes first (and False)."""
-    end = time.time() + timeout
-    while time.time() < end:
-        if os.path.exists(path):
-            try:
-                raw_client(path).close()
-                return True
-            except OSError:
-                pass
-        time.sleep(0.05)
-    return check(f"dted socket {path} accepts a connection within {timeout} s", False)
 
 
 if __name__ == "__main__":

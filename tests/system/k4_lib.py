@@ -78,32 +78,12 @@ def metric(sock, name):
     return out
 
 
-class Daemon:
-    """One dted with [daemon] mark_table_size = cap (None: the default)."""
-
-    def __init__(self, cap, label, hook=None):
-        self.tmp = tempfile.mkdtemp(prefix="dte-k4-")
-        self.log = open(os.path.join(self.tmp, "dted.log"), "w+")
-        extra = "" if cap is None else "mark_table_size = %s\n" % cap
-        env = harness.child_env()
-        if hook:
-            env = dict(env, DTE_TEST_HOOK=hook)
-        self.proc, self.sock = harness.start_dted(self.tmp, label, self.log, extra_conf=extra,
-                                                  env=env,
-                                                  dted=harness.DTED_FAULTS if hook else None)
-        harness.wait_socket(self.sock, proc=self.proc)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            rc = self.proc.wait(20)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
-            rc = -9
-        self.log.seek(0)
-        tail = "\n".join(self.log.read().splitlines()[-30:])
-        self.log.close()
-        return rc, tail
+def Daemon(cap, label, hook=None):
+    """One dted (the fixture, harness.Daemon) in a directory of its own with
+    [daemon] mark_table_size = cap (None: the default); hook: DTE_TEST_HOOK,
+    run by the test build."""
+    return harness.Daemon(tempfile.mkdtemp(prefix="dte-k4-"), label, mark_table_size=cap,
+                          hook=hook).start()
 
 
 def run_config(d, flavour, lr, wd, seed, cfg, k, steps, job, fault_version=0):
@@ -272,7 +252,7 @@ def run(configs, cap, vocab, hidden, k=4, steps=20, log=print, label="k4", hook=
         m["peak_bytes"] = metric(d.sock, "dted_mark_table_peak_bytes").get("", 0.0)
         m["bytes_now"] = metric(d.sock, "dted_mark_table_bytes").get("", 0.0)
     finally:
-        rc, tail = d.stop()
+        rc = d.stop()
     if rc != 0:
-        raise RuntimeError("dted exited with %s:\n%s" % (rc, tail))
+        raise RuntimeError("dted exited with %s:\n%s" % (rc, d.log_tail(30)))
     return out, m, elements

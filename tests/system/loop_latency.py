@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -135,24 +134,17 @@ def window_stats(samples, a0, a1, d):
     return lat, core
 
 
-def log_text(log):
-    log.flush()
-    log.seek(0)
-    return log.read()
-
-
 def main():
     c = Checks("loop-latency")
     cfg_text = __import__("json").dumps(CFG)
     shapes = qwen3.hf_tensor_shapes(CFG)
     elements = sum(int(torch.Size(s).numel()) for s in shapes.values())
     tmp = tempfile.mkdtemp(prefix="dte-loop-latency-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "loop-latency", log, env=harness.child_env())
+    daemon = harness.Daemon(tmp, "loop-latency")
     arenas, sink_arenas = {}, []
     results = []
     try:
-        harness.wait_socket(sock, proc=daemon)
+        sock = daemon.start().sock
         # Source: θ in memfds as fsdp:dp=1 names them; m and v stay holes
         # (a dense capture reads θ only).
         specs = [(n, tuple(s), torch.float32) for n, s in shapes.items()]
@@ -210,7 +202,7 @@ def main():
         c.check(r.returncode == 0 and "ok: 1" in r.stdout,
                 "dtectl verify: the sink is ok (%s)" % (r.stdout + r.stderr).strip()[:160])
         m = re.findall(r"verify of 1 sinks: 1 ok, 0 mismatch; summed on a worker in ([0-9.]+) ms",
-                       log_text(log))
+                       daemon.log_text())
         vd = float(m[-1]) / 1e3 if m else 0.0
         c.check(m and vd <= t1 - t0, "the daemon logged the verify's sum (%.1f ms)" % (vd * 1e3))
         vlat, vcore = window_stats(poller.samples[n0:], t0, t1, vd)
@@ -311,51 +303,43 @@ def main():
         th = threading.Thread(target=apply_last, daemon=True)
         th.start()
         deadline = time.time() + 30
-        while started not in log_text(log) or torch.equal(
+        while started not in daemon.log_text() or torch.equal(
                 got_t[::256, ::512].view(torch.int16), probe):
             if time.time() > deadline or not th.is_alive():
                 break
             time.sleep(0.0005)
         # At once: the worker has hundreds of ms of writing and summing
         # the sink's 512 MiB ahead of it.
-        daemon.send_signal(signal.SIGTERM)
+        daemon.proc.send_signal(signal.SIGTERM)
         th.join(30)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        text = log_text(log)
+        daemon.wait_exit(30)
+        text = daemon.log_text()
         after = text.split("shutting down")[-1] if "shutting down" in text else ""
         landed = (started in text and "shutdown: waiting for 1 tasks on workers" in after and
                   "shutdown: the apply of version %d of sink" % v in after)
         c.check(landed and "rep" not in outcome,
                 "SIGTERM landed during the apply of version %d (answered: %s; log: %s)"
                 % (v, outcome, "came back during shutdown" if landed else "no such line"))
-        c.check(daemon.returncode == 0, "dted exited 0 after draining its worker (status %s)"
-                % daemon.returncode)
+        c.check(daemon.proc.returncode == 0, "dted exited 0 after draining its worker "
+                "(status %s)" % daemon.proc.returncode)
         want = arenas["param"].tensor("model.embed_tokens.weight").to(torch.bfloat16)
         c.check(got_t is not None and torch.equal(got_t, want),
                 "the sink holds version %d whole after the shutdown (bit-exact, not torn)" % v)
     finally:
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(20)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+        if daemon.running():
+            daemon.stop(20)
+            if daemon.hung:
                 c.check(False, "dted did not exit within 20 s of SIGTERM")
         for a in list(arenas.values()) + sink_arenas:
             try:
                 a.close()
             except BufferError:
                 pass
-        san = re.findall(r"ERROR: (?:Address|Leak|Thread)Sanitizer|runtime error:", log_text(log))
+        san = re.findall(r"ERROR: (?:Address|Leak|Thread)Sanitizer|runtime error:",
+                         daemon.log_text())
         c.check(not san, "no sanitizer report in the daemon's log (%s)" % san[:3])
         if c.passed != c.total:
-            log.seek(0)
-            sys.stdout.write(log.read()[-4000:])
-        log.close()
+            sys.stdout.write(daemon.log_text()[-4000:])
         shutil.rmtree(tmp, ignore_errors=True)
     return c.finish()
 

@@ -179,7 +179,7 @@ def main():
     port = free_port()
     work = csl.Workdir("dte-dash-")
     coord = csl.Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
-                       peer_conf="[daemon]\nmetrics_listen = 127.0.0.1:%d\n" % port)
+                       metrics_listen="127.0.0.1:%d" % port)
     sinkd = csl.Daemon(work.path, "sinkd", part_size="64K", sync_mode="sparse")
     daemons = [coord, sinkd]
     missing = sorted(want)

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -390,24 +389,18 @@ def main():
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-ops-")
     port = free_port()
-    log = open(os.path.join(tmp, "ops.log"), "w")
-    d, sock = harness.start_dted(
-        tmp, "ops", log, conf_name="ops.conf", sock_name="ops.sock",
-        # sync_mode = sparse: the checks name which versions go sparse
-        extra_conf="runtime_dir = %s\nmetrics_listen = 127.0.0.1:%d\nsync_mode = sparse\n"
-                   "[peer]\nstaging_size = 16M\n" % (tmp, port),
-        env=child_env({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}))
+    # sync_mode = sparse: the checks name which versions go sparse;
+    # staging_size from the file: `dtectl config` says where it came from
+    d = harness.Daemon(tmp, "ops", metrics_listen="127.0.0.1:%d" % port, sync_mode="sparse",
+                       staging_size="16M")
+    sock = d.sock
     ctl = Ctl(sock)
     run = None
     cfg = qwen3.make_config(None, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                             vocab_size=512)
     try:
-        end = time.time() + 30
-        while time.time() < end and ctl.run("ping")[0] != 0:
-            if d.poll() is not None:
-                break
-            time.sleep(0.05)
+        d.start(30)
         c.check(ctl.run("ping")[0] == 0, "dted answers")
         run = Run(c, sock, cfg)
         infos = [run.version() for _ in range(4)]
@@ -422,17 +415,10 @@ def main():
     finally:
         if run:
             run.close()
-        d.send_signal(signal.SIGTERM)
-        try:
-            rc = d.wait(20)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            rc = d.wait()
-        log.close()
+        rc = d.stop()
         c.check(rc == 0, "dted exits cleanly (%s)" % rc)
         if c.passed != c.total:
-            with open(os.path.join(tmp, "ops.log"), errors="replace") as f:
-                print("\n".join(f.read().splitlines()[-30:]))
+            print(d.log_tail(30))
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish(versions=run.v if run else 0)
 

@@ -20,12 +20,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-B = os.environ.get("B", "build")
-if not os.path.isabs(B):
-    B = os.path.join(ROOT, B)
-DTED, DTECTL = os.path.join(B, "bin", "dted"), os.path.join(B, "bin", "dtectl")
+import harness  # sets ROOT and B
+from harness import B, DTECTL
 
 
 def fail(msg, log=None):
@@ -86,23 +82,17 @@ def check_said_once(port, retries, log):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="dte-listen-")
-    sock, conf, log = (os.path.join(tmp, x) for x in ("d.sock", "d.conf", "d.log"))
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.bind(("127.0.0.1", 0))
     holder.listen(1)
     port = holder.getsockname()[1]
-    with open(conf, "w") as f:
-        f.write("[daemon]\nnode_name = lr\nlog_level = debug\nruntime_dir = %s\n" % tmp)
-    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
-    env.pop("DTE_TEST_HOOK", None)
-    with open(log, "w") as lf:
-        proc = subprocess.Popen([DTED, "--foreground", "--config", conf, "--socket", sock,
-                                 "--peer-listen", "127.0.0.1:%d" % port], stdout=lf, stderr=lf,
-                                env=env)
+    # --peer-listen 127.0.0.1:<the held port>; ready once the control socket
+    # accepts (there is no peer address to wait for: that is the point)
+    d = harness.Daemon(tmp, "lr", log_level="debug", listen_port=port)
+    sock, log = d.sock, d.logpath
     try:
-        wait_for("dted serving its control socket",
-                 lambda: proc.poll() is None and os.path.exists(sock) and ctl(sock, "peers"),
-                 20, log)
+        d.start(ready="socket")
+        wait_for("dted serving its control socket", lambda: ctl(sock, "peers"), 20, log)
         p = ctl(sock, "peers")
         if p.get("address"):
             fail("dted claims listener %s on a port another process holds" % p["address"], log)
@@ -134,18 +124,16 @@ def main():
         # the job it names does not exist here).
         r = subprocess.run([os.path.join(B, "bin", "dte-peer-forge"), "--to", addr, "--node",
                             "prober", "--expect", "1", "staged job=nojob token=t version=1 "
-                            "src=1 dst=2"], capture_output=True, text=True, timeout=60, env=env)
+                            "src=1 dst=2"], capture_output=True, text=True, timeout=60,
+                           env=d.env())
         if r.returncode != 0 or "recv REFUSED from lr" not in r.stdout:
             fail("a peer got no answer from the listener: %s %s" % (r.stdout[-300:],
                                                                    r.stderr[-300:]), log)
-        proc.terminate()
-        rc = proc.wait(20)
+        rc = d.stop(20)
         if rc != 0:
             fail("dted exited %s after SIGTERM" % rc, log)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        d.kill()
         holder.close()
     print("peer-listen-retry: held_retries=%d bound_after_s=%.2f" % (held, took))
     subprocess.run(["rm", "-rf", tmp])

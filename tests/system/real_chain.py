@@ -54,8 +54,8 @@ def main():
     cfg = rm.qwen3_config(False, hidden_size=128, intermediate_size=256, head_dim=32,
                           vocab_size=512, max_position_embeddings=256)
     tmp = tempfile.mkdtemp(prefix="dte-real-chain-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "real-chain", log)
+    daemon = harness.Daemon(tmp, "real-chain")
+    sock = daemon.sock
     fresh = vl.FreshEngines(sys.executable, os.environ)
     job, token = "chain", "chain-token"
     state = {"exact": 0, "gens": 0, "gens_ok": 0, "versions": 0}
@@ -100,7 +100,7 @@ def main():
         print("  v%d: %s" % (v, rep.summary()), flush=True)
 
     try:
-        harness.wait_socket(sock, proc=daemon)
+        daemon.start()
         out = rm.run(cfg, sock, job, token, VERSIONS, tp=2, dp=1, ep=1, optimizer_kind="torch",
                      on_version=on_version, init_hf=init_hf, lr=LR)
         moved = [x["bf16_moved"] for x in out["versions"]]
@@ -112,11 +112,9 @@ def main():
     finally:
         fresh.close()
         eng.clear()
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop(10)
     if c.passed != c.total:
-        log.seek(0)
-        print("dted log (tail):\n" + "".join(log.readlines()[-30:]))
+        print("dted log (tail):\n" + daemon.log_tail(30))
     shutil.rmtree(tmp, ignore_errors=True)
     print("real-chain: versions=%d exact=%d/%d generations=%d/%d" % (
         state["versions"], state["exact"], state["versions"], state["gens_ok"], state["gens"]))

@@ -668,13 +668,12 @@ def main():
     ref = tl.layout_reference()
     c = Checks("real-megatron")
     tmp = tempfile.mkdtemp(prefix="dte-real-mcore-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     # Every version after the first must go sparse (see trainers_mcore.py).
-    daemon, sock = harness.start_dted(tmp, "real-mcore", log, env=harness.child_env(),
-                                      extra_conf="sync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "real-mcore", sync_mode="sparse")
+    sock = daemon.sock
     versions = exact = 0
     try:
-        harness.wait_socket(sock, proc=daemon)
+        daemon.start()
         for i, (label, moe, tp, dp, ep, kind, lr, stp, sep) in enumerate(CONFIGS):
             cfg = qwen3_config(moe)
             cfg_text = json.dumps(cfg)
@@ -745,14 +744,12 @@ def main():
                                         sum(vs[-1]["loss"]) / len(vs[-1]["loss"])) if vs else "-",
                       time.time() - t0), flush=True)
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop(30)
     ok = c.total > 0 and c.passed == c.total and exact == versions == VERSIONS * len(CONFIGS)
     print("real-megatron: megatron-core=%s configs=%d versions=%d exact=%d/%d" % (
         mc_version, len(CONFIGS), versions, exact, versions), flush=True)
     if not ok:
-        log.seek(0)
-        sys.stderr.write(log.read()[-4000:])
+        sys.stderr.write(daemon.log_text()[-4000:])
     return 0 if ok else 1
 
 

@@ -287,11 +287,11 @@ def main():
     c = Checks("real-vllm")
     t = Tally(c)
     tmp = tempfile.mkdtemp(prefix="dte-real-vllm-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "real-vllm", log)
+    daemon = harness.Daemon(tmp, "real-vllm")
+    sock = daemon.sock
     fresh = vl.FreshEngines(sys.executable, os.environ)
     try:
-        harness.wait_socket(sock, proc=daemon)
+        daemon.start()
         only = os.environ.get("DTE_REAL_ONLY")
         for name, moe, tp, versions in RUNS:
             if only and only != "%s-%d" % (name, tp):
@@ -301,11 +301,9 @@ def main():
             asyncio.run(run_async(t, sock, tmp, fresh))
     finally:
         fresh.close()
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop(10)
     if c.passed != c.total:
-        log.seek(0)
-        print("dted log (tail):\n" + "".join(log.readlines()[-30:]))
+        print("dted log (tail):\n" + daemon.log_tail(30))
     shutil.rmtree(tmp, ignore_errors=True)
     rm = sorted(t.refresh_ms)
     print("real-engine: repack after apply: median %.2f ms, max %.2f ms per worker; "

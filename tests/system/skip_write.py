@@ -19,10 +19,7 @@ undone").
   exact.
 """
 
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -59,14 +56,11 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-skip-write-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    env = dict(os.environ, DTE_TEST_HOOK="skip-write@%d" % SKIP_AT)
-    daemon, sock = harness.start_dted(tmp, "skip-write", log, env=env,
-                                      dted=harness.DTED_FAULTS)
+    daemon = harness.Daemon(tmp, "skip-write", hook="skip-write@%d" % SKIP_AT)
     version = 0
     exact = 0
     try:
-        harness.wait_socket(sock)
+        sock = daemon.start().sock
         model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=0, label="skip-src",
                                        placement=sl.SRC_LAYOUT)
         trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
@@ -77,9 +71,7 @@ def main():
         sink = sl.Replica(c, sock, 0, "skip-sink")
 
         def log_has(text):
-            log.flush()
-            log.seek(0)
-            return text in log.read()
+            return text in daemon.log_text()
 
         def publish():
             nonlocal version
@@ -132,22 +124,15 @@ def main():
             c.check(not again["checksum_ok"] and again["version"] == version - 1,
                     "apply(%d) again: still failed, nothing written (%s)" % (version, again))
             c.check(not same_bits(before, snapshot(sink), [0]), "still version %d" % (version - 1))
-        c.check(daemon.poll() is None, "daemon alive")
+        c.check(daemon.running(), "daemon alive")
         print("skip-write: caught=1 undone=1 exact %d/%d" % (exact, version))
         tcli.close()
         trainer.close()
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            rc = daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = -9
+        rc = daemon.stop(10)
         c.check(rc == 0, "dted exits cleanly (status %s)" % rc)
         if c.passed != c.total:
-            log.seek(0)
-            print("--- dted log (tail) ---\n" + "\n".join(log.read().splitlines()[-40:]))
-        log.close()
+            print("--- dted log (tail) ---\n" + daemon.log_tail(40))
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish(versions=version)
 

@@ -441,14 +441,13 @@ def main():
     c.check(int(transformers.__version__.split(".")[0]) >= 5,
             "transformers %s (5 holds MoE experts fused)" % transformers.__version__)
     tmp = tempfile.mkdtemp(prefix="dte-source-real-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     # Versions after the first must go sparse: the inversion is what is
     # checked (sync_mode = auto could pick dense on models this small).
-    daemon, sock = harness.start_dted(tmp, "source-real", log, env=harness.child_env(),
-                                      extra_conf="sync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "source-real", sync_mode="sparse")
+    sock = daemon.sock
     tot = dict(models=0, versions=0, exact=0, replaced=0, readopted=0)
     try:
-        harness.wait_socket(sock, proc=daemon)
+        daemon.start()
         for case in (moe_case, dense_case):
             t0 = time.time()
             try:
@@ -461,14 +460,12 @@ def main():
                                                            time.time() - t0), flush=True)
         flat_refusal(c, sock)
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop(30)
     print("source-real: models=%d versions=%d exact=%d/%d replaced=%d readopted=%d" % (
         tot["models"], tot["versions"], tot["exact"], tot["versions"], tot["replaced"],
         tot["readopted"]), flush=True)
     if c.passed != c.total:
-        log.seek(0)
-        sys.stderr.write(log.read()[-3000:])
+        sys.stderr.write(daemon.log_text()[-3000:])
     c.finish()
 
 

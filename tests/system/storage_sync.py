@@ -46,63 +46,21 @@ LR, WARMUP = 1e-5, 5
 KEYFRAME_EVERY, KEEP, KEEP_KEYS = 10, 12, 2
 
 
-class Daemon:
-    def __init__(self, tmp, name, env=None, dted=None):
-        self.name = name
-        self.dir = os.path.join(tmp, name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.sock = os.path.join(self.dir, "dted.sock")
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.logpath = os.path.join(self.dir, "dted.log")
-        self.log = open(self.logpath, "a+")
-        self.proc, _ = harness.start_dted(self.dir, name, self.log,
-                                          env=dict(os.environ, **(env or {})), dted=dted)
-        self.killed = False      # SIGKILLed on purpose by the test
-        self.hung = False        # did not exit on SIGTERM within 15 s
-        harness.wait_socket(self.sock, 200, proc=self.proc)
+def Daemon(tmp, name, env=None, dted=None):
+    """One group's dted (the fixture, harness.Daemon: tmp/<name>.{conf,sock,
+    log}), serving when it returns; env: more variables (DTE_STORAGE_HOOK,
+    DTE_TEST_HOOK), dted: the program (default $B/bin/dted)."""
+    return harness.Daemon(tmp, name, env=env, binary=dted).start()
 
-    def text(self):
-        with open(self.logpath) as f:
-            return f.read()
 
-    def wait_log(self, needle, timeout=20):
-        end = time.time() + timeout
-        while time.time() < end:
-            if needle in self.text():
-                return True
-            time.sleep(0.05)
-        return False
+def exit_ok(d, rc):
+    """Killed on purpose: the kill landed (-9).  Otherwise: exit 0."""
+    return rc == -signal.SIGKILL if d.killed else (rc == 0 and not d.hung)
 
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.killed = True
-        self.proc.wait()
 
-    def stop(self):
-        """SIGTERM and the exit status; a daemon that hangs is SIGKILLed
-        and marked hung (its -9 is a failure, unlike a kill on purpose)."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.hung = True
-            self.proc.kill()
-            return self.proc.wait()
-
-    def exit_ok(self, rc):
-        """Killed on purpose: the kill landed (-9).  Otherwise: exit 0."""
-        return rc == -signal.SIGKILL if self.killed else (rc == 0 and not self.hung)
-
-    def exit_label(self, rc):
-        return "%s=%s%s" % (self.name, rc, " (killed by the test)" if self.killed else
-                            " (hung on SIGTERM, SIGKILLed)" if self.hung else "")
-
-    def ctl(self, *args, **kw):
-        return harness.dtectl(self.sock, *args, **kw)
+def exit_label(d, rc):
+    return "%s=%s%s" % (d.name, rc, " (killed by the test)" if d.killed else
+                        " (hung on SIGTERM, SIGKILLed)" if d.hung else "")
 
 
 class Writer:
@@ -231,7 +189,7 @@ def held_reads(c, start, w, publish_next, verify, state, tmp, store):
     c.check(verify(grp, v, "group D"), "group D exact at v%d" % v)
 
     def head():
-        return int(json.loads(d.ctl("--json", "job", JOB, timeout=5).stdout or "{}")
+        return int(json.loads(d.ctl("--json", "job", JOB, timeout=5, check=False).stdout or "{}")
                    .get("storage_head", -2))
 
     # The read of `first` is held on the worker (the hook wrote its marker
@@ -242,7 +200,7 @@ def held_reads(c, start, w, publish_next, verify, state, tmp, store):
     for _ in range(20):
         t0 = time.monotonic()
         try:
-            ok = d.ctl("status", timeout=5).returncode == 0
+            ok = d.ctl("status", timeout=5, check=False).returncode == 0
             heads.append(head())
         except subprocess.TimeoutExpired:
             ok = False
@@ -332,7 +290,7 @@ def main():
             rb.catch_up(v)
             verify(rb, v, "group B")
         c.check(state["exact"] == state["versions"] == 20, "20 versions exact at group B")
-        j = until(lambda: json.loads(b.ctl("--json", "job", JOB).stdout or "{}"),
+        j = until(lambda: json.loads(b.ctl("--json", "job", JOB, check=False).stdout or "{}"),
                   lambda j: int(j.get("storage_head", -1)) == 20)
         c.check(j.get("transport") == "storage" and j.get("storage_role") == "reader" and
                 int(j.get("storage_head", -1)) == 20, "dtectl job on B: reader at v20 (%s)" %
@@ -354,7 +312,7 @@ def main():
             # middle of a file, the daemon still answers at once.
             t0 = time.time()
             try:
-                r = a.ctl("--json", "job", JOB, timeout=5)
+                r = a.ctl("--json", "job", JOB, timeout=5, check=False)
                 j = json.loads(r.stdout or "{}")
             except subprocess.TimeoutExpired:
                 r, j = None, {}
@@ -415,7 +373,7 @@ def main():
         for what, harm, reason in (("corrupted chunk byte", corrupt_chunk, "checksum"),
                                    ("truncated manifest", truncate_manifest, "manifest"),
                                    ("deleted chunk", delete_chunk, "chunk")):
-            before = json.loads(b.ctl("--json", "job", JOB).stdout or "{}")
+            before = json.loads(b.ctl("--json", "job", JOB, check=False).stdout or "{}")
             # Group B holds v-1 staged, so it cannot read v before the harm.
             prev = publish_next(w)
             v = publish_next(w)
@@ -425,13 +383,13 @@ def main():
             # The reader refuses v on its next look at the directory: wait
             # for the refusal to be counted (the count must then be exact).
             broken0 = int(before.get("storage_broken", 0))
-            after = until(lambda: json.loads(b.ctl("--json", "job", JOB).stdout or "{}"),
+            after = until(lambda: b.ctl_json("job", JOB, check=False) or {},
                           lambda j: int(j.get("storage_broken", 0)) > broken0, timeout=20)
             err = after.get("storage_error", "")
             c.check(int(after.get("storage_broken", 0)) == int(before.get("storage_broken", 0)) + 1
                     and reason in err.lower(), "%s of v%d refused: %s" % (what, v, err))
             c.check(rb.nothing_staged(100) is None, "%s: nothing of v%d staged" % (what, v))
-            r = a.ctl("storage", "keyframe", JOB)    # the daemon knows the root
+            r = a.ctl("storage", "keyframe", JOB, check=False)    # the daemon knows the root
             c.check(r.returncode == 0, "keyframe requested: %s%s" % (r.stdout.strip(), r.stderr))
             v = publish_next(w)
             c.check(storage_ls(store).get("versions", [{}])[-1].get("kind") == "keyframe",
@@ -442,7 +400,7 @@ def main():
         h = json.loads(b.ctl("--json", "history", JOB).stdout or "{}").get("versions", [])
         notes = [x.get("note", "") for x in h if x.get("note", "").startswith("refused")]
         c.check(len(notes) == 3, "dtectl history on B names the 3 refusals: %s" % notes)
-        log = b.text()
+        log = b.log_text()
         c.check(log.count("storage version refused") == 3, "B's log names the 3 refusals")
 
         # 4. Group C joins after 30 versions and starts from a keyframe.
@@ -476,13 +434,13 @@ def main():
         readers = {r["name"]: r["version"] for r in ls.get("readers", [])}
         c.check(readers.get("grp-b") == state["version"] and readers.get("grp-c") == state["version"],
                 "readers' positions registered: %s" % readers)
-        r = b.ctl("storage", "ls", JOB)
+        r = b.ctl("storage", "ls", JOB, check=False)
         c.check(r.returncode == 0 and ("v%d" % state["version"]) in r.stdout and "grp-c" in r.stdout,
                 "dtectl storage ls JOB on a reader daemon: %s" % (r.stdout + r.stderr)[-300:])
         r = a.ctl("storage", "gc", JOB, "--keep", str(KEEP), "--keep-keyframes", str(KEEP_KEYS))
         c.check(r.returncode == 0 and "gc: floor=" in r.stdout, "dtectl storage gc JOB: %s" % (
             r.stdout + r.stderr).strip())
-        ja = json.loads(a.ctl("--json", "job", JOB).stdout or "{}")
+        ja = json.loads(a.ctl("--json", "job", JOB, check=False).stdout or "{}")
         c.check(ja.get("storage_role") == "writer" and int(ja.get("storage_head", -1)) ==
                 state["version"], "dtectl job on A: writer head v%s" % ja.get("storage_head"))
         deltas = [x for x in vs if x.get("changed")]
@@ -506,14 +464,14 @@ def main():
         # Every daemon the test started: the ones it SIGKILLed on purpose
         # died of that kill, every other one exited 0 on SIGTERM.
         rcs = [d.stop() for d in daemons]
-        bad = [d for d, x in zip(daemons, rcs) if not d.exit_ok(x)]
+        bad = [d for d, x in zip(daemons, rcs) if not exit_ok(d, x)]
         c.check(rcs and not bad, "all %d daemons exit as they should (%s)" % (
-            len(rcs), ", ".join(d.exit_label(x) for d, x in zip(daemons, rcs))))
-        c.check(not any("AddressSanitizer" in d.text() or "runtime error" in d.text()
-                        for d in daemons), "no sanitizer report in any daemon log")
+            len(rcs), ", ".join(exit_label(d, x) for d, x in zip(daemons, rcs))))
+        c.check(not any(d.sanitizer_reports() for d in daemons),
+                "no sanitizer report in any daemon log")
         if c.passed != c.total:
             for d in bad + [d for d in daemons[-3:] if d not in bad]:
-                print("--- %s log (tail) ---\n%s" % (d.name, "\n".join(d.text().splitlines()[-25:])))
+                print("--- %s log (tail) ---\n%s" % (d.name, d.log_tail(25)))
         trainer.close()
     shutil.rmtree(tmp, ignore_errors=True)
     print("storage: versions=%d exact=%d/%d bytes_per_changed_element=%.3f sparse_vs_dense=%.4f" % (

@@ -34,7 +34,6 @@ torn weights (`exact` fails).
 
 import json
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -77,18 +76,15 @@ def wait_for(cond, what, timeout=30.0):
 def main():
     c = Checks("sync-async-publish")
     tmp = tempfile.mkdtemp(prefix="dte-async-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     release = os.path.join(tmp, "release")
-    env = dict(os.environ, DTE_TEST_HOOK="capture-stall@%d" % HELD,
-               DTE_TEST_HOOK_RELEASE=release)
     # sync_mode = sparse: the checks below say which versions go sparse
     # (dense for cost: tests/system/sync_mode.py).
-    daemon, sock = harness.start_dted(tmp, "async", log, extra_conf="sync_mode = sparse\n",
-                                      env=env, dted=harness.DTED_FAULTS)
+    daemon = harness.Daemon(tmp, "async", hook="capture-stall@%d" % HELD,
+                            env={"DTE_TEST_HOOK_RELEASE": release}, sync_mode="sparse")
     src = sink = eng = None
     waited_ms = 0.0
     try:
-        harness.wait_socket(sock, proc=daemon)
+        sock = daemon.start().sock
         cfg = qwen3.make_config()
         cfg_text = json.dumps(cfg)
         params = {n: torch.nn.Parameter(t.clone())
@@ -249,14 +245,10 @@ def main():
                     x.close()
             except Exception as e:  # closing must not hide the checks
                 print("close: %s" % e)
-        daemon.terminate()
-        try:
-            rc = daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        rc = daemon.stop()
+        if daemon.hung:
             rc = "hung"
-    log.seek(0)
-    text = log.read()
+    text = daemon.log_text()
     c.check(rc == 0 and "Sanitizer" not in text,
             "dted exits cleanly after SIGTERM (%s)%s" % (rc, "" if rc == 0 else text[-2000:]))
     c.finish(versions=VERSIONS + 1, held=HELD, step_waited_ms="%.1f" % waited_ms)

@@ -14,7 +14,6 @@ capture has started and is held (no sleep).  The sink then applies the version, 
 
 import json
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -56,17 +55,14 @@ def main():
     c = Checks("sync-capture")
     elems, pub = 0, []
     tmp = tempfile.mkdtemp(prefix="dte-capture-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     release = os.path.join(tmp, "release")
-    env = dict(os.environ, DTE_TEST_HOOK="capture-stall@1", DTE_TEST_HOOK_RELEASE=release)
     # sync_mode = sparse: versions 2 and 3 must go sparse (the K = 1 memory
     # check below), never dense for cost
-    daemon, sock = harness.start_dted(tmp, "capture", log, env=env,
-                                      dted=harness.DTED_FAULTS,
-                                      extra_conf="sync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "capture", hook="capture-stall@1",
+                            env={"DTE_TEST_HOOK_RELEASE": release}, sync_mode="sparse")
     arenas = []
     try:
-        harness.wait_socket(sock)
+        sock = daemon.start().sock
         cli = _lib.Client(sock)
         cli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
         # Source: three arenas with every tensor where the layout puts it.
@@ -165,11 +161,7 @@ def main():
                 "grew %d kB (a bitmap is %d kB)" % (anon, grow // 1024, elems // 8192))
         cli.close()
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        daemon.stop()
         for a in arenas:
             try:
                 a.close()

@@ -257,20 +257,18 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-sync-local-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     # The corruption at version 27 is made outside any apply: only a full
     # checksum pass sees it for sure, so every apply takes one here
     # (sync_verify.py covers the incremental path and its periodic pass).
     # Its checks say which versions go sparse (marks, gaps, repairs):
     # sync_mode = sparse, so dted never picks dense for cost here
     # (tests/system/sync_mode.py covers that choice).
-    daemon, sock = harness.start_dted(tmp, "sync-local", log,
-                                      extra_conf="verify_full_every = 1\nsync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "sync-local", verify_full_every=1, sync_mode="sparse")
     children = []
     versions = exact_versions = 0
     sparse_pct = []
     try:
-        harness.wait_socket(sock)
+        sock = daemon.start().sock
         # Every tensor where the daemon's layout says it lives (libdte's
         # dte_layout_tensors), not where this test assumes.
         model = megatron.MegatronModel(CFG, tp=TP, seed=0, label="sync-src",
@@ -459,7 +457,7 @@ def main():
         sparse_pct = [x["changed_pct"] for x in hist if x.get("mode") == "sparse"]
         print("history tail: %s" % json.dumps(hist[-2:]))
         bad_input(c, sock, tcli, src_ids[:3])
-        c.check(daemon.poll() is None, "daemon alive at the end")
+        c.check(daemon.running(), "daemon alive at the end")
         tcli.close()
         trainer.close()
     finally:
@@ -467,17 +465,10 @@ def main():
             if ch.proc.poll() is None:
                 ch.proc.send_signal(signal.SIGKILL)
                 ch.proc.wait()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            rc = daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = -9
+        rc = daemon.stop(10)
         c.check(rc == 0, "dted exits cleanly (status %s)" % rc)
-        log.seek(0)
-        text = log.read()
         if c.passed != c.total:
-            print("--- dted log (tail) ---\n" + "\n".join(text.splitlines()[-40:]))
+            print("--- dted log (tail) ---\n" + daemon.log_tail(40))
     print("sync-local: versions=%d exact=%d/%d sinks=%d" % (versions, exact_versions, versions,
                                                              2 * TP + TP))
     c.finish(versions=versions, sparse_changed_pct="%.1f" % (

@@ -20,9 +20,7 @@ embedding and final norm compared with RNE(θ) bit for bit.
 """
 
 import json
-import os
 import re
-import subprocess
 import tempfile
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -49,12 +47,10 @@ def run(c, mode):
     """One daemon in sync_mode `mode`; returns [(version, lr, dense, reason)]."""
     out = []
     tmp = tempfile.mkdtemp(prefix="dte-mode-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "mode-" + mode, log,
-                                      extra_conf="sync_mode = %s\n" % mode)
+    daemon = harness.Daemon(tmp, "mode-" + mode, sync_mode=mode)
     arenas = []
     try:
-        harness.wait_socket(sock, proc=daemon)
+        sock = daemon.start().sock
         cfg = harness.dtectl(sock, "config", timeout=30).stdout
         c.check(re.search(r"sync_mode\s*[:=]?\s*\"?%s" % mode, cfg) is not None,
                 "%s: dtectl config shows sync_mode %s" % (mode, mode))
@@ -131,17 +127,12 @@ def run(c, mode):
         out.append(text)
         cli.close()
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        rc = daemon.stop()
         for a in arenas:
             try:
                 a.close()
             except BufferError:
                 pass
-        rc = daemon.returncode
         c.check(rc == 0, "%s: dted exited cleanly (%s)" % (mode, rc))
     return out
 

@@ -16,10 +16,7 @@ Megatron TP=2 trainer publishes, an SGLang TP=2 sink applies every version.
   pass on demand), then repaired by the next (dense) version.
 """
 
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 
 import harness  # sets ROOT and B, puts client/python on sys.path
@@ -43,15 +40,12 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-sync-verify-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    env = dict(os.environ, DTE_TEST_HOOK="wrong-value@%d" % WRONG_AT)
-    daemon, sock = harness.start_dted(tmp, "sync-verify", log, env=env,
-                                      extra_conf="verify_full_every = %d\n" % FULL_EVERY,
-                                      dted=harness.DTED_FAULTS)
+    daemon = harness.Daemon(tmp, "sync-verify", hook="wrong-value@%d" % WRONG_AT,
+                            verify_full_every=FULL_EVERY)
     exact = 0
     version = 0
     try:
-        harness.wait_socket(sock)
+        sock = daemon.start().sock
         model = megatron.MegatronModel(sl.CFG, tp=sl.TP, seed=0, label="verify-src",
                                        placement=sl.SRC_LAYOUT)
         trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
@@ -81,9 +75,7 @@ def main():
             return ok, same
 
         def log_has(text):
-            log.flush()
-            log.seek(0)
-            return text in log.read()
+            return text in daemon.log_text()
 
         # 1 dense (full pass), 2..5 sparse (incremental, then the periodic
         # full pass), 6 the wrong value, 7 the repair.
@@ -113,16 +105,14 @@ def main():
             publish()
             w = sink.tensors(0)[ROW]
             w[trial % w.shape[0]][trial].fill_(1234.0)
-            log.seek(0, 2)
-            mark = log.tell()
+            mark = len(daemon.log_text())
             caught = None
             for _ in range(FULL_EVERY):
                 ok, same = publish()
                 if not ok:
                     caught = version
                     break
-            log.seek(mark)
-            tail = log.read()
+            tail = daemon.log_text()[mark:]
             kind = ("full" if "(full pass); dense repair requested" in tail else
                     "incremental" if "(incremental); dense repair requested" in tail else None)
             caught_by.append(kind if caught else None)
@@ -153,23 +143,16 @@ def main():
                 kinds[line.split('"')[1]] = float(line.split()[-1])
         c.check(kinds.get("incremental", 0) >= 1 and kinds.get("full", 0) >= 1,
                 "metrics count incremental and full checks: %s" % kinds)
-        c.check(daemon.poll() is None, "daemon alive")
+        c.check(daemon.running(), "daemon alive")
         print("sync-verify: outside-apply corruptions caught by %s; exact %d/%d" %
               (caught_by, exact, version))
         tcli.close()
         trainer.close()
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            rc = daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = -9
+        rc = daemon.stop(10)
         c.check(rc == 0, "dted exits cleanly (status %s)" % rc)
         if c.passed != c.total:
-            log.seek(0)
-            print("--- dted log (tail) ---\n" + "\n".join(log.read().splitlines()[-40:]))
-        log.close()
+            print("--- dted log (tail) ---\n" + daemon.log_tail(40))
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish(versions=version)
 

