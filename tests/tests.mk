@@ -11,6 +11,8 @@ SYSTEM_TESTS += tests/system/metrics_dashboard.py
 SYSTEM_TESTS += tests/system/supported_matrix.py
 # DeepSeek-V3 / Kimi-K2 / GLM-4.5 MoE: plans at real size, element maps at small dims.
 SYSTEM_TESTS += tests/system/families.py
+# A failed check (skip-write) through the vLLM and SGLang controllers: undone, split kept paused.
+SYSTEM_TESTS += tests/system/controllers_failed_check.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
 # repeats the proto and layout objects).
