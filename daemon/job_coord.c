@@ -362,6 +362,7 @@ struct built {
 	struct jpinfo **parts;
 	size_t nparts;
 	Dtep__Entry *e;
+	struct dte_box_map *maps;	/* what e[i]'s arrays point into */
 	const struct jpinfo **esrc, **edst;
 	size_t ne, cape;
 	int complete;
@@ -377,15 +378,23 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, const str
 		void *ne = realloc(b->e, nc * sizeof(*b->e));
 		void *ns = ne ? realloc(b->esrc, nc * sizeof(*b->esrc)) : NULL;
 		void *nd = ns ? realloc(b->edst, nc * sizeof(*b->edst)) : NULL;
+		void *nm = nd ? realloc(b->maps, nc * sizeof(*b->maps)) : NULL;
 
 		if (ne)
 			b->e = ne;
 		if (ns)
 			b->esrc = ns;
-		if (!nd)
+		if (nd)
+			b->edst = nd;
+		if (!nm)
 			return -ENOMEM;
-		b->edst = nd;
+		b->maps = nm;
 		b->cape = nc;
+		for (size_t i = 0; i < b->ne; i++) {
+			b->e[i].extent = b->maps[i].extent;
+			b->e[i].src_stride = b->maps[i].src_stride;
+			b->e[i].dst_stride = b->maps[i].dst_stride;
+		}
 	}
 	e = &b->e[b->ne];
 	dtep__entry__init(e);
@@ -398,15 +407,16 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, const str
 	e->src_buffer = pe->src_buf;
 	e->src_buffer_m = pe->src_buf_m;
 	e->src_buffer_v = pe->src_buf_v;
-	/* Arrays point into the dte_plan, alive until the PLANs went out. */
+	/* Arrays point into b->maps, alive until the PLANs went out. */
+	b->maps[b->ne] = pe->map;
 	e->n_extent = pe->map.ndim;
-	e->extent = (int64_t *)pe->map.extent;
+	e->extent = b->maps[b->ne].extent;
 	e->src_offset = pe->map.src_offset;
 	e->n_src_stride = pe->map.ndim;
-	e->src_stride = (int64_t *)pe->map.src_stride;
+	e->src_stride = b->maps[b->ne].src_stride;
 	e->dst_offset = pe->map.dst_offset;
 	e->n_dst_stride = pe->map.ndim;
-	e->dst_stride = (int64_t *)pe->map.dst_stride;
+	e->dst_stride = b->maps[b->ne].dst_stride;
 	b->esrc[b->ne] = src;
 	b->edst[b->ne] = dst;
 	b->ne++;
@@ -659,7 +669,9 @@ static void replan(struct job *j)
 			continue;
 		memset(cnt, 0, src.nranks * sizeof(*cnt));
 		for (size_t q = 0; q < sp[s].plan.n; q++) {
-			const struct dte_plan_entry *pe = &sp[s].plan.e[q];
+			struct dte_plan_entry ent, *pe = &ent;
+
+			dte_plan_entry(&sp[s].plan, q, pe);
 
 			if (pe->sink_rank != dst->rank || pe->src_rank >= src.nranks || !srcby[pe->src_rank])
 				continue;
@@ -689,6 +701,7 @@ out:
 	free(cnt);
 	free(b.parts);
 	free(b.e);
+	free(b.maps);
 	free(b.esrc);
 	free(b.edst);
 }

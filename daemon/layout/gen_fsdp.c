@@ -8,6 +8,7 @@
  * 3*tensor_id + {0, 1, 2} (param, exp_avg, exp_avg_sq), row-major.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "daemon/layout/gen.h"
 
@@ -17,11 +18,29 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 		    const struct dte_fsdp_cfg *cfg, char *err, size_t errlen)
 {
 	int64_t r, chunk, inner;
+	const char **names;
+	size_t npieces = 0;
 	uint32_t i, d;
+	int rc = -1;
 
 	if (cfg->dp < 1 || cfg->dp > FSDP_MAX_DP)
 		return dte_layout_err(err, errlen, "fsdp: dp must be in [1, %d]", FSDP_MAX_DP);
 	snprintf(l->desc, sizeof(l->desc), "fsdp:dp=%lld", (long long)cfg->dp);
+	/* Every rank names a tensor's buffers alike: three names a tensor, and
+	 * exactly the room the pieces, buffers and tensors take. */
+	if (!(names = calloc((size_t)spec->n * 3 + 1, sizeof(*names))))
+		return dte_layout_err(err, errlen, "fsdp: out of memory");
+	for (i = 0; i < spec->n; i++) {
+		const struct dte_spec_tensor *t = &spec->t[i];
+		chunk = (t->shape[0] + cfg->dp - 1) / cfg->dp;
+		npieces += (size_t)((t->shape[0] + chunk - 1) / chunk);
+		if (!(names[3 * i] = dte_layout_name(l, "%s", t->name)) ||
+		    !(names[3 * i + 1] = dte_layout_name(l, "%s exp_avg", t->name)) ||
+		    !(names[3 * i + 2] = dte_layout_name(l, "%s exp_avg_sq", t->name)))
+			goto oom;
+	}
+	if (dte_layout_reserve(l, npieces, 3 * npieces, npieces))
+		goto oom;
 	for (r = 0; r < cfg->dp; r++) {
 		for (i = 0; i < spec->n; i++) {
 			const struct dte_spec_tensor *t = &spec->t[i];
@@ -48,18 +67,21 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 			}
 			for (d = t->ndim; d > 0; d--)
 				p.stride[d - 1] = d == t->ndim ? 1 : p.stride[d] * t->shape[d];
-			if (dte_layout_add_buffer(l, (uint32_t)r, id, (hi - lo) * inner, "%s", t->name) < 0 ||
-			    dte_layout_add_buffer(l, (uint32_t)r, id + 1, (hi - lo) * inner, "%s exp_avg", t->name) < 0 ||
-			    dte_layout_add_buffer(l, (uint32_t)r, id + 2, (hi - lo) * inner, "%s exp_avg_sq", t->name) < 0 ||
+			if (dte_layout_add_buffer_named(l, (uint32_t)r, id, (hi - lo) * inner, names[3 * i]) < 0 ||
+			    dte_layout_add_buffer_named(l, (uint32_t)r, id + 1, (hi - lo) * inner, names[3 * i + 1]) < 0 ||
+			    dte_layout_add_buffer_named(l, (uint32_t)r, id + 2, (hi - lo) * inner, names[3 * i + 2]) < 0 ||
 			    dte_layout_add_piece(l, &p))
-				return dte_layout_err(err, errlen, "fsdp: out of memory");
+				goto oom;
 			shape[0] = hi - lo;
 			for (d = 1; d < t->ndim; d++)
 				shape[d] = t->shape[d];
-			if (dte_layout_add_tensor(l, (uint32_t)r, (uint32_t)id, 0, t->ndim, shape, t->name))
-				return dte_layout_err(err, errlen, "fsdp: out of memory");
+			if (dte_layout_add_tensor_named(l, (uint32_t)r, (uint32_t)id, 0, t->ndim, shape, names[3 * i]))
+				goto oom;
 		}
 	}
 	dte_layout_sort_buffers(l);
-	return 0;
+	rc = 0;
+oom:
+	free(names);
+	return rc ? dte_layout_err(err, errlen, "fsdp: out of memory") : 0;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "daemon/layout/gen.h"
 #include "daemon/layout/layout.h"
 
@@ -38,6 +39,108 @@ const char *dte_layout_box_str(char *buf, size_t len, uint32_t ndim,
 	return buf;
 }
 
+/* Names: an open-addressing set of strings over an arena of blocks. */
+#define NAMES_BLOCK ((size_t)1 << 16)
+
+struct names_block {
+	struct names_block *next;
+	size_t              used, size;
+	char                data[];
+};
+
+struct dte_layout_names {
+	struct names_block *blocks;
+	const char        **slot;
+	uint64_t           *hash;
+	size_t              cap, n;     /* cap: a power of two */
+};
+
+static uint64_t names_hash(const char *s, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+	return h | 1;	/* 0: an empty slot */
+}
+
+static void names_free(struct dte_layout_names *nm)
+{
+	if (!nm)
+		return;
+	while (nm->blocks) {
+		struct names_block *b = nm->blocks;
+		nm->blocks = b->next;
+		free(b);
+	}
+	free(nm->slot);
+	free(nm->hash);
+	free(nm);
+}
+
+static int names_grow(struct dte_layout_names *nm)
+{
+	size_t ncap = nm->cap ? nm->cap * 2 : 1024, i;
+	const char **slot = calloc(ncap, sizeof(*slot));
+	uint64_t *hash = calloc(ncap, sizeof(*hash));
+
+	if (!slot || !hash) {
+		free(slot);
+		free(hash);
+		return -1;
+	}
+	for (i = 0; i < nm->cap; i++)
+		if (nm->hash[i]) {
+			size_t j = nm->hash[i] & (ncap - 1);
+			while (hash[j])
+				j = (j + 1) & (ncap - 1);
+			hash[j] = nm->hash[i];
+			slot[j] = nm->slot[i];
+		}
+	free(nm->slot);
+	free(nm->hash);
+	nm->slot = slot;
+	nm->hash = hash;
+	nm->cap = ncap;
+	return 0;
+}
+
+/* The layout's copy of s (cut at DTE_LAYOUT_NAME_MAX - 1 characters). */
+static const char *layout_intern(struct dte_layout *l, const char *s)
+{
+	struct dte_layout_names *nm = l->names;
+	size_t len = strnlen(s, DTE_LAYOUT_NAME_MAX - 1), j;
+	uint64_t h = names_hash(s, len);
+	struct names_block *b;
+	char *c;
+
+	if (!nm && !(nm = l->names = calloc(1, sizeof(*nm))))
+		return NULL;
+	if (2 * (nm->n + 1) > nm->cap && names_grow(nm))
+		return NULL;
+	for (j = h & (nm->cap - 1); nm->hash[j]; j = (j + 1) & (nm->cap - 1))
+		if (nm->hash[j] == h && !strncmp(nm->slot[j], s, len) && !nm->slot[j][len])
+			return nm->slot[j];
+	b = nm->blocks;
+	if (!b || b->size - b->used < len + 1) {
+		size_t size = len + 1 > NAMES_BLOCK ? len + 1 : NAMES_BLOCK;
+		if (!(b = malloc(sizeof(*b) + size)))
+			return NULL;
+		b->next = nm->blocks;
+		b->used = 0;
+		b->size = size;
+		nm->blocks = b;
+	}
+	c = b->data + b->used;
+	memcpy(c, s, len);
+	c[len] = 0;
+	b->used += len + 1;
+	nm->hash[j] = h;
+	nm->slot[j] = c;
+	nm->n++;
+	return c;
+}
+
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash)
 {
 	memset(l, 0, sizeof(*l));
@@ -50,6 +153,7 @@ void dte_layout_fini(struct dte_layout *l)
 	free(l->pieces);
 	free(l->bufs);
 	free(l->tensors);
+	names_free(l->names);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -69,6 +173,44 @@ static int layout_grow(void **arr, size_t *cap, size_t n, size_t elem)
 	return 0;
 }
 
+void dte_layout_prefault(void *mem, size_t len)
+{
+	char *p = mem;
+
+#ifdef MADV_POPULATE_WRITE
+	uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, b = ((uintptr_t)p + len) & ~(uintptr_t)4095;
+
+	if (len >= ((size_t)1 << 22) && b > a)
+		(void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+	(void)p;
+	(void)len;
+#endif
+}
+
+static int layout_room(void **arr, size_t *cap, size_t n, size_t more, size_t elem)
+{
+	void *p;
+
+	if (!more || n + more <= *cap)
+		return 0;
+	p = realloc(*arr, (n + more) * elem);
+	if (!p)
+		return -1;
+	*arr = p;
+	*cap = n + more;
+	dte_layout_prefault((char *)p + n * elem, more * elem);
+	return 0;
+}
+
+int dte_layout_reserve(struct dte_layout *l, size_t pieces, size_t bufs, size_t tensors)
+{
+	return layout_room((void **)&l->pieces, &l->cap_pieces, l->npieces, pieces, sizeof(*l->pieces)) ||
+	       layout_room((void **)&l->bufs, &l->cap_bufs, l->nbufs, bufs, sizeof(*l->bufs)) ||
+	       layout_room((void **)&l->tensors, &l->cap_tensors, l->ntensors, tensors, sizeof(*l->tensors))
+		       ? -1 : 0;
+}
+
 int dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p)
 {
 	if (layout_grow((void **)&l->pieces, &l->cap_pieces, l->npieces, sizeof(*p)))
@@ -79,12 +221,23 @@ int dte_layout_add_piece(struct dte_layout *l, const struct dte_piece *p)
 	return 0;
 }
 
-int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
-			  uint32_t ndim, const int64_t *shape, const char *name)
+const char *dte_layout_name(struct dte_layout *l, const char *fmt, ...)
+{
+	char name[DTE_LAYOUT_NAME_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof(name), fmt, ap);
+	va_end(ap);
+	return layout_intern(l, name);
+}
+
+int dte_layout_add_tensor_named(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
+				uint32_t ndim, const int64_t *shape, const char *name)
 {
 	struct dte_layout_tensor *t;
 
-	if (ndim < 1 || ndim > DTE_MAX_DIMS)
+	if (ndim < 1 || ndim > DTE_MAX_DIMS || !name)
 		return -1;
 	if (layout_grow((void **)&l->tensors, &l->cap_tensors, l->ntensors, sizeof(*t)))
 		return -1;
@@ -95,18 +248,25 @@ int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int
 	t->ndim = ndim;
 	t->offset = offset;
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
-	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->name = name;
 	return 0;
 }
 
-int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
-			      const char *fmt, ...)
+int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
+			  uint32_t ndim, const int64_t *shape, const char *name)
+{
+	if (ndim < 1 || ndim > DTE_MAX_DIMS)
+		return -1;
+	return dte_layout_add_tensor_named(l, rank, buf, offset, ndim, shape, layout_intern(l, name));
+}
+
+int64_t dte_layout_add_buffer_named(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
+				    const char *name)
 {
 	struct dte_layout_buffer *b;
-	va_list ap;
 	size_t i;
 
-	if (layout_grow((void **)&l->bufs, &l->cap_bufs, l->nbufs, sizeof(*b)))
+	if (!name || layout_grow((void **)&l->bufs, &l->cap_bufs, l->nbufs, sizeof(*b)))
 		return -1;
 	/* Generators add a rank's buffers together, so scanning back is short. */
 	for (i = l->nbufs; id < 0 && i > 0; i--)
@@ -115,24 +275,38 @@ int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, i
 	if (id < 0)
 		id = 0;
 	b = &l->bufs[l->nbufs++];
-	memset(b, 0, sizeof(*b));
 	b->rank = rank;
 	b->id = (uint32_t)id;
 	b->length = length;
-	va_start(ap, fmt);
-	vsnprintf(b->name, sizeof(b->name), fmt, ap);
-	va_end(ap);
+	b->name = name;
 	if (rank >= l->nranks)
 		l->nranks = rank + 1;
 	return id;
+}
+
+int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
+			      const char *fmt, ...)
+{
+	char name[DTE_LAYOUT_NAME_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof(name), fmt, ap);
+	va_end(ap);
+	return dte_layout_add_buffer_named(l, rank, id, length, layout_intern(l, name));
 }
 
 static int buf_cmp(const void *a, const void *b);
 
 void dte_layout_sort_buffers(struct dte_layout *l)
 {
+	size_t i;
+
+	/* Generators mostly add them in order already. */
+	for (i = 1; i < l->nbufs && buf_cmp(&l->bufs[i - 1], &l->bufs[i]) < 0; i++)
+		;
 	/* A source rank without shards leaves a layout with no buffers. */
-	if (l->nbufs > 1)
+	if (i < l->nbufs)
 		qsort(l->bufs, l->nbufs, sizeof(*l->bufs), buf_cmp);
 }
 
@@ -384,8 +558,23 @@ overlap:
 	return 0;
 }
 
+/* dte_layout_buffer_find, first trying where the last one ended: pieces
+ * mostly come in the order of their buffers. */
+static const struct dte_layout_buffer *buf_find_near(const struct dte_layout *l, uint32_t rank,
+						     uint32_t id, size_t *hint)
+{
+	const struct dte_layout_buffer *b;
+
+	if (*hint < l->nbufs && l->bufs[*hint].rank == rank && l->bufs[*hint].id == id)
+		b = &l->bufs[*hint];
+	else if (!(b = dte_layout_buffer_find(l, rank, id)))
+		return NULL;
+	*hint = (size_t)(b - l->bufs) + 1;
+	return b;
+}
+
 static int layout_check_piece(const struct dte_layout *l, const struct dte_spec *spec,
-			      size_t i, char *err, size_t errlen)
+			      size_t i, size_t *hint, struct extent *x, char *err, size_t errlen)
 {
 	const struct dte_piece *p = &l->pieces[i];
 	const struct dte_spec_tensor *t;
@@ -404,11 +593,16 @@ static int layout_check_piece(const struct dte_layout *l, const struct dte_spec 
 			return dte_layout_err(err, errlen, "piece %zu: box %s outside tensor %s", i,
 					      dte_layout_box_str(s, sizeof(s), p->ndim, p->lo, p->hi), t->name);
 	piece_extent(p, &min, &max);
+	x->rank = p->rank;
+	x->buf = p->buf;
+	x->piece = i;
+	x->min = min;
+	x->max = max;
 	bufs[0] = p->buf;
 	bufs[1] = p->buf_m;
 	bufs[2] = p->buf_v;
 	for (k = 0; k < nb; k++) {
-		b = dte_layout_buffer_find(l, p->rank, bufs[k]);
+		b = buf_find_near(l, p->rank, bufs[k], hint);
 		if (!b)
 			return dte_layout_err(err, errlen, "piece %zu (%s): rank %u has no buffer %u",
 					      i, piece_str(s, sizeof(s), l, spec, i), p->rank, bufs[k]);
@@ -424,7 +618,7 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
 			char *err, size_t errlen)
 {
 	struct extent *ext;
-	size_t i, a;
+	size_t i, a, hint = 0;
 	int rc = 0;
 
 	if (l->spec_hash != spec->hash)
@@ -435,19 +629,19 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
 		if (buf_cmp(&l->bufs[i - 1], &l->bufs[i]) >= 0)
 			return dte_layout_err(err, errlen, "layout %s: buffer rank %u id %u listed twice or out of order",
 					      l->desc, l->bufs[i].rank, l->bufs[i].id);
-	for (i = 0; i < l->npieces; i++)
-		if (layout_check_piece(l, spec, i, err, errlen))
-			return -1;
 	ext = malloc((l->npieces + 1) * sizeof(*ext));
 	if (!ext)
 		return dte_layout_err(err, errlen, "out of memory");
-	for (i = 0; i < l->npieces; i++) {
-		ext[i].rank = l->pieces[i].rank;
-		ext[i].buf = l->pieces[i].buf;
-		ext[i].piece = i;
-		piece_extent(&l->pieces[i], &ext[i].min, &ext[i].max);
-	}
-	qsort(ext, l->npieces, sizeof(*ext), extent_cmp);
+	dte_layout_prefault(ext, l->npieces * sizeof(*ext));
+	for (i = 0; i < l->npieces; i++)
+		if (layout_check_piece(l, spec, i, &hint, &ext[i], err, errlen)) {
+			free(ext);
+			return -1;
+		}
+	for (i = 1; i < l->npieces && extent_cmp(&ext[i - 1], &ext[i]) < 0; i++)
+		;
+	if (i < l->npieces)
+		qsort(ext, l->npieces, sizeof(*ext), extent_cmp);
 	for (a = 0; a < l->npieces && !rc; a = i) {
 		int64_t max = ext[a].max;
 		for (i = a + 1; i < l->npieces && ext[i].rank == ext[a].rank &&

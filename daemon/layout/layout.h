@@ -33,11 +33,14 @@ struct dte_piece {
 	int64_t  stride[DTE_MAX_DIMS];
 };
 
+/* Names of buffers and runtime tensors are kept once per layout (a
+ * name many ranks share is stored once) and live as long as the layout:
+ * at most DTE_LAYOUT_NAME_MAX - 1 characters. */
 struct dte_layout_buffer {
 	uint32_t rank;
 	uint32_t id;                     /* unique within the rank */
 	int64_t  length;                 /* elements */
-	char     name[DTE_LAYOUT_NAME_MAX];
+	const char *name;
 };
 
 /* A runtime tensor of one rank as that runtime names and allocates it
@@ -50,8 +53,10 @@ struct dte_layout_tensor {
 	uint32_t rank, buf, ndim;
 	int64_t  offset;
 	int64_t  shape[DTE_MAX_DIMS];
-	char     name[DTE_LAYOUT_NAME_MAX];
+	const char *name;
 };
+
+struct dte_layout_names;
 
 struct dte_layout {
 	int                       role;  /* enum dte_layout_role */
@@ -64,6 +69,7 @@ struct dte_layout {
 	size_t                    nbufs, cap_bufs;
 	struct dte_layout_tensor *tensors;  /* generators that know them (not json:) */
 	size_t                    ntensors, cap_tensors;
+	struct dte_layout_names  *names;    /* the buffers' and tensors' names */
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
@@ -75,10 +81,25 @@ int64_t dte_layout_add_buffer(struct dte_layout *l, uint32_t rank, int64_t id, i
 			      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 int  dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
 			   uint32_t ndim, const int64_t *shape, const char *name);
+/* For generators that name many buffers alike: the layout's own copy of
+ * a name (NULL on no memory), which the _named calls take as it is. */
+const char *dte_layout_name(struct dte_layout *l, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+int64_t dte_layout_add_buffer_named(struct dte_layout *l, uint32_t rank, int64_t id, int64_t length,
+				    const char *name);
+int  dte_layout_add_tensor_named(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
+				 uint32_t ndim, const int64_t *shape, const char *name);
+/* Room for this many more pieces, buffers and tensors (0: no more). */
+int  dte_layout_reserve(struct dte_layout *l, size_t pieces, size_t bufs, size_t tensors);
 /* Generators call this once done: lookups want buffers sorted by (rank, id). */
 void dte_layout_sort_buffers(struct dte_layout *l);
 const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *l,
 						       uint32_t rank, uint32_t id);
+
+/* For generators and plans: memory about to be written all through (a
+ * large array just allocated) is faulted in by one call, not a trap per
+ * page; small ranges are left alone. */
+void dte_layout_prefault(void *mem, size_t len);
 
 /* Number of elements in a piece's box. */
 int64_t dte_piece_volume(const struct dte_piece *p);

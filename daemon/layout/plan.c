@@ -5,6 +5,14 @@
  * intersections with the sources must add up to its own volume.  Together
  * that is "every mapped sink element has exactly one source", in time
  * proportional to the piece pairs, whatever the tensor sizes.
+ *
+ * At real size (Qwen3-235B over fsdp:dp=64: 2.4 M source pieces, 8 M
+ * entries) the plan is built tensor by tensor in one pass: an entry is
+ * kept as its two pieces and a detection (16 bytes; dte_plan_entry()
+ * writes it out), its detection is numbered within its tensor and then
+ * offset by the detections of every earlier source piece, and the link
+ * statistics add up in a (source node x sink node) table as entries come;
+ * nothing sorts all entries.  docs/BENCHMARKS.md, "Plan at real size".
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,39 +21,67 @@
 #include "daemon/layout/plan.h"
 
 #define PLAN_GAP_BOXES 4096
+/* Links are counted in a (source node x sink node) table up to this many
+ * cells, else by sorting the entries' node pairs. */
+#ifndef PLAN_LINK_TABLE_MAX
+#define PLAN_LINK_TABLE_MAX ((size_t)1 << 20)
+#endif
+
+/* Entries whose pages are faulted in at once (4 MiB). */
+#define PLAN_PREFAULT_ITEMS ((size_t)1 << 18)
+
+/* An entry's detection key while its tensor's detections are numbered. */
+struct plan_dkey {
+	uint32_t src_piece, item;
+	int64_t  lo[DTE_MAX_DIMS], ext[DTE_MAX_DIMS];
+};
 
 struct plan_ctx {
 	struct dte_plan          *plan;
 	const struct dte_spec    *spec;
 	const struct dte_layout  *src, *sink;
-	size_t                   *src_idx, *sink_idx;   /* pieces sorted by tensor */
+	uint32_t                 *src_idx, *sink_idx;   /* pieces sorted by tensor */
 	size_t                   *src_start, *sink_start;
-	size_t                    cap;
+	size_t                    cap, cap_cuts;
+	uint32_t                  ndim;                 /* of the tensor being planned */
+	struct plan_dkey         *keys;                 /* one tensor's entries */
+	uint32_t                 *epos, *order, *gcount; /* their source's place in the bucket */
+	int64_t                  *hmax;                 /* max hi[0] of the sources so far */
+	uint32_t                 *snode;                /* the sources' nodes */
+	size_t                    cell;                 /* the node table's cell of the entry added */
+	size_t                    cap_keys, cap_epos, cap_order, cap_hmax, cap_gcount, cap_snode;
+	int                       lo0_sorted;           /* the tensor's sources in order of lo[0] */
+	uint32_t                 *dcount;               /* per source piece: its detections */
+	uint64_t                 *link_entries, *link_elements;  /* the node table, or NULL */
 	char                     *err;
 	size_t                    errlen;
 };
 
 /* Counting sort of piece indices by tensor: start[t]..start[t+1]. */
-static int plan_bucket(const struct dte_layout *l, uint32_t ntensors, size_t **idx, size_t **start)
+static int plan_bucket(const struct dte_layout *l, uint32_t ntensors, uint32_t **idx, size_t **start)
 {
 	size_t i, *pos;
+	uint32_t *tid;
 
-	*idx = malloc((l->npieces + 1) * sizeof(size_t));
+	if (l->npieces >= UINT32_MAX)
+		return -1;
+	*idx = malloc((l->npieces + 1) * sizeof(**idx));
 	*start = calloc((size_t)ntensors + 2, sizeof(size_t));
 	pos = calloc((size_t)ntensors + 1, sizeof(size_t));
-	if (!*idx || !*start || !pos) {
+	tid = malloc((l->npieces + 1) * sizeof(*tid));	/* one pass over the pieces */
+	if (!*idx || !*start || !pos || !tid) {
 		free(pos);
+		free(tid);
 		return -1;
 	}
 	for (i = 0; i < l->npieces; i++)
-		(*start)[l->pieces[i].tensor + 1]++;
+		(*start)[(tid[i] = l->pieces[i].tensor) + 1]++;
 	for (i = 1; i <= ntensors; i++)
 		(*start)[i] += (*start)[i - 1];
-	for (i = 0; i < l->npieces; i++) {
-		uint32_t t = l->pieces[i].tensor;
-		(*idx)[(*start)[t] + pos[t]++] = i;
-	}
+	for (i = 0; i < l->npieces; i++)
+		(*idx)[(*start)[tid[i]] + pos[tid[i]]++] = (uint32_t)i;
 	free(pos);
+	free(tid);
 	return 0;
 }
 
@@ -128,7 +164,7 @@ out:
 	return -1;
 }
 
-static int plan_src_disjoint(struct plan_ctx *x, uint32_t t, size_t s0, size_t s1)
+static int plan_src_disjoint_all(struct plan_ctx *x, uint32_t t, size_t s0, size_t s1)
 {
 	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
 	char box[256];
@@ -148,31 +184,461 @@ static int plan_src_disjoint(struct plan_ctx *x, uint32_t t, size_t s0, size_t s
 	return 0;
 }
 
-static int plan_add(struct plan_ctx *x, size_t si, size_t ki, const int64_t *lo, const int64_t *hi)
+static int piece_lo0_cmp(const void *a, const void *b, void *arg)
 {
-	const struct dte_piece *s = &x->src->pieces[si], *k = &x->sink->pieces[ki];
+	const struct dte_piece *pc = arg;
+	int64_t x = pc[*(const uint32_t *)a].lo[0], y = pc[*(const uint32_t *)b].lo[0];
+
+	return x < y ? -1 : x > y;
+}
+
+/* The tensor's sources are pairwise disjoint.  Only pairs whose first
+ * dims overlap can meet: in order of lo[0], a piece is checked against
+ * the ones after it that start before it ends.  An overlap is named by the
+ * pairwise scan, so the message is the one it always was. */
+static int plan_src_disjoint(struct plan_ctx *x, uint32_t t, size_t s0, size_t s1)
+{
+	const struct dte_piece *pc = x->src->pieces;
+	uint32_t *ord = &x->src_idx[s0], *tmp = NULL;
+	size_t n = s1 - s0, i, j;
+
+	for (i = 1; i < n && pc[ord[i - 1]].lo[0] <= pc[ord[i]].lo[0]; i++)
+		;
+	x->lo0_sorted = i >= n;
+	if (i < n) {
+		if (!(tmp = malloc(n * sizeof(*tmp))))
+			return dte_layout_err(x->err, x->errlen, "out of memory");
+		memcpy(tmp, ord, n * sizeof(*tmp));
+		qsort_r(tmp, n, sizeof(*tmp), piece_lo0_cmp, (void *)pc);
+		ord = tmp;
+	}
+	for (i = 0; i < n; i++) {
+		const struct dte_piece *a = &pc[ord[i]];
+		for (j = i + 1; j < n && pc[ord[j]].lo[0] < a->hi[0]; j++) {
+			const struct dte_piece *b = &pc[ord[j]];
+			if (dte_box_intersect(a->ndim, a->lo, a->hi, b->lo, b->hi, NULL, NULL)) {
+				free(tmp);
+				return plan_src_disjoint_all(x, t, s0, s1);
+			}
+		}
+	}
+	free(tmp);
+	return 0;
+}
+
+/* The box of an item: its pieces' intersection, or its cut. */
+static void plan_item_box(const struct dte_plan *p, const struct dte_plan_item *it, int64_t *lo, int64_t *hi)
+{
+	const struct dte_piece *s = &p->src->pieces[it->src_piece], *k = &p->sink->pieces[it->sink_piece];
+
+	if (it->cut) {
+		memcpy(lo, p->cuts[it->cut - 1].lo, s->ndim * sizeof(*lo));
+		memcpy(hi, p->cuts[it->cut - 1].hi, s->ndim * sizeof(*hi));
+	} else {
+		dte_box_intersect(s->ndim, s->lo, s->hi, k->lo, k->hi, lo, hi);
+	}
+}
+
+static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t *lo, const int64_t *hi,
+		    int whole)
+{
+	const struct dte_piece *s = &x->src->pieces[si];
 	struct dte_plan *p = x->plan;
-	struct dte_plan_entry *e;
+	struct dte_plan_item *it;
+	int64_t v = 1;
 	uint32_t d;
 
 	if (p->n == x->cap) {
-		size_t ncap = x->cap ? x->cap * 2 : 1024;
-		void *np = realloc(p->e, ncap * sizeof(*p->e));
+		size_t ncap = x->cap ? x->cap * 2 : 4096;
+		void *np = realloc(p->items, ncap * sizeof(*p->items));
 		if (!np)
 			return dte_layout_err(x->err, x->errlen, "out of memory");
-		p->e = np;
+		p->items = np;
 		x->cap = ncap;
 	}
-	e = &p->e[p->n++];
+	/* Fault the next pages of the array in a few MiB at a time. */
+	if (p->n % PLAN_PREFAULT_ITEMS == 0)
+		dte_layout_prefault(&p->items[p->n], (p->n + PLAN_PREFAULT_ITEMS <= x->cap ? PLAN_PREFAULT_ITEMS
+							 : x->cap - p->n) * sizeof(*p->items));
+	it = &p->items[p->n];
+	it->src_piece = si;
+	it->sink_piece = ki;
+	it->detect = 0;
+	it->cut = 0;
+	if (!whole) {
+		struct dte_plan_cut *c;
+		if (p->ncuts == x->cap_cuts) {
+			size_t ncap = x->cap_cuts ? x->cap_cuts * 2 : 64;
+			void *np = realloc(p->cuts, ncap * sizeof(*p->cuts));
+			if (!np)
+				return dte_layout_err(x->err, x->errlen, "out of memory");
+			p->cuts = np;
+			x->cap_cuts = ncap;
+		}
+		if (p->ncuts >= UINT32_MAX - 1)
+			return dte_layout_err(x->err, x->errlen, "plan: too many entries");
+		c = &p->cuts[p->ncuts++];
+		memset(c, 0, sizeof(*c));
+		memcpy(c->lo, lo, s->ndim * sizeof(*lo));
+		memcpy(c->hi, hi, s->ndim * sizeof(*hi));
+		it->cut = (uint32_t)p->ncuts;
+	}
+	p->n++;
+	for (d = 0; d < s->ndim; d++)
+		v *= hi[d] - lo[d];
+	p->elements += v;
+	if (x->link_entries) {
+		x->link_entries[x->cell]++;
+		x->link_elements[x->cell] += (uint64_t)v;
+	}
+	return 0;
+}
+
+/* plan_add() for the box [lo, hi), cut into entries of at most
+ * DTE_PLAN_ENTRY_MAX elements: slabs along dimension d holding as many
+ * whole sub-boxes of the inner dimensions as fit, or, when one sub-box is
+ * already too big, one index of d at a time, cut further inside. */
+static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t *lo, int64_t *hi,
+			  uint32_t d, int whole)
+{
+	uint32_t ndim = x->src->pieces[si].ndim;
+	int64_t inner = 1, step, l0 = lo[d], h0 = hi[d];
+	int rc = 0;
+
+	for (uint32_t i = d + 1; i < ndim; i++)
+		inner *= hi[i] - lo[i];
+	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX)
+		return plan_add(x, si, ki, lo, hi, whole);
+	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	for (int64_t a = l0; a < h0 && !rc; a += step) {
+		lo[d] = a;
+		hi[d] = a + step < h0 ? a + step : h0;
+		rc = inner > DTE_PLAN_ENTRY_MAX && d + 1 < ndim ? plan_add_split(x, si, ki, lo, hi, d + 1, 0)
+								: plan_add(x, si, ki, lo, hi, 0);
+	}
+	lo[d] = l0;
+	hi[d] = h0;
+	return rc;
+}
+
+/* Entries with the same source piece and box share a detection.  They are
+ * numbered as one sort of every entry by (source piece, box) would number
+ * them; a source piece's entries are all of one tensor, so each tensor
+ * numbers its own within their source piece, and dte_plan_build adds the
+ * count of every earlier piece's detections. */
+static int dkey_cmp(const void *a, const void *b, void *arg)
+{
+	const struct plan_dkey *x = a, *y = b;
+	uint32_t ndim = *(const uint32_t *)arg, d;
+
+	if (x->src_piece != y->src_piece)
+		return x->src_piece < y->src_piece ? -1 : 1;
+	for (d = 0; d < ndim; d++) {
+		if (x->lo[d] != y->lo[d])
+			return x->lo[d] < y->lo[d] ? -1 : 1;
+		if (x->ext[d] != y->ext[d])
+			return x->ext[d] < y->ext[d] ? -1 : 1;
+	}
+	return 0;
+}
+
+static int plan_grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+	size_t ncap;
+	void *np;
+
+	if (n <= *cap)
+		return 0;
+	ncap = n > 2 * *cap ? n : 2 * *cap;
+	if (!(np = realloc(*arr, ncap * elem)))
+		return -1;
+	*arr = np;
+	*cap = ncap;
+	return 0;
+}
+
+static int plan_tensor_detect(struct plan_ctx *x, size_t e0, size_t e1, size_t nsrc)
+{
+	struct dte_plan *p = x->plan;
+	size_t n = e1 - e0, i, g, run = 0;
+	uint32_t ndim = x->ndim, local, d;
+	int64_t hi[DTE_MAX_DIMS];
+
+	for (i = 0; i < n; i++) {
+		struct plan_dkey *k = &x->keys[i];
+		k->src_piece = p->items[e0 + i].src_piece;
+		k->item = (uint32_t)(e0 + i);
+		plan_item_box(p, &p->items[e0 + i], k->lo, hi);
+		for (d = 0; d < ndim; d++)
+			k->ext[d] = hi[d] - k->lo[d];
+	}
+	/* By source piece: the bucket holds them in index order, so a
+	 * counting sort on the place in it; then by box within each. */
+	memset(x->gcount, 0, (nsrc + 1) * sizeof(*x->gcount));
+	for (i = 0; i < n; i++)
+		x->gcount[x->epos[i] + 1]++;
+	for (g = 1; g <= nsrc; g++)
+		x->gcount[g] += x->gcount[g - 1];
+	for (i = 0; i < n; i++)
+		x->order[x->gcount[x->epos[i]]++] = (uint32_t)i;
+	/* gcount[g] is now the end of group g. */
+	for (g = 0, i = 0; g < nsrc; g++) {
+		size_t a = i, b = x->gcount[g], q;
+
+		for (q = a + 1; q < b; q++) {
+			uint32_t v = x->order[q];
+			size_t r = q;
+			while (r > a && dkey_cmp(&x->keys[x->order[r - 1]], &x->keys[v], &ndim) > 0) {
+				x->order[r] = x->order[r - 1];
+				r--;
+			}
+			x->order[r] = v;
+		}
+		local = 0;
+		for (q = a; q < b; q++) {
+			const struct plan_dkey *k = &x->keys[x->order[q]];
+			if (q == a || dkey_cmp(&x->keys[x->order[q - 1]], k, &ndim)) {
+				int64_t v = 1;
+				for (d = 0; d < ndim; d++)
+					v *= k->ext[d];
+				p->detect_elements += v;
+				local++;
+				run = 0;
+			}
+			p->items[k->item].detect = local - 1;
+			run++;
+			/* A run of two or more: all of them share. */
+			if (run == 2)
+				p->shared_entries += 2;
+			else if (run > 2)
+				p->shared_entries++;
+		}
+		if (b > a)
+			x->dcount[x->keys[x->order[a]].src_piece] = local;
+		i = b;
+	}
+	return 0;
+}
+
+/* First place in [a, b) whose value is above v (vals nondecreasing). */
+static size_t upper_i64(const int64_t *vals, const uint32_t *idx, const struct dte_piece *pc,
+			size_t a, size_t b, int64_t v)
+{
+	while (a < b) {
+		size_t m = a + (b - a) / 2;
+		if ((idx ? pc[idx[m]].lo[0] : vals[m]) > v)
+			b = m;
+		else
+			a = m + 1;
+	}
+	return a;
+}
+
+static int plan_tensor(struct plan_ctx *x, uint32_t t)
+{
+	size_t s0 = x->src_start[t], s1 = x->src_start[t + 1], ns = s1 - s0;
+	size_t k0 = x->sink_start[t], k1 = x->sink_start[t + 1], i, j, e0 = x->plan->n, e;
+	const struct dte_piece *pc = x->src->pieces;
+	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
+
+	if (k0 == k1)
+		return 0;
+	if (plan_src_disjoint(x, t, s0, s1))
+		return -1;
+	x->ndim = x->sink->pieces[x->sink_idx[k0]].ndim;
+	if (plan_grow((void **)&x->hmax, &x->cap_hmax, ns + 1, sizeof(*x->hmax)) ||
+	    plan_grow((void **)&x->gcount, &x->cap_gcount, ns + 1, sizeof(*x->gcount)) ||
+	    plan_grow((void **)&x->snode, &x->cap_snode, ns + 1, sizeof(*x->snode)))
+		return dte_layout_err(x->err, x->errlen, "out of memory");
+	for (i = 0; i < ns; i++)
+		x->snode[i] = pc[x->src_idx[s0 + i]].rank / x->plan->ranks_per_node;
+	/* Sources in order of lo[0]: only those from the first that may reach
+	 * the sink piece (hi[0] so far above its lo[0]) to the last that
+	 * starts before its end can meet it, in the same order. */
+	for (i = 0; x->lo0_sorted && i < ns; i++)
+		x->hmax[i] = i && x->hmax[i - 1] > pc[x->src_idx[s0 + i]].hi[0] ? x->hmax[i - 1]
+									 : pc[x->src_idx[s0 + i]].hi[0];
+	for (j = k0; j < k1; j++) {
+		const struct dte_piece *k = &x->sink->pieces[x->sink_idx[j]];
+		size_t a = s0, b = s1, knode = k->rank / x->plan->ranks_per_node;
+		int64_t covered = 0;
+
+		if (x->lo0_sorted) {
+			a = s0 + upper_i64(x->hmax, NULL, NULL, 0, ns, k->lo[0]);
+			b = s0 + upper_i64(NULL, &x->src_idx[s0], pc, 0, ns, k->hi[0] - 1);
+		}
+		for (i = a; i < b; i++) {
+			const struct dte_piece *s = &pc[x->src_idx[i]];
+			int64_t v = dte_box_intersect(k->ndim, s->lo, s->hi, k->lo, k->hi, lo, hi);
+			if (!v)
+				continue;
+			e = x->plan->n;
+			x->cell = (size_t)x->snode[i - s0] * x->plan->sink_nodes + knode;
+			if (plan_add_split(x, x->src_idx[i], x->sink_idx[j], lo, hi, 0, 1))
+				return -1;
+			if (plan_grow((void **)&x->epos, &x->cap_epos, x->plan->n - e0, sizeof(*x->epos)))
+				return dte_layout_err(x->err, x->errlen, "out of memory");
+			for (; e < x->plan->n; e++)
+				x->epos[e - e0] = (uint32_t)(i - s0);
+			covered += v;
+		}
+		if (covered != dte_piece_volume(k))
+			return plan_gap(x, k, s0, s1, covered);
+	}
+	if (plan_grow((void **)&x->keys, &x->cap_keys, x->plan->n - e0, sizeof(*x->keys)) ||
+	    plan_grow((void **)&x->order, &x->cap_order, x->plan->n - e0, sizeof(*x->order)))
+		return dte_layout_err(x->err, x->errlen, "out of memory");
+	return plan_tensor_detect(x, e0, x->plan->n, ns);
+}
+
+/* A tensor's pieces lie far apart (a source's ranks one after the
+ * other): ask for the next tensor's while this one is planned. */
+static void plan_prefetch(const struct plan_ctx *x, uint32_t t)
+{
+	size_t i;
+
+	if (t >= x->spec->n)
+		return;
+	for (i = x->src_start[t]; i < x->src_start[t + 1]; i++) {
+		const char *pc = (const char *)&x->src->pieces[x->src_idx[i]];
+		__builtin_prefetch(pc);
+		__builtin_prefetch(pc + 64);
+		__builtin_prefetch(pc + 128);
+	}
+	for (i = x->sink_start[t]; i < x->sink_start[t + 1]; i++) {
+		const char *pc = (const char *)&x->sink->pieces[x->sink_idx[i]];
+		__builtin_prefetch(pc);
+		__builtin_prefetch(pc + 64);
+		__builtin_prefetch(pc + 128);
+	}
+}
+
+static int link_cmp(const void *a, const void *b)
+{
+	const struct dte_plan_link *x = a, *y = b;
+
+	if (x->src_node != y->src_node)
+		return x->src_node < y->src_node ? -1 : 1;
+	return x->sink_node < y->sink_node ? -1 : x->sink_node > y->sink_node;
+}
+
+/* Detection ids from per-piece ones: every earlier source piece's count
+ * added. */
+static void plan_detections(struct plan_ctx *x)
+{
+	struct dte_plan *p = x->plan;
+	uint64_t base = 0;
+	size_t i;
+
+	for (i = 0; i < x->src->npieces; i++) {
+		uint32_t c = x->dcount[i];
+		x->dcount[i] = (uint32_t)base;
+		base += c;
+	}
+	for (i = 0; i < p->n; i++)
+		p->items[i].detect += x->dcount[p->items[i].src_piece];
+	p->ndetect = (size_t)base;
+}
+
+struct plan_lkey {
+	uint64_t key, elements;
+};
+
+static int lkey_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct plan_lkey *)a)->key, y = ((const struct plan_lkey *)b)->key;
+
+	return x < y ? -1 : x > y;
+}
+
+/* One replica's links in (source node, sink node) order, from the node
+ * table, or (too many nodes for one) from the entries' node pairs sorted;
+ * then every replica's. */
+static int plan_links(struct plan_ctx *x)
+{
+	struct dte_plan *p = x->plan;
+	struct dte_plan_link *one = NULL;
+	uint32_t rpn = p->ranks_per_node, r;
+	size_t i, n = 0, cells = (size_t)p->src_nodes * p->sink_nodes;
+
+	if (x->link_entries) {
+		for (i = 0; i < cells; i++)
+			n += x->link_entries[i] != 0;
+		if (!(one = calloc(n + 1, sizeof(*one))))
+			return -1;
+		for (i = 0, n = 0; i < cells; i++)
+			if (x->link_entries[i]) {
+				one[n].src_node = (uint32_t)(i / p->sink_nodes);
+				one[n].sink_node = p->src_nodes + (uint32_t)(i % p->sink_nodes);
+				one[n].entries = x->link_entries[i];
+				one[n].elements = x->link_elements[i];
+				n++;
+			}
+	} else {
+		struct plan_lkey *k = malloc((p->n + 1) * sizeof(*k));
+		int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
+
+		if (!k || !(one = calloc(p->n + 1, sizeof(*one)))) {
+			free(k);
+			return -1;
+		}
+		for (i = 0; i < p->n; i++) {
+			const struct dte_plan_item *it = &p->items[i];
+			uint32_t nd = x->src->pieces[it->src_piece].ndim, d;
+			int64_t v = 1;
+			plan_item_box(p, it, lo, hi);
+			for (d = 0; d < nd; d++)
+				v *= hi[d] - lo[d];
+			k[i].key = (uint64_t)(x->src->pieces[it->src_piece].rank / rpn) << 32 |
+				   (p->src_nodes + x->sink->pieces[it->sink_piece].rank / rpn);
+			k[i].elements = (uint64_t)v;
+		}
+		qsort(k, p->n, sizeof(*k), lkey_cmp);
+		for (i = 0; i < p->n; i++) {
+			if (n == 0 || k[i].key != k[i - 1].key) {
+				one[n].src_node = (uint32_t)(k[i].key >> 32);
+				one[n].sink_node = (uint32_t)k[i].key;
+				n++;
+			}
+			one[n - 1].entries++;
+			one[n - 1].elements += k[i].elements;
+		}
+		free(k);
+	}
+	p->nlinks = n;
+	p->links = calloc(n * p->sink_replicas + 1, sizeof(*p->links));
+	if (!p->links) {
+		free(one);
+		return -1;
+	}
+	for (r = 0; r < p->sink_replicas; r++)
+		for (i = 0; i < n; i++) {
+			p->links[r * n + i] = one[i];
+			p->links[r * n + i].sink_node += r * p->sink_nodes;
+		}
+	free(one);
+	return 0;
+}
+
+void dte_plan_entry(const struct dte_plan *p, size_t i, struct dte_plan_entry *e)
+{
+	const struct dte_plan_item *it = &p->items[i];
+	const struct dte_piece *s = &p->src->pieces[it->src_piece], *k = &p->sink->pieces[it->sink_piece];
+	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
+	struct dte_plan_link key;
+	const struct dte_plan_link *l;
+	uint32_t d;
+
+	plan_item_box(p, it, lo, hi);
 	memset(e, 0, sizeof(*e));
 	e->tensor = s->tensor;
-	e->src_piece = (uint32_t)si;
+	e->src_piece = it->src_piece;
 	e->src_rank = s->rank;
 	e->src_buf = s->buf;
 	e->src_buf_m = s->buf_m;
 	e->src_buf_v = s->buf_v;
 	e->group = s->group;
-	e->sink_piece = (uint32_t)ki;
+	e->sink_piece = it->sink_piece;
 	e->sink_rank = k->rank;
 	e->sink_buf = k->buf;
 	e->map.ndim = s->ndim;
@@ -186,169 +652,11 @@ static int plan_add(struct plan_ctx *x, size_t si, size_t ki, const int64_t *lo,
 		e->map.src_offset += (lo[d] - s->lo[d]) * s->stride[d];
 		e->map.dst_offset += (lo[d] - k->lo[d]) * k->stride[d];
 	}
-	p->elements += dte_box_intersect(s->ndim, lo, hi, lo, hi, NULL, NULL);
-	return 0;
-}
-
-/* plan_add() for the box [lo, hi), cut into entries of at most
- * DTE_PLAN_ENTRY_MAX elements: slabs along dimension d holding as many
- * whole sub-boxes of the inner dimensions as fit, or, when one sub-box is
- * already too big, one index of d at a time, cut further inside. */
-static int plan_add_split(struct plan_ctx *x, size_t si, size_t ki, int64_t *lo, int64_t *hi,
-			  uint32_t d)
-{
-	uint32_t ndim = x->src->pieces[si].ndim;
-	int64_t inner = 1, step, l0 = lo[d], h0 = hi[d];
-	int rc = 0;
-
-	for (uint32_t i = d + 1; i < ndim; i++)
-		inner *= hi[i] - lo[i];
-	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX)
-		return plan_add(x, si, ki, lo, hi);
-	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
-	for (int64_t a = l0; a < h0 && !rc; a += step) {
-		lo[d] = a;
-		hi[d] = a + step < h0 ? a + step : h0;
-		rc = inner > DTE_PLAN_ENTRY_MAX && d + 1 < ndim ? plan_add_split(x, si, ki, lo, hi, d + 1)
-								: plan_add(x, si, ki, lo, hi);
-	}
-	lo[d] = l0;
-	hi[d] = h0;
-	return rc;
-}
-
-static int plan_tensor(struct plan_ctx *x, uint32_t t)
-{
-	size_t s0 = x->src_start[t], s1 = x->src_start[t + 1];
-	size_t k0 = x->sink_start[t], k1 = x->sink_start[t + 1], i, j;
-	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
-
-	if (k0 == k1)
-		return 0;
-	if (plan_src_disjoint(x, t, s0, s1))
-		return -1;
-	for (j = k0; j < k1; j++) {
-		const struct dte_piece *k = &x->sink->pieces[x->sink_idx[j]];
-		int64_t covered = 0;
-		for (i = s0; i < s1; i++) {
-			const struct dte_piece *s = &x->src->pieces[x->src_idx[i]];
-			int64_t v = dte_box_intersect(k->ndim, s->lo, s->hi, k->lo, k->hi, lo, hi);
-			if (!v)
-				continue;
-			if (plan_add_split(x, x->src_idx[i], x->sink_idx[j], lo, hi, 0))
-				return -1;
-			covered += v;
-		}
-		if (covered != dte_piece_volume(k))
-			return plan_gap(x, k, s0, s1, covered);
-	}
-	return 0;
-}
-
-static int entry_detect_cmp(const void *a, const void *b, void *arg)
-{
-	const struct dte_plan_entry *e = arg;
-	const struct dte_plan_entry *x = &e[*(const size_t *)a], *y = &e[*(const size_t *)b];
-	uint32_t d;
-
-	if (x->src_piece != y->src_piece)
-		return x->src_piece < y->src_piece ? -1 : 1;
-	for (d = 0; d < x->map.ndim; d++) {
-		if (x->lo[d] != y->lo[d])
-			return x->lo[d] < y->lo[d] ? -1 : 1;
-		if (x->map.extent[d] != y->map.extent[d])
-			return x->map.extent[d] < y->map.extent[d] ? -1 : 1;
-	}
-	return 0;
-}
-
-static int plan_detections(struct dte_plan *p)
-{
-	size_t *ord = malloc((p->n + 1) * sizeof(size_t)), i, run = 0;
-
-	if (!ord)
-		return -1;
-	for (i = 0; i < p->n; i++)
-		ord[i] = i;
-	qsort_r(ord, p->n, sizeof(size_t), entry_detect_cmp, p->e);
-	p->ndetect = 0;
-	for (i = 0; i < p->n; i++) {
-		struct dte_plan_entry *e = &p->e[ord[i]];
-		if (i == 0 || entry_detect_cmp(&ord[i - 1], &ord[i], p->e)) {
-			int64_t v = 1;
-			uint32_t d;
-			p->ndetect++;
-			for (d = 0; d < e->map.ndim; d++)
-				v *= e->map.extent[d];
-			p->detect_elements += v;
-			run = 0;
-		}
-		e->detect = (uint32_t)(p->ndetect - 1);
-		run++;
-		/* A run of two or more: all of them share. */
-		if (run == 2)
-			p->shared_entries += 2;
-		else if (run > 2)
-			p->shared_entries++;
-	}
-	free(ord);
-	return 0;
-}
-
-static int link_cmp(const void *a, const void *b)
-{
-	const struct dte_plan_link *x = a, *y = b;
-
-	if (x->src_node != y->src_node)
-		return x->src_node < y->src_node ? -1 : 1;
-	return x->sink_node < y->sink_node ? -1 : x->sink_node > y->sink_node;
-}
-
-static int plan_links(struct dte_plan *p, const struct dte_layout *src, const struct dte_layout *sink)
-{
-	uint32_t rpn = p->ranks_per_node, r;
-	struct dte_plan_link *one;
-	size_t i, n = 0;
-
-	p->src_nodes = (src->nranks + rpn - 1) / rpn;
-	p->sink_nodes = (sink->nranks + rpn - 1) / rpn;
-	one = calloc(p->n + 1, sizeof(*one));
-	if (!one)
-		return -1;
-	for (i = 0; i < p->n; i++) {
-		one[i].src_node = p->e[i].src_rank / rpn;
-		one[i].sink_node = p->src_nodes + p->e[i].sink_rank / rpn;
-	}
-	qsort(one, p->n, sizeof(*one), link_cmp);
-	for (i = 0; i < p->n; i++)
-		if (n == 0 || link_cmp(&one[n - 1], &one[i]))
-			one[n++] = one[i];
-	p->nlinks = n;
-	p->links = calloc(n * p->sink_replicas + 1, sizeof(*p->links));
-	if (!p->links) {
-		free(one);
-		return -1;
-	}
-	for (i = 0; i < p->n; i++) {
-		struct dte_plan_link key, *l;
-		int64_t v = 1;
-		uint32_t d;
-		key.src_node = p->e[i].src_rank / rpn;
-		key.sink_node = p->src_nodes + p->e[i].sink_rank / rpn;
-		l = bsearch(&key, one, n, sizeof(*one), link_cmp);
-		p->e[i].link = (uint32_t)(l - one);
-		for (d = 0; d < p->e[i].map.ndim; d++)
-			v *= p->e[i].map.extent[d];
-		l->entries++;
-		l->elements += (uint64_t)v;
-	}
-	for (r = 0; r < p->sink_replicas; r++)
-		for (i = 0; i < n; i++) {
-			p->links[r * n + i] = one[i];
-			p->links[r * n + i].sink_node += r * p->sink_nodes;
-		}
-	free(one);
-	return 0;
+	e->detect = it->detect;
+	key.src_node = s->rank / p->ranks_per_node;
+	key.sink_node = p->src_nodes + k->rank / p->ranks_per_node;
+	l = bsearch(&key, p->links, p->nlinks, sizeof(*l), link_cmp);
+	e->link = l ? (uint32_t)(l - p->links) : 0;
 }
 
 int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
@@ -356,7 +664,8 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen)
 {
 	struct plan_ctx x;
-	uint32_t t;
+	uint32_t t, rpn;
+	size_t cells;
 	int rc = -1;
 
 	memset(plan, 0, sizeof(*plan));
@@ -367,21 +676,46 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		return -1;
 	plan->sink_replicas = opts && opts->sink_replicas ? opts->sink_replicas : 1;
 	plan->ranks_per_node = opts && opts->ranks_per_node ? opts->ranks_per_node : DTE_PLAN_DEFAULT_RANKS_PER_NODE;
+	plan->src = src;
+	plan->sink = sink;
+	rpn = plan->ranks_per_node;
+	plan->src_nodes = (src->nranks + rpn - 1) / rpn;
+	plan->sink_nodes = (sink->nranks + rpn - 1) / rpn;
 	x.plan = plan;
 	x.spec = spec;
 	x.src = src;
 	x.sink = sink;
 	x.err = err;
 	x.errlen = errlen;
+	cells = (size_t)plan->src_nodes * plan->sink_nodes;
+	if (cells <= PLAN_LINK_TABLE_MAX) {
+		x.link_entries = calloc(cells + 1, sizeof(*x.link_entries));
+		x.link_elements = calloc(cells + 1, sizeof(*x.link_elements));
+	}
+	x.dcount = calloc(src->npieces + 1, sizeof(*x.dcount));
 	if (plan_bucket(src, spec->n, &x.src_idx, &x.src_start) ||
-	    plan_bucket(sink, spec->n, &x.sink_idx, &x.sink_start)) {
+	    plan_bucket(sink, spec->n, &x.sink_idx, &x.sink_start) || !x.dcount ||
+	    (cells <= PLAN_LINK_TABLE_MAX && (!x.link_entries || !x.link_elements))) {
 		dte_layout_err(err, errlen, "out of memory");
 		goto out;
 	}
-	for (t = 0; t < spec->n; t++)
+	for (t = 0; t < spec->n; t++) {
+		plan_prefetch(&x, t + 1);
 		if (plan_tensor(&x, t))
 			goto out;
-	if (plan_detections(plan) || plan_links(plan, src, sink)) {
+	}
+	if (plan->n >= UINT32_MAX) {
+		dte_layout_err(err, errlen, "plan: %zu entries, too many", plan->n);
+		goto out;
+	}
+	/* Give back what growing left over. */
+	if (plan->n && plan->n < x.cap) {
+		void *np = realloc(plan->items, plan->n * sizeof(*plan->items));
+		if (np)
+			plan->items = np;
+	}
+	plan_detections(&x);
+	if (plan_links(&x)) {
 		dte_layout_err(err, errlen, "out of memory");
 		goto out;
 	}
@@ -391,6 +725,15 @@ out:
 	free(x.src_start);
 	free(x.sink_idx);
 	free(x.sink_start);
+	free(x.keys);
+	free(x.epos);
+	free(x.order);
+	free(x.gcount);
+	free(x.hmax);
+	free(x.snode);
+	free(x.dcount);
+	free(x.link_entries);
+	free(x.link_elements);
 	if (rc)
 		dte_plan_fini(plan);
 	return rc;
@@ -398,7 +741,8 @@ out:
 
 void dte_plan_fini(struct dte_plan *plan)
 {
-	free(plan->e);
+	free(plan->items);
+	free(plan->cuts);
 	free(plan->links);
 	memset(plan, 0, sizeof(*plan));
 }

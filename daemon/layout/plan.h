@@ -6,6 +6,10 @@
  * shifted), and every entry names a detection: entries with the same source
  * piece and canonical box (replicated norms, replicated KV heads, replicas)
  * share one detection pass over the source.
+ *
+ * A plan keeps 16 bytes per entry (struct dte_plan_item) and borrows the
+ * two layouts it was built from; dte_plan_entry() writes an entry out
+ * (ranks, buffers, box, map, link, detection) from them.
  */
 #ifndef DTE_PLAN_H
 #define DTE_PLAN_H
@@ -29,6 +33,7 @@ struct dte_plan_opts {
 	uint32_t ranks_per_node;   /* 0 means DTE_PLAN_DEFAULT_RANKS_PER_NODE */
 };
 
+/* One entry, written out: what dte_plan_entry() fills in. */
 struct dte_plan_entry {
 	uint32_t tensor;           /* canonical tensor id */
 	uint32_t src_piece;        /* index into the source layout's pieces */
@@ -41,14 +46,31 @@ struct dte_plan_entry {
 	struct dte_box_map map;    /* src: param/exp_avg/exp_avg_sq; dst: sink_buf */
 };
 
+/* What a plan keeps per entry: the two pieces (everything else of the
+ * entry follows from them and the box) and the detection.  The box is the
+ * pieces' intersection, or, for a slab of one cut at DTE_PLAN_ENTRY_MAX,
+ * cuts[cut - 1]. */
+struct dte_plan_item {
+	uint32_t src_piece, sink_piece;
+	uint32_t detect;
+	uint32_t cut;              /* 0: the whole intersection */
+};
+
+struct dte_plan_cut {
+	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
+};
+
 struct dte_plan_link {
 	uint32_t src_node, sink_node;
 	uint64_t entries, elements;
 };
 
 struct dte_plan {
-	struct dte_plan_entry *e;
+	struct dte_plan_item  *items;      /* n: read them with dte_plan_entry() */
 	size_t                 n;          /* entries of one replica */
+	struct dte_plan_cut   *cuts;
+	size_t                 ncuts;
+	const struct dte_layout *src, *sink;  /* the layouts built from: must outlive the plan */
 	struct dte_plan_link  *links;      /* nlinks per replica, replicas in order */
 	size_t                 nlinks;     /* links of one replica */
 	size_t                 ndetect;
@@ -65,5 +87,7 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_layout *src, const struct dte_layout *sink,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen);
 void dte_plan_fini(struct dte_plan *plan);
+/* Entry i (< plan->n) written out into *e (unused dims zero). */
+void dte_plan_entry(const struct dte_plan *plan, size_t i, struct dte_plan_entry *e);
 
 #endif

@@ -262,8 +262,11 @@ static int plan_print_json(const struct plan_args *a, const struct dte_spec *spe
 		for (i = 0; i < spec->n; i++)
 			json_array_append_new(names, json_string(spec->t[i].name));
 		for (i = 0; i < p->n; i++) {
-			const struct dte_plan_entry *e = &p->e[i];
-			uint32_t nd = e->map.ndim;
+			struct dte_plan_entry ent, *e = &ent;
+			uint32_t nd;
+
+			dte_plan_entry(p, i, e);
+			nd = e->map.ndim;
 			json_array_append_new(ents, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:I, s:o, s:I, s:o}",
 				"tensor", (int)e->tensor, "src_rank", (int)e->src_rank, "src_buf", (int)e->src_buf,
 				"group", (int)e->group, "sink_rank", (int)e->sink_rank, "sink_buf", (int)e->sink_buf,

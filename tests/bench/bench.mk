@@ -41,6 +41,13 @@ bench-dense: all
 bench-k4: all
 	B=$(B) $(PYTHON) tests/bench/bench_k4.py
 
+# `dtectl plan` at real size (Qwen3-235B-A22B, fsdp:dp=64 and
+# megatron:tp=8,dp=32,ep=32): CPU seconds and max RSS, `bench plan ...`
+# (docs/BENCHMARKS.md, "Plan at real size"; also part of `make bench`).
+# BENCH_PLAN_BASE=PATH/dte-plan times an older build in the same rounds.
+bench-plan: $(B)/bin/dte-plan
+	B=$(B) $(PYTHON) tests/bench/bench_plan.py
+
 # Snapshot-diff detection (detect = snapshot), the benchmarks' baseline.
 UNIT_TESTS += test_job_snapshot
 # Needs only the compute library, so it links only that.

@@ -24,6 +24,7 @@ figure:
         reduction_incl_dense=Q
     bench baseline dense_line_rate_ratio=R snapshot_detect_ratio=R dte_margin_bytes_ratio=R
     bench k4 fp_rate=R table_bytes_per_element=B ...              (tests/bench/bench_k4.py)
+    bench plan model=qwen3-235b layout=L s=S mb=M ...              (tests/bench/bench_plan.py)
 bytes_per_change: the default configuration's wire bytes (zstd_level 0, the
 guard band included) per element whose BF16 truly changed, lr 1e-6.
 dense_line_rate_ratio: (dense bytes at the link rate) / dted's dense sync
@@ -60,6 +61,7 @@ os.environ["B"] = B
 import bench_codec  # noqa: E402
 import bench_e2e  # noqa: E402
 import bench_k4  # noqa: E402
+import bench_plan  # noqa: E402
 import bench_stall  # noqa: E402
 import report  # noqa: E402
 
@@ -172,6 +174,9 @@ def main():
     log("k4: publish interval 4 on the adamw_fixtures configurations, side tables off and on")
     res["k4"] = bench_k4.run(log=log)
 
+    log("plan: dte-plan on Qwen3-235B-A22B (fsdp:dp=64, megatron:tp=8,dp=32,ep=32)")
+    res["plan"] = bench_plan.run(log=log)
+
     why = bench_e2e.Link.available()
     if why:
         log("e2e: skipped (%s)" % why)
@@ -208,6 +213,7 @@ def main():
     res["stall_async"] = stall_async(res, log)
     lines = summary(res) + [bench_stall.summary_line(res["stall_async"])]
     lines.append(bench_k4.line(res["k4"]))
+    lines += bench_plan.lines(res["plan"])
     av = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-verify:")]
     dn = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-dense:")]
     lines.append("bench apply-verify " + " ".join(

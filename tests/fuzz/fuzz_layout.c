@@ -105,9 +105,12 @@ static void check_plan(const struct dte_layout *l, const struct dte_spec *spec)
 	sink = source ? &other : l;
 	if (dte_plan_build(&plan, spec, src, sink, &opts, err, sizeof(err)) == 0) {
 		for (size_t i = 0; i < plan.n; i++) {
-			const struct dte_plan_entry *e = &plan.e[i];
-			uint64_t sl = (uint64_t)buf_len(src, e->src_rank, e->src_buf);
-			uint64_t dl = (uint64_t)buf_len(sink, e->sink_rank, e->sink_buf);
+			struct dte_plan_entry ent, *e = &ent;
+			uint64_t sl, dl;
+
+			dte_plan_entry(&plan, i, e);
+			sl = (uint64_t)buf_len(src, e->src_rank, e->src_buf);
+			dl = (uint64_t)buf_len(sink, e->sink_rank, e->sink_buf);
 
 			FUZZ_CHECK(dtc_entry_check(&e->map, sl, dl) == 0,
 				   "plan entry %zu maps outside its buffers", i);

@@ -92,14 +92,16 @@ static void run_matrix(const char *model, const char *const *srcs, size_t nsrc,
 			assert_int_equal(p.detect_elements, s.total_elems);
 			/* No entry over the cap; big tensors come in slabs. */
 			for (size_t q = 0; q < p.n; q++) {
+				struct dte_plan_entry e;
 				int64_t vol = 1;
 
-				for (uint32_t d = 0; d < p.e[q].map.ndim; d++)
-					vol *= p.e[q].map.extent[d];
+				dte_plan_entry(&p, q, &e);
+				for (uint32_t d = 0; d < e.map.ndim; d++)
+					vol *= e.map.extent[d];
 				if (vol > DTE_PLAN_ENTRY_MAX)
 					fail_msg("%s %s -> %s: entry %zu has %lld elements", model, srcs[i],
 						 sinks[j], q, (long long)vol);
-				m->cut_entries += s.t[p.e[q].tensor].numel > DTE_PLAN_ENTRY_MAX;
+				m->cut_entries += s.t[e.tensor].numel > DTE_PLAN_ENTRY_MAX;
 			}
 			m->plans++;
 			dte_plan_fini(&p);
@@ -186,6 +188,7 @@ static void test_gap_and_overlap_named(void **state)
 	struct dte_spec s;
 	struct dte_layout src, sink;
 	struct dte_plan p;
+	struct dte_plan_entry e1;
 	char err[512] = "";
 
 	spec_load(&s, DATA "tiny-llama-gqa.json");   /* norm [64] */
@@ -225,12 +228,13 @@ static void test_gap_and_overlap_named(void **state)
 	assert_int_equal(p.links[1].sink_node, 2);
 	assert_int_equal(p.links[1].elements, 64 * 24);
 	/* Entries go tensor by tensor: o_proj (rank 0, then rank 9), norm. */
-	assert_int_equal(p.e[1].src_rank, 9);
-	assert_int_equal(p.e[1].map.dst_offset, 40);
-	assert_int_equal(p.e[1].map.src_offset, 0);
-	assert_int_equal(p.e[1].map.extent[1], 24);
-	assert_int_equal(p.e[1].map.src_stride[0], 24);
-	assert_int_equal(p.e[1].map.dst_stride[0], 64);
+	dte_plan_entry(&p, 1, &e1);
+	assert_int_equal(e1.src_rank, 9);
+	assert_int_equal(e1.map.dst_offset, 40);
+	assert_int_equal(e1.map.src_offset, 0);
+	assert_int_equal(e1.map.extent[1], 24);
+	assert_int_equal(e1.map.src_stride[0], 24);
+	assert_int_equal(e1.map.dst_stride[0], 64);
 	dte_plan_fini(&p);
 	/* Swapped roles are refused. */
 	assert_int_equal(dte_plan_build(&p, &s, &sink, &src, NULL, err, sizeof(err)), -1);
@@ -269,13 +273,265 @@ static void test_replicas_share_detection(void **state)
 		assert_int_equal(p3.links[i * 2 + 1].sink_node, 2 + 2 * i);
 		assert_int_equal(p3.links[i * 2].elements + p3.links[i * 2 + 1].elements, p3.elements);
 	}
-	for (i = 0; i < p1.n; i++)
-		assert_true(p1.e[i].detect < p1.ndetect);
+	for (i = 0; i < p1.n; i++) {
+		struct dte_plan_entry e;
+
+		dte_plan_entry(&p1, i, &e);
+		assert_true(e.detect < p1.ndetect);
+	}
 	dte_plan_fini(&p1);
 	dte_plan_fini(&p3);
 	dte_layout_fini(&src);
 	dte_layout_fini(&sink);
 	dte_spec_fini(&s);
+}
+
+/* The plan as it was first written, kept as the reference: every entry
+ * written out in full, detections numbered by one sort of all entries by
+ * (source piece, box), links by one sort of their node pairs.  The plan's
+ * compact entries must come out the same, field for field. */
+struct ref {
+	struct dte_plan_entry *e;
+	size_t n, cap, ndetect, shared;
+	int64_t elements, detect_elements;
+	struct dte_plan_link *links;
+	size_t nlinks;
+};
+
+static void ref_add(struct ref *r, const struct dte_layout *src, const struct dte_layout *sink,
+		    size_t si, size_t ki, const int64_t *lo, const int64_t *hi)
+{
+	const struct dte_piece *s = &src->pieces[si], *k = &sink->pieces[ki];
+	struct dte_plan_entry *e;
+
+	if (r->n == r->cap) {
+		r->cap = r->cap ? 2 * r->cap : 256;
+		r->e = realloc(r->e, r->cap * sizeof(*r->e));
+		assert_non_null(r->e);
+	}
+	e = &r->e[r->n++];
+	memset(e, 0, sizeof(*e));
+	e->tensor = s->tensor;
+	e->src_piece = (uint32_t)si;
+	e->src_rank = s->rank;
+	e->src_buf = s->buf;
+	e->src_buf_m = s->buf_m;
+	e->src_buf_v = s->buf_v;
+	e->group = s->group;
+	e->sink_piece = (uint32_t)ki;
+	e->sink_rank = k->rank;
+	e->sink_buf = k->buf;
+	e->map.ndim = s->ndim;
+	e->map.src_offset = s->offset;
+	e->map.dst_offset = k->offset;
+	for (uint32_t d = 0; d < s->ndim; d++) {
+		e->lo[d] = lo[d];
+		e->map.extent[d] = hi[d] - lo[d];
+		e->map.src_stride[d] = s->stride[d];
+		e->map.dst_stride[d] = k->stride[d];
+		e->map.src_offset += (lo[d] - s->lo[d]) * s->stride[d];
+		e->map.dst_offset += (lo[d] - k->lo[d]) * k->stride[d];
+	}
+	r->elements += dte_box_intersect(s->ndim, lo, hi, lo, hi, NULL, NULL);
+}
+
+static void ref_split(struct ref *r, const struct dte_layout *src, const struct dte_layout *sink,
+		      size_t si, size_t ki, int64_t *lo, int64_t *hi, uint32_t d)
+{
+	uint32_t ndim = src->pieces[si].ndim;
+	int64_t inner = 1, step, l0 = lo[d], h0 = hi[d];
+
+	for (uint32_t i = d + 1; i < ndim; i++)
+		inner *= hi[i] - lo[i];
+	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX) {
+		ref_add(r, src, sink, si, ki, lo, hi);
+		return;
+	}
+	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	for (int64_t a = l0; a < h0; a += step) {
+		lo[d] = a;
+		hi[d] = a + step < h0 ? a + step : h0;
+		if (inner > DTE_PLAN_ENTRY_MAX && d + 1 < ndim)
+			ref_split(r, src, sink, si, ki, lo, hi, d + 1);
+		else
+			ref_add(r, src, sink, si, ki, lo, hi);
+	}
+	lo[d] = l0;
+	hi[d] = h0;
+}
+
+static int ref_detect_cmp(const void *a, const void *b, void *arg)
+{
+	const struct dte_plan_entry *e = arg;
+	const struct dte_plan_entry *x = &e[*(const size_t *)a], *y = &e[*(const size_t *)b];
+
+	if (x->src_piece != y->src_piece)
+		return x->src_piece < y->src_piece ? -1 : 1;
+	for (uint32_t d = 0; d < x->map.ndim; d++) {
+		if (x->lo[d] != y->lo[d])
+			return x->lo[d] < y->lo[d] ? -1 : 1;
+		if (x->map.extent[d] != y->map.extent[d])
+			return x->map.extent[d] < y->map.extent[d] ? -1 : 1;
+	}
+	return 0;
+}
+
+static int ref_link_cmp(const void *a, const void *b)
+{
+	const struct dte_plan_link *x = a, *y = b;
+
+	if (x->src_node != y->src_node)
+		return x->src_node < y->src_node ? -1 : 1;
+	return x->sink_node < y->sink_node ? -1 : x->sink_node > y->sink_node;
+}
+
+static void ref_build(struct ref *r, const struct dte_spec *spec, const struct dte_layout *src,
+		      const struct dte_layout *sink, uint32_t rpn)
+{
+	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
+	uint32_t src_nodes = (src->nranks + rpn - 1) / rpn;
+	size_t *ord, i, run = 0, n = 0;
+	struct dte_plan_link *one;
+
+	memset(r, 0, sizeof(*r));
+	for (uint32_t t = 0; t < spec->n; t++)
+		for (size_t k = 0; k < sink->npieces; k++) {
+			if (sink->pieces[k].tensor != t)
+				continue;
+			for (size_t s = 0; s < src->npieces; s++)
+				if (src->pieces[s].tensor == t &&
+				    dte_box_intersect(src->pieces[s].ndim, src->pieces[s].lo, src->pieces[s].hi,
+						      sink->pieces[k].lo, sink->pieces[k].hi, lo, hi))
+					ref_split(r, src, sink, s, k, lo, hi, 0);
+		}
+	ord = malloc((r->n + 1) * sizeof(*ord));
+	one = calloc(r->n + 1, sizeof(*one));
+	assert_non_null(ord);
+	assert_non_null(one);
+	for (i = 0; i < r->n; i++)
+		ord[i] = i;
+	qsort_r(ord, r->n, sizeof(*ord), ref_detect_cmp, r->e);
+	for (i = 0; i < r->n; i++) {
+		struct dte_plan_entry *e = &r->e[ord[i]];
+		if (i == 0 || ref_detect_cmp(&ord[i - 1], &ord[i], r->e)) {
+			int64_t v = 1;
+			for (uint32_t d = 0; d < e->map.ndim; d++)
+				v *= e->map.extent[d];
+			r->ndetect++;
+			r->detect_elements += v;
+			run = 0;
+		}
+		e->detect = (uint32_t)(r->ndetect - 1);
+		if (++run == 2)
+			r->shared += 2;
+		else if (run > 2)
+			r->shared++;
+	}
+	for (i = 0; i < r->n; i++) {
+		one[i].src_node = r->e[i].src_rank / rpn;
+		one[i].sink_node = src_nodes + r->e[i].sink_rank / rpn;
+	}
+	qsort(one, r->n, sizeof(*one), ref_link_cmp);
+	for (i = 0; i < r->n; i++)
+		if (n == 0 || ref_link_cmp(&one[n - 1], &one[i]))
+			one[n++] = one[i];
+	for (i = 0; i < r->n; i++) {
+		struct dte_plan_link key, *l;
+		int64_t v = 1;
+		key.src_node = r->e[i].src_rank / rpn;
+		key.sink_node = src_nodes + r->e[i].sink_rank / rpn;
+		l = bsearch(&key, one, n, sizeof(*one), ref_link_cmp);
+		assert_non_null(l);
+		r->e[i].link = (uint32_t)(l - one);
+		for (uint32_t d = 0; d < r->e[i].map.ndim; d++)
+			v *= r->e[i].map.extent[d];
+		l->entries++;
+		l->elements += (uint64_t)v;
+	}
+	r->links = one;
+	r->nlinks = n;
+	free(ord);
+}
+
+/* Reverses a layout's pieces: the plan must not lean on their order. */
+static void reverse_pieces(struct dte_layout *l)
+{
+	for (size_t i = 0, j = l->npieces; i + 1 < j; i++, j--) {
+		struct dte_piece t = l->pieces[i];
+		l->pieces[i] = l->pieces[j - 1];
+		l->pieces[j - 1] = t;
+	}
+}
+
+static void check_against_ref(const char *model, const char *srcd, const char *sinkd, int reverse,
+			      uint32_t replicas, uint32_t rpn)
+{
+	struct dte_spec s;
+	struct dte_layout src, sink;
+	struct dte_plan p;
+	struct dte_plan_opts o = { replicas, rpn };
+	struct ref r;
+	char err[512];
+	size_t i, cuts = 0;
+
+	spec_load(&s, model);
+	if (dte_layout_from_desc(&src, &s, srcd, DTE_LAYOUT_SOURCE, err, sizeof(err)) ||
+	    dte_layout_from_desc(&sink, &s, sinkd, DTE_LAYOUT_SINK, err, sizeof(err)))
+		fail_msg("%s %s -> %s: %s", model, srcd, sinkd, err);
+	if (reverse & 1)
+		reverse_pieces(&src);
+	if (reverse & 2)
+		reverse_pieces(&sink);
+	if (dte_plan_build(&p, &s, &src, &sink, &o, err, sizeof(err)))
+		fail_msg("%s %s -> %s: %s", model, srcd, sinkd, err);
+	ref_build(&r, &s, &src, &sink, rpn);
+	assert_int_equal(p.n, r.n);
+	assert_int_equal(p.elements, r.elements);
+	assert_int_equal(p.ndetect, r.ndetect);
+	assert_int_equal(p.detect_elements, r.detect_elements);
+	assert_int_equal(p.shared_entries, r.shared);
+	assert_int_equal(p.nlinks, r.nlinks);
+	for (i = 0; i < r.nlinks; i++) {
+		assert_int_equal(p.links[i].src_node, r.links[i].src_node);
+		assert_int_equal(p.links[i].sink_node, r.links[i].sink_node);
+		assert_int_equal(p.links[i].entries, r.links[i].entries);
+		assert_int_equal(p.links[i].elements, r.links[i].elements);
+	}
+	for (i = 0; i < r.nlinks * replicas; i++)
+		assert_int_equal(p.links[i].sink_node,
+				 r.links[i % r.nlinks].sink_node + (i / r.nlinks) * p.sink_nodes);
+	for (i = 0; i < r.n; i++) {
+		struct dte_plan_entry e;
+
+		dte_plan_entry(&p, i, &e);
+		if (memcmp(&e, &r.e[i], sizeof(e)))
+			fail_msg("%s %s -> %s: entry %zu differs (tensor %u/%u src piece %u/%u sink piece %u/%u "
+				 "detect %u/%u link %u/%u)", model, srcd, sinkd, i, e.tensor, r.e[i].tensor,
+				 e.src_piece, r.e[i].src_piece, e.sink_piece, r.e[i].sink_piece, e.detect,
+				 r.e[i].detect, e.link, r.e[i].link);
+	}
+	cuts = p.ncuts;
+	print_message("%s %s -> %s%s: %zu entries, %zu detections, %zu cut, %zu links: as the reference\n",
+		      model, srcd, sinkd, reverse ? " (pieces reversed)" : "", p.n, p.ndetect, cuts, p.nlinks);
+	free(r.e);
+	free(r.links);
+	dte_plan_fini(&p);
+	dte_layout_fini(&src);
+	dte_layout_fini(&sink);
+	dte_spec_fini(&s);
+}
+
+static void test_compact_matches_reference(void **state)
+{
+	check_against_ref(DATA "tiny-qwen3-moe.json", "megatron:tp=2,dp=2,ep=2", "sglang:tp=4,ep=2", 0, 1, 8);
+	check_against_ref(DATA "tiny-qwen3-moe.json", "megatron:tp=2,dp=4,dopt=1", "vllm:tp=4,ep=4", 0, 2, 2);
+	check_against_ref(DATA "tiny-qwen3-mqa-tied.json", "megatron:tp=1,dp=2", "sglang:tp=8", 0, 3, 4);
+	check_against_ref(DATA "tiny-qwen2-bias.json", "fsdp:dp=3", "vllm:tp=2", 0, 1, 1);
+	check_against_ref(DATA "tiny-llama-gqa.json", "fsdp:dp=4", "sglang:tp=2", 3, 2, 2);
+	check_against_ref(DATA "tiny-qwen3-moe.json", "megatron:tp=2,dp=2,ep=2", "sglang:tp=4,ep=2", 1, 1, 1);
+	/* Tensors over DTE_PLAN_ENTRY_MAX: entries cut into slabs. */
+	check_against_ref(DATA "models/qwen3-0.6b.json", "fsdp:dp=2", "sglang:tp=2", 0, 1, 8);
+	check_against_ref(DATA "models/qwen3-0.6b.json", "megatron:tp=2,dp=2,dopt=1", "sglang:tp=4", 2, 1, 2);
 }
 
 int main(void)
@@ -285,6 +541,7 @@ int main(void)
 		cmocka_unit_test(test_matrix_moe),
 		cmocka_unit_test(test_gap_and_overlap_named),
 		cmocka_unit_test(test_replicas_share_detection),
+		cmocka_unit_test(test_compact_matches_reference),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
