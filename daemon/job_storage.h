@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include "proto/dte.pb-c.h"
 
+struct dte_engine;
 struct job;
 struct jlocal;
 struct dte_spec;
@@ -65,7 +66,7 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 void jstore_sink_staged(struct job *j, struct jlocal *l);
 /* A writer's commit is on a worker (shutdown waits for it: job_task.c
  * asks through jev_committing; job_init registers this). */
-int jstore_committing(void);
+int jstore_committing(struct dte_engine *e);
 
 /* dtectl job */
 void jstore_info(const struct job *j, Dte__JobReply *rep);
