@@ -101,7 +101,8 @@ Dte__Status dcmd_attach(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 {
 	char err[512];
 	int deferred = 0;
-	int st = job_attach(srv->eng, s->conn_id, req->id, req->attach, &deferred, err, sizeof(err));
+	int st = job_attach(srv->eng, s->conn_id, req->id, req->attach, &deferred, err,
+			    sizeof(err));
 
 	if (st == 0 && deferred)
 		dreply_defer(r);
@@ -135,7 +136,8 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	dte__publish_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_PUBLISH;
 	resp->publish = rep;
-	st = job_publish(srv->eng, s->conn_id, req->id, req->publish, rep, &deferred, err, sizeof(err));
+	st = job_publish(srv->eng, s->conn_id, req->id, req->publish, rep, &deferred, err,
+			 sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
@@ -154,8 +156,8 @@ Dte__Status dcmd_wait_captured(struct dsrv *srv, struct dsess *s, const Dte__Req
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_captured_reply__init(rep);
 	dte__publish_reply__init(pub);
-	st = job_wait_captured(srv->eng, s->conn_id, req->id, req->wait_captured, rep, pub, &deferred, err,
-			       sizeof(err));
+	st = job_wait_captured(srv->eng, s->conn_id, req->id, req->wait_captured, rep, pub,
+			       &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT_CAPTURED;
@@ -212,7 +214,8 @@ Dte__Status dcmd_wait_staged(struct dsrv *srv, struct dsess *s, const Dte__Reque
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_staged_reply__init(rep);
-	st = job_wait_staged(srv->eng, s->conn_id, req->id, req->wait_staged, rep, &deferred, err, sizeof(err));
+	st = job_wait_staged(srv->eng, s->conn_id, req->id, req->wait_staged, rep, &deferred,
+			     err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT_STAGED;
@@ -250,7 +253,8 @@ Dte__Status dcmd_query_version(struct dsrv *srv, struct dsess *s, const Dte__Req
 	dte__query_version_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_QUERY_VERSION;
 	resp->query_version = rep;
-	return done(r, job_query_version(srv->eng, s->conn_id, req->query_version, rep, err, sizeof(err)), err);
+	return done(r, job_query_version(srv->eng, s->conn_id, req->query_version, rep, err,
+		    sizeof(err)), err);
 }
 
 Dte__Status dcmd_jobs(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

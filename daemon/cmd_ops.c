@@ -61,7 +61,8 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	dte__verify_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_VERIFY;
 	resp->verify = rep;
-	st = job_verify(srv->eng, s->conn_id, req->id, req->verify->job, rep, r, &deferred, err, sizeof(err));
+	st = job_verify(srv->eng, s->conn_id, req->id, req->verify->job, rep, r, &deferred, err,
+			sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);

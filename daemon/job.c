@@ -477,7 +477,8 @@ static int name_ok(const char *s)
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
-int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
+	       char *err,
 	       size_t errlen)
 {
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
@@ -816,7 +817,8 @@ static void prefault_start(struct dte_engine *e, const struct jlocal *l)
 	jtask_start(e, &p->t);
 }
 
-int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)
+int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
+	       size_t errlen)
 {
 	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
@@ -863,7 +865,8 @@ int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__Wa
 	return 0;
 }
 
-int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
+int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		      const Dte__WaitCapturedRequest *rq,
 		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
 		      size_t errlen)
 {
@@ -893,7 +896,8 @@ int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id, cons
 	return 0;
 }
 
-int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		    const Dte__WaitStagedRequest *rq,
 		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(e, rq->job);
@@ -944,7 +948,8 @@ int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersi
 
 /* -------------------------------------------------------------- records in */
 
-static void refuse(struct dte_engine *e, const char *from, const char *job, Dtep__PeerMsgType type, const char *reason)
+static void refuse(struct dte_engine *e, const char *from, const char *job,
+		   Dtep__PeerMsgType type, const char *reason)
 {
 	Dtep__Refused m = DTEP__REFUSED__INIT;
 
@@ -980,7 +985,8 @@ static int speaks_for(struct job *j, const char *from, Dtep__PeerMsgType type, c
 /* The job a record names, if the record proves its key (job_auth.h: its
  * MAC, or with auth off its token).  Records from this daemon itself
  * never left the process: they carry no MAC. */
-static struct job *check_ref(struct dte_engine *e, const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref,
+static struct job *check_ref(struct dte_engine *e, const char *from, Dtep__PeerMsgType type,
+			     const Dtep__JobRef *ref,
 			     const ProtobufCMessage *msg, const void *data, size_t len)
 {
 	struct job *j;
@@ -1044,7 +1050,8 @@ static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refus
 	}
 }
 
-void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
+void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType type,
+		   const uint8_t *hdr, size_t hdrlen,
 		   const void *data, size_t len)
 {
 	ProtobufCMessage *msg = NULL;
@@ -1237,7 +1244,8 @@ int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r)
 	return 0;
 }
 
-int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
+	     char *err,
 	     size_t errlen)
 {
 	struct job *j = job_find(e, name);

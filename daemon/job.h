@@ -44,8 +44,10 @@ struct dte_engine;
 struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
 				  const char *backend_name);
 /* Shutdown: waits for its work on workers, frees every job and wait,
- * closes its handles (uv_run must run once more for them to close) and
- * drops what resync remembered.  NULL is fine. */
+ * takes itself off the router, closes its handles (running the loop until
+ * libuv has let go of them), drops what resync remembered, and ends the
+ * process-level device scratch and buffers it set up (jcuda_fini,
+ * dbuf_fini: one engine per process today).  NULL is fine. */
 void dte_engine_free(struct dte_engine *e);
 /* Where deferred answers go (waits, attaches, captures and applies that
  * finish later): the control server's dctl_reply, which main.c installs
@@ -80,28 +82,30 @@ void job_conn_gone(struct dte_engine *e, uint64_t conn_id);
  * reason in err (daemon/derr.h; the control handlers map it to the wire
  * status).  `conn` is the caller's connection id, `req_id` its request id
  * (for deferred answers). */
-int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
-	       size_t errlen);
+int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
+	       char *err, size_t errlen);
 /* 0 with *deferred = 1: the answer comes later. */
-int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
-	       int *deferred, char *err, size_t errlen);
-int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
+int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+	       const Dte__AttachRequest *rq, int *deferred, char *err, size_t errlen);
+int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
+	       size_t errlen);
 int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
 /* The capture of an async publish no longer reads the source's buffers
  * (pub: storage for the answer's counts, rep->publish points at it). */
-int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
-		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
-		      size_t errlen);
-int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
-		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
+int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		      const Dte__WaitCapturedRequest *rq, Dte__WaitCapturedReply *rep,
+		      Dte__PublishReply *pub, int *deferred, char *err, size_t errlen);
+int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		    const Dte__WaitStagedRequest *rq, Dte__WaitStagedReply *rep, int *deferred,
+		    char *err, size_t errlen);
 int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersionRequest *rq,
 		      Dte__QueryVersionReply *rep, char *err, size_t errlen);
 
 /* Introspection; strings and arrays are allocated from r. */
 int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r);
-int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
-	     size_t errlen);
+int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
+	     char *err, size_t errlen);
 int job_history(struct dte_engine *e, const char *name, uint32_t limit, Dte__HistoryReply *rep,
 		struct dreply *r, char *err, size_t errlen);
 

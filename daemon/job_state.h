@@ -619,7 +619,8 @@ struct jlocal *job_local(struct job *j, uint64_t id);
 struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn);
 /* The job `name` and its source participant `id` that connection conn
  * attached: 0, or -ENOENT with the reason (publish, mark, wait_captured). */
-int job_source_owned(struct dte_engine *e, const char *name, uint64_t id, uint64_t conn, struct job **jp,
+int job_source_owned(struct dte_engine *e, const char *name, uint64_t id, uint64_t conn,
+		     struct job **jp,
 		     struct jlocal **lp, char *err, size_t errlen);
 const struct jpinfo *job_part(const struct job *j, uint64_t id);
 const char *job_node_address(const struct job *j, const char *node);
