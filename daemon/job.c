@@ -396,10 +396,9 @@ void dte_engine_free(struct dte_engine *e)
 		job_free(j);
 		dreg_job_removed();
 	}
-	/* The router has one receiver: this engine's is taken off, so no
-	 * record reaches the memory freed below. */
-	route_set_receiver(NULL, NULL, NULL);
-	route_set_sealer(NULL, NULL);
+	/* Off the router (if it still delivers to this engine), so no record
+	 * reaches the memory freed below. */
+	route_unset(e);
 	if (e->timer_init) {
 		e->closing++;
 		uv_close((uv_handle_t *)&e->timer, handle_closed);

@@ -44,7 +44,7 @@ struct dte_engine;
 struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
 				  const char *backend_name);
 /* Shutdown: waits for its work on workers, frees every job and wait,
- * takes itself off the router, closes its handles (running the loop until
+ * takes itself off the router (route_unset), closes its handles (running the loop until
  * libuv has let go of them), drops what resync remembered, and ends the
  * process-level device scratch and buffers it set up (jcuda_fini,
  * dbuf_fini: one engine per process today).  NULL is fine. */

@@ -404,6 +404,14 @@ void route_set_sealer(route_seal_fn seal, void *ctx)
 	seal_ctx = ctx;
 }
 
+void route_unset(void *ctx)
+{
+	if (recv_ctx == ctx)
+		route_set_receiver(NULL, NULL, NULL);
+	if (seal_ctx == ctx)
+		route_set_sealer(NULL, NULL);
+}
+
 size_t route_pending(void)
 {
 	return rt.pending;

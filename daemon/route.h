@@ -189,4 +189,8 @@ typedef int (*route_seal_fn)(void *ctx, Dtep__PeerMsgType type, const ProtobufCM
 			     const void *data, size_t len, uint8_t mac[32]);
 void route_set_sealer(route_seal_fn seal, void *ctx);
 
+/* The receiver and the sealer registered with ctx go (an engine being
+ * freed); those of another ctx stay. */
+void route_unset(void *ctx);
+
 #endif

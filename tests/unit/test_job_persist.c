@@ -148,10 +148,55 @@ static void test_restart_restores(void **state)
 	assert_int_equal(system(path), 0);
 }
 
+/* Two engines in one process (issue 31): each holds its own jobs, kept
+ * jobs and participant ids; freeing one leaves the other working. */
+static void test_two_engines(void **state)
+{
+	char dir[64] = "/tmp/dte-jobstate-XXXXXX", d1[128], d2[128], path[256], err[256];
+	struct dte_engine *first, *second;
+	struct stat st;
+
+	(void)state;
+	assert_non_null(mkdtemp(dir));
+	snprintf(d1, sizeof(d1), "%s/one", dir);
+	snprintf(d2, sizeof(d2), "%s/two", dir);
+	engine_up();
+	first = eng;
+	second = dte_engine_new(NULL, dtc_backend_cpu(), "cpu");
+	assert_non_null(second);
+	job_set_created_hook(second, jpersist_save);
+	assert_int_equal(jpersist_init(first, d1, err, sizeof(err)), 0);
+	assert_int_equal(jpersist_init(second, d2, err, sizeof(err)), 0);
+	create("alpha", "tok-a");
+	eng = second;
+	create("beta", "tok-b");
+	eng = first;
+	assert_non_null(job_find(first, "alpha"));
+	assert_null(job_find(first, "beta"));
+	assert_non_null(job_find(second, "beta"));
+	assert_null(job_find(second, "alpha"));
+	assert_ptr_equal(job_find(second, "beta")->eng, second);
+	snprintf(path, sizeof(path), "%s/alpha.job", d1);
+	assert_int_equal(stat(path, &st), 0);
+	snprintf(path, sizeof(path), "%s/beta.job", d1);
+	assert_int_not_equal(stat(path, &st), 0);
+	snprintf(path, sizeof(path), "%s/beta.job", d2);
+	assert_int_equal(stat(path, &st), 0);
+	/* Each counts its own participants (same node: same hash). */
+	assert_int_equal(job_participant_id_new(first), job_participant_id_new(second));
+	dte_engine_free(second);
+	create("gamma", "tok-g");
+	assert_non_null(job_find(first, "gamma"));
+	engine_down();
+	snprintf(path, sizeof(path), "rm -rf '%s'", dir);
+	assert_int_equal(system(path), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_restart_restores),
+		cmocka_unit_test(test_two_engines),
 	};
 	int rc;
 
