@@ -90,7 +90,7 @@ Dte__Status dcmd_job_create(struct dsrv *srv, struct dsess *s, const Dte__Reques
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__job_create_reply__init(rep);
-	st = job_create(req->job_create, rep, err, sizeof(err));
+	st = job_create(srv->eng, req->job_create, rep, err, sizeof(err));
 	resp->body_case = DTE__RESPONSE__BODY_JOB_CREATE;
 	resp->job_create = rep;
 	return done(r, st, err);
@@ -101,7 +101,8 @@ Dte__Status dcmd_attach(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 {
 	char err[512];
 	int deferred = 0;
-	int st = job_attach(s->conn_id, req->id, req->attach, &deferred, err, sizeof(err));
+	int st = job_attach(srv->eng, s->conn_id, req->id, req->attach, &deferred, err,
+			    sizeof(err));
 
 	if (st == 0 && deferred)
 		dreply_defer(r);
@@ -119,7 +120,7 @@ Dte__Status dcmd_detach(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	dte__detach_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_DETACH;
 	resp->detach = rep;
-	return done(r, job_detach(s->conn_id, req->detach, err, sizeof(err)), err);
+	return done(r, job_detach(srv->eng, s->conn_id, req->detach, err, sizeof(err)), err);
 }
 
 Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -135,7 +136,8 @@ Dte__Status dcmd_publish(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	dte__publish_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_PUBLISH;
 	resp->publish = rep;
-	st = job_publish(s->conn_id, req->id, req->publish, rep, &deferred, err, sizeof(err));
+	st = job_publish(srv->eng, s->conn_id, req->id, req->publish, rep, &deferred, err,
+			 sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
@@ -154,8 +156,8 @@ Dte__Status dcmd_wait_captured(struct dsrv *srv, struct dsess *s, const Dte__Req
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_captured_reply__init(rep);
 	dte__publish_reply__init(pub);
-	st = job_wait_captured(s->conn_id, req->id, req->wait_captured, rep, pub, &deferred, err,
-			       sizeof(err));
+	st = job_wait_captured(srv->eng, s->conn_id, req->id, req->wait_captured, rep, pub,
+			       &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT_CAPTURED;
@@ -176,7 +178,7 @@ Dte__Status dcmd_mark(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	dte__mark_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_MARK;
 	resp->mark = rep;
-	st = job_mark(s->conn_id, req->id, req->mark, rep, &deferred, err, sizeof(err));
+	st = job_mark(srv->eng, s->conn_id, req->id, req->mark, rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
@@ -193,7 +195,7 @@ Dte__Status dcmd_wait(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_reply__init(rep);
-	st = job_wait(s->conn_id, req->id, req->wait, rep, &deferred, err, sizeof(err));
+	st = job_wait(srv->eng, s->conn_id, req->id, req->wait, rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT;
@@ -212,7 +214,8 @@ Dte__Status dcmd_wait_staged(struct dsrv *srv, struct dsess *s, const Dte__Reque
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__wait_staged_reply__init(rep);
-	st = job_wait_staged(s->conn_id, req->id, req->wait_staged, rep, &deferred, err, sizeof(err));
+	st = job_wait_staged(srv->eng, s->conn_id, req->id, req->wait_staged, rep, &deferred,
+			     err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	resp->body_case = DTE__RESPONSE__BODY_WAIT_STAGED;
@@ -233,7 +236,7 @@ Dte__Status dcmd_apply(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 	dte__apply_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_APPLY;
 	resp->apply = rep;
-	st = job_apply(s->conn_id, req->id, req->apply, rep, &deferred, err, sizeof(err));
+	st = job_apply(srv->eng, s->conn_id, req->id, req->apply, rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
@@ -250,7 +253,8 @@ Dte__Status dcmd_query_version(struct dsrv *srv, struct dsess *s, const Dte__Req
 	dte__query_version_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_QUERY_VERSION;
 	resp->query_version = rep;
-	return done(r, job_query_version(s->conn_id, req->query_version, rep, err, sizeof(err)), err);
+	return done(r, job_query_version(srv->eng, s->conn_id, req->query_version, rep, err,
+		    sizeof(err)), err);
 }
 
 Dte__Status dcmd_jobs(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -263,7 +267,7 @@ Dte__Status dcmd_jobs(struct dsrv *srv, struct dsess *s, const Dte__Request *req
 	dte__jobs_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_JOBS;
 	resp->jobs = rep;
-	return derr_status(job_list(rep, r));
+	return derr_status(job_list(srv->eng, rep, r));
 }
 
 Dte__Status dcmd_job(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -277,7 +281,7 @@ Dte__Status dcmd_job(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 	dte__job_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_JOB;
 	resp->job = rep;
-	return done(r, job_info(req->job->name, rep, r, err, sizeof(err)), err);
+	return done(r, job_info(srv->eng, req->job->name, rep, r, err, sizeof(err)), err);
 }
 
 Dte__Status dcmd_history(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
@@ -291,6 +295,6 @@ Dte__Status dcmd_history(struct dsrv *srv, struct dsess *s, const Dte__Request *
 	dte__history_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_HISTORY;
 	resp->history = rep;
-	return done(r, job_history(req->history->name, req->history->limit, rep, r, err,
+	return done(r, job_history(srv->eng, req->history->name, req->history->limit, rep, r, err,
 				   sizeof(err)), err);
 }

@@ -43,7 +43,8 @@ static void collect(void *arg)
 		droute_ucx_stats(ru, &st);
 		dmetrics_raise(DM_REFUSED, "peer_record", (double)st.bad);
 	}
-	job_metrics_collect();
+	if (srv->eng)
+		job_metrics_collect(srv->eng);
 }
 
 void dcmd_ops_init(struct dsrv *srv)
@@ -64,7 +65,8 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	dte__verify_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_VERIFY;
 	resp->verify = rep;
-	st = job_verify(s->conn_id, req->id, req->verify->job, rep, r, &deferred, err, sizeof(err));
+	st = job_verify(srv->eng, s->conn_id, req->id, req->verify->job, rep, r, &deferred, err,
+			sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
 	return done(r, st, err);
@@ -81,7 +83,7 @@ Dte__Status dcmd_resync(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	dte__resync_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_RESYNC;
 	resp->resync = rep;
-	return done(r, job_resync(req->resync, rep, err, sizeof(err)), err);
+	return done(r, job_resync(srv->eng, req->resync, rep, err, sizeof(err)), err);
 }
 
 Dte__Status dcmd_metrics(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

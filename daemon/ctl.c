@@ -53,7 +53,7 @@ static void conn_closed(uv_handle_t *h)
 		close(dsess_take_fd(&c->sess));
 	/* Buffers and participants die with the connection that made them. */
 	if (ctl.srv->conn_gone)
-		ctl.srv->conn_gone(c->sess.conn_id);
+		ctl.srv->conn_gone(ctl.srv->eng, c->sess.conn_id);
 
 	if (c->prev)
 		c->prev->next = c->next;

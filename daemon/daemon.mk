@@ -65,6 +65,8 @@ UNIT_TESTS   += test_side_table
 SYSTEM_TESTS += tests/system/errconv_grep.sh
 # The engine's files call only downward (docs/SYNC.md, Layers), from nm.
 SYSTEM_TESTS += tests/system/engine_layers.sh
+# The engine keeps no mutable state outside its instance (struct dte_engine).
+SYSTEM_TESTS += tests/system/engine_api.sh
 # No two files of the daemon call each other, around any loop (nm).
 SYSTEM_TESTS += tests/system/call_loops.py
 # route.c alone: local queue, remote dispatch, a decorator both ways.

@@ -37,6 +37,16 @@ static const dcmd_fn handlers[DTE_CMD__COUNT] = {
 	[DTE_CMD_LOG_LEVEL] = dcmd_log_level,
 };
 
+/* The commands served by the sync engine (srv->eng): refused by a
+ * server that has none (tests of the protocol alone). */
+static const unsigned char engine_cmd[DTE_CMD__COUNT] = {
+	[DTE_CMD_JOB_CREATE] = 1, [DTE_CMD_ATTACH] = 1, [DTE_CMD_DETACH] = 1,
+	[DTE_CMD_PUBLISH] = 1, [DTE_CMD_MARK] = 1, [DTE_CMD_WAIT] = 1,
+	[DTE_CMD_WAIT_STAGED] = 1, [DTE_CMD_WAIT_CAPTURED] = 1, [DTE_CMD_APPLY] = 1,
+	[DTE_CMD_QUERY_VERSION] = 1, [DTE_CMD_JOBS] = 1, [DTE_CMD_JOB] = 1,
+	[DTE_CMD_HISTORY] = 1, [DTE_CMD_VERIFY] = 1, [DTE_CMD_RESYNC] = 1,
+};
+
 /* The `reason` label of dted_refused_total for a refused request. */
 static const char *refusal_reason(Dte__Status code)
 {
@@ -99,6 +109,9 @@ static Dte__Status ladder(struct dsrv *srv, struct dsess *s, const Dte__Request 
 	if (!fn)
 		return fail(r, DTE__STATUS__STATUS_ERR_UNIMPLEMENTED,
 			    "%s is not implemented by this daemon", cmd->name);
+	if (engine_cmd[cmd->id] && !srv->eng)
+		return fail(r, DTE__STATUS__STATUS_ERR_UNIMPLEMENTED,
+			    "%s: this server has no sync engine", cmd->name);
 	return fn(srv, s, req, resp, r);
 }
 

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 struct dconf;
+struct dte_engine;
 
 /* Daemon-wide facts and counters the handlers report (owned by ctl.c). */
 struct dsrv {
@@ -20,9 +21,12 @@ struct dsrv {
 	uint64_t requests;         /* requests answered */
 	uint64_t refused;          /* connections refused by credentials */
 	uint64_t bad_frames;       /* connections closed for protocol errors */
+	/* The sync engine the job handlers act on (main.c makes it; NULL in
+	 * tests of the protocol alone). */
+	struct dte_engine *eng;
 	/* A control connection went away (its buffers and participants go
-	 * with it); NULL when no layer cares. */
-	void (*conn_gone)(uint64_t conn_id);
+	 * with it), told to eng; NULL when no layer cares. */
+	void (*conn_gone)(struct dte_engine *eng, uint64_t conn_id);
 };
 
 #define DSESS_MAX_FDS 4

@@ -15,6 +15,7 @@
 #include "daemon/ctl.h"
 #include "daemon/dispatch.h"
 #include "daemon/job_cuda.h"
+#include "daemon/job_ops.h"
 #include "daemon/job_auth.h"
 #include "daemon/job_ext.h"
 #include "daemon/job.h"
@@ -40,15 +41,11 @@ struct jwaiter {
 	struct jwaiter *next;
 };
 
-/* The deferred answers waiting (job.c's own: nothing below sees them). */
-static struct jwaiter *waiters;
+/* The deferred answers waiting are the engine's waiters (job.c's own:
+ * nothing below reads them). */
 
 #define ATTACH_TIMEOUT_MS 15000u
 #define WAIT_TICK_MS 20
-
-static uint64_t global_refused;
-/* job_set_created_hook (outside jeng: job_init clears that). */
-static void (*created_hook)(const Dte__JobCreateRequest *rq);
 
 static void jlocal_remove(struct job *j, struct jlocal *l)
 {
@@ -60,35 +57,35 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 			break;
 		}
 	}
-	jlocal_free(l);
+	jlocal_free(j->eng, l);
 }
 
 /* ---------------------------------------------------------------- waiters */
 
-static void reply_deferred(struct jwaiter *w, int rc, const char *msg,
+static void reply_deferred(struct dte_engine *e, struct jwaiter *w, int rc, const char *msg,
 			   Dte__Response__BodyCase bc, void *body)
 {
-	job_reply(w->conn, w->req_id, rc, msg, bc, body);
+	job_reply(e, w->conn, w->req_id, rc, msg, bc, body);
 }
 
 /* A wait_staged over: its sink is parked once less (jsink.parked). */
-static void waiter_unpark(const struct jwaiter *w)
+static void waiter_unpark(struct dte_engine *e, const struct jwaiter *w)
 {
-	struct job *j = w->kind == JW_STAGED ? job_find(w->job) : NULL;
+	struct job *j = w->kind == JW_STAGED ? job_find(e, w->job) : NULL;
 	struct jlocal *l = j ? job_local(j, w->arg) : NULL;
 
 	if (l && l->info.role == JROLE_SINK)
-		jsink_unparked(l);
+		jsink_unparked(e, l);
 }
 
 /* 1 when the waiter was answered. */
-static int waiter_try(struct jwaiter *w, int expired)
+static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 {
-	struct job *j = job_find(w->job);
+	struct job *j = job_find(e, w->job);
 	char msg[1024];
 
 	if (!j) {
-		reply_deferred(w, -ENOENT, "job vanished", 0, NULL);
+		reply_deferred(e, w, -ENOENT, "job vanished", 0, NULL);
 		return 1;
 	}
 	switch (w->kind) {
@@ -100,7 +97,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 			rep.participant = l->info.id;
 			rep.epoch = j->epoch;
 			rep.complete = j->complete;
-			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_ATTACH, &rep);
+			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_ATTACH, &rep);
 			return 1;
 		}
 		if (!l || l->refused[0] || expired) {
@@ -116,7 +113,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 				jlocal_remove(j, l);
 				job_send_join(j);
 			}
-			reply_deferred(w, rc, msg, 0, NULL);
+			reply_deferred(e, w, rc, msg, 0, NULL);
 			return 1;
 		}
 		return 0;
@@ -127,23 +124,23 @@ static int waiter_try(struct jwaiter *w, int expired)
 		int st = jsrc_wait_done(j, w->arg, &sinks, msg, sizeof(msg));
 
 		if (st < 0) {
-			reply_deferred(w, st, msg, 0, NULL);
+			reply_deferred(e, w, st, msg, 0, NULL);
 			return 1;
 		}
 		if (st > 0) {
 			rep.version = w->arg;
 			rep.sinks = sinks;
-			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT, &rep);
+			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT, &rep);
 			return 1;
 		}
 		if (expired && msg[0]) {        /* a sink failed it; another never answered */
-			reply_deferred(w, -EIO, msg, 0, NULL);
+			reply_deferred(e, w, -EIO, msg, 0, NULL);
 			return 1;
 		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: version %llu not applied by every sink in time",
 				 j->name, (unsigned long long)w->arg);
-			reply_deferred(w, -ETIMEDOUT, msg, 0, NULL);
+			reply_deferred(e, w, -ETIMEDOUT, msg, 0, NULL);
 			return 1;
 		}
 		return 0;
@@ -156,7 +153,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 		    jsink_newest_staged(l) > jsink_of(l)->applied) {
 			rep.version = jsink_newest_staged(l);
 			rep.applied = jsink_of(l)->applied;
-			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
+			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
 			return 1;
 		}
 		/* Apply on arrival: the client gets control back only once
@@ -166,7 +163,7 @@ static int waiter_try(struct jwaiter *w, int expired)
 		if (!l || expired) {
 			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
 				 l ? "no new version staged in time" : "participant gone");
-			reply_deferred(w, l ? -ETIMEDOUT : -ENOENT,
+			reply_deferred(e, w, l ? -ETIMEDOUT : -ENOENT,
 				       msg, 0, NULL);
 			return 1;
 		}
@@ -180,23 +177,23 @@ static int waiter_try(struct jwaiter *w, int expired)
 
 		if (!l) {
 			snprintf(msg, sizeof(msg), "job %s: participant gone", j->name);
-			reply_deferred(w, -ENOENT, msg, 0, NULL);
+			reply_deferred(e, w, -ENOENT, msg, 0, NULL);
 			return 1;
 		}
 		st = jsrc_captured(j, l, w->arg2, &pub, msg, sizeof(msg));
 		if (st < 0) {
-			reply_deferred(w, st, msg, 0, NULL);
+			reply_deferred(e, w, st, msg, 0, NULL);
 			return 1;
 		}
 		if (st > 0) {
 			rep.publish = &pub;
-			reply_deferred(w, 0, "", DTE__RESPONSE__BODY_WAIT_CAPTURED, &rep);
+			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT_CAPTURED, &rep);
 			return 1;
 		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: the capture of version %llu still reads the "
 				 "source's buffers", j->name, (unsigned long long)w->arg2);
-			reply_deferred(w, -ETIMEDOUT, msg, 0, NULL);
+			reply_deferred(e, w, -ETIMEDOUT, msg, 0, NULL);
 			return 1;
 		}
 		return 0;
@@ -205,47 +202,47 @@ static int waiter_try(struct jwaiter *w, int expired)
 	return 1;
 }
 
-static void timer_update(void);
+static void timer_update(struct dte_engine *e);
 
-void job_check_waiters(void)
+void job_check_waiters(struct dte_engine *e)
 {
 	uint64_t now = uv_hrtime();
-	struct jwaiter **pp = &waiters;
+	struct jwaiter **pp = &e->waiters;
 
 	while (*pp) {
 		struct jwaiter *w = *pp;
 
-		if (waiter_try(w, now >= w->deadline)) {
+		if (waiter_try(e, w, now >= w->deadline)) {
 			*pp = w->next;
-			waiter_unpark(w);
+			waiter_unpark(e, w);
 			free(w);
 		} else {
 			pp = &w->next;
 		}
 	}
-	timer_update();
+	timer_update(e);
 }
 
 static void on_tick(uv_timer_t *t)
 {
-	job_check_waiters();
+	job_check_waiters(t->data);
 }
 
-static void timer_update(void)
+static void timer_update(struct dte_engine *e)
 {
-	if (!jeng.timer_init)
+	if (!e->timer_init)
 		return;
-	if (waiters && !jeng.timer_on) {
-		uv_timer_start(&jeng.timer, on_tick, WAIT_TICK_MS, WAIT_TICK_MS);
-		jeng.timer_on = 1;
-	} else if (!waiters && jeng.timer_on) {
-		uv_timer_stop(&jeng.timer);
-		jeng.timer_on = 0;
+	if (e->waiters && !e->timer_on) {
+		uv_timer_start(&e->timer, on_tick, WAIT_TICK_MS, WAIT_TICK_MS);
+		e->timer_on = 1;
+	} else if (!e->waiters && e->timer_on) {
+		uv_timer_stop(&e->timer);
+		e->timer_on = 0;
 	}
 }
 
-static int waiter_add(int kind, uint64_t conn, uint32_t req_id, const char *job, uint64_t arg,
-		      uint32_t timeout_ms)
+static int waiter_add(struct dte_engine *e, int kind, uint64_t conn, uint32_t req_id,
+		      const char *job, uint64_t arg, uint32_t timeout_ms)
 {
 	struct jwaiter *w = calloc(1, sizeof(*w));
 
@@ -257,67 +254,107 @@ static int waiter_add(int kind, uint64_t conn, uint32_t req_id, const char *job,
 	snprintf(w->job, sizeof(w->job), "%s", job);
 	w->arg = arg;
 	w->deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
-	w->next = waiters;
-	waiters = w;
-	timer_update();
+	w->next = e->waiters;
+	e->waiters = w;
+	timer_update(e);
 	return 0;
 }
 
 /* --------------------------------------------------------------- lifecycle */
 
-int job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name)
+/* Records and node-downs from the router (route_set_receiver): ctx is
+ * the engine. */
+static void peer_recv(void *ctx, const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
+		      size_t hdrlen, const void *data, size_t len)
+{
+	job_peer_recv(ctx, from, type, hdr, hdrlen, data, len);
+}
+
+static void peer_down(void *ctx, const char *node)
+{
+	job_peer_down(ctx, node);
+}
+
+/* The engine's handles are closed: dte_engine_free waits for these. */
+static void handle_closed(uv_handle_t *h)
+{
+	struct dte_engine *e = h->data;
+
+	e->closing--;
+}
+
+struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
+				  const char *backend_name)
 {
 	const char *node = route_self_node();
+	struct dte_engine *e = calloc(1, sizeof(*e));
+	int rc;
 
-	memset(&jeng, 0, sizeof(jeng));
-	waiters = NULL;
-	jeng.loop = loop;
-	jeng.be = be;
-	jeng.backend_name = backend_name;
+	if (!e || !(e->cpool = jcap_pool_new(e))) {
+		DLOG_E("sync engine: out of memory");
+		free(e);
+		return NULL;
+	}
+	e->loop = loop;
+	e->be = be;
+	e->backend_name = backend_name;
+	/* A test build's extension points (job_ext.h); none in production. */
+	if (&job_ext_builtin)
+		e->ext = job_ext_builtin;
+	/* Process-level: the device path (job_cuda.c) and the buffers it
+	 * opens are the process's, set up and ended with its engine. */
 	jcuda_init(be);
-	if (peer_auth_init() < 0)
-		return -EIO;	/* libsodium: no randomness source */
+	if (peer_auth_init() < 0) {
+		DLOG_E("sync engine: libsodium has no randomness source");
+		dte_engine_free(e);
+		return NULL;
+	}
 	/* 31 bits: participant ids (node_hash << 32 | local) stay below 2^63,
 	 * so they survive JSON tools that hold integers as int64. */
-	jeng.node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
+	e->node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
 	if (loop) {
-		int e;
-
-		/* libuv's errors are negative errnos already. */
-		if ((e = uv_timer_init(loop, &jeng.timer)) < 0)
-			return e;
-		jeng.timer_init = 1;
-		if ((e = uv_timer_init(loop, &jeng.ctl_timer)) < 0)
-			return e;
-		jeng.ctl_timer_init = 1;
 		/* Workers hand payload parts to the loop as they frame them. */
-		if ((e = dwake_init(loop, &jeng.parts_wake, jsrc_parts_ready)) < 0)
-			return e;
+		if ((rc = dwake_init(loop, &e->parts_wake, jsrc_parts_ready)) < 0)
+			goto fail;
+		/* libuv's errors are negative errnos already. */
+		if ((rc = uv_timer_init(loop, &e->timer)) < 0)
+			goto fail;
+		e->timer.data = e;
+		e->timer_init = 1;
+		if ((rc = uv_timer_init(loop, &e->ctl_timer)) < 0)
+			goto fail;
+		e->ctl_timer.data = e;
+		e->ctl_timer_init = 1;
 	}
-	/* The events the layers below raise (job_state.h, struct jengine). */
-	jeng.ev_progress = job_check_waiters;
-	jeng.ev_sink_staged = jstore_sink_staged;
-	jeng.ev_committing = jstore_committing;
+	/* The events the layers below raise (job_state.h, struct dte_engine). */
+	e->ev_progress = job_check_waiters;
+	e->ev_sink_staged = jstore_sink_staged;
+	e->ev_committing = jstore_committing;
 	/* Records come up from the router through these (route.c never
-	 * names the engine). */
-	route_set_receiver(job_peer_recv, job_peer_down);
-	route_set_sealer(job_auth_seal);
-	return 0;
+	 * names the engine; it hands back the engine it was given). */
+	route_set_receiver(peer_recv, peer_down, e);
+	route_set_sealer(job_auth_seal, e);
+	return e;
+fail:
+	DLOG_E("sync engine: %s", uv_strerror(rc));
+	dte_engine_free(e);
+	return NULL;
 }
 
-void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq))
+void job_set_created_hook(struct dte_engine *e,
+			  void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq))
 {
-	created_hook = created;
+	e->created = created;
 }
 
-void job_set_reply(int (*reply)(uint64_t conn, Dte__Response *resp))
+void job_set_reply(struct dte_engine *e, int (*reply)(uint64_t conn, Dte__Response *resp))
 {
-	jeng.reply = reply;
+	e->reply = reply;
 }
 
-void job_set_max_staged(uint32_t n)
+void job_set_max_staged(struct dte_engine *e, uint32_t n)
 {
-	jeng.max_staged = n;
+	e->max_staged = n;
 }
 
 static void job_free(struct job *j)
@@ -326,7 +363,7 @@ static void job_free(struct job *j)
 		struct jlocal *l = j->locals;
 
 		j->locals = l->next;
-		jlocal_free(l);
+		jlocal_free(j->eng, l);
 	}
 	jplan_free(j);
 	jcoord_free(j);
@@ -336,57 +373,72 @@ static void job_free(struct job *j)
 	free(j);
 }
 
-void job_fini(void)
+void dte_engine_free(struct dte_engine *e)
 {
+	if (!e)
+		return;
 	/* Workers may still read or write client memory: what has not
 	 * started is cancelled, and the loop runs until every task's
 	 * completion came back (job_task.c).  Their completions run against
 	 * live state, before anything below frees it. */
-	job_tasks_drain();
+	job_tasks_drain(e);
 	jcuda_fini();
-	while (waiters) {
-		struct jwaiter *w = waiters;
+	while (e->waiters) {
+		struct jwaiter *w = e->waiters;
 
-		waiters = w->next;
+		e->waiters = w->next;
 		free(w);
 	}
-	while (jeng.jobs) {
-		struct job *j = jeng.jobs;
+	while (e->jobs) {
+		struct job *j = e->jobs;
 
-		jeng.jobs = j->next;
+		e->jobs = j->next;
 		job_free(j);
 		dreg_job_removed();
 	}
-	if (jeng.timer_init) {
-		uv_close((uv_handle_t *)&jeng.timer, NULL);
-		jeng.timer_init = 0;
+	/* Off the router (if it still delivers to this engine), so no record
+	 * reaches the memory freed below. */
+	route_unset(e);
+	if (e->timer_init) {
+		e->closing++;
+		uv_close((uv_handle_t *)&e->timer, handle_closed);
+		e->timer_init = 0;
 	}
-	if (jeng.ctl_timer_init) {
-		uv_close((uv_handle_t *)&jeng.ctl_timer, NULL);
-		jeng.ctl_timer_init = 0;
+	if (e->ctl_timer_init) {
+		e->closing++;
+		uv_close((uv_handle_t *)&e->ctl_timer, handle_closed);
+		e->ctl_timer_init = 0;
 	}
 	/* Every worker has ended and its completion ran (drained above):
 	 * nothing wakes it any more. */
-	dwake_close(&jeng.parts_wake);
+	dwake_close(&e->parts_wake);
+	/* The handles live in e: it goes once libuv has let go of them. */
+	while (e->loop && (e->closing || dwake_closing(&e->parts_wake)))
+		uv_run(e->loop, UV_RUN_NOWAIT);
 	dbuf_fini();
+	jops_fini(e);
+	/* Chunks still with the router come back to the pool, which then
+	 * goes (job_capture.c). */
+	jcap_pool_release(e->cpool);
+	free(e);
 }
 
-void job_conn_gone(uint64_t conn)
+void job_conn_gone(struct dte_engine *e, uint64_t conn)
 {
-	struct jwaiter **pp = &waiters;
+	struct jwaiter **pp = &e->waiters;
 
 	while (*pp) {
 		struct jwaiter *w = *pp;
 
 		if (w->conn == conn) {
 			*pp = w->next;
-			waiter_unpark(w);
+			waiter_unpark(e, w);
 			free(w);
 		} else {
 			pp = &w->next;
 		}
 	}
-	for (struct job *j = jeng.jobs; j; j = j->next) {
+	for (struct job *j = e->jobs; j; j = j->next) {
 		int changed = 0;
 		struct jlocal *l = j->locals, *next;
 
@@ -404,8 +456,8 @@ void job_conn_gone(uint64_t conn)
 			job_send_join(j);
 	}
 	dbuf_release_owner(conn);
-	timer_update();
-	job_check_waiters();
+	timer_update(e);
+	job_check_waiters(e);
 }
 
 /* ----------------------------------------------------------------- create */
@@ -451,7 +503,8 @@ static int spec_syncable(const struct dte_spec *s, char *err, size_t errlen)
 	return 0;
 }
 
-int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
+int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
+	       char *err,
 	       size_t errlen)
 {
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
@@ -498,7 +551,7 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 		dte_spec_fini(&spec);
 		return FAIL(src, "job %s: %s", rq->name, serr);
 	}
-	j = job_find(rq->name);
+	j = job_find(e, rq->name);
 	if (j) {
 		const char *why = spec.hash != j->spec.hash ? "model" :
 				  strcmp(j->token, rq->token) ? "token" :
@@ -524,6 +577,7 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 		dte_spec_fini(&spec);
 		return FAIL(-ENOMEM, "out of memory");
 	}
+	j->eng = e;
 	snprintf(j->name, sizeof(j->name), "%s", rq->name);
 	snprintf(j->token, sizeof(j->token), "%s", rq->token);
 	job_auth_setup(j);
@@ -537,11 +591,11 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	j->detect = detect;
 	j->zstd_level = rq->zstd_level;
 	j->is_coord = route_is_self(NULL, coord);
-	j->next = jeng.jobs;
-	jeng.jobs = j;
+	j->next = e->jobs;
+	e->jobs = j;
 	dreg_job_added();
 	if ((src = jstore_start(j, &scfg, serr, sizeof(serr))) < 0) {
-		jeng.jobs = j->next;
+		e->jobs = j->next;
 		job_free(j);
 		dreg_job_removed();
 		/* The root is the request's: what cannot be opened or read
@@ -550,8 +604,8 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 	}
 	DLOG_N("job %s created: %u tensors, spec %016llx, K=%u, coordinator %s%s", j->name,
 	       j->spec.n, (unsigned long long)j->spec.hash, k, coord, j->is_coord ? " (this daemon)" : "");
-	if (created_hook)
-		created_hook(rq);	/* a restart of this daemon creates it again */
+	if (e->created)
+		e->created(e, rq);	/* a restart of this daemon creates it again */
 	rep->created = 1;
 	rep->coordinator = j->is_coord;
 	rep->spec_hash = j->spec.hash;
@@ -561,12 +615,12 @@ int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *
 
 /* ----------------------------------------------------------------- attach */
 
-static void prefault_start(const struct jlocal *l);
+static void prefault_start(struct dte_engine *e, const struct jlocal *l);
 
-int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	       int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	struct dte_layout lay;
 	struct jlocal *l = NULL;
 	char lerr[256];
@@ -668,7 +722,7 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	}
 	for (i = 0; i < n; i++)
 		dbuf_ref(l->bufs[i]);
-	l->info.id = job_participant_id_new();
+	l->info.id = job_participant_id_new(e);
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", rq->layout);
 	l->info.rank = rq->rank;
 	l->info.replica = rq->replica;
@@ -687,11 +741,11 @@ int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
 	       role == JROLE_SOURCE ? "source" : "sink", l->info.layout, l->info.rank,
 	       l->info.replica, (unsigned long long)l->info.id);
 	if (role == JROLE_SOURCE)
-		prefault_start(l);
+		prefault_start(e, l);
 	else
 		jsink_of(l)->rpool = jsink_arena(l);	/* its first version is dense */
 	job_send_join(j);
-	if (waiter_add(JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
+	if (waiter_add(e, JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
 		jlocal_remove(j, l);
 		job_send_join(j);
 		return FAIL(-ENOMEM, "out of memory");
@@ -702,7 +756,7 @@ fail:
 	if (l) {
 		/* No buffer references taken yet: free the slots only. */
 		memset(l->bufs, 0, l->nbufs * sizeof(*l->bufs));
-		jlocal_free(l);
+		jlocal_free(e, l);
 	}
 	dte_layout_fini(&lay);
 	return st;
@@ -742,12 +796,12 @@ static void prefault_run(struct jtask *t)
 	const long pg = sysconf(_SC_PAGESIZE);
 	const size_t page = pg > 0 ? (size_t)pg : 4096;
 
-	for (size_t i = 0; i < p->n && !jeng.stopping; i++) {
+	for (size_t i = 0; i < p->n && !t->eng->stopping; i++) {
 		const struct dbuf *b = p->bufs[i];
 		const volatile uint8_t *m = b->map;
 
 		/* shutdown looks in every 2 MiB and does not wait for a model */
-		for (size_t off = 0; off < b->map_len && !jeng.stopping; off += chunk) {
+		for (size_t off = 0; off < b->map_len && !t->eng->stopping; off += chunk) {
 			size_t end = b->map_len - off < chunk ? b->map_len : off + chunk;
 
 			for (size_t o = off; o < end; o += page)
@@ -767,7 +821,7 @@ static void prefault_done(struct jtask *t, int cancelled)
 	free(p);
 }
 
-static void prefault_start(const struct jlocal *l)
+static void prefault_start(struct dte_engine *e, const struct jlocal *l)
 {
 	struct jprefault *p = calloc(1, sizeof(*p));
 
@@ -790,12 +844,13 @@ static void prefault_start(const struct jlocal *l)
 	}
 	p->t.run = prefault_run;
 	p->t.done = prefault_done;
-	jtask_start(&p->t);
+	jtask_start(e, &p->t);
 }
 
-int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen)
+int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
+	       size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
 
 	if (!j)
@@ -807,14 +862,14 @@ int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t er
 			    (unsigned long long)rq->participant);
 	jlocal_remove(j, l);
 	job_send_join(j);
-	job_check_waiters();
+	job_check_waiters(e);
 	return 0;
 }
 
-int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	uint32_t sinks = 0;
 	int st;
 
@@ -834,13 +889,14 @@ int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: version %llu not applied everywhere yet",
 			    j->name, (unsigned long long)rq->version);
-	if (waiter_add(JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	*deferred = 1;
 	return 0;
 }
 
-int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
+int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		      const Dte__WaitCapturedRequest *rq,
 		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
 		      size_t errlen)
 {
@@ -849,7 +905,7 @@ int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedReq
 	int st;
 
 	*deferred = 0;
-	if ((st = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((st = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
 		return st;
 	st = jsrc_captured(j, l, rq->version, pub, err, errlen);
 	if (st < 0)
@@ -862,18 +918,19 @@ int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedReq
 		return FAIL(-ETIMEDOUT, "job %s: the capture of version %llu still reads the "
 			    "source's buffers", j->name, (unsigned long long)
 			    (rq->version ? rq->version : jsource_of(l)->accepted));
-	if (waiter_add(JW_CAPTURED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_CAPTURED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	/* waiter_add put it first */
-	waiters->arg2 = rq->version ? rq->version : jsource_of(l)->accepted;
+	e->waiters->arg2 = rq->version ? rq->version : jsource_of(l)->accepted;
 	*deferred = 1;
 	return 0;
 }
 
-int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
+int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		    const Dte__WaitStagedRequest *rq,
 		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
 
 	*deferred = 0;
@@ -891,17 +948,17 @@ int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest
 	}
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: nothing staged", j->name);
-	if (waiter_add(JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
-	jsink_parked(l);	/* its client waits at its safe point (apply on arrival) */
+	jsink_parked(e, l);	/* its client waits at its safe point (apply on arrival) */
 	*deferred = 1;
 	return 0;
 }
 
-int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersionRequest *rq,
 		      Dte__QueryVersionReply *rep, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
 
 	if (!j)
@@ -921,11 +978,12 @@ int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
 
 /* -------------------------------------------------------------- records in */
 
-static void refuse(const char *from, const char *job, Dtep__PeerMsgType type, const char *reason)
+static void refuse(struct dte_engine *e, const char *from, const char *job,
+		   Dtep__PeerMsgType type, const char *reason)
 {
 	Dtep__Refused m = DTEP__REFUSED__INIT;
 
-	global_refused++;
+	e->refused++;
 	DLOG_W("peer %s: refused %s record for job %s: %s", from, dtep__peer_msg_type__descriptor.values[
 	       type < dtep__peer_msg_type__descriptor.n_values ? type : 0].name, job ? job : "?", reason);
 	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED)
@@ -950,41 +1008,42 @@ static int speaks_for(struct job *j, const char *from, Dtep__PeerMsgType type, c
 	j->refused++;
 	snprintf(why, sizeof(why), "record speaks for node \"%.64s\" but came from \"%.64s\"", node,
 		 from);
-	refuse(from, j->name, type, why);
+	refuse(j->eng, from, j->name, type, why);
 	return 0;
 }
 
 /* The job a record names, if the record proves its key (job_auth.h: its
  * MAC, or with auth off its token).  Records from this daemon itself
  * never left the process: they carry no MAC. */
-static struct job *check_ref(const char *from, Dtep__PeerMsgType type, const Dtep__JobRef *ref,
+static struct job *check_ref(struct dte_engine *e, const char *from, Dtep__PeerMsgType type,
+			     const Dtep__JobRef *ref,
 			     const ProtobufCMessage *msg, const void *data, size_t len)
 {
 	struct job *j;
 	char why[160];
 
 	if (!ref || !ref->job) {
-		refuse(from, NULL, type, "record names no job");
+		refuse(e, from, NULL, type, "record names no job");
 		return NULL;
 	}
-	j = job_find(ref->job);
+	j = job_find(e, ref->job);
 	if (!j) {
 		snprintf(why, sizeof(why), "unknown job \"%.64s\"", ref->job);
-		refuse(from, ref->job, type, why);
+		refuse(e, from, ref->job, type, why);
 		return NULL;
 	}
 	if (strcmp(from, route_self_node()) &&
 	    job_auth_check(j, from, type, msg, data, len, why, sizeof(why)) < 0) {
 		j->refused++;
-		refuse(from, ref->job, type, why);
+		refuse(e, from, ref->job, type, why);
 		return NULL;
 	}
 	return j;
 }
 
-static void on_refused(const char *from, const Dtep__Refused *m)
+static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refused *m)
 {
-	struct job *j = job_find(m->job);
+	struct job *j = job_find(e, m->job);
 	char why[160];
 
 	if (j && strcmp(from, route_self_node()) &&
@@ -1021,7 +1080,8 @@ static void on_refused(const char *from, const Dtep__Refused *m)
 	}
 }
 
-void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen,
+void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType type,
+		   const uint8_t *hdr, size_t hdrlen,
 		   const void *data, size_t len)
 {
 	ProtobufCMessage *msg = NULL;
@@ -1039,13 +1099,13 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED: d = &dtep__refused__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: d = &dtep__plan_ack__descriptor; break;
 	default:
-		global_refused++;
+		e->refused++;
 		DLOG_W("peer %s: unknown record type %d dropped", from, (int)type);
 		return;
 	}
 	msg = protobuf_c_message_unpack(d, NULL, hdrlen, hdr);
 	if (!msg) {
-		global_refused++;
+		e->refused++;
 		DLOG_W("peer %s: undecodable record of type %d (%zu bytes) dropped", from, (int)type, hdrlen);
 		return;
 	}
@@ -1073,16 +1133,16 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 		       from, (unsigned long long)v, route_record_key(hdr, hdrlen));
 	}
 	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
-		refuse(from, NULL, type, "unexpected data after a record that carries none");
+		refuse(e, from, NULL, type, "unexpected data after a record that carries none");
 		goto out;
 	}
 	switch (type) {
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN: {
 		const Dtep__Join *m = (const Dtep__Join *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len))) {
+		if ((j = check_ref(e, from, type, m->job, msg, data, len))) {
 			if (!j->is_coord)
-				refuse(from, j->name, type, "this daemon is not the job's coordinator");
+				refuse(e, from, j->name, type, "this daemon is not the job's coordinator");
 			else if (speaks_for(j, from, type, m->node))
 				jcoord_join(j, from, m);
 		}
@@ -1091,7 +1151,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE: {
 		const Dtep__Leave *m = (const Dtep__Leave *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)) && j->is_coord &&
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)) && j->is_coord &&
 		    speaks_for(j, from, type, m->node))
 			jcoord_leave(j, from, m);
 		break;
@@ -1101,16 +1161,16 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 
 		/* The coordinator takes plans from itself alone; another
 		 * node's would replace the one it made for everyone. */
-		if ((j = check_ref(from, type, m->job, msg, data, len))) {
+		if ((j = check_ref(e, from, type, m->job, msg, data, len))) {
 			char why[256];
 
 			if (j->is_coord && strcmp(from, route_self_node())) {
 				j->refused++;
-				refuse(from, j->name, type, "this daemon is the job's coordinator: "
+				refuse(e, from, j->name, type, "this daemon is the job's coordinator: "
 				       "plans come from it alone");
 			} else if (jplan_recv(j, from, m, why, sizeof(why)) < 0) {
 				j->refused++;
-				refuse(from, j->name, type, why);
+				refuse(e, from, j->name, type, why);
 			}
 		}
 		break;
@@ -1118,7 +1178,7 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: {
 		const Dtep__PlanAck *m = (const Dtep__PlanAck *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)) && j->is_coord &&
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)) && j->is_coord &&
 		    speaks_for(j, from, type, m->node))
 			jcoord_plan_ack(j, from, m);
 		break;
@@ -1126,50 +1186,50 @@ void job_peer_recv(const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS: {
 		const Dtep__Counts *m = (const Dtep__Counts *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)))
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsink_counts(j, from, m, hdr, hdrlen);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: {
 		const Dtep__Payload *m = (const Dtep__Payload *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)))
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsink_payload(j, from, m, data, len);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
 		const Dtep__Staged *m = (const Dtep__Staged *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)))
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsrc_staged(j, m);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: {
 		const Dtep__Applied *m = (const Dtep__Applied *)msg;
 
-		if ((j = check_ref(from, type, m->job, msg, data, len)))
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsrc_applied(j, m);
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED:
-		on_refused(from, (const Dtep__Refused *)msg);
+		on_refused(e, from, (const Dtep__Refused *)msg);
 		break;
 	default:
 		break;
 	}
 out:
 	protobuf_c_message_free_unpacked(msg, NULL);
-	job_check_waiters();
+	job_check_waiters(e);
 }
 
-void job_peer_down(const char *node)
+void job_peer_down(struct dte_engine *e, const char *node)
 {
-	for (struct job *j = jeng.jobs; j; j = j->next)
+	for (struct job *j = e->jobs; j; j = j->next)
 		if (j->is_coord)
 			jcoord_node_down(j, node);
 		else
 			jmember_coord_down(j, node);
-	job_check_waiters();
+	job_check_waiters(e);
 }
 
 /* ----------------------------------------------------------- introspection */
@@ -1242,17 +1302,17 @@ static uint64_t view_epoch(const struct job *j)
 	return j->epoch;
 }
 
-int job_list(Dte__JobsReply *rep, struct dreply *r)
+int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r)
 {
 	size_t n = 0, i = 0;
 
-	for (struct job *j = jeng.jobs; j; j = j->next)
+	for (struct job *j = e->jobs; j; j = j->next)
 		n++;
 	rep->n_jobs = n;
 	rep->jobs = n ? dreply_alloc(r, n * sizeof(*rep->jobs)) : NULL;
 	if (n && !rep->jobs)
 		return -ENOMEM;
-	for (struct job *j = jeng.jobs; j; j = j->next, i++) {
+	for (struct job *j = e->jobs; j; j = j->next, i++) {
 		Dte__JobSummary *s = dreply_alloc(r, sizeof(*s));
 		const struct jpinfo **parts;
 		uint64_t v = 0;
@@ -1281,10 +1341,11 @@ int job_list(Dte__JobsReply *rep, struct dreply *r)
 	return 0;
 }
 
-int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
+int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
+	     char *err,
 	     size_t errlen)
 {
-	struct job *j = job_find(name);
+	struct job *j = job_find(e, name);
 	const struct jpinfo **parts = NULL;
 	size_t n = 0, i;
 	int complete, rc;
@@ -1367,10 +1428,10 @@ int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
 	return 0;
 }
 
-int job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+int job_history(struct dte_engine *e, const char *name, uint32_t limit, Dte__HistoryReply *rep,
 		struct dreply *r, char *err, size_t errlen)
 {
-	struct job *j = job_find(name);
+	struct job *j = job_find(e, name);
 	size_t have, n, first;
 
 	if (!j)

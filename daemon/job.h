@@ -31,63 +31,82 @@
 struct dtc_backend;
 struct dreply;
 
-int  job_init(uv_loop_t *loop, const struct dtc_backend *be, const char *backend_name);
-void job_fini(void);
+/* The engine: an instance, opaque here (its state: daemon/job_state.h).
+ * Every operation below takes the engine it acts on; nothing of it is
+ * global, so two engines can live in one process. */
+struct dte_engine;
+
+/* A new engine on loop: its timers and wake-up made, its events
+ * registered, and itself registered with the router (route_set_receiver,
+ * route_set_sealer: the router delivers to the engine made last).  NULL
+ * when it cannot be made (logged).  backend_name is borrowed and must
+ * outlive it. */
+struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
+				  const char *backend_name);
+/* Shutdown: waits for its work on workers, frees every job and wait,
+ * takes itself off the router (route_unset), closes its handles (running the loop until
+ * libuv has let go of them), drops what resync remembered, and ends the
+ * process-level device scratch and buffers it set up (jcuda_fini,
+ * dbuf_fini: one engine per process today).  NULL is fine. */
+void dte_engine_free(struct dte_engine *e);
 /* Where deferred answers go (waits, attaches, captures and applies that
  * finish later): the control server's dctl_reply, which main.c installs
- * after job_init, so the engine calls nothing of the server above it.
- * None installed: such an answer is logged and dropped. */
-void job_set_reply(int (*reply)(uint64_t conn, Dte__Response *resp));
+ * after dte_engine_new, so the engine calls nothing of the server above
+ * it.  None installed: such an answer is logged and dropped. */
+void job_set_reply(struct dte_engine *e, int (*reply)(uint64_t conn, Dte__Response *resp));
 /* How many versions a sink may hold staged and unapplied (config
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink.c). */
-void job_set_max_staged(uint32_t n);
+void job_set_max_staged(struct dte_engine *e, uint32_t n);
 
-/* Called after every job this daemon creates (not an idempotent repeat),
+/* Called after every job the engine creates (not an idempotent repeat),
  * with the request: main.c registers job_persist.c's save here, so a
  * restart creates the job again; the engine knows nothing of
- * persistence.  NULL: none.  Kept across job_init. */
-void job_set_created_hook(void (*created)(const Dte__JobCreateRequest *rq));
+ * persistence.  NULL: none. */
+void job_set_created_hook(struct dte_engine *e,
+			  void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq));
 
 /* Records from other daemons (and this one), registered with the router
- * at job_init (route_set_receiver, daemon/route.h).  hdr/data are
+ * at dte_engine_new (route_set_receiver, daemon/route.h).  hdr/data are
  * borrowed for the call.  Malformed or refused records are logged and
  * counted, never trusted. */
-void job_peer_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
-		   size_t hdrlen, const void *data, size_t len);
-void job_peer_down(const char *node);
+void job_peer_recv(struct dte_engine *e, const char *from_node, Dtep__PeerMsgType type,
+		   const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
+void job_peer_down(struct dte_engine *e, const char *node);
 
 /* A control connection closed: its participants detach, its waits end,
  * its buffers are released. */
-void job_conn_gone(uint64_t conn_id);
+void job_conn_gone(struct dte_engine *e, uint64_t conn_id);
 
 /* Control operations.  Each returns 0 or, on error, a negative errno and a
  * reason in err (daemon/derr.h; the control handlers map it to the wire
  * status).  `conn` is the caller's connection id, `req_id` its request id
  * (for deferred answers). */
-int job_create(const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep, char *err,
-	       size_t errlen);
+int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
+	       char *err, size_t errlen);
 /* 0 with *deferred = 1: the answer comes later. */
-int job_attach(uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
-	       int *deferred, char *err, size_t errlen);
-int job_detach(uint64_t conn, const Dte__DetachRequest *rq, char *err, size_t errlen);
-int job_wait(uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
+int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+	       const Dte__AttachRequest *rq, int *deferred, char *err, size_t errlen);
+int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
+	       size_t errlen);
+int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
 	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
 /* The capture of an async publish no longer reads the source's buffers
  * (pub: storage for the answer's counts, rep->publish points at it). */
-int job_wait_captured(uint64_t conn, uint32_t req_id, const Dte__WaitCapturedRequest *rq,
-		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
-		      size_t errlen);
-int job_wait_staged(uint64_t conn, uint32_t req_id, const Dte__WaitStagedRequest *rq,
-		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen);
-int job_query_version(uint64_t conn, const Dte__QueryVersionRequest *rq,
+int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		      const Dte__WaitCapturedRequest *rq, Dte__WaitCapturedReply *rep,
+		      Dte__PublishReply *pub, int *deferred, char *err, size_t errlen);
+int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		    const Dte__WaitStagedRequest *rq, Dte__WaitStagedReply *rep, int *deferred,
+		    char *err, size_t errlen);
+int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersionRequest *rq,
 		      Dte__QueryVersionReply *rep, char *err, size_t errlen);
 
 /* Introspection; strings and arrays are allocated from r. */
-int job_list(Dte__JobsReply *rep, struct dreply *r);
-int job_info(const char *name, Dte__JobReply *rep, struct dreply *r, char *err,
-	     size_t errlen);
-int job_history(const char *name, uint32_t limit, Dte__HistoryReply *rep,
+int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r);
+int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
+	     char *err, size_t errlen);
+int job_history(struct dte_engine *e, const char *name, uint32_t limit, Dte__HistoryReply *rep,
 		struct dreply *r, char *err, size_t errlen);
 
 #endif

@@ -8,22 +8,18 @@
 #include "daemon/metrics.h"
 #include "proto/peer_auth.h"
 
-static struct {
-	int off;                  /* auth = off: every job */
-	char off_jobs[512];       /* auth_off_jobs */
-} cfg;
-
-void job_auth_configure(int on, const char *off_jobs)
+/* The operator's switch lives in the engine (e->auth). */
+void job_auth_configure(struct dte_engine *e, int on, const char *off_jobs)
 {
-	cfg.off = !on;
-	snprintf(cfg.off_jobs, sizeof(cfg.off_jobs), "%s", off_jobs ? off_jobs : "");
+	e->auth.off = !on;
+	snprintf(e->auth.off_jobs, sizeof(e->auth.off_jobs), "%s", off_jobs ? off_jobs : "");
 }
 
-static int listed_off(const char *name)
+static int listed_off(const struct dte_engine *e, const char *name)
 {
 	size_t n = strlen(name);
 
-	for (const char *p = cfg.off_jobs; *p;) {
+	for (const char *p = e->auth.off_jobs; *p;) {
 		size_t k = strcspn(p, ", \t");
 
 		if (k == n && !strncmp(p, name, n))
@@ -36,15 +32,15 @@ static int listed_off(const char *name)
 
 void job_auth_setup(struct job *j)
 {
-	j->auth = !cfg.off && !listed_off(j->name);
+	j->auth = !j->eng->auth.off && !listed_off(j->eng, j->name);
 	peer_auth_key(j->auth_key, j->name, j->token);
 	peer_auth_random(j->auth_nonce, sizeof(j->auth_nonce));
 	if (!j->auth)
 		DLOG_N("job %s: peer auth off (conf [peer]): its token travels in clear", j->name);
 }
 
-int job_auth_seal(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
-		  size_t len, uint8_t mac[32])
+int job_auth_seal(void *engine, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
+		  const void *data, size_t len, uint8_t mac[32])
 {
 	Dtep__JobRef *ref = peer_auth_ref(msg);
 	const char *name = ref ? ref->job : NULL;
@@ -55,7 +51,7 @@ int job_auth_seal(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const voi
 	 * holds that job (a refusal of an unknown job cannot be). */
 	if (msg && msg->descriptor == &dtep__refused__descriptor)
 		name = ((const Dtep__Refused *)msg)->job;
-	if (!name || !(j = job_find(name)) || !j->auth)
+	if (!name || !(j = job_find(engine, name)) || !j->auth)
 		return 0;
 	if (ref && ref->token && *ref->token) {
 		DLOG_E("job %s: a record to send carries the token (bug): not sent", j->name);

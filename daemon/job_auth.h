@@ -23,20 +23,21 @@
 #include <protobuf-c/protobuf-c.h>
 #include "proto/peer.pb-c.h"
 
+struct dte_engine;
 struct job;
 
 /* The operator's switch: on (1) or off (0) for every job, and a list of
  * job names (comma or space separated, may be NULL) for which it is off.
  * Read at job creation. */
-void job_auth_configure(int on, const char *off_jobs);
+void job_auth_configure(struct dte_engine *e, int on, const char *off_jobs);
 
 /* At job creation: whether auth is on for j, its key, its JOIN nonce. */
 void job_auth_setup(struct job *j);
 
-/* route.c's sealer (route_set_sealer): 1 with the MAC of a record of a
- * job with auth on, else 0. */
-int job_auth_seal(Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
-		  size_t len, uint8_t mac[32]);
+/* route.c's sealer (route_set_sealer, its context the struct dte_engine):
+ * 1 with the MAC of a record of a job with auth on, else 0. */
+int job_auth_seal(void *engine, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
+		  const void *data, size_t len, uint8_t mac[32]);
 
 /* A record for j from daemon `from` (not this one): 0 when it may be read,
  * else -EACCES with the reason in why (counted here). */

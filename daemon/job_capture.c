@@ -439,12 +439,11 @@ out:
  * without another copy.  Its growth is dtc_detect()'s: doubling, and pages
  * past what is written stay untouched (large buffers are mmap'd), so a
  * generous bound costs address space, not memory. */
-/* Payload buffers of parts that went out, taken again by the next parts
- * (daemon/bufpool.h: a fresh 32 MiB part costs ten times its write in page
- * faults); emptied when no capture is left running. */
-static struct bpool cap_pool = BPOOL_INIT((size_t)256 << 20);
-
-static int bytes_reserve(struct dtc_bytes *b, size_t len)
+/* The engine's cap_pool: payload buffers of parts that went out, taken
+ * again by the next parts (daemon/bufpool.h: a fresh 32 MiB part costs ten
+ * times its write in page faults); emptied when no capture is left
+ * running. */
+static int bytes_reserve(struct bpool *pool, struct dtc_bytes *b, size_t len)
 {
 	if (!b->n)
 		b->n = DTC_CHUNK_HDR;
@@ -457,7 +456,7 @@ static int bytes_reserve(struct dtc_bytes *b, size_t len)
 			 * known whole): a buffer of that size from the pool,
 			 * which may hold it populated (jcap_prefill_dense), not
 			 * a doubling that would miss the pool's buffers. */
-			if (!(np = bpool_get(&cap_pool, need, &nc)))
+			if (!(np = bpool_get(pool, need, &nc)))
 				return -ENOMEM;
 			if (b->p) {
 				memcpy(np, b->p, b->n);
@@ -482,6 +481,7 @@ static int bytes_reserve(struct dtc_bytes *b, size_t len)
  * on a saturated core). */
 struct prefill_req {
 	uv_work_t w;
+	struct dte_engine *eng;
 	size_t need;
 	unsigned count;
 };
@@ -490,15 +490,19 @@ static void prefill_work(uv_work_t *w)
 {
 	struct prefill_req *r = (struct prefill_req *)w;
 
-	bpool_prefill(&cap_pool, r->need, r->count);
+	bpool_prefill(&r->eng->cpool->bp, r->need, r->count);
 }
 
 static void prefill_after(uv_work_t *w, int status)
 {
-	free(w);
+	struct prefill_req *r = (struct prefill_req *)w;
+
+	r->eng->prefills--;
+	free(r);
 }
 
-void jcap_prefill_dense(const struct jentry *e, size_t n, size_t part_bytes)
+void jcap_prefill_dense(struct dte_engine *eng, const struct jentry *e, size_t n,
+			size_t part_bytes)
 {
 	uint64_t max_box = 0, total = 0;
 	struct prefill_req *r;
@@ -510,12 +514,15 @@ void jcap_prefill_dense(const struct jentry *e, size_t n, size_t part_bytes)
 	if (!part_bytes)
 		part_bytes = JOB_PART_BYTES_DEFAULT;
 	/* a part: entries up to part_bytes, then one more (capture_pair) */
-	if (!max_box || !jeng.loop || !(r = calloc(1, sizeof(*r))))
+	if (!max_box || !eng->loop || !(r = calloc(1, sizeof(*r))))
 		return;
+	r->eng = eng;
 	r->need = DTC_CHUNK_HDR + part_bytes + 8 + 2 * (size_t)max_box;
 	r->count = (unsigned)((total + max_box - 1) / max_box);
-	if (r->need < BPOOL_MIN || uv_queue_work(jeng.loop, &r->w, prefill_work, prefill_after) < 0)
+	if (r->need < BPOOL_MIN || uv_queue_work(eng->loop, &r->w, prefill_work, prefill_after) < 0)
 		free(r);
+	else
+		eng->prefills++;
 }
 
 static void bytes_len(struct dtc_bytes *b, size_t at, size_t len)
@@ -533,7 +540,7 @@ static const uint8_t *shared_bytes(const struct jcap *c, const struct det_sparse
  * payload, this one's included: its address is taken after the reserve). */
 static int bytes_put_shared(struct jcap *c, struct dtc_bytes *b, const struct det_sparse *s)
 {
-	if (bytes_reserve(b, 8 + s->len) < 0)
+	if (bytes_reserve(&c->eng->cpool->bp, b, 8 + s->len) < 0)
 		return CAPFAIL("out of memory");
 	bytes_len(b, b->n, s->len);
 	memcpy(b->p + b->n + 8, shared_bytes(c, s), s->len);
@@ -687,7 +694,7 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 		return r;	/* the reason is in c->err */
 	if (d->have_dense)
 		return bytes_put_shared(c, raw, &d->dense);
-	if (bytes_reserve(raw, 8 + 2 * e->box) < 0)
+	if (bytes_reserve(&c->eng->cpool->bp, raw, 8 + 2 * e->box) < 0)
 		return CAPFAIL("out of memory");
 	at = raw->n;
 	out = raw->p + at + 8;
@@ -760,7 +767,7 @@ static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct j
 		bound = dtc_sparse_bound(cnt);
 		pos = malloc(cnt * sizeof(*pos));
 		val = malloc(cnt * sizeof(*val));
-		if (!pos || !val || bytes_reserve(raw, 8 + bound) < 0) {
+		if (!pos || !val || bytes_reserve(&c->eng->cpool->bp, raw, 8 + bound) < 0) {
 			free(pos);
 			free(val);
 			return CAPFAIL("out of memory");
@@ -808,7 +815,7 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 	if (e->group >= c->ngroups)
 		return CAPFAIL("optimizer group %u has no hyper-parameters (%zu given)", e->group,
 			       c->ngroups);
-	if (bytes_reserve(raw, 8) < 0)
+	if (bytes_reserve(&c->eng->cpool->bp, raw, 8) < 0)
 		return CAPFAIL("out of memory");
 	at = raw->n;
 	raw->n += 8;
@@ -894,7 +901,7 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	 * sink can swap it in before COUNTS (proto/peer.proto). */
 	if (q->entries) {
 		if (!(q->counts = malloc(q->entries * sizeof(*q->counts)))) {
-			jcap_part_free(q);
+			jcap_part_free(c->eng, q);
 			return CAPFAIL("out of memory");
 		}
 		memcpy(q->counts, p->counts + q->first, q->entries * sizeof(*q->counts));
@@ -906,7 +913,7 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	c->q_tail = &q->next;
 	uv_mutex_unlock(&c->mu);
 	if (c->notify)
-		dwake_send(&jeng.parts_wake);
+		dwake_send(&c->eng->parts_wake);
 	return 0;
 }
 
@@ -922,33 +929,63 @@ struct jcap_part *jcap_take_parts(struct jcap *c)
 	return q;
 }
 
-void jcap_part_free(struct jcap_part *p)
+void jcap_part_free(struct dte_engine *e, struct jcap_part *p)
 {
 	if (p) {
-		bpool_put(&cap_pool, p->chunk, p->cap);
+		bpool_put(&e->cpool->bp, p->chunk, p->cap);
 		free(p->counts);
 		free(p);
 	}
 }
 
-/* Chunks the router still sends from (loop thread only). */
-static size_t chunks_out;
-
-void jcap_chunk_given(void)
+struct jcap_pool *jcap_pool_new(struct dte_engine *e)
 {
-	chunks_out++;
+	struct jcap_pool *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->bp = (struct bpool)BPOOL_INIT((size_t)256 << 20);
+	p->eng = e;
+	return p;
+}
+
+static void pool_free(struct jcap_pool *p)
+{
+	bpool_trim(&p->bp);
+	pthread_mutex_destroy(&p->bp.mu);
+	free(p);
+}
+
+void jcap_pool_release(struct jcap_pool *p)
+{
+	if (!p)
+		return;
+	p->eng = NULL;
+	if (!p->chunks_out)
+		pool_free(p);
+}
+
+/* chunks_out: chunks the router still sends from (loop thread only). */
+void jcap_chunk_given(struct jcap_pool *p)
+{
+	p->chunks_out++;
 }
 
 /* chunk NULL: a same-node receiver took it (route_send_given): it is
  * theirs, only the count comes back. */
-void jcap_chunk_release(void *chunk, void *cap)
+void jcap_chunk_release(struct jcap_pool *p, void *chunk, size_t cap)
 {
-	bpool_put(&cap_pool, chunk, (size_t)(uintptr_t)cap);
-	if (chunks_out)
-		chunks_out--;
-	/* The last one of the last capture: an idle daemon keeps none. */
-	if (!chunks_out && !jeng.inflight)
-		bpool_trim(&cap_pool);
+	bpool_put(&p->bp, chunk, cap);
+	if (p->chunks_out)
+		p->chunks_out--;
+	if (!p->eng) {
+		if (!p->chunks_out)
+			pool_free(p);	/* the engine went first */
+		return;
+	}
+	/* The last one of the last capture: an idle engine keeps none. */
+	if (!p->chunks_out && !p->eng->inflight)
+		bpool_trim(&p->bp);
 }
 
 /* When a pair's part goes: at part_bytes, doubled each time the pair's
@@ -1044,14 +1081,14 @@ static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size
 		return 0;
 	}
 	bound = dtc_chunk_bound(len);
-	if (!(*chunk = bpool_get(&cap_pool, bound, chunk_cap)) ||
+	if (!(*chunk = bpool_get(&c->eng->cpool->bp, bound, chunk_cap)) ||
 	    dtc_chunk_pack(p->raw.p + DTC_CHUNK_HDR, len, zl, *chunk, bound,
 			   chunk_len) != DTC_OK) {
-		bpool_put(&cap_pool, *chunk, *chunk_cap);
+		bpool_put(&c->eng->cpool->bp, *chunk, *chunk_cap);
 		*chunk = NULL;
 		return CAPFAIL("payload framing failed");
 	}
-	bpool_put(&cap_pool, p->raw.p, p->raw.cap);
+	bpool_put(&c->eng->cpool->bp, p->raw.p, p->raw.cap);
 	p->raw = (struct dtc_bytes){ 0 };
 	return 0;
 }
@@ -1075,10 +1112,10 @@ int jcap_run(struct jcap *c)
 	uint64_t t0 = uv_hrtime();
 	int rc = -EIO;	/* the reason is in c->err */
 
-	if (job_ext.capture_start)
-		job_ext.capture_start(c->version);
-	if (c->kind == JCAP_PUBLISH && job_ext.capture_wrong_drop)
-		c->side_wrong = job_ext.capture_wrong_drop(c->version);
+	if (c->eng->ext.capture_start)
+		c->eng->ext.capture_start(c->version);
+	if (c->kind == JCAP_PUBLISH && c->eng->ext.capture_wrong_drop)
+		c->side_wrong = c->eng->ext.capture_wrong_drop(c->version);
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;
@@ -1114,8 +1151,11 @@ out:
 
 void jcap_free(struct jcap *c)
 {
+	struct dte_engine *e;
+
 	if (!c)
 		return;
+	e = c->eng;
 	for (size_t i = 0; i < c->np; i++) {
 		struct jcap_pair *p = &c->p[i];
 
@@ -1131,7 +1171,7 @@ void jcap_free(struct jcap *c)
 		free(p->counts);
 		free(p->cbuf);
 		free(p->csum);
-		bpool_put(&cap_pool, p->raw.p, p->raw.cap);
+		bpool_put(&e->cpool->bp, p->raw.p, p->raw.cap);
 		XXH3_freeState(p->hs);
 	}
 	if (c->mu_init) {
@@ -1139,7 +1179,7 @@ void jcap_free(struct jcap *c)
 
 		for (; q; q = next) {
 			next = q->next;
-			jcap_part_free(q);
+			jcap_part_free(e, q);
 		}
 		uv_mutex_destroy(&c->mu);
 	}
@@ -1151,6 +1191,6 @@ void jcap_free(struct jcap *c)
 	dmetrics_set(DM_MARK_TABLE_BYTES, NULL, (double)side_held());
 	/* No capture left running and no part still going out: the kept
 	 * part buffers go too (jcap_chunk_release trims after the last). */
-	if (!jeng.inflight && !chunks_out)
-		bpool_trim(&cap_pool);
+	if (!e->inflight && !e->cpool->chunks_out)
+		bpool_trim(&e->cpool->bp);
 }

@@ -121,7 +121,7 @@ static void send_join(struct job *j, int retry)
 out:
 	free(pa);
 	free(pp);
-	jctl_update();
+	jctl_update(j->eng);
 }
 
 /* ------------------------------------------------------------ coordinator */
@@ -261,22 +261,22 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 
 static void on_ctl_tick(uv_timer_t *t)
 {
-	jctl_retry();
+	jctl_retry(t->data);
 }
 
-void jctl_update(void)
+void jctl_update(struct dte_engine *e)
 {
 	uint64_t soonest = UINT64_MAX, now = uv_hrtime(), ms;
 	int any = 0;
 
-	if (!jeng.ctl_timer_init)
+	if (!e->ctl_timer_init)
 		return;
-	for (struct job *j = jeng.jobs; j; j = j->next)
+	for (struct job *j = e->jobs; j; j = j->next)
 		any |= job_ctl_pending(j, &soonest);
 	if (!any) {
-		if (jeng.ctl_timer_on)
-			uv_timer_stop(&jeng.ctl_timer);
-		jeng.ctl_timer_on = 0;
+		if (e->ctl_timer_on)
+			uv_timer_stop(&e->ctl_timer);
+		e->ctl_timer_on = 0;
 		return;
 	}
 	ms = soonest > now ? (soonest - now + 999999) / 1000000 : 0;
@@ -284,15 +284,15 @@ void jctl_update(void)
 	 * again before the loop polls (a stuck entry must not starve it). */
 	if (ms < 10)
 		ms = 10;
-	uv_timer_start(&jeng.ctl_timer, on_ctl_tick, ms, 0);
-	jeng.ctl_timer_on = 1;
+	uv_timer_start(&e->ctl_timer, on_ctl_tick, ms, 0);
+	e->ctl_timer_on = 1;
 }
 
-void jctl_retry(void)
+void jctl_retry(struct dte_engine *e)
 {
 	uint64_t now = uv_hrtime();
 
-	for (struct job *j = jeng.jobs; j; j = j->next) {
+	for (struct job *j = e->jobs; j; j = j->next) {
 		if (j->locals && j->join_acked < j->join_seq && now >= j->join_next_ns) {
 			j->join_retries++;
 			DLOG_I("job %s: JOIN %llu not acknowledged; sent again (retry %llu, next in %u ms)",
@@ -332,7 +332,7 @@ void jctl_retry(void)
 			member_done(j, m->node, st);
 		}
 	}
-	jctl_update();
+	jctl_update(e);
 }
 
 void jcoord_free(struct job *j)
@@ -503,7 +503,7 @@ static void send_plans(struct job *j, struct built *b)
 			       (unsigned long long)j->coord_epoch, m->node);
 		member_done(j, m->node, st);
 	}
-	jctl_update();
+	jctl_update(j->eng);
 out:
 	free(pa);
 	free(pp);
@@ -1183,7 +1183,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 	case COORD_P_ACK_AGAIN:
 		/* A retry or duplicate of the plan held: acknowledged again. */
 		send_plan_ack(j, from, m->epoch);
-		jctl_update();
+		jctl_update(j->eng);
 		return 0;
 	case COORD_P_IGNORE_STALE:
 		DLOG_I("job %s: stale plan epoch %llx (have %llx) ignored", j->name,
@@ -1205,7 +1205,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		return 0;
 	}
 	send_plan_ack(j, from, m->epoch);
-	jctl_update();
+	jctl_update(j->eng);
 	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536) {
 		snprintf(err, sizeof(err), "plan too large");
 		goto bad;

@@ -11,6 +11,11 @@
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
+/* Process-level, not engine state (struct dte_engine), and said so: the
+ * device, the CUDA buffers opened (buf.c's buffers are the process's,
+ * reached through dbuf_dev_ops) and the device scratch are resources of
+ * the process, shared by whatever engines it holds; dte_engine_new and
+ * dte_engine_free set them up and end them (jcuda_init, jcuda_fini). */
 static const struct dtc_backend *dev;	/* NULL: no GPU path */
 
 /* Opened device buffers, [lo, hi) each; read by capture workers while the

@@ -1,11 +1,15 @@
 /* daemon/job_ext.h — the sync engine's extension points.
  *
- * Every member is NULL in the production dted, which then calls nothing
- * (and has nothing to call: no code that sets them is linked into it).  A
- * test build sets them before main() runs (tests/faults: daemon/testhook.c
- * and daemon/testhook_decor.c, fault injection, docs/HACKING.md) and never
- * changes them afterwards, so worker threads read them without a lock.
- * The record transport has its own (struct route_decorator, route.h).
+ * Each engine has its own set (struct dte_engine, ext), copied at
+ * dte_engine_new from job_ext_builtin when a build links one.  Every
+ * member is NULL in the production dted, which then calls nothing (and
+ * has nothing to call: it links no job_ext_builtin, nor code that sets
+ * them).  A test build links a constant job_ext_builtin
+ * (tests/faults: daemon/testhook.c and daemon/testhook_decor.c, fault
+ * injection, docs/HACKING.md); an engine's set is not changed while its
+ * work runs, so worker threads read it without a lock.  A unit test may
+ * set its own engine's members.  The record transport has its own
+ * (struct route_decorator, route.h).
  */
 #ifndef DTED_JOB_EXT_H
 #define DTED_JOB_EXT_H
@@ -50,7 +54,9 @@ struct job_ext {
 	void (*apply_skip)(uint16_t *elem, uint16_t old);
 };
 
-/* Defined in job_state.c, all NULL. */
-extern struct job_ext job_ext;
+/* The hooks a test build links (testhook_decor.c); absent (a weak
+ * reference, NULL) in the production dted.  Constant: nothing global
+ * changes at run time. */
+extern const struct job_ext job_ext_builtin __attribute__((weak));
 
 #endif

@@ -34,14 +34,14 @@ struct jlocal *jlocal_new(int role, size_t nbufs)
 
 /* Frees what jlocal_new() and the role's code allocated, and drops the
  * buffer references it took. */
-void jlocal_free(struct jlocal *l)
+void jlocal_free(struct dte_engine *e, struct jlocal *l)
 {
 	if (!l)
 		return;
 	if (l->info.role == JROLE_SINK)
-		jsink_free(l);
+		jsink_free(e, l);
 	else
-		jsrc_free(l);
+		jsrc_free(e, l);
 	for (size_t i = 0; i < l->nbufs; i++)
 		if (l->bufs[i])
 			dbuf_unref(l->bufs[i]);

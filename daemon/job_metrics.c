@@ -12,11 +12,11 @@
 #include "daemon/job_state.h"
 #include "daemon/metrics.h"
 
-void job_metrics_collect(void)
+void job_metrics_collect(struct dte_engine *e)
 {
 	dmetrics_clear(DM_JOB_PUBLISHED_VERSION);
 	dmetrics_clear(DM_SINK_VERSIONS_BEHIND);
-	for (struct job *j = jeng.jobs; j; j = j->next) {
+	for (struct job *j = e->jobs; j; j = j->next) {
 		uint64_t latest = 0;
 		int sources = 0;
 

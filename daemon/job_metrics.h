@@ -8,6 +8,7 @@
  * as they are now: a job or sink gone since the last rendering has no
  * series.  The job's label is job_name, not job: Prometheus gives every
  * target a `job` label and would rename a `job` of ours to exported_job. */
-void job_metrics_collect(void);
+struct dte_engine;
+void job_metrics_collect(struct dte_engine *e);
 
 #endif

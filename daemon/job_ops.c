@@ -25,8 +25,7 @@ struct jverify {
 	struct jverify *next;
 };
 
-static struct jverify *verifies;
-
+/* Kept in the engine (verifies), newest first. */
 static void jverify_free(struct jverify *v)
 {
 	free(v->expect);
@@ -36,19 +35,19 @@ static void jverify_free(struct jverify *v)
 	free(v);
 }
 
-void jops_fini(void)
+void jops_fini(struct dte_engine *e)
 {
-	while (verifies) {
-		struct jverify *v = verifies;
+	while (e->verifies) {
+		struct jverify *v = e->verifies;
 
-		verifies = v->next;
+		e->verifies = v->next;
 		jverify_free(v);
 	}
 }
 
-void jops_sink_free(struct jlocal *l)
+void jops_sink_free(struct dte_engine *e, struct jlocal *l)
 {
-	for (struct jverify **pp = &verifies; *pp; pp = &(*pp)->next) {
+	for (struct jverify **pp = &e->verifies; *pp; pp = &(*pp)->next) {
 		if ((*pp)->l == l) {
 			struct jverify *v = *pp;
 
@@ -59,12 +58,12 @@ void jops_sink_free(struct jlocal *l)
 	}
 }
 
-void jops_applied(struct jlocal *l, const struct jstaged *st)
+void jops_applied(struct dte_engine *e, struct jlocal *l, const struct jstaged *st)
 {
 	struct jverify *v = calloc(1, sizeof(*v));
 	size_t nb = l->nbufs ? l->nbufs : 1;
 
-	jops_sink_free(l);
+	jops_sink_free(e, l);
 	if (!v)
 		return;
 	v->l = l;
@@ -86,13 +85,13 @@ void jops_applied(struct jlocal *l, const struct jstaged *st)
 		v->maps[i] = st->w[i].map;
 		v->slots[i] = st->w[i].dst_slot;
 	}
-	v->next = verifies;
-	verifies = v;
+	v->next = e->verifies;
+	e->verifies = v;
 }
 
-static const struct jverify *verify_find(const struct jlocal *l)
+static const struct jverify *verify_find(const struct dte_engine *e, const struct jlocal *l)
 {
-	for (const struct jverify *v = verifies; v; v = v->next)
+	for (const struct jverify *v = e->verifies; v; v = v->next)
 		if (v->l == l)
 			return v;
 	return NULL;
@@ -244,9 +243,9 @@ static void jvtask_free(struct jvtask *v)
 }
 
 /* Loop: what the worker needs of sink l, or a result without a sum. */
-static int vsink_fill(struct vsink *k, const struct jlocal *l)
+static int vsink_fill(const struct dte_engine *e, struct vsink *k, const struct jlocal *l)
 {
-	const struct jverify *v = verify_find(l);
+	const struct jverify *v = verify_find(e, l);
 	size_t nb = l->nbufs ? l->nbufs : 1;
 
 	k->id = l->info.id;
@@ -345,13 +344,13 @@ static void verify_mismatch(struct job *j, struct jlocal *l, const struct vsink 
 static void verify_done(struct jtask *t, int cancelled)
 {
 	struct jvtask *v = (struct jvtask *)t;
-	struct job *j = job_find(v->job);
+	struct job *j = job_find(t->eng, v->job);
 	Dte__VerifyReply rep = DTE__VERIFY_REPLY__INIT;
 	Dte__SinkVerify *sv = calloc(v->n ? v->n : 1, sizeof(*sv));
 	Dte__SinkVerify **res = calloc(v->n ? v->n : 1, sizeof(*res));
 
 	if (!j || !sv || !res || cancelled) {
-		job_reply(v->conn, v->req_id, !j ? -ENOENT :
+		job_reply(t->eng, v->conn, v->req_id, !j ? -ENOENT :
 			  cancelled ? -EBUSY : -ENOMEM,
 			  !j ? "the job went away during the verify" :
 			  cancelled ? "the daemon is shutting down" : "out of memory", 0, NULL);
@@ -401,16 +400,16 @@ static void verify_done(struct jtask *t, int cancelled)
 	rep.results = res;
 	DLOG_I("job %s: verify of %u sinks: %u ok, %u mismatch; summed on a worker in %.1f ms",
 	       j->name, rep.sinks, rep.ok, rep.mismatch, v->work_ms);
-	job_reply(v->conn, v->req_id, 0, "", DTE__RESPONSE__BODY_VERIFY, &rep);
+	job_reply(t->eng, v->conn, v->req_id, 0, "", DTE__RESPONSE__BODY_VERIFY, &rep);
 	free(sv);
 	free(res);
 	jvtask_free(v);
 }
 
-int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
-	       struct dreply *r, int *deferred, char *err, size_t errlen)
+int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char *name,
+	       Dte__VerifyReply *rep, struct dreply *r, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(name);
+	struct job *j = job_find(e, name);
 	struct jvtask *v;
 	size_t n = 0;
 
@@ -426,7 +425,7 @@ int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyRepl
 			   j->name);
 		return 0;
 	}
-	if (jeng.stopping)
+	if (e->stopping)
 		return FAIL(-EBUSY, "the daemon is shutting down");
 	if (!(v = calloc(1, sizeof(*v))) || !(v->s = calloc(n, sizeof(*v->s)))) {
 		free(v);
@@ -438,7 +437,7 @@ int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyRepl
 	for (struct jlocal *l = j->locals; l; l = l->next) {
 		if (l->info.role != JROLE_SINK)
 			continue;
-		if (vsink_fill(&v->s[v->n++], l) < 0) {
+		if (vsink_fill(e, &v->s[v->n++], l) < 0) {
 			jvtask_free(v);
 			return FAIL(-ENOMEM, "out of memory");
 		}
@@ -446,14 +445,14 @@ int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyRepl
 	v->t.run = verify_run;
 	v->t.done = verify_done;
 	*deferred = 1;
-	jtask_start(&v->t);
+	jtask_start(e, &v->t);
 	return 0;
 }
 
-int job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
-	       size_t errlen)
+int job_resync(struct dte_engine *e, const Dte__ResyncRequest *rq, Dte__ResyncReply *rep,
+	       char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	int known = !rq->sink;
 
 	if (!rq->job || !*rq->job)

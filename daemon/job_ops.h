@@ -17,6 +17,7 @@
 #include "proto/dte.pb-c.h"
 
 struct dreply;
+struct dte_engine;
 struct job;
 struct jlocal;
 struct jpair;
@@ -24,18 +25,18 @@ struct jstaged;
 
 /* The sums run on a worker: *deferred, the answer comes later (none
  * when the job has no local sink: answered now). */
-int job_verify(uint64_t conn, uint32_t req_id, const char *name, Dte__VerifyReply *rep,
-	       struct dreply *r, int *deferred, char *err, size_t errlen);
-int job_resync(const Dte__ResyncRequest *rq, Dte__ResyncReply *rep, char *err,
-	       size_t errlen);
+int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char *name,
+	       Dte__VerifyReply *rep, struct dreply *r, int *deferred, char *err, size_t errlen);
+int job_resync(struct dte_engine *e, const Dte__ResyncRequest *rq, Dte__ResyncReply *rep,
+	       char *err, size_t errlen);
 
-/* After job_fini: drops what resync remembered. */
-void jops_fini(void);
+/* dte_engine_free: drops what resync remembered. */
+void jops_fini(struct dte_engine *e);
 
 /* job_sink.c: a sink applied up to st (its checksums were just checked);
  * remember what its buffers must hold for a later verify. */
-void jops_applied(struct jlocal *l, const struct jstaged *st);
+void jops_applied(struct dte_engine *e, struct jlocal *l, const struct jstaged *st);
 /* job_sink.c: the sink goes away. */
-void jops_sink_free(struct jlocal *l);
+void jops_sink_free(struct dte_engine *e, struct jlocal *l);
 
 #endif

@@ -29,17 +29,18 @@
 #include <unistd.h>
 #include "daemon/job.h"
 #include "daemon/job_persist.h"
+#include "daemon/job_state.h"
 #include "daemon/log.h"
 
-static char dir[4096];
-static int restoring;
+/* Where jobs are kept, and whether a restore runs: the engine's persist
+ * (struct dte_engine, job_state.h). */
 
-int jpersist_init(const char *path, char *err, size_t errlen)
+int jpersist_init(struct dte_engine *eng, const char *path, char *err, size_t errlen)
 {
-	dir[0] = '\0';
+	eng->persist.dir[0] = '\0';
 	if (!path || !*path)
 		return 0;
-	if (strlen(path) >= sizeof(dir) - 80) {
+	if (strlen(path) >= sizeof(eng->persist.dir) - 80) {
 		snprintf(err, errlen, "job_state_dir %s: path too long", path);
 		return -ENAMETOOLONG;
 	}
@@ -49,7 +50,7 @@ int jpersist_init(const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "job_state_dir %s: %s", path, strerror(e));
 		return -e;
 	}
-	snprintf(dir, sizeof(dir), "%s", path);
+	snprintf(eng->persist.dir, sizeof(eng->persist.dir), "%s", path);
 	return 0;
 }
 
@@ -68,24 +69,24 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
-void jpersist_save(const Dte__JobCreateRequest *rq)
+void jpersist_save(struct dte_engine *e, const Dte__JobCreateRequest *rq)
 {
 	char path[4200], tmp[4200];
 	size_t n;
 	uint8_t *buf;
 	int fd, rc;
 
-	if (!dir[0] || restoring)
+	if (!e->persist.dir[0] || e->persist.restoring)
 		return;
 	n = dte__job_create_request__get_packed_size(rq);
 	buf = malloc(n ? n : 1);
 	if (!buf) {
-		DLOG_W("job %s: not kept in %s: out of memory", rq->name, dir);
+		DLOG_W("job %s: not kept in %s: out of memory", rq->name, e->persist.dir);
 		return;
 	}
 	dte__job_create_request__pack(rq, buf);
-	snprintf(path, sizeof(path), "%s/%s.job", dir, rq->name);
-	snprintf(tmp, sizeof(tmp), "%s/.%s.job.tmp", dir, rq->name);
+	snprintf(path, sizeof(path), "%s/%s.job", e->persist.dir, rq->name);
+	snprintf(tmp, sizeof(tmp), "%s/.%s.job.tmp", e->persist.dir, rq->name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	rc = fd < 0 ? -errno : write_all(fd, buf, n);
 	if (fd >= 0 && rc == 0 && fsync(fd) < 0)
@@ -95,8 +96,8 @@ void jpersist_save(const Dte__JobCreateRequest *rq)
 	if (rc == 0 && rename(tmp, path) < 0)
 		rc = -errno;
 	if (rc < 0) {
-		DLOG_W("job %s: not kept in %s (%s): a restart of this daemon loses it", rq->name, dir,
-		       strerror(-rc));
+		DLOG_W("job %s: not kept in %s (%s): a restart of this daemon loses it", rq->name,
+		       e->persist.dir, strerror(-rc));
 		unlink(tmp);
 	} else {
 		DLOG_I("job %s: kept in %s", rq->name, path);
@@ -114,7 +115,7 @@ static void set_aside(const char *path, const char *why)
 		DLOG_E("job state %s: cannot set it aside: %s", path, strerror(errno));
 }
 
-static void restore_one(const char *path)
+static void restore_one(struct dte_engine *e, const char *path)
 {
 	Dte__JobCreateRequest *rq;
 	Dte__JobCreateReply rep = DTE__JOB_CREATE_REPLY__INIT;
@@ -142,7 +143,7 @@ static void restore_one(const char *path)
 		set_aside(path, "not a JobCreateRequest");
 		return;
 	}
-	if (job_create(rq, &rep, err, sizeof(err)) != 0) {
+	if (job_create(e, rq, &rep, err, sizeof(err)) != 0) {
 		char why[600];
 
 		snprintf(why, sizeof(why), "job %s refused: %s", rq->name, err);
@@ -154,32 +155,32 @@ static void restore_one(const char *path)
 	dte__job_create_request__free_unpacked(rq, NULL);
 }
 
-int jpersist_restore(void)
+int jpersist_restore(struct dte_engine *e)
 {
 	struct dirent **ents = NULL;
 	int n, restored = 0;
 
-	if (!dir[0])
+	if (!e->persist.dir[0])
 		return 0;
-	n = scandir(dir, &ents, NULL, alphasort);
+	n = scandir(e->persist.dir, &ents, NULL, alphasort);
 	if (n < 0) {
-		DLOG_E("job_state_dir %s: %s; no job restored", dir, strerror(errno));
+		DLOG_E("job_state_dir %s: %s; no job restored", e->persist.dir, strerror(errno));
 		return 0;
 	}
-	restoring = 1;
+	e->persist.restoring = 1;
 	for (int i = 0; i < n; i++) {
 		const char *name = ents[i]->d_name;
 		size_t len = strlen(name);
 		char path[4200];
 
 		if (len > 4 && name[0] != '.' && !strcmp(name + len - 4, ".job")) {
-			snprintf(path, sizeof(path), "%s/%s", dir, name);
-			restore_one(path);
+			snprintf(path, sizeof(path), "%s/%s", e->persist.dir, name);
+			restore_one(e, path);
 			restored++;
 		}
 		free(ents[i]);
 	}
 	free(ents);
-	restoring = 0;
+	e->persist.restoring = 0;
 	return restored;
 }

@@ -64,6 +64,7 @@ struct jarrive {
 	uint64_t *dsum;           /* per slot: Σ mix(new) over the dense entries swapped */
 	uint64_t *srcs;           /* the version's sources (APPLIED) */
 	size_t nsrcs;
+	struct dte_engine *eng;   /* its engine (set at arrive_new, before any task) */
 	int alter;                /* job_ext: alter the first swapped entry */
 	int skip;                 /* job_ext: apply_skip on the first sparse entry swapped */
 	int failed;               /* worker: a check or the sums failed (err) */
@@ -229,7 +230,7 @@ int jsink_make_writer(struct jlocal *l)
 	return 0;
 }
 
-void jsink_free(struct jlocal *l)
+void jsink_free(struct dte_engine *e, struct jlocal *l)
 {
 	struct jsink *k = jsink_of(l);
 
@@ -245,11 +246,11 @@ void jsink_free(struct jlocal *l)
 		 * drain): on a worker, or here at shutdown once the workers
 		 * are drained (the engine never finds a torn version). */
 		(void)sink_decide(l, a->version, a->state,
-				  jeng.stopping ? SINK_EV_SHUTDOWN : SINK_EV_DETACHED);
+				  e->stopping ? SINK_EV_SHUTDOWN : SINK_EV_DETACHED);
 		k->arrive = NULL;
 		arrive_orphan(a);
 	}
-	jops_sink_free(l);
+	jops_sink_free(e, l);
 	recvpool_retire(k->rpool);
 	k->rpool = NULL;
 	free(k->vsum);
@@ -522,9 +523,9 @@ static int pend_all_dense(const struct jpend *p)
 	return 1;
 }
 
-static uint32_t staged_cap(void)
+static uint32_t staged_cap(const struct dte_engine *e)
 {
-	return jeng.max_staged ? jeng.max_staged : JOB_MAX_STAGED_DEFAULT;
+	return e->max_staged ? e->max_staged : JOB_MAX_STAGED_DEFAULT;
 }
 
 static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
@@ -543,7 +544,7 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	/* Versions still arriving count against the staging cap too: parts
 	 * of a capture that failed (no COUNTS ever comes) or of versions a
 	 * peer invents cannot pile up. */
-	if (n >= staged_cap() && oldest &&
+	if (n >= staged_cap(j->eng) && oldest &&
 	    sink_decide(l, oldest->version, pend_state(oldest), SINK_EV_CAP) ==
 		    SINK_A_DROP_COUNTED) {
 		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
@@ -795,9 +796,10 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 			if (alter) {
 				/* After every check. */
 				if (w->enc)
-					job_ext.sink_alter(data + off + len - 1, 1);
+					g->t.eng->ext.sink_alter(data + off + len - 1, 1);
 				else
-					job_ext.sink_alter(&w->val[w->n - 1], sizeof(w->val[0]));
+					g->t.eng->ext.sink_alter(&w->val[w->n - 1],
+								 sizeof(w->val[0]));
 				alter = 0;
 			}
 			off += len;
@@ -898,7 +900,7 @@ static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *s
  * the dropped ones are refused by the base check. */
 static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *newest)
 {
-	uint32_t cap = staged_cap();
+	uint32_t cap = staged_cap(j->eng);
 	uint64_t *srcs, version = newest->version;
 	size_t n = 0, nsrcs = newest->nsrcs;
 	char why[160];
@@ -976,7 +978,7 @@ static void try_stage(struct job *j, struct jlocal *l);
 static void stage_done(struct jtask *t, int cancelled)
 {
 	struct jstage *g = (struct jstage *)t;
-	struct job *j = job_find(g->job);
+	struct job *j = job_find(g->t.eng, g->job);
 	struct jlocal *l = j ? job_local(j, g->participant) : NULL;
 	struct jstaged *st = g->st;
 
@@ -1040,7 +1042,7 @@ static void stage_done(struct jtask *t, int cancelled)
 	stage_free(g);
 	try_stage(j, l);
 	jev_sink_staged(j, l);
-	jev_progress();
+	jev_progress(j->eng);
 }
 
 /* Hand version p (complete, its base checked) to a worker: p leaves the
@@ -1051,7 +1053,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	size_t n = p->n ? p->n : 1, nb = l->nbufs ? l->nbufs : 1;
 	int sparse = 0;
 
-	if (jeng.stopping) {
+	if (j->eng->stopping) {
 		free(g);
 		return 0;	/* shutting down: it stays pending, nothing more is staged */
 	}
@@ -1079,8 +1081,8 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	g->participant = l->info.id;
 	/* On the loop: sink_select may log, and it fires once per version
 	 * (job_ext.h; NULL in production). */
-	g->alter = sparse && job_ext.sink_select && job_ext.sink_alter &&
-		   job_ext.sink_select(p->version);
+	g->alter = sparse && j->eng->ext.sink_select && j->eng->ext.sink_alter &&
+		   j->eng->ext.sink_select(p->version);
 	for (struct jpend **pp = &jsink_of(l)->pend; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;
@@ -1092,7 +1094,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	jsink_of(l)->staging = p->version;
 	g->t.run = stage_run;
 	g->t.done = stage_done;
-	jtask_start(&g->t);
+	jtask_start(j->eng, &g->t);
 	return 0;
 fail:
 	stage_free(g);
@@ -1459,8 +1461,8 @@ static uint16_t *box_elem(const struct dte_box_map *m, uint16_t *base, uint64_t 
 /* The test build's skipped write (job_ext.h): the first element the
  * entry's swap wrote gets back the value it held, which the swapped
  * payload holds now. */
-static int skip_one(const struct dte_box_map *m, const uint8_t *enc, size_t len, uint64_t n,
-		    uint16_t *dst)
+static int skip_one(void (*skip)(uint16_t *elem, uint16_t old), const struct dte_box_map *m,
+		    const uint8_t *enc, size_t len, uint64_t n, uint16_t *dst)
 {
 	uint64_t *pos = malloc((n ? n : 1) * sizeof(*pos)), got = 0;
 	int done = 0;
@@ -1473,7 +1475,7 @@ static int skip_one(const struct dte_box_map *m, const uint8_t *enc, size_t len,
 	    DTC_OK)
 		for (uint64_t i = 0; i < got; i++)
 			if (*box_elem(m, dst, pos[i]) != old[i]) {
-				job_ext.apply_skip(box_elem(m, dst, pos[i]), old[i]);
+				skip(box_elem(m, dst, pos[i]), old[i]);
 				done = 1;
 				break;
 			}
@@ -1492,7 +1494,8 @@ static int skip_one(const struct dte_box_map *m, const uint8_t *enc, size_t len,
  * write it made is in delta (so the version can be verified
  * incrementally), 0 when not, -EIO with why on a failed write. */
 static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t *delta,
-			 int *undoable, int skip, char *why, size_t whylen)
+			 int *undoable, void (*skip)(uint16_t *elem, uint16_t old), char *why,
+			 size_t whylen)
 {
 	int tracked = !st->all_dense;
 
@@ -1510,9 +1513,8 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 						    b->length, &got, NULL);
 			if (r == DTC_OK) {
 				w->swapped = 1;
-				if (skip && job_ext.apply_skip &&
-				    skip_one(&w->map, w->enc, w->enc_len, w->n, b->ptr))
-					skip = 0;	/* else the next entry's */
+				if (skip && skip_one(skip, &w->map, w->enc, w->enc_len, w->n, b->ptr))
+					skip = NULL;	/* else the next entry's */
 				r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->map, w->enc,
 								w->enc_len, b->ptr, b->length, &got,
 								&delta[w->dst_slot]);
@@ -1593,14 +1595,14 @@ static int full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstage
 	return 0;
 }
 
-void job_set_verify_full_every(uint32_t n)
+void job_set_verify_full_every(struct dte_engine *e, uint32_t n)
 {
-	jeng.verify_full_every = n;
+	e->verify_full_every = n;
 }
 
-static uint32_t full_every(void)
+static uint32_t full_every(const struct dte_engine *e)
 {
-	return jeng.verify_full_every ? jeng.verify_full_every : JOB_VERIFY_FULL_EVERY_DEFAULT;
+	return e->verify_full_every ? e->verify_full_every : JOB_VERIFY_FULL_EVERY_DEFAULT;
 }
 
 /* ----------------------------------------------------------------- apply
@@ -1676,7 +1678,8 @@ static void apply_run(struct jtask *t)
 			r->key = st->ikey;
 			incremental = 1;
 		} else if (!r->failed_apply) {
-			int tr = apply_version(a->bufs, st, a->delta, &undoable, st->version == a->skip,
+			int tr = apply_version(a->bufs, st, a->delta, &undoable,
+					       st->version == a->skip ? a->t.eng->ext.apply_skip : NULL,
 					       r->why, sizeof(r->why));
 
 			if (!written)
@@ -1774,7 +1777,8 @@ static void apply_done(struct jtask *t, int cancelled)
 {
 	struct japply *a = (struct japply *)t;
 	struct jsink_apply_result *r = &a->r;
-	struct job *j = job_find(a->job);
+	struct dte_engine *e = t->eng;
+	struct job *j = job_find(e, a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
 	enum sink_vaction act;
@@ -1784,7 +1788,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		l = NULL;
 	if (l)
 		jsink_of(l)->applying = 0;
-	if (jeng.stopping && !cancelled)
+	if (e->stopping && !cancelled)
 		DLOG_N("shutdown: the apply of version %llu of sink %llx (job %s) came back from "
 		       "its worker after %.1f ms", (unsigned long long)r->version,
 		       (unsigned long long)a->participant, a->job, r->work_ms);
@@ -1796,7 +1800,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(a->conn, a->req_id, -EBUSY,
+			job_reply(e, a->conn, a->req_id, -EBUSY,
 				  "the daemon is shutting down; nothing was applied", 0, NULL);
 		japply_free(a);
 		return;
@@ -1808,7 +1812,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(a->conn, a->req_id, -ENOENT,
+			job_reply(e, a->conn, a->req_id, -ENOENT,
 				  "the sink went away while its apply ran", 0, NULL);
 		japply_free(a);
 		return;
@@ -1842,14 +1846,14 @@ static void apply_done(struct jtask *t, int cancelled)
 		jsink_of(l)->failed = a->last->version;
 	if (r->ok || !r->undone) {
 		jsink_of(l)->applied = a->last->version;
-		jops_applied(l, a->last);
+		jops_applied(e, l, a->last);
 	} else {
 		/* Undone: the sink stays on what it held (or on the version
 		 * staged in place that this apply began with) until the dense
 		 * repair lands; what was staged on the failed version goes. */
 		if (a->in_place) {
 			jsink_of(l)->applied = a->in_place;
-			jops_applied(l, a->list);
+			jops_applied(e, l, a->list);
 		}
 		fail_fallback(j, l);
 	}
@@ -1887,11 +1891,11 @@ static void apply_done(struct jtask *t, int cancelled)
 		rep.checksum_ok = r->ok;
 		rep.checksum_failures = jsink_of(l)->checksum_failures;
 		rep.apply_ms = r->work_ms;
-		job_reply(a->conn, a->req_id, 0, "", DTE__RESPONSE__BODY_APPLY,
+		job_reply(e, a->conn, a->req_id, 0, "", DTE__RESPONSE__BODY_APPLY,
 			  &rep);
 	}
 	japply_free(a);
-	jev_progress();
+	jev_progress(e);
 }
 
 static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
@@ -1902,7 +1906,7 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	struct jstaged **tail;
 	size_t nb = l->nbufs ? l->nbufs : 1;
 
-	if (jeng.stopping)
+	if (j->eng->stopping)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: the daemon is shutting down", j->name);
 	if (jsink_of(l)->applying &&
@@ -1936,7 +1940,7 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	memcpy(a->vsum, jsink_of(l)->vsum, l->nbufs * sizeof(*a->vsum));
 	a->vkey = jsink_of(l)->vkey;
 	a->since_full = jsink_of(l)->since_full;
-	a->full_every = full_every();
+	a->full_every = full_every(j->eng);
 	/* The versions move to the task, in order. */
 	tail = &a->list;
 	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version &&
@@ -1950,8 +1954,8 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 		tail = &st->next;
 		jsink_of(l)->applying = st->version;
 		/* On the loop (it may log), once per apply (job_ext.h). */
-		if (!a->skip && !st->in_place && job_ext.apply_select && job_ext.apply_skip &&
-		    job_ext.apply_select(st->version))
+		if (!a->skip && !st->in_place && j->eng->ext.apply_select &&
+		    j->eng->ext.apply_skip && j->eng->ext.apply_select(st->version))
 			a->skip = st->version;
 	}
 	jsink_of(l)->apply_gen++;
@@ -1960,7 +1964,7 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	a->t0 = uv_hrtime();
 	a->t.run = apply_run;
 	a->t.done = apply_done;
-	jtask_start(&a->t);
+	jtask_start(j->eng, &a->t);
 	return 0;
 }
 
@@ -1978,10 +1982,10 @@ int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
 	return apply_start(j, l, version, 0, 0, prep, then, arg, err, errlen);
 }
 
-int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
-	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
+int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+	      const Dte__ApplyRequest *rq, Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
 {
-	struct job *j = job_find(rq->job);
+	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
 	int st;
 
@@ -2143,7 +2147,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		b = a->bufs[w->slot[i]];
 		if (a->alter) {
 			/* After every check (job_ext.h): the last value's high byte. */
-			job_ext.sink_alter(data + off + len - 1, 1);
+			a->eng->ext.sink_alter(data + off + len - 1, 1);
 			a->alter = 0;
 		}
 		if (w->dense) {
@@ -2159,7 +2163,8 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
 						    (size_t)len, b->ptr, b->length, &got, NULL);
 			if (r == DTC_OK && a->skip &&
-			    skip_one(&w->e[i].map, data + off, (size_t)len, got, b->ptr))
+			    skip_one(a->eng->ext.apply_skip, &w->e[i].map, data + off, (size_t)len,
+				     got, b->ptr))
 				a->skip = 0;
 		}
 		if (r != DTC_OK) {
@@ -2297,7 +2302,7 @@ static void arrive_task(struct jarrive *a, enum ja_op op)
 	a->busy = 1;
 	a->t.run = arrive_run;
 	a->t.done = arrive_done;
-	jtask_start(&a->t);
+	jtask_start(a->eng, &a->t);
 }
 
 /* The sink is gone (or going): undo what is in the buffers and free, on a
@@ -2308,7 +2313,7 @@ static void arrive_orphan(struct jarrive *a)
 	a->orphan = 1;
 	if (a->busy)
 		return;	/* its done comes back here */
-	if (jeng.stopping || !jeng.loop) {
+	if (a->eng->stopping || !a->eng->loop) {
 		undo_all(a);
 		arrive_free(a);
 		return;
@@ -2499,7 +2504,7 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 	struct jpend *p;
 	char why[256];
 
-	if (!a || a->busy || jeng.stopping)
+	if (!a || a->busy || j->eng->stopping)
 		return;
 	if (a->state == SINK_V_UNDOING || a->state == SINK_V_RETREATING) {
 		arrive_task(a, JA_UNDO);
@@ -2543,7 +2548,7 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 	memcpy(a->vsum, k->vsum, l->nbufs * sizeof(*a->vsum));
 	a->vkey = k->vkey;
 	a->since_full = k->since_full;
-	a->full_every = full_every();
+	a->full_every = full_every(j->eng);
 	arrive_task(a, JA_VERIFY);
 }
 
@@ -2551,7 +2556,7 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 static void arrive_done(struct jtask *t, int cancelled)
 {
 	struct jarrive *a = (struct jarrive *)t;
-	struct job *j = job_find(a->job);
+	struct job *j = job_find(a->eng, a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
 	struct jsink *k;
 
@@ -2632,7 +2637,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			arrive_free(a);
 			try_stage(j, l);
 			jev_sink_staged(j, l);
-			jev_progress();
+			jev_progress(j->eng);
 		}
 		return;
 	case JA_UNDO:
@@ -2672,7 +2677,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 		arrive_free(a);
 		try_stage(j, l);
 		jev_sink_staged(j, l);
-		jev_progress();
+		jev_progress(j->eng);
 		return;
 	}
 	arrive_kick(j, l);
@@ -2788,7 +2793,7 @@ static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend 
 	const struct jsink *k = jsink_of(l);
 
 	if (!k->parked || k->arrive || k->staged || k->staging || k->applying ||
-	    k->held != k->applied || jeng.stopping || !jeng.loop || p->refused || k->w ||
+	    k->held != k->applied || j->eng->stopping || !j->eng->loop || p->refused || k->w ||
 	    p->version <= k->held)
 		return 0;
 	for (size_t b = 0; b < l->nbufs; b++)
@@ -2815,6 +2820,7 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 		arrive_free(a);
 		return NULL;
 	}
+	a->eng = j->eng;
 	snprintf(a->job, sizeof(a->job), "%s", j->name);
 	a->participant = l->info.id;
 	a->version = p->version;
@@ -2831,8 +2837,10 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 	for (size_t i = 0; i < p->n; i++)
 		a->srcs[a->nsrcs++] = p->s[i].src;
 	/* On the loop (it may log), once per version (job_ext.h). */
-	a->alter = job_ext.sink_select && job_ext.sink_alter && job_ext.sink_select(p->version);
-	a->skip = job_ext.apply_select && job_ext.apply_skip && job_ext.apply_select(p->version);
+	a->alter = j->eng->ext.sink_select && j->eng->ext.sink_alter &&
+		   j->eng->ext.sink_select(p->version);
+	a->skip = j->eng->ext.apply_select && j->eng->ext.apply_skip &&
+		  j->eng->ext.apply_select(p->version);
 	return a;
 }
 
@@ -2890,21 +2898,20 @@ int jsink_park_ending(struct job *j, struct jlocal *l)
 	return jsink_of(l)->arrive != NULL;
 }
 
-/* Sinks parked on this daemon (the dted_sinks_parked gauge). */
-static uint64_t parked_total;
-
-void jsink_parked(struct jlocal *l)
+/* Sinks parked in the engine (e->parked_total: the dted_sinks_parked
+ * gauge). */
+void jsink_parked(struct dte_engine *e, struct jlocal *l)
 {
 	jsink_of(l)->parked++;
-	dmetrics_set(DM_SINKS_PARKED, NULL, (double)++parked_total);
+	dmetrics_set(DM_SINKS_PARKED, NULL, (double)++e->parked_total);
 }
 
-void jsink_unparked(struct jlocal *l)
+void jsink_unparked(struct dte_engine *e, struct jlocal *l)
 {
 	if (!jsink_of(l)->parked)
 		return;
 	jsink_of(l)->parked--;
-	if (parked_total)
-		parked_total--;
-	dmetrics_set(DM_SINKS_PARKED, NULL, (double)parked_total);
+	if (e->parked_total)
+		e->parked_total--;
+	dmetrics_set(DM_SINKS_PARKED, NULL, (double)e->parked_total);
 }

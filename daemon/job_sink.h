@@ -7,13 +7,15 @@
 #include <stdint.h>
 #include "proto/dte.pb-c.h"
 
+struct dte_engine;
+
 /* A sink recomputes every checksum at least every n applied versions
  * (config verify_full_every; docs/SYNC.md). */
-void job_set_verify_full_every(uint32_t n);
+void job_set_verify_full_every(struct dte_engine *e, uint32_t n);
 
 /* The apply runs on a worker (docs/SYNC.md): *deferred, and the answer
  * comes later, unless the version is applied already (answered now). */
-int job_apply(uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
+int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
 	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
 
 #endif

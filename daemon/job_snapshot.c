@@ -121,6 +121,8 @@ SNAP_AVX512 static uint64_t row_avx512(const float *p, uint16_t *kept, uint64_t 
 
 static snap_row_fn row_best(void)
 {
+	/* Process-level: the CPU's best row function, chosen once (not
+	 * engine state; tests/system/engine_api.sh does not read this file). */
 	static snap_row_fn f;
 	snap_row_fn r = __atomic_load_n(&f, __ATOMIC_RELAXED);
 	const char *s;

@@ -106,7 +106,8 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 	}
 	c->mu_init = 1;
 	c->q_tail = &c->q;
-	c->part_bytes = jeng.part_bytes;
+	c->eng = j->eng;
+	c->part_bytes = j->eng->part_bytes;
 	c->kind = kind;
 	c->detect = j->detect;
 	c->zstd_level = j->zstd_level;
@@ -192,11 +193,13 @@ static void cap_return_dirty(struct job *j, struct jcap *c, struct jcap_pair *cp
 
 static void cap_start(struct jlocal *l, struct jcap *c)
 {
+	struct dte_engine *e = c->eng;
+
 	jsource_of(l)->busy = 1;
-	c->next = jeng.inflight;
-	jeng.inflight = c;
-	c->notify = jeng.parts_wake.init;
-	if (!jeng.loop || uv_queue_work(jeng.loop, &c->work, cap_work, cap_after) < 0) {
+	c->next = e->inflight;
+	e->inflight = c;
+	c->notify = e->parts_wake.init;
+	if (!e->loop || uv_queue_work(e->loop, &c->work, cap_work, cap_after) < 0) {
 		/* No loop (or no thread pool): capture here, answer the same way. */
 		cap_work(&c->work);
 		cap_after(&c->work, 0);
@@ -205,7 +208,7 @@ static void cap_start(struct jlocal *l, struct jcap *c)
 
 static void cap_unlink(struct jcap *c)
 {
-	for (struct jcap **pp = &jeng.inflight; *pp; pp = &(*pp)->next) {
+	for (struct jcap **pp = &c->eng->inflight; *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
 			*pp = c->next;
 			return;
@@ -215,7 +218,7 @@ static void cap_unlink(struct jcap *c)
 
 /* ------------------------------------------------------------------ mark */
 
-int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j;
@@ -224,7 +227,7 @@ int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 	int rc;
 
 	*deferred = 0;
-	if ((rc = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((rc = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
 		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
@@ -290,14 +293,14 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: mark of step %lld: %s", j->name, (long long)c->step,
 			 c->err);
-		job_reply(c->conn, c->req_id, -EINVAL, msg, 0, NULL);
+		job_reply(c->eng, c->conn, c->req_id, -EINVAL, msg, 0, NULL);
 		return;
 	}
 	jsource_of(l)->covered = c->step;
 	jsource_of(l)->marked = 1;
 	rep.dirty = c->dirty;
 	rep.gap = jsource_of(l)->gap;
-	job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_MARK, &rep);
+	job_reply(c->eng, c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_MARK, &rep);
 }
 
 /* --------------------------------------------------------------- publish */
@@ -321,6 +324,8 @@ static struct jhist *hist_get(struct job *j, uint64_t version, int64_t step)
  * (pair_cost_part_out / _done) from the hand-over to the transport until
  * the transport gives the chunk back (sent, or dropped). */
 struct part_ticket {
+	struct jcap_pool *pool;   /* its engine's (which may be gone: pool->eng NULL) */
+	int remote;               /* timed for the pair's link estimate */
 	size_t cap;
 	char job[JOB_NAME_MAX];
 	uint64_t src, dst, len;
@@ -329,10 +334,10 @@ struct part_ticket {
 static void part_released(void *chunk, void *arg)
 {
 	struct part_ticket *t = arg;
-	struct job *j = job_find(t->job);
+	struct job *j = t->remote && t->pool->eng ? job_find(t->pool->eng, t->job) : NULL;
 	struct jpair *p = j ? job_pair(j, t->src, t->dst) : NULL;
 
-	jcap_chunk_release(chunk, (void *)(uintptr_t)t->cap);
+	jcap_chunk_release(t->pool, chunk, t->cap);
 	if (p)
 		pair_cost_part_done(&p->sm, uv_hrtime(), t->len);
 	free(t);
@@ -379,21 +384,24 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 		pl.counts = q->counts;
 	}
 	/* The chunk itself goes out (no copy in the router): it comes back
-	 * to the capture's pool once sent (jcap_chunk_release). */
-	jcap_chunk_given();
-	if (cp->remote && (t = malloc(sizeof(*t)))) {
-		t->cap = q->cap;
-		snprintf(t->job, sizeof(t->job), "%s", j->name);
-		t->src = c->participant;
-		t->dst = cp->dst;
-		t->len = q->len;
+	 * to the engine's pool once sent (part_released, jcap_chunk_release);
+	 * its ticket says which engine, and times a remote pair's part. */
+	if (!(t = malloc(sizeof(*t)))) {
+		cp->parts_lost = 1;
+		return;
+	}
+	jcap_chunk_given(j->eng->cpool);
+	t->pool = j->eng->cpool;
+	t->remote = cp->remote;
+	t->cap = q->cap;
+	snprintf(t->job, sizeof(t->job), "%s", j->name);
+	t->src = c->participant;
+	t->dst = cp->dst;
+	t->len = q->len;
+	if (cp->remote)
 		pair_cost_part_out(&job_pair(j, c->participant, cp->dst)->sm, uv_hrtime());
-		rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
-					    &pl.base, q->chunk, q->len, part_released, t);
-	} else
-		rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD,
-					    &pl.base, q->chunk, q->len, jcap_chunk_release,
-					    (void *)(uintptr_t)q->cap);
+	rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
+				    q->chunk, q->len, part_released, t);
 	q->chunk = NULL;
 	q->cap = 0;
 	if (rc < 0)
@@ -406,13 +414,13 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 static void send_parts(struct jcap *c)
 {
 	struct jcap_part *q = jcap_take_parts(c), *next;
-	struct job *j = q ? job_find(c->job) : NULL;
+	struct job *j = q ? job_find(c->eng, c->job) : NULL;
 
 	for (; q; q = next) {
 		next = q->next;
 		if (c->kind == JCAP_PUBLISH && q->pair < c->np)
 			send_part(j, c, &c->p[q->pair], q);
-		jcap_part_free(q);
+		jcap_part_free(c->eng, q);
 	}
 }
 
@@ -426,24 +434,26 @@ void jsrc_replanned(struct job *j)
 		struct jlocal *l = job_local(j, p->src);
 
 		if (l && l->info.role == JROLE_SOURCE && (!p->sm.last_sent || p->sm.need_dense))
-			jcap_prefill_dense(p->e, p->n, jeng.part_bytes);
+			jcap_prefill_dense(j->eng, p->e, p->n, j->eng->part_bytes);
 	}
 }
 
-void job_set_part_bytes(size_t n)
+void job_set_part_bytes(struct dte_engine *e, size_t n)
 {
-	jeng.part_bytes = n;
+	e->part_bytes = n;
 }
 
-void job_set_mode_policy(int policy)
+void job_set_mode_policy(struct dte_engine *e, int policy)
 {
-	jeng.mode_policy = policy;
+	e->mode_policy = policy;
 }
 
 void jsrc_parts_ready(struct dwake *w)
 {
-	(void)w;
-	for (struct jcap *c = jeng.inflight; c; c = c->next)
+	struct dte_engine *e = (struct dte_engine *)((char *)w -
+						     offsetof(struct dte_engine, parts_wake));
+
+	for (struct jcap *c = e->inflight; c; c = c->next)
 		send_parts(c);
 }
 
@@ -493,7 +503,8 @@ out:
 static void cap_event_make(struct job *j, struct jlocal *l);
 static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep);
 
-int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
+		const Dte__PublishRequest *rq,
 		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j;
@@ -504,7 +515,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 	struct pair_choice ch;
 
 	*deferred = 0;
-	if ((rc = job_source_owned(rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((rc = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
 		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
@@ -553,7 +564,7 @@ int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		{
 			struct pair_cost_in in = { .scan_Bps = j->scan_Bps, .dense_Bps = j->dense_Bps,
 						   .local = !cp->remote,
-						   .policy = (enum pair_mode_policy)jeng.mode_policy };
+						   .policy = (enum pair_mode_policy)j->eng->mode_policy };
 
 			for (size_t q = 0; q < cp->n; q++)
 				in.elements += cp->e[q].box;
@@ -611,13 +622,13 @@ static void captured(struct jlocal *l, int rc, const char *msg, const Dte__Publi
 	}
 }
 
-void jsrc_free(struct jlocal *l)
+void jsrc_free(struct dte_engine *e, struct jlocal *l)
 {
 	struct jsource *s = jsource_of(l);
 
 	free(s->shards);
 	if (s->cap_ev)
-		dtc_dev_event_destroy(jeng.be, s->cap_ev);
+		dtc_dev_event_destroy(e->be, s->cap_ev);
 }
 
 /* A device source's capture event, created at its first publish; a
@@ -630,7 +641,7 @@ static void cap_event_make(struct job *j, struct jlocal *l)
 
 	if (s->cap_ev)
 		return;
-	rc = dtc_dev_event_export(jeng.be, &s->cap_ev, s->cap_ev_handle, sizeof(s->cap_ev_handle));
+	rc = dtc_dev_event_export(j->eng->be, &s->cap_ev, s->cap_ev_handle, sizeof(s->cap_ev_handle));
 	if (rc != DTC_OK) {
 		s->cap_ev = NULL;
 		DLOG_W("job %s: source %llx: no interprocess capture event (%s); its trainer waits "
@@ -746,7 +757,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			 (unsigned long long)c->version, c->err);
 		captured(l, -EIO, msg, NULL);
 		if (c->conn)
-			job_reply(c->conn, c->req_id, -EIO, msg, 0, NULL);
+			job_reply(c->eng, c->conn, c->req_id, -EIO, msg, 0, NULL);
 		return;
 	}
 	/* The trainer's buffers are no longer read: answer first (it may
@@ -774,13 +785,13 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	rep.captured = 1;
 	/* The worker's kernels that read θ, m, v ran on the legacy default
 	 * stream: the event recorded there now follows them. */
-	if (jsource_of(l)->cap_ev && dtc_dev_event_record(jeng.be, jsource_of(l)->cap_ev) != DTC_OK)
+	if (jsource_of(l)->cap_ev && dtc_dev_event_record(j->eng->be, jsource_of(l)->cap_ev) != DTC_OK)
 		DLOG_W("job %s: recording the capture event of version %llu failed", j->name,
 		       (unsigned long long)c->version);
 	cap_event_fill(l, &rep);
 	captured(l, 0, "", &rep);
 	if (c->conn)
-		job_reply(c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+		job_reply(c->eng, c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
@@ -852,6 +863,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 static void cap_after(uv_work_t *w, int status)
 {
 	struct jcap *c = (struct jcap *)w;
+	struct dte_engine *e = c->eng;
 	struct job *j;
 	struct jlocal *l;
 
@@ -862,13 +874,13 @@ static void cap_after(uv_work_t *w, int status)
 		c->rc = -ECANCELED;
 		snprintf(c->err, sizeof(c->err), "capture cancelled");
 	}
-	j = job_find(c->job);
+	j = job_find(e, c->job);
 	l = j ? job_local(j, c->participant) : NULL;
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
 			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
 		if (c->conn)
-			job_reply(c->conn, c->req_id, -ENOENT,
+			job_reply(c->eng, c->conn, c->req_id, -ENOENT,
 				  "the participant went away during the capture", 0, NULL);
 	} else {
 		jsource_of(l)->busy = 0;
@@ -878,14 +890,14 @@ static void cap_after(uv_work_t *w, int status)
 			publish_done(j, l, c);
 	}
 	if (c->rc == 0) {
-		jeng.scans += c->scans;
-		jeng.scan_entries += c->scan_entries;
+		e->scans += c->scans;
+		e->scan_entries += c->scan_entries;
 	}
 	for (size_t i = 0; i < c->nbufs; i++)
 		if (c->bufs[i])
 			dbuf_unref(c->bufs[i]);
 	jcap_free(c);
-	jev_progress();
+	jev_progress(e);
 }
 
 /* ------------------------------------------------------------------ acks */

@@ -7,21 +7,23 @@
 #include <stdint.h>
 #include "proto/dte.pb-c.h"
 
+struct dte_engine;
+
 /* A source sends a pair's payload in parts of about n bytes while it
  * still detects (config part_size; docs/SYNC.md); applies from the next
  * capture on. */
-void job_set_part_bytes(size_t n);
+void job_set_part_bytes(struct dte_engine *e, size_t n);
 /* Sparse or dense per pair and version: 0 auto (the cheaper, by the
  * running estimates), 1 sparse wherever allowed (config sync_mode;
  * enum pair_mode_policy). */
-void job_set_mode_policy(int policy);
+void job_set_mode_policy(struct dte_engine *e, int policy);
 
 /* Publish and mark capture on a worker thread (the loop keeps serving):
  * with *deferred = 1 the answer comes when the capture is done.  A mark
  * that needs no scan is answered at once. */
-int job_publish(uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
+int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
 		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
-int job_mark(uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
+int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
 	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
 
 #endif

@@ -1,10 +1,10 @@
 /* daemon/job_state.c — the sync engine's bottom layer (docs/SYNC.md,
- * "Layers"): the engine state `jeng`, lookups over jobs, participants,
- * plan parts and pairs, sending a record to a node, deferred control
- * answers, history, the layouts a participant is built from, and the
- * events the layers above answer.  It calls nothing of the engine above
- * it: a file above that must hear of something registers a function in
- * jeng (job_init) and the files below raise it through jev_*().
+ * "Layers"): lookups over an engine's jobs, participants, plan parts and
+ * pairs, sending a record to a node, deferred control answers, history,
+ * the layouts a participant is built from, and the events the layers
+ * above answer.  It calls nothing of the engine above it: a file above
+ * that must hear of something registers a function in the engine
+ * (dte_engine_new) and the files below raise it through jev_*().
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,9 +17,6 @@
 #include "daemon/route.h"
 #include "daemon/side_table.h"
 
-struct jengine jeng;
-/* Extension points (job_ext.h): NULL unless a test build sets them. */
-struct job_ext job_ext;
 
 double job_ms_since(uint64_t t0)
 {
@@ -28,9 +25,9 @@ double job_ms_since(uint64_t t0)
 
 /* ---------------------------------------------------------------- lookups */
 
-struct job *job_find(const char *name)
+struct job *job_find(struct dte_engine *e, const char *name)
 {
-	for (struct job *j = jeng.jobs; j; j = j->next)
+	for (struct job *j = e->jobs; j; j = j->next)
 		if (name && !strcmp(j->name, name))
 			return j;
 	return NULL;
@@ -51,10 +48,10 @@ struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn)
 	return l && l->owner == conn ? l : NULL;
 }
 
-int job_source_owned(const char *name, uint64_t id, uint64_t conn, struct job **jp,
-		     struct jlocal **lp, char *err, size_t errlen)
+int job_source_owned(struct dte_engine *e, const char *name, uint64_t id, uint64_t conn,
+		     struct job **jp, struct jlocal **lp, char *err, size_t errlen)
 {
-	struct job *j = job_find(name);
+	struct job *j = job_find(e, name);
 	struct jlocal *l;
 
 	if (!j)
@@ -119,7 +116,7 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 {
 	int rc;
 
-	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len))
+	if (j->eng->drop_send && j->eng->drop_send(node, type, msg, data, len))
 		return 0;	/* lost on the way, as far as anyone here can tell */
 	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
 
@@ -137,7 +134,7 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 {
 	int rc;
 
-	if (jeng.drop_send && jeng.drop_send(node, type, msg, data, len)) {
+	if (j->eng->drop_send && j->eng->drop_send(node, type, msg, data, len)) {
 		release(data, rarg);
 		return 0;	/* lost on the way, as far as anyone here can tell */
 	}
@@ -193,9 +190,9 @@ void jlocal_role_misuse(const struct jlocal *l, int want, const char *func)
 	abort();
 }
 
-uint64_t job_participant_id_new(void)
+uint64_t job_participant_id_new(struct dte_engine *e)
 {
-	return ((uint64_t)jeng.node_hash << 32) | ++jeng.next_local;
+	return ((uint64_t)e->node_hash << 32) | ++e->next_local;
 }
 
 /* ---------------------------------------------------------------- layouts */
@@ -266,7 +263,7 @@ oom:
 
 /* ---------------------------------------------------------------- answers */
 
-void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
+void job_reply(struct dte_engine *e, uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	       Dte__Response__BodyCase bc, void *body)
 {
 	Dte__Response resp = DTE__RESPONSE__INIT;
@@ -290,8 +287,8 @@ void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	} else {
 		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
 	}
-	if (jeng.reply)
-		jeng.reply(conn, &resp);
+	if (e->reply)
+		e->reply(conn, &resp);
 	else
 		DLOG_E("control: connection %llu: an answer with nowhere to go (no job_set_reply)",
 		       (unsigned long long)conn);
@@ -299,19 +296,19 @@ void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
 
 /* ----------------------------------------------------------------- events */
 
-void jev_progress(void)
+void jev_progress(struct dte_engine *e)
 {
-	if (jeng.ev_progress)
-		jeng.ev_progress();
+	if (e->ev_progress)
+		e->ev_progress(e);
 }
 
 void jev_sink_staged(struct job *j, struct jlocal *l)
 {
-	if (jeng.ev_sink_staged)
-		jeng.ev_sink_staged(j, l);
+	if (j->eng->ev_sink_staged)
+		j->eng->ev_sink_staged(j, l);
 }
 
-int jev_committing(void)
+int jev_committing(struct dte_engine *e)
 {
-	return jeng.ev_committing ? jeng.ev_committing() : 0;
+	return e->ev_committing ? e->ev_committing(e) : 0;
 }

@@ -11,17 +11,27 @@
  *   job_ops.c      verify, resync (and what they remember at apply)
  *   job_capture.c  a capture on a worker; job_task.c: heavy steps on
  *                  workers, the shutdown drain
- *   job_state.c    jeng, lookups, sends, answers, history, layouts, events
+ *   job_state.c    the engine's lookups, sends, answers, history, layouts, events
  *   route.c        records to and from nodes (the receiver registers)
  * A lower file learns of a higher one's business only through an event
- * (jev_*(): a function the higher file registered in jeng at job_init). */
+ * (jev_*(): a function the higher file registered in the engine at
+ * dte_engine_new).
+ *
+ * The engine is an instance (struct dte_engine below, opaque in job.h):
+ * every piece of its mutable state lives in it, two engines can live in
+ * one process, and nothing reaches "the" engine through a global.  A job
+ * knows its engine (job.eng); a function without a job takes the engine
+ * as its first argument; a libuv callback finds it through its handle
+ * or its task (tests/system/engine_api.sh counts what is left global). */
 #ifndef DTED_JOB_STATE_H
 #define DTED_JOB_STATE_H
 
 #include <stdint.h>
 #include <uv.h>
 #include "daemon/buf.h"
+#include "daemon/bufpool.h"
 #include "daemon/derr.h"
+#include "daemon/job_ext.h"
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
 #include "daemon/pair_sm.h"
@@ -44,6 +54,7 @@ enum { JROLE_SOURCE = 0, JROLE_SINK = 1 };
 /* Change detection (job option `detect`, docs/SYNC.md). */
 enum { JDETECT_ADAMW = 0, JDETECT_SNAPSHOT = 1 };
 
+struct dte_engine;
 struct jsnap;
 struct side_tab;
 
@@ -272,7 +283,7 @@ static inline const struct jsink *jsink_cof(const struct jlocal *l)
  * jsink, with nbufs buffer slots; NULL when out of memory.  jlocal_free()
  * frees either. */
 struct jlocal *jlocal_new(int role, size_t nbufs);
-void jlocal_free(struct jlocal *l);
+void jlocal_free(struct dte_engine *e, struct jlocal *l);
 /* The storage writer's canonical sink: hang a struct jwriter on sink l.
  * 0, or -1 when out of memory. */
 int jsink_make_writer(struct jlocal *l);
@@ -316,6 +327,7 @@ struct jhist {
 };
 
 struct job {
+	struct dte_engine *eng;   /* the engine it lives in */
 	char name[JOB_NAME_MAX];
 	char token[128];
 	/* Peer auth (daemon/job_auth.c, proto/peer_auth.h): on unless the
@@ -380,6 +392,19 @@ struct job {
 	struct job *next;
 };
 
+/* An engine's payload buffers of parts that went out, taken again by the
+ * next parts (bufpool.h; job_capture.c).  Its own allocation: the router
+ * may give a chunk back after the engine is freed (eng is NULL then, and
+ * the last chunk back frees the pool). */
+struct jcap_pool {
+	struct bpool bp;
+	size_t chunks_out;        /* given to the router, not back yet (loop only) */
+	struct dte_engine *eng;   /* NULL: the engine is gone */
+};
+struct jcap_pool *jcap_pool_new(struct dte_engine *e);
+/* The engine goes: the pool is freed now, or by its last chunk back. */
+void jcap_pool_release(struct jcap_pool *pool);
+
 /* A capture (mark or publish) on a worker thread: job_capture.c runs it,
  * job_src.c prepares it and finishes it on the loop.  The task owns all
  * of it; nothing here points into a job. */
@@ -430,6 +455,7 @@ struct jcap_part {
 
 struct jcap {
 	uv_work_t work;
+	struct dte_engine *eng;   /* its engine: the pool, parts_wake, inflight */
 	int kind;
 	char job[JOB_NAME_MAX];
 	uint64_t participant, conn;
@@ -441,7 +467,7 @@ struct jcap {
 	int detect;               /* JDETECT_* of the job */
 	uint32_t zstd_level;      /* remote pairs' payloads */
 	size_t part_bytes;        /* a part goes once its payload reaches this */
-	int notify;               /* wake the loop (jeng.parts_wake) per part */
+	int notify;               /* wake the loop (eng->parts_wake) per part */
 	uv_mutex_t mu;            /* guards q between the worker and the loop */
 	int mu_init;
 	struct jcap_part *q, **q_tail;
@@ -464,7 +490,7 @@ struct jcap {
 	uint64_t side_kept, side_uncertain, side_left_out, side_dropped;
 	int side_wrong;           /* a test build's fault (job_ext.h): drops to break */
 	uint64_t dense_elements;  /* read for dense pairs (shared ones once) */
-	struct jcap *next;        /* jeng.inflight */
+	struct jcap *next;        /* eng->inflight */
 };
 
 /* Worker side: 0, or -1 with c->err.  Parts are queued on c->q as they
@@ -473,14 +499,15 @@ int  jcap_run(struct jcap *c);
 void jcap_free(struct jcap *c);
 /* Loop side: takes the parts queued so far (NULL when none). */
 struct jcap_part *jcap_take_parts(struct jcap *c);
-void jcap_part_free(struct jcap_part *p);
+void jcap_part_free(struct dte_engine *e, struct jcap_part *p);
 /* A part's chunk given to the router (send_part) comes back here, on the
  * loop, once it is sent or dropped; arg is its capacity. */
-void jcap_chunk_release(void *chunk, void *cap);
-void jcap_chunk_given(void);	/* count one before giving it */
+void jcap_chunk_release(struct jcap_pool *pool, void *chunk, size_t cap);
+void jcap_chunk_given(struct jcap_pool *pool);	/* count one before giving it */
 /* A dense version of a pair with these entries is coming (a fresh sink, a
  * repair): its parts' buffers populated ahead, on a worker. */
-void jcap_prefill_dense(const struct jentry *e, size_t n, size_t part_bytes);
+void jcap_prefill_dense(struct dte_engine *eng, const struct jentry *e, size_t n,
+			size_t part_bytes);
 int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);
@@ -491,19 +518,26 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
  * result, and frees the task.  cancelled: it never ran (shutdown). */
 struct jtask {
 	uv_work_t work;
+	struct dte_engine *eng;   /* set by jtask_start */
 	void (*run)(struct jtask *t);
 	void (*done)(struct jtask *t, int cancelled);
-	struct jtask *next;       /* jeng.tasks */
+	struct jtask *next;       /* eng->tasks */
 };
 
-void jtask_start(struct jtask *t);
-/* Any capture or task still on a worker. */
-int jtask_busy(void);
+void jtask_start(struct dte_engine *e, struct jtask *t);
+/* Any capture or task of e still on a worker. */
+int jtask_busy(struct dte_engine *e);
 /* Shutdown: refuse new work, cancel what has not started and run the
  * loop until every capture and task came back (their callbacks). */
-void job_tasks_drain(void);
+void job_tasks_drain(struct dte_engine *e);
 
-struct jengine {
+struct jwaiter;
+struct jverify;
+
+/* The engine (job.h's opaque struct dte_engine): made by dte_engine_new,
+ * freed by dte_engine_free.  Every file of the engine keeps its mutable
+ * state here, in its own part below. */
+struct dte_engine {
 	uv_loop_t *loop;
 	const struct dtc_backend *be;
 	const char *backend_name;
@@ -523,17 +557,51 @@ struct jengine {
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
 	struct dwake parts_wake;  /* a worker framed a part (job_src.c sends it) */
+	int closing;              /* handles closed, their callbacks not run yet */
 	/* Deferred control answers go here (job_set_reply: main.c installs
 	 * dctl_reply; tests their own). */
 	int (*reply)(uint64_t conn, Dte__Response *resp);
-	/* Events, raised below through jev_*() and answered above (job_init
-	 * registers them; NULL: nobody listens). */
-	void (*ev_progress)(void);                 /* job.c: job_check_waiters */
+	/* Events, raised below through jev_*() and answered above
+	 * (dte_engine_new registers them; NULL: nobody listens). */
+	void (*ev_progress)(struct dte_engine *e);   /* job.c: job_check_waiters */
 	void (*ev_sink_staged)(struct job *j, struct jlocal *l); /* jstore_sink_staged */
-	int  (*ev_committing)(void);               /* jstore_committing */
+	int  (*ev_committing)(struct dte_engine *e); /* jstore_committing */
 	/* Tests: return nonzero to drop an outgoing record (a lost message). */
 	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
 			 const void *data, size_t len);
+	/* Extension points (job_ext.h): a test build's hooks, copied from
+	 * job_ext_builtin at dte_engine_new when one is linked; all NULL in
+	 * production.  A unit test may set its engine's own. */
+	struct job_ext ext;
+
+	/* job.c: control waits not answered yet; records refused that named
+	 * no job; the hook called after every job created (job.h). */
+	struct jwaiter *waiters;
+	uint64_t refused;
+	void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq);
+	/* job_ops.c: what resync remembers for verify at apply. */
+	struct jverify *verifies;
+	/* job_sink.c: wait_staged calls parked, all sinks. */
+	uint64_t parked_total;
+	/* job_storage.c: owner ids of the storage writers' participants;
+	 * writers' commits on workers. */
+	uint64_t store_owners;
+	int store_commits;
+	/* job_capture.c: payload buffers of parts (struct jcap_pool); dense
+	 * prefills on workers (shutdown waits for them). */
+	struct jcap_pool *cpool;
+	unsigned prefills;
+	/* job_auth.c: the operator's switch (job_auth_configure). */
+	struct {
+		int off;            /* auth = off: every job */
+		char off_jobs[512];  /* auth_off_jobs */
+	} auth;
+	/* job_persist.c: where jobs are kept (empty: nowhere); a restore is
+	 * creating them again (not saved twice). */
+	struct {
+		char dir[4096];
+		int restoring;
+	} persist;
 };
 
 #define JOB_MAX_STAGED_DEFAULT 8
@@ -546,15 +614,14 @@ struct jengine {
 #define JOB_PART_BYTES_DEFAULT ((size_t)4 << 20)
 #define JOB_VERIFY_FULL_EVERY_DEFAULT 16
 
-extern struct jengine jeng;
-
 /* job_state.c: the bottom layer. */
-struct job *job_find(const char *name);
+struct job *job_find(struct dte_engine *e, const char *name);
 struct jlocal *job_local(struct job *j, uint64_t id);
 struct jlocal *job_local_owned(struct job *j, uint64_t id, uint64_t conn);
 /* The job `name` and its source participant `id` that connection conn
  * attached: 0, or -ENOENT with the reason (publish, mark, wait_captured). */
-int job_source_owned(const char *name, uint64_t id, uint64_t conn, struct job **jp,
+int job_source_owned(struct dte_engine *e, const char *name, uint64_t id, uint64_t conn,
+		     struct job **jp,
 		     struct jlocal **lp, char *err, size_t errlen);
 const struct jpinfo *job_part(const struct job *j, uint64_t id);
 const char *job_node_address(const struct job *j, const char *node);
@@ -569,10 +636,10 @@ double job_ms_since(uint64_t t0);
 /* A deferred answer to request req_id of connection conn: rc is 0 or a
  * negative errno (daemon/derr.h), mapped to the wire status here; body (of
  * case bc) only when rc >= 0. */
-void job_reply(uint64_t conn, uint32_t req_id, int rc, const char *msg,
+void job_reply(struct dte_engine *e, uint64_t conn, uint32_t req_id, int rc, const char *msg,
 	       Dte__Response__BodyCase bc, void *body);
-/* A participant id unique in every job: this node's hash, then a counter. */
-uint64_t job_participant_id_new(void);
+/* A participant id unique in every job of e: this node's hash, then a counter. */
+uint64_t job_participant_id_new(struct dte_engine *e);
 /* Frees a pair's source side (dirty bitmaps, snapshot). */
 void jpair_free_state(struct jpair *p);
 struct jhist *jhist_find(struct job *j, uint64_t version);
@@ -587,15 +654,15 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 /* The canonical sink layout (rank 0, buffer 0). */
 int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
 			    size_t errlen);
-/* Events (struct jengine): a version's progress may answer a wait
+/* Events (struct dte_engine): a version's progress may answer a wait
  * (job.c); a local sink staged a version (the storage writer); whether a
  * storage commit is on a worker (the shutdown drain). */
-void jev_progress(void);
+void jev_progress(struct dte_engine *e);
 void jev_sink_staged(struct job *j, struct jlocal *l);
-int  jev_committing(void);
+int  jev_committing(struct dte_engine *e);
 
 /* job.c */
-void job_check_waiters(void);
+void job_check_waiters(struct dte_engine *e);
 
 /* job_local.c: jlocal_new(), jlocal_free() (above). */
 
@@ -606,9 +673,9 @@ void jcoord_node_down(struct job *j, const char *node);
 void jcoord_free(struct job *j);
 /* A PLAN_ACK from a member. */
 void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m);
-/* Retries of JOINs and PLANs not acknowledged yet; (re)arms jeng.ctl_timer. */
-void jctl_retry(void);
-void jctl_update(void);
+/* Retries of JOINs and PLANs not acknowledged yet; (re)arms e->ctl_timer. */
+void jctl_retry(struct dte_engine *e);
+void jctl_update(struct dte_engine *e);
 /* Member: the coordinator went down; rejoin when it is back. */
 void jmember_coord_down(struct job *j, const char *node);
 /* A random boot id (PEER_TERM_BOOT_BITS, never 0). */
@@ -626,13 +693,13 @@ void jplan_free(struct job *j);
 /* job_src.c */
 void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
-/* jeng.parts_wake: send the parts every running capture framed. */
+/* The engine's parts_wake: send the parts every running capture framed. */
 void jsrc_parts_ready(struct dwake *w);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
 /* Frees what the source side allocated for l (job_local.c's jlocal_free). */
-void jsrc_free(struct jlocal *l);
+void jsrc_free(struct dte_engine *e, struct jlocal *l);
 /* Source l's capture of `version` (0: its last publish): 1 when it no
  * longer reads the buffers (*rep: its counts when it is the last one),
  * 0 while it does, a negative errno with the reason when it failed or
@@ -645,7 +712,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 		  size_t hdrlen);
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len);
-void jsink_free(struct jlocal *l);
+void jsink_free(struct dte_engine *e, struct jlocal *l);
 /* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
 void jsink_send_deferred(struct job *j, struct jlocal *l);
 void jsink_replanned(struct job *j);
@@ -661,8 +728,8 @@ uint64_t jsink_newest_staged(const struct jlocal *l);
  * jsink_parked / jsink_unparked: a wait_staged of l's starts / is over
  * (jsink.parked). */
 int jsink_park_ending(struct job *j, struct jlocal *l);
-void jsink_parked(struct jlocal *l);
-void jsink_unparked(struct jlocal *l);
+void jsink_parked(struct dte_engine *e, struct jlocal *l);
+void jsink_unparked(struct dte_engine *e, struct jlocal *l);
 
 /* What an apply did (job_sink.c, on a worker). */
 struct jsink_apply_result {

@@ -60,6 +60,7 @@ struct rread;
 
 struct jstore {
 	struct jstore_cfg cfg;
+	struct dte_engine *eng;    /* its engine (outlives the store: shutdown drains it) */
 	struct job *job;           /* NULL once the job is gone */
 	uint64_t *toff;            /* [ntensors + 1]: tensor starts, canonical flat */
 	uint64_t *numel;
@@ -88,8 +89,11 @@ struct jstore {
 	char error[256];
 };
 
-static uint64_t owners;
-static int commits;                /* writers' commits on workers */
+/* In the engine: store_owners (the writers' buffer owners drawn:
+ * OWNER_BASE + n, unique within the engine; the buffer registry is
+ * process-wide, so engines sharing a process with their own routers
+ * will need distinct bases), store_commits (writers' commits on
+ * workers). */
 
 static void store_destroy(struct jstore *s);
 
@@ -410,7 +414,7 @@ static void commit_after(uv_work_t *req, int status)
 	struct jhist *h;
 	const char *cause;
 
-	commits--;
+	s->eng->store_commits--;
 	s->wc = NULL;
 	if (!(j = s->job)) {
 		/* The job went while the commit was out: the store is ours. */
@@ -493,9 +497,10 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 	c->requested = dts_keyframe_take(s->cfg.root, j->name);
 	c->flags = (nobase ? DTS_BEGIN_NOBASE : 0) | (c->requested ? DTS_BEGIN_KEYFRAME : 0);
 	s->wc = c;
-	commits++;
-	if (!jeng.loop || (e = uv_queue_work(jeng.loop, &c->work, commit_work, commit_after)) < 0) {
-		if (jeng.loop)
+	s->eng->store_commits++;
+	if (!s->eng->loop ||
+	    (e = uv_queue_work(s->eng->loop, &c->work, commit_work, commit_after)) < 0) {
+		if (s->eng->loop)
 			DLOG_W("job %s: storage v%llu: no worker (%s); writing on the loop",
 			       j->name, (unsigned long long)version, uv_strerror(e));
 		commit_work(&c->work);
@@ -567,7 +572,8 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 	/* One version at a time: the next one is applied to the mirror only
 	 * once the commit before it is done with the mirror, and only one
 	 * apply runs (its completion, writer_applied, comes back here). */
-	if (jsink_of(l)->staged && !s->wc && !jsink_of(l)->applying && !jeng.stopping) {
+	if (jsink_of(l)->staged && !s->wc && !jsink_of(l)->applying &&
+	    !s->eng->stopping) {
 		const struct jstaged *st = jsink_of(l)->staged;
 		struct wapply *w = calloc(1, sizeof(*w));
 		char err[256];
@@ -619,7 +625,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 			close(fd);
 		return e;
 	}
-	s->owner = OWNER_BASE + ++owners;
+	s->owner = OWNER_BASE + ++s->eng->store_owners;
 	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16,
 				  "storage canonical", &id, err, errlen)) < 0)
 		return e;
@@ -639,12 +645,12 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	}
 	l = jlocal_new(JROLE_SINK, 1);
 	if (!l || jsink_make_writer(l) < 0) {
-		jlocal_free(l);
+		jlocal_free(j->eng, l);
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	l->bufs[0] = s->mirror;
 	dbuf_ref(s->mirror);
-	l->info.id = job_participant_id_new();
+	l->info.id = job_participant_id_new(j->eng);
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
 	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
 	l->owner = s->owner;
@@ -1025,8 +1031,8 @@ static void rread_run(struct jtask *t)
 	if (!r->n)
 		return;
 	/* Test builds only (job_ext.h): may hold the read here. */
-	if (job_ext.storage_read)
-		job_ext.storage_read((uint64_t)(dts_reader_position(s->r) + 1));
+	if (s->eng->ext.storage_read)
+		s->eng->ext.storage_read((uint64_t)(dts_reader_position(s->r) + 1));
 	r->rc = dts_reader_next(s->r, &v, r->err, sizeof(r->err));
 	if (r->rc != DTS_OK)
 		return;
@@ -1174,7 +1180,7 @@ static void rread_done(struct jtask *t, int cancelled)
 	s->staging = (int64_t)r->version;
 	if (!staged)
 		s->rekick = 1;	/* nothing to wait for: move on */
-	jev_progress();
+	jev_progress(s->eng);
 out:
 	rread_free(r);
 	timer_update(s);
@@ -1220,7 +1226,7 @@ static void reader_read(struct jstore *s, struct job *j)
 	r->task.run = rread_run;
 	r->task.done = rread_done;
 	s->rd = r;
-	jtask_start(&r->task);
+	jtask_start(s->eng, &r->task);
 }
 
 static void reader_tick(struct jstore *s)
@@ -1236,7 +1242,7 @@ static void reader_tick(struct jstore *s)
 	sync_sinks(s, j);
 	if (s->staging >= 0 && !reader_resolve(s, j))
 		goto out;
-	if (!jeng.stopping && (s->sinks || s->ack >= 0))
+	if (!s->eng->stopping && (s->sinks || s->ack >= 0))
 		reader_read(s, j);
 out:
 	if (s->job)
@@ -1274,9 +1280,9 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 		return dts_errno(e);
 	s->staging = -1;
 	s->rpos = dts_reader_position(s->r);
-	if (!jeng.loop)
+	if (!s->eng->loop)
 		return 0;	/* unit tests without a loop: ticks never run */
-	if ((e = uv_timer_init(jeng.loop, &s->timer)) < 0)
+	if ((e = uv_timer_init(s->eng->loop, &s->timer)) < 0)
 		return derr_fail(err, errlen, e, "timer: %s", uv_strerror(e));
 	s->timer.data = s;
 	s->handles++;
@@ -1284,7 +1290,7 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 		char dir[4096 + 160];
 
 		snprintf(dir, sizeof(dir), "%s/%s", s->cfg.root, j->name);
-		if ((e = dts_watch_start(&s->watch, jeng.loop, dir, s->cfg.watch_mode, WATCH_MS,
+		if ((e = dts_watch_start(&s->watch, s->eng->loop, dir, s->cfg.watch_mode, WATCH_MS,
 					 on_watch, s)) < 0)
 			return derr_fail(err, errlen, e, "watching %s: %s", dir, uv_strerror(e));
 		s->handles++;
@@ -1312,6 +1318,7 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
 	s->cfg = *cfg;
+	s->eng = j->eng;
 	s->job = j;
 	s->ack = -1;
 	snprintf(s->jname, sizeof(s->jname), "%s", j->name);
@@ -1397,9 +1404,9 @@ void jstore_free(struct job *j)
 	store_destroy(s);
 }
 
-int jstore_committing(void)
+int jstore_committing(struct dte_engine *e)
 {
-	return commits > 0;	/* the commits of deleted jobs too */
+	return e->store_commits > 0;	/* the commits of deleted jobs too */
 }
 
 void jstore_sink_staged(struct job *j, struct jlocal *l)

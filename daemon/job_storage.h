@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include "proto/dte.pb-c.h"
 
+struct dte_engine;
 struct job;
 struct jlocal;
 struct dte_spec;
@@ -61,11 +62,11 @@ void jstore_free(struct job *j);
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
 
 /* A version was staged for local sink l (job_sink.c raises it through
- * jev_sink_staged; job_init registers this). */
+ * jev_sink_staged; dte_engine_new registers this). */
 void jstore_sink_staged(struct job *j, struct jlocal *l);
 /* A writer's commit is on a worker (shutdown waits for it: job_task.c
- * asks through jev_committing; job_init registers this). */
-int jstore_committing(void);
+ * asks through jev_committing; dte_engine_new registers this). */
+int jstore_committing(struct dte_engine *e);
 
 /* dtectl job */
 void jstore_info(const struct job *j, Dte__JobReply *rep);

@@ -23,7 +23,7 @@ static void task_work(uv_work_t *w)
 
 static void task_unlink(struct jtask *t)
 {
-	for (struct jtask **pp = &jeng.tasks; *pp; pp = &(*pp)->next) {
+	for (struct jtask **pp = &t->eng->tasks; *pp; pp = &(*pp)->next) {
 		if (*pp == t) {
 			*pp = t->next;
 			return;
@@ -39,47 +39,48 @@ static void task_after(uv_work_t *w, int status)
 	t->done(t, status == UV_ECANCELED);
 }
 
-void jtask_start(struct jtask *t)
+void jtask_start(struct dte_engine *e, struct jtask *t)
 {
+	t->eng = e;
 	t->work.data = t;
-	t->next = jeng.tasks;
-	jeng.tasks = t;
-	if (!jeng.loop || uv_queue_work(jeng.loop, &t->work, task_work, task_after) < 0) {
+	t->next = e->tasks;
+	e->tasks = t;
+	if (!e->loop || uv_queue_work(e->loop, &t->work, task_work, task_after) < 0) {
 		/* No loop (unit tests without one) or no thread pool: here. */
 		task_work(&t->work);
 		task_after(&t->work, 0);
 	}
 }
 
-int jtask_busy(void)
+int jtask_busy(struct dte_engine *e)
 {
-	return jeng.tasks || jeng.inflight || jev_committing();
+	return e->tasks || e->inflight || e->prefills || jev_committing(e);
 }
 
-void job_tasks_drain(void)
+void job_tasks_drain(struct dte_engine *e)
 {
-	jeng.stopping = 1;
-	if (!jeng.loop)
+	e->stopping = 1;
+	if (!e->loop)
 		return;
-	if (jtask_busy()) {
+	if (jtask_busy(e)) {
 		size_t n = 0;
 
-		for (struct jtask *t = jeng.tasks; t; t = t->next)
+		for (struct jtask *t = e->tasks; t; t = t->next)
 			n++;
-		for (struct jcap *c = jeng.inflight; c; c = c->next)
+		for (struct jcap *c = e->inflight; c; c = c->next)
 			n++;
 		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
-		       jev_committing() ? " and a storage commit" : "");
+		       jev_committing(e) ? " and a storage commit" : "");
 	}
 	/* Queued, not started: their callbacks come with UV_ECANCELED. */
-	for (struct jtask *t = jeng.tasks; t; t = t->next)
+	for (struct jtask *t = e->tasks; t; t = t->next)
 		uv_cancel((uv_req_t *)&t->work);
-	for (struct jcap *c = jeng.inflight; c; c = c->next)
+	for (struct jcap *c = e->inflight; c; c = c->next)
 		uv_cancel((uv_req_t *)&c->work);
 	/* Storage commits are left to finish (a cancelled one would leave
 	 * its version unwritten for no gain).  Each round blocks until
 	 * something happens; a worker that ends wakes the loop, and its
 	 * callback unlinks the task. */
-	while (jtask_busy())
-		uv_run(jeng.loop, UV_RUN_ONCE);
+	while (jtask_busy(e))
+		uv_run(e->loop, UV_RUN_ONCE);
 }

@@ -14,6 +14,7 @@ static const char *const level_names[] = {
 	[DLOG_INFO] = "info", [DLOG_DEBUG] = "debug",
 };
 
+/* Process-wide, not engine state: the daemon has one log. */
 static enum dlog_level cur_level = DLOG_NOTICE;
 static int to_journal;
 static int to_syslog;

@@ -160,15 +160,15 @@ static void reload(void)
 	memcpy(conf.allow_gids, nc.allow_gids, sizeof(conf.allow_gids));
 	conf.n_allow_gids = nc.n_allow_gids;
 	conf.max_staged_versions = nc.max_staged_versions;
-	job_set_max_staged(conf.max_staged_versions);
+	job_set_max_staged(srv.eng, conf.max_staged_versions);
 	conf.verify_full_every = nc.verify_full_every;
-	job_set_verify_full_every(conf.verify_full_every);
+	job_set_verify_full_every(srv.eng, conf.verify_full_every);
 	conf.peer_part_bytes = nc.peer_part_bytes;
-	job_set_part_bytes((size_t)conf.peer_part_bytes);
+	job_set_part_bytes(srv.eng, (size_t)conf.peer_part_bytes);
 	conf.mark_table_bytes = nc.mark_table_bytes;
 	side_set_cap(conf.mark_table_bytes);
 	memcpy(conf.sync_mode, nc.sync_mode, sizeof(conf.sync_mode));
-	job_set_mode_policy(strcmp(conf.sync_mode, "sparse") ? 0 : 1);
+	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -411,31 +411,33 @@ int main(int argc, char **argv)
 		goto out_route;
 	}
 	droute_ucx_attach_engine(droute_ucx_daemon());
-	job_auth_configure(conf.peer_auth, conf.peer_auth_off_jobs);
-	if (job_init(&loop, be, srv.backend) < 0) {
+	/* The daemon's one sync engine; the control handlers reach it
+	 * through srv (daemon/dreply.h). */
+	if (!(srv.eng = dte_engine_new(&loop, be, srv.backend))) {
 		DLOG_E("cannot start the sync engine");
 		goto out_job;
 	}
+	job_auth_configure(srv.eng, conf.peer_auth, conf.peer_auth_off_jobs);
 	srv.conn_gone = job_conn_gone;
-	job_set_reply(dctl_reply);
-	job_set_max_staged(conf.max_staged_versions);
-	job_set_part_bytes((size_t)conf.peer_part_bytes);
-	job_set_verify_full_every(conf.verify_full_every);
+	job_set_reply(srv.eng, dctl_reply);
+	job_set_max_staged(srv.eng, conf.max_staged_versions);
+	job_set_part_bytes(srv.eng, (size_t)conf.peer_part_bytes);
+	job_set_verify_full_every(srv.eng, conf.verify_full_every);
 	side_set_cap(conf.mark_table_bytes);
-	job_set_mode_policy(strcmp(conf.sync_mode, "sparse") ? 0 : 1);
+	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	{
 		char perr[256];
 
 		/* Jobs kept by the daemon before this one, created again before
 		 * anyone is served (daemon/job_persist.c). */
-		if (jpersist_init(conf.job_state_dir, perr, sizeof(perr)) < 0) {
+		if (jpersist_init(srv.eng, conf.job_state_dir, perr, sizeof(perr)) < 0) {
 			DLOG_E("%s", perr);
 			goto out_ctl;
 		}
 		/* Every job created from now on is kept (the engine calls
 		 * back; it knows nothing of persistence). */
-		job_set_created_hook(jpersist_save);
-		jpersist_restore();
+		job_set_created_hook(srv.eng, jpersist_save);
+		jpersist_restore(srv.eng);
 	}
 	if (dctl_init(&loop, &srv) < 0)
 		goto out_ctl;
@@ -456,8 +458,8 @@ int main(int argc, char **argv)
 	dhttp_fini();
 	dctl_fini();
 out_ctl:
-	job_fini();
-	jops_fini();
+	dte_engine_free(srv.eng);
+	srv.eng = NULL;
 out_job:
 	droute_ucx_attach_engine(NULL);
 	route_fini();

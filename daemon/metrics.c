@@ -137,6 +137,8 @@ struct fam_state {
 	unsigned n;
 };
 
+/* Process-wide, not engine state (struct dte_engine): one registry per
+ * process, as Prometheus scrapes one daemon; every engine adds to it. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fam_state st[DM__COUNT];
 static void (*collector)(void *);

@@ -1,6 +1,8 @@
 /* daemon/registry.c — job and peer counts (single-threaded: loop only). */
 #include "daemon/registry.h"
 
+/* Process-wide, not engine state (struct dte_engine): the daemon's counts
+ * of buffers and jobs, which `dtectl status` reports. */
 static struct dreg_counts counts;
 
 void dreg_init(void)

@@ -45,7 +45,9 @@ static const struct route_decorator *dec;
  * until the engine registers: a record is then dropped. */
 static route_recv_fn recv_fn;
 static route_down_fn down_fn;
+static void *recv_ctx;
 static route_seal_fn seal_fn;
+static void *seal_ctx;
 
 static const struct route_transport local_transport;
 
@@ -73,7 +75,7 @@ static void on_idle(uv_idle_t *h)
 		rt.lend = r->data;
 		rt.lender = &local_transport;
 		if (recv_fn)
-			recv_fn(rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
+			recv_fn(recv_ctx, rt.node, r->type, r->hdr, r->hdrlen, r->data, r->len);
 		if (r->data && !rt.lend)
 			r->data = NULL;	/* taken (route_take_data) */
 		rt.lend = NULL;
@@ -263,7 +265,7 @@ static int pack(int remote, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
 	int rc;
 
 	if (remote && seal_fn) {
-		if ((rc = seal_fn(type, msg, data, len, mac)) < 0)
+		if ((rc = seal_fn(seal_ctx, type, msg, data, len, mac)) < 0)
 			return rc;
 		if (rc > 0 && (field = peer_auth_mac_field(msg))) {
 			keep = *field;
@@ -359,9 +361,16 @@ void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t 
 	rt.lend = data;
 	rt.lender = &rt.remote;
 	if (recv_fn)
-		recv_fn(from_node, type, hdr, hdrlen, data, len);
+		recv_fn(recv_ctx, from_node, type, hdr, hdrlen, data, len);
 	rt.lend = NULL;
 	rt.lender = NULL;
+}
+
+void route_receive(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		   size_t hdrlen, const void *data, size_t len)
+{
+	if (recv_fn)
+		recv_fn(recv_ctx, from_node, type, hdr, hdrlen, data, len);
 }
 
 void *route_take_data(const void *data)
@@ -379,18 +388,28 @@ void *route_take_data(const void *data)
 void route_node_down(const char *node)
 {
 	if (down_fn)
-		down_fn(node);
+		down_fn(recv_ctx, node);
 }
 
-void route_set_receiver(route_recv_fn recv, route_down_fn down)
+void route_set_receiver(route_recv_fn recv, route_down_fn down, void *ctx)
 {
 	recv_fn = recv;
 	down_fn = down;
+	recv_ctx = ctx;
 }
 
-void route_set_sealer(route_seal_fn seal)
+void route_set_sealer(route_seal_fn seal, void *ctx)
 {
 	seal_fn = seal;
+	seal_ctx = ctx;
+}
+
+void route_unset(void *ctx)
+{
+	if (recv_ctx == ctx)
+		route_set_receiver(NULL, NULL, NULL);
+	if (seal_ctx == ctx)
+		route_set_sealer(NULL, NULL);
 }
 
 size_t route_pending(void)

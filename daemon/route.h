@@ -76,9 +76,10 @@ struct route_decorator {
 	 * route_set_remote): route.c sends through outer. */
 	void (*wrap)(const struct route_transport *inner, struct route_transport *outer);
 	/* A record the remote transport received, before the engine sees
-	 * it: returns 1 when the decorator took it over (it hands it to
-	 * job_peer_recv() itself, altered, twice or later; the receiver
-	 * cannot take its data then), 0 to have it delivered as usual. */
+	 * it: returns 1 when the decorator took it over (it hands it to the
+	 * receiver itself through route_receive(), altered, twice or later;
+	 * the receiver cannot take its data then), 0 to have it delivered as
+	 * usual. */
 	int  (*deliver)(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 			size_t hdrlen, const void *data, size_t len);
 };
@@ -143,6 +144,12 @@ unsigned long long route_record_key(const uint8_t *hdr, size_t hdrlen);
 void route_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
 		   size_t hdrlen, const void *data, size_t len);
 
+/* A decorator's delivery (struct route_decorator, deliver): hands the
+ * record to the receiver now, past the decorator; the receiver cannot
+ * take its data (route_take_data). */
+void route_receive(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
+		   size_t hdrlen, const void *data, size_t len);
+
 /* The remote transport saw daemon `node` go away. */
 void route_node_down(const char *node);
 
@@ -157,14 +164,19 @@ size_t route_pending(void);
 
 /* The receiver of every record, and of a node gone away: the sync
  * engine (daemon/job.c: job_peer_recv, job_peer_down) registers itself at
- * job_init, so the router below it never names it.  hdr/data are borrowed
- * for the call.  Malformed or refused records are logged and counted,
- * never trusted.  Kept across route_init; before a receiver is set a
- * record is dropped. */
-typedef void (*route_recv_fn)(const char *from_node, Dtep__PeerMsgType type,
+ * dte_engine_new, so the router below it never names it; ctx (the engine)
+ * is passed back to both.  hdr/data are borrowed for the call.  Malformed
+ * or refused records are logged and counted, never trusted.  Kept across
+ * route_init; before a receiver is set a record is dropped.
+ *
+ * The router itself is process-level (one per daemon: its node name, its
+ * transports, its local queue): one receiver at a time.  Engines that
+ * share a process would each need a router of their own; that is a later
+ * step (issue 31). */
+typedef void (*route_recv_fn)(void *ctx, const char *from_node, Dtep__PeerMsgType type,
 			      const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
-typedef void (*route_down_fn)(const char *node);
-void route_set_receiver(route_recv_fn recv, route_down_fn down);
+typedef void (*route_down_fn)(void *ctx, const char *node);
+void route_set_receiver(route_recv_fn recv, route_down_fn down, void *ctx);
 
 /* The sealer of every record leaving for another daemon: the sync engine
  * (daemon/job_auth.c) computes the record's MAC (peer protocol 5,
@@ -173,8 +185,12 @@ void route_set_receiver(route_recv_fn recv, route_down_fn down);
  * record goes without one (no JobRef, auth off for its job); < 0 fails
  * the send with it.  Records for this daemon are not sealed: they never
  * leave the process.  data is the PAYLOAD's. */
-typedef int (*route_seal_fn)(Dtep__PeerMsgType type, const ProtobufCMessage *msg,
+typedef int (*route_seal_fn)(void *ctx, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
 			     const void *data, size_t len, uint8_t mac[32]);
-void route_set_sealer(route_seal_fn seal);
+void route_set_sealer(route_seal_fn seal, void *ctx);
+
+/* The receiver and the sealer registered with ctx go (an engine being
+ * freed); those of another ctx stay. */
+void route_unset(void *ctx);
 
 #endif

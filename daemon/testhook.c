@@ -141,7 +141,7 @@ static void held_flush(void)
 	if (!h)
 		return;
 	th.held = NULL;
-	job_peer_recv(h->from, h->type, h->hdr, h->hdrlen, h->data, h->len);
+	route_receive(h->from, h->type, h->hdr, h->hdrlen, h->data, h->len);
 	held_free(h);
 }
 
@@ -307,7 +307,7 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 	if (th.fault == F_REORDER && th.held) {
 		/* The newcomer overtakes the held record. */
 		uv_timer_stop(&timer);
-		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+		route_receive(from_node, type, hdr, hdrlen, data, len);
 		held_flush();
 		return 1;
 	}
@@ -328,15 +328,15 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 		th.corrupted = v;
 		DLOG_W("test hook: corrupt-payload: version %llu byte %zu of %zu from %s flipped",
 		       (unsigned long long)v, len / 2, len, from_node);
-		job_peer_recv(from_node, type, hdr, hdrlen, copy, len);
+		route_receive(from_node, type, hdr, hdrlen, copy, len);
 		free(copy);
 		return 1;
 	}
 	case F_DUP:
 		DLOG_W("test hook: dup: version %llu record type %d from %s twice",
 		       (unsigned long long)v, (int)type, from_node);
-		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
-		job_peer_recv(from_node, type, hdr, hdrlen, data, len);
+		route_receive(from_node, type, hdr, hdrlen, data, len);
+		route_receive(from_node, type, hdr, hdrlen, data, len);
 		return 1;
 	case F_REORDER:
 		if (!hold(from_node, type, hdr, hdrlen, data, len))

@@ -87,14 +87,18 @@ static void skip(uint16_t *elem, uint16_t old)
 	*elem = old;
 }
 
+/* Every engine of this build starts with these (job_ext.h). */
+const struct job_ext job_ext_builtin = {
+	.capture_start = testhook_capture,
+	.sink_select = testhook_sink_value,
+	.sink_alter = alter,
+	.storage_read = testhook_storage_read,
+	.capture_wrong_drop = testhook_capture_wrong_drop,
+	.apply_select = testhook_apply_select,
+	.apply_skip = skip,
+};
+
 __attribute__((constructor)) static void testhook_install(void)
 {
 	route_set_decorator(&decorator);
-	job_ext.capture_start = testhook_capture;
-	job_ext.sink_select = testhook_sink_value;
-	job_ext.sink_alter = alter;
-	job_ext.storage_read = testhook_storage_read;
-	job_ext.capture_wrong_drop = testhook_capture_wrong_drop;
-	job_ext.apply_select = testhook_apply_select;
-	job_ext.apply_skip = skip;
 }

@@ -27,6 +27,7 @@ int dwake_init(uv_loop_t *loop, struct dwake *w, dwake_cb cb)
 	int e;
 
 	w->init = 0;
+	w->closing = 0;
 	w->pending = 0;
 	w->cb = cb;
 	if ((w->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
@@ -38,6 +39,7 @@ int dwake_init(uv_loop_t *loop, struct dwake *w, dwake_cb cb)
 	}
 	w->poll.data = w;
 	if ((e = uv_poll_start(&w->poll, UV_READABLE, on_readable)) < 0) {
+		w->closing = 1;
 		uv_close((uv_handle_t *)&w->poll, on_closed);	/* closes the fd */
 		return e;
 	}
@@ -62,6 +64,7 @@ static void on_closed(uv_handle_t *h)
 
 	close(w->fd);
 	w->fd = -1;
+	w->closing = 0;
 }
 
 void dwake_close(struct dwake *w)
@@ -69,5 +72,11 @@ void dwake_close(struct dwake *w)
 	if (!w->init)
 		return;
 	w->init = 0;
+	w->closing = 1;
 	uv_close((uv_handle_t *)&w->poll, on_closed);
+}
+
+int dwake_closing(const struct dwake *w)
+{
+	return w->closing;
 }

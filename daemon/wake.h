@@ -26,6 +26,7 @@ struct dwake {
 	int fd;
 	int pending;      /* a wakeup is on its way (atomic) */
 	int init;
+	int closing;      /* closed, its close callback not run yet */
 	dwake_cb cb;
 };
 
@@ -40,5 +41,9 @@ void dwake_send(struct dwake *w);
 /* On the loop's thread, once nobody sends any more: the handle and the
  * eventfd are closed (the eventfd once libuv has let go of it). */
 void dwake_close(struct dwake *w);
+
+/* Nonzero from dwake_close (or a dwake_init that failed after making the
+ * handle) until libuv has let go of w: its memory must live until then. */
+int dwake_closing(const struct dwake *w);
 
 #endif

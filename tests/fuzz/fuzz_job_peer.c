@@ -59,6 +59,9 @@
 #include "gpu/compute.h"
 #include "tests/fuzz/fuzz_util.h"
 
+/* The engine under test: the test's own instance (job.h). */
+static struct dte_engine *eng;
+
 #define SRC_CONN 1
 #define SINK_CONN 2
 #define MAXB 32
@@ -113,7 +116,7 @@ static void spin(void)
 	for (;;) {
 		for (int i = 0; i < 8; i++)
 			uv_run(&loop, UV_RUN_NOWAIT);
-		if (!jtask_busy() && !route_pending())
+		if (!jtask_busy(eng) && !route_pending())
 			return;
 		if (!route_pending())
 			uv_run(&loop, UV_RUN_ONCE);	/* a worker's completion wakes it */
@@ -219,7 +222,7 @@ static void side_register(struct side *sd, uint64_t conn, const char *desc, int 
 static void attach(struct side *sd, uint64_t conn, const char *role, const char *desc)
 {
 	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
-	struct job *j = job_find("fj");
+	struct job *j = job_find(eng, "fj");
 	char err[512];
 	int deferred = 0;
 
@@ -229,7 +232,7 @@ static void attach(struct side *sd, uint64_t conn, const char *role, const char 
 	rq.layout = (char *)desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
-	FUZZ_CHECK(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)) == 0,
+	FUZZ_CHECK(job_attach(eng, conn, 7, &rq, &deferred, err, sizeof(err)) == 0,
 		   "attach: %s", err);
 	spin();
 	sd->participant = 0;
@@ -290,7 +293,7 @@ static int publish(uint64_t version)
 	rq.step = step;
 	rq.n_groups = 2;
 	rq.groups = gp;
-	st = job_publish(SRC_CONN, 41, &rq, &rep, &deferred, err, sizeof(err));
+	st = job_publish(eng, SRC_CONN, 41, &rq, &rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
@@ -313,7 +316,7 @@ static uint64_t staged(void)
 
 	rq.job = "fj";
 	rq.participant = sink.participant;
-	if (job_query_version(SINK_CONN, &rq, &rep, err, sizeof(err)))
+	if (job_query_version(eng, SINK_CONN, &rq, &rep, err, sizeof(err)))
 		return 0;
 	return rep.staged;
 }
@@ -329,8 +332,8 @@ static int apply(uint64_t version, int *checksum_ok)
 	rq.participant = sink.participant;
 	rq.version = version;
 	/* The apply runs on a worker (daemon/job_task.c); its answer comes
-	 * through jeng.reply. */
-	st = job_apply(SINK_CONN, 43, &rq, &rep, &deferred, err, sizeof(err));
+	 * through eng->reply. */
+	st = job_apply(eng, SINK_CONN, 43, &rq, &rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
@@ -359,7 +362,7 @@ static void park(uint8_t how)
 	rq.job = "fj";
 	rq.participant = sink.participant;
 	rq.timeout_ms = how & 1 ? 5 : 60000;
-	if (job_wait_staged(SINK_CONN, PARK_ID, &rq, &rep, &deferred, err, sizeof(err)) == 0 &&
+	if (job_wait_staged(eng, SINK_CONN, PARK_ID, &rq, &rep, &deferred, err, sizeof(err)) == 0 &&
 	    deferred)
 		parked = 1;
 }
@@ -468,7 +471,7 @@ static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessag
 	ProtobufCBinaryData keep_mac = { 0, NULL };
 	char *keep_token = NULL;
 	uint8_t mac[PEER_AUTH_MACBYTES];
-	struct job *j = ref && ref->job ? job_find(ref->job) : NULL;
+	struct job *j = ref && ref->job ? job_find(eng, ref->job) : NULL;
 	int sealed = 0;
 	size_t n;
 	uint8_t *buf;
@@ -488,7 +491,7 @@ static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessag
 		ref->mac = keep_mac;
 		ref->token = keep_token;
 	}
-	job_peer_recv(from, type, buf, n, data, len);
+	job_peer_recv(eng, from, type, buf, n, data, len);
 	free(buf);
 }
 
@@ -502,7 +505,7 @@ static void feed_raw(const char *from, Dtep__PeerMsgType type, const uint8_t *h,
 		abort();
 	memcpy(hc, h, hl);
 	memcpy(dc, d, dl);
-	job_peer_recv(from, type, hc, hl, dl ? dc : NULL, dl);
+	job_peer_recv(eng, from, type, hc, hl, dl ? dc : NULL, dl);
 	free(hc);
 	free(dc);
 }
@@ -776,15 +779,16 @@ static void setup(void)
 
 	FUZZ_CHECK(uv_loop_init(&loop) == 0, "loop");
 	FUZZ_CHECK(route_init(&loop, "fz", "") == 0, "route_init");
-	FUZZ_CHECK(job_init(&loop, dtc_backend_cpu(), "cpu") == 0, "job_init");
-	jeng.reply = catch_reply;
-	jeng.drop_send = hold_hook;
-	jeng.part_bytes = 512;          /* versions go in several parts */
+	eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu");
+	FUZZ_CHECK(eng != NULL, "dte_engine_new");
+	eng->reply = catch_reply;
+	eng->drop_send = hold_hook;
+	eng->part_bytes = 512;          /* versions go in several parts */
 	jc.name = "fj";
 	jc.model_config = (char *)config;
 	jc.token = "tok";
 	jc.coordinator = "local";
-	FUZZ_CHECK(job_create(&jc, &jr, err, sizeof(err)) == 0, "job_create: %s", err);
+	FUZZ_CHECK(job_create(eng, &jc, &jr, err, sizeof(err)) == 0, "job_create: %s", err);
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
 	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
 	attach(&src, SRC_CONN, "source", "megatron:tp=1");
@@ -800,7 +804,7 @@ static void setup(void)
 	holding = 0;
 	FUZZ_CHECK(nheld >= 2, "version 2 sent %zu records", nheld);
 	if (getenv("FUZZ_JOB_PEER_LOG")) {
-		const struct jpair *p = job_pair(job_find("fj"), src.participant, sink.participant);
+		const struct jpair *p = job_pair(job_find(eng, "fj"), src.participant, sink.participant);
 
 		for (size_t i = 0; p && i < p->n; i++)
 			fprintf(stderr, "fuzz_job_peer: entry %zu: tensor %u box %llu -> buffer %u\n", i,
@@ -810,11 +814,12 @@ static void setup(void)
 
 static void teardown(void)
 {
-	job_conn_gone(SINK_CONN);
-	job_conn_gone(SRC_CONN);
+	job_conn_gone(eng, SINK_CONN);
+	job_conn_gone(eng, SRC_CONN);
 	spin();
 	FUZZ_CHECK(dbuf_count(NULL) == 0, "%zu buffers left registered", (size_t)dbuf_count(NULL));
-	job_fini();
+	dte_engine_free(eng);
+	eng = NULL;
 	route_fini();
 	uv_run(&loop, UV_RUN_DEFAULT);
 	FUZZ_CHECK(uv_loop_close(&loop) == 0, "loop does not close");
@@ -913,7 +918,7 @@ static void write_seeds(const char *dir)
 	{
 		/* Every entry 16 positions two apart, encoded past the box: the
 		 * 16-element boxes (norms) get positions up to 30; then apply. */
-		const struct jpair *p = job_pair(job_find("fj"), src.participant, sink.participant);
+		const struct jpair *p = job_pair(job_find(eng, "fj"), src.participant, sink.participant);
 
 		n = 0;
 		b[n++] = 3, b[n++] = 0, b[n++] = 0, b[n++] = 0, b[n++] = 0;
@@ -937,7 +942,7 @@ static void write_seeds(const char *dir)
 		Dtep__PlanAck pa2 = DTEP__PLAN_ACK__INIT;
 		uint64_t ids[2] = { src.participant, sink.participant };
 		struct rec r = { 0 };
-		struct job *j = job_find("fj");
+		struct job *j = job_find(eng, "fj");
 
 		ref.job = "fj";
 		ref.token = "tok";
@@ -1020,7 +1025,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int ops = 0;
 
 	setup();
-	j = job_find("fj");
+	j = job_find(eng, "fj");
 	epoch0 = j->epoch;
 	while (in.n && ops++ < 64) {
 		switch (fuzz_u8(&in) % 8) {

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build}
 O=$B/obj/daemon
 # From the top; the files of one row must not call each other.
-ROWS='job
+ROWS='job job_metrics
 job_storage
 job_local
 job_coord

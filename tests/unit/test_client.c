@@ -17,8 +17,10 @@
 #include "client/dte.h"
 #include "daemon/conf.h"
 #include "daemon/ctl.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
+#include "gpu/backend.h"
 
 static struct dconf conf;
 static struct dsrv srv;
@@ -57,6 +59,10 @@ static int setup(void **state)
 	srv.conf = &conf;
 	srv.backend = "cpu";
 	srv.start_ns = uv_hrtime();
+	/* Job commands reach an engine, as in dted; without a loop (this
+	 * one runs on its own thread), so it holds no handle there. */
+	if (!(srv.eng = dte_engine_new(NULL, dtc_backend_cpu(), "cpu")))
+		return -1;
 	dreg_init();
 	uv_loop_init(&loop);
 	uv_async_init(&loop, &stop_async, on_stop);
@@ -69,6 +75,8 @@ static int teardown(void **state)
 {
 	uv_async_send(&stop_async);
 	pthread_join(loop_thread, NULL);
+	dte_engine_free(srv.eng);
+	srv.eng = NULL;
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&loop), 0);
 	assert_int_equal(access(conf.socket, F_OK), -1);

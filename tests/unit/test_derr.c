@@ -18,7 +18,9 @@
 #include "daemon/conf.h"
 #include "daemon/derr.h"
 #include "daemon/dispatch.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
+#include "gpu/backend.h"
 #include "proto/cmdtab.h"
 
 static void test_table(void **state)
@@ -127,6 +129,9 @@ static void test_handlers_map_at_the_edge(void **state)
 	srv.conf = &conf;
 	srv.backend = "cpu";
 	srv.start_ns = uv_hrtime();
+	/* Job commands reach an engine of the test's own (no loop). */
+	srv.eng = dte_engine_new(NULL, dtc_backend_cpu(), "cpu");
+	assert_non_null(srv.eng);
 
 	/* buf.c -ENOENT: not found (was ERR_INVALID). */
 	req.id = 1;
@@ -156,6 +161,8 @@ static void test_handlers_map_at_the_edge(void **state)
 	req.job = &jr;
 	jr.name = "nope";
 	expect(&req, DTE__STATUS__STATUS_ERR_NOT_FOUND, "unknown job \"nope\"");
+	dte_engine_free(srv.eng);
+	srv.eng = NULL;
 }
 
 int main(void)

@@ -37,6 +37,9 @@
 #include "gpu/compute.h"
 #include "adamw_ref.h"
 
+/* The engine under test: the test's own instance (job.h). */
+static struct dte_engine *eng;
+
 #define SRC_CONN 1
 #define SINK_CONN 2
 #define SINK2_CONN 3
@@ -67,7 +70,7 @@ static void spin(void)
 
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
-	while (jeng.tasks) {
+	while (eng->tasks) {
 		uv_run(&loop, UV_RUN_ONCE);
 		if (uv_hrtime() - t0 > 30000000000ull)
 			fail_msg("a sink task still runs after 30 s");
@@ -134,7 +137,7 @@ static long smaps_rss_kb(const void *addr)
 static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const char *desc)
 {
 	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
-	struct job *j = job_find("tj");
+	struct job *j = job_find(eng, "tj");
 	char err[512];
 	int deferred = 0;
 
@@ -145,7 +148,7 @@ static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const c
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
 	rq.replica = attach_replica;
-	assert_int_equal(job_attach(conn, 7, &rq, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_attach(eng, conn, 7, &rq, &deferred, err, sizeof(err)), 0);
 	assert_true(deferred);
 	spin();
 	/* The plan came back: the participant is announced. */
@@ -301,13 +304,13 @@ static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 	{
 		int deferred = 0, before = answer.n;
 
-		st = job_publish(SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
+		st = job_publish(eng, SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
 		if (st == 0 && deferred && publish_again_busy) {
 			Dte__PublishReply again = DTE__PUBLISH_REPLY__INIT;
 			int d2 = 0;
 
 			rq.version = version + 1;
-			assert_int_equal(job_publish(SRC_CONN, 42, &rq, &again, &d2, err, sizeof(err)),
+			assert_int_equal(job_publish(eng, SRC_CONN, 42, &rq, &again, &d2, err, sizeof(err)),
 					 -EBUSY);
 			assert_non_null(strstr(err, "a capture is still running"));
 			assert_false(d2);
@@ -339,7 +342,7 @@ static uint64_t staged_of(const struct side *k, uint64_t conn)
 	spin();	/* staging runs on a worker */
 	rq.job = "tj";
 	rq.participant = k->participant;
-	assert_int_equal(job_query_version(conn, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(job_query_version(eng, conn, &rq, &rep, err, sizeof(err)), 0);
 	return rep.staged;
 }
 
@@ -351,7 +354,7 @@ static uint64_t staged(void)
 
 	rq.job = "tj";
 	rq.participant = sink.participant;
-	assert_int_equal(job_query_version(SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(job_query_version(eng, SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
 	return rep.staged;
 }
 
@@ -367,8 +370,8 @@ static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 	rq.job = "tj";
 	rq.participant = k->participant;
 	rq.version = version;
-	/* The apply runs on a worker; its answer comes through jeng.reply. */
-	assert_int_equal(job_apply(conn, 77, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	/* The apply runs on a worker; its answer comes through eng->reply. */
+	assert_int_equal(job_apply(eng, conn, 77, &rq, &rep, &deferred, err, sizeof(err)), 0);
 	if (deferred) {
 		for (int i = 0; i < 10000 && answer.n == n0; i++)
 			uv_run(&loop, UV_RUN_ONCE);
@@ -703,7 +706,7 @@ static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessag
 	size_t n;
 	uint8_t *buf = pack_as_peer(type, m, data, len, &n);
 
-	job_peer_recv(from, type, buf, n, data, len);
+	job_peer_recv(eng, from, type, buf, n, data, len);
 	free(buf);
 	spin();
 }
@@ -791,18 +794,18 @@ static void test_sync_and_misbehaving_peer(void **state)
 	jc.model_config = config;
 	jc.token = "tok";
 	jc.coordinator = "local";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), 0);
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), 0);
 	assert_true(jr.created && jr.coordinator);
 	jc.token = "other";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "token"));
 	jc.name = "bad name!";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), -EINVAL);
 	jc.name = "tj2";
 	jc.token = "tok";
 	jc.model_config = "{\"model_type\": \"nonsense\"}";
-	assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EINVAL);
-	j = job_find("tj");
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), -EINVAL);
+	j = job_find(eng, "tj");
 
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
 	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
@@ -884,7 +887,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 
 		memset(garbage, 0xff, sizeof(garbage));
 		for (int t = 0; t <= 9; t++)
-			job_peer_recv("evil", (Dtep__PeerMsgType)t, garbage, sizeof(garbage), garbage, 3);
+			job_peer_recv(eng, "evil", (Dtep__PeerMsgType)t, garbage, sizeof(garbage), garbage, 3);
 		spin();
 	}
 	{
@@ -920,7 +923,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 			st.src = src.participant;
 			st.dst = sink.participant;
 			bn = dtep__staged__pack(&st, b);
-			job_peer_recv("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, b, bn, NULL, 0);
+			job_peer_recv(eng, "evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, b, bn, NULL, 0);
 			assert_int_equal(j->auth_refused, 3);
 		}
 		send_forged(j, "tok", 3, 2, DTEP__MODE__MODE_SPARSE, 1, enc, n, 0);
@@ -1088,14 +1091,14 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(publish(9, 4, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
-	jeng.drop_send = drop_some;
+	eng->drop_send = drop_some;
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
 	drop_version = 10;
 	adamw_step(5, 55);
 	assert_int_equal(publish(10, 5, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
-	jeng.drop_send = NULL;
+	eng->drop_send = NULL;
 	refused0 = j->refused;
 	snapshot(&snap);
 	adamw_step(6, 66);
@@ -1121,7 +1124,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	/* At most one unacknowledged version under a sparse one: with the
 	 * STAGED of 13 and 14 lost, 14 may still build on 13 (12 was
 	 * acknowledged), 15 may not. */
-	jeng.drop_send = drop_some;
+	eng->drop_send = drop_some;
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED;
 	drop_version = 13;
 	adamw_step(8, 88);
@@ -1133,7 +1136,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	adamw_step(10, 100);
 	assert_int_equal(publish(15, 10, &pr), 0);
 	assert_int_equal(pr.dense, 1);
-	jeng.drop_send = NULL;
+	eng->drop_send = NULL;
 	assert_int_equal(staged(), 15);
 	apply_ok(15);
 	check_exact();
@@ -1152,15 +1155,15 @@ static void test_sync_and_misbehaving_peer(void **state)
 	apply_side_ok(&sink2, SINK2_CONN, 16);
 	apply_ok(16);
 	{
-		uint64_t scans0 = jeng.scans, served0 = jeng.scan_entries;
+		uint64_t scans0 = eng->scans, served0 = eng->scan_entries;
 		size_t entries = job_pair(j, src.participant, sink.participant)->n;
 
 		adamw_step(12, 122);
 		assert_int_equal(publish(17, 12, &pr), 0);
 		assert_int_equal(pr.dense, 0);
-		assert_int_equal(jeng.scan_entries - served0, 2 * entries);
-		assert_true(jeng.scans - scans0 <= entries);
-		assert_int_equal(jeng.scan_entries - served0, 2 * (jeng.scans - scans0));
+		assert_int_equal(eng->scan_entries - served0, 2 * entries);
+		assert_true(eng->scans - scans0 <= entries);
+		assert_int_equal(eng->scan_entries - served0, 2 * (eng->scans - scans0));
 	}
 	apply_ok(17);
 	apply_side_ok(&sink2, SINK2_CONN, 17);
@@ -1170,7 +1173,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	/* A sink that never applies: past max_staged_versions its staging
 	 * goes, its sources hear so, and its next version is dense; the other
 	 * replica keeps applying sparse. */
-	jeng.max_staged = 3;
+	eng->max_staged = 3;
 	for (uint64_t v = 18; v <= 21; v++) {
 		adamw_step((int64_t)v - 5, (unsigned)v);
 		assert_int_equal(publish(v, (int64_t)v - 5, &pr), 0);
@@ -1195,7 +1198,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 				wrq.version = 21;
 				wrq.timeout_ms = 0;
 				err[0] = 0;
-				assert_int_equal(job_wait(SRC_CONN, 1, &wrq, &wrep, &deferred, err,
+				assert_int_equal(job_wait(eng, SRC_CONN, 1, &wrq, &wrep, &deferred, err,
 							  sizeof(err)), -EIO);
 				assert_int_equal(deferred, 0);
 				assert_non_null(strstr(err, "did not apply version"));
@@ -1221,17 +1224,17 @@ static void test_sync_and_misbehaving_peer(void **state)
 	apply_side_ok(&sink2, SINK2_CONN, 22);
 	check_exact();
 	check_exact_side(&sink2);
-	jeng.max_staged = 0;
+	eng->max_staged = 0;
 	assert_int_equal(staged_of(&sink2, SINK2_CONN), 22);
-	job_conn_gone(SINK2_CONN);
+	job_conn_gone(eng, SINK2_CONN);
 	spin();
 
 	/* Connections go: participants leave, buffers are released. */
-	job_conn_gone(SINK_CONN);
+	job_conn_gone(eng, SINK_CONN);
 	spin();
 	assert_false(j->complete && j->nparts == 2);
 	assert_int_equal(j->nparts, 1);
-	job_conn_gone(SRC_CONN);
+	job_conn_gone(eng, SRC_CONN);
 	spin();
 	assert_int_equal(dbuf_count(NULL), 0);
 	for (size_t b = 0; b < src.n; b++)
@@ -1316,7 +1319,7 @@ static void feed_rec(const struct rec *r)
 	}
 	if (m)
 		protobuf_c_message_free_unpacked(m, NULL);
-	job_peer_recv("evil", r->type, buf ? buf : r->msg, buf ? n : r->mlen, r->data, r->len);
+	job_peer_recv(eng, "evil", r->type, buf ? buf : r->msg, buf ? n : r->mlen, r->data, r->len);
 	free(buf);
 	spin();
 }
@@ -1408,20 +1411,20 @@ static void publish_exact(uint64_t v, int64_t step, int dense)
  * are refused or dropped, write nothing, and never pile up. */
 static void test_parts(void **state)
 {
-	struct job *j = job_find("tj");
+	struct job *j = job_find(eng, "tj");
 	uint64_t v = 100, refused0;
 	int64_t step = 0;
 	void *snap;
 	Dtep__Payload *pm;
 
-	jeng.part_bytes = 512;
+	eng->part_bytes = 512;
 	src.participant = sink.participant = 0;
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
 	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
 	attach(&src, SRC_CONN, "source", "megatron:tp=1");
 	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
 	assert_true(j->complete);
-	jeng.drop_send = hold_some;
+	eng->drop_send = hold_some;
 
 	/* Many versions: dense, then sparse; some applied as a chain of 3. */
 	publish_exact(v++, ++step, 1);
@@ -1580,7 +1583,7 @@ static void test_parts(void **state)
 		char err[256];
 		int deferred = 0;
 
-		assert_int_equal(job_verify(SRC_CONN, 90, "tj", &vr, NULL, &deferred, err,
+		assert_int_equal(job_verify(eng, SRC_CONN, 90, "tj", &vr, NULL, &deferred, err,
 					    sizeof(err)), 0);
 		assert_true(deferred);
 		spin();
@@ -1594,17 +1597,17 @@ static void test_parts(void **state)
 		assert_int_equal(publish(v, step, &pr), 0);
 		assert_int_equal(staged(), v);
 		deferred = 0;
-		assert_int_equal(job_verify(SRC_CONN, 91, "tj", &vr, NULL, &deferred, err,
+		assert_int_equal(job_verify(eng, SRC_CONN, 91, "tj", &vr, NULL, &deferred, err,
 					    sizeof(err)), 0);
 		assert_true(deferred);
 		rq.job = "tj";
 		rq.participant = sink.participant;
 		rq.version = v;
 		deferred = 0;
-		assert_int_equal(job_apply(SINK_CONN, 92, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_int_equal(job_apply(eng, SINK_CONN, 92, &rq, &rep, &deferred, err, sizeof(err)), 0);
 		assert_true(deferred);
 		/* A second apply of the same sink while one runs is refused. */
-		assert_int_equal(job_apply(SINK_CONN, 93, &rq, &rep, &deferred, err, sizeof(err)),
+		assert_int_equal(job_apply(eng, SINK_CONN, 93, &rq, &rep, &deferred, err, sizeof(err)),
 				 -EBUSY);
 		spin();
 		assert_int_equal(answer.verify_id, 91);
@@ -1635,16 +1638,16 @@ static void test_parts(void **state)
 		rq.participant = sink.participant;
 		rq.version = v;
 		n0 = answer.n;
-		assert_int_equal(job_apply(SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_int_equal(job_apply(eng, SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
 		assert_true(deferred);
-		assert_non_null(jeng.tasks);
+		assert_non_null(eng->tasks);
 		b0 = job_local(j, sink.participant)->bufs[0];
-		job_conn_gone(SINK_CONN);
+		job_conn_gone(eng, SINK_CONN);
 		assert_null(job_local(j, sink.participant));
 		/* released with its owner, still mapped for the task */
 		assert_true(b0->released && b0->refs > 0);
 		spin();
-		assert_null(jeng.tasks);
+		assert_null(eng->tasks);
 		assert_int_equal(answer.n, n0 + 1);
 		assert_int_equal(answer.id, 78);
 		assert_int_equal(answer.code, DTE__STATUS__STATUS_ERR_NOT_FOUND);
@@ -1652,10 +1655,10 @@ static void test_parts(void **state)
 		assert_int_equal(dbuf_count(NULL), src.n);
 	}
 
-	jeng.drop_send = NULL;
-	jeng.part_bytes = 0;
-	job_conn_gone(SINK_CONN);
-	job_conn_gone(SRC_CONN);
+	eng->drop_send = NULL;
+	eng->part_bytes = 0;
+	job_conn_gone(eng, SINK_CONN);
+	job_conn_gone(eng, SRC_CONN);
 	spin();
 	assert_int_equal(dbuf_count(NULL), 0);
 	for (size_t b = 0; b < src.n; b++)
@@ -1677,7 +1680,7 @@ static void park(uint32_t id, uint32_t timeout_ms)
 	rq.job = "tj";
 	rq.participant = sink.participant;
 	rq.timeout_ms = timeout_ms;
-	assert_int_equal(job_wait_staged(SINK_CONN, id, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_wait_staged(eng, SINK_CONN, id, &rq, &rep, &deferred, err, sizeof(err)), 0);
 	assert_true(deferred);
 }
 
@@ -1706,20 +1709,20 @@ static void feed_wrong_value(const struct rec *r)
  * its bytes restored, staged as usual once that part comes. */
 static void test_arrival(void **state)
 {
-	struct job *j = job_find("tj");
+	struct job *j = job_find(eng, "tj");
 	struct jsink *k;
 	uint64_t v = 400, parts0, fails0;
 	int64_t step = 0;
 	void *snap;
 
-	jeng.part_bytes = 512;
+	eng->part_bytes = 512;
 	src.participant = sink.participant = 0;
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
 	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
 	attach(&src, SRC_CONN, "source", "megatron:tp=1");
 	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
 	assert_true(j->complete);
-	jeng.drop_send = hold_some;
+	eng->drop_send = hold_some;
 	k = jsink_of(job_local(j, sink.participant));
 	publish_exact(v++, ++step, 1);
 	publish_exact(v++, ++step, 0);
@@ -1989,10 +1992,10 @@ static void test_arrival(void **state)
 		      (unsigned long long)k->arrival_undos, (unsigned long long)k->arrival_retreats);
 
 	held_clear();
-	jeng.drop_send = NULL;
-	jeng.part_bytes = 0;
-	job_conn_gone(SINK_CONN);
-	job_conn_gone(SRC_CONN);
+	eng->drop_send = NULL;
+	eng->part_bytes = 0;
+	job_conn_gone(eng, SINK_CONN);
+	job_conn_gone(eng, SRC_CONN);
 	spin();
 	assert_int_equal(dbuf_count(NULL), 0);
 	for (size_t b = 0; b < src.n; b++)
@@ -2003,7 +2006,7 @@ static void test_arrival(void **state)
 
 /* ------------------------------------------------------- skipped write
  * The apply's verification reads the memory it wrote: a write skipped
- * inside the apply (job_ext.apply_skip puts the old value back into the
+ * inside the apply (eng->ext.apply_skip puts the old value back into the
  * first element an entry wrote, as the test build's skip-write fault
  * does) fails the check, although the apply's own delta says it wrote
  * it.  A failed check never leaves the sink on what failed: every write
@@ -2035,7 +2038,7 @@ static Dte__ApplyReply apply_answer(uint64_t version)
 	rq.job = "tj";
 	rq.participant = sink.participant;
 	rq.version = version;
-	assert_int_equal(job_apply(SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_apply(eng, SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
 	if (deferred) {
 		for (int i = 0; i < 10000 && answer.n == n0; i++)
 			uv_run(&loop, UV_RUN_ONCE);
@@ -2059,7 +2062,7 @@ static void publish_step(uint64_t v, int64_t step, int dense)
 
 static void test_skip_write(void **state)
 {
-	struct job *j = job_find("tj");
+	struct job *j = job_find(eng, "tj");
 	struct jsink *k;
 	uint64_t v = 700, fails0;
 	int64_t step = 0;
@@ -2075,8 +2078,8 @@ static void test_skip_write(void **state)
 	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
 	assert_true(j->complete);
 	k = jsink_of(job_local(j, sink.participant));
-	job_ext.apply_select = skip_select;
-	job_ext.apply_skip = skip_put_back;
+	eng->ext.apply_select = skip_select;
+	eng->ext.apply_skip = skip_put_back;
 	skip_calls = 0;
 	publish_step(v, ++step, 1);
 	apply_ok(v++);
@@ -2146,10 +2149,10 @@ static void test_skip_write(void **state)
 	print_message("skip-write: caught=%d undone=%llu arrival_undos=%llu\n", skip_calls,
 		      (unsigned long long)k->apply_undos, (unsigned long long)k->arrival_undos);
 
-	job_ext.apply_select = NULL;
-	job_ext.apply_skip = NULL;
-	job_conn_gone(SINK_CONN);
-	job_conn_gone(SRC_CONN);
+	eng->ext.apply_select = NULL;
+	eng->ext.apply_skip = NULL;
+	job_conn_gone(eng, SINK_CONN);
+	job_conn_gone(eng, SRC_CONN);
 	spin();
 	assert_int_equal(dbuf_count(NULL), 0);
 	for (size_t b = 0; b < src.n; b++)
@@ -2243,9 +2246,9 @@ static void test_roles(void **state)
 
 	/* Each frees as its role (ASan: nothing leaks, the writer included). */
 	assert_non_null(jsource_of(so)->shards = strdup("0 w 4"));
-	jlocal_free(so);
-	jlocal_free(si);
-	jlocal_free(NULL);
+	jlocal_free(eng, so);
+	jlocal_free(eng, si);
+	jlocal_free(eng, NULL);
 }
 
 /* Families dtectl plan maps but the data path cannot keep exact (FP32
@@ -2270,10 +2273,10 @@ static void test_plan_only_families(void **state)
 		jc.name = i ? "glm" : "dsv3";
 		jc.model_config = (char *)cfgs[i];
 		err[0] = 0;
-		assert_int_equal(job_create(&jc, &jr, err, sizeof(err)), -EOPNOTSUPP);
+		assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), -EOPNOTSUPP);
 		assert_non_null(strstr(err, "dtectl plan maps it"));
 		assert_non_null(strstr(err, i ? "fp32" : "e_score_correction_bias"));
-		assert_null(job_find(jc.name));
+		assert_null(job_find(eng, jc.name));
 	}
 }
 
@@ -2288,18 +2291,19 @@ static int setup(void **state)
 	uv_loop_init(&loop);
 	if (route_init(&loop, "unit", "") < 0)
 		return -1;
-	if (job_init(&loop, dtc_backend_cpu(), "cpu") < 0)
+	if (!(eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu")))
 		return -1;
-	jeng.reply = catch_reply;
+	eng->reply = catch_reply;
 	/* These tests check which versions go sparse: no dense for cost
 	 * (test_pair_sm and tests/system/sync_mode.py cover that choice). */
-	job_set_mode_policy(PAIR_MODE_SPARSE);
+	job_set_mode_policy(eng, PAIR_MODE_SPARSE);
 	return 0;
 }
 
 static int teardown(void **state)
 {
-	job_fini();
+	dte_engine_free(eng);
+	eng = NULL;
 	route_fini();
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&loop), 0);

@@ -24,6 +24,9 @@
 #include "daemon/storage/storage.h"
 #include "gpu/backend.h"
 
+/* The engine under test: the test's own instance (job.h). */
+static struct dte_engine *eng;
+
 static uv_loop_t loop;
 static char *config;
 static struct dte_spec spec;
@@ -118,8 +121,8 @@ static void writer_and_reader_jobs(void **state)
 	struct jlocal *l;
 	char err[512];
 
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), 0);
-	j = job_find("w");
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), 0);
+	j = job_find(eng, "w");
 	assert_non_null(j);
 	/* The writer's canonical sink is a participant of its own. */
 	l = j->locals;
@@ -136,19 +139,19 @@ static void writer_and_reader_jobs(void **state)
 	assert_non_null(strstr(err, "reader"));
 	/* Same name, other storage configuration: refused. */
 	rq.keyframe_every = 3;
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), -EINVAL);
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "storage"));
 	rq = req("r", "storage", root, "reader");
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), 0);
-	j = job_find("r");
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), 0);
+	j = job_find(eng, "r");
 	assert_null(j->locals);
 	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), 0);
 	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "sources"));
 	/* A root that cannot be made: the job is not created. */
 	rq = req("bad", "storage", "/proc/no/such/dir", "reader");
-	assert_int_equal(job_create(&rq, &rep, err, sizeof(err)), -EINVAL);
-	assert_null(job_find("bad"));
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), -EINVAL);
+	assert_null(job_find(eng, "bad"));
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
 }
@@ -215,12 +218,14 @@ static int setup(void **state)
 	uv_loop_init(&loop);
 	if (route_init(&loop, "unit", "") < 0)
 		return -1;
-	return job_init(&loop, dtc_backend_cpu(), "cpu");
+	eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu");
+	return eng ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
-	job_fini();
+	dte_engine_free(eng);
+	eng = NULL;
 	route_fini();
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&loop), 0);

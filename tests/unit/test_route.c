@@ -31,12 +31,14 @@ static struct {
 	unsigned down;
 } eng;
 
-/* The engine's stand-in, registered with route_set_receiver (setup). */
-static void engine_recv(const char *from_node, Dtep__PeerMsgType type, const uint8_t *hdr,
-			size_t hdrlen, const void *data, size_t len)
+/* The engine's stand-in, registered with route_set_receiver (setup), its
+ * context &eng: the router passes it back with every call. */
+static void engine_recv(void *ctx, const char *from_node, Dtep__PeerMsgType type,
+			const uint8_t *hdr, size_t hdrlen, const void *data, size_t len)
 {
 	Dtep__Counts *c = dtep__counts__unpack(NULL, hdrlen, hdr);
 
+	assert_ptr_equal(ctx, &eng);
 	eng.calls++;
 	snprintf(eng.from, sizeof(eng.from), "%s", from_node ? from_node : "");
 	eng.version = c ? c->version : 0;
@@ -52,8 +54,9 @@ static void engine_recv(const char *from_node, Dtep__PeerMsgType type, const uin
 	}
 }
 
-static void engine_down(const char *node)
+static void engine_down(void *ctx, const char *node)
 {
+	assert_ptr_equal(ctx, &eng);
 	eng.down++;
 }
 
@@ -166,7 +169,7 @@ static int dc_deliver(const char *from, Dtep__PeerMsgType type, const uint8_t *h
 	/* Taken over: delivered altered (the first data byte flipped). */
 	if (len)
 		flipped = ((const uint8_t *)data)[0] ^ 0xff;
-	engine_recv(from, type, hdr, hdrlen, len ? &flipped : NULL, len ? 1 : 0);
+	engine_recv(&eng, from, type, hdr, hdrlen, len ? &flipped : NULL, len ? 1 : 0);
 	return 1;
 }
 
@@ -437,7 +440,7 @@ static int setup(void **state)
 	if (!loop || uv_loop_init(loop))
 		return -1;
 	*state = loop;
-	route_set_receiver(engine_recv, engine_down);
+	route_set_receiver(engine_recv, engine_down, &eng);
 	return 0;
 }
 
@@ -452,7 +455,7 @@ static int teardown(void **state)
 }
 
 /* The router names no engine: records and node-downs go to the receiver
- * registered with route_set_receiver (the engine's job_init), which is
+ * registered with route_set_receiver (the engine's dte_engine_new), which is
  * kept across route_init; with none registered a record is dropped (its
  * queued copy freed) and a node-down goes nowhere. */
 static void test_receiver_registration(void **state)
@@ -461,7 +464,7 @@ static void test_receiver_registration(void **state)
 	uint8_t data[3] = { 1, 2, 3 };
 
 	reset();
-	route_set_receiver(NULL, NULL);
+	route_set_receiver(NULL, NULL, NULL);
 	assert_int_equal(route_init(loop, "me", ""), 0);
 	assert_int_equal(send_counts("me", 21, data, sizeof(data)), 0);
 	assert_int_equal(route_pending(), 1);
@@ -474,7 +477,7 @@ static void test_receiver_registration(void **state)
 
 	/* Registered before route_init, kept by it: both paths reach it. */
 	reset();
-	route_set_receiver(engine_recv, engine_down);
+	route_set_receiver(engine_recv, engine_down, &eng);
 	assert_int_equal(route_init(loop, "me", ""), 0);
 	assert_int_equal(send_counts("me", 23, data, sizeof(data)), 0);
 	uv_run(loop, UV_RUN_NOWAIT);

@@ -1,0 +1,69 @@
+#!/bin/sh
+# The sync engine is an instance (daemon/job.h: struct dte_engine,
+# dte_engine_new): two engines can live in one process, so no engine
+# file may keep mutable state outside it.  Read from the built objects'
+# symbol tables (nm): for every engine object (the files of
+# engine_layers.sh's ROWS), each defined data or bss symbol, file-static
+# ones included, is a singleton; constants are not (.rodata and
+# .data.rel.ro: tables, a const struct of function pointers).
+#
+# route.o is read and its symbols listed, but not counted: the router is
+# process-level (one per daemon: its node name, its transports, its
+# local queue; daemon/route.h says so), and giving each engine a router
+# of its own is a later step of issue 31.
+#
+# wire_types_in_engine counts the control protocol's types (Dte__) in
+# the engine's headers (daemon/job*.h): reported, not yet enforced; a
+# later step takes the wire types out of the engine's API.
+#
+# Prints "engine-api: wire_types_in_engine=W singletons=S process_level=P"
+# and each symbol; fails when S > 0.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+B=${B:-build}
+O=$B/obj/daemon
+# The same files as engine_layers.sh's ROWS, and the engine's two files
+# outside the layers (peer auth, kept jobs).  job_cuda.c (the process's
+# device buffers and scratch) and job_snapshot.c (a CPU dispatch chosen
+# once) are process-level and say so.
+FILES='job job_metrics job_storage job_local job_coord job_src job_sink job_ops job_capture job_task
+job_state route coord_sm pair_sm sink_sm job_auth job_persist'
+# Process-level, listed and not counted (see above).
+PROCESS='route'
+tmp=$(mktemp) || exit 1
+trap 'rm -f "$tmp"' EXIT
+for f in $FILES; do
+	if [ ! -f "$O/$f.o" ]; then
+		echo "engine-api: FAIL: $O/$f.o not built (make first)"
+		exit 1
+	fi
+	# sysv format: name|value|class|type|size|line|section
+	nm -f sysv --defined-only "$O/$f.o" | awk -F'|' -v f="$f" '
+		{
+			for (i = 1; i <= NF; i++)
+				gsub(/^[ \t]+|[ \t]+$/, "", $i)
+		}
+		$3 ~ /^[bBdD]$/ && $7 !~ /^\.(rodata|data\.rel\.ro)/ {
+			print f, $1, $3, $7
+		}' >>"$tmp"
+done
+w=$(cat daemon/job*.h | grep -o 'Dte__' | wc -l)
+s=0
+p=0
+while read -r f sym type sect; do
+	case " $PROCESS " in
+	*" $f "*)
+		p=$((p + 1))
+		echo "engine-api: process-level (not counted): $f.o $sym ($type, $sect)"
+		;;
+	*)
+		s=$((s + 1))
+		echo "engine-api: singleton: $f.o $sym ($type, $sect)"
+		;;
+	esac
+done <"$tmp"
+echo "engine-api: wire_types_in_engine=$w singletons=$s process_level=$p"
+if [ "$s" -gt 0 ]; then
+	echo "FAIL: mutable state outside struct dte_engine; move it into the engine (daemon/job_state.h) or make it const"
+	exit 1
+fi
