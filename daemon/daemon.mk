@@ -9,6 +9,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c daemon/recvpool.c
+# The sync engine's I/O over libuv and the router (daemon/engine_io.h).
+DAEMON_SRCS += daemon/engine_io_uv.c
 # Workers wake the loop without libuv's async spin (daemon/wake.h).
 DAEMON_SRCS += daemon/wake.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
