@@ -1,21 +1,23 @@
 /* tests/unit/test_fixture.c — a real sync between engines in ONE process
  * on deterministic I/O (tests/unit/fixture.h; issue 31).
  *
- * Two engines (node0: coordinator and a Megatron TP=1 source stepping
- * AdamW as torch does, adamw_ref.h; node1: an SGLang TP=1 sink), each on
- * the fixture's stub I/O: a fake clock, timers fired in time order,
- * workers run inline when a step picks them, and a transport that queues
- * every record between the engines with seeded duplicates and reorders.
- * Buffers are memfds in the process's buffer registry (daemon/buf.h),
- * each node's under owners of its own.  Every schedule runs the control
- * API as tests/unit/test_job.c does (job_create on both, attach, publish
- * dense then sparse versions, apply) and checks every sink element
- * against RNE(θ) exactly, through the mapping test_job.c writes from
- * Megatron's and SGLang's own layout rules (copied below), not through
- * the product's plan.
+ * Three engines (node0: coordinator and a Megatron TP=1 source stepping
+ * AdamW as torch does, adamw_ref.h; node1 and node2: an SGLang TP=1 sink
+ * each, replicas 0 and 1), each on the fixture's stub I/O: a fake clock,
+ * timers fired in time order, workers run inline when a step picks them,
+ * and a transport that queues every record between the engines with
+ * seeded duplicates and reorders (drops too, with FX_DROP).  Buffers are
+ * memfds in the process's buffer registry (daemon/buf.h), each node's
+ * under an owner of its own.  Every schedule runs the control API as
+ * tests/unit/test_job.c does (job_create on every node, attach, publish
+ * dense then sparse versions, apply) and checks every element of every
+ * sink against RNE(θ) exactly, through the mapping test_job.c writes
+ * from Megatron's and SGLang's own layout rules (copied below), not
+ * through the product's plan.
  *
- * FX_SCHEDULES (environment) sets how many seeded schedules run
- * (default below); it prints
+ * FX_SCHEDULES (environment) sets how many seeded schedules run (default
+ * below), FX_SEED the first seed, FX_DROP/FX_DUP/FX_REORDER the faults'
+ * percentages, FX_DEBUG the engines' debug log; it prints
  * "fixture: nodes=N schedules=S steps=K violations=V". */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,15 +41,15 @@
 #include "gpu/compute.h"
 #include "adamw_ref.h"
 
-#define NODES 2
+#define NODES 3	/* node0: coordinator and source; every other node: a sink */
 #define SCHEDULES_DEFAULT 100
 #define VERSIONS 3
 #define MAXB 64
 #define MAX_STEPS 2000000ull
 #define STAGE_STEPS 20000ull	/* a version staged, or given up (refused) */
-/* Each node's control connections: owners of its own in the registry. */
-#define SRC_CONN  (0 * 100 + 1)	/* node0 */
-#define SINK_CONN (1 * 100 + 1)	/* node1 */
+/* Each node's control connection: an owner of its own in the registry. */
+#define CONN(node) ((uint64_t)(node) * 100 + 1)
+#define SRC_CONN CONN(0)
 
 static char *config;
 static struct dte_spec spec;
@@ -62,7 +64,7 @@ struct side {
 	uint64_t participant;
 };
 
-static struct side src, sink;
+static struct side src, sinks[NODES];	/* sinks[k]: node k's (k >= 1) */
 
 enum { M_H = 64, M_I = 96, M_NQ = 8, M_NKV = 2, M_HD = 8, M_V = 300, M_L = 2 };
 
@@ -293,7 +295,7 @@ static void adamw_step(int64_t step, unsigned seed)
 /* Every element of every sink buffer: RNE of the trainer's θ where SGLang
  * holds a model element, untouched zero in the padding.  The number of
  * elements that differ. */
-static uint64_t sink_violations(void)
+static uint64_t sink_violations(const struct side *k)
 {
 	struct dte_layout sl;
 	char err[256];
@@ -301,26 +303,26 @@ static uint64_t sink_violations(void)
 
 	assert_int_equal(dte_layout_from_desc(&sl, &spec, "megatron:tp=1", DTE_LAYOUT_SOURCE, err,
 					      sizeof(err)), 0);
-	for (size_t b = 0; b < sink.n; b++) {
-		const uint16_t *d = sink.mem[b];
+	for (size_t b = 0; b < k->n; b++) {
+		const uint16_t *d = k->mem[b];
 		int64_t rows = 0, cols = 0;
 
-		if (sg_shape(sink.names[b], &rows, &cols))
-			fail_msg("sink buffer %s is no SGLang parameter", sink.names[b]);
-		assert_int_equal(sink.bytes[b], (size_t)(rows * cols) * 2);
+		if (sg_shape(k->names[b], &rows, &cols))
+			fail_msg("sink buffer %s is no SGLang parameter", k->names[b]);
+		assert_int_equal(k->bytes[b], (size_t)(rows * cols) * 2);
 		for (int64_t r = 0; r < rows; r++)
 			for (int64_t c = 0; c < cols; c++) {
 				struct elref hf, mg;
 				uint16_t want = 0;
 
-				if (sg_to_hf(sink.names[b], r, c, &hf)) {
+				if (sg_to_hf(k->names[b], r, c, &hf)) {
 					hf_to_mg(&hf, &mg);
 					want = dtc_bf16_rne(mg_theta(&sl, &mg));
 					checked++;
 				}
 				if (d[r * cols + c] != want && bad++ < 3)
 					print_message("%s[%lld,%lld]: sink %04x want %04x\n",
-						      sink.names[b], (long long)r, (long long)c,
+						      k->names[b], (long long)r, (long long)c,
 						      d[r * cols + c], want);
 			}
 	}
@@ -385,16 +387,26 @@ static uint64_t want_staged;
 
 static int sink_staged(void *arg)
 {
-	return staged_of(cur->eng[1], SINK_CONN, &sink) >= want_staged;
+	for (unsigned k = 1; k < NODES; k++)
+		if (staged_of(cur->eng[k], CONN(k), &sinks[k]) < want_staged)
+			return 0;
+	return 1;
 }
 
 static int job_ready(void *arg)
 {
-	struct job *j0 = job_find(cur->eng[0], "fx"), *j1 = job_find(cur->eng[1], "fx");
+	struct job *j0 = job_find(cur->eng[0], "fx");
 
-	return j0 && j1 && j0->complete && j1->complete &&
-	       job_pair(j0, src.participant, sink.participant) &&
-	       job_pair(j1, src.participant, sink.participant);
+	if (!j0 || !j0->complete)
+		return 0;
+	for (unsigned k = 1; k < NODES; k++) {
+		struct job *jk = job_find(cur->eng[k], "fx");
+
+		if (!jk || !jk->complete || !job_pair(j0, src.participant, sinks[k].participant) ||
+		    !job_pair(jk, src.participant, sinks[k].participant))
+			return 0;
+	}
+	return 1;
 }
 
 /* Run until request id is answered; its status. */
@@ -406,7 +418,7 @@ static Dte__Status await(struct run *r, uint32_t id)
 }
 
 static uint64_t attach(struct run *r, unsigned node, struct side *sd, uint64_t conn, uint32_t id,
-		       const char *role, const char *desc)
+		       const char *role, const char *desc, uint32_t replica)
 {
 	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
 	struct job *j = job_find(r->eng[node], "fx");
@@ -419,6 +431,7 @@ static uint64_t attach(struct run *r, unsigned node, struct side *sd, uint64_t c
 	rq.layout = (char *)desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
+	rq.replica = replica;
 	assert_int_equal(job_attach(r->eng[node], conn, id, &rq, &deferred, err, sizeof(err)), 0);
 	if (deferred && await(r, id) != DTE__STATUS__STATUS_OK)
 		fail_msg("attach %s: %s", role, ans.msg[id]);
@@ -460,7 +473,7 @@ static void publish(struct run *r, uint32_t id, uint64_t version, int64_t step)
 			 deferred ? ans.msg[id] : err);
 }
 
-static void apply(struct run *r, uint32_t id, uint64_t version)
+static void apply(struct run *r, unsigned node, uint32_t id, uint64_t version)
 {
 	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
@@ -468,10 +481,10 @@ static void apply(struct run *r, uint32_t id, uint64_t version)
 	int deferred = 0;
 
 	rq.job = "fx";
-	rq.participant = sink.participant;
+	rq.participant = sinks[node].participant;
 	rq.version = version;
-	assert_int_equal(job_apply(r->eng[1], SINK_CONN, id, &rq, &rep, &deferred, err, sizeof(err)),
-			 0);
+	assert_int_equal(job_apply(r->eng[node], CONN(node), id, &rq, &rep, &deferred, err,
+				   sizeof(err)), 0);
 	if (deferred) {
 		if (await(r, id) != DTE__STATUS__STATUS_OK)
 			fail_msg("apply v%llu: %s", (unsigned long long)version, ans.msg[id]);
@@ -511,9 +524,11 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 		assert_int_equal(jr.coordinator, i == 0);
 	}
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
-	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
-	attach(&r, 0, &src, SRC_CONN, 1, "source", "megatron:tp=1");
-	attach(&r, 1, &sink, SINK_CONN, 2, "sink", "sglang:tp=1");
+	attach(&r, 0, &src, SRC_CONN, 1, "source", "megatron:tp=1", 0);
+	for (unsigned k = 1; k < NODES; k++) {
+		side_register(&sinks[k], CONN(k), "sglang:tp=1", DTE_LAYOUT_SINK);
+		attach(&r, k, &sinks[k], CONN(k), 1 + k, "sink", "sglang:tp=1", k - 1);
+	}
 	if (fix_run_until(r.fx, job_ready, NULL, MAX_STEPS))
 		fail_msg("seed %llu: the job never became complete on both nodes",
 			 (unsigned long long)seed);
@@ -532,19 +547,21 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 		}
 		(*refused)++;
 		if (v >= VERSIONS + 8)
-			fail_msg("seed %llu: v%llu never staged at the sink (staged %llu)",
-				 (unsigned long long)seed, (unsigned long long)v,
-				 (unsigned long long)staged_of(r.eng[1], SINK_CONN, &sink));
+			fail_msg("seed %llu: v%llu never staged at every sink",
+				 (unsigned long long)seed, (unsigned long long)v);
 	}
-	apply(&r, 100, v);
-	bad = sink_violations();
+	bad = 0;
+	for (unsigned k = 1; k < NODES; k++) {
+		apply(&r, k, 100 + k, v);
+		bad += sink_violations(&sinks[k]);
+	}
 	if (bad)
 		print_message("seed %llu: %llu sink elements differ from RNE(theta)\n",
 			      (unsigned long long)seed, (unsigned long long)bad);
 	/* The buffer registry is the process's and dte_engine_free ends it
 	 * (dbuf_fini): every participant goes first, on every node. */
-	job_conn_gone(r.eng[1], SINK_CONN);
-	job_conn_gone(r.eng[0], SRC_CONN);
+	for (unsigned k = NODES; k-- > 0;)
+		job_conn_gone(r.eng[k], CONN(k));
 	fix_settle(r.fx, MAX_STEPS);
 	fix_stats(r.fx, &st);
 	*steps = st.steps;
@@ -557,7 +574,8 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 		dte_engine_free(r.eng[i]);
 	fix_free(r.fx);
 	side_unmap(&src);
-	side_unmap(&sink);
+	for (unsigned k = 1; k < NODES; k++)
+		side_unmap(&sinks[k]);
 	cur = NULL;
 	return bad;
 }
