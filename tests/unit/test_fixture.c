@@ -546,7 +546,7 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 			continue;
 		}
 		(*refused)++;
-		if (v >= VERSIONS + 8)
+		if (v >= VERSIONS + 32)
 			fail_msg("seed %llu: v%llu never staged at every sink",
 				 (unsigned long long)seed, (unsigned long long)v);
 	}
