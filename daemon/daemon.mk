@@ -9,6 +9,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c daemon/recvpool.c
+# The sync engine's I/O over libuv and the router (daemon/engine_io.h).
+DAEMON_SRCS += daemon/engine_io_uv.c
 # Workers wake the loop without libuv's async spin (daemon/wake.h).
 DAEMON_SRCS += daemon/wake.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
@@ -58,6 +60,14 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
 UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_job_persist
+# N engines in one process on deterministic I/O (tests/unit/fixture.h):
+# two source files, so a rule of its own.
+UNIT_TESTS   += test_fixture
+$(B)/tests/test_fixture: tests/unit/test_fixture.c tests/unit/fixture.c tests/unit/fixture.h \
+                         $(B)/lib/libdted.a $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) tests/unit/test_fixture.c tests/unit/fixture.c -o $@ $(LDFLAGS) \
+		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
 # K > 1: the side table of first-marked elements (daemon/side_table.h).

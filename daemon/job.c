@@ -23,7 +23,6 @@
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
-#include "daemon/route.h"
 #include "gpu/compute.h"
 
 /* Deferred control answers: attach (plan arrived), wait, wait_staged,
@@ -37,7 +36,7 @@ struct jwaiter {
 	char job[JOB_NAME_MAX];
 	uint64_t arg;             /* participant (attach, staged, captured) or version (wait) */
 	uint64_t arg2;            /* version (captured) */
-	uint64_t deadline;        /* uv_hrtime ns */
+	uint64_t deadline;        /* jio_now ns */
 	struct jwaiter *next;
 };
 
@@ -206,7 +205,7 @@ static void timer_update(struct dte_engine *e);
 
 void job_check_waiters(struct dte_engine *e)
 {
-	uint64_t now = uv_hrtime();
+	uint64_t now = jio_now(e);
 	struct jwaiter **pp = &e->waiters;
 
 	while (*pp) {
@@ -223,20 +222,26 @@ void job_check_waiters(struct dte_engine *e)
 	timer_update(e);
 }
 
-static void on_tick(uv_timer_t *t)
+static void on_tick(void *arg)
 {
-	job_check_waiters(t->data);
+	job_check_waiters(arg);
+}
+
+/* The ctl timer: JOINs and PLANs due again (job_coord.c). */
+static void on_ctl_tick(void *arg)
+{
+	jctl_retry(arg);
 }
 
 static void timer_update(struct dte_engine *e)
 {
-	if (!e->timer_init)
+	if (!e->timer)
 		return;
 	if (e->waiters && !e->timer_on) {
-		uv_timer_start(&e->timer, on_tick, WAIT_TICK_MS, WAIT_TICK_MS);
+		jio_timer_start(e, e->timer, WAIT_TICK_MS, WAIT_TICK_MS);
 		e->timer_on = 1;
 	} else if (!e->waiters && e->timer_on) {
-		uv_timer_stop(&e->timer);
+		jio_timer_stop(e, e->timer);
 		e->timer_on = 0;
 	}
 }
@@ -253,7 +258,7 @@ static int waiter_add(struct dte_engine *e, int kind, uint64_t conn, uint32_t re
 	w->req_id = req_id;
 	snprintf(w->job, sizeof(w->job), "%s", job);
 	w->arg = arg;
-	w->deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
+	w->deadline = jio_now(e) + (uint64_t)timeout_ms * 1000000u;
 	w->next = e->waiters;
 	e->waiters = w;
 	timer_update(e);
@@ -262,8 +267,8 @@ static int waiter_add(struct dte_engine *e, int kind, uint64_t conn, uint32_t re
 
 /* --------------------------------------------------------------- lifecycle */
 
-/* Records and node-downs from the router (route_set_receiver): ctx is
- * the engine. */
+/* Records and node-downs from the transport (engine_io.h, attach): ctx
+ * is the engine. */
 static void peer_recv(void *ctx, const char *from, Dtep__PeerMsgType type, const uint8_t *hdr,
 		      size_t hdrlen, const void *data, size_t len)
 {
@@ -275,27 +280,20 @@ static void peer_down(void *ctx, const char *node)
 	job_peer_down(ctx, node);
 }
 
-/* The engine's handles are closed: dte_engine_free waits for these. */
-static void handle_closed(uv_handle_t *h)
+struct dte_engine *dte_engine_new_io(const struct dte_engine_io *io,
+				     const struct dtc_backend *be, const char *backend_name)
 {
-	struct dte_engine *e = h->data;
-
-	e->closing--;
-}
-
-struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
-				  const char *backend_name)
-{
-	const char *node = route_self_node();
+	const char *node = io->self_node(io->ctx);
 	struct dte_engine *e = calloc(1, sizeof(*e));
-	int rc;
 
 	if (!e || !(e->cpool = jcap_pool_new(e))) {
 		DLOG_E("sync engine: out of memory");
 		free(e);
+		if (io->fini)
+			io->fini(io->ctx);
 		return NULL;
 	}
-	e->loop = loop;
+	e->io = *io;
 	e->be = be;
 	e->backend_name = backend_name;
 	/* A test build's extension points (job_ext.h); none in production. */
@@ -312,31 +310,22 @@ struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
 	/* 31 bits: participant ids (node_hash << 32 | local) stay below 2^63,
 	 * so they survive JSON tools that hold integers as int64. */
 	e->node_hash = (uint32_t)XXH64(node, strlen(node), 0x64746564u) & 0x7fffffffu;
-	if (loop) {
-		/* Workers hand payload parts to the loop as they frame them. */
-		if ((rc = dwake_init(loop, &e->parts_wake, jsrc_parts_ready)) < 0)
-			goto fail;
-		/* libuv's errors are negative errnos already. */
-		if ((rc = uv_timer_init(loop, &e->timer)) < 0)
-			goto fail;
-		e->timer.data = e;
-		e->timer_init = 1;
-		if ((rc = uv_timer_init(loop, &e->ctl_timer)) < 0)
-			goto fail;
-		e->ctl_timer.data = e;
-		e->ctl_timer_init = 1;
-	}
+	/* Workers hand payload parts to the loop as they frame them. */
+	if (io->wake_new && !(e->parts_wake = io->wake_new(io->ctx, jsrc_parts_ready, e)))
+		goto fail;
+	if (io->timer_new && (!(e->timer = io->timer_new(io->ctx, on_tick, e)) ||
+			      !(e->ctl_timer = io->timer_new(io->ctx, on_ctl_tick, e))))
+		goto fail;
 	/* The events the layers below raise (job_state.h, struct dte_engine). */
 	e->ev_progress = job_check_waiters;
 	e->ev_sink_staged = jstore_sink_staged;
 	e->ev_committing = jstore_committing;
-	/* Records come up from the router through these (route.c never
-	 * names the engine; it hands back the engine it was given). */
-	route_set_receiver(peer_recv, peer_down, e);
-	route_set_sealer(job_auth_seal, e);
+	/* Records come up from the transport through these (it never names
+	 * the engine; it hands back the engine it was given). */
+	io->attach(io->ctx, peer_recv, peer_down, job_auth_seal, e);
 	return e;
 fail:
-	DLOG_E("sync engine: %s", uv_strerror(rc));
+	DLOG_E("sync engine: its timers or wake-up could not be made");
 	dte_engine_free(e);
 	return NULL;
 }
@@ -396,25 +385,23 @@ void dte_engine_free(struct dte_engine *e)
 		job_free(j);
 		dreg_job_removed();
 	}
-	/* Off the router (if it still delivers to this engine), so no record
-	 * reaches the memory freed below. */
-	route_unset(e);
-	if (e->timer_init) {
-		e->closing++;
-		uv_close((uv_handle_t *)&e->timer, handle_closed);
-		e->timer_init = 0;
-	}
-	if (e->ctl_timer_init) {
-		e->closing++;
-		uv_close((uv_handle_t *)&e->ctl_timer, handle_closed);
-		e->ctl_timer_init = 0;
-	}
+	/* Off the transport (if it still delivers to this engine), so no
+	 * record reaches the memory freed below. */
+	e->io.detach(e->io.ctx, e);
+	if (e->timer)
+		e->io.timer_free(e->io.ctx, e->timer);
+	if (e->ctl_timer)
+		e->io.timer_free(e->io.ctx, e->ctl_timer);
+	e->timer = e->ctl_timer = NULL;
 	/* Every worker has ended and its completion ran (drained above):
 	 * nothing wakes it any more. */
-	dwake_close(&e->parts_wake);
-	/* The handles live in e: it goes once libuv has let go of them. */
-	while (e->loop && (e->closing || dwake_closing(&e->parts_wake)))
-		uv_run(e->loop, UV_RUN_NOWAIT);
+	if (e->parts_wake)
+		e->io.wake_free(e->io.ctx, e->parts_wake);
+	e->parts_wake = NULL;
+	/* The I/O lets go of what it still holds (the default: runs the
+	 * loop until libuv has let go of the handles). */
+	if (e->io.fini)
+		e->io.fini(e->io.ctx);
 	dbuf_fini();
 	jops_fini(e);
 	/* Chunks still with the router come back to the pool, which then
@@ -590,7 +577,7 @@ int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCr
 	j->interval = k;
 	j->detect = detect;
 	j->zstd_level = rq->zstd_level;
-	j->is_coord = route_is_self(NULL, coord);
+	j->is_coord = jio_is_self(e, NULL, coord);
 	j->next = e->jobs;
 	e->jobs = j;
 	dreg_job_added();
@@ -732,7 +719,7 @@ int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__
 		st = FAIL(-ENOMEM, "out of memory");
 		goto fail;
 	}
-	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
+	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(e));
 	l->owner = conn;
 	l->next = j->locals;
 	j->locals = l;
@@ -991,7 +978,7 @@ static void refuse(struct dte_engine *e, const char *from, const char *job,
 	m.job = (char *)(job ? job : "");
 	m.type = type;
 	m.reason = (char *)reason;
-	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
+	jio_send(e, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
 }
 
 /* A membership record speaks for the node it came from, never another:
@@ -1032,7 +1019,7 @@ static struct job *check_ref(struct dte_engine *e, const char *from, Dtep__PeerM
 		refuse(e, from, ref->job, type, why);
 		return NULL;
 	}
-	if (strcmp(from, route_self_node()) &&
+	if (strcmp(from, jio_self(e)) &&
 	    job_auth_check(j, from, type, msg, data, len, why, sizeof(why)) < 0) {
 		j->refused++;
 		refuse(e, from, ref->job, type, why);
@@ -1046,7 +1033,7 @@ static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refus
 	struct job *j = job_find(e, m->job);
 	char why[160];
 
-	if (j && strcmp(from, route_self_node()) &&
+	if (j && strcmp(from, jio_self(e)) &&
 	    job_auth_check_refused(j, from, m, why, sizeof(why)) < 0) {
 		/* Not from a holder of the key: nothing changes.  Kept as a
 		 * hint for an attach that times out (a peer with another
@@ -1128,9 +1115,9 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		default:
 			break;
 		}
-		/* The key route_deliver logged it under (route.h). */
+		/* The key the transport logged it under (route.h's route_deliver). */
 		DLOG_D("job layer took: record type %d from %s version %llu key %016llx", (int)type,
-		       from, (unsigned long long)v, route_record_key(hdr, hdrlen));
+		       from, (unsigned long long)v, e->io.record_key(e->io.ctx, hdr, hdrlen));
 	}
 	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
 		refuse(e, from, NULL, type, "unexpected data after a record that carries none");
@@ -1164,7 +1151,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		if ((j = check_ref(e, from, type, m->job, msg, data, len))) {
 			char why[256];
 
-			if (j->is_coord && strcmp(from, route_self_node())) {
+			if (j->is_coord && strcmp(from, jio_self(e))) {
 				j->refused++;
 				refuse(e, from, j->name, type, "this daemon is the job's coordinator: "
 				       "plans come from it alone");

@@ -3,10 +3,12 @@
  * Jobs, participants, the coordinator's plans, the source side (capture,
  * COUNTS/PAYLOAD) and the sink side (staging, apply, verify).  Everything
  * between daemons, including this daemon talking to itself, is a
- * peer.proto record through daemon/route.h.  Control handlers live in
+ * peer.proto record through the engine's transport (daemon/engine_io.h;
+ * by default daemon/route.h).  Control handlers live in
  * daemon/cmd_job.c; they call the functions below and answer from the
  * Dte__ messages these fill.  One loop thread owns all state (chrony
- * style); only captures run on libuv's worker threads (job_capture.c).
+ * style); only captures and heavy steps run on the I/O's workers
+ * (job_capture.c, job_task.c).
  */
 #ifndef DTED_JOB_H
 #define DTED_JOB_H
@@ -15,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 #include "daemon/derr.h"
+#include "daemon/engine_io.h"
 #include "proto/dte.pb-c.h"
 #include "proto/peer.pb-c.h"
 
@@ -36,18 +39,29 @@ struct dreply;
  * global, so two engines can live in one process. */
 struct dte_engine;
 
-/* A new engine on loop: its timers and wake-up made, its events
- * registered, and itself registered with the router (route_set_receiver,
- * route_set_sealer: the router delivers to the engine made last).  NULL
- * when it cannot be made (logged).  backend_name is borrowed and must
- * outlive it. */
+/* A new engine with its I/O (daemon/engine_io.h; *io is copied and the
+ * engine owns it from here, even when this fails: io->fini is called by
+ * dte_engine_free): its timers and wake-up made, its events registered,
+ * and its receiver, node-down and sealer attached to the transport.
+ * NULL when it cannot be made (logged).  backend_name is borrowed and
+ * must outlive it. */
+struct dte_engine *dte_engine_new_io(const struct dte_engine_io *io,
+				     const struct dtc_backend *be, const char *backend_name);
+/* dte_engine_new_io with the default I/O (daemon/engine_io_uv.c): libuv
+ * on loop and the process's router (route.c, which delivers to the
+ * engine made last).  loop NULL: no timers and no workers (work runs
+ * inline; unit tests). */
 struct dte_engine *dte_engine_new(uv_loop_t *loop, const struct dtc_backend *be,
 				  const char *backend_name);
+/* The default I/O itself (daemon/engine_io_uv.c), for a caller that
+ * wants to wrap it: 0, or -ENOMEM. */
+int dte_engine_io_uv(uv_loop_t *loop, struct dte_engine_io *io);
 /* Shutdown: waits for its work on workers, frees every job and wait,
- * takes itself off the router (route_unset), closes its handles (running the loop until
- * libuv has let go of them), drops what resync remembered, and ends the
- * process-level device scratch and buffers it set up (jcuda_fini,
- * dbuf_fini: one engine per process today).  NULL is fine. */
+ * detaches from the transport, frees its timers and wake, ends its I/O
+ * (io.fini: the default runs the loop until libuv has let go of the
+ * handles), drops what resync remembered, and ends the process-level
+ * device scratch and buffers it set up (jcuda_fini, dbuf_fini: one
+ * engine per process today).  NULL is fine. */
 void dte_engine_free(struct dte_engine *e);
 /* Where deferred answers go (waits, attaches, captures and applies that
  * finish later): the control server's dctl_reply, which main.c installs
@@ -66,8 +80,8 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n);
 void job_set_created_hook(struct dte_engine *e,
 			  void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq));
 
-/* Records from other daemons (and this one), registered with the router
- * at dte_engine_new (route_set_receiver, daemon/route.h).  hdr/data are
+/* Records from other daemons (and this one), attached to the transport
+ * at dte_engine_new_io (engine_io.h; route_set_receiver by default).  hdr/data are
  * borrowed for the call.  Malformed or refused records are logged and
  * counted, never trusted. */
 void job_peer_recv(struct dte_engine *e, const char *from_node, Dtep__PeerMsgType type,

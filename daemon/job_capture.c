@@ -1,5 +1,6 @@
 /* daemon/job_capture.c — the expensive half of mark and publish, run off
- * the loop (uv_queue_work): detect, dense extract, checksums, framing.  A
+ * the loop on the I/O's workers (engine_io.h): detect, dense extract,
+ * checksums, framing.  A
  * task owns everything it touches: copies of the pairs' entries, the dirty
  * bitmaps of marks (taken from the pairs while it runs), and a reference
  * on every source buffer (so a client that goes away cannot unmap them
@@ -480,23 +481,24 @@ static int bytes_reserve(struct bpool *pool, struct dtc_bytes *b, size_t len)
  * dense version at 10 Gbit/s, 49000 faults and 0.1 s of the source's CPU
  * on a saturated core). */
 struct prefill_req {
-	uv_work_t w;
+	struct dte_work w;	/* first: the work is the request */
 	struct dte_engine *eng;
 	size_t need;
 	unsigned count;
 };
 
-static void prefill_work(uv_work_t *w)
+static void prefill_work(struct dte_work *w)
 {
 	struct prefill_req *r = (struct prefill_req *)w;
 
 	bpool_prefill(&r->eng->cpool->bp, r->need, r->count);
 }
 
-static void prefill_after(uv_work_t *w, int status)
+static void prefill_after(struct dte_work *w, int cancelled)
 {
 	struct prefill_req *r = (struct prefill_req *)w;
 
+	(void)cancelled;
 	r->eng->prefills--;
 	free(r);
 }
@@ -514,12 +516,12 @@ void jcap_prefill_dense(struct dte_engine *eng, const struct jentry *e, size_t n
 	if (!part_bytes)
 		part_bytes = JOB_PART_BYTES_DEFAULT;
 	/* a part: entries up to part_bytes, then one more (capture_pair) */
-	if (!max_box || !eng->loop || !(r = calloc(1, sizeof(*r))))
+	if (!max_box || !jio_workers(eng) || !(r = calloc(1, sizeof(*r))))
 		return;
 	r->eng = eng;
 	r->need = DTC_CHUNK_HDR + part_bytes + 8 + 2 * (size_t)max_box;
 	r->count = (unsigned)((total + max_box - 1) / max_box);
-	if (r->need < BPOOL_MIN || uv_queue_work(eng->loop, &r->w, prefill_work, prefill_after) < 0)
+	if (r->need < BPOOL_MIN || jio_queue(eng, &r->w, prefill_work, prefill_after) < 0)
 		free(r);
 	else
 		eng->prefills++;
@@ -908,12 +910,12 @@ static int flush_part(struct jcap *c, struct det *dets, size_t ndets, size_t pi,
 	}
 	p->part_first = end;
 	p->chunk_len += q->len;
-	uv_mutex_lock(&c->mu);
+	pthread_mutex_lock(&c->mu);
 	*c->q_tail = q;
 	c->q_tail = &q->next;
-	uv_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&c->mu);
 	if (c->notify)
-		dwake_send(&c->eng->parts_wake);
+		c->eng->io.wake_send(c->eng->io.ctx, c->eng->parts_wake);
 	return 0;
 }
 
@@ -921,11 +923,11 @@ struct jcap_part *jcap_take_parts(struct jcap *c)
 {
 	struct jcap_part *q;
 
-	uv_mutex_lock(&c->mu);
+	pthread_mutex_lock(&c->mu);
 	q = c->q;
 	c->q = NULL;
 	c->q_tail = &c->q;
-	uv_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&c->mu);
 	return q;
 }
 
@@ -971,7 +973,7 @@ void jcap_chunk_given(struct jcap_pool *p)
 	p->chunks_out++;
 }
 
-/* chunk NULL: a same-node receiver took it (route_send_given): it is
+/* chunk NULL: a same-node receiver took it (send_given): it is
  * theirs, only the count comes back. */
 void jcap_chunk_release(struct jcap_pool *p, void *chunk, size_t cap)
 {
@@ -1109,7 +1111,7 @@ int jcap_run(struct jcap *c)
 	struct det_ref *refs = NULL;
 	struct det *dets = NULL;
 	size_t ndets = 0;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = jio_now(c->eng);
 	int rc = -EIO;	/* the reason is in c->err */
 
 	if (c->eng->ext.capture_start)
@@ -1137,14 +1139,14 @@ int jcap_run(struct jcap *c)
 	for (size_t i = 0; i < c->np; i++)
 		if (capture_pair(c, i, dets, ndets) < 0)
 			goto out;
-	c->read_ms = (double)(uv_hrtime() - t0) / 1e6;
+	c->read_ms = (double)(jio_now(c->eng) - t0) / 1e6;
 	rc = 0;
 out:
 	for (size_t g = 0; dets && g < ndets; g++)
 		det_release(&dets[g]);
 	free(dets);
 	free(refs);
-	c->work_ms = (double)(uv_hrtime() - t0) / 1e6;
+	c->work_ms = (double)(jio_now(c->eng) - t0) / 1e6;
 	side_metrics(c);
 	return rc;
 }
@@ -1181,7 +1183,7 @@ void jcap_free(struct jcap *c)
 			next = q->next;
 			jcap_part_free(e, q);
 		}
-		uv_mutex_destroy(&c->mu);
+		pthread_mutex_destroy(&c->mu);
 	}
 	free(c->p);
 	free(c->buf_ids);

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -19,10 +20,18 @@
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
-#include "daemon/route.h"
 #include "gpu/compute.h"
 
 /* ------------------------------------------------------- member: JOIN */
+
+/* The boot id's fallback entropy only: not the engine's clock. */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 uint64_t job_boot_new(void)
 {
@@ -30,7 +39,7 @@ uint64_t job_boot_new(void)
 
 	while (!b) {
 		if (getrandom(&b, sizeof(b), 0) != (ssize_t)sizeof(b))
-			b = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
+			b = mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
 		b &= (1ull << PEER_TERM_BOOT_BITS) - 1;
 	}
 	return b;
@@ -76,7 +85,7 @@ static void send_join(struct job *j, int retry)
 		pa[i].layout = l->info.layout;
 		pa[i].rank = l->info.rank;
 		pa[i].replica = l->info.replica;
-		pa[i].node = (char *)route_self_node();
+		pa[i].node = (char *)jio_self(j->eng);
 		pa[i].shards = l->info.role == JROLE_SOURCE && jsource_of(l)->shards ?
 				jsource_of(l)->shards : (char *)"";
 		pp[i] = &pa[i];
@@ -85,8 +94,8 @@ static void send_join(struct job *j, int retry)
 	m.job = &ref;
 	m.spec_hash = j->spec.hash;
 	m.peer_proto = PEER_PROTO_VERSION;
-	m.node = (char *)route_self_node();
-	m.address = (char *)route_self_address();
+	m.node = (char *)jio_self(j->eng);
+	m.address = (char *)jio_self_address(j->eng);
 	m.n_participants = n;
 	m.participants = pp;
 	if (!retry || !j->join_seq)
@@ -106,8 +115,8 @@ static void send_join(struct job *j, int retry)
 		j->join_backoff_ms = PEER_RETRY_FIRST_MS;
 	else if (retry && j->join_backoff_ms < PEER_RETRY_MAX_MS)
 		j->join_backoff_ms *= 2;
-	j->join_next_ns = uv_hrtime() + (uint64_t)j->join_backoff_ms * 1000000u;
-	rc = route_send(j->is_coord ? route_self_node() : NULL, j->is_coord ? NULL : j->coordinator,
+	j->join_next_ns = jio_now(j->eng) + (uint64_t)j->join_backoff_ms * 1000000u;
+	rc = jio_send(j->eng, j->is_coord ? jio_self(j->eng) : NULL, j->is_coord ? NULL : j->coordinator,
 			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
 	if (rc < 0) {
 		DLOG_W("job %s: cannot reach the coordinator %s: %s%s", j->name, j->coordinator,
@@ -198,7 +207,7 @@ static int member_send_plan(struct job *j, struct jmember *m)
 	if (!pl)
 		return -ENOMEM;
 	pl->join_seq = m->join_seq;
-	rc = route_send(m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl->base, NULL, 0);
+	rc = jio_send(j->eng, m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl->base, NULL, 0);
 	dtep__plan__free_unpacked(pl, NULL);
 	if (rc < 0)
 		DLOG_W("job %s: cannot send plan epoch %llx to %s: %s", j->name,
@@ -206,13 +215,14 @@ static int member_send_plan(struct job *j, struct jmember *m)
 	return rc;
 }
 
-static void retry_arm(uint64_t *next_ns, uint32_t *backoff_ms, int reset)
+static void retry_arm(const struct dte_engine *e, uint64_t *next_ns, uint32_t *backoff_ms,
+		      int reset)
 {
 	if (reset || !*backoff_ms)
 		*backoff_ms = PEER_RETRY_FIRST_MS;
 	else if (*backoff_ms < PEER_RETRY_MAX_MS)
 		*backoff_ms *= 2;
-	*next_ns = uv_hrtime() + (uint64_t)*backoff_ms * 1000000u;
+	*next_ns = jio_now(e) + (uint64_t)*backoff_ms * 1000000u;
 }
 
 void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m)
@@ -259,23 +269,18 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 	return any;
 }
 
-static void on_ctl_tick(uv_timer_t *t)
-{
-	jctl_retry(t->data);
-}
-
 void jctl_update(struct dte_engine *e)
 {
-	uint64_t soonest = UINT64_MAX, now = uv_hrtime(), ms;
+	uint64_t soonest = UINT64_MAX, now = jio_now(e), ms;
 	int any = 0;
 
-	if (!e->ctl_timer_init)
+	if (!e->ctl_timer)
 		return;
 	for (struct job *j = e->jobs; j; j = j->next)
 		any |= job_ctl_pending(j, &soonest);
 	if (!any) {
 		if (e->ctl_timer_on)
-			uv_timer_stop(&e->ctl_timer);
+			jio_timer_stop(e, e->ctl_timer);
 		e->ctl_timer_on = 0;
 		return;
 	}
@@ -284,13 +289,13 @@ void jctl_update(struct dte_engine *e)
 	 * again before the loop polls (a stuck entry must not starve it). */
 	if (ms < 10)
 		ms = 10;
-	uv_timer_start(&e->ctl_timer, on_ctl_tick, ms, 0);
+	jio_timer_start(e, e->ctl_timer, ms, 0);
 	e->ctl_timer_on = 1;
 }
 
 void jctl_retry(struct dte_engine *e)
 {
-	uint64_t now = uv_hrtime();
+	uint64_t now = jio_now(e);
 
 	for (struct job *j = e->jobs; j; j = j->next) {
 		if (j->locals && j->join_acked < j->join_seq && now >= j->join_next_ns) {
@@ -328,7 +333,7 @@ void jctl_retry(struct dte_engine *e)
 			       j->name, (unsigned long long)m->plan_term, m->node,
 			       (unsigned long long)m->plan_retries);
 			member_send_plan(j, m);
-			retry_arm(&m->next_ns, &m->backoff_ms, 0);
+			retry_arm(j->eng, &m->next_ns, &m->backoff_ms, 0);
 			member_done(j, m->node, st);
 		}
 	}
@@ -491,13 +496,13 @@ static void send_plans(struct job *j, struct built *b)
 		m->plan_len = protobuf_c_message_get_packed_size(&plan.base);
 		m->plan = malloc(m->plan_len ? m->plan_len : 1);
 		m->plan_term = j->coord_epoch;
-		m->deadline_ns = uv_hrtime() + (uint64_t)PEER_PLAN_DEADLINE_MS * 1000000u;
-		retry_arm(&m->next_ns, &m->backoff_ms, 1);
+		m->deadline_ns = jio_now(j->eng) + (uint64_t)PEER_PLAN_DEADLINE_MS * 1000000u;
+		retry_arm(j->eng, &m->next_ns, &m->backoff_ms, 1);
 		if (m->plan)
 			protobuf_c_message_pack(&plan.base, m->plan);
 		else
 			m->plan_len = 0;
-		if (route_send(m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &plan.base,
+		if (jio_send(j->eng, m->node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &plan.base,
 			       NULL, 0) < 0)
 			DLOG_W("job %s: cannot send plan epoch %llx to %s (retried)", j->name,
 			       (unsigned long long)j->coord_epoch, m->node);
@@ -715,7 +720,7 @@ static void refuse_join(struct job *j, const char *from, const char *why)
 	m.job = j->name;
 	m.type = DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN;
 	m.reason = (char *)why;
-	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
+	jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED, &m.base, NULL, 0);
 }
 
 static struct jmember *member_find(struct job *j, const char *node)
@@ -1087,8 +1092,8 @@ static void send_plan_ack(struct job *j, const char *from, uint64_t term)
 	job_fill_ref(j, &ref);
 	a.job = &ref;
 	a.epoch = term;
-	a.node = (char *)route_self_node();
-	route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base, NULL, 0);
+	a.node = (char *)jio_self(j->eng);
+	jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &a.base, NULL, 0);
 }
 
 /* The PLAN came from this job's coordinator (proto/peer_protocol.h):
@@ -1097,8 +1102,8 @@ static void send_plan_ack(struct job *j, const char *from, uint64_t term)
 static int from_coordinator(const struct job *j, const char *from)
 {
 	if (j->is_coord)
-		return !strcmp(from, route_self_node());
-	return route_node_is_at(from, j->coordinator);
+		return !strcmp(from, jio_self(j->eng));
+	return j->eng->io.node_is_at(j->eng->io.ctx, from, j->coordinator);
 }
 
 /* Member side of a PLAN: -1 with a reason in why (then REFUSED goes back
@@ -1149,7 +1154,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 	default:
 		break;
 	}
-	if (j->auth && strcmp(from, route_self_node()) &&
+	if (j->auth && strcmp(from, jio_self(j->eng)) &&
 	    (m->join_nonce.len != sizeof(j->auth_nonce) ||
 	     memcmp(m->join_nonce.data, j->auth_nonce, sizeof(j->auth_nonce)))) {
 		/* Under the key, but not an answer to this daemon's JOIN: a

@@ -295,7 +295,7 @@ static int vsink_fill(const struct dte_engine *e, struct vsink *k, const struct 
 static void verify_run(struct jtask *t)
 {
 	struct jvtask *v = (struct jvtask *)t;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = jio_now(t->eng);
 
 	for (size_t i = 0; i < v->n; i++) {
 		struct vsink *k = &v->s[i];
@@ -324,7 +324,7 @@ static void verify_run(struct jtask *t)
 					 (unsigned long long)sum, (unsigned long long)k->expect[s]);
 		}
 	}
-	v->work_ms = job_ms_since(t0);
+	v->work_ms = job_ms_since(t->eng, t0);
 }
 
 /* Loop: a sink's mismatch counts as a failed apply does. */

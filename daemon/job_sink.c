@@ -20,7 +20,6 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"
-#include "daemon/route.h"
 #include "daemon/sink_sm.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
@@ -963,12 +962,12 @@ static void stage_free(struct jstage *g)
 static void stage_run(struct jtask *t)
 {
 	struct jstage *g = (struct jstage *)t;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = jio_now(t->eng);
 
 	g->st = decode(g, g->err, sizeof(g->err));
 	for (size_t i = 0; i < g->p->n; i++)
 		pend_src_clear(&g->p->s[i]);
-	g->ms = job_ms_since(t0);
+	g->ms = job_ms_since(t->eng, t0);
 }
 
 static void try_stage(struct job *j, struct jlocal *l);
@@ -1232,7 +1231,8 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 		m.result = DTEP__APPLY_RESULT__APPLY_REFUSED;
 		m.message = why;
 		if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
-			route_send(from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL, 0);
+			jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL,
+				 0);
 		return NULL;
 	}
 	return l;
@@ -1384,7 +1384,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	 * (the router hands it over); anything else is copied, into the
 	 * sink's arena while it has one (recvpool.h: a fresh sink's dense
 	 * version). */
-	if (!(pt->data = route_take_data(data))) {
+	if (!(pt->data = j->eng->io.take_data(j->eng->io.ctx, data))) {
 		if (!(pt->data = recvpool_get(len)) && !(pt->data = malloc(len))) {
 			free(pt->cnt);
 			pt->cnt = NULL;
@@ -1663,7 +1663,7 @@ static void apply_run(struct jtask *t)
 	struct jsink_apply_result *r = &a->r;
 	int incremental = a->vkey != 0, undoable = 1;
 	struct jstaged *written = NULL;	/* the first version this task writes */
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = jio_now(t->eng);
 
 	r->ok = 1;
 	if (a->prep)
@@ -1742,7 +1742,7 @@ static void apply_run(struct jtask *t)
 			staged_drop_data(keep);
 	}
 	staged_drop_data(a->last);
-	r->work_ms = job_ms_since(t0);
+	r->work_ms = job_ms_since(t->eng, t0);
 }
 
 /* Loop: an apply failed its check and was undone, so the sink holds the
@@ -1783,7 +1783,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
 	enum sink_vaction act;
 
-	r->ms = job_ms_since(a->t0);
+	r->ms = job_ms_since(t->eng, a->t0);
 	if (l && l->info.role != JROLE_SINK)
 		l = NULL;
 	if (l)
@@ -1961,7 +1961,7 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	jsink_of(l)->apply_gen++;
 	DLOG_I("job %s: sink %llx: apply up to version %llu handed to a worker", j->name,
 	       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->applying);
-	a->t0 = uv_hrtime();
+	a->t0 = jio_now(j->eng);
 	a->t.run = apply_run;
 	a->t.done = apply_done;
 	jtask_start(j->eng, &a->t);
@@ -2313,7 +2313,7 @@ static void arrive_orphan(struct jarrive *a)
 	a->orphan = 1;
 	if (a->busy)
 		return;	/* its done comes back here */
-	if (a->eng->stopping || !a->eng->loop) {
+	if (a->eng->stopping || !jio_workers(a->eng)) {
 		undo_all(a);
 		arrive_free(a);
 		return;
@@ -2793,7 +2793,7 @@ static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend 
 	const struct jsink *k = jsink_of(l);
 
 	if (!k->parked || k->arrive || k->staged || k->staging || k->applying ||
-	    k->held != k->applied || j->eng->stopping || !j->eng->loop || p->refused || k->w ||
+	    k->held != k->applied || j->eng->stopping || !jio_workers(j->eng) || p->refused || k->w ||
 	    p->version <= k->held)
 		return 0;
 	for (size_t b = 0; b < l->nbufs; b++)

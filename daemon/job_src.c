@@ -18,7 +18,6 @@
 #include "daemon/job_snapshot.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
-#include "daemon/route.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
@@ -81,14 +80,14 @@ static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
 
 /* ------------------------------------------------------------- captures */
 
-static void cap_work(uv_work_t *w)
+static void cap_work(struct dte_work *w)
 {
 	struct jcap *c = (struct jcap *)w;
 
 	c->rc = jcap_run(c);
 }
 
-static void cap_after(uv_work_t *w, int status);
+static void cap_after(struct dte_work *w, int cancelled);
 
 /* A task over l's pairs (all of them, or only `scanned` ones for a mark);
  * dirty bitmaps move into it. */
@@ -100,7 +99,7 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 
 	if (!c)
 		return NULL;
-	if (uv_mutex_init(&c->mu) < 0) {
+	if (pthread_mutex_init(&c->mu, NULL)) {
 		free(c);
 		return NULL;
 	}
@@ -122,7 +121,7 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 		goto fail;
 	memcpy(c->k, k, ngroups * sizeof(*k));
 	c->ngroups = ngroups;
-	c->t0 = uv_hrtime();
+	c->t0 = jio_now(j->eng);
 	c->buf_ids = calloc(l->nbufs ? l->nbufs : 1, sizeof(*c->buf_ids));
 	c->bufs = calloc(l->nbufs ? l->nbufs : 1, sizeof(*c->bufs));
 	for (size_t i = 0; i < j->npairs; i++)
@@ -198,9 +197,10 @@ static void cap_start(struct jlocal *l, struct jcap *c)
 	jsource_of(l)->busy = 1;
 	c->next = e->inflight;
 	e->inflight = c;
-	c->notify = e->parts_wake.init;
-	if (!e->loop || uv_queue_work(e->loop, &c->work, cap_work, cap_after) < 0) {
-		/* No loop (or no thread pool): capture here, answer the same way. */
+	c->notify = e->parts_wake != NULL;
+	if (jio_queue(e, &c->work, cap_work, cap_after) < 0) {
+		/* No workers (or none to be had): capture here, answer the
+		 * same way. */
 		cap_work(&c->work);
 		cap_after(&c->work, 0);
 	}
@@ -339,7 +339,7 @@ static void part_released(void *chunk, void *arg)
 
 	jcap_chunk_release(t->pool, chunk, t->cap);
 	if (p)
-		pair_cost_part_done(&p->sm, uv_hrtime(), t->len);
+		pair_cost_part_done(&p->sm, jio_now(j->eng), t->len);
 	free(t);
 }
 
@@ -399,7 +399,7 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	t->dst = cp->dst;
 	t->len = q->len;
 	if (cp->remote)
-		pair_cost_part_out(&job_pair(j, c->participant, cp->dst)->sm, uv_hrtime());
+		pair_cost_part_out(&job_pair(j, c->participant, cp->dst)->sm, jio_now(j->eng));
 	rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
 				    q->chunk, q->len, part_released, t);
 	q->chunk = NULL;
@@ -448,10 +448,9 @@ void job_set_mode_policy(struct dte_engine *e, int policy)
 	e->mode_policy = policy;
 }
 
-void jsrc_parts_ready(struct dwake *w)
+void jsrc_parts_ready(void *engine)
 {
-	struct dte_engine *e = (struct dte_engine *)((char *)w -
-						     offsetof(struct dte_engine, parts_wake));
+	struct dte_engine *e = engine;
 
 	for (struct jcap *c = e->inflight; c; c = c->next)
 		send_parts(c);
@@ -558,7 +557,7 @@ int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 		 * bitmap; this one is scanned by the capture (host: inside
 		 * dtc_detect; device and snapshot: into a bitmap for this
 		 * version only). */
-		cp->remote = dst && !route_is_self(dst->node, NULL);
+		cp->remote = dst && !jio_is_self(j->eng, dst->node, NULL);
 		/* Where sparse is allowed, the cheaper of sparse and dense by
 		 * the running estimates (pair_sm_choose). */
 		{
@@ -781,7 +780,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	jsource_of(l)->gap = 0;
 	jsource_of(l)->marked = 0;
 	rep.version = c->version;
-	rep.capture_ms = job_ms_since(c->t0);
+	rep.capture_ms = job_ms_since(j->eng, c->t0);
 	rep.captured = 1;
 	/* The worker's kernels that read θ, m, v ran on the legacy default
 	 * stream: the event recorded there now follows them. */
@@ -831,7 +830,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	}
 	for (size_t i = 0; i < c->np; i++)
 		cap_return_dirty(j, c, &c->p[i], 0);
-	h->t_captured = uv_hrtime();
+	h->t_captured = jio_now(j->eng);
 	h->sinks = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
@@ -854,13 +853,13 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	       "reading the source %.2f ms; %llu detections, %llu scans for %llu entries)",
 	       j->name, (unsigned long long)c->version, (long long)c->step, rep.sinks, rep.dense,
 	       sinks, (unsigned long long)rep.changed, (unsigned long long)rep.elements,
-	       (unsigned long long)rep.bytes, rep.capture_ms, job_ms_since(c->t0), c->work_ms,
+	       (unsigned long long)rep.bytes, rep.capture_ms, job_ms_since(j->eng, c->t0), c->work_ms,
 	       c->read_ms, (unsigned long long)c->detections, (unsigned long long)c->scans,
 	       (unsigned long long)c->scan_entries);
 }
 
 /* Loop thread, the worker is done: bookkeeping, sends, the answer. */
-static void cap_after(uv_work_t *w, int status)
+static void cap_after(struct dte_work *w, int cancelled)
 {
 	struct jcap *c = (struct jcap *)w;
 	struct dte_engine *e = c->eng;
@@ -870,7 +869,7 @@ static void cap_after(uv_work_t *w, int status)
 	/* Shutdown waits for this callback (job_tasks_drain) before it frees
 	 * anything, so the job and the buffers are still there. */
 	cap_unlink(c);
-	if (status < 0 && c->rc == 0) {
+	if (cancelled && c->rc == 0) {
 		c->rc = -ECANCELED;
 		snprintf(c->err, sizeof(c->err), "capture cancelled");
 	}
@@ -912,7 +911,7 @@ void jsrc_staged(struct job *j, const Dtep__Staged *m)
 	pair_sm_event(&p->sm, PAIR_EV_STAGED, m->version, 0);
 	h = jhist_find(j, m->version);
 	if (h && ++h->staged_acks == h->pairs) {
-		h->transfer_ms = job_ms_since(h->t_captured);
+		h->transfer_ms = job_ms_since(j->eng, h->t_captured);
 		dmetrics_observe(DM_PHASE_SECONDS, "transfer", h->transfer_ms / 1e3);
 	}
 }

@@ -14,13 +14,38 @@
 #include "daemon/job_state.h"
 #include "daemon/job_snapshot.h"
 #include "daemon/log.h"
-#include "daemon/route.h"
 #include "daemon/side_table.h"
 
 
-double job_ms_since(uint64_t t0)
+double job_ms_since(const struct dte_engine *e, uint64_t t0)
 {
-	return (double)(uv_hrtime() - t0) / 1e6;
+	return (double)(jio_now(e) - t0) / 1e6;
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+int jio_queue(struct dte_engine *e, struct dte_work *w, void (*run)(struct dte_work *w),
+	      void (*after)(struct dte_work *w, int cancelled))
+{
+	w->run = run;
+	w->after = after;
+	w->io_priv = NULL;
+	if (!e->io.work_queue)
+		return -ENOSYS;
+	return e->io.work_queue(e->io.ctx, w);
+}
+
+void jio_timer_start(struct dte_engine *e, struct dte_timer *t, uint64_t timeout_ms,
+		     uint64_t repeat_ms)
+{
+	if (t)
+		e->io.timer_start(e->io.ctx, t, timeout_ms, repeat_ms);
+}
+
+void jio_timer_stop(struct dte_engine *e, struct dte_timer *t)
+{
+	if (t)
+		e->io.timer_stop(e->io.ctx, t);
 }
 
 /* ---------------------------------------------------------------- lookups */
@@ -118,7 +143,7 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 
 	if (j->eng->drop_send && j->eng->drop_send(node, type, msg, data, len))
 		return 0;	/* lost on the way, as far as anyone here can tell */
-	rc = route_send(node, job_node_address(j, node), type, msg, data, len);
+	rc = jio_send(j->eng, node, job_node_address(j, node), type, msg, data, len);
 
 	if (rc < 0)
 		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
@@ -126,8 +151,8 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 	return rc;
 }
 
-/* job_send_to_node for a part: data is given, released once the router is
- * done with it (route_send_given). */
+/* job_send_to_node for a part: data is given, released once the
+ * transport is done with it (engine_io.h's send_given). */
 int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg)
@@ -138,8 +163,8 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 		release(data, rarg);
 		return 0;	/* lost on the way, as far as anyone here can tell */
 	}
-	rc = route_send_given(node, job_node_address(j, node), type, msg, data, len, release,
-			      rarg);
+	rc = j->eng->io.send_given(j->eng->io.ctx, node, job_node_address(j, node), type, msg,
+				   data, len, release, rarg);
 	if (rc < 0)
 		DLOG_W("job %s: cannot send record %d to %s: %s", j->name, (int)type, node,
 		       strerror(-rc));

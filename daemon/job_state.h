@@ -12,7 +12,8 @@
  *   job_capture.c  a capture on a worker; job_task.c: heavy steps on
  *                  workers, the shutdown drain
  *   job_state.c    the engine's lookups, sends, answers, history, layouts, events
- *   route.c        records to and from nodes (the receiver registers)
+ *   engine_io.h    the engine's I/O: clock, timers, workers, wake, watch,
+ *                  peer transport (daemon/engine_io_uv.c: libuv, route.c)
  * A lower file learns of a higher one's business only through an event
  * (jev_*(): a function the higher file registered in the engine at
  * dte_engine_new).
@@ -21,13 +22,15 @@
  * every piece of its mutable state lives in it, two engines can live in
  * one process, and nothing reaches "the" engine through a global.  A job
  * knows its engine (job.eng); a function without a job takes the engine
- * as its first argument; a libuv callback finds it through its handle
- * or its task (tests/system/engine_api.sh counts what is left global). */
+ * as its first argument; an I/O callback finds it through its argument
+ * or its task (tests/system/engine_api.sh counts what is left global).
+ * The engine reaches the world only through its struct dte_engine_io
+ * (e->io, daemon/engine_io.h): no engine file calls libuv or the router. */
 #ifndef DTED_JOB_STATE_H
 #define DTED_JOB_STATE_H
 
 #include <stdint.h>
-#include <uv.h>
+#include <pthread.h>
 #include "daemon/buf.h"
 #include "daemon/bufpool.h"
 #include "daemon/derr.h"
@@ -35,7 +38,7 @@
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
 #include "daemon/pair_sm.h"
-#include "daemon/wake.h"
+#include "daemon/engine_io.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
 #include "proto/dte.pb-c.h"
@@ -316,7 +319,7 @@ struct jhist {
 	int sparse, dense;        /* pairs */
 	uint64_t changed, elements, bytes;
 	double capture_ms, transfer_ms, apply_ms;
-	uint64_t t_captured;      /* uv_hrtime */
+	uint64_t t_captured;      /* jio_now */
 	uint32_t pairs, staged_acks;
 	uint32_t ok, failed;      /* sink apply results */
 	uint32_t sinks;
@@ -454,7 +457,7 @@ struct jcap_part {
 };
 
 struct jcap {
-	uv_work_t work;
+	struct dte_work work;
 	struct dte_engine *eng;   /* its engine: the pool, parts_wake, inflight */
 	int kind;
 	char job[JOB_NAME_MAX];
@@ -468,7 +471,7 @@ struct jcap {
 	uint32_t zstd_level;      /* remote pairs' payloads */
 	size_t part_bytes;        /* a part goes once its payload reaches this */
 	int notify;               /* wake the loop (eng->parts_wake) per part */
-	uv_mutex_t mu;            /* guards q between the worker and the loop */
+	pthread_mutex_t mu;       /* guards q between the worker and the loop */
 	int mu_init;
 	struct jcap_part *q, **q_tail;
 	struct dtc_consts *k;     /* [ngroups] */
@@ -512,12 +515,12 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);
 
-/* A heavy step on a libuv worker (job_task.c): run() on the worker
+/* A heavy step on a worker (job_task.c): run() on the worker
  * touches only what the task owns; done() on the loop, with the task
  * unlinked, looks its job and participant up again, commits or drops the
  * result, and frees the task.  cancelled: it never ran (shutdown). */
 struct jtask {
-	uv_work_t work;
+	struct dte_work work;
 	struct dte_engine *eng;   /* set by jtask_start */
 	void (*run)(struct jtask *t);
 	void (*done)(struct jtask *t, int cancelled);
@@ -538,16 +541,16 @@ struct jverify;
  * freed by dte_engine_free.  Every file of the engine keeps its mutable
  * state here, in its own part below. */
 struct dte_engine {
-	uv_loop_t *loop;
+	struct dte_engine_io io;  /* its I/O (daemon/engine_io.h), owned */
 	const struct dtc_backend *be;
 	const char *backend_name;
 	struct job *jobs;
 	uint32_t next_local;
 	uint32_t node_hash;
-	uv_timer_t timer;
-	int timer_init, timer_on;
-	uv_timer_t ctl_timer;     /* JOIN and PLAN retries (job_coord.c) */
-	int ctl_timer_init, ctl_timer_on;
+	struct dte_timer *timer;  /* waits' tick (job.c); NULL: none */
+	int timer_on;
+	struct dte_timer *ctl_timer; /* JOIN and PLAN retries (job_coord.c) */
+	int ctl_timer_on;
 	struct jcap *inflight;    /* captures on workers */
 	struct jtask *tasks;      /* sink work on workers: apply, verify (job_task.c) */
 	int stopping;             /* shutting down: no new work goes to a worker */
@@ -556,7 +559,7 @@ struct dte_engine {
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
-	struct dwake parts_wake;  /* a worker framed a part (job_src.c sends it) */
+	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
 	/* Deferred control answers go here (job_set_reply: main.c installs
 	 * dctl_reply; tests their own). */
@@ -632,7 +635,7 @@ void job_fill_ref(const struct job *j, Dtep__JobRef *ref);
 /* Find a pair of the current plan, NULL when none. */
 struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
 struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
-double job_ms_since(uint64_t t0);
+double job_ms_since(const struct dte_engine *e, uint64_t t0);
 /* A deferred answer to request req_id of connection conn: rc is 0 or a
  * negative errno (daemon/derr.h), mapped to the wire status here; body (of
  * case bc) only when rc >= 0. */
@@ -694,7 +697,7 @@ void jplan_free(struct job *j);
 void jsrc_staged(struct job *j, const Dtep__Staged *m);
 void jsrc_applied(struct job *j, const Dtep__Applied *m);
 /* The engine's parts_wake: send the parts every running capture framed. */
-void jsrc_parts_ready(struct dwake *w);
+void jsrc_parts_ready(void *engine);
 /* 1: every sink fed from here applied version; 0: not yet; -1: a sink
  * reported it failed (why in err). */
 int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
@@ -759,5 +762,42 @@ int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_
 int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
 			   void (*prep)(void *arg, const struct jstaged *first),
 			   jsink_applied_fn then, void *arg, char *err, size_t errlen);
+
+/* The engine's I/O (daemon/engine_io.h), for its files. */
+static inline uint64_t jio_now(const struct dte_engine *e)
+{
+	return e->io.now_ns(e->io.ctx);
+}
+/* Work can go to a worker (else it runs inline). */
+static inline int jio_workers(const struct dte_engine *e)
+{
+	return e->io.work_queue != NULL;
+}
+/* Queue w (run, after) on a worker: 0, or < 0 when it cannot go (no
+ * workers, none to be had): the caller runs it inline then. */
+int jio_queue(struct dte_engine *e, struct dte_work *w, void (*run)(struct dte_work *w),
+	      void (*after)(struct dte_work *w, int cancelled));
+static inline const char *jio_self(const struct dte_engine *e)
+{
+	return e->io.self_node(e->io.ctx);
+}
+static inline const char *jio_self_address(const struct dte_engine *e)
+{
+	return e->io.self_address(e->io.ctx);
+}
+static inline int jio_is_self(const struct dte_engine *e, const char *node, const char *address)
+{
+	return e->io.is_self(e->io.ctx, node, address);
+}
+static inline int jio_send(struct dte_engine *e, const char *node, const char *address,
+			   Dtep__PeerMsgType type, const ProtobufCMessage *msg, const void *data,
+			   size_t len)
+{
+	return e->io.send(e->io.ctx, node, address, type, msg, data, len);
+}
+/* A timer (no-op without timers). */
+void jio_timer_start(struct dte_engine *e, struct dte_timer *t, uint64_t timeout_ms,
+		     uint64_t repeat_ms);
+void jio_timer_stop(struct dte_engine *e, struct dte_timer *t);
 
 #endif

@@ -29,7 +29,6 @@
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
-#include "daemon/route.h"
 #include "daemon/storage/storage.h"
 #include "daemon/storage/watch.h"
 #include "gpu/compute.h"
@@ -80,9 +79,9 @@ struct jstore {
 	int rekick;                /* a tick came while rd was out: look again */
 	int64_t ack;               /* applied everywhere, position not recorded yet */
 	int64_t rpos;              /* the reader's position, as the loop may read it */
-	struct dts_watch watch;
-	uv_timer_t timer;
-	int handles, timer_on;
+	struct dte_watch *watch;   /* the engine's I/O's (engine_io.h); NULL: none */
+	struct dte_timer *timer;
+	int timer_on;
 	int64_t staging;           /* version staged to the sinks, -1 none */
 	struct rsink *sinks;
 	uint64_t broken;
@@ -334,7 +333,7 @@ static int collect_changes(const uint16_t *m, uint64_t total, const struct jstag
  * While it runs the loop leaves the writer, the mirror (no version is
  * applied to it: writer_staged waits) and the tensor table alone. */
 struct wcommit {
-	uv_work_t work;
+	struct dte_work work;	/* first: the work is the commit */
 	struct jstore *s;
 	char job[JOB_NAME_MAX];
 	uint64_t version;
@@ -350,9 +349,9 @@ struct wcommit {
 	char gc_err[256];
 };
 
-static void commit_work(uv_work_t *req)
+static void commit_work(struct dte_work *w)
 {
-	struct wcommit *c = req->data;
+	struct wcommit *c = (struct wcommit *)w;
 	struct jstore *s = c->s;
 	const uint16_t *m = s->mirror->ptr;
 	struct dts_gc_cfg gc = { s->cfg.keep_versions, s->cfg.keep_keyframes, READER_STALE_S, 0 };
@@ -406,9 +405,9 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l);
 
 /* Back on the loop: report the commit, then go on with what was staged
  * meanwhile. */
-static void commit_after(uv_work_t *req, int status)
+static void commit_after(struct dte_work *w, int cancelled)
 {
-	struct wcommit *c = req->data;
+	struct wcommit *c = (struct wcommit *)w;
 	struct jstore *s = c->s;
 	struct job *j;
 	struct jhist *h;
@@ -461,7 +460,7 @@ static void commit_after(uv_work_t *req, int status)
 	}
 	free(c->ch);
 	free(c);
-	(void)status;
+	(void)cancelled;
 	for (struct jlocal *l = j->locals; l; l = l->next)
 		if (l->info.id == s->canon) {
 			jsink_send_deferred(j, l);
@@ -488,7 +487,6 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 		jsink_send_deferred(j, l);
 		return;
 	}
-	c->work.data = c;
 	c->s = s;
 	snprintf(c->job, sizeof(c->job), "%s", j->name);
 	c->version = version;
@@ -498,11 +496,10 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 	c->flags = (nobase ? DTS_BEGIN_NOBASE : 0) | (c->requested ? DTS_BEGIN_KEYFRAME : 0);
 	s->wc = c;
 	s->eng->store_commits++;
-	if (!s->eng->loop ||
-	    (e = uv_queue_work(s->eng->loop, &c->work, commit_work, commit_after)) < 0) {
-		if (s->eng->loop)
+	if ((e = jio_queue(s->eng, &c->work, commit_work, commit_after)) < 0) {
+		if (jio_workers(s->eng))
 			DLOG_W("job %s: storage v%llu: no worker (%s); writing on the loop",
-			       j->name, (unsigned long long)version, uv_strerror(e));
+			       j->name, (unsigned long long)version, strerror(-e));
 		commit_work(&c->work);
 		commit_after(&c->work, 0);
 	}
@@ -652,7 +649,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	dbuf_ref(s->mirror);
 	l->info.id = job_participant_id_new(j->eng);
 	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
-	snprintf(l->info.node, sizeof(l->info.node), "%s", route_self_node());
+	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(j->eng));
 	l->owner = s->owner;
 	l->next = j->locals;
 	j->locals = l;
@@ -913,14 +910,9 @@ fail:
 
 static void reader_tick(struct jstore *s);
 
-static void on_timer(uv_timer_t *t)
+static void on_timer(void *arg)
 {
-	reader_tick(t->data);
-}
-
-static void on_watch(struct dts_watch *w)
-{
-	reader_tick(w->data);
+	reader_tick(arg);
 }
 
 static void timer_update(struct jstore *s)
@@ -928,9 +920,9 @@ static void timer_update(struct jstore *s)
 	int want = s->job && s->staging >= 0;
 
 	if (want && !s->timer_on)
-		uv_timer_start(&s->timer, on_timer, APPLY_POLL_MS, APPLY_POLL_MS);
+		jio_timer_start(s->eng, s->timer, APPLY_POLL_MS, APPLY_POLL_MS);
 	else if (!want && s->timer_on)
-		uv_timer_stop(&s->timer);
+		jio_timer_stop(s->eng, s->timer);
 	s->timer_on = want;
 }
 
@@ -1176,7 +1168,7 @@ static void rread_done(struct jtask *t, int cancelled)
 	}
 	if (r->dense)
 		snprintf(h->note, sizeof(h->note), "keyframe v%llu", (unsigned long long)r->version);
-	h->transfer_ms = job_ms_since(h->t_captured);
+	h->transfer_ms = job_ms_since(s->eng, h->t_captured);
 	s->staging = (int64_t)r->version;
 	if (!staged)
 		s->rekick = 1;	/* nothing to wait for: move on */
@@ -1222,7 +1214,7 @@ static void reader_read(struct jstore *s, struct job *j)
 	}
 	r->s = s;
 	r->ack = s->ack;
-	r->t0 = uv_hrtime();
+	r->t0 = jio_now(s->eng);
 	r->task.run = rread_run;
 	r->task.done = rread_done;
 	s->rd = r;
@@ -1249,26 +1241,10 @@ out:
 		timer_update(s);
 }
 
-static void on_closed(uv_handle_t *h)
-{
-	struct jstore *s = h->data;
-
-	if (--s->handles == 0)
-		free(s);
-}
-
-static void on_watch_closed(struct dts_watch *w)
-{
-	struct jstore *s = w->data;
-
-	if (--s->handles == 0)
-		free(s);
-}
-
 static int reader_start(struct jstore *s, struct job *j, char *err, size_t errlen)
 {
 	struct dts_reader_cfg rc;
-	const char *node = route_self_node();
+	const char *node = jio_self(s->eng);
 	int e;
 
 	memset(&rc, 0, sizeof(rc));
@@ -1280,20 +1256,17 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 		return dts_errno(e);
 	s->staging = -1;
 	s->rpos = dts_reader_position(s->r);
-	if (!s->eng->loop)
+	if (!s->eng->io.timer_new)
 		return 0;	/* unit tests without a loop: ticks never run */
-	if ((e = uv_timer_init(s->eng->loop, &s->timer)) < 0)
-		return derr_fail(err, errlen, e, "timer: %s", uv_strerror(e));
-	s->timer.data = s;
-	s->handles++;
-	{
+	if (!(s->timer = s->eng->io.timer_new(s->eng->io.ctx, on_timer, s)))
+		return derr_fail(err, errlen, -ENOMEM, "timer: cannot be made");
+	if (s->eng->io.watch_new) {
 		char dir[4096 + 160];
 
 		snprintf(dir, sizeof(dir), "%s/%s", s->cfg.root, j->name);
-		if ((e = dts_watch_start(&s->watch, s->eng->loop, dir, s->cfg.watch_mode, WATCH_MS,
-					 on_watch, s)) < 0)
-			return derr_fail(err, errlen, e, "watching %s: %s", dir, uv_strerror(e));
-		s->handles++;
+		if ((e = s->eng->io.watch_new(s->eng->io.ctx, dir, s->cfg.watch_mode, WATCH_MS,
+					      on_timer, s, &s->watch)) < 0)
+			return derr_fail(err, errlen, e, "watching %s: %s", dir, strerror(-e));
 	}
 	DLOG_N("job %s: storage reader on %s/%s as \"%s\" (%s)", j->name, s->cfg.root, j->name,
 	       rc.name, s->cfg.watch_mode == DTS_WATCH_POLL ? "polling" : "inotify");
@@ -1375,16 +1348,13 @@ static void store_destroy(struct jstore *s)
 	s->toff = NULL;
 	s->numel = NULL;
 	s->tens = NULL;
-	if (!s->handles) {
-		free(s);
-		return;
-	}
-	/* Freed once libuv closed every handle. */
-	if (s->handles == 2)
-		dts_watch_stop(&s->watch, on_watch_closed);
-	if (s->timer_on)
-		uv_timer_stop(&s->timer);
-	uv_close((uv_handle_t *)&s->timer, on_closed);
+	/* The I/O's handles: no callback comes after their free (their
+	 * memory is the I/O's, released once it lets go of them). */
+	if (s->watch)
+		s->eng->io.watch_free(s->eng->io.ctx, s->watch);
+	if (s->timer)
+		s->eng->io.timer_free(s->eng->io.ctx, s->timer);
+	free(s);
 }
 
 void jstore_free(struct job *j)

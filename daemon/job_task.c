@@ -1,5 +1,5 @@
-/* daemon/job_task.c — heavy steps of the sync engine on libuv worker
- * threads (docs/SYNC.md, "Threads").
+/* daemon/job_task.c — heavy steps of the sync engine on the I/O's worker
+ * threads (docs/SYNC.md, "Threads"; daemon/engine_io.h's worker pool).
  *
  * The loop owns every job, participant and version; a task is handed
  * everything its worker touches (copies, references on the buffers it
@@ -14,9 +14,9 @@
 #include "daemon/job_state.h"
 #include "daemon/log.h"
 
-static void task_work(uv_work_t *w)
+static void task_work(struct dte_work *w)
 {
-	struct jtask *t = w->data;
+	struct jtask *t = (struct jtask *)w;	/* work is its first member */
 
 	t->run(t);
 }
@@ -31,22 +31,22 @@ static void task_unlink(struct jtask *t)
 	}
 }
 
-static void task_after(uv_work_t *w, int status)
+static void task_after(struct dte_work *w, int cancelled)
 {
-	struct jtask *t = w->data;
+	struct jtask *t = (struct jtask *)w;
 
 	task_unlink(t);
-	t->done(t, status == UV_ECANCELED);
+	t->done(t, cancelled);
 }
 
 void jtask_start(struct dte_engine *e, struct jtask *t)
 {
 	t->eng = e;
-	t->work.data = t;
 	t->next = e->tasks;
 	e->tasks = t;
-	if (!e->loop || uv_queue_work(e->loop, &t->work, task_work, task_after) < 0) {
-		/* No loop (unit tests without one) or no thread pool: here. */
+	if (jio_queue(e, &t->work, task_work, task_after) < 0) {
+		/* No workers (unit tests without a loop) or none to be had:
+		 * here. */
 		task_work(&t->work);
 		task_after(&t->work, 0);
 	}
@@ -60,7 +60,7 @@ int jtask_busy(struct dte_engine *e)
 void job_tasks_drain(struct dte_engine *e)
 {
 	e->stopping = 1;
-	if (!e->loop)
+	if (!e->io.run)
 		return;
 	if (jtask_busy(e)) {
 		size_t n = 0;
@@ -72,15 +72,16 @@ void job_tasks_drain(struct dte_engine *e)
 		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
 		       jev_committing(e) ? " and a storage commit" : "");
 	}
-	/* Queued, not started: their callbacks come with UV_ECANCELED. */
+	/* Queued, not started: their callbacks come with cancelled set. */
 	for (struct jtask *t = e->tasks; t; t = t->next)
-		uv_cancel((uv_req_t *)&t->work);
+		e->io.work_cancel(e->io.ctx, &t->work);
 	for (struct jcap *c = e->inflight; c; c = c->next)
-		uv_cancel((uv_req_t *)&c->work);
+		e->io.work_cancel(e->io.ctx, &c->work);
 	/* Storage commits are left to finish (a cancelled one would leave
 	 * its version unwritten for no gain).  Each round blocks until
 	 * something happens; a worker that ends wakes the loop, and its
 	 * callback unlinks the task. */
 	while (jtask_busy(e))
-		uv_run(e->loop, UV_RUN_ONCE);
+		if (e->io.run(e->io.ctx, 1) < 0)
+			break;
 }

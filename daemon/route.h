@@ -1,10 +1,11 @@
 /* daemon/route.h — how peer.proto records travel between job engines.
  *
  * The sync engine (daemon/job*.c) speaks only in peer.proto records:
- * (type, protobuf header, optional data).  It hands every record to
- * route_send() with the destination daemon's node name, and receives every
- * record through job_peer_recv(), whether it came from this daemon or from
- * another one.  So the coordinator, source and sink logic is the same code
+ * (type, protobuf header, optional data).  It hands every record to its
+ * I/O's transport (daemon/engine_io.h; in dted daemon/engine_io_uv.c,
+ * which calls route_send() here) with the destination daemon's node name,
+ * and receives every record through job_peer_recv(), whether it came from
+ * this daemon or from another one.  So the coordinator, source and sink logic is the same code
  * for one daemon and for a cluster.
  *
  * Local records (destination is this daemon) go into a queue drained from
@@ -164,7 +165,8 @@ size_t route_pending(void);
 
 /* The receiver of every record, and of a node gone away: the sync
  * engine (daemon/job.c: job_peer_recv, job_peer_down) registers itself at
- * dte_engine_new, so the router below it never names it; ctx (the engine)
+ * dte_engine_new_io through its I/O (engine_io_uv.c's attach), so the
+ * router below it never names it; ctx (the engine)
  * is passed back to both.  hdr/data are borrowed for the call.  Malformed
  * or refused records are logged and counted, never trusted.  Kept across
  * route_init; before a receiver is set a record is dropped.

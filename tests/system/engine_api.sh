@@ -16,8 +16,16 @@
 # the engine's headers (daemon/job*.h): reported, not yet enforced; a
 # later step takes the wire types out of the engine's API.
 #
+# io_calls_outside_interface counts the calls of libuv (uv_*), of the
+# router (route_*), of the wake (dwake_*) and of the directory watch
+# (dts_watch_start/stop) that an engine object makes itself (its
+# undefined symbols, nm -u): the engine reaches the world only through
+# its struct dte_engine_io (daemon/engine_io.h; the default over libuv and
+# route.c is daemon/engine_io_uv.c, not an engine file).
+#
 # Prints "engine-api: wire_types_in_engine=W singletons=S process_level=P"
-# and each symbol; fails when S > 0.
+# and "engine-api: io_calls_outside_interface=N", and each symbol; fails
+# when S > 0 or N > 0.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build}
@@ -63,7 +71,23 @@ while read -r f sym type sect; do
 	esac
 done <"$tmp"
 echo "engine-api: wire_types_in_engine=$w singletons=$s process_level=$p"
+io=0
+for f in $FILES; do
+	case " $PROCESS " in *" $f "*) continue ;; esac
+	for sym in $(nm -u "$O/$f.o" | awk '{ print $2 }' |
+		grep -E '^(uv_|route_|dwake_|dts_watch_(start|stop)$)'); do
+		io=$((io + 1))
+		echo "engine-api: io call outside the interface: $f.o $sym"
+	done
+done
+echo "engine-api: io_calls_outside_interface=$io"
+fail=0
 if [ "$s" -gt 0 ]; then
 	echo "FAIL: mutable state outside struct dte_engine; move it into the engine (daemon/job_state.h) or make it const"
-	exit 1
+	fail=1
 fi
+if [ "$io" -gt 0 ]; then
+	echo "FAIL: an engine file calls libuv or the router itself; go through e->io (daemon/engine_io.h)"
+	fail=1
+fi
+exit $fail

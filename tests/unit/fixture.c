@@ -1,0 +1,643 @@
+/* tests/unit/fixture.c — deterministic I/O for N sync engines in one
+ * process (tests/unit/fixture.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "proto/peer_auth.h"
+#include "tests/unit/fixture.h"
+
+struct fx_node {
+	struct fx *fx;
+	unsigned idx;
+	char name[32];
+	char addr[32];
+	dte_io_recv_fn recv;
+	dte_io_down_fn down;
+	dte_io_seal_fn seal;
+	void *engine;
+};
+
+struct dte_timer {
+	struct fx_node *n;
+	void (*cb)(void *arg);
+	void *arg;
+	uint64_t due, repeat_ns;
+	int on, freed;
+	struct dte_timer *next;
+};
+
+struct dte_wake {
+	struct fx_node *n;
+	void (*cb)(void *arg);
+	void *arg;
+	int pending, freed;
+	struct dte_wake *next;
+};
+
+struct fx_work {
+	struct fx_node *n;
+	struct dte_work *w;
+	int cancelled;		/* its after() comes with cancelled set, at its step */
+	struct fx_work *next;
+};
+
+struct fx_rec {
+	unsigned from, to;
+	Dtep__PeerMsgType type;
+	uint8_t *hdr;
+	size_t hdrlen;
+	void *data;
+	size_t len;
+	struct fx_rec *next;
+};
+
+struct fx {
+	unsigned n;
+	struct fx_node nodes[FX_MAX_NODES];
+	uint64_t rng, now;
+	struct fx_faults f;
+	struct fix_stats st;
+	struct dte_timer *timers;
+	struct dte_wake *wakes;
+	struct fx_work *works;	/* queued, oldest first */
+	struct fx_rec *recs;	/* queued, oldest first */
+	size_t nrecs, nworks;
+};
+
+/* splitmix64: the fixture's one source of choices. */
+static uint64_t rnd(struct fx *fx)
+{
+	uint64_t z = (fx->rng += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static unsigned pct(struct fx *fx)
+{
+	return (unsigned)(rnd(fx) % 100);
+}
+
+/* ------------------------------------------------------------------ clock */
+
+static uint64_t io_now(void *ctx)
+{
+	return ((struct fx_node *)ctx)->fx->now;
+}
+
+/* ------------------------------------------------------------------ timers */
+
+static struct dte_timer *io_timer_new(void *ctx, void (*cb)(void *arg), void *arg)
+{
+	struct fx_node *n = ctx;
+	struct dte_timer *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return NULL;
+	t->n = n;
+	t->cb = cb;
+	t->arg = arg;
+	t->next = n->fx->timers;
+	n->fx->timers = t;
+	return t;
+}
+
+static void io_timer_start(void *ctx, struct dte_timer *t, uint64_t timeout_ms, uint64_t repeat_ms)
+{
+	t->due = t->n->fx->now + timeout_ms * 1000000u;
+	t->repeat_ns = repeat_ms * 1000000u;
+	t->on = 1;
+}
+
+static void io_timer_stop(void *ctx, struct dte_timer *t)
+{
+	t->on = 0;
+}
+
+static void io_timer_free(void *ctx, struct dte_timer *t)
+{
+	t->on = 0;
+	t->freed = 1;	/* reaped by fix_free */
+}
+
+/* ------------------------------------------------------------------ workers */
+
+static int io_work_queue(void *ctx, struct dte_work *w)
+{
+	struct fx_node *n = ctx;
+	struct fx_work *q = calloc(1, sizeof(*q)), **pp;
+
+	if (!q)
+		return -ENOMEM;
+	q->n = n;
+	q->w = w;
+	w->io_priv = q;
+	for (pp = &n->fx->works; *pp; pp = &(*pp)->next)
+		;
+	*pp = q;
+	n->fx->nworks++;
+	return 0;
+}
+
+static void work_unlink(struct fx *fx, struct fx_work *q)
+{
+	for (struct fx_work **pp = &fx->works; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			fx->nworks--;
+			return;
+		}
+}
+
+/* Run one queued work to its end, or end it cancelled. */
+static void work_do(struct fx *fx, struct fx_work *q)
+{
+	struct dte_work *w = q->w;
+	int cancel = q->cancelled;
+
+	work_unlink(fx, q);
+	w->io_priv = NULL;
+	free(q);
+	if (!cancel)
+		w->run(w);
+	fx->st.works++;
+	w->after(w, cancel);
+}
+
+static int io_work_cancel(void *ctx, struct dte_work *w)
+{
+	struct fx_node *n = ctx;
+
+	struct fx_work *q = w->io_priv;
+
+	(void)n;
+	if (!q || q->cancelled)
+		return -EBUSY;
+	/* As libuv: the after() comes later, from a step, not from here
+	 * (the caller may be walking the list the after() unlinks from). */
+	q->cancelled = 1;
+	return 0;
+}
+
+/* The drain at shutdown: this node's work and wakes, one at a time. */
+static int io_run(void *ctx, int block)
+{
+	struct fx_node *n = ctx;
+
+	for (struct fx_work *q = n->fx->works; q; q = q->next)
+		if (q->n == n) {
+			work_do(n->fx, q);
+			return 1;
+		}
+	for (struct dte_wake *w = n->fx->wakes; w; w = w->next)
+		if (w->n == n && w->pending && !w->freed) {
+			w->pending = 0;
+			w->cb(w->arg);
+			return 1;
+		}
+	return -1;
+}
+
+/* ------------------------------------------------------------------ wakes */
+
+static struct dte_wake *io_wake_new(void *ctx, void (*cb)(void *arg), void *arg)
+{
+	struct fx_node *n = ctx;
+	struct dte_wake *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return NULL;
+	w->n = n;
+	w->cb = cb;
+	w->arg = arg;
+	w->next = n->fx->wakes;
+	n->fx->wakes = w;
+	return w;
+}
+
+static void io_wake_send(void *ctx, struct dte_wake *w)
+{
+	w->pending = 1;
+}
+
+static void io_wake_free(void *ctx, struct dte_wake *w)
+{
+	w->pending = 0;
+	w->freed = 1;
+}
+
+/* ------------------------------------------------------------------ transport */
+
+static struct fx_node *node_named(struct fx *fx, const char *name)
+{
+	for (unsigned i = 0; name && i < fx->n; i++)
+		if (!strcmp(fx->nodes[i].name, name))
+			return &fx->nodes[i];
+	return NULL;
+}
+
+static struct fx_node *node_at(struct fx *fx, const char *address)
+{
+	for (unsigned i = 0; address && i < fx->n; i++)
+		if (!strcmp(fx->nodes[i].addr, address))
+			return &fx->nodes[i];
+	return NULL;
+}
+
+static int io_is_self(void *ctx, const char *node, const char *address)
+{
+	struct fx_node *n = ctx;
+
+	if (node)
+		return !strcmp(node, n->name);
+	return !address || !*address || !strcmp(address, "local") || !strcmp(address, n->addr);
+}
+
+static void rec_free(struct fx_rec *r)
+{
+	free(r->hdr);
+	free(r->data);
+	free(r);
+}
+
+static void rec_queue(struct fx *fx, struct fx_rec *r)
+{
+	struct fx_rec **pp;
+
+	for (pp = &fx->recs; *pp; pp = &(*pp)->next)
+		;
+	*pp = r;
+	fx->nrecs++;
+}
+
+static struct fx_rec *rec_copy(const struct fx_rec *r)
+{
+	struct fx_rec *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	*c = *r;
+	c->next = NULL;
+	c->hdr = malloc(r->hdrlen ? r->hdrlen : 1);
+	c->data = r->len ? malloc(r->len) : NULL;
+	if (!c->hdr || (r->len && !c->data)) {
+		free(c->hdr);
+		free(c->data);
+		free(c);
+		return NULL;
+	}
+	memcpy(c->hdr, r->hdr, r->hdrlen);
+	if (r->len)
+		memcpy(c->data, r->data, r->len);
+	return c;
+}
+
+/* As route.c: packed, sealed by the sender's engine when it leaves the
+ * node; then lost, queued, or queued twice, by the seed. */
+static int io_send(void *ctx, const char *node, const char *address, Dtep__PeerMsgType type,
+		   const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	struct fx_node *n = ctx, *to = node ? node_named(n->fx, node) : node_at(n->fx, address);
+	struct fx *fx = n->fx;
+	ProtobufCBinaryData *field = NULL, keep = { 0, NULL };
+	uint8_t mac[PEER_AUTH_MACBYTES];
+	struct fx_rec *r;
+	int rc;
+
+	if (!msg || (len && !data))
+		return -EINVAL;
+	if (!to)
+		return -EHOSTUNREACH;
+	if (to != n && n->seal) {
+		if ((rc = n->seal(n->engine, type, msg, data, len, mac)) < 0)
+			return rc;
+		if (rc > 0 && (field = peer_auth_mac_field(msg))) {
+			keep = *field;
+			field->data = mac;
+			field->len = sizeof(mac);
+		}
+	}
+	if (!(r = calloc(1, sizeof(*r))))
+		return -ENOMEM;
+	r->from = n->idx;
+	r->to = to->idx;
+	r->type = type;
+	r->hdrlen = protobuf_c_message_get_packed_size(msg);
+	r->hdr = malloc(r->hdrlen ? r->hdrlen : 1);
+	if (r->hdr)
+		protobuf_c_message_pack(msg, r->hdr);
+	if (field)
+		*field = keep;
+	r->len = len;
+	r->data = len ? malloc(len) : NULL;
+	if (!r->hdr || (len && !r->data)) {
+		rec_free(r);
+		return -ENOMEM;
+	}
+	if (len)
+		memcpy(r->data, data, len);
+	fx->st.records++;
+	if (fx->f.drop_pct && pct(fx) < fx->f.drop_pct) {
+		fx->st.dropped++;
+		rec_free(r);
+		return 0;	/* lost on the way */
+	}
+	if (fx->f.dup_pct && pct(fx) < fx->f.dup_pct) {
+		struct fx_rec *c = rec_copy(r);
+
+		if (c) {
+			fx->st.duplicated++;
+			rec_queue(fx, c);
+		}
+	}
+	rec_queue(fx, r);
+	return 0;
+}
+
+/* Given data: copied into the queue, released at once (as a transport
+ * that has sent it). */
+static int io_send_given(void *ctx, const char *node, const char *address,
+			 Dtep__PeerMsgType type, const ProtobufCMessage *msg, void *data,
+			 size_t len, void (*release)(void *data, void *rarg), void *rarg)
+{
+	int rc = io_send(ctx, node, address, type, msg, data, len);
+
+	release(data, rarg);
+	return rc;
+}
+
+static void *io_take_data(void *ctx, const void *data)
+{
+	return NULL;	/* the receiver copies */
+}
+
+static const char *io_self_node(void *ctx)
+{
+	return ((struct fx_node *)ctx)->name;
+}
+
+static const char *io_self_address(void *ctx)
+{
+	return ((struct fx_node *)ctx)->addr;
+}
+
+static int io_node_is_at(void *ctx, const char *node, const char *address)
+{
+	struct fx_node *n = ctx, *at = node_at(n->fx, address);
+
+	if (io_is_self(ctx, NULL, address))
+		return node && !strcmp(node, n->name);
+	return at && node && !strcmp(at->name, node);
+}
+
+static unsigned long long io_record_key(void *ctx, const uint8_t *hdr, size_t hdrlen)
+{
+	return (unsigned long long)XXH64(hdr, hdrlen, 0);
+}
+
+static void io_attach(void *ctx, dte_io_recv_fn recv, dte_io_down_fn down, dte_io_seal_fn seal,
+		      void *engine)
+{
+	struct fx_node *n = ctx;
+
+	n->recv = recv;
+	n->down = down;
+	n->seal = seal;
+	n->engine = engine;
+}
+
+static void io_detach(void *ctx, void *engine)
+{
+	struct fx_node *n = ctx;
+
+	if (n->engine == engine) {
+		n->recv = NULL;
+		n->down = NULL;
+		n->seal = NULL;
+		n->engine = NULL;
+	}
+}
+
+void fix_io(struct fx *fx, unsigned i, struct dte_engine_io *io)
+{
+	*io = (struct dte_engine_io){
+		.ctx = &fx->nodes[i],
+		.now_ns = io_now,
+		.timer_new = io_timer_new,
+		.timer_start = io_timer_start,
+		.timer_stop = io_timer_stop,
+		.timer_free = io_timer_free,
+		.work_queue = io_work_queue,
+		.work_cancel = io_work_cancel,
+		.run = io_run,
+		.wake_new = io_wake_new,
+		.wake_send = io_wake_send,
+		.wake_free = io_wake_free,
+		.send = io_send,
+		.send_given = io_send_given,
+		.take_data = io_take_data,
+		.self_node = io_self_node,
+		.self_address = io_self_address,
+		.is_self = io_is_self,
+		.node_is_at = io_node_is_at,
+		.record_key = io_record_key,
+		.attach = io_attach,
+		.detach = io_detach,
+	};
+}
+
+/* ------------------------------------------------------------------ the fixture */
+
+struct fx *fix_new(unsigned n, uint64_t seed, const struct fx_faults *faults)
+{
+	struct fx *fx;
+
+	if (!n || n > FX_MAX_NODES || !(fx = calloc(1, sizeof(*fx))))
+		return NULL;
+	fx->n = n;
+	fx->rng = seed;
+	fx->now = 1000000000ull;	/* not 0: "never" stays told apart */
+	fix_set_faults(fx, faults);
+	for (unsigned i = 0; i < n; i++) {
+		fx->nodes[i].fx = fx;
+		fx->nodes[i].idx = i;
+		snprintf(fx->nodes[i].name, sizeof(fx->nodes[i].name), "node%u", i);
+		snprintf(fx->nodes[i].addr, sizeof(fx->nodes[i].addr), "fx:%u", i);
+	}
+	return fx;
+}
+
+void fix_set_faults(struct fx *fx, const struct fx_faults *faults)
+{
+	if (faults)
+		fx->f = *faults;
+	else
+		memset(&fx->f, 0, sizeof(fx->f));
+	if (!fx->f.max_tick_ns)
+		fx->f.max_tick_ns = 100000;
+}
+
+void fix_free(struct fx *fx)
+{
+	if (!fx)
+		return;
+	while (fx->timers) {
+		struct dte_timer *t = fx->timers;
+
+		fx->timers = t->next;
+		free(t);
+	}
+	while (fx->wakes) {
+		struct dte_wake *w = fx->wakes;
+
+		fx->wakes = w->next;
+		free(w);
+	}
+	while (fx->works) {
+		struct fx_work *q = fx->works;
+
+		fx->works = q->next;
+		free(q);
+	}
+	while (fx->recs) {
+		struct fx_rec *r = fx->recs;
+
+		fx->recs = r->next;
+		rec_free(r);
+	}
+	free(fx);
+}
+
+const char *fix_node_name(struct fx *fx, unsigned i)
+{
+	return fx->nodes[i].name;
+}
+
+const char *fix_node_address(struct fx *fx, unsigned i)
+{
+	return fx->nodes[i].addr;
+}
+
+uint64_t fix_now(const struct fx *fx)
+{
+	return fx->now;
+}
+
+void fix_stats(const struct fx *fx, struct fix_stats *st)
+{
+	*st = fx->st;
+}
+
+static void deliver(struct fx *fx, struct fx_rec *r)
+{
+	struct fx_node *to = &fx->nodes[r->to];
+
+	fx->st.delivered++;
+	if (to->recv)
+		to->recv(to->engine, fx->nodes[r->from].name, r->type, r->hdr, r->hdrlen, r->data,
+			 r->len);
+	rec_free(r);
+}
+
+static void timer_fire(struct fx *fx, struct dte_timer *t)
+{
+	if (t->repeat_ns)
+		t->due = fx->now + t->repeat_ns;
+	else
+		t->on = 0;
+	fx->st.timers++;
+	t->cb(t->arg);
+}
+
+/* The armed timer due first (ties: the first in the list), or NULL. */
+static struct dte_timer *timer_next(struct fx *fx)
+{
+	struct dte_timer *best = NULL;
+
+	for (struct dte_timer *t = fx->timers; t; t = t->next)
+		if (t->on && !t->freed && (!best || t->due < best->due))
+			best = t;
+	return best;
+}
+
+int fix_step(struct fx *fx)
+{
+	struct dte_timer *t = timer_next(fx);
+	size_t nwakes = 0, nready;
+	uint64_t k;
+
+	for (struct dte_wake *w = fx->wakes; w; w = w->next)
+		nwakes += w->pending && !w->freed;
+	nready = fx->nrecs + fx->nworks + nwakes + (t && t->due <= fx->now);
+	if (!nready) {
+		if (!t)
+			return -1;
+		/* Nothing else can happen before it: time jumps there. */
+		fx->now = t->due;
+		nready = 1;
+	}
+	fx->st.steps++;
+	k = rnd(fx) % nready;
+	if (k < fx->nrecs) {
+		struct fx_rec **pp = &fx->recs, *r;
+		uint64_t at = 0;
+
+		if (fx->f.reorder_pct && pct(fx) < fx->f.reorder_pct) {
+			at = rnd(fx) % fx->nrecs;
+			fx->st.reordered += at != 0;
+		}
+		while (at--)
+			pp = &(*pp)->next;
+		r = *pp;
+		*pp = r->next;
+		fx->nrecs--;
+		deliver(fx, r);
+	} else if ((k -= fx->nrecs) < fx->nworks) {
+		struct fx_work *q = fx->works;
+
+		while (k--)
+			q = q->next;
+		work_do(fx, q);
+	} else if ((k -= fx->nworks) < nwakes) {
+		for (struct dte_wake *w = fx->wakes; w; w = w->next)
+			if (w->pending && !w->freed && !k--) {
+				w->pending = 0;
+				fx->st.wakes++;
+				w->cb(w->arg);
+				break;
+			}
+	} else {
+		timer_fire(fx, t);
+	}
+	fx->now += rnd(fx) % (fx->f.max_tick_ns + 1);
+	return 0;
+}
+
+int fix_run_until(struct fx *fx, int (*pred)(void *arg), void *arg, uint64_t max_steps)
+{
+	for (uint64_t i = 0; i < max_steps; i++) {
+		if (pred(arg))
+			return 0;
+		if (fix_step(fx) < 0)
+			return pred(arg) ? 0 : -1;
+	}
+	return pred(arg) ? 0 : -1;
+}
+
+int fix_settle(struct fx *fx, uint64_t max_steps)
+{
+	for (uint64_t i = 0; i < max_steps; i++) {
+		size_t nwakes = 0;
+
+		for (struct dte_wake *w = fx->wakes; w; w = w->next)
+			nwakes += w->pending && !w->freed;
+		if (!fx->nrecs && !fx->nworks && !nwakes)
+			return 0;
+		if (fix_step(fx) < 0)
+			return -1;
+	}
+	return -1;
+}
