@@ -66,6 +66,9 @@ EOF
 	if [ "$rc" -eq 0 ]; then
 		printf 'ok    %s  %d passed%s\n' "$name" "$ok" \
 			"$([ "$sk" -gt 0 ] && printf ', %d skipped' "$sk")"
+		# Result lines (`name: k=v`, e.g. the fixture's) under it, as
+		# run-system.sh shows a system test's.
+		grep -E '^[a-z0-9-]+: [a-z_]+=' "$log" | tail -5 | sed 's/^/      /'
 	else
 		printf 'FAIL  %s (exit %d; log: %s)\n' "$name" "$rc" "$log"
 		tail -30 "$log"
