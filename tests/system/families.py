@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """DeepSeek-V3 / Kimi-K2 (MLA) and GLM-4.5 MoE: plans and element-exact maps.
 
-1. `dte-plan` at the real sizes (tests' ../shared/models or
-   $DTE_MODELS: deepseek-v3.json, kimi-k2.json, glm-4.5.json) from
+1. `dte-plan` at the real sizes (the published configs in
+   tests/data/layout/models, or $DTE_MODELS: deepseek-v3.json,
+   kimi-k2.json, glm-4.5.json) from
    megatron:tp=8,dp=2,ep=8,etp=1 to sglang:tp=8,ep=8 and vllm:tp=8,ep=8 must
    say `coverage: exact`.  (etp=1: Megatron-Core's default etp is tp —
    parallel_state.initialize_model_parallel — and ep*etp = 64 does not fit
@@ -38,7 +39,7 @@ sys.path.insert(0, HERE)
 import layout_reference as lr  # noqa: E402  (apply_plan, run_plan, flat_buffer, pad_rows)
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
-MODELS = os.environ.get("DTE_MODELS", os.path.join(os.path.dirname(ROOT), "shared", "models"))
+MODELS = os.environ.get("DTE_MODELS", os.path.join(ROOT, "tests", "data", "layout", "models"))
 UNSET, SRC_PAD = lr.UNSET, lr.SRC_PAD
 
 
