@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`make bench-plan` (also a step of `make bench`): `dtectl plan` at real size.
 
-Plans Qwen3-235B-A22B (../shared/models or $DTE_MODELS) for two layouts,
+Plans Qwen3-235B-A22B (tests/data/layout/models or $DTE_MODELS) for two layouts,
 each as a fresh `dte-plan` process, BENCH_PLAN_RUNS times (default 3), and
 prints one line per layout:
     bench plan model=qwen3-235b layout=fsdp64 s=S mb=M wall_s=W entries=N
@@ -25,7 +25,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 B = os.environ.get("B", "build")
 if not os.path.isabs(B):
     B = os.path.join(ROOT, B)
-MODELS = os.environ.get("DTE_MODELS", os.path.join(os.path.dirname(ROOT), "shared", "models"))
+MODELS = os.environ.get("DTE_MODELS", os.path.join(ROOT, "tests", "data", "layout", "models"))
 MODEL = "qwen3-235b-a22b.json"
 LAYOUTS = [
     ("fsdp64", "fsdp:dp=64", "sglang:tp=8"),
