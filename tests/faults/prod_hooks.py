@@ -142,9 +142,12 @@ def env_check(prods):
 
 
 def symbols(path):
-    """Every symbol name nm finds (static and dynamic tables)."""
+    """Every symbol the binary defines (static and dynamic tables).  An
+    undefined weak reference is no code: the engine's `job_ext_builtin`
+    (daemon/job_ext.h) is one in the production dted, NULL there, and
+    defined only by the test build's testhook_decor.c."""
     names = set()
-    for args in (["nm", "-a"], ["nm", "-D"]):
+    for args in (["nm", "-a", "--defined-only"], ["nm", "-D", "--defined-only"]):
         r = subprocess.run(args + [path], capture_output=True, text=True)
         for line in r.stdout.splitlines():
             parts = line.split()
