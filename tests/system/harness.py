@@ -44,6 +44,33 @@ from dte import demo  # noqa: E402  (stdlib only: safe before the ASan re-exec)
 VLLM_PY = "/opt/dted-vllm/bin/python"
 
 
+def vllm_plugin_env(here, omp_bind="auto"):
+    """dte's vLLM general plugin entry point, as an installed dte declares
+    it (group vllm.general_plugins, name dted), in a fresh dist-info
+    directory on sys.path and PYTHONPATH (with `here` and client/python),
+    plus the CPU engine settings the vLLM tests share.  Returns the
+    directory (the caller removes it)."""
+    import tempfile
+    plugin = tempfile.mkdtemp(prefix="dte-vllm-plugin-")
+    dist = os.path.join(plugin, "dte-0.1.0.dist-info")
+    os.makedirs(dist)
+    with open(os.path.join(dist, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: dte\nVersion: 0.1.0\n")
+    with open(os.path.join(dist, "entry_points.txt"), "w") as f:
+        f.write("[vllm.general_plugins]\ndted = dte.integrations.vllm_transfer:register\n")
+    sys.path.insert(0, plugin)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [plugin, here, PYDIR] +
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ["VLLM_PLUGINS"] = "dted"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
+    return plugin
+
+
 def venv_reexec(python, what="scripts/install-deps.sh makes it"):
     """Run this script again under `python` (a venv's interpreter) unless
     it already runs there; a missing venv is a failure, never a skip."""

@@ -51,24 +51,7 @@ if __name__ == "__main__":
     harness.venv_reexec(os.environ.get("DTE_VLLM_PYTHON", harness.VLLM_PY))
 
 # The plugin entry point, as an installed dte would declare it.
-PLUGIN_DIR = tempfile.mkdtemp(prefix="dte-vllm-plugin-")
-_dist = os.path.join(PLUGIN_DIR, "dte-0.1.0.dist-info")
-os.makedirs(_dist)
-with open(os.path.join(_dist, "METADATA"), "w") as f:
-    f.write("Metadata-Version: 2.1\nName: dte\nVersion: 0.1.0\n")
-with open(os.path.join(_dist, "entry_points.txt"), "w") as f:
-    f.write("[vllm.general_plugins]\ndted = dte.integrations.vllm_transfer:register\n")
-sys.path.insert(0, PLUGIN_DIR)
-
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [PLUGIN_DIR, HERE, harness.PYDIR] +
-    [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-os.environ["VLLM_PLUGINS"] = "dted"
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+PLUGIN_DIR = harness.vllm_plugin_env(HERE)
 
 import json  # noqa: E402
 import shutil  # noqa: E402

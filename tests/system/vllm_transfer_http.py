@@ -94,26 +94,8 @@ MAX_TOKENS = 8
 
 
 def _setup():
-    import tempfile
     import harness
-    plugin = tempfile.mkdtemp(prefix="dte-vllm-plugin-")
-    dist = os.path.join(plugin, "dte-0.1.0.dist-info")
-    os.makedirs(dist)
-    with open(os.path.join(dist, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: dte\nVersion: 0.1.0\n")
-    with open(os.path.join(dist, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\ndted = dte.integrations.vllm_transfer:register\n")
-    sys.path.insert(0, plugin)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [plugin, HERE, harness.PYDIR] +
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    os.environ["VLLM_PLUGINS"] = "dted"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if TP == 2 else "auto"
-    return plugin
+    return harness.vllm_plugin_env(HERE, "0|1" if TP == 2 else "auto")
 
 
 def free_port():
