@@ -195,12 +195,7 @@ def main():
         task = toy.ToyTask(sl.CFG["vocab_size"])
         tcli = _lib.Client(coord.sock)
         tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
-        src_parts = []
-        for r in range(TP):
-            lay = _lib.layout_buffers(sl.CFG_TEXT, sl.SRC_LAYOUT, _lib.SOURCE, r)
-            ids = [tcli.register_fd(model.arenas[r][k].fd, 0, n, _lib.FP32, "%s r%d" % (k, r))
-                   for (_b, n, _n), k in zip(lay, ("param", "exp_avg", "exp_avg_sq"))]
-            src_parts.append(tcli.attach(JOB, TOKEN, _lib.SOURCE, sl.SRC_LAYOUT, r, ids))
+        src_parts = sl.attach_sources(tcli, model)
         rep = sglang.SGLangModel(sl.CFG, tp=TP, label="dash-rep")
         sinks = [SinkRank(rep, 0, r, sinkd) for r in range(TP)]
         for s in sinks:
