@@ -324,29 +324,7 @@ def check(cfg, source, sink):
     kind, _, opts = sink.partition(":")
     o = dict(kv.split("=") for kv in opts.split(","))
     tp, ep = int(o["tp"]), int(o["ep"])
-    ref = engine_sink(cfg, w, tp, ep, kind == "vllm")
-    bufs = {(b["rank"], b["id"]): b for b in plan["sink"]["buffers"]}
-    shapes, want = {}, {}
-    for rank, tensors in ref.items():
-        for i, (name, t) in enumerate(tensors):
-            b = bufs.get((rank, i))
-            if not b or b["name"] != name or b["length"] != t.numel():
-                raise AssertionError("sink rank %d buffer %d: reference %s[%d], plan %r" % (rank, i, name, t.numel(), b))
-            shapes[(rank, i)] = t.numel()
-            want[(rank, i)] = t.reshape(-1).numpy()
-    if len(bufs) != len(shapes):
-        raise AssertionError("plan has %d sink buffers, reference %d" % (len(bufs), len(shapes)))
-    got, writes = lr.apply_plan(plan, src, shapes)
-    for key in shapes:
-        name = bufs[key]["name"]
-        mapped = want[key] != UNSET
-        if (writes[key][mapped] != 1).any() or (writes[key][~mapped] != 0).any():
-            raise AssertionError("%s rank %d: elements written %s times" % (name, key[0], sorted(set(writes[key].tolist()))))
-        bad = np.nonzero(got[key] != want[key])[0]
-        if len(bad):
-            raise AssertionError("%s rank %d: %d of %d elements differ (first at %d: got %r want %r)"
-                                 % (name, key[0], len(bad), len(want[key]), bad[0], got[key][bad[0]], want[key][bad[0]]))
-    return sum(shapes.values()), plan
+    return lr.compare_sink(plan, src, engine_sink(cfg, w, tp, ep, kind == "vllm")), plan
 
 
 def small(real, **kw):

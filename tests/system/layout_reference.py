@@ -296,6 +296,35 @@ def run_plan(model, source, sink):
     return json.loads(r.stdout)
 
 
+def compare_sink(plan, src, ref):
+    """Apply `plan` to the source buffers `src` (apply_plan) and compare
+    every sink buffer with the reference {rank: [(name, tensor), ...]}:
+    names and sizes as the plan's, every mapped element written once and
+    equal, padding never written.  Returns the sink elements checked."""
+    shapes, want = {}, {}
+    bufs = {(b["rank"], b["id"]): b for b in plan["sink"]["buffers"]}
+    for rank, tensors in ref.items():
+        for i, (name, t) in enumerate(tensors):
+            b = bufs.get((rank, i))
+            if not b or b["name"] != name or b["length"] != t.numel():
+                raise AssertionError("sink rank %d buffer %d: reference %s[%d], plan %r" % (rank, i, name, t.numel(), b))
+            shapes[(rank, i)] = t.numel()
+            want[(rank, i)] = t.reshape(-1).numpy()
+    if len(bufs) != len(shapes):
+        raise AssertionError("plan has %d sink buffers, reference %d" % (len(bufs), len(shapes)))
+    got, writes = apply_plan(plan, src, shapes)
+    for key in shapes:
+        name = bufs[key]["name"]
+        mapped = want[key] != UNSET
+        if (writes[key][mapped] != 1).any() or (writes[key][~mapped] != 0).any():
+            raise AssertionError("%s rank %d: elements written %s times" % (name, key[0], sorted(set(writes[key].tolist()))))
+        bad = np.nonzero(got[key] != want[key])[0]
+        if len(bad):
+            raise AssertionError("%s rank %d: %d of %d elements differ (first at %d: got %r want %r)"
+                                 % (name, key[0], len(bad), len(want[key]), bad[0], got[key][bad[0]], want[key][bad[0]]))
+    return sum(shapes.values())
+
+
 def check(model, source, sink):
     cfg = json.load(open(model))
     w = hf_weights(cfg)
@@ -320,29 +349,7 @@ def check(model, source, sink):
     tp, ep = int(o.get("tp", 1)), int(o.get("ep", 1))
     if kind == "vllm" and ep > 1:
         ep = tp   # vLLM expert parallel spans the whole TP group
-    ref = sglang_sink(cfg, w, tp, ep)
-    shapes, want = {}, {}
-    bufs = {(b["rank"], b["id"]): b for b in plan["sink"]["buffers"]}
-    for rank, tensors in ref.items():
-        for i, (name, t) in enumerate(tensors):
-            b = bufs.get((rank, i))
-            if not b or b["name"] != name or b["length"] != t.numel():
-                raise AssertionError("sink rank %d buffer %d: reference %s[%d], plan %r" % (rank, i, name, t.numel(), b))
-            shapes[(rank, i)] = t.numel()
-            want[(rank, i)] = t.reshape(-1).numpy()
-    if len(bufs) != len(shapes):
-        raise AssertionError("plan has %d sink buffers, reference %d" % (len(bufs), len(shapes)))
-    got, writes = apply_plan(plan, src, shapes)
-    for key in shapes:
-        name = bufs[key]["name"]
-        mapped = want[key] != UNSET
-        if (writes[key][mapped] != 1).any() or (writes[key][~mapped] != 0).any():
-            raise AssertionError("%s rank %d: elements written %s times" % (name, key[0], sorted(set(writes[key].tolist()))))
-        bad = np.nonzero(got[key] != want[key])[0]
-        if len(bad):
-            raise AssertionError("%s rank %d: %d of %d elements differ (first at %d: got %r want %r)"
-                                 % (name, key[0], len(bad), len(want[key]), bad[0], got[key][bad[0]], want[key][bad[0]]))
-    return sum(shapes.values())
+    return compare_sink(plan, src, sglang_sink(cfg, w, tp, ep))
 
 
 CONFIGS = [
