@@ -127,18 +127,8 @@ def versions_of(expected, got, tp):
 
 
 def daemon_view(sock):
-    """{(replica, rank): (applied, staged, checksum_failures)} of the sinks,
-    from `dtectl --json job` (not through the integration code)."""
-    st = harness.dtectl(sock, "--json", "job", JOB)
-    if st.returncode != 0:
-        return {"error": st.stderr.strip()}
-    out = {}
-    for p in json.loads(st.stdout).get("participants", []):
-        if p.get("role") == "sink":
-            out[(int(p.get("replica", 0)), int(p["rank"]))] = (
-                int(p.get("version", 0)), int(p.get("staged", 0)),
-                int(p.get("checksum_failures", 0)))
-    return out
+    """harness.sink_versions of this test's job."""
+    return harness.sink_versions(sock, JOB)
 
 
 def main():

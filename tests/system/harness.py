@@ -469,6 +469,22 @@ def dtectl(sock, *args, **kw):
                           text=True, **kw)
 
 
+def sink_versions(sock, job):
+    """{(replica, rank): (version, staged, checksum_failures)} of the job's
+    sinks as the daemon reports them (`dtectl --json job`), or {"error":
+    ...}: what a test compares with, not through the integration code."""
+    st = dtectl(sock, "--json", "job", job)
+    if st.returncode != 0:
+        return {"error": st.stderr.strip()}
+    out = {}
+    for p in json.loads(st.stdout).get("participants", []):
+        if p.get("role") == "sink":
+            out[(int(p.get("replica", 0)), int(p["rank"]))] = (
+                int(p.get("version", 0)), int(p.get("staged", 0)),
+                int(p.get("checksum_failures", 0)))
+    return out
+
+
 def parse_metrics(text):
     """`dtectl metrics` output (Prometheus text) as {name{labels}: value}."""
     out = {}

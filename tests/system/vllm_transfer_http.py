@@ -209,19 +209,9 @@ class Server:
 
 
 def daemon_view(sock, job):
-    """{(replica, rank): (version, staged, checksum_failures)} of the job's
-    sinks, from `dtectl --json job`."""
+    """harness.sink_versions (the job's sinks as dtectl reports them)."""
     import harness
-    st = harness.dtectl(sock, "--json", "job", job)
-    if st.returncode != 0:
-        return {"error": st.stderr.strip()}
-    out = {}
-    for p in json.loads(st.stdout).get("participants", []):
-        if p.get("role") == "sink":
-            out[(int(p.get("replica", 0)), int(p["rank"]))] = (
-                int(p.get("version", 0)), int(p.get("staged", 0)),
-                int(p.get("checksum_failures", 0)))
-    return out
+    return harness.sink_versions(sock, job)
 
 
 class Tally:
