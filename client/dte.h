@@ -95,6 +95,7 @@ enum dte_status_field {
 	DTE_STATUS_LOG_LEVEL = 1u << 10,
 	DTE_STATUS_REQUESTS = 1u << 11,
 	DTE_STATUS_BAD_FRAMES = 1u << 12,
+	DTE_STATUS_METRICS = 1u << 13,     /* metrics_address, metrics_error */
 };
 
 struct dte_status {
@@ -113,6 +114,8 @@ struct dte_status {
 	char     log_level[16];
 	uint64_t requests;
 	uint64_t bad_frames;
+	char     metrics_address[80];  /* metrics HTTP listener as bound, "" off */
+	char     metrics_error[160];   /* why metrics_listen is not served */
 	/* New fields go here, with a new DTE_STATUS_* bit. */
 };
 

@@ -63,6 +63,10 @@ int dte_status(dte_t *h, struct dte_status *out)
 	PUTS(out, log_level, DTE_STATUS_LOG_LEVEL, r->log_level);
 	PUT(out, requests, DTE_STATUS_REQUESTS, r->requests);
 	PUT(out, bad_frames, DTE_STATUS_BAD_FRAMES, r->bad_frames);
+	if (FITS(out, metrics_error)) {
+		PUTS(out, metrics_address, DTE_STATUS_METRICS, r->metrics_address);
+		PUTS(out, metrics_error, DTE_STATUS_METRICS, r->metrics_error);
+	}
 	dte__response__free_unpacked(resp, NULL);
 	return DTE_OK;
 }

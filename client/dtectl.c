@@ -294,6 +294,8 @@ static int cmd_status(struct ctx *c)
 		json_object_set_new(j, "log_level", json_string(st.log_level));
 		json_object_set_new(j, "requests", json_integer((json_int_t)st.requests));
 		json_object_set_new(j, "bad_frames", json_integer((json_int_t)st.bad_frames));
+		json_object_set_new(j, "metrics_address", json_string(st.metrics_address));
+		json_object_set_new(j, "metrics_error", json_string(st.metrics_error));
 		emit_json(j);
 	} else {
 		printf("version: %s\nprotocol: %u\npid: %d\nuptime_s: %llu\nnode_name: %s\n"
@@ -303,6 +305,13 @@ static int cmd_status(struct ctx *c)
 		       st.node_name, st.backend, st.jobs, st.peers, st.clients,
 		       (unsigned long long)st.refused, st.log_level,
 		       (unsigned long long)st.requests, (unsigned long long)st.bad_frames);
+		/* The listener as bound (metrics_listen = HOST:0 picks a port). */
+		if (st.metrics_error[0])
+			printf("metrics: not served: %s\n", st.metrics_error);
+		else if (st.metrics_address[0])
+			printf("metrics: http://%s/metrics\n", st.metrics_address);
+		else
+			printf("metrics: off\n");
 	}
 	dte_close(h);
 	return 0;

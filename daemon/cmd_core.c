@@ -76,6 +76,8 @@ Dte__Status dcmd_status(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	rep->log_level = (char *)dlog_level_name(dlog_get_level());
 	rep->requests = srv->requests;
 	rep->bad_frames = srv->bad_frames;
+	rep->metrics_address = (char *)srv->metrics_address;
+	rep->metrics_error = (char *)srv->metrics_error;
 	resp->body_case = DTE__RESPONSE__BODY_STATUS;
 	resp->status = rep;
 	return DTE__STATUS__STATUS_OK;

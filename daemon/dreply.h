@@ -21,6 +21,10 @@ struct dsrv {
 	uint64_t requests;         /* requests answered */
 	uint64_t refused;          /* connections refused by credentials */
 	uint64_t bad_frames;       /* connections closed for protocol errors */
+	/* The metrics HTTP listener as bound ("host:port", "" when off) and
+	 * why it is not listening when metrics_listen asked for it. */
+	char metrics_address[80];
+	char metrics_error[160];
 	/* The sync engine the job handlers act on (main.c makes it; NULL in
 	 * tests of the protocol alone). */
 	struct dte_engine *eng;

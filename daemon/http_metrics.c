@@ -27,6 +27,8 @@ struct hconn {
 static uv_tcp_t server;
 static int server_on;
 static int bound_port;
+static char bound_addr[80];
+static char listen_error[160];
 static struct hconn *conns;
 static unsigned nconns;
 /* Whatever a client sends after its request is read here and dropped. */
@@ -263,13 +265,17 @@ int dhttp_init(uv_loop_t *loop, const char *hostport)
 	struct sockaddr_storage ss;
 	int namelen = sizeof(ss), rc;
 
+	bound_addr[0] = listen_error[0] = '\0';
 	if (dconf_parse_hostport(hostport, host, sizeof(host), &port) < 0) {
-		DLOG_E("metrics http: '%s' is not HOST:PORT", hostport);
+		snprintf(listen_error, sizeof(listen_error), "'%s' is not HOST:PORT", hostport);
+		DLOG_E("metrics http: %s", listen_error);
 		return -1;
 	}
 	if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) < 0 &&
 	    uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) < 0) {
-		DLOG_E("metrics http: '%s' is not a numeric IPv4 or IPv6 address", host);
+		snprintf(listen_error, sizeof(listen_error),
+			 "'%s' is not a numeric IPv4 or IPv6 address", host);
+		DLOG_E("metrics http: %s", listen_error);
 		return -1;
 	}
 	uv_tcp_init(loop, &server);
@@ -277,14 +283,17 @@ int dhttp_init(uv_loop_t *loop, const char *hostport)
 	if ((rc = uv_tcp_bind(&server, (struct sockaddr *)&ss, 0)) < 0 ||
 	    (rc = uv_listen((uv_stream_t *)&server, 64, on_connection)) < 0 ||
 	    (rc = uv_tcp_getsockname(&server, (struct sockaddr *)&ss, &namelen)) < 0) {
-		DLOG_E("metrics http: cannot listen on %s: %s", hostport, uv_strerror(rc));
 		dhttp_fini();
+		snprintf(listen_error, sizeof(listen_error), "cannot listen on %s: %s", hostport,
+			 uv_strerror(rc));
+		DLOG_E("metrics http: %s", listen_error);
 		return -1;
 	}
 	bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port :
 			   ((struct sockaddr_in *)&ss)->sin_port);
-	DLOG_N("metrics: serving http://%s%s%s:%d/metrics", strchr(host, ':') ? "[" : "", host,
-	       strchr(host, ':') ? "]" : "", bound_port);
+	snprintf(bound_addr, sizeof(bound_addr), "%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
+		 strchr(host, ':') ? "]" : "", bound_port);
+	DLOG_N("metrics: serving http://%s/metrics", bound_addr);
 	return 0;
 }
 
@@ -296,9 +305,20 @@ void dhttp_fini(void)
 		uv_close((uv_handle_t *)&server, NULL);
 	server_on = 0;
 	bound_port = 0;
+	bound_addr[0] = '\0';
 }
 
 int dhttp_port(void)
 {
 	return bound_port;
+}
+
+const char *dhttp_address(void)
+{
+	return bound_addr;
+}
+
+const char *dhttp_error(void)
+{
+	return listen_error;
 }

@@ -22,5 +22,9 @@ int  dhttp_init(uv_loop_t *loop, const char *hostport);
 void dhttp_fini(void);
 /* The bound port (after init), 0 when not listening. */
 int  dhttp_port(void);
+/* "host:port" as bound ("" when not listening), and why the last init
+ * did not listen ("" when it did).  Shown by `dtectl status`. */
+const char *dhttp_address(void);
+const char *dhttp_error(void);
 
 #endif

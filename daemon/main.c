@@ -443,8 +443,11 @@ int main(int argc, char **argv)
 		goto out_ctl;
 	/* Off by default; a listener that cannot bind is logged, not fatal:
 	 * `dtectl metrics` still works. */
-	if (conf.metrics_listen[0])
+	if (conf.metrics_listen[0]) {
 		dhttp_init(&loop, conf.metrics_listen);
+		snprintf(srv.metrics_address, sizeof(srv.metrics_address), "%s", dhttp_address());
+		snprintf(srv.metrics_error, sizeof(srv.metrics_error), "%s", dhttp_error());
+	}
 
 	DLOG_N("dted %s ready on %s (protocol %u, backend %s, node %s)", DTE_VERSION,
 	       dctl_path(), DTE_PROTO_VERSION, srv.backend, conf.node_name);

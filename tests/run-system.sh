@@ -42,6 +42,10 @@ for t in "$@"; do
 		else
 			printf 'FAIL  %s (exit %d, %ss; log: %s)\n' "$name" "$rc" "$secs" "$log"
 		fi
+		# The cause first (a CI log shows only so much): failed checks
+		# and a Python exception's last line; then the log's tail.
+		grep -E '^FAIL: ' "$log" | head -10 | sed 's/^/    /'
+		grep -E '^[A-Za-z_.]*(Error|Exception|[Tt]imeout)[A-Za-z]*: ' "$log" | tail -1 | sed 's/^/    /'
 		tail -40 "$log"
 	fi
 done

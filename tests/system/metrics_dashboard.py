@@ -50,14 +50,6 @@ PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", 
                 "offset", "and", "or", "unless", "inf", "nan", "atan2", "start", "end"}
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def metric_names(expr):
     """The metric names a PromQL expression selects."""
     e = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # strings
@@ -176,18 +168,41 @@ def main():
     print("dashboard: %d panels query %d metrics: %s" % (len(panels), len(want),
                                                         " ".join(sorted(want))), flush=True)
 
-    port = free_port()
     work = csl.Workdir("dte-dash-")
+    # Port 0: the daemon binds a free port and `dtectl status` says which
+    # (a port picked here and released could be taken before dted binds
+    # it, by this very daemon's UCX listener, which then never answers).
     coord = csl.Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
-                       metrics_listen="127.0.0.1:%d" % port)
+                       metrics_listen="127.0.0.1:0")
     sinkd = csl.Daemon(work.path, "sinkd", part_size="64K", sync_mode="sparse")
     daemons = [coord, sinkd]
     missing = sorted(want)
     lag_ok = False
     ok = False
     try:
-        for d in daemons:
-            d.start()
+        coord.start()
+        st = coord.ctl_json("status") or {}
+        maddr = st.get("metrics_address", "")
+        c.check(re.fullmatch(r"127\.0\.0\.1:[1-9]\d*", maddr) and not st.get("metrics_error"),
+                "status names the metrics listener as bound (%r, error %r)" %
+                (maddr, st.get("metrics_error")))
+        port = int(maddr.rpartition(":")[2])
+        txt = coord.ctl("status").stdout
+        c.check("metrics: http://%s/metrics\n" % maddr in txt,
+                "dtectl status prints the metrics URL: %s" %
+                [ln for ln in txt.splitlines() if ln.startswith("metrics")])
+        # A second daemon asked for the same port: it serves on without
+        # metrics and says why, in status as in its log.
+        sinkd.configure(metrics_listen=maddr)
+        sinkd.start()
+        sst = sinkd.ctl_json("status") or {}
+        c.check(not sst.get("metrics_address") and
+                "address already in use" in sst.get("metrics_error", "").lower(),
+                "a taken metrics port is reported by status (%r)" % sst.get("metrics_error"))
+        txt = sinkd.ctl("status").stdout
+        c.check(re.search(r"^metrics: not served: cannot listen on %s: " % re.escape(maddr),
+                          txt, re.M), "dtectl status says metrics are not served: %s" %
+                [ln for ln in txt.splitlines() if ln.startswith("metrics")])
         megatron.shard_shapes = getattr(sl, "flat_order_shapes", None) or \
             megatron.flat_buffer_shapes
         model = megatron.MegatronModel(sl.CFG, tp=TP, seed=0, label="dash-src")

@@ -39,14 +39,6 @@ from dte.source import Source  # noqa: E402
 JOB, TOKEN = "ops-job", "ops-token"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Ctl:
     def __init__(self, sock):
         self.sock = sock
@@ -388,10 +380,10 @@ def main():
     c = Checks("ops")
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dte-ops-")
-    port = free_port()
+    # metrics on port 0: dted binds a free one and `dtectl status` names it.
     # sync_mode = sparse: the checks name which versions go sparse;
     # staging_size from the file: `dtectl config` says where it came from
-    d = harness.Daemon(tmp, "ops", metrics_listen="127.0.0.1:%d" % port, sync_mode="sparse",
+    d = harness.Daemon(tmp, "ops", metrics_listen="127.0.0.1:0", sync_mode="sparse",
                        staging_size="16M")
     sock = d.sock
     ctl = Ctl(sock)
@@ -402,6 +394,10 @@ def main():
     try:
         d.start(30)
         c.check(ctl.run("ping")[0] == 0, "dted answers")
+        maddr = (ctl.js("status")[1] or {}).get("metrics_address", "")
+        port = int(maddr.rpartition(":")[2] or 0)
+        c.check(maddr.startswith("127.0.0.1:") and port > 0,
+                "status names the metrics listener as bound (%r)" % maddr)
         run = Run(c, sock, cfg)
         infos = [run.version() for _ in range(4)]
         c.check(infos[0]["dense"] and not any(i["dense"] for i in infos[1:]),

@@ -61,7 +61,8 @@ class _Status(ctypes.Structure):
                 ("jobs", ctypes.c_uint32), ("peers", ctypes.c_uint32),
                 ("clients", ctypes.c_uint32), ("refused", ctypes.c_uint64),
                 ("log_level", ctypes.c_char * 16), ("requests", ctypes.c_uint64),
-                ("bad_frames", ctypes.c_uint64)]
+                ("bad_frames", ctypes.c_uint64), ("metrics_address", ctypes.c_char * 80),
+                ("metrics_error", ctypes.c_char * 160)]
 
 
 class _ApplyInfo(ctypes.Structure):
