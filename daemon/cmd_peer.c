@@ -31,8 +31,6 @@ Dte__Status dcmd_peers(struct dsrv *srv, struct dsess *s, const Dte__Request *re
 	rep->address = (char *)droute_ucx_address(ru);
 	rep->listen_error = (char *)droute_ucx_listen_error(ru, &rep->listen_retries);
 	droute_ucx_stats(ru, &st);
-	rep->parked = st.parked;
-	rep->park_expired = st.park_expired;
 	rep->restarts = st.restarts;
 	n = droute_ucx_peers(ru, NULL, 0);
 	if (n > PEERS_MAX)

@@ -300,9 +300,6 @@ static int peers_init(uv_loop_t *loop)
 		.listen_port = conf.peer_listen_port,
 		.advertise = conf.peer_advertise_address,
 		.staging_bytes = (size_t)conf.peer_staging_bytes,
-		/* the engine stages payload parts that come before their
-		 * COUNTS itself (job_sink.c) */
-		.payload_any_order = 1,
 	};
 	struct droute_ucx *r;
 	int rc;

@@ -1,7 +1,7 @@
 /* daemon/route_ucx.c — job records between daemons over daemon/peer.
  *
- * Three objects: a node (a remote daemon by name, with its address, queue,
- * counters and parked payloads; kept until the router closes so `dtectl
+ * Three objects: a node (a remote daemon by name, with its address, queue
+ * and counters; kept until the router closes so `dtectl
  * peers` shows history), a link (one dte_peer connection to a node, ours or
  * accepted; a node may briefly have two when both sides connected at once)
  * and a staging region (one UCX registration, carved first-fit for
@@ -27,7 +27,6 @@
 #include "daemon/route_ucx.h"
 #include "proto/peer.pb-c.h"
 
-#define SEEN_MAX        1024        /* recent COUNTS keys per node */
 #define STAGE_ALIGN     64
 #define STAGE_MIN       4096        /* smaller payloads stay in UCX's memory */
 #define RECONNECT_NS    500000000ull /* a failed connect is not retried sooner */
@@ -54,16 +53,6 @@ struct rslot {                 /* a staging extent or arena piece handed to UCX 
 struct rfree {                 /* a free staging extent (sorted by offset) */
 	struct rfree *next;
 	size_t off, len;
-};
-
-struct rpark {                 /* a PAYLOAD waiting for its COUNTS */
-	struct rpark *next;
-	uint64_t key, t_ns;
-	uint8_t *msg;              /* packed Payload record (malloc) */
-	size_t msglen, len;
-	uint8_t *data;             /* staging slot or malloc */
-	int in_staging;
-	uint64_t version;
 };
 
 struct rlink {
@@ -95,9 +84,6 @@ struct rnode {
 	uint64_t nq;
 	size_t qbytes;
 	uint64_t msgs_in, bytes_in, msgs_out, bytes_out, dropped;
-	struct rpark *parked;
-	uint64_t seen[SEEN_MAX];
-	unsigned seen_pos, seen_n;
 };
 
 struct droute_ucx {
@@ -115,7 +101,6 @@ struct droute_ucx {
 	dte_peer_mem_t *stage_mem;
 	struct rfree *free_ext;
 	struct droute_ucx_stats st;
-	size_t parked_bytes;       /* held by every node's parked list */
 	void *lend_arena;          /* the arena piece being delivered (droute_ucx_take) */
 	void (*close_cb)(void *);
 	void *close_arg;
@@ -353,17 +338,6 @@ static struct rlink *node_other_link(const struct rnode *n)
 	return NULL;
 }
 
-static void park_free(struct droute_ucx *r, struct rpark *pk)
-{
-	r->parked_bytes -= pk->len;
-	if (pk->in_staging)
-		stage_free(r, pk->data, pk->len);
-	else
-		free(pk->data);
-	free(pk->msg);
-	free(pk);
-}
-
 /* Big records (payload parts) are copies the size of a part: their memory
  * is kept for the next part (daemon/bufpool.h) while parts are going out,
  * and given back once none has been in flight for a timer tick. */
@@ -395,7 +369,6 @@ static void rmsg_free(struct rmsg *m)
 static uint64_t node_drop_pending(struct droute_ucx *r, struct rnode *n)
 {
 	struct rmsg *m;
-	struct rpark *pk;
 	uint64_t lost = n->nq;
 
 	while ((m = n->q_head)) {
@@ -405,12 +378,6 @@ static uint64_t node_drop_pending(struct droute_ucx *r, struct rnode *n)
 	n->q_tail = NULL;
 	n->nq = 0;
 	n->qbytes = 0;
-	while ((pk = n->parked)) {
-		n->parked = pk->next;
-		park_free(r, pk);
-		lost++;
-	}
-	n->seen_n = n->seen_pos = 0;
 	n->dropped += lost;
 	return lost;
 }
@@ -736,121 +703,11 @@ int droute_ucx_learn(struct droute_ucx *r, const char *node, const char *hostpor
 
 /* --- receiving --- */
 
-static uint64_t record_key(const char *job, uint64_t version, uint64_t src, uint64_t dst)
-{
-	uint64_t t[3] = { version, src, dst };
-
-	return XXH3_64bits_withSeed(t, sizeof(t), XXH3_64bits(job ? job : "", job ? strlen(job) : 0));
-}
-
-/* Key of a COUNTS or PAYLOAD; 1 when it does not decode (delivered at
- * once: the engine refuses it with the reason, the router only orders). */
-static uint64_t msg_key(unsigned type, const uint8_t *msg, size_t len, uint64_t *version)
-{
-	uint64_t k = 0;
-
-	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS) {
-		Dtep__Counts *c = dtep__counts__unpack(NULL, len, msg);
-
-		if (c) {
-			k = record_key(c->job ? c->job->job : "", c->version, c->src, c->dst);
-			*version = c->version;
-			dtep__counts__free_unpacked(c, NULL);
-		}
-	} else {
-		Dtep__Payload *p = dtep__payload__unpack(NULL, len, msg);
-
-		if (p) {
-			k = record_key(p->job ? p->job->job : "", p->version, p->src, p->dst);
-			*version = p->version;
-			dtep__payload__free_unpacked(p, NULL);
-		}
-	}
-	return k ? k : 1;
-}
-
-static int seen(const struct rnode *n, uint64_t key)
-{
-	for (unsigned i = 0; i < n->seen_n; i++)
-		if (n->seen[i] == key)
-			return 1;
-	return 0;
-}
-
 static void deliver(struct droute_ucx *r, struct rnode *n, unsigned type,
 		    const uint8_t *msg, size_t msglen, const void *data, size_t len)
 {
 	if (r->p.recv)
 		r->p.recv(r->p.arg, n->name, type, msg, msglen, data, len);
-}
-
-static void unpark(struct droute_ucx *r, struct rnode *n, uint64_t key)
-{
-	struct rpark **pp = &n->parked, *pk;
-
-	/* Oldest first: the list is kept in arrival order. */
-	while ((pk = *pp)) {
-		if (pk->key != key) {
-			pp = &pk->next;
-			continue;
-		}
-		*pp = pk->next;
-		deliver(r, n, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, pk->msg, pk->msglen,
-			pk->data, pk->len);
-		park_free(r, pk);
-	}
-}
-
-/* Returns 1 when the payload's memory now belongs to the parked entry. */
-static int park(struct droute_ucx *r, struct rnode *n, uint64_t key, uint64_t version,
-		const uint8_t *msg, size_t msglen, void *data, size_t len, int in_staging)
-{
-	struct rpark *pk, **pp;
-
-	/* Parked bytes are unacknowledged input from a peer: capped, so a
-	 * stream of PAYLOADs without COUNTS cannot eat the daemon's memory. */
-	if (r->parked_bytes + len > r->p.queue_max_bytes) {
-		n->dropped++;
-		DLOG_W("route: PAYLOAD v%llu (%zu bytes) from %s dropped: %zu bytes already wait "
-		       "for their COUNTS", (unsigned long long)version, len, node_label(n),
-		       r->parked_bytes);
-		return 0;
-	}
-	pk = calloc(1, sizeof(*pk));
-	if (!pk || !(pk->msg = malloc(msglen ? msglen : 1)))
-		goto nomem;
-	memcpy(pk->msg, msg, msglen);
-	pk->msglen = msglen;
-	pk->len = len;
-	pk->key = key;
-	pk->version = version;
-	pk->t_ns = uv_hrtime();
-	if (in_staging) {
-		pk->data = data;
-		pk->in_staging = 1;
-	} else {
-		pk->data = malloc(len ? len : 1);
-		if (!pk->data)
-			goto nomem;
-		if (len)
-			memcpy(pk->data, data, len);
-	}
-	for (pp = &n->parked; *pp; pp = &(*pp)->next)
-		;
-	*pp = pk;
-	r->parked_bytes += len;
-	r->st.parked++;
-	DLOG_D("route: PAYLOAD v%llu from %s parked until its COUNTS arrives",
-	       (unsigned long long)version, node_label(n));
-	return in_staging;
-nomem:
-	if (pk)
-		free(pk->msg);
-	free(pk);
-	n->dropped++;
-	DLOG_E("route: PAYLOAD from %s dropped: no memory to hold it for its COUNTS",
-	       node_label(n));
-	return 0;
 }
 
 static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hlen,
@@ -859,10 +716,9 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 	struct droute_ucx *r = arg;
 	struct rlink *l = dte_peer_get_data(peer);
 	struct rnode *n = l ? l->node : NULL;
-	int staged = in_stage(r, data), arena = 0, kept = 0;
+	int staged = in_stage(r, data), arena = 0;
 	const uint8_t *msg = hdr;
 	size_t msglen = hlen, slen = 0;
-	uint64_t key, version = 0;
 
 	/* Memory on_alloc handed to UCX (a staging extent, or an arena piece
 	 * for a large PAYLOAD) has a slot on the link; the slot says which. */
@@ -902,13 +758,12 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 		}
 		goto out;
 	}
+	/* Records go to the engine as they land, in no particular order: a
+	 * rendezvous PAYLOAD completes after later small records, and the
+	 * engine takes payload parts before their COUNTS (peer protocol 2,
+	 * docs/SYNC.md).  The router does not read what it carries. */
 	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
-		key = msg_key(type, msg, msglen, &version);
-		if (key == 1 || r->p.payload_any_order || seen(n, key)) {
-			deliver(r, n, type, msg, msglen, data, len);
-		} else {
-			kept = park(r, n, key, version, msg, msglen, data, len, staged);
-		}
+		deliver(r, n, type, msg, msglen, data, len);
 		goto out;
 	}
 	if (hlen == 0 && len) {
@@ -921,21 +776,9 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 		       droute_ucx_type_name(type), n->name, len);
 		goto out;
 	}
-	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS) {
-		key = msg_key(type, msg, msglen, &version);
-		deliver(r, n, type, msg, msglen, NULL, 0);
-		if (key != 1) {
-			n->seen[n->seen_pos] = key;
-			n->seen_pos = (n->seen_pos + 1) % SEEN_MAX;
-			if (n->seen_n < SEEN_MAX)
-				n->seen_n++;
-			unpark(r, n, key);
-		}
-		goto out;
-	}
 	deliver(r, n, type, msg, msglen, NULL, 0);
 out:
-	if (staged && !kept) {
+	if (staged) {
 		if (slen)
 			stage_free(r, data, slen);
 		else
@@ -944,7 +787,7 @@ out:
 	if (staged)
 		r->st.staged++;
 	if (arena) {
-		/* Not taken (or parked as a copy): back to its arena. */
+		/* Not taken: back to its arena. */
 		if (r->lend_arena == data)
 			recvpool_free(data);
 		r->lend_arena = NULL;
@@ -1031,14 +874,6 @@ static void node_restarted(struct droute_ucx *r, struct rnode *n, uint64_t inc)
 			continue;
 		l->stale = 1;
 		dte_peer_close(l->peer);   /* -EALREADY when already closing */
-	}
-	n->seen_n = n->seen_pos = 0;
-	while (n->parked) {
-		struct rpark *pk = n->parked;
-
-		n->parked = pk->next;
-		park_free(r, pk);
-		n->dropped++;
 	}
 	/* Told already when the old one went down before the new one came. */
 	if (r->p.down && !n->down_told)
@@ -1213,34 +1048,13 @@ static void on_down(dte_peer_ctx_t *ctx, dte_peer_t *peer, int status, const cha
 		r->p.down(r->p.arg, node_label(n), reason);
 }
 
-/* --- timer: parked payloads whose COUNTS never came --- */
+/* --- timer: pooled part copies given back when parts stop going out --- */
 
 static void on_timer(uv_timer_t *t)
 {
-	struct droute_ucx *r = t->data;
-	uint64_t now = uv_hrtime(), lim = (uint64_t)r->p.park_timeout_ms * 1000000ull;
-	struct rnode *n;
-
+	(void)t;
 	if (!msgs_pooled)
 		bpool_trim(&msg_pool);	/* no part went out since the last tick's check */
-
-	for (n = r->nodes; n; n = n->next) {
-		struct rpark **pp = &n->parked, *pk;
-
-		while ((pk = *pp)) {
-			if (now - pk->t_ns < lim) {
-				pp = &pk->next;
-				continue;
-			}
-			*pp = pk->next;
-			r->st.park_expired++;
-			n->dropped++;
-			DLOG_W("route: PAYLOAD v%llu (%zu bytes) from %s dropped: no COUNTS "
-			       "within %u ms", (unsigned long long)pk->version, pk->len,
-			       node_label(n), r->p.park_timeout_ms);
-			park_free(r, pk);
-		}
-	}
 }
 
 /* --- init / close --- */
@@ -1333,8 +1147,6 @@ int droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop, const struct drout
 		return -ENOMEM;
 	r->loop = loop;
 	r->p = *p;
-	if (!r->p.park_timeout_ms)
-		r->p.park_timeout_ms = 30000;
 	if (!r->p.queue_max_bytes)
 		r->p.queue_max_bytes = (size_t)1 << 30;
 	snprintf(r->node, sizeof(r->node), "%s", p->node);

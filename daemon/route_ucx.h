@@ -15,13 +15,11 @@
  * records queue until it is up.  Either side's connection carries traffic
  * both ways.
  *
- * Ordering: the peer layer keeps none (a rendezvous PAYLOAD completes after
- * later small records), so the router parks a PAYLOAD until the COUNTS with
- * the same (job, version, src, dst) from the same node has been handed over:
- * the engine always sees COUNTS first.  A PAYLOAD whose COUNTS never comes
- * is dropped after park_timeout_ms, logged and counted.  An engine that
- * takes PAYLOADs in any order (peer protocol 2: payload parts go before
- * their COUNTS) sets payload_any_order and gets each one as it lands.
+ * Ordering: none.  The peer layer keeps none (a rendezvous PAYLOAD
+ * completes after later small records) and the router adds none: every
+ * record is handed to the engine as it lands, which takes payload parts
+ * before their COUNTS (peer protocol 2; docs/SYNC.md).  The router does
+ * not decode the records it carries.
  *
  * Everything runs on the loop thread.  Errors are negative errno values.
  */
@@ -58,12 +56,8 @@ struct droute_ucx_params {
 	uint16_t listen_port;         /* 0: pick one */
 	const char *advertise;        /* "host:port"; NULL/"": derived */
 	size_t staging_bytes;         /* 0: no staging region */
-	unsigned park_timeout_ms;     /* 0: 30 s */
-	/* Per node while connecting, and all parked PAYLOADs together; 0: 1 GiB. */
+	/* Per node while connecting; 0: 1 GiB. */
 	size_t queue_max_bytes;
-	/* Hand PAYLOADs over as they arrive instead of parking them until
-	 * their COUNTS: held once by the engine, not twice. */
-	int payload_any_order;
 	droute_recv_fn recv;
 	droute_down_fn down;
 	void *arg;
@@ -83,8 +77,6 @@ struct droute_peer_info {
 };
 
 struct droute_ucx_stats {
-	uint64_t parked;              /* PAYLOADs that waited for their COUNTS */
-	uint64_t park_expired;
 	uint64_t staged;              /* payloads received into staging */
 	uint64_t direct;              /* large payloads received into their own
 				       * buffer (the engine may take it) */

@@ -54,7 +54,6 @@ struct side {
 static uv_loop_t loop;
 static size_t next_queue_max;   /* for the next side_start; 0 = default */
 static const char *next_advertise; /* for the next side_start; NULL = its own */
-static int next_any_order;      /* for the next side_start: payload_any_order */
 
 static uint8_t pattern(uint64_t seed, size_t i)
 {
@@ -119,17 +118,15 @@ static void on_down(void *arg, const char *node, const char *reason)
 	snprintf(s->down_reason, sizeof(s->down_reason), "%s", reason);
 }
 
-static void side_start(struct side *s, const char *name, int listen, unsigned park_ms)
+static void side_start(struct side *s, const char *name, int listen)
 {
 	struct droute_ucx_params p = {
 		.node = name,
 		.listen_address = listen ? "127.0.0.1" : NULL,
 		.listen_port = 0,
 		.staging_bytes = 4u << 20,
-		.park_timeout_ms = park_ms,
 		.queue_max_bytes = next_queue_max,
 		.advertise = next_advertise,
-		.payload_any_order = next_any_order,
 		.recv = on_recv,
 		.down = on_down,
 		.arg = s,
@@ -292,8 +289,8 @@ static void test_by_address_then_name(void **state)
 	Dtep__Entry *entries[400], ent[400];
 	int64_t ext[2] = { 4096, 4096 };
 
-	side_start(&b, "node-b", 1, 0);
-	side_start(&a, "node-a", 0, 0);
+	side_start(&b, "node-b", 1);
+	side_start(&a, "node-a", 0);
 
 	join.job = &j;
 	join.node = "node-a";
@@ -360,8 +357,8 @@ static void test_node_is_at(void **state)
 	size_t n = pack_counts(h, 1, 1, 2);
 	char addr_b[DROUTE_ADDR_MAX];
 
-	side_start(&b, "coord", 1, 0);
-	side_start(&a, "member", 1, 0);
+	side_start(&b, "coord", 1);
+	side_start(&a, "member", 1);
 	snprintf(addr_b, sizeof(addr_b), "%s", droute_ucx_address(b.r));
 	assert_false(droute_ucx_node_is_at(a.r, "coord", addr_b));
 	join.job = &j;
@@ -373,7 +370,7 @@ static void test_node_is_at(void **state)
 	assert_false(droute_ucx_node_is_at(a.r, "nobody", addr_b));
 
 	next_advertise = addr_b;          /* a forger claiming the coordinator's address */
-	side_start(&c, "forger", 1, 0);
+	side_start(&c, "forger", 1);
 	next_advertise = NULL;
 	assert_int_equal(droute_ucx_send_packed(c.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
 						NULL, 0), 0);
@@ -386,83 +383,11 @@ static void test_node_is_at(void **state)
 	side_stop(&b);
 }
 
-/* PAYLOADs sent before their COUNTS reach the engine after them, in
- * order; one whose COUNTS was already seen goes straight through; large
- * ones land in staging. */
-static void test_payload_before_counts(void **state)
-{
-	struct side a, b;
-	uint8_t h[256];
-	size_t n, big = 1u << 20, small = 100;
-	uint8_t *d1 = pattern_buf(1, big), *d2 = pattern_buf(2, small), *d3 = pattern_buf(3, big);
-	struct droute_ucx_stats st;
-
-	side_start(&b, "sink", 1, 0);
-	side_start(&a, "source", 1, 0);
-	assert_int_equal(droute_ucx_learn(a.r, "sink", droute_ucx_address(b.r)), 0);
-
-	/* v1 PAYLOAD (large: rendezvous into staging), v2 PAYLOAD (small),
-	 * then COUNTS v2, COUNTS v1. */
-	n = pack_payload(h, 1, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d1, big), 0);
-	n = pack_payload(h, 2, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d2, small), 0);
-	/* Let both PAYLOADs arrive and park before any COUNTS. */
-	run_until(ngot_cond, &(struct want){ &b, 1 }, 0.5);
-	assert_int_equal(b.ngot, 0);
-	droute_ucx_stats(b.r, &st);
-	assert_int_equal(st.parked, 2);
-
-	n = pack_counts(h, 2, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_COUNTS, h, n, NULL, 0), 0);
-	assert_true(wait_got(&b, 2));
-	assert_int_equal(b.got[0].type, T_COUNTS);
-	assert_int_equal(b.got[0].version, 2);
-	assert_int_equal(b.got[1].type, T_PAYLOAD);
-	assert_int_equal(b.got[1].version, 2);
-	assert_true(b.got[1].data_ok);
-	assert_int_equal(b.got[1].len, small);
-
-	n = pack_counts(h, 1, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_COUNTS, h, n, NULL, 0), 0);
-	assert_true(wait_got(&b, 4));
-	assert_int_equal(b.got[2].type, T_COUNTS);
-	assert_int_equal(b.got[2].version, 1);
-	assert_int_equal(b.got[3].type, T_PAYLOAD);
-	assert_int_equal(b.got[3].version, 1);
-	assert_int_equal(b.got[3].len, big);
-	assert_true(b.got[3].data_ok);
-
-	/* COUNTS first (the usual order): PAYLOAD passes without parking,
-	 * even a different dst of the same version is kept apart. */
-	n = pack_counts(h, 3, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_COUNTS, h, n, NULL, 0), 0);
-	n = pack_payload(h, 3, 10, 21);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d3, big), 0);
-	n = pack_payload(h, 3, 10, 20);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d3, big), 0);
-	assert_true(wait_got(&b, 6));
-	run_until(ngot_cond, &(struct want){ &b, 7 }, 0.3);
-	assert_int_equal(b.ngot, 6);
-	assert_int_equal(b.got[4].type, T_COUNTS);
-	assert_int_equal(b.got[5].type, T_PAYLOAD);
-	assert_int_equal(b.got[5].version, 3);
-	assert_true(b.got[5].data_ok);
-	droute_ucx_stats(b.r, &st);
-	assert_int_equal(st.parked, 3);       /* the dst=21 one waits */
-	assert_true(st.staged >= 2);
-
-	side_stop(&a);
-	side_stop(&b);
-	free(d1);
-	free(d2);
-	free(d3);
-}
-
-/* payload_any_order (peer protocol 2, what dted sets): a PAYLOAD reaches
- * the engine as it lands, before its COUNTS, nothing parked; a staged one
- * gives its staging extent back at once, so the next one stages too. */
-static void test_payload_any_order(void **state)
+/* Records reach the engine as they land (peer protocol 2: the engine
+ * takes payload parts before their COUNTS): a PAYLOAD with no COUNTS
+ * before it is delivered at once, a large one through staging, which
+ * gives its extent back at once, so the next one stages too. */
+static void test_payload_as_it_lands(void **state)
 {
 	struct side a, b;
 	uint8_t h[256];
@@ -470,10 +395,8 @@ static void test_payload_any_order(void **state)
 	uint8_t *d1 = pattern_buf(1, big), *d2 = pattern_buf(2, big);
 	struct droute_ucx_stats st;
 
-	next_any_order = 1;
-	side_start(&b, "sink", 1, 0);
-	next_any_order = 0;
-	side_start(&a, "source", 0, 0);
+	side_start(&b, "sink", 1);
+	side_start(&a, "source", 0);
 	n = pack_payload(h, 1, 10, 20);
 	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
 						h, n, d1, big), 0);
@@ -492,7 +415,6 @@ static void test_payload_any_order(void **state)
 	assert_true(wait_got(&b, 3));
 	assert_int_equal(b.got[2].type, T_COUNTS);
 	droute_ucx_stats(b.r, &st);
-	assert_int_equal(st.parked, 0);
 	assert_int_equal(st.staged, 2);
 
 	side_stop(&a);
@@ -514,11 +436,9 @@ static void test_payload_direct_take(void **state)
 	uint8_t *d1 = pattern_buf(1, big), *d2 = pattern_buf(2, small);
 	struct droute_ucx_stats st;
 
-	next_any_order = 1;
-	side_start(&b, "sink", 1, 0);
-	next_any_order = 0;
+	side_start(&b, "sink", 1);
 	b.take = 1;
-	side_start(&a, "source", 0, 0);
+	side_start(&a, "source", 0);
 	n = pack_payload(h, 1, 10, 20);
 	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
 						h, n, d1, big), 0);
@@ -575,10 +495,8 @@ static void test_payload_arena(void **state)
 
 	assert_non_null(arena);
 	recvpool_stats(&rs0);
-	next_any_order = 1;
-	side_start(&b, "sink", 1, 0);
-	next_any_order = 0;
-	side_start(&a, "source", 0, 0);
+	side_start(&b, "sink", 1);
+	side_start(&a, "source", 0);
 	b.take = 1;
 	n = pack_payload(h, 1, 10, 20);
 	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
@@ -625,84 +543,6 @@ static void test_payload_arena(void **state)
 	free(d3);
 }
 
-/* A PAYLOAD whose COUNTS never comes is dropped after the timeout and
- * its staging extent returned (the region is reused afterwards). */
-static void test_park_expiry(void **state)
-{
-	struct side a, b;
-	uint8_t h[256];
-	size_t n, big = 3u << 20;   /* most of the 4 MiB staging */
-	uint8_t *d = pattern_buf(7, big);
-	struct droute_ucx_stats st;
-
-	side_start(&b, "sink", 1, 200);
-	side_start(&a, "source", 0, 0);
-	n = pack_payload(h, 7, 1, 2);
-	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
-						h, n, d, big), 0);
-	run_until(ngot_cond, &(struct want){ &b, 1 }, 2.0);
-	droute_ucx_stats(b.r, &st);
-	assert_int_equal(b.ngot, 0);
-	assert_int_equal(st.parked, 1);
-	assert_int_equal(st.park_expired, 1);
-	assert_int_equal(st.staged, 1);
-
-	/* The extent came back: another 3 MiB payload is staged again. */
-	n = pack_counts(h, 8, 1, 2);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_COUNTS, h, n, NULL, 0), 0);
-	n = pack_payload(h, 8, 1, 2);
-	memset(d, 0, big);
-	for (size_t i = 0; i < big; i++)
-		d[i] = pattern(8, i);
-	assert_int_equal(droute_ucx_send_packed(a.r, "sink", NULL, T_PAYLOAD, h, n, d, big), 0);
-	assert_true(wait_got(&b, 2));
-	assert_true(b.got[1].data_ok);
-	droute_ucx_stats(b.r, &st);
-	assert_int_equal(st.staged, 2);
-
-	side_stop(&a);
-	side_stop(&b);
-	free(d);
-}
-
-/* Parked payloads are capped: beyond the cap a PAYLOAD without COUNTS is
- * dropped at once (a peer cannot make the daemon hoard memory). */
-static void test_park_cap(void **state)
-{
-	struct side a, b;
-	struct droute_peer_info info[2];
-	uint8_t h[256];
-	size_t n, len = 1536u << 10;
-	uint8_t *d = pattern_buf(5, len);
-	struct droute_ucx_stats st;
-
-	next_queue_max = 2u << 20;
-	side_start(&b, "sink", 1, 0);
-	next_queue_max = 0;
-	side_start(&a, "source", 0, 0);
-	for (uint64_t v = 5; v <= 6; v++) {
-		n = pack_payload(h, v, 1, 2);
-		assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_PAYLOAD,
-							h, n, d, len), 0);
-	}
-	run_until(ngot_cond, &(struct want){ &b, 1 }, 0.5);
-	droute_ucx_stats(b.r, &st);
-	assert_int_equal(st.parked, 1);
-	assert_int_equal(droute_ucx_peers(b.r, info, 2), 1);
-	assert_int_equal(info[0].dropped, 1);
-	/* The parked one still completes when its COUNTS comes. */
-	n = pack_counts(h, 5, 1, 2);
-	assert_int_equal(droute_ucx_send_packed(a.r, NULL, droute_ucx_address(b.r), T_COUNTS, h, n,
-						NULL, 0), 0);
-	assert_true(wait_got(&b, 2));
-	assert_int_equal(b.got[1].type, T_PAYLOAD);
-	assert_int_equal(b.got[1].version, 5);
-	assert_true(b.got[1].data_ok);
-	side_stop(&a);
-	side_stop(&b);
-	free(d);
-}
-
 /* A daemon that restarts under the same name: the survivor reports the
  * old incarnation down exactly once, then talks to the new one. */
 static void test_restart(void **state)
@@ -714,8 +554,8 @@ static void test_restart(void **state)
 	size_t n;
 	uint64_t inc1;
 
-	side_start(&a, "coord", 1, 0);
-	side_start(&b, "member", 1, 0);
+	side_start(&a, "coord", 1);
+	side_start(&b, "member", 1);
 	n = pack_counts(h, 1, 1, 2);
 	assert_int_equal(droute_ucx_send_packed(b.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
 						NULL, 0), 0);
@@ -729,7 +569,7 @@ static void test_restart(void **state)
 
 	side_stop(&b);
 	assert_true(wait_downs(&a, 1, 10));
-	side_start(&b2, "member", 1, 0);
+	side_start(&b2, "member", 1);
 	assert_int_equal(droute_ucx_send_packed(b2.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
 						NULL, 0), 0);
 	assert_true(wait_got(&a, 2));
@@ -763,14 +603,14 @@ static void test_second_incarnation(void **state)
 	size_t n = pack_counts(h, 1, 1, 2);
 	uint64_t inc_b;
 
-	side_start(&a, "coord", 1, 0);
-	side_start(&b, "member", 1, 0);
+	side_start(&a, "coord", 1);
+	side_start(&b, "member", 1);
 	assert_int_equal(droute_ucx_send_packed(b.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
 						NULL, 0), 0);
 	assert_true(wait_got(&a, 1));
 	inc_b = find_peer(&a, "member", info, 4)->incarnation;
 
-	side_start(&c, "member", 1, 0);   /* the impostor, with a listener */
+	side_start(&c, "member", 1);   /* the impostor, with a listener */
 	assert_int_equal(droute_ucx_send_packed(c.r, NULL, droute_ucx_address(a.r), T_COUNTS, h, n,
 						NULL, 0), 0);
 	assert_true(wait_got(&a, 2));
@@ -791,7 +631,7 @@ static void test_second_incarnation(void **state)
 
 	/* A real restart seen before the old link failed: b2 greets while b
 	 * is up; when b goes, b2 takes over with one "down" for b. */
-	side_start(&b2, "member", 1, 0);
+	side_start(&b2, "member", 1);
 	assert_int_equal(droute_ucx_send_packed(b2.r, NULL, droute_ucx_address(a.r), T_COUNTS, h,
 						n, NULL, 0), 0);
 	assert_true(wait_got(&a, 3));
@@ -819,7 +659,7 @@ static void test_unreachable(void **state)
 	uint8_t h[256];
 	size_t n = pack_counts(h, 1, 1, 2);
 
-	side_start(&a, "lonely", 0, 0);
+	side_start(&a, "lonely", 0);
 	assert_int_equal(droute_ucx_learn(a.r, "ghost", "127.0.0.1:1"), 0);
 	assert_int_equal(droute_ucx_send_packed(a.r, "ghost", NULL, T_COUNTS, h, n, NULL, 0), 0);
 	assert_true(wait_downs(&a, 1, 10));
@@ -844,7 +684,7 @@ static void test_bad_args(void **state)
 	p.advertise = "nonsense";
 	assert_int_equal(droute_ucx_init(&r, &loop, &p), -EINVAL);
 
-	side_start(&a, "self", 0, 0);
+	side_start(&a, "self", 0);
 	assert_int_equal(droute_ucx_send_packed(a.r, "nobody", NULL, T_COUNTS, h, 10, NULL, 0),
 			 -EHOSTUNREACH);
 	assert_int_equal(droute_ucx_send_packed(a.r, "self", NULL, T_COUNTS, h, 10, NULL, 0),
@@ -924,12 +764,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_args, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_by_address_then_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_node_is_at, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_payload_before_counts, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_payload_any_order, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_payload_as_it_lands, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_direct_take, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_arena, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_park_expiry, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_park_cap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_second_incarnation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unreachable, setup, teardown),
