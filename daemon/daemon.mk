@@ -1,6 +1,6 @@
 # daemon/ — dted.  Every module but main.c also goes into libdted.a so unit
 # tests can drive conf, dispatch and the control server directly.  The
-# test hooks (daemon/testhook*.c) are not among them: they are linked only
+# test hooks (tests/faults/testhook*.c) are not among them: they are linked only
 # into the test build, $(B)/tests/dted-faults (tests/faults/faults.mk).
 DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \

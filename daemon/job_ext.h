@@ -5,7 +5,7 @@
  * member is NULL in the production dted, which then calls nothing (and
  * has nothing to call: it links no job_ext_builtin, nor code that sets
  * them).  A test build links a constant job_ext_builtin
- * (tests/faults: daemon/testhook.c and daemon/testhook_decor.c, fault
+ * (tests/faults: tests/faults/testhook.c and tests/faults/testhook_decor.c, fault
  * injection, docs/HACKING.md); an engine's set is not changed while its
  * work runs, so worker threads read it without a lock.  A unit test may
  * set its own engine's members.  The record transport has its own

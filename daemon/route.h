@@ -64,7 +64,7 @@ struct route_transport {
 
 /* A decorator of the remote transport, both ways.  The production dted
  * installs none and has none linked in; a test build installs one before
- * route_init (tests/faults: daemon/testhook.c, fault injection).  Every
+ * route_init (tests/faults: tests/faults/testhook.c, fault injection).  Every
  * member is optional. */
 struct route_decorator {
 	/* From route_init: < 0 makes route_init fail (the daemon does not

@@ -154,7 +154,7 @@ int dts_mpart_add(struct dts_mpart *p, const struct dts_mchunk *c);
 enum dts_hook { DTS_HOOK_NONE = 0, DTS_HOOK_CHUNK, DTS_HOOK_MANIFEST, DTS_HOOK_READ_MISS };
 
 /* The test hook's extension point.  NULL in production: no production
- * binary reads DTE_STORAGE_HOOK.  daemon/storage/testhook_storage.c,
+ * binary reads DTE_STORAGE_HOOK.  tests/faults/testhook_storage.c,
  * linked only into the test builds (tests/faults/faults.mk:
  * $(B)/tests/dted-faults, $(B)/tests/dte-storage-faults), sets it before
  * main() runs: armed() says which file the env DTE_STORAGE_HOOK holds

@@ -4,7 +4,7 @@
 .PHONY: test-faults soak valgrind
 
 # The test build of the daemon: the production main.o and libraries plus
-# the test hooks (DTE_TEST_HOOK, daemon/testhook.h), which testhook_decor.c
+# the test hooks (DTE_TEST_HOOK, tests/faults/testhook.h), which testhook_decor.c
 # installs as decorators of the production objects' extension points
 # before main() runs.  Nothing else links them: $(B)/bin/dted (and the
 # packaged one) has no test-hook code and never reads DTE_TEST_HOOK, which
@@ -13,7 +13,7 @@
 # The storage writer's hook (DTE_STORAGE_HOOK, testhook_storage.c) is
 # test-only the same way: it is in dted-faults and in dte-storage-faults,
 # the test build of $(B)/bin/dte-storage.
-TESTHOOK_SRCS := daemon/testhook.c daemon/testhook_decor.c daemon/storage/testhook_storage.c
+TESTHOOK_SRCS := tests/faults/testhook.c tests/faults/testhook_decor.c tests/faults/testhook_storage.c
 TESTHOOK_OBJS := $(TESTHOOK_SRCS:%.c=$(B)/obj/%.o)
 
 $(B)/tests/dted-faults: $(B)/obj/daemon/main.o $(TESTHOOK_OBJS) $(DTED_LIBS)
@@ -24,7 +24,7 @@ $(B)/tests/dted-faults: $(B)/obj/daemon/main.o $(TESTHOOK_OBJS) $(DTED_LIBS)
 TEST_PROGS += $(B)/tests/dted-faults
 
 $(B)/tests/dte-storage-faults: $(B)/obj/daemon/storage/storage_main.o \
-		$(B)/obj/daemon/storage/testhook_storage.o $(B)/lib/libdtestorage.a \
+		$(B)/obj/tests/faults/testhook_storage.o $(B)/lib/libdtestorage.a \
 		$(B)/lib/libdtelayout.a $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDFLAGS) $(PKG_LIBS) -ldl
@@ -33,10 +33,10 @@ TEST_PROGS += $(B)/tests/dte-storage-faults
 
 # The parser and the send-side cut point, on testhook.o alone (no
 # decorators installed).
-$(B)/tests/test_testhook: tests/unit/test_testhook.c $(B)/obj/daemon/testhook.o \
+$(B)/tests/test_testhook: tests/unit/test_testhook.c $(B)/obj/tests/faults/testhook.o \
 		$(INTERNAL_LIBS) $(GEN_HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(B)/obj/daemon/testhook.o -o $@ $(LDFLAGS) \
+	$(CC) $(CFLAGS) $< $(B)/obj/tests/faults/testhook.o -o $@ $(LDFLAGS) \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 
 UNIT_TESTS   += test_testhook

@@ -29,7 +29,7 @@ Scenarios, and what each trial must show for its fault to have landed
 
   src-die-counts, src-die-payload  the source daemon SIGKILLs itself at the
       second remote COUNTS / PAYLOAD of v (DTE_TEST_HOOK die-in-*,
-      daemon/testhook.h): its log says the hook fired at v and raised
+      tests/faults/testhook.h): its log says the hook fired at v and raised
       SIGKILL; effect: the process (which the test never signals) ended
       by SIGKILL.
   sink-daemon-kill  sink2's daemon SIGKILLed by the test after v was
@@ -435,7 +435,7 @@ def trial(cl, tally, name, v, fault, log):
 # ----------------------------------------------------------- scenarios
 def sc_skip_write(cl, tally, trials, v, log):
     """A write silently skipped inside sink1's apply of v (skip-write,
-    daemon/testhook.c through job_ext.apply_select/apply_skip: one element
+    tests/faults/testhook.c through job_ext.apply_select/apply_skip: one element
     keeps its old value while the apply goes on).  Lands when the hook
     logged it at v.  Its effect, seen by sink1 itself: its own verify (the
     read-back of what it wrote) failed the check, it logged the undo, an
@@ -479,7 +479,7 @@ def sc_skip_write(cl, tally, trials, v, log):
 
 def sc_src_die(kind):
     """The source daemon SIGKILLs itself at a precise point of version v
-    (die-in-counts / die-in-payload, daemon/testhook.c): the trial lands
+    (die-in-counts / die-in-payload, tests/faults/testhook.c): the trial lands
     when the hook logged that it fired at v, logged its SIGKILL, and the
     process ended by that SIGKILL (nothing in the test signals it)."""
     def run(cl, tally, trials, v, log):
@@ -788,7 +788,7 @@ SINK_SAW_DUP = r"(COUNTS from \S+ for version %d duplicated|refuses version %d: 
 
 
 def sc_hooked(name):
-    """Receiver-side router hooks (daemon/testhook.c) fire every third
+    """Receiver-side router hooks (tests/faults/testhook.c) fire every third
     version from 3 on, on every daemon main() armed them on: lands when
     each of those logged that its hook fired at v.  Its effect, seen by
     the receiver's own code:

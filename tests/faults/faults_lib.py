@@ -37,7 +37,7 @@ SANITIZER_MARKS, sanitizer_lines = harness.SANITIZER_MARKS, harness.sanitizer_li
 
 class HookDaemon(harness.Daemon):
     """The daemon fixture (harness.Daemon), whose hook= (DTE_TEST_HOOK,
-    daemon/testhook.h) runs the test build ($B/tests/dted-faults), else the
+    tests/faults/testhook.h) runs the test build ($B/tests/dted-faults), else the
     production $B/bin/dted, with every exit judged.
 
     Every process it starts is reaped and its exit checked before the next

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The production dted carries no test-hook code (issue 17).
 
-Fault injection (daemon/testhook.c, testhook_decor.c) is linked only into
+Fault injection (tests/faults/testhook.c, testhook_decor.c) is linked only into
 the test build, $B/tests/dted-faults.  This checks, for the production
 daemon $B/bin/dted (or the binaries named with --binary, such as the
 packaged /usr/sbin/dted that tests/system/packaging.sh extracts):
@@ -45,8 +45,8 @@ import harness  # noqa: E402  (sets ROOT and B)
 
 B, ROOT = harness.B, harness.ROOT
 TEST_BUILD = harness.DTED_FAULTS
-HOOK_OBJS = [os.path.join(B, "obj", "daemon", n)
-             for n in ("testhook.o", "testhook_decor.o", "storage/testhook_storage.o")]
+HOOK_OBJS = [os.path.join(B, "obj", "tests", "faults", n)
+             for n in ("testhook.o", "testhook_decor.o", "testhook_storage.o")]
 SYMBOL_RE = re.compile(r"testhook|test_hook", re.I)
 FIXED_STRINGS = ["DTE_TEST_HOOK", "test hook", "DTE_STORAGE_HOOK", "dte-storage hook"]
 # Every environment variable a production binary may read, and why.
@@ -74,7 +74,7 @@ def need(ok, what):
 
 def fault_names():
     """The fault names of testhook.c's table ({ "name", F_... })."""
-    with open(os.path.join(ROOT, "daemon", "testhook.c")) as f:
+    with open(os.path.join(ROOT, "tests", "faults", "testhook.c")) as f:
         return re.findall(r'\{\s*"([a-z][a-z0-9-]*)",\s*F_[A-Z0-9_]+\s*\}', f.read())
 
 
@@ -87,22 +87,22 @@ def testhook_srcs():
 
 def getenv_calls():
     """(path, line, argument) of every getenv()/secure_getenv() call in the
-    daemon's C sources, comments dropped."""
+    daemon's C sources and the test hooks' (TESTHOOK_SRCS), comments
+    dropped."""
     out = []
+    paths = [os.path.join(ROOT, p) for p in sorted(testhook_srcs())]
     for d in PROD_SRC_DIRS:
         for dirpath, _, files in os.walk(os.path.join(ROOT, d)):
-            for fn in sorted(files):
-                if not fn.endswith((".c", ".h")):
-                    continue
-                path = os.path.join(dirpath, fn)
-                with open(path, errors="replace") as f:
-                    text = f.read()
-                text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text,
-                              flags=re.S)
-                text = re.sub(r"//[^\n]*", "", text)
-                for m in GETENV_RE.finditer(text):
-                    out.append((os.path.relpath(path, ROOT), text.count("\n", 0, m.start()) + 1,
-                                m.group(1).strip()))
+            paths += [os.path.join(dirpath, fn) for fn in sorted(files)
+                      if fn.endswith((".c", ".h"))]
+    for path in paths:
+        with open(path, errors="replace") as f:
+            text = f.read()
+        text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+        text = re.sub(r"//[^\n]*", "", text)
+        for m in GETENV_RE.finditer(text):
+            out.append((os.path.relpath(path, ROOT), text.count("\n", 0, m.start()) + 1,
+                        m.group(1).strip()))
     return out
 
 

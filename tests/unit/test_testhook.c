@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 #include <uv.h>
-#include "daemon/testhook.h"
+#include "tests/faults/testhook.h"
 #include "proto/peer_protocol.h"
 
 static size_t pack_counts(uint64_t version, uint8_t *buf)

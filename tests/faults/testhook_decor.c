@@ -1,4 +1,4 @@
-/* daemon/testhook_decor.c — testhook.c's faults as decorators of the
+/* tests/faults/testhook_decor.c — testhook.c's faults as decorators of the
  * production objects' extension points: the remote transport
  * (struct route_decorator, route.h), the capture, the sink's staged
  * values and the storage reader's read (struct job_ext, job_ext.h).
@@ -13,7 +13,7 @@
 #include <string.h>
 #include "daemon/job_ext.h"
 #include "daemon/route.h"
-#include "daemon/testhook.h"
+#include "tests/faults/testhook.h"
 
 /* The remote transport being decorated (route.c keeps it valid). */
 static struct route_transport inner;

@@ -1,4 +1,4 @@
-/* daemon/storage/testhook_storage.c — the storage writer's test hook
+/* tests/faults/testhook_storage.c — the storage writer's test hook
  * (env DTE_STORAGE_HOOK), installed as storage_int.h's dts_fs_hook before
  * main() runs.
  *

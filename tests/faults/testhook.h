@@ -1,4 +1,4 @@
-/* daemon/testhook.h — fault injection for tests/faults (DTE_TEST_HOOK).
+/* tests/faults/testhook.h — fault injection for tests/faults (DTE_TEST_HOOK).
  *
  * Linked only into the test build of the daemon, $(B)/tests/dted-faults
  * (tests/faults/faults.mk), where testhook_decor.c installs these

@@ -1,4 +1,4 @@
-/* daemon/testhook.c — env-gated fault injection (see testhook.h); test
+/* tests/faults/testhook.c — env-gated fault injection (see testhook.h); test
  * build only. */
 #include <signal.h>
 #include <time.h>
@@ -9,7 +9,7 @@
 #include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
-#include "daemon/testhook.h"
+#include "tests/faults/testhook.h"
 
 enum fault {
 	F_NONE,
