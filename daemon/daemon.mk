@@ -6,7 +6,8 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/dispatch.c daemon/cmd_core.c daemon/ctl.c daemon/daemonize.c \
                daemon/cmd_job.c daemon/buf.c daemon/route.c daemon/job_state.c daemon/job.c \
                daemon/job_local.c \
-               daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
+               daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/reader_sm.c \
+               daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
                daemon/bufpool.c daemon/recvpool.c
 # The sync engine's I/O over libuv and the router (daemon/engine_io.h).
@@ -59,7 +60,7 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 
 # The sync engine's tests: buffers and the engine in-process, and one real
 # dted with a torch trainer and SGLang-layout sinks.
-UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_job_persist
+UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_reader_sm test_job_persist
 # N engines in one process on deterministic I/O (tests/unit/fixture.h):
 # two source files, so a rule of its own.
 UNIT_TESTS   += test_fixture

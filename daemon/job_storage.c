@@ -29,6 +29,7 @@
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
+#include "daemon/reader_sm.h"
 #include "daemon/storage/storage.h"
 #include "daemon/storage/watch.h"
 #include "gpu/compute.h"
@@ -50,8 +51,8 @@ struct rsink {
 	size_t *piece, *slot;      /* this rank's pieces and their buffer slots */
 	size_t np, nslots;
 	uint64_t *P, *Pnew;        /* per slot: verified and predicted checksums */
-	int need_dense, pending;
-	uint64_t fails0;
+	enum reader_sstate state;  /* changed only by rsink_step (reader_sm.h) */
+	uint64_t fails0;           /* its checksum failures when its version was staged */
 	struct rsink *next;
 };
 
@@ -663,6 +664,29 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 
 /* ------------------------------------------------------------- reader */
 
+/* One transition of a sink fed from storage: the table (reader_sm.c,
+ * docs/SYNC.md "A sink fed from storage") decides and stores the state,
+ * the caller only executes the action it returns.  A cell the table marks
+ * "—" (the event cannot reach that state) is logged as a daemon bug, the
+ * state is kept and the caller does nothing. */
+static enum reader_saction rsink_step(const struct job *j, struct rsink *rs,
+				      enum reader_sevent ev)
+{
+	struct reader_step d = reader_sm_step(rs->state, ev);
+
+	if (d.act == READER_A_NONE) {
+		DLOG_E("job %s: sink %llx: storage reader: %s in state %s has no transition (bug)",
+		       j->name, (unsigned long long)rs->id, reader_sm_event_name(ev),
+		       reader_sm_state_name(rs->state));
+		return d.act;
+	}
+	DLOG_D("job %s: sink %llx: storage reader: %s -> %s (%s)", j->name,
+	       (unsigned long long)rs->id, reader_sm_state_name(rs->state),
+	       reader_sm_state_name(d.next), reader_sm_action_name(d.act));
+	rs->state = d.next;
+	return d.act;
+}
+
 static void rsink_free(struct rsink *rs)
 {
 	dte_layout_fini(&rs->lay);
@@ -705,7 +729,7 @@ static struct rsink *rsink_new(struct job *j, struct jlocal *l)
 	}
 	rs->nslots = l->nbufs;
 	rs->id = l->info.id;
-	rs->need_dense = 1;
+	(void)rsink_step(j, rs, READER_EV_ANNOUNCED);	/* made: dense first */
 	return rs;
 }
 
@@ -719,6 +743,7 @@ static void sync_sinks(struct jstore *s, struct job *j)
 			struct rsink *gone = *pp;
 
 			*pp = gone->next;
+			(void)rsink_step(j, gone, READER_EV_GONE);	/* free: it is unlinked */
 			rsink_free(gone);
 		} else {
 			pp = &(*pp)->next;
@@ -935,22 +960,28 @@ static int reader_resolve(struct jstore *s, struct job *j)
 	for (struct rsink *rs = s->sinks; rs; rs = rs->next) {
 		struct jlocal *l = job_local(j, rs->id);
 
-		if (!rs->pending || !l)
+		if (rs->state != READER_S_STAGED || !l)
 			continue;
-		if (jsink_of(l)->applied < (uint64_t)s->staging)
+		switch (rsink_step(j, rs, reader_sm_apply_event(jsink_of(l)->applied,
+								(uint64_t)s->staging,
+								jsink_of(l)->checksum_failures,
+								rs->fails0))) {
+		case READER_A_WAIT:
 			return 0;
-		rs->pending = 0;
-		if (jsink_of(l)->checksum_failures != rs->fails0) {
-			rs->need_dense = 1;
+		case READER_A_REPAIR:
 			if (h)
 				h->failed++;
 			DLOG_W("job %s: sink %llx: storage v%lld failed its checksum; rebuilt "
 			       "densely at the next version", j->name, (unsigned long long)rs->id,
 			       (long long)s->staging);
-		} else {
+			break;
+		case READER_A_VERIFY:
 			memcpy(rs->P, rs->Pnew, rs->nslots * sizeof(*rs->P));
 			if (h)
 				h->ok++;
+			break;
+		default:
+			break;
 		}
 	}
 	s->ack = s->rpos = s->staging;
@@ -985,6 +1016,7 @@ static void reader_refused(struct jstore *s, struct job *j, int rc, const char *
 struct ritem {
 	struct rsink *rs;
 	struct dbuf **bufs;        /* [rs->nslots], each referenced (or NULL) */
+	int need_dense;            /* loop: the sink's table said stage it densely */
 	int dense;                 /* worker: staged densely */
 	int skipped;               /* worker: dense, but no rebuild to stage from */
 	struct jstaged *st;        /* worker: the staged version, or NULL */
@@ -1041,7 +1073,7 @@ static void rread_run(struct jtask *t)
 			tv[k] = v->t[k].val;
 	} else {
 		for (size_t i = 0; i < r->n && !flat; i++) {
-			if (!r->it[i].rs->need_dense)
+			if (!r->it[i].need_dense)
 				continue;
 			if (!(flat = malloc(s->toff[nt] * sizeof(*flat) + 2))) {
 				r->oom = 1;
@@ -1057,9 +1089,9 @@ static void rread_run(struct jtask *t)
 	for (size_t i = 0; i < r->n; i++) {
 		struct ritem *it = &r->it[i];
 
-		it->dense = v->dense || it->rs->need_dense;
+		it->dense = v->dense || it->need_dense;
 		if (it->dense && nt && !tv[0]) {
-			it->skipped = 1;	/* stays need_dense until a rebuild works */
+			it->skipped = 1;	/* stays dense until a rebuild works */
 			continue;
 		}
 		it->st = it->dense ? stage_dense(s->tens, it->rs, tv)
@@ -1143,21 +1175,23 @@ static void rread_done(struct jtask *t, int cancelled)
 		struct jlocal *l = job_local(j, rs->id);
 		struct jstaged **pp;
 
-		if (!l || it->skipped)
-			continue;	/* gone (sync_sinks frees it), or still need_dense */
-		if (!it->st) {
+		if (!l)
+			continue;	/* gone: sync_sinks frees it */
+		switch (rsink_step(j, rs, reader_sm_read_event(it->skipped, it->st != NULL))) {
+		case READER_A_HAND:
+			break;
+		case READER_A_NOT_STAGED:
 			DLOG_E("job %s: sink %llx: storage v%llu not staged: %s", j->name,
 			       (unsigned long long)rs->id, (unsigned long long)r->version, it->err);
-			rs->need_dense = 1;
 			continue;
+		default:
+			continue;	/* skipped: still dense, it waits for a rebuild */
 		}
 		for (pp = &jsink_of(l)->staged; *pp; pp = &(*pp)->next)
 			;
 		*pp = it->st;
 		it->st = NULL;
 		jsink_of(l)->held = r->version;
-		rs->pending = 1;
-		rs->need_dense = 0;
 		rs->fails0 = jsink_of(l)->checksum_failures;
 		h->sinks++;
 		if (it->dense)
@@ -1207,6 +1241,7 @@ static void reader_read(struct jstore *s, struct job *j)
 			return;
 		}
 		it->rs = rs;
+		it->need_dense = rsink_step(j, rs, READER_EV_READ) == READER_A_STAGE_DENSE;
 		r->n++;
 		for (size_t k = 0; k < rs->nslots && k < l->nbufs; k++)
 			if ((it->bufs[k] = l->bufs[k]))

@@ -1,5 +1,6 @@
 /* daemon/pair_sm.c — the source side of a (source, sink) pair (pair_sm.h;
- * the table of state × event is in docs/SYNC.md). */
+ * docs/SYNC.md, "The pair's state machine": its state × event and state ×
+ * decision tables, which tests/unit/test_pair_sm.c holds to this code). */
 #include <stdio.h>
 #include <string.h>
 #include "daemon/pair_sm.h"
@@ -17,33 +18,84 @@ static void need_dense(struct pair_sm *s, enum pair_why why)
 	s->need_dense = 1;
 }
 
+#define S(n, a) { PAIR_S_##n, PAIR_A_##a }
+
+/* Rows: states; columns: enum pair_event in order (RESET, REPLANNED, SENT,
+ * SEND_FAILED, CAPTURE_FAILED, STAGED, APPLIED, APPLY_FAILED, RESYNC,
+ * REPAIR).  Every event reaches every state: acknowledgements of versions
+ * sent before a reset still come, and are counted. */
+static const struct pair_step table[PAIR_S_COUNT][PAIR_EV_COUNT] = {
+	/* A failure before anything went out: the first version is dense
+	 * anyway (initial). */
+	[PAIR_S_FRESH] = { S(FRESH, RESET), S(FRESH, CARRY), S(CLEAN, SENT),
+			   S(FRESH, NEED_DENSE), S(FRESH, NEED_DENSE), S(FRESH, STAGED),
+			   S(FRESH, APPLIED), S(FRESH, FAILED), S(RESYNC, RESYNC),
+			   S(FRESH, NEED_DENSE) },
+	[PAIR_S_CLEAN] = { S(FRESH, RESET), S(CLEAN, CARRY), S(CLEAN, SENT),
+			   S(REPAIR, NEED_DENSE), S(REPAIR, NEED_DENSE), S(CLEAN, STAGED),
+			   S(CLEAN, APPLIED), S(REPAIR, FAILED), S(RESYNC, RESYNC),
+			   S(REPAIR, NEED_DENSE) },
+	/* A later good acknowledgement does not clear it: only a version sent. */
+	[PAIR_S_REPAIR] = { S(FRESH, RESET), S(REPAIR, CARRY), S(CLEAN, SENT),
+			    S(REPAIR, NEED_DENSE), S(REPAIR, NEED_DENSE), S(REPAIR, STAGED),
+			    S(REPAIR, APPLIED), S(REPAIR, FAILED), S(RESYNC, RESYNC),
+			    S(REPAIR, NEED_DENSE) },
+	/* The operator's reason stays until a version goes out. */
+	[PAIR_S_RESYNC] = { S(FRESH, RESET), S(RESYNC, CARRY), S(CLEAN, SENT),
+			    S(RESYNC, NEED_DENSE), S(RESYNC, NEED_DENSE), S(RESYNC, STAGED),
+			    S(RESYNC, APPLIED), S(RESYNC, FAILED), S(RESYNC, RESYNC),
+			    S(RESYNC, NEED_DENSE) },
+};
+
+struct pair_step pair_sm_step(enum pair_state st, enum pair_event ev)
+{
+	if ((unsigned)st >= PAIR_S_COUNT || (unsigned)ev >= PAIR_EV_COUNT)
+		return (struct pair_step){ PAIR_S_FRESH, PAIR_A_NONE };
+	return table[st][ev];
+}
+
+enum pair_state pair_sm_state(const struct pair_sm *s)
+{
+	if (s->need_dense && s->why == PAIR_WHY_RESYNC)
+		return PAIR_S_RESYNC;
+	if (!s->last_sent)
+		return PAIR_S_FRESH;
+	return s->need_dense ? PAIR_S_REPAIR : PAIR_S_CLEAN;
+}
+
 void pair_sm_event(struct pair_sm *s, enum pair_event ev, uint64_t version, uint64_t epoch)
 {
-	switch (ev) {
-	case PAIR_EV_SENT:
+	switch (pair_sm_step(pair_sm_state(s), ev).act) {
+	case PAIR_A_NONE:
+	case PAIR_A_CARRY:
+	case PAIR_A_COUNT:
+		break;
+	case PAIR_A_RESET:
+		pair_sm_init(s);
+		need_dense(s, PAIR_WHY_REPAIR);
+		break;
+	case PAIR_A_SENT:
 		s->prev_sent = s->last_sent;
 		s->last_sent = version;
 		s->sent_epoch = epoch;
 		s->need_dense = 0;
 		s->why = PAIR_WHY_NONE;
 		break;
-	case PAIR_EV_SEND_FAILED:
-	case PAIR_EV_CAPTURE_FAILED:
-	case PAIR_EV_REPAIR:
+	case PAIR_A_NEED_DENSE:
 		need_dense(s, PAIR_WHY_REPAIR);
 		break;
-	case PAIR_EV_RESYNC:
+	case PAIR_A_RESYNC:
 		need_dense(s, PAIR_WHY_RESYNC);
 		break;
-	case PAIR_EV_STAGED:
+	case PAIR_A_STAGED:
 		if (version > s->staged)
 			s->staged = version;
 		break;
-	case PAIR_EV_APPLIED:
+	case PAIR_A_APPLIED:
 		if (version > s->applied)
 			s->applied = version;
 		break;
-	case PAIR_EV_APPLY_FAILED:
+	case PAIR_A_FAILED:
 		/* Whatever the sink holds now, the next version repairs it. */
 		need_dense(s, PAIR_WHY_REPAIR);
 		if (version > s->failed)
@@ -56,10 +108,11 @@ void pair_sm_replanned(struct pair_sm *s, const struct pair_sm *old)
 {
 	if (old) {
 		*s = *old;
+		pair_sm_event(s, PAIR_EV_REPLANNED, 0, 0);
 		return;
 	}
-	pair_sm_init(s);
-	need_dense(s, PAIR_WHY_REPAIR);
+	pair_sm_init(s);	/* fields never set before: a defined state to step from */
+	pair_sm_event(s, PAIR_EV_RESET, 0, 0);
 }
 
 enum pair_why pair_sm_decide(const struct pair_sm *s, uint64_t src_last, uint64_t epoch,
@@ -96,6 +149,32 @@ const char *pair_sm_why_name(enum pair_why why)
 	case PAIR_WHY_COST:           return "cost";
 	}
 	return "unknown";
+}
+
+const char *pair_sm_state_name(enum pair_state st)
+{
+	static const char *const n[PAIR_S_COUNT] = { "fresh", "clean", "repair", "resync" };
+
+	return (unsigned)st < PAIR_S_COUNT ? n[st] : "?";
+}
+
+const char *pair_sm_event_name(enum pair_event ev)
+{
+	static const char *const n[PAIR_EV_COUNT] = {
+		"reset", "replanned", "sent", "send_failed", "capture_failed", "staged", "applied",
+		"apply_failed", "resync", "repair",
+	};
+
+	return (unsigned)ev < PAIR_EV_COUNT ? n[ev] : "?";
+}
+
+const char *pair_sm_action_name(enum pair_action a)
+{
+	static const char *const n[PAIR_A_COUNT] = {
+		"-", "reset", "carry", "sent", "need_dense", "resync", "staged", "applied", "failed",
+	};
+
+	return (unsigned)a < PAIR_A_COUNT ? n[a] : "?";
 }
 
 int pair_sm_has(const struct pair_sm *s, uint64_t version)

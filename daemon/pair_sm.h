@@ -44,8 +44,22 @@ enum pair_why {
 	PAIR_WHY_COST,            /* sparse was allowed, but dense is estimated cheaper */
 };
 
+/* The pair's state as docs/SYNC.md's tables name it ("The pair's state
+ * machine"): what the next decision starts from.  It lives in the fields
+ * of struct pair_sm (last_sent, need_dense, why); pair_sm_state() reads
+ * it back. */
+enum pair_state {
+	PAIR_S_FRESH = 0,         /* nothing sent (a new pair, or its entries changed) */
+	PAIR_S_CLEAN,             /* sent, nothing failed since */
+	PAIR_S_REPAIR,            /* sent, something failed since: need_dense (repair) */
+	PAIR_S_RESYNC,            /* the operator asked: need_dense (resync), until a version is sent */
+	PAIR_S_COUNT
+};
+
 /* Events other than the decision itself. */
 enum pair_event {
+	PAIR_EV_RESET = 0,        /* the pair was made, or re-planned with other entries */
+	PAIR_EV_REPLANNED,        /* re-planned with the same entries: its state carried over */
 	PAIR_EV_SENT,             /* version went out (COUNTS handed to the transport) */
 	PAIR_EV_SEND_FAILED,      /* the transport refused it: this sink misses the version */
 	PAIR_EV_CAPTURE_FAILED,   /* the capture of the version failed */
@@ -54,6 +68,26 @@ enum pair_event {
 	PAIR_EV_APPLY_FAILED,     /* the sink refused a version or its checksum failed */
 	PAIR_EV_RESYNC,           /* the operator asked for a dense version */
 	PAIR_EV_REPAIR,           /* something else this daemon saw went wrong (verify) */
+	PAIR_EV_COUNT
+};
+
+/* What an event does to the fields (pair_sm_event executes it). */
+enum pair_action {
+	PAIR_A_NONE = 0,          /* "—": the event does not reach this state; nothing */
+	PAIR_A_RESET,             /* all zero, need_dense (repair) */
+	PAIR_A_CARRY,             /* the old pair's fields, unchanged */
+	PAIR_A_SENT,              /* prev_sent <- last_sent, last_sent <- v, sent_epoch <- e, need_dense cleared */
+	PAIR_A_NEED_DENSE,        /* need_dense (repair; a resync asked stays the reason) */
+	PAIR_A_RESYNC,            /* need_dense (resync) */
+	PAIR_A_STAGED,            /* staged <- max(staged, v) */
+	PAIR_A_APPLIED,           /* applied <- max(applied, v) */
+	PAIR_A_FAILED,            /* need_dense (repair, a resync stays), failed <- max(failed, v) */
+	PAIR_A_COUNT
+};
+
+struct pair_step {
+	enum pair_state next;
+	enum pair_action act;
 };
 
 /* Running estimates of what a version of this pair costs (pair_cost_*):
@@ -91,8 +125,17 @@ struct pair_sm {
 /* A new pair (or one whose entries changed): its first version is dense. */
 void pair_sm_init(struct pair_sm *s);
 
-/* One event.  `version` is the version concerned (ignored by SEND_FAILED,
- * CAPTURE_FAILED, RESYNC and REPAIR); `epoch` only matters for SENT. */
+/* The table: state x event -> next state and action (docs/SYNC.md, "The
+ * pair's state machine"). */
+struct pair_step pair_sm_step(enum pair_state st, enum pair_event ev);
+
+/* The state the pair's fields give. */
+enum pair_state pair_sm_state(const struct pair_sm *s);
+
+/* One event, through pair_sm_step: its action on the fields.  `version` is
+ * the version concerned (ignored by SEND_FAILED, CAPTURE_FAILED, RESYNC
+ * and REPAIR); `epoch` only matters for SENT.  RESET and REPLANNED come
+ * through pair_sm_replanned. */
 void pair_sm_event(struct pair_sm *s, enum pair_event ev, uint64_t version, uint64_t epoch);
 
 /* A re-plan kept the pair's entries (same hash): its state carries over.
@@ -175,6 +218,11 @@ double pair_cost_ewma(double old, double sample);
 
 /* The label of a reason ("sparse" for PAIR_WHY_NONE). */
 const char *pair_sm_why_name(enum pair_why why);
+
+/* The names docs/SYNC.md's table uses. */
+const char *pair_sm_state_name(enum pair_state st);
+const char *pair_sm_event_name(enum pair_event ev);
+const char *pair_sm_action_name(enum pair_action a);
 
 /* Whether the sink has version v: 1 applied (or a later one), -1 it
  * reported v or a later version not applied, 0 not yet. */

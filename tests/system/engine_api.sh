@@ -35,7 +35,7 @@ O=$B/obj/daemon
 # device buffers and scratch) and job_snapshot.c (a CPU dispatch chosen
 # once) are process-level and say so.
 FILES='job job_metrics job_storage job_local job_coord job_src job_sink job_ops job_capture job_task
-job_state route coord_sm pair_sm sink_sm job_auth job_persist'
+job_state route coord_sm pair_sm sink_sm reader_sm job_auth job_persist'
 # Process-level, listed and not counted (see above).
 PROCESS='route'
 tmp=$(mktemp) || exit 1

@@ -19,7 +19,7 @@ job_ops
 job_capture job_task
 job_state
 route
-coord_sm pair_sm sink_sm'
+coord_sm pair_sm sink_sm reader_sm'
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 printf '%s\n' "$ROWS" >"$tmp/rows"

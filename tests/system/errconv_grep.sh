@@ -35,7 +35,7 @@ fi
 # a bare -1 anywhere in them fails here.
 engine=$(ls daemon/job*.c daemon/job*.h daemon/route.c daemon/route.h daemon/buf.c \
 	 daemon/bufpool.c daemon/recvpool.c daemon/registry.c daemon/sink_sm.c daemon/pair_sm.c \
-	 daemon/coord_sm.c daemon/side_table.c 2>/dev/null | sort)
+	 daemon/coord_sm.c daemon/reader_sm.c daemon/side_table.c 2>/dev/null | sort)
 ne=$(printf '%s\n' "$engine" | grep -c .)
 if [ "$ne" -lt 20 ]; then
 	echo "errconv-grep: FAIL: only $ne engine files found; is the list right?"

@@ -1,6 +1,7 @@
 /* tests/unit/doc_table.h — reads a state × event table of docs/SYNC.md
  * (the tests run from the repo root), for the state-machine tests that
- * hold the doc to the code (test_coord_sm.c).
+ * hold the doc to the code (test_coord_sm.c, test_sink_sm.c,
+ * test_pair_sm.c, test_reader_sm.c).
  *
  * doc_table_read() finds the first line starting with `head` (the table's
  * header row), skips the |---| line and returns the body rows, each cell

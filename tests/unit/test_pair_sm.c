@@ -1,14 +1,20 @@
 /* tests/unit/test_pair_sm.c — the source side of a (source, sink) pair
- * (daemon/pair_sm.h): every event from the states that matter, and a long
- * random walk checking the safety rules against a model of what the sink
- * holds (not against pair_sm's own rule). */
+ * (daemon/pair_sm.h): every state × event against a table transcribed
+ * here from docs/SYNC.md ("The pair's state machine") cell by cell, and
+ * what each event does to a pair in that state; every state × decision;
+ * the doc's two tables themselves, parsed (tests/unit/doc_table.h) and
+ * compared with the code cell by cell; every event from the states that
+ * matter, and a long random walk checking the safety rules against a
+ * model of what the sink holds (not against pair_sm's own rule). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 #include "daemon/pair_sm.h"
+#include "tests/unit/doc_table.h"
 
 #define E1 11
 #define E2 12
@@ -25,6 +31,244 @@ static struct pair_sm sent(uint64_t v, uint64_t epoch)
 	}
 	return s;
 }
+
+/* ------------------------------------------------ the state machine */
+
+/* Columns: reset, replanned, sent, send_failed, capture_failed, staged,
+ * applied, apply_failed, resync, repair.  "-" is the table's "—" (no
+ * cell has one: every event reaches every state). */
+static const char *const want[PAIR_S_COUNT][PAIR_EV_COUNT] = {
+	[PAIR_S_FRESH] = { "fresh reset", "fresh carry", "clean sent", "fresh need_dense",
+			   "fresh need_dense", "fresh staged", "fresh applied", "fresh failed",
+			   "resync resync", "fresh need_dense" },
+	[PAIR_S_CLEAN] = { "fresh reset", "clean carry", "clean sent", "repair need_dense",
+			   "repair need_dense", "clean staged", "clean applied", "repair failed",
+			   "resync resync", "repair need_dense" },
+	[PAIR_S_REPAIR] = { "fresh reset", "repair carry", "clean sent", "repair need_dense",
+			    "repair need_dense", "repair staged", "repair applied", "repair failed",
+			    "resync resync", "repair need_dense" },
+	[PAIR_S_RESYNC] = { "fresh reset", "resync carry", "clean sent", "resync need_dense",
+			    "resync need_dense", "resync staged", "resync applied", "resync failed",
+			    "resync resync", "resync need_dense" },
+};
+
+static void cell_of(enum pair_state s, enum pair_event e, char *got, size_t len)
+{
+	struct pair_step st = pair_sm_step(s, e);
+
+	if (st.act == PAIR_A_NONE) {
+		assert_int_equal(st.next, s);	/* "—" keeps the state */
+		snprintf(got, len, "-");
+	} else {
+		snprintf(got, len, "%s %s", pair_sm_state_name(st.next), pair_sm_action_name(st.act));
+	}
+}
+
+/* A pair in each state, made by events only: fresh (new), clean (3
+ * versions sent, staged and applied under E1), repair, resync. */
+static struct pair_sm in_state(enum pair_state st)
+{
+	struct pair_sm s;
+
+	if (st == PAIR_S_FRESH) {
+		pair_sm_replanned(&s, NULL);
+		return s;
+	}
+	s = sent(3, E1);
+	if (st == PAIR_S_REPAIR)
+		pair_sm_event(&s, PAIR_EV_REPAIR, 0, 0);
+	else if (st == PAIR_S_RESYNC)
+		pair_sm_event(&s, PAIR_EV_RESYNC, 0, 0);
+	return s;
+}
+
+static void test_every_cell(void **state)
+{
+	unsigned cells = 0, acting = 0;
+
+	(void)state;
+	for (int s = 0; s < PAIR_S_COUNT; s++) {
+		struct pair_sm p0 = in_state((enum pair_state)s);
+
+		assert_int_equal(pair_sm_state(&p0), s);
+		for (int e = 0; e < PAIR_EV_COUNT; e++) {
+			struct pair_sm p = p0;
+			char got[96];
+
+			assert_non_null(want[s][e]);
+			cell_of((enum pair_state)s, (enum pair_event)e, got, sizeof(got));
+			if (strcmp(got, want[s][e]))
+				fail_msg("%s × %s: %s, the table says %s",
+					 pair_sm_state_name((enum pair_state)s),
+					 pair_sm_event_name((enum pair_event)e), got, want[s][e]);
+			acting += strcmp(got, "-") != 0;
+			cells++;
+			/* the event on a pair in that state lands where the table says */
+			if (e == PAIR_EV_RESET)
+				pair_sm_replanned(&p, NULL);
+			else if (e == PAIR_EV_REPLANNED)
+				pair_sm_replanned(&p, &p0);
+			else
+				pair_sm_event(&p, (enum pair_event)e, 4, E1);
+			if (pair_sm_state(&p) != pair_sm_step((enum pair_state)s,
+							      (enum pair_event)e).next)
+				fail_msg("%s × %s: the pair is %s after it",
+					 pair_sm_state_name((enum pair_state)s),
+					 pair_sm_event_name((enum pair_event)e),
+					 pair_sm_state_name(pair_sm_state(&p)));
+		}
+	}
+	assert_int_equal(cells, PAIR_S_COUNT * PAIR_EV_COUNT);
+	/* out of range: nothing */
+	assert_int_equal(pair_sm_step(PAIR_S_COUNT, PAIR_EV_SENT).act, PAIR_A_NONE);
+	assert_int_equal(pair_sm_step(PAIR_S_CLEAN, PAIR_EV_COUNT).act, PAIR_A_NONE);
+	print_message("pair-sm: cells=%u acting=%u\n", cells, acting);
+}
+
+/* The decision's columns, checked left to right (the first that holds
+ * decides; the state's own reason comes first): nothing published,
+ * marks lost, a step not in the dirty state, v−1 not sent to this sink,
+ * the version under v−1 not staged, v−1 of an older epoch and not staged,
+ * otherwise.  Each column's inputs make it the first that holds on a
+ * clean pair (3 sent, staged, under E1). */
+enum { DC_NONE_PUBLISHED, DC_MARKS_LOST, DC_STEP_GAP, DC_MISSED, DC_UNACKED, DC_REPLAN,
+       DC_OTHERWISE, DC_COUNT };
+
+static enum pair_why decide_in(enum pair_state st, int c)
+{
+	struct pair_sm s = in_state(st);
+	uint64_t src_last = 3, epoch = E1;
+	int stepped = 1, lost = 0;
+
+	switch (c) {
+	case DC_NONE_PUBLISHED: src_last = 0; break;
+	case DC_MARKS_LOST:     lost = 1; break;
+	case DC_STEP_GAP:       stepped = 0; break;
+	case DC_MISSED:         src_last = 4; break;
+	case DC_UNACKED:        s.staged = 1; break;	/* under prev_sent 2 */
+	case DC_REPLAN:         epoch = E2; s.staged = 2; break;
+	}
+	return pair_sm_decide(&s, src_last, epoch, stepped, lost);
+}
+
+static const char *const want_decide[PAIR_S_COUNT][DC_COUNT] = {
+	[PAIR_S_FRESH] = { "initial", "initial", "initial", "initial", "initial", "initial",
+			   "initial" },
+	[PAIR_S_CLEAN] = { "initial", "repair", "step_gap", "missed_version", "unacked_base",
+			   "replan", "sparse" },
+	[PAIR_S_REPAIR] = { "initial", "repair", "repair", "repair", "repair", "repair",
+			    "repair" },
+	[PAIR_S_RESYNC] = { "resync", "resync", "resync", "resync", "resync", "resync",
+			    "resync" },
+};
+
+static void test_every_decision(void **state)
+{
+	struct pair_sm s;
+
+	(void)state;
+	for (int st = 0; st < PAIR_S_COUNT; st++)
+		for (int c = 0; c < DC_COUNT; c++) {
+			const char *got = pair_sm_why_name(decide_in((enum pair_state)st, c));
+
+			if (strcmp(got, want_decide[st][c]))
+				fail_msg("%s × column %d: %s, the table says %s",
+					 pair_sm_state_name((enum pair_state)st), c, got,
+					 want_decide[st][c]);
+		}
+	/* a fresh pair, made by init or by a reset, decides the same */
+	pair_sm_init(&s);
+	assert_int_equal(pair_sm_state(&s), PAIR_S_FRESH);
+	assert_int_equal(pair_sm_decide(&s, 3, E1, 1, 0), PAIR_WHY_INITIAL);
+	/* a resync asked before anything went out: resync */
+	pair_sm_event(&s, PAIR_EV_RESYNC, 0, 0);
+	assert_int_equal(pair_sm_state(&s), PAIR_S_RESYNC);
+	assert_int_equal(pair_sm_decide(&s, 0, E1, 1, 0), PAIR_WHY_RESYNC);
+}
+
+/* The doc's tables (docs/SYNC.md, "The pair's state machine"; the test
+ * runs from the repo root). */
+static void test_doc_table(void **state)
+{
+	static struct doc_table t;
+	int rows = doc_table_read("docs/SYNC.md", "| pair state \xef\xbc\xbc event", PAIR_EV_COUNT,
+				  &t);
+	unsigned seen = 0, dashes = 0;
+
+	(void)state;
+	if (rows == -1) {
+		skip();
+		return;
+	}
+	if (rows < 0)
+		fail_msg("docs/SYNC.md: pair table: %d %s", rows, t.bad);
+	assert_int_equal(rows, PAIR_S_COUNT);
+	for (int r = 0; r < rows; r++) {
+		int s = -1;
+
+		for (int k = 0; k < PAIR_S_COUNT; k++)
+			if (!strcmp(t.cell[r][0], pair_sm_state_name((enum pair_state)k)))
+				s = k;
+		if (s < 0)
+			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
+		assert_false(seen & (1u << s));
+		seen |= 1u << s;
+		for (int e = 0; e < PAIR_EV_COUNT; e++) {
+			const char *doc = t.cell[r][1 + e];
+			char got[96];
+
+			cell_of((enum pair_state)s, (enum pair_event)e, got, sizeof(got));
+			if (!strcmp(doc, "\xe2\x80\x94")) {
+				doc = "-";
+				dashes++;
+			}
+			if (strcmp(doc, got))
+				fail_msg("docs/SYNC.md %s × %s: the doc says \"%s\", the code \"%s\"",
+					 pair_sm_state_name((enum pair_state)s),
+					 pair_sm_event_name((enum pair_event)e), doc, got);
+		}
+	}
+	print_message("pair-sm-doc: rows=%d cols=%d dashes=%u\n", rows, PAIR_EV_COUNT, dashes);
+}
+
+static void test_doc_decide_table(void **state)
+{
+	static struct doc_table t;
+	int rows = doc_table_read("docs/SYNC.md", "| pair state \xef\xbc\xbc at publish", DC_COUNT,
+				  &t);
+	unsigned seen = 0;
+
+	(void)state;
+	if (rows == -1) {
+		skip();
+		return;
+	}
+	if (rows < 0)
+		fail_msg("docs/SYNC.md: pair decision table: %d %s", rows, t.bad);
+	assert_int_equal(rows, PAIR_S_COUNT);
+	for (int r = 0; r < rows; r++) {
+		int s = -1;
+
+		for (int k = 0; k < PAIR_S_COUNT; k++)
+			if (!strcmp(t.cell[r][0], pair_sm_state_name((enum pair_state)k)))
+				s = k;
+		if (s < 0)
+			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
+		assert_false(seen & (1u << s));
+		seen |= 1u << s;
+		for (int c = 0; c < DC_COUNT; c++) {
+			const char *got = pair_sm_why_name(decide_in((enum pair_state)s, c));
+
+			if (strcmp(t.cell[r][1 + c], got))
+				fail_msg("docs/SYNC.md pair decision %s × column %d: the doc says "
+					 "\"%s\", the code \"%s\"", t.cell[r][0], c, t.cell[r][1 + c],
+					 got);
+		}
+	}
+	print_message("pair-sm-decide-doc: rows=%d cols=%d\n", rows, DC_COUNT);
+}
+
+/* --------------------------------------------------- events and rules */
 
 static void test_initial(void **state)
 {
@@ -470,6 +714,10 @@ static void test_cost_measure(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_every_cell),
+		cmocka_unit_test(test_every_decision),
+		cmocka_unit_test(test_doc_table),
+		cmocka_unit_test(test_doc_decide_table),
 		cmocka_unit_test(test_initial),
 		cmocka_unit_test(test_steps_and_versions),
 		cmocka_unit_test(test_unacked_base),
