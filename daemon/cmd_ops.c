@@ -56,6 +56,8 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 			Dte__Response *resp, struct dreply *r)
 {
 	Dte__VerifyReply *rep = dreply_alloc(r, sizeof(*rep));
+	struct jreq rq = dcmd_jreq(srv, s, req);
+	struct jverify_res res = { 0 };
 	char err[512];
 	int deferred = 0;
 	int st;
@@ -65,10 +67,15 @@ Dte__Status dcmd_verify(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	dte__verify_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_VERIFY;
 	resp->verify = rep;
-	st = job_verify(srv->eng, s->conn_id, req->id, req->verify->job, rep, r, &deferred, err,
-			sizeof(err));
+	st = job_verify(srv->eng, &rq, req->verify->job, &res, &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		dreply_defer(r);
+	/* Answered now: nothing to check here (res.note says why); no results. */
+	if (st == 0 && !deferred) {
+		dcmd_verify_out(rep, &res, NULL, NULL);
+		if (res.note[0])
+			dreply_msg(r, "%s", res.note);
+	}
 	return done(r, st, err);
 }
 
@@ -76,14 +83,22 @@ Dte__Status dcmd_resync(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 			Dte__Response *resp, struct dreply *r)
 {
 	Dte__ResyncReply *rep = dreply_alloc(r, sizeof(*rep));
+	struct jresync_res res = { 0 };
 	char err[512];
+	int st;
 
 	if (!rep)
 		return DTE__STATUS__STATUS_ERR_INTERNAL;
 	dte__resync_reply__init(rep);
 	resp->body_case = DTE__RESPONSE__BODY_RESYNC;
 	resp->resync = rep;
-	return done(r, job_resync(srv->eng, req->resync, rep, err, sizeof(err)), err);
+	st = job_resync(srv->eng, req->resync->job, req->resync->sink, &res, err, sizeof(err));
+	if (st == 0) {
+		rep->job = (char *)res.job;
+		rep->pairs = res.pairs;
+		rep->remote = res.remote;
+	}
+	return done(r, st, err);
 }
 
 Dte__Status dcmd_metrics(struct dsrv *srv, struct dsess *s, const Dte__Request *req,

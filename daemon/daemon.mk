@@ -8,7 +8,7 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_local.c \
                daemon/job_coord.c daemon/coord_sm.c daemon/pair_sm.c daemon/sink_sm.c daemon/reader_sm.c \
                daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
-               daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c \
+               daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c daemon/wire_job.c \
                daemon/bufpool.c daemon/recvpool.c
 # The sync engine's I/O over libuv and the router (daemon/engine_io.h).
 DAEMON_SRCS += daemon/engine_io_uv.c

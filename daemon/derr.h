@@ -8,8 +8,9 @@
  *
  * The control protocol's wire status (Dte__Status, proto/dte.proto) is
  * chosen from that errno only at the edges: the control handlers
- * (daemon/cmd_*.c, daemon/dispatch.c, daemon/ctl.c) and job_reply(), which
- * sends deferred answers, call derr_status().  The engine names no
+ * (daemon/cmd_*.c, daemon/dispatch.c, daemon/ctl.c) call derr_status(),
+ * for the answers the engine defers too (it hands them, errno and reason,
+ * to the request's completion: daemon/job_api.h).  The engine names no
  * DTE__STATUS__ constant (tests/system/errconv_grep.sh checks it).
  *
  * Which errno to return (and the status it becomes):

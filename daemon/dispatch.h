@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include "daemon/dreply.h"
+#include "daemon/job_api.h"
 #include "proto/cmdtab.h"
 #include "proto/dte.pb-c.h"
 
@@ -77,5 +78,13 @@ DCMD_DECL(jobs)
 DCMD_DECL(job)
 DCMD_DECL(history)
 #undef DCMD_DECL
+
+/* The sync engine's request for req on s (daemon/job_api.h): its deferred
+ * answer is packed and sent on s's connection (cmd_job.c). */
+struct jreq dcmd_jreq(struct dsrv *srv, const struct dsess *s, const Dte__Request *req);
+/* A verify's result as the wire's VerifyReply (sv, svp: room for
+ * r->n_results each; strings borrowed from r). */
+void dcmd_verify_out(Dte__VerifyReply *o, const struct jverify_res *r, Dte__SinkVerify *sv,
+		     Dte__SinkVerify **svp);
 
 #endif

@@ -11,6 +11,7 @@
 
 struct dconf;
 struct dte_engine;
+struct Dte__Response;
 
 /* Daemon-wide facts and counters the handlers report (owned by ctl.c). */
 struct dsrv {
@@ -31,6 +32,10 @@ struct dsrv {
 	/* A control connection went away (its buffers and participants go
 	 * with it), told to eng; NULL when no layer cares. */
 	void (*conn_gone)(struct dte_engine *eng, uint64_t conn_id);
+	/* Sends an answer a handler deferred on connection conn_id: ctl.c's
+	 * dctl_reply, which main.c installs (the handlers below ctl.c reach
+	 * it through here, not by name); NULL: such answers are dropped. */
+	int (*answer)(uint64_t conn_id, struct Dte__Response *resp);
 };
 
 #define DSESS_MAX_FDS 4

@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
-#include "daemon/ctl.h"
-#include "daemon/dispatch.h"
+#include "daemon/dreply.h"
 #include "daemon/job_cuda.h"
 #include "daemon/job_ops.h"
 #include "daemon/job_auth.h"
@@ -31,8 +30,7 @@ enum { JW_ATTACH, JW_WAIT, JW_STAGED, JW_CAPTURED };
 
 struct jwaiter {
 	int kind;
-	uint64_t conn;
-	uint32_t req_id;
+	struct jreq rq;           /* who waits, and its completion */
 	char job[JOB_NAME_MAX];
 	uint64_t arg;             /* participant (attach, staged, captured) or version (wait) */
 	uint64_t arg2;            /* version (captured) */
@@ -61,12 +59,6 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 
 /* ---------------------------------------------------------------- waiters */
 
-static void reply_deferred(struct dte_engine *e, struct jwaiter *w, int rc, const char *msg,
-			   Dte__Response__BodyCase bc, void *body)
-{
-	job_reply(e, w->conn, w->req_id, rc, msg, bc, body);
-}
-
 /* A wait_staged over: its sink is parked once less (jsink.parked). */
 static void waiter_unpark(struct dte_engine *e, const struct jwaiter *w)
 {
@@ -84,19 +76,19 @@ static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 	char msg[1024];
 
 	if (!j) {
-		reply_deferred(e, w, -ENOENT, "job vanished", 0, NULL);
+		job_done(&w->rq, -ENOENT, "job vanished", NULL);
 		return 1;
 	}
 	switch (w->kind) {
 	case JW_ATTACH: {
 		struct jlocal *l = job_local(j, w->arg);
-		Dte__AttachReply rep = DTE__ATTACH_REPLY__INIT;
+		struct jres res = { .op = JOP_ATTACH };
 
 		if (l && l->announced) {
-			rep.participant = l->info.id;
-			rep.epoch = j->epoch;
-			rep.complete = j->complete;
-			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_ATTACH, &rep);
+			res.attach.participant = l->info.id;
+			res.attach.epoch = j->epoch;
+			res.attach.complete = j->complete;
+			job_done(&w->rq, 0, "", &res);
 			return 1;
 		}
 		if (!l || l->refused[0] || expired) {
@@ -112,47 +104,47 @@ static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 				jlocal_remove(j, l);
 				job_send_join(j);
 			}
-			reply_deferred(e, w, rc, msg, 0, NULL);
+			job_done(&w->rq, rc, msg, NULL);
 			return 1;
 		}
 		return 0;
 	}
 	case JW_WAIT: {
-		Dte__WaitReply rep = DTE__WAIT_REPLY__INIT;
+		struct jres res = { .op = JOP_WAIT };
 		uint32_t sinks = 0;
 		int st = jsrc_wait_done(j, w->arg, &sinks, msg, sizeof(msg));
 
 		if (st < 0) {
-			reply_deferred(e, w, st, msg, 0, NULL);
+			job_done(&w->rq, st, msg, NULL);
 			return 1;
 		}
 		if (st > 0) {
-			rep.version = w->arg;
-			rep.sinks = sinks;
-			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT, &rep);
+			res.wait.version = w->arg;
+			res.wait.sinks = sinks;
+			job_done(&w->rq, 0, "", &res);
 			return 1;
 		}
 		if (expired && msg[0]) {        /* a sink failed it; another never answered */
-			reply_deferred(e, w, -EIO, msg, 0, NULL);
+			job_done(&w->rq, -EIO, msg, NULL);
 			return 1;
 		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: version %llu not applied by every sink in time",
 				 j->name, (unsigned long long)w->arg);
-			reply_deferred(e, w, -ETIMEDOUT, msg, 0, NULL);
+			job_done(&w->rq, -ETIMEDOUT, msg, NULL);
 			return 1;
 		}
 		return 0;
 	}
 	case JW_STAGED: {
 		struct jlocal *l = job_local(j, w->arg);
-		Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+		struct jres res = { .op = JOP_WAIT_STAGED };
 
 		if (l && l->info.role == JROLE_SINK &&
 		    jsink_newest_staged(l) > jsink_of(l)->applied) {
-			rep.version = jsink_newest_staged(l);
-			rep.applied = jsink_of(l)->applied;
-			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT_STAGED, &rep);
+			res.staged.version = jsink_newest_staged(l);
+			res.staged.applied = jsink_of(l)->applied;
+			job_done(&w->rq, 0, "", &res);
 			return 1;
 		}
 		/* Apply on arrival: the client gets control back only once
@@ -162,37 +154,34 @@ static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 		if (!l || expired) {
 			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
 				 l ? "no new version staged in time" : "participant gone");
-			reply_deferred(e, w, l ? -ETIMEDOUT : -ENOENT,
-				       msg, 0, NULL);
+			job_done(&w->rq, l ? -ETIMEDOUT : -ENOENT, msg, NULL);
 			return 1;
 		}
 		return 0;
 	}
 	case JW_CAPTURED: {
 		struct jlocal *l = job_local(j, w->arg);
-		Dte__WaitCapturedReply rep = DTE__WAIT_CAPTURED_REPLY__INIT;
-		Dte__PublishReply pub = DTE__PUBLISH_REPLY__INIT;
+		struct jres res = { .op = JOP_WAIT_CAPTURED };
 		int st;
 
 		if (!l) {
 			snprintf(msg, sizeof(msg), "job %s: participant gone", j->name);
-			reply_deferred(e, w, -ENOENT, msg, 0, NULL);
+			job_done(&w->rq, -ENOENT, msg, NULL);
 			return 1;
 		}
-		st = jsrc_captured(j, l, w->arg2, &pub, msg, sizeof(msg));
+		st = jsrc_captured(j, l, w->arg2, &res.publish, msg, sizeof(msg));
 		if (st < 0) {
-			reply_deferred(e, w, st, msg, 0, NULL);
+			job_done(&w->rq, st, msg, NULL);
 			return 1;
 		}
 		if (st > 0) {
-			rep.publish = &pub;
-			reply_deferred(e, w, 0, "", DTE__RESPONSE__BODY_WAIT_CAPTURED, &rep);
+			job_done(&w->rq, 0, "", &res);
 			return 1;
 		}
 		if (expired) {
 			snprintf(msg, sizeof(msg), "job %s: the capture of version %llu still reads the "
 				 "source's buffers", j->name, (unsigned long long)w->arg2);
-			reply_deferred(e, w, -ETIMEDOUT, msg, 0, NULL);
+			job_done(&w->rq, -ETIMEDOUT, msg, NULL);
 			return 1;
 		}
 		return 0;
@@ -246,7 +235,7 @@ static void timer_update(struct dte_engine *e)
 	}
 }
 
-static int waiter_add(struct dte_engine *e, int kind, uint64_t conn, uint32_t req_id,
+static int waiter_add(struct dte_engine *e, int kind, const struct jreq *rq,
 		      const char *job, uint64_t arg, uint32_t timeout_ms)
 {
 	struct jwaiter *w = calloc(1, sizeof(*w));
@@ -254,8 +243,7 @@ static int waiter_add(struct dte_engine *e, int kind, uint64_t conn, uint32_t re
 	if (!w)
 		return -ENOMEM;
 	w->kind = kind;
-	w->conn = conn;
-	w->req_id = req_id;
+	w->rq = *rq;
 	snprintf(w->job, sizeof(w->job), "%s", job);
 	w->arg = arg;
 	w->deadline = jio_now(e) + (uint64_t)timeout_ms * 1000000u;
@@ -331,14 +319,9 @@ fail:
 }
 
 void job_set_created_hook(struct dte_engine *e,
-			  void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq))
+			  void (*created)(struct dte_engine *e, const struct jcreate_args *a))
 {
 	e->created = created;
-}
-
-void job_set_reply(struct dte_engine *e, int (*reply)(uint64_t conn, Dte__Response *resp))
-{
-	e->reply = reply;
 }
 
 void job_set_max_staged(struct dte_engine *e, uint32_t n)
@@ -417,7 +400,7 @@ void job_conn_gone(struct dte_engine *e, uint64_t conn)
 	while (*pp) {
 		struct jwaiter *w = *pp;
 
-		if (w->conn == conn) {
+		if (w->rq.conn == conn) {
 			*pp = w->next;
 			waiter_unpark(e, w);
 			free(w);
@@ -490,9 +473,8 @@ static int spec_syncable(const struct dte_spec *s, char *err, size_t errlen)
 	return 0;
 }
 
-int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
-	       char *err,
-	       size_t errlen)
+int job_create(struct dte_engine *e, const struct jcreate_args *rq, struct jcreate_res *rep,
+	       char *err, size_t errlen)
 {
 	const char *coord = rq->coordinator && *rq->coordinator ? rq->coordinator : "local";
 	struct jstore_cfg scfg;
@@ -604,9 +586,10 @@ int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCr
 
 static void prefault_start(struct dte_engine *e, const struct jlocal *l);
 
-int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__AttachRequest *rq,
+int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattach_args *rq,
 	       int *deferred, char *err, size_t errlen)
 {
+	uint64_t conn = req->conn;
 	struct job *j = job_find(e, rq->job);
 	struct dte_layout lay;
 	struct jlocal *l = NULL;
@@ -732,7 +715,7 @@ int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__
 	else
 		jsink_of(l)->rpool = jsink_arena(l);	/* its first version is dense */
 	job_send_join(j);
-	if (waiter_add(e, JW_ATTACH, conn, req_id, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
+	if (waiter_add(e, JW_ATTACH, req, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
 		jlocal_remove(j, l);
 		job_send_join(j);
 		return FAIL(-ENOMEM, "out of memory");
@@ -834,27 +817,27 @@ static void prefault_start(struct dte_engine *e, const struct jlocal *l)
 	jtask_start(e, &p->t);
 }
 
-int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
-	       size_t errlen)
+int job_detach(struct dte_engine *e, uint64_t conn, const char *job, uint64_t participant,
+	       char *err, size_t errlen)
 {
-	struct job *j = job_find(e, rq->job);
+	struct job *j = job_find(e, job);
 	struct jlocal *l;
 
 	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
+		return FAIL(-ENOENT, "unknown job \"%s\"", job ? job : "");
+	l = job_local_owned(j, participant, conn);
 	if (!l)
 		return FAIL(-ENOENT,
 			    "job %s: participant %llx is not attached by this connection", j->name,
-			    (unsigned long long)rq->participant);
+			    (unsigned long long)participant);
 	jlocal_remove(j, l);
 	job_send_join(j);
 	job_check_waiters(e);
 	return 0;
 }
 
-int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
-	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen)
+int job_wait(struct dte_engine *e, const struct jreq *req, const struct jwait_args *rq,
+	     struct jwait_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(e, rq->job);
 	uint32_t sinks = 0;
@@ -876,36 +859,33 @@ int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__Wa
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: version %llu not applied everywhere yet",
 			    j->name, (unsigned long long)rq->version);
-	if (waiter_add(e, JW_WAIT, conn, req_id, j->name, rq->version, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_WAIT, req, j->name, rq->version, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	*deferred = 1;
 	return 0;
 }
 
-int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-		      const Dte__WaitCapturedRequest *rq,
-		      Dte__WaitCapturedReply *rep, Dte__PublishReply *pub, int *deferred, char *err,
-		      size_t errlen)
+int job_wait_captured(struct dte_engine *e, const struct jreq *req, const struct jwait_args *rq,
+		      struct jpublish_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j;
 	struct jlocal *l;
 	int st;
 
 	*deferred = 0;
-	if ((st = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((st = job_source_owned(e, rq->job, rq->participant, req->conn, &j, &l, err,
+				   errlen)) < 0)
 		return st;
-	st = jsrc_captured(j, l, rq->version, pub, err, errlen);
+	st = jsrc_captured(j, l, rq->version, rep, err, errlen);
 	if (st < 0)
 		return st;
-	if (st > 0) {
-		rep->publish = pub;
+	if (st > 0)
 		return 0;
-	}
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: the capture of version %llu still reads the "
 			    "source's buffers", j->name, (unsigned long long)
 			    (rq->version ? rq->version : jsource_of(l)->accepted));
-	if (waiter_add(e, JW_CAPTURED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_CAPTURED, req, j->name, l->info.id, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	/* waiter_add put it first */
 	e->waiters->arg2 = rq->version ? rq->version : jsource_of(l)->accepted;
@@ -913,9 +893,8 @@ int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 	return 0;
 }
 
-int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-		    const Dte__WaitStagedRequest *rq,
-		    Dte__WaitStagedReply *rep, int *deferred, char *err, size_t errlen)
+int job_wait_staged(struct dte_engine *e, const struct jreq *req, const struct jwait_args *rq,
+		    struct jstaged_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
@@ -923,7 +902,7 @@ int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 	*deferred = 0;
 	if (!j)
 		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
+	l = job_local_owned(j, rq->participant, req->conn);
 	if (!l || l->info.role != JROLE_SINK)
 		return FAIL(-ENOENT,
 			    "job %s: no sink participant %llx on this connection", j->name,
@@ -935,26 +914,26 @@ int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 	}
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: nothing staged", j->name);
-	if (waiter_add(e, JW_STAGED, conn, req_id, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_STAGED, req, j->name, l->info.id, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	jsink_parked(e, l);	/* its client waits at its safe point (apply on arrival) */
 	*deferred = 1;
 	return 0;
 }
 
-int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersionRequest *rq,
-		      Dte__QueryVersionReply *rep, char *err, size_t errlen)
+int job_query_version(struct dte_engine *e, uint64_t conn, const char *job,
+		      uint64_t participant, struct jquery_res *rep, char *err, size_t errlen)
 {
-	struct job *j = job_find(e, rq->job);
+	struct job *j = job_find(e, job);
 	struct jlocal *l;
 
 	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job ? rq->job : "");
-	l = job_local_owned(j, rq->participant, conn);
+		return FAIL(-ENOENT, "unknown job \"%s\"", job ? job : "");
+	l = job_local_owned(j, participant, conn);
 	if (!l)
 		return FAIL(-ENOENT,
 			    "job %s: participant %llx is not attached by this connection", j->name,
-			    (unsigned long long)rq->participant);
+			    (unsigned long long)participant);
 	rep->applied = l->info.role == JROLE_SINK ? jsink_of(l)->applied :
 		       jsource_of(l)->last_version;
 	rep->staged = l->info.role == JROLE_SINK ? jsink_newest_staged(l) :
@@ -1289,26 +1268,28 @@ static uint64_t view_epoch(const struct job *j)
 	return j->epoch;
 }
 
-int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r)
+int job_list(struct dte_engine *e, struct jjob_summary **jobs, size_t *np_out, struct dreply *r)
 {
+	struct jjob_summary *out;
 	size_t n = 0, i = 0;
 
 	for (struct job *j = e->jobs; j; j = j->next)
 		n++;
-	rep->n_jobs = n;
-	rep->jobs = n ? dreply_alloc(r, n * sizeof(*rep->jobs)) : NULL;
-	if (n && !rep->jobs)
+	*jobs = NULL;
+	*np_out = 0;
+	out = n ? dreply_alloc(r, n * sizeof(*out)) : NULL;
+	if (n && !out)
 		return -ENOMEM;
 	for (struct job *j = e->jobs; j; j = j->next, i++) {
-		Dte__JobSummary *s = dreply_alloc(r, sizeof(*s));
+		struct jjob_summary *s = &out[i];
 		const struct jpinfo **parts;
 		uint64_t v = 0;
 		size_t np;
 		int complete;
 
-		if (!s || view_parts(j, &parts, &np, &complete) < 0)
+		if (view_parts(j, &parts, &np, &complete) < 0)
 			return -ENOMEM;
-		dte__job_summary__init(s);
+		memset(s, 0, sizeof(*s));
 		s->name = j->name;
 		s->coordinator = j->is_coord;
 		free(parts);
@@ -1323,14 +1304,14 @@ int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r)
 				v = jsink_of(l)->applied;
 		}
 		s->version = v;
-		rep->jobs[i] = s;
 	}
+	*jobs = out;
+	*np_out = n;
 	return 0;
 }
 
-int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
-	     char *err,
-	     size_t errlen)
+int job_info(struct dte_engine *e, const char *name, struct jjob_info *rep, struct dreply *r,
+	     char *err, size_t errlen)
 {
 	struct job *j = job_find(e, name);
 	const struct jpinfo **parts = NULL;
@@ -1373,22 +1354,18 @@ int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct 
 	rc = n && !rep->participants ? -ENOMEM : 0;
 	rep->n_participants = rc ? 0 : n;
 	for (i = 0; !rc && i < n; i++) {
-		Dte__ParticipantInfo *p = dreply_alloc(r, sizeof(*p));
+		struct jpart_info *p = &rep->participants[i];
 		const struct jpinfo *pi = parts[i];
 		struct jlocal *l;
 
-		if (!p) {
-			rc = -ENOMEM;
-			break;
-		}
-		dte__participant_info__init(p);
+		memset(p, 0, sizeof(*p));
 		l = job_local(j, pi->id);
 		p->id = pi->id;
-		p->role = (char *)role_name(pi->role);
-		p->layout = (char *)pi->layout;
+		p->role = role_name(pi->role);
+		p->layout = pi->layout;
 		p->rank = pi->rank;
 		p->replica = pi->replica;
-		p->node = (char *)pi->node;
+		p->node = pi->node;
 		p->local = l != NULL;
 		if (l) {
 			int sink = l->info.role == JROLE_SINK;
@@ -1407,7 +1384,6 @@ int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct 
 					p->staged = j->pairs[q].sm.staged;
 			}
 		}
-		rep->participants[i] = p;
 	}
 	free(parts);
 	if (rc)
@@ -1415,42 +1391,44 @@ int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct 
 	return 0;
 }
 
-int job_history(struct dte_engine *e, const char *name, uint32_t limit, Dte__HistoryReply *rep,
-		struct dreply *r, char *err, size_t errlen)
+int job_history(struct dte_engine *e, const char *name, uint32_t limit,
+		struct jhist_entry **entries, size_t *np, struct dreply *r, char *err,
+		size_t errlen)
 {
 	struct job *j = job_find(e, name);
+	struct jhist_entry *out;
 	size_t have, n, first;
 
+	*entries = NULL;
+	*np = 0;
 	if (!j)
 		return FAIL(-ENOENT, "unknown job \"%s\"", name ? name : "");
 	have = j->nhist < JOB_HISTORY ? j->nhist : JOB_HISTORY;
 	n = limit && limit < have ? limit : have;
 	first = j->nhist - n;
-	rep->versions = n ? dreply_alloc(r, n * sizeof(*rep->versions)) : NULL;
-	if (n && !rep->versions)
+	out = n ? dreply_alloc(r, n * sizeof(*out)) : NULL;
+	if (n && !out)
 		return FAIL(-ENOMEM, "out of memory");
-	rep->n_versions = n;
 	for (size_t i = 0; i < n; i++) {
 		const struct jhist *h = &j->hist[(first + i) % JOB_HISTORY];
-		Dte__VersionRecord *v = dreply_alloc(r, sizeof(*v));
+		struct jhist_entry *v = &out[i];
 
-		if (!v)
-			return FAIL(-ENOMEM, "out of memory");
-		dte__version_record__init(v);
+		memset(v, 0, sizeof(*v));
 		v->version = h->version;
 		v->step = h->step;
-		v->mode = (char *)(h->dense && h->sparse ? "mixed" : h->dense ? "dense" : "sparse");
+		v->mode = h->dense && h->sparse ? "mixed" : h->dense ? "dense" : "sparse";
 		v->changed_pct = h->elements ? 100.0 * (double)h->changed / (double)h->elements : 0.0;
 		v->bytes = h->bytes;
 		v->capture_ms = h->capture_ms;
 		v->transfer_ms = h->transfer_ms;
 		v->apply_ms = h->apply_ms;
-		v->checksum = (char *)(h->failed ? "failed" : h->ok >= h->sinks && h->sinks ? "ok" :
-				       h->sinks ? "pending" : "none");
+		v->checksum = h->failed ? "failed" : h->ok >= h->sinks && h->sinks ? "ok" :
+			      h->sinks ? "pending" : "none";
 		v->sinks = h->sinks;
-		v->note = (char *)h->note;
-		v->reason = (char *)h->reason;
-		rep->versions[i] = v;
+		v->note = h->note;
+		v->reason = h->reason;
 	}
+	*entries = out;
+	*np = n;
 	return 0;
 }

@@ -5,8 +5,9 @@
  * between daemons, including this daemon talking to itself, is a
  * peer.proto record through the engine's transport (daemon/engine_io.h;
  * by default daemon/route.h).  Control handlers live in
- * daemon/cmd_job.c; they call the functions below and answer from the
- * Dte__ messages these fill.  One loop thread owns all state (chrony
+ * daemon/cmd_job.c; they call the functions below with the plain requests
+ * of daemon/job_api.h and build the control protocol's replies from the
+ * results (no wire type in the engine's API).  One loop thread owns all state (chrony
  * style); only captures and heavy steps run on the I/O's workers
  * (job_capture.c, job_task.c).
  */
@@ -18,7 +19,7 @@
 #include <uv.h>
 #include "daemon/derr.h"
 #include "daemon/engine_io.h"
-#include "proto/dte.pb-c.h"
+#include "daemon/job_api.h"
 #include "proto/peer.pb-c.h"
 
 /* PEER_PROTO_VERSION, its supported range and the control records'
@@ -63,11 +64,6 @@ int dte_engine_io_uv(uv_loop_t *loop, struct dte_engine_io *io);
  * device scratch and buffers it set up (jcuda_fini, dbuf_fini: one
  * engine per process today).  NULL is fine. */
 void dte_engine_free(struct dte_engine *e);
-/* Where deferred answers go (waits, attaches, captures and applies that
- * finish later): the control server's dctl_reply, which main.c installs
- * after dte_engine_new, so the engine calls nothing of the server above
- * it.  None installed: such an answer is logged and dropped. */
-void job_set_reply(struct dte_engine *e, int (*reply)(uint64_t conn, Dte__Response *resp));
 /* How many versions a sink may hold staged and unapplied (config
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink.c). */
@@ -78,7 +74,7 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n);
  * restart creates the job again; the engine knows nothing of
  * persistence.  NULL: none. */
 void job_set_created_hook(struct dte_engine *e,
-			  void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq));
+			  void (*created)(struct dte_engine *e, const struct jcreate_args *a));
 
 /* Records from other daemons (and this one), attached to the transport
  * at dte_engine_new_io (engine_io.h; route_set_receiver by default).  hdr/data are
@@ -94,33 +90,38 @@ void job_conn_gone(struct dte_engine *e, uint64_t conn_id);
 
 /* Control operations.  Each returns 0 or, on error, a negative errno and a
  * reason in err (daemon/derr.h; the control handlers map it to the wire
- * status).  `conn` is the caller's connection id, `req_id` its request id
- * (for deferred answers). */
-int job_create(struct dte_engine *e, const Dte__JobCreateRequest *rq, Dte__JobCreateReply *rep,
+ * status).  `conn` is the caller's connection id; rq (daemon/job_api.h)
+ * its connection, request id and completion.  An operation that may answer
+ * later sets *deferred: 0, and the result is in *res now; 1, and
+ * rq->done gets the answer once it is known (struct jres, its op named
+ * below).  Results are filled on success only; the caller zeroes them. */
+int job_create(struct dte_engine *e, const struct jcreate_args *a, struct jcreate_res *res,
 	       char *err, size_t errlen);
-/* 0 with *deferred = 1: the answer comes later. */
-int job_attach(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-	       const Dte__AttachRequest *rq, int *deferred, char *err, size_t errlen);
-int job_detach(struct dte_engine *e, uint64_t conn, const Dte__DetachRequest *rq, char *err,
-	       size_t errlen);
-int job_wait(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__WaitRequest *rq,
-	     Dte__WaitReply *rep, int *deferred, char *err, size_t errlen);
+/* Always *deferred = 1 on success (JOP_ATTACH): the answer comes with the plan. */
+int job_attach(struct dte_engine *e, const struct jreq *rq, const struct jattach_args *a,
+	       int *deferred, char *err, size_t errlen);
+int job_detach(struct dte_engine *e, uint64_t conn, const char *job, uint64_t participant,
+	       char *err, size_t errlen);
+/* JOP_WAIT */
+int job_wait(struct dte_engine *e, const struct jreq *rq, const struct jwait_args *a,
+	     struct jwait_res *res, int *deferred, char *err, size_t errlen);
 /* The capture of an async publish no longer reads the source's buffers
- * (pub: storage for the answer's counts, rep->publish points at it). */
-int job_wait_captured(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-		      const Dte__WaitCapturedRequest *rq, Dte__WaitCapturedReply *rep,
-		      Dte__PublishReply *pub, int *deferred, char *err, size_t errlen);
-int job_wait_staged(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-		    const Dte__WaitStagedRequest *rq, Dte__WaitStagedReply *rep, int *deferred,
-		    char *err, size_t errlen);
-int job_query_version(struct dte_engine *e, uint64_t conn, const Dte__QueryVersionRequest *rq,
-		      Dte__QueryVersionReply *rep, char *err, size_t errlen);
+ * (JOP_WAIT_CAPTURED: the capture's counts). */
+int job_wait_captured(struct dte_engine *e, const struct jreq *rq, const struct jwait_args *a,
+		      struct jpublish_res *res, int *deferred, char *err, size_t errlen);
+/* JOP_WAIT_STAGED */
+int job_wait_staged(struct dte_engine *e, const struct jreq *rq, const struct jwait_args *a,
+		    struct jstaged_res *res, int *deferred, char *err, size_t errlen);
+int job_query_version(struct dte_engine *e, uint64_t conn, const char *job,
+		      uint64_t participant, struct jquery_res *res, char *err, size_t errlen);
 
-/* Introspection; strings and arrays are allocated from r. */
-int job_list(struct dte_engine *e, Dte__JobsReply *rep, struct dreply *r);
-int job_info(struct dte_engine *e, const char *name, Dte__JobReply *rep, struct dreply *r,
+/* Introspection; the arrays are allocated from r (the strings point
+ * into the engine). */
+int job_list(struct dte_engine *e, struct jjob_summary **jobs, size_t *n, struct dreply *r);
+int job_info(struct dte_engine *e, const char *name, struct jjob_info *res, struct dreply *r,
 	     char *err, size_t errlen);
-int job_history(struct dte_engine *e, const char *name, uint32_t limit, Dte__HistoryReply *rep,
-		struct dreply *r, char *err, size_t errlen);
+int job_history(struct dte_engine *e, const char *name, uint32_t limit,
+		struct jhist_entry **entries, size_t *n, struct dreply *r, char *err,
+		size_t errlen);
 
 #endif

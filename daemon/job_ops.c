@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/dispatch.h"
 #include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
@@ -217,8 +216,7 @@ struct vsink {
 struct jvtask {
 	struct jtask t;
 	char job[JOB_NAME_MAX];
-	uint64_t conn;
-	uint32_t req_id;
+	struct jreq rq;           /* answered here */
 	double work_ms;           /* the sums, on the worker */
 	struct vsink *s;
 	size_t n;
@@ -345,27 +343,24 @@ static void verify_done(struct jtask *t, int cancelled)
 {
 	struct jvtask *v = (struct jvtask *)t;
 	struct job *j = job_find(t->eng, v->job);
-	Dte__VerifyReply rep = DTE__VERIFY_REPLY__INIT;
-	Dte__SinkVerify *sv = calloc(v->n ? v->n : 1, sizeof(*sv));
-	Dte__SinkVerify **res = calloc(v->n ? v->n : 1, sizeof(*res));
+	struct jres res = { .op = JOP_VERIFY };
+	struct jverify_res *rep = &res.verify;
+	struct jverify_sink *sv = calloc(v->n ? v->n : 1, sizeof(*sv));
 
-	if (!j || !sv || !res || cancelled) {
-		job_reply(t->eng, v->conn, v->req_id, !j ? -ENOENT :
-			  cancelled ? -EBUSY : -ENOMEM,
-			  !j ? "the job went away during the verify" :
-			  cancelled ? "the daemon is shutting down" : "out of memory", 0, NULL);
+	if (!j || !sv || cancelled) {
+		job_done(&v->rq, !j ? -ENOENT : cancelled ? -EBUSY : -ENOMEM,
+			 !j ? "the job went away during the verify" :
+			 cancelled ? "the daemon is shutting down" : "out of memory", NULL);
 		free(sv);
-		free(res);
 		jvtask_free(v);
 		return;
 	}
-	rep.job = j->name;
+	rep->job = j->name;
 	for (size_t i = 0; i < v->n; i++) {
 		struct vsink *k = &v->s[i];
 		struct jlocal *l = job_local(j, k->id);
-		Dte__SinkVerify *o = &sv[i];
+		struct jverify_sink *o = &sv[i];
 
-		dte__sink_verify__init(o);
 		o->participant = k->id;
 		o->rank = k->rank;
 		o->replica = k->replica;
@@ -385,29 +380,28 @@ static void verify_done(struct jtask *t, int cancelled)
 				verify_mismatch(j, l, k);
 			}
 		}
-		o->result = (char *)k->result;
-		o->detail = (char *)(k->detail ? k->detail : "");
-		res[rep.n_results++] = o;
-		rep.sinks++;
+		o->result = k->result;
+		o->detail = k->detail ? k->detail : "";
+		rep->n_results++;
+		rep->sinks++;
 		if (!strcmp(o->result, "ok")) {
-			rep.ok++;
+			rep->ok++;
 			dmetrics_add(DM_VERIFY, "ok", 1);
 		} else if (!strcmp(o->result, "mismatch")) {
-			rep.mismatch++;
+			rep->mismatch++;
 			dmetrics_add(DM_VERIFY, "mismatch", 1);
 		}
 	}
-	rep.results = res;
+	rep->results = sv;
 	DLOG_I("job %s: verify of %u sinks: %u ok, %u mismatch; summed on a worker in %.1f ms",
-	       j->name, rep.sinks, rep.ok, rep.mismatch, v->work_ms);
-	job_reply(t->eng, v->conn, v->req_id, 0, "", DTE__RESPONSE__BODY_VERIFY, &rep);
+	       j->name, rep->sinks, rep->ok, rep->mismatch, v->work_ms);
+	job_done(&v->rq, 0, "", &res);
 	free(sv);
-	free(res);
 	jvtask_free(v);
 }
 
-int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char *name,
-	       Dte__VerifyReply *rep, struct dreply *r, int *deferred, char *err, size_t errlen)
+int job_verify(struct dte_engine *e, const struct jreq *rq, const char *name,
+	       struct jverify_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(e, name);
 	struct jvtask *v;
@@ -421,8 +415,8 @@ int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char 
 	for (struct jlocal *l = j->locals; l; l = l->next)
 		n += l->info.role == JROLE_SINK;
 	if (!n) {
-		dreply_msg(r, "job %s has no sink on this daemon; verify runs where the sinks are",
-			   j->name);
+		snprintf(rep->note, sizeof(rep->note), "job %s has no sink on this daemon; verify "
+			 "runs where the sinks are", j->name);
 		return 0;
 	}
 	if (e->stopping)
@@ -432,8 +426,7 @@ int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char 
 		return FAIL(-ENOMEM, "out of memory");
 	}
 	snprintf(v->job, sizeof(v->job), "%s", j->name);
-	v->conn = conn;
-	v->req_id = req_id;
+	v->rq = *rq;
 	for (struct jlocal *l = j->locals; l; l = l->next) {
 		if (l->info.role != JROLE_SINK)
 			continue;
@@ -449,29 +442,29 @@ int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char 
 	return 0;
 }
 
-int job_resync(struct dte_engine *e, const Dte__ResyncRequest *rq, Dte__ResyncReply *rep,
+int job_resync(struct dte_engine *e, const char *job, uint64_t sink, struct jresync_res *rep,
 	       char *err, size_t errlen)
 {
-	struct job *j = job_find(e, rq->job);
-	int known = !rq->sink;
+	struct job *j = job_find(e, job);
+	int known = !sink;
 
-	if (!rq->job || !*rq->job)
+	if (!job || !*job)
 		return FAIL(-EINVAL, "resync: name a job");
 	if (!j)
-		return FAIL(-ENOENT, "unknown job \"%s\"", rq->job);
-	if (rq->sink) {
-		const struct jpinfo *p = job_part(j, rq->sink);
+		return FAIL(-ENOENT, "unknown job \"%s\"", job);
+	if (sink) {
+		const struct jpinfo *p = job_part(j, sink);
 
 		known = p && p->role == JROLE_SINK;
 		if (!known)
 			return FAIL(-ENOENT,
 				    "job %s has no sink participant %llu (see `dtectl job %s`)",
-				    j->name, (unsigned long long)rq->sink, j->name);
+				    j->name, (unsigned long long)sink, j->name);
 	}
 	rep->job = j->name;
-	rep->pairs = force_dense_local(j, rq->sink, 1);
+	rep->pairs = force_dense_local(j, sink, 1);
 	for (struct jlocal *l = j->locals; l; l = l->next) {
-		if (l->info.role != JROLE_SINK || (rq->sink && l->info.id != rq->sink))
+		if (l->info.role != JROLE_SINK || (sink && l->info.id != sink))
 			continue;
 		if (tell_remote_sources(j, l, jsink_of(l)->applied, DTEP__APPLY_RESULT__APPLY_REFUSED,
 					"resync requested by an operator"))
@@ -479,6 +472,6 @@ int job_resync(struct dte_engine *e, const Dte__ResyncRequest *rq, Dte__ResyncRe
 	}
 	dmetrics_add(DM_RESYNCS, NULL, rep->pairs);
 	DLOG_N("job %s: resync of %s: %u local pairs dense at the next version, %u sinks' remote "
-	       "sources told", j->name, rq->sink ? "one sink" : "every sink", rep->pairs, rep->remote);
+	       "sources told", j->name, sink ? "one sink" : "every sink", rep->pairs, rep->remote);
 	return 0;
 }

@@ -14,20 +14,22 @@
 #define DTED_JOB_OPS_H
 
 #include <stddef.h>
-#include "proto/dte.pb-c.h"
+#include <stdint.h>
+#include "daemon/job_api.h"
 
-struct dreply;
 struct dte_engine;
 struct job;
 struct jlocal;
 struct jpair;
 struct jstaged;
 
-/* The sums run on a worker: *deferred, the answer comes later (none
- * when the job has no local sink: answered now). */
-int job_verify(struct dte_engine *e, uint64_t conn, uint32_t req_id, const char *name,
-	       Dte__VerifyReply *rep, struct dreply *r, int *deferred, char *err, size_t errlen);
-int job_resync(struct dte_engine *e, const Dte__ResyncRequest *rq, Dte__ResyncReply *rep,
+/* The sums run on a worker: *deferred, the answer comes later
+ * (JOP_VERIFY); none when the job has no local sink: answered now, with
+ * res->note saying so.  res, as daemon/job.h's operations. */
+int job_verify(struct dte_engine *e, const struct jreq *rq, const char *name,
+	       struct jverify_res *res, int *deferred, char *err, size_t errlen);
+/* sink: a participant id, 0 every sink. */
+int job_resync(struct dte_engine *e, const char *job, uint64_t sink, struct jresync_res *res,
 	       char *err, size_t errlen);
 
 /* dte_engine_free: drops what resync remembered. */

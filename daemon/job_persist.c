@@ -6,7 +6,8 @@
  * without its jobs, so its members rejoined a daemon that answered
  * "unknown job" until someone created the job again.  Now the request that
  * created a job is kept, packed as the control protocol's
- * JobCreateRequest, in <job_state_dir>/<name>.job, written whole (a
+ * JobCreateRequest (daemon/wire_job.c packs it: the engine's own types
+ * name no wire message), in <job_state_dir>/<name>.job, written whole (a
  * temporary file, fsync, rename: a crash leaves the old file or the new
  * one, never a torn one), mode 0600 in a 0700 directory (it holds the
  * job's token).  At start, before any client or peer is served, every
@@ -31,6 +32,7 @@
 #include "daemon/job_persist.h"
 #include "daemon/job_state.h"
 #include "daemon/log.h"
+#include "daemon/wire_job.h"
 
 /* Where jobs are kept, and whether a restore runs: the engine's persist
  * (struct dte_engine, job_state.h). */
@@ -69,22 +71,19 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
-void jpersist_save(struct dte_engine *e, const Dte__JobCreateRequest *rq)
+void jpersist_save(struct dte_engine *e, const struct jcreate_args *rq)
 {
 	char path[4200], tmp[4200];
-	size_t n;
-	uint8_t *buf;
+	size_t n = 0;
+	uint8_t *buf = NULL;
 	int fd, rc;
 
 	if (!e->persist.dir[0] || e->persist.restoring)
 		return;
-	n = dte__job_create_request__get_packed_size(rq);
-	buf = malloc(n ? n : 1);
-	if (!buf) {
+	if (wire_jcreate_pack(rq, &buf, &n) < 0) {
 		DLOG_W("job %s: not kept in %s: out of memory", rq->name, e->persist.dir);
 		return;
 	}
-	dte__job_create_request__pack(rq, buf);
 	snprintf(path, sizeof(path), "%s/%s.job", e->persist.dir, rq->name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.job.tmp", e->persist.dir, rq->name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -117,8 +116,9 @@ static void set_aside(const char *path, const char *why)
 
 static void restore_one(struct dte_engine *e, const char *path)
 {
-	Dte__JobCreateRequest *rq;
-	Dte__JobCreateReply rep = DTE__JOB_CREATE_REPLY__INIT;
+	struct jcreate_args a;
+	struct jcreate_res rep = { 0 };
+	void *rq;
 	char err[512];
 	uint8_t *buf = NULL;
 	struct stat st;
@@ -135,24 +135,23 @@ static void restore_one(struct dte_engine *e, const char *path)
 		return;
 	}
 	close(fd);
-	rq = dte__job_create_request__unpack(NULL, (size_t)st.st_size, buf);
+	rq = wire_jcreate_unpack(buf, (size_t)st.st_size, &a);
 	free(buf);
-	if (!rq || !rq->name || !*rq->name) {
-		if (rq)
-			dte__job_create_request__free_unpacked(rq, NULL);
+	if (!rq || !a.name || !*a.name) {
+		wire_jcreate_free(rq);
 		set_aside(path, "not a JobCreateRequest");
 		return;
 	}
-	if (job_create(e, rq, &rep, err, sizeof(err)) != 0) {
+	if (job_create(e, &a, &rep, err, sizeof(err)) != 0) {
 		char why[600];
 
-		snprintf(why, sizeof(why), "job %s refused: %s", rq->name, err);
+		snprintf(why, sizeof(why), "job %s refused: %s", a.name, err);
 		set_aside(path, why);
 	} else {
 		DLOG_N("job %s restored from %s (a new boot: members rejoin under new terms)",
-		       rq->name, path);
+		       a.name, path);
 	}
-	dte__job_create_request__free_unpacked(rq, NULL);
+	wire_jcreate_free(rq);
 }
 
 int jpersist_restore(struct dte_engine *e)

@@ -1617,8 +1617,8 @@ static uint32_t full_every(const struct dte_engine *e)
 struct japply {
 	struct jtask t;
 	char job[JOB_NAME_MAX];
-	uint64_t participant, conn;
-	uint32_t req_id;
+	uint64_t participant;
+	struct jreq rq;           /* answered here (JOP_APPLY) */
 	jsink_applied_fn then;    /* internal caller instead of an answer */
 	void (*prep)(void *arg, const struct jstaged *first);	/* on the worker, first */
 	void *arg;
@@ -1780,7 +1780,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	struct dte_engine *e = t->eng;
 	struct job *j = job_find(e, a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
-	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	struct jres res = { .op = JOP_APPLY };
 	enum sink_vaction act;
 
 	r->ms = job_ms_since(t->eng, a->t0);
@@ -1800,8 +1800,8 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(e, a->conn, a->req_id, -EBUSY,
-				  "the daemon is shutting down; nothing was applied", 0, NULL);
+			job_done(&a->rq, -EBUSY, "the daemon is shutting down; nothing was applied",
+				 NULL);
 		japply_free(a);
 		return;
 	}
@@ -1812,8 +1812,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
-			job_reply(e, a->conn, a->req_id, -ENOENT,
-				  "the sink went away while its apply ran", 0, NULL);
+			job_done(&a->rq, -ENOENT, "the sink went away while its apply ran", NULL);
 		japply_free(a);
 		return;
 	}
@@ -1886,20 +1885,19 @@ static void apply_done(struct jtask *t, int cancelled)
 	} else {
 		/* The version the buffers hold now: an undone apply left
 		 * them on the one before, and applied none. */
-		rep.version = jsink_of(l)->applied;
-		rep.applied = r->ok || !r->undone ? r->n : 0;
-		rep.checksum_ok = r->ok;
-		rep.checksum_failures = jsink_of(l)->checksum_failures;
-		rep.apply_ms = r->work_ms;
-		job_reply(e, a->conn, a->req_id, 0, "", DTE__RESPONSE__BODY_APPLY,
-			  &rep);
+		res.apply.version = jsink_of(l)->applied;
+		res.apply.applied = r->ok || !r->undone ? r->n : 0;
+		res.apply.checksum_ok = r->ok;
+		res.apply.checksum_failures = jsink_of(l)->checksum_failures;
+		res.apply.apply_ms = r->work_ms;
+		job_done(&a->rq, 0, "", &res);
 	}
 	japply_free(a);
 	jev_progress(e);
 }
 
-static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-		       uint32_t req_id, void (*prep)(void *arg, const struct jstaged *first),
+static int apply_start(struct job *j, struct jlocal *l, uint64_t version, const struct jreq *rq,
+		       void (*prep)(void *arg, const struct jstaged *first),
 		       jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
 	struct japply *a;
@@ -1927,8 +1925,8 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	}
 	snprintf(a->job, sizeof(a->job), "%s", j->name);
 	a->participant = l->info.id;
-	a->conn = conn;
-	a->req_id = req_id;
+	if (rq)
+		a->rq = *rq;
 	a->then = then;
 	a->prep = prep;
 	a->arg = arg;
@@ -1968,22 +1966,21 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	return 0;
 }
 
-int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-		      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
-		      size_t errlen)
+int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, const struct jreq *rq,
+		      jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
-	return apply_start(j, l, version, conn, req_id, NULL, then, arg, err, errlen);
+	return apply_start(j, l, version, rq, NULL, then, arg, err, errlen);
 }
 
 int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
 			   void (*prep)(void *arg, const struct jstaged *first),
 			   jsink_applied_fn then, void *arg, char *err, size_t errlen)
 {
-	return apply_start(j, l, version, 0, 0, prep, then, arg, err, errlen);
+	return apply_start(j, l, version, NULL, prep, then, arg, err, errlen);
 }
 
-int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-	      const Dte__ApplyRequest *rq, Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen)
+int job_apply(struct dte_engine *e, const struct jreq *req, const struct japply_args *rq,
+	      struct japply_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j = job_find(e, rq->job);
 	struct jlocal *l;
@@ -1993,7 +1990,7 @@ int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 		snprintf(err, errlen, "unknown job \"%s\"", rq->job ? rq->job : "");
 		return -ENOENT;
 	}
-	l = job_local_owned(j, rq->participant, conn);
+	l = job_local_owned(j, rq->participant, req->conn);
 	if (!l || l->info.role != JROLE_SINK) {
 		snprintf(err, errlen, "job %s: no sink participant %llx on this connection", j->name,
 			 (unsigned long long)rq->participant);
@@ -2018,7 +2015,7 @@ int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 			 (unsigned long long)jsink_of(l)->applied);
 		return -ENOENT;
 	}
-	st = jsink_apply_start(j, l, rq->version, conn, req_id, NULL, NULL, err, errlen);
+	st = jsink_apply_start(j, l, rq->version, req, NULL, NULL, err, errlen);
 	if (st == 0)
 		*deferred = 1;
 	return st;

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "proto/dte.pb-c.h"
+#include "daemon/job_api.h"
 
 struct dte_engine;
 
@@ -15,7 +15,8 @@ void job_set_verify_full_every(struct dte_engine *e, uint32_t n);
 
 /* The apply runs on a worker (docs/SYNC.md): *deferred, and the answer
  * comes later, unless the version is applied already (answered now). */
-int job_apply(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__ApplyRequest *rq,
-	      Dte__ApplyReply *rep, int *deferred, char *err, size_t errlen);
+/* JOP_APPLY. */
+int job_apply(struct dte_engine *e, const struct jreq *rq, const struct japply_args *a,
+	      struct japply_res *res, int *deferred, char *err, size_t errlen);
 
 #endif

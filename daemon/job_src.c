@@ -31,7 +31,7 @@
  * unchanged: the inverse with lr = 0 and no decay is the identity
  * (θ_{t-1} = θ_t), so its elements are found unchanged and nothing of it
  * is sent, whatever its moments hold (eps = 1 keeps m/D finite). */
-static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
+static int derive_groups(const struct jhparams *g, size_t n, int64_t step,
 			 struct dtc_consts **out, char *err, size_t errlen)
 {
 	struct dtc_consts *k;
@@ -43,16 +43,16 @@ static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
 		return FAIL(-ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++) {
 		struct dtc_hparams hp = {
-			.lr = g[i]->lr, .beta1 = g[i]->beta1, .beta2 = g[i]->beta2, .eps = g[i]->eps,
-			.weight_decay = g[i]->weight_decay, .step = g[i]->step ? g[i]->step : step,
+			.lr = g[i].lr, .beta1 = g[i].beta1, .beta2 = g[i].beta2, .eps = g[i].eps,
+			.weight_decay = g[i].weight_decay, .step = g[i].step ? g[i].step : step,
 		};
 		char why[128];
 
-		if (g[i]->step < 0) {
+		if (g[i].step < 0) {
 			free(k);
-			return FAIL(-EINVAL, "group %zu: step %lld < 0", i, (long long)g[i]->step);
+			return FAIL(-EINVAL, "group %zu: step %lld < 0", i, (long long)g[i].step);
 		}
-		if (g[i]->unchanged) {
+		if (g[i].unchanged) {
 			hp.lr = 0;
 			hp.weight_decay = 0;
 			hp.eps = 1;
@@ -60,14 +60,14 @@ static int derive_groups(Dte__HParams *const *g, size_t n, int64_t step,
 				hp.step = 1;
 		}
 
-		if (!g[i]->variant || !*g[i]->variant || !strcmp(g[i]->variant, "torch"))
+		if (!g[i].variant || !*g[i].variant || !strcmp(g[i].variant, "torch"))
 			hp.variant = DTC_VARIANT_TORCH;
-		else if (!strcmp(g[i]->variant, "fused"))
+		else if (!strcmp(g[i].variant, "fused"))
 			hp.variant = DTC_VARIANT_FUSED;
 		else {
 			free(k);
 			return FAIL(-EINVAL, "group %zu: variant \"%s\" unknown (torch, fused)", i,
-				    g[i]->variant);
+				    g[i].variant);
 		}
 		if (dtc_hparams_derive(&hp, &k[i], why, sizeof(why)) < 0) {
 			free(k);
@@ -91,8 +91,8 @@ static void cap_after(struct dte_work *w, int cancelled);
 
 /* A task over l's pairs (all of them, or only `scanned` ones for a mark);
  * dirty bitmaps move into it. */
-static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t conn,
-			    uint32_t req_id, int64_t step, const struct dtc_consts *k, size_t ngroups)
+static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, const struct jreq *rq,
+			    int64_t step, const struct dtc_consts *k, size_t ngroups)
 {
 	struct jcap *c = calloc(1, sizeof(*c));
 	size_t n = 0;
@@ -112,8 +112,8 @@ static struct jcap *cap_new(struct job *j, struct jlocal *l, int kind, uint64_t 
 	c->zstd_level = j->zstd_level;
 	snprintf(c->job, sizeof(c->job), "%s", j->name);
 	c->participant = l->info.id;
-	c->conn = conn;
-	c->req_id = req_id;
+	if (rq)
+		c->rq = *rq;
 	c->epoch = j->epoch;
 	c->step = step;
 	c->k = malloc((ngroups ? ngroups : 1) * sizeof(*k));
@@ -218,8 +218,8 @@ static void cap_unlink(struct jcap *c)
 
 /* ------------------------------------------------------------------ mark */
 
-int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
-	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen)
+int job_mark(struct dte_engine *e, const struct jreq *req, const struct jmark_args *rq,
+	     struct jmark_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j;
 	struct dtc_consts *k;
@@ -227,7 +227,8 @@ int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__Ma
 	int rc;
 
 	*deferred = 0;
-	if ((rc = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((rc = job_source_owned(e, rq->job, rq->participant, req->conn, &j, &l, err,
+				   errlen)) < 0)
 		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
@@ -237,7 +238,7 @@ int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__Ma
 		return rc;
 	if (jsource_of(l)->last_version && rq->step == jsource_of(l)->covered + 1 &&
 	    !jsource_of(l)->gap) {
-		struct jcap *c = cap_new(j, l, JCAP_MARK, conn, req_id, rq->step, k, rq->n_groups);
+		struct jcap *c = cap_new(j, l, JCAP_MARK, req, rq->step, k, rq->n_groups);
 
 		free(k);
 		if (!c)
@@ -283,7 +284,7 @@ int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__Ma
 
 static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
-	Dte__MarkReply rep = DTE__MARK_REPLY__INIT;
+	struct jres res = { .op = JOP_MARK };
 
 	for (size_t i = 0; i < c->np; i++)
 		cap_return_dirty(j, c, &c->p[i], 1);
@@ -293,14 +294,14 @@ static void mark_done(struct job *j, struct jlocal *l, struct jcap *c)
 		jsource_of(l)->gap = 1;
 		snprintf(msg, sizeof(msg), "job %s: mark of step %lld: %s", j->name, (long long)c->step,
 			 c->err);
-		job_reply(c->eng, c->conn, c->req_id, -EINVAL, msg, 0, NULL);
+		job_done(&c->rq, -EINVAL, msg, NULL);
 		return;
 	}
 	jsource_of(l)->covered = c->step;
 	jsource_of(l)->marked = 1;
-	rep.dirty = c->dirty;
-	rep.gap = jsource_of(l)->gap;
-	job_reply(c->eng, c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_MARK, &rep);
+	res.mark.dirty = c->dirty;
+	res.mark.gap = jsource_of(l)->gap;
+	job_done(&c->rq, 0, "", &res);
 }
 
 /* --------------------------------------------------------------- publish */
@@ -500,11 +501,10 @@ out:
 }
 
 static void cap_event_make(struct job *j, struct jlocal *l);
-static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep);
+static void cap_event_fill(struct jlocal *l, struct jpublish_res *rep);
 
-int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
-		const Dte__PublishRequest *rq,
-		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen)
+int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpublish_args *rq,
+		struct jpublish_res *rep, int *deferred, char *err, size_t errlen)
 {
 	struct job *j;
 	struct dtc_consts *k;
@@ -514,7 +514,8 @@ int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 	struct pair_choice ch;
 
 	*deferred = 0;
-	if ((rc = job_source_owned(e, rq->job, rq->participant, conn, &j, &l, err, errlen)) < 0)
+	if ((rc = job_source_owned(e, rq->job, rq->participant, req->conn, &j, &l, err,
+				   errlen)) < 0)
 		return rc;
 	if (jsource_of(l)->busy)
 		return FAIL(-EBUSY, "job %s: a capture is still running", j->name);
@@ -539,7 +540,7 @@ int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 		  (rq->step == jsource_of(l)->covered || rq->step == jsource_of(l)->covered + 1);
 	/* An async publish is answered now: its task answers no one (conn 0;
 	 * connection ids start at 1), whatever becomes of it. */
-	c = cap_new(j, l, JCAP_PUBLISH, rq->async ? 0 : conn, req_id, rq->step, k, rq->n_groups);
+	c = cap_new(j, l, JCAP_PUBLISH, rq->async ? NULL : req, rq->step, k, rq->n_groups);
 	free(k);
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
@@ -601,7 +602,7 @@ int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id,
 
 /* The capture of source l ended (rc 0, rep its counts; or the reason):
  * wait_captured answers from here on. */
-static void captured(struct jlocal *l, int rc, const char *msg, const Dte__PublishReply *rep)
+static void captured(struct jlocal *l, int rc, const char *msg, const struct jpublish_res *rep)
 {
 	struct jsource *s = jsource_of(l);
 
@@ -614,7 +615,7 @@ static void captured(struct jlocal *l, int rc, const char *msg, const Dte__Publi
 		memcpy(s->cap_err, msg, n);
 		s->cap_err[n] = 0;
 	}
-	dte__publish_reply__init(&s->cap_rep);
+	memset(&s->cap_rep, 0, sizeof(s->cap_rep));
 	if (rep) {
 		s->cap_rep = *rep;
 		s->cap_rep.captured = 1;
@@ -648,17 +649,17 @@ static void cap_event_make(struct job *j, struct jlocal *l)
 	}
 }
 
-static void cap_event_fill(struct jlocal *l, Dte__PublishReply *rep)
+static void cap_event_fill(struct jlocal *l, struct jpublish_res *rep)
 {
 	struct jsource *s = jsource_of(l);
 
 	if (s->cap_ev) {
-		rep->cuda_capture_event.data = s->cap_ev_handle;
-		rep->cuda_capture_event.len = sizeof(s->cap_ev_handle);
+		rep->cuda_event = s->cap_ev_handle;
+		rep->cuda_event_len = sizeof(s->cap_ev_handle);
 	}
 }
 
-int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__PublishReply *rep,
+int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, struct jpublish_res *rep,
 		  char *err, size_t errlen)
 {
 	struct jsource *s = jsource_of(l);
@@ -734,7 +735,8 @@ static void hist_reason(struct jhist *h, const struct jcap_pair *cp)
 
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
-	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
+	struct jres res = { .op = JOP_PUBLISH };
+	struct jpublish_res rep = { 0 };
 	uint32_t sinks = 0;
 	struct jhist *h;
 
@@ -755,8 +757,8 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		snprintf(msg, sizeof(msg), "job %s: capture of version %llu failed: %s", j->name,
 			 (unsigned long long)c->version, c->err);
 		captured(l, -EIO, msg, NULL);
-		if (c->conn)
-			job_reply(c->eng, c->conn, c->req_id, -EIO, msg, 0, NULL);
+		if (c->rq.conn)
+			job_done(&c->rq, -EIO, msg, NULL);
 		return;
 	}
 	/* The trainer's buffers are no longer read: answer first (it may
@@ -789,8 +791,10 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		       (unsigned long long)c->version);
 	cap_event_fill(l, &rep);
 	captured(l, 0, "", &rep);
-	if (c->conn)
-		job_reply(c->eng, c->conn, c->req_id, 0, "", DTE__RESPONSE__BODY_PUBLISH, &rep);
+	if (c->rq.conn) {
+		res.publish = rep;
+		job_done(&c->rq, 0, "", &res);
+	}
 
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
@@ -878,9 +882,9 @@ static void cap_after(struct dte_work *w, int cancelled)
 	if (!l) {
 		for (size_t i = 0; j && i < c->np; i++)
 			cap_return_dirty(j, c, &c->p[i], c->kind == JCAP_MARK);
-		if (c->conn)
-			job_reply(c->eng, c->conn, c->req_id, -ENOENT,
-				  "the participant went away during the capture", 0, NULL);
+		if (c->rq.conn)
+			job_done(&c->rq, -ENOENT, "the participant went away during the capture",
+				 NULL);
 	} else {
 		jsource_of(l)->busy = 0;
 		if (c->kind == JCAP_MARK)

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "proto/dte.pb-c.h"
+#include "daemon/job_api.h"
 
 struct dte_engine;
 
@@ -21,9 +21,10 @@ void job_set_mode_policy(struct dte_engine *e, int policy);
 /* Publish and mark capture on a worker thread (the loop keeps serving):
  * with *deferred = 1 the answer comes when the capture is done.  A mark
  * that needs no scan is answered at once. */
-int job_publish(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__PublishRequest *rq,
-		Dte__PublishReply *rep, int *deferred, char *err, size_t errlen);
-int job_mark(struct dte_engine *e, uint64_t conn, uint32_t req_id, const Dte__MarkRequest *rq,
-	     Dte__MarkReply *rep, int *deferred, char *err, size_t errlen);
+/* JOP_PUBLISH, JOP_MARK. */
+int job_publish(struct dte_engine *e, const struct jreq *rq, const struct jpublish_args *a,
+		struct jpublish_res *res, int *deferred, char *err, size_t errlen);
+int job_mark(struct dte_engine *e, const struct jreq *rq, const struct jmark_args *a,
+	     struct jmark_res *res, int *deferred, char *err, size_t errlen);
 
 #endif

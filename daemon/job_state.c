@@ -288,35 +288,17 @@ oom:
 
 /* ---------------------------------------------------------------- answers */
 
-void job_reply(struct dte_engine *e, uint64_t conn, uint32_t req_id, int rc, const char *msg,
-	       Dte__Response__BodyCase bc, void *body)
+void job_done(const struct jreq *rq, int rc, const char *msg, const struct jres *res)
 {
-	Dte__Response resp = DTE__RESPONSE__INIT;
-
-	resp.id = req_id;
-	resp.code = derr_status(rc);
-	resp.message = (char *)(msg ? msg : "");
-	if (rc >= 0) {
-		resp.body_case = bc;
-		switch (bc) {
-		case DTE__RESPONSE__BODY_ATTACH: resp.attach = body; break;
-		case DTE__RESPONSE__BODY_WAIT: resp.wait = body; break;
-		case DTE__RESPONSE__BODY_WAIT_STAGED: resp.wait_staged = body; break;
-		case DTE__RESPONSE__BODY_WAIT_CAPTURED: resp.wait_captured = body; break;
-		case DTE__RESPONSE__BODY_PUBLISH: resp.publish = body; break;
-		case DTE__RESPONSE__BODY_MARK: resp.mark = body; break;
-		case DTE__RESPONSE__BODY_APPLY: resp.apply = body; break;
-		case DTE__RESPONSE__BODY_VERIFY: resp.verify = body; break;
-		default: resp.body_case = DTE__RESPONSE__BODY__NOT_SET; break;
-		}
-	} else {
-		DLOG_I("control: connection %llu: %s", (unsigned long long)conn, msg);
+	if (rc < 0) {
+		DLOG_I("control: connection %llu: %s", (unsigned long long)rq->conn, msg);
+		res = NULL;
 	}
-	if (e->reply)
-		e->reply(conn, &resp);
+	if (rq->done)
+		rq->done(rq, rc, msg ? msg : "", res);
 	else
-		DLOG_E("control: connection %llu: an answer with nowhere to go (no job_set_reply)",
-		       (unsigned long long)conn);
+		DLOG_E("control: connection %llu: an answer with nowhere to go (no completion)",
+		       (unsigned long long)rq->conn);
 }
 
 /* ----------------------------------------------------------------- events */

@@ -41,7 +41,7 @@
 #include "daemon/engine_io.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
-#include "proto/dte.pb-c.h"
+#include "daemon/job_api.h"
 #include "proto/peer.pb-c.h"
 #include "proto/peer_protocol.h"
 #include "proto/peer_auth.h"
@@ -198,7 +198,7 @@ struct jsource {
 	int cap_pending;
 	int cap_rc;
 	char cap_err[512];
-	Dte__PublishReply cap_rep;
+	struct jpublish_res cap_rep;
 	/* Device sources: the event the daemon records after each capture's
 	 * kernels (the trainer's stream waits on it before its next step; its
 	 * handle travels in PublishReply.cuda_capture_event).  NULL: none. */
@@ -461,8 +461,8 @@ struct jcap {
 	struct dte_engine *eng;   /* its engine: the pool, parts_wake, inflight */
 	int kind;
 	char job[JOB_NAME_MAX];
-	uint64_t participant, conn;
-	uint32_t req_id;
+	uint64_t participant;
+	struct jreq rq;           /* answered here (conn 0: nobody, an async publish) */
 	uint64_t epoch, version;
 	uint64_t base;            /* the source's last version at publish: the sparse base (PAYLOAD, COUNTS) */
 	int64_t step;
@@ -561,9 +561,6 @@ struct dte_engine {
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
-	/* Deferred control answers go here (job_set_reply: main.c installs
-	 * dctl_reply; tests their own). */
-	int (*reply)(uint64_t conn, Dte__Response *resp);
 	/* Events, raised below through jev_*() and answered above
 	 * (dte_engine_new registers them; NULL: nobody listens). */
 	void (*ev_progress)(struct dte_engine *e);   /* job.c: job_check_waiters */
@@ -581,7 +578,7 @@ struct dte_engine {
 	 * no job; the hook called after every job created (job.h). */
 	struct jwaiter *waiters;
 	uint64_t refused;
-	void (*created)(struct dte_engine *e, const Dte__JobCreateRequest *rq);
+	void (*created)(struct dte_engine *e, const struct jcreate_args *a);
 	/* job_ops.c: what resync remembers for verify at apply. */
 	struct jverify *verifies;
 	/* job_sink.c: wait_staged calls parked, all sinks. */
@@ -636,11 +633,10 @@ void job_fill_ref(const struct job *j, Dtep__JobRef *ref);
 struct jpair *job_pair(struct job *j, uint64_t src, uint64_t dst);
 struct dbuf *jlocal_buf(const struct jlocal *l, uint32_t layout_id, size_t *slot);
 double job_ms_since(const struct dte_engine *e, uint64_t t0);
-/* A deferred answer to request req_id of connection conn: rc is 0 or a
- * negative errno (daemon/derr.h), mapped to the wire status here; body (of
- * case bc) only when rc >= 0. */
-void job_reply(struct dte_engine *e, uint64_t conn, uint32_t req_id, int rc, const char *msg,
-	       Dte__Response__BodyCase bc, void *body);
+/* A deferred answer to rq: rc is 0 or a negative errno (daemon/derr.h)
+ * with the reason in msg; res only when rc is 0 (NULL otherwise).
+ * rq->done gets it (job_api.h); none: logged and dropped. */
+void job_done(const struct jreq *rq, int rc, const char *msg, const struct jres *res);
 /* A participant id unique in every job of e: this node's hash, then a counter. */
 uint64_t job_participant_id_new(struct dte_engine *e);
 /* Frees a pair's source side (dirty bitmaps, snapshot). */
@@ -707,7 +703,7 @@ void jsrc_free(struct dte_engine *e, struct jlocal *l);
  * longer reads the buffers (*rep: its counts when it is the last one),
  * 0 while it does, a negative errno with the reason when it failed or
  * was never published. */
-int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, Dte__PublishReply *rep,
+int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, struct jpublish_res *rep,
 		  char *err, size_t errlen);
 
 /* job_sink.c */
@@ -752,11 +748,10 @@ struct jsink_apply_result {
 typedef void (*jsink_applied_fn)(struct job *j, struct jlocal *l,
 				 const struct jsink_apply_result *r, void *arg);
 /* Apply every staged version <= version of sink l on a worker; the answer
- * goes to (conn, req_id), or to then(arg).  0, or a negative errno (then
+ * goes to rq (JOP_APPLY), or to then(arg).  0, or a negative errno (then
  * nothing started). */
-int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64_t conn,
-		      uint32_t req_id, jsink_applied_fn then, void *arg, char *err,
-		      size_t errlen);
+int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, const struct jreq *rq,
+		      jsink_applied_fn then, void *arg, char *err, size_t errlen);
 /* The same, and prep(arg, first) on the worker before the first version
  * is written (the storage writer reads what it will change there). */
 int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,

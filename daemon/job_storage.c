@@ -102,7 +102,7 @@ const char *jstore_transport_name(int t)
 	return t == JSTORE_STORAGE ? "storage" : t == JSTORE_BOTH ? "both" : "ucx";
 }
 
-int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *c, char *err, size_t errlen)
+int jstore_parse(const struct jcreate_args *rq, struct jstore_cfg *c, char *err, size_t errlen)
 {
 	const char *t = rq->transport && *rq->transport ? rq->transport : "ucx";
 	const char *role = rq->storage_role && *rq->storage_role ? rq->storage_role : "writer";
@@ -1422,16 +1422,16 @@ void jstore_sink_staged(struct job *j, struct jlocal *l)
 		writer_staged(s, j, l);
 }
 
-void jstore_info(const struct job *j, Dte__JobReply *rep)
+void jstore_info(const struct job *j, struct jjob_info *rep)
 {
 	const struct jstore *s = j->store;
 
-	rep->transport = (char *)jstore_transport_name(s ? s->cfg.transport : JSTORE_UCX);
+	rep->transport = jstore_transport_name(s ? s->cfg.transport : JSTORE_UCX);
 	if (!s)
 		return;
-	rep->storage_root = (char *)s->cfg.root;
-	rep->storage_role = (char *)(s->cfg.reader ? "reader" : "writer");
+	rep->storage_root = s->cfg.root;
+	rep->storage_role = s->cfg.reader ? "reader" : "writer";
 	rep->storage_head = s->w ? s->head : s->r ? s->rpos : -1;
 	rep->storage_broken = s->broken;
-	rep->storage_error = (char *)s->error;
+	rep->storage_error = s->error;
 }

@@ -22,7 +22,8 @@
 #define DTED_JOB_STORAGE_H
 
 #include <stddef.h>
-#include "proto/dte.pb-c.h"
+#include <stdint.h>
+#include "daemon/job_api.h"
 
 struct dte_engine;
 struct job;
@@ -43,7 +44,7 @@ struct jstore_cfg {
 enum { JSTORE_UCX = 0, JSTORE_STORAGE = 1, JSTORE_BOTH = 2 };
 
 /* Parse and check the storage fields of a JobCreate; -EINVAL with the reason. */
-int jstore_parse(const Dte__JobCreateRequest *rq, struct jstore_cfg *cfg, char *err,
+int jstore_parse(const struct jcreate_args *a, struct jstore_cfg *cfg, char *err,
 		 size_t errlen);
 /* Whether the job has this configuration (idempotent create). */
 int jstore_same_job(const struct job *j, const struct jstore_cfg *c);
@@ -69,6 +70,6 @@ void jstore_sink_staged(struct job *j, struct jlocal *l);
 int jstore_committing(struct dte_engine *e);
 
 /* dtectl job */
-void jstore_info(const struct job *j, Dte__JobReply *rep);
+void jstore_info(const struct job *j, struct jjob_info *res);
 
 #endif

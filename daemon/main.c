@@ -416,7 +416,7 @@ int main(int argc, char **argv)
 	}
 	job_auth_configure(srv.eng, conf.peer_auth, conf.peer_auth_off_jobs);
 	srv.conn_gone = job_conn_gone;
-	job_set_reply(srv.eng, dctl_reply);
+	srv.answer = dctl_reply;	/* the engine's deferred answers (cmd_job.c) */
 	job_set_max_staged(srv.eng, conf.max_staged_versions);
 	job_set_part_bytes(srv.eng, (size_t)conf.peer_part_bytes);
 	job_set_verify_full_every(srv.eng, conf.verify_full_every);

@@ -130,18 +130,20 @@ static int last_checksum_ok;
 #define PARK_ID 44
 static int parked;	/* a wait_staged of the sink not answered yet */
 
-static int catch_reply(uint64_t conn, Dte__Response *resp)
+static void catch_done(const struct jreq *rq, int rc, const char *err, const struct jres *res)
 {
-	if (resp->id == PARK_ID) {	/* the park's answer, whatever it is */
+	if (rq->id == PARK_ID) {	/* the park's answer, whatever it is */
 		parked = 0;
-		return 0;
+		return;
 	}
 	answers++;
-	last_code = resp->code;
-	if (resp->body_case == DTE__RESPONSE__BODY_APPLY && resp->apply)
-		last_checksum_ok = resp->apply->checksum_ok;
-	return 0;
+	last_code = derr_status(rc);
+	if (rc == 0 && res && res->op == JOP_APPLY)
+		last_checksum_ok = res->apply.checksum_ok;
 }
+
+/* A request of connection c with id i, answered in catch_done. */
+#define RQ(c, i) (&(struct jreq){ .conn = (c), .id = (i), .done = catch_done })
 
 static void rec_keep(struct rec *r, Dtep__PeerMsgType type, const ProtobufCMessage *m,
 		     const void *data, size_t len)
@@ -221,18 +223,18 @@ static void side_register(struct side *sd, uint64_t conn, const char *desc, int 
 
 static void attach(struct side *sd, uint64_t conn, const char *role, const char *desc)
 {
-	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
+	struct jattach_args rq = { 0 };
 	struct job *j = job_find(eng, "fj");
 	char err[512];
 	int deferred = 0;
 
 	rq.job = "fj";
 	rq.token = "tok";
-	rq.role = (char *)role;
-	rq.layout = (char *)desc;
+	rq.role = role;
+	rq.layout = desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
-	FUZZ_CHECK(job_attach(eng, conn, 7, &rq, &deferred, err, sizeof(err)) == 0,
+	FUZZ_CHECK(job_attach(eng, RQ(conn, 7), &rq, &deferred, err, sizeof(err)) == 0,
 		   "attach: %s", err);
 	spin();
 	sd->participant = 0;
@@ -273,15 +275,15 @@ static void train(void)
 
 static int publish(uint64_t version)
 {
-	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
-	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
-	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
+	struct jpublish_args rq = { 0 };
+	struct jpublish_res rep = { 0 };
+	struct jhparams g[2];
 	char err[512];
 	int st;
 	int deferred = 0, before = answers;
 
 	for (int i = 0; i < 2; i++) {
-		dte__hparams__init(&g[i]);
+		g[i] = (struct jhparams){ 0 };
 		g[i].lr = 1e-3;
 		g[i].beta1 = 0.9;
 		g[i].beta2 = 0.95;
@@ -292,8 +294,8 @@ static int publish(uint64_t version)
 	rq.version = version;
 	rq.step = step;
 	rq.n_groups = 2;
-	rq.groups = gp;
-	st = job_publish(eng, SRC_CONN, 41, &rq, &rep, &deferred, err, sizeof(err));
+	rq.groups = g;
+	st = job_publish(eng, RQ(SRC_CONN, 41), &rq, &rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
@@ -310,21 +312,18 @@ static int publish(uint64_t version)
 
 static uint64_t staged(void)
 {
-	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
-	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	struct jquery_res rep = { 0 };
 	char err[256];
 
-	rq.job = "fj";
-	rq.participant = sink.participant;
-	if (job_query_version(eng, SINK_CONN, &rq, &rep, err, sizeof(err)))
+	if (job_query_version(eng, SINK_CONN, "fj", sink.participant, &rep, err, sizeof(err)))
 		return 0;
 	return rep.staged;
 }
 
 static int apply(uint64_t version, int *checksum_ok)
 {
-	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	struct japply_args rq = { 0 };
+	struct japply_res rep = { 0 };
 	char err[256];
 	int st, deferred = 0, before = answers;
 
@@ -332,8 +331,8 @@ static int apply(uint64_t version, int *checksum_ok)
 	rq.participant = sink.participant;
 	rq.version = version;
 	/* The apply runs on a worker (daemon/job_task.c); its answer comes
-	 * through eng->reply. */
-	st = job_apply(eng, SINK_CONN, 43, &rq, &rep, &deferred, err, sizeof(err));
+	 * through its completion. */
+	st = job_apply(eng, RQ(SINK_CONN, 43), &rq, &rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred) {
 		uint64_t t0 = uv_hrtime();
 
@@ -352,8 +351,8 @@ static int apply(uint64_t version, int *checksum_ok)
 
 static void park(uint8_t how)
 {
-	Dte__WaitStagedRequest rq = DTE__WAIT_STAGED_REQUEST__INIT;
-	Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+	struct jwait_args rq = { 0 };
+	struct jstaged_res rep = { 0 };
 	char err[256];
 	int deferred = 0;
 
@@ -362,7 +361,8 @@ static void park(uint8_t how)
 	rq.job = "fj";
 	rq.participant = sink.participant;
 	rq.timeout_ms = how & 1 ? 5 : 60000;
-	if (job_wait_staged(eng, SINK_CONN, PARK_ID, &rq, &rep, &deferred, err, sizeof(err)) == 0 &&
+	if (job_wait_staged(eng, RQ(SINK_CONN, PARK_ID), &rq, &rep, &deferred, err,
+			    sizeof(err)) == 0 &&
 	    deferred)
 		parked = 1;
 }
@@ -772,8 +772,8 @@ static void op_forge(struct fuzz_in *in, struct job *j)
 static void setup(void)
 {
 	parked = 0;
-	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
-	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+	struct jcreate_args jc = { 0 };
+	struct jcreate_res jr = { 0 };
 	char err[512];
 	int ok;
 
@@ -781,11 +781,10 @@ static void setup(void)
 	FUZZ_CHECK(route_init(&loop, "fz", "") == 0, "route_init");
 	eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu");
 	FUZZ_CHECK(eng != NULL, "dte_engine_new");
-	eng->reply = catch_reply;
 	eng->drop_send = hold_hook;
 	eng->part_bytes = 512;          /* versions go in several parts */
 	jc.name = "fj";
-	jc.model_config = (char *)config;
+	jc.model_config = config;
 	jc.token = "tok";
 	jc.coordinator = "local";
 	FUZZ_CHECK(job_create(eng, &jc, &jr, err, sizeof(err)) == 0, "job_create: %s", err);

@@ -13,8 +13,15 @@
 # of its own is a later step of issue 31.
 #
 # wire_types_in_engine counts the control protocol's types (Dte__) in
-# the engine's headers (daemon/job*.h): reported, not yet enforced; a
-# later step takes the wire types out of the engine's API.
+# the engine's headers (daemon/job*.h), and wire_calls_in_engine its
+# names (Dte__, dte__, DTE__: types, pack and init calls, constants) in
+# the engine's files (daemon/job*.c): both must be 0.  The engine's API is
+# plain C (daemon/job_api.h: requests, results, and a completion per
+# request for the answers it defers, as raft's raft_apply(r, req, ..., cb)).
+# The wire adapters translate, and are not engine files: the control
+# handlers daemon/cmd_*.c (requests in, replies and deferred answers out)
+# and daemon/wire_job.c (a job's creation as the JobCreateRequest
+# job_persist.c keeps on disk, the format its files always had).
 #
 # io_calls_outside_interface counts the calls of libuv (uv_*), of the
 # router (route_*), of the wake (dwake_*) and of the directory watch
@@ -23,9 +30,10 @@
 # its struct dte_engine_io (daemon/engine_io.h; the default over libuv and
 # route.c is daemon/engine_io_uv.c, not an engine file).
 #
-# Prints "engine-api: wire_types_in_engine=W singletons=S process_level=P"
-# and "engine-api: io_calls_outside_interface=N", and each symbol; fails
-# when S > 0 or N > 0.
+# Prints "engine-api: wire_types_in_engine=W singletons=S process_level=P",
+# "engine-api: wire_calls_in_engine=C" and
+# "engine-api: io_calls_outside_interface=N", and each symbol and wire
+# name; fails when W, C, S or N > 0.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build}
@@ -56,6 +64,16 @@ for f in $FILES; do
 		}' >>"$tmp"
 done
 w=$(cat daemon/job*.h | grep -o 'Dte__' | wc -l)
+wc=$(cat daemon/job*.c | grep -oE 'Dte__|dte__|DTE__' | wc -l)
+# Never pass on files not read: the engine's API and its top file.
+for must in daemon/job.h daemon/job_api.h daemon/job_state.h daemon/job.c daemon/job_sink.c; do
+	if [ ! -f "$must" ]; then
+		echo "engine-api: FAIL: $must missing; is the list right?"
+		exit 1
+	fi
+done
+grep -n 'Dte__' daemon/job*.h | sed 's/^/engine-api: wire type in the engine'"'"'s API: /'
+grep -nE 'Dte__|dte__|DTE__' daemon/job*.c | sed 's/^/engine-api: wire name in an engine file: /'
 s=0
 p=0
 while read -r f sym type sect; do
@@ -71,6 +89,7 @@ while read -r f sym type sect; do
 	esac
 done <"$tmp"
 echo "engine-api: wire_types_in_engine=$w singletons=$s process_level=$p"
+echo "engine-api: wire_calls_in_engine=$wc"
 io=0
 for f in $FILES; do
 	case " $PROCESS " in *" $f "*) continue ;; esac
@@ -82,6 +101,11 @@ for f in $FILES; do
 done
 echo "engine-api: io_calls_outside_interface=$io"
 fail=0
+if [ "$w" -gt 0 ] || [ "$wc" -gt 0 ]; then
+	echo "FAIL: the engine names the control protocol; take and fill plain types" \
+	     "(daemon/job_api.h) and let daemon/cmd_*.c translate"
+	fail=1
+fi
 if [ "$s" -gt 0 ]; then
 	echo "FAIL: mutable state outside struct dte_engine; move it into the engine (daemon/job_state.h) or make it const"
 	fail=1

@@ -219,19 +219,21 @@ static struct {
 	int apply_checksum_ok;
 } ans;
 
-static int catch_reply(uint64_t conn, Dte__Response *resp)
+static void catch_done(const struct jreq *rq, int rc, const char *err, const struct jres *res)
 {
-	uint32_t id = resp->id & 255;
+	uint32_t id = rq->id & 255;
 
 	ans.seen[id]++;
-	ans.code[id] = resp->code;
-	snprintf(ans.msg[id], sizeof(ans.msg[id]), "%s", resp->message ? resp->message : "");
-	if (resp->body_case == DTE__RESPONSE__BODY_APPLY) {
-		ans.apply_version = resp->apply->version;
-		ans.apply_checksum_ok = resp->apply->checksum_ok;
+	ans.code[id] = derr_status(rc);
+	snprintf(ans.msg[id], sizeof(ans.msg[id]), "%s", err ? err : "");
+	if (rc == 0 && res && res->op == JOP_APPLY) {
+		ans.apply_version = res->apply.version;
+		ans.apply_checksum_ok = res->apply.checksum_ok;
 	}
-	return 0;
 }
+
+/* A request of connection c with id i, answered in catch_done. */
+#define RQ(c, i) (&(struct jreq){ .conn = (c), .id = (i), .done = catch_done })
 
 static int answered(void *arg)
 {
@@ -245,13 +247,10 @@ struct run {
 
 static uint64_t staged_of(struct dte_engine *e, uint64_t conn, const struct side *k)
 {
-	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
-	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	struct jquery_res rep = { 0 };
 	char err[256];
 
-	rq.job = "fx";
-	rq.participant = k->participant;
-	if (job_query_version(e, conn, &rq, &rep, err, sizeof(err)))
+	if (job_query_version(e, conn, "fx", k->participant, &rep, err, sizeof(err)))
 		return 0;
 	return rep.staged;
 }
@@ -294,19 +293,19 @@ static Dte__Status await(struct run *r, uint32_t id)
 static uint64_t attach(struct run *r, unsigned node, struct side *sd, uint64_t conn, uint32_t id,
 		       const char *role, const char *desc, uint32_t replica)
 {
-	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
+	struct jattach_args rq = { 0 };
 	struct job *j = job_find(r->eng[node], "fx");
 	char err[512];
 	int deferred = 0;
 
 	rq.job = "fx";
 	rq.token = "tok";
-	rq.role = (char *)role;
-	rq.layout = (char *)desc;
+	rq.role = role;
+	rq.layout = desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
 	rq.replica = replica;
-	assert_int_equal(job_attach(r->eng[node], conn, id, &rq, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_attach(r->eng[node], RQ(conn, id), &rq, &deferred, err, sizeof(err)), 0);
 	if (deferred && await(r, id) != DTE__STATUS__STATUS_OK)
 		fail_msg("attach %s: %s", role, ans.msg[id]);
 	for (struct jlocal *l = j->locals; l; l = l->next)
@@ -318,15 +317,15 @@ static uint64_t attach(struct run *r, unsigned node, struct side *sd, uint64_t c
 
 static void publish(struct run *r, uint32_t id, uint64_t version, int64_t step)
 {
-	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
-	Dte__PublishReply rep = DTE__PUBLISH_REPLY__INIT;
-	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
+	struct jpublish_args rq = { 0 };
+	struct jpublish_res rep = { 0 };
+	struct jhparams g[2];
 	struct dtc_hparams hp = hp_of(step);
 	char err[512];
 	int deferred = 0, st;
 
 	for (int i = 0; i < 2; i++) {
-		dte__hparams__init(&g[i]);
+		g[i] = (struct jhparams){ 0 };
 		g[i].lr = hp.lr;
 		g[i].beta1 = hp.beta1;
 		g[i].beta2 = hp.beta2;
@@ -338,8 +337,8 @@ static void publish(struct run *r, uint32_t id, uint64_t version, int64_t step)
 	rq.version = version;
 	rq.step = step;
 	rq.n_groups = 2;
-	rq.groups = gp;
-	st = job_publish(r->eng[0], SRC_CONN, id, &rq, &rep, &deferred, err, sizeof(err));
+	rq.groups = g;
+	st = job_publish(r->eng[0], RQ(SRC_CONN, id), &rq, &rep, &deferred, err, sizeof(err));
 	if (st == 0 && deferred)
 		st = await(r, id) == DTE__STATUS__STATUS_OK ? 0 : -1;
 	if (st)
@@ -349,15 +348,15 @@ static void publish(struct run *r, uint32_t id, uint64_t version, int64_t step)
 
 static void apply(struct run *r, unsigned node, uint32_t id, uint64_t version)
 {
-	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	struct japply_args rq = { 0 };
+	struct japply_res rep = { 0 };
 	char err[256];
 	int deferred = 0;
 
 	rq.job = "fx";
 	rq.participant = sinks[node].participant;
 	rq.version = version;
-	assert_int_equal(job_apply(r->eng[node], CONN(node), id, &rq, &rep, &deferred, err,
+	assert_int_equal(job_apply(r->eng[node], RQ(CONN(node), id), &rq, &rep, &deferred, err,
 				   sizeof(err)), 0);
 	if (deferred) {
 		if (await(r, id) != DTE__STATUS__STATUS_OK)
@@ -373,7 +372,7 @@ static void apply(struct run *r, unsigned node, uint32_t id, uint64_t version)
 static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint64_t *steps,
 			     uint64_t *refused, struct fix_stats *io)
 {
-	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
+	struct jcreate_args jc = { 0 };
 	struct run r = { 0 };
 	struct fix_stats st;
 	char err[512];
@@ -384,15 +383,14 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 	assert_non_null(r.fx = fix_new(NODES, seed, faults));
 	for (unsigned i = 0; i < NODES; i++) {
 		struct dte_engine_io eio;
-		Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+		struct jcreate_res jr = { 0 };
 
 		fix_io(r.fx, i, &eio);
 		assert_non_null(r.eng[i] = dte_engine_new_io(&eio, dtc_backend_cpu(), "cpu"));
-		job_set_reply(r.eng[i], catch_reply);
 		jc.name = "fx";
 		jc.model_config = config;
 		jc.token = "tok";
-		jc.coordinator = (char *)fix_node_address(r.fx, 0);
+		jc.coordinator = fix_node_address(r.fx, 0);
 		if (job_create(r.eng[i], &jc, &jr, err, sizeof(err)))
 			fail_msg("job_create on node%u: %s", i, err);
 		assert_int_equal(jr.coordinator, i == 0);

@@ -45,6 +45,11 @@ static struct dte_engine *eng;
 #define SINK2_CONN 3
 #define MAXB 64
 
+/* Deferred answers land in catch_done (below): a request of connection c
+ * with id i, as the control handlers make them. */
+static void catch_done(const struct jreq *rq, int rc, const char *err, const struct jres *res);
+#define RQ(c, i) (&(struct jreq){ .conn = (c), .id = (i), .done = catch_done })
+
 static uv_loop_t loop;
 static char *config;
 static struct dte_spec spec;
@@ -136,19 +141,19 @@ static long smaps_rss_kb(const void *addr)
 
 static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const char *desc)
 {
-	Dte__AttachRequest rq = DTE__ATTACH_REQUEST__INIT;
+	struct jattach_args rq = { 0 };
 	struct job *j = job_find(eng, "tj");
 	char err[512];
 	int deferred = 0;
 
 	rq.job = "tj";
 	rq.token = "tok";
-	rq.role = (char *)role;
-	rq.layout = (char *)desc;
+	rq.role = role;
+	rq.layout = desc;
 	rq.n_buffers = sd->n;
 	rq.buffers = sd->ids;
 	rq.replica = attach_replica;
-	assert_int_equal(job_attach(eng, conn, 7, &rq, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_attach(eng, RQ(conn, 7), &rq, &deferred, err, sizeof(err)), 0);
 	assert_true(deferred);
 	spin();
 	/* The plan came back: the participant is announced. */
@@ -205,9 +210,9 @@ static struct {
 	uint32_t id;
 	Dte__Status code;
 	char msg[512];
-	Dte__PublishReply pub;
-	Dte__MarkReply mark;
-	Dte__ApplyReply apply;
+	struct jpublish_res pub;
+	struct jmark_res mark;
+	struct japply_res apply;
 	uint32_t verify_id;       /* the last verify answered, and its first sink's result */
 	char verify_result[32];
 	uint32_t verify_sinks, verify_ok, verify_mismatch;
@@ -215,32 +220,33 @@ static struct {
 	Dte__Status code_of[128];
 } answer;
 
-static int catch_reply(uint64_t conn, Dte__Response *resp)
+static void catch_done(const struct jreq *rq, int rc, const char *err, const struct jres *res)
 {
 	answer.n++;
-	if (resp->id < 128) {
-		answer.seen[resp->id]++;
-		answer.code_of[resp->id] = resp->code;
+	if (rq->id < 128) {
+		answer.seen[rq->id]++;
+		answer.code_of[rq->id] = derr_status(rc);
 	}
-	answer.conn = conn;
-	answer.id = resp->id;
-	answer.code = resp->code;
-	snprintf(answer.msg, sizeof(answer.msg), "%s", resp->message ? resp->message : "");
-	if (resp->body_case == DTE__RESPONSE__BODY_PUBLISH)
-		answer.pub = *resp->publish;
-	if (resp->body_case == DTE__RESPONSE__BODY_MARK)
-		answer.mark = *resp->mark;
-	if (resp->body_case == DTE__RESPONSE__BODY_APPLY)
-		answer.apply = *resp->apply;
-	if (resp->body_case == DTE__RESPONSE__BODY_VERIFY) {
-		answer.verify_id = resp->id;
-		answer.verify_sinks = resp->verify->sinks;
-		answer.verify_ok = resp->verify->ok;
-		answer.verify_mismatch = resp->verify->mismatch;
+	answer.conn = rq->conn;
+	answer.id = rq->id;
+	answer.code = derr_status(rc);
+	snprintf(answer.msg, sizeof(answer.msg), "%s", err ? err : "");
+	if (rc < 0 || !res)
+		return;
+	if (res->op == JOP_PUBLISH)
+		answer.pub = res->publish;
+	if (res->op == JOP_MARK)
+		answer.mark = res->mark;
+	if (res->op == JOP_APPLY)
+		answer.apply = res->apply;
+	if (res->op == JOP_VERIFY) {
+		answer.verify_id = rq->id;
+		answer.verify_sinks = res->verify.sinks;
+		answer.verify_ok = res->verify.ok;
+		answer.verify_mismatch = res->verify.mismatch;
 		snprintf(answer.verify_result, sizeof(answer.verify_result), "%s",
-			 resp->verify->n_results ? resp->verify->results[0]->result : "");
+			 res->verify.n_results ? res->verify.results[0].result : "");
 	}
-	return 0;
 }
 
 /* A lost message: records of `drop_type` for version `drop_version`
@@ -278,16 +284,16 @@ static void await_answer(int n)
  * capture runs is refused as busy (retry), not as a bad request. */
 static int publish_again_busy;
 
-static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
+static int publish(uint64_t version, int64_t step, struct jpublish_res *rep)
 {
-	Dte__PublishRequest rq = DTE__PUBLISH_REQUEST__INIT;
-	Dte__HParams g[2], *gp[2] = { &g[0], &g[1] };
+	struct jpublish_args rq = { 0 };
+	struct jhparams g[2];
 	struct dtc_hparams hp = hp_of(step);
 	char err[512];
 	int st;
 
 	for (int i = 0; i < 2; i++) {
-		dte__hparams__init(&g[i]);
+		g[i] = (struct jhparams){ 0 };
 		g[i].lr = hp.lr;
 		g[i].beta1 = hp.beta1;
 		g[i].beta2 = hp.beta2;
@@ -299,18 +305,18 @@ static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 	rq.version = version;
 	rq.step = step;
 	rq.n_groups = 2;
-	rq.groups = gp;
-	dte__publish_reply__init(rep);
+	rq.groups = g;
+	*rep = (struct jpublish_res){ 0 };
 	{
 		int deferred = 0, before = answer.n;
 
-		st = job_publish(eng, SRC_CONN, 41, &rq, rep, &deferred, err, sizeof(err));
+		st = job_publish(eng, RQ(SRC_CONN, 41), &rq, rep, &deferred, err, sizeof(err));
 		if (st == 0 && deferred && publish_again_busy) {
-			Dte__PublishReply again = DTE__PUBLISH_REPLY__INIT;
+			struct jpublish_res again = { 0 };
 			int d2 = 0;
 
 			rq.version = version + 1;
-			assert_int_equal(job_publish(eng, SRC_CONN, 42, &rq, &again, &d2, err, sizeof(err)),
+			assert_int_equal(job_publish(eng, RQ(SRC_CONN, 42), &rq, &again, &d2, err, sizeof(err)),
 					 -EBUSY);
 			assert_non_null(strstr(err, "a capture is still running"));
 			assert_false(d2);
@@ -335,33 +341,29 @@ static int publish(uint64_t version, int64_t step, Dte__PublishReply *rep)
 
 static uint64_t staged_of(const struct side *k, uint64_t conn)
 {
-	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
-	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	struct jquery_res rep = { 0 };
 	char err[256];
 
 	spin();	/* staging runs on a worker */
-	rq.job = "tj";
-	rq.participant = k->participant;
-	assert_int_equal(job_query_version(eng, conn, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(job_query_version(eng, conn, "tj", k->participant, &rep, err, sizeof(err)),
+			 0);
 	return rep.staged;
 }
 
 static uint64_t staged(void)
 {
-	Dte__QueryVersionRequest rq = DTE__QUERY_VERSION_REQUEST__INIT;
-	Dte__QueryVersionReply rep = DTE__QUERY_VERSION_REPLY__INIT;
+	struct jquery_res rep = { 0 };
 	char err[256];
 
-	rq.job = "tj";
-	rq.participant = sink.participant;
-	assert_int_equal(job_query_version(eng, SINK_CONN, &rq, &rep, err, sizeof(err)), 0);
+	assert_int_equal(job_query_version(eng, SINK_CONN, "tj", sink.participant, &rep, err,
+					   sizeof(err)), 0);
 	return rep.staged;
 }
 
 static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 {
-	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	struct japply_args rq = { 0 };
+	struct japply_res rep = { 0 };
 	char err[256];
 
 	int deferred = 0;
@@ -370,8 +372,8 @@ static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 	rq.job = "tj";
 	rq.participant = k->participant;
 	rq.version = version;
-	/* The apply runs on a worker; its answer comes through eng->reply. */
-	assert_int_equal(job_apply(eng, conn, 77, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	/* The apply runs on a worker; its answer comes through its completion. */
+	assert_int_equal(job_apply(eng, RQ(conn, 77), &rq, &rep, &deferred, err, sizeof(err)), 0);
 	if (deferred) {
 		for (int i = 0; i < 10000 && answer.n == n0; i++)
 			uv_run(&loop, UV_RUN_ONCE);
@@ -633,9 +635,9 @@ static void send_forged(struct job *j, const char *token, uint64_t version, uint
 
 static void test_sync_and_misbehaving_peer(void **state)
 {
-	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
-	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
-	Dte__PublishReply pr;
+	struct jcreate_args jc = { 0 };
+	struct jcreate_res jr = { 0 };
+	struct jpublish_res pr;
 	struct job *j;
 	char err[512];
 	void *snap;
@@ -1042,15 +1044,15 @@ static void test_sync_and_misbehaving_peer(void **state)
 			assert_int_equal(jsrc_wait_done(j, 21, &sinks, err, sizeof(err)), 0);
 			assert_non_null(strstr(err, "did not apply version"));
 			{       /* a poll (timeout 0) has its deadline now: the failure */
-				Dte__WaitRequest wrq = DTE__WAIT_REQUEST__INIT;
-				Dte__WaitReply wrep = DTE__WAIT_REPLY__INIT;
+				struct jwait_args wrq = { 0 };
+				struct jwait_res wrep = { 0 };
 				int deferred = 1;
 
 				wrq.job = j->name;
 				wrq.version = 21;
 				wrq.timeout_ms = 0;
 				err[0] = 0;
-				assert_int_equal(job_wait(eng, SRC_CONN, 1, &wrq, &wrep, &deferred, err,
+				assert_int_equal(job_wait(eng, RQ(SRC_CONN, 1), &wrq, &wrep, &deferred, err,
 							  sizeof(err)), -EIO);
 				assert_int_equal(deferred, 0);
 				assert_non_null(strstr(err, "did not apply version"));
@@ -1229,7 +1231,7 @@ static size_t pending(struct job *j)
 /* A version published with its records held: the parts, then COUNTS. */
 static void publish_held(uint64_t v, int64_t step, int dense)
 {
-	Dte__PublishReply pr;
+	struct jpublish_res pr;
 
 	held_clear();
 	hold_version = v;
@@ -1243,7 +1245,7 @@ static void publish_held(uint64_t v, int64_t step, int dense)
 
 static void publish_exact(uint64_t v, int64_t step, int dense)
 {
-	Dte__PublishReply pr;
+	struct jpublish_res pr;
 
 	adamw_step(step, (unsigned)(step * 7919));
 	payloads_seen = 0;
@@ -1281,7 +1283,7 @@ static void test_parts(void **state)
 	/* Many versions: dense, then sparse; some applied as a chain of 3. */
 	publish_exact(v++, ++step, 1);
 	for (int i = 0; i < 12; i++) {
-		Dte__PublishReply pr;
+		struct jpublish_res pr;
 
 		if (i % 4 != 3) {
 			publish_exact(v++, ++step, 0);
@@ -1343,7 +1345,7 @@ static void test_parts(void **state)
 	assert_true(pending(j) >= 1);
 	v++;
 	{
-		Dte__PublishReply pr;
+		struct jpublish_res pr;
 
 		step++;
 		adamw_step(step, (unsigned)(step * 7919));
@@ -1428,14 +1430,14 @@ static void test_parts(void **state)
 	 * starts an apply before the verify's completion ran (its buffers
 	 * changed under the sum) is reported skipped, never mismatch. */
 	{
-		Dte__VerifyReply vr = DTE__VERIFY_REPLY__INIT;
-		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
-		Dte__PublishReply pr;
+		struct jverify_res vr = { 0 };
+		struct japply_args rq = { 0 };
+		struct japply_res rep = { 0 };
+		struct jpublish_res pr;
 		char err[256];
 		int deferred = 0;
 
-		assert_int_equal(job_verify(eng, SRC_CONN, 90, "tj", &vr, NULL, &deferred, err,
+		assert_int_equal(job_verify(eng, RQ(SRC_CONN, 90), "tj", &vr, &deferred, err,
 					    sizeof(err)), 0);
 		assert_true(deferred);
 		spin();
@@ -1449,17 +1451,18 @@ static void test_parts(void **state)
 		assert_int_equal(publish(v, step, &pr), 0);
 		assert_int_equal(staged(), v);
 		deferred = 0;
-		assert_int_equal(job_verify(eng, SRC_CONN, 91, "tj", &vr, NULL, &deferred, err,
+		assert_int_equal(job_verify(eng, RQ(SRC_CONN, 91), "tj", &vr, &deferred, err,
 					    sizeof(err)), 0);
 		assert_true(deferred);
 		rq.job = "tj";
 		rq.participant = sink.participant;
 		rq.version = v;
 		deferred = 0;
-		assert_int_equal(job_apply(eng, SINK_CONN, 92, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_int_equal(job_apply(eng, RQ(SINK_CONN, 92), &rq, &rep, &deferred, err, sizeof(err)),
+				 0);
 		assert_true(deferred);
 		/* A second apply of the same sink while one runs is refused. */
-		assert_int_equal(job_apply(eng, SINK_CONN, 93, &rq, &rep, &deferred, err, sizeof(err)),
+		assert_int_equal(job_apply(eng, RQ(SINK_CONN, 93), &rq, &rep, &deferred, err, sizeof(err)),
 				 -EBUSY);
 		spin();
 		assert_int_equal(answer.verify_id, 91);
@@ -1473,9 +1476,9 @@ static void test_parts(void **state)
 	 * finds no sink, answers "went away" and drops the result, and the
 	 * buffers the task referenced are released once it is done. */
 	{
-		Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-		Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
-		Dte__PublishReply pr;
+		struct japply_args rq = { 0 };
+		struct japply_res rep = { 0 };
+		struct jpublish_res pr;
 		char err[256];
 		int deferred = 0, n0;
 
@@ -1490,7 +1493,8 @@ static void test_parts(void **state)
 		rq.participant = sink.participant;
 		rq.version = v;
 		n0 = answer.n;
-		assert_int_equal(job_apply(eng, SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+		assert_int_equal(job_apply(eng, RQ(SINK_CONN, 78), &rq, &rep, &deferred, err, sizeof(err)),
+				 0);
 		assert_true(deferred);
 		assert_non_null(eng->tasks);
 		b0 = job_local(j, sink.participant)->bufs[0];
@@ -1524,15 +1528,16 @@ static void test_parts(void **state)
 /* The sink's client waits in wait_staged (answer id `id`): parked. */
 static void park(uint32_t id, uint32_t timeout_ms)
 {
-	Dte__WaitStagedRequest rq = DTE__WAIT_STAGED_REQUEST__INIT;
-	Dte__WaitStagedReply rep = DTE__WAIT_STAGED_REPLY__INIT;
+	struct jwait_args rq = { 0 };
+	struct jstaged_res rep = { 0 };
 	char err[256];
 	int deferred = 0;
 
 	rq.job = "tj";
 	rq.participant = sink.participant;
 	rq.timeout_ms = timeout_ms;
-	assert_int_equal(job_wait_staged(eng, SINK_CONN, id, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_wait_staged(eng, RQ(SINK_CONN, id), &rq, &rep, &deferred, err,
+					 sizeof(err)), 0);
 	assert_true(deferred);
 }
 
@@ -1880,17 +1885,18 @@ static void skip_put_back(uint16_t *elem, uint16_t old)
 	*elem = old;
 }
 
-static Dte__ApplyReply apply_answer(uint64_t version)
+static struct japply_res apply_answer(uint64_t version)
 {
-	Dte__ApplyRequest rq = DTE__APPLY_REQUEST__INIT;
-	Dte__ApplyReply rep = DTE__APPLY_REPLY__INIT;
+	struct japply_args rq = { 0 };
+	struct japply_res rep = { 0 };
 	char err[256];
 	int deferred = 0, n0 = answer.n;
 
 	rq.job = "tj";
 	rq.participant = sink.participant;
 	rq.version = version;
-	assert_int_equal(job_apply(eng, SINK_CONN, 78, &rq, &rep, &deferred, err, sizeof(err)), 0);
+	assert_int_equal(job_apply(eng, RQ(SINK_CONN, 78), &rq, &rep, &deferred, err, sizeof(err)),
+			 0);
 	if (deferred) {
 		for (int i = 0; i < 10000 && answer.n == n0; i++)
 			uv_run(&loop, UV_RUN_ONCE);
@@ -1905,7 +1911,7 @@ static Dte__ApplyReply apply_answer(uint64_t version)
 
 static void publish_step(uint64_t v, int64_t step, int dense)
 {
-	Dte__PublishReply pr;
+	struct jpublish_res pr;
 
 	adamw_step(step, (unsigned)(step * 7919));
 	assert_int_equal(publish(v, step, &pr), 0);
@@ -1918,7 +1924,7 @@ static void test_skip_write(void **state)
 	struct jsink *k;
 	uint64_t v = 700, fails0;
 	int64_t step = 0;
-	Dte__ApplyReply rep;
+	struct japply_res rep;
 	uint32_t sinks = 0;
 	char err[256];
 	void *snap;
@@ -2114,8 +2120,8 @@ static void test_plan_only_families(void **state)
 		"{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"attention_bias\":false,\"first_k_dense_replace\":1,\"hidden_act\":\"silu\",\"hidden_size\":64,\"intermediate_size\":96,\"kv_lora_rank\":16,\"max_position_embeddings\":163840,\"model_type\":\"deepseek_v3\",\"moe_intermediate_size\":16,\"moe_layer_freq\":1,\"n_group\":8,\"n_routed_experts\":4,\"n_shared_experts\":1,\"norm_topk_prob\":true,\"num_attention_heads\":4,\"num_experts_per_tok\":8,\"num_hidden_layers\":2,\"num_key_value_heads\":4,\"q_lora_rank\":24,\"qk_nope_head_dim\":8,\"qk_rope_head_dim\":4,\"rms_norm_eps\":1e-06,\"rope_theta\":10000,\"routed_scaling_factor\":2.5,\"scoring_func\":\"sigmoid\",\"tie_word_embeddings\":false,\"topk_group\":4,\"topk_method\":\"noaux_tc\",\"torch_dtype\":\"bfloat16\",\"v_head_dim\":8,\"vocab_size\":300}",
 		"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,\"head_dim\":16,\"hidden_act\":\"silu\",\"hidden_size\":64,\"intermediate_size\":96,\"max_position_embeddings\":131072,\"model_type\":\"glm4_moe\",\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,\"norm_topk_prob\":true,\"num_attention_heads\":4,\"num_experts_per_tok\":8,\"num_hidden_layers\":2,\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"rms_norm_eps\":1e-05,\"rope_theta\":1000000,\"routed_scaling_factor\":2.5,\"tie_word_embeddings\":false,\"topk_group\":1,\"torch_dtype\":\"bfloat16\",\"use_qk_norm\":false,\"vocab_size\":300}",
 	};
-	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
-	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+	struct jcreate_args jc = { 0 };
+	struct jcreate_res jr = { 0 };
 	char err[512];
 
 	(void)state;
@@ -2145,7 +2151,6 @@ static int setup(void **state)
 		return -1;
 	if (!(eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu")))
 		return -1;
-	eng->reply = catch_reply;
 	/* These tests check which versions go sparse: no dense for cost
 	 * (test_pair_sm and tests/system/sync_mode.py cover that choice). */
 	job_set_mode_policy(eng, PAIR_MODE_SPARSE);

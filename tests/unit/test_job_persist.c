@@ -47,12 +47,12 @@ static void engine_down(void)
 
 static void create(const char *name, const char *token)
 {
-	Dte__JobCreateRequest jc = DTE__JOB_CREATE_REQUEST__INIT;
-	Dte__JobCreateReply jr = DTE__JOB_CREATE_REPLY__INIT;
+	struct jcreate_args jc = { 0 };
+	struct jcreate_res jr = { 0 };
 	char err[256];
 
-	jc.name = (char *)name;
-	jc.token = (char *)token;
+	jc.name = name;
+	jc.token = token;
 	jc.coordinator = "local";
 	jc.model_config = config;
 	jc.publish_interval = 2;

@@ -37,18 +37,18 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ft
 	return remove(p);
 }
 
-static Dte__JobCreateRequest req(const char *name, const char *transport, const char *rootp,
-				 const char *role)
+static struct jcreate_args req(const char *name, const char *transport, const char *rootp,
+			       const char *role)
 {
-	Dte__JobCreateRequest rq = DTE__JOB_CREATE_REQUEST__INIT;
+	struct jcreate_args rq = { 0 };
 
-	rq.name = (char *)name;
+	rq.name = name;
 	rq.model_config = config;
 	rq.token = "t";
 	rq.coordinator = "local";
-	rq.transport = (char *)transport;
-	rq.storage_root = (char *)rootp;
-	rq.storage_role = (char *)role;
+	rq.transport = transport;
+	rq.storage_root = rootp;
+	rq.storage_role = role;
 	return rq;
 }
 
@@ -56,7 +56,7 @@ static void parse_fields(void **state)
 {
 	struct jstore_cfg c;
 	char err[256];
-	Dte__JobCreateRequest rq = req("j", "storage", "/x/y", NULL);
+	struct jcreate_args rq = req("j", "storage", "/x/y", NULL);
 
 	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
 	assert_int_equal(c.transport, JSTORE_STORAGE);
@@ -114,9 +114,9 @@ static void canonical_layout(void **state)
 
 static void writer_and_reader_jobs(void **state)
 {
-	Dte__JobCreateRequest rq = req("w", "storage", root, NULL);
-	Dte__JobCreateReply rep = DTE__JOB_CREATE_REPLY__INIT;
-	Dte__JobReply info = DTE__JOB_REPLY__INIT;
+	struct jcreate_args rq = req("w", "storage", root, NULL);
+	struct jcreate_res rep = { 0 };
+	struct jjob_info info = { 0 };
 	struct job *j;
 	struct jlocal *l;
 	char err[512];
