@@ -15,6 +15,7 @@
 #include "daemon/job_cuda.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_sink.h"
+#include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
@@ -43,45 +44,7 @@ struct jaswap {
 	int dense;                /* a dense part: every entry its whole box */
 };
 
-enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
-
-struct jarrive {
-	struct jtask t;
-	char job[JOB_NAME_MAX];
-	uint64_t participant, version;
-	enum sink_vstate state;   /* arriving, undoing, retreating */
-	int busy;                 /* t is on a worker */
-	int orphan;               /* the sink went away: the task's done undoes and frees */
-	enum ja_op op;
-	size_t nbufs;
-	struct dbuf **bufs;       /* referenced until freed */
-	uint32_t *buf_ids;
-	struct jaswap *sw;
-	size_t nsw, cap, next;    /* next: the first part not yet swapped */
-	size_t upto;              /* the swap task does sw[next..upto) */
-	uint64_t *delta;          /* per slot: Σ mix(new) − mix(old) of the swaps */
-	uint64_t *dsum;           /* per slot: Σ mix(new) over the dense entries swapped */
-	uint64_t *srcs;           /* the version's sources (APPLIED) */
-	size_t nsrcs;
-	struct dte_engine *eng;   /* its engine (set at arrive_new, before any task) */
-	int alter;                /* job_ext: alter the first swapped entry */
-	int skip;                 /* job_ext: apply_skip on the first sparse entry swapped */
-	int failed;               /* worker: a check or the sums failed (err) */
-	char err[256];
-	int reported;             /* the failure's APPLIED went out already */
-	Dtep__ApplyResult result; /* ...or goes out once undone */
-	char why[256];
-	/* verify */
-	struct jstaged *st;
-	uint64_t *vsum, vkey, key;
-	uint32_t since_full, full_every;
-	uint64_t *sum;
-	int incremental;
-	uint64_t swapped_parts;   /* worker: parts the last swap task swapped in */
-};
-
-
-static void staged_free(struct jstaged *s)
+void jsink_staged_free(struct jstaged *s)
 {
 	for (size_t i = 0; i < s->n; i++) {
 		free(s->w[i].pos);
@@ -115,7 +78,7 @@ static void staged_drop_data(struct jstaged *st)
 	st->nheld = 0;
 }
 
-static void pend_src_clear(struct jpend_src *s)
+void jsink_pend_src_clear(struct jpend_src *s)
 {
 	if (s->counts)
 		dtep__counts__free_unpacked(s->counts, NULL);
@@ -130,15 +93,15 @@ static void pend_src_clear(struct jpend_src *s)
 	s->bytes = 0;
 }
 
-static void pend_free(struct jpend *p)
+void jsink_pend_free(struct jpend *p)
 {
 	for (size_t i = 0; i < p->n; i++)
-		pend_src_clear(&p->s[i]);
+		jsink_pend_src_clear(&p->s[i]);
 	free(p->s);
 	free(p);
 }
 
-static void pend_drop(struct jlocal *l, struct jpend *p)
+void jsink_pend_drop(struct jlocal *l, struct jpend *p)
 {
 	for (struct jpend **pp = &jsink_of(l)->pend; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
@@ -146,15 +109,15 @@ static void pend_drop(struct jlocal *l, struct jpend *p)
 			break;
 		}
 	}
-	pend_free(p);
+	jsink_pend_free(p);
 }
 
 /* One transition of version v at sink l: the table (sink_sm.c, docs/SYNC.md
  * "A version at a sink") decides, the caller only executes the action it
  * returns.  A cell the table marks "—" (the event cannot reach that state)
  * is logged as a daemon bug and the caller does nothing. */
-static enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate s,
-				     enum sink_vevent ev)
+enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate s,
+			      enum sink_vevent ev)
 {
 	struct sink_step d = sink_sm_step(s, ev);
 
@@ -170,8 +133,8 @@ static enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum si
 }
 
 /* The state the sink's fields give version v, before its pending version
- * is looked up (pend_state, after). */
-static enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
+ * is looked up (jsink_pend_state, after). */
+enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 {
 	const struct jsink *k = jsink_of(l);
 	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
@@ -190,17 +153,10 @@ static enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 }
 
 /* A pending version's state: collecting, or refused (kept without data). */
-static enum sink_vstate pend_state(const struct jpend *p)
+enum sink_vstate jsink_pend_state(const struct jpend *p)
 {
 	return p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING;
 }
-
-static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
-				      Dtep__ApplyResult result, const char *why);
-static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
-			  int counts);
-static void arrive_orphan(struct jarrive *a);
-static void arena_next(struct job *j, struct jlocal *l, int dense_next);
 
 /* An APPLIED held back (the storage writer's sink, struct jwriter). */
 struct japplied {
@@ -212,7 +168,7 @@ struct japplied {
 	double ms;
 };
 
-static void japplied_free(struct japplied *a)
+void jsink_japplied_free(struct japplied *a)
 {
 	if (a) {
 		free(a->srcs);
@@ -234,7 +190,7 @@ void jsink_free(struct dte_engine *e, struct jlocal *l)
 	struct jsink *k = jsink_of(l);
 
 	if (k->w) {
-		japplied_free(k->w->deferred);
+		jsink_japplied_free(k->w->deferred);
 		free(k->w);
 		k->w = NULL;
 	}
@@ -247,7 +203,7 @@ void jsink_free(struct dte_engine *e, struct jlocal *l)
 		(void)sink_decide(l, a->version, a->state,
 				  e->stopping ? SINK_EV_SHUTDOWN : SINK_EV_DETACHED);
 		k->arrive = NULL;
-		arrive_orphan(a);
+		jsink_arrive_orphan(a);
 	}
 	jops_sink_free(e, l);
 	recvpool_retire(k->rpool);
@@ -259,15 +215,16 @@ void jsink_free(struct dte_engine *e, struct jlocal *l)
 		struct jpend *p = k->pend;
 
 		k->pend = p->next;
-		if (sink_decide(l, p->version, pend_state(p), SINK_EV_DETACHED) == SINK_A_FREE)
-			pend_free(p);
+		if (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_DETACHED) ==
+		    SINK_A_FREE)
+			jsink_pend_free(p);
 	}
 	while (k->staged) {
 		struct jstaged *s = k->staged;
 
 		k->staged = s->next;
 		if (sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_DETACHED) == SINK_A_FREE)
-			staged_free(s);
+			jsink_staged_free(s);
 	}
 }
 
@@ -307,7 +264,7 @@ struct recvpool *jsink_arena(const struct jlocal *l)
  * had is retired (it goes once its last piece is back: bump-allocated,
  * it serves one version), and a new one is populated ahead when the next
  * version is likely dense. */
-static void arena_next(struct job *j, struct jlocal *l, int dense_next)
+void jsink_arena_next(struct job *j, struct jlocal *l, int dense_next)
 {
 	struct jsink *k = jsink_of(l);
 
@@ -332,22 +289,23 @@ void jsink_replanned(struct job *j)
 				continue;
 			if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
 				/* undone (the sources refuse it anyway) */
-				arrive_event(j, l, SINK_EV_REPLAN, DTEP__APPLY_RESULT__APPLY_REFUSED,
-					     "re-planned");
+				jsink_arrive_event(j, l, SINK_EV_REPLAN,
+						   DTEP__APPLY_RESULT__APPLY_REFUSED, "re-planned");
 				if (!jsink_of(l)->arrive ||
 				    jsink_of(l)->arrive->state != SINK_V_RETREATING)
-					pend_drop(l, p);
+					jsink_pend_drop(l, p);
 				continue;
 			}
-			if (sink_decide(l, p->version, pend_state(p), SINK_EV_REPLAN) == SINK_A_FREE)
-				pend_drop(l, p);
+			if (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_REPLAN) ==
+			    SINK_A_FREE)
+				jsink_pend_drop(l, p);
 		}
 	}
 }
 
 /* One APPLIED per source daemon of the sink. */
-static void send_applied(struct job *j, struct jlocal *l, uint64_t version, const uint64_t *srcs,
-			 size_t nsrcs, Dtep__ApplyResult result, const char *msg, double ms)
+void jsink_send_applied(struct job *j, struct jlocal *l, uint64_t version, const uint64_t *srcs,
+			size_t nsrcs, Dtep__ApplyResult result, const char *msg, double ms)
 {
 	Dtep__Applied m = DTEP__APPLIED__INIT;
 	Dtep__JobRef ref;
@@ -385,15 +343,15 @@ void jsink_send_deferred(struct job *j, struct jlocal *l)
 	if (!a)
 		return;
 	w->deferred = NULL;
-	send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, a->ms);
-	japplied_free(a);
+	jsink_send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, a->ms);
+	jsink_japplied_free(a);
 }
 
 /* Send an APPLIED now, or hold it for jsink_send_deferred() (one held
  * before it, not yet sent, goes first). */
-static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
-			     const uint64_t *srcs, size_t nsrcs, Dtep__ApplyResult result,
-			     const char *why, double ms)
+void jsink_applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
+			    const uint64_t *srcs, size_t nsrcs, Dtep__ApplyResult result,
+			    const char *why, double ms)
 {
 	struct jwriter *w = jsink_of(l)->w;
 	struct japplied *a;
@@ -404,7 +362,7 @@ static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
 			free(a);
 			jsink_send_deferred(j, l);
 		}
-		send_applied(j, l, version, srcs, nsrcs, result, why, ms);
+		jsink_send_applied(j, l, version, srcs, nsrcs, result, why, ms);
 		return;
 	}
 	a->version = version;
@@ -417,8 +375,8 @@ static void applied_or_defer(struct job *j, struct jlocal *l, uint64_t version,
 	w->deferred = a;
 }
 
-static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
-			   Dtep__ApplyResult result, const char *why)
+void jsink_refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
+			  Dtep__ApplyResult result, const char *why)
 {
 	uint64_t *srcs = calloc(p->n ? p->n : 1, sizeof(*srcs));
 
@@ -430,7 +388,7 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 	if (srcs) {
 		for (size_t i = 0; i < p->n; i++)
 			srcs[i] = p->s[i].src;
-		send_applied(j, l, p->version, srcs, p->n, result, why, 0);
+		jsink_send_applied(j, l, p->version, srcs, p->n, result, why, 0);
 	}
 	free(srcs);
 }
@@ -438,23 +396,24 @@ static void refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 /* A version refused while its records still arrive: what it held goes,
  * the entry stays (no data) so later parts of it are dropped, until a
  * newer version is staged or the pending cap takes it. */
-static void pend_refuse_exec(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
+void jsink_pend_refuse_exec(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
-	refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+	jsink_refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
 	for (size_t i = 0; i < p->n; i++)
-		pend_src_clear(&p->s[i]);
+		jsink_pend_src_clear(&p->s[i]);
 	p->refused = 1;
 }
 
 static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
 	if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
-		arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		jsink_arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				   why);
 		return;
 	}
-	switch (sink_decide(l, p->version, pend_state(p), SINK_EV_CONTRADICTS)) {
+	switch (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_CONTRADICTS)) {
 	case SINK_A_REFUSE:
-		pend_refuse_exec(j, l, p, why);
+		jsink_pend_refuse_exec(j, l, p, why);
 		break;
 	default:	/* refused already: dropped */
 		break;
@@ -501,7 +460,7 @@ static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
 	return 0;
 }
 
-static int pend_complete(const struct jpend *p)
+int jsink_pend_complete(const struct jpend *p)
 {
 	if (p->refused)
 		return 0;
@@ -514,7 +473,7 @@ static int pend_complete(const struct jpend *p)
 	return 1;
 }
 
-static int pend_all_dense(const struct jpend *p)
+int jsink_pend_all_dense(const struct jpend *p)
 {
 	for (size_t i = 0; i < p->n; i++)
 		if (!p->s[i].counts || p->s[i].counts->mode != DTEP__MODE__MODE_DENSE)
@@ -522,7 +481,7 @@ static int pend_all_dense(const struct jpend *p)
 	return 1;
 }
 
-static uint32_t staged_cap(const struct dte_engine *e)
+uint32_t jsink_staged_cap(const struct dte_engine *e)
 {
 	return e->max_staged ? e->max_staged : JOB_MAX_STAGED_DEFAULT;
 }
@@ -543,14 +502,14 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	/* Versions still arriving count against the staging cap too: parts
 	 * of a capture that failed (no COUNTS ever comes) or of versions a
 	 * peer invents cannot pile up. */
-	if (n >= staged_cap(j->eng) && oldest &&
-	    sink_decide(l, oldest->version, pend_state(oldest), SINK_EV_CAP) ==
+	if (n >= jsink_staged_cap(j->eng) && oldest &&
+	    sink_decide(l, oldest->version, jsink_pend_state(oldest), SINK_EV_CAP) ==
 		    SINK_A_DROP_COUNTED) {
 		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
 		       j->name, (unsigned long long)l->info.id, n,
 		       (unsigned long long)oldest->version);
 		jsink_of(l)->staging_drops++;
-		pend_drop(l, oldest);
+		jsink_pend_drop(l, oldest);
 	}
 	n = 0;
 	p = calloc(1, sizeof(*p));
@@ -573,7 +532,7 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	return p;
 }
 
-static struct jpend_src *pend_src(struct jpend *p, uint64_t src)
+struct jpend_src *jsink_pend_src(struct jpend *p, uint64_t src)
 {
 	for (size_t i = 0; i < p->n; i++)
 		if (p->s[i].src == src)
@@ -581,7 +540,7 @@ static struct jpend_src *pend_src(struct jpend *p, uint64_t src)
 	return NULL;
 }
 
-static uint64_t get64(const uint8_t *p)
+uint64_t jsink_get64(const uint8_t *p)
 {
 	uint64_t x = 0;
 
@@ -590,7 +549,7 @@ static uint64_t get64(const uint8_t *p)
 	return x;
 }
 
-/* A version being staged on a worker (try_stage starts it, stage_done
+/* A version being staged on a worker (jsink_try_stage starts it, stage_done
  * finishes it on the loop).  It owns the collected records (the jpend,
  * unlinked from the sink) and copies of what decoding reads of the sink
  * and the plan, so a detach or re-plan meanwhile cannot reach it. */
@@ -604,7 +563,7 @@ struct jstage {
 	size_t ns;                /* sources (e, ne) */
 	size_t nbufs;
 	uint32_t *buf_ids;        /* the sink's layout buffer ids, ascending */
-	uint8_t *enc;             /* per slot: keep_encoded */
+	uint8_t *enc;             /* per slot: jsink_keep_encoded */
 	int alter;                /* extension point (job_ext.h): alter one value of the first sparse source */
 	struct jstaged *st;       /* result, or NULL with err */
 	char err[256];
@@ -615,7 +574,7 @@ struct jstage {
  * (host memory) or decoded at staging: device memory is scattered from
  * host arrays by the cuda backend, and the storage writer reads the
  * decoded writes of its mirror to find what changed. */
-static int keep_encoded(const struct job *j, const struct jlocal *l, const struct dbuf *b)
+int jsink_keep_encoded(const struct job *j, const struct jlocal *l, const struct dbuf *b)
 {
 	if (b->cuda)
 		return 0;
@@ -678,7 +637,7 @@ static int part_cmp(const void *a, const void *b)
 /* Stage one source's part of a version: its parts in order (ranges in
  * entry order, no overlap, every entry with a count inside one), every
  * entry checked (positions against its box), kept encoded or decoded
- * (keep_encoded); the parts' bytes move into st, which owns them from
+ * (jsink_keep_encoded); the parts' bytes move into st, which owns them from
  * here on. */
 static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err, size_t errlen)
 {
@@ -779,7 +738,8 @@ static int decode_src(struct jstage *g, size_t si, struct jstaged *st, char *err
 
 			if (!cnt)
 				continue;
-			if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8) {
+			if (raw_len - off < 8 ||
+			    (len = jsink_get64(data + off)) > raw_len - off - 8) {
 				snprintf(err, errlen, "entry %zu: payload truncated", i);
 				free(raw);
 				return -EBADMSG;
@@ -868,11 +828,11 @@ static struct jstaged *decode(struct jstage *g, char *err, size_t errlen)
 	return st;
 fail:
 	if (st)
-		staged_free(st);
+		jsink_staged_free(st);
 	return NULL;
 }
 
-static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *st)
+void jsink_send_staged(struct job *j, struct jlocal *l, const struct jstaged *st)
 {
 	for (size_t i = 0; i < st->nsrcs; i++) {
 		Dtep__Staged m = DTEP__STAGED__INIT;
@@ -892,14 +852,14 @@ static void send_staged(struct job *j, struct jlocal *l, const struct jstaged *s
 
 /* A sink that never applies must not stage without bound.  Past
  * max_staged_versions the staged chain goes: every version in it builds on
- * the one before (a dense one starts a new chain, see try_stage), so
+ * the one before (a dense one starts a new chain, see jsink_try_stage), so
  * dropping the oldest would leave a hole under all the rest; the sink
  * falls back to what it applied and its sources are told (APPLIED
  * refused), so their next version is dense.  Sparse versions in flight on
  * the dropped ones are refused by the base check. */
 static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *newest)
 {
-	uint32_t cap = staged_cap(j->eng);
+	uint32_t cap = jsink_staged_cap(j->eng);
 	uint64_t *srcs, version = newest->version;
 	size_t n = 0, nsrcs = newest->nsrcs;
 	char why[160];
@@ -924,7 +884,7 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 			*pp = s->next;
 			/* cap_refuse: the chain goes, one APPLIED refused below */
 			(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
-			staged_free(s);
+			jsink_staged_free(s);
 		}
 		/* An apply on a worker still brings the sink to its version. */
 		jsink_of(l)->held = keep ? keep->version : jsink_of(l)->applying ?
@@ -935,7 +895,8 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 		 "staging dropped, next version dense", n, cap);
 	DLOG_W("job %s: sink %llx: %s", j->name, (unsigned long long)l->info.id, why);
 	if (srcs)
-		send_applied(j, l, version, srcs, nsrcs, DTEP__APPLY_RESULT__APPLY_REFUSED, why, 0);
+		jsink_send_applied(j, l, version, srcs, nsrcs, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				   why, 0);
 	free(srcs);
 }
 
@@ -944,9 +905,9 @@ static void stage_free(struct jstage *g)
 	if (!g)
 		return;
 	if (g->st)
-		staged_free(g->st);
+		jsink_staged_free(g->st);
 	if (g->p)
-		pend_free(g->p);
+		jsink_pend_free(g->p);
 	for (size_t i = 0; g->e && i < g->ns; i++)
 		free(g->e[i]);
 	free(g->e);
@@ -966,11 +927,10 @@ static void stage_run(struct jtask *t)
 
 	g->st = decode(g, g->err, sizeof(g->err));
 	for (size_t i = 0; i < g->p->n; i++)
-		pend_src_clear(&g->p->s[i]);
+		jsink_pend_src_clear(&g->p->s[i]);
 	g->ms = job_ms_since(t->eng, t0);
 }
 
-static void try_stage(struct job *j, struct jlocal *l);
 
 /* Loop: the staged version joins the sink's chain (or is refused), then
  * the next one may go. */
@@ -1002,7 +962,7 @@ static void stage_done(struct jtask *t, int cancelled)
 			  g->p->version <= jsink_of(l)->held ? SINK_EV_SUPERSEDED :
 			  st ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
 	if (act == SINK_A_REFUSE) {
-		refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
+		jsink_refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
 	} else if (act == SINK_A_SEND_STAGED) {
 		g->st = NULL;
 		if (st->all_dense) {
@@ -1018,7 +978,7 @@ static void stage_done(struct jtask *t, int cancelled)
 				*op = o->next;
 				if (sink_decide(l, o->version, SINK_V_STAGED, SINK_EV_SUPERSEDED) ==
 				    SINK_A_FREE)
-					staged_free(o);
+					jsink_staged_free(o);
 			}
 		}
 		{
@@ -1029,7 +989,7 @@ static void stage_done(struct jtask *t, int cancelled)
 			*pp = st;
 		}
 		jsink_of(l)->held = st->version;
-		send_staged(j, l, st);
+		jsink_send_staged(j, l, st);
 		DLOG_D("job %s: sink %llx staged version %llu (%s) on a worker in %.2f ms", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)st->version,
 		       st->all_dense ? "dense" : "sparse", g->ms);
@@ -1039,7 +999,7 @@ static void stage_done(struct jtask *t, int cancelled)
 		return;
 	}
 	stage_free(g);
-	try_stage(j, l);
+	jsink_try_stage(j, l);
 	jev_sink_staged(j, l);
 	jev_progress(j->eng);
 }
@@ -1073,7 +1033,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	}
 	for (size_t s = 0; s < l->nbufs; s++) {
 		g->buf_ids[s] = l->buf_ids[s];
-		g->enc[s] = (uint8_t)keep_encoded(j, l, l->bufs[s]);
+		g->enc[s] = (uint8_t)jsink_keep_encoded(j, l, l->bufs[s]);
 	}
 	g->nbufs = l->nbufs;
 	snprintf(g->job, sizeof(g->job), "%s", j->name);
@@ -1101,7 +1061,7 @@ fail:
 }
 
 /* Stage whatever can be staged now, in version order. */
-static void try_stage(struct job *j, struct jlocal *l)
+void jsink_try_stage(struct job *j, struct jlocal *l)
 {
 	char err[256];
 
@@ -1116,19 +1076,20 @@ static void try_stage(struct job *j, struct jlocal *l)
 
 		/* Versions the sink holds already (or older) go. */
 		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held &&
-		       sink_decide(l, p->version, pend_state(p), SINK_EV_SUPERSEDED) == SINK_A_FREE)
-			pend_drop(l, p);
+		       sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_SUPERSEDED) ==
+			       SINK_A_FREE)
+			jsink_pend_drop(l, p);
 		for (struct jpend *next; p && p->next; p = next) {
 			next = p->next;
 			if (next->version <= jsink_of(l)->held &&
-			    sink_decide(l, next->version, pend_state(next), SINK_EV_SUPERSEDED) ==
-				    SINK_A_FREE) {
-				pend_drop(l, next);
+			    sink_decide(l, next->version, jsink_pend_state(next),
+					SINK_EV_SUPERSEDED) == SINK_A_FREE) {
+				jsink_pend_drop(l, next);
 				next = p;
 			}
 		}
 		for (p = jsink_of(l)->pend; p; p = p->next)
-			if (pend_complete(p) && (!best || p->version < best->version))
+			if (jsink_pend_complete(p) && (!best || p->version < best->version))
 				best = p;
 		if (!best)
 			return;
@@ -1151,8 +1112,9 @@ static void try_stage(struct job *j, struct jlocal *l)
 			snprintf(err, sizeof(err), "sparse from %llx builds on version %llu; sink holds %llu",
 				 (unsigned long long)best->s[i].src, (unsigned long long)c->base_version,
 				 (unsigned long long)jsink_of(l)->held);
-			refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH, err);
-			pend_drop(l, best);
+			jsink_refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH,
+					     err);
+			jsink_pend_drop(l, best);
 			best = NULL;
 			break;
 		}
@@ -1165,7 +1127,8 @@ static void try_stage(struct job *j, struct jlocal *l)
 			struct jpend *dense = NULL;
 
 			for (p = jsink_of(l)->pend; p; p = p->next)
-				if (p->version > best->version && pend_complete(p) && pend_all_dense(p) &&
+				if (p->version > best->version && jsink_pend_complete(p) &&
+				    jsink_pend_all_dense(p) &&
 				    (!dense || p->version < dense->version))
 					dense = p;
 			if (!dense)
@@ -1178,9 +1141,9 @@ static void try_stage(struct job *j, struct jlocal *l)
 			/* No worker could take it: staging failed. */
 			if (sink_decide(l, best->version, SINK_V_STAGING, SINK_EV_WORKER_FAILED) ==
 			    SINK_A_REFUSE)
-				refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED,
-					       "out of memory");
-			pend_drop(l, best);
+				jsink_refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED,
+						     "out of memory");
+			jsink_pend_drop(l, best);
 			continue;
 		}
 		return;	/* one at a time: stage_done comes back here */
@@ -1198,7 +1161,7 @@ static int record_dropped(struct jlocal *l, uint64_t v)
 /* ...and once its pending version p is found (or made). */
 static int record_dropped_pending(const struct jpend *p)
 {
-	return sink_sm_step(pend_state(p), SINK_EV_RECORD).act == SINK_A_DROP;
+	return sink_sm_step(jsink_pend_state(p), SINK_EV_RECORD).act == SINK_A_DROP;
 }
 
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
@@ -1269,7 +1232,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	p = pend_get(j, l, m->version);
 	if (p && record_dropped_pending(p))
 		return;
-	s = p ? pend_src(p, m->src) : NULL;
+	s = p ? jsink_pend_src(p, m->src) : NULL;
 	if (!s || s->counts) {
 		DLOG_W("job %s: COUNTS from %llx for version %llu %s", j->name,
 		       (unsigned long long)m->src, (unsigned long long)m->version,
@@ -1282,13 +1245,13 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
 	else
-		arrive_record(j, l, p, s, 1);
-	try_stage(j, l);
+		jsink_arrive_record(j, l, p, s, 1);
+	jsink_try_stage(j, l);
 	jev_sink_staged(j, l);
 }
 
 /* One PAYLOAD part: kept until its COUNTS and every other part named
- * there are in (try_stage).  A part that cannot belong to an acceptable
+ * there are in (jsink_try_stage).  A part that cannot belong to an acceptable
  * version is dropped; one that contradicts the version's other records
  * (a duplicate, a range past the pair, an index past what COUNTS names)
  * refuses the version. */
@@ -1322,7 +1285,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	p = pend_get(j, l, m->version);
 	if (p && record_dropped_pending(p))
 		return;
-	s = p ? pend_src(p, m->src) : NULL;
+	s = p ? jsink_pend_src(p, m->src) : NULL;
 	if (!s) {
 		DLOG_W("job %s: PAYLOAD from %llx for version %llu unexpected", j->name,
 		       (unsigned long long)m->src, (unsigned long long)m->version);
@@ -1332,7 +1295,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		snprintf(why, sizeof(why), "source %llx: part %u names entries %u..+%u of %zu",
 			 (unsigned long long)m->src, m->part, m->first_entry, m->entries, pair->n);
 		pend_refuse(j, l, p, why);
-		try_stage(j, l);
+		jsink_try_stage(j, l);
 		return;
 	}
 	for (size_t k = 0; k < s->nparts; k++) {
@@ -1340,7 +1303,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 			snprintf(why, sizeof(why), "source %llx: part %u twice",
 				 (unsigned long long)m->src, m->part);
 			pend_refuse(j, l, p, why);
-			try_stage(j, l);
+			jsink_try_stage(j, l);
 			return;
 		}
 	}
@@ -1367,7 +1330,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 			snprintf(why, sizeof(why), "source %llx: part %u's counts do not fit its "
 				 "%u entries", (unsigned long long)m->src, m->part, m->entries);
 			pend_refuse(j, l, p, why);
-			try_stage(j, l);
+			jsink_try_stage(j, l);
 			return;
 		}
 	}
@@ -1401,14 +1364,14 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	if (pend_src_check(s, why, sizeof(why)) < 0)
 		pend_refuse(j, l, p, why);
 	else
-		arrive_record(j, l, p, s, 0);
-	try_stage(j, l);
+		jsink_arrive_record(j, l, p, s, 0);
+	jsink_try_stage(j, l);
 	jev_sink_staged(j, l);
 }
 
 /* The boxes and buffers a verified sum is over: same key, same sum
  * domain.  Never 0 (0 means "not verified"). */
-static uint64_t verify_key(struct dbuf *const *bufs, const struct jstaged *st)
+uint64_t jsink_verify_key(struct dbuf *const *bufs, const struct jstaged *st)
 {
 	uint64_t h = dtc_mix64(st->n + 1);
 
@@ -1461,8 +1424,8 @@ static uint16_t *box_elem(const struct dte_box_map *m, uint16_t *base, uint64_t 
 /* The test build's skipped write (job_ext.h): the first element the
  * entry's swap wrote gets back the value it held, which the swapped
  * payload holds now. */
-static int skip_one(void (*skip)(uint16_t *elem, uint16_t old), const struct dte_box_map *m,
-		    const uint8_t *enc, size_t len, uint64_t n, uint16_t *dst)
+int jsink_skip_one(void (*skip)(uint16_t *elem, uint16_t old), const struct dte_box_map *m,
+		   const uint8_t *enc, size_t len, uint64_t n, uint16_t *dst)
 {
 	uint64_t *pos = malloc((n ? n : 1) * sizeof(*pos)), got = 0;
 	int done = 0;
@@ -1513,7 +1476,8 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 						    b->length, &got, NULL);
 			if (r == DTC_OK) {
 				w->swapped = 1;
-				if (skip && skip_one(skip, &w->map, w->enc, w->enc_len, w->n, b->ptr))
+				if (skip &&
+				    jsink_skip_one(skip, &w->map, w->enc, w->enc_len, w->n, b->ptr))
 					skip = NULL;	/* else the next entry's */
 				r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->map, w->enc,
 								w->enc_len, b->ptr, b->length, &got,
@@ -1578,8 +1542,8 @@ static void undo_writes(struct dbuf *const *bufs, struct jstaged *st)
 }
 
 /* Σ mix over the boxes of st, per covered slot, into sum[]. */
-static int full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstaged *st,
-		     uint64_t *sum)
+int jsink_full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstaged *st,
+		    uint64_t *sum)
 {
 	memset(sum, 0, nbufs * sizeof(*sum));
 	for (size_t i = 0; i < st->n; i++) {
@@ -1600,7 +1564,7 @@ void job_set_verify_full_every(struct dte_engine *e, uint32_t n)
 	e->verify_full_every = n;
 }
 
-static uint32_t full_every(const struct dte_engine *e)
+uint32_t jsink_full_every(const struct dte_engine *e)
 {
 	return e->verify_full_every ? e->verify_full_every : JOB_VERIFY_FULL_EVERY_DEFAULT;
 }
@@ -1644,7 +1608,7 @@ static void japply_free(struct japply *a)
 		struct jstaged *s = a->list;
 
 		a->list = s->next;
-		staged_free(s);
+		jsink_staged_free(s);
 	}
 	for (size_t i = 0; i < a->nbufs; i++)
 		if (a->bufs[i])
@@ -1687,7 +1651,7 @@ static void apply_run(struct jtask *t)
 
 			if (tr < 0)
 				r->failed_apply = 1;
-			r->key = verify_key(a->bufs, st);
+			r->key = jsink_verify_key(a->bufs, st);
 			incremental &= tr == 1 && r->key == a->vkey;
 		}
 		a->last = st;
@@ -1698,7 +1662,7 @@ static void apply_run(struct jtask *t)
 	if (!r->failed_apply && incremental) {
 		for (size_t s = 0; s < a->nbufs; s++)
 			a->sum[s] = a->vsum[s] + a->delta[s];
-	} else if (!r->failed_apply && full_sums(a->nbufs, a->bufs, a->last, a->sum) < 0) {
+	} else if (!r->failed_apply && jsink_full_sums(a->nbufs, a->bufs, a->last, a->sum) < 0) {
 		r->failed_apply = 1;
 		snprintf(r->why, sizeof(r->why), "checksum failed: a box outside its buffer");
 	}
@@ -1736,7 +1700,7 @@ static void apply_run(struct jtask *t)
 			struct jstaged *st = *pp;
 
 			*pp = st->next;
-			staged_free(st);
+			jsink_staged_free(st);
 		}
 		if (keep)
 			staged_drop_data(keep);
@@ -1761,9 +1725,9 @@ static void fail_fallback(struct job *j, struct jlocal *l)
 		(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
 		snprintf(why, sizeof(why), "staged on version %llu, whose check failed and was undone",
 			 (unsigned long long)k->failed);
-		send_applied(j, l, s->version, s->srcs, s->nsrcs, DTEP__APPLY_RESULT__APPLY_REFUSED,
-			     why, 0);
-		staged_free(s);
+		jsink_send_applied(j, l, s->version, s->srcs, s->nsrcs,
+				   DTEP__APPLY_RESULT__APPLY_REFUSED, why, 0);
+		jsink_staged_free(s);
 	}
 	k->held = k->applied;
 	for (const struct jstaged *s = k->staged; s; s = s->next)
@@ -1841,7 +1805,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	/* A dense version onto one the sink held (the source's cost choice,
 	 * which it makes again from the same rates) or a failed check (a
 	 * dense repair follows): the next is likely dense too. */
-	arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->all_dense));
+	jsink_arena_next(j, l, !r->ok || (jsink_of(l)->applied && a->last->all_dense));
 	if (!r->ok)
 		jsink_of(l)->failed = a->last->version;
 	if (r->ok || !r->undone) {
@@ -1877,9 +1841,9 @@ static void apply_done(struct jtask *t, int cancelled)
 		       r->incremental ? "incremental" : "full pass", r->work_ms);
 	}
 	dmetrics_observe(DM_PHASE_SECONDS, "apply", r->ms / 1e3);
-	applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
-			 act == SINK_A_SEND_APPLIED ? DTEP__APPLY_RESULT__APPLY_OK :
-			 DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, r->why, r->ms);
+	jsink_applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
+			       act == SINK_A_SEND_APPLIED ? DTEP__APPLY_RESULT__APPLY_OK :
+			       DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, r->why, r->ms);
 	r->checksum_failures = jsink_of(l)->checksum_failures;
 	if (a->then) {
 		a->then(j, l, r, a->arg);
@@ -1940,7 +1904,7 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, uint64
 	memcpy(a->vsum, jsink_of(l)->vsum, l->nbufs * sizeof(*a->vsum));
 	a->vkey = jsink_of(l)->vkey;
 	a->since_full = jsink_of(l)->since_full;
-	a->full_every = full_every(j->eng);
+	a->full_every = jsink_full_every(j->eng);
 	/* The versions move to the task, in order. */
 	tail = &a->list;
 	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version &&
@@ -2075,7 +2039,7 @@ static void arrive_free(struct jarrive *a)
 	free(a->dsum);
 	free(a->srcs);
 	if (a->st)
-		staged_free(a->st);
+		jsink_staged_free(a->st);
 	free(a->vsum);
 	free(a->sum);
 	free(a);
@@ -2118,7 +2082,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 
 		if (!w->cnt[i])
 			continue;
-		if (raw_len - off < 8 || (len = get64(data + off)) > raw_len - off - 8 ||
+		if (raw_len - off < 8 || (len = jsink_get64(data + off)) > raw_len - off - 8 ||
 		    (w->dense ? w->cnt[i] != w->e[i].box || len != 2 * w->cnt[i] ||
 				((uintptr_t)(data + off + 8) & 1)
 			      : dtc_sparse_payload_check(data + off + 8, (size_t)len, w->e[i].box,
@@ -2142,7 +2106,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 
 		if (!w->cnt[i])
 			continue;
-		len = get64(data + off);
+		len = jsink_get64(data + off);
 		off += 8;
 		b = a->bufs[w->slot[i]];
 		if (a->alter) {
@@ -2163,8 +2127,8 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
 						    (size_t)len, b->ptr, b->length, &got, NULL);
 			if (r == DTC_OK && a->skip &&
-			    skip_one(a->eng->ext.apply_skip, &w->e[i].map, data + off, (size_t)len,
-				     got, b->ptr))
+			    jsink_skip_one(a->eng->ext.apply_skip, &w->e[i].map, data + off,
+					   (size_t)len, got, b->ptr))
 				a->skip = 0;
 		}
 		if (r != DTC_OK) {
@@ -2241,7 +2205,7 @@ static void arrive_verify(struct jarrive *a)
 	size_t dense = arrive_dense_parts(a);
 	int incremental;
 
-	a->key = verify_key(a->bufs, st);
+	a->key = jsink_verify_key(a->bufs, st);
 	/* A dense part's changes are not in delta: no incremental sums. */
 	incremental = a->vkey && a->key == a->vkey && a->since_full + 1 < a->full_every &&
 		      !dense;
@@ -2254,7 +2218,7 @@ static void arrive_verify(struct jarrive *a)
 	} else if (incremental) {
 		for (size_t s = 0; s < a->nbufs; s++)
 			a->sum[s] = a->vsum[s] + a->delta[s];
-	} else if (full_sums(a->nbufs, a->bufs, st, a->sum) < 0) {
+	} else if (jsink_full_sums(a->nbufs, a->bufs, st, a->sum) < 0) {
 		a->failed = 1;
 		snprintf(a->err, sizeof(a->err), "checksum failed: a box outside its buffer");
 		return;
@@ -2308,7 +2272,7 @@ static void arrive_task(struct jarrive *a, enum ja_op op)
 /* The sink is gone (or going): undo what is in the buffers and free, on a
  * worker while the loop runs, here when it no longer does (shutdown, the
  * workers drained). */
-static void arrive_orphan(struct jarrive *a)
+void jsink_arrive_orphan(struct jarrive *a)
 {
 	a->orphan = 1;
 	if (a->busy)
@@ -2335,7 +2299,7 @@ static void arrive_back(struct job *j, struct jlocal *l, struct jarrive *a, enum
 		if (p) {
 			/* Later records of it are dropped (refused, data gone). */
 			for (size_t i = 0; i < p->n; i++)
-				pend_src_clear(&p->s[i]);
+				jsink_pend_src_clear(&p->s[i]);
 			p->refused = 1;
 		}
 		DLOG_W("job %s: sink %llx: version %llu applied on arrival fails (%s): undone",
@@ -2352,8 +2316,8 @@ static void arrive_back(struct job *j, struct jlocal *l, struct jarrive *a, enum
 
 /* One event for the sink's arriving version: the table decides, this
  * executes.  Returns the action. */
-static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
-				      Dtep__ApplyResult result, const char *why)
+enum sink_vaction jsink_arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
+				     Dtep__ApplyResult result, const char *why)
 {
 	struct jarrive *a = jsink_of(l)->arrive;
 	enum sink_vaction act = sink_decide(l, a->version, a->state, ev);
@@ -2365,7 +2329,7 @@ static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink
 			jsink_of(l)->arrive = NULL;
 			jsink_of(l)->arrival_undos++;
 			dmetrics_add(DM_APPLY_ON_ARRIVAL, "undo", 1);
-			arrive_orphan(a);
+			jsink_arrive_orphan(a);
 		} else {
 			arrive_back(j, l, a, SINK_V_UNDOING, result, why);
 		}
@@ -2378,7 +2342,7 @@ static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink
 		struct jpend *p = pend_find(l, a->version);
 
 		if (p)
-			pend_refuse_exec(j, l, p, why);
+			jsink_pend_refuse_exec(j, l, p, why);
 		a->reported = 1;
 		a->state = SINK_V_UNDOING;
 		break;
@@ -2387,7 +2351,7 @@ static enum sink_vaction arrive_event(struct job *j, struct jlocal *l, enum sink
 	case SINK_A_DRAIN:
 		if (d.next == SINK_V_GONE) {
 			jsink_of(l)->arrive = NULL;
-			arrive_orphan(a);
+			jsink_arrive_orphan(a);
 		} else {
 			if (d.next == SINK_V_UNDOING && a->state != SINK_V_UNDOING && why)
 				snprintf(a->why, sizeof(a->why), "%s", why);
@@ -2455,7 +2419,7 @@ static struct jstaged *arrive_staged(struct job *j, struct jlocal *l, const stru
 		goto fail;
 	st->version = p->version;
 	st->in_place = 1;
-	st->all_dense = pend_all_dense(p);
+	st->all_dense = jsink_pend_all_dense(p);
 	for (size_t i = 0; i < p->n; i++) {
 		const Dtep__Counts *c = p->s[i].counts;
 		const struct jpair *pair = job_pair(j, p->s[i].src, l->info.id);
@@ -2492,7 +2456,7 @@ static struct jstaged *arrive_staged(struct job *j, struct jlocal *l, const stru
 fail:
 	snprintf(why, whylen, "the version's entries or checksums name a buffer this sink lacks");
 	if (st)
-		staged_free(st);
+		jsink_staged_free(st);
 	return NULL;
 }
 
@@ -2523,7 +2487,8 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 			    (!p->s[i].counts && !arrive_part_fits(j, l, &p->s[i], pt)))
 				continue;
 			if (arrive_take(j, l, a, &p->s[i], pt) < 0) {
-				arrive_event(j, l, SINK_EV_UNPARK, 0, "a part it cannot take on arrival");
+				jsink_arrive_event(j, l, SINK_EV_UNPARK, 0,
+						   "a part it cannot take on arrival");
 				return;
 			}
 		}
@@ -2533,22 +2498,24 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 		arrive_task(a, JA_SWAP);
 		return;
 	}
-	if (!p || !pend_complete(p))
+	if (!p || !jsink_pend_complete(p))
 		return;
 	if (arrive_cover(p, why, sizeof(why)) < 0) {
-		arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		jsink_arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				   why);
 		return;
 	}
 	if (sink_decide(l, a->version, a->state, SINK_EV_COMPLETE) != SINK_A_VERIFY)
 		return;
 	if (!(a->st = arrive_staged(j, l, p, why, sizeof(why)))) {
-		arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
+		jsink_arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				   why);
 		return;
 	}
 	memcpy(a->vsum, k->vsum, l->nbufs * sizeof(*a->vsum));
 	a->vkey = k->vkey;
 	a->since_full = k->since_full;
-	a->full_every = full_every(j->eng);
+	a->full_every = jsink_full_every(j->eng);
 	arrive_task(a, JA_VERIFY);
 }
 
@@ -2571,7 +2538,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 				undo_all(a);	/* shutdown: the workers are drained */
 			arrive_free(a);
 		} else {
-			arrive_orphan(a);
+			jsink_arrive_orphan(a);
 		}
 		return;
 	}
@@ -2588,25 +2555,26 @@ static void arrive_done(struct jtask *t, int cancelled)
 			/* Arriving: → undoing (it kicks the undo itself).  Already
 			 * undoing or retreating (the swap ran when it began): the
 			 * undo goes on, kicked below. */
-			if (arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
-					 a->err) != SINK_A_CONTINUE)
+			if (jsink_arrive_event(j, l, SINK_EV_WORKER_FAILED,
+					       DTEP__APPLY_RESULT__APPLY_REFUSED, a->err) !=
+			    SINK_A_CONTINUE)
 				return;
 		}
 		break;
 	case JA_VERIFY:
 		if (a->state != SINK_V_ARRIVING) {
 			/* It left arrival while its sums ran: the undo goes on. */
-			staged_free(a->st);
+			jsink_staged_free(a->st);
 			a->st = NULL;
 			break;
 		}
 		if (a->failed) {
 			k->checksum_failures++;
 			k->vkey = 0;
-			arena_next(j, l, 1);	/* a dense repair follows */
+			jsink_arena_next(j, l, 1);	/* a dense repair follows */
 			dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
-			arrive_event(j, l, SINK_EV_WORKER_FAILED,
-				     DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, a->err);
+			jsink_arrive_event(j, l, SINK_EV_WORKER_FAILED,
+					   DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, a->err);
 			return;
 		}
 		if (sink_decide(l, a->version, a->state, SINK_EV_WORKER_OK) == SINK_A_SEND_STAGED) {
@@ -2622,7 +2590,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			k->held = st->version;
 			k->arrive = NULL;
 			if (p)
-				pend_drop(l, p);	/* every part of it is in the buffers */
+				jsink_pend_drop(l, p);	/* every part of it is in the buffers */
 			k->arrival_versions++;
 			dmetrics_add(DM_APPLY_ON_ARRIVAL, "version", 1);
 			if (a->incremental)
@@ -2630,12 +2598,12 @@ static void arrive_done(struct jtask *t, int cancelled)
 			else
 				k->full_verifies++;
 			dmetrics_add(DM_APPLY_VERIFY, a->incremental ? "incremental" : "full", 1);
-			send_staged(j, l, st);
+			jsink_send_staged(j, l, st);
 			DLOG_D("job %s: sink %llx version %llu applied on arrival (%zu parts), staged "
 			       "in place", j->name, (unsigned long long)l->info.id,
 			       (unsigned long long)st->version, a->nsw);
 			arrive_free(a);
-			try_stage(j, l);
+			jsink_try_stage(j, l);
 			jev_sink_staged(j, l);
 			jev_progress(j->eng);
 		}
@@ -2646,7 +2614,8 @@ static void arrive_done(struct jtask *t, int cancelled)
 			if (!a->reported) {
 				j->refused++;
 				dmetrics_add(DM_REFUSED, "bad_payload", 1);
-				send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result, a->why, 0);
+				jsink_send_applied(j, l, a->version, a->srcs, a->nsrcs, a->result,
+						   a->why, 0);
 			}
 			k->arrival_undos++;
 			dmetrics_add(DM_APPLY_ON_ARRIVAL, "undo", 1);
@@ -2657,7 +2626,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			struct jpend *p = pend_find(l, a->version);
 
 			for (size_t i = 0; p && i < a->nsw; i++) {
-				struct jpend_src *s = pend_src(p, a->sw[i].src);
+				struct jpend_src *s = jsink_pend_src(p, a->sw[i].src);
 
 				for (size_t q = 0; s && q < s->nparts; q++) {
 					if (s->parts[q].part == a->sw[i].part && !s->parts[q].data) {
@@ -2675,7 +2644,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 		}
 		k->arrive = NULL;
 		arrive_free(a);
-		try_stage(j, l);
+		jsink_try_stage(j, l);
 		jev_sink_staged(j, l);
 		jev_progress(j->eng);
 		return;
@@ -2797,7 +2766,7 @@ static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend 
 	    p->version <= k->held)
 		return 0;
 	for (size_t b = 0; b < l->nbufs; b++)
-		if (!keep_encoded(j, l, l->bufs[b]))
+		if (!jsink_keep_encoded(j, l, l->bufs[b]))
 			return 0;
 	for (size_t i = 0; i < p->n; i++)
 		if (p->s[i].counts && !arrive_fits(j, l, &p->s[i]))
@@ -2846,8 +2815,8 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 
 /* A record of version p (from source s; counts: it was its COUNTS) was
  * kept: what it does to apply on arrival. */
-static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
-			  int counts)
+void jsink_arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struct jpend_src *s,
+			 int counts)
 {
 	struct jsink *k = jsink_of(l);
 	struct jarrive *a = k->arrive;
@@ -2858,14 +2827,15 @@ static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, stru
 		/* A newer version coming: the arriving one must not hold it
 		 * up (nothing else stages while it is in the buffers). */
 		if (p->version > a->version && a->state == SINK_V_ARRIVING)
-			arrive_event(j, l, SINK_EV_UNPARK, 0, "a newer version arrives");
+			jsink_arrive_event(j, l, SINK_EV_UNPARK, 0, "a newer version arrives");
 		return;
 	}
 	if (!a) {
 		/* Started by COUNTS, or by a part that describes itself. */
 		if ((!counts && !(s->nparts && arrive_part_fits(j, l, s, &s->parts[s->nparts - 1]))) ||
 		    !arrive_can_start(j, l, p) ||
-		    sink_decide(l, p->version, pend_state(p), SINK_EV_PARKED) != SINK_A_ARRIVE ||
+		    sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_PARKED) !=
+			    SINK_A_ARRIVE ||
 		    !(a = arrive_new(j, l, p)))
 			return;
 		k->arrive = a;
@@ -2877,7 +2847,7 @@ static void arrive_record(struct job *j, struct jlocal *l, struct jpend *p, stru
 	if (a->state != SINK_V_ARRIVING)
 		return;	/* undoing: dropped (refused); retreating: kept in p */
 	if (counts && !arrive_fits(j, l, s)) {
-		arrive_event(j, l, SINK_EV_UNPARK, 0, "a COUNTS on another base");
+		jsink_arrive_event(j, l, SINK_EV_UNPARK, 0, "a COUNTS on another base");
 		return;
 	}
 	/* arriving × record: swapped in, in arrival order (arrive_kick takes
@@ -2894,7 +2864,7 @@ int jsink_park_ending(struct job *j, struct jlocal *l)
 	if (!a)
 		return 0;
 	if (a->state == SINK_V_ARRIVING)
-		arrive_event(j, l, SINK_EV_UNPARK, 0, "its park ends");
+		jsink_arrive_event(j, l, SINK_EV_UNPARK, 0, "its park ends");
 	return jsink_of(l)->arrive != NULL;
 }
 
