@@ -1,7 +1,17 @@
-/* daemon/job_sink_int.h — internal to the sink side: what its concerns
- * share (records in, staging, apply and verify, apply on arrival, and the
- * versions at a sink under them).  Not for the rest of the engine: the
- * sink's entry points are declared in job_state.h and job_sink.h. */
+/* daemon/job_sink_int.h — internal to the sink side: what its files
+ * share.  Not for the rest of the engine: the sink's entry points are
+ * declared in job_state.h and job_sink.h.
+ *
+ * One concern a file, each calling only the files below its own row
+ * (docs/SYNC.md, "Layers"; tests/system/engine_layers.sh checks it):
+ *   job_sink.c          entry points: apply, free, re-plan, the park
+ *   job_sink_intake.c   records in: COUNTS and PAYLOAD parts kept per version
+ *   job_sink_aoa.c      apply on arrival: parts swapped in as they come, undo
+ *   job_sink_stage.c    staging: a complete version decoded on a worker, the chain
+ *   job_sink_apply.c    apply and verify: written on a worker, the sums, undo
+ *   job_sink_version.c  a version at a sink: frees, state, the table, APPLIED
+ * job_sink.c and job_sink_intake.c share a row (neither calls the other),
+ * and so do job_sink_stage.c and job_sink_apply.c. */
 #ifndef DTED_JOB_SINK_INT_H
 #define DTED_JOB_SINK_INT_H
 
@@ -15,9 +25,9 @@ struct japplied;
 
 enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
 
-/* The version a sink applies on arrival (jsink.arrive): its parts, each
- * swapped into the buffers on a worker as it comes, and what undoes them.
- * The sink's other code reads its version and state. */
+/* The version a sink applies on arrival (jsink.arrive, job_sink_aoa.c):
+ * its parts, each swapped into the buffers on a worker as it comes, and
+ * what undoes them.  The other sink files read its version and state. */
 struct jarrive {
 	struct jtask t;
 	char job[JOB_NAME_MAX];
@@ -53,7 +63,7 @@ struct jarrive {
 	uint64_t swapped_parts;   /* worker: parts the last swap task swapped in */
 };
 
-/* Versions at a sink: pending and staged versions freed, their state,
+/* job_sink_version.c: pending and staged versions freed, their state,
  * the table's decision (sink_decide), what the sources are told, the
  * receive arena. */
 void jsink_staged_free(struct jstaged *s);
@@ -81,13 +91,13 @@ struct jpend_src *jsink_pend_src(struct jpend *p, uint64_t src);
 /* A little-endian 64-bit length in a payload. */
 uint64_t jsink_get64(const uint8_t *p);
 
-/* Staging. */
+/* job_sink_stage.c */
 uint32_t jsink_staged_cap(const struct dte_engine *e);
 int jsink_keep_encoded(const struct job *j, const struct jlocal *l, const struct dbuf *b);
 void jsink_send_staged(struct job *j, struct jlocal *l, const struct jstaged *st);
 void jsink_try_stage(struct job *j, struct jlocal *l);
 
-/* Apply and verify: the sums and the test build's skipped write, which
+/* job_sink_apply.c: the sums and the test build's skipped write, which
  * apply on arrival shares. */
 uint64_t jsink_verify_key(struct dbuf *const *bufs, const struct jstaged *st);
 int jsink_skip_one(void (*skip)(uint16_t *elem, uint16_t old), const struct dte_box_map *m,
@@ -96,7 +106,7 @@ int jsink_full_sums(size_t nbufs, struct dbuf *const *bufs, const struct jstaged
 		    uint64_t *sum);
 uint32_t jsink_full_every(const struct dte_engine *e);
 
-/* Apply on arrival. */
+/* job_sink_aoa.c */
 void jsink_arrive_orphan(struct jarrive *a);
 enum sink_vaction jsink_arrive_event(struct job *j, struct jlocal *l, enum sink_vevent ev,
 				     Dtep__ApplyResult result, const char *why);
