@@ -70,7 +70,7 @@ void dte_engine_free(struct dte_engine *e);
 void job_set_reply(struct dte_engine *e, int (*reply)(uint64_t conn, Dte__Response *resp));
 /* How many versions a sink may hold staged and unapplied (config
  * max_staged_versions); past it its staging is dropped and its next
- * version is dense (daemon/job_sink.c). */
+ * version is dense (daemon/job_sink_stage.c). */
 void job_set_max_staged(struct dte_engine *e, uint32_t n);
 
 /* Called after every job the engine creates (not an idempotent repeat),

@@ -301,7 +301,7 @@ static int peers_init(uv_loop_t *loop)
 		.advertise = conf.peer_advertise_address,
 		.staging_bytes = (size_t)conf.peer_staging_bytes,
 		/* the engine stages payload parts that come before their
-		 * COUNTS itself (job_sink.c) */
+		 * COUNTS itself (job_sink_intake.c) */
 		.payload_any_order = 1,
 	};
 	struct droute_ucx *r;
