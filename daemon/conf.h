@@ -68,9 +68,9 @@ struct dconf {
 	char     node_name[64];
 	/* HTTP listener for GET /metrics, "host:port"; "" = off (default). */
 	char     metrics_listen[96];
-	/* Versions a sink may hold staged, unapplied (daemon/job_sink.c). */
+	/* Versions a sink may hold staged, unapplied (daemon/job_sink_stage.c). */
 	uint32_t max_staged_versions;
-	/* A sink's full checksum pass every N applies (job_sink.c). */
+	/* A sink's full checksum pass every N applies (job_sink_apply.c). */
 	uint32_t verify_full_every;
 	/* K > 1: bytes all sources' side tables of first-marked elements may
 	 * hold (daemon/side_table.h); 0 = off (the union of marks is sent). */

@@ -10,6 +10,10 @@ DAEMON_SRCS := daemon/log.c daemon/conf.c daemon/registry.c daemon/notify.c \
                daemon/job_src.c daemon/job_capture.c daemon/job_sink.c \
                daemon/job_cuda.c daemon/job_snapshot.c daemon/job_persist.c daemon/wire_job.c \
                daemon/bufpool.c daemon/recvpool.c
+# The sink beside job_sink.c, one concern a file (daemon/job_sink_int.h):
+# records in, apply on arrival, staging, apply and verify, a version at a sink.
+DAEMON_SRCS += daemon/job_sink_intake.c daemon/job_sink_aoa.c daemon/job_sink_stage.c \
+               daemon/job_sink_apply.c daemon/job_sink_version.c
 # The sync engine's I/O over libuv and the router (daemon/engine_io.h).
 DAEMON_SRCS += daemon/engine_io_uv.c
 # Workers wake the loop without libuv's async spin (daemon/wake.h).

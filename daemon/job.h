@@ -66,7 +66,7 @@ int dte_engine_io_uv(uv_loop_t *loop, struct dte_engine_io *io);
 void dte_engine_free(struct dte_engine *e);
 /* How many versions a sink may hold staged and unapplied (config
  * max_staged_versions); past it its staging is dropped and its next
- * version is dense (daemon/job_sink.c). */
+ * version is dense (daemon/job_sink_stage.c). */
 void job_set_max_staged(struct dte_engine *e, uint32_t n);
 
 /* Called after every job the engine creates (not an idempotent repeat),

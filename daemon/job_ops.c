@@ -97,7 +97,7 @@ static const struct jverify *verify_find(const struct dte_engine *e, const struc
 }
 
 /* Σ mix(index, bits) over the box's destination elements, as the sink
- * checks after apply (job_sink.c): an odometer over all but the last dim.
+ * checks after apply (job_sink_apply.c): an odometer over all but the last dim.
  * Every index is checked against the buffer: a map is only trusted as
  * far as the memory it names. */
 static int box_sum(const struct dte_box_map *m, const uint16_t *dst, uint64_t len,

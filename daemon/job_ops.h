@@ -35,7 +35,7 @@ int job_resync(struct dte_engine *e, const char *job, uint64_t sink, struct jres
 /* dte_engine_free: drops what resync remembered. */
 void jops_fini(struct dte_engine *e);
 
-/* job_sink.c: a sink applied up to st (its checksums were just checked);
+/* job_sink_apply.c: a sink applied up to st (its checksums were just checked);
  * remember what its buffers must hold for a later verify. */
 void jops_applied(struct dte_engine *e, struct jlocal *l, const struct jstaged *st);
 /* job_sink.c: the sink goes away. */

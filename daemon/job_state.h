@@ -7,7 +7,8 @@
  *   job_local.c    a participant made and freed (both roles)
  *   job_coord.c    membership (JOIN), plans (coordinator and member)
  *   job_src.c      source: publish, mark, acks
- *   job_sink.c     sink: staging, apply
+ *   job_sink*.c    sink: records in, apply on arrival, staging, apply
+ *                  (job_sink_int.h: its files, one concern each)
  *   job_ops.c      verify, resync (and what they remember at apply)
  *   job_capture.c  a capture on a worker; job_task.c: heavy steps on
  *                  workers, the shutdown drain
@@ -213,7 +214,7 @@ struct jwriter {
 	struct japplied *deferred; /* the APPLIED held back; NULL: none */
 };
 
-/* A sink attached here (job_sink.c), or the storage writer's canonical
+/* A sink attached here (job_sink*.c), or the storage writer's canonical
  * sink (then w is set). */
 struct jsink {
 	struct jlocal l;
@@ -232,7 +233,7 @@ struct jsink {
 	uint64_t vkey;
 	uint32_t since_full;      /* versions verified incrementally since the last full pass */
 	uint64_t full_verifies, incremental_verifies;
-	/* Apply on arrival (job_sink.c, docs/SYNC.md): parked counts the
+	/* Apply on arrival (job_sink_aoa.c, docs/SYNC.md): parked counts the
 	 * client's wait_staged calls outstanding (job.c keeps it); arrive is
 	 * the one version whose parts are swapped into the buffers as they
 	 * come (NULL: none). */
@@ -244,7 +245,7 @@ struct jsink {
 	struct jstaged *staged;
 	struct jwriter *w;        /* the storage writer's canonical sink; NULL otherwise */
 	/* The receive arena for the sink's next version when that is likely
-	 * dense (recvpool.h; job_sink.c, arena_next); NULL: none. */
+	 * dense (recvpool.h; job_sink_version.c, jsink_arena_next); NULL: none. */
 	struct recvpool *rpool;
 };
 
@@ -706,7 +707,8 @@ void jsrc_free(struct dte_engine *e, struct jlocal *l);
 int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, struct jpublish_res *rep,
 		  char *err, size_t errlen);
 
-/* job_sink.c */
+/* The sink (job_sink*.c; daemon/job_sink_int.h says which file holds
+ * what). */
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
 		  size_t hdrlen);
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
@@ -730,7 +732,7 @@ int jsink_park_ending(struct job *j, struct jlocal *l);
 void jsink_parked(struct dte_engine *e, struct jlocal *l);
 void jsink_unparked(struct dte_engine *e, struct jlocal *l);
 
-/* What an apply did (job_sink.c, on a worker). */
+/* What an apply did (job_sink_apply.c, on a worker). */
 struct jsink_apply_result {
 	uint64_t version;         /* the newest version applied */
 	uint32_t n;               /* versions applied */

@@ -507,7 +507,7 @@ static void writer_commit(struct jstore *s, struct job *j, struct jlocal *l, uin
 }
 
 /* A version of the canonical sink on its way through the mirror: applied
- * on a worker (job_sink.c), then committed (writer_commit). */
+ * on a worker (job_sink_apply.c), then committed (writer_commit). */
 struct wapply {
 	uint64_t version;
 	int all_dense, known;

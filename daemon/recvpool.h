@@ -15,7 +15,7 @@
  * that version is applied or the sink goes, and unmapped (again on a
  * thread of its own) once its last piece is back, so a sink holds it only
  * around the version that needs it.  The sink asks for a new one when its
- * next version is likely dense too (job_sink.c, arena_next).
+ * next version is likely dense too (job_sink_version.c, jsink_arena_next).
  *
  * Any memory may be given to recvpool_free(): what an arena did not hand
  * out goes to free().  Thread-safe. */

@@ -8,9 +8,10 @@
  * and shutdown.  sink_sm_step() is the table: for a version's state and
  * an event, the state after it and what the sink does.  Nothing here
  * reads a clock, a job or the network, so tests/unit/test_sink_sm.c
- * drives every row × event directly.  job_sink.c makes every transition
- * of a sink version through it: it names the version's state and the
- * event, sink_sm_step() decides, job_sink.c executes the action (and
+ * drives every row × event directly.  The sink's files (job_sink*.c)
+ * make every transition of a sink version through it (sink_decide,
+ * job_sink_version.c): they name the version's state and the event,
+ * sink_sm_step() decides, the sink executes the action (and
  * logs a cell the table says cannot happen as a daemon bug).
  *
  * The states live in the sink's fields (struct jsink, job_state.h):

@@ -42,7 +42,8 @@ O=$B/obj/daemon
 # outside the layers (peer auth, kept jobs).  job_cuda.c (the process's
 # device buffers and scratch) and job_snapshot.c (a CPU dispatch chosen
 # once) are process-level and say so.
-FILES='job job_metrics job_storage job_local job_coord job_src job_sink job_ops job_capture job_task
+FILES='job job_metrics job_storage job_local job_coord job_src job_sink job_sink_intake job_sink_aoa
+job_sink_stage job_sink_apply job_sink_version job_ops job_capture job_task
 job_state route coord_sm pair_sm sink_sm reader_sm job_auth job_persist'
 # Process-level, listed and not counted (see above).
 PROCESS='route'

@@ -14,7 +14,10 @@ ROWS='job job_metrics
 job_storage
 job_local
 job_coord
-job_src job_sink
+job_src job_sink job_sink_intake
+job_sink_aoa
+job_sink_stage job_sink_apply
+job_sink_version
 job_ops
 job_capture job_task
 job_state

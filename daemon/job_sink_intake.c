@@ -1,0 +1,341 @@
+/* daemon/job_sink_intake.c — records in at a sink: each COUNTS and
+ * PAYLOAD part checked where it enters (the sink, its plan epoch, the
+ * pair, its range and counts), kept in its version's pending entry (one
+ * per source), and a duplicate, a range past the pair or more parts or
+ * bytes than COUNTS names refuses the version.  What a kept record does
+ * next is the layers' below: apply on arrival takes it, or staging once
+ * the version is complete.
+ *
+ * Calls: job_sink_aoa.c, job_sink_stage.c, job_sink_version.c,
+ * job_state.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/job_sink_int.h"
+#include "daemon/job_state.h"
+#include "daemon/log.h"
+#include "daemon/metrics.h"
+#include "daemon/recvpool.h"
+#include "daemon/sink_sm.h"
+
+static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
+{
+	if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
+		jsink_arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED,
+				   why);
+		return;
+	}
+	switch (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_CONTRADICTS)) {
+	case SINK_A_REFUSE:
+		jsink_pend_refuse_exec(j, l, p, why);
+		break;
+	default:	/* refused already: dropped */
+		break;
+	}
+}
+
+/* Whether one source's records so far agree with each other: 0, or -1
+ * with why.  Parts may come before their COUNTS, so this runs on every
+ * arrival; duplicates are caught when a part is added. */
+static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
+{
+	const Dtep__Counts *c = s->counts;
+
+	if (!c)
+		return 0;
+	if (s->nparts > c->parts || s->bytes > c->payload_bytes ||
+	    (s->nparts == c->parts && s->bytes != c->payload_bytes)) {
+		snprintf(why, whylen, "source %llx: %zu parts of %llu bytes, COUNTS names %u of %llu",
+			 (unsigned long long)s->src, s->nparts, (unsigned long long)s->bytes, c->parts,
+			 (unsigned long long)c->payload_bytes);
+		return -EPROTO;
+	}
+	for (size_t k = 0; k < s->nparts; k++) {
+		const struct jpart *pt = &s->parts[k];
+
+		if (pt->part >= c->parts) {
+			snprintf(why, whylen, "source %llx: part %u past the %u COUNTS names",
+				 (unsigned long long)s->src, pt->part, c->parts);
+			return -EPROTO;
+		}
+		/* A part that described itself (PAYLOAD.counts) must say what
+		 * COUNTS says: it may already be in the buffers. */
+		if (!pt->cnt)
+			continue;
+		if (c->mode != (Dtep__Mode)pt->mode ||
+		    (c->mode == DTEP__MODE__MODE_SPARSE && c->base_version != pt->base) ||
+		    (uint64_t)pt->first + pt->entries > c->n_counts ||
+		    memcmp(pt->cnt, c->counts + pt->first, pt->entries * sizeof(*pt->cnt))) {
+			snprintf(why, whylen, "source %llx: part %u's counts or base contradict its "
+				 "COUNTS", (unsigned long long)s->src, pt->part);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
+{
+	struct jpend *p, *oldest = NULL;
+	size_t n = 0;
+
+	for (p = jsink_of(l)->pend; p; p = p->next) {
+		if (p->version == version)
+			return p;
+		if ((!oldest || p->version < oldest->version) &&
+		    !(jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version))
+			oldest = p;	/* the version on arrival is never the one dropped */
+		n++;
+	}
+	/* Versions still arriving count against the staging cap too: parts
+	 * of a capture that failed (no COUNTS ever comes) or of versions a
+	 * peer invents cannot pile up. */
+	if (n >= jsink_staged_cap(j->eng) && oldest &&
+	    sink_decide(l, oldest->version, jsink_pend_state(oldest), SINK_EV_CAP) ==
+		    SINK_A_DROP_COUNTED) {
+		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
+		       j->name, (unsigned long long)l->info.id, n,
+		       (unsigned long long)oldest->version);
+		jsink_of(l)->staging_drops++;
+		jsink_pend_drop(l, oldest);
+	}
+	n = 0;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	for (size_t i = 0; i < j->npairs; i++)
+		n += j->pairs[i].dst == l->info.id;
+	p->s = calloc(n ? n : 1, sizeof(*p->s));
+	if (!p->s) {
+		free(p);
+		return NULL;
+	}
+	for (size_t i = 0; i < j->npairs; i++)
+		if (j->pairs[i].dst == l->info.id)
+			p->s[p->n++].src = j->pairs[i].src;
+	p->version = version;
+	p->epoch = j->epoch;
+	p->next = jsink_of(l)->pend;
+	jsink_of(l)->pend = p;
+	return p;
+}
+
+/* Whether a record (COUNTS or PAYLOAD part) of version v is dropped at
+ * sink l (sink_sm.h): by the state the sink's fields give v, before its
+ * pending version is looked up (record_dropped_pending, after). */
+static int record_dropped(struct jlocal *l, uint64_t v)
+{
+	return sink_sm_step(jsink_vstate(l, v), SINK_EV_RECORD).act == SINK_A_DROP;
+}
+
+/* ...and once its pending version p is found (or made). */
+static int record_dropped_pending(const struct jpend *p)
+{
+	return sink_sm_step(jsink_pend_state(p), SINK_EV_RECORD).act == SINK_A_DROP;
+}
+
+static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
+			       uint64_t version, Dtep__PeerMsgType type)
+{
+	struct jlocal *l = job_local(j, dst);
+
+	if (!l || l->info.role != JROLE_SINK) {
+		DLOG_I("job %s: record for sink %llx, not attached here (dropped)", j->name,
+		       (unsigned long long)dst);
+		return NULL;
+	}
+	if (epoch != j->epoch) {
+		char why[128];
+		uint64_t src = 0;
+		Dtep__Applied m = DTEP__APPLIED__INIT;
+		Dtep__JobRef ref;
+
+		(void)src;
+		snprintf(why, sizeof(why), "plan epoch %llu, sink has %llu", (unsigned long long)epoch,
+			 (unsigned long long)j->epoch);
+		DLOG_I("job %s: version %llu for sink %llx refused: %s", j->name,
+		       (unsigned long long)version, (unsigned long long)dst, why);
+		j->refused++;
+		dmetrics_add(DM_REFUSED, "stale_epoch", 1);
+		job_fill_ref(j, &ref);
+		m.job = &ref;
+		m.version = version;
+		m.dst = dst;
+		m.result = DTEP__APPLY_RESULT__APPLY_REFUSED;
+		m.message = why;
+		if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
+			jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL,
+				 0);
+		return NULL;
+	}
+	return l;
+}
+
+void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
+		  size_t hdrlen)
+{
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS);
+	const struct jpair *pair;
+	struct jpend *p;
+	struct jpend_src *s;
+	char why[192];
+
+	if (!l)
+		return;
+	pair = job_pair(j, m->src, m->dst);
+	if (!pair || pair->n != m->n_counts || m->version == 0 ||
+	    (m->mode != DTEP__MODE__MODE_SPARSE && m->mode != DTEP__MODE__MODE_DENSE) ||
+	    m->payload_bytes > ((uint64_t)1 << 40) || m->parts > JOB_MAX_PARTS ||
+	    !m->parts != !m->payload_bytes) {
+		j->refused++;
+		DLOG_W("job %s: COUNTS from %s for %llx->%llx v%llu malformed (pair %s, %zu counts)",
+		       j->name, from, (unsigned long long)m->src, (unsigned long long)m->dst,
+		       (unsigned long long)m->version, pair ? "known" : "unknown", m->n_counts);
+		return;
+	}
+	if (record_dropped(l, m->version)) {
+		DLOG_I("job %s: COUNTS for version %llu but sink %llx holds %llu (dropped)", j->name,
+		       (unsigned long long)m->version, (unsigned long long)l->info.id,
+		       (unsigned long long)jsink_of(l)->held);
+		return;
+	}
+	p = pend_get(j, l, m->version);
+	if (p && record_dropped_pending(p))
+		return;
+	s = p ? jsink_pend_src(p, m->src) : NULL;
+	if (!s || s->counts) {
+		DLOG_W("job %s: COUNTS from %llx for version %llu %s", j->name,
+		       (unsigned long long)m->src, (unsigned long long)m->version,
+		       p ? "duplicated or unexpected" : "(out of memory)");
+		return;
+	}
+	s->counts = dtep__counts__unpack(NULL, hdrlen, hdr);
+	if (!s->counts)
+		return;
+	if (pend_src_check(s, why, sizeof(why)) < 0)
+		pend_refuse(j, l, p, why);
+	else
+		jsink_arrive_record(j, l, p, s, 1);
+	jsink_try_stage(j, l);
+	jev_sink_staged(j, l);
+}
+
+/* One PAYLOAD part: kept until its COUNTS and every other part named
+ * there are in (jsink_try_stage).  A part that cannot belong to an acceptable
+ * version is dropped; one that contradicts the version's other records
+ * (a duplicate, a range past the pair, an index past what COUNTS names)
+ * refuses the version. */
+void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
+		   size_t len)
+{
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD);
+	const struct jpair *pair;
+	struct jpend *p;
+	struct jpend_src *s;
+	struct jpart *pt;
+	char why[192];
+
+	if (!l)
+		return;
+	if (record_dropped(l, m->version)) {
+		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
+		       j->name, m->part, (unsigned long long)m->version,
+		       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->held);
+		return;
+	}
+	pair = job_pair(j, m->src, m->dst);
+	if (!len || len > ((size_t)1 << 40) || !pair || m->version == 0 ||
+	    m->part >= JOB_MAX_PARTS) {
+		j->refused++;
+		DLOG_W("job %s: PAYLOAD from %s for %llx->%llx v%llu malformed (dropped)", j->name,
+		       from, (unsigned long long)m->src, (unsigned long long)m->dst,
+		       (unsigned long long)m->version);
+		return;
+	}
+	p = pend_get(j, l, m->version);
+	if (p && record_dropped_pending(p))
+		return;
+	s = p ? jsink_pend_src(p, m->src) : NULL;
+	if (!s) {
+		DLOG_W("job %s: PAYLOAD from %llx for version %llu unexpected", j->name,
+		       (unsigned long long)m->src, (unsigned long long)m->version);
+		return;
+	}
+	if (!m->entries || m->first_entry >= pair->n || m->entries > pair->n - m->first_entry) {
+		snprintf(why, sizeof(why), "source %llx: part %u names entries %u..+%u of %zu",
+			 (unsigned long long)m->src, m->part, m->first_entry, m->entries, pair->n);
+		pend_refuse(j, l, p, why);
+		jsink_try_stage(j, l);
+		return;
+	}
+	for (size_t k = 0; k < s->nparts; k++) {
+		if (s->parts[k].part == m->part) {
+			snprintf(why, sizeof(why), "source %llx: part %u twice",
+				 (unsigned long long)m->src, m->part);
+			pend_refuse(j, l, p, why);
+			jsink_try_stage(j, l);
+			return;
+		}
+	}
+	if (s->nparts == s->cap) {
+		size_t nc = s->cap ? 2 * s->cap : 4;
+		void *np = realloc(s->parts, nc * sizeof(*s->parts));
+
+		if (!np)
+			return;
+		s->parts = np;
+		s->cap = nc;
+	}
+	if (m->n_counts) {
+		/* A part that describes itself: one count per entry of its
+		 * range, none past its entry's box (dense: each the box). */
+		int dense = m->mode == DTEP__MODE__MODE_DENSE;
+		int bad = m->n_counts != m->entries ||
+			  (m->mode != DTEP__MODE__MODE_SPARSE && !dense);
+
+		for (size_t i = 0; !bad && i < m->n_counts; i++)
+			bad = dense ? m->counts[i] != pair->e[m->first_entry + i].box
+				    : m->counts[i] > pair->e[m->first_entry + i].box;
+		if (bad) {
+			snprintf(why, sizeof(why), "source %llx: part %u's counts do not fit its "
+				 "%u entries", (unsigned long long)m->src, m->part, m->entries);
+			pend_refuse(j, l, p, why);
+			jsink_try_stage(j, l);
+			return;
+		}
+	}
+	pt = &s->parts[s->nparts];
+	memset(pt, 0, sizeof(*pt));
+	if (m->n_counts) {
+		if (!(pt->cnt = malloc(m->n_counts * sizeof(*pt->cnt))))
+			return;
+		memcpy(pt->cnt, m->counts, m->n_counts * sizeof(*pt->cnt));
+		pt->base = m->base_version;
+		pt->mode = m->mode;
+	}
+	/* A large part that landed in memory of its own is kept as it is
+	 * (the router hands it over); anything else is copied, into the
+	 * sink's arena while it has one (recvpool.h: a fresh sink's dense
+	 * version). */
+	if (!(pt->data = j->eng->io.take_data(j->eng->io.ctx, data))) {
+		if (!(pt->data = recvpool_get(len)) && !(pt->data = malloc(len))) {
+			free(pt->cnt);
+			pt->cnt = NULL;
+			return;
+		}
+		memcpy(pt->data, data, len);
+	}
+	pt->len = len;
+	pt->part = m->part;
+	pt->first = m->first_entry;
+	pt->entries = m->entries;
+	s->nparts++;
+	s->bytes += len;
+	if (pend_src_check(s, why, sizeof(why)) < 0)
+		pend_refuse(j, l, p, why);
+	else
+		jsink_arrive_record(j, l, p, s, 0);
+	jsink_try_stage(j, l);
+	jev_sink_staged(j, l);
+}
