@@ -1,8 +1,9 @@
 /* daemon/job_sink_intake.c — records in at a sink: each COUNTS and
  * PAYLOAD part checked where it enters (the sink, its plan epoch, the
  * pair, its range and counts), kept in its version's pending entry (one
- * per source), and a duplicate, a range past the pair or more parts or
- * bytes than COUNTS names refuses the version.  What a kept record does
+ * per source).  A part delivered twice (the same record again) is
+ * dropped; two different parts under one number, a range past the pair or
+ * more parts or bytes than COUNTS names refuse the version.  What a kept record does
  * next is the layers' below: apply on arrival takes it, or staging once
  * the version is complete.
  *
@@ -221,11 +222,26 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	jev_sink_staged(j, l);
 }
 
+/* A part already held and a record naming the same part number: the
+ * same record (range, size, data hash, and what it says of its counts)? */
+static int same_part(const struct jpart *pt, const Dtep__Payload *m, size_t len)
+{
+	if (pt->first != m->first_entry || pt->entries != m->entries || pt->len != len ||
+	    pt->xxh3 != m->xxh3 || !pt->cnt != !m->n_counts)
+		return 0;
+	if (!m->n_counts)
+		return 1;
+	return pt->base == m->base_version && pt->mode == (int)m->mode &&
+	       !memcmp(pt->cnt, m->counts, m->n_counts * sizeof(*pt->cnt));
+}
+
 /* One PAYLOAD part: kept until its COUNTS and every other part named
  * there are in (jsink_try_stage).  A part that cannot belong to an acceptable
- * version is dropped; one that contradicts the version's other records
- * (a duplicate, a range past the pair, an index past what COUNTS names)
- * refuses the version. */
+ * version is dropped, and so is a copy of a part already held (same range,
+ * size, data hash and counts: the record delivered twice); one that
+ * contradicts the version's other records (another part under the same
+ * number, a range past the pair, an index past what COUNTS names) refuses
+ * the version. */
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len)
 {
@@ -270,13 +286,22 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		return;
 	}
 	for (size_t k = 0; k < s->nparts; k++) {
-		if (s->parts[k].part == m->part) {
-			snprintf(why, sizeof(why), "source %llx: part %u twice",
-				 (unsigned long long)m->src, m->part);
-			pend_refuse(j, l, p, why);
-			jsink_try_stage(j, l);
+		if (s->parts[k].part != m->part)
+			continue;
+		if (same_part(&s->parts[k], m, len)) {
+			/* The transport delivered one record twice (a peer's
+			 * retry, a duplicating link): the copy adds nothing. */
+			j->dup_parts++;
+			DLOG_I("job %s: PAYLOAD part %u of v%llu from %llx came twice; the copy "
+			       "dropped", j->name, m->part, (unsigned long long)m->version,
+			       (unsigned long long)m->src);
 			return;
 		}
+		snprintf(why, sizeof(why), "source %llx: part %u twice, saying different things",
+			 (unsigned long long)m->src, m->part);
+		pend_refuse(j, l, p, why);
+		jsink_try_stage(j, l);
+		return;
 	}
 	if (s->nparts == s->cap) {
 		size_t nc = s->cap ? 2 * s->cap : 4;
@@ -327,6 +352,7 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		memcpy(pt->data, data, len);
 	}
 	pt->len = len;
+	pt->xxh3 = m->xxh3;
 	pt->part = m->part;
 	pt->first = m->first_entry;
 	pt->entries = m->entries;

@@ -104,6 +104,9 @@ struct jpart {
 	uint64_t *cnt;
 	uint64_t base;
 	int mode;                 /* Dtep__Mode, with cnt */
+	/* What the record said of its data (PAYLOAD.xxh3): a part that comes
+	 * again saying the same is the same record, delivered twice. */
+	uint64_t xxh3;
 };
 
 /* A version collected for one local sink from its sources.  Parts come
@@ -386,6 +389,7 @@ struct job {
 	int coord_complete;       /* that plan had every source rank attached */
 	/* counters and history */
 	uint64_t refused;
+	uint64_t dup_parts;       /* PAYLOAD parts delivered twice: the copy dropped */
 	uint64_t published;
 	/* Running estimates of a capture's reads (pair_sm_choose): bytes of
 	 * θ, m, v a detect reads per second (12/element), bytes of θ a dense

@@ -783,8 +783,10 @@ def reorder_effect(text, v):
     return overtaken, lost
 
 
-SINK_SAW_DUP = r"(COUNTS from \S+ for version %d duplicated|refuses version %d: .*part \d+ twice|" \
-               r"for version %d but sink \S+ holds \d+ \(dropped\))"
+SINK_SAW_DUP = r"(COUNTS from \S+ for version %(v)d duplicated|" \
+               r"PAYLOAD part \d+ of v%(v)d from \S+ came twice; the copy dropped|" \
+               r"refuses version %(v)d: .*part \d+ twice|" \
+               r"for version %(v)d but sink \S+ holds \d+ \(dropped\))"
 
 
 def sc_hooked(name):
@@ -831,7 +833,7 @@ def sc_hooked(name):
                         proof.effect(extra >= fired[d.name] > 0,
                                      "%s's job layer took %d records of v%d twice (%d firings)" %
                                      (d.name, extra, fv, fired[d.name]))
-                    n = len(re.findall(SINK_SAW_DUP % (fv, fv, fv), text["sink1"]))
+                    n = len(re.findall(SINK_SAW_DUP % {"v": fv}, text["sink1"]))
                     proof.effect(n > 0, "sink1's sinks saw %d duplicates of v%d and dropped or "
                                  "refused them" % (n, fv))
                 else:
