@@ -135,9 +135,25 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 	return dte_layout_from_desc_shards(l, spec, desc, role, NULL, err, errlen);
 }
 
+static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const char *desc,
+		       int role, const char *shards, int plan_only, char *err, size_t errlen);
+
 int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
 				const char *desc, int role, const char *shards, char *err,
 				size_t errlen)
+{
+	return desc_layout(l, spec, desc, role, shards, 0, err, errlen);
+}
+
+int dte_layout_from_desc_plan(struct dte_layout *l, const struct dte_spec *spec,
+			      const char *desc, int role, const char *shards, char *err,
+			      size_t errlen)
+{
+	return desc_layout(l, spec, desc, role, shards, 1, err, errlen);
+}
+
+static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const char *desc,
+		       int role, const char *shards, int plan_only, char *err, size_t errlen)
 {
 	const char *colon = strchr(desc, ':');
 	const char *opts = colon ? colon + 1 : "";
@@ -195,7 +211,7 @@ int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spe
 			rc = dte_layout_shards(l, spec, &c, sh, nsh, err, errlen);
 		free(sh);
 	} else if (IS("fsdp")) {
-		struct dte_fsdp_cfg c = { v[0] };
+		struct dte_fsdp_cfg c = { v[0], plan_only };
 		rc = dte_layout_fsdp(l, spec, &c, err, errlen);
 	} else if (IS("sglang") || IS("vllm")) {
 		struct dte_infer_cfg c = { v[0], v[1] };

@@ -154,6 +154,7 @@ void dte_layout_fini(struct dte_layout *l)
 	free(l->bufs);
 	free(l->tensors);
 	names_free(l->names);
+	dte_layout_rule_free(l->rule);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -471,7 +472,8 @@ static int extent_cmp(const void *a, const void *b)
 static const char *piece_str(char *buf, size_t len, const struct dte_layout *l,
 			     const struct dte_spec *spec, size_t i)
 {
-	const struct dte_piece *p = &l->pieces[i];
+	struct dte_piece tmp;
+	const struct dte_piece *p = dte_layout_piece(l, i, &tmp);
 	char box[160];
 	const char *name = p->tensor < spec->n ? spec->t[p->tensor].name : "?";
 
@@ -519,7 +521,8 @@ static int layout_check_cluster(const struct dte_layout *l, const struct dte_spe
 	int all_dense = 1;
 
 	for (i = a; i < b; i++) {
-		const struct dte_piece *p = &l->pieces[ext[i].piece];
+		struct dte_piece tmp;
+		const struct dte_piece *p = dte_layout_piece(l, ext[i].piece, &tmp);
 		int64_t v = dte_piece_volume(p);
 		if (ext[i].max - ext[i].min + 1 != v)
 			all_dense = 0;
@@ -547,13 +550,15 @@ overlap:
 	bits = calloc((size_t)(nbits + 7) / 8, 1);
 	if (!bits)
 		return dte_layout_err(err, errlen, "out of memory");
-	for (i = a; i < b; i++)
-		if (piece_mark(&l->pieces[ext[i].piece], bits, min, nbits)) {
+	for (i = a; i < b; i++) {
+		struct dte_piece tmp;
+		if (piece_mark(dte_layout_piece(l, ext[i].piece, &tmp), bits, min, nbits)) {
 			free(bits);
 			return dte_layout_err(err, errlen, "overlapping pieces in rank %u buffer %u: %s maps onto elements another piece already maps",
 					      ext[i].rank, ext[i].buf,
 					      piece_str(s1, sizeof(s1), l, spec, ext[i].piece));
 		}
+	}
 	free(bits);
 	return 0;
 }
@@ -576,7 +581,8 @@ static const struct dte_layout_buffer *buf_find_near(const struct dte_layout *l,
 static int layout_check_piece(const struct dte_layout *l, const struct dte_spec *spec,
 			      size_t i, size_t *hint, struct extent *x, char *err, size_t errlen)
 {
-	const struct dte_piece *p = &l->pieces[i];
+	struct dte_piece tmp;
+	const struct dte_piece *p = dte_layout_piece(l, i, &tmp);
 	const struct dte_spec_tensor *t;
 	const struct dte_layout_buffer *b;
 	uint32_t bufs[3], nb = l->role == DTE_LAYOUT_SOURCE ? 3 : 1, k, d;

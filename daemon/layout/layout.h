@@ -57,6 +57,7 @@ struct dte_layout_tensor {
 };
 
 struct dte_layout_names;
+struct dte_layout_rule;
 
 struct dte_layout {
 	int                       role;  /* enum dte_layout_role */
@@ -70,6 +71,11 @@ struct dte_layout {
 	struct dte_layout_tensor *tensors;  /* generators that know them (not json:) */
 	size_t                    ntensors, cap_tensors;
 	struct dte_layout_names  *names;    /* the buffers' and tensors' names */
+	/* A layout built for a plan only (dte_layout_from_desc_plan) may keep
+	 * its pieces as the rule that gives them (fsdp:, 64 ranks of a dim-0
+	 * cut of every tensor) instead of the array: pieces is NULL, npieces
+	 * counts them, dte_layout_piece() computes them. */
+	struct dte_layout_rule   *rule;
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
@@ -101,6 +107,23 @@ const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *
  * page; small ranges are left alone. */
 void dte_layout_prefault(void *mem, size_t len);
 
+/* Piece i of a layout: in the array, or, for a layout that keeps a rule,
+ * computed into *tmp.  Its tensor alone is cheaper to ask for. */
+const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t i,
+					      struct dte_piece *tmp);
+uint32_t dte_layout_rule_tensor(const struct dte_layout *l, size_t i);
+
+static inline const struct dte_piece *dte_layout_piece(const struct dte_layout *l, size_t i,
+						       struct dte_piece *tmp)
+{
+	return l->rule ? dte_layout_rule_piece(l, i, tmp) : &l->pieces[i];
+}
+
+static inline uint32_t dte_layout_piece_tensor(const struct dte_layout *l, size_t i)
+{
+	return l->rule ? dte_layout_rule_tensor(l, i) : l->pieces[i].tensor;
+}
+
 /* Number of elements in a piece's box. */
 int64_t dte_piece_volume(const struct dte_piece *p);
 /* Intersect two boxes of ndim dims; returns the volume (0: empty). */
@@ -129,6 +152,14 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
 				const char *desc, int role, const char *shards, char *err,
 				size_t errlen);
+/* The same, for a plan and nothing else (`dtectl plan`): the layout may
+ * keep its pieces as a rule (see struct dte_layout: read them with
+ * dte_layout_piece) and has no runtime tensors.  `spec` must outlive it.
+ * Every count, buffer and piece is the one dte_layout_from_desc_shards
+ * gives. */
+int dte_layout_from_desc_plan(struct dte_layout *l, const struct dte_spec *spec,
+			      const char *desc, int role, const char *shards, char *err,
+			      size_t errlen);
 /* 1 when the description is one whose buffers come from a shard table. */
 int dte_layout_desc_sharded(const char *desc);
 

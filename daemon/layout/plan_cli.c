@@ -436,12 +436,12 @@ int dte_plan_cli(int argc, char **argv)
 		fprintf(stderr, "dtectl plan: %s\n", err);
 		goto out_spec;
 	}
-	if (dte_layout_from_desc_shards(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
+	if (dte_layout_from_desc_plan(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
 					sizeof(err))) {
 		fprintf(stderr, "dtectl plan: source: %s\n", err);
 		goto out_spec;
 	}
-	if (dte_layout_from_desc(&sink, &spec, a.sink, DTE_LAYOUT_SINK, err, sizeof(err))) {
+	if (dte_layout_from_desc_plan(&sink, &spec, a.sink, DTE_LAYOUT_SINK, NULL, err, sizeof(err))) {
 		fprintf(stderr, "dtectl plan: sink: %s\n", err);
 		goto out_src;
 	}
