@@ -58,6 +58,8 @@ struct plan_ctx {
 	int                       lo0_sorted;           /* the tensor's sources in order of lo[0] */
 	uint32_t                 *dcount;               /* per source piece: its detections */
 	uint64_t                 *link_entries, *link_elements;  /* the node table, or NULL */
+	int                       drop;                 /* dte_plan_count: a tensor's entries dropped once counted */
+	size_t                    dropped;              /* the entries so dropped */
 	char                     *err;
 	size_t                    errlen;
 };
@@ -560,7 +562,7 @@ static void plan_detections(struct plan_ctx *x)
 		x->dcount[i] = (uint32_t)base;
 		base += c;
 	}
-	for (i = 0; i < p->n; i++)
+	for (i = 0; p->items && i < p->n; i++)
 		p->items[i].detect += x->dcount[p->items[i].src_piece];
 	p->ndetect = (size_t)base;
 }
@@ -688,9 +690,27 @@ void dte_plan_entry(const struct dte_plan *p, size_t i, struct dte_plan_entry *e
 	e->link = l ? (uint32_t)(l - p->links) : 0;
 }
 
+static int plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		      const struct dte_layout *src, const struct dte_layout *sink,
+		      const struct dte_plan_opts *opts, int counts_only, char *err, size_t errlen);
+
 int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_layout *src, const struct dte_layout *sink,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen)
+{
+	return plan_build(plan, spec, src, sink, opts, 0, err, errlen);
+}
+
+int dte_plan_count(struct dte_plan *plan, const struct dte_spec *spec,
+		   const struct dte_layout *src, const struct dte_layout *sink,
+		   const struct dte_plan_opts *opts, char *err, size_t errlen)
+{
+	return plan_build(plan, spec, src, sink, opts, 1, err, errlen);
+}
+
+static int plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		      const struct dte_layout *src, const struct dte_layout *sink,
+		      const struct dte_plan_opts *opts, int counts_only, char *err, size_t errlen)
 {
 	struct plan_ctx x;
 	uint32_t t, rpn;
@@ -722,6 +742,9 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		x.link_elements = calloc(cells + 1, sizeof(*x.link_elements));
 	}
 	x.dcount = calloc(src->npieces + 1, sizeof(*x.dcount));
+	/* Entries are counted per tensor and the links in the node table:
+	 * once a tensor's detections are numbered, nothing reads its items. */
+	x.drop = counts_only && x.link_entries;
 	if (plan_bucket(src, spec->n, &x.src_idx, &x.src_start) ||
 	    plan_bucket(sink, spec->n, &x.sink_idx, &x.sink_start) || !x.dcount ||
 	    (cells <= PLAN_LINK_TABLE_MAX && (!x.link_entries || !x.link_elements))) {
@@ -732,13 +755,22 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		plan_prefetch(&x, t + 1);
 		if (plan_tensor(&x, t))
 			goto out;
+		if (x.drop) {
+			x.dropped += plan->n;
+			plan->n = 0;
+		}
+	}
+	if (x.drop) {
+		plan->n = x.dropped;
+		free(plan->items);
+		plan->items = NULL;
 	}
 	if (plan->n >= UINT32_MAX) {
 		dte_layout_err(err, errlen, "plan: %zu entries, too many", plan->n);
 		goto out;
 	}
 	/* Give back what growing left over. */
-	if (plan->n && plan->n < x.cap) {
+	if (plan->items && plan->n && plan->n < x.cap) {
 		void *np = realloc(plan->items, plan->n * sizeof(*plan->items));
 		if (np)
 			plan->items = np;

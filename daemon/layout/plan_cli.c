@@ -447,7 +447,8 @@ int dte_plan_cli(int argc, char **argv)
 	}
 	opts.sink_replicas = a.replicas;
 	opts.ranks_per_node = a.rpn;
-	if (dte_plan_build(&plan, &spec, &src, &sink, &opts, err, sizeof(err))) {
+	/* Only --dump-entries lists the entries: else they are counted. */
+	if ((a.dump ? dte_plan_build : dte_plan_count)(&plan, &spec, &src, &sink, &opts, err, sizeof(err))) {
 		if (!a.json)
 			printf("coverage: invalid\n");
 		fprintf(stderr, "dtectl plan: invalid plan: %s\n", err);

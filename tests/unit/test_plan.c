@@ -464,12 +464,13 @@ static void reverse_pieces(struct dte_layout *l)
 }
 
 /* The same plan from the layouts `dtectl plan` builds (a rule for
- * fsdp: pieces, no runtime tensors): every entry as the reference's. */
+ * fsdp: pieces, no runtime tensors): every entry as the reference's; and
+ * counted without its entries (dte_plan_count), the same counts. */
 static void check_plan_only(const struct dte_spec *s, const char *srcd, const char *sinkd,
 			    const struct dte_plan_opts *o, const struct ref *r)
 {
 	struct dte_layout src, sink;
-	struct dte_plan p;
+	struct dte_plan p, c;
 	char err[512];
 	size_t i;
 
@@ -491,6 +492,18 @@ static void check_plan_only(const struct dte_spec *s, const char *srcd, const ch
 		if (memcmp(&e, &r->e[i], sizeof(e)))
 			fail_msg("%s -> %s (plan only): entry %zu differs", srcd, sinkd, i);
 	}
+	/* Counted, not kept: the same counts and links, no items. */
+	if (dte_plan_count(&c, s, &src, &sink, o, err, sizeof(err)))
+		fail_msg("%s -> %s (counts only): %s", srcd, sinkd, err);
+	assert_null(c.items);
+	assert_int_equal(c.n, p.n);
+	assert_int_equal(c.elements, p.elements);
+	assert_int_equal(c.ndetect, p.ndetect);
+	assert_int_equal(c.detect_elements, p.detect_elements);
+	assert_int_equal(c.shared_entries, p.shared_entries);
+	assert_int_equal(c.nlinks, p.nlinks);
+	assert_memory_equal(c.links, p.links, p.nlinks * p.sink_replicas * sizeof(*p.links));
+	dte_plan_fini(&c);
 	dte_plan_fini(&p);
 	dte_layout_fini(&src);
 	dte_layout_fini(&sink);
