@@ -7,10 +7,11 @@
  * local shard and the optimizer states as three fp32 buffers with ids
  * 3*tensor_id + {0, 1, 2} (param, exp_avg, exp_avg_sq), row-major.
  *
- * A piece is all of one rank's shard of one tensor, so it follows from
- * (tensor, rank): a layout for a plan only keeps those 8 bytes a piece
- * (the rule) instead of the 184-byte pieces, which at dp=64 over
- * Qwen3-235B's 36,945 tensors are 2.4 M (435 MB).
+ * A piece is all of one rank's shard of one tensor, and so are its three
+ * buffers, so both follow from (tensor, rank): a layout for a plan only
+ * keeps those 8 bytes a piece (the rule) instead of the 184-byte piece
+ * and three 24-byte buffers, which at dp=64 over Qwen3-235B's 36,945
+ * tensors are 2.4 M pieces (435 MB) and 7.1 M buffers (170 MB).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,9 @@ struct fsdp_ref {
 struct dte_layout_rule {
 	const struct dte_spec *spec;
 	int64_t                dp;
-	struct fsdp_ref       *ref;    /* per piece, in the layout's order */
+	struct fsdp_ref       *ref;         /* per piece, in the layout's order */
+	size_t                *rank_start;  /* dp + 1: rank r's pieces from ref[rank_start[r]] */
+	const char           **names;       /* 3 per tensor: buffer 3t + k's name */
 };
 
 /* Rows [*lo, *hi) of tensor t's dim 0 that rank r holds (empty: hi <= lo). */
@@ -77,10 +80,51 @@ uint32_t dte_layout_rule_tensor(const struct dte_layout *l, size_t i)
 	return l->rule->ref[i].tensor;
 }
 
+/* Buffers come three a piece, in the pieces' order: param, exp_avg,
+ * exp_avg_sq of one rank's shard of one tensor. */
+const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *l, size_t i,
+						       struct dte_layout_buffer *tmp)
+{
+	const struct dte_layout_rule *u = l->rule;
+	const struct fsdp_ref *r = &u->ref[i / 3];
+	const struct dte_spec_tensor *t = &u->spec->t[r->tensor];
+	int64_t lo, hi;
+
+	fsdp_rows(t, u->dp, r->rank, &lo, &hi);
+	tmp->rank = r->rank;
+	tmp->id = 3 * r->tensor + (uint32_t)(i % 3);
+	tmp->length = (hi - lo) * (t->numel / t->shape[0]);
+	tmp->name = u->names[tmp->id];
+	return tmp;
+}
+
+size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id)
+{
+	const struct dte_layout_rule *u = l->rule;
+	size_t a, b;
+
+	if (rank >= u->dp || id / 3 >= u->spec->n)
+		return SIZE_MAX;
+	/* A rank's pieces are in tensor order. */
+	for (a = u->rank_start[rank], b = u->rank_start[rank + 1]; a < b;) {
+		size_t m = a + (b - a) / 2;
+		if (u->ref[m].tensor < id / 3)
+			a = m + 1;
+		else
+			b = m;
+	}
+	if (a == u->rank_start[rank + 1] || u->ref[a].tensor != id / 3)
+		return SIZE_MAX;
+	return 3 * a + id % 3;
+}
+
 void dte_layout_rule_free(struct dte_layout_rule *rule)
 {
-	if (rule)
+	if (rule) {
 		free(rule->ref);
+		free(rule->rank_start);
+		free(rule->names);
+	}
 	free(rule);
 }
 
@@ -111,13 +155,31 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 	}
 	if (cfg->rule) {
 		if (!(l->rule = calloc(1, sizeof(*l->rule))) ||
-		    !(l->rule->ref = malloc((npieces + 1) * sizeof(*l->rule->ref))))
+		    !(l->rule->ref = malloc((npieces + 1) * sizeof(*l->rule->ref))) ||
+		    !(l->rule->rank_start = calloc((size_t)cfg->dp + 1, sizeof(*l->rule->rank_start))))
 			goto oom;
 		l->rule->spec = spec;
 		l->rule->dp = cfg->dp;
+		l->rule->names = names;		/* the rule's now */
+		names = NULL;
 		dte_layout_prefault(l->rule->ref, npieces * sizeof(*l->rule->ref));
+		for (r = 0; r < cfg->dp; r++) {
+			l->rule->rank_start[r] = l->npieces;
+			for (i = 0; i < spec->n; i++) {
+				fsdp_rows(&spec->t[i], cfg->dp, r, &lo, &hi);
+				if (hi <= lo)
+					continue;
+				l->rule->ref[l->npieces].tensor = i;
+				l->rule->ref[l->npieces].rank = (uint32_t)r;
+				l->npieces++;
+				l->nranks = (uint32_t)r + 1;
+			}
+		}
+		l->rule->rank_start[cfg->dp] = l->npieces;
+		l->nbufs = 3 * l->npieces;
+		return 0;
 	}
-	if (dte_layout_reserve(l, cfg->rule ? 0 : npieces, 3 * npieces, cfg->rule ? 0 : npieces))
+	if (dte_layout_reserve(l, npieces, 3 * npieces, npieces))
 		goto oom;
 	for (r = 0; r < cfg->dp; r++) {
 		for (i = 0; i < spec->n; i++) {
@@ -133,12 +195,6 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 			    dte_layout_add_buffer_named(l, (uint32_t)r, id + 1, (hi - lo) * inner, names[3 * i + 1]) < 0 ||
 			    dte_layout_add_buffer_named(l, (uint32_t)r, id + 2, (hi - lo) * inner, names[3 * i + 2]) < 0)
 				goto oom;
-			if (cfg->rule) {
-				l->rule->ref[l->npieces].tensor = i;
-				l->rule->ref[l->npieces].rank = (uint32_t)r;
-				l->npieces++;
-				continue;
-			}
 			fsdp_piece(spec, cfg->dp, i, r, &p);
 			if (dte_layout_add_piece(l, &p))
 				goto oom;

@@ -133,7 +133,8 @@ static int plan_gap(struct plan_ctx *x, const struct dte_piece *k, size_t ns, in
 	static const size_t cap = PLAN_GAP_BOXES;
 	int64_t (*alo)[DTE_MAX_DIMS] = malloc(cap * sizeof(*alo)), (*ahi)[DTE_MAX_DIMS] = malloc(cap * sizeof(*ahi));
 	int64_t (*blo)[DTE_MAX_DIMS] = malloc(cap * sizeof(*blo)), (*bhi)[DTE_MAX_DIMS] = malloc(cap * sizeof(*bhi));
-	const struct dte_layout_buffer *b = dte_layout_buffer_find(x->sink, k->rank, k->buf);
+	struct dte_layout_buffer btmp;
+	const struct dte_layout_buffer *b = dte_layout_buffer_get(x->sink, k->rank, k->buf, &btmp);
 	char box[256];
 	size_t na = 1, nb, i, j;
 

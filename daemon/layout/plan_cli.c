@@ -209,10 +209,13 @@ static json_t *plan_json_buffers(const struct dte_layout *l)
 	json_t *arr = json_array();
 	size_t i;
 
-	for (i = 0; i < l->nbufs; i++)
-		json_array_append_new(arr, json_pack("{s:i, s:i, s:I, s:s}", "rank", (int)l->bufs[i].rank,
-						     "id", (int)l->bufs[i].id, "length", (json_int_t)l->bufs[i].length,
-						     "name", l->bufs[i].name));
+	for (i = 0; i < l->nbufs; i++) {
+		struct dte_layout_buffer tmp;
+		const struct dte_layout_buffer *b = dte_layout_buffer(l, i, &tmp);
+		json_array_append_new(arr, json_pack("{s:i, s:i, s:I, s:s}", "rank", (int)b->rank,
+						     "id", (int)b->id, "length", (json_int_t)b->length,
+						     "name", b->name));
+	}
 	return arr;
 }
 

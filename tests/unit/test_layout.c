@@ -290,8 +290,8 @@ static void test_generated_layouts(void **state)
 }
 
 /* The layouts `dtectl plan` builds (dte_layout_from_desc_plan): fsdp:
- * keeps a rule whose pieces are the generator's, and every buffer as it
- * was; no runtime tensors. */
+ * keeps a rule whose pieces and buffers are the generator's, found as
+ * dte_layout_buffer_find finds them; no runtime tensors. */
 static void check_plan_only(const struct dte_spec *s, const char *desc, int role)
 {
 	struct dte_layout full, lean;
@@ -314,11 +314,26 @@ static void check_plan_only(const struct dte_spec *s, const char *desc, int role
 		assert_memory_equal(dte_layout_piece(&lean, i, &tmp), &full.pieces[i], sizeof(tmp));
 	}
 	for (i = 0; i < full.nbufs; i++) {
-		assert_int_equal(lean.bufs[i].rank, full.bufs[i].rank);
-		assert_int_equal(lean.bufs[i].id, full.bufs[i].id);
-		assert_int_equal(lean.bufs[i].length, full.bufs[i].length);
-		assert_string_equal(lean.bufs[i].name, full.bufs[i].name);
+		struct dte_layout_buffer tmp, tmp2;
+		const struct dte_layout_buffer *b = dte_layout_buffer(&lean, i, &tmp), *f = &full.bufs[i];
+		const struct dte_layout_buffer *g = dte_layout_buffer_get(&lean, f->rank, f->id, &tmp2);
+
+		assert_int_equal(b->rank, f->rank);
+		assert_int_equal(b->id, f->id);
+		assert_int_equal(b->length, f->length);
+		assert_string_equal(b->name, f->name);
+		assert_non_null(g);
+		assert_int_equal(g->rank, f->rank);
+		assert_int_equal(g->id, f->id);
+		assert_int_equal(g->length, f->length);
+		assert_string_equal(g->name, f->name);
+		/* The next id of the rank, and the next rank, as the array has them. */
+		assert_int_equal(!dte_layout_buffer_get(&lean, f->rank, f->id + 1, &tmp2),
+				 !dte_layout_buffer_find(&full, f->rank, f->id + 1));
+		assert_int_equal(!dte_layout_buffer_get(&lean, f->rank + 1, f->id, &tmp2),
+				 !dte_layout_buffer_find(&full, f->rank + 1, f->id));
 	}
+	assert_null(dte_layout_buffer_get(&lean, full.nranks, 0, &(struct dte_layout_buffer){ 0 }));
 	dte_layout_fini(&lean);
 	dte_layout_fini(&full);
 }
