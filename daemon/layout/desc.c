@@ -164,6 +164,7 @@ static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const 
 	int rc;
 
 	dte_layout_init(l, role, spec->hash);
+	l->no_tensors = plan_only;
 	for (i = 0; i < DESC_NKINDS && !k; i++)
 		if (desc_kinds[i].role == (source ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK) &&
 		    strlen(desc_kinds[i].name) == len && !strncmp(desc, desc_kinds[i].name, len))

@@ -240,6 +240,8 @@ int dte_layout_add_tensor_named(struct dte_layout *l, uint32_t rank, uint32_t bu
 
 	if (ndim < 1 || ndim > DTE_MAX_DIMS || !name)
 		return -1;
+	if (l->no_tensors)
+		return 0;
 	if (layout_grow((void **)&l->tensors, &l->cap_tensors, l->ntensors, sizeof(*t)))
 		return -1;
 	t = &l->tensors[l->ntensors++];
@@ -258,6 +260,8 @@ int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int
 {
 	if (ndim < 1 || ndim > DTE_MAX_DIMS)
 		return -1;
+	if (l->no_tensors)
+		return 0;
 	return dte_layout_add_tensor_named(l, rank, buf, offset, ndim, shape, layout_intern(l, name));
 }
 

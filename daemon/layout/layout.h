@@ -77,6 +77,7 @@ struct dte_layout {
 	 * bufs are NULL, npieces and nbufs count them, dte_layout_piece() and
 	 * dte_layout_buffer() compute them. */
 	struct dte_layout_rule   *rule;
+	int                       no_tensors;  /* for a plan only: runtime tensors not kept */
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
