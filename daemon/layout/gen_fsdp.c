@@ -24,9 +24,17 @@ struct fsdp_ref {
 	uint32_t tensor, rank;
 };
 
+/* Per tensor: rank 0's piece, whose rows [0, chunk) every rank's shifts
+ * (no division per piece), and the tensor's rows and row length. */
+struct fsdp_tensor {
+	struct dte_piece p0;
+	int64_t          rows, inner;
+};
+
 struct dte_layout_rule {
 	const struct dte_spec *spec;
 	int64_t                dp;
+	struct fsdp_tensor    *t;           /* per tensor */
 	struct fsdp_ref       *ref;         /* per piece, in the layout's order */
 	size_t                *rank_start;  /* dp + 1: rank r's pieces from ref[rank_start[r]] */
 	const char           **names;       /* 3 per tensor: buffer 3t + k's name */
@@ -66,12 +74,23 @@ static void fsdp_piece(const struct dte_spec *spec, int64_t dp, uint32_t i, int6
 		p->stride[d - 1] = d == t->ndim ? 1 : p->stride[d] * t->shape[d];
 }
 
+/* The rows of rank r from its tensor's rank 0 piece: as fsdp_rows. */
+static void fsdp_rule_rows(const struct fsdp_tensor *ft, uint32_t r, int64_t *lo, int64_t *hi)
+{
+	int64_t chunk = ft->p0.hi[0];
+
+	*lo = r * chunk;
+	*hi = *lo + chunk < ft->rows ? *lo + chunk : ft->rows;
+}
+
 const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t i,
 					      struct dte_piece *tmp)
 {
-	const struct dte_layout_rule *u = l->rule;
+	const struct fsdp_ref *r = &l->rule->ref[i];
 
-	fsdp_piece(u->spec, u->dp, u->ref[i].tensor, u->ref[i].rank, tmp);
+	*tmp = l->rule->t[r->tensor].p0;
+	tmp->rank = r->rank;
+	fsdp_rule_rows(&l->rule->t[r->tensor], r->rank, &tmp->lo[0], &tmp->hi[0]);
 	return tmp;
 }
 
@@ -87,13 +106,13 @@ const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *
 {
 	const struct dte_layout_rule *u = l->rule;
 	const struct fsdp_ref *r = &u->ref[i / 3];
-	const struct dte_spec_tensor *t = &u->spec->t[r->tensor];
+	const struct fsdp_tensor *ft = &u->t[r->tensor];
 	int64_t lo, hi;
 
-	fsdp_rows(t, u->dp, r->rank, &lo, &hi);
+	fsdp_rule_rows(ft, r->rank, &lo, &hi);
 	tmp->rank = r->rank;
 	tmp->id = 3 * r->tensor + (uint32_t)(i % 3);
-	tmp->length = (hi - lo) * (t->numel / t->shape[0]);
+	tmp->length = (hi - lo) * ft->inner;
 	tmp->name = u->names[tmp->id];
 	return tmp;
 }
@@ -121,6 +140,7 @@ size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, u
 void dte_layout_rule_free(struct dte_layout_rule *rule)
 {
 	if (rule) {
+		free(rule->t);
 		free(rule->ref);
 		free(rule->rank_start);
 		free(rule->names);
@@ -155,6 +175,7 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 	}
 	if (cfg->rule) {
 		if (!(l->rule = calloc(1, sizeof(*l->rule))) ||
+		    !(l->rule->t = malloc(((size_t)spec->n + 1) * sizeof(*l->rule->t))) ||
 		    !(l->rule->ref = malloc((npieces + 1) * sizeof(*l->rule->ref))) ||
 		    !(l->rule->rank_start = calloc((size_t)cfg->dp + 1, sizeof(*l->rule->rank_start))))
 			goto oom;
@@ -163,6 +184,11 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 		l->rule->names = names;		/* the rule's now */
 		names = NULL;
 		dte_layout_prefault(l->rule->ref, npieces * sizeof(*l->rule->ref));
+		for (i = 0; i < spec->n; i++) {
+			fsdp_piece(spec, cfg->dp, i, 0, &l->rule->t[i].p0);
+			l->rule->t[i].rows = spec->t[i].shape[0];
+			l->rule->t[i].inner = spec->t[i].numel / spec->t[i].shape[0];
+		}
 		for (r = 0; r < cfg->dp; r++) {
 			l->rule->rank_start[r] = l->npieces;
 			for (i = 0; i < spec->n; i++) {
