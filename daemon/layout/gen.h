@@ -20,9 +20,9 @@ struct dte_megatron_cfg {
 };
 
 /* FSDP2 trainer (source): every tensor dim-0 sharded over dp ranks.
- * rule: for a plan only, the pieces kept as their rule (struct
- * dte_layout's rule; `spec` must outlive the layout) and no runtime
- * tensors. */
+ * rule: for a plan only, the pieces and buffers kept as their rule
+ * (struct dte_layout's rule; `spec` must outlive the layout), and no
+ * runtime tensors. */
 struct dte_fsdp_cfg {
 	int64_t dp;
 	int     rule;

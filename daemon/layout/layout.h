@@ -72,10 +72,10 @@ struct dte_layout {
 	size_t                    ntensors, cap_tensors;
 	struct dte_layout_names  *names;    /* the buffers' and tensors' names */
 	/* A layout built for a plan only (dte_layout_from_desc_plan) may keep
-	 * its pieces and buffers as the rule that gives them (fsdp:, 64 ranks
-	 * of a dim-0 cut of every tensor) instead of the arrays: pieces and
-	 * bufs are NULL, npieces and nbufs count them, dte_layout_piece() and
-	 * dte_layout_buffer() compute them. */
+	 * its pieces and buffers as the rule that gives them (fsdp:, every
+	 * rank's dim-0 shard of every tensor) instead of the arrays: pieces
+	 * and bufs are NULL, npieces and nbufs count them, dte_layout_piece()
+	 * and dte_layout_buffer() compute them. */
 	struct dte_layout_rule   *rule;
 	int                       no_tensors;  /* for a plan only: runtime tensors not kept */
 };
@@ -170,10 +170,10 @@ int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spe
 				const char *desc, int role, const char *shards, char *err,
 				size_t errlen);
 /* The same, for a plan and nothing else (`dtectl plan`): the layout may
- * keep its pieces as a rule (see struct dte_layout: read them with
- * dte_layout_piece) and has no runtime tensors.  `spec` must outlive it.
- * Every count, buffer and piece is the one dte_layout_from_desc_shards
- * gives. */
+ * keep its pieces and buffers as a rule (see struct dte_layout: read them
+ * with dte_layout_piece, dte_layout_buffer, dte_layout_buffer_get) and
+ * has no runtime tensors.  `spec` must outlive it.  Every count, buffer
+ * and piece is the one dte_layout_from_desc_shards gives. */
 int dte_layout_from_desc_plan(struct dte_layout *l, const struct dte_spec *spec,
 			      const char *desc, int role, const char *shards, char *err,
 			      size_t errlen);

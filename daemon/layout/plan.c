@@ -12,7 +12,11 @@
  * writes it out), its detection is numbered within its tensor and then
  * offset by the detections of every earlier source piece, and the link
  * statistics add up in a (source node x sink node) table as entries come;
- * nothing sorts all entries.  docs/BENCHMARKS.md, "Plan at real size".
+ * nothing sorts all entries.  dte_plan_count keeps no entry: a tensor's
+ * are dropped once its detections are numbered.  A tensor's pieces are
+ * taken once as pointers (plan_pieces): into a layout's array, or
+ * computed from its rule (layout.h).  docs/BENCHMARKS.md, "Plan at real
+ * size".
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,8 +388,9 @@ static int plan_tensor_detect(struct plan_ctx *x, size_t e0, size_t e1, size_t n
 	size_t n = e1 - e0, i, g, run = 0;
 	uint32_t ndim = x->ndim, local, d;
 
-	/* plan_add wrote the entries' keys; by source piece: the bucket holds them in index order, so a
-	 * counting sort on the place in it; then by box within each. */
+	/* plan_add wrote the entries' keys.  By source piece: the bucket
+	 * holds them in index order, so a counting sort on the place in it;
+	 * then by box within each. */
 	memset(x->gcount, 0, (nsrc + 1) * sizeof(*x->gcount));
 	for (i = 0; i < n; i++)
 		x->gcount[x->epos[i] + 1]++;

@@ -9,7 +9,8 @@
  *
  * A plan keeps 16 bytes per entry (struct dte_plan_item) and borrows the
  * two layouts it was built from; dte_plan_entry() writes an entry out
- * (ranks, buffers, box, map, link, detection) from them.
+ * (ranks, buffers, box, map, link, detection) from them.  A plan only
+ * counted (dte_plan_count) keeps no entry.
  */
 #ifndef DTE_PLAN_H
 #define DTE_PLAN_H

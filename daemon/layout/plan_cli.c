@@ -440,7 +440,7 @@ int dte_plan_cli(int argc, char **argv)
 		goto out_spec;
 	}
 	if (dte_layout_from_desc_plan(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
-					sizeof(err))) {
+				      sizeof(err))) {
 		fprintf(stderr, "dtectl plan: source: %s\n", err);
 		goto out_spec;
 	}
