@@ -135,9 +135,25 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 	return dte_layout_from_desc_shards(l, spec, desc, role, NULL, err, errlen);
 }
 
+static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const char *desc,
+		       int role, const char *shards, int plan_only, char *err, size_t errlen);
+
 int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
 				const char *desc, int role, const char *shards, char *err,
 				size_t errlen)
+{
+	return desc_layout(l, spec, desc, role, shards, 0, err, errlen);
+}
+
+int dte_layout_from_desc_plan(struct dte_layout *l, const struct dte_spec *spec,
+			      const char *desc, int role, const char *shards, char *err,
+			      size_t errlen)
+{
+	return desc_layout(l, spec, desc, role, shards, 1, err, errlen);
+}
+
+static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const char *desc,
+		       int role, const char *shards, int plan_only, char *err, size_t errlen)
 {
 	const char *colon = strchr(desc, ':');
 	const char *opts = colon ? colon + 1 : "";
@@ -148,6 +164,7 @@ int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spe
 	int rc;
 
 	dte_layout_init(l, role, spec->hash);
+	l->no_tensors = plan_only;
 	for (i = 0; i < DESC_NKINDS && !k; i++)
 		if (desc_kinds[i].role == (source ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK) &&
 		    strlen(desc_kinds[i].name) == len && !strncmp(desc, desc_kinds[i].name, len))
@@ -195,7 +212,7 @@ int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spe
 			rc = dte_layout_shards(l, spec, &c, sh, nsh, err, errlen);
 		free(sh);
 	} else if (IS("fsdp")) {
-		struct dte_fsdp_cfg c = { v[0] };
+		struct dte_fsdp_cfg c = { v[0], plan_only };
 		rc = dte_layout_fsdp(l, spec, &c, err, errlen);
 	} else if (IS("sglang") || IS("vllm")) {
 		struct dte_infer_cfg c = { v[0], v[1] };

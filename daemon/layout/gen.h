@@ -19,9 +19,13 @@ struct dte_megatron_cfg {
 	int     dist_opt;   /* distributed optimizer: DP ranks own flat shards */
 };
 
-/* FSDP2 trainer (source): every tensor dim-0 sharded over dp ranks. */
+/* FSDP2 trainer (source): every tensor dim-0 sharded over dp ranks.
+ * rule: for a plan only, the pieces and buffers kept as their rule
+ * (struct dte_layout's rule; `spec` must outlive the layout), and no
+ * runtime tensors. */
 struct dte_fsdp_cfg {
 	int64_t dp;
+	int     rule;
 };
 
 /* SGLang / vLLM inference replica (sink). ep: expert parallel size for
@@ -38,6 +42,8 @@ int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,
 		      const struct dte_infer_cfg *cfg, char *err, size_t errlen);
 int dte_layout_vllm(struct dte_layout *l, const struct dte_spec *spec,
 		    const struct dte_infer_cfg *cfg, char *err, size_t errlen);
+/* gen_fsdp.c: frees a layout's rule (dte_layout_fini calls it). */
+void dte_layout_rule_free(struct dte_layout_rule *rule);
 /* Declarative pieces from a JSON file (format in gen_json.c). */
 int dte_layout_load_json(struct dte_layout *l, const struct dte_spec *spec,
 			 const char *path, char *err, size_t errlen);

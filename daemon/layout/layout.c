@@ -154,6 +154,7 @@ void dte_layout_fini(struct dte_layout *l)
 	free(l->bufs);
 	free(l->tensors);
 	names_free(l->names);
+	dte_layout_rule_free(l->rule);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -239,6 +240,8 @@ int dte_layout_add_tensor_named(struct dte_layout *l, uint32_t rank, uint32_t bu
 
 	if (ndim < 1 || ndim > DTE_MAX_DIMS || !name)
 		return -1;
+	if (l->no_tensors)
+		return 0;
 	if (layout_grow((void **)&l->tensors, &l->cap_tensors, l->ntensors, sizeof(*t)))
 		return -1;
 	t = &l->tensors[l->ntensors++];
@@ -257,6 +260,8 @@ int dte_layout_add_tensor(struct dte_layout *l, uint32_t rank, uint32_t buf, int
 {
 	if (ndim < 1 || ndim > DTE_MAX_DIMS)
 		return -1;
+	if (l->no_tensors)
+		return 0;
 	return dte_layout_add_tensor_named(l, rank, buf, offset, ndim, shape, layout_intern(l, name));
 }
 
@@ -324,11 +329,32 @@ const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *
 {
 	struct dte_layout_buffer key;
 
+	if (l->rule)
+		return NULL;
 	key.rank = rank;
 	key.id = id;
 	/* Buffers are kept sorted by (rank, id): generators add them in that
 	 * order and the JSON loader sorts. */
 	return bsearch(&key, l->bufs, l->nbufs, sizeof(key), buf_cmp);
+}
+
+/* Index of buffer (rank, id) in the layout's order; SIZE_MAX: none. */
+static size_t layout_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id)
+{
+	const struct dte_layout_buffer *b;
+
+	if (l->rule)
+		return dte_layout_rule_buffer_index(l, rank, id);
+	b = dte_layout_buffer_find(l, rank, id);
+	return b ? (size_t)(b - l->bufs) : SIZE_MAX;
+}
+
+const struct dte_layout_buffer *dte_layout_buffer_get(const struct dte_layout *l, uint32_t rank,
+						      uint32_t id, struct dte_layout_buffer *tmp)
+{
+	size_t i = layout_buffer_index(l, rank, id);
+
+	return i == SIZE_MAX ? NULL : dte_layout_buffer(l, i, tmp);
 }
 
 int64_t dte_piece_volume(const struct dte_piece *p)
@@ -471,7 +497,8 @@ static int extent_cmp(const void *a, const void *b)
 static const char *piece_str(char *buf, size_t len, const struct dte_layout *l,
 			     const struct dte_spec *spec, size_t i)
 {
-	const struct dte_piece *p = &l->pieces[i];
+	struct dte_piece tmp;
+	const struct dte_piece *p = dte_layout_piece(l, i, &tmp);
 	char box[160];
 	const char *name = p->tensor < spec->n ? spec->t[p->tensor].name : "?";
 
@@ -519,7 +546,8 @@ static int layout_check_cluster(const struct dte_layout *l, const struct dte_spe
 	int all_dense = 1;
 
 	for (i = a; i < b; i++) {
-		const struct dte_piece *p = &l->pieces[ext[i].piece];
+		struct dte_piece tmp;
+		const struct dte_piece *p = dte_layout_piece(l, ext[i].piece, &tmp);
 		int64_t v = dte_piece_volume(p);
 		if (ext[i].max - ext[i].min + 1 != v)
 			all_dense = 0;
@@ -547,13 +575,15 @@ overlap:
 	bits = calloc((size_t)(nbits + 7) / 8, 1);
 	if (!bits)
 		return dte_layout_err(err, errlen, "out of memory");
-	for (i = a; i < b; i++)
-		if (piece_mark(&l->pieces[ext[i].piece], bits, min, nbits)) {
+	for (i = a; i < b; i++) {
+		struct dte_piece tmp;
+		if (piece_mark(dte_layout_piece(l, ext[i].piece, &tmp), bits, min, nbits)) {
 			free(bits);
 			return dte_layout_err(err, errlen, "overlapping pieces in rank %u buffer %u: %s maps onto elements another piece already maps",
 					      ext[i].rank, ext[i].buf,
 					      piece_str(s1, sizeof(s1), l, spec, ext[i].piece));
 		}
+	}
 	free(bits);
 	return 0;
 }
@@ -561,23 +591,28 @@ overlap:
 /* dte_layout_buffer_find, first trying where the last one ended: pieces
  * mostly come in the order of their buffers. */
 static const struct dte_layout_buffer *buf_find_near(const struct dte_layout *l, uint32_t rank,
-						     uint32_t id, size_t *hint)
+						     uint32_t id, size_t *hint,
+						     struct dte_layout_buffer *tmp)
 {
 	const struct dte_layout_buffer *b;
+	size_t i = *hint;
 
-	if (*hint < l->nbufs && l->bufs[*hint].rank == rank && l->bufs[*hint].id == id)
-		b = &l->bufs[*hint];
-	else if (!(b = dte_layout_buffer_find(l, rank, id)))
-		return NULL;
-	*hint = (size_t)(b - l->bufs) + 1;
+	if (i >= l->nbufs || (b = dte_layout_buffer(l, i, tmp))->rank != rank || b->id != id) {
+		if ((i = layout_buffer_index(l, rank, id)) == SIZE_MAX)
+			return NULL;
+		b = dte_layout_buffer(l, i, tmp);
+	}
+	*hint = i + 1;
 	return b;
 }
 
 static int layout_check_piece(const struct dte_layout *l, const struct dte_spec *spec,
 			      size_t i, size_t *hint, struct extent *x, char *err, size_t errlen)
 {
-	const struct dte_piece *p = &l->pieces[i];
+	struct dte_piece tmp;
+	const struct dte_piece *p = dte_layout_piece(l, i, &tmp);
 	const struct dte_spec_tensor *t;
+	struct dte_layout_buffer btmp;
 	const struct dte_layout_buffer *b;
 	uint32_t bufs[3], nb = l->role == DTE_LAYOUT_SOURCE ? 3 : 1, k, d;
 	int64_t min, max;
@@ -602,7 +637,7 @@ static int layout_check_piece(const struct dte_layout *l, const struct dte_spec 
 	bufs[1] = p->buf_m;
 	bufs[2] = p->buf_v;
 	for (k = 0; k < nb; k++) {
-		b = buf_find_near(l, p->rank, bufs[k], hint);
+		b = buf_find_near(l, p->rank, bufs[k], hint, &btmp);
 		if (!b)
 			return dte_layout_err(err, errlen, "piece %zu (%s): rank %u has no buffer %u",
 					      i, piece_str(s, sizeof(s), l, spec, i), p->rank, bufs[k]);
@@ -625,7 +660,8 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
 		return dte_layout_err(err, errlen, "%s layout %s: model spec hash %016llx does not match the model's %016llx",
 				      l->role == DTE_LAYOUT_SOURCE ? "source" : "sink", l->desc,
 				      (unsigned long long)l->spec_hash, (unsigned long long)spec->hash);
-	for (i = 1; i < l->nbufs; i++)
+	/* A rule gives its buffers in (rank, id) order. */
+	for (i = 1; !l->rule && i < l->nbufs; i++)
 		if (buf_cmp(&l->bufs[i - 1], &l->bufs[i]) >= 0)
 			return dte_layout_err(err, errlen, "layout %s: buffer rank %u id %u listed twice or out of order",
 					      l->desc, l->bufs[i].rank, l->bufs[i].id);

@@ -57,6 +57,7 @@ struct dte_layout_tensor {
 };
 
 struct dte_layout_names;
+struct dte_layout_rule;
 
 struct dte_layout {
 	int                       role;  /* enum dte_layout_role */
@@ -70,6 +71,13 @@ struct dte_layout {
 	struct dte_layout_tensor *tensors;  /* generators that know them (not json:) */
 	size_t                    ntensors, cap_tensors;
 	struct dte_layout_names  *names;    /* the buffers' and tensors' names */
+	/* A layout built for a plan only (dte_layout_from_desc_plan) may keep
+	 * its pieces and buffers as the rule that gives them (fsdp:, every
+	 * rank's dim-0 shard of every tensor) instead of the arrays: pieces
+	 * and bufs are NULL, npieces and nbufs count them, dte_layout_piece()
+	 * and dte_layout_buffer() compute them. */
+	struct dte_layout_rule   *rule;
+	int                       no_tensors;  /* for a plan only: runtime tensors not kept */
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
@@ -95,11 +103,43 @@ int  dte_layout_reserve(struct dte_layout *l, size_t pieces, size_t bufs, size_t
 void dte_layout_sort_buffers(struct dte_layout *l);
 const struct dte_layout_buffer *dte_layout_buffer_find(const struct dte_layout *l,
 						       uint32_t rank, uint32_t id);
+/* The same for any layout (NULL: none): a rule's buffer is computed into
+ * *tmp.  dte_layout_buffer_find finds none in a layout that keeps a rule. */
+const struct dte_layout_buffer *dte_layout_buffer_get(const struct dte_layout *l, uint32_t rank,
+						      uint32_t id, struct dte_layout_buffer *tmp);
 
 /* For generators and plans: memory about to be written all through (a
  * large array just allocated) is faulted in by one call, not a trap per
  * page; small ranges are left alone. */
 void dte_layout_prefault(void *mem, size_t len);
+
+/* Piece i and buffer i of a layout: in the array, or, for a layout that
+ * keeps a rule, computed into *tmp.  A piece's tensor alone is cheaper to
+ * ask for.  The rule's own (gen_fsdp.c) are below them. */
+const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t i,
+					      struct dte_piece *tmp);
+uint32_t dte_layout_rule_tensor(const struct dte_layout *l, size_t i);
+const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *l, size_t i,
+						       struct dte_layout_buffer *tmp);
+/* Index of a rule's buffer (rank, id); SIZE_MAX: none. */
+size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id);
+
+static inline const struct dte_piece *dte_layout_piece(const struct dte_layout *l, size_t i,
+						       struct dte_piece *tmp)
+{
+	return l->rule ? dte_layout_rule_piece(l, i, tmp) : &l->pieces[i];
+}
+
+static inline uint32_t dte_layout_piece_tensor(const struct dte_layout *l, size_t i)
+{
+	return l->rule ? dte_layout_rule_tensor(l, i) : l->pieces[i].tensor;
+}
+
+static inline const struct dte_layout_buffer *dte_layout_buffer(const struct dte_layout *l, size_t i,
+								struct dte_layout_buffer *tmp)
+{
+	return l->rule ? dte_layout_rule_buffer(l, i, tmp) : &l->bufs[i];
+}
 
 /* Number of elements in a piece's box. */
 int64_t dte_piece_volume(const struct dte_piece *p);
@@ -129,6 +169,14 @@ int dte_layout_from_desc(struct dte_layout *l, const struct dte_spec *spec,
 int dte_layout_from_desc_shards(struct dte_layout *l, const struct dte_spec *spec,
 				const char *desc, int role, const char *shards, char *err,
 				size_t errlen);
+/* The same, for a plan and nothing else (`dtectl plan`): the layout may
+ * keep its pieces and buffers as a rule (see struct dte_layout: read them
+ * with dte_layout_piece, dte_layout_buffer, dte_layout_buffer_get) and
+ * has no runtime tensors.  `spec` must outlive it.  Every count, buffer
+ * and piece is the one dte_layout_from_desc_shards gives. */
+int dte_layout_from_desc_plan(struct dte_layout *l, const struct dte_spec *spec,
+			      const char *desc, int role, const char *shards, char *err,
+			      size_t errlen);
 /* 1 when the description is one whose buffers come from a shard table. */
 int dte_layout_desc_sharded(const char *desc);
 

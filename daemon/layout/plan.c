@@ -12,7 +12,11 @@
  * writes it out), its detection is numbered within its tensor and then
  * offset by the detections of every earlier source piece, and the link
  * statistics add up in a (source node x sink node) table as entries come;
- * nothing sorts all entries.  docs/BENCHMARKS.md, "Plan at real size".
+ * nothing sorts all entries.  dte_plan_count keeps no entry: a tensor's
+ * are dropped once its detections are numbered.  A tensor's pieces are
+ * taken once as pointers (plan_pieces): into a layout's array, or
+ * computed from its rule (layout.h).  docs/BENCHMARKS.md, "Plan at real
+ * size".
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +48,11 @@ struct plan_ctx {
 	size_t                   *src_start, *sink_start;
 	size_t                    cap, cap_cuts;
 	uint32_t                  ndim;                 /* of the tensor being planned */
+	const struct dte_piece  **sp, **kp;             /* its sources and sinks, bucket order */
+	struct dte_piece         *spbuf, *kpbuf;        /* computed ones (a layout's rule) */
+	size_t                    cap_sp, cap_kp, cap_spbuf, cap_kpbuf;
+	size_t                    e0;                   /* its first entry */
+	uint32_t                  cur_src;              /* the source of the entries added: sp[cur_src] */
 	struct plan_dkey         *keys;                 /* one tensor's entries */
 	uint32_t                 *epos, *order, *gcount; /* their source's place in the bucket */
 	int64_t                  *hmax;                 /* max hi[0] of the sources so far */
@@ -53,6 +62,8 @@ struct plan_ctx {
 	int                       lo0_sorted;           /* the tensor's sources in order of lo[0] */
 	uint32_t                 *dcount;               /* per source piece: its detections */
 	uint64_t                 *link_entries, *link_elements;  /* the node table, or NULL */
+	int                       drop;                 /* dte_plan_count: a tensor's entries dropped once counted */
+	size_t                    dropped;              /* the entries so dropped */
 	char                     *err;
 	size_t                    errlen;
 };
@@ -75,7 +86,7 @@ static int plan_bucket(const struct dte_layout *l, uint32_t ntensors, uint32_t *
 		return -1;
 	}
 	for (i = 0; i < l->npieces; i++)
-		(*start)[(tid[i] = l->pieces[i].tensor) + 1]++;
+		(*start)[(tid[i] = dte_layout_piece_tensor(l, i)) + 1]++;
 	for (i = 1; i <= ntensors; i++)
 		(*start)[i] += (*start)[i - 1];
 	for (i = 0; i < l->npieces; i++)
@@ -121,13 +132,13 @@ static size_t box_subtract(uint32_t ndim, const int64_t *alo, const int64_t *ahi
 }
 
 /* A sink piece is not fully covered: find and name one uncovered box. */
-static int plan_gap(struct plan_ctx *x, const struct dte_piece *k, size_t s0, size_t s1,
-		    int64_t covered)
+static int plan_gap(struct plan_ctx *x, const struct dte_piece *k, size_t ns, int64_t covered)
 {
 	static const size_t cap = PLAN_GAP_BOXES;
 	int64_t (*alo)[DTE_MAX_DIMS] = malloc(cap * sizeof(*alo)), (*ahi)[DTE_MAX_DIMS] = malloc(cap * sizeof(*ahi));
 	int64_t (*blo)[DTE_MAX_DIMS] = malloc(cap * sizeof(*blo)), (*bhi)[DTE_MAX_DIMS] = malloc(cap * sizeof(*bhi));
-	const struct dte_layout_buffer *b = dte_layout_buffer_find(x->sink, k->rank, k->buf);
+	struct dte_layout_buffer btmp;
+	const struct dte_layout_buffer *b = dte_layout_buffer_get(x->sink, k->rank, k->buf, &btmp);
 	char box[256];
 	size_t na = 1, nb, i, j;
 
@@ -139,8 +150,8 @@ static int plan_gap(struct plan_ctx *x, const struct dte_piece *k, size_t s0, si
 	}
 	memcpy(alo[0], k->lo, sizeof(alo[0]));
 	memcpy(ahi[0], k->hi, sizeof(ahi[0]));
-	for (i = s0; i < s1 && na; i++) {
-		const struct dte_piece *s = &x->src->pieces[x->src_idx[i]];
+	for (i = 0; i < ns && na; i++) {
+		const struct dte_piece *s = x->sp[i];
 		for (j = 0, nb = 0; j < na && nb + 2 * DTE_MAX_DIMS < cap; j++)
 			nb = box_subtract(k->ndim, alo[j], ahi[j], s->lo, s->hi, blo, bhi, nb);
 		memcpy(alo, blo, nb * sizeof(alo[0]));
@@ -164,16 +175,16 @@ out:
 	return -1;
 }
 
-static int plan_src_disjoint_all(struct plan_ctx *x, uint32_t t, size_t s0, size_t s1)
+static int plan_src_disjoint_all(struct plan_ctx *x, uint32_t t, size_t ns)
 {
 	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
 	char box[256];
 	size_t i, j;
 
-	for (i = s0; i < s1; i++) {
-		const struct dte_piece *a = &x->src->pieces[x->src_idx[i]];
-		for (j = i + 1; j < s1; j++) {
-			const struct dte_piece *b = &x->src->pieces[x->src_idx[j]];
+	for (i = 0; i < ns; i++) {
+		const struct dte_piece *a = x->sp[i];
+		for (j = i + 1; j < ns; j++) {
+			const struct dte_piece *b = x->sp[j];
 			if (dte_box_intersect(a->ndim, a->lo, a->hi, b->lo, b->hi, lo, hi))
 				return dte_layout_err(x->err, x->errlen,
 						      "overlap in tensor %s: box %s has two sources (rank %u buffer %u and rank %u buffer %u)",
@@ -186,8 +197,8 @@ static int plan_src_disjoint_all(struct plan_ctx *x, uint32_t t, size_t s0, size
 
 static int piece_lo0_cmp(const void *a, const void *b, void *arg)
 {
-	const struct dte_piece *pc = arg;
-	int64_t x = pc[*(const uint32_t *)a].lo[0], y = pc[*(const uint32_t *)b].lo[0];
+	const struct dte_piece *const *sp = arg;
+	int64_t x = sp[*(const uint32_t *)a]->lo[0], y = sp[*(const uint32_t *)b]->lo[0];
 
 	return x < y ? -1 : x > y;
 }
@@ -196,41 +207,40 @@ static int piece_lo0_cmp(const void *a, const void *b, void *arg)
  * dims overlap can meet: in order of lo[0], a piece is checked against
  * the ones after it that start before it ends.  An overlap is named by the
  * pairwise scan, so the message is the one it always was. */
-static int plan_src_disjoint(struct plan_ctx *x, uint32_t t, size_t s0, size_t s1)
+static int plan_src_disjoint(struct plan_ctx *x, uint32_t t, size_t n)
 {
-	const struct dte_piece *pc = x->src->pieces;
-	uint32_t *ord = &x->src_idx[s0], *tmp = NULL;
-	size_t n = s1 - s0, i, j;
+	const struct dte_piece **sp = x->sp;
+	uint32_t *ord = NULL;
+	size_t i, j;
 
-	for (i = 1; i < n && pc[ord[i - 1]].lo[0] <= pc[ord[i]].lo[0]; i++)
+	for (i = 1; i < n && sp[i - 1]->lo[0] <= sp[i]->lo[0]; i++)
 		;
 	x->lo0_sorted = i >= n;
 	if (i < n) {
-		if (!(tmp = malloc(n * sizeof(*tmp))))
+		if (!(ord = malloc(n * sizeof(*ord))))
 			return dte_layout_err(x->err, x->errlen, "out of memory");
-		memcpy(tmp, ord, n * sizeof(*tmp));
-		qsort_r(tmp, n, sizeof(*tmp), piece_lo0_cmp, (void *)pc);
-		ord = tmp;
+		for (i = 0; i < n; i++)
+			ord[i] = (uint32_t)i;
+		qsort_r(ord, n, sizeof(*ord), piece_lo0_cmp, (void *)sp);
 	}
 	for (i = 0; i < n; i++) {
-		const struct dte_piece *a = &pc[ord[i]];
-		for (j = i + 1; j < n && pc[ord[j]].lo[0] < a->hi[0]; j++) {
-			const struct dte_piece *b = &pc[ord[j]];
+		const struct dte_piece *a = sp[ord ? ord[i] : i];
+		for (j = i + 1; j < n && sp[ord ? ord[j] : j]->lo[0] < a->hi[0]; j++) {
+			const struct dte_piece *b = sp[ord ? ord[j] : j];
 			if (dte_box_intersect(a->ndim, a->lo, a->hi, b->lo, b->hi, NULL, NULL)) {
-				free(tmp);
-				return plan_src_disjoint_all(x, t, s0, s1);
+				free(ord);
+				return plan_src_disjoint_all(x, t, n);
 			}
 		}
 	}
-	free(tmp);
+	free(ord);
 	return 0;
 }
 
-/* The box of an item: its pieces' intersection, or its cut. */
-static void plan_item_box(const struct dte_plan *p, const struct dte_plan_item *it, int64_t *lo, int64_t *hi)
+/* The box of an item: its pieces' (s, k) intersection, or its cut. */
+static void plan_item_box(const struct dte_plan *p, const struct dte_plan_item *it,
+			  const struct dte_piece *s, const struct dte_piece *k, int64_t *lo, int64_t *hi)
 {
-	const struct dte_piece *s = &p->src->pieces[it->src_piece], *k = &p->sink->pieces[it->sink_piece];
-
 	if (it->cut) {
 		memcpy(lo, p->cuts[it->cut - 1].lo, s->ndim * sizeof(*lo));
 		memcpy(hi, p->cuts[it->cut - 1].hi, s->ndim * sizeof(*hi));
@@ -239,14 +249,18 @@ static void plan_item_box(const struct dte_plan *p, const struct dte_plan_item *
 	}
 }
 
+static int plan_grow(void **arr, size_t *cap, size_t n, size_t elem);
+
+/* An entry of the tensor being planned, from its source sp[x->cur_src]:
+ * its item, and its detection key and place for plan_tensor_detect. */
 static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t *lo, const int64_t *hi,
 		    int whole)
 {
-	const struct dte_piece *s = &x->src->pieces[si];
 	struct dte_plan *p = x->plan;
 	struct dte_plan_item *it;
+	struct plan_dkey *key;
+	uint32_t ndim = x->ndim, d;
 	int64_t v = 1;
-	uint32_t d;
 
 	if (p->n == x->cap) {
 		size_t ncap = x->cap ? x->cap * 2 : 4096;
@@ -260,6 +274,17 @@ static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t 
 	if (p->n % PLAN_PREFAULT_ITEMS == 0)
 		dte_layout_prefault(&p->items[p->n], (p->n + PLAN_PREFAULT_ITEMS <= x->cap ? PLAN_PREFAULT_ITEMS
 							 : x->cap - p->n) * sizeof(*p->items));
+	if (plan_grow((void **)&x->keys, &x->cap_keys, p->n - x->e0 + 1, sizeof(*x->keys)) ||
+	    plan_grow((void **)&x->epos, &x->cap_epos, p->n - x->e0 + 1, sizeof(*x->epos)))
+		return dte_layout_err(x->err, x->errlen, "out of memory");
+	key = &x->keys[p->n - x->e0];
+	key->src_piece = si;
+	key->item = (uint32_t)p->n;
+	for (d = 0; d < ndim; d++) {
+		key->lo[d] = lo[d];
+		key->ext[d] = hi[d] - lo[d];
+	}
+	x->epos[p->n - x->e0] = x->cur_src;
 	it = &p->items[p->n];
 	it->src_piece = si;
 	it->sink_piece = ki;
@@ -279,12 +304,12 @@ static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t 
 			return dte_layout_err(x->err, x->errlen, "plan: too many entries");
 		c = &p->cuts[p->ncuts++];
 		memset(c, 0, sizeof(*c));
-		memcpy(c->lo, lo, s->ndim * sizeof(*lo));
-		memcpy(c->hi, hi, s->ndim * sizeof(*hi));
+		memcpy(c->lo, lo, ndim * sizeof(*lo));
+		memcpy(c->hi, hi, ndim * sizeof(*hi));
 		it->cut = (uint32_t)p->ncuts;
 	}
 	p->n++;
-	for (d = 0; d < s->ndim; d++)
+	for (d = 0; d < ndim; d++)
 		v *= hi[d] - lo[d];
 	p->elements += v;
 	if (x->link_entries) {
@@ -301,7 +326,7 @@ static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t 
 static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t *lo, int64_t *hi,
 			  uint32_t d, int whole)
 {
-	uint32_t ndim = x->src->pieces[si].ndim;
+	uint32_t ndim = x->ndim;
 	int64_t inner = 1, step, l0 = lo[d], h0 = hi[d];
 	int rc = 0;
 
@@ -362,18 +387,10 @@ static int plan_tensor_detect(struct plan_ctx *x, size_t e0, size_t e1, size_t n
 	struct dte_plan *p = x->plan;
 	size_t n = e1 - e0, i, g, run = 0;
 	uint32_t ndim = x->ndim, local, d;
-	int64_t hi[DTE_MAX_DIMS];
 
-	for (i = 0; i < n; i++) {
-		struct plan_dkey *k = &x->keys[i];
-		k->src_piece = p->items[e0 + i].src_piece;
-		k->item = (uint32_t)(e0 + i);
-		plan_item_box(p, &p->items[e0 + i], k->lo, hi);
-		for (d = 0; d < ndim; d++)
-			k->ext[d] = hi[d] - k->lo[d];
-	}
-	/* By source piece: the bucket holds them in index order, so a
-	 * counting sort on the place in it; then by box within each. */
+	/* plan_add wrote the entries' keys.  By source piece: the bucket
+	 * holds them in index order, so a counting sort on the place in it;
+	 * then by box within each. */
 	memset(x->gcount, 0, (nsrc + 1) * sizeof(*x->gcount));
 	for (i = 0; i < n; i++)
 		x->gcount[x->epos[i] + 1]++;
@@ -420,13 +437,14 @@ static int plan_tensor_detect(struct plan_ctx *x, size_t e0, size_t e1, size_t n
 	return 0;
 }
 
-/* First place in [a, b) whose value is above v (vals nondecreasing). */
-static size_t upper_i64(const int64_t *vals, const uint32_t *idx, const struct dte_piece *pc,
+/* First place in [a, b) whose value (vals, else the pieces' lo[0]) is
+ * above v (values nondecreasing). */
+static size_t upper_i64(const int64_t *vals, const struct dte_piece *const *sp,
 			size_t a, size_t b, int64_t v)
 {
 	while (a < b) {
 		size_t m = a + (b - a) / 2;
-		if ((idx ? pc[idx[m]].lo[0] : vals[m]) > v)
+		if ((sp ? sp[m]->lo[0] : vals[m]) > v)
 			b = m;
 		else
 			a = m + 1;
@@ -434,78 +452,93 @@ static size_t upper_i64(const int64_t *vals, const uint32_t *idx, const struct d
 	return a;
 }
 
+/* The pieces idx[0..n) of a layout as pointers: into its array, or
+ * computed into *buf (a layout that keeps a rule). */
+static int plan_pieces(const struct dte_layout *l, const uint32_t *idx, size_t n,
+		       const struct dte_piece ***ptr, size_t *cap, struct dte_piece **buf, size_t *cap_buf)
+{
+	size_t i;
+
+	if (plan_grow((void **)ptr, cap, n + 1, sizeof(**ptr)) ||
+	    (l->rule && plan_grow((void **)buf, cap_buf, n + 1, sizeof(**buf))))
+		return -1;
+	for (i = 0; i < n; i++)
+		(*ptr)[i] = dte_layout_piece(l, idx[i], l->rule ? &(*buf)[i] : NULL);
+	return 0;
+}
+
 static int plan_tensor(struct plan_ctx *x, uint32_t t)
 {
 	size_t s0 = x->src_start[t], s1 = x->src_start[t + 1], ns = s1 - s0;
-	size_t k0 = x->sink_start[t], k1 = x->sink_start[t + 1], i, j, e0 = x->plan->n, e;
-	const struct dte_piece *pc = x->src->pieces;
+	size_t k0 = x->sink_start[t], k1 = x->sink_start[t + 1], nk = k1 - k0, i, j, e0 = x->plan->n;
+	const struct dte_piece **sp;
 	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
 
 	if (k0 == k1)
 		return 0;
-	if (plan_src_disjoint(x, t, s0, s1))
+	if (plan_pieces(x->src, &x->src_idx[s0], ns, &x->sp, &x->cap_sp, &x->spbuf, &x->cap_spbuf) ||
+	    plan_pieces(x->sink, &x->sink_idx[k0], nk, &x->kp, &x->cap_kp, &x->kpbuf, &x->cap_kpbuf))
+		return dte_layout_err(x->err, x->errlen, "out of memory");
+	sp = x->sp;
+	x->e0 = e0;
+	if (plan_src_disjoint(x, t, ns))
 		return -1;
-	x->ndim = x->sink->pieces[x->sink_idx[k0]].ndim;
+	x->ndim = x->kp[0]->ndim;
 	if (plan_grow((void **)&x->hmax, &x->cap_hmax, ns + 1, sizeof(*x->hmax)) ||
 	    plan_grow((void **)&x->gcount, &x->cap_gcount, ns + 1, sizeof(*x->gcount)) ||
 	    plan_grow((void **)&x->snode, &x->cap_snode, ns + 1, sizeof(*x->snode)))
 		return dte_layout_err(x->err, x->errlen, "out of memory");
 	for (i = 0; i < ns; i++)
-		x->snode[i] = pc[x->src_idx[s0 + i]].rank / x->plan->ranks_per_node;
+		x->snode[i] = sp[i]->rank / x->plan->ranks_per_node;
 	/* Sources in order of lo[0]: only those from the first that may reach
 	 * the sink piece (hi[0] so far above its lo[0]) to the last that
 	 * starts before its end can meet it, in the same order. */
 	for (i = 0; x->lo0_sorted && i < ns; i++)
-		x->hmax[i] = i && x->hmax[i - 1] > pc[x->src_idx[s0 + i]].hi[0] ? x->hmax[i - 1]
-									 : pc[x->src_idx[s0 + i]].hi[0];
-	for (j = k0; j < k1; j++) {
-		const struct dte_piece *k = &x->sink->pieces[x->sink_idx[j]];
-		size_t a = s0, b = s1, knode = k->rank / x->plan->ranks_per_node;
+		x->hmax[i] = i && x->hmax[i - 1] > sp[i]->hi[0] ? x->hmax[i - 1] : sp[i]->hi[0];
+	for (j = 0; j < nk; j++) {
+		const struct dte_piece *k = x->kp[j];
+		size_t a = 0, b = ns, knode = k->rank / x->plan->ranks_per_node;
 		int64_t covered = 0;
 
 		if (x->lo0_sorted) {
-			a = s0 + upper_i64(x->hmax, NULL, NULL, 0, ns, k->lo[0]);
-			b = s0 + upper_i64(NULL, &x->src_idx[s0], pc, 0, ns, k->hi[0] - 1);
+			a = upper_i64(x->hmax, NULL, 0, ns, k->lo[0]);
+			b = upper_i64(NULL, sp, 0, ns, k->hi[0] - 1);
 		}
 		for (i = a; i < b; i++) {
-			const struct dte_piece *s = &pc[x->src_idx[i]];
+			const struct dte_piece *s = sp[i];
 			int64_t v = dte_box_intersect(k->ndim, s->lo, s->hi, k->lo, k->hi, lo, hi);
 			if (!v)
 				continue;
-			e = x->plan->n;
-			x->cell = (size_t)x->snode[i - s0] * x->plan->sink_nodes + knode;
-			if (plan_add_split(x, x->src_idx[i], x->sink_idx[j], lo, hi, 0, 1))
+			x->cell = (size_t)x->snode[i] * x->plan->sink_nodes + knode;
+			x->cur_src = (uint32_t)i;
+			if (plan_add_split(x, x->src_idx[s0 + i], x->sink_idx[k0 + j], lo, hi, 0, 1))
 				return -1;
-			if (plan_grow((void **)&x->epos, &x->cap_epos, x->plan->n - e0, sizeof(*x->epos)))
-				return dte_layout_err(x->err, x->errlen, "out of memory");
-			for (; e < x->plan->n; e++)
-				x->epos[e - e0] = (uint32_t)(i - s0);
 			covered += v;
 		}
 		if (covered != dte_piece_volume(k))
-			return plan_gap(x, k, s0, s1, covered);
+			return plan_gap(x, k, ns, covered);
 	}
-	if (plan_grow((void **)&x->keys, &x->cap_keys, x->plan->n - e0, sizeof(*x->keys)) ||
-	    plan_grow((void **)&x->order, &x->cap_order, x->plan->n - e0, sizeof(*x->order)))
+	if (plan_grow((void **)&x->order, &x->cap_order, x->plan->n - e0, sizeof(*x->order)))
 		return dte_layout_err(x->err, x->errlen, "out of memory");
 	return plan_tensor_detect(x, e0, x->plan->n, ns);
 }
 
 /* A tensor's pieces lie far apart (a source's ranks one after the
- * other): ask for the next tensor's while this one is planned. */
+ * other): ask for the next tensor's while this one is planned (a rule's
+ * pieces are computed, not read). */
 static void plan_prefetch(const struct plan_ctx *x, uint32_t t)
 {
 	size_t i;
 
 	if (t >= x->spec->n)
 		return;
-	for (i = x->src_start[t]; i < x->src_start[t + 1]; i++) {
+	for (i = x->src_start[t]; !x->src->rule && i < x->src_start[t + 1]; i++) {
 		const char *pc = (const char *)&x->src->pieces[x->src_idx[i]];
 		__builtin_prefetch(pc);
 		__builtin_prefetch(pc + 64);
 		__builtin_prefetch(pc + 128);
 	}
-	for (i = x->sink_start[t]; i < x->sink_start[t + 1]; i++) {
+	for (i = x->sink_start[t]; !x->sink->rule && i < x->sink_start[t + 1]; i++) {
 		const char *pc = (const char *)&x->sink->pieces[x->sink_idx[i]];
 		__builtin_prefetch(pc);
 		__builtin_prefetch(pc + 64);
@@ -535,7 +568,7 @@ static void plan_detections(struct plan_ctx *x)
 		x->dcount[i] = (uint32_t)base;
 		base += c;
 	}
-	for (i = 0; i < p->n; i++)
+	for (i = 0; p->items && i < p->n; i++)
 		p->items[i].detect += x->dcount[p->items[i].src_piece];
 	p->ndetect = (size_t)base;
 }
@@ -584,13 +617,15 @@ static int plan_links(struct plan_ctx *x)
 		}
 		for (i = 0; i < p->n; i++) {
 			const struct dte_plan_item *it = &p->items[i];
-			uint32_t nd = x->src->pieces[it->src_piece].ndim, d;
+			struct dte_piece st, kt;
+			const struct dte_piece *s = dte_layout_piece(x->src, it->src_piece, &st);
+			const struct dte_piece *kp = dte_layout_piece(x->sink, it->sink_piece, &kt);
+			uint32_t nd = s->ndim, d;
 			int64_t v = 1;
-			plan_item_box(p, it, lo, hi);
+			plan_item_box(p, it, s, kp, lo, hi);
 			for (d = 0; d < nd; d++)
 				v *= hi[d] - lo[d];
-			k[i].key = (uint64_t)(x->src->pieces[it->src_piece].rank / rpn) << 32 |
-				   (p->src_nodes + x->sink->pieces[it->sink_piece].rank / rpn);
+			k[i].key = (uint64_t)(s->rank / rpn) << 32 | (p->src_nodes + kp->rank / rpn);
 			k[i].elements = (uint64_t)v;
 		}
 		qsort(k, p->n, sizeof(*k), lkey_cmp);
@@ -623,13 +658,15 @@ static int plan_links(struct plan_ctx *x)
 void dte_plan_entry(const struct dte_plan *p, size_t i, struct dte_plan_entry *e)
 {
 	const struct dte_plan_item *it = &p->items[i];
-	const struct dte_piece *s = &p->src->pieces[it->src_piece], *k = &p->sink->pieces[it->sink_piece];
+	struct dte_piece st, kt;
+	const struct dte_piece *s = dte_layout_piece(p->src, it->src_piece, &st);
+	const struct dte_piece *k = dte_layout_piece(p->sink, it->sink_piece, &kt);
 	int64_t lo[DTE_MAX_DIMS], hi[DTE_MAX_DIMS];
 	struct dte_plan_link key;
 	const struct dte_plan_link *l;
 	uint32_t d;
 
-	plan_item_box(p, it, lo, hi);
+	plan_item_box(p, it, s, k, lo, hi);
 	memset(e, 0, sizeof(*e));
 	e->tensor = s->tensor;
 	e->src_piece = it->src_piece;
@@ -659,9 +696,27 @@ void dte_plan_entry(const struct dte_plan *p, size_t i, struct dte_plan_entry *e
 	e->link = l ? (uint32_t)(l - p->links) : 0;
 }
 
+static int plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		      const struct dte_layout *src, const struct dte_layout *sink,
+		      const struct dte_plan_opts *opts, int counts_only, char *err, size_t errlen);
+
 int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_layout *src, const struct dte_layout *sink,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen)
+{
+	return plan_build(plan, spec, src, sink, opts, 0, err, errlen);
+}
+
+int dte_plan_count(struct dte_plan *plan, const struct dte_spec *spec,
+		   const struct dte_layout *src, const struct dte_layout *sink,
+		   const struct dte_plan_opts *opts, char *err, size_t errlen)
+{
+	return plan_build(plan, spec, src, sink, opts, 1, err, errlen);
+}
+
+static int plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		      const struct dte_layout *src, const struct dte_layout *sink,
+		      const struct dte_plan_opts *opts, int counts_only, char *err, size_t errlen)
 {
 	struct plan_ctx x;
 	uint32_t t, rpn;
@@ -693,6 +748,9 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		x.link_elements = calloc(cells + 1, sizeof(*x.link_elements));
 	}
 	x.dcount = calloc(src->npieces + 1, sizeof(*x.dcount));
+	/* Entries are counted per tensor and the links in the node table:
+	 * once a tensor's detections are numbered, nothing reads its items. */
+	x.drop = counts_only && x.link_entries;
 	if (plan_bucket(src, spec->n, &x.src_idx, &x.src_start) ||
 	    plan_bucket(sink, spec->n, &x.sink_idx, &x.sink_start) || !x.dcount ||
 	    (cells <= PLAN_LINK_TABLE_MAX && (!x.link_entries || !x.link_elements))) {
@@ -703,13 +761,22 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 		plan_prefetch(&x, t + 1);
 		if (plan_tensor(&x, t))
 			goto out;
+		if (x.drop) {
+			x.dropped += plan->n;
+			plan->n = 0;
+		}
+	}
+	if (x.drop) {
+		plan->n = x.dropped;
+		free(plan->items);
+		plan->items = NULL;
 	}
 	if (plan->n >= UINT32_MAX) {
 		dte_layout_err(err, errlen, "plan: %zu entries, too many", plan->n);
 		goto out;
 	}
 	/* Give back what growing left over. */
-	if (plan->n && plan->n < x.cap) {
+	if (plan->items && plan->n && plan->n < x.cap) {
 		void *np = realloc(plan->items, plan->n * sizeof(*plan->items));
 		if (np)
 			plan->items = np;
@@ -725,6 +792,10 @@ out:
 	free(x.src_start);
 	free(x.sink_idx);
 	free(x.sink_start);
+	free(x.sp);
+	free(x.kp);
+	free(x.spbuf);
+	free(x.kpbuf);
 	free(x.keys);
 	free(x.epos);
 	free(x.order);

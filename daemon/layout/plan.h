@@ -9,7 +9,8 @@
  *
  * A plan keeps 16 bytes per entry (struct dte_plan_item) and borrows the
  * two layouts it was built from; dte_plan_entry() writes an entry out
- * (ranks, buffers, box, map, link, detection) from them.
+ * (ranks, buffers, box, map, link, detection) from them.  A plan only
+ * counted (dte_plan_count) keeps no entry.
  */
 #ifndef DTE_PLAN_H
 #define DTE_PLAN_H
@@ -66,7 +67,7 @@ struct dte_plan_link {
 };
 
 struct dte_plan {
-	struct dte_plan_item  *items;      /* n: read them with dte_plan_entry() */
+	struct dte_plan_item  *items;      /* n: read them with dte_plan_entry(); NULL: dte_plan_count */
 	size_t                 n;          /* entries of one replica */
 	struct dte_plan_cut   *cuts;
 	size_t                 ncuts;
@@ -84,6 +85,14 @@ struct dte_plan {
 /* Builds and validates; returns 0, or -1 with the reason (naming tensor and
  * box for a gap or an overlap). *plan needs dte_plan_fini only on success. */
 int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
+		   const struct dte_layout *src, const struct dte_layout *sink,
+		   const struct dte_plan_opts *opts, char *err, size_t errlen);
+/* The same plan counted (n, detections, links, elements) without its
+ * entries, for a caller that prints none (`dtectl plan` without
+ * --dump-entries; 128 MB at fsdp:dp=64 of Qwen3-235B): items is NULL and
+ * dte_plan_entry() not to be called, unless the links had to be counted
+ * from the entries (more node pairs than plan.c's table holds). */
+int dte_plan_count(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_layout *src, const struct dte_layout *sink,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen);
 void dte_plan_fini(struct dte_plan *plan);

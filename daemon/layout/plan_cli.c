@@ -209,10 +209,13 @@ static json_t *plan_json_buffers(const struct dte_layout *l)
 	json_t *arr = json_array();
 	size_t i;
 
-	for (i = 0; i < l->nbufs; i++)
-		json_array_append_new(arr, json_pack("{s:i, s:i, s:I, s:s}", "rank", (int)l->bufs[i].rank,
-						     "id", (int)l->bufs[i].id, "length", (json_int_t)l->bufs[i].length,
-						     "name", l->bufs[i].name));
+	for (i = 0; i < l->nbufs; i++) {
+		struct dte_layout_buffer tmp;
+		const struct dte_layout_buffer *b = dte_layout_buffer(l, i, &tmp);
+		json_array_append_new(arr, json_pack("{s:i, s:i, s:I, s:s}", "rank", (int)b->rank,
+						     "id", (int)b->id, "length", (json_int_t)b->length,
+						     "name", b->name));
+	}
 	return arr;
 }
 
@@ -436,18 +439,19 @@ int dte_plan_cli(int argc, char **argv)
 		fprintf(stderr, "dtectl plan: %s\n", err);
 		goto out_spec;
 	}
-	if (dte_layout_from_desc_shards(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
-					sizeof(err))) {
+	if (dte_layout_from_desc_plan(&src, &spec, a.source, DTE_LAYOUT_SOURCE, shards, err,
+				      sizeof(err))) {
 		fprintf(stderr, "dtectl plan: source: %s\n", err);
 		goto out_spec;
 	}
-	if (dte_layout_from_desc(&sink, &spec, a.sink, DTE_LAYOUT_SINK, err, sizeof(err))) {
+	if (dte_layout_from_desc_plan(&sink, &spec, a.sink, DTE_LAYOUT_SINK, NULL, err, sizeof(err))) {
 		fprintf(stderr, "dtectl plan: sink: %s\n", err);
 		goto out_src;
 	}
 	opts.sink_replicas = a.replicas;
 	opts.ranks_per_node = a.rpn;
-	if (dte_plan_build(&plan, &spec, &src, &sink, &opts, err, sizeof(err))) {
+	/* Only --dump-entries lists the entries: else they are counted. */
+	if ((a.dump ? dte_plan_build : dte_plan_count)(&plan, &spec, &src, &sink, &opts, err, sizeof(err))) {
 		if (!a.json)
 			printf("coverage: invalid\n");
 		fprintf(stderr, "dtectl plan: invalid plan: %s\n", err);

@@ -289,6 +289,71 @@ static void test_generated_layouts(void **state)
 	dte_spec_fini(&s);
 }
 
+/* The layouts `dtectl plan` builds (dte_layout_from_desc_plan): fsdp:
+ * keeps a rule whose pieces and buffers are the generator's, found as
+ * dte_layout_buffer_find finds them; no runtime tensors. */
+static void check_plan_only(const struct dte_spec *s, const char *desc, int role)
+{
+	struct dte_layout full, lean;
+	char err[512];
+	size_t i;
+
+	assert_int_equal(dte_layout_from_desc(&full, s, desc, role, err, sizeof(err)), 0);
+	assert_int_equal(dte_layout_from_desc_plan(&lean, s, desc, role, NULL, err, sizeof(err)), 0);
+	assert_int_equal(dte_layout_validate(&lean, s, err, sizeof(err)), 0);
+	assert_string_equal(lean.desc, full.desc);
+	assert_int_equal(lean.nranks, full.nranks);
+	assert_int_equal(lean.npieces, full.npieces);
+	assert_int_equal(lean.nbufs, full.nbufs);
+	assert_int_equal(!!lean.rule, !strncmp(desc, "fsdp:", 5));
+	assert_int_equal(lean.ntensors, 0);
+	for (i = 0; i < full.npieces; i++) {
+		struct dte_piece tmp;
+		assert_int_equal(dte_layout_piece_tensor(&lean, i), full.pieces[i].tensor);
+		assert_memory_equal(dte_layout_piece(&lean, i, &tmp), &full.pieces[i], sizeof(tmp));
+	}
+	for (i = 0; i < full.nbufs; i++) {
+		struct dte_layout_buffer tmp, tmp2;
+		const struct dte_layout_buffer *b = dte_layout_buffer(&lean, i, &tmp), *f = &full.bufs[i];
+		const struct dte_layout_buffer *g = dte_layout_buffer_get(&lean, f->rank, f->id, &tmp2);
+
+		assert_int_equal(b->rank, f->rank);
+		assert_int_equal(b->id, f->id);
+		assert_int_equal(b->length, f->length);
+		assert_string_equal(b->name, f->name);
+		assert_non_null(g);
+		assert_int_equal(g->rank, f->rank);
+		assert_int_equal(g->id, f->id);
+		assert_int_equal(g->length, f->length);
+		assert_string_equal(g->name, f->name);
+		/* The next id of the rank, and the next rank, as the array has them. */
+		assert_int_equal(!dte_layout_buffer_get(&lean, f->rank, f->id + 1, &tmp2),
+				 !dte_layout_buffer_find(&full, f->rank, f->id + 1));
+		assert_int_equal(!dte_layout_buffer_get(&lean, f->rank + 1, f->id, &tmp2),
+				 !dte_layout_buffer_find(&full, f->rank + 1, f->id));
+	}
+	assert_null(dte_layout_buffer_get(&lean, full.nranks, 0, &(struct dte_layout_buffer){ 0 }));
+	dte_layout_fini(&lean);
+	dte_layout_fini(&full);
+}
+
+static void test_plan_only_layouts(void **state)
+{
+	static const char *const models[] = { DATA "tiny-qwen3-moe.json", DATA "tiny-llama-gqa.json",
+					      DATA "models/llama-3.1-8b.json" };
+	static const char *const srcs[] = { "fsdp:dp=1", "fsdp:dp=3", "fsdp:dp=8", "fsdp:dp=64",
+					    "megatron:tp=2,dp=2" };
+	struct dte_spec s;
+
+	for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
+		spec_load(&s, models[m]);
+		for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++)
+			check_plan_only(&s, srcs[i], DTE_LAYOUT_SOURCE);
+		check_plan_only(&s, "sglang:tp=2", DTE_LAYOUT_SINK);
+		dte_spec_fini(&s);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -297,6 +362,7 @@ int main(void)
 		cmocka_unit_test(test_generator_config_errors),
 		cmocka_unit_test(test_declarative_json),
 		cmocka_unit_test(test_generated_layouts),
+		cmocka_unit_test(test_plan_only_layouts),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -463,6 +463,52 @@ static void reverse_pieces(struct dte_layout *l)
 	}
 }
 
+/* The same plan from the layouts `dtectl plan` builds (a rule for
+ * fsdp: pieces, no runtime tensors): every entry as the reference's; and
+ * counted without its entries (dte_plan_count), the same counts. */
+static void check_plan_only(const struct dte_spec *s, const char *srcd, const char *sinkd,
+			    const struct dte_plan_opts *o, const struct ref *r)
+{
+	struct dte_layout src, sink;
+	struct dte_plan p, c;
+	char err[512];
+	size_t i;
+
+	if (dte_layout_from_desc_plan(&src, s, srcd, DTE_LAYOUT_SOURCE, NULL, err, sizeof(err)) ||
+	    dte_layout_from_desc_plan(&sink, s, sinkd, DTE_LAYOUT_SINK, NULL, err, sizeof(err)))
+		fail_msg("%s -> %s (plan only): %s", srcd, sinkd, err);
+	assert_int_equal(!!src.rule, !strncmp(srcd, "fsdp:", 5));
+	if (dte_plan_build(&p, s, &src, &sink, o, err, sizeof(err)))
+		fail_msg("%s -> %s (plan only): %s", srcd, sinkd, err);
+	assert_int_equal(p.n, r->n);
+	assert_int_equal(p.ndetect, r->ndetect);
+	assert_int_equal(p.detect_elements, r->detect_elements);
+	assert_int_equal(p.shared_entries, r->shared);
+	assert_int_equal(p.nlinks, r->nlinks);
+	for (i = 0; i < r->n; i++) {
+		struct dte_plan_entry e;
+
+		dte_plan_entry(&p, i, &e);
+		if (memcmp(&e, &r->e[i], sizeof(e)))
+			fail_msg("%s -> %s (plan only): entry %zu differs", srcd, sinkd, i);
+	}
+	/* Counted, not kept: the same counts and links, no items. */
+	if (dte_plan_count(&c, s, &src, &sink, o, err, sizeof(err)))
+		fail_msg("%s -> %s (counts only): %s", srcd, sinkd, err);
+	assert_null(c.items);
+	assert_int_equal(c.n, p.n);
+	assert_int_equal(c.elements, p.elements);
+	assert_int_equal(c.ndetect, p.ndetect);
+	assert_int_equal(c.detect_elements, p.detect_elements);
+	assert_int_equal(c.shared_entries, p.shared_entries);
+	assert_int_equal(c.nlinks, p.nlinks);
+	assert_memory_equal(c.links, p.links, p.nlinks * p.sink_replicas * sizeof(*p.links));
+	dte_plan_fini(&c);
+	dte_plan_fini(&p);
+	dte_layout_fini(&src);
+	dte_layout_fini(&sink);
+}
+
 static void check_against_ref(const char *model, const char *srcd, const char *sinkd, int reverse,
 			      uint32_t replicas, uint32_t rpn)
 {
@@ -513,6 +559,8 @@ static void check_against_ref(const char *model, const char *srcd, const char *s
 	cuts = p.ncuts;
 	print_message("%s %s -> %s%s: %zu entries, %zu detections, %zu cut, %zu links: as the reference\n",
 		      model, srcd, sinkd, reverse ? " (pieces reversed)" : "", p.n, p.ndetect, cuts, p.nlinks);
+	if (!reverse)
+		check_plan_only(&s, srcd, sinkd, &o, &r);
 	free(r.e);
 	free(r.links);
 	dte_plan_fini(&p);
@@ -528,6 +576,8 @@ static void test_compact_matches_reference(void **state)
 	check_against_ref(DATA "tiny-qwen3-mqa-tied.json", "megatron:tp=1,dp=2", "sglang:tp=8", 0, 3, 4);
 	check_against_ref(DATA "tiny-qwen2-bias.json", "fsdp:dp=3", "vllm:tp=2", 0, 1, 1);
 	check_against_ref(DATA "tiny-llama-gqa.json", "fsdp:dp=4", "sglang:tp=2", 3, 2, 2);
+	check_against_ref(DATA "tiny-llama-gqa.json", "fsdp:dp=8", "sglang:tp=4", 0, 2, 2);
+	check_against_ref(DATA "tiny-qwen3-moe.json", "fsdp:dp=64", "sglang:tp=4,ep=2", 0, 1, 8);
 	check_against_ref(DATA "tiny-qwen3-moe.json", "megatron:tp=2,dp=2,ep=2", "sglang:tp=4,ep=2", 1, 1, 1);
 	/* Tensors over DTE_PLAN_ENTRY_MAX: entries cut into slabs. */
 	check_against_ref(DATA "models/qwen3-0.6b.json", "fsdp:dp=2", "sglang:tp=2", 0, 1, 8);
