@@ -1266,7 +1266,7 @@ static void publish_exact(uint64_t v, int64_t step, int dense)
 static void test_parts(void **state)
 {
 	struct job *j = job_find(eng, "tj");
-	uint64_t v = 100, refused0;
+	uint64_t v = 100, refused0, dup0;
 	int64_t step = 0;
 	void *snap;
 	Dtep__Payload *pm;
@@ -1318,13 +1318,37 @@ static void test_parts(void **state)
 	assert_int_equal(staged(), v);
 	v++;
 
-	/* A duplicate part refuses the version; the rest of it is dropped and
-	 * the next version repairs densely. */
+	/* A part delivered twice (the same record again): the copy is
+	 * dropped and counted, the version stages as if it came once. */
+	publish_held(v, ++step, 0);
+	refused0 = j->refused;
+	dup0 = j->dup_parts;
+	feed_rec(&held_recs[0]);
+	feed_rec(&held_recs[0]);
+	assert_int_equal(j->dup_parts, dup0 + 1);
+	assert_int_equal(j->refused, refused0);
+	for (size_t k = 1; k < nheld; k++)
+		feed_rec(&held_recs[k]);
+	assert_int_equal(staged(), v);
+	apply_ok(v);
+	check_exact();
+	v++;
+
+	/* Another part under a number already held (here: the same range
+	 * claiming other data) refuses the version; the rest of it is
+	 * dropped and the next version repairs densely. */
 	snapshot(&snap);
 	publish_held(v, ++step, 0);
 	refused0 = j->refused;
 	feed_rec(&held_recs[0]);
-	feed_rec(&held_recs[0]);
+	{
+		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[0].mlen, held_recs[0].msg);
+
+		assert_non_null(m);
+		m->xxh3 ^= 1;
+		feed_as(&held_recs[0], &m->base);
+		dtep__payload__free_unpacked(m, NULL);
+	}
 	assert_true(j->refused > refused0);
 	for (size_t k = 1; k < nheld; k++)
 		feed_rec(&held_recs[k]);
