@@ -34,7 +34,6 @@
 #include "daemon/job_snapshot.h"
 #include "daemon/metrics.h"
 #include "daemon/side_table.h"
-#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "gpu/xxh.h"
@@ -417,7 +416,7 @@ static int snapshot_all(struct jcap *c)
 				memset(tmp, 0, words * sizeof(*tmp));
 				bm = tmp;
 			}
-			r = jsnap_scan(&p->snap[q], dtc_backend_cpu(), &e->map, s.param, s.len, bm,
+			r = jsnap_scan(&p->snap[q], jdev_host(), &e->map, s.param, s.len, bm,
 				       words, &cnt);
 			if (r != DTC_OK) {
 				CAPFAIL("snapshot scan: %s", dtc_strerror(r));
@@ -711,7 +710,7 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 
 			bytes_len(raw, at, 2 * e->box);
 			stream = hash_start(c, &c->p[pi], at + 8);
-			r = dtc_dense_extract_csum_each(dtc_backend_cpu(), &e->map, s->param, s->len,
+			r = dtc_dense_extract_csum_each(jdev_host(), &e->map, s->param, s->len,
 							(uint16_t *)(void *)out, sum,
 							stream ? hash_run : NULL, &c->p[pi]);
 			if (r == DTC_OK)
@@ -821,7 +820,7 @@ static int entry_detect(struct jcap *c, struct det *d, size_t pi, const struct j
 		return CAPFAIL("out of memory");
 	at = raw->n;
 	raw->n += 8;
-	r = dtc_detect(dtc_backend_cpu(), &e->map, &c->k[e->group], s, mark, mark ? words : 0,
+	r = dtc_detect(jdev_host(), &e->map, &c->k[e->group], s, mark, mark ? words : 0,
 		       raw, &cnt, have_sum ? NULL : sum);
 	if (r != DTC_OK) {
 		raw->n = at;

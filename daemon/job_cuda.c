@@ -330,3 +330,46 @@ int jdev_checksum_box(const struct dte_box_map *e, const uint16_t *dst, uint64_t
 {
 	return dtc_checksum_box(jcuda_is_dev(dst) ? dev : dtc_backend_cpu(), e, dst, dst_len, sum);
 }
+
+const struct dtc_backend *jdev_host(void)
+{
+	return dtc_backend_cpu();
+}
+
+/* The payload kernels read and write the destination from the host: a
+ * device destination never reaches them (its entries are decoded into
+ * positions and values, and applied by jdev_scatter_apply /
+ * jdev_dense_apply); DTC_EINVAL says a caller broke that rule. */
+int jdev_sparse_apply_payload(const struct dte_box_map *e, const uint8_t *in, size_t len,
+			      uint16_t *dst, uint64_t dst_len, uint64_t *count, uint64_t *delta)
+{
+	if (jcuda_is_dev(dst))
+		return DTC_EINVAL;
+	return dtc_sparse_apply_payload(dtc_backend_cpu(), e, in, len, dst, dst_len, count, delta);
+}
+
+int jdev_sparse_swap_payload(const struct dte_box_map *e, uint8_t *in, size_t len, uint16_t *dst,
+			     uint64_t dst_len, uint64_t *count, uint64_t *delta)
+{
+	if (jcuda_is_dev(dst))
+		return DTC_EINVAL;
+	return dtc_sparse_swap_payload(dtc_backend_cpu(), e, in, len, dst, dst_len, count, delta);
+}
+
+int jdev_sparse_readback_payload(const struct dte_box_map *e, const uint8_t *in, size_t len,
+				 const uint16_t *dst, uint64_t dst_len, uint64_t *count,
+				 uint64_t *delta)
+{
+	if (jcuda_is_dev(dst))
+		return DTC_EINVAL;
+	return dtc_sparse_readback_payload(dtc_backend_cpu(), e, in, len, dst, dst_len, count,
+					   delta);
+}
+
+int jdev_dense_swap_payload(const struct dte_box_map *e, uint8_t *in, size_t len, uint16_t *dst,
+			    uint64_t dst_len, uint64_t *sum_new)
+{
+	if (jcuda_is_dev(dst))
+		return DTC_EINVAL;
+	return dtc_dense_swap_payload(dtc_backend_cpu(), e, in, len, dst, dst_len, sum_new);
+}

@@ -62,5 +62,24 @@ int jdev_dense_apply(const struct dte_box_map *e, const uint16_t *vals, uint16_t
 		     uint64_t dst_len);
 int jdev_checksum_box(const struct dte_box_map *e, const uint16_t *dst, uint64_t dst_len,
 		      uint64_t *sum);
+/* Host memory only (DTC_EINVAL for a device destination): the sink's
+ * payload kernels, which apply (and swap, for undo) straight from the
+ * received bytes. */
+int jdev_sparse_apply_payload(const struct dte_box_map *e, const uint8_t *in, size_t len,
+			      uint16_t *dst, uint64_t dst_len, uint64_t *count, uint64_t *delta);
+int jdev_sparse_swap_payload(const struct dte_box_map *e, uint8_t *in, size_t len, uint16_t *dst,
+			     uint64_t dst_len, uint64_t *count, uint64_t *delta);
+int jdev_sparse_readback_payload(const struct dte_box_map *e, const uint8_t *in, size_t len,
+				 const uint16_t *dst, uint64_t dst_len, uint64_t *count,
+				 uint64_t *delta);
+int jdev_dense_swap_payload(const struct dte_box_map *e, uint8_t *in, size_t len, uint16_t *dst,
+			    uint64_t dst_len, uint64_t *sum_new);
+/* The backend for host memory, for the host-only steps that take one
+ * (a snapshot scan, detect, the fused dense extract).  This file is the
+ * one place the engine chooses host or device compute: the daemon picks
+ * the device backend once (main.c, jcuda_init), every engine file goes
+ * through jdev_* (tests/system/engine_api.sh checks that no other engine
+ * object names a backend). */
+const struct dtc_backend *jdev_host(void);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/job_cuda.h"
 #include "daemon/job_ext.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
@@ -16,7 +17,6 @@
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"
 #include "daemon/sink_sm.h"
-#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 
@@ -166,14 +166,14 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		if (w->dense) {
 			uint64_t sn = 0;
 
-			r = dtc_dense_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
+			r = jdev_dense_swap_payload(&w->e[i].map, data + off,
 						   (size_t)len, b->ptr, b->length, &sn);
 			if (r == DTC_OK)
 				a->dsum[w->slot[i]] += sn;
 		} else {
 			/* Swapped in, then read back: the sums get what the
 			 * memory holds, not what the swap meant to write. */
-			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map, data + off,
+			r = jdev_sparse_swap_payload(&w->e[i].map, data + off,
 						    (size_t)len, b->ptr, b->length, &got, NULL);
 			if (r == DTC_OK && a->skip &&
 			    jsink_skip_one(a->eng->ext.apply_skip, &w->e[i].map, data + off,
@@ -189,7 +189,7 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 		w->eoff[w->nswapped] = off;
 		w->elen[w->nswapped] = len;
 		w->nswapped++;
-		if (!w->dense && (r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->e[i].map,
+		if (!w->dense && (r = jdev_sparse_readback_payload(&w->e[i].map,
 								  data + off, (size_t)len, b->ptr,
 								  b->length, &got,
 								  &a->delta[w->slot[i]])) != DTC_OK) {
@@ -222,11 +222,11 @@ static void undo_all(struct jarrive *a)
 			uint64_t got = 0, d = 0;
 
 			if (w->dense) {
-				(void)dtc_dense_swap_payload(dtc_backend_cpu(), &w->e[i].map,
+				(void)jdev_dense_swap_payload(&w->e[i].map,
 							     data + w->eoff[m], (size_t)w->elen[m],
 							     b->ptr, b->length, &d);
 			} else {
-				(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->e[i].map,
+				(void)jdev_sparse_swap_payload(&w->e[i].map,
 							      data + w->eoff[m],
 							      (size_t)w->elen[m], b->ptr, b->length,
 							      &got, &d);

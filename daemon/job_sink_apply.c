@@ -19,7 +19,6 @@
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"
 #include "daemon/sink_sm.h"
-#include "gpu/backend.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "gpu/elem.h"
@@ -143,7 +142,7 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 		if (!w->n)
 			continue;
 		if (w->enc && !w->dense && dtc_map_injective(&w->map)) {
-			r = dtc_sparse_swap_payload(dtc_backend_cpu(), &w->map,
+			r = jdev_sparse_swap_payload(&w->map,
 						    (uint8_t *)(uintptr_t)w->enc, w->enc_len, b->ptr,
 						    b->length, &got, NULL);
 			if (r == DTC_OK) {
@@ -151,7 +150,7 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 				if (skip &&
 				    jsink_skip_one(skip, &w->map, w->enc, w->enc_len, w->n, b->ptr))
 					skip = NULL;	/* else the next entry's */
-				r = dtc_sparse_readback_payload(dtc_backend_cpu(), &w->map, w->enc,
+				r = jdev_sparse_readback_payload(&w->map, w->enc,
 								w->enc_len, b->ptr, b->length, &got,
 								&delta[w->dst_slot]);
 			}
@@ -159,7 +158,7 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 			   __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && dtc_map_injective(&w->map)) {
 			/* Dense: verified by the full pass, which reads the box. */
 			tracked = 0;
-			r = dtc_dense_swap_payload(dtc_backend_cpu(), &w->map,
+			r = jdev_dense_swap_payload(&w->map,
 						   (uint8_t *)(uintptr_t)w->enc, w->enc_len, b->ptr,
 						   b->length, &sn);
 			w->swapped = r == DTC_OK;
@@ -169,7 +168,7 @@ static int apply_version(struct dbuf *const *bufs, struct jstaged *st, uint64_t 
 			tracked = 0;
 			*undoable = 0;
 			r = w->enc && !w->dense ?
-			    dtc_sparse_apply_payload(dtc_backend_cpu(), &w->map, w->enc, w->enc_len,
+			    jdev_sparse_apply_payload(&w->map, w->enc, w->enc_len,
 						     b->ptr, b->length, &got, &unused)
 			    : w->enc ? apply_dense_enc(w, b)
 			    : w->dense ? jdev_dense_apply(&w->map, w->val, b->ptr, b->length)
@@ -202,11 +201,11 @@ static void undo_writes(struct dbuf *const *bufs, struct jstaged *st)
 		if (!w->swapped)
 			continue;
 		if (w->dense)
-			(void)dtc_dense_swap_payload(dtc_backend_cpu(), &w->map,
+			(void)jdev_dense_swap_payload(&w->map,
 						     (uint8_t *)(uintptr_t)w->enc, w->enc_len,
 						     b->ptr, b->length, &sn);
 		else
-			(void)dtc_sparse_swap_payload(dtc_backend_cpu(), &w->map,
+			(void)jdev_sparse_swap_payload(&w->map,
 						      (uint8_t *)(uintptr_t)w->enc, w->enc_len,
 						      b->ptr, b->length, &got, NULL);
 		w->swapped = 0;

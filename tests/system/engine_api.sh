@@ -101,6 +101,16 @@ for f in $FILES; do
 	done
 done
 echo "engine-api: io_calls_outside_interface=$io"
+# One place chooses host or device compute (daemon/job_cuda.c, jdev_*):
+# no other engine object names a compute backend itself.
+be=0
+for f in $FILES; do
+	for sym in $(nm -u "$O/$f.o" | awk '{ print $2 }' | grep -E '^dtc_backend_'); do
+		be=$((be + 1))
+		echo "engine-api: compute backend chosen outside job_cuda.c: $f.o $sym"
+	done
+done
+echo "engine-api: backend_choices_outside_jdev=$be"
 fail=0
 if [ "$w" -gt 0 ] || [ "$wc" -gt 0 ]; then
 	echo "FAIL: the engine names the control protocol; take and fill plain types" \
@@ -109,6 +119,10 @@ if [ "$w" -gt 0 ] || [ "$wc" -gt 0 ]; then
 fi
 if [ "$s" -gt 0 ]; then
 	echo "FAIL: mutable state outside struct dte_engine; move it into the engine (daemon/job_state.h) or make it const"
+	fail=1
+fi
+if [ "$be" -gt 0 ]; then
+	echo "FAIL: an engine file names a compute backend; go through jdev_* (daemon/job_cuda.h)"
 	fail=1
 fi
 if [ "$io" -gt 0 ]; then
