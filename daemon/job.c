@@ -19,6 +19,12 @@
 #include "daemon/job_ext.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
+#include "daemon/job_coord.h"
+#include "daemon/job_src_engine.h"
+#include "daemon/job_sink_engine.h"
+#include "daemon/job_local.h"
+#include "daemon/job_capture.h"
+#include "daemon/job_task.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/registry.h"
@@ -192,7 +198,7 @@ static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 
 static void timer_update(struct dte_engine *e);
 
-void job_check_waiters(struct dte_engine *e)
+static void job_check_waiters(struct dte_engine *e)
 {
 	uint64_t now = jio_now(e);
 	struct jwaiter **pp = &e->waiters;

@@ -31,6 +31,7 @@
 #include "daemon/job_ext.h"
 #include "daemon/job_cuda.h"
 #include "daemon/job_state.h"
+#include "daemon/job_capture.h"
 #include "daemon/job_snapshot.h"
 #include "daemon/metrics.h"
 #include "daemon/side_table.h"

@@ -17,6 +17,9 @@
 #include <xxhash.h>
 #include "daemon/coord_sm.h"
 #include "daemon/job_state.h"
+#include "daemon/job_coord.h"
+#include "daemon/job_src_engine.h"
+#include "daemon/job_sink_engine.h"
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include "daemon/buf.h"
 #include "daemon/job_state.h"
+#include "daemon/job_src_engine.h"
+#include "daemon/job_sink_engine.h"
+#include "daemon/job_local.h"
 
 struct jlocal *jlocal_new(int role, size_t nbufs)
 {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/job_state.h"
+#include "daemon/job_task.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"

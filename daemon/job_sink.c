@@ -23,6 +23,7 @@
 #include "daemon/job_sink.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
+#include "daemon/job_sink_engine.h"
 #include "daemon/job_ops.h"
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"

@@ -14,6 +14,8 @@
 #include "daemon/job_ext.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
+#include "daemon/job_sink_engine.h"
+#include "daemon/job_task.h"
 #include "daemon/job_ops.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"

@@ -12,6 +12,7 @@
 #include "daemon/job_ext.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
+#include "daemon/job_task.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"

@@ -12,6 +12,7 @@
 #include <string.h>
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
+#include "daemon/job_sink_engine.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"

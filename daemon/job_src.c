@@ -15,6 +15,8 @@
 #include "daemon/buf.h"
 #include "daemon/job_src.h"
 #include "daemon/job_state.h"
+#include "daemon/job_src_engine.h"
+#include "daemon/job_capture.h"
 #include "daemon/job_snapshot.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"

@@ -286,14 +286,6 @@ static inline const struct jsink *jsink_cof(const struct jlocal *l)
 	return (const struct jsink *)l;
 }
 
-/* A zeroed participant of role (JROLE_*): a struct jsource or a struct
- * jsink, with nbufs buffer slots; NULL when out of memory.  jlocal_free()
- * frees either. */
-struct jlocal *jlocal_new(int role, size_t nbufs);
-void jlocal_free(struct dte_engine *e, struct jlocal *l);
-/* The storage writer's canonical sink: hang a struct jwriter on sink l.
- * 0, or -1 when out of memory. */
-int jsink_make_writer(struct jlocal *l);
 
 /* Coordinator's view of one member daemon. */
 struct jmember {
@@ -409,9 +401,6 @@ struct jcap_pool {
 	size_t chunks_out;        /* given to the router, not back yet (loop only) */
 	struct dte_engine *eng;   /* NULL: the engine is gone */
 };
-struct jcap_pool *jcap_pool_new(struct dte_engine *e);
-/* The engine goes: the pool is freed now, or by its last chunk back. */
-void jcap_pool_release(struct jcap_pool *pool);
 
 /* A capture (mark or publish) on a worker thread: job_capture.c runs it,
  * job_src.c prepares it and finishes it on the loop.  The task owns all
@@ -501,21 +490,6 @@ struct jcap {
 	struct jcap *next;        /* eng->inflight */
 };
 
-/* Worker side: 0, or -1 with c->err.  Parts are queued on c->q as they
- * are framed. */
-int  jcap_run(struct jcap *c);
-void jcap_free(struct jcap *c);
-/* Loop side: takes the parts queued so far (NULL when none). */
-struct jcap_part *jcap_take_parts(struct jcap *c);
-void jcap_part_free(struct dte_engine *e, struct jcap_part *p);
-/* A part's chunk given to the router (send_part) comes back here, on the
- * loop, once it is sent or dropped; arg is its capacity. */
-void jcap_chunk_release(struct jcap_pool *pool, void *chunk, size_t cap);
-void jcap_chunk_given(struct jcap_pool *pool);	/* count one before giving it */
-/* A dense version of a pair with these entries is coming (a fresh sink, a
- * repair): its parts' buffers populated ahead, on a worker. */
-void jcap_prefill_dense(struct dte_engine *eng, const struct jentry *e, size_t n,
-			size_t part_bytes);
 int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType type,
 			   const ProtobufCMessage *msg, void *data, size_t len,
 			   void (*release)(void *data, void *rarg), void *rarg);
@@ -532,12 +506,6 @@ struct jtask {
 	struct jtask *next;       /* eng->tasks */
 };
 
-void jtask_start(struct dte_engine *e, struct jtask *t);
-/* Any capture or task of e still on a worker. */
-int jtask_busy(struct dte_engine *e);
-/* Shutdown: refuse new work, cancel what has not started and run the
- * loop until every capture and task came back (their callbacks). */
-void job_tasks_drain(struct dte_engine *e);
 
 struct jwaiter;
 struct jverify;
@@ -665,104 +633,11 @@ void jev_progress(struct dte_engine *e);
 void jev_sink_staged(struct job *j, struct jlocal *l);
 int  jev_committing(struct dte_engine *e);
 
-/* job.c */
-void job_check_waiters(struct dte_engine *e);
-
 /* job_local.c: jlocal_new(), jlocal_free() (above). */
 
-/* job_coord.c */
-void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
-void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
-void jcoord_node_down(struct job *j, const char *node);
-void jcoord_free(struct job *j);
-/* A PLAN_ACK from a member. */
-void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m);
-/* Retries of JOINs and PLANs not acknowledged yet; (re)arms e->ctl_timer. */
-void jctl_retry(struct dte_engine *e);
-void jctl_update(struct dte_engine *e);
-/* Member: the coordinator went down; rejoin when it is back. */
-void jmember_coord_down(struct job *j, const char *node);
-/* A random boot id (PEER_TERM_BOOT_BITS, never 0). */
-uint64_t job_boot_new(void);
-/* A JOIN with this daemon's participants now (a new join_seq)... */
-void job_send_join(struct job *j);
-/* ...or the newest one again (a retry: same join_seq). */
-void job_send_join_again(struct job *j);
-/* Member side: a PLAN arrived.  -1 with the reason in why when it is
- * refused (not from the job's coordinator, not a term, another peer
- * protocol): the caller answers REFUSED. */
-int  jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, size_t whylen);
-void jplan_free(struct job *j);
 
-/* job_src.c */
-void jsrc_staged(struct job *j, const Dtep__Staged *m);
-void jsrc_applied(struct job *j, const Dtep__Applied *m);
-/* The engine's parts_wake: send the parts every running capture framed. */
-void jsrc_parts_ready(void *engine);
-/* 1: every sink fed from here applied version; 0: not yet; -1: a sink
- * reported it failed (why in err). */
-int jsrc_wait_done(struct job *j, uint64_t version, uint32_t *sinks, char *err, size_t errlen);
-/* Frees what the source side allocated for l (job_local.c's jlocal_free). */
-void jsrc_free(struct dte_engine *e, struct jlocal *l);
-/* Source l's capture of `version` (0: its last publish): 1 when it no
- * longer reads the buffers (*rep: its counts when it is the last one),
- * 0 while it does, a negative errno with the reason when it failed or
- * was never published. */
-int jsrc_captured(struct job *j, struct jlocal *l, uint64_t version, struct jpublish_res *rep,
-		  char *err, size_t errlen);
 
-/* The sink (job_sink*.c; daemon/job_sink_int.h says which file holds
- * what). */
-void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
-		  size_t hdrlen);
-void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
-		   size_t len);
-void jsink_free(struct dte_engine *e, struct jlocal *l);
-/* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
-void jsink_send_deferred(struct job *j, struct jlocal *l);
-void jsink_replanned(struct job *j);
-/* The same for the local sources: buffers ready for their dense versions. */
-void jsrc_replanned(struct job *j);
-/* A receive arena the size of sink l's dense version (recvpool.h), or NULL. */
-struct recvpool *jsink_arena(const struct jlocal *l);
-uint64_t jsink_newest_staged(const struct jlocal *l);
-/* Apply on arrival (docs/SYNC.md): the client's wait_staged on sink l
- * ends (answered or expired).  Nonzero while the sink's buffers hold a
- * version applied on arrival that is not yet staged or undone: the answer
- * must wait (jev_progress comes once it is undone and staged as usual).
- * jsink_parked / jsink_unparked: a wait_staged of l's starts / is over
- * (jsink.parked). */
-int jsink_park_ending(struct job *j, struct jlocal *l);
-void jsink_parked(struct dte_engine *e, struct jlocal *l);
-void jsink_unparked(struct dte_engine *e, struct jlocal *l);
 
-/* What an apply did (job_sink_apply.c, on a worker). */
-struct jsink_apply_result {
-	uint64_t version;         /* the newest version applied */
-	uint32_t n;               /* versions applied */
-	int ok, failed_apply, incremental;
-	int undone;               /* !ok: every write undone, the buffers as before */
-	uint64_t key;
-	uint64_t checksum_failures;
-	double work_ms;           /* on the worker */
-	double ms;                /* from the request to the loop's completion */
-	char why[256];
-};
-/* Internal callers (the storage writer) get the result here instead of
- * an answer to a client; j and l are NULL when the sink went away or the
- * apply never ran. */
-typedef void (*jsink_applied_fn)(struct job *j, struct jlocal *l,
-				 const struct jsink_apply_result *r, void *arg);
-/* Apply every staged version <= version of sink l on a worker; the answer
- * goes to rq (JOP_APPLY), or to then(arg).  0, or a negative errno (then
- * nothing started). */
-int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, const struct jreq *rq,
-		      jsink_applied_fn then, void *arg, char *err, size_t errlen);
-/* The same, and prep(arg, first) on the worker before the first version
- * is written (the storage writer reads what it will change there). */
-int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
-			   void (*prep)(void *arg, const struct jstaged *first),
-			   jsink_applied_fn then, void *arg, char *err, size_t errlen);
 
 /* The engine's I/O (daemon/engine_io.h), for its files. */
 static inline uint64_t jio_now(const struct dte_engine *e)

@@ -27,6 +27,10 @@
 #include <unistd.h>
 #include "daemon/job_ext.h"
 #include "daemon/job_state.h"
+#include "daemon/job_coord.h"
+#include "daemon/job_sink_engine.h"
+#include "daemon/job_local.h"
+#include "daemon/job_task.h"
 #include "daemon/job_storage.h"
 #include "daemon/log.h"
 #include "daemon/reader_sm.h"

@@ -12,6 +12,7 @@
  * no sleeps, no orphaned worker still reading client memory.
  */
 #include "daemon/job_state.h"
+#include "daemon/job_task.h"
 #include "daemon/log.h"
 
 static void task_work(struct dte_work *w)

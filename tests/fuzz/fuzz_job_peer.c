@@ -51,6 +51,7 @@
 #include "daemon/buf.h"
 #include "daemon/job.h"
 #include "daemon/job_state.h"
+#include "daemon/job_task.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
 #include "proto/peer_auth.h"

@@ -41,6 +41,62 @@ while read -r row; do
 		nm -u "$O/$f.o" | awk -v f="$f" '{ print f, $NF }' >>"$tmp/uses"
 	done
 done <"$tmp/rows"
+# One header per layer: the headers of the engine's files, each with the
+# files whose functions it declares.  An engine file may include a header
+# of its own or one of the rows below it, never one above it or beside it,
+# so the compiler (-Werror=implicit-function-declaration) refuses a call
+# up or sideways before nm sees it.  job_state.h (the objects and the
+# bottom row) and job_api.h (the plain request and result types) are
+# everyone's.
+HEADERS='job.h job
+job_storage.h job_storage
+job_coord.h job_coord
+job_local.h job_local
+job_src.h job_src
+job_src_engine.h job_src
+job_sink.h job_sink
+job_sink_engine.h job_sink job_sink_intake job_sink_apply job_sink_version
+job_sink_int.h job_sink job_sink_intake job_sink_aoa job_sink_stage job_sink_apply job_sink_version
+job_ops.h job_ops
+job_capture.h job_capture
+job_task.h job_task
+job_metrics.h job_metrics'
+printf '%s\n' "$HEADERS" >"$tmp/headers"
+: >"$tmp/includes"
+while read -r f _; do
+	sed -n 's|^#include "daemon/\(job[a-z_]*\.h\)".*|\1|p' "daemon/$f.c" |
+		awk -v f="$f" '{ print f, $1 }' >>"$tmp/includes"
+done <"$tmp/ranks"
+awk '
+	FILENAME == ARGV[1] { rank[$1] = $2; next }
+	FILENAME == ARGV[2] { for (i = 2; i <= NF; i++) { own[$1, $i] = 1; owners[$1] = owners[$1] " " $i } ; known[$1] = 1; next }
+	{
+		f = $1; h = $2
+		if (!(h in known))
+			next
+		n++
+		if ((h, f) in own)
+			next
+		split(owners[h], o, " ")
+		for (k in o)
+			if (rank[o[k]] <= rank[f]) {
+				bad++
+				printf "%s includes %s (%s: %s)\n", f, h, o[k],
+				       rank[o[k]] < rank[f] ? "a layer above" : "a layer beside"
+				break
+			}
+	}
+	END {
+		printf "engine-layers: includes=%d layer_headers=%d up=%d\n", n, length(known), bad + 0
+		if (n < 20) {
+			print "engine-layers: FAIL: too few includes of layer headers read; is the list right?"
+			exit 1
+		}
+		if (bad) {
+			print "FAIL: an engine file includes the header of a layer above or beside it (docs/SYNC.md, Layers)"
+			exit 1
+		}
+	}' "$tmp/ranks" "$tmp/headers" "$tmp/includes" || exit 1
 # The top row is rank 1: a use must go to a larger rank.
 awk '
 	FILENAME == ARGV[1] { rank[$1] = $2; files++; next }
