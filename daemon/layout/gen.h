@@ -42,8 +42,6 @@ int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,
 		      const struct dte_infer_cfg *cfg, char *err, size_t errlen);
 int dte_layout_vllm(struct dte_layout *l, const struct dte_spec *spec,
 		    const struct dte_infer_cfg *cfg, char *err, size_t errlen);
-/* gen_fsdp.c: frees a layout's rule (dte_layout_fini calls it). */
-void dte_layout_rule_free(struct dte_layout_rule *rule);
 /* Declarative pieces from a JSON file (format in gen_json.c). */
 int dte_layout_load_json(struct dte_layout *l, const struct dte_spec *spec,
 			 const char *path, char *err, size_t errlen);

@@ -83,7 +83,7 @@ static void fsdp_rule_rows(const struct fsdp_tensor *ft, uint32_t r, int64_t *lo
 	*hi = *lo + chunk < ft->rows ? *lo + chunk : ft->rows;
 }
 
-const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t i,
+static const struct dte_piece *rule_piece(const struct dte_layout *l, size_t i,
 					      struct dte_piece *tmp)
 {
 	const struct fsdp_ref *r = &l->rule->ref[i];
@@ -94,14 +94,14 @@ const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t
 	return tmp;
 }
 
-uint32_t dte_layout_rule_tensor(const struct dte_layout *l, size_t i)
+static uint32_t rule_tensor(const struct dte_layout *l, size_t i)
 {
 	return l->rule->ref[i].tensor;
 }
 
 /* Buffers come three a piece, in the pieces' order: param, exp_avg,
  * exp_avg_sq of one rank's shard of one tensor. */
-const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *l, size_t i,
+static const struct dte_layout_buffer *rule_buffer(const struct dte_layout *l, size_t i,
 						       struct dte_layout_buffer *tmp)
 {
 	const struct dte_layout_rule *u = l->rule;
@@ -117,7 +117,7 @@ const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *
 	return tmp;
 }
 
-size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id)
+static size_t rule_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id)
 {
 	const struct dte_layout_rule *u = l->rule;
 	size_t a, b;
@@ -137,7 +137,7 @@ size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, u
 	return 3 * a + id % 3;
 }
 
-void dte_layout_rule_free(struct dte_layout_rule *rule)
+static void rule_free(struct dte_layout_rule *rule)
 {
 	if (rule) {
 		free(rule->t);
@@ -147,6 +147,14 @@ void dte_layout_rule_free(struct dte_layout_rule *rule)
 	}
 	free(rule);
 }
+
+static const struct dte_layout_rule_ops fsdp_rule_ops = {
+	.piece = rule_piece,
+	.tensor = rule_tensor,
+	.buffer = rule_buffer,
+	.buffer_index = rule_buffer_index,
+	.free = rule_free,
+};
 
 int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 		    const struct dte_fsdp_cfg *cfg, char *err, size_t errlen)
@@ -174,6 +182,7 @@ int dte_layout_fsdp(struct dte_layout *l, const struct dte_spec *spec,
 			goto oom;
 	}
 	if (cfg->rule) {
+		l->rule_ops = &fsdp_rule_ops;	/* dte_layout_fini frees the rule through it */
 		if (!(l->rule = calloc(1, sizeof(*l->rule))) ||
 		    !(l->rule->t = malloc(((size_t)spec->n + 1) * sizeof(*l->rule->t))) ||
 		    !(l->rule->ref = malloc((npieces + 1) * sizeof(*l->rule->ref))) ||

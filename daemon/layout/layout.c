@@ -154,7 +154,8 @@ void dte_layout_fini(struct dte_layout *l)
 	free(l->bufs);
 	free(l->tensors);
 	names_free(l->names);
-	dte_layout_rule_free(l->rule);
+	if (l->rule)
+		l->rule_ops->free(l->rule);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -344,7 +345,7 @@ static size_t layout_buffer_index(const struct dte_layout *l, uint32_t rank, uin
 	const struct dte_layout_buffer *b;
 
 	if (l->rule)
-		return dte_layout_rule_buffer_index(l, rank, id);
+		return l->rule_ops->buffer_index(l, rank, id);
 	b = dte_layout_buffer_find(l, rank, id);
 	return b ? (size_t)(b - l->bufs) : SIZE_MAX;
 }

@@ -58,6 +58,21 @@ struct dte_layout_tensor {
 
 struct dte_layout_names;
 struct dte_layout_rule;
+struct dte_layout;
+
+/* What a layout that keeps a rule (below) computes on demand: the
+ * generator that made the rule (gen_fsdp.c) hands these down with it, so
+ * layout.c calls the rule without calling up into a generator. */
+struct dte_layout_rule_ops {
+	const struct dte_piece *(*piece)(const struct dte_layout *l, size_t i,
+					 struct dte_piece *tmp);
+	uint32_t (*tensor)(const struct dte_layout *l, size_t i);
+	const struct dte_layout_buffer *(*buffer)(const struct dte_layout *l, size_t i,
+						  struct dte_layout_buffer *tmp);
+	/* Index of the buffer (rank, id); SIZE_MAX: none. */
+	size_t (*buffer_index)(const struct dte_layout *l, uint32_t rank, uint32_t id);
+	void (*free)(struct dte_layout_rule *rule);
+};
 
 struct dte_layout {
 	int                       role;  /* enum dte_layout_role */
@@ -77,6 +92,7 @@ struct dte_layout {
 	 * and bufs are NULL, npieces and nbufs count them, dte_layout_piece()
 	 * and dte_layout_buffer() compute them. */
 	struct dte_layout_rule   *rule;
+	const struct dte_layout_rule_ops *rule_ops;  /* with rule */
 	int                       no_tensors;  /* for a plan only: runtime tensors not kept */
 };
 
@@ -114,31 +130,23 @@ const struct dte_layout_buffer *dte_layout_buffer_get(const struct dte_layout *l
 void dte_layout_prefault(void *mem, size_t len);
 
 /* Piece i and buffer i of a layout: in the array, or, for a layout that
- * keeps a rule, computed into *tmp.  A piece's tensor alone is cheaper to
- * ask for.  The rule's own (gen_fsdp.c) are below them. */
-const struct dte_piece *dte_layout_rule_piece(const struct dte_layout *l, size_t i,
-					      struct dte_piece *tmp);
-uint32_t dte_layout_rule_tensor(const struct dte_layout *l, size_t i);
-const struct dte_layout_buffer *dte_layout_rule_buffer(const struct dte_layout *l, size_t i,
-						       struct dte_layout_buffer *tmp);
-/* Index of a rule's buffer (rank, id); SIZE_MAX: none. */
-size_t dte_layout_rule_buffer_index(const struct dte_layout *l, uint32_t rank, uint32_t id);
-
+ * keeps a rule, computed into *tmp (its rule_ops).  A piece's tensor alone
+ * is cheaper to ask for. */
 static inline const struct dte_piece *dte_layout_piece(const struct dte_layout *l, size_t i,
 						       struct dte_piece *tmp)
 {
-	return l->rule ? dte_layout_rule_piece(l, i, tmp) : &l->pieces[i];
+	return l->rule ? l->rule_ops->piece(l, i, tmp) : &l->pieces[i];
 }
 
 static inline uint32_t dte_layout_piece_tensor(const struct dte_layout *l, size_t i)
 {
-	return l->rule ? dte_layout_rule_tensor(l, i) : l->pieces[i].tensor;
+	return l->rule ? l->rule_ops->tensor(l, i) : l->pieces[i].tensor;
 }
 
 static inline const struct dte_layout_buffer *dte_layout_buffer(const struct dte_layout *l, size_t i,
 								struct dte_layout_buffer *tmp)
 {
-	return l->rule ? dte_layout_rule_buffer(l, i, tmp) : &l->bufs[i];
+	return l->rule ? l->rule_ops->buffer(l, i, tmp) : &l->bufs[i];
 }
 
 /* Number of elements in a piece's box. */
