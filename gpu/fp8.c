@@ -20,6 +20,8 @@ static int check_shape(const void *a, const void *b, uint64_t rows, uint64_t col
 {
 	if (!a || !b || !block_rows || !block_cols || ld < cols || (flags & ~DTC_FP8_FLAGS_ALL))
 		return DTC_EINVAL;
+	if ((flags & DTC_FP8_UE8M0) && (flags & DTC_FP8_UE8M0_LOG2))
+		return DTC_EINVAL;
 	/* rows*ld indexes the input; rows*cols bits index a diff bitmap. */
 	if (rows && ld > UINT64_MAX / 8 / rows)
 		return DTC_EINVAL;

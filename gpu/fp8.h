@@ -13,6 +13,7 @@
  *     scale = amax / 448                             (FP32 division)
  *           | amax * RN32(1/448)          DTC_FP8_SCALE_RECIP
  *     scale = ceil_to_ue8m0(scale)                   DTC_FP8_UE8M0
+ *           | pow(2, ceil(log2(scale)))              DTC_FP8_UE8M0_LOG2
  *     code  = e4m3fn(RN32(x * RN32(1 / scale)))      (torch's FP32 cast)
  *
  * with e4m3fn() PyTorch's conversion (dtc_fp8_e4m3fn_rne below).  The
@@ -46,8 +47,14 @@ enum dtc_fp8_flags {
 	 * per_block_cast_to_fp8 on a non-CPU device, where inductor replaces a
 	 * division by a constant with a multiplication by its reciprocal. */
 	DTC_FP8_SCALE_RECIP = 1u << 1,
+	/* Power-of-two scales as vLLM's use_ue8m0=True computes them,
+	 * torch.pow(2, ceil(log2(scale))) (vllm/utils/deep_gemm.py
+	 * _ceil_to_ue8m0): the same as DTC_FP8_UE8M0 for every block of finite
+	 * BF16 (amax/448 is then a normal FP32 well inside [2^-126, 2^127]),
+	 * but a NaN or Inf scale stays NaN / Inf.  Not with DTC_FP8_UE8M0. */
+	DTC_FP8_UE8M0_LOG2 = 1u << 2,
 };
-#define DTC_FP8_FLAGS_ALL	(DTC_FP8_UE8M0 | DTC_FP8_SCALE_RECIP)
+#define DTC_FP8_FLAGS_ALL	(DTC_FP8_UE8M0 | DTC_FP8_SCALE_RECIP | DTC_FP8_UE8M0_LOG2)
 
 /* FP32 -> float8_e4m3fn exactly as torch 2.13 casts it
  * (torch/headeronly/util/Float8_e4m3fn.h, fp8e4m3fn_from_fp32_value):
@@ -107,6 +114,25 @@ DTC_HD static inline float dtc_fp8_ceil_ue8m0(float x)
 	return dtc_bits_f32(e << 23);
 }
 
+/* 2^ceil(log2 |x|) with IEEE log2/pow semantics: NaN and Inf pass
+ * (as |x|), 0 -> 0, no exponent clamp (2^128 overflows to Inf). */
+DTC_HD static inline float dtc_fp8_ceil_pow2(float x)
+{
+	uint32_t b = dtc_f32_bits(x) & UINT32_C(0x7fffffff);
+	float p;
+
+	if (b >= UINT32_C(0x7f800000) || b == 0)
+		return dtc_bits_f32(b);
+	if (b >= UINT32_C(0x00800000)) {	/* normal: as ceil_ue8m0, unclamped */
+		uint32_t e = (b >> 23) + ((b & UINT32_C(0x7fffff)) != 0);
+
+		return e > 254 ? dtc_bits_f32(UINT32_C(0x7f800000)) : dtc_bits_f32(e << 23);
+	}
+	for (p = 0x1p-149f; dtc_f32_bits(p) < b; p *= 2.0f)	/* subnormal */
+		;
+	return p;
+}
+
 /* A block's scale from the max |x| of its elements (NaN if any was NaN). */
 DTC_HD static inline float dtc_fp8_block_scale(float amax, unsigned flags)
 {
@@ -118,6 +144,8 @@ DTC_HD static inline float dtc_fp8_block_scale(float amax, unsigned flags)
 		sf = amax * (float)(1.0 / 448.0);
 	else
 		sf = amax / DTC_FP8_MAX;
+	if (flags & DTC_FP8_UE8M0_LOG2)
+		return dtc_fp8_ceil_pow2(sf);
 	return flags & DTC_FP8_UE8M0 ? dtc_fp8_ceil_ue8m0(sf) : sf;
 }
 

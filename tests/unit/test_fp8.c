@@ -95,6 +95,18 @@ static void test_ceil_ue8m0(void **state)
 	assert_true(dtc_fp8_ceil_ue8m0(0x1p127f * 1.5f) == 0x1p127f);	/* ... and to 254 */
 	assert_true(dtc_fp8_ceil_ue8m0(INFINITY) == 0x1p127f);
 	assert_true(dtc_fp8_ceil_ue8m0(NAN) == 0x1p127f);
+
+	/* vLLM's pow(2, ceil(log2)): the same on normal values, but no clamp
+	 * and non-finite values pass. */
+	for (float x = 0x1.8p-126f; x < 0x1p127f; x *= 1.37f)
+		assert_true(dtc_fp8_ceil_pow2(x) == dtc_fp8_ceil_ue8m0(x));
+	assert_true(dtc_fp8_ceil_pow2(0x1p127f) == 0x1p127f);
+	assert_true(isinf(dtc_fp8_ceil_pow2(0x1.000002p127f)));
+	assert_true(isinf(dtc_fp8_ceil_pow2(-INFINITY)) && dtc_fp8_ceil_pow2(-INFINITY) > 0);
+	assert_true(isnan(dtc_fp8_ceil_pow2(NAN)));
+	assert_true(dtc_fp8_ceil_pow2(0.0f) == 0.0f);
+	assert_true(dtc_fp8_ceil_pow2(0x1.8p-140f) == 0x1p-139f);
+	assert_true(dtc_fp8_ceil_pow2(0x1p-149f) == 0x1p-149f);
 }
 
 /* A 3x5 matrix in one 128x128 block (partial in both directions). */
@@ -204,6 +216,20 @@ static void test_nan_block(void **state)
 	assert_true(s[0] == 0x1p127f);
 	assert_int_equal(q[0], 0x00);
 	assert_int_equal(q[1] & 0x7f, 0x7f);
+	/* vLLM's log2 form keeps the NaN scale; +Inf gives an Inf scale, so
+	 * finite codes are ±0 and the Inf itself Inf * 0 = NaN. */
+	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, DTC_FP8_UE8M0_LOG2, q, s),
+			 DTC_OK);
+	assert_true(isnan(s[0]));
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(q[i] & 0x7f, 0x7f);
+	w[1] = 0x7f80;
+	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, DTC_FP8_UE8M0_LOG2, q, s),
+			 DTC_OK);
+	assert_true(isinf(s[0]));
+	assert_int_equal(q[0], 0x00);
+	assert_int_equal(q[1] & 0x7f, 0x7f);
+	assert_int_equal(q[2], 0x80);
 }
 
 static void test_bad_arguments(void **state)
@@ -218,7 +244,9 @@ static void test_bad_arguments(void **state)
 	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, 0, q, NULL), DTC_EINVAL);
 	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 0, 128, 0, q, s), DTC_EINVAL);
 	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 1, 128, 128, 0, q, s), DTC_EINVAL);
-	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, 4, q, s), DTC_EINVAL);
+	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, 8, q, s), DTC_EINVAL);
+	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128,
+					       DTC_FP8_UE8M0 | DTC_FP8_UE8M0_LOG2, q, s), DTC_EINVAL);
 	assert_int_equal(dtc_fp8_quantize_bf16(w, UINT64_MAX / 4, 8, 8, 128, 128, 0, q, s),
 			 DTC_EINVAL);
 	assert_true(s[0] == 7.0f);
@@ -242,6 +270,8 @@ static void test_diff_matches_requantization(void **state)
 
 	assert_true(a && b && qa && qb);
 	for (unsigned flags = 0; flags <= DTC_FP8_FLAGS_ALL; flags++) {
+		if ((flags & DTC_FP8_UE8M0) && (flags & DTC_FP8_UE8M0_LOG2))
+			continue;
 		for (int i = 0; i < N; i++) {
 			x = dtc_mix64(x + (uint64_t)i);
 			a[i] = bf(((float)(x % 20001) - 10000.0f) * 1e-6f);
