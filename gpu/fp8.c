@@ -16,9 +16,10 @@ float dtc_fp8_e4m3fn_to_f32(uint8_t code)
 }
 
 static int check_shape(const void *a, const void *b, uint64_t rows, uint64_t cols,
-		       uint64_t ld, uint32_t block_rows, uint32_t block_cols, unsigned flags)
+		       uint64_t ld, uint32_t block_rows, uint32_t block_cols, unsigned flags,
+		       unsigned allowed)
 {
-	if (!a || !b || !block_rows || !block_cols || ld < cols || (flags & ~DTC_FP8_FLAGS_ALL))
+	if (!a || !b || !block_rows || !block_cols || ld < cols || (flags & ~allowed))
 		return DTC_EINVAL;
 	if ((flags & DTC_FP8_UE8M0) && (flags & DTC_FP8_UE8M0_LOG2))
 		return DTC_EINVAL;
@@ -41,7 +42,7 @@ static float block_amax(const uint16_t *w, uint64_t ld, uint64_t r0, uint64_t r1
 
 	for (uint64_t r = r0; r < r1; r++)
 		for (uint64_t c = c0; c < c1; c++)
-			amax = dtc_fp8_amax_step(amax, w[r * ld + c]);
+			amax = dtc_fp8_amax_step(amax, dtc_bf16_f32(w[r * ld + c]));
 	return amax;
 }
 
@@ -49,7 +50,8 @@ int dtc_fp8_quantize_bf16(const uint16_t *w, uint64_t rows, uint64_t cols, uint6
 			  uint32_t block_rows, uint32_t block_cols, unsigned flags,
 			  uint8_t *codes, float *scales)
 {
-	int rc = check_shape(w, codes, rows, cols, ld, block_rows, block_cols, flags);
+	int rc = check_shape(w, codes, rows, cols, ld, block_rows, block_cols, flags,
+			     DTC_FP8_FLAGS_ALL);
 
 	if (rc)
 		return rc;
@@ -74,12 +76,58 @@ int dtc_fp8_quantize_bf16(const uint16_t *w, uint64_t rows, uint64_t cols, uint6
 	return DTC_OK;
 }
 
+/* torch's dequantization: FP32 code * FP32 scale (and .to(bfloat16)). */
+static float dequant(uint8_t code, float sf, unsigned flags)
+{
+	float x = dtc_fp8_e4m3fn_f32(code) * sf;
+
+	return flags & DTC_FP8_DEQUANT_BF16 ? dtc_bf16_f32(dtc_bf16_rne(x)) : x;
+}
+
+int dtc_fp8_requant(const uint8_t *codes, const float *scales, uint64_t rows, uint64_t cols,
+		    uint32_t block_rows, uint32_t block_cols, unsigned flags,
+		    uint8_t *codes_out, float *scales_out)
+{
+	int rc = check_shape(codes, scales, rows, cols, cols, block_rows, block_cols, flags,
+			     DTC_FP8_FLAGS_ALL | DTC_FP8_DEQUANT_BF16);
+
+	if (rc)
+		return rc;
+	if (!codes_out || !scales_out)
+		return DTC_EINVAL;
+	uint64_t bcols = ceil_div(cols, block_cols);
+
+	for (uint64_t r0 = 0, br = 0; r0 < rows; r0 += block_rows, br++) {
+		uint64_t r1 = rows - r0 < block_rows ? rows : r0 + block_rows;
+
+		for (uint64_t c0 = 0, bc = 0; c0 < cols; c0 += block_cols, bc++) {
+			uint64_t c1 = cols - c0 < block_cols ? cols : c0 + block_cols;
+			float old = scales[br * bcols + bc], amax = 0.0f;
+
+			for (uint64_t r = r0; r < r1; r++)
+				for (uint64_t c = c0; c < c1; c++)
+					amax = dtc_fp8_amax_step(amax,
+								 dequant(codes[r * cols + c], old, flags));
+			float sf = dtc_fp8_block_scale(amax, flags), rs = 1.0f / sf;
+
+			/* Each element is read before it is written: in place is fine. */
+			for (uint64_t r = r0; r < r1; r++)
+				for (uint64_t c = c0; c < c1; c++)
+					codes_out[r * cols + c] = dtc_fp8_e4m3fn_rne(
+						dequant(codes[r * cols + c], old, flags) * rs);
+			scales_out[br * bcols + bc] = sf;
+		}
+	}
+	return DTC_OK;
+}
+
 int dtc_fp8_diff_bf16(const uint16_t *old_w, const uint16_t *new_w, uint64_t rows,
 		      uint64_t cols, uint64_t ld, uint32_t block_rows, uint32_t block_cols,
 		      unsigned flags, uint64_t *changed, uint8_t *scale_changed,
 		      struct dtc_fp8_diff *out)
 {
-	int rc = check_shape(old_w, new_w, rows, cols, ld, block_rows, block_cols, flags);
+	int rc = check_shape(old_w, new_w, rows, cols, ld, block_rows, block_cols, flags,
+			     DTC_FP8_FLAGS_ALL);
 	struct dtc_fp8_diff d = { 0 };
 
 	if (rc)

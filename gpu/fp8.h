@@ -53,6 +53,11 @@ enum dtc_fp8_flags {
 	 * BF16 (amax/448 is then a normal FP32 well inside [2^-126, 2^127]),
 	 * but a NaN or Inf scale stays NaN / Inf.  Not with DTC_FP8_UE8M0. */
 	DTC_FP8_UE8M0_LOG2 = 1u << 2,
+	/* dtc_fp8_requant() only: round each dequantized value to BF16 before
+	 * quantizing again, as SGLang's requant_weight_ue8m0 does
+	 * (block_quant_dequant(..., torch.bfloat16)); vLLM's
+	 * requant_weight_ue8m0_inplace keeps FP32. */
+	DTC_FP8_DEQUANT_BF16 = 1u << 3,
 };
 #define DTC_FP8_FLAGS_ALL	(DTC_FP8_UE8M0 | DTC_FP8_SCALE_RECIP | DTC_FP8_UE8M0_LOG2)
 
@@ -150,9 +155,9 @@ DTC_HD static inline float dtc_fp8_block_scale(float amax, unsigned flags)
 }
 
 /* torch's max over |x| propagates NaN (the first one seen is kept). */
-DTC_HD static inline float dtc_fp8_amax_step(float amax, uint16_t bf16)
+DTC_HD static inline float dtc_fp8_amax_step(float amax, float x)
 {
-	float a = dtc_fabsf(dtc_bf16_f32(bf16));
+	float a = dtc_fabsf(x);
 
 	return (a > amax || a != a) && amax == amax ? a : amax;
 }
@@ -175,6 +180,17 @@ float dtc_fp8_e4m3fn_to_f32(uint8_t code);
 int dtc_fp8_quantize_bf16(const uint16_t *w, uint64_t rows, uint64_t cols, uint64_t ld,
 			  uint32_t block_rows, uint32_t block_cols, unsigned flags,
 			  uint8_t *codes, float *scales);
+
+/* Quantize again what codes [rows, cols] x scales (as above) dequantize
+ * to, FP32 code * scale (rounded to BF16 with DTC_FP8_DEQUANT_BF16), with
+ * the scale rule in flags: what the engines do to block-FP8 weights
+ * after loading for DeepGEMM's UE8M0 kernels (vLLM
+ * requant_weight_ue8m0_inplace: DTC_FP8_UE8M0_LOG2; SGLang
+ * requant_weight_ue8m0: DTC_FP8_UE8M0 | DTC_FP8_DEQUANT_BF16).  The
+ * outputs may be the inputs (in place).  Errors as dtc_fp8_quantize_bf16. */
+int dtc_fp8_requant(const uint8_t *codes, const float *scales, uint64_t rows, uint64_t cols,
+		    uint32_t block_rows, uint32_t block_cols, unsigned flags,
+		    uint8_t *codes_out, float *scales_out);
 
 /* What one BF16 update does to the FP8 form of a matrix. */
 struct dtc_fp8_diff {

@@ -232,6 +232,46 @@ static void test_nan_block(void **state)
 	assert_int_equal(q[2], 0x80);
 }
 
+/* What the engines do after loading for DeepGEMM's UE8M0 kernels. */
+static void test_requant(void **state)
+{
+	/* 130 x 5, [128, 128] blocks: rows 0..127 and the 2-row edge block. */
+	enum { R = 130, C = 5 };
+	uint8_t q[R * C], q2[R * C];
+	float s[2] = { 3.0f / 448.0f, 0x1p-8f }, s2[2];
+
+	for (int i = 0; i < R * C; i++)
+		q[i] = (uint8_t)(i % 0x7e);
+	q[7] = 0x7e;			/* the first block's max: 448 */
+	q[128 * C + 1] = 0x7e;		/* and the edge block's */
+	assert_int_equal(dtc_fp8_requant(q, s, R, C, 128, 128, DTC_FP8_UE8M0_LOG2, q2, s2),
+			 DTC_OK);
+	/* 448 * RN(3/448) / 448 rounds up to 2^-7: 448 -> 448 * (3/448) / 2^-7 = 384. */
+	assert_true(s2[0] == 0x1p-7f);
+	assert_int_equal(q2[7], 0x7c);
+	/* A power-of-two scale with 448 in the block is a fixed point. */
+	assert_true(s2[1] == 0x1p-8f);
+	assert_memory_equal(q2 + 128 * C, q + 128 * C, 2 * C);
+	/* In place gives the same. */
+	uint8_t q3[R * C];
+	float s3[2] = { s[0], s[1] };
+
+	memcpy(q3, q, sizeof(q));
+	assert_int_equal(dtc_fp8_requant(q3, s3, R, C, 128, 128, DTC_FP8_UE8M0_LOG2, q3, s3),
+			 DTC_OK);
+	assert_memory_equal(q3, q2, sizeof(q2));
+	assert_memory_equal(s3, s2, sizeof(s2));
+	assert_int_equal(dtc_fp8_requant(q, s, R, C, 128, 128,
+					 DTC_FP8_UE8M0 | DTC_FP8_DEQUANT_BF16, q3, s3), DTC_OK);
+	assert_true(s3[0] == 0x1p-7f && s3[1] == 0x1p-8f);
+	assert_memory_equal(q3 + 128 * C, q + 128 * C, 2 * C);
+	/* DEQUANT_BF16 means nothing to a quantizer of BF16. */
+	uint16_t w[4] = { 0 };
+
+	assert_int_equal(dtc_fp8_quantize_bf16(w, 2, 2, 2, 128, 128, DTC_FP8_DEQUANT_BF16, q3, s3),
+			 DTC_EINVAL);
+}
+
 static void test_bad_arguments(void **state)
 {
 	uint16_t w[4] = { 0 };
@@ -323,6 +363,7 @@ int main(void)
 		cmocka_unit_test(test_tiny_block_clamp),
 		cmocka_unit_test(test_edge_blocks),
 		cmocka_unit_test(test_nan_block),
+		cmocka_unit_test(test_requant),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_diff_matches_requantization),
 	};
