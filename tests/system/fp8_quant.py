@@ -1,6 +1,11 @@
 #!/usr/bin/python3
 """gpu/fp8.c against the engines' OWN block-FP8 quantizers (issue 33).
 
+First torch's own float32 -> float8_e4m3fn cast against
+dtc_fp8_e4m3fn_from_f32 on every BF16 bit pattern, on the FP8 rounding
+midpoints and their FP32 neighbours, and on random FP32 (all bit patterns,
+the FP8 range, the subnormal range).
+
 An FP8 sink's content is defined by its engine: the float8_e4m3fn codes
 and FP32 block scales must be what that engine's code makes of the BF16
 weight.  This runs, on random BF16 weights (shapes that are and are not
@@ -85,6 +90,8 @@ def load():
     lib.dtc_fp8_quantize_bf16.argtypes = [C.c_void_p, C.c_uint64, C.c_uint64, C.c_uint64,
                                           C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p,
                                           C.c_void_p]
+    lib.dtc_fp8_e4m3fn_from_f32.argtypes = [C.c_float]
+    lib.dtc_fp8_e4m3fn_from_f32.restype = C.c_uint8
     lib.dtc_fp8_requant.argtypes = [C.c_void_p, C.c_void_p, C.c_uint64, C.c_uint64,
                                     C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p, C.c_void_p]
     lib.dtc_fp8_diff_bf16.argtypes = [C.c_void_p, C.c_void_p, C.c_uint64, C.c_uint64,
@@ -106,6 +113,34 @@ def c_quant(lib, w, flags, block=(128, 128)):
     if rc != 0:
         raise RuntimeError("dtc_fp8_quantize_bf16: %d" % rc)
     return q, s.view(torch.int32)
+
+
+def cast_check(lib, problems):
+    """(inputs, exact) of torch's FP32 -> e4m3fn cast vs the C one."""
+    import numpy as np
+    import torch
+    rng = np.random.default_rng(5)
+    bf = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    v = np.unique(vals.float().numpy()[np.isfinite(vals.float().numpy())])
+    mids = (v[:-1] + v[1:]) / 2                     # exact in FP32
+    near = [mids]
+    for k in (1, 2, 3):
+        near += [np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))]
+        mids = near[-2]
+    x = np.concatenate([bf] + near + [
+        rng.integers(0, 1 << 32, 200000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        rng.uniform(-500, 500, 100000).astype(np.float32),
+        rng.uniform(-2 ** -6, 2 ** -6, 100000).astype(np.float32)])
+    want = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    f = lib.dtc_fp8_e4m3fn_from_f32
+    got = np.fromiter((f(float(e)) for e in x), dtype=np.uint8, count=len(x))
+    bad = np.nonzero(got != want)[0]
+    if len(bad):
+        i = bad[0]
+        problems.append("cast: %d/%d differ, first %r (0x%08x): torch 0x%02x, C 0x%02x" % (
+            len(bad), len(x), float(x[i]), x[i:i + 1].view(np.uint32)[0], want[i], got[i]))
+    return len(x), len(x) - len(bad)
 
 
 def weights(shape, mag, seed):
@@ -335,6 +370,8 @@ def main():
     fns = engine_functions()
     t_import = time.time() - t0
     problems = []
+    n, ok = cast_check(lib, problems)
+    print("fp8-cast: torch=%s inputs=%d exact=%d/%d" % (torch.__version__, n, ok, n))
     total = exact = 0
     cases = [(w, "%dx%d mag %g" % (tuple(w.shape) + (m,)), (128, 128))
              for k, shape in enumerate(SHAPES)
