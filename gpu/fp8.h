@@ -41,7 +41,7 @@
 enum dtc_fp8_flags {
 	/* Power-of-two scales: DeepGEMM's ceil_to_ue8m0 (round the scale up
 	 * to 2^e, e clamped to [-126, 127]).  SGLang's per_block_cast_to_fp8
-	 * always; vLLM's with use_ue8m0=True. */
+	 * always (vLLM's use_ue8m0=True is DTC_FP8_UE8M0_LOG2). */
 	DTC_FP8_UE8M0 = 1u << 0,
 	/* scale = amax * RN32(1/448) instead of amax / 448: vLLM's compiled
 	 * per_block_cast_to_fp8 on a non-CPU device, where inductor replaces a
