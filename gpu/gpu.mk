@@ -3,7 +3,7 @@
 # Every FP32 operation of the element math must round exactly as the
 # trainer's did, on every backend: no FMA contraction, no errno-checking
 # sqrt (which would keep the scan from vectorizing).
-COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/cpu_avx512.c gpu/compute.c gpu/detect.c gpu/apply.c gpu/codec.c gpu/backend.c \
+COMPUTE_SRCS := gpu/hparams.c gpu/box.c gpu/cpu.c gpu/cpu_avx512.c gpu/compute.c gpu/detect.c gpu/apply.c gpu/codec.c gpu/fp8.c gpu/backend.c \
                 gpu/backend_dev.c
 COMPUTE_OBJS := $(COMPUTE_SRCS:%.c=$(B)/obj/%.o)
 COMPUTE_LIBS := -lzstd -lxxhash -ldl -lm
@@ -42,7 +42,7 @@ endif
 
 # Unit tests (baseline x86-64 has no FMA, so their inline element math
 # cannot be contracted either).
-UNIT_TESTS += test_elem test_codec test_kernels test_backend test_cpu_simd
+UNIT_TESTS += test_elem test_codec test_fp8 test_kernels test_backend test_cpu_simd
 
 SYSTEM_TESTS += tests/system/adamw_fixtures.py
 
