@@ -45,6 +45,9 @@ endif
 UNIT_TESTS += test_elem test_codec test_fp8 test_kernels test_backend test_cpu_simd
 
 SYSTEM_TESTS += tests/system/adamw_fixtures.py
+# The engines' own block-FP8 quantization against gpu/fp8.c (~35-90 s: inductor
+# compiles vLLM's function; SKIP without the venv).
+SYSTEM_TESTS += tests/system/fp8_quant.py
 
 # Programs that are neither installed nor run by `make test`.
 $(B)/tests/bench_scan: gpu/bench_scan.c $(B)/lib/libdtecompute.a
