@@ -44,7 +44,7 @@ void jsink_free(struct dte_engine *e, struct jlocal *l)
 		/* Every cell: → gone, the swaps undone (undo, continue,
 		 * drain): on a worker, or here at shutdown once the workers
 		 * are drained (the engine never finds a torn version). */
-		(void)sink_decide(l, a->version, a->state,
+		(void)sink_decide(l, a->version, &a->state,
 				  e->stopping ? SINK_EV_SHUTDOWN : SINK_EV_DETACHED);
 		k->arrive = NULL;
 		jsink_arrive_orphan(a);
@@ -59,15 +59,14 @@ void jsink_free(struct dte_engine *e, struct jlocal *l)
 		struct jpend *p = k->pend;
 
 		k->pend = p->next;
-		if (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_DETACHED) ==
-		    SINK_A_FREE)
+		if (sink_decide(l, p->version, &p->state, SINK_EV_DETACHED).act == SINK_A_FREE)
 			jsink_pend_free(p);
 	}
 	while (k->staged) {
 		struct jstaged *s = k->staged;
 
 		k->staged = s->next;
-		if (sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_DETACHED) == SINK_A_FREE)
+		if (sink_decide(l, s->version, &s->state, SINK_EV_DETACHED).act == SINK_A_FREE)
 			jsink_staged_free(s);
 	}
 }
@@ -92,10 +91,13 @@ void jsink_replanned(struct job *j)
 		if (l->info.role != JROLE_SINK)
 			continue;
 		for (p = jsink_of(l)->pend; p; p = next) {
+			uint64_t v = p->version;
+			struct sink_step d;
+
 			next = p->next;
 			if (p->epoch == j->epoch)
 				continue;
-			if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
+			if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == v) {
 				/* undone (the sources refuse it anyway) */
 				jsink_arrive_event(j, l, SINK_EV_REPLAN,
 						   DTEP__APPLY_RESULT__APPLY_REFUSED, "re-planned");
@@ -104,9 +106,11 @@ void jsink_replanned(struct job *j)
 					jsink_pend_drop(l, p);
 				continue;
 			}
-			if (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_REPLAN) ==
-			    SINK_A_FREE)
+			d = sink_decide(l, v, &p->state, SINK_EV_REPLAN);
+			if (d.act == SINK_A_FREE) {
 				jsink_pend_drop(l, p);
+				jsink_step_check(j, l, v, d);
+			}
 		}
 	}
 }
@@ -135,10 +139,11 @@ int job_apply(struct dte_engine *e, const struct jreq *req, const struct japply_
 	}
 	if (!jsink_of(l)->applying &&
 	    (!jsink_of(l)->staged || jsink_of(l)->staged->version > rq->version)) {
-		/* Nothing staged at or below it: its state answers. */
+		/* Nothing staged at or below it: its state answers (a query:
+		 * every such cell keeps the state, so the copy is not kept). */
 		enum sink_vstate vs = jsink_vstate(l, rq->version);
 
-		if (sink_decide(l, rq->version, vs, SINK_EV_APPLY) == SINK_A_ANSWER) {
+		if (sink_decide(l, rq->version, &vs, SINK_EV_APPLY).act == SINK_A_ANSWER) {
 			/* A failed version (its check failed, undone): the sink
 			 * holds the version before it, and says so. */
 			rep->version = jsink_of(l)->applied;

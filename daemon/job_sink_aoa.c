@@ -335,32 +335,33 @@ void jsink_arrive_orphan(struct jarrive *a)
 	arrive_task(a, JA_UNDO);
 }
 
-/* The version goes back: from arriving to undoing (failed: report reason
- * once undone, unless reported) or to retreating (staged as usual once
- * undone).  The undo starts when no task of it is on a worker. */
-static void arrive_back(struct job *j, struct jlocal *l, struct jarrive *a, enum sink_vstate to,
+/* The version went back (the table wrote a->state), from state `from`:
+ * to undoing (failed: report reason once undone, unless reported) or to
+ * retreating (staged as usual once undone).  The undo starts when no task
+ * of it is on a worker. */
+static void arrive_back(struct job *j, struct jlocal *l, struct jarrive *a, enum sink_vstate from,
 			Dtep__ApplyResult result, const char *why)
 {
-	if (to == SINK_V_UNDOING && a->state != SINK_V_UNDOING) {
+	if (a->state == SINK_V_UNDOING && from != SINK_V_UNDOING) {
 		struct jpend *p = pend_find(l, a->version);
 
 		a->result = result;
 		snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
-		if (p) {
-			/* Later records of it are dropped (refused, data gone). */
+		/* Its pending entry is refused: later records of it are
+		 * dropped, its data goes; the APPLIED refused waits for the
+		 * undo (undoing × worker done: send_failed). */
+		if (p && sink_decide(l, p->version, &p->state, SINK_EV_CONTRADICTS).act ==
+				 SINK_A_REFUSE)
 			for (size_t i = 0; i < p->n; i++)
 				jsink_pend_src_clear(&p->s[i]);
-			p->refused = 1;
-		}
 		DLOG_W("job %s: sink %llx: version %llu applied on arrival fails (%s): undone",
 		       j->name, (unsigned long long)l->info.id, (unsigned long long)a->version,
 		       a->why);
-	} else if (to == SINK_V_RETREATING) {
+	} else if (a->state == SINK_V_RETREATING) {
 		DLOG_I("job %s: sink %llx: version %llu leaves apply on arrival (%s): undone, then "
 		       "staged", j->name, (unsigned long long)l->info.id,
 		       (unsigned long long)a->version, why);
 	}
-	a->state = to;
 	arrive_kick(j, l);
 }
 
@@ -370,10 +371,11 @@ enum sink_vaction jsink_arrive_event(struct job *j, struct jlocal *l, enum sink_
 				     Dtep__ApplyResult result, const char *why)
 {
 	struct jarrive *a = jsink_of(l)->arrive;
-	enum sink_vaction act = sink_decide(l, a->version, a->state, ev);
-	struct sink_step d = sink_sm_step(a->state, ev);
+	uint64_t v = a->version;
+	enum sink_vstate from = a->state;
+	struct sink_step d = sink_decide(l, v, &a->state, ev);
 
-	switch (act) {
+	switch (d.act) {
 	case SINK_A_UNDO:
 		if (d.next == SINK_V_GONE) {
 			jsink_of(l)->arrive = NULL;
@@ -381,20 +383,19 @@ enum sink_vaction jsink_arrive_event(struct job *j, struct jlocal *l, enum sink_
 			dmetrics_add(DM_APPLY_ON_ARRIVAL, "undo", 1);
 			jsink_arrive_orphan(a);
 		} else {
-			arrive_back(j, l, a, SINK_V_UNDOING, result, why);
+			arrive_back(j, l, a, from, result, why);
 		}
 		break;
 	case SINK_A_RETREAT:
-		arrive_back(j, l, a, SINK_V_RETREATING, 0, why);
+		arrive_back(j, l, a, from, 0, why);
 		break;
 	case SINK_A_REFUSE: {
 		/* retreating × contradicts: refused now, undone as it goes */
-		struct jpend *p = pend_find(l, a->version);
+		struct jpend *p = pend_find(l, v);
 
-		if (p)
+		if (p && sink_decide(l, v, &p->state, SINK_EV_CONTRADICTS).act == SINK_A_REFUSE)
 			jsink_pend_refuse_exec(j, l, p, why);
 		a->reported = 1;
-		a->state = SINK_V_UNDOING;
 		break;
 	}
 	case SINK_A_CONTINUE:
@@ -402,16 +403,17 @@ enum sink_vaction jsink_arrive_event(struct job *j, struct jlocal *l, enum sink_
 		if (d.next == SINK_V_GONE) {
 			jsink_of(l)->arrive = NULL;
 			jsink_arrive_orphan(a);
-		} else {
-			if (d.next == SINK_V_UNDOING && a->state != SINK_V_UNDOING && why)
-				snprintf(a->why, sizeof(a->why), "%s", why);
-			a->state = d.next;
+		} else if (d.next == SINK_V_UNDOING && from != SINK_V_UNDOING && why) {
+			snprintf(a->why, sizeof(a->why), "%s", why);
 		}
 		break;
 	default:
-		break;
+		return d.act;
 	}
-	return act;
+	/* Shutdown: the sink is being freed (jsink_free), nothing to check. */
+	if (!j->eng->stopping)
+		jsink_step_check(j, l, v, d);
+	return d.act;
 }
 
 /* The version's every record in: the parts' ranges in entry order, no
@@ -555,7 +557,7 @@ static void arrive_kick(struct job *j, struct jlocal *l)
 				   why);
 		return;
 	}
-	if (sink_decide(l, a->version, a->state, SINK_EV_COMPLETE) != SINK_A_VERIFY)
+	if (sink_decide(l, a->version, &a->state, SINK_EV_COMPLETE).act != SINK_A_VERIFY)
 		return;
 	if (!(a->st = arrive_staged(j, l, p, why, sizeof(why)))) {
 		jsink_arrive_event(j, l, SINK_EV_WORKER_FAILED, DTEP__APPLY_RESULT__APPLY_REFUSED,
@@ -576,6 +578,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 	struct job *j = job_find(a->eng, a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
 	struct jsink *k;
+	struct sink_step d;
 
 	a->busy = 0;
 	if (l && (l->info.role != JROLE_SINK || jsink_of(l)->arrive != a))
@@ -627,13 +630,15 @@ static void arrive_done(struct jtask *t, int cancelled)
 					   DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, a->err);
 			return;
 		}
-		if (sink_decide(l, a->version, a->state, SINK_EV_WORKER_OK) == SINK_A_SEND_STAGED) {
+		d = sink_decide(l, a->version, &a->state, SINK_EV_WORKER_OK);
+		if (d.act == SINK_A_SEND_STAGED) {
 			struct jstaged *st = a->st, **pp = &k->staged;
 			struct jpend *p = pend_find(l, a->version);
 
 			a->st = NULL;
 			memcpy(st->isum, a->sum, l->nbufs * sizeof(*st->isum));
 			st->ikey = a->key;
+			st->state = a->state;	/* staged, in place */
 			while (*pp)
 				pp = &(*pp)->next;
 			*pp = st;
@@ -653,13 +658,15 @@ static void arrive_done(struct jtask *t, int cancelled)
 			       "in place", j->name, (unsigned long long)l->info.id,
 			       (unsigned long long)st->version, a->nsw);
 			arrive_free(a);
+			jsink_step_check(j, l, st->version, d);
 			jsink_try_stage(j, l);
 			jev_sink_staged(j, l);
 			jev_progress(j->eng);
 		}
 		return;
 	case JA_UNDO:
-		switch (sink_decide(l, a->version, a->state, SINK_EV_WORKER_OK)) {
+		d = sink_decide(l, a->version, &a->state, SINK_EV_WORKER_OK);
+		switch (d.act) {
 		case SINK_A_SEND_FAILED:
 			if (!a->reported) {
 				j->refused++;
@@ -693,6 +700,8 @@ static void arrive_done(struct jtask *t, int cancelled)
 			break;
 		}
 		k->arrive = NULL;
+		if (d.act != SINK_A_NONE)
+			jsink_step_check(j, l, a->version, d);
 		arrive_free(a);
 		jsink_try_stage(j, l);
 		jev_sink_staged(j, l);
@@ -812,8 +821,8 @@ static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend 
 	const struct jsink *k = jsink_of(l);
 
 	if (!k->parked || k->arrive || k->staged || k->staging || k->applying ||
-	    k->held != k->applied || j->eng->stopping || !jio_workers(j->eng) || p->refused || k->w ||
-	    p->version <= k->held)
+	    k->held != k->applied || j->eng->stopping || !jio_workers(j->eng) ||
+	    p->state != SINK_V_COLLECTING || k->w || p->version <= k->held)
 		return 0;
 	for (size_t b = 0; b < l->nbufs; b++)
 		if (!jsink_keep_encoded(j, l, l->bufs[b]))
@@ -824,7 +833,9 @@ static int arrive_can_start(struct job *j, struct jlocal *l, const struct jpend 
 	return 1;
 }
 
-static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct jpend *p)
+/* The version of p goes on arrival in state s (the table's: arriving). */
+static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct jpend *p,
+				  enum sink_vstate s)
 {
 	struct jarrive *a = calloc(1, sizeof(*a));
 	size_t nb = l->nbufs ? l->nbufs : 1;
@@ -843,7 +854,7 @@ static struct jarrive *arrive_new(struct job *j, struct jlocal *l, const struct 
 	snprintf(a->job, sizeof(a->job), "%s", j->name);
 	a->participant = l->info.id;
 	a->version = p->version;
-	a->state = SINK_V_ARRIVING;
+	a->state = s;
 	/* What an undo reports unless a failure says more (never "ok"). */
 	a->result = DTEP__APPLY_RESULT__APPLY_REFUSED;
 	snprintf(a->why, sizeof(a->why), "undone after apply on arrival");
@@ -871,7 +882,7 @@ void jsink_arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struc
 	struct jsink *k = jsink_of(l);
 	struct jarrive *a = k->arrive;
 
-	if (p->refused)
+	if (p->state == SINK_V_REFUSED)
 		return;
 	if (a && a->version != p->version) {
 		/* A newer version coming: the arriving one must not hold it
@@ -881,14 +892,20 @@ void jsink_arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struc
 		return;
 	}
 	if (!a) {
-		/* Started by COUNTS, or by a part that describes itself. */
+		/* Started by COUNTS, or by a part that describes itself.  The
+		 * version's state moves to its jarrive; its pending entry stays
+		 * collecting (its parts not yet taken, its records kept). */
+		enum sink_vstate vs = p->state;
+		struct sink_step d;
+
 		if ((!counts && !(s->nparts && arrive_part_fits(j, l, s, &s->parts[s->nparts - 1]))) ||
-		    !arrive_can_start(j, l, p) ||
-		    sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_PARKED) !=
-			    SINK_A_ARRIVE ||
-		    !(a = arrive_new(j, l, p)))
+		    !arrive_can_start(j, l, p))
+			return;
+		d = sink_decide(l, p->version, &vs, SINK_EV_PARKED);
+		if (d.act != SINK_A_ARRIVE || !(a = arrive_new(j, l, p, vs)))
 			return;
 		k->arrive = a;
+		jsink_step_check(j, l, p->version, d);
 		DLOG_D("job %s: sink %llx parked: version %llu applied on arrival", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)p->version);
 		arrive_kick(j, l);	/* takes the parts that came before */
@@ -902,7 +919,7 @@ void jsink_arrive_record(struct job *j, struct jlocal *l, struct jpend *p, struc
 	}
 	/* arriving × record: swapped in, in arrival order (arrive_kick takes
 	 * it once its source's COUNTS is in and no task of it runs) */
-	if (sink_decide(l, p->version, a->state, SINK_EV_RECORD) != SINK_A_SWAP)
+	if (sink_decide(l, p->version, &a->state, SINK_EV_RECORD).act != SINK_A_SWAP)
 		return;
 	arrive_kick(j, l);
 }

@@ -390,7 +390,7 @@ static void fail_fallback(struct job *j, struct jlocal *l)
 		struct jstaged *s = k->staged;
 
 		k->staged = s->next;
-		(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
+		(void)sink_decide(l, s->version, &s->state, SINK_EV_CAP);
 		snprintf(why, sizeof(why), "staged on version %llu, whose check failed and was undone",
 			 (unsigned long long)k->failed);
 		jsink_send_applied(j, l, s->version, s->srcs, s->nsrcs,
@@ -413,7 +413,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	struct job *j = job_find(e, a->job);
 	struct jlocal *l = j ? job_local(j, a->participant) : NULL;
 	struct jres res = { .op = JOP_APPLY };
-	enum sink_vaction act;
+	struct sink_step d;
 
 	r->ms = job_ms_since(t->eng, a->t0);
 	if (l && l->info.role != JROLE_SINK)
@@ -428,7 +428,8 @@ static void apply_done(struct jtask *t, int cancelled)
 		/* Shutdown drains an apply (applying × shutdown); one that
 		 * never started wrote nothing: answered busy. */
 		if (l)
-			(void)sink_decide(l, r->version, SINK_V_APPLYING, SINK_EV_SHUTDOWN);
+			(void)sink_decide(l, r->version, &jsink_of(l)->applying_state,
+					  SINK_EV_SHUTDOWN);
 		if (a->then)
 			a->then(NULL, NULL, r, a->arg);
 		else
@@ -448,9 +449,9 @@ static void apply_done(struct jtask *t, int cancelled)
 		japply_free(a);
 		return;
 	}
-	act = sink_decide(l, a->last->version, SINK_V_APPLYING,
-			  r->ok ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
-	if (act == SINK_A_SEND_APPLIED) {
+	d = sink_decide(l, a->last->version, &jsink_of(l)->applying_state,
+			r->ok ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
+	if (d.act == SINK_A_SEND_APPLIED) {
 		memcpy(jsink_of(l)->vsum, a->sum, l->nbufs * sizeof(*jsink_of(l)->vsum));
 		jsink_of(l)->vkey = r->key;
 		jsink_of(l)->since_full = r->incremental ? jsink_of(l)->since_full + r->n : 0;
@@ -488,6 +489,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		}
 		fail_fallback(j, l);
 	}
+	jsink_step_check(j, l, a->last->version, d);
 	dmetrics_add(DM_VERSIONS_APPLIED, NULL, r->ok || !r->undone ? r->n : 0);
 	if (!r->ok) {
 		dmetrics_add(DM_CHECKSUM_FAILURES, NULL, 1);
@@ -509,7 +511,7 @@ static void apply_done(struct jtask *t, int cancelled)
 	}
 	dmetrics_observe(DM_PHASE_SECONDS, "apply", r->ms / 1e3);
 	jsink_applied_or_defer(j, l, a->last->version, a->last->srcs, a->last->nsrcs,
-			       act == SINK_A_SEND_APPLIED ? DTEP__APPLY_RESULT__APPLY_OK :
+			       d.act == SINK_A_SEND_APPLIED ? DTEP__APPLY_RESULT__APPLY_OK :
 			       DTEP__APPLY_RESULT__APPLY_CHECKSUM_FAILED, r->why, r->ms);
 	r->checksum_failures = jsink_of(l)->checksum_failures;
 	if (a->then) {
@@ -534,13 +536,15 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, const 
 {
 	struct japply *a;
 	struct jstaged **tail;
+	struct sink_step d;
 	size_t nb = l->nbufs ? l->nbufs : 1;
 
 	if (j->eng->stopping)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: the daemon is shutting down", j->name);
 	if (jsink_of(l)->applying &&
-	    sink_decide(l, version, SINK_V_APPLYING, SINK_EV_APPLY) == SINK_A_BUSY)
+	    sink_decide(l, version, &jsink_of(l)->applying_state, SINK_EV_APPLY).act ==
+		    SINK_A_BUSY)
 		return derr_fail(err, errlen, -EBUSY,
 			     "job %s: sink %llx is applying version %llu already", j->name,
 			     (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->applying);
@@ -574,8 +578,8 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, const 
 	/* The versions move to the task, in order. */
 	tail = &a->list;
 	while (jsink_of(l)->staged && jsink_of(l)->staged->version <= version &&
-	       sink_decide(l, jsink_of(l)->staged->version, SINK_V_STAGED, SINK_EV_APPLY) ==
-		       SINK_A_APPLY) {
+	       (d = sink_decide(l, jsink_of(l)->staged->version, &jsink_of(l)->staged->state,
+				SINK_EV_APPLY)).act == SINK_A_APPLY) {
 		struct jstaged *st = jsink_of(l)->staged;
 
 		jsink_of(l)->staged = st->next;
@@ -583,6 +587,8 @@ static int apply_start(struct job *j, struct jlocal *l, uint64_t version, const 
 		*tail = st;
 		tail = &st->next;
 		jsink_of(l)->applying = st->version;
+		jsink_of(l)->applying_state = st->state;	/* applying: it moves to the worker */
+		jsink_step_check(j, l, st->version, d);
 		/* On the loop (it may log), once per apply (job_ext.h). */
 		if (!a->skip && !st->in_place && j->eng->ext.apply_select &&
 		    j->eng->ext.apply_skip && j->eng->ext.apply_select(st->version))

@@ -25,6 +25,9 @@ void jsink_replanned(struct job *j);
 /* A receive arena the size of sink l's dense version (recvpool.h), or NULL. */
 struct recvpool *jsink_arena(const struct jlocal *l);
 uint64_t jsink_newest_staged(const struct jlocal *l);
+/* A version read back from storage (job_storage.c: the reader's table
+ * handed it) joins sink l's staged chain, staged; it is the held one. */
+void jsink_staged_hand(struct jlocal *l, struct jstaged *st);
 /* Apply on arrival (docs/SYNC.md): the client's wait_staged on sink l
  * ends (answered or expired).  Nonzero while the sink's buffers hold a
  * version applied on arrival that is not yet staged or undone: the answer

@@ -27,7 +27,8 @@ enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
 
 /* The version a sink applies on arrival (jsink.arrive, job_sink_aoa.c):
  * its parts, each swapped into the buffers on a worker as it comes, and
- * what undoes them.  The other sink files read its version and state. */
+ * what undoes them.  The other sink files read its version and state;
+ * the state changes only by sink_decide. */
 struct jarrive {
 	struct jtask t;
 	char job[JOB_NAME_MAX];
@@ -64,17 +65,19 @@ struct jarrive {
 };
 
 /* job_sink_version.c: pending and staged versions freed, their state,
- * the table's decision (sink_decide), what the sources are told, the
- * receive arena. */
+ * the table's decision (sink_decide: every change of a stored state), the
+ * check after the action (jsink_step_check), what the sources are told,
+ * the receive arena. */
 void jsink_staged_free(struct jstaged *s);
 void jsink_pend_src_clear(struct jpend_src *s);
 void jsink_pend_free(struct jpend *p);
 /* p leaves the sink's pending list and is freed. */
 void jsink_pend_drop(struct jlocal *l, struct jpend *p);
-enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate s,
-			      enum sink_vevent ev);
+/* The table decides for the stored state *s (written: d.next). */
+struct sink_step sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate *s,
+			     enum sink_vevent ev);
+void jsink_step_check(struct job *j, struct jlocal *l, uint64_t v, struct sink_step d);
 enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v);
-enum sink_vstate jsink_pend_state(const struct jpend *p);
 void jsink_japplied_free(struct japplied *a);
 void jsink_arena_next(struct job *j, struct jlocal *l, int dense_next);
 void jsink_send_applied(struct job *j, struct jlocal *l, uint64_t version, const uint64_t *srcs,

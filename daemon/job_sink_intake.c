@@ -23,18 +23,19 @@
 
 static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
+	struct sink_step d;
+
 	if (jsink_of(l)->arrive && jsink_of(l)->arrive->version == p->version) {
 		jsink_arrive_event(j, l, SINK_EV_CONTRADICTS, DTEP__APPLY_RESULT__APPLY_REFUSED,
 				   why);
 		return;
 	}
-	switch (sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_CONTRADICTS)) {
-	case SINK_A_REFUSE:
+	d = sink_decide(l, p->version, &p->state, SINK_EV_CONTRADICTS);
+	if (d.act == SINK_A_REFUSE) {
 		jsink_pend_refuse_exec(j, l, p, why);
-		break;
-	default:	/* refused already: dropped */
-		break;
+		jsink_step_check(j, l, p->version, d);
 	}
+	/* else refused already: dropped */
 }
 
 /* Whether one source's records so far agree with each other: 0, or -1
@@ -80,6 +81,7 @@ static int pend_src_check(const struct jpend_src *s, char *why, size_t whylen)
 static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 {
 	struct jpend *p, *oldest = NULL;
+	struct sink_step d;
 	size_t n = 0;
 
 	for (p = jsink_of(l)->pend; p; p = p->next) {
@@ -93,14 +95,17 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 	/* Versions still arriving count against the staging cap too: parts
 	 * of a capture that failed (no COUNTS ever comes) or of versions a
 	 * peer invents cannot pile up. */
-	if (n >= jsink_staged_cap(j->eng) && oldest &&
-	    sink_decide(l, oldest->version, jsink_pend_state(oldest), SINK_EV_CAP) ==
-		    SINK_A_DROP_COUNTED) {
-		DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped incomplete",
-		       j->name, (unsigned long long)l->info.id, n,
-		       (unsigned long long)oldest->version);
-		jsink_of(l)->staging_drops++;
-		jsink_pend_drop(l, oldest);
+	if (n >= jsink_staged_cap(j->eng) && oldest) {
+		uint64_t v = oldest->version;
+		d = sink_decide(l, v, &oldest->state, SINK_EV_CAP);
+		if (d.act == SINK_A_DROP_COUNTED) {
+			DLOG_W("job %s: sink %llx: %zu versions pending, version %llu dropped "
+			       "incomplete", j->name, (unsigned long long)l->info.id, n,
+			       (unsigned long long)v);
+			jsink_of(l)->staging_drops++;
+			jsink_pend_drop(l, oldest);
+			jsink_step_check(j, l, v, d);
+		}
 	}
 	n = 0;
 	p = calloc(1, sizeof(*p));
@@ -118,14 +123,18 @@ static struct jpend *pend_get(struct job *j, struct jlocal *l, uint64_t version)
 			p->s[p->n++].src = j->pairs[i].src;
 	p->version = version;
 	p->epoch = j->epoch;
+	p->state = SINK_V_NONE;
+	d = sink_decide(l, version, &p->state, SINK_EV_RECORD);	/* none: → collecting, keep */
 	p->next = jsink_of(l)->pend;
 	jsink_of(l)->pend = p;
+	jsink_step_check(j, l, version, d);
 	return p;
 }
 
 /* Whether a record (COUNTS or PAYLOAD part) of version v is dropped at
- * sink l (sink_sm.h): by the state the sink's fields give v, before its
- * pending version is looked up (record_dropped_pending, after). */
+ * sink l (sink_sm.h): a query of the table for v's state (its own where
+ * it is on arrival), before its pending version is looked up
+ * (record_dropped_pending, after). */
 static int record_dropped(struct jlocal *l, uint64_t v)
 {
 	return sink_sm_step(jsink_vstate(l, v), SINK_EV_RECORD).act == SINK_A_DROP;
@@ -134,7 +143,7 @@ static int record_dropped(struct jlocal *l, uint64_t v)
 /* ...and once its pending version p is found (or made). */
 static int record_dropped_pending(const struct jpend *p)
 {
-	return sink_sm_step(jsink_pend_state(p), SINK_EV_RECORD).act == SINK_A_DROP;
+	return sink_sm_step(p->state, SINK_EV_RECORD).act == SINK_A_DROP;
 }
 
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,

@@ -359,7 +359,7 @@ static void staging_cap(struct job *j, struct jlocal *l, const struct jstaged *n
 
 			*pp = s->next;
 			/* cap_refuse: the chain goes, one APPLIED refused below */
-			(void)sink_decide(l, s->version, SINK_V_STAGED, SINK_EV_CAP);
+			(void)sink_decide(l, s->version, &s->state, SINK_EV_CAP);
 			jsink_staged_free(s);
 		}
 		/* An apply on a worker still brings the sink to its version. */
@@ -416,8 +416,8 @@ static void stage_done(struct jtask *t, int cancelled)
 	struct job *j = job_find(g->t.eng, g->job);
 	struct jlocal *l = j ? job_local(j, g->participant) : NULL;
 	struct jstaged *st = g->st;
-
-	enum sink_vaction act;
+	uint64_t v = g->p->version;
+	struct sink_step d;
 
 	if (l && l->info.role != JROLE_SINK)
 		l = NULL;
@@ -434,13 +434,14 @@ static void stage_done(struct jtask *t, int cancelled)
 		stage_free(g);
 		return;
 	}
-	act = sink_decide(l, g->p->version, SINK_V_STAGING,
-			  g->p->version <= jsink_of(l)->held ? SINK_EV_SUPERSEDED :
-			  st ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
-	if (act == SINK_A_REFUSE) {
+	d = sink_decide(l, v, &jsink_of(l)->staging_state,
+			v <= jsink_of(l)->held ? SINK_EV_SUPERSEDED :
+			st ? SINK_EV_WORKER_OK : SINK_EV_WORKER_FAILED);
+	if (d.act == SINK_A_REFUSE) {
 		jsink_refuse_version(j, l, g->p, DTEP__APPLY_RESULT__APPLY_REFUSED, g->err);
-	} else if (act == SINK_A_SEND_STAGED) {
+	} else if (d.act == SINK_A_SEND_STAGED) {
 		g->st = NULL;
+		st->state = jsink_of(l)->staging_state;	/* staged: it moves to the chain */
 		if (st->all_dense) {
 			/* Everything before it is overwritten anyway (but a
 			 * version staged in place is in the buffers: it stays). */
@@ -452,7 +453,7 @@ static void stage_done(struct jtask *t, int cancelled)
 				struct jstaged *o = *op;
 
 				*op = o->next;
-				if (sink_decide(l, o->version, SINK_V_STAGED, SINK_EV_SUPERSEDED) ==
+				if (sink_decide(l, o->version, &o->state, SINK_EV_SUPERSEDED).act ==
 				    SINK_A_FREE)
 					jsink_staged_free(o);
 			}
@@ -469,12 +470,16 @@ static void stage_done(struct jtask *t, int cancelled)
 		DLOG_D("job %s: sink %llx staged version %llu (%s) on a worker in %.2f ms", j->name,
 		       (unsigned long long)l->info.id, (unsigned long long)st->version,
 		       st->all_dense ? "dense" : "sparse", g->ms);
-		staging_cap(j, l, st);
+		jsink_step_check(j, l, v, d);
+		staging_cap(j, l, st);	/* the cap's own transitions */
 	} else {
 		stage_free(g);	/* drop_result: superseded meanwhile */
+		jsink_step_check(j, l, v, d);
 		return;
 	}
 	stage_free(g);
+	if (d.act == SINK_A_REFUSE)
+		jsink_step_check(j, l, v, d);
 	jsink_try_stage(j, l);
 	jev_sink_staged(j, l);
 	jev_progress(j->eng);
@@ -488,10 +493,6 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	size_t n = p->n ? p->n : 1, nb = l->nbufs ? l->nbufs : 1;
 	int sparse = 0;
 
-	if (j->eng->stopping) {
-		free(g);
-		return 0;	/* shutting down: it stays pending, nothing more is staged */
-	}
 	if (!g || !(g->e = calloc(n, sizeof(*g->e))) || !(g->ne = calloc(n, sizeof(*g->ne))) ||
 	    !(g->buf_ids = malloc(nb * sizeof(*g->buf_ids))) || !(g->enc = malloc(nb)))
 		goto fail;
@@ -527,6 +528,7 @@ static int stage_start(struct job *j, struct jlocal *l, struct jpend *p)
 	p->next = NULL;
 	g->p = p;
 	jsink_of(l)->staging = p->version;
+	jsink_of(l)->staging_state = p->state;	/* staging: it moves to the worker */
 	g->t.run = stage_run;
 	g->t.done = stage_done;
 	jtask_start(j->eng, &g->t);
@@ -543,6 +545,8 @@ void jsink_try_stage(struct job *j, struct jlocal *l)
 
 	for (;;) {
 		struct jpend *p, *best = NULL;
+		struct sink_step d;
+		uint64_t v;
 		int wait = 0;
 
 		if (jsink_of(l)->staging)
@@ -552,14 +556,13 @@ void jsink_try_stage(struct job *j, struct jlocal *l)
 
 		/* Versions the sink holds already (or older) go. */
 		while ((p = jsink_of(l)->pend) && p->version <= jsink_of(l)->held &&
-		       sink_decide(l, p->version, jsink_pend_state(p), SINK_EV_SUPERSEDED) ==
-			       SINK_A_FREE)
+		       sink_decide(l, p->version, &p->state, SINK_EV_SUPERSEDED).act == SINK_A_FREE)
 			jsink_pend_drop(l, p);
 		for (struct jpend *next; p && p->next; p = next) {
 			next = p->next;
 			if (next->version <= jsink_of(l)->held &&
-			    sink_decide(l, next->version, jsink_pend_state(next),
-					SINK_EV_SUPERSEDED) == SINK_A_FREE) {
+			    sink_decide(l, next->version, &next->state, SINK_EV_SUPERSEDED).act ==
+				    SINK_A_FREE) {
 				jsink_pend_drop(l, next);
 				next = p;
 			}
@@ -582,8 +585,9 @@ void jsink_try_stage(struct job *j, struct jlocal *l)
 				wait = 1;	/* its base is still on the way */
 				continue;
 			}
-			if (sink_decide(l, best->version, SINK_V_COLLECTING,
-					SINK_EV_COMPLETE_NO_BASE) != SINK_A_BASE_MISMATCH)
+			v = best->version;
+			d = sink_decide(l, v, &best->state, SINK_EV_COMPLETE_NO_BASE);
+			if (d.act != SINK_A_BASE_MISMATCH)
 				return;
 			snprintf(err, sizeof(err), "sparse from %llx builds on version %llu; sink holds %llu",
 				 (unsigned long long)best->s[i].src, (unsigned long long)c->base_version,
@@ -591,6 +595,7 @@ void jsink_try_stage(struct job *j, struct jlocal *l)
 			jsink_refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_BASE_MISMATCH,
 					     err);
 			jsink_pend_drop(l, best);
+			jsink_step_check(j, l, v, d);
 			best = NULL;
 			break;
 		}
@@ -611,17 +616,23 @@ void jsink_try_stage(struct job *j, struct jlocal *l)
 				return;
 			best = dense;
 		}
-		if (sink_decide(l, best->version, SINK_V_COLLECTING, SINK_EV_COMPLETE) != SINK_A_STAGE)
+		if (j->eng->stopping)
+			return;	/* shutting down: it stays pending, nothing more is staged */
+		v = best->version;
+		d = sink_decide(l, v, &best->state, SINK_EV_COMPLETE);
+		if (d.act != SINK_A_STAGE)
 			return;
 		if (stage_start(j, l, best) < 0) {
 			/* No worker could take it: staging failed. */
-			if (sink_decide(l, best->version, SINK_V_STAGING, SINK_EV_WORKER_FAILED) ==
-			    SINK_A_REFUSE)
+			d = sink_decide(l, v, &best->state, SINK_EV_WORKER_FAILED);
+			if (d.act == SINK_A_REFUSE)
 				jsink_refuse_version(j, l, best, DTEP__APPLY_RESULT__APPLY_REFUSED,
 						     "out of memory");
 			jsink_pend_drop(l, best);
+			jsink_step_check(j, l, v, d);
 			continue;
 		}
+		jsink_step_check(j, l, v, d);
 		return;	/* one at a time: stage_done comes back here */
 	}
 }

@@ -1,9 +1,10 @@
 /* daemon/job_sink_version.c — a version at a sink, under every other
- * sink file: its pending and staged forms freed, its state read back from
- * the sink's fields and each transition decided by the table
- * (sink_decide, sink_sm.c), what the sources are told (APPLIED, held back
- * for the storage writer's sink; a refusal), and the receive arena of the
- * sink's next version.
+ * sink file: its pending and staged forms freed, each transition decided
+ * by the table for its stored state and the next state stored
+ * (sink_decide, sink_sm.c), then checked against where the action put it
+ * (jsink_step_check), its state wherever it is (jsink_vstate), what the
+ * sources are told (APPLIED, held back for the storage writer's sink; a
+ * refusal), and the receive arena of the sink's next version.
  *
  * Calls: job_state.c, sink_sm.c.
  */
@@ -58,6 +59,18 @@ void jsink_pend_free(struct jpend *p)
 	free(p);
 }
 
+void jsink_staged_hand(struct jlocal *l, struct jstaged *st)
+{
+	struct jstaged **pp = &jsink_of(l)->staged;
+
+	while (*pp)
+		pp = &(*pp)->next;
+	st->state = SINK_V_STAGED;	/* the reader's table decided (reader_sm: hand) */
+	st->next = NULL;
+	*pp = st;
+	jsink_of(l)->held = st->version;
+}
+
 void jsink_pend_drop(struct jlocal *l, struct jpend *p)
 {
 	for (struct jpend **pp = &jsink_of(l)->pend; *pp; pp = &(*pp)->next) {
@@ -70,38 +83,56 @@ void jsink_pend_drop(struct jlocal *l, struct jpend *p)
 }
 
 /* One transition of version v at sink l: the table (sink_sm.c, docs/SYNC.md
- * "A version at a sink") decides, the caller only executes the action it
- * returns.  A cell the table marks "—" (the event cannot reach that state)
- * is logged as a daemon bug and the caller does nothing. */
-enum sink_vaction sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate s,
-			      enum sink_vevent ev)
+ * "A version at a sink") decides from the version's stored state *s and
+ * writes the state it goes to there; the caller only executes the
+ * action (and moves the state with the version when it moves to another
+ * object).  A cell the table marks "—" (the event cannot reach that
+ * state) is logged as a daemon bug, the state is kept and the caller
+ * does nothing. */
+struct sink_step sink_decide(const struct jlocal *l, uint64_t v, enum sink_vstate *s,
+			     enum sink_vevent ev)
 {
-	struct sink_step d = sink_sm_step(s, ev);
+	struct sink_step d = sink_sm_step(*s, ev);
 
 	if (d.act == SINK_A_NONE)
 		DLOG_E("sink %llx version %llu: event %d in state %s has no transition (bug)",
 		       (unsigned long long)l->info.id, (unsigned long long)v, (int)ev,
-		       sink_sm_state_name(s));
+		       sink_sm_state_name(*s));
 	else
 		DLOG_D("sink %llx version %llu: %s -> %s (%s)", (unsigned long long)l->info.id,
-		       (unsigned long long)v, sink_sm_state_name(s), sink_sm_state_name(d.next),
+		       (unsigned long long)v, sink_sm_state_name(*s), sink_sm_state_name(d.next),
 		       sink_sm_action_name(d.act));
-	return d.act;
+	*s = d.next;
+	return d;
 }
 
-/* The state the sink's fields give version v, before its pending version
- * is looked up (jsink_pend_state, after). */
-enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
+static const struct jstaged *staged_find(const struct jsink *k, uint64_t v)
 {
-	const struct jsink *k = jsink_of(l);
+	for (const struct jstaged *st = k->staged; st; st = st->next)
+		if (st->version == v)
+			return st;
+	return NULL;
+}
+
+static const struct jpend *pend_find(const struct jsink *k, uint64_t v)
+{
+	for (const struct jpend *p = k->pend; p; p = p->next)
+		if (p->version == v)
+			return p;
+	return NULL;
+}
+
+/* Where version v is at sink l, read from the sink's fields (which
+ * object holds it: sink_sm_state), not from the state stored there. */
+static enum sink_vstate vstate_fields(const struct jsink *k, uint64_t v)
+{
 	struct sink_view w = { .held = k->held, .staging = k->staging, .applying = k->applying,
 			       .applied = k->applied, .failed = k->failed };
+	const struct jpend *p = pend_find(k, v);
 
-	for (const struct jstaged *st = k->staged; st && !w.chained; st = st->next)
-		w.chained = st->version == v;
-	for (const struct jpend *p = k->pend; p && !w.pending; p = p->next)
-		if (p->version == v)
-			w.pending = p->refused ? 2 : 1;
+	w.chained = staged_find(k, v) != NULL;
+	if (p)
+		w.pending = p->state == SINK_V_REFUSED ? 2 : 1;
 	if (k->arrive) {
 		w.arrive = k->arrive->version;
 		w.arrive_state = k->arrive->state;
@@ -109,10 +140,53 @@ enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 	return sink_sm_state(&w, v);
 }
 
-/* A pending version's state: collecting, or refused (kept without data). */
-enum sink_vstate jsink_pend_state(const struct jpend *p)
+/* Version v's state at sink l: the one stored where it lives (its
+ * jarrive, the versions on a worker, its jstaged, its jpend); none,
+ * applied, failed and gone belong to no object and are computed from
+ * the version numbers the sink holds (sink_sm_state). */
+enum sink_vstate jsink_vstate(struct jlocal *l, uint64_t v)
 {
-	return p->refused ? SINK_V_REFUSED : SINK_V_COLLECTING;
+	const struct jsink *k = jsink_of(l);
+	enum sink_vstate s = vstate_fields(k, v);
+
+	switch (s) {
+	case SINK_V_STAGING:
+		return k->staging_state;
+	case SINK_V_APPLYING:
+		return k->applying_state;
+	case SINK_V_STAGED:
+		return staged_find(k, v)->state;
+	case SINK_V_COLLECTING:
+	case SINK_V_REFUSED:
+		return pend_find(k, v)->state;
+	default:
+		return s;	/* the jarrive's, or computed */
+	}
+}
+
+/* After the action of step d for version v is executed: the version is
+ * where the table said (its fields, sink_sm_state), with the state it
+ * said stored there; otherwise a daemon bug, logged and counted
+ * (dte_engine.sink_sm_bugs; the tests require none).  Gone: no data of
+ * it is left (a refused entry may stay so that its later records are
+ * dropped, and what the sink holds may be at or past it). */
+void jsink_step_check(struct job *j, struct jlocal *l, uint64_t v, struct sink_step d)
+{
+	enum sink_vstate where = vstate_fields(jsink_of(l), v), stored = jsink_vstate(l, v);
+	int ok;
+
+	if (d.next == SINK_V_GONE)
+		ok = where == SINK_V_NONE || where == SINK_V_GONE || where == SINK_V_APPLIED ||
+		     where == SINK_V_FAILED || where == SINK_V_REFUSED;
+	else
+		ok = where == d.next && stored == d.next;
+	if (ok)
+		return;
+	j->eng->sink_sm_bugs++;
+	DLOG_E("job %s: sink %llx version %llu is %s (stored %s) after %s; the table says %s (bug)",
+	       j->name, (unsigned long long)l->info.id, (unsigned long long)v,
+	       sink_sm_state_name(where), sink_sm_state_name(stored), sink_sm_action_name(d.act),
+	       sink_sm_state_name(d.next));
 }
 
 /* An APPLIED held back (the storage writer's sink, struct jwriter). */
@@ -268,20 +342,20 @@ void jsink_refuse_version(struct job *j, struct jlocal *l, struct jpend *p,
 	free(srcs);
 }
 
-/* A version refused while its records still arrive: what it held goes,
- * the entry stays (no data) so later parts of it are dropped, until a
- * newer version is staged or the pending cap takes it. */
+/* A version refused while its records still arrive (sink_decide made it
+ * refused): what it held goes, the entry stays (no data) so later parts
+ * of it are dropped, until a newer version is staged or the pending cap
+ * takes it. */
 void jsink_pend_refuse_exec(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
 	jsink_refuse_version(j, l, p, DTEP__APPLY_RESULT__APPLY_REFUSED, why);
 	for (size_t i = 0; i < p->n; i++)
 		jsink_pend_src_clear(&p->s[i]);
-	p->refused = 1;
 }
 
 int jsink_pend_complete(const struct jpend *p)
 {
-	if (p->refused)
+	if (p->state == SINK_V_REFUSED)
 		return 0;
 	for (size_t i = 0; i < p->n; i++) {
 		const struct jpend_src *s = &p->s[i];

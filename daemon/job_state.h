@@ -39,6 +39,7 @@
 #include "daemon/layout/layout.h"
 #include "daemon/layout/spec.h"
 #include "daemon/pair_sm.h"
+#include "daemon/sink_sm.h"
 #include "daemon/engine_io.h"
 #include "gpu/compute.h"
 #include "gpu/entry.h"
@@ -124,7 +125,11 @@ struct jpend {
 	uint64_t version, epoch;
 	struct jpend_src *s;
 	size_t n;
-	int refused;              /* refused already: later records of it are dropped */
+	/* Its state (sink_sm.h), changed only by sink_decide: collecting
+	 * (its records kept) or refused (kept without data: later records of
+	 * it are dropped).  While the version is on arrival its state is the
+	 * jarrive's; this one still says whether its records are kept. */
+	enum sink_vstate state;
 	struct jpend *next;
 };
 
@@ -153,6 +158,7 @@ struct recvpool;
 
 struct jstaged {
 	uint64_t version;
+	enum sink_vstate state;   /* staged; applying once an apply took it (sink_decide) */
 	int all_dense;            /* every source sent it dense (in place too) */
 	struct jwrite *w;
 	size_t n;
@@ -226,6 +232,10 @@ struct jsink {
 	uint64_t failed;          /* the last version whose check failed (undone: not applied) */
 	uint64_t staging;         /* a worker stages this version; 0: none */
 	uint64_t applying;        /* an apply on a worker brings it to this version; 0: none */
+	/* The states (sink_sm.h) of the versions on a worker, while staging
+	 * or applying is set: they move here from their jpend or jstaged and
+	 * change only by sink_decide. */
+	enum sink_vstate staging_state, applying_state;
 	uint64_t apply_gen;       /* applies started: a verify that saw another one skips */
 	uint64_t checksum_failures;
 	uint64_t staging_drops;   /* staged chains dropped at max_staged_versions */
@@ -285,7 +295,6 @@ static inline const struct jsink *jsink_cof(const struct jlocal *l)
 		jlocal_role_misuse(l, JROLE_SINK, __func__);
 	return (const struct jsink *)l;
 }
-
 
 /* Coordinator's view of one member daemon. */
 struct jmember {
@@ -506,7 +515,6 @@ struct jtask {
 	struct jtask *next;       /* eng->tasks */
 };
 
-
 struct jwaiter;
 struct jverify;
 
@@ -527,6 +535,9 @@ struct dte_engine {
 	struct jcap *inflight;    /* captures on workers */
 	struct jtask *tasks;      /* sink work on workers: apply, verify (job_task.c) */
 	int stopping;             /* shutting down: no new work goes to a worker */
+	/* Sink versions found elsewhere than their table said after an
+	 * action (jsink_step_check): daemon bugs, logged; the tests want 0. */
+	uint64_t sink_sm_bugs;
 	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
@@ -632,12 +643,6 @@ int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, c
 void jev_progress(struct dte_engine *e);
 void jev_sink_staged(struct job *j, struct jlocal *l);
 int  jev_committing(struct dte_engine *e);
-
-/* job_local.c: jlocal_new(), jlocal_free() (above). */
-
-
-
-
 
 /* The engine's I/O (daemon/engine_io.h), for its files. */
 static inline uint64_t jio_now(const struct dte_engine *e)

@@ -1177,7 +1177,6 @@ static void rread_done(struct jtask *t, int cancelled)
 		struct ritem *it = &r->it[i];
 		struct rsink *rs = it->rs;
 		struct jlocal *l = job_local(j, rs->id);
-		struct jstaged **pp;
 
 		if (!l)
 			continue;	/* gone: sync_sinks frees it */
@@ -1191,11 +1190,8 @@ static void rread_done(struct jtask *t, int cancelled)
 		default:
 			continue;	/* skipped: still dense, it waits for a rebuild */
 		}
-		for (pp = &jsink_of(l)->staged; *pp; pp = &(*pp)->next)
-			;
-		*pp = it->st;
+		jsink_staged_hand(l, it->st);
 		it->st = NULL;
-		jsink_of(l)->held = r->version;
 		rs->fails0 = jsink_of(l)->checksum_failures;
 		h->sinks++;
 		if (it->dense)

@@ -10,15 +10,23 @@
  * reads a clock, a job or the network, so tests/unit/test_sink_sm.c
  * drives every row × event directly.  The sink's files (job_sink*.c)
  * make every transition of a sink version through it (sink_decide,
- * job_sink_version.c): they name the version's state and the event,
- * sink_sm_step() decides, the sink executes the action (and
+ * job_sink_version.c): they pass the version's stored state and the
+ * event, sink_sm_step() decides, sink_decide writes the next state where
+ * the version's state is stored, and the sink executes the action (and
  * logs a cell the table says cannot happen as a daemon bug).
  *
- * The states live in the sink's fields (struct jsink, job_state.h):
- * sink_sm_state() reads them back for one version.  A failed version is
- * `failed` (its check did not match; its writes were undone, so `applied`
- * stayed on the version before it); a version above the held one that the
- * sink has no record of is NONE whether it never came or went (gone). */
+ * A version's state is stored with the object that holds it (job_state.h,
+ * job_sink_int.h): collecting or refused in its struct jpend, staging and
+ * applying in struct jsink beside the version numbers on a worker, staged
+ * in its struct jstaged, arriving, undoing and retreating in its struct
+ * jarrive; it moves with the version when the version moves.  None,
+ * applied, failed and gone belong to no object: sink_sm_state() computes
+ * them from the version numbers the sink holds, and says for any version
+ * which object holds it (jsink_step_check compares that, after each
+ * action, with the table's next state).  A failed version is `failed`
+ * (its check did not match; its writes were undone, so `applied` stayed
+ * on the version before it); a version above the held one that the sink
+ * has no record of is NONE whether it never came or went (gone). */
 #ifndef DTED_SINK_SM_H
 #define DTED_SINK_SM_H
 
@@ -101,14 +109,14 @@ struct sink_step {
 /* The table: state × event → next state and action. */
 struct sink_step sink_sm_step(enum sink_vstate s, enum sink_vevent ev);
 
-/* What the sink's fields say about a version (jsink, docs/SYNC.md). */
+/* Where the sink's fields put a version (jsink, docs/SYNC.md). */
 struct sink_view {
 	uint64_t held;            /* newest staged (or applied) version */
 	uint64_t staging;         /* 0: none */
 	uint64_t applying;        /* 0: none */
 	uint64_t applied;
 	uint64_t failed;          /* the last version whose check failed; 0: none */
-	int pending;              /* 0: no jpend of it, 1: collecting, 2: refused */
+	int pending;              /* 0: no jpend of it, 1: collecting, 2: refused (its state) */
 	int chained;              /* it is in the staged chain */
 	uint64_t arrive;          /* the version applied on arrival (jsink.arrive); 0: none */
 	enum sink_vstate arrive_state; /* its state: arriving, undoing or retreating */

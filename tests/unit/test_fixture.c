@@ -444,6 +444,12 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 	io->reordered += st.reordered;
 	io->timers += st.timers;
 	io->works += st.works;
+	/* Every sink version went where its table said (jsink_step_check). */
+	for (unsigned i = 0; i < NODES; i++)
+		if (r.eng[i]->sink_sm_bugs)
+			fail_msg("seed %llu: node%u: %llu sink versions not where the table said",
+				 (unsigned long long)seed, i,
+				 (unsigned long long)r.eng[i]->sink_sm_bugs);
 	for (unsigned i = NODES; i-- > 0;)
 		dte_engine_free(r.eng[i]);
 	fix_free(r.fx);

@@ -2165,6 +2165,15 @@ static void test_plan_only_families(void **state)
 	}
 }
 
+/* Last: every transition of a sink version in the tests above left it
+ * where the table says, with that state stored (jsink_step_check). */
+static void test_sink_states(void **state)
+{
+	(void)state;
+	assert_int_equal(eng->sink_sm_bugs, 0);
+	print_message("sink-states: bugs=%llu\n", (unsigned long long)eng->sink_sm_bugs);
+}
+
 static int setup(void **state)
 {
 	char err[256];
@@ -2205,6 +2214,7 @@ int main(void)
 		cmocka_unit_test(test_skip_write),
 		cmocka_unit_test(test_roles),
 		cmocka_unit_test(test_plan_only_families),
+		cmocka_unit_test(test_sink_states),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

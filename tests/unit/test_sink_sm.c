@@ -1,7 +1,9 @@
 /* tests/unit/test_sink_sm.c — one version at one sink (daemon/sink_sm.h):
  * every state × event against the table in docs/SYNC.md ("A version at a
  * sink"), transcribed here cell by cell as "next action" (not read from
- * sink_sm.c), and the state a sink's fields give a version. */
+ * sink_sm.c); the doc's table itself, parsed (tests/unit/doc_table.h)
+ * and compared with the code cell by cell; and the state a sink's fields
+ * give a version. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,14 +161,14 @@ static void test_state_of_fields(void **state)
 }
 
 /* The doc's table itself (docs/SYNC.md, "A version at a sink"; the test
- * runs from the repo root): a row per state, one column per event (the
- * doc's "worker done" is both WORKER_OK and WORKER_FAILED), and "—"
- * exactly where the code does nothing. */
+ * runs from the repo root): a row per state, one column per event in
+ * enum order, each cell "next action" in sink_sm.h's names ("—": the
+ * code does nothing), compared with the code cell by cell. */
 static void test_doc_table(void **state)
 {
 	static struct doc_table t;
-	int rows = doc_table_read("docs/SYNC.md", "| state \xef\xbc\xbc event", SINK_EV_COUNT - 1, &t);
-	unsigned dashes = 0;
+	int rows = doc_table_read("docs/SYNC.md", "| state \xef\xbc\xbc event", SINK_EV_COUNT, &t);
+	unsigned cells = 0, dashes = 0;
 
 	(void)state;
 	if (rows == -1) {
@@ -183,24 +185,28 @@ static void test_doc_table(void **state)
 				s = k;
 		if (s < 0)
 			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
-		for (int c = 0; c < SINK_EV_COUNT - 1; c++) {
-			int e = c < SINK_EV_WORKER_FAILED ? c : c + 1;
-			int doc_none = !strcmp(t.cell[r][1 + c], "\xe2\x80\x94");
-			int code_none = sink_sm_step((enum sink_vstate)s, (enum sink_vevent)e).act ==
-					SINK_A_NONE;
+		/* in the table's order: one row per state, as the enum */
+		assert_int_equal(s, r);
+		for (int e = 0; e < SINK_EV_COUNT; e++) {
+			struct sink_step st = sink_sm_step((enum sink_vstate)s, (enum sink_vevent)e);
+			char got[96];
 
-			if (c == SINK_EV_WORKER_OK)
-				code_none &= sink_sm_step((enum sink_vstate)s, SINK_EV_WORKER_FAILED).act ==
-					     SINK_A_NONE;
-			if (doc_none != code_none)
-				fail_msg("docs/SYNC.md %s x event %d: the doc says \"%s\", the code %s",
-					 sink_sm_state_name((enum sink_vstate)s), e, t.cell[r][1 + c],
-					 code_none ? "does nothing" : "acts");
-			dashes += doc_none;
+			if (st.act == SINK_A_NONE)
+				snprintf(got, sizeof(got), "\xe2\x80\x94");
+			else
+				snprintf(got, sizeof(got), "%s %s", sink_sm_state_name(st.next),
+					 sink_sm_action_name(st.act));
+			if (strcmp(t.cell[r][1 + e], got))
+				fail_msg("docs/SYNC.md %s x event %d: the doc says \"%s\", the code \"%s\"",
+					 sink_sm_state_name((enum sink_vstate)s), e, t.cell[r][1 + e],
+					 got);
+			dashes += st.act == SINK_A_NONE;
+			cells++;
 		}
 	}
 	assert_int_equal(rows, SINK_V_COUNT);
-	print_message("sink-sm-doc: rows=%d cols=%d dashes=%u\n", rows, SINK_EV_COUNT - 1, dashes);
+	print_message("sink-sm-doc: rows=%d cols=%d cells=%u dashes=%u\n", rows, SINK_EV_COUNT,
+		      cells, dashes);
 }
 
 int main(void)
