@@ -343,6 +343,7 @@ static void job_free(struct job *j)
 		j->locals = l->next;
 		jlocal_free(j->eng, l);
 	}
+	jsink_ahead_free(j);
 	jplan_free(j);
 	jcoord_free(j);
 	jstore_free(j);

@@ -1307,6 +1307,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 			l->announced = 1;
 	jsink_replanned(j);
 	jsrc_replanned(j);
+	jsink_ahead_replay(j);	/* records of this term that came before it */
 	DLOG_I("job %s: plan epoch %llx from %s: %zu participants, %zu local pairs%s", j->name,
 	       (unsigned long long)j->epoch, from, j->nparts, j->npairs,
 	       j->complete ? "" : " (incomplete)");

@@ -14,6 +14,12 @@
 #include <stdint.h>
 #include "daemon/job_state.h"
 
+/* Records of a term newer than the plan held wait for its PLAN: once a
+ * plan is adopted (jplan_recv), those of its term go in as if they came
+ * now, older ones are refused as any record of another term; the rest
+ * keep waiting.  jsink_ahead_free: the job goes. */
+void jsink_ahead_replay(struct job *j);
+void jsink_ahead_free(struct job *j);
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
 		  size_t hdrlen);
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,

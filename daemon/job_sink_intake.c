@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/coord_sm.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
 #include "daemon/job_sink_engine.h"
@@ -146,8 +147,170 @@ static int record_dropped_pending(const struct jpend *p)
 	return sink_sm_step(p->state, SINK_EV_RECORD).act == SINK_A_DROP;
 }
 
+/* A record of another term than the plan held: refused (a COUNTS is
+ * answered APPLIED refused, so its source sends the next version dense). */
+static void refuse_term(struct job *j, const char *from, uint64_t dst, uint64_t version,
+			uint64_t epoch, Dtep__PeerMsgType type)
+{
+	char why[128];
+	Dtep__Applied m = DTEP__APPLIED__INIT;
+	Dtep__JobRef ref;
+
+	snprintf(why, sizeof(why), "plan epoch %llu, sink has %llu", (unsigned long long)epoch,
+		 (unsigned long long)j->epoch);
+	DLOG_I("job %s: version %llu for sink %llx refused: %s", j->name,
+	       (unsigned long long)version, (unsigned long long)dst, why);
+	j->refused++;
+	dmetrics_add(DM_REFUSED, "stale_epoch", 1);
+	job_fill_ref(j, &ref);
+	m.job = &ref;
+	m.version = version;
+	m.dst = dst;
+	m.result = DTEP__APPLY_RESULT__APPLY_REFUSED;
+	m.message = why;
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
+		jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL, 0);
+}
+
+/* A COUNTS or PAYLOAD of a term newer than the plan held (the records
+ * and the coordinator's PLAN travel on different links, and a source may
+ * start a version before this member has the plan it was made under):
+ * kept until that PLAN comes (jsink_ahead_replay) instead of refused,
+ * which would cost the pair a dense repair.  Bounded in records, bytes
+ * and time; past a bound a record is refused as before. */
+struct jahead {
+	struct jahead *next;
+	uint64_t epoch, t_ns;
+	Dtep__PeerMsgType type;
+	char from[JOB_NODE_MAX];
+	uint8_t *hdr, *data;
+	size_t hdrlen, len;
+};
+
+#define JAHEAD_MAX_RECORDS 4096
+#define JAHEAD_MAX_BYTES   ((size_t)256 << 20)
+#define JAHEAD_MAX_NS      (30ull * 1000000000ull)
+
+static void ahead_free_one(struct jahead *a)
+{
+	free(a->hdr);
+	free(a->data);
+	free(a);
+}
+
+/* Whether a plan of term `epoch` would be taken over the one held
+ * (coord_sm's member verdict): a newer counter of the boot held, or a new
+ * coordinator's boot that is not retired. */
+static int term_ahead(const struct job *j, uint64_t epoch)
+{
+	struct coord_plan_in in = {
+		.proto_ok = 1, .from_coord = 1, .term = epoch, .held = j->epoch,
+		.retired = j->retired, .nretired = j->nretired,
+	};
+	enum coord_plan_verdict v = coord_sm_plan(&in).v;
+
+	return v == COORD_P_ADOPT || v == COORD_P_ADOPT_NEW_BOOT;
+}
+
+/* 0 when the record now waits for the plan of its term; -1 when it
+ * cannot (a bound reached, no memory): the caller refuses it. */
+static int ahead_keep(struct job *j, uint64_t epoch, Dtep__PeerMsgType type, const char *from,
+		      const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	uint64_t now = jio_now(j->eng);
+	struct jahead *a, **pp;
+	size_t hl = protobuf_c_message_get_packed_size(msg);
+
+	/* The oldest go first once they have waited too long. */
+	while (j->ahead && now - j->ahead->t_ns > JAHEAD_MAX_NS) {
+		a = j->ahead;
+		j->ahead = a->next;
+		j->ahead_n--;
+		j->ahead_bytes -= a->hdrlen + a->len;
+		j->ahead_dropped++;
+		DLOG_W("job %s: a record of term %llx from %s waited %llu s for its plan; refused",
+		       j->name, (unsigned long long)a->epoch, a->from,
+		       (unsigned long long)(JAHEAD_MAX_NS / 1000000000ull));
+		if (a->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS) {
+			Dtep__Counts *m = dtep__counts__unpack(NULL, a->hdrlen, a->hdr);
+
+			if (m) {
+				refuse_term(j, a->from, m->dst, m->version, a->epoch, a->type);
+				dtep__counts__free_unpacked(m, NULL);
+			}
+		}
+		ahead_free_one(a);
+	}
+	if (j->ahead_n >= JAHEAD_MAX_RECORDS || j->ahead_bytes + hl + len > JAHEAD_MAX_BYTES)
+		return -1;
+	if (!(a = calloc(1, sizeof(*a))) || !(a->hdr = malloc(hl ? hl : 1)) ||
+	    (len && !(a->data = malloc(len)))) {
+		if (a)
+			ahead_free_one(a);
+		return -1;
+	}
+	a->epoch = epoch;
+	a->t_ns = now;
+	a->type = type;
+	snprintf(a->from, sizeof(a->from), "%s", from);
+	a->hdrlen = protobuf_c_message_pack(msg, a->hdr);
+	a->len = len;
+	if (len)
+		memcpy(a->data, data, len);
+	for (pp = &j->ahead; *pp; pp = &(*pp)->next)
+		;
+	*pp = a;
+	j->ahead_n++;
+	j->ahead_bytes += a->hdrlen + len;
+	j->ahead_held++;
+	return 0;
+}
+
+void jsink_ahead_replay(struct job *j)
+{
+	struct jahead *list = j->ahead, *a;
+
+	j->ahead = NULL;
+	j->ahead_n = 0;
+	j->ahead_bytes = 0;
+	while ((a = list)) {
+		list = a->next;
+		/* As if it came now: its term's plan takes it, an older term
+		 * refuses it, a term still ahead keeps it waiting. */
+		if (a->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS) {
+			Dtep__Counts *m = dtep__counts__unpack(NULL, a->hdrlen, a->hdr);
+
+			if (m) {
+				jsink_counts(j, a->from, m, a->hdr, a->hdrlen);
+				dtep__counts__free_unpacked(m, NULL);
+			}
+		} else {
+			Dtep__Payload *m = dtep__payload__unpack(NULL, a->hdrlen, a->hdr);
+
+			if (m) {
+				jsink_payload(j, a->from, m, a->data, a->len);
+				dtep__payload__free_unpacked(m, NULL);
+			}
+		}
+		ahead_free_one(a);
+	}
+}
+
+void jsink_ahead_free(struct job *j)
+{
+	struct jahead *a;
+
+	while ((a = j->ahead)) {
+		j->ahead = a->next;
+		ahead_free_one(a);
+	}
+	j->ahead_n = 0;
+	j->ahead_bytes = 0;
+}
+
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
-			       uint64_t version, Dtep__PeerMsgType type)
+			       uint64_t version, Dtep__PeerMsgType type,
+			       const ProtobufCMessage *msg, const void *data, size_t len)
 {
 	struct jlocal *l = job_local(j, dst);
 
@@ -156,28 +319,16 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 		       (unsigned long long)dst);
 		return NULL;
 	}
+	if (epoch != j->epoch && term_ahead(j, epoch) &&
+	    ahead_keep(j, epoch, type, from, msg, data, len) == 0) {
+		DLOG_I("job %s: version %llu for sink %llx under term %llx, newer than the plan "
+		       "held (%llx): kept until its plan comes", j->name, (unsigned long long)version,
+		       (unsigned long long)dst, (unsigned long long)epoch,
+		       (unsigned long long)j->epoch);
+		return NULL;
+	}
 	if (epoch != j->epoch) {
-		char why[128];
-		uint64_t src = 0;
-		Dtep__Applied m = DTEP__APPLIED__INIT;
-		Dtep__JobRef ref;
-
-		(void)src;
-		snprintf(why, sizeof(why), "plan epoch %llu, sink has %llu", (unsigned long long)epoch,
-			 (unsigned long long)j->epoch);
-		DLOG_I("job %s: version %llu for sink %llx refused: %s", j->name,
-		       (unsigned long long)version, (unsigned long long)dst, why);
-		j->refused++;
-		dmetrics_add(DM_REFUSED, "stale_epoch", 1);
-		job_fill_ref(j, &ref);
-		m.job = &ref;
-		m.version = version;
-		m.dst = dst;
-		m.result = DTEP__APPLY_RESULT__APPLY_REFUSED;
-		m.message = why;
-		if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
-			jio_send(j->eng, from, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED, &m.base, NULL,
-				 0);
+		refuse_term(j, from, dst, version, epoch, type);
 		return NULL;
 	}
 	return l;
@@ -186,7 +337,8 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
 		  size_t hdrlen)
 {
-	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS);
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version,
+				    DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m->base, NULL, 0);
 	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;
@@ -255,7 +407,8 @@ static int same_part(const struct jpart *pt, const Dtep__Payload *m, size_t len)
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
 		   size_t len)
 {
-	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD);
+	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version,
+				    DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len);
 	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;

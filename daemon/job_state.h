@@ -391,6 +391,11 @@ struct job {
 	/* counters and history */
 	uint64_t refused;
 	uint64_t dup_parts;       /* PAYLOAD parts delivered twice: the copy dropped */
+	/* COUNTS and PAYLOAD of a term newer than the plan held, waiting for
+	 * its PLAN (job_sink_intake.c, jsink_ahead_*): oldest first, bounded. */
+	struct jahead *ahead;
+	size_t ahead_n, ahead_bytes;
+	uint64_t ahead_held, ahead_dropped;
 	uint64_t published;
 	/* Running estimates of a capture's reads (pair_sm_choose): bytes of
 	 * θ, m, v a detect reads per second (12/element), bytes of θ a dense

@@ -54,9 +54,13 @@
  *   - Another boot: the new coordinator supersedes the old one; the member
  *     retires the old boot (the last PEER_TERM_RETIRED kept) and refuses
  *     any later PLAN of a retired boot.
- * Data records compare terms for equality only (a sink refuses COUNTS and
- * PAYLOAD of any other term), so a version in flight under the old term
- * is refused cleanly and its source sends the next version dense.
+ * Data records are taken under the term held only: a sink refuses COUNTS
+ * and PAYLOAD of an older term, so a version in flight under the old term
+ * is refused cleanly and its source sends the next version dense.  A
+ * record of a newer term (one whose PLAN the member would adopt: the
+ * records and the PLAN travel separately and overtake each other) waits
+ * for that PLAN, bounded in records, bytes and time
+ * (daemon/job_sink_intake.c), and goes in once it is adopted.
  *
  * ## Acknowledgement and retry
  * JOIN: retried while the member has not seen a PLAN echoing its newest

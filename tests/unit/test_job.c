@@ -1425,7 +1425,8 @@ static void test_parts(void **state)
 
 	/* Parts of versions the sink will not take: one it already holds is
 	 * dropped; invented ones whose COUNTS never come stay under the
-	 * staging cap; a stale epoch is refused. */
+	 * staging cap; a stale epoch is refused; a newer one waits for its
+	 * plan (which never comes here) without touching the buffers. */
 	publish_held(v, ++step, 0);
 	snapshot(&snap);
 	feed_part_as(&held_recs[0], -1, -1, -1, v - 1);
@@ -1434,15 +1435,22 @@ static void test_parts(void **state)
 		feed_part_as(&held_recs[0], -1, -1, -1, v + 1000 + x);
 	assert_true(pending(j) <= JOB_MAX_STAGED_DEFAULT);
 	refused0 = j->refused;
+	assert_true(peer_term_counter(j->epoch) > 1);
 	{
 		Dtep__Payload *m = dtep__payload__unpack(NULL, held_recs[0].mlen, held_recs[0].msg);
 
 		assert_non_null(m);
+		m->epoch = j->epoch - 1;
+		feed_as(&held_recs[0], &m->base);
+		assert_true(j->refused > refused0);
+		refused0 = j->refused;
+		assert_int_equal(j->ahead_n, 0);
 		m->epoch = j->epoch + 5;
 		feed_as(&held_recs[0], &m->base);
 		dtep__payload__free_unpacked(m, NULL);
 	}
-	assert_true(j->refused > refused0);
+	assert_int_equal(j->refused, refused0);
+	assert_int_equal(j->ahead_n, 1);
 	assert_true(unchanged(snap));
 	free(snap);
 	/* The held version itself still stages exact when it all comes. */
