@@ -73,6 +73,13 @@ $(B)/tests/test_fixture: tests/unit/test_fixture.c tests/unit/fixture.c tests/un
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) tests/unit/test_fixture.c tests/unit/fixture.c -o $@ $(LDFLAGS) \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
+# Two engines in one process share the buffer registry (the last one ends it).
+UNIT_TESTS   += test_engines
+$(B)/tests/test_engines: tests/unit/test_engines.c tests/unit/fixture.c tests/unit/fixture.h \
+                         $(B)/lib/libdted.a $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) tests/unit/test_engines.c tests/unit/fixture.c -o $@ $(LDFLAGS) \
+		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
 # K > 1: the side table of first-marked elements (daemon/side_table.h).

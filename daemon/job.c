@@ -354,6 +354,8 @@ static void job_free(struct job *j)
 
 void dte_engine_free(struct dte_engine *e)
 {
+	int last;
+
 	if (!e)
 		return;
 	/* Workers may still read or write client memory: what has not
@@ -361,7 +363,7 @@ void dte_engine_free(struct dte_engine *e)
 	 * completion came back (job_task.c).  Their completions run against
 	 * live state, before anything below frees it. */
 	job_tasks_drain(e);
-	jcuda_fini();
+	last = jcuda_fini();
 	while (e->waiters) {
 		struct jwaiter *w = e->waiters;
 
@@ -392,7 +394,9 @@ void dte_engine_free(struct dte_engine *e)
 	 * loop until libuv has let go of the handles). */
 	if (e->io.fini)
 		e->io.fini(e->io.ctx);
-	dbuf_fini();
+	/* The buffer registry is the process's: the last engine ends it. */
+	if (last)
+		dbuf_fini();
 	jops_fini(e);
 	/* Chunks still with the router come back to the pool, which then
 	 * goes (job_capture.c). */

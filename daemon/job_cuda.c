@@ -14,9 +14,12 @@
 /* Process-level, not engine state (struct dte_engine), and said so: the
  * device, the CUDA buffers opened (buf.c's buffers are the process's,
  * reached through dbuf_dev_ops) and the device scratch are resources of
- * the process, shared by whatever engines it holds; dte_engine_new and
- * dte_engine_free set them up and end them (jcuda_init, jcuda_fini). */
+ * the process, shared by whatever engines it holds; the first
+ * dte_engine_new sets them up and the last dte_engine_free ends them
+ * (jcuda_init, jcuda_fini count the engines, on the thread that makes and
+ * frees them). */
 static const struct dtc_backend *dev;	/* NULL: no GPU path */
+static unsigned engines;		/* alive: jcuda_init'ed, not fini'ed */
 
 /* Opened device buffers, [lo, hi) each; read by capture workers while the
  * loop registers and releases, hence the lock. */
@@ -43,6 +46,8 @@ static const struct dbuf_dev_ops dev_ops = { jcuda_buf_open, jcuda_buf_close };
 
 void jcuda_init(const struct dtc_backend *be)
 {
+	if (engines++)
+		return;		/* the process's, set up by the first engine */
 	dev = dtc_dev_has(be) ? be : NULL;
 	/* buf.c opens and closes CUDA buffers through these (buf.h); they
 	 * stay installed past jcuda_fini, for dbuf_fini. */
@@ -60,12 +65,15 @@ static void scratch_free(struct scratch *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
-void jcuda_fini(void)
+int jcuda_fini(void)
 {
-	if (!dev)
-		return;
-	scratch_free(&cap_scr);
-	scratch_free(&app_scr);
+	if (!engines || --engines)
+		return 0;	/* another engine still uses them */
+	if (dev) {
+		scratch_free(&cap_scr);
+		scratch_free(&app_scr);
+	}
+	return 1;
 }
 
 /* s->lock held. */

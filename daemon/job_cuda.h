@@ -28,7 +28,11 @@ struct dtc_backend;
 /* The backend for device memory (NULL or cpu: no GPU path). */
 void jcuda_init(const struct dtc_backend *be);
 /* Frees device scratch (daemon exit; buffers are closed by dbuf_fini). */
-void jcuda_fini(void);
+/* The process's device path and buffer registry are shared by its
+ * engines: set up by the first jcuda_init, ended by the last jcuda_fini,
+ * which returns 1 then (the caller ends the buffer registry, dbuf_fini),
+ * else 0. */
+int jcuda_fini(void);
 
 /* buf.c reaches these two through struct dbuf_dev_ops (buf.h), which
  * jcuda_init installs.  Open b's IPC handle (and event, when event_len)
