@@ -340,6 +340,8 @@ void jctl_retry(struct dte_engine *e)
 	jctl_update(e);
 }
 
+static void cache_free(struct jplan_cache *c);
+
 void jcoord_free(struct job *j)
 {
 	for (uint32_t r = 0; r < j->n_src_shards; r++)
@@ -347,6 +349,8 @@ void jcoord_free(struct job *j)
 	free(j->src_shards);
 	j->src_shards = NULL;
 	j->n_src_shards = 0;
+	cache_free(j->plan_cache);
+	j->plan_cache = NULL;
 	while (j->members) {
 		struct jmember *m = j->members;
 
@@ -355,42 +359,188 @@ void jcoord_free(struct job *j)
 	}
 }
 
-struct sinkplan {
+/* ------------------------------------------------------------ the plan cache */
+
+/* A sink layout's plan against the cached source layout, its entries
+ * indexed by sink rank: rank r's are q_of[off[r] .. off[r + 1]), in plan
+ * order (the order, and so the entry ids, of a walk over the whole plan). */
+struct jsinkplan {
 	char desc[JOB_DESC_MAX];
 	struct dte_layout lay;
 	struct dte_plan plan;
-	int ok;
+	int ok;			/* built; else its error was logged when tried */
+	int used;		/* by the re-plan under way */
+	uint32_t nranks;
+	size_t *off;		/* [nranks + 1] */
+	uint32_t *q_of;		/* [plan.n] */
 };
+
+/* What a re-plan reuses: the source layout (key: its description and,
+ * for a sharded one, src_shards_gen) and one plan per sink layout built
+ * against it.  A new key drops everything. */
+struct jplan_cache {
+	char src_desc[JOB_DESC_MAX];
+	uint64_t src_gen;
+	int src_ok;		/* src built (plain; full once every shard came) */
+	int src_full;		/* a sharded source's layout with every rank's shards */
+	struct dte_layout src;
+	struct jsinkplan **sp;	/* each its own allocation: a plan borrows its layout */
+	size_t nsp, capsp;
+};
+
+static void sinkplan_free(struct jsinkplan *s)
+{
+	if (s->ok) {
+		dte_plan_fini(&s->plan);
+		dte_layout_fini(&s->lay);
+	}
+	free(s->off);
+	free(s->q_of);
+	free(s);
+}
+
+static void cache_drop(struct jplan_cache *c)
+{
+	for (size_t s = 0; s < c->nsp; s++)
+		sinkplan_free(c->sp[s]);
+	c->nsp = 0;
+	if (c->src_ok)
+		dte_layout_fini(&c->src);
+	c->src_ok = 0;
+	c->src_full = 0;
+	c->src_desc[0] = '\0';
+}
+
+static void cache_free(struct jplan_cache *c)
+{
+	if (!c)
+		return;
+	cache_drop(c);
+	free(c->sp);
+	free(c);
+}
+
+/* Entries by sink rank, once per plan (counting sort: stable). */
+static int sinkplan_index(struct jsinkplan *s)
+{
+	struct dte_plan_entry ent;
+	size_t *at;
+
+	s->nranks = s->lay.nranks;
+	if (s->plan.n >= UINT32_MAX)
+		return -EOVERFLOW;
+	s->off = calloc((size_t)s->nranks + 1, sizeof(*s->off));
+	s->q_of = malloc((s->plan.n ? s->plan.n : 1) * sizeof(*s->q_of));
+	at = calloc((size_t)s->nranks + 1, sizeof(*at));
+	if (!s->off || !s->q_of || !at) {
+		free(at);
+		return -ENOMEM;
+	}
+	for (size_t q = 0; q < s->plan.n; q++) {
+		dte_plan_entry(&s->plan, q, &ent);
+		if (ent.sink_rank < s->nranks)
+			s->off[ent.sink_rank + 1]++;
+	}
+	for (uint32_t r = 0; r < s->nranks; r++)
+		s->off[r + 1] += s->off[r];
+	memcpy(at, s->off, ((size_t)s->nranks + 1) * sizeof(*at));
+	for (size_t q = 0; q < s->plan.n; q++) {
+		dte_plan_entry(&s->plan, q, &ent);
+		if (ent.sink_rank < s->nranks)
+			s->q_of[at[ent.sink_rank]++] = (uint32_t)q;
+	}
+	free(at);
+	return 0;
+}
+
+/* The cached plan of sink layout desc (built, and indexed, when not
+ * cached); NULL when out of memory.  ->ok 0: it cannot be built (logged). */
+static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const char *desc,
+				    uint32_t rank)
+{
+	struct dte_plan_opts opts = { 1, 0 };
+	struct jsinkplan *s;
+	char err[512];
+
+	for (size_t i = 0; i < c->nsp; i++)
+		if (!strcmp(c->sp[i]->desc, desc))
+			return c->sp[i];
+	if (c->nsp == c->capsp) {
+		size_t nc = c->capsp ? c->capsp * 2 : 4;
+		struct jsinkplan **n = realloc(c->sp, nc * sizeof(*n));
+
+		if (!n)
+			return NULL;
+		c->sp = n;
+		c->capsp = nc;
+	}
+	if (!(s = calloc(1, sizeof(*s))))
+		return NULL;
+	c->sp[c->nsp++] = s;
+	snprintf(s->desc, sizeof(s->desc), "%s", desc);
+	if (jlayout_build(j, JROLE_SINK, desc, rank, NULL, &s->lay, err, sizeof(err)) < 0)
+		return s;
+	if (dte_plan_build(&s->plan, &j->spec, &c->src, &s->lay, &opts, err, sizeof(err)) < 0) {
+		DLOG_E("job %s: plan %s -> %s: %s", j->name, c->src_desc, desc, err);
+		dte_layout_fini(&s->lay);
+		return s;
+	}
+	s->ok = 1;
+	if (sinkplan_index(s) < 0) {
+		c->nsp--;
+		sinkplan_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* Sink plans no re-plan used this time go: a layout nobody holds any
+ * more is built again if it comes back. */
+static void cache_sweep(struct jplan_cache *c)
+{
+	size_t k = 0;
+
+	for (size_t s = 0; s < c->nsp; s++) {
+		if (!c->sp[s]->used) {
+			sinkplan_free(c->sp[s]);
+			continue;
+		}
+		c->sp[s]->used = 0;
+		c->sp[k++] = c->sp[s];
+	}
+	c->nsp = k;
+}
 
 /* A built plan, the participants it maps and what each member gets. */
 struct built {
 	struct jpinfo **parts;
-	size_t nparts;
+	uint32_t *pmem;			/* parts[i]'s member (its index in j->members) */
+	size_t nparts, nmem;
 	Dtep__Entry *e;
 	struct dte_box_map *maps;	/* what e[i]'s arrays point into */
-	const struct jpinfo **esrc, **edst;
+	uint32_t *es, *ed;		/* e[i]'s source and sink: indices into parts */
 	size_t ne, cape;
 	int complete;
 };
 
-static int built_add(struct built *b, const struct dte_plan_entry *pe, const struct jpinfo *src,
-		     const struct jpinfo *dst, uint32_t id)
+static int built_add(struct built *b, const struct dte_plan_entry *pe, uint32_t src,
+		     uint32_t dst, uint32_t id)
 {
 	Dtep__Entry *e;
 
 	if (b->ne == b->cape) {
 		size_t nc = b->cape ? b->cape * 2 : 256;
 		void *ne = realloc(b->e, nc * sizeof(*b->e));
-		void *ns = ne ? realloc(b->esrc, nc * sizeof(*b->esrc)) : NULL;
-		void *nd = ns ? realloc(b->edst, nc * sizeof(*b->edst)) : NULL;
+		void *ns = ne ? realloc(b->es, nc * sizeof(*b->es)) : NULL;
+		void *nd = ns ? realloc(b->ed, nc * sizeof(*b->ed)) : NULL;
 		void *nm = nd ? realloc(b->maps, nc * sizeof(*b->maps)) : NULL;
 
 		if (ne)
 			b->e = ne;
 		if (ns)
-			b->esrc = ns;
+			b->es = ns;
 		if (nd)
-			b->edst = nd;
+			b->ed = nd;
 		if (!nm)
 			return -ENOMEM;
 		b->maps = nm;
@@ -404,8 +554,8 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, const str
 	e = &b->e[b->ne];
 	dtep__entry__init(e);
 	e->id = id;
-	e->src = src->id;
-	e->dst = dst->id;
+	e->src = b->parts[src]->id;
+	e->dst = b->parts[dst]->id;
 	e->tensor = pe->tensor;
 	e->group = pe->group;
 	e->dst_buffer = pe->sink_buf;
@@ -422,26 +572,71 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, const str
 	e->dst_offset = pe->map.dst_offset;
 	e->n_dst_stride = pe->map.ndim;
 	e->dst_stride = b->maps[b->ne].dst_stride;
-	b->esrc[b->ne] = src;
-	b->edst[b->ne] = dst;
+	b->es[b->ne] = src;
+	b->ed[b->ne] = dst;
 	b->ne++;
 	return 0;
 }
 
+/* Each member's entries (those whose source or sink is on it), in plan
+ * order: sel[off[k] .. off[k + 1]) for member k.  One pass over the
+ * entries, not one per member. */
+static int built_by_member(const struct built *b, size_t **offp, Dtep__Entry ***selp)
+{
+	size_t *off = calloc(b->nmem + 1, sizeof(*off)), *at = calloc(b->nmem + 1, sizeof(*at));
+	Dtep__Entry **sel = NULL;
+	size_t i;
+
+	if (!off || !at)
+		goto oom;
+	for (i = 0; i < b->ne; i++) {
+		uint32_t ms = b->pmem[b->es[i]], md = b->pmem[b->ed[i]];
+
+		off[ms + 1]++;
+		if (md != ms)
+			off[md + 1]++;
+	}
+	for (i = 0; i < b->nmem; i++)
+		off[i + 1] += off[i];
+	if (!(sel = malloc((off[b->nmem] ? off[b->nmem] : 1) * sizeof(*sel))))
+		goto oom;
+	memcpy(at, off, (b->nmem + 1) * sizeof(*at));
+	for (i = 0; i < b->ne; i++) {
+		uint32_t ms = b->pmem[b->es[i]], md = b->pmem[b->ed[i]];
+
+		sel[at[ms]++] = &b->e[i];
+		if (md != ms)
+			sel[at[md]++] = &b->e[i];
+	}
+	free(at);
+	*offp = off;
+	*selp = sel;
+	return 0;
+oom:
+	free(off);
+	free(at);
+	return -ENOMEM;
+}
+
+/* A member's PLAN names the participants it deals with and the addresses
+ * of their nodes, not the whole job's: its own participants (announced
+ * by their presence) and the other end of each of its entries.  That is
+ * what jplan_recv and the pairs read (job_part, job_addr); a job's whole
+ * membership is the coordinator's (dtectl job there). */
 static void send_plans(struct job *j, struct built *b)
 {
-	size_t nm = 0, i, k;
+	size_t i, k, mi, np, na, *off = NULL;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
 	Dtep__Participant **pp = calloc(b->nparts ? b->nparts : 1, sizeof(*pp));
-	Dtep__Entry **sel = calloc(b->ne ? b->ne : 1, sizeof(*sel));
-	Dtep__Plan__AddressesEntry *ae = NULL, **ap = NULL;
+	Dtep__Entry **sel = NULL;
+	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
+	Dtep__Plan__AddressesEntry **ap = calloc(b->nmem ? b->nmem : 1, sizeof(*ap));
+	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
+	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
+	struct jmember *m;
 	Dtep__JobRef ref;
 
-	for (struct jmember *m = j->members; m; m = m->next)
-		nm++;
-	ae = calloc(nm ? nm : 1, sizeof(*ae));
-	ap = calloc(nm ? nm : 1, sizeof(*ap));
-	if (!pa || !pp || !sel || !ae || !ap) {
+	if (!pa || !pp || !ae || !ap || !pmark || !mmark || built_by_member(b, &off, &sel) < 0) {
 		DLOG_E("job %s: out of memory sending plans", j->name);
 		goto out;
 	}
@@ -455,36 +650,49 @@ static void send_plans(struct job *j, struct built *b)
 		pa[i].rank = p->rank;
 		pa[i].replica = p->replica;
 		pa[i].node = (char *)p->node;
-		pp[i] = &pa[i];
 	}
-	i = 0;
-	for (struct jmember *m = j->members; m; m = m->next, i++) {
+	for (m = j->members, i = 0; m; m = m->next, i++) {
 		dtep__plan__addresses_entry__init(&ae[i]);
 		ae[i].key = m->node;
 		ae[i].value = m->address;
-		ap[i] = &ae[i];
 	}
 	job_fill_ref(j, &ref);
-	for (struct jmember *m = j->members; m; m = m->next) {
+	for (m = j->members, mi = 0; m; m = m->next, mi++) {
 		Dtep__Plan plan = DTEP__PLAN__INIT;
 		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
+		uint32_t stamp = (uint32_t)mi + 1;
 
 		if (st.act != COORD_A_SEND) {
 			member_bad_action(j, m->node, COORD_EV_PLAN_SENT, st);
 			continue;
 		}
-		for (i = 0, k = 0; i < b->ne; i++)
-			if (!strcmp(b->esrc[i]->node, m->node) || !strcmp(b->edst[i]->node, m->node))
-				sel[k++] = &b->e[i];
+		/* Its participants and its peers, in the job's order. */
+		for (i = 0; i < b->nparts; i++)
+			if (b->pmem[i] == mi)
+				pmark[i] = stamp;
+		for (k = off[mi]; k < off[mi + 1]; k++) {
+			size_t e = (size_t)(sel[k] - b->e);
+
+			pmark[b->es[e]] = stamp;
+			pmark[b->ed[e]] = stamp;
+		}
+		for (i = 0, np = 0; i < b->nparts; i++)
+			if (pmark[i] == stamp) {
+				pp[np++] = &pa[i];
+				mmark[b->pmem[i]] = stamp;
+			}
+		for (i = 0, na = 0; i < b->nmem; i++)
+			if (mmark[i] == stamp)
+				ap[na++] = &ae[i];
 		plan.job = &ref;
 		plan.peer_proto = PEER_PROTO_VERSION;
 		plan.epoch = j->coord_epoch;
 		plan.complete = b->complete;
-		plan.n_participants = b->nparts;
+		plan.n_participants = np;
 		plan.participants = pp;
-		plan.n_entries = k;
-		plan.entries = sel;
-		plan.n_addresses = nm;
+		plan.n_entries = off[mi + 1] - off[mi];
+		plan.entries = sel + off[mi];
+		plan.n_addresses = na;
 		plan.addresses = ap;
 		plan.join_seq = m->join_seq;
 		if (j->auth) {
@@ -513,8 +721,11 @@ out:
 	free(pa);
 	free(pp);
 	free(sel);
+	free(off);
 	free(ae);
 	free(ap);
+	free(pmark);
+	free(mmark);
 }
 
 /* A source that registers shards: the layout is every rank's table, and
@@ -575,30 +786,79 @@ static int keep_shards(struct job *j, uint32_t rank, const char *shards)
 		return -ENOMEM;
 	free(j->src_shards[rank]);
 	j->src_shards[rank] = copy;
+	j->src_shards_gen++;
 	return 0;
 }
 
+/* The source layout to plan against, from the cache (built when its key
+ * changed); 0 when there is one, with b->complete set, else -1 (nothing
+ * is planned: no source, a layout that does not build, a sharded source
+ * not every rank of which sent its shards). */
+static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdesc,
+			const struct jpinfo **srcby, int *complete)
+{
+	int sharded = dte_layout_desc_sharded(srcdesc);
+	uint64_t gen = sharded ? j->src_shards_gen : 0;
+	char err[512];
+
+	if (strcmp(c->src_desc, srcdesc) || c->src_gen != gen) {
+		cache_drop(c);
+		snprintf(c->src_desc, sizeof(c->src_desc), "%s", srcdesc);
+		c->src_gen = gen;
+		c->src_ok = jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &c->src, err,
+					  sizeof(err)) == 0;
+	}
+	if (!c->src_ok)
+		return -1;
+	*complete = 1;
+	if (!sharded) {
+		for (size_t i = 0; i < c->src.npieces; i++)
+			if (!srcby[c->src.pieces[i].rank])
+				*complete = 0;
+		return 0;
+	}
+	for (uint32_t r = 0; r < c->src.nranks; r++)
+		if (!srcby[r])
+			*complete = 0;
+	if (!*complete)
+		return -1;	/* not every rank's shards are known: nothing to plan yet */
+	if (!c->src_full) {
+		if (sharded_sources(j, srcdesc, srcby, &c->src, complete, err, sizeof(err)) < 0) {
+			DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
+			c->src_ok = 0;
+			return -1;
+		}
+		c->src_full = 1;
+	}
+	return 0;
+}
+
+/* Every join and leave: the next term, and each member its part of the
+ * plan of everyone attached.  What depends only on layouts is cached
+ * (struct jplan_cache); what is rebuilt is the mapping of the cached
+ * entries onto the participants attached now, by sink rank. */
 static void replan(struct job *j)
 {
 	struct built b;
-	struct dte_layout src;
-	struct sinkplan *sp = NULL;
-	size_t nsp = 0, n = 0, i, s;
+	struct jplan_cache *c = j->plan_cache;
+	size_t n = 0, i;
 	const struct jpinfo **srcby = NULL;
-	uint32_t *cnt = NULL;
+	uint32_t *srcidx = NULL, *cnt = NULL, nranks = 0;
 	const char *srcdesc = NULL;
-	char err[512];
 	int have_src = 0;
 
 	memset(&b, 0, sizeof(b));
+	if (!c && !(c = j->plan_cache = calloc(1, sizeof(*c))))
+		goto oom;
 	for (struct jmember *m = j->members; m; m = m->next)
 		n += m->n;
 	b.parts = calloc(n ? n : 1, sizeof(*b.parts));
-	sp = calloc(n ? n : 1, sizeof(*sp));
-	if (!b.parts || !sp)
+	b.pmem = calloc(n ? n : 1, sizeof(*b.pmem));
+	if (!b.parts || !b.pmem)
 		goto oom;
-	for (struct jmember *m = j->members; m; m = m->next)
+	for (struct jmember *m = j->members; m; m = m->next, b.nmem++)
 		for (i = 0; i < m->n; i++) {
+			b.pmem[b.nparts] = (uint32_t)b.nmem;
 			b.parts[b.nparts++] = &m->p[i];
 			if (m->p[i].role == JROLE_SOURCE && !srcdesc)
 				srcdesc = m->p[i].layout;
@@ -614,76 +874,58 @@ static void replan(struct job *j)
 	} else {
 		j->coord_epoch++;
 	}
-	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &src, err, sizeof(err)) == 0) {
-		have_src = 1;
-		srcby = calloc(src.nranks, sizeof(*srcby));
-		cnt = calloc(src.nranks, sizeof(*cnt));
-		if (!srcby || !cnt)
+	if (srcdesc) {
+		char err[512];
+		struct dte_layout probe;
+
+		/* The rank count, before the cache is asked (it may hold the
+		 * sharded source's full layout, with the same ranks). */
+		if (!strcmp(c->src_desc, srcdesc) && c->src_ok) {
+			nranks = c->src.nranks;
+		} else if (jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &probe, err,
+					 sizeof(err)) == 0) {
+			nranks = probe.nranks;
+			dte_layout_fini(&probe);
+		}
+		srcby = calloc(nranks ? nranks : 1, sizeof(*srcby));
+		srcidx = calloc(nranks ? nranks : 1, sizeof(*srcidx));
+		cnt = calloc(nranks ? nranks : 1, sizeof(*cnt));
+		if (!srcby || !srcidx || !cnt)
 			goto oom;
 		for (i = 0; i < b.nparts; i++)
-			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < src.nranks &&
-			    !srcby[b.parts[i]->rank])
+			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < nranks &&
+			    !srcby[b.parts[i]->rank]) {
 				srcby[b.parts[i]->rank] = b.parts[i];
-		b.complete = 1;
-		for (i = 0; i < src.npieces; i++)
-			if (!srcby[src.pieces[i].rank])
-				b.complete = 0;
-		if (dte_layout_desc_sharded(srcdesc)) {
-			if (sharded_sources(j, srcdesc, srcby, &src, &b.complete, err, sizeof(err)) < 0) {
-				DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
-				have_src = 0;
-			} else if (!b.complete) {
-				/* Not every rank's shards are known: nothing to plan yet. */
-				dte_layout_fini(&src);
-				have_src = 0;
+				srcidx[b.parts[i]->rank] = (uint32_t)i;
 			}
-		}
+		have_src = nranks && cache_source(j, c, srcdesc, srcby, &b.complete) == 0;
 	}
-	/* One plan per distinct sink layout; replicas reuse it. */
-	for (i = 0; have_src && i < b.nparts; i++) {
-		const struct jpinfo *p = b.parts[i];
-		struct dte_plan_opts opts = { 1, 0 };
-
-		if (p->role != JROLE_SINK)
-			continue;
-		for (s = 0; s < nsp; s++)
-			if (!strcmp(sp[s].desc, p->layout))
-				break;
-		if (s < nsp)
-			continue;
-		snprintf(sp[nsp].desc, sizeof(sp[nsp].desc), "%s", p->layout);
-		if (jlayout_build(j, JROLE_SINK, p->layout, p->rank, NULL, &sp[nsp].lay, err, sizeof(err)) == 0) {
-			if (dte_plan_build(&sp[nsp].plan, &j->spec, &src, &sp[nsp].lay, &opts, err,
-					   sizeof(err)) == 0)
-				sp[nsp].ok = 1;
-			else
-				DLOG_E("job %s: plan %s -> %s: %s", j->name, srcdesc, p->layout, err);
-			if (!sp[nsp].ok)
-				dte_layout_fini(&sp[nsp].lay);
-		}
-		nsp++;
-	}
+	/* One plan per distinct sink layout (cached); replicas reuse it, each
+	 * sink rank its own entries through the index. */
 	for (i = 0; have_src && i < b.nparts; i++) {
 		const struct jpinfo *dst = b.parts[i];
+		struct jsinkplan *s;
 
 		if (dst->role != JROLE_SINK)
 			continue;
-		for (s = 0; s < nsp && strcmp(sp[s].desc, dst->layout); s++)
-			;
-		if (s == nsp || !sp[s].ok)
+		if (!(s = cache_sink(j, c, dst->layout, dst->rank)))
+			goto oom;
+		s->used = 1;
+		if (!s->ok || dst->rank >= s->nranks)
 			continue;
-		memset(cnt, 0, src.nranks * sizeof(*cnt));
-		for (size_t q = 0; q < sp[s].plan.n; q++) {
-			struct dte_plan_entry ent, *pe = &ent;
+		memset(cnt, 0, nranks * sizeof(*cnt));
+		for (size_t k = s->off[dst->rank]; k < s->off[dst->rank + 1]; k++) {
+			struct dte_plan_entry pe;
 
-			dte_plan_entry(&sp[s].plan, q, pe);
-
-			if (pe->sink_rank != dst->rank || pe->src_rank >= src.nranks || !srcby[pe->src_rank])
+			dte_plan_entry(&s->plan, s->q_of[k], &pe);
+			if (pe.src_rank >= nranks || !srcby[pe.src_rank])
 				continue;
-			if (built_add(&b, pe, srcby[pe->src_rank], dst, cnt[pe->src_rank]++) < 0)
+			if (built_add(&b, &pe, srcidx[pe.src_rank], (uint32_t)i, cnt[pe.src_rank]++) < 0)
 				goto oom;
 		}
 	}
+	if (have_src)
+		cache_sweep(c);
 	j->coord_complete = b.complete;
 	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries%s",
 	       j->name, (unsigned long long)j->coord_epoch,
@@ -694,21 +936,15 @@ static void replan(struct job *j)
 oom:
 	DLOG_E("job %s: out of memory planning", j->name);
 out:
-	for (s = 0; s < nsp; s++)
-		if (sp[s].ok) {
-			dte_plan_fini(&sp[s].plan);
-			dte_layout_fini(&sp[s].lay);
-		}
-	if (have_src)
-		dte_layout_fini(&src);
-	free(sp);
 	free(srcby);
+	free(srcidx);
 	free(cnt);
 	free(b.parts);
+	free(b.pmem);
 	free(b.e);
 	free(b.maps);
-	free(b.esrc);
-	free(b.edst);
+	free(b.es);
+	free(b.ed);
 }
 
 static void refuse_join(struct job *j, const char *from, const char *why)

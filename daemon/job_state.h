@@ -385,6 +385,11 @@ struct job {
 	struct jmember *members;
 	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
 	uint32_t n_src_shards;
+	uint64_t src_shards_gen;  /* bumped with every shard table kept (the plan cache's key) */
+	/* Layouts and plans kept across re-plans (job_coord.c): a (source,
+	 * sink layout) plan depends on the spec and the two descriptions
+	 * alone. */
+	struct jplan_cache *plan_cache;
 	uint64_t coord_epoch;     /* term of the newest plan (peer_term(boot, counter)) */
 	int coord_complete;       /* that plan had every source rank attached */
 	/* counters and history */
