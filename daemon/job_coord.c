@@ -137,6 +137,7 @@ out:
 
 static void member_free(struct jmember *m)
 {
+	free(m->part);
 	free(m->plan);
 	free(m->p);
 	free(m);
@@ -618,6 +619,133 @@ oom:
 	return -ENOMEM;
 }
 
+
+/* ------------------------------------------------ a member's part, packed */
+
+/* The Plan's `entries` field (5, length-delimited): its key is one byte. */
+#define PLAN_ENTRIES_KEY ((5u << 3) | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+
+static size_t varint_put(uint8_t *out, uint64_t v)
+{
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		out[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	out[n++] = (uint8_t)v;
+	return n;
+}
+
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* Everything a packed entry is made of. */
+static uint64_t entry_hash(const Dtep__Entry *e, uint64_t h)
+{
+	struct {
+		uint64_t src, dst, src_offset, dst_offset;
+		uint32_t id, tensor, group, dst_buffer, src_buffer, src_buffer_m, src_buffer_v, nd;
+		uint64_t extent[DTE_MAX_DIMS], src_stride[DTE_MAX_DIMS], dst_stride[DTE_MAX_DIMS];
+	} x;
+	size_t nd = e->n_extent < DTE_MAX_DIMS ? e->n_extent : DTE_MAX_DIMS;
+
+	memset(&x, 0, sizeof(x));
+	x.src = e->src;
+	x.dst = e->dst;
+	x.src_offset = e->src_offset;
+	x.dst_offset = e->dst_offset;
+	x.id = e->id;
+	x.tensor = e->tensor;
+	x.group = e->group;
+	x.dst_buffer = e->dst_buffer;
+	x.src_buffer = e->src_buffer;
+	x.src_buffer_m = e->src_buffer_m;
+	x.src_buffer_v = e->src_buffer_v;
+	x.nd = (uint32_t)e->n_extent;
+	for (size_t d = 0; d < nd; d++) {
+		x.extent[d] = e->extent[d];
+		x.src_stride[d] = d < e->n_src_stride ? e->src_stride[d] : 0;
+		x.dst_stride[d] = d < e->n_dst_stride ? e->dst_stride[d] : 0;
+	}
+	return XXH64(&x, sizeof(x), h);
+}
+
+/* The member's entries packed as the PLAN's field 5 is, less its first
+ * key (the PLAN carries them as an unknown field of that number: packing
+ * one copies them, and the bytes are the ones packing the entries gives,
+ * which is what a receiver's MAC check repacks).  Packed again only when
+ * they differ from the last re-plan's.  0 or -ENOMEM. */
+static int member_part(struct jmember *m, Dtep__Entry *const *sel, size_t n)
+{
+	uint64_t h = 0x9e3779b97f4a7c15ull;
+	size_t len = 0, at = 0;
+	uint8_t *p;
+
+	for (size_t i = 0; i < n; i++)
+		h = entry_hash(sel[i], h);
+	if (m->part && m->part_n == n && m->part_hash == h)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t s = protobuf_c_message_get_packed_size(&sel[i]->base);
+
+		len += (i ? 1 : 0) + varint_size(s) + s;
+	}
+	if (!(p = malloc(len ? len : 1)))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		size_t s = protobuf_c_message_get_packed_size(&sel[i]->base);
+
+		if (i)
+			p[at++] = PLAN_ENTRIES_KEY;
+		at += varint_put(p + at, s);
+		at += protobuf_c_message_pack(&sel[i]->base, p + at);
+	}
+	free(m->part);
+	m->part = p;
+	m->part_len = at;
+	m->part_n = n;
+	m->part_hash = h;
+	return 0;
+}
+
+/* The fields after `entries` (6..9) packed into *buf (grown as needed),
+ * to follow the member's part in the same way: the unknown field *u
+ * holds them after their first key.  0 or -ENOMEM. */
+static int plan_tail(const Dtep__Plan *tail, uint8_t **buf, size_t *cap,
+		     ProtobufCMessageUnknownField *u)
+{
+	size_t len = protobuf_c_message_get_packed_size(&tail->base), k = 0;
+	uint64_t key = 0;
+
+	if (len > *cap) {
+		uint8_t *nb = realloc(*buf, len);
+
+		if (!nb)
+			return -ENOMEM;
+		*buf = nb;
+		*cap = len;
+	}
+	protobuf_c_message_pack(&tail->base, *buf);
+	/* peer_proto (7) is never 0: the tail is never empty. */
+	do {
+		key |= (uint64_t)((*buf)[k] & 0x7f) << (7 * k);
+	} while ((*buf)[k++] & 0x80 && k < len);
+	u->tag = (uint32_t)(key >> 3);
+	u->wire_type = (ProtobufCWireType)(key & 7);
+	u->len = len - k;
+	u->data = *buf + k;
+	return 0;
+}
+
 /* A member's PLAN names the participants it deals with and the addresses
  * of their nodes, not the whole job's: its own participants (announced
  * by their presence) and the other end of each of its entries.  That is
@@ -633,6 +761,8 @@ static void send_plans(struct job *j, struct built *b)
 	Dtep__Plan__AddressesEntry **ap = calloc(b->nmem ? b->nmem : 1, sizeof(*ap));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
 	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
+	uint8_t *tbuf = NULL;
+	size_t tcap = 0;
 	struct jmember *m;
 	Dtep__JobRef ref;
 
@@ -658,7 +788,8 @@ static void send_plans(struct job *j, struct built *b)
 	}
 	job_fill_ref(j, &ref);
 	for (m = j->members, mi = 0; m; m = m->next, mi++) {
-		Dtep__Plan plan = DTEP__PLAN__INIT;
+		Dtep__Plan plan = DTEP__PLAN__INIT, tail = DTEP__PLAN__INIT;
+		ProtobufCMessageUnknownField uf[2];
 		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
 		uint32_t stamp = (uint32_t)mi + 1;
 
@@ -685,19 +816,35 @@ static void send_plans(struct job *j, struct built *b)
 			if (mmark[i] == stamp)
 				ap[na++] = &ae[i];
 		plan.job = &ref;
-		plan.peer_proto = PEER_PROTO_VERSION;
 		plan.epoch = j->coord_epoch;
 		plan.complete = b->complete;
 		plan.n_participants = np;
 		plan.participants = pp;
-		plan.n_entries = off[mi + 1] - off[mi];
-		plan.entries = sel + off[mi];
-		plan.n_addresses = na;
-		plan.addresses = ap;
-		plan.join_seq = m->join_seq;
-		if (j->auth) {
-			plan.join_nonce.data = m->nonce;
-			plan.join_nonce.len = sizeof(m->nonce);
+		tail.peer_proto = PEER_PROTO_VERSION;
+		tail.n_addresses = na;
+		tail.addresses = ap;
+		tail.join_seq = m->join_seq;
+		tail.join_nonce.data = j->auth ? m->nonce : NULL;
+		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
+		k = off[mi + 1] - off[mi];
+		if (k && member_part(m, sel + off[mi], k) == 0 &&
+		    plan_tail(&tail, &tbuf, &tcap, &uf[1]) == 0) {
+			/* Fields 1-4 here, then 5 (pre-packed) and 6-9: in
+			 * field order, as packing the whole gives them. */
+			uf[0].tag = 5;
+			uf[0].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+			uf[0].len = m->part_len;
+			uf[0].data = m->part;
+			plan.base.n_unknown_fields = 2;
+			plan.base.unknown_fields = uf;
+		} else {
+			plan.n_entries = k;
+			plan.entries = sel + off[mi];
+			plan.peer_proto = tail.peer_proto;
+			plan.n_addresses = tail.n_addresses;
+			plan.addresses = tail.addresses;
+			plan.join_seq = tail.join_seq;
+			plan.join_nonce = tail.join_nonce;
 		}
 		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
 		free(m->plan);
@@ -726,6 +873,7 @@ out:
 	free(ap);
 	free(pmark);
 	free(mmark);
+	free(tbuf);
 }
 
 /* A source that registers shards: the layout is every rank's table, and

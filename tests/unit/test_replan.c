@@ -86,7 +86,7 @@ static int io_send(void *ctx, const char *node, const char *address, Dtep__PeerM
 	struct coord *c = ctx;
 	int i = node_idx(node);
 	size_t n;
-	uint8_t *buf;
+	uint8_t *buf, *again;
 
 	if (type != DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN || i < 0)
 		return 0;
@@ -96,6 +96,13 @@ static int io_send(void *ctx, const char *node, const char *address, Dtep__PeerM
 	if (c->last[i])
 		dtep__plan__free_unpacked(c->last[i], NULL);
 	assert_non_null(c->last[i] = dtep__plan__unpack(NULL, n, buf));
+	/* The bytes are those packing what was decoded gives (entries go
+	 * pre-packed): what a receiver's MAC check repacks. */
+	assert_int_equal(protobuf_c_message_get_packed_size(&c->last[i]->base), n);
+	assert_non_null(again = malloc(n ? n : 1));
+	protobuf_c_message_pack(&c->last[i]->base, again);
+	assert_memory_equal(buf, again, n);
+	free(again);
 	c->plans[i]++;
 	free(buf);
 	return 0;
