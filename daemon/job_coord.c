@@ -363,16 +363,19 @@ void jcoord_free(struct job *j)
 /* ------------------------------------------------------------ the plan cache */
 
 /* A sink layout's plan against the cached source layout, its entries
- * indexed by sink rank: rank r's are q_of[off[r] .. off[r + 1]), in plan
- * order (the order, and so the entry ids, of a walk over the whole plan). */
+ * indexed by (sink rank, source rank): those of sink rank k from source
+ * rank r are q_of[off[k * nsrc + r] .. off[k * nsrc + r + 1]), in plan
+ * order, so the i-th of them is the pair's entry id i (the ids a walk
+ * over the whole plan gives). */
 struct jsinkplan {
 	char desc[JOB_DESC_MAX];
 	struct dte_layout lay;
 	struct dte_plan plan;
 	int ok;			/* built; else its error was logged when tried */
 	int used;		/* by the re-plan under way */
-	uint32_t nranks;
-	size_t *off;		/* [nranks + 1] */
+	uint64_t gen;		/* this build's number: what members' part keys name */
+	uint32_t nranks, nsrc;
+	size_t *off;		/* [nranks * nsrc + 1] */
 	uint32_t *q_of;		/* [plan.n] */
 };
 
@@ -387,6 +390,7 @@ struct jplan_cache {
 	struct dte_layout src;
 	struct jsinkplan **sp;	/* each its own allocation: a plan borrows its layout */
 	size_t nsp, capsp;
+	uint64_t next_gen;	/* never reused, cache_drop included */
 };
 
 static void sinkplan_free(struct jsinkplan *s)
@@ -421,34 +425,37 @@ static void cache_free(struct jplan_cache *c)
 	free(c);
 }
 
-/* Entries by sink rank, once per plan (counting sort: stable). */
-static int sinkplan_index(struct jsinkplan *s)
+/* Entries by (sink rank, source rank), once per plan (a counting sort:
+ * stable, so plan order within each). */
+static int sinkplan_index(struct jsinkplan *s, uint32_t nsrc)
 {
 	struct dte_plan_entry ent;
-	size_t *at;
+	size_t *at, nb;
 
 	s->nranks = s->lay.nranks;
-	if (s->plan.n >= UINT32_MAX)
+	s->nsrc = nsrc;
+	nb = (size_t)s->nranks * nsrc;
+	if (s->plan.n >= UINT32_MAX || (nsrc && nb / nsrc != s->nranks))
 		return -EOVERFLOW;
-	s->off = calloc((size_t)s->nranks + 1, sizeof(*s->off));
+	s->off = calloc(nb + 1, sizeof(*s->off));
 	s->q_of = malloc((s->plan.n ? s->plan.n : 1) * sizeof(*s->q_of));
-	at = calloc((size_t)s->nranks + 1, sizeof(*at));
+	at = calloc(nb + 1, sizeof(*at));
 	if (!s->off || !s->q_of || !at) {
 		free(at);
 		return -ENOMEM;
 	}
 	for (size_t q = 0; q < s->plan.n; q++) {
 		dte_plan_entry(&s->plan, q, &ent);
-		if (ent.sink_rank < s->nranks)
-			s->off[ent.sink_rank + 1]++;
+		if (ent.sink_rank < s->nranks && ent.src_rank < nsrc)
+			s->off[(size_t)ent.sink_rank * nsrc + ent.src_rank + 1]++;
 	}
-	for (uint32_t r = 0; r < s->nranks; r++)
-		s->off[r + 1] += s->off[r];
-	memcpy(at, s->off, ((size_t)s->nranks + 1) * sizeof(*at));
+	for (size_t k = 0; k < nb; k++)
+		s->off[k + 1] += s->off[k];
+	memcpy(at, s->off, (nb + 1) * sizeof(*at));
 	for (size_t q = 0; q < s->plan.n; q++) {
 		dte_plan_entry(&s->plan, q, &ent);
-		if (ent.sink_rank < s->nranks)
-			s->q_of[at[ent.sink_rank]++] = (uint32_t)q;
+		if (ent.sink_rank < s->nranks && ent.src_rank < nsrc)
+			s->q_of[at[(size_t)ent.sink_rank * nsrc + ent.src_rank]++] = (uint32_t)q;
 	}
 	free(at);
 	return 0;
@@ -487,7 +494,8 @@ static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const 
 		return s;
 	}
 	s->ok = 1;
-	if (sinkplan_index(s) < 0) {
+	s->gen = ++c->next_gen;
+	if (sinkplan_index(s, c->src.nranks) < 0) {
 		c->nsp--;
 		sinkplan_free(s);
 		return NULL;
@@ -521,8 +529,36 @@ struct built {
 	struct dte_box_map *maps;	/* what e[i]'s arrays point into */
 	uint32_t *es, *ed;		/* e[i]'s source and sink: indices into parts */
 	size_t ne, cape;
+	/* Every (source, sink) pair with entries, as indices into parts. */
+	uint32_t *ps, *pd;
+	size_t npairs, cappairs;
+	/* Per member: what its part is made of (the pairs of it, in order,
+	 * and the cached plan each comes from), and whether that differs
+	 * from its part kept (then its entries are built and packed). */
+	uint64_t *mkey;
+	uint8_t *changed;
 	int complete;
 };
+
+static int pair_add(struct built *b, uint32_t src, uint32_t dst)
+{
+	if (b->npairs == b->cappairs) {
+		size_t nc = b->cappairs ? b->cappairs * 2 : 256;
+		uint32_t *ns = realloc(b->ps, nc * sizeof(*ns)), *nd;
+
+		if (!ns)
+			return -ENOMEM;
+		b->ps = ns;
+		if (!(nd = realloc(b->pd, nc * sizeof(*nd))))
+			return -ENOMEM;
+		b->pd = nd;
+		b->cappairs = nc;
+	}
+	b->ps[b->npairs] = src;
+	b->pd[b->npairs] = dst;
+	b->npairs++;
+	return 0;
+}
 
 static int built_add(struct built *b, const struct dte_plan_entry *pe, uint32_t src,
 		     uint32_t dst, uint32_t id)
@@ -579,39 +615,43 @@ static int built_add(struct built *b, const struct dte_plan_entry *pe, uint32_t 
 	return 0;
 }
 
-/* Each member's entries (those whose source or sink is on it), in plan
- * order: sel[off[k] .. off[k + 1]) for member k.  One pass over the
- * entries, not one per member. */
-static int built_by_member(const struct built *b, size_t **offp, Dtep__Entry ***selp)
+/* Items (entries, pairs) grouped by member: item i, with source part
+ * src[i] and sink part dst[i], goes to each of their members that keep[]
+ * selects (NULL: all), in item order: idx[off[k] .. off[k + 1]) for
+ * member k.  One pass over the items, not one per member. */
+static int by_member(const struct built *b, const uint32_t *src, const uint32_t *dst, size_t n,
+		     const uint8_t *keep, size_t **offp, uint32_t **idxp)
 {
 	size_t *off = calloc(b->nmem + 1, sizeof(*off)), *at = calloc(b->nmem + 1, sizeof(*at));
-	Dtep__Entry **sel = NULL;
+	uint32_t *idx = NULL;
 	size_t i;
 
 	if (!off || !at)
 		goto oom;
-	for (i = 0; i < b->ne; i++) {
-		uint32_t ms = b->pmem[b->es[i]], md = b->pmem[b->ed[i]];
+	for (i = 0; i < n; i++) {
+		uint32_t ms = b->pmem[src[i]], md = b->pmem[dst[i]];
 
-		off[ms + 1]++;
-		if (md != ms)
+		if (!keep || keep[ms])
+			off[ms + 1]++;
+		if (md != ms && (!keep || keep[md]))
 			off[md + 1]++;
 	}
 	for (i = 0; i < b->nmem; i++)
 		off[i + 1] += off[i];
-	if (!(sel = malloc((off[b->nmem] ? off[b->nmem] : 1) * sizeof(*sel))))
+	if (!(idx = malloc((off[b->nmem] ? off[b->nmem] : 1) * sizeof(*idx))))
 		goto oom;
 	memcpy(at, off, (b->nmem + 1) * sizeof(*at));
-	for (i = 0; i < b->ne; i++) {
-		uint32_t ms = b->pmem[b->es[i]], md = b->pmem[b->ed[i]];
+	for (i = 0; i < n; i++) {
+		uint32_t ms = b->pmem[src[i]], md = b->pmem[dst[i]];
 
-		sel[at[ms]++] = &b->e[i];
-		if (md != ms)
-			sel[at[md]++] = &b->e[i];
+		if (!keep || keep[ms])
+			idx[at[ms]++] = (uint32_t)i;
+		if (md != ms && (!keep || keep[md]))
+			idx[at[md]++] = (uint32_t)i;
 	}
 	free(at);
 	*offp = off;
-	*selp = sel;
+	*idxp = idx;
 	return 0;
 oom:
 	free(off);
@@ -648,72 +688,40 @@ static size_t varint_size(uint64_t v)
 	return n;
 }
 
-/* Everything a packed entry is made of. */
-static uint64_t entry_hash(const Dtep__Entry *e, uint64_t h)
-{
-	struct {
-		uint64_t src, dst, src_offset, dst_offset;
-		uint32_t id, tensor, group, dst_buffer, src_buffer, src_buffer_m, src_buffer_v, nd;
-		uint64_t extent[DTE_MAX_DIMS], src_stride[DTE_MAX_DIMS], dst_stride[DTE_MAX_DIMS];
-	} x;
-	size_t nd = e->n_extent < DTE_MAX_DIMS ? e->n_extent : DTE_MAX_DIMS;
-
-	memset(&x, 0, sizeof(x));
-	x.src = e->src;
-	x.dst = e->dst;
-	x.src_offset = e->src_offset;
-	x.dst_offset = e->dst_offset;
-	x.id = e->id;
-	x.tensor = e->tensor;
-	x.group = e->group;
-	x.dst_buffer = e->dst_buffer;
-	x.src_buffer = e->src_buffer;
-	x.src_buffer_m = e->src_buffer_m;
-	x.src_buffer_v = e->src_buffer_v;
-	x.nd = (uint32_t)e->n_extent;
-	for (size_t d = 0; d < nd; d++) {
-		x.extent[d] = e->extent[d];
-		x.src_stride[d] = d < e->n_src_stride ? e->src_stride[d] : 0;
-		x.dst_stride[d] = d < e->n_dst_stride ? e->dst_stride[d] : 0;
-	}
-	return XXH64(&x, sizeof(x), h);
-}
-
 /* The member's entries packed as the PLAN's field 5 is, less its first
  * key (the PLAN carries them as an unknown field of that number: packing
  * one copies them, and the bytes are the ones packing the entries gives,
- * which is what a receiver's MAC check repacks).  Packed again only when
- * they differ from the last re-plan's.  0 or -ENOMEM. */
-static int member_part(struct jmember *m, Dtep__Entry *const *sel, size_t n)
+ * which is what a receiver's MAC check repacks), kept with the key of
+ * what they were made of.  0 or -ENOMEM (then no part is kept). */
+static int member_part(struct jmember *m, Dtep__Entry *const *sel, size_t n, uint64_t key)
 {
-	uint64_t h = 0x9e3779b97f4a7c15ull;
 	size_t len = 0, at = 0;
 	uint8_t *p;
 
-	for (size_t i = 0; i < n; i++)
-		h = entry_hash(sel[i], h);
-	if (m->part && m->part_n == n && m->part_hash == h)
-		return 0;
+	free(m->part);
+	m->part = NULL;
+	m->part_len = m->part_n = 0;
+	m->part_ok = 0;
 	for (size_t i = 0; i < n; i++) {
-		size_t s = protobuf_c_message_get_packed_size(&sel[i]->base);
+		size_t sz = protobuf_c_message_get_packed_size(&sel[i]->base);
 
-		len += (i ? 1 : 0) + varint_size(s) + s;
+		len += (i ? 1 : 0) + varint_size(sz) + sz;
 	}
-	if (!(p = malloc(len ? len : 1)))
+	if (n && !(p = malloc(len)))
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		size_t s = protobuf_c_message_get_packed_size(&sel[i]->base);
+	for (size_t i = 0; n && i < n; i++) {
+		size_t sz = protobuf_c_message_get_packed_size(&sel[i]->base);
 
 		if (i)
 			p[at++] = PLAN_ENTRIES_KEY;
-		at += varint_put(p + at, s);
+		at += varint_put(p + at, sz);
 		at += protobuf_c_message_pack(&sel[i]->base, p + at);
 	}
-	free(m->part);
-	m->part = p;
+	m->part = n ? p : NULL;
 	m->part_len = at;
 	m->part_n = n;
-	m->part_hash = h;
+	m->part_hash = key;
+	m->part_ok = 1;
 	return 0;
 }
 
@@ -753,10 +761,11 @@ static int plan_tail(const Dtep__Plan *tail, uint8_t **buf, size_t *cap,
  * membership is the coordinator's (dtectl job there). */
 static void send_plans(struct job *j, struct built *b)
 {
-	size_t i, k, mi, np, na, *off = NULL;
+	size_t i, k, mi, np, na, *off = NULL, *poff = NULL, maxe = 1;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
 	Dtep__Participant **pp = calloc(b->nparts ? b->nparts : 1, sizeof(*pp));
 	Dtep__Entry **sel = NULL;
+	uint32_t *eidx = NULL, *pidx = NULL;
 	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
 	Dtep__Plan__AddressesEntry **ap = calloc(b->nmem ? b->nmem : 1, sizeof(*ap));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
@@ -766,10 +775,16 @@ static void send_plans(struct job *j, struct built *b)
 	struct jmember *m;
 	Dtep__JobRef ref;
 
-	if (!pa || !pp || !ae || !ap || !pmark || !mmark || built_by_member(b, &off, &sel) < 0) {
-		DLOG_E("job %s: out of memory sending plans", j->name);
-		goto out;
-	}
+	/* Entries were built for the members whose part changed alone. */
+	if (!pa || !pp || !ae || !ap || !pmark || !mmark ||
+	    by_member(b, b->es, b->ed, b->ne, b->changed, &off, &eidx) < 0 ||
+	    by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0)
+		goto oom;
+	for (mi = 0; mi < b->nmem; mi++)
+		if (off[mi + 1] - off[mi] > maxe)
+			maxe = off[mi + 1] - off[mi];
+	if (!(sel = malloc(maxe * sizeof(*sel))))
+		goto oom;
 	for (i = 0; i < b->nparts; i++) {
 		const struct jpinfo *p = b->parts[i];
 
@@ -801,11 +816,9 @@ static void send_plans(struct job *j, struct built *b)
 		for (i = 0; i < b->nparts; i++)
 			if (b->pmem[i] == mi)
 				pmark[i] = stamp;
-		for (k = off[mi]; k < off[mi + 1]; k++) {
-			size_t e = (size_t)(sel[k] - b->e);
-
-			pmark[b->es[e]] = stamp;
-			pmark[b->ed[e]] = stamp;
+		for (k = poff[mi]; k < poff[mi + 1]; k++) {
+			pmark[b->ps[pidx[k]]] = stamp;
+			pmark[b->pd[pidx[k]]] = stamp;
 		}
 		for (i = 0, np = 0; i < b->nparts; i++)
 			if (pmark[i] == stamp) {
@@ -827,7 +840,11 @@ static void send_plans(struct job *j, struct built *b)
 		tail.join_nonce.data = j->auth ? m->nonce : NULL;
 		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
 		k = off[mi + 1] - off[mi];
-		if (k && member_part(m, sel + off[mi], k) == 0 &&
+		for (i = 0; i < k; i++)
+			sel[i] = &b->e[eidx[off[mi] + i]];
+		if (b->changed[mi] && member_part(m, sel, k, b->mkey[mi]) < 0)
+			DLOG_W("job %s: out of memory packing %s's part: packed whole", j->name, m->node);
+		if (m->part_ok && m->part_n &&
 		    plan_tail(&tail, &tbuf, &tcap, &uf[1]) == 0) {
 			/* Fields 1-4 here, then 5 (pre-packed) and 6-9: in
 			 * field order, as packing the whole gives them. */
@@ -838,8 +855,9 @@ static void send_plans(struct job *j, struct built *b)
 			plan.base.n_unknown_fields = 2;
 			plan.base.unknown_fields = uf;
 		} else {
+			/* Only a changed member's part can be missing. */
 			plan.n_entries = k;
-			plan.entries = sel + off[mi];
+			plan.entries = sel;
 			plan.peer_proto = tail.peer_proto;
 			plan.n_addresses = tail.n_addresses;
 			plan.addresses = tail.addresses;
@@ -864,11 +882,17 @@ static void send_plans(struct job *j, struct built *b)
 		member_done(j, m->node, st);
 	}
 	jctl_update(j->eng);
+	goto out;
+oom:
+	DLOG_E("job %s: out of memory sending plans", j->name);
 out:
 	free(pa);
 	free(pp);
 	free(sel);
 	free(off);
+	free(eidx);
+	free(poff);
+	free(pidx);
 	free(ae);
 	free(ap);
 	free(pmark);
@@ -989,9 +1013,9 @@ static void replan(struct job *j)
 {
 	struct built b;
 	struct jplan_cache *c = j->plan_cache;
-	size_t n = 0, i;
+	size_t n = 0, i, total = 0;
 	const struct jpinfo **srcby = NULL;
-	uint32_t *srcidx = NULL, *cnt = NULL, nranks = 0;
+	uint32_t *srcidx = NULL, nranks = 0;
 	const char *srcdesc = NULL;
 	int have_src = 0;
 
@@ -1037,8 +1061,7 @@ static void replan(struct job *j)
 		}
 		srcby = calloc(nranks ? nranks : 1, sizeof(*srcby));
 		srcidx = calloc(nranks ? nranks : 1, sizeof(*srcidx));
-		cnt = calloc(nranks ? nranks : 1, sizeof(*cnt));
-		if (!srcby || !srcidx || !cnt)
+		if (!srcby || !srcidx)
 			goto oom;
 		for (i = 0; i < b.nparts; i++)
 			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < nranks &&
@@ -1048,37 +1071,79 @@ static void replan(struct job *j)
 			}
 		have_src = nranks && cache_source(j, c, srcdesc, srcby, &b.complete) == 0;
 	}
-	/* One plan per distinct sink layout (cached); replicas reuse it, each
-	 * sink rank its own entries through the index. */
-	for (i = 0; have_src && i < b.nparts; i++) {
-		const struct jpinfo *dst = b.parts[i];
-		struct jsinkplan *s;
+	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
+	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
+		goto oom;
+	/* The pairs: one plan per distinct sink layout (cached), replicas
+	 * reuse it, each sink rank takes the entries of each attached source
+	 * rank from the index.  A member's key names its pairs in order and
+	 * the plan build each comes from: what its part is a function of. */
+	for (int pass = 0; pass < 2 && have_src; pass++) {
+		for (i = 0; i < b.nparts; i++) {
+			const struct jpinfo *dst = b.parts[i];
+			uint32_t md = b.pmem[i], top;
+			struct jsinkplan *s;
 
-		if (dst->role != JROLE_SINK)
-			continue;
-		if (!(s = cache_sink(j, c, dst->layout, dst->rank)))
-			goto oom;
-		s->used = 1;
-		if (!s->ok || dst->rank >= s->nranks)
-			continue;
-		memset(cnt, 0, nranks * sizeof(*cnt));
-		for (size_t k = s->off[dst->rank]; k < s->off[dst->rank + 1]; k++) {
-			struct dte_plan_entry pe;
-
-			dte_plan_entry(&s->plan, s->q_of[k], &pe);
-			if (pe.src_rank >= nranks || !srcby[pe.src_rank])
+			if (dst->role != JROLE_SINK)
 				continue;
-			if (built_add(&b, &pe, srcidx[pe.src_rank], (uint32_t)i, cnt[pe.src_rank]++) < 0)
+			if (!(s = cache_sink(j, c, dst->layout, dst->rank)))
 				goto oom;
+			s->used = 1;
+			if (!s->ok || dst->rank >= s->nranks)
+				continue;
+			top = s->nsrc < nranks ? s->nsrc : nranks;
+			for (uint32_t r = 0; r < top; r++) {
+				size_t k0 = s->off[(size_t)dst->rank * s->nsrc + r];
+				size_t k1 = s->off[(size_t)dst->rank * s->nsrc + r + 1];
+				uint32_t ms;
+
+				if (k0 == k1 || !srcby[r])
+					continue;
+				ms = b.pmem[srcidx[r]];
+				if (pass == 0) {
+					uint64_t t[5] = { s->gen, dst->id, srcby[r]->id, dst->rank, r };
+
+					if (pair_add(&b, srcidx[r], (uint32_t)i) < 0)
+						goto oom;
+					b.mkey[md] = XXH64(t, sizeof(t), b.mkey[md]);
+					if (ms != md)
+						b.mkey[ms] = XXH64(t, sizeof(t), b.mkey[ms]);
+					total += k1 - k0;
+					continue;
+				}
+				/* Entries only where a member's part changed. */
+				if (!b.changed[md] && !b.changed[ms])
+					continue;
+				for (size_t k = k0; k < k1; k++) {
+					struct dte_plan_entry pe;
+
+					dte_plan_entry(&s->plan, s->q_of[k], &pe);
+					if (built_add(&b, &pe, srcidx[r], (uint32_t)i, (uint32_t)(k - k0)) < 0)
+						goto oom;
+				}
+			}
 		}
+		if (pass == 0) {
+			size_t mi = 0;
+
+			for (struct jmember *m = j->members; m; m = m->next, mi++)
+				b.changed[mi] = !m->part_ok || m->part_hash != b.mkey[mi];
+		}
+	}
+	if (!have_src) {
+		size_t mi = 0;
+
+		for (struct jmember *m = j->members; m; m = m->next, mi++)
+			b.changed[mi] = !m->part_ok || m->part_hash != 0;
 	}
 	if (have_src)
 		cache_sweep(c);
 	j->coord_complete = b.complete;
-	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries%s",
-	       j->name, (unsigned long long)j->coord_epoch,
+	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries (%zu "
+	       "rebuilt)%s", j->name, (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),
-	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, b.ne, b.complete ? "" : " (incomplete)");
+	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, b.ne,
+	       b.complete ? "" : " (incomplete)");
 	send_plans(j, &b);
 	goto out;
 oom:
@@ -1086,13 +1151,16 @@ oom:
 out:
 	free(srcby);
 	free(srcidx);
-	free(cnt);
 	free(b.parts);
 	free(b.pmem);
 	free(b.e);
 	free(b.maps);
 	free(b.es);
 	free(b.ed);
+	free(b.ps);
+	free(b.pd);
+	free(b.mkey);
+	free(b.changed);
 }
 
 static void refuse_join(struct job *j, const char *from, const char *why)

@@ -312,10 +312,12 @@ struct jmember {
 	size_t plan_len;
 	uint64_t plan_term, acked_term;
 	/* Its entries as the PLAN carries them (packed once, job_coord.c's
-	 * member_part), kept while a re-plan gives it the same ones. */
+	 * member_part), kept while a re-plan makes its part of the same
+	 * pairs from the same cached plans. */
 	uint8_t *part;
 	size_t part_len, part_n;
-	uint64_t part_hash;
+	uint64_t part_hash;       /* the key of what it was made of */
+	int part_ok;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
 	uint64_t plan_retries;

@@ -34,22 +34,23 @@ struct tnode {
 	uint32_t rank[2], replica;
 	unsigned nparts;
 	uint64_t seq;
+	uint32_t inc;	/* a restarted rank attaches under a new id */
 };
 
 /* Sources megatron:tp=2,dp=2 on four nodes; sglang:tp=2 replicas 0 and 1
  * one rank per node, replica 2 both ranks on one node; one sglang:tp=1
  * replica (a second sink layout, a second cached plan). */
 static const struct tnode members0[] = {
-	{ "src0", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 0 }, 0, 1, 0 },
-	{ "src1", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 1 }, 0, 1, 0 },
-	{ "src2", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 2 }, 0, 1, 0 },
-	{ "src3", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 3 }, 0, 1, 0 },
-	{ "snk00", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0 }, 0, 1, 0 },
-	{ "snk01", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 1 }, 0, 1, 0 },
-	{ "snk10", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0 }, 1, 1, 0 },
-	{ "snk11", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 1 }, 1, 1, 0 },
-	{ "snk2", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0, 1 }, 2, 2, 0 },
-	{ "one0", DTEP__ROLE__ROLE_SINK, "sglang:tp=1", { 0 }, 0, 1, 0 },
+	{ "src0", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 0 }, 0, 1, 0, 0 },
+	{ "src1", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 1 }, 0, 1, 0, 0 },
+	{ "src2", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 2 }, 0, 1, 0, 0 },
+	{ "src3", DTEP__ROLE__ROLE_SOURCE, "megatron:tp=2,dp=2", { 3 }, 0, 1, 0, 0 },
+	{ "snk00", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0 }, 0, 1, 0, 0 },
+	{ "snk01", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 1 }, 0, 1, 0, 0 },
+	{ "snk10", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0 }, 1, 1, 0, 0 },
+	{ "snk11", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 1 }, 1, 1, 0, 0 },
+	{ "snk2", DTEP__ROLE__ROLE_SINK, "sglang:tp=2", { 0, 1 }, 2, 2, 0, 0 },
+	{ "one0", DTEP__ROLE__ROLE_SINK, "sglang:tp=1", { 0 }, 0, 1, 0, 0 },
 };
 #define NMEM (sizeof(members0) / sizeof(members0[0]))
 
@@ -186,6 +187,11 @@ static uint64_t part_id(unsigned node, unsigned k)
 	return ((uint64_t)(node + 1) << 32) | (k + 1);
 }
 
+static uint64_t id_of(const struct coord *c, unsigned node, unsigned k)
+{
+	return part_id(node, k) | (uint64_t)c->mem[node].inc << 16;
+}
+
 static void deliver(struct coord *c, const char *from, Dtep__PeerMsgType type,
 		    ProtobufCMessage *msg)
 {
@@ -221,7 +227,7 @@ static void join(struct coord *c, unsigned i)
 	m.join_seq = ++n->seq;
 	for (unsigned k = 0; k < n->nparts; k++) {
 		dtep__participant__init(&p[k]);
-		p[k].id = part_id(i, k);
+		p[k].id = id_of(c, i, k);
 		p[k].role = n->role;
 		p[k].layout = (char *)n->layout;
 		p[k].rank = n->rank[k];
@@ -242,7 +248,7 @@ static void leave(struct coord *c, unsigned i)
 	uint64_t ids[2];
 
 	for (unsigned k = 0; k < c->mem[i].nparts; k++)
-		ids[k] = part_id(i, k);
+		ids[k] = id_of(c, i, k);
 	ref.job = JOB;
 	m.job = &ref;
 	m.node = (char *)c->mem[i].name;
@@ -458,7 +464,9 @@ static void test_replan_matches_scratch(void **state)
 	free(b);
 }
 
-/* A whole sink layout leaves (its cached plan goes) and comes back. */
+/* A whole sink layout leaves (its cached plan goes) and comes back; a
+ * source rank leaves (the job is incomplete) and comes back, then
+ * attaches again under a new id: every part that names it changes. */
 static void test_replan_layout_gone_and_back(void **state)
 {
 	struct coord *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
@@ -476,6 +484,23 @@ static void test_replan_layout_gone_and_back(void **state)
 		if (i != one)
 			join(b, i);
 	join(b, one);
+	for (unsigned i = 0; i < NMEM; i++)
+		same_part(a, b, i);
+	coord_free(b);
+
+	leave(a, 1);
+	assert_false(job_find(a->e, JOB)->coord_complete);
+	join(a, 1);
+	/* Restarted in place: its next JOIN names a new participant. */
+	a->mem[1].inc = 7;
+	join(a, 1);
+	coord_new(b);
+	b->mem[1].inc = 7;
+	for (unsigned i = 0; i < NMEM; i++)
+		if (i != one && i != 1)
+			join(b, i);
+	join(b, one);
+	join(b, 1);
 	for (unsigned i = 0; i < NMEM; i++)
 		same_part(a, b, i);
 	coord_free(b);
