@@ -725,40 +725,91 @@ static int member_part(struct jmember *m, Dtep__Entry *const *sel, size_t n, uin
 	return 0;
 }
 
-/* The fields after `entries` (6..9) packed into *buf (grown as needed),
- * to follow the member's part in the same way: the unknown field *u
- * holds them after their first key.  0 or -ENOMEM. */
-static int plan_tail(const Dtep__Plan *tail, uint8_t **buf, size_t *cap,
-		     ProtobufCMessageUnknownField *u)
+/* Grows *buf to hold need bytes.  0 or -ENOMEM. */
+static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
 {
-	size_t len = protobuf_c_message_get_packed_size(&tail->base), k = 0;
-	uint64_t key = 0;
+	uint8_t *nb;
 
-	if (len > *cap) {
-		uint8_t *nb = realloc(*buf, len);
+	if (need <= *cap)
+		return 0;
+	if (!(nb = realloc(*buf, need)))
+		return -ENOMEM;
+	*buf = nb;
+	*cap = need;
+	return 0;
+}
 
-		if (!nb)
-			return -ENOMEM;
-		*buf = nb;
-		*cap = len;
+/* n messages (each the first member of a struct of stride bytes) packed
+ * once each as items of a repeated field: key, length, bytes.  Item i is
+ * buf[at[i] .. at[i + 1]).  0 or -ENOMEM. */
+struct pieces {
+	uint8_t *buf;
+	size_t *at;
+};
+
+static int pieces_pack(struct pieces *pc, uint32_t field, const void *base, size_t stride,
+		       size_t n)
+{
+	size_t len = 0;
+
+	pc->buf = NULL;
+	if (!(pc->at = calloc(n + 1, sizeof(*pc->at))))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMessage *msg = (const void *)((const char *)base + i * stride);
+		size_t sz = protobuf_c_message_get_packed_size(msg);
+
+		len += varint_size((uint64_t)field << 3) + varint_size(sz) + sz;
+		pc->at[i + 1] = len;
 	}
-	protobuf_c_message_pack(&tail->base, *buf);
-	/* peer_proto (7) is never 0: the tail is never empty. */
+	if (!(pc->buf = malloc(len ? len : 1)))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMessage *msg = (const void *)((const char *)base + i * stride);
+		size_t at = pc->at[i];
+
+		at += varint_put(pc->buf + at, ((uint64_t)field << 3) |
+				 PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED);
+		at += varint_put(pc->buf + at, protobuf_c_message_get_packed_size(msg));
+		protobuf_c_message_pack(msg, pc->buf + at);
+	}
+	return 0;
+}
+
+static void pieces_free(struct pieces *pc)
+{
+	free(pc->buf);
+	free(pc->at);
+}
+
+/* Packed fields (len > 0 bytes, each with its key) as one unknown field:
+ * packing it writes the first key back and copies the rest. */
+static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t len)
+{
+	uint64_t key = 0;
+	size_t k = 0;
+
 	do {
-		key |= (uint64_t)((*buf)[k] & 0x7f) << (7 * k);
-	} while ((*buf)[k++] & 0x80 && k < len);
+		key |= (uint64_t)(bytes[k] & 0x7f) << (7 * k);
+	} while (bytes[k++] & 0x80 && k < len);
 	u->tag = (uint32_t)(key >> 3);
 	u->wire_type = (ProtobufCWireType)(key & 7);
 	u->len = len - k;
-	u->data = *buf + k;
-	return 0;
+	u->data = bytes + k;
 }
 
 /* A member's PLAN names the participants it deals with and the addresses
  * of their nodes, not the whole job's: its own participants (announced
  * by their presence) and the other end of each of its entries.  That is
  * what jplan_recv and the pairs read (job_part, job_addr); a job's whole
- * membership is the coordinator's (dtectl job there). */
+ * membership is the coordinator's (dtectl job there).
+ *
+ * Each participant and each address is packed once per re-plan and a
+ * member's entries once per change of its part (member_part); a PLAN is
+ * fields 1-3, then 4, 5 and 6-9 as unknown fields holding those bytes in
+ * field order: exactly what packing the whole message gives, so packing
+ * it (kept copy, seal, transport) copies bytes instead of walking
+ * messages, and a receiver's MAC check repacks the same bytes. */
 static void send_plans(struct job *j, struct built *b)
 {
 	size_t i, k, mi, np, na, *off = NULL, *poff = NULL, maxe = 1;
@@ -770,20 +821,15 @@ static void send_plans(struct job *j, struct built *b)
 	Dtep__Plan__AddressesEntry **ap = calloc(b->nmem ? b->nmem : 1, sizeof(*ap));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
 	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
-	uint8_t *tbuf = NULL;
-	size_t tcap = 0;
+	uint32_t *psel = calloc(b->nparts ? b->nparts : 1, sizeof(*psel));
+	uint32_t *asel = calloc(b->nmem ? b->nmem : 1, sizeof(*asel));
+	struct pieces ppc = { 0 }, apc = { 0 };
+	uint8_t *pbody = NULL, *tbody = NULL;
+	size_t pcap = 0, tcap = 0;
 	struct jmember *m;
 	Dtep__JobRef ref;
 
-	/* Entries were built for the members whose part changed alone. */
-	if (!pa || !pp || !ae || !ap || !pmark || !mmark ||
-	    by_member(b, b->es, b->ed, b->ne, b->changed, &off, &eidx) < 0 ||
-	    by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0)
-		goto oom;
-	for (mi = 0; mi < b->nmem; mi++)
-		if (off[mi + 1] - off[mi] > maxe)
-			maxe = off[mi + 1] - off[mi];
-	if (!(sel = malloc(maxe * sizeof(*sel))))
+	if (!pa || !pp || !ae || !ap || !pmark || !mmark || !psel || !asel)
 		goto oom;
 	for (i = 0; i < b->nparts; i++) {
 		const struct jpinfo *p = b->parts[i];
@@ -801,12 +847,24 @@ static void send_plans(struct job *j, struct built *b)
 		ae[i].key = m->node;
 		ae[i].value = m->address;
 	}
+	/* Entries were built for the members whose part changed alone. */
+	if (by_member(b, b->es, b->ed, b->ne, b->changed, &off, &eidx) < 0 ||
+	    by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0 ||
+	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
+	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
+		goto oom;
+	for (mi = 0; mi < b->nmem; mi++)
+		if (off[mi + 1] - off[mi] > maxe)
+			maxe = off[mi + 1] - off[mi];
+	if (!(sel = malloc(maxe * sizeof(*sel))))
+		goto oom;
 	job_fill_ref(j, &ref);
 	for (m = j->members, mi = 0; m; m = m->next, mi++) {
 		Dtep__Plan plan = DTEP__PLAN__INIT, tail = DTEP__PLAN__INIT;
-		ProtobufCMessageUnknownField uf[2];
+		ProtobufCMessageUnknownField uf[3];
 		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
 		uint32_t stamp = (uint32_t)mi + 1;
+		size_t plen = 0, tlen = 0, nu = 0;
 
 		if (st.act != COORD_A_SEND) {
 			member_bad_action(j, m->node, COORD_EV_PLAN_SENT, st);
@@ -822,20 +880,21 @@ static void send_plans(struct job *j, struct built *b)
 		}
 		for (i = 0, np = 0; i < b->nparts; i++)
 			if (pmark[i] == stamp) {
+				psel[np] = (uint32_t)i;
 				pp[np++] = &pa[i];
 				mmark[b->pmem[i]] = stamp;
+				plen += ppc.at[i + 1] - ppc.at[i];
 			}
 		for (i = 0, na = 0; i < b->nmem; i++)
-			if (mmark[i] == stamp)
+			if (mmark[i] == stamp) {
+				asel[na] = (uint32_t)i;
 				ap[na++] = &ae[i];
+				tlen += apc.at[i + 1] - apc.at[i];
+			}
 		plan.job = &ref;
 		plan.epoch = j->coord_epoch;
 		plan.complete = b->complete;
-		plan.n_participants = np;
-		plan.participants = pp;
 		tail.peer_proto = PEER_PROTO_VERSION;
-		tail.n_addresses = na;
-		tail.addresses = ap;
 		tail.join_seq = m->join_seq;
 		tail.join_nonce.data = j->auth ? m->nonce : NULL;
 		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
@@ -844,23 +903,48 @@ static void send_plans(struct job *j, struct built *b)
 			sel[i] = &b->e[eidx[off[mi] + i]];
 		if (b->changed[mi] && member_part(m, sel, k, b->mkey[mi]) < 0)
 			DLOG_W("job %s: out of memory packing %s's part: packed whole", j->name, m->node);
-		if (m->part_ok && m->part_n &&
-		    plan_tail(&tail, &tbuf, &tcap, &uf[1]) == 0) {
-			/* Fields 1-4 here, then 5 (pre-packed) and 6-9: in
-			 * field order, as packing the whole gives them. */
-			uf[0].tag = 5;
-			uf[0].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-			uf[0].len = m->part_len;
-			uf[0].data = m->part;
-			plan.base.n_unknown_fields = 2;
+		tlen += protobuf_c_message_get_packed_size(&tail.base);
+		if (buf_reserve(&pbody, &pcap, plen) < 0 || buf_reserve(&tbody, &tcap, tlen) < 0)
+			goto oom;
+		if (m->part_ok) {
+			uint8_t *at = pbody;
+
+			for (i = 0; i < np; i++) {
+				size_t a0 = ppc.at[psel[i]], a1 = ppc.at[psel[i] + 1];
+
+				memcpy(at, ppc.buf + a0, a1 - a0);
+				at += a1 - a0;
+			}
+			at = tbody;
+			for (i = 0; i < na; i++) {
+				size_t a0 = apc.at[asel[i]], a1 = apc.at[asel[i] + 1];
+
+				memcpy(at, apc.buf + a0, a1 - a0);
+				at += a1 - a0;
+			}
+			protobuf_c_message_pack(&tail.base, at);
+			if (plen)
+				unknown_from(&uf[nu++], pbody, plen);
+			if (m->part_n) {
+				/* member_part left out the first key. */
+				uf[nu].tag = 5;
+				uf[nu].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+				uf[nu].len = m->part_len;
+				uf[nu++].data = m->part;
+			}
+			/* peer_proto (7) is never 0: the tail is never empty. */
+			unknown_from(&uf[nu++], tbody, tlen);
+			plan.base.n_unknown_fields = (unsigned)nu;
 			plan.base.unknown_fields = uf;
 		} else {
-			/* Only a changed member's part can be missing. */
+			/* Its part could not be packed (it changed: sel has it). */
+			plan.n_participants = np;
+			plan.participants = pp;
 			plan.n_entries = k;
 			plan.entries = sel;
+			plan.n_addresses = na;
+			plan.addresses = ap;
 			plan.peer_proto = tail.peer_proto;
-			plan.n_addresses = tail.n_addresses;
-			plan.addresses = tail.addresses;
 			plan.join_seq = tail.join_seq;
 			plan.join_nonce = tail.join_nonce;
 		}
@@ -897,7 +981,12 @@ out:
 	free(ap);
 	free(pmark);
 	free(mmark);
-	free(tbuf);
+	free(psel);
+	free(asel);
+	pieces_free(&ppc);
+	pieces_free(&apc);
+	free(pbody);
+	free(tbody);
 }
 
 /* A source that registers shards: the layout is every rank's table, and

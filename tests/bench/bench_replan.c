@@ -437,7 +437,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	mname = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-	dlog_init(DLOG_WARN);
+	dlog_init(getenv("BENCH_REPLAN_LOG") ? DLOG_NOTICE : DLOG_WARN);
 	B.nn = sources + (size_t)replicas * tp;
 	if (!(B.n = calloc(B.nn, sizeof(*B.n))))
 		return 1;
