@@ -379,9 +379,21 @@ struct jsinkplan {
 	uint32_t *q_of;		/* [plan.n] */
 };
 
+/* One (source participant, sink participant) pair's entries, packed as
+ * items of the PLAN's field 5 (each with its key).  They are a function
+ * of t: the sink plan's build, the sink's and the source's ids, the
+ * sink's rank and the source's rank. */
+struct jseg {
+	uint64_t t[5];
+	uint8_t *bytes;		/* NULL: a free slot */
+	size_t len;
+	uint32_t n;
+	int used;		/* by the re-plan under way */
+};
+
 /* What a re-plan reuses: the source layout (key: its description and,
- * for a sharded one, src_shards_gen) and one plan per sink layout built
- * against it.  A new key drops everything. */
+ * for a sharded one, src_shards_gen), one plan per sink layout built
+ * against it, and every pair's packed entries.  A new key drops all. */
 struct jplan_cache {
 	char src_desc[JOB_DESC_MAX];
 	uint64_t src_gen;
@@ -391,6 +403,8 @@ struct jplan_cache {
 	struct jsinkplan **sp;	/* each its own allocation: a plan borrows its layout */
 	size_t nsp, capsp;
 	uint64_t next_gen;	/* never reused, cache_drop included */
+	struct jseg *seg;	/* open addressing by t; capseg a power of two */
+	size_t nseg, capseg;
 };
 
 static void sinkplan_free(struct jsinkplan *s)
@@ -406,6 +420,11 @@ static void sinkplan_free(struct jsinkplan *s)
 
 static void cache_drop(struct jplan_cache *c)
 {
+	for (size_t g = 0; g < c->capseg; g++)
+		free(c->seg[g].bytes);
+	free(c->seg);
+	c->seg = NULL;
+	c->nseg = c->capseg = 0;
 	for (size_t s = 0; s < c->nsp; s++)
 		sinkplan_free(c->sp[s]);
 	c->nsp = 0;
@@ -520,31 +539,181 @@ static void cache_sweep(struct jplan_cache *c)
 	c->nsp = k;
 }
 
-/* A built plan, the participants it maps and what each member gets. */
+/* ------------------------------------------------------------ pairs' entries */
+
+static size_t seg_home(const uint64_t t[5], size_t cap)
+{
+	return (size_t)XXH64(t, 5 * sizeof(*t), 0) & (cap - 1);
+}
+
+/* The slot of t: where it is, or the free one where it goes. */
+static size_t seg_slot(const struct jplan_cache *c, const uint64_t t[5])
+{
+	size_t g = seg_home(t, c->capseg);
+
+	while (c->seg[g].bytes && memcmp(c->seg[g].t, t, 5 * sizeof(*t)))
+		g = (g + 1) & (c->capseg - 1);
+	return g;
+}
+
+/* Rehashed into a table for at least want segments, keeping those used
+ * (keep_unused 0: the others are freed, and used is cleared for the
+ * next re-plan).  0 or -ENOMEM (then unchanged). */
+static int seg_rehash(struct jplan_cache *c, size_t want, int keep_unused)
+{
+	size_t cap = 64, n = 0;
+	struct jseg *ns, *old = c->seg;
+
+	while (cap < 2 * want)
+		cap *= 2;
+	if (!(ns = calloc(cap, sizeof(*ns))))
+		return -ENOMEM;
+	for (size_t g = 0; g < c->capseg; g++) {
+		size_t h;
+
+		if (!old[g].bytes)
+			continue;
+		if (!old[g].used && !keep_unused) {
+			free(old[g].bytes);
+			continue;
+		}
+		for (h = seg_home(old[g].t, cap); ns[h].bytes; h = (h + 1) & (cap - 1))
+			;
+		ns[h] = old[g];
+		ns[h].used = keep_unused ? old[g].used : 0;
+		n++;
+	}
+	free(old);
+	c->seg = ns;
+	c->capseg = cap;
+	c->nseg = n;
+	return 0;
+}
+
+/* A plan entry as the PLAN's Entry; its arrays point into pe. */
+static void entry_fill(Dtep__Entry *e, struct dte_plan_entry *pe, uint32_t id, uint64_t src,
+		       uint64_t dst)
+{
+	dtep__entry__init(e);
+	e->id = id;
+	e->src = src;
+	e->dst = dst;
+	e->tensor = pe->tensor;
+	e->group = pe->group;
+	e->dst_buffer = pe->sink_buf;
+	e->src_buffer = pe->src_buf;
+	e->src_buffer_m = pe->src_buf_m;
+	e->src_buffer_v = pe->src_buf_v;
+	e->n_extent = pe->map.ndim;
+	e->extent = pe->map.extent;
+	e->src_offset = pe->map.src_offset;
+	e->n_src_stride = pe->map.ndim;
+	e->src_stride = pe->map.src_stride;
+	e->dst_offset = pe->map.dst_offset;
+	e->n_dst_stride = pe->map.ndim;
+	e->dst_stride = pe->map.dst_stride;
+}
+
+/* The Plan's `entries` field (5, length-delimited): its key is one byte. */
+#define PLAN_ENTRIES_KEY ((5u << 3) | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+
+static size_t varint_put(uint8_t *out, uint64_t v)
+{
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		out[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	out[n++] = (uint8_t)v;
+	return n;
+}
+
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* Grows *buf to hold need bytes (at least doubling).  0 or -ENOMEM. */
+static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
+{
+	size_t nc = need > 2 * *cap ? need : 2 * *cap;
+	uint8_t *nb;
+
+	if (need <= *cap)
+		return 0;
+	if (!(nb = realloc(*buf, nc)))
+		return -ENOMEM;
+	*buf = nb;
+	*cap = nc;
+	return 0;
+}
+
+/* Pair t's entries, q_of[k0 .. k1) of plan s (entry ids from 0), packed
+ * into the free slot g.  0 or -ENOMEM. */
+static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan *s, size_t k0,
+		     size_t k1)
+{
+	uint8_t *buf = NULL;
+	size_t cap = 0, len = 0;
+
+	for (size_t k = k0; k < k1; k++) {
+		struct dte_plan_entry pe;
+		Dtep__Entry e;
+		size_t sz;
+
+		dte_plan_entry(&s->plan, s->q_of[k], &pe);
+		entry_fill(&e, &pe, (uint32_t)(k - k0), t[2], t[1]);
+		sz = protobuf_c_message_get_packed_size(&e.base);
+		if (buf_reserve(&buf, &cap, len + 1 + 10 + sz) < 0) {
+			free(buf);
+			return -ENOMEM;
+		}
+		buf[len++] = PLAN_ENTRIES_KEY;
+		len += varint_put(buf + len, sz);
+		len += protobuf_c_message_pack(&e.base, buf + len);
+	}
+	if (!buf && !(buf = malloc(1)))
+		return -ENOMEM;
+	memcpy(g->t, t, sizeof(g->t));
+	g->bytes = buf;
+	g->len = len;
+	g->n = (uint32_t)(k1 - k0);
+	g->used = 1;
+	return 0;
+}
+
+/* A re-plan: the participants, and what each member gets. */
 struct built {
 	struct jpinfo **parts;
 	uint32_t *pmem;			/* parts[i]'s member (its index in j->members) */
 	size_t nparts, nmem;
-	Dtep__Entry *e;
-	struct dte_box_map *maps;	/* what e[i]'s arrays point into */
-	uint32_t *es, *ed;		/* e[i]'s source and sink: indices into parts */
-	size_t ne, cape;
-	/* Every (source, sink) pair with entries, as indices into parts. */
+	/* Every (source, sink) pair with entries, as indices into parts,
+	 * its key and its packed entries (a slot of the cache's table). */
 	uint32_t *ps, *pd;
+	uint64_t (*pt)[5];
+	size_t *pslot;
 	size_t npairs, cappairs;
-	/* Per member: what its part is made of (the pairs of it, in order,
-	 * and the cached plan each comes from), and whether that differs
-	 * from its part kept (then its entries are built and packed). */
+	struct jplan_cache *c;
+	/* Per member: what its part is made of (its pairs in order), and
+	 * whether that differs from the part it holds. */
 	uint64_t *mkey;
 	uint8_t *changed;
 	int complete;
 };
 
-static int pair_add(struct built *b, uint32_t src, uint32_t dst)
+static int pair_add(struct built *b, uint32_t src, uint32_t dst, const uint64_t t[5])
 {
 	if (b->npairs == b->cappairs) {
 		size_t nc = b->cappairs ? b->cappairs * 2 : 256;
 		uint32_t *ns = realloc(b->ps, nc * sizeof(*ns)), *nd;
+		uint64_t (*nt)[5];
 
 		if (!ns)
 			return -ENOMEM;
@@ -552,66 +721,15 @@ static int pair_add(struct built *b, uint32_t src, uint32_t dst)
 		if (!(nd = realloc(b->pd, nc * sizeof(*nd))))
 			return -ENOMEM;
 		b->pd = nd;
+		if (!(nt = realloc(b->pt, nc * sizeof(*nt))))
+			return -ENOMEM;
+		b->pt = nt;
 		b->cappairs = nc;
 	}
 	b->ps[b->npairs] = src;
 	b->pd[b->npairs] = dst;
+	memcpy(b->pt[b->npairs], t, sizeof(b->pt[0]));
 	b->npairs++;
-	return 0;
-}
-
-static int built_add(struct built *b, const struct dte_plan_entry *pe, uint32_t src,
-		     uint32_t dst, uint32_t id)
-{
-	Dtep__Entry *e;
-
-	if (b->ne == b->cape) {
-		size_t nc = b->cape ? b->cape * 2 : 256;
-		void *ne = realloc(b->e, nc * sizeof(*b->e));
-		void *ns = ne ? realloc(b->es, nc * sizeof(*b->es)) : NULL;
-		void *nd = ns ? realloc(b->ed, nc * sizeof(*b->ed)) : NULL;
-		void *nm = nd ? realloc(b->maps, nc * sizeof(*b->maps)) : NULL;
-
-		if (ne)
-			b->e = ne;
-		if (ns)
-			b->es = ns;
-		if (nd)
-			b->ed = nd;
-		if (!nm)
-			return -ENOMEM;
-		b->maps = nm;
-		b->cape = nc;
-		for (size_t i = 0; i < b->ne; i++) {
-			b->e[i].extent = b->maps[i].extent;
-			b->e[i].src_stride = b->maps[i].src_stride;
-			b->e[i].dst_stride = b->maps[i].dst_stride;
-		}
-	}
-	e = &b->e[b->ne];
-	dtep__entry__init(e);
-	e->id = id;
-	e->src = b->parts[src]->id;
-	e->dst = b->parts[dst]->id;
-	e->tensor = pe->tensor;
-	e->group = pe->group;
-	e->dst_buffer = pe->sink_buf;
-	e->src_buffer = pe->src_buf;
-	e->src_buffer_m = pe->src_buf_m;
-	e->src_buffer_v = pe->src_buf_v;
-	/* Arrays point into b->maps, alive until the PLANs went out. */
-	b->maps[b->ne] = pe->map;
-	e->n_extent = pe->map.ndim;
-	e->extent = b->maps[b->ne].extent;
-	e->src_offset = pe->map.src_offset;
-	e->n_src_stride = pe->map.ndim;
-	e->src_stride = b->maps[b->ne].src_stride;
-	e->dst_offset = pe->map.dst_offset;
-	e->n_dst_stride = pe->map.ndim;
-	e->dst_stride = b->maps[b->ne].dst_stride;
-	b->es[b->ne] = src;
-	b->ed[b->ne] = dst;
-	b->ne++;
 	return 0;
 }
 
@@ -662,80 +780,36 @@ oom:
 
 /* ------------------------------------------------ a member's part, packed */
 
-/* The Plan's `entries` field (5, length-delimited): its key is one byte. */
-#define PLAN_ENTRIES_KEY ((5u << 3) | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
-
-static size_t varint_put(uint8_t *out, uint64_t v)
+/* The member's entries: its pairs' packed entries one after the other
+ * (pairs idx[0 .. n)), as the PLAN's field 5 packs them, kept with the
+ * key of what they were made of.  0 or -ENOMEM (then none is kept). */
+static int member_part(struct jmember *m, const struct built *b, const uint32_t *idx, size_t n,
+		       uint64_t key)
 {
-	size_t n = 0;
-
-	while (v >= 0x80) {
-		out[n++] = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	out[n++] = (uint8_t)v;
-	return n;
-}
-
-static size_t varint_size(uint64_t v)
-{
-	size_t n = 1;
-
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
-}
-
-/* The member's entries packed as the PLAN's field 5 is, less its first
- * key (the PLAN carries them as an unknown field of that number: packing
- * one copies them, and the bytes are the ones packing the entries gives,
- * which is what a receiver's MAC check repacks), kept with the key of
- * what they were made of.  0 or -ENOMEM (then no part is kept). */
-static int member_part(struct jmember *m, Dtep__Entry *const *sel, size_t n, uint64_t key)
-{
-	size_t len = 0, at = 0;
-	uint8_t *p;
+	size_t len = 0, cnt = 0;
+	uint8_t *p = NULL;
 
 	free(m->part);
 	m->part = NULL;
 	m->part_len = m->part_n = 0;
 	m->part_ok = 0;
-	for (size_t i = 0; i < n; i++) {
-		size_t sz = protobuf_c_message_get_packed_size(&sel[i]->base);
-
-		len += (i ? 1 : 0) + varint_size(sz) + sz;
-	}
-	if (n && !(p = malloc(len)))
+	for (size_t i = 0; i < n; i++)
+		len += b->c->seg[b->pslot[idx[i]]].len;
+	if (len && !(p = malloc(len)))
 		return -ENOMEM;
-	for (size_t i = 0; n && i < n; i++) {
-		size_t sz = protobuf_c_message_get_packed_size(&sel[i]->base);
+	len = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct jseg *g = &b->c->seg[b->pslot[idx[i]]];
 
-		if (i)
-			p[at++] = PLAN_ENTRIES_KEY;
-		at += varint_put(p + at, sz);
-		at += protobuf_c_message_pack(&sel[i]->base, p + at);
+		memcpy(p + len, g->bytes, g->len);
+		len += g->len;
+		cnt += g->n;
 	}
-	m->part = n ? p : NULL;
-	m->part_len = at;
-	m->part_n = n;
+	m->part = p;
+	m->part_len = len;
+	m->part_n = cnt;
 	m->part_hash = key;
 	m->part_ok = 1;
-	return 0;
-}
-
-/* Grows *buf to hold need bytes.  0 or -ENOMEM. */
-static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
-{
-	uint8_t *nb;
-
-	if (need <= *cap)
-		return 0;
-	if (!(nb = realloc(*buf, need)))
-		return -ENOMEM;
-	*buf = nb;
-	*cap = need;
 	return 0;
 }
 
@@ -812,13 +886,10 @@ static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t
  * messages, and a receiver's MAC check repacks the same bytes. */
 static void send_plans(struct job *j, struct built *b)
 {
-	size_t i, k, mi, np, na, *off = NULL, *poff = NULL, maxe = 1;
+	size_t i, k, mi, np, na, *poff = NULL;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
-	Dtep__Participant **pp = calloc(b->nparts ? b->nparts : 1, sizeof(*pp));
-	Dtep__Entry **sel = NULL;
-	uint32_t *eidx = NULL, *pidx = NULL;
+	uint32_t *pidx = NULL;
 	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
-	Dtep__Plan__AddressesEntry **ap = calloc(b->nmem ? b->nmem : 1, sizeof(*ap));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
 	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
 	uint32_t *psel = calloc(b->nparts ? b->nparts : 1, sizeof(*psel));
@@ -829,7 +900,7 @@ static void send_plans(struct job *j, struct built *b)
 	struct jmember *m;
 	Dtep__JobRef ref;
 
-	if (!pa || !pp || !ae || !ap || !pmark || !mmark || !psel || !asel)
+	if (!pa || !ae || !pmark || !mmark || !psel || !asel)
 		goto oom;
 	for (i = 0; i < b->nparts; i++) {
 		const struct jpinfo *p = b->parts[i];
@@ -847,16 +918,9 @@ static void send_plans(struct job *j, struct built *b)
 		ae[i].key = m->node;
 		ae[i].value = m->address;
 	}
-	/* Entries were built for the members whose part changed alone. */
-	if (by_member(b, b->es, b->ed, b->ne, b->changed, &off, &eidx) < 0 ||
-	    by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0 ||
+	if (by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0 ||
 	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
 	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
-		goto oom;
-	for (mi = 0; mi < b->nmem; mi++)
-		if (off[mi + 1] - off[mi] > maxe)
-			maxe = off[mi + 1] - off[mi];
-	if (!(sel = malloc(maxe * sizeof(*sel))))
 		goto oom;
 	job_fill_ref(j, &ref);
 	for (m = j->members, mi = 0; m; m = m->next, mi++) {
@@ -880,15 +944,13 @@ static void send_plans(struct job *j, struct built *b)
 		}
 		for (i = 0, np = 0; i < b->nparts; i++)
 			if (pmark[i] == stamp) {
-				psel[np] = (uint32_t)i;
-				pp[np++] = &pa[i];
+				psel[np++] = (uint32_t)i;
 				mmark[b->pmem[i]] = stamp;
 				plen += ppc.at[i + 1] - ppc.at[i];
 			}
 		for (i = 0, na = 0; i < b->nmem; i++)
 			if (mmark[i] == stamp) {
-				asel[na] = (uint32_t)i;
-				ap[na++] = &ae[i];
+				asel[na++] = (uint32_t)i;
 				tlen += apc.at[i + 1] - apc.at[i];
 			}
 		plan.job = &ref;
@@ -898,15 +960,13 @@ static void send_plans(struct job *j, struct built *b)
 		tail.join_seq = m->join_seq;
 		tail.join_nonce.data = j->auth ? m->nonce : NULL;
 		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
-		k = off[mi + 1] - off[mi];
-		for (i = 0; i < k; i++)
-			sel[i] = &b->e[eidx[off[mi] + i]];
-		if (b->changed[mi] && member_part(m, sel, k, b->mkey[mi]) < 0)
-			DLOG_W("job %s: out of memory packing %s's part: packed whole", j->name, m->node);
+		if (b->changed[mi] &&
+		    member_part(m, b, pidx + poff[mi], poff[mi + 1] - poff[mi], b->mkey[mi]) < 0)
+			goto oom;
 		tlen += protobuf_c_message_get_packed_size(&tail.base);
 		if (buf_reserve(&pbody, &pcap, plen) < 0 || buf_reserve(&tbody, &tcap, tlen) < 0)
 			goto oom;
-		if (m->part_ok) {
+		{
 			uint8_t *at = pbody;
 
 			for (i = 0; i < np; i++) {
@@ -925,28 +985,12 @@ static void send_plans(struct job *j, struct built *b)
 			protobuf_c_message_pack(&tail.base, at);
 			if (plen)
 				unknown_from(&uf[nu++], pbody, plen);
-			if (m->part_n) {
-				/* member_part left out the first key. */
-				uf[nu].tag = 5;
-				uf[nu].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-				uf[nu].len = m->part_len;
-				uf[nu++].data = m->part;
-			}
+			if (m->part_len)
+				unknown_from(&uf[nu++], m->part, m->part_len);
 			/* peer_proto (7) is never 0: the tail is never empty. */
 			unknown_from(&uf[nu++], tbody, tlen);
 			plan.base.n_unknown_fields = (unsigned)nu;
 			plan.base.unknown_fields = uf;
-		} else {
-			/* Its part could not be packed (it changed: sel has it). */
-			plan.n_participants = np;
-			plan.participants = pp;
-			plan.n_entries = k;
-			plan.entries = sel;
-			plan.n_addresses = na;
-			plan.addresses = ap;
-			plan.peer_proto = tail.peer_proto;
-			plan.join_seq = tail.join_seq;
-			plan.join_nonce = tail.join_nonce;
 		}
 		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
 		free(m->plan);
@@ -971,14 +1015,9 @@ oom:
 	DLOG_E("job %s: out of memory sending plans", j->name);
 out:
 	free(pa);
-	free(pp);
-	free(sel);
-	free(off);
-	free(eidx);
 	free(poff);
 	free(pidx);
 	free(ae);
-	free(ap);
 	free(pmark);
 	free(mmark);
 	free(psel);
@@ -1102,7 +1141,7 @@ static void replan(struct job *j)
 {
 	struct built b;
 	struct jplan_cache *c = j->plan_cache;
-	size_t n = 0, i, total = 0;
+	size_t n = 0, i, total = 0, packed = 0;
 	const struct jpinfo **srcby = NULL;
 	uint32_t *srcidx = NULL, nranks = 0;
 	const char *srcdesc = NULL;
@@ -1163,11 +1202,23 @@ static void replan(struct job *j)
 	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
 	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
 		goto oom;
+	b.c = c;
 	/* The pairs: one plan per distinct sink layout (cached), replicas
 	 * reuse it, each sink rank takes the entries of each attached source
-	 * rank from the index.  A member's key names its pairs in order and
-	 * the plan build each comes from: what its part is a function of. */
+	 * rank from the index (pass 0).  A pair's entries are a function of
+	 * its key (struct jseg), a member's part of its pairs' keys in order:
+	 * the member's key.  Pass 1 finds each pair's packed entries in the
+	 * cache or packs them. */
 	for (int pass = 0; pass < 2 && have_src; pass++) {
+		size_t p = 0;
+
+		if (pass == 1) {
+			if (c->nseg + b.npairs > c->capseg / 2 &&
+			    seg_rehash(c, c->nseg + b.npairs, 1) < 0)
+				goto oom;
+			if (!(b.pslot = calloc(b.npairs ? b.npairs : 1, sizeof(*b.pslot))))
+				goto oom;
+		}
 		for (i = 0; i < b.nparts; i++) {
 			const struct jpinfo *dst = b.parts[i];
 			uint32_t md = b.pmem[i], top;
@@ -1184,15 +1235,16 @@ static void replan(struct job *j)
 			for (uint32_t r = 0; r < top; r++) {
 				size_t k0 = s->off[(size_t)dst->rank * s->nsrc + r];
 				size_t k1 = s->off[(size_t)dst->rank * s->nsrc + r + 1];
+				uint64_t t[5] = { s->gen, dst->id, 0, dst->rank, r };
 				uint32_t ms;
+				size_t g;
 
 				if (k0 == k1 || !srcby[r])
 					continue;
+				t[2] = srcby[r]->id;
 				ms = b.pmem[srcidx[r]];
 				if (pass == 0) {
-					uint64_t t[5] = { s->gen, dst->id, srcby[r]->id, dst->rank, r };
-
-					if (pair_add(&b, srcidx[r], (uint32_t)i) < 0)
+					if (pair_add(&b, srcidx[r], (uint32_t)i, t) < 0)
 						goto oom;
 					b.mkey[md] = XXH64(t, sizeof(t), b.mkey[md]);
 					if (ms != md)
@@ -1200,40 +1252,37 @@ static void replan(struct job *j)
 					total += k1 - k0;
 					continue;
 				}
-				/* Entries only where a member's part changed. */
-				if (!b.changed[md] && !b.changed[ms])
-					continue;
-				for (size_t k = k0; k < k1; k++) {
-					struct dte_plan_entry pe;
-
-					dte_plan_entry(&s->plan, s->q_of[k], &pe);
-					if (built_add(&b, &pe, srcidx[r], (uint32_t)i, (uint32_t)(k - k0)) < 0)
+				g = seg_slot(c, t);
+				if (c->seg[g].bytes) {
+					c->seg[g].used = 1;
+				} else {
+					if (seg_build(&c->seg[g], t, s, k0, k1) < 0)
 						goto oom;
+					c->nseg++;
+					packed += k1 - k0;
 				}
+				b.pslot[p++] = g;
 			}
 		}
-		if (pass == 0) {
-			size_t mi = 0;
-
-			for (struct jmember *m = j->members; m; m = m->next, mi++)
-				b.changed[mi] = !m->part_ok || m->part_hash != b.mkey[mi];
-		}
 	}
-	if (!have_src) {
+	{
 		size_t mi = 0;
 
 		for (struct jmember *m = j->members; m; m = m->next, mi++)
-			b.changed[mi] = !m->part_ok || m->part_hash != 0;
+			b.changed[mi] = !m->part_ok || m->part_hash != b.mkey[mi];
 	}
 	if (have_src)
 		cache_sweep(c);
 	j->coord_complete = b.complete;
 	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries (%zu "
-	       "rebuilt)%s", j->name, (unsigned long long)j->coord_epoch,
+	       "packed anew)%s", j->name, (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),
-	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, b.ne,
+	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, packed,
 	       b.complete ? "" : " (incomplete)");
 	send_plans(j, &b);
+	/* Pairs no member has any more go. */
+	if (seg_rehash(c, c->nseg, 0) < 0)
+		DLOG_W("job %s: out of memory dropping old pairs' entries (kept)", j->name);
 	goto out;
 oom:
 	DLOG_E("job %s: out of memory planning", j->name);
@@ -1242,12 +1291,10 @@ out:
 	free(srcidx);
 	free(b.parts);
 	free(b.pmem);
-	free(b.e);
-	free(b.maps);
-	free(b.es);
-	free(b.ed);
 	free(b.ps);
 	free(b.pd);
+	free(b.pt);
+	free(b.pslot);
 	free(b.mkey);
 	free(b.changed);
 }
