@@ -1,8 +1,9 @@
 /* daemon/job_coord.c — membership and plans.
  *
  * Coordinator side: members JOIN with all their participants; every change
- * re-plans (C's dte_plan_build per sink layout, mapped onto the attached
- * participants) and sends each member the PLAN part it needs.  Member
+ * re-plans (dte_plan_build per sink layout, cached, mapped onto the
+ * attached participants pair by pair, each pair's entries packed once and
+ * kept) and sends each member the PLAN part it needs.  Member
  * side: a PLAN is validated against the local buffers before it replaces
  * the previous one; pair state (what a sink holds, dirty bitmaps) survives
  * a re-plan when the pair's entries are unchanged.
@@ -387,7 +388,6 @@ struct jseg {
 	uint64_t t[5];
 	uint8_t *bytes;		/* NULL: a free slot */
 	size_t len;
-	uint32_t n;
 	int used;		/* by the re-plan under way */
 };
 
@@ -684,7 +684,6 @@ static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan
 	memcpy(g->t, t, sizeof(g->t));
 	g->bytes = buf;
 	g->len = len;
-	g->n = (uint32_t)(k1 - k0);
 	g->used = 1;
 	return 0;
 }
@@ -733,12 +732,10 @@ static int pair_add(struct built *b, uint32_t src, uint32_t dst, const uint64_t 
 	return 0;
 }
 
-/* Items (entries, pairs) grouped by member: item i, with source part
- * src[i] and sink part dst[i], goes to each of their members that keep[]
- * selects (NULL: all), in item order: idx[off[k] .. off[k + 1]) for
- * member k.  One pass over the items, not one per member. */
-static int by_member(const struct built *b, const uint32_t *src, const uint32_t *dst, size_t n,
-		     const uint8_t *keep, size_t **offp, uint32_t **idxp)
+/* The pairs grouped by member: pair i goes to the member of its source
+ * and to that of its sink, in pair order: idx[off[k] .. off[k + 1]) for
+ * member k.  One pass over the pairs, not one per member. */
+static int pairs_by_member(const struct built *b, size_t **offp, uint32_t **idxp)
 {
 	size_t *off = calloc(b->nmem + 1, sizeof(*off)), *at = calloc(b->nmem + 1, sizeof(*at));
 	uint32_t *idx = NULL;
@@ -746,12 +743,11 @@ static int by_member(const struct built *b, const uint32_t *src, const uint32_t 
 
 	if (!off || !at)
 		goto oom;
-	for (i = 0; i < n; i++) {
-		uint32_t ms = b->pmem[src[i]], md = b->pmem[dst[i]];
+	for (i = 0; i < b->npairs; i++) {
+		uint32_t ms = b->pmem[b->ps[i]], md = b->pmem[b->pd[i]];
 
-		if (!keep || keep[ms])
-			off[ms + 1]++;
-		if (md != ms && (!keep || keep[md]))
+		off[ms + 1]++;
+		if (md != ms)
 			off[md + 1]++;
 	}
 	for (i = 0; i < b->nmem; i++)
@@ -759,12 +755,11 @@ static int by_member(const struct built *b, const uint32_t *src, const uint32_t 
 	if (!(idx = malloc((off[b->nmem] ? off[b->nmem] : 1) * sizeof(*idx))))
 		goto oom;
 	memcpy(at, off, (b->nmem + 1) * sizeof(*at));
-	for (i = 0; i < n; i++) {
-		uint32_t ms = b->pmem[src[i]], md = b->pmem[dst[i]];
+	for (i = 0; i < b->npairs; i++) {
+		uint32_t ms = b->pmem[b->ps[i]], md = b->pmem[b->pd[i]];
 
-		if (!keep || keep[ms])
-			idx[at[ms]++] = (uint32_t)i;
-		if (md != ms && (!keep || keep[md]))
+		idx[at[ms]++] = (uint32_t)i;
+		if (md != ms)
 			idx[at[md]++] = (uint32_t)i;
 	}
 	free(at);
@@ -777,7 +772,6 @@ oom:
 	return -ENOMEM;
 }
 
-
 /* ------------------------------------------------ a member's part, packed */
 
 /* The member's entries: its pairs' packed entries one after the other
@@ -786,12 +780,12 @@ oom:
 static int member_part(struct jmember *m, const struct built *b, const uint32_t *idx, size_t n,
 		       uint64_t key)
 {
-	size_t len = 0, cnt = 0;
+	size_t len = 0;
 	uint8_t *p = NULL;
 
 	free(m->part);
 	m->part = NULL;
-	m->part_len = m->part_n = 0;
+	m->part_len = 0;
 	m->part_ok = 0;
 	for (size_t i = 0; i < n; i++)
 		len += b->c->seg[b->pslot[idx[i]]].len;
@@ -803,11 +797,9 @@ static int member_part(struct jmember *m, const struct built *b, const uint32_t 
 
 		memcpy(p + len, g->bytes, g->len);
 		len += g->len;
-		cnt += g->n;
 	}
 	m->part = p;
 	m->part_len = len;
-	m->part_n = cnt;
 	m->part_hash = key;
 	m->part_ok = 1;
 	return 0;
@@ -833,7 +825,8 @@ static int pieces_pack(struct pieces *pc, uint32_t field, const void *base, size
 		const ProtobufCMessage *msg = (const void *)((const char *)base + i * stride);
 		size_t sz = protobuf_c_message_get_packed_size(msg);
 
-		len += varint_size((uint64_t)field << 3) + varint_size(sz) + sz;
+		len += varint_size((uint64_t)field << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) +
+		       varint_size(sz) + sz;
 		pc->at[i + 1] = len;
 	}
 	if (!(pc->buf = malloc(len ? len : 1)))
@@ -878,8 +871,9 @@ static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t
  * what jplan_recv and the pairs read (job_part, job_addr); a job's whole
  * membership is the coordinator's (dtectl job there).
  *
- * Each participant and each address is packed once per re-plan and a
- * member's entries once per change of its part (member_part); a PLAN is
+ * Each participant and each address is packed once per re-plan, each
+ * pair's entries once while the pair lasts (seg_build), a member's part
+ * assembled from them when its pairs change (member_part); a PLAN is
  * fields 1-3, then 4, 5 and 6-9 as unknown fields holding those bytes in
  * field order: exactly what packing the whole message gives, so packing
  * it (kept copy, seal, transport) copies bytes instead of walking
@@ -918,7 +912,7 @@ static void send_plans(struct job *j, struct built *b)
 		ae[i].key = m->node;
 		ae[i].value = m->address;
 	}
-	if (by_member(b, b->ps, b->pd, b->npairs, NULL, &poff, &pidx) < 0 ||
+	if (pairs_by_member(b, &poff, &pidx) < 0 ||
 	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
 	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
 		goto oom;
@@ -1274,11 +1268,11 @@ static void replan(struct job *j)
 	if (have_src)
 		cache_sweep(c);
 	j->coord_complete = b.complete;
-	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries (%zu "
-	       "packed anew)%s", j->name, (unsigned long long)j->coord_epoch,
+	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries in %zu "
+	       "pairs (%zu packed anew)%s", j->name, (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),
-	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, packed,
-	       b.complete ? "" : " (incomplete)");
+	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, b.npairs,
+	       packed, b.complete ? "" : " (incomplete)");
 	send_plans(j, &b);
 	/* Pairs no member has any more go. */
 	if (seg_rehash(c, c->nseg, 0) < 0)

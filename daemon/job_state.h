@@ -315,7 +315,7 @@ struct jmember {
 	 * member_part), kept while a re-plan makes its part of the same
 	 * pairs from the same cached plans. */
 	uint8_t *part;
-	size_t part_len, part_n;
+	size_t part_len;
 	uint64_t part_hash;       /* the key of what it was made of */
 	int part_ok;
 	uint64_t next_ns, deadline_ns;
