@@ -62,6 +62,7 @@ struct coord {
 	struct tnode mem[NMEM];
 	Dtep__Plan *last[NMEM];
 	unsigned plans[NMEM];
+	char *shards[NMEM];	/* a sharded source's table, its JOIN's */
 };
 
 static char *config;
@@ -177,9 +178,11 @@ static void coord_new(struct coord *c)
 static void coord_free(struct coord *c)
 {
 	dte_engine_free(c->e);
-	for (unsigned i = 0; i < NMEM; i++)
+	for (unsigned i = 0; i < NMEM; i++) {
 		if (c->last[i])
 			dtep__plan__free_unpacked(c->last[i], NULL);
+		free(c->shards[i]);
+	}
 }
 
 static uint64_t part_id(unsigned node, unsigned k)
@@ -233,7 +236,7 @@ static void join(struct coord *c, unsigned i)
 		p[k].rank = n->rank[k];
 		p[k].replica = n->replica;
 		p[k].node = (char *)n->name;
-		p[k].shards = "";
+		p[k].shards = c->shards[i] ? c->shards[i] : "";
 		pp[k] = &p[k];
 	}
 	m.n_participants = n->nparts;
@@ -509,11 +512,100 @@ static void test_replan_layout_gone_and_back(void **state)
 	free(b);
 }
 
+/* Source rank `rank` of mcore:tp=2,dp=2: its shards of every parameter
+ * of megatron:tp=2 (each tensor cut into two uneven flat ranges, owned by
+ * the two DP ranks in turn), as its JOIN carries them. */
+static char *mcore_shards(const struct dte_spec *spec, uint32_t rank)
+{
+	struct dte_layout l;
+	char err[256], *out = calloc(1, 1 << 16);
+	size_t at = 0;
+
+	assert_non_null(out);
+	if (dte_layout_from_desc(&l, spec, "megatron:tp=2,dopt=0", DTE_LAYOUT_SOURCE, err, sizeof(err)))
+		fail_msg("%s", err);
+	for (size_t i = 0; i < l.ntensors; i++) {
+		const struct dte_layout_tensor *x = &l.tensors[i];
+		int64_t numel = x->shape[0] * (x->ndim > 1 ? x->shape[1] : 1);
+		int64_t cut = numel / 2 + (numel > 8 ? 3 : 0);
+
+		for (int64_t d = 0; d < 2; d++) {
+			int64_t lo = d ? cut : 0, hi = d ? numel : cut;
+
+			if (d * 2 + x->rank != rank || hi <= lo)
+				continue;
+			at += (size_t)snprintf(out + at, (1 << 16) - at, "%u %zu %lld %lld %s %lld",
+					       rank, i, (long long)lo, (long long)hi, x->name,
+					       (long long)x->shape[0]);
+			if (x->ndim > 1)
+				at += (size_t)snprintf(out + at, (1 << 16) - at, ",%lld",
+						       (long long)x->shape[1]);
+			at += (size_t)snprintf(out + at, (1 << 16) - at, "\n");
+			assert_true(at < (1 << 16) - 256);
+		}
+	}
+	dte_layout_fini(&l);
+	return out;
+}
+
+static void sharded(struct coord *c)
+{
+	const struct dte_spec *spec = &job_find(c->e, JOB)->spec;
+
+	for (unsigned i = 0; i < 4; i++) {
+		c->mem[i].layout = "mcore:tp=2,dp=2";
+		c->shards[i] = mcore_shards(spec, i);
+	}
+}
+
+/* Sources that register shards: nothing is planned until every rank's
+ * table came; then the same as from scratch, after a sink leaves and
+ * after a source rank joins again (its table kept anew: the cached
+ * source layout and every plan on it are rebuilt). */
+static void test_replan_sharded_source(void **state)
+{
+	struct coord *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+	const unsigned gone = (unsigned)node_idx("snk10");
+
+	assert_non_null(a);
+	assert_non_null(b);
+	coord_new(a);
+	sharded(a);
+	for (unsigned i = 4; i < NMEM; i++)
+		join(a, i);
+	for (unsigned i = 0; i < 3; i++)
+		join(a, i);
+	assert_false(job_find(a->e, JOB)->coord_complete);
+	assert_int_equal(a->last[node_idx("snk00")]->n_entries, 0);
+	join(a, 3);
+	assert_true(job_find(a->e, JOB)->coord_complete);
+	leave(a, gone);
+	coord_new(b);
+	sharded(b);
+	for (unsigned i = 4; i < NMEM; i++)
+		if (i != gone)
+			join(b, i);
+	for (unsigned i = 0; i < 4; i++)
+		join(b, i);
+	for (unsigned i = 0; i < NMEM; i++)
+		if (i != gone)
+			same_part(a, b, i);
+	join(a, 2);	/* its JOIN again: shards kept anew */
+	for (unsigned i = 0; i < NMEM; i++)
+		if (i != gone)
+			same_part(a, b, i);
+	coord_free(b);
+	coord_free(a);
+	free(a);
+	free(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_replan_matches_scratch),
 		cmocka_unit_test(test_replan_layout_gone_and_back),
+		cmocka_unit_test(test_replan_sharded_source),
 	};
 	int rc;
 
