@@ -68,6 +68,8 @@ UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_r
 # N engines in one process on deterministic I/O (tests/unit/fixture.h):
 # two source files, so a rule of its own.
 UNIT_TESTS   += test_fixture
+# The coordinator's re-plan: cached plans give what a plan from scratch gives.
+UNIT_TESTS   += test_replan
 $(B)/tests/test_fixture: tests/unit/test_fixture.c tests/unit/fixture.c tests/unit/fixture.h tests/unit/tiny_llama_ref.h \
                          $(B)/lib/libdted.a $(GEN_HEADERS)
 	@mkdir -p $(dir $@)

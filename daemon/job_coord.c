@@ -1,8 +1,9 @@
 /* daemon/job_coord.c — membership and plans.
  *
  * Coordinator side: members JOIN with all their participants; every change
- * re-plans (C's dte_plan_build per sink layout, mapped onto the attached
- * participants) and sends each member the PLAN part it needs.  Member
+ * re-plans (dte_plan_build per sink layout, cached, mapped onto the
+ * attached participants pair by pair, each pair's entries packed once and
+ * kept) and sends each member the PLAN part it needs.  Member
  * side: a PLAN is validated against the local buffers before it replaces
  * the previous one; pair state (what a sink holds, dirty bitmaps) survives
  * a re-plan when the pair's entries are unchanged.
@@ -140,6 +141,7 @@ out:
 
 static void member_free(struct jmember *m)
 {
+	free(m->part);
 	free(m->plan);
 	free(m->p);
 	free(m);
@@ -343,6 +345,8 @@ void jctl_retry(struct dte_engine *e)
 	jctl_update(e);
 }
 
+static void cache_free(struct jplan_cache *c);
+
 void jcoord_free(struct job *j)
 {
 	for (uint32_t r = 0; r < j->n_src_shards; r++)
@@ -350,6 +354,8 @@ void jcoord_free(struct job *j)
 	free(j->src_shards);
 	j->src_shards = NULL;
 	j->n_src_shards = 0;
+	cache_free(j->plan_cache);
+	j->plan_cache = NULL;
 	while (j->members) {
 		struct jmember *m = j->members;
 
@@ -358,96 +364,541 @@ void jcoord_free(struct job *j)
 	}
 }
 
-struct sinkplan {
+/* ------------------------------------------------------------ the plan cache */
+
+/* A sink layout's plan against the cached source layout, its entries
+ * indexed by (sink rank, source rank): those of sink rank k from source
+ * rank r are q_of[off[k * nsrc + r] .. off[k * nsrc + r + 1]), in plan
+ * order, so the i-th of them is the pair's entry id i (the ids a walk
+ * over the whole plan gives). */
+struct jsinkplan {
 	char desc[JOB_DESC_MAX];
 	struct dte_layout lay;
 	struct dte_plan plan;
-	int ok;
+	int ok;			/* built; else its error was logged when tried */
+	int used;		/* by the re-plan under way */
+	uint64_t gen;		/* this build's number: what members' part keys name */
+	uint32_t nranks, nsrc;
+	size_t *off;		/* [nranks * nsrc + 1] */
+	uint32_t *q_of;		/* [plan.n] */
 };
 
-/* A built plan, the participants it maps and what each member gets. */
-struct built {
-	struct jpinfo **parts;
-	size_t nparts;
-	Dtep__Entry *e;
-	struct dte_box_map *maps;	/* what e[i]'s arrays point into */
-	const struct jpinfo **esrc, **edst;
-	size_t ne, cape;
-	int complete;
+/* One (source participant, sink participant) pair's entries, packed as
+ * items of the PLAN's field 5 (each with its key).  They are a function
+ * of t: the sink plan's build, the sink's and the source's ids, the
+ * sink's rank and the source's rank. */
+struct jseg {
+	uint64_t t[5];
+	uint8_t *bytes;		/* NULL: a free slot */
+	size_t len;
+	int used;		/* by the re-plan under way */
 };
 
-static int built_add(struct built *b, const struct dte_plan_entry *pe, const struct jpinfo *src,
-		     const struct jpinfo *dst, uint32_t id)
+/* What a re-plan reuses: the source layout (key: its description and,
+ * for a sharded one, src_shards_gen), one plan per sink layout built
+ * against it, and every pair's packed entries.  A new key drops all. */
+struct jplan_cache {
+	char src_desc[JOB_DESC_MAX];
+	uint64_t src_gen;
+	int src_ok;		/* src built (plain; full once every shard came) */
+	int src_full;		/* a sharded source's layout with every rank's shards */
+	struct dte_layout src;
+	struct jsinkplan **sp;	/* each its own allocation: a plan borrows its layout */
+	size_t nsp, capsp;
+	uint64_t next_gen;	/* never reused, cache_drop included */
+	struct jseg *seg;	/* open addressing by t; capseg a power of two */
+	size_t nseg, capseg;
+};
+
+static void sinkplan_free(struct jsinkplan *s)
 {
-	Dtep__Entry *e;
-
-	if (b->ne == b->cape) {
-		size_t nc = b->cape ? b->cape * 2 : 256;
-		void *ne = realloc(b->e, nc * sizeof(*b->e));
-		void *ns = ne ? realloc(b->esrc, nc * sizeof(*b->esrc)) : NULL;
-		void *nd = ns ? realloc(b->edst, nc * sizeof(*b->edst)) : NULL;
-		void *nm = nd ? realloc(b->maps, nc * sizeof(*b->maps)) : NULL;
-
-		if (ne)
-			b->e = ne;
-		if (ns)
-			b->esrc = ns;
-		if (nd)
-			b->edst = nd;
-		if (!nm)
-			return -ENOMEM;
-		b->maps = nm;
-		b->cape = nc;
-		for (size_t i = 0; i < b->ne; i++) {
-			b->e[i].extent = b->maps[i].extent;
-			b->e[i].src_stride = b->maps[i].src_stride;
-			b->e[i].dst_stride = b->maps[i].dst_stride;
-		}
+	if (s->ok) {
+		dte_plan_fini(&s->plan);
+		dte_layout_fini(&s->lay);
 	}
-	e = &b->e[b->ne];
+	free(s->off);
+	free(s->q_of);
+	free(s);
+}
+
+static void cache_drop(struct jplan_cache *c)
+{
+	for (size_t g = 0; g < c->capseg; g++)
+		free(c->seg[g].bytes);
+	free(c->seg);
+	c->seg = NULL;
+	c->nseg = c->capseg = 0;
+	for (size_t s = 0; s < c->nsp; s++)
+		sinkplan_free(c->sp[s]);
+	c->nsp = 0;
+	if (c->src_ok)
+		dte_layout_fini(&c->src);
+	c->src_ok = 0;
+	c->src_full = 0;
+	c->src_desc[0] = '\0';
+}
+
+static void cache_free(struct jplan_cache *c)
+{
+	if (!c)
+		return;
+	cache_drop(c);
+	free(c->sp);
+	free(c);
+}
+
+/* Entries by (sink rank, source rank), once per plan (a counting sort:
+ * stable, so plan order within each). */
+static int sinkplan_index(struct jsinkplan *s, uint32_t nsrc)
+{
+	struct dte_plan_entry ent;
+	size_t *at, nb;
+
+	s->nranks = s->lay.nranks;
+	s->nsrc = nsrc;
+	nb = (size_t)s->nranks * nsrc;
+	if (s->plan.n >= UINT32_MAX || (nsrc && nb / nsrc != s->nranks))
+		return -EOVERFLOW;
+	s->off = calloc(nb + 1, sizeof(*s->off));
+	s->q_of = malloc((s->plan.n ? s->plan.n : 1) * sizeof(*s->q_of));
+	at = calloc(nb + 1, sizeof(*at));
+	if (!s->off || !s->q_of || !at) {
+		free(at);
+		return -ENOMEM;
+	}
+	for (size_t q = 0; q < s->plan.n; q++) {
+		dte_plan_entry(&s->plan, q, &ent);
+		if (ent.sink_rank < s->nranks && ent.src_rank < nsrc)
+			s->off[(size_t)ent.sink_rank * nsrc + ent.src_rank + 1]++;
+	}
+	for (size_t k = 0; k < nb; k++)
+		s->off[k + 1] += s->off[k];
+	memcpy(at, s->off, (nb + 1) * sizeof(*at));
+	for (size_t q = 0; q < s->plan.n; q++) {
+		dte_plan_entry(&s->plan, q, &ent);
+		if (ent.sink_rank < s->nranks && ent.src_rank < nsrc)
+			s->q_of[at[(size_t)ent.sink_rank * nsrc + ent.src_rank]++] = (uint32_t)q;
+	}
+	free(at);
+	return 0;
+}
+
+/* The cached plan of sink layout desc (built, and indexed, when not
+ * cached); NULL when out of memory.  ->ok 0: it cannot be built (logged). */
+static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const char *desc,
+				    uint32_t rank)
+{
+	struct dte_plan_opts opts = { 1, 0 };
+	struct jsinkplan *s;
+	char err[512];
+
+	for (size_t i = 0; i < c->nsp; i++)
+		if (!strcmp(c->sp[i]->desc, desc))
+			return c->sp[i];
+	if (c->nsp == c->capsp) {
+		size_t nc = c->capsp ? c->capsp * 2 : 4;
+		struct jsinkplan **n = realloc(c->sp, nc * sizeof(*n));
+
+		if (!n)
+			return NULL;
+		c->sp = n;
+		c->capsp = nc;
+	}
+	if (!(s = calloc(1, sizeof(*s))))
+		return NULL;
+	c->sp[c->nsp++] = s;
+	snprintf(s->desc, sizeof(s->desc), "%s", desc);
+	if (jlayout_build(j, JROLE_SINK, desc, rank, NULL, &s->lay, err, sizeof(err)) < 0)
+		return s;
+	if (dte_plan_build(&s->plan, &j->spec, &c->src, &s->lay, &opts, err, sizeof(err)) < 0) {
+		DLOG_E("job %s: plan %s -> %s: %s", j->name, c->src_desc, desc, err);
+		dte_layout_fini(&s->lay);
+		return s;
+	}
+	s->ok = 1;
+	s->gen = ++c->next_gen;
+	if (sinkplan_index(s, c->src.nranks) < 0) {
+		c->nsp--;
+		sinkplan_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+/* Sink plans no re-plan used this time go: a layout nobody holds any
+ * more is built again if it comes back. */
+static void cache_sweep(struct jplan_cache *c)
+{
+	size_t k = 0;
+
+	for (size_t s = 0; s < c->nsp; s++) {
+		if (!c->sp[s]->used) {
+			sinkplan_free(c->sp[s]);
+			continue;
+		}
+		c->sp[s]->used = 0;
+		c->sp[k++] = c->sp[s];
+	}
+	c->nsp = k;
+}
+
+/* ------------------------------------------------------------ pairs' entries */
+
+static size_t seg_home(const uint64_t t[5], size_t cap)
+{
+	return (size_t)XXH64(t, 5 * sizeof(*t), 0) & (cap - 1);
+}
+
+/* The slot of t: where it is, or the free one where it goes. */
+static size_t seg_slot(const struct jplan_cache *c, const uint64_t t[5])
+{
+	size_t g = seg_home(t, c->capseg);
+
+	while (c->seg[g].bytes && memcmp(c->seg[g].t, t, 5 * sizeof(*t)))
+		g = (g + 1) & (c->capseg - 1);
+	return g;
+}
+
+/* Rehashed into a table for at least want segments, keeping those used
+ * (keep_unused 0: the others are freed, and used is cleared for the
+ * next re-plan).  0 or -ENOMEM (then unchanged). */
+static int seg_rehash(struct jplan_cache *c, size_t want, int keep_unused)
+{
+	size_t cap = 64, n = 0;
+	struct jseg *ns, *old = c->seg;
+
+	while (cap < 2 * want)
+		cap *= 2;
+	if (!(ns = calloc(cap, sizeof(*ns))))
+		return -ENOMEM;
+	for (size_t g = 0; g < c->capseg; g++) {
+		size_t h;
+
+		if (!old[g].bytes)
+			continue;
+		if (!old[g].used && !keep_unused) {
+			free(old[g].bytes);
+			continue;
+		}
+		for (h = seg_home(old[g].t, cap); ns[h].bytes; h = (h + 1) & (cap - 1))
+			;
+		ns[h] = old[g];
+		ns[h].used = keep_unused ? old[g].used : 0;
+		n++;
+	}
+	free(old);
+	c->seg = ns;
+	c->capseg = cap;
+	c->nseg = n;
+	return 0;
+}
+
+/* A plan entry as the PLAN's Entry; its arrays point into pe. */
+static void entry_fill(Dtep__Entry *e, struct dte_plan_entry *pe, uint32_t id, uint64_t src,
+		       uint64_t dst)
+{
 	dtep__entry__init(e);
 	e->id = id;
-	e->src = src->id;
-	e->dst = dst->id;
+	e->src = src;
+	e->dst = dst;
 	e->tensor = pe->tensor;
 	e->group = pe->group;
 	e->dst_buffer = pe->sink_buf;
 	e->src_buffer = pe->src_buf;
 	e->src_buffer_m = pe->src_buf_m;
 	e->src_buffer_v = pe->src_buf_v;
-	/* Arrays point into b->maps, alive until the PLANs went out. */
-	b->maps[b->ne] = pe->map;
 	e->n_extent = pe->map.ndim;
-	e->extent = b->maps[b->ne].extent;
+	e->extent = pe->map.extent;
 	e->src_offset = pe->map.src_offset;
 	e->n_src_stride = pe->map.ndim;
-	e->src_stride = b->maps[b->ne].src_stride;
+	e->src_stride = pe->map.src_stride;
 	e->dst_offset = pe->map.dst_offset;
 	e->n_dst_stride = pe->map.ndim;
-	e->dst_stride = b->maps[b->ne].dst_stride;
-	b->esrc[b->ne] = src;
-	b->edst[b->ne] = dst;
-	b->ne++;
+	e->dst_stride = pe->map.dst_stride;
+}
+
+/* The Plan's `entries` field (5, length-delimited): its key is one byte. */
+#define PLAN_ENTRIES_KEY ((5u << 3) | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED)
+
+static size_t varint_put(uint8_t *out, uint64_t v)
+{
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		out[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	out[n++] = (uint8_t)v;
+	return n;
+}
+
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/* Grows *buf to hold need bytes (at least doubling).  0 or -ENOMEM. */
+static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
+{
+	size_t nc = need > 2 * *cap ? need : 2 * *cap;
+	uint8_t *nb;
+
+	if (need <= *cap)
+		return 0;
+	if (!(nb = realloc(*buf, nc)))
+		return -ENOMEM;
+	*buf = nb;
+	*cap = nc;
 	return 0;
 }
 
+/* Pair t's entries, q_of[k0 .. k1) of plan s (entry ids from 0), packed
+ * into the free slot g.  0 or -ENOMEM. */
+static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan *s, size_t k0,
+		     size_t k1)
+{
+	uint8_t *buf = NULL;
+	size_t cap = 0, len = 0;
+
+	for (size_t k = k0; k < k1; k++) {
+		struct dte_plan_entry pe;
+		Dtep__Entry e;
+		size_t sz;
+
+		dte_plan_entry(&s->plan, s->q_of[k], &pe);
+		entry_fill(&e, &pe, (uint32_t)(k - k0), t[2], t[1]);
+		sz = protobuf_c_message_get_packed_size(&e.base);
+		if (buf_reserve(&buf, &cap, len + 1 + 10 + sz) < 0) {
+			free(buf);
+			return -ENOMEM;
+		}
+		buf[len++] = PLAN_ENTRIES_KEY;
+		len += varint_put(buf + len, sz);
+		len += protobuf_c_message_pack(&e.base, buf + len);
+	}
+	if (!buf && !(buf = malloc(1)))
+		return -ENOMEM;
+	memcpy(g->t, t, sizeof(g->t));
+	g->bytes = buf;
+	g->len = len;
+	g->used = 1;
+	return 0;
+}
+
+/* A re-plan: the participants, and what each member gets. */
+struct built {
+	struct jpinfo **parts;
+	uint32_t *pmem;			/* parts[i]'s member (its index in j->members) */
+	size_t nparts, nmem;
+	/* Every (source, sink) pair with entries, as indices into parts,
+	 * its key and its packed entries (a slot of the cache's table). */
+	uint32_t *ps, *pd;
+	uint64_t (*pt)[5];
+	size_t *pslot;
+	size_t npairs, cappairs;
+	struct jplan_cache *c;
+	/* Per member: what its part is made of (its pairs in order), and
+	 * whether that differs from the part it holds. */
+	uint64_t *mkey;
+	uint8_t *changed;
+	int complete;
+};
+
+static int pair_add(struct built *b, uint32_t src, uint32_t dst, const uint64_t t[5])
+{
+	if (b->npairs == b->cappairs) {
+		size_t nc = b->cappairs ? b->cappairs * 2 : 256;
+		uint32_t *ns = realloc(b->ps, nc * sizeof(*ns)), *nd;
+		uint64_t (*nt)[5];
+
+		if (!ns)
+			return -ENOMEM;
+		b->ps = ns;
+		if (!(nd = realloc(b->pd, nc * sizeof(*nd))))
+			return -ENOMEM;
+		b->pd = nd;
+		if (!(nt = realloc(b->pt, nc * sizeof(*nt))))
+			return -ENOMEM;
+		b->pt = nt;
+		b->cappairs = nc;
+	}
+	b->ps[b->npairs] = src;
+	b->pd[b->npairs] = dst;
+	memcpy(b->pt[b->npairs], t, sizeof(b->pt[0]));
+	b->npairs++;
+	return 0;
+}
+
+/* The pairs grouped by member: pair i goes to the member of its source
+ * and to that of its sink, in pair order: idx[off[k] .. off[k + 1]) for
+ * member k.  One pass over the pairs, not one per member. */
+static int pairs_by_member(const struct built *b, size_t **offp, uint32_t **idxp)
+{
+	size_t *off = calloc(b->nmem + 1, sizeof(*off)), *at = calloc(b->nmem + 1, sizeof(*at));
+	uint32_t *idx = NULL;
+	size_t i;
+
+	if (!off || !at)
+		goto oom;
+	for (i = 0; i < b->npairs; i++) {
+		uint32_t ms = b->pmem[b->ps[i]], md = b->pmem[b->pd[i]];
+
+		off[ms + 1]++;
+		if (md != ms)
+			off[md + 1]++;
+	}
+	for (i = 0; i < b->nmem; i++)
+		off[i + 1] += off[i];
+	if (!(idx = malloc((off[b->nmem] ? off[b->nmem] : 1) * sizeof(*idx))))
+		goto oom;
+	memcpy(at, off, (b->nmem + 1) * sizeof(*at));
+	for (i = 0; i < b->npairs; i++) {
+		uint32_t ms = b->pmem[b->ps[i]], md = b->pmem[b->pd[i]];
+
+		idx[at[ms]++] = (uint32_t)i;
+		if (md != ms)
+			idx[at[md]++] = (uint32_t)i;
+	}
+	free(at);
+	*offp = off;
+	*idxp = idx;
+	return 0;
+oom:
+	free(off);
+	free(at);
+	return -ENOMEM;
+}
+
+/* ------------------------------------------------ a member's part, packed */
+
+/* The member's entries: its pairs' packed entries one after the other
+ * (pairs idx[0 .. n)), as the PLAN's field 5 packs them, kept with the
+ * key of what they were made of.  0 or -ENOMEM (then none is kept). */
+static int member_part(struct jmember *m, const struct built *b, const uint32_t *idx, size_t n,
+		       uint64_t key)
+{
+	size_t len = 0;
+	uint8_t *p = NULL;
+
+	free(m->part);
+	m->part = NULL;
+	m->part_len = 0;
+	m->part_ok = 0;
+	for (size_t i = 0; i < n; i++)
+		len += b->c->seg[b->pslot[idx[i]]].len;
+	if (len && !(p = malloc(len)))
+		return -ENOMEM;
+	len = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct jseg *g = &b->c->seg[b->pslot[idx[i]]];
+
+		memcpy(p + len, g->bytes, g->len);
+		len += g->len;
+	}
+	m->part = p;
+	m->part_len = len;
+	m->part_hash = key;
+	m->part_ok = 1;
+	return 0;
+}
+
+/* n messages (each the first member of a struct of stride bytes) packed
+ * once each as items of a repeated field: key, length, bytes.  Item i is
+ * buf[at[i] .. at[i + 1]).  0 or -ENOMEM. */
+struct pieces {
+	uint8_t *buf;
+	size_t *at;
+};
+
+static int pieces_pack(struct pieces *pc, uint32_t field, const void *base, size_t stride,
+		       size_t n)
+{
+	size_t len = 0;
+
+	pc->buf = NULL;
+	if (!(pc->at = calloc(n + 1, sizeof(*pc->at))))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMessage *msg = (const void *)((const char *)base + i * stride);
+		size_t sz = protobuf_c_message_get_packed_size(msg);
+
+		len += varint_size((uint64_t)field << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) +
+		       varint_size(sz) + sz;
+		pc->at[i + 1] = len;
+	}
+	if (!(pc->buf = malloc(len ? len : 1)))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const ProtobufCMessage *msg = (const void *)((const char *)base + i * stride);
+		size_t at = pc->at[i];
+
+		at += varint_put(pc->buf + at, ((uint64_t)field << 3) |
+				 PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED);
+		at += varint_put(pc->buf + at, protobuf_c_message_get_packed_size(msg));
+		protobuf_c_message_pack(msg, pc->buf + at);
+	}
+	return 0;
+}
+
+static void pieces_free(struct pieces *pc)
+{
+	free(pc->buf);
+	free(pc->at);
+}
+
+/* Packed fields (len > 0 bytes, each with its key) as one unknown field:
+ * packing it writes the first key back and copies the rest. */
+static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t len)
+{
+	uint64_t key = 0;
+	size_t k = 0;
+
+	do {
+		key |= (uint64_t)(bytes[k] & 0x7f) << (7 * k);
+	} while (bytes[k++] & 0x80 && k < len);
+	u->tag = (uint32_t)(key >> 3);
+	u->wire_type = (ProtobufCWireType)(key & 7);
+	u->len = len - k;
+	u->data = bytes + k;
+}
+
+/* A member's PLAN names the participants it deals with and the addresses
+ * of their nodes, not the whole job's: its own participants (announced
+ * by their presence) and the other end of each of its entries.  That is
+ * what jplan_recv and the pairs read (job_part, job_addr); a job's whole
+ * membership is the coordinator's (dtectl job there).
+ *
+ * Each participant and each address is packed once per re-plan, each
+ * pair's entries once while the pair lasts (seg_build), a member's part
+ * assembled from them when its pairs change (member_part); a PLAN is
+ * fields 1-3, then 4, 5 and 6-9 as unknown fields holding those bytes in
+ * field order: exactly what packing the whole message gives, so packing
+ * it (kept copy, seal, transport) copies bytes instead of walking
+ * messages, and a receiver's MAC check repacks the same bytes. */
 static void send_plans(struct job *j, struct built *b)
 {
-	size_t nm = 0, i, k;
+	size_t i, k, mi, np, na, *poff = NULL;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
-	Dtep__Participant **pp = calloc(b->nparts ? b->nparts : 1, sizeof(*pp));
-	Dtep__Entry **sel = calloc(b->ne ? b->ne : 1, sizeof(*sel));
-	Dtep__Plan__AddressesEntry *ae = NULL, **ap = NULL;
+	uint32_t *pidx = NULL;
+	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
+	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
+	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
+	uint32_t *psel = calloc(b->nparts ? b->nparts : 1, sizeof(*psel));
+	uint32_t *asel = calloc(b->nmem ? b->nmem : 1, sizeof(*asel));
+	struct pieces ppc = { 0 }, apc = { 0 };
+	uint8_t *pbody = NULL, *tbody = NULL;
+	size_t pcap = 0, tcap = 0;
+	struct jmember *m;
 	Dtep__JobRef ref;
 
-	for (struct jmember *m = j->members; m; m = m->next)
-		nm++;
-	ae = calloc(nm ? nm : 1, sizeof(*ae));
-	ap = calloc(nm ? nm : 1, sizeof(*ap));
-	if (!pa || !pp || !sel || !ae || !ap) {
-		DLOG_E("job %s: out of memory sending plans", j->name);
-		goto out;
-	}
+	if (!pa || !ae || !pmark || !mmark || !psel || !asel)
+		goto oom;
 	for (i = 0; i < b->nparts; i++) {
 		const struct jpinfo *p = b->parts[i];
 
@@ -458,41 +909,85 @@ static void send_plans(struct job *j, struct built *b)
 		pa[i].rank = p->rank;
 		pa[i].replica = p->replica;
 		pa[i].node = (char *)p->node;
-		pp[i] = &pa[i];
 	}
-	i = 0;
-	for (struct jmember *m = j->members; m; m = m->next, i++) {
+	for (m = j->members, i = 0; m; m = m->next, i++) {
 		dtep__plan__addresses_entry__init(&ae[i]);
 		ae[i].key = m->node;
 		ae[i].value = m->address;
-		ap[i] = &ae[i];
 	}
+	if (pairs_by_member(b, &poff, &pidx) < 0 ||
+	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
+	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
+		goto oom;
 	job_fill_ref(j, &ref);
-	for (struct jmember *m = j->members; m; m = m->next) {
-		Dtep__Plan plan = DTEP__PLAN__INIT;
+	for (m = j->members, mi = 0; m; m = m->next, mi++) {
+		Dtep__Plan plan = DTEP__PLAN__INIT, tail = DTEP__PLAN__INIT;
+		ProtobufCMessageUnknownField uf[3];
 		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
+		uint32_t stamp = (uint32_t)mi + 1;
+		size_t plen = 0, tlen = 0, nu = 0;
 
 		if (st.act != COORD_A_SEND) {
 			member_bad_action(j, m->node, COORD_EV_PLAN_SENT, st);
 			continue;
 		}
-		for (i = 0, k = 0; i < b->ne; i++)
-			if (!strcmp(b->esrc[i]->node, m->node) || !strcmp(b->edst[i]->node, m->node))
-				sel[k++] = &b->e[i];
+		/* Its participants and its peers, in the job's order. */
+		for (i = 0; i < b->nparts; i++)
+			if (b->pmem[i] == mi)
+				pmark[i] = stamp;
+		for (k = poff[mi]; k < poff[mi + 1]; k++) {
+			pmark[b->ps[pidx[k]]] = stamp;
+			pmark[b->pd[pidx[k]]] = stamp;
+		}
+		for (i = 0, np = 0; i < b->nparts; i++)
+			if (pmark[i] == stamp) {
+				psel[np++] = (uint32_t)i;
+				mmark[b->pmem[i]] = stamp;
+				plen += ppc.at[i + 1] - ppc.at[i];
+			}
+		for (i = 0, na = 0; i < b->nmem; i++)
+			if (mmark[i] == stamp) {
+				asel[na++] = (uint32_t)i;
+				tlen += apc.at[i + 1] - apc.at[i];
+			}
 		plan.job = &ref;
-		plan.peer_proto = PEER_PROTO_VERSION;
 		plan.epoch = j->coord_epoch;
 		plan.complete = b->complete;
-		plan.n_participants = b->nparts;
-		plan.participants = pp;
-		plan.n_entries = k;
-		plan.entries = sel;
-		plan.n_addresses = nm;
-		plan.addresses = ap;
-		plan.join_seq = m->join_seq;
-		if (j->auth) {
-			plan.join_nonce.data = m->nonce;
-			plan.join_nonce.len = sizeof(m->nonce);
+		tail.peer_proto = PEER_PROTO_VERSION;
+		tail.join_seq = m->join_seq;
+		tail.join_nonce.data = j->auth ? m->nonce : NULL;
+		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
+		if (b->changed[mi] &&
+		    member_part(m, b, pidx + poff[mi], poff[mi + 1] - poff[mi], b->mkey[mi]) < 0)
+			goto oom;
+		tlen += protobuf_c_message_get_packed_size(&tail.base);
+		if (buf_reserve(&pbody, &pcap, plen) < 0 || buf_reserve(&tbody, &tcap, tlen) < 0)
+			goto oom;
+		{
+			uint8_t *at = pbody;
+
+			for (i = 0; i < np; i++) {
+				size_t a0 = ppc.at[psel[i]], a1 = ppc.at[psel[i] + 1];
+
+				memcpy(at, ppc.buf + a0, a1 - a0);
+				at += a1 - a0;
+			}
+			at = tbody;
+			for (i = 0; i < na; i++) {
+				size_t a0 = apc.at[asel[i]], a1 = apc.at[asel[i] + 1];
+
+				memcpy(at, apc.buf + a0, a1 - a0);
+				at += a1 - a0;
+			}
+			protobuf_c_message_pack(&tail.base, at);
+			if (plen)
+				unknown_from(&uf[nu++], pbody, plen);
+			if (m->part_len)
+				unknown_from(&uf[nu++], m->part, m->part_len);
+			/* peer_proto (7) is never 0: the tail is never empty. */
+			unknown_from(&uf[nu++], tbody, tlen);
+			plan.base.n_unknown_fields = (unsigned)nu;
+			plan.base.unknown_fields = uf;
 		}
 		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
 		free(m->plan);
@@ -512,12 +1007,22 @@ static void send_plans(struct job *j, struct built *b)
 		member_done(j, m->node, st);
 	}
 	jctl_update(j->eng);
+	goto out;
+oom:
+	DLOG_E("job %s: out of memory sending plans", j->name);
 out:
 	free(pa);
-	free(pp);
-	free(sel);
+	free(poff);
+	free(pidx);
 	free(ae);
-	free(ap);
+	free(pmark);
+	free(mmark);
+	free(psel);
+	free(asel);
+	pieces_free(&ppc);
+	pieces_free(&apc);
+	free(pbody);
+	free(tbody);
 }
 
 /* A source that registers shards: the layout is every rank's table, and
@@ -578,30 +1083,79 @@ static int keep_shards(struct job *j, uint32_t rank, const char *shards)
 		return -ENOMEM;
 	free(j->src_shards[rank]);
 	j->src_shards[rank] = copy;
+	j->src_shards_gen++;
 	return 0;
 }
 
+/* The source layout to plan against, from the cache (built when its key
+ * changed); 0 when there is one, with b->complete set, else -1 (nothing
+ * is planned: no source, a layout that does not build, a sharded source
+ * not every rank of which sent its shards). */
+static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdesc,
+			const struct jpinfo **srcby, int *complete)
+{
+	int sharded = dte_layout_desc_sharded(srcdesc);
+	uint64_t gen = sharded ? j->src_shards_gen : 0;
+	char err[512];
+
+	if (strcmp(c->src_desc, srcdesc) || c->src_gen != gen) {
+		cache_drop(c);
+		snprintf(c->src_desc, sizeof(c->src_desc), "%s", srcdesc);
+		c->src_gen = gen;
+		c->src_ok = jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &c->src, err,
+					  sizeof(err)) == 0;
+	}
+	if (!c->src_ok)
+		return -1;
+	*complete = 1;
+	if (!sharded) {
+		for (size_t i = 0; i < c->src.npieces; i++)
+			if (!srcby[c->src.pieces[i].rank])
+				*complete = 0;
+		return 0;
+	}
+	for (uint32_t r = 0; r < c->src.nranks; r++)
+		if (!srcby[r])
+			*complete = 0;
+	if (!*complete)
+		return -1;	/* not every rank's shards are known: nothing to plan yet */
+	if (!c->src_full) {
+		if (sharded_sources(j, srcdesc, srcby, &c->src, complete, err, sizeof(err)) < 0) {
+			DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
+			c->src_ok = 0;
+			return -1;
+		}
+		c->src_full = 1;
+	}
+	return 0;
+}
+
+/* Every join and leave: the next term, and each member its part of the
+ * plan of everyone attached.  What depends only on layouts is cached
+ * (struct jplan_cache); what is rebuilt is the mapping of the cached
+ * entries onto the participants attached now, by sink rank. */
 static void replan(struct job *j)
 {
 	struct built b;
-	struct dte_layout src;
-	struct sinkplan *sp = NULL;
-	size_t nsp = 0, n = 0, i, s;
+	struct jplan_cache *c = j->plan_cache;
+	size_t n = 0, i, total = 0, packed = 0;
 	const struct jpinfo **srcby = NULL;
-	uint32_t *cnt = NULL;
+	uint32_t *srcidx = NULL, nranks = 0;
 	const char *srcdesc = NULL;
-	char err[512];
 	int have_src = 0;
 
 	memset(&b, 0, sizeof(b));
+	if (!c && !(c = j->plan_cache = calloc(1, sizeof(*c))))
+		goto oom;
 	for (struct jmember *m = j->members; m; m = m->next)
 		n += m->n;
 	b.parts = calloc(n ? n : 1, sizeof(*b.parts));
-	sp = calloc(n ? n : 1, sizeof(*sp));
-	if (!b.parts || !sp)
+	b.pmem = calloc(n ? n : 1, sizeof(*b.pmem));
+	if (!b.parts || !b.pmem)
 		goto oom;
-	for (struct jmember *m = j->members; m; m = m->next)
+	for (struct jmember *m = j->members; m; m = m->next, b.nmem++)
 		for (i = 0; i < m->n; i++) {
+			b.pmem[b.nparts] = (uint32_t)b.nmem;
 			b.parts[b.nparts++] = &m->p[i];
 			if (m->p[i].role == JROLE_SOURCE && !srcdesc)
 				srcdesc = m->p[i].layout;
@@ -617,101 +1171,129 @@ static void replan(struct job *j)
 	} else {
 		j->coord_epoch++;
 	}
-	if (srcdesc && jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &src, err, sizeof(err)) == 0) {
-		have_src = 1;
-		srcby = calloc(src.nranks, sizeof(*srcby));
-		cnt = calloc(src.nranks, sizeof(*cnt));
-		if (!srcby || !cnt)
+	if (srcdesc) {
+		char err[512];
+		struct dte_layout probe;
+
+		/* The rank count, before the cache is asked (it may hold the
+		 * sharded source's full layout, with the same ranks). */
+		if (!strcmp(c->src_desc, srcdesc) && c->src_ok) {
+			nranks = c->src.nranks;
+		} else if (jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &probe, err,
+					 sizeof(err)) == 0) {
+			nranks = probe.nranks;
+			dte_layout_fini(&probe);
+		}
+		srcby = calloc(nranks ? nranks : 1, sizeof(*srcby));
+		srcidx = calloc(nranks ? nranks : 1, sizeof(*srcidx));
+		if (!srcby || !srcidx)
 			goto oom;
 		for (i = 0; i < b.nparts; i++)
-			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < src.nranks &&
-			    !srcby[b.parts[i]->rank])
+			if (b.parts[i]->role == JROLE_SOURCE && b.parts[i]->rank < nranks &&
+			    !srcby[b.parts[i]->rank]) {
 				srcby[b.parts[i]->rank] = b.parts[i];
-		b.complete = 1;
-		for (i = 0; i < src.npieces; i++)
-			if (!srcby[src.pieces[i].rank])
-				b.complete = 0;
-		if (dte_layout_desc_sharded(srcdesc)) {
-			if (sharded_sources(j, srcdesc, srcby, &src, &b.complete, err, sizeof(err)) < 0) {
-				DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
-				have_src = 0;
-			} else if (!b.complete) {
-				/* Not every rank's shards are known: nothing to plan yet. */
-				dte_layout_fini(&src);
-				have_src = 0;
+				srcidx[b.parts[i]->rank] = (uint32_t)i;
+			}
+		have_src = nranks && cache_source(j, c, srcdesc, srcby, &b.complete) == 0;
+	}
+	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
+	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
+		goto oom;
+	b.c = c;
+	/* The pairs: one plan per distinct sink layout (cached), replicas
+	 * reuse it, each sink rank takes the entries of each attached source
+	 * rank from the index (pass 0).  A pair's entries are a function of
+	 * its key (struct jseg), a member's part of its pairs' keys in order:
+	 * the member's key.  Pass 1 finds each pair's packed entries in the
+	 * cache or packs them. */
+	for (int pass = 0; pass < 2 && have_src; pass++) {
+		size_t p = 0;
+
+		if (pass == 1) {
+			if (c->nseg + b.npairs > c->capseg / 2 &&
+			    seg_rehash(c, c->nseg + b.npairs, 1) < 0)
+				goto oom;
+			if (!(b.pslot = calloc(b.npairs ? b.npairs : 1, sizeof(*b.pslot))))
+				goto oom;
+		}
+		for (i = 0; i < b.nparts; i++) {
+			const struct jpinfo *dst = b.parts[i];
+			uint32_t md = b.pmem[i], top;
+			struct jsinkplan *s;
+
+			if (dst->role != JROLE_SINK)
+				continue;
+			if (!(s = cache_sink(j, c, dst->layout, dst->rank)))
+				goto oom;
+			s->used = 1;
+			if (!s->ok || dst->rank >= s->nranks)
+				continue;
+			top = s->nsrc < nranks ? s->nsrc : nranks;
+			for (uint32_t r = 0; r < top; r++) {
+				size_t k0 = s->off[(size_t)dst->rank * s->nsrc + r];
+				size_t k1 = s->off[(size_t)dst->rank * s->nsrc + r + 1];
+				uint64_t t[5] = { s->gen, dst->id, 0, dst->rank, r };
+				uint32_t ms;
+				size_t g;
+
+				if (k0 == k1 || !srcby[r])
+					continue;
+				t[2] = srcby[r]->id;
+				ms = b.pmem[srcidx[r]];
+				if (pass == 0) {
+					if (pair_add(&b, srcidx[r], (uint32_t)i, t) < 0)
+						goto oom;
+					b.mkey[md] = XXH64(t, sizeof(t), b.mkey[md]);
+					if (ms != md)
+						b.mkey[ms] = XXH64(t, sizeof(t), b.mkey[ms]);
+					total += k1 - k0;
+					continue;
+				}
+				g = seg_slot(c, t);
+				if (c->seg[g].bytes) {
+					c->seg[g].used = 1;
+				} else {
+					if (seg_build(&c->seg[g], t, s, k0, k1) < 0)
+						goto oom;
+					c->nseg++;
+					packed += k1 - k0;
+				}
+				b.pslot[p++] = g;
 			}
 		}
 	}
-	/* One plan per distinct sink layout; replicas reuse it. */
-	for (i = 0; have_src && i < b.nparts; i++) {
-		const struct jpinfo *p = b.parts[i];
-		struct dte_plan_opts opts = { 1, 0 };
+	{
+		size_t mi = 0;
 
-		if (p->role != JROLE_SINK)
-			continue;
-		for (s = 0; s < nsp; s++)
-			if (!strcmp(sp[s].desc, p->layout))
-				break;
-		if (s < nsp)
-			continue;
-		snprintf(sp[nsp].desc, sizeof(sp[nsp].desc), "%s", p->layout);
-		if (jlayout_build(j, JROLE_SINK, p->layout, p->rank, NULL, &sp[nsp].lay, err, sizeof(err)) == 0) {
-			if (dte_plan_build(&sp[nsp].plan, &j->spec, &src, &sp[nsp].lay, &opts, err,
-					   sizeof(err)) == 0)
-				sp[nsp].ok = 1;
-			else
-				DLOG_E("job %s: plan %s -> %s: %s", j->name, srcdesc, p->layout, err);
-			if (!sp[nsp].ok)
-				dte_layout_fini(&sp[nsp].lay);
-		}
-		nsp++;
+		for (struct jmember *m = j->members; m; m = m->next, mi++)
+			b.changed[mi] = !m->part_ok || m->part_hash != b.mkey[mi];
 	}
-	for (i = 0; have_src && i < b.nparts; i++) {
-		const struct jpinfo *dst = b.parts[i];
-
-		if (dst->role != JROLE_SINK)
-			continue;
-		for (s = 0; s < nsp && strcmp(sp[s].desc, dst->layout); s++)
-			;
-		if (s == nsp || !sp[s].ok)
-			continue;
-		memset(cnt, 0, src.nranks * sizeof(*cnt));
-		for (size_t q = 0; q < sp[s].plan.n; q++) {
-			struct dte_plan_entry ent, *pe = &ent;
-
-			dte_plan_entry(&sp[s].plan, q, pe);
-
-			if (pe->sink_rank != dst->rank || pe->src_rank >= src.nranks || !srcby[pe->src_rank])
-				continue;
-			if (built_add(&b, pe, srcby[pe->src_rank], dst, cnt[pe->src_rank]++) < 0)
-				goto oom;
-		}
-	}
+	if (have_src)
+		cache_sweep(c);
 	j->coord_complete = b.complete;
-	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries%s",
-	       j->name, (unsigned long long)j->coord_epoch,
+	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries in %zu "
+	       "pairs (%zu packed anew)%s", j->name, (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),
-	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, b.ne, b.complete ? "" : " (incomplete)");
+	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, b.npairs,
+	       packed, b.complete ? "" : " (incomplete)");
 	send_plans(j, &b);
+	/* Pairs no member has any more go. */
+	if (seg_rehash(c, c->nseg, 0) < 0)
+		DLOG_W("job %s: out of memory dropping old pairs' entries (kept)", j->name);
 	goto out;
 oom:
 	DLOG_E("job %s: out of memory planning", j->name);
 out:
-	for (s = 0; s < nsp; s++)
-		if (sp[s].ok) {
-			dte_plan_fini(&sp[s].plan);
-			dte_layout_fini(&sp[s].lay);
-		}
-	if (have_src)
-		dte_layout_fini(&src);
-	free(sp);
 	free(srcby);
-	free(cnt);
+	free(srcidx);
 	free(b.parts);
-	free(b.e);
-	free(b.maps);
-	free(b.esrc);
-	free(b.edst);
+	free(b.pmem);
+	free(b.ps);
+	free(b.pd);
+	free(b.pt);
+	free(b.pslot);
+	free(b.mkey);
+	free(b.changed);
 }
 
 static void refuse_join(struct job *j, const char *from, const char *why)

@@ -312,6 +312,13 @@ struct jmember {
 	uint8_t *plan;
 	size_t plan_len;
 	uint64_t plan_term, acked_term;
+	/* Its entries as the PLAN carries them (packed once, job_coord.c's
+	 * member_part), kept while a re-plan makes its part of the same
+	 * pairs from the same cached plans. */
+	uint8_t *part;
+	size_t part_len;
+	uint64_t part_hash;       /* the key of what it was made of */
+	int part_ok;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
 	uint64_t plan_retries;
@@ -386,6 +393,11 @@ struct job {
 	struct jmember *members;
 	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
 	uint32_t n_src_shards;
+	uint64_t src_shards_gen;  /* bumped with every shard table kept (the plan cache's key) */
+	/* Layouts and plans kept across re-plans (job_coord.c): a (source,
+	 * sink layout) plan depends on the spec and the two descriptions
+	 * alone. */
+	struct jplan_cache *plan_cache;
 	uint64_t coord_epoch;     /* term of the newest plan (peer_term(boot, counter)) */
 	int coord_complete;       /* that plan had every source rank attached */
 	/* counters and history */

@@ -69,3 +69,15 @@ $(B)/obj/daemon/job_snapshot.o: CFLAGS += -O3
 
 # The dense path's buffer pool (daemon/bufpool.c).
 UNIT_TESTS += test_bufpool
+
+# The coordinator's re-plan at 1000 nodes (issue 34; docs/BENCHMARKS.md,
+# "Re-plan at 1000 nodes"): one coordinator engine on a stub transport,
+# 128 source ranks and 112 sink replicas of tp=8 joining one per node.
+# BENCH_REPLAN_ARGS: e.g. --model tests/data/layout/models/qwen3-235b-a22b.json
+$(B)/tests/bench_replan: tests/bench/bench_replan.c $(INTERNAL_LIBS) $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
+		$(PKG_LIBS) -ldl
+
+bench-replan: $(B)/tests/bench_replan
+	$(B)/tests/bench_replan $(BENCH_REPLAN_ARGS)
