@@ -63,11 +63,15 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_reader_sm test_job_persist
 # N engines in one process on deterministic I/O (tests/unit/fixture.h):
 # two source files, so a rule of its own.
+# The fixture and its sync helpers (fixture_sync.c: sides, expected
+# sinks, requests), shared by the fixture's tests.
+FIXTURE_SRCS := tests/unit/fixture.c tests/unit/fixture_sync.c
+FIXTURE_DEPS := $(FIXTURE_SRCS) tests/unit/fixture.h tests/unit/fixture_sync.h \
+                tests/unit/tiny_llama_ref.h tests/unit/adamw_ref.h $(B)/lib/libdted.a $(GEN_HEADERS)
 UNIT_TESTS   += test_fixture
-$(B)/tests/test_fixture: tests/unit/test_fixture.c tests/unit/fixture.c tests/unit/fixture.h tests/unit/tiny_llama_ref.h \
-                         $(B)/lib/libdted.a $(GEN_HEADERS)
+$(B)/tests/test_fixture: tests/unit/test_fixture.c $(FIXTURE_DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) tests/unit/test_fixture.c tests/unit/fixture.c -o $@ $(LDFLAGS) \
+	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 # The errno -> status table, and a grep that the engine names no wire status.
 UNIT_TESTS   += test_derr
