@@ -83,8 +83,12 @@ extern void (*fxs_each_step)(void);
  * max_steps ran out or nothing could happen. */
 int fxs_await(struct fx *fx, uint32_t id, uint64_t max_steps);
 
+/* A deferred request not answered within its steps (no errno: the
+ * engine answers -ETIMEDOUT itself, an attach's deadline). */
+#define FXS_NOANSWER (-100000)
+
 /* Requests as a client sends them; 0 or a negative errno with the reason
- * in err (deferred ones awaited for max_steps: -ETIMEDOUT past it). */
+ * in err (deferred ones awaited for max_steps: FXS_NOANSWER past it). */
 int fxs_attach(struct fx *fx, struct dte_engine *e, struct side *sd, uint64_t conn, uint32_t id,
 	       const char *role, const char *desc, uint32_t replica, uint64_t max_steps,
 	       char *err, size_t errlen);

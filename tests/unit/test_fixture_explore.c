@@ -83,6 +83,7 @@
 #define STAGE_STEPS 20000ull
 #define REPAIRS 32		/* versions after the heal before "never converged" */
 #define RETIRED_MAX 64
+#define KEEPALIVE_NS 20000000000ull	/* a broken link noticed after 20 s */
 #define SRC_DESC "megatron:tp=1"
 #define SINK_DESC "sglang:tp=1"
 
@@ -117,12 +118,14 @@ struct xnode {
 	struct dte_engine *e;
 	char dir[64];		/* its job_state_dir */
 	struct tview member, coord;
-	int cut;
+	int cut;		/* partitioned */
+	int told;		/* ... and both ends heard its links go down */
+	uint64_t cut_since;	/* fix_now when it was cut off */
 };
 
 struct xstats {
 	uint64_t steps, actions, publishes, publish_refused, applies, apply_refused;
-	uint64_t partitions, downs, heals, leaves, joins, join_refused, restarts, coord_restarts;
+	uint64_t partitions, downs, keepalive_downs, heals, leaves, joins, join_refused, restarts, coord_restarts;
 	uint64_t sink_refused, repairs, records, cut;
 };
 
@@ -467,6 +470,25 @@ static void leave(unsigned k)
 	c->attached = 0;
 }
 
+/* Every partition ends.  One that lasted KEEPALIVE_NS or more was
+ * noticed by the transport meanwhile (UCX's keepalive): both ends hear
+ * its links go down, unless FX_SILENT (a transport that never notices:
+ * see the report in the file's header). */
+static void heal_all(void)
+{
+	for (unsigned i = 0; i < NODES; i++) {
+		if (!X.n[i].cut)
+			continue;
+		if (!X.n[i].told && !getenv("FX_SILENT") &&
+		    fix_now(X.fx) - X.n[i].cut_since >= KEEPALIVE_NS) {
+			X.s.keepalive_downs++;
+			fix_node_down(X.fx, i);
+		}
+		X.n[i].cut = 0;
+		fix_partition(X.fx, i, 0);
+	}
+}
+
 enum { A_PUBLISH, A_APPLY, A_RUN, A_PARTITION, A_HEAL, A_LEAVE, A_JOIN, A_RESTART, A_COORD_RESTART,
        A_N };
 static const unsigned weight[A_N] = { 22, 18, 20, 7, 7, 8, 8, 6, 4 };
@@ -485,6 +507,9 @@ static void act(void)
 		r -= weight[a++];
 	X.doing = aname[a];
 	X.s.actions++;
+	if (getenv("FX_TRACE"))
+		print_message("fixture-explore: step %llu action %u: %s (sink node%u)\n",
+			      (unsigned long long)cur_step(), X.act, X.doing, k);
 	switch (a) {
 	case A_PUBLISH:
 		publish_next();
@@ -499,20 +524,22 @@ static void act(void)
 		unsigned i = (unsigned)(xrnd() % NODES);
 
 		X.s.partitions++;
-		X.n[i].cut = 1;
-		fix_partition(X.fx, i, 1);
-		if (xrnd() % 2) {
+		if (!X.n[i].cut) {
+			X.n[i].cut = 1;
+			X.n[i].told = 0;
+			X.n[i].cut_since = fix_now(X.fx);
+			fix_partition(X.fx, i, 1);
+		}
+		if (!X.n[i].told && xrnd() % 2) {
 			X.s.downs++;
+			X.n[i].told = 1;
 			fix_node_down(X.fx, i);
 		}
 		break;
 	}
 	case A_HEAL:
 		X.s.heals++;
-		for (unsigned i = 0; i < NODES; i++) {
-			X.n[i].cut = 0;
-			fix_partition(X.fx, i, 0);
-		}
+		heal_all();
 		break;
 	case A_LEAVE:
 		leave(k);
@@ -584,10 +611,7 @@ static void converge(void)
 
 	X.doing = "converge";
 	X.act++;
-	for (unsigned i = 0; i < NODES; i++) {
-		X.n[i].cut = 0;
-		fix_partition(X.fx, i, 0);
-	}
+	heal_all();
 	fix_set_faults(X.fx, NULL);
 	for (unsigned k = 1; k < NODES; k++)
 		if (X.c[k].attached && X.c[k].replica != k - 1)
@@ -598,6 +622,17 @@ static void converge(void)
 				run_steps(RUN_MAX);
 	if (fix_run_until(X.fx, job_ready, NULL, CONVERGE_STEPS)) {
 		violation("the job never became complete with every pair after the heal");
+		for (unsigned i = 0; i < NODES; i++) {
+			struct job *j = job_find(X.n[i].e, "fx");
+
+			print_message("  node%u: term %llx%s coordinator's %llx, %s, participant %llx "
+				      "%s\n", i, j ? (unsigned long long)j->epoch : 0ull,
+				      j && j->complete ? " complete," : "",
+				      j ? (unsigned long long)j->coord_epoch : 0ull,
+				      X.c[i].attached ? "attached" : "detached",
+				      (unsigned long long)X.c[i].sd.participant,
+				      j && j->join_acked < j->join_seq ? "(JOIN unacknowledged)" : "");
+		}
 		return;
 	}
 	for (tries = 0; tries < REPAIRS; tries++) {
@@ -711,6 +746,7 @@ static void test_fixture_explore(void **state)
 		t.apply_refused += s.apply_refused;
 		t.partitions += s.partitions;
 		t.downs += s.downs;
+		t.keepalive_downs += s.keepalive_downs;
 		t.heals += s.heals;
 		t.leaves += s.leaves;
 		t.joins += s.joins;
@@ -736,12 +772,13 @@ static void test_fixture_explore(void **state)
 		assert_int_equal(a.publish_refused, b.publish_refused);
 	}
 	print_message("fixture-explore: publishes=%llu (refused %llu) applies=%llu (refused %llu) "
-		      "partitions_with_down=%llu heals=%llu joins_refused=%llu "
+		      "partitions_told=%llu (keepalive %llu) heals=%llu joins_refused=%llu "
 		      "coordinator_restarts=%llu records=%llu cut=%llu sink_refusals=%llu "
 		      "repair_versions=%llu\n",
 		      (unsigned long long)t.publishes, (unsigned long long)t.publish_refused,
 		      (unsigned long long)t.applies, (unsigned long long)t.apply_refused,
-		      (unsigned long long)t.downs, (unsigned long long)t.heals,
+		      (unsigned long long)t.downs, (unsigned long long)t.keepalive_downs,
+		      (unsigned long long)t.heals,
 		      (unsigned long long)t.join_refused, (unsigned long long)t.coord_restarts,
 		      (unsigned long long)t.records, (unsigned long long)t.cut,
 		      (unsigned long long)t.sink_refused, (unsigned long long)t.repairs);
