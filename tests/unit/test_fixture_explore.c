@@ -112,7 +112,15 @@ struct client {
 	unsigned gen;		/* connections made */
 	int attached;
 	uint32_t replica;
+	/* PARKED: in wait_staged (request park_id), its weights may hold part
+	 * of a version (apply on arrival); ORPHANED: its connection closed
+	 * while parked, the daemon undoes on a worker: unread until it
+	 * attaches again. */
+	int park;
+	uint32_t park_id;
 };
+
+enum { UNPARKED, PARKED, ORPHANED };
 
 struct xnode {
 	struct dte_engine *e;
@@ -127,6 +135,8 @@ struct xstats {
 	uint64_t steps, actions, publishes, publish_refused, applies, apply_refused;
 	uint64_t partitions, downs, keepalive_downs, heals, leaves, joins, join_refused, restarts, coord_restarts;
 	uint64_t sink_refused, repairs, records, cut;
+	uint64_t parks, parks_staged, parks_expired, orphaned;
+	uint64_t arrival_parts, arrival_versions, arrival_undos, arrival_retreats;
 };
 
 static struct {
@@ -223,6 +233,46 @@ static int64_t version_of(uint64_t h)
 	return -1;
 }
 
+/* The sink's participant at node k, or NULL. */
+static struct jlocal *sink_local(unsigned k)
+{
+	struct job *j = X.n[k].e ? job_find(X.n[k].e, "fx") : NULL;
+
+	for (struct jlocal *l = j ? j->locals : NULL; l; l = l->next)
+		if (l->info.role == JROLE_SINK && l->owner == X.c[k].conn)
+			return l;
+	return NULL;
+}
+
+/* Whether version v is staged in place at sink k (applied on arrival,
+ * verified, not yet applied: docs/SYNC.md, "Apply on arrival"), or may
+ * be: an apply on a worker took the staged versions up to
+ * jsink.applying, in place ones among them. */
+static int in_place(unsigned k, uint64_t v)
+{
+	struct jlocal *l = sink_local(k);
+
+	if (l && jsink_of(l)->applying && v <= jsink_of(l)->applying)
+		return 1;
+	for (const struct jstaged *st = l ? jsink_of(l)->staged : NULL; st; st = st->next)
+		if (st->in_place && st->version == v)
+			return 1;
+	return 0;
+}
+
+/* The arrival counters of the sink at node k, before it goes. */
+static void sink_counts(unsigned k)
+{
+	struct jlocal *l = k ? sink_local(k) : NULL;
+
+	if (!l)
+		return;
+	X.s.arrival_parts += jsink_of(l)->arrival_parts;
+	X.s.arrival_versions += jsink_of(l)->arrival_versions;
+	X.s.arrival_undos += jsink_of(l)->arrival_undos;
+	X.s.arrival_retreats += jsink_of(l)->arrival_retreats;
+}
+
 static void check(void)
 {
 	for (unsigned i = 0; i < NODES; i++) {
@@ -247,9 +297,20 @@ static void check(void)
 	}
 	for (unsigned k = 1; k < NODES; k++) {
 		struct client *c = &X.c[k];
-		uint64_t h = side_hash(&c->sd), staged = 0, applied = 0;
-		int64_t v = version_of(h);
+		uint64_t h, staged = 0, applied = 0;
+		int64_t v;
 
+		if (c->park == PARKED && ans.seen[c->park_id & 255]) {
+			c->park = UNPARKED;
+			if (ans.rc[c->park_id & 255])
+				X.s.parks_expired++;
+			else
+				X.s.parks_staged++;
+		}
+		if (c->park != UNPARKED)
+			continue;
+		h = side_hash(&c->sd);
+		v = version_of(h);
 		if (v < 0)
 			violation("sink node%u holds no whole version (hash %016llx)", k,
 				  (unsigned long long)h);
@@ -258,7 +319,8 @@ static void check(void)
 		if (applied > staged)
 			violation("sink node%u: applied v%llu > staged v%llu", k,
 				  (unsigned long long)applied, (unsigned long long)staged);
-		if (applied && v >= 0 && (uint64_t)v != applied)
+		if (applied && v >= 0 && (uint64_t)v != applied &&
+		    ((uint64_t)v < applied || !in_place(k, (uint64_t)v)))
 			violation("sink node%u applied v%llu but holds v%lld", k,
 				  (unsigned long long)applied, (long long)v);
 	}
@@ -342,6 +404,8 @@ static int client_join(unsigned i, uint32_t replica)
 	}
 	c->attached = 1;
 	c->replica = replica;
+	if (c->park == ORPHANED)
+		c->park = UNPARKED;
 	return 0;
 }
 
@@ -364,8 +428,11 @@ static void node_restart(unsigned i)
 	int n;
 
 	sink_refusals(i);
+	sink_counts(i);
 	dte_engine_free(X.n[i].e);
 	X.n[i].e = NULL;
+	/* Shutdown undoes what arrived before the buffers go (job_sink.c). */
+	c->park = UNPARKED;
 	if (c->conn)
 		dbuf_release_owner(c->conn);
 	c->conn = 0;
@@ -436,7 +503,7 @@ static void apply_at(unsigned k)
 	char err[512];
 	int rc;
 
-	if (!c->attached || fxs_query(X.n[k].e, c->conn, &c->sd, &staged, &applied) ||
+	if (!c->attached || c->park || fxs_query(X.n[k].e, c->conn, &c->sd, &staged, &applied) ||
 	    staged <= applied)
 		return;
 	rc = fxs_apply(X.fx, X.n[k].e, &c->sd, c->conn, ++X.next_id, staged, &rep, WAIT_STEPS, err,
@@ -460,7 +527,14 @@ static void leave(unsigned k)
 	if (!c->attached)
 		return;
 	X.s.leaves++;
-	if (xrnd() % 2) {
+	sink_counts(k);
+	if (c->park == PARKED) {
+		/* Its thread waits in wait_staged: only its connection can go. */
+		X.s.orphaned++;
+		c->park = ORPHANED;
+		job_conn_gone(X.n[k].e, c->conn);
+		c->conn = 0;
+	} else if (xrnd() % 2) {
 		if (job_detach(X.n[k].e, c->conn, "fx", c->sd.participant, err, sizeof(err)))
 			violation("node%u: detach: %s", k, err);
 	} else {
@@ -489,11 +563,37 @@ static void heal_all(void)
 	}
 }
 
+/* Sink k's client waits in wait_staged for up to 2 s (parked: the next
+ * version may go on arrival into its weights). */
+static void park(unsigned k)
+{
+	struct client *c = &X.c[k];
+	struct jwait_args rq = { 0 };
+	struct jstaged_res rep = { 0 };
+	char err[512];
+	int deferred = 0;
+	uint32_t id = ++X.next_id;
+
+	if (!c->attached || c->park)
+		return;
+	rq.job = "fx";
+	rq.participant = c->sd.participant;
+	rq.timeout_ms = 1 + (uint32_t)(xrnd() % 2000);
+	ans.seen[id & 255] = 0;
+	if (job_wait_staged(X.n[k].e, RQ(c->conn, id), &rq, &rep, &deferred, err, sizeof(err)) ||
+	    !deferred)
+		return;	/* answered now: something is staged already */
+	X.s.parks++;
+	c->park = PARKED;
+	c->park_id = id;
+}
+
 enum { A_PUBLISH, A_APPLY, A_RUN, A_PARTITION, A_HEAL, A_LEAVE, A_JOIN, A_RESTART, A_COORD_RESTART,
-       A_N };
-static const unsigned weight[A_N] = { 22, 18, 20, 7, 7, 8, 8, 6, 4 };
+       A_PARK, A_N };
+static const unsigned weight[A_N] = { 22, 18, 20, 7, 7, 8, 8, 6, 4, 10 };
 static const char *const aname[A_N] = { "publish", "apply", "run", "partition", "heal",
-					"leave", "join", "restart", "coordinator restart" };
+					"leave", "join", "restart", "coordinator restart",
+					"park" };
 
 static void act(void)
 {
@@ -557,6 +657,9 @@ static void act(void)
 	case A_COORD_RESTART:
 		node_restart(0);
 		break;
+	case A_PARK:
+		park(k);
+		break;
 	}
 	check();
 }
@@ -613,6 +716,9 @@ static void converge(void)
 	X.act++;
 	heal_all();
 	fix_set_faults(X.fx, NULL);
+	for (unsigned k = 1; k < NODES; k++)
+		if (X.c[k].park == PARKED && fxs_await(X.fx, X.c[k].park_id, WAIT_STEPS))
+			violation("node%u: wait_staged never answered", k);
 	for (unsigned k = 1; k < NODES; k++)
 		if (X.c[k].attached && X.c[k].replica != k - 1)
 			leave(k);
@@ -675,9 +781,11 @@ static void schedule_end(void)
 
 	X.doing = "end";
 	fxs_each_step = NULL;
-	for (unsigned i = NODES; i-- > 0;)
+	for (unsigned i = NODES; i-- > 0;) {
+		sink_counts(i);
 		if (X.c[i].conn)
 			job_conn_gone(X.n[i].e, X.c[i].conn);
+	}
 	fix_settle(X.fx, CONVERGE_STEPS);
 	fix_stats(X.fx, &st);
 	X.s.steps = st.steps;
@@ -755,6 +863,14 @@ static void test_fixture_explore(void **state)
 		t.coord_restarts += s.coord_restarts;
 		t.sink_refused += s.sink_refused;
 		t.repairs += s.repairs;
+		t.parks += s.parks;
+		t.parks_staged += s.parks_staged;
+		t.parks_expired += s.parks_expired;
+		t.orphaned += s.orphaned;
+		t.arrival_parts += s.arrival_parts;
+		t.arrival_versions += s.arrival_versions;
+		t.arrival_undos += s.arrival_undos;
+		t.arrival_retreats += s.arrival_retreats;
 		t.records += s.records;
 		t.cut += s.cut;
 	}
@@ -782,6 +898,12 @@ static void test_fixture_explore(void **state)
 		      (unsigned long long)t.join_refused, (unsigned long long)t.coord_restarts,
 		      (unsigned long long)t.records, (unsigned long long)t.cut,
 		      (unsigned long long)t.sink_refused, (unsigned long long)t.repairs);
+	print_message("fixture-explore: parks=%llu (staged %llu, expired %llu, orphaned %llu) "
+		      "on arrival: parts=%llu versions=%llu undos=%llu retreats=%llu\n",
+		      (unsigned long long)t.parks, (unsigned long long)t.parks_staged,
+		      (unsigned long long)t.parks_expired, (unsigned long long)t.orphaned,
+		      (unsigned long long)t.arrival_parts, (unsigned long long)t.arrival_versions,
+		      (unsigned long long)t.arrival_undos, (unsigned long long)t.arrival_retreats);
 	print_message("fixture-explore: nodes=%d schedules=%llu steps=%llu actions=%llu "
 		      "partitions=%llu leaves=%llu joins=%llu restarts=%llu violations=%llu\n", NODES,
 		      (unsigned long long)schedules, (unsigned long long)t.steps,
