@@ -30,9 +30,11 @@ void (*fxs_each_step)(void);
 
 int fxs_setup(void **state)
 {
+	const char *d = getenv("FX_DEBUG");
 	char err[256];
 
-	dlog_init(getenv("FX_DEBUG") ? DLOG_DEBUG : DLOG_ERROR);
+	/* FX_DEBUG=1: every line; FX_DEBUG=warn (a level's name): that level. */
+	dlog_init(!d ? DLOG_ERROR : dlog_level_parse(d) >= 0 ? dlog_level_parse(d) : DLOG_DEBUG);
 	fxs_config = slurp("tests/data/layout/tiny-llama-gqa.json");
 	if (dte_spec_load_string(&fxs_spec, fxs_config, err, sizeof(err)) < 0)
 		return -1;

@@ -428,6 +428,8 @@ static int client_join(unsigned i, uint32_t replica)
 	return 0;
 }
 
+/* What the sink node i's job refused (job.refused: versions it refused,
+ * records it dropped as stale or malformed), before its engine goes. */
 static void sink_refusals(unsigned i)
 {
 	struct job *j = X.n[i].e ? job_find(X.n[i].e, "fx") : NULL;
@@ -920,7 +922,7 @@ static void test_fixture_explore(void **state)
 	}
 	print_message("fixture-explore: publishes=%llu (refused %llu) applies=%llu (refused %llu) "
 		      "partitions_told=%llu (keepalive %llu) heals=%llu joins_refused=%llu "
-		      "coordinator_restarts=%llu records=%llu cut=%llu sink_refusals=%llu "
+		      "coordinator_restarts=%llu records=%llu cut=%llu refused_at_sinks=%llu "
 		      "repair_versions=%llu\n",
 		      (unsigned long long)t.publishes, (unsigned long long)t.publish_refused,
 		      (unsigned long long)t.applies, (unsigned long long)t.apply_refused,
