@@ -658,10 +658,33 @@ void fix_partition(struct fx *fx, unsigned i, int on)
 	fx->nodes[i].cut = !!on;
 }
 
+/* What is queued between node i and the others is lost: its links broke
+ * (as route_ucx.c drops a node's pending records before it tells the
+ * engine the node went down, nothing sent before the down arrives after
+ * it). */
+static void links_drop(struct fx *fx, unsigned i)
+{
+	struct fx_rec **pp = &fx->recs;
+
+	while (*pp) {
+		struct fx_rec *r = *pp;
+
+		if (r->from != r->to && (r->from == i || r->to == i)) {
+			*pp = r->next;
+			fx->nrecs--;
+			fx->st.cut++;
+			rec_free(r);
+		} else {
+			pp = &r->next;
+		}
+	}
+}
+
 void fix_node_down(struct fx *fx, unsigned i)
 {
 	struct fx_node *n = &fx->nodes[i];
 
+	links_drop(fx, i);
 	for (unsigned k = 0; k < fx->n; k++) {
 		struct fx_node *o = &fx->nodes[k];
 
@@ -678,10 +701,11 @@ void fix_node_gone(struct fx *fx, unsigned i)
 {
 	struct fx_rec **pp = &fx->recs;
 
+	/* Its own records to itself went with the process too. */
 	while (*pp) {
 		struct fx_rec *r = *pp;
 
-		if (r->from == i || r->to == i) {
+		if (r->from == i && r->to == i) {
 			*pp = r->next;
 			fx->nrecs--;
 			fx->st.cut++;
@@ -690,6 +714,7 @@ void fix_node_gone(struct fx *fx, unsigned i)
 			pp = &r->next;
 		}
 	}
+	links_drop(fx, i);
 	for (unsigned k = 0; k < fx->n; k++) {
 		struct fx_node *o = &fx->nodes[k];
 

@@ -75,9 +75,10 @@ void fix_set_faults(struct fx *fx, const struct fx_faults *faults);
  * delivery).  Nobody is told; fix_node_down tells them. */
 void fix_partition(struct fx *fx, unsigned i, int on);
 /* The connections between node i and every other node broke, as a
- * transport sees it: each other node's engine hears node i go down, and
- * node i's hears each of them go down (the engines' node-down,
- * engine_io.h). */
+ * transport sees it: the records queued on them are lost (route_ucx.c
+ * drops a node's pending records before it reports it down), each other
+ * node's engine hears node i go down, and node i's hears each of them go
+ * down (the engines' node-down, engine_io.h). */
 void fix_node_down(struct fx *fx, unsigned i);
 /* Node i's process ended (its engine is freed, or about to be): the
  * records queued to or from it are lost, and the others hear it go down.

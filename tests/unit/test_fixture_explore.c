@@ -579,6 +579,8 @@ static void heal_all(void)
 			X.s.keepalive_downs++;
 			fix_node_down(X.fx, i);
 		}
+		if (getenv("FX_TRACE"))
+			print_message("fixture-explore: node%u heals\n", i);
 		X.n[i].cut = 0;
 		fix_partition(X.fx, i, 0);
 	}
@@ -656,6 +658,9 @@ static void act(void)
 			X.n[i].told = 1;
 			fix_node_down(X.fx, i);
 		}
+		if (getenv("FX_TRACE"))
+			print_message("fixture-explore: node%u cut off%s\n", i,
+				      X.n[i].told ? ", told" : "");
 		break;
 	}
 	case A_HEAL:
