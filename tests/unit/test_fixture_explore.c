@@ -152,7 +152,8 @@ struct xnode {
 
 struct xstats {
 	uint64_t steps, actions, publishes, publish_refused, applies, apply_refused;
-	uint64_t partitions, downs, keepalive_downs, heals, leaves, joins, join_refused, restarts, coord_restarts;
+	uint64_t partitions, downs, keepalive_downs, heals;
+	uint64_t leaves, joins, join_refused, restarts, coord_restarts;
 	uint64_t sink_refused, repairs, records, cut;
 	uint64_t parks, parks_staged, parks_expired, orphaned;
 	uint64_t arrival_parts, arrival_versions, arrival_undos, arrival_retreats;
