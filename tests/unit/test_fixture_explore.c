@@ -62,6 +62,16 @@
  *    FX_SILENT=1 FX_SEED=0xe8b10045 FX_SCHEDULES=1 shows it.  A real
  *    transport notices a broken link (UCX keepalive), so by default a
  *    partition of KEEPALIVE_NS or more ends with both ends told.
+ *  - A node's leave of its last participant is a JOIN with none, not
+ *    retried (docs/SYNC.md says so); when it is lost (FX_DROP, or a
+ *    partition nobody is told of) the coordinator keeps a ghost
+ *    participant: it stays planned, the source keeps sending it versions
+ *    ("not attached here (dropped)"), and its replica is refused to every
+ *    other node ("already attached on node2") until that node attaches
+ *    something again or goes down.  FX_DEBUG=info FX_DROP=3 FX_DUP=20
+ *    FX_REORDER=40 FX_SEED=0x5001ae FX_SCHEDULES=1 shows it (node2 from
+ *    action 45 on); the heal below attaches in rounds, so node2's own
+ *    attach clears it.
  *
  * FX_EXPLORE (environment) sets how many schedules (default below),
  * FX_SEED the first seed (with FX_SEED set, FX_SCHEDULES counts too, so
