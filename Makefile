@@ -120,9 +120,12 @@ system-test: all
 # The fixture's seeded schedules (tests/unit/test_fixture.c): the issue's
 # 2000 per run in the plain pass (~2 min here), 100 under the sanitizers.
 FX_SCHEDULES ?= $(if $(filter 1,$(SANITIZE)),100,2000)
+# The schedule explorer's (tests/unit/test_fixture_explore.c): ~80 ms of
+# CPU each here, 200 per run in the plain pass, 20 under the sanitizers.
+FX_EXPLORE ?= $(if $(filter 1,$(SANITIZE)),20,200)
 
 test: all $$(UNIT_BINS)
-	@B=$(B) PYTHON=$(PYTHON) FX_SCHEDULES=$(FX_SCHEDULES) ./tests/run-all.sh $(UNIT_BINS) -- $(SYSTEM_TESTS)
+	@B=$(B) PYTHON=$(PYTHON) FX_SCHEDULES=$(FX_SCHEDULES) FX_EXPLORE=$(FX_EXPLORE) ./tests/run-all.sh $(UNIT_BINS) -- $(SYSTEM_TESTS)
 
 list-tests:
 	@printf 'unit %s\n' $(UNIT_BINS)

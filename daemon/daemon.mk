@@ -67,13 +67,25 @@ INTERNAL_LIBS += $(B)/lib/libdted.a
 UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_reader_sm test_job_persist
 # N engines in one process on deterministic I/O (tests/unit/fixture.h):
 # two source files, so a rule of its own.
-UNIT_TESTS   += test_fixture
+# test_fixture: one scenario per seed; test_fixture_explore: seeded
+# schedules of publish, apply, join, leave, restart and partition.  Both
+# share the fixture and its sync helpers (fixture_sync.c).
+FIXTURE_SRCS := tests/unit/fixture.c tests/unit/fixture_sync.c
+FIXTURE_DEPS := $(FIXTURE_SRCS) tests/unit/fixture.h tests/unit/fixture_sync.h \
+                tests/unit/tiny_llama_ref.h tests/unit/adamw_ref.h $(B)/lib/libdted.a $(GEN_HEADERS)
+UNIT_TESTS   += test_fixture test_fixture_explore
 # The coordinator's re-plan: cached plans give what a plan from scratch gives.
 UNIT_TESTS   += test_replan
-$(B)/tests/test_fixture: tests/unit/test_fixture.c tests/unit/fixture.c tests/unit/fixture.h tests/unit/tiny_llama_ref.h \
-                         $(B)/lib/libdted.a $(GEN_HEADERS)
+$(B)/tests/test_fixture: tests/unit/test_fixture.c $(FIXTURE_DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) tests/unit/test_fixture.c tests/unit/fixture.c -o $@ $(LDFLAGS) \
+	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) \
+		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
+# Its nodes restart one at a time: dbuf_fini (the process's buffer
+# registry, which the last dte_engine_free ends) is wrapped, so the test
+# itself ends the registry once a schedule's last engine is gone.
+$(B)/tests/test_fixture_explore: tests/unit/test_fixture_explore.c $(FIXTURE_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) -Wl,--wrap=dbuf_fini \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 # Two engines in one process share the buffer registry (the last one ends it).
 UNIT_TESTS   += test_engines

@@ -17,6 +17,7 @@ struct fx_node {
 	dte_io_down_fn down;
 	dte_io_seal_fn seal;
 	void *engine;
+	int cut;		/* partitioned: records to and from it are lost */
 };
 
 struct dte_timer {
@@ -311,6 +312,11 @@ static int io_send(void *ctx, const char *node, const char *address, Dtep__PeerM
 		return -EINVAL;
 	if (!to)
 		return -EHOSTUNREACH;
+	if (to != n && (n->cut || to->cut)) {
+		fx->st.records++;
+		fx->st.cut++;
+		return 0;	/* sent into a broken link */
+	}
 	if (to != n && n->seal) {
 		if ((rc = n->seal(n->engine, type, msg, data, len, mac)) < 0)
 			return rc;
@@ -535,6 +541,11 @@ static void deliver(struct fx *fx, struct fx_rec *r)
 {
 	struct fx_node *to = &fx->nodes[r->to];
 
+	if (r->from != r->to && (to->cut || fx->nodes[r->from].cut)) {
+		fx->st.cut++;
+		rec_free(r);
+		return;
+	}
 	fx->st.delivered++;
 	if (to->recv)
 		to->recv(to->engine, fx->nodes[r->from].name, r->type, r->hdr, r->hdrlen, r->data,
@@ -640,4 +651,74 @@ int fix_settle(struct fx *fx, uint64_t max_steps)
 			return -1;
 	}
 	return -1;
+}
+
+void fix_partition(struct fx *fx, unsigned i, int on)
+{
+	fx->nodes[i].cut = !!on;
+}
+
+/* What is queued between node i and the others is lost: its links broke
+ * (as route_ucx.c drops a node's pending records before it tells the
+ * engine the node went down, nothing sent before the down arrives after
+ * it). */
+static void links_drop(struct fx *fx, unsigned i)
+{
+	struct fx_rec **pp = &fx->recs;
+
+	while (*pp) {
+		struct fx_rec *r = *pp;
+
+		if (r->from != r->to && (r->from == i || r->to == i)) {
+			*pp = r->next;
+			fx->nrecs--;
+			fx->st.cut++;
+			rec_free(r);
+		} else {
+			pp = &r->next;
+		}
+	}
+}
+
+void fix_node_down(struct fx *fx, unsigned i)
+{
+	struct fx_node *n = &fx->nodes[i];
+
+	links_drop(fx, i);
+	for (unsigned k = 0; k < fx->n; k++) {
+		struct fx_node *o = &fx->nodes[k];
+
+		if (k == i)
+			continue;
+		if (o->down)
+			o->down(o->engine, n->name);
+		if (n->down)
+			n->down(n->engine, o->name);
+	}
+}
+
+void fix_node_gone(struct fx *fx, unsigned i)
+{
+	struct fx_rec **pp = &fx->recs;
+
+	/* Its own records to itself went with the process too. */
+	while (*pp) {
+		struct fx_rec *r = *pp;
+
+		if (r->from == i && r->to == i) {
+			*pp = r->next;
+			fx->nrecs--;
+			fx->st.cut++;
+			rec_free(r);
+		} else {
+			pp = &r->next;
+		}
+	}
+	links_drop(fx, i);
+	for (unsigned k = 0; k < fx->n; k++) {
+		struct fx_node *o = &fx->nodes[k];
+
+		if (k != i && o->down)
+			o->down(o->engine, fx->nodes[i].name);
+	}
 }

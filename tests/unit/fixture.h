@@ -39,6 +39,7 @@ struct fx_faults {
 struct fix_stats {
 	uint64_t steps, records, delivered, dropped, duplicated, reordered;
 	uint64_t works, wakes, timers;
+	uint64_t cut;		/* records lost to a partition or a node's restart */
 };
 
 /* A fixture of n nodes (named node0..node<n-1>, at "fx:<i>") with seed
@@ -68,5 +69,20 @@ uint64_t fix_now(const struct fx *fx);
 void fix_stats(const struct fx *fx, struct fix_stats *st);
 /* Faults from here on (e.g. none, to let a run converge). */
 void fix_set_faults(struct fx *fx, const struct fx_faults *faults);
+
+/* Node i cut off (on) or reachable again (off): while it is cut off,
+ * every record to or from it is lost, those queued included (at their
+ * delivery).  Nobody is told; fix_node_down tells them. */
+void fix_partition(struct fx *fx, unsigned i, int on);
+/* The connections between node i and every other node broke, as a
+ * transport sees it: the records queued on them are lost (route_ucx.c
+ * drops a node's pending records before it reports it down), each other
+ * node's engine hears node i go down, and node i's hears each of them go
+ * down (the engines' node-down, engine_io.h). */
+void fix_node_down(struct fx *fx, unsigned i);
+/* Node i's process ended (its engine is freed, or about to be): the
+ * records queued to or from it are lost, and the others hear it go down.
+ * A new engine may attach to the same I/O (fix_io) afterwards. */
+void fix_node_gone(struct fx *fx, unsigned i);
 
 #endif
