@@ -13,7 +13,7 @@
 #include <cmocka.h>
 #include "daemon/coord_sm.h"
 #include "proto/peer_protocol.h"
-#include "tests/unit/doc_table.h"
+#include "tests/unit/doc_sm.h"
 
 /* Columns: join_new, join_seen, join_empty, join_refused, leave,
  * leave_last, plan_sent, ack_current, ack_other, retry_due, deadline,
@@ -49,29 +49,34 @@ static void cell_of(enum coord_mstate s, enum coord_mevent e, char *got, size_t 
 	}
 }
 
+static void member_cell(int s, int e, char *got, size_t len)
+{
+	cell_of((enum coord_mstate)s, (enum coord_mevent)e, got, len);
+}
+
+static const char *member_state(int s)
+{
+	return coord_sm_state_name((enum coord_mstate)s);
+}
+
+static const char *member_event(int e)
+{
+	return coord_sm_event_name((enum coord_mevent)e);
+}
+
+static const struct doc_sm member_sm = {
+	"member", COORD_M_COUNT, COORD_EV_COUNT, member_cell, member_state, member_event
+};
+
 static void test_every_cell(void **state)
 {
-	unsigned cells = 0, acting = 0;
+	unsigned acting;
 
 	(void)state;
-	for (int s = 0; s < COORD_M_COUNT; s++) {
-		for (int e = 0; e < COORD_EV_COUNT; e++) {
-			char got[96];
-
-			assert_non_null(want[s][e]);
-			cell_of((enum coord_mstate)s, (enum coord_mevent)e, got, sizeof(got));
-			if (strcmp(got, want[s][e]))
-				fail_msg("%s × %s: %s, the table says %s",
-					 coord_sm_state_name((enum coord_mstate)s),
-					 coord_sm_event_name((enum coord_mevent)e), got, want[s][e]);
-			acting += strcmp(got, "-") != 0;
-			cells++;
-		}
-	}
-	assert_int_equal(cells, COORD_M_COUNT * COORD_EV_COUNT);
+	acting = doc_sm_check_want(&member_sm, &want[0][0]);
 	assert_int_equal(coord_sm_step(COORD_M_COUNT, COORD_EV_JOIN_NEW).act, COORD_A_NONE);
 	assert_int_equal(coord_sm_step(COORD_M_ACKED, COORD_EV_COUNT).act, COORD_A_NONE);
-	print_message("coord-sm: cells=%u acting=%u\n", cells, acting);
+	print_message("coord-sm: cells=%d acting=%u\n", COORD_M_COUNT * COORD_EV_COUNT, acting);
 }
 
 /* What every member state does for its node going away, and that only a
@@ -224,43 +229,14 @@ static void test_plan_cases(void **state)
 
 static void test_doc_member_table(void **state)
 {
-	static struct doc_table t;
-	int rows = doc_table_read("docs/SYNC.md", "| member state \xef\xbc\xbc event",
-				  COORD_EV_COUNT, &t);
-	unsigned seen = 0, dashes = 0;
+	unsigned dashes;
+	int rows = doc_sm_check(&member_sm, "docs/SYNC.md", "| member state \xef\xbc\xbc event",
+				&dashes);
 
 	(void)state;
 	if (rows == -1) {
 		skip();
 		return;
-	}
-	if (rows < 0)
-		fail_msg("docs/SYNC.md: member table: %d %s", rows, t.bad);
-	assert_int_equal(rows, COORD_M_COUNT);
-	for (int r = 0; r < rows; r++) {
-		int s = -1;
-
-		for (int k = 0; k < COORD_M_COUNT; k++)
-			if (!strcmp(t.cell[r][0], coord_sm_state_name((enum coord_mstate)k)))
-				s = k;
-		if (s < 0)
-			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
-		assert_false(seen & (1u << s));
-		seen |= 1u << s;
-		for (int e = 0; e < COORD_EV_COUNT; e++) {
-			const char *doc = t.cell[r][1 + e];
-			char got[96];
-
-			cell_of((enum coord_mstate)s, (enum coord_mevent)e, got, sizeof(got));
-			if (!strcmp(doc, "\xe2\x80\x94")) {
-				doc = "-";
-				dashes++;
-			}
-			if (strcmp(doc, got))
-				fail_msg("docs/SYNC.md %s × %s: the doc says \"%s\", the code \"%s\"",
-					 coord_sm_state_name((enum coord_mstate)s),
-					 coord_sm_event_name((enum coord_mevent)e), doc, got);
-		}
 	}
 	print_message("coord-sm-doc: rows=%d cols=%d dashes=%u\n", rows, COORD_EV_COUNT, dashes);
 }

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "daemon/reader_sm.h"
-#include "tests/unit/doc_table.h"
+#include "tests/unit/doc_sm.h"
 
 /* Columns: announced, read, read_staged, read_not_staged, read_skipped,
  * applied, apply_failed, not_applied, gone.  "-" is the table's "—". */
@@ -39,30 +39,35 @@ static void cell_of(enum reader_sstate s, enum reader_sevent e, char *got, size_
 	}
 }
 
+static void reader_cell(int s, int e, char *got, size_t len)
+{
+	cell_of((enum reader_sstate)s, (enum reader_sevent)e, got, len);
+}
+
+static const char *reader_state(int s)
+{
+	return reader_sm_state_name((enum reader_sstate)s);
+}
+
+static const char *reader_event(int e)
+{
+	return reader_sm_event_name((enum reader_sevent)e);
+}
+
+static const struct doc_sm reader_sm = {
+	"reader", READER_S_COUNT, READER_EV_COUNT, reader_cell, reader_state, reader_event
+};
+
 static void test_every_cell(void **state)
 {
-	unsigned cells = 0, acting = 0;
+	unsigned acting;
 
 	(void)state;
-	for (int s = 0; s < READER_S_COUNT; s++) {
-		for (int e = 0; e < READER_EV_COUNT; e++) {
-			char got[96];
-
-			assert_non_null(want[s][e]);
-			cell_of((enum reader_sstate)s, (enum reader_sevent)e, got, sizeof(got));
-			if (strcmp(got, want[s][e]))
-				fail_msg("%s × %s: %s, the table says %s",
-					 reader_sm_state_name((enum reader_sstate)s),
-					 reader_sm_event_name((enum reader_sevent)e), got, want[s][e]);
-			acting += strcmp(got, "-") != 0;
-			cells++;
-		}
-	}
-	assert_int_equal(cells, READER_S_COUNT * READER_EV_COUNT);
+	acting = doc_sm_check_want(&reader_sm, &want[0][0]);
 	/* out of range: nothing */
 	assert_int_equal(reader_sm_step(READER_S_COUNT, READER_EV_READ).act, READER_A_NONE);
 	assert_int_equal(reader_sm_step(READER_S_DENSE, READER_EV_COUNT).act, READER_A_NONE);
-	print_message("reader-sm: cells=%u acting=%u\n", cells, acting);
+	print_message("reader-sm: cells=%d acting=%u\n", READER_S_COUNT * READER_EV_COUNT, acting);
 }
 
 /* The rules the storage reader stands on (docs/STORAGE.md, "Reader"). */
@@ -161,43 +166,14 @@ static void test_walk(void **state)
  * test runs from the repo root). */
 static void test_doc_table(void **state)
 {
-	static struct doc_table t;
-	int rows = doc_table_read("docs/SYNC.md", "| reader sink \xef\xbc\xbc event", READER_EV_COUNT,
-				  &t);
-	unsigned seen = 0, dashes = 0;
+	unsigned dashes;
+	int rows = doc_sm_check(&reader_sm, "docs/SYNC.md", "| reader sink \xef\xbc\xbc event",
+				&dashes);
 
 	(void)state;
 	if (rows == -1) {
 		skip();
 		return;
-	}
-	if (rows < 0)
-		fail_msg("docs/SYNC.md: reader table: %d %s", rows, t.bad);
-	assert_int_equal(rows, READER_S_COUNT);
-	for (int r = 0; r < rows; r++) {
-		int s = -1;
-
-		for (int k = 0; k < READER_S_COUNT; k++)
-			if (!strcmp(t.cell[r][0], reader_sm_state_name((enum reader_sstate)k)))
-				s = k;
-		if (s < 0)
-			fail_msg("docs/SYNC.md: a row of no state: \"%s\"", t.cell[r][0]);
-		assert_false(seen & (1u << s));
-		seen |= 1u << s;
-		for (int e = 0; e < READER_EV_COUNT; e++) {
-			const char *doc = t.cell[r][1 + e];
-			char got[96];
-
-			cell_of((enum reader_sstate)s, (enum reader_sevent)e, got, sizeof(got));
-			if (!strcmp(doc, "\xe2\x80\x94")) {
-				doc = "-";
-				dashes++;
-			}
-			if (strcmp(doc, got))
-				fail_msg("docs/SYNC.md %s × %s: the doc says \"%s\", the code \"%s\"",
-					 reader_sm_state_name((enum reader_sstate)s),
-					 reader_sm_event_name((enum reader_sevent)e), doc, got);
-		}
 	}
 	print_message("reader-sm-doc: rows=%d cols=%d dashes=%u\n", rows, READER_EV_COUNT, dashes);
 }
