@@ -1165,6 +1165,8 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 
 		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsink_counts(j, from, m, hdr, hdrlen);
+		if (j && jsink_ahead_oldest(j))
+			jctl_update(e);	/* its wait for the plan is timed (jctl_retry) */
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD: {
@@ -1172,6 +1174,8 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 
 		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
 			jsink_payload(j, from, m, data, len);
+		if (j && jsink_ahead_oldest(j))
+			jctl_update(e);	/* its wait for the plan is timed (jctl_retry) */
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {

@@ -256,6 +256,22 @@ void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m)
 	member_done(j, from, st);
 }
 
+/* Records of a term newer than the plan held (job_sink_intake.c) wait
+ * for its PLAN.  Past the longest retry interval that PLAN is taken as
+ * lost (the coordinator gives a PLAN up at its deadline, and a partition
+ * no end noticed can outlast it), and the member asks again: its JOIN
+ * once more, which the coordinator answers with the current plan and
+ * nothing else (a duplicate JOIN; proto/peer_protocol.h); at most once a
+ * retry interval.  The fixture's explorer found the stall
+ * (test_fixture_explore, FX_SILENT).  When that ask is due. */
+static uint64_t ahead_ask_ns(const struct job *j)
+{
+	uint64_t wait = (uint64_t)PEER_RETRY_MAX_MS * 1000000u;
+	uint64_t t = jsink_ahead_oldest(j) + wait;
+
+	return j->ahead_asked_ns && j->ahead_asked_ns + wait > t ? j->ahead_asked_ns + wait : t;
+}
+
 static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 {
 	int any = 0;
@@ -271,6 +287,13 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 			if (m->next_ns < *soonest)
 				*soonest = m->next_ns;
 		}
+	if (!j->is_coord && jsink_ahead_oldest(j)) {
+		uint64_t t = ahead_ask_ns(j);
+
+		any = 1;
+		if (t < *soonest)
+			*soonest = t;
+	}
 	return any;
 }
 
@@ -309,6 +332,15 @@ void jctl_retry(struct dte_engine *e)
 			       j->name, (unsigned long long)j->join_seq,
 			       (unsigned long long)j->join_retries, j->join_backoff_ms * 2 <
 			       PEER_RETRY_MAX_MS ? j->join_backoff_ms * 2 : PEER_RETRY_MAX_MS);
+			job_send_join_again(j);
+		}
+		if (!j->is_coord && jsink_ahead_oldest(j) && now >= ahead_ask_ns(j)) {
+			j->ahead_asked_ns = now;
+			j->ahead_asks++;
+			DLOG_N("job %s: records of a newer term have waited %llu ms for its plan; "
+			       "asking the coordinator %s again", j->name,
+			       (unsigned long long)((now - jsink_ahead_oldest(j)) / 1000000u),
+			       j->coordinator);
 			job_send_join_again(j);
 		}
 		for (struct jmember *m = j->members; m; m = m->next) {

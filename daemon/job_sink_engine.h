@@ -20,6 +20,8 @@
  * keep waiting.  jsink_ahead_free: the job goes. */
 void jsink_ahead_replay(struct job *j);
 void jsink_ahead_free(struct job *j);
+/* When the oldest record still waiting came (jio_now), 0: none waits. */
+uint64_t jsink_ahead_oldest(const struct job *j);
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
 		  size_t hdrlen);
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,

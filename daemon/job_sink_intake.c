@@ -296,6 +296,11 @@ void jsink_ahead_replay(struct job *j)
 	}
 }
 
+uint64_t jsink_ahead_oldest(const struct job *j)
+{
+	return j->ahead ? j->ahead->t_ns : 0;
+}
+
 void jsink_ahead_free(struct job *j)
 {
 	struct jahead *a;

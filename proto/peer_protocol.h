@@ -60,7 +60,10 @@
  * record of a newer term (one whose PLAN the member would adopt: the
  * records and the PLAN travel separately and overtake each other) waits
  * for that PLAN, bounded in records, bytes and time
- * (daemon/job_sink_intake.c), and goes in once it is adopted.
+ * (daemon/job_sink_intake.c), and goes in once it is adopted; one
+ * still waiting after PEER_RETRY_MAX_MS makes the member send its JOIN
+ * again (a duplicate, answered with the current PLAN), at most once per
+ * PEER_RETRY_MAX_MS: the PLAN may have been given up at its deadline.
  *
  * ## Acknowledgement and retry
  * JOIN: retried while the member has not seen a PLAN echoing its newest
