@@ -1120,9 +1120,10 @@ static int keep_shards(struct job *j, uint32_t rank, const char *shards)
 }
 
 /* The source layout to plan against, from the cache (built when its key
- * changed); 0 when there is one, with b->complete set, else -1 (nothing
- * is planned: no source, a layout that does not build, a sharded source
- * not every rank of which sent its shards). */
+ * changed); 0 when there is one, with *complete set, else a negative
+ * errno and nothing is planned: -EINVAL a layout that does not build (or
+ * shard tables that do not fit it, logged), -EAGAIN a sharded source not
+ * every rank of which sent its shards yet. */
 static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdesc,
 			const struct jpinfo **srcby, int *complete)
 {
@@ -1138,7 +1139,7 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
 					  sizeof(err)) == 0;
 	}
 	if (!c->src_ok)
-		return -1;
+		return -EINVAL;
 	*complete = 1;
 	if (!sharded) {
 		for (size_t i = 0; i < c->src.npieces; i++)
@@ -1150,12 +1151,12 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
 		if (!srcby[r])
 			*complete = 0;
 	if (!*complete)
-		return -1;	/* not every rank's shards are known: nothing to plan yet */
+		return -EAGAIN;	/* not every rank's shards are known: nothing to plan yet */
 	if (!c->src_full) {
 		if (sharded_sources(j, srcdesc, srcby, &c->src, complete, err, sizeof(err)) < 0) {
 			DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
 			c->src_ok = 0;
-			return -1;
+			return -EINVAL;
 		}
 		c->src_full = 1;
 	}

@@ -10,6 +10,7 @@
  * Calls: job_sink_aoa.c, job_sink_stage.c, job_sink_version.c,
  * job_state.c.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,8 +213,8 @@ static int term_ahead(const struct job *j, uint64_t epoch)
 	return v == COORD_P_ADOPT || v == COORD_P_ADOPT_NEW_BOOT;
 }
 
-/* 0 when the record now waits for the plan of its term; -1 when it
- * cannot (a bound reached, no memory): the caller refuses it. */
+/* 0 when the record now waits for the plan of its term; -ENOSPC (a bound
+ * reached) or -ENOMEM when it cannot: the caller refuses it. */
 static int ahead_keep(struct job *j, uint64_t epoch, Dtep__PeerMsgType type, const char *from,
 		      const ProtobufCMessage *msg, const void *data, size_t len)
 {
@@ -242,12 +243,12 @@ static int ahead_keep(struct job *j, uint64_t epoch, Dtep__PeerMsgType type, con
 		ahead_free_one(a);
 	}
 	if (j->ahead_n >= JAHEAD_MAX_RECORDS || j->ahead_bytes + hl + len > JAHEAD_MAX_BYTES)
-		return -1;
+		return -ENOSPC;
 	if (!(a = calloc(1, sizeof(*a))) || !(a->hdr = malloc(hl ? hl : 1)) ||
 	    (len && !(a->data = malloc(len)))) {
 		if (a)
 			ahead_free_one(a);
-		return -1;
+		return -ENOMEM;
 	}
 	a->epoch = epoch;
 	a->t_ns = now;
