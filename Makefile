@@ -81,12 +81,13 @@ $(B)/obj/%.o: %.c $(GEN_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
--include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/tests -name '*.d' 2>/dev/null)
 
-# Unit tests: one CMocka binary per module, linked with every internal library.
+# Unit tests: one CMocka binary per module, linked with every internal
+# library; their headers tracked too (a test's own, e.g. tests/unit/*.h).
 $(B)/tests/%: tests/unit/%.c $(INTERNAL_LIBS) $(GEN_HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
 		$(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 
 asan:
