@@ -10,24 +10,26 @@
  * JOIN_EMPTY, JOIN_REFUSED, LEAVE, LEAVE_LAST, PLAN_SENT, ACK_CURRENT,
  * ACK_OTHER, RETRY_DUE, DEADLINE, NODE_DOWN). */
 static const struct coord_step table[COORD_M_COUNT][COORD_EV_COUNT] = {
-	[COORD_M_ABSENT] = { S(PLANNED, REPLAN), NO(ABSENT), NO(ABSENT), S(ABSENT, REFUSE),
-			     NO(ABSENT), NO(ABSENT), NO(ABSENT), NO(ABSENT), S(ABSENT, IGNORE),
-			     NO(ABSENT), NO(ABSENT), NO(ABSENT) },
-	[COORD_M_JOINED] = { S(PLANNED, REPLAN), S(JOINED, RESEND), S(ABSENT, REMOVE),
+	/* A JOIN with no participants is answered, member or not: the
+	 * member retries it until then (a lost one left a ghost). */
+	[COORD_M_ABSENT] = { S(PLANNED, REPLAN), NO(ABSENT), S(ABSENT, ANSWER),
+			     S(ABSENT, REFUSE), NO(ABSENT), NO(ABSENT), NO(ABSENT), NO(ABSENT),
+			     S(ABSENT, IGNORE), NO(ABSENT), NO(ABSENT), NO(ABSENT) },
+	[COORD_M_JOINED] = { S(PLANNED, REPLAN), S(JOINED, RESEND), S(ABSENT, DEPART),
 			     S(JOINED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			     S(PLANNED, SEND), NO(JOINED), S(JOINED, IGNORE), NO(JOINED),
 			     NO(JOINED), S(ABSENT, REMOVE) },
-	[COORD_M_PLANNED] = { S(PLANNED, REPLAN), S(PLANNED, RESEND), S(ABSENT, REMOVE),
+	[COORD_M_PLANNED] = { S(PLANNED, REPLAN), S(PLANNED, RESEND), S(ABSENT, DEPART),
 			      S(PLANNED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			      S(PLANNED, SEND), S(ACKED, ACK), S(PLANNED, IGNORE),
 			      S(PLANNED, RETRY), S(EXPIRED, GIVE_UP), S(ABSENT, REMOVE) },
 	/* A duplicate PLAN_ACK changes nothing. */
-	[COORD_M_ACKED] = { S(PLANNED, REPLAN), S(ACKED, RESEND), S(ABSENT, REMOVE),
+	[COORD_M_ACKED] = { S(PLANNED, REPLAN), S(ACKED, RESEND), S(ABSENT, DEPART),
 			    S(ACKED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			    S(PLANNED, SEND), NO(ACKED), S(ACKED, IGNORE), NO(ACKED), NO(ACKED),
 			    S(ABSENT, REMOVE) },
 	/* A late acknowledgement still counts; a JOIN is answered, not re-armed. */
-	[COORD_M_EXPIRED] = { S(PLANNED, REPLAN), S(EXPIRED, RESEND), S(ABSENT, REMOVE),
+	[COORD_M_EXPIRED] = { S(PLANNED, REPLAN), S(EXPIRED, RESEND), S(ABSENT, DEPART),
 			      S(EXPIRED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			      S(PLANNED, SEND), S(ACKED, ACK), S(EXPIRED, IGNORE), NO(EXPIRED),
 			      NO(EXPIRED), S(ABSENT, REMOVE) },
@@ -74,7 +76,7 @@ const char *coord_sm_action_name(enum coord_maction a)
 {
 	static const char *const n[COORD_A_COUNT] = {
 		"-", "refuse", "replan", "remove", "resend", "send", "ack", "ignore", "retry",
-		"give_up",
+		"give_up", "depart", "answer",
 	};
 
 	return (unsigned)a < COORD_A_COUNT ? n[a] : "?";

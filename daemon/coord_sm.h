@@ -57,6 +57,8 @@ enum coord_maction {
 	COORD_A_IGNORE,           /* logged, nothing changes */
 	COORD_A_RETRY,            /* send its PLAN again, backoff ×2 */
 	COORD_A_GIVE_UP,          /* logged, no more retries (its JOIN retry or going down takes over) */
+	COORD_A_DEPART,           /* remove it, re-plan the others, answer its JOIN (an empty PLAN) */
+	COORD_A_ANSWER,           /* answer its JOIN with a PLAN of the term holding nothing for it */
 	COORD_A_COUNT
 };
 

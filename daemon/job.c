@@ -1049,10 +1049,11 @@ static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refus
 				fresh = 1;
 			}
 		/* A refusal answers the JOIN of a new participant (its attach
-		 * fails with the reason and a new JOIN goes without it).  A
+		 * fails with the reason and a new JOIN goes without it), and
+		 * a leave (no participant stays: nothing to retry for).  A
 		 * rejoin of planned participants keeps being retried: a
 		 * restarted coordinator may not know the job yet. */
-		if (fresh)
+		if (fresh || !j->locals)
 			j->join_acked = j->join_seq;
 	}
 }

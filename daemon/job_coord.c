@@ -62,8 +62,11 @@ void job_send_join_again(struct job *j)
 }
 
 /* Every JOIN is acknowledged by a PLAN echoing its join_seq and retried
- * until then (jctl_retry); one with no participants is not (nothing is
- * left here to plan for). */
+ * until then (jctl_retry), one with no participants too: the leave of a
+ * node's last participant, lost and not retried, left a ghost at the
+ * coordinator (planned, sent versions, its replica refused to everyone
+ * else: test_fixture_explore found it).  The coordinator answers that one
+ * with a PLAN holding nothing for this node (answer_empty). */
 static void send_join(struct job *j, int retry)
 {
 	Dtep__Join m = DTEP__JOIN__INIT;
@@ -111,8 +114,6 @@ static void send_join(struct job *j, int retry)
 		m.nonce.data = j->auth_nonce;
 		m.nonce.len = sizeof(j->auth_nonce);
 	}
-	if (!n)
-		j->join_acked = j->join_seq;
 	if (!retry)
 		j->join_backoff_ms = 0;
 	if (j->join_backoff_ms < PEER_RETRY_FIRST_MS)
@@ -123,8 +124,8 @@ static void send_join(struct job *j, int retry)
 	rc = jio_send(j->eng, j->is_coord ? jio_self(j->eng) : NULL, j->is_coord ? NULL : j->coordinator,
 			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
 	if (rc < 0) {
-		DLOG_W("job %s: cannot reach the coordinator %s: %s%s", j->name, j->coordinator,
-		       strerror(-rc), n ? " (retried)" : "");
+		DLOG_W("job %s: cannot reach the coordinator %s: %s (retried)", j->name,
+		       j->coordinator, strerror(-rc));
 		for (struct jlocal *l = j->locals; l; l = l->next)
 			if (!l->announced && !l->refused[0])
 				snprintf(l->refused, sizeof(l->refused),
@@ -276,7 +277,7 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 {
 	int any = 0;
 
-	if (j->locals && j->join_acked < j->join_seq) {
+	if (j->join_acked < j->join_seq) {
 		any = 1;
 		if (j->join_next_ns < *soonest)
 			*soonest = j->join_next_ns;
@@ -326,7 +327,7 @@ void jctl_retry(struct dte_engine *e)
 	uint64_t now = jio_now(e);
 
 	for (struct job *j = e->jobs; j; j = j->next) {
-		if (j->locals && j->join_acked < j->join_seq && now >= j->join_next_ns) {
+		if (j->join_acked < j->join_seq && now >= j->join_next_ns) {
 			j->join_retries++;
 			DLOG_I("job %s: JOIN %llu not acknowledged; sent again (retry %llu, next in %u ms)",
 			       j->name, (unsigned long long)j->join_seq,
@@ -1376,6 +1377,38 @@ static void join_refused(struct job *j, const char *node, const char *from, cons
 	member_done(j, node, st);
 }
 
+/* Answers a JOIN with no participants, from a member that left or from
+ * a node no longer one (a retry, or a duplicate): a PLAN of the current
+ * term holding nothing for that node, echoing its join_seq (and its
+ * nonce), which acknowledges the JOIN.  Not kept and not retried: the
+ * node's JOIN retry asks again.  Its PLAN_ACK comes from no member and
+ * is ignored. */
+static void answer_empty(struct job *j, const char *node, const Dtep__Join *m)
+{
+	Dtep__Plan plan = DTEP__PLAN__INIT;
+	Dtep__JobRef ref;
+	int rc;
+
+	if (!j->coord_epoch)
+		replan(j);	/* no term yet (no member ever): draw one */
+	job_fill_ref(j, &ref);
+	plan.job = &ref;
+	plan.epoch = j->coord_epoch;
+	plan.peer_proto = PEER_PROTO_VERSION;
+	plan.join_seq = m->join_seq;
+	if (j->auth && m->nonce.len == sizeof(((struct jmember *)0)->nonce))
+		plan.join_nonce = m->nonce;
+	rc = jio_send(j->eng, node, m->address, DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &plan.base,
+		      NULL, 0);
+	if (rc < 0)
+		DLOG_W("job %s: cannot answer the leave of %s (JOIN %llu): %s; its retry asks "
+		       "again", j->name, node, (unsigned long long)m->join_seq, strerror(-rc));
+	else
+		DLOG_I("job %s: %s holds no participant (JOIN %llu): answered with plan %llx",
+		       j->name, node, (unsigned long long)m->join_seq,
+		       (unsigned long long)j->coord_epoch);
+}
+
 void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 {
 	const char *node = m->node && *m->node ? m->node : from;
@@ -1484,14 +1517,14 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	if (!m->n_participants) {
 		free(np);
 		st = member_step(j, node, mem, COORD_EV_JOIN_EMPTY);
-		if (st.act == COORD_A_NONE)
-			return;	/* not a member: nothing to leave */
-		if (st.act != COORD_A_REMOVE) {
+		if (st.act == COORD_A_DEPART) {
+			member_remove(j, node);
+			replan(j);
+		} else if (st.act != COORD_A_ANSWER) {	/* not a member (any more) */
 			member_bad_action(j, node, COORD_EV_JOIN_EMPTY, st);
 			return;
 		}
-		member_remove(j, node);
-		replan(j);
+		answer_empty(j, node, m);
 		member_done(j, node, st);
 		return;
 	}
@@ -1589,8 +1622,12 @@ void jmember_coord_down(struct job *j, const char *node)
 	if (j->is_coord || !j->coord_node[0] || strcmp(node, j->coord_node) || j->coord_down)
 		return;
 	j->coord_down = 1;
-	if (!j->locals)
+	if (!j->locals) {
+		/* A leave not answered yet needs no answer now: a coordinator
+		 * that went down, or heard this node go down, forgot it. */
+		j->join_acked = j->join_seq;
 		return;
+	}
 	j->rejoins++;
 	DLOG_W("job %s: the coordinator %s (%s) went down; rejoining when it answers", j->name,
 	       node, j->coordinator);
