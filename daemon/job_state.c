@@ -141,8 +141,6 @@ int job_send_to_node(struct job *j, const char *node, Dtep__PeerMsgType type,
 {
 	int rc;
 
-	if (j->eng->drop_send && j->eng->drop_send(node, type, msg, data, len))
-		return 0;	/* lost on the way, as far as anyone here can tell */
 	rc = jio_send(j->eng, node, job_node_address(j, node), type, msg, data, len);
 
 	if (rc < 0)
@@ -159,10 +157,6 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 {
 	int rc;
 
-	if (j->eng->drop_send && j->eng->drop_send(node, type, msg, data, len)) {
-		release(data, rarg);
-		return 0;	/* lost on the way, as far as anyone here can tell */
-	}
 	rc = j->eng->io.send_given(j->eng->io.ctx, node, job_node_address(j, node), type, msg,
 				   data, len, release, rarg);
 	if (rc < 0)

@@ -570,9 +570,6 @@ struct dte_engine {
 	void (*ev_progress)(struct dte_engine *e);   /* job.c: job_check_waiters */
 	void (*ev_sink_staged)(struct job *j, struct jlocal *l); /* jstore_sink_staged */
 	int  (*ev_committing)(struct dte_engine *e); /* jstore_committing */
-	/* Tests: return nonzero to drop an outgoing record (a lost message). */
-	int (*drop_send)(const char *node, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
-			 const void *data, size_t len);
 	/* Extension points (job_ext.h): a test build's hooks, copied from
 	 * job_ext_builtin at dte_engine_new when one is linked; all NULL in
 	 * production.  A unit test may set its engine's own. */

@@ -59,6 +59,7 @@
 #include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/unit/io_filter.h"
 
 /* The engine under test: the test's own instance (job.h). */
 static struct dte_engine *eng;
@@ -780,9 +781,16 @@ static void setup(void)
 
 	FUZZ_CHECK(uv_loop_init(&loop) == 0, "loop");
 	FUZZ_CHECK(route_init(&loop, "fz", "") == 0, "route_init");
-	eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu");
-	FUZZ_CHECK(eng != NULL, "dte_engine_new");
-	eng->drop_send = hold_hook;
+	{
+		struct dte_engine_io io;
+
+		/* The source's records are held by the test (io_filter.h). */
+		FUZZ_CHECK(dte_engine_io_uv(&loop, &io) == 0, "dte_engine_io_uv");
+		io_filter_wrap(&io);
+		eng = dte_engine_new_io(&io, dtc_backend_cpu(), "cpu");
+	}
+	FUZZ_CHECK(eng != NULL, "dte_engine_new_io");
+	io_filter_set(hold_hook);
 	eng->part_bytes = 512;          /* versions go in several parts */
 	jc.name = "fj";
 	jc.model_config = config;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "tests/unit/slurp.h"
+#include "tests/unit/io_filter.h"
 #include <uv.h>
 #include "daemon/recvpool.h"
 #include "daemon/buf.h"
@@ -948,14 +949,14 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(publish(9, 4, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
-	eng->drop_send = drop_some;
+	io_filter_set(drop_some);
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
 	drop_version = 10;
 	adamw_step(5, 55);
 	assert_int_equal(publish(10, 5, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
-	eng->drop_send = NULL;
+	io_filter_set(NULL);
 	refused0 = j->refused;
 	snapshot(&snap);
 	adamw_step(6, 66);
@@ -981,7 +982,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	/* At most one unacknowledged version under a sparse one: with the
 	 * STAGED of 13 and 14 lost, 14 may still build on 13 (12 was
 	 * acknowledged), 15 may not. */
-	eng->drop_send = drop_some;
+	io_filter_set(drop_some);
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED;
 	drop_version = 13;
 	adamw_step(8, 88);
@@ -993,7 +994,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	adamw_step(10, 100);
 	assert_int_equal(publish(15, 10, &pr), 0);
 	assert_int_equal(pr.dense, 1);
-	eng->drop_send = NULL;
+	io_filter_set(NULL);
 	assert_int_equal(staged(), 15);
 	apply_ok(15);
 	check_exact();
@@ -1281,7 +1282,7 @@ static void test_parts(void **state)
 	attach(&src, SRC_CONN, "source", "megatron:tp=1");
 	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
 	assert_true(j->complete);
-	eng->drop_send = hold_some;
+	io_filter_set(hold_some);
 
 	/* Many versions: dense, then sparse; some applied as a chain of 3. */
 	publish_exact(v++, ++step, 1);
@@ -1546,7 +1547,7 @@ static void test_parts(void **state)
 		assert_int_equal(dbuf_count(NULL), src.n);
 	}
 
-	eng->drop_send = NULL;
+	io_filter_set(NULL);
 	eng->part_bytes = 0;
 	job_conn_gone(eng, SINK_CONN);
 	job_conn_gone(eng, SRC_CONN);
@@ -1614,7 +1615,7 @@ static void test_arrival(void **state)
 	attach(&src, SRC_CONN, "source", "megatron:tp=1");
 	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
 	assert_true(j->complete);
-	eng->drop_send = hold_some;
+	io_filter_set(hold_some);
 	k = jsink_of(job_local(j, sink.participant));
 	publish_exact(v++, ++step, 1);
 	publish_exact(v++, ++step, 0);
@@ -1884,7 +1885,7 @@ static void test_arrival(void **state)
 		      (unsigned long long)k->arrival_undos, (unsigned long long)k->arrival_retreats);
 
 	held_clear();
-	eng->drop_send = NULL;
+	io_filter_set(NULL);
 	eng->part_bytes = 0;
 	job_conn_gone(eng, SINK_CONN);
 	job_conn_gone(eng, SRC_CONN);
@@ -2193,8 +2194,16 @@ static int setup(void **state)
 	uv_loop_init(&loop);
 	if (route_init(&loop, "unit", "") < 0)
 		return -1;
-	if (!(eng = dte_engine_new(&loop, dtc_backend_cpu(), "cpu")))
-		return -1;
+	{
+		struct dte_engine_io io;
+
+		/* Lost records come from the test's filter (io_filter.h). */
+		if (dte_engine_io_uv(&loop, &io) < 0)
+			return -1;
+		io_filter_wrap(&io);
+		if (!(eng = dte_engine_new_io(&io, dtc_backend_cpu(), "cpu")))
+			return -1;
+	}
 	/* These tests check which versions go sparse: no dense for cost
 	 * (test_pair_sm and tests/system/sync_mode.py cover that choice). */
 	job_set_mode_policy(eng, PAIR_MODE_SPARSE);
