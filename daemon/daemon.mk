@@ -87,6 +87,13 @@ $(B)/tests/test_fixture_explore: tests/unit/test_fixture_explore.c $(FIXTURE_DEP
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) -Wl,--wrap=dbuf_fini \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
+# The engine's own tests run on the fixture's I/O too (one node).
+$(B)/tests/test_job: tests/unit/test_job.c tests/unit/fixture.c tests/unit/fixture.h \
+                     tests/unit/io_filter.h tests/unit/adamw_ref.h $(B)/lib/libdted.a $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ tests/unit/test_job.c tests/unit/fixture.c -o $@ \
+		$(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) \
+		$(CMOCKA_LIBS) -ldl
 # Two engines in one process share the buffer registry (the last one ends it).
 UNIT_TESTS   += test_engines
 $(B)/tests/test_engines: tests/unit/test_engines.c tests/unit/fixture.c tests/unit/fixture.h \

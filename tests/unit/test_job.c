@@ -1,5 +1,6 @@
-/* tests/unit/test_job.c — the sync engine in-process: one daemon's loop,
- * real memfd buffers, a Megatron TP=1 source stepping AdamW as torch does
+/* tests/unit/test_job.c — the sync engine in-process: one node on the
+ * deterministic fixture (tests/unit/fixture.h: its clock, workers and
+ * transport; no real time), real memfd buffers, a Megatron TP=1 source stepping AdamW as torch does
  * (adamw_ref.h) and an SGLang TP=1 sink.  Dense then sparse versions must
  * land exactly: every sink element is checked against the trainer's θ
  * through a mapping written here from Megatron's and SGLang's own layout
@@ -21,8 +22,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "tests/unit/slurp.h"
+#include "tests/unit/fixture.h"
 #include "tests/unit/io_filter.h"
-#include <uv.h>
 #include "daemon/recvpool.h"
 #include "daemon/buf.h"
 #include "daemon/job.h"
@@ -34,7 +35,6 @@
 #include "daemon/job_ops.h"
 #include "daemon/layout/layout.h"
 #include "daemon/log.h"
-#include "daemon/route.h"
 #include "proto/peer_auth.h"
 #include "gpu/backend.h"
 #include "gpu/codec.h"
@@ -54,7 +54,11 @@ static struct dte_engine *eng;
 static void catch_done(const struct jreq *rq, int rc, const char *err, const struct jres *res);
 #define RQ(c, i) (&(struct jreq){ .conn = (c), .id = (i), .done = catch_done })
 
-static uv_loop_t loop;
+/* The engine's I/O: one node of the fixture, no faults (lost records
+ * come from io_filter.h); the seed orders what is ready at once. */
+static struct fx *fx;
+#define FX_SEED 0x7e57106ull
+#define STEPS 4000000ull	/* a request answered, or everything settled */
 static char *config;
 static struct dte_spec spec;
 
@@ -71,21 +75,14 @@ struct side {
 static struct side src, sink, sink2;
 static uint32_t attach_replica;   /* replica of the next attach */
 
-/* Runs the loop a while, and until no sink task (staging, apply, verify:
- * daemon/job_task.c) is left on a worker. */
+/* Runs the node until nothing is left to do but timers: no record in
+ * flight, no work on a worker (staging, apply, verify: daemon/job_task.c),
+ * no wake. */
 static void spin(void)
 {
-	uint64_t t0 = uv_hrtime();
-
-	for (int i = 0; i < 20; i++)
-		uv_run(&loop, UV_RUN_NOWAIT);
-	while (eng->tasks) {
-		uv_run(&loop, UV_RUN_ONCE);
-		if (uv_hrtime() - t0 > 30000000000ull)
-			fail_msg("a sink task still runs after 30 s");
-		for (int i = 0; i < 20; i++)
-			uv_run(&loop, UV_RUN_NOWAIT);
-	}
+	if (fix_settle(fx, STEPS) < 0)
+		fail_msg("the engine never settled in %llu steps", STEPS);
+	assert_int_equal(eng->tasks, 0);
 }
 
 static void side_register(struct side *sd, uint64_t conn, const char *desc, int role)
@@ -271,17 +268,16 @@ static int drop_some(const char *node, Dtep__PeerMsgType type, const ProtobufCMe
 	       type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && v == drop_version;
 }
 
-/* Runs the loop until the deferred answer number n came. */
+static int answered(void *arg)
+{
+	return answer.n >= *(const int *)arg;
+}
+
+/* Runs the node until the deferred answer number n came. */
 static void await_answer(int n)
 {
-	uint64_t t0 = uv_hrtime();
-
-	while (answer.n < n) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		if (uv_hrtime() - t0 > 30000000000ull)
-			fail_msg("no deferred answer in 30 s");
-		uv_sleep(1);
-	}
+	if (fix_run_until(fx, answered, &n, STEPS) < 0)
+		fail_msg("deferred answer %d never came (have %d)", n, answer.n);
 }
 
 /* Set: publish() also checks that a second publish while the first one's
@@ -327,7 +323,7 @@ static int publish(uint64_t version, int64_t step, struct jpublish_res *rep)
 			rq.version = version;
 		}
 		if (st == 0 && deferred) {
-			/* Captured on a worker: the answer comes through the loop. */
+			/* Captured on a worker: the answer comes through its completion. */
 			await_answer(before + 1);
 			assert_int_equal(answer.conn, SRC_CONN);
 			assert_int_equal(answer.id, 41);
@@ -379,8 +375,7 @@ static void apply_side_ok(const struct side *k, uint64_t conn, uint64_t version)
 	/* The apply runs on a worker; its answer comes through its completion. */
 	assert_int_equal(job_apply(eng, RQ(conn, 77), &rq, &rep, &deferred, err, sizeof(err)), 0);
 	if (deferred) {
-		for (int i = 0; i < 10000 && answer.n == n0; i++)
-			uv_run(&loop, UV_RUN_ONCE);
+		await_answer(n0 + 1);
 		assert_int_equal(answer.n, n0 + 1);
 		assert_int_equal(answer.conn, conn);
 		assert_int_equal(answer.id, 77);
@@ -835,13 +830,13 @@ static void test_sync_and_misbehaving_peer(void **state)
 			ref.job = "tj";
 			ref.token = "tok";
 			lv.job = &ref;
-			lv.node = "unit";
+			lv.node = (char *)fix_node_name(fx, 0);	/* this node */
 			lv.n_participants = 2;
 			lv.participants = ids;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE, &lv.base, NULL, 0);
 			jn.job = &ref;
 			jn.spec_hash = spec.hash;
-			jn.node = "unit";
+			jn.node = (char *)fix_node_name(fx, 0);
 			jn.address = "127.0.0.1:1";
 			jn.peer_proto = PEER_PROTO_VERSION;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
@@ -1561,6 +1556,12 @@ static void test_parts(void **state)
 
 /* ---------------------------------------------------- apply on arrival */
 
+static int seen_114(void *arg)
+{
+	(void)arg;
+	return answer.seen[114] > 0;
+}
+
 /* The sink's client waits in wait_staged (answer id `id`): parked. */
 static void park(uint32_t id, uint32_t timeout_ms)
 {
@@ -1856,18 +1857,9 @@ static void test_arrival(void **state)
 		feed_rec(&held_recs[i]);
 	assert_false(unchanged(snap));
 	assert_int_equal(answer.seen[114], 0);
-	{
-		uint64_t t0 = uv_hrtime();
-
-		/* Each round checks, before the loop runs on, that the answer
-		 * came only with the buffers whole again. */
-		while (!answer.seen[114]) {
-			uv_run(&loop, UV_RUN_NOWAIT);
-			if (uv_hrtime() - t0 > 30000000000ull)
-				fail_msg("wait_staged not answered in 30 s");
-			uv_sleep(1);
-		}
-	}
+	/* Its 300 ms pass on the fixture's clock. */
+	if (fix_run_until(fx, seen_114, NULL, STEPS) < 0)
+		fail_msg("wait_staged never answered");
 	assert_int_equal(answer.code_of[114], DTE__STATUS__STATUS_ERR_TIMEOUT);
 	assert_true(unchanged(snap));	/* undone before the answer */
 	spin();
@@ -1934,8 +1926,7 @@ static struct japply_res apply_answer(uint64_t version)
 	assert_int_equal(job_apply(eng, RQ(SINK_CONN, 78), &rq, &rep, &deferred, err, sizeof(err)),
 			 0);
 	if (deferred) {
-		for (int i = 0; i < 10000 && answer.n == n0; i++)
-			uv_run(&loop, UV_RUN_ONCE);
+		await_answer(n0 + 1);
 		assert_int_equal(answer.n, n0 + 1);
 		assert_int_equal(answer.id, 78);
 		assert_int_equal(answer.code, 0);
@@ -2191,15 +2182,13 @@ static int setup(void **state)
 	config = slurp("tests/data/layout/tiny-llama-gqa.json");
 	if (dte_spec_load_string(&spec, config, err, sizeof(err)) < 0)
 		return -1;
-	uv_loop_init(&loop);
-	if (route_init(&loop, "unit", "") < 0)
+	if (!(fx = fix_new(1, FX_SEED, NULL)))
 		return -1;
 	{
 		struct dte_engine_io io;
 
 		/* Lost records come from the test's filter (io_filter.h). */
-		if (dte_engine_io_uv(&loop, &io) < 0)
-			return -1;
+		fix_io(fx, 0, &io);
 		io_filter_wrap(&io);
 		if (!(eng = dte_engine_new_io(&io, dtc_backend_cpu(), "cpu")))
 			return -1;
@@ -2214,9 +2203,8 @@ static int teardown(void **state)
 {
 	dte_engine_free(eng);
 	eng = NULL;
-	route_fini();
-	uv_run(&loop, UV_RUN_DEFAULT);
-	assert_int_equal(uv_loop_close(&loop), 0);
+	fix_free(fx);
+	fx = NULL;
 	dte_spec_fini(&spec);
 	free(config);
 	return 0;
