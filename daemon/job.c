@@ -312,8 +312,6 @@ struct dte_engine *dte_engine_new_io(const struct dte_engine_io *io,
 		goto fail;
 	/* The events the layers below raise (job_state.h, struct dte_engine). */
 	e->ev_progress = job_check_waiters;
-	e->ev_sink_staged = jstore_sink_staged;
-	e->ev_committing = jstore_committing;
 	/* Records come up from the transport through these (it never names
 	 * the engine; it hands back the engine it was given). */
 	io->attach(io->ctx, peer_recv, peer_down, job_auth_seal, e);

@@ -660,7 +660,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			arrive_free(a);
 			jsink_step_check(j, l, st->version, d);
 			jsink_try_stage(j, l);
-			jev_sink_staged(j, l);
+			sink_staged_tell(j, l);
 			jev_progress(j->eng);
 		}
 		return;
@@ -704,7 +704,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			jsink_step_check(j, l, a->version, d);
 		arrive_free(a);
 		jsink_try_stage(j, l);
-		jev_sink_staged(j, l);
+		sink_staged_tell(j, l);
 		jev_progress(j->eng);
 		return;
 	}

@@ -73,8 +73,9 @@ int jsink_apply_start(struct job *j, struct jlocal *l, uint64_t version, const s
 int jsink_apply_start_prep(struct job *j, struct jlocal *l, uint64_t version,
 			   void (*prep)(void *arg, const struct jstaged *first),
 			   jsink_applied_fn then, void *arg, char *err, size_t errlen);
-/* The storage writer's canonical sink: hang a struct jwriter on sink l.
- * 0, or -1 when out of memory. */
-int jsink_make_writer(struct jlocal *l);
+/* The storage writer's canonical sink: hang a struct jwriter on sink l;
+ * staged(j, l) is called on the loop for each version l stages (the
+ * maker's completion: the storage writer mirrors it).  0, or -ENOMEM. */
+int jsink_make_writer(struct jlocal *l, void (*staged)(struct job *j, struct jlocal *l));
 
 #endif

@@ -23,6 +23,16 @@
 struct jaswap;
 struct japplied;
 
+/* Sink l staged a version: its maker hears it (the storage writer's
+ * canonical sink, jsink_make_writer); nobody else does. */
+static inline void sink_staged_tell(struct job *j, struct jlocal *l)
+{
+	const struct jsink *k = jsink_of(l);
+
+	if (k->w && k->w->staged)
+		k->w->staged(j, l);
+}
+
 enum ja_op { JA_SWAP, JA_VERIFY, JA_UNDO };
 
 /* The version a sink applies on arrival (jsink.arrive, job_sink_aoa.c):

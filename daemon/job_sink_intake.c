@@ -387,7 +387,7 @@ void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const 
 	else
 		jsink_arrive_record(j, l, p, s, 1);
 	jsink_try_stage(j, l);
-	jev_sink_staged(j, l);
+	sink_staged_tell(j, l);
 }
 
 /* A part already held and a record naming the same part number: the
@@ -532,5 +532,5 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	else
 		jsink_arrive_record(j, l, p, s, 0);
 	jsink_try_stage(j, l);
-	jev_sink_staged(j, l);
+	sink_staged_tell(j, l);
 }

@@ -481,7 +481,7 @@ static void stage_done(struct jtask *t, int cancelled)
 	if (d.act == SINK_A_REFUSE)
 		jsink_step_check(j, l, v, d);
 	jsink_try_stage(j, l);
-	jev_sink_staged(j, l);
+	sink_staged_tell(j, l);
 	jev_progress(j->eng);
 }
 

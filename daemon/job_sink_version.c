@@ -207,12 +207,13 @@ void jsink_japplied_free(struct japplied *a)
 	}
 }
 
-int jsink_make_writer(struct jlocal *l)
+int jsink_make_writer(struct jlocal *l, void (*staged)(struct job *j, struct jlocal *l))
 {
 	struct jsink *k = jsink_of(l);
 
 	if (!k->w && !(k->w = calloc(1, sizeof(*k->w))))
 		return -ENOMEM;
+	k->w->staged = staged;
 	return 0;
 }
 

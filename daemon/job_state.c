@@ -302,14 +302,3 @@ void jev_progress(struct dte_engine *e)
 	if (e->ev_progress)
 		e->ev_progress(e);
 }
-
-void jev_sink_staged(struct job *j, struct jlocal *l)
-{
-	if (j->eng->ev_sink_staged)
-		j->eng->ev_sink_staged(j, l);
-}
-
-int jev_committing(struct dte_engine *e)
-{
-	return e->ev_committing ? e->ev_committing(e) : 0;
-}

@@ -219,8 +219,13 @@ struct jsource {
 /* The storage writer's canonical sink (job_storage.c) holds its APPLIED
  * back until the version is committed to storage, so a trainer's wait(v)
  * still means "v is in storage".  Only that sink has one. */
+struct job;
+
 struct jwriter {
 	struct japplied *deferred; /* the APPLIED held back; NULL: none */
+	/* The writer's completion, given by the layer that made this sink
+	 * (jsink_make_writer): each version staged here, on the loop. */
+	void (*staged)(struct job *j, struct jlocal *l);
 };
 
 /* A sink attached here (job_sink*.c), or the storage writer's canonical
@@ -568,8 +573,6 @@ struct dte_engine {
 	/* Events, raised below through jev_*() and answered above
 	 * (dte_engine_new registers them; NULL: nobody listens). */
 	void (*ev_progress)(struct dte_engine *e);   /* job.c: job_check_waiters */
-	void (*ev_sink_staged)(struct job *j, struct jlocal *l); /* jstore_sink_staged */
-	int  (*ev_committing)(struct dte_engine *e); /* jstore_committing */
 	/* Extension points (job_ext.h): a test build's hooks, copied from
 	 * job_ext_builtin at dte_engine_new when one is linked; all NULL in
 	 * production.  A unit test may set its engine's own. */
@@ -658,8 +661,6 @@ int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, c
  * (job.c); a local sink staged a version (the storage writer); whether a
  * storage commit is on a worker (the shutdown drain). */
 void jev_progress(struct dte_engine *e);
-void jev_sink_staged(struct job *j, struct jlocal *l);
-int  jev_committing(struct dte_engine *e);
 
 /* The engine's I/O (daemon/engine_io.h), for its files. */
 static inline uint64_t jio_now(const struct dte_engine *e)

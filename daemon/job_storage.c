@@ -602,6 +602,15 @@ static void writer_staged(struct jstore *s, struct job *j, struct jlocal *l)
 	}
 }
 
+/* The canonical sink's completion (jsink_make_writer): a version staged. */
+static void writer_sink_staged(struct job *j, struct jlocal *l)
+{
+	struct jstore *s = j->store;
+
+	if (s && s->w && l->info.id == s->canon)
+		writer_staged(s, j, l);
+}
+
 static int writer_start(struct jstore *s, struct job *j, char *err, size_t errlen)
 {
 	struct dts_writer_cfg wc;
@@ -646,7 +655,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 		}
 	}
 	l = jlocal_new(JROLE_SINK, 1);
-	if (!l || jsink_make_writer(l) < 0) {
+	if (!l || jsink_make_writer(l, writer_sink_staged) < 0) {
 		jlocal_free(j->eng, l);
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
@@ -1409,18 +1418,6 @@ void jstore_free(struct job *j)
 	store_destroy(s);
 }
 
-int jstore_committing(struct dte_engine *e)
-{
-	return e->store_commits > 0;	/* the commits of deleted jobs too */
-}
-
-void jstore_sink_staged(struct job *j, struct jlocal *l)
-{
-	struct jstore *s = j->store;
-
-	if (s && s->w && l->info.id == s->canon)
-		writer_staged(s, j, l);
-}
 
 void jstore_info(const struct job *j, struct jjob_info *rep)
 {

@@ -62,12 +62,6 @@ void jstore_free(struct job *j);
 /* Whether a participant of this role may attach here; -EINVAL with the reason. */
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
 
-/* A version was staged for local sink l (job_sink*.c raise it through
- * jev_sink_staged; dte_engine_new registers this). */
-void jstore_sink_staged(struct job *j, struct jlocal *l);
-/* A writer's commit is on a worker (shutdown waits for it: job_task.c
- * asks through jev_committing; dte_engine_new registers this). */
-int jstore_committing(struct dte_engine *e);
 
 /* dtectl job */
 void jstore_info(const struct job *j, struct jjob_info *res);

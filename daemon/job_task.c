@@ -55,7 +55,9 @@ void jtask_start(struct dte_engine *e, struct jtask *t)
 
 int jtask_busy(struct dte_engine *e)
 {
-	return e->tasks || e->inflight || e->prefills || jev_committing(e);
+	/* store_commits: a storage writer's commits on workers, deleted
+	 * jobs' too (job_storage.c counts them in the engine). */
+	return e->tasks || e->inflight || e->prefills || e->store_commits > 0;
 }
 
 void job_tasks_drain(struct dte_engine *e)
@@ -71,7 +73,7 @@ void job_tasks_drain(struct dte_engine *e)
 		for (struct jcap *c = e->inflight; c; c = c->next)
 			n++;
 		DLOG_N("shutdown: waiting for %zu tasks on workers%s", n,
-		       jev_committing(e) ? " and a storage commit" : "");
+		       e->store_commits > 0 ? " and a storage commit" : "");
 	}
 	/* Queued, not started: their callbacks come with cancelled set. */
 	for (struct jtask *t = e->tasks; t; t = t->next)

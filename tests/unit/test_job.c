@@ -2091,7 +2091,7 @@ static void touch_source_const(struct jlocal *l)
 
 static void make_writer(struct jlocal *l)
 {
-	assert_int_equal(jsink_make_writer(l), 0);
+	assert_int_equal(jsink_make_writer(l, NULL), 0);
 }
 
 /* A participant is a struct jsource or a struct jsink by its role, and a
@@ -2113,7 +2113,7 @@ static void test_roles(void **state)
 	assert_ptr_equal(&jsink_of(si)->l, si);
 	assert_int_equal(jsource_of(so)->covered, -1);	/* nothing marked yet */
 	assert_null(jsink_of(si)->w);	/* only the storage writer's sink has one */
-	assert_int_equal(jsink_make_writer(si), 0);
+	assert_int_equal(jsink_make_writer(si, NULL), 0);
 	assert_non_null(jsink_of(si)->w);
 	assert_null(jsink_of(si)->w->deferred);
 
