@@ -31,24 +31,14 @@
 #include "gpu/compute.h"
 
 /* Deferred control answers: attach (plan arrived), wait, wait_staged,
- * wait_captured. */
+ * wait_captured.  Each is a struct jwait (job_state.h) whose completion
+ * is waiter_try below: the engine's table keeps it, and any layer whose
+ * progress may answer one asks the table (jwait_check), never this file.
+ * arg: the participant (attach, staged, captured) or the version (wait);
+ * arg2: the version (captured). */
 enum { JW_ATTACH, JW_WAIT, JW_STAGED, JW_CAPTURED };
 
-struct jwaiter {
-	int kind;
-	struct jreq rq;           /* who waits, and its completion */
-	char job[JOB_NAME_MAX];
-	uint64_t arg;             /* participant (attach, staged, captured) or version (wait) */
-	uint64_t arg2;            /* version (captured) */
-	uint64_t deadline;        /* jio_now ns */
-	struct jwaiter *next;
-};
-
-/* The deferred answers waiting are the engine's waiters (job.c's own:
- * nothing below reads them). */
-
 #define ATTACH_TIMEOUT_MS 15000u
-#define WAIT_TICK_MS 20
 
 static void jlocal_remove(struct job *j, struct jlocal *l)
 {
@@ -66,7 +56,7 @@ static void jlocal_remove(struct job *j, struct jlocal *l)
 /* ---------------------------------------------------------------- waiters */
 
 /* A wait_staged over: its sink is parked once less (jsink.parked). */
-static void waiter_unpark(struct dte_engine *e, const struct jwaiter *w)
+static void waiter_unpark(struct dte_engine *e, const struct jwait *w)
 {
 	struct job *j = w->kind == JW_STAGED ? job_find(e, w->job) : NULL;
 	struct jlocal *l = j ? job_local(j, w->arg) : NULL;
@@ -76,7 +66,7 @@ static void waiter_unpark(struct dte_engine *e, const struct jwaiter *w)
 }
 
 /* 1 when the waiter was answered. */
-static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
+static int waiter_try(struct dte_engine *e, struct jwait *w, int expired)
 {
 	struct job *j = job_find(e, w->job);
 	char msg[1024];
@@ -196,30 +186,9 @@ static int waiter_try(struct dte_engine *e, struct jwaiter *w, int expired)
 	return 1;
 }
 
-static void timer_update(struct dte_engine *e);
-
-static void job_check_waiters(struct dte_engine *e)
-{
-	uint64_t now = jio_now(e);
-	struct jwaiter **pp = &e->waiters;
-
-	while (*pp) {
-		struct jwaiter *w = *pp;
-
-		if (waiter_try(e, w, now >= w->deadline)) {
-			*pp = w->next;
-			waiter_unpark(e, w);
-			free(w);
-		} else {
-			pp = &w->next;
-		}
-	}
-	timer_update(e);
-}
-
 static void on_tick(void *arg)
 {
-	job_check_waiters(arg);
+	jwait_check(arg);
 }
 
 /* The ctl timer: JOINs and PLANs due again (job_coord.c). */
@@ -228,35 +197,14 @@ static void on_ctl_tick(void *arg)
 	jctl_retry(arg);
 }
 
-static void timer_update(struct dte_engine *e)
-{
-	if (!e->timer)
-		return;
-	if (e->waiters && !e->timer_on) {
-		jio_timer_start(e, e->timer, WAIT_TICK_MS, WAIT_TICK_MS);
-		e->timer_on = 1;
-	} else if (!e->waiters && e->timer_on) {
-		jio_timer_stop(e, e->timer);
-		e->timer_on = 0;
-	}
-}
-
 static int waiter_add(struct dte_engine *e, int kind, const struct jreq *rq,
-		      const char *job, uint64_t arg, uint32_t timeout_ms)
+		      const char *job, uint64_t arg, uint64_t arg2, uint32_t timeout_ms)
 {
-	struct jwaiter *w = calloc(1, sizeof(*w));
+	struct jwait w = { .kind = kind, .rq = *rq, .arg = arg, .arg2 = arg2,
+			   .try = waiter_try, .gone = waiter_unpark };
 
-	if (!w)
-		return -ENOMEM;
-	w->kind = kind;
-	w->rq = *rq;
-	snprintf(w->job, sizeof(w->job), "%s", job);
-	w->arg = arg;
-	w->deadline = jio_now(e) + (uint64_t)timeout_ms * 1000000u;
-	w->next = e->waiters;
-	e->waiters = w;
-	timer_update(e);
-	return 0;
+	snprintf(w.job, sizeof(w.job), "%s", job);
+	return jwait_add(e, &w, timeout_ms);
 }
 
 /* --------------------------------------------------------------- lifecycle */
@@ -311,7 +259,6 @@ struct dte_engine *dte_engine_new_io(const struct dte_engine_io *io,
 			      !(e->ctl_timer = io->timer_new(io->ctx, on_ctl_tick, e))))
 		goto fail;
 	/* The events the layers below raise (job_state.h, struct dte_engine). */
-	e->ev_progress = job_check_waiters;
 	/* Records come up from the transport through these (it never names
 	 * the engine; it hands back the engine it was given). */
 	io->attach(io->ctx, peer_recv, peer_down, job_auth_seal, e);
@@ -362,12 +309,7 @@ void dte_engine_free(struct dte_engine *e)
 	 * live state, before anything below frees it. */
 	job_tasks_drain(e);
 	last = jcuda_fini();
-	while (e->waiters) {
-		struct jwaiter *w = e->waiters;
-
-		e->waiters = w->next;
-		free(w);
-	}
+	jwait_fini(e);
 	while (e->jobs) {
 		struct job *j = e->jobs;
 
@@ -404,19 +346,7 @@ void dte_engine_free(struct dte_engine *e)
 
 void job_conn_gone(struct dte_engine *e, uint64_t conn)
 {
-	struct jwaiter **pp = &e->waiters;
-
-	while (*pp) {
-		struct jwaiter *w = *pp;
-
-		if (w->rq.conn == conn) {
-			*pp = w->next;
-			waiter_unpark(e, w);
-			free(w);
-		} else {
-			pp = &w->next;
-		}
-	}
+	jwait_drop_conn(e, conn);
 	for (struct job *j = e->jobs; j; j = j->next) {
 		int changed = 0;
 		struct jlocal *l = j->locals, *next;
@@ -435,8 +365,7 @@ void job_conn_gone(struct dte_engine *e, uint64_t conn)
 			job_send_join(j);
 	}
 	dbuf_release_owner(conn);
-	timer_update(e);
-	job_check_waiters(e);
+	jwait_check(e);
 }
 
 /* ----------------------------------------------------------------- create */
@@ -724,7 +653,7 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 	else
 		jsink_of(l)->rpool = jsink_arena(l);	/* its first version is dense */
 	job_send_join(j);
-	if (waiter_add(e, JW_ATTACH, req, j->name, l->info.id, ATTACH_TIMEOUT_MS) < 0) {
+	if (waiter_add(e, JW_ATTACH, req, j->name, l->info.id, 0, ATTACH_TIMEOUT_MS) < 0) {
 		jlocal_remove(j, l);
 		job_send_join(j);
 		return FAIL(-ENOMEM, "out of memory");
@@ -841,7 +770,7 @@ int job_detach(struct dte_engine *e, uint64_t conn, const char *job, uint64_t pa
 			    (unsigned long long)participant);
 	jlocal_remove(j, l);
 	job_send_join(j);
-	job_check_waiters(e);
+	jwait_check(e);
 	return 0;
 }
 
@@ -868,7 +797,7 @@ int job_wait(struct dte_engine *e, const struct jreq *req, const struct jwait_ar
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: version %llu not applied everywhere yet",
 			    j->name, (unsigned long long)rq->version);
-	if (waiter_add(e, JW_WAIT, req, j->name, rq->version, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_WAIT, req, j->name, rq->version, 0, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	*deferred = 1;
 	return 0;
@@ -894,10 +823,9 @@ int job_wait_captured(struct dte_engine *e, const struct jreq *req, const struct
 		return FAIL(-ETIMEDOUT, "job %s: the capture of version %llu still reads the "
 			    "source's buffers", j->name, (unsigned long long)
 			    (rq->version ? rq->version : jsource_of(l)->accepted));
-	if (waiter_add(e, JW_CAPTURED, req, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_CAPTURED, req, j->name, l->info.id,
+		       rq->version ? rq->version : jsource_of(l)->accepted, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
-	/* waiter_add put it first */
-	e->waiters->arg2 = rq->version ? rq->version : jsource_of(l)->accepted;
 	*deferred = 1;
 	return 0;
 }
@@ -923,7 +851,7 @@ int job_wait_staged(struct dte_engine *e, const struct jreq *req, const struct j
 	}
 	if (rq->timeout_ms == 0)
 		return FAIL(-ETIMEDOUT, "job %s: nothing staged", j->name);
-	if (waiter_add(e, JW_STAGED, req, j->name, l->info.id, rq->timeout_ms) < 0)
+	if (waiter_add(e, JW_STAGED, req, j->name, l->info.id, 0, rq->timeout_ms) < 0)
 		return FAIL(-ENOMEM, "out of memory");
 	jsink_parked(e, l);	/* its client waits at its safe point (apply on arrival) */
 	*deferred = 1;
@@ -1199,7 +1127,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	}
 out:
 	protobuf_c_message_free_unpacked(msg, NULL);
-	job_check_waiters(e);
+	jwait_check(e);
 }
 
 void job_peer_down(struct dte_engine *e, const char *node)
@@ -1209,7 +1137,7 @@ void job_peer_down(struct dte_engine *e, const char *node)
 			jcoord_node_down(j, node);
 		else
 			jmember_coord_down(j, node);
-	job_check_waiters(e);
+	jwait_check(e);
 }
 
 /* ----------------------------------------------------------- introspection */

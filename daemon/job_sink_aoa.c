@@ -661,7 +661,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 			jsink_step_check(j, l, st->version, d);
 			jsink_try_stage(j, l);
 			sink_staged_tell(j, l);
-			jev_progress(j->eng);
+			jwait_check(j->eng);
 		}
 		return;
 	case JA_UNDO:
@@ -705,7 +705,7 @@ static void arrive_done(struct jtask *t, int cancelled)
 		arrive_free(a);
 		jsink_try_stage(j, l);
 		sink_staged_tell(j, l);
-		jev_progress(j->eng);
+		jwait_check(j->eng);
 		return;
 	}
 	arrive_kick(j, l);

@@ -527,7 +527,7 @@ static void apply_done(struct jtask *t, int cancelled)
 		job_done(&a->rq, 0, "", &res);
 	}
 	japply_free(a);
-	jev_progress(e);
+	jwait_check(e);
 }
 
 static int apply_start(struct job *j, struct jlocal *l, uint64_t version, const struct jreq *rq,

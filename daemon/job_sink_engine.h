@@ -39,7 +39,7 @@ void jsink_staged_hand(struct jlocal *l, struct jstaged *st);
 /* Apply on arrival (docs/SYNC.md): the client's wait_staged on sink l
  * ends (answered or expired).  Nonzero while the sink's buffers hold a
  * version applied on arrival that is not yet staged or undone: the answer
- * must wait (jev_progress comes once it is undone and staged as usual).
+ * must wait (jwait_check comes once it is undone and staged as usual).
  * jsink_parked / jsink_unparked: a wait_staged of l's starts / is over
  * (jsink.parked). */
 int jsink_park_ending(struct job *j, struct jlocal *l);

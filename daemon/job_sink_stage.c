@@ -482,7 +482,7 @@ static void stage_done(struct jtask *t, int cancelled)
 		jsink_step_check(j, l, v, d);
 	jsink_try_stage(j, l);
 	sink_staged_tell(j, l);
-	jev_progress(j->eng);
+	jwait_check(j->eng);
 }
 
 /* Hand version p (complete, its base checked) to a worker: p leaves the

@@ -902,7 +902,7 @@ static void cap_after(struct dte_work *w, int cancelled)
 		if (c->bufs[i])
 			dbuf_unref(c->bufs[i]);
 	jcap_free(c);
-	jev_progress(e);
+	jwait_check(e);
 }
 
 /* ------------------------------------------------------------------ acks */

@@ -1,10 +1,11 @@
 /* daemon/job_state.c — the sync engine's bottom layer (docs/SYNC.md,
  * "Layers"): lookups over an engine's jobs, participants, plan parts and
- * pairs, sending a record to a node, deferred control answers, history,
- * the layouts a participant is built from, and the events the layers
- * above answer.  It calls nothing of the engine above it: a file above
- * that must hear of something registers a function in the engine
- * (dte_engine_new) and the files below raise it through jev_*().
+ * pairs, sending a record to a node, deferred control answers and the
+ * table of control requests answered later (struct jwait), history and
+ * the layouts a participant is built from.  It calls nothing of the
+ * engine above it: a file above that must hear of something gives a
+ * completion with its request (a wait's try, the storage writer's
+ * canonical sink), which runs from here or from the file it was given to.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -295,10 +296,101 @@ void job_done(const struct jreq *rq, int rc, const char *msg, const struct jres 
 		       (unsigned long long)rq->conn);
 }
 
-/* ----------------------------------------------------------------- events */
+/* ------------------------------------------------------------------ waits */
 
-void jev_progress(struct dte_engine *e)
+/* The waits' tick runs while any wait is kept: it asks them again, for
+ * their deadlines (its callback, made with the engine, calls
+ * jwait_check). */
+static void wait_tick_update(struct dte_engine *e)
 {
-	if (e->ev_progress)
-		e->ev_progress(e);
+	if (!e->timer)
+		return;
+	if (e->waits && !e->timer_on) {
+		jio_timer_start(e, e->timer, JOB_WAIT_TICK_MS, JOB_WAIT_TICK_MS);
+		e->timer_on = 1;
+	} else if (!e->waits && e->timer_on) {
+		jio_timer_stop(e, e->timer);
+		e->timer_on = 0;
+	}
+}
+
+int jwait_add(struct dte_engine *e, const struct jwait *w, uint32_t timeout_ms)
+{
+	struct jwait *n = malloc(sizeof(*n));
+
+	if (!n)
+		return -ENOMEM;
+	*n = *w;
+	n->deadline = jio_now(e) + (uint64_t)timeout_ms * 1000000u;
+	n->next = e->waits;
+	e->waits = n;
+	wait_tick_update(e);
+	return 0;
+}
+
+static void wait_leave(struct dte_engine *e, struct jwait **pp)
+{
+	struct jwait *w = *pp;
+
+	*pp = w->next;
+	if (w->gone)
+		w->gone(e, w);
+	free(w);
+}
+
+/* A completion may make progress that asks again (an undo started by a
+ * park that ends, say): that ask is a pass more of the loop here, never
+ * a pass inside a pass (which could free the wait being asked). */
+void jwait_check(struct dte_engine *e)
+{
+	if (e->waits_checking) {
+		e->waits_again = 1;
+		return;
+	}
+	e->waits_checking = 1;
+	do {
+		uint64_t now = jio_now(e);
+		struct jwait **pp = &e->waits;
+
+		e->waits_again = 0;
+		while (*pp) {
+			struct jwait *w = *pp;
+
+			if (w->try(e, w, now >= w->deadline)) {
+				struct jwait **q = &e->waits;
+
+				/* Where it is now: a completion may have added one. */
+				while (*q != w)
+					q = &(*q)->next;
+				wait_leave(e, q);
+			} else {
+				pp = &w->next;
+			}
+		}
+	} while (e->waits_again);
+	e->waits_checking = 0;
+	wait_tick_update(e);
+}
+
+void jwait_drop_conn(struct dte_engine *e, uint64_t conn)
+{
+	struct jwait **pp = &e->waits;
+
+	while (*pp) {
+		if ((*pp)->rq.conn == conn)
+			wait_leave(e, pp);
+		else
+			pp = &(*pp)->next;
+	}
+	wait_tick_update(e);
+}
+
+void jwait_fini(struct dte_engine *e)
+{
+	while (e->waits) {
+		struct jwait *w = e->waits;
+
+		e->waits = w->next;
+		free(w);
+	}
 }

@@ -12,12 +12,12 @@
  *   job_ops.c      verify, resync (and what they remember at apply)
  *   job_capture.c  a capture on a worker; job_task.c: heavy steps on
  *                  workers, the shutdown drain
- *   job_state.c    the engine's lookups, sends, answers, history, layouts, events
+ *   job_state.c    the engine's lookups, sends, answers, waits, history, layouts
  *   engine_io.h    the engine's I/O: clock, timers, workers, wake, watch,
  *                  peer transport (daemon/engine_io_uv.c: libuv, route.c)
- * A lower file learns of a higher one's business only through an event
- * (jev_*(): a function the higher file registered in the engine at
- * dte_engine_new).
+ * A lower file learns of a higher one's business only through a
+ * completion the higher one gave with its request (struct jwait's try,
+ * jsink_make_writer's staged): no call up, no engine-wide event.
  *
  * The engine is an instance (struct dte_engine below, opaque in job.h):
  * every piece of its mutable state lives in it, two engines can live in
@@ -49,6 +49,7 @@
 #include "proto/peer_auth.h"
 
 #define JOB_NAME_MAX   64
+#define JOB_WAIT_TICK_MS 20	/* the waits' tick: how late a deadline is seen */
 #define JOB_NODE_MAX   64
 #define JOB_ADDR_MAX   96
 #define JOB_DESC_MAX   128
@@ -540,8 +541,26 @@ struct jtask {
 	struct jtask *next;       /* eng->tasks */
 };
 
-struct jwaiter;
 struct jverify;
+
+/* A control request answered later (attach, wait, wait_staged,
+ * wait_captured): kept in the engine's table below until its own
+ * completion answers it.  The layer that takes the request fills it in
+ * and gives jwait_add the function that decides (its completion, as
+ * raft_apply takes one): try(e, w, expired) answers w through
+ * job_done(&w->rq, ...) and returns 1, or returns 0 to keep waiting;
+ * expired is set once its deadline passed.  gone(e, w), optional, runs
+ * when w leaves the table for any reason. */
+struct jwait {
+	int kind;                 /* the adding layer's own */
+	struct jreq rq;           /* who waits, and its answer */
+	char job[JOB_NAME_MAX];
+	uint64_t arg, arg2;       /* the adding layer's own */
+	uint64_t deadline;        /* jio_now ns (jwait_add sets it) */
+	int (*try)(struct dte_engine *e, struct jwait *w, int expired);
+	void (*gone)(struct dte_engine *e, const struct jwait *w);
+	struct jwait *next;
+};
 
 /* The engine (job.h's opaque struct dte_engine): made by dte_engine_new,
  * freed by dte_engine_free.  Every file of the engine keeps its mutable
@@ -570,17 +589,17 @@ struct dte_engine {
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
-	/* Events, raised below through jev_*() and answered above
-	 * (dte_engine_new registers them; NULL: nobody listens). */
-	void (*ev_progress)(struct dte_engine *e);   /* job.c: job_check_waiters */
 	/* Extension points (job_ext.h): a test build's hooks, copied from
 	 * job_ext_builtin at dte_engine_new when one is linked; all NULL in
 	 * production.  A unit test may set its engine's own. */
 	struct job_ext ext;
 
-	/* job.c: control waits not answered yet; records refused that named
-	 * no job; the hook called after every job created (job.h). */
-	struct jwaiter *waiters;
+	/* Control requests answered later (struct jwait; job_state.c keeps
+	 * the table, each wait's completion decides).  job.c: records
+	 * refused that named no job; the hook called after every job
+	 * created (job.h). */
+	struct jwait *waits;
+	int waits_checking, waits_again; /* jwait_check running; asked again meanwhile */
 	uint64_t refused;
 	void (*created)(struct dte_engine *e, const struct jcreate_args *a);
 	/* job_ops.c: what resync remembers for verify at apply. */
@@ -657,10 +676,17 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 /* The canonical sink layout (rank 0, buffer 0). */
 int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
 			    size_t errlen);
-/* Events (struct dte_engine): a version's progress may answer a wait
- * (job.c); a local sink staged a version (the storage writer); whether a
- * storage commit is on a worker (the shutdown drain). */
-void jev_progress(struct dte_engine *e);
+/* The waits (struct jwait).  jwait_add: a copy of *w joins the table,
+ * due timeout_ms from now; 0, or -ENOMEM.  jwait_check: every wait's
+ * completion is asked (expired: past its deadline); those that answered
+ * leave.  Any layer calls it where a version's progress may answer one
+ * (a staging, an apply, a capture came back, a record).  jwait_drop_conn:
+ * the waits of a closed connection leave unanswered.  jwait_fini: all
+ * leave, unanswered (shutdown). */
+int jwait_add(struct dte_engine *e, const struct jwait *w, uint32_t timeout_ms);
+void jwait_check(struct dte_engine *e);
+void jwait_drop_conn(struct dte_engine *e, uint64_t conn);
+void jwait_fini(struct dte_engine *e);
 
 /* The engine's I/O (daemon/engine_io.h), for its files. */
 static inline uint64_t jio_now(const struct dte_engine *e)

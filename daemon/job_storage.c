@@ -1215,7 +1215,7 @@ static void rread_done(struct jtask *t, int cancelled)
 	s->staging = (int64_t)r->version;
 	if (!staged)
 		s->rekick = 1;	/* nothing to wait for: move on */
-	jev_progress(s->eng);
+	jwait_check(s->eng);
 out:
 	rread_free(r);
 	timer_update(s);
