@@ -111,7 +111,22 @@ for f in $FILES; do
 	done
 done
 echo "engine-api: backend_choices_outside_jdev=$be"
+# No engine-wide event: a lower file learns nothing through a function
+# the engine holds for it (a completion comes with its request: struct
+# jwait, jsink_make_writer).  Function pointers among struct dte_engine's
+# own members, its I/O (io), the test build's hooks (ext) and the
+# daemon's created hook aside.
+ev=$(awk '/^struct dte_engine \{/ { on = 1; next } on && /^\};/ { on = 0 }
+	on && /\(\*[a-z_]+\)\(/ && !/\(\*created\)/ { print }' daemon/job_state.h)
+nev=$(printf '%s' "$ev" | grep -c . || true)
+[ -n "$ev" ] && printf '%s\n' "$ev" | sed 's/^/engine-api: an engine-wide event: /'
+echo "engine-api: engine_events=$nev"
 fail=0
+if [ "$nev" -gt 0 ]; then
+	echo "FAIL: struct dte_engine holds a function a lower file calls up through; take a" \
+	     "completion with the request instead (docs/SYNC.md, Layers)"
+	fail=1
+fi
 if [ "$w" -gt 0 ] || [ "$wc" -gt 0 ]; then
 	echo "FAIL: the engine names the control protocol; take and fill plain types" \
 	     "(daemon/job_api.h) and let daemon/cmd_*.c translate"
