@@ -1639,6 +1639,7 @@ void jmember_coord_down(struct job *j, const char *node)
 void jplan_free(struct job *j)
 {
 	for (size_t i = 0; i < j->npairs; i++) {
+		j->eng->pair_sm_bugs += j->pairs[i].sm.state_bugs;
 		jpair_free_state(&j->pairs[i]);
 		free(j->pairs[i].e);
 	}

@@ -582,6 +582,9 @@ struct dte_engine {
 	/* Sink versions found elsewhere than their table said after an
 	 * action (jsink_step_check): daemon bugs, logged; the tests want 0. */
 	uint64_t sink_sm_bugs;
+	/* Pair events after which its fields said another state than the
+	 * one stored (pair_sm.h), of the pairs freed: bugs; the tests want 0. */
+	uint64_t pair_sm_bugs;
 	uint64_t scans, scan_entries; /* detection passes, and the entries they served */
 	uint32_t max_staged;      /* per sink; 0: JOB_MAX_STAGED_DEFAULT */
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */

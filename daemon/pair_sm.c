@@ -56,6 +56,11 @@ struct pair_step pair_sm_step(enum pair_state st, enum pair_event ev)
 
 enum pair_state pair_sm_state(const struct pair_sm *s)
 {
+	return s->state;
+}
+
+enum pair_state pair_sm_fields_state(const struct pair_sm *s)
+{
 	if (s->need_dense && s->why == PAIR_WHY_RESYNC)
 		return PAIR_S_RESYNC;
 	if (!s->last_sent)
@@ -65,15 +70,21 @@ enum pair_state pair_sm_state(const struct pair_sm *s)
 
 void pair_sm_event(struct pair_sm *s, enum pair_event ev, uint64_t version, uint64_t epoch)
 {
-	switch (pair_sm_step(pair_sm_state(s), ev).act) {
+	struct pair_step st = pair_sm_step(s->state, ev);
+
+	switch (st.act) {
 	case PAIR_A_NONE:
 	case PAIR_A_CARRY:
 	case PAIR_A_COUNT:
 		break;
-	case PAIR_A_RESET:
+	case PAIR_A_RESET: {
+		uint32_t bugs = s->state_bugs;
+
 		pair_sm_init(s);
+		s->state_bugs = bugs;
 		need_dense(s, PAIR_WHY_REPAIR);
 		break;
+	}
 	case PAIR_A_SENT:
 		s->prev_sent = s->last_sent;
 		s->last_sent = version;
@@ -102,12 +113,18 @@ void pair_sm_event(struct pair_sm *s, enum pair_event ev, uint64_t version, uint
 			s->failed = version;
 		break;
 	}
+	/* "—" keeps the state (the table's next is the same). */
+	if (st.act != PAIR_A_NONE || (unsigned)s->state >= PAIR_S_COUNT)
+		s->state = st.next;
+	if (pair_sm_fields_state(s) != s->state)
+		s->state_bugs++;
 }
 
 void pair_sm_replanned(struct pair_sm *s, const struct pair_sm *old)
 {
 	if (old) {
 		*s = *old;
+		s->state_bugs = 0;	/* the old pair's are counted when it goes (jplan_free) */
 		pair_sm_event(s, PAIR_EV_REPLANNED, 0, 0);
 		return;
 	}

@@ -45,9 +45,10 @@ enum pair_why {
 };
 
 /* The pair's state as docs/SYNC.md's tables name it ("The pair's state
- * machine"): what the next decision starts from.  It lives in the fields
- * of struct pair_sm (last_sent, need_dense, why); pair_sm_state() reads
- * it back. */
+ * machine"): what the next decision starts from.  Stored in struct
+ * pair_sm (state), changed only by pair_sm_event to the table's next;
+ * after every event the fields (last_sent, need_dense, why) must say the
+ * same (pair_sm_fields_state), or the event counts a bug. */
 enum pair_state {
 	PAIR_S_FRESH = 0,         /* nothing sent (a new pair, or its entries changed) */
 	PAIR_S_CLEAN,             /* sent, nothing failed since */
@@ -119,6 +120,8 @@ struct pair_sm {
 	uint64_t failed;          /* newest version it reported not applied */
 	int need_dense;           /* rule 2 broken: the next version is dense */
 	enum pair_why why;        /* why need_dense (PAIR_WHY_REPAIR or _RESYNC) */
+	enum pair_state state;    /* the table's, stored (pair_sm_event) */
+	uint32_t state_bugs;      /* events after which the fields said another state (tests: 0) */
 	struct pair_rates r;      /* cost estimates (pair_cost_*) */
 };
 
@@ -129,8 +132,9 @@ void pair_sm_init(struct pair_sm *s);
  * pair's state machine"). */
 struct pair_step pair_sm_step(enum pair_state st, enum pair_event ev);
 
-/* The state the pair's fields give. */
+/* The pair's state (stored), and the state its fields give (the check). */
 enum pair_state pair_sm_state(const struct pair_sm *s);
+enum pair_state pair_sm_fields_state(const struct pair_sm *s);
 
 /* One event, through pair_sm_step: its action on the fields.  `version` is
  * the version concerned (ignored by SEND_FAILED, CAPTURE_FAILED, RESYNC

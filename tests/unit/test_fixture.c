@@ -193,6 +193,18 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 			fail_msg("seed %llu: node%u: %llu sink versions not where the table said",
 				 (unsigned long long)seed, i,
 				 (unsigned long long)r.eng[i]->sink_sm_bugs);
+	/* ...and every pair's stored state is the one its fields give
+	 * (pair_sm.h): the pairs freed, and those still planned. */
+	for (unsigned i = 0; i < NODES; i++) {
+		uint64_t bugs = r.eng[i]->pair_sm_bugs;
+
+		for (struct job *j = r.eng[i]->jobs; j; j = j->next)
+			for (size_t q = 0; q < j->npairs; q++)
+				bugs += j->pairs[q].sm.state_bugs;
+		if (bugs)
+			fail_msg("seed %llu: node%u: %llu pair events left a state its fields do not "
+				 "give", (unsigned long long)seed, i, (unsigned long long)bugs);
+	}
 	for (unsigned i = NODES; i-- > 0;)
 		dte_engine_free(r.eng[i]);
 	fix_free(r.fx);

@@ -2166,12 +2166,23 @@ static void test_plan_only_families(void **state)
 }
 
 /* Last: every transition of a sink version in the tests above left it
- * where the table says, with that state stored (jsink_step_check). */
+ * where the table says, with that state stored (jsink_step_check); and
+ * every pair's stored state is the one its fields give (pair_sm.h), of
+ * pairs freed (pair_sm_bugs) and pairs still planned. */
 static void test_sink_states(void **state)
 {
+	uint64_t pair_bugs = eng->pair_sm_bugs;
+	size_t pairs = 0;
+
 	(void)state;
+	for (struct job *j = job_find(eng, "tj"); j; j = NULL)
+		for (size_t i = 0; i < j->npairs; i++, pairs++)
+			pair_bugs += j->pairs[i].sm.state_bugs;
 	assert_int_equal(eng->sink_sm_bugs, 0);
+	assert_int_equal(pair_bugs, 0);
 	print_message("sink-states: bugs=%llu\n", (unsigned long long)eng->sink_sm_bugs);
+	print_message("pair-states: bugs=%llu (pairs planned now %zu)\n",
+		      (unsigned long long)pair_bugs, pairs);
 }
 
 static int setup(void **state)

@@ -135,6 +135,13 @@ static void test_every_cell(void **state)
 					 pair_sm_state_name((enum pair_state)s),
 					 pair_sm_event_name((enum pair_event)e),
 					 pair_sm_state_name(pair_sm_state(&p)));
+			/* ...stored, and the one its fields give */
+			if (p.state_bugs || pair_sm_fields_state(&p) != pair_sm_state(&p))
+				fail_msg("%s × %s: stored %s, the fields say %s",
+					 pair_sm_state_name((enum pair_state)s),
+					 pair_sm_event_name((enum pair_event)e),
+					 pair_sm_state_name(pair_sm_state(&p)),
+					 pair_sm_state_name(pair_sm_fields_state(&p)));
 		}
 	}
 	assert_int_equal(cells, PAIR_S_COUNT * PAIR_EV_COUNT);
