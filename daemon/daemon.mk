@@ -71,7 +71,7 @@ UNIT_TESTS   += test_buf test_job test_pair_sm test_sink_sm test_coord_sm test_r
 # schedules of publish, apply, join, leave, restart and partition.  Both
 # share the fixture and its sync helpers (fixture_sync.c).
 FIXTURE_SRCS := tests/unit/fixture.c tests/unit/fixture_sync.c
-FIXTURE_DEPS := $(FIXTURE_SRCS) tests/unit/fixture.h tests/unit/fixture_sync.h \
+FIXTURE_DEPS := $(FIXTURE_SRCS) tests/unit/fixture.h tests/unit/fixture_sync.h tests/unit/fixture_side.h \
                 tests/unit/tiny_llama_ref.h tests/unit/adamw_ref.h $(INTERNAL_LIBS) $(GEN_HEADERS)
 UNIT_TESTS   += test_fixture test_fixture_explore
 # The coordinator's re-plan: cached plans give what a plan from scratch gives.
@@ -88,10 +88,10 @@ $(B)/tests/test_fixture_explore: tests/unit/test_fixture_explore.c $(FIXTURE_DEP
 	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) -Wl,--wrap=dbuf_fini \
 		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
 # The engine's own tests run on the fixture's I/O too (one node).
-$(B)/tests/test_job: tests/unit/test_job.c tests/unit/fixture.c tests/unit/fixture.h \
-                     tests/unit/io_filter.h tests/unit/adamw_ref.h $(INTERNAL_LIBS) $(GEN_HEADERS)
+$(B)/tests/test_job: tests/unit/test_job.c tests/unit/io_filter.h tests/unit/fixture_side.h \
+                     $(FIXTURE_DEPS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ tests/unit/test_job.c tests/unit/fixture.c -o $@ \
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -MT $@ tests/unit/test_job.c $(FIXTURE_SRCS) -o $@ \
 		$(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) \
 		$(CMOCKA_LIBS) -ldl
 # Two engines in one process share the buffer registry (the last one ends it).

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 #include "tests/unit/slurp.h"
 #include "tests/unit/fixture.h"
+#include "tests/unit/fixture_side.h"
 #include "tests/unit/io_filter.h"
 #include "daemon/recvpool.h"
 #include "daemon/buf.h"
@@ -47,7 +48,6 @@ static struct dte_engine *eng;
 #define SRC_CONN 1
 #define SINK_CONN 2
 #define SINK2_CONN 3
-#define MAXB 64
 
 /* Deferred answers land in catch_done (below): a request of connection c
  * with id i, as the control handlers make them. */
@@ -59,18 +59,7 @@ static void catch_done(const struct jreq *rq, int rc, const char *err, const str
 static struct fx *fx;
 #define FX_SEED 0x7e57106ull
 #define STEPS 4000000ull	/* a request answered, or everything settled */
-static char *config;
-static struct dte_spec spec;
 
-struct side {
-	size_t n;
-	uint64_t ids[MAXB];
-	uint32_t layout_ids[MAXB];
-	void *mem[MAXB];
-	size_t bytes[MAXB];
-	char names[MAXB][DTE_LAYOUT_NAME_MAX];
-	uint64_t participant;
-};
 
 static struct side src, sink, sink2;
 static uint32_t attach_replica;   /* replica of the next attach */
@@ -83,37 +72,6 @@ static void spin(void)
 	if (fix_settle(fx, STEPS) < 0)
 		fail_msg("the engine never settled in %llu steps", STEPS);
 	assert_int_equal(eng->tasks, 0);
-}
-
-static void side_register(struct side *sd, uint64_t conn, const char *desc, int role)
-{
-	struct dte_layout l;
-	char err[256];
-
-	assert_int_equal(dte_layout_from_desc(&l, &spec, desc, role, err, sizeof(err)), 0);
-	sd->n = 0;
-	for (size_t i = 0; i < l.nbufs; i++) {
-		size_t es = role == DTE_LAYOUT_SOURCE ? 4 : 2, bytes;
-		int fd;
-
-		if (l.bufs[i].rank != 0)
-			continue;
-		bytes = (size_t)l.bufs[i].length * es;
-		fd = memfd_create("tj", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		assert_true(fd >= 0);
-		assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
-		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-		sd->mem[sd->n] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		assert_true(sd->mem[sd->n] != MAP_FAILED);
-		sd->bytes[sd->n] = bytes;
-		sd->layout_ids[sd->n] = l.bufs[i].id;
-		snprintf(sd->names[sd->n], sizeof(sd->names[sd->n]), "%s", l.bufs[i].name);
-		assert_int_equal(dbuf_register_fd(conn, fd, 0, (uint64_t)l.bufs[i].length,
-						  role == DTE_LAYOUT_SOURCE ? DBUF_FP32 : DBUF_BF16,
-						  l.bufs[i].name, &sd->ids[sd->n], err, sizeof(err)), 0);
-		sd->n++;
-	}
-	dte_layout_fini(&l);
 }
 
 /* Resident kB of this process's mapping that starts at addr
@@ -167,41 +125,16 @@ static uint64_t attach(struct side *sd, uint64_t conn, const char *role, const c
 	return sd->participant;
 }
 
-static float frand(unsigned *s)
+/* A new trainer and a new SGLang sink (fresh buffers, new participants)
+ * on the job, planned together. */
+static void pair_again(struct job *j)
 {
-	*s = *s * 1103515245u + 12345u;
-	return (float)((*s >> 8) & 0xffff) / 65536.0f;
-}
-
-static struct dtc_hparams hp_of(int64_t step)
-{
-	struct dtc_hparams hp = { .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-				  .weight_decay = 0.0, .step = step, .variant = DTC_VARIANT_TORCH };
-	return hp;
-}
-
-/* One AdamW step over every element of the source (one group's hypers
- * for all: weight decay 0, so the groups agree), as torch's single-tensor
- * AdamW takes it: exp_avg.lerp_(grad, 1 - beta1) (lerp's weight < 0.5
- * form, self + w * (end - self)), exp_avg_sq.mul_(beta2).addcmul_(grad,
- * grad, value=1 - beta2), then θ by ref_torch_adamw(), which test_elem
- * holds bit-exact to recorded torch steps -- not the product's forward. */
-static void adamw_step(int64_t step, unsigned seed)
-{
-	struct dtc_hparams hp = hp_of(step);
-	float *p = src.mem[0], *m = src.mem[1], *v = src.mem[2];
-	size_t n = src.bytes[0] / 4;
-
-	for (size_t i = 0; i < n; i++) {
-		float g = (frand(&seed) - 0.5f) * 0.02f;
-
-		if (step == 1)
-			p[i] = (frand(&seed) - 0.5f) * 0.2f;
-		m[i] = m[i] + (float)(1 - hp.beta1) * (g - m[i]);
-		v[i] = v[i] * (float)hp.beta2 + (float)(1 - hp.beta2) * g * g;
-		p[i] = ref_torch_adamw(p[i], m[i], sqrtf(v[i]), hp.lr, hp.beta1, hp.beta2, hp.eps,
-				       hp.weight_decay, step);
-	}
+	src.participant = sink.participant = 0;
+	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
+	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
+	attach(&src, SRC_CONN, "source", "megatron:tp=1");
+	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
+	assert_true(j->complete);
 }
 
 /* Deferred answers (publish, mark) land here instead of a socket. */
@@ -485,7 +418,7 @@ static void check_exact_side(const struct side *ks)
 	char err[256];
 	uint64_t checked = 0, hf_total = 0;
 
-	assert_int_equal(dte_layout_from_desc(&sl, &spec, "megatron:tp=1", DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
+	assert_int_equal(dte_layout_from_desc(&sl, &fxs_spec, "megatron:tp=1", DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
 	mg_tensor_table_check(&sl);
 	for (size_t b = 0; b < ks->n; b++) {
 		const uint16_t *d = ks->mem[b];
@@ -644,7 +577,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	struct recvpool_stats rs0;
 
 	jc.name = "tj";
-	jc.model_config = config;
+	jc.model_config = fxs_config;
 	jc.token = "tok";
 	jc.coordinator = "local";
 	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), 0);
@@ -695,7 +628,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	}
 
 	/* v1 dense, v2 sparse: both exact. */
-	adamw_step(1, 11);
+	adamw_step(&src, 1, 11);
 	assert_int_equal(publish(1, 1, &pr), 0);
 	assert_int_equal(pr.dense, 1);
 	assert_int_equal(staged(), 1);
@@ -712,7 +645,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 			nanosleep(&ts, NULL);
 		assert_int_equal(rs.arenas, rs0.arenas - 1);
 	}
-	adamw_step(2, 22);
+	adamw_step(&src, 2, 22);
 	publish_again_busy = 1;
 	assert_int_equal(publish(2, 2, &pr), 0);
 	publish_again_busy = 0;
@@ -835,7 +768,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 			lv.participants = ids;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_LEAVE, &lv.base, NULL, 0);
 			jn.job = &ref;
-			jn.spec_hash = spec.hash;
+			jn.spec_hash = fxs_spec.hash;
 			jn.node = (char *)fix_node_name(fx, 0);
 			jn.address = "127.0.0.1:1";
 			jn.peer_proto = PEER_PROTO_VERSION;
@@ -881,7 +814,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 			pa.replica = 7;
 			pa.node = "peer2";
 			jn.job = &ref;
-			jn.spec_hash = spec.hash;
+			jn.spec_hash = fxs_spec.hash;
 			jn.node = "peer2";
 			jn.address = "127.0.0.1:1";
 			jn.n_participants = 1;
@@ -930,7 +863,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_true(unchanged(snap));
 	free(snap);
 	/* The refusals reached the source: the next version repairs densely. */
-	adamw_step(3, 33);
+	adamw_step(&src, 3, 33);
 	assert_int_equal(publish(8, 3, &pr), 0);
 	assert_int_equal(pr.dense, 1);
 	assert_int_equal(staged(), 8);
@@ -940,21 +873,21 @@ static void test_sync_and_misbehaving_peer(void **state)
 	/* The sink misses version 10 (COUNTS and PAYLOAD lost) while the
 	 * source believes it sent it: sparse 11 on base 10 reaches a sink at
 	 * 9, which refuses it and writes nothing; 12 is dense and exact. */
-	adamw_step(4, 44);
+	adamw_step(&src, 4, 44);
 	assert_int_equal(publish(9, 4, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
 	io_filter_set(drop_some);
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
 	drop_version = 10;
-	adamw_step(5, 55);
+	adamw_step(&src, 5, 55);
 	assert_int_equal(publish(10, 5, &pr), 0);
 	assert_int_equal(pr.dense, 0);
 	assert_int_equal(staged(), 9);
 	io_filter_set(NULL);
 	refused0 = j->refused;
 	snapshot(&snap);
-	adamw_step(6, 66);
+	adamw_step(&src, 6, 66);
 	assert_int_equal(publish(11, 6, &pr), 0);
 	assert_int_equal(pr.dense, 0);          /* the rule allows it: 9 was acknowledged */
 	assert_int_equal(staged(), 9);          /* ... and the sink refuses it */
@@ -967,7 +900,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 
 		assert_int_equal(jsrc_wait_done(j, 11, &sinks, err, sizeof(err)), -EIO);
 	}
-	adamw_step(7, 77);
+	adamw_step(&src, 7, 77);
 	assert_int_equal(publish(12, 7, &pr), 0);
 	assert_int_equal(pr.dense, 1);
 	assert_int_equal(staged(), 12);
@@ -980,13 +913,13 @@ static void test_sync_and_misbehaving_peer(void **state)
 	io_filter_set(drop_some);
 	drop_type = DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED;
 	drop_version = 13;
-	adamw_step(8, 88);
+	adamw_step(&src, 8, 88);
 	assert_int_equal(publish(13, 8, &pr), 0);
 	assert_int_equal(pr.dense, 0);
-	adamw_step(9, 99);
+	adamw_step(&src, 9, 99);
 	assert_int_equal(publish(14, 9, &pr), 0);
 	assert_int_equal(pr.dense, 0);
-	adamw_step(10, 100);
+	adamw_step(&src, 10, 100);
 	assert_int_equal(publish(15, 10, &pr), 0);
 	assert_int_equal(pr.dense, 1);
 	io_filter_set(NULL);
@@ -1001,7 +934,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	attach_replica = 1;
 	attach(&sink2, SINK2_CONN, "sink", "sglang:tp=1");
 	attach_replica = 0;
-	adamw_step(11, 111);
+	adamw_step(&src, 11, 111);
 	assert_int_equal(publish(16, 11, &pr), 0);
 	assert_int_equal(pr.sinks, 2);
 	assert_int_equal(pr.dense, 1);          /* the new replica starts dense */
@@ -1011,7 +944,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 		uint64_t scans0 = eng->scans, served0 = eng->scan_entries;
 		size_t entries = job_pair(j, src.participant, sink.participant)->n;
 
-		adamw_step(12, 122);
+		adamw_step(&src, 12, 122);
 		assert_int_equal(publish(17, 12, &pr), 0);
 		assert_int_equal(pr.dense, 0);
 		assert_int_equal(eng->scan_entries - served0, 2 * entries);
@@ -1028,7 +961,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	 * replica keeps applying sparse. */
 	eng->max_staged = 3;
 	for (uint64_t v = 18; v <= 21; v++) {
-		adamw_step((int64_t)v - 5, (unsigned)v);
+		adamw_step(&src, (int64_t)v - 5, (unsigned)v);
 		assert_int_equal(publish(v, (int64_t)v - 5, &pr), 0);
 		assert_int_equal(pr.dense, 0);
 		if (v == 21) {
@@ -1068,7 +1001,7 @@ static void test_sync_and_misbehaving_peer(void **state)
 	assert_int_equal(staged(), 17);         /* 18..21 dropped: nothing to apply */
 	assert_int_equal(jsink_of(job_local(j, sink.participant))->staging_drops, 1);
 	assert_true(job_pair(j, src.participant, sink.participant)->sm.need_dense);
-	adamw_step(17, 222);
+	adamw_step(&src, 17, 222);
 	assert_int_equal(publish(22, 17, &pr), 0);
 	assert_int_equal(pr.dense, 1);          /* for the sink that dropped */
 	assert_int_equal(pr.sinks, 2);
@@ -1234,7 +1167,7 @@ static void publish_held(uint64_t v, int64_t step, int dense)
 
 	held_clear();
 	hold_version = v;
-	adamw_step(step, (unsigned)(step * 7919));
+	adamw_step(&src, step, (unsigned)(step * 7919));
 	assert_int_equal(publish(v, step, &pr), 0);
 	assert_int_equal(pr.dense, dense);
 	hold_version = 0;
@@ -1246,7 +1179,7 @@ static void publish_exact(uint64_t v, int64_t step, int dense)
 {
 	struct jpublish_res pr;
 
-	adamw_step(step, (unsigned)(step * 7919));
+	adamw_step(&src, step, (unsigned)(step * 7919));
 	payloads_seen = 0;
 	assert_int_equal(publish(v, step, &pr), 0);
 	assert_int_equal(pr.dense, dense);
@@ -1271,12 +1204,7 @@ static void test_parts(void **state)
 	Dtep__Payload *pm;
 
 	eng->part_bytes = 512;
-	src.participant = sink.participant = 0;
-	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
-	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
-	attach(&src, SRC_CONN, "source", "megatron:tp=1");
-	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
-	assert_true(j->complete);
+	pair_again(j);
 	io_filter_set(hold_some);
 
 	/* Many versions: dense, then sparse; some applied as a chain of 3. */
@@ -1290,7 +1218,7 @@ static void test_parts(void **state)
 		}
 		for (int k = 0; k < 3; k++) {
 			step++;
-			adamw_step(step, (unsigned)(step * 7919));
+			adamw_step(&src, step, (unsigned)(step * 7919));
 			assert_int_equal(publish(v++, step, &pr), 0);
 			assert_int_equal(pr.dense, 0);
 		}
@@ -1371,7 +1299,7 @@ static void test_parts(void **state)
 		struct jpublish_res pr;
 
 		step++;
-		adamw_step(step, (unsigned)(step * 7919));
+		adamw_step(&src, step, (unsigned)(step * 7919));
 		assert_int_equal(publish(v, step, &pr), 0);
 		assert_int_equal(pr.dense, 0);
 		assert_int_equal(staged(), v - 2);
@@ -1478,7 +1406,7 @@ static void test_parts(void **state)
 
 		v++;
 		step++;
-		adamw_step(step, (unsigned)(step * 7919));
+		adamw_step(&src, step, (unsigned)(step * 7919));
 		assert_int_equal(publish(v, step, &pr), 0);
 		assert_int_equal(staged(), v);
 		deferred = 0;
@@ -1517,7 +1445,7 @@ static void test_parts(void **state)
 
 		v++;
 		step++;
-		adamw_step(step, (unsigned)(step * 7919));
+		adamw_step(&src, step, (unsigned)(step * 7919));
 		assert_int_equal(publish(v, step, &pr), 0);
 		assert_int_equal(staged(), v);
 		rq.job = "tj";
@@ -1610,12 +1538,7 @@ static void test_arrival(void **state)
 	void *snap;
 
 	eng->part_bytes = 512;
-	src.participant = sink.participant = 0;
-	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
-	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
-	attach(&src, SRC_CONN, "source", "megatron:tp=1");
-	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
-	assert_true(j->complete);
+	pair_again(j);
 	io_filter_set(hold_some);
 	k = jsink_of(job_local(j, sink.participant));
 	publish_exact(v++, ++step, 1);
@@ -1940,7 +1863,7 @@ static void publish_step(uint64_t v, int64_t step, int dense)
 {
 	struct jpublish_res pr;
 
-	adamw_step(step, (unsigned)(step * 7919));
+	adamw_step(&src, step, (unsigned)(step * 7919));
 	assert_int_equal(publish(v, step, &pr), 0);
 	assert_int_equal(pr.dense, dense);
 }
@@ -1956,12 +1879,7 @@ static void test_skip_write(void **state)
 	char err[256];
 	void *snap;
 
-	src.participant = sink.participant = 0;
-	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
-	side_register(&sink, SINK_CONN, "sglang:tp=1", DTE_LAYOUT_SINK);
-	attach(&src, SRC_CONN, "source", "megatron:tp=1");
-	attach(&sink, SINK_CONN, "sink", "sglang:tp=1");
-	assert_true(j->complete);
+	pair_again(j);
 	k = jsink_of(job_local(j, sink.participant));
 	eng->ext.apply_select = skip_select;
 	eng->ext.apply_skip = skip_put_back;
@@ -2190,8 +2108,8 @@ static int setup(void **state)
 	char err[256];
 
 	dlog_init(DLOG_ERROR);
-	config = slurp("tests/data/layout/tiny-llama-gqa.json");
-	if (dte_spec_load_string(&spec, config, err, sizeof(err)) < 0)
+	fxs_config = slurp("tests/data/layout/tiny-llama-gqa.json");
+	if (dte_spec_load_string(&fxs_spec, fxs_config, err, sizeof(err)) < 0)
 		return -1;
 	if (!(fx = fix_new(1, FX_SEED, NULL)))
 		return -1;
@@ -2216,8 +2134,8 @@ static int teardown(void **state)
 	eng = NULL;
 	fix_free(fx);
 	fx = NULL;
-	dte_spec_fini(&spec);
-	free(config);
+	dte_spec_fini(&fxs_spec);
+	free(fxs_config);
 	return 0;
 }
 
