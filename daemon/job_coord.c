@@ -123,7 +123,16 @@ static void send_join(struct job *j, int retry)
 	j->join_next_ns = jio_now(j->eng) + (uint64_t)j->join_backoff_ms * 1000000u;
 	rc = jio_send(j->eng, j->is_coord ? jio_self(j->eng) : NULL, j->is_coord ? NULL : j->coordinator,
 			DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base, NULL, 0);
-	if (rc < 0) {
+	if (!n && (rc < 0 || j->coord_down)) {
+		/* A leave the coordinator cannot hear needs no answer: the
+		 * link to it broke (or never came back), and a coordinator
+		 * that heard this node go down forgot it; retrying would only
+		 * log every interval for a job with nothing here. */
+		j->join_acked = j->join_seq;
+		if (rc < 0)
+			DLOG_I("job %s: the coordinator %s is out of reach (%s); this node's "
+			       "leave is not sent again", j->name, j->coordinator, strerror(-rc));
+	} else if (rc < 0) {
 		DLOG_W("job %s: cannot reach the coordinator %s: %s (retried)", j->name,
 		       j->coordinator, strerror(-rc));
 		for (struct jlocal *l = j->locals; l; l = l->next)
@@ -1765,6 +1774,30 @@ static int from_coordinator(const struct job *j, const char *from)
 /* Member side of a PLAN: -1 with a reason in why (then REFUSED goes back
  * to the sender), else 0 (applied, a duplicate, stale or rejected after
  * validation: logged). */
+/* The plan just taken names a participant of this node that this node
+ * does not hold: the coordinator keeps a ghost.  A JOIN of an earlier
+ * membership can reach it after a later one was answered (a retry or a
+ * copy, reordered: the coordinator keeps nothing of a node that left),
+ * and bring back participants that are gone.  Told again, with a new
+ * JOIN, unless one is on its way (its answer corrects it). */
+static void plan_ghost_check(struct job *j)
+{
+	if (j->join_acked < j->join_seq)
+		return;
+	for (size_t i = 0; i < j->nparts; i++) {
+		const struct jpinfo *p = &j->parts[i];
+
+		if (strcmp(p->node, jio_self(j->eng)) || job_local(j, p->id))
+			continue;
+		j->ghosts_told++;
+		DLOG_N("job %s: plan %llx names participant %llx of this node, which it does not "
+		       "hold; telling the coordinator again", j->name, (unsigned long long)j->epoch,
+		       (unsigned long long)p->id);
+		job_send_join(j);
+		return;
+	}
+}
+
 int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, size_t whylen)
 {
 	struct jpinfo *parts = NULL;
@@ -1964,6 +1997,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 	DLOG_I("job %s: plan epoch %llx from %s: %zu participants, %zu local pairs%s", j->name,
 	       (unsigned long long)j->epoch, from, j->nparts, j->npairs,
 	       j->complete ? "" : " (incomplete)");
+	plan_ghost_check(j);
 	return 0;
 bad:
 	DLOG_E("job %s: plan epoch %llu from %s rejected: %s", j->name, (unsigned long long)m->epoch,

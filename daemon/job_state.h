@@ -417,6 +417,7 @@ struct job {
 	/* ...and when such records have waited long, the member asks for the
 	 * plan again with its JOIN (job.c, ahead_ask): when, how often. */
 	uint64_t ahead_asked_ns, ahead_asks;
+	uint64_t ghosts_told;      /* plans naming a participant of this node it does not hold (plan_ghost_check) */
 	uint64_t published;
 	/* Running estimates of a capture's reads (pair_sm_choose): bytes of
 	 * θ, m, v a detect reads per second (12/element), bytes of θ a dense
