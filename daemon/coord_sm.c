@@ -22,17 +22,19 @@ static const struct coord_step table[COORD_M_COUNT][COORD_EV_COUNT] = {
 	[COORD_M_PLANNED] = { S(PLANNED, REPLAN), S(PLANNED, RESEND), S(ABSENT, DEPART),
 			      S(PLANNED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			      S(PLANNED, SEND), S(ACKED, ACK), S(PLANNED, IGNORE),
-			      S(PLANNED, RETRY), S(EXPIRED, GIVE_UP), S(ABSENT, REMOVE) },
+			      S(PLANNED, RETRY), S(EXPIRED, EXPIRE), S(ABSENT, REMOVE) },
 	/* A duplicate PLAN_ACK changes nothing. */
 	[COORD_M_ACKED] = { S(PLANNED, REPLAN), S(ACKED, RESEND), S(ABSENT, DEPART),
 			    S(ACKED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			    S(PLANNED, SEND), NO(ACKED), S(ACKED, IGNORE), NO(ACKED), NO(ACKED),
 			    S(ABSENT, REMOVE) },
-	/* A late acknowledgement still counts; a JOIN is answered, not re-armed. */
+	/* A late acknowledgement still counts; a JOIN is answered, not
+	 * re-armed; its PLAN goes again slowly (a partition nobody is told of
+	 * must end with the member on the current term). */
 	[COORD_M_EXPIRED] = { S(PLANNED, REPLAN), S(EXPIRED, RESEND), S(ABSENT, DEPART),
 			      S(EXPIRED, REFUSE), S(PLANNED, REPLAN), S(ABSENT, REMOVE),
 			      S(PLANNED, SEND), S(ACKED, ACK), S(EXPIRED, IGNORE), NO(EXPIRED),
-			      NO(EXPIRED), S(ABSENT, REMOVE) },
+			      S(EXPIRED, RETRY_SLOW), S(ABSENT, REMOVE) },
 };
 
 struct coord_step coord_sm_step(enum coord_mstate s, enum coord_mevent ev)
@@ -50,7 +52,7 @@ enum coord_mstate coord_sm_member_state(const struct coord_mview *w)
 		return COORD_M_JOINED;
 	if (w->acked_term == w->plan_term)
 		return COORD_M_ACKED;
-	return w->retrying ? COORD_M_PLANNED : COORD_M_EXPIRED;
+	return w->expired ? COORD_M_EXPIRED : COORD_M_PLANNED;
 }
 
 const char *coord_sm_state_name(enum coord_mstate s)
@@ -76,7 +78,7 @@ const char *coord_sm_action_name(enum coord_maction a)
 {
 	static const char *const n[COORD_A_COUNT] = {
 		"-", "refuse", "replan", "remove", "resend", "send", "ack", "ignore", "retry",
-		"give_up", "depart", "answer",
+		"expire", "depart", "answer", "retry_slow",
 	};
 
 	return (unsigned)a < COORD_A_COUNT ? n[a] : "?";

@@ -26,7 +26,7 @@ enum coord_mstate {
 	COORD_M_JOINED,           /* a member with no PLAN kept (only until its first re-plan) */
 	COORD_M_PLANNED,          /* its PLAN sent, not acknowledged, retried with backoff */
 	COORD_M_ACKED,            /* it acknowledged the term of its PLAN */
-	COORD_M_EXPIRED,          /* not acknowledged within the deadline: no longer retried */
+	COORD_M_EXPIRED,          /* not acknowledged within the deadline: retried slowly */
 	COORD_M_COUNT
 };
 
@@ -56,9 +56,10 @@ enum coord_maction {
 	COORD_A_ACK,              /* its acknowledged term is the PLAN's */
 	COORD_A_IGNORE,           /* logged, nothing changes */
 	COORD_A_RETRY,            /* send its PLAN again, backoff ×2 */
-	COORD_A_GIVE_UP,          /* logged, no more retries (its JOIN retry or going down takes over) */
+	COORD_A_EXPIRE,           /* logged (warning); from now on retried every PEER_PLAN_SLOW_MS */
 	COORD_A_DEPART,           /* remove it, re-plan the others, answer its JOIN (an empty PLAN) */
 	COORD_A_ANSWER,           /* answer its JOIN with a PLAN of the term holding nothing for it */
+	COORD_A_RETRY_SLOW,       /* send its PLAN again, next in PEER_PLAN_SLOW_MS */
 	COORD_A_COUNT
 };
 
@@ -74,7 +75,7 @@ struct coord_mview {
 	int member;               /* a struct jmember exists for the node */
 	int has_plan;             /* jmember.plan kept */
 	uint64_t plan_term, acked_term;
-	int retrying;             /* jmember.next_ns != UINT64_MAX */
+	int expired;              /* jmember.expired: its deadline passed unacknowledged */
 };
 
 enum coord_mstate coord_sm_member_state(const struct coord_mview *w);

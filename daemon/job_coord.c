@@ -168,7 +168,7 @@ static enum coord_mstate member_state(const struct jmember *m)
 		w.has_plan = m->plan != NULL;
 		w.plan_term = m->plan_term;
 		w.acked_term = m->acked_term;
-		w.retrying = m->next_ns != UINT64_MAX;
+		w.expired = m->expired;
 	}
 	return coord_sm_member_state(&w);
 }
@@ -268,8 +268,8 @@ void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m)
 
 /* Records of a term newer than the plan held (job_sink_intake.c) wait
  * for its PLAN.  Past the longest retry interval that PLAN is taken as
- * lost (the coordinator gives a PLAN up at its deadline, and a partition
- * no end noticed can outlast it), and the member asks again: its JOIN
+ * lost (past its deadline the coordinator sends a PLAN only every
+ * PEER_PLAN_SLOW_MS), and the member asks again: its JOIN
  * once more, which the coordinator answers with the current plan and
  * nothing else (a duplicate JOIN; proto/peer_protocol.h); at most once a
  * retry interval.  The fixture's explorer found the stall
@@ -292,7 +292,7 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 			*soonest = j->join_next_ns;
 	}
 	for (const struct jmember *m = j->members; m; m = m->next)
-		if (member_state(m) == COORD_M_PLANNED) {
+		if (member_state(m) == COORD_M_PLANNED || member_state(m) == COORD_M_EXPIRED) {
 			any = 1;
 			if (m->next_ns < *soonest)
 				*soonest = m->next_ns;
@@ -363,11 +363,21 @@ void jctl_retry(struct dte_engine *e)
 			st = member_step(j, m->node, m, ev);
 			if (st.act == COORD_A_NONE)
 				continue;	/* acknowledged, or no plan */
-			if (st.act == COORD_A_GIVE_UP) {
-				DLOG_W("job %s: %s did not acknowledge plan %llx within %u ms; not sent "
-				       "again (its JOIN retry or its going down takes over)", j->name,
-				       m->node, (unsigned long long)m->plan_term, PEER_PLAN_DEADLINE_MS);
-				m->next_ns = UINT64_MAX;
+			if (st.act == COORD_A_EXPIRE || st.act == COORD_A_RETRY_SLOW) {
+				if (st.act == COORD_A_EXPIRE) {
+					DLOG_W("job %s: %s did not acknowledge plan %llx within %u ms; "
+					       "sent again every %u s until it does, leaves or goes down",
+					       j->name, m->node, (unsigned long long)m->plan_term,
+					       PEER_PLAN_DEADLINE_MS, PEER_PLAN_SLOW_MS / 1000);
+					m->expired = 1;
+				} else {
+					m->plan_retries++;
+					DLOG_I("job %s: plan %llx still not acknowledged by %s; sent again "
+					       "(retry %llu)", j->name, (unsigned long long)m->plan_term,
+					       m->node, (unsigned long long)m->plan_retries);
+					member_send_plan(j, m);
+				}
+				m->next_ns = now + (uint64_t)PEER_PLAN_SLOW_MS * 1000000u;
 				member_done(j, m->node, st);
 				continue;
 			}
@@ -1037,6 +1047,7 @@ static void send_plans(struct job *j, struct built *b)
 		m->plan = malloc(m->plan_len ? m->plan_len : 1);
 		m->plan_term = j->coord_epoch;
 		m->deadline_ns = jio_now(j->eng) + (uint64_t)PEER_PLAN_DEADLINE_MS * 1000000u;
+		m->expired = 0;
 		retry_arm(j->eng, &m->next_ns, &m->backoff_ms, 1);
 		if (m->plan)
 			protobuf_c_message_pack(&plan.base, m->plan);

@@ -327,6 +327,7 @@ struct jmember {
 	int part_ok;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
+	int expired;              /* past deadline_ns unacknowledged: retried every PEER_PLAN_SLOW_MS */
 	uint64_t plan_retries;
 	struct jmember *next;
 };

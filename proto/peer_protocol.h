@@ -63,7 +63,8 @@
  * (daemon/job_sink_intake.c), and goes in once it is adopted; one
  * still waiting after PEER_RETRY_MAX_MS makes the member send its JOIN
  * again (a duplicate, answered with the current PLAN), at most once per
- * PEER_RETRY_MAX_MS: the PLAN may have been given up at its deadline.
+ * PEER_RETRY_MAX_MS: past its deadline the PLAN goes only every
+ * PEER_PLAN_SLOW_MS.
  *
  * ## Acknowledgement and retry
  * JOIN: retried while the member has not seen a PLAN echoing its newest
@@ -74,8 +75,10 @@
  * coordinator is back, without operator action.
  * PLAN: retried to a member until it acknowledges the term (PLAN_ACK),
  * same backoff, until PEER_PLAN_DEADLINE_MS after the plan was made; then
- * the coordinator logs it and stops (the member's JOIN retry, or its
- * peer-down event, takes over).
+ * the coordinator logs it and from there sends it every
+ * PEER_PLAN_SLOW_MS until the member acknowledges it, leaves or goes down
+ * (a partition nobody is told of ends with the member on the current
+ * term even when no record reaches it to make it ask).
  * Duplicates are idempotent: a JOIN with a join_seq already processed for
  * that join_boot is answered with the current PLAN and changes nothing; a
  * PLAN of the member's current term is acknowledged again and changes
@@ -96,6 +99,7 @@
 #define PEER_RETRY_FIRST_MS    200u
 #define PEER_RETRY_MAX_MS      3200u
 #define PEER_PLAN_DEADLINE_MS  60000u
+#define PEER_PLAN_SLOW_MS      30000u
 
 static inline uint64_t peer_term(uint64_t boot, uint64_t counter)
 {

@@ -26,14 +26,15 @@ static const char *const want[COORD_M_COUNT][COORD_EV_COUNT] = {
 			     "joined ignore", "-", "-", "absent remove" },
 	[COORD_M_PLANNED] = { "planned replan", "planned resend", "absent depart",
 			      "planned refuse", "planned replan", "absent remove", "planned send",
-			      "acked ack", "planned ignore", "planned retry", "expired give_up",
+			      "acked ack", "planned ignore", "planned retry", "expired expire",
 			      "absent remove" },
 	[COORD_M_ACKED] = { "planned replan", "acked resend", "absent depart", "acked refuse",
 			    "planned replan", "absent remove", "planned send", "-", "acked ignore",
 			    "-", "-", "absent remove" },
 	[COORD_M_EXPIRED] = { "planned replan", "expired resend", "absent depart",
 			      "expired refuse", "planned replan", "absent remove", "planned send",
-			      "acked ack", "expired ignore", "-", "-", "absent remove" },
+			      "acked ack", "expired ignore", "-", "expired retry_slow",
+			      "absent remove" },
 };
 
 static void cell_of(enum coord_mstate s, enum coord_mevent e, char *got, size_t len)
@@ -111,13 +112,12 @@ static void test_state_of_fields(void **state)
 	w.has_plan = 1;
 	w.plan_term = peer_term(5, 2);
 	w.acked_term = peer_term(5, 1);
-	w.retrying = 1;
 	assert_int_equal(coord_sm_member_state(&w), COORD_M_PLANNED);
-	w.retrying = 0;
+	w.expired = 1;
 	assert_int_equal(coord_sm_member_state(&w), COORD_M_EXPIRED);
 	w.acked_term = w.plan_term;
-	assert_int_equal(coord_sm_member_state(&w), COORD_M_ACKED);
-	w.retrying = 1;	/* acknowledged: retrying or not, acked */
+	assert_int_equal(coord_sm_member_state(&w), COORD_M_ACKED);	/* expired or not */
+	w.expired = 0;
 	assert_int_equal(coord_sm_member_state(&w), COORD_M_ACKED);
 }
 

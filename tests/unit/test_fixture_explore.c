@@ -76,11 +76,11 @@
  *    retried and reordered behind its answered leave (FX_DROP=3
  *    FX_SEED=0x9900006c); the member now tells the coordinator again when
  *    a plan names a participant of its own it does not hold.
- *  - Still open: silent partitions and drops together (FX_SILENT=1
- *    FX_DROP=2 FX_SEED=0x660000ee) leave a member on the old term when
- *    its PLAN was given up at the deadline and no version reaches it to
- *    make it ask (the heal waits for every node to be planned before it
- *    publishes).  Not in make test's mix: UCX's keepalive tells.
+ *  - Silent partitions and drops together (FX_SILENT=1 FX_DROP=2
+ *    FX_SEED=0x660000ee) left a member on the old term when its PLAN was
+ *    given up at the deadline and no version reached it to make it ask
+ *    (the heal waits for every node to be planned before it publishes).
+ *    Past its deadline a PLAN now goes every PEER_PLAN_SLOW_MS instead.
  *
  * FX_EXPLORE (environment) sets how many schedules (default below),
  * FX_SEED the first seed (with FX_SEED set, FX_SCHEDULES counts too, so
