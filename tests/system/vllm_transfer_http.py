@@ -127,7 +127,9 @@ class Server:
                "--weight-transfer-config", json.dumps({"backend": "dted"}),
                "--worker-extension-cls", "vllm_transfer_http.WorkerChecks",
                "--uvicorn-log-level", "warning", "--disable-log-stats"]
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
+        # PYTHONFAULTHANDLER: a process of the server that gets SIGABRT
+        # prints every thread's Python stack first (dump_stacks).
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", PYTHONFAULTHANDLER="1",
                    VLLM_CPU_OMP_THREADS_BIND="0|1" if tp == 2 else "auto")
         self.logpath = logpath
         self.log = open(logpath, "w")
@@ -149,6 +151,19 @@ class Server:
                 pass
             time.sleep(0.5)
         raise RuntimeError("the vLLM server was not up within %d s: %s" % (timeout, self.tail()))
+
+    def dump_stacks(self):
+        """A request got no answer: every process of the server (API
+        server, engine core, workers: its session) prints its threads'
+        Python stacks into the log and ends (one run beside two CPU hogs
+        timed out a /v1/completions after an update at TP 2, with nothing
+        in any log to say where it stood)."""
+        import time
+        try:
+            os.killpg(self.proc.pid, signal.SIGABRT)
+        except OSError:
+            return
+        time.sleep(3)
 
     def tail(self, n=25):
         try:
@@ -238,6 +253,7 @@ def run_model(c, t, sock, tmp, name):
     cfgd = json.loads(cfg_text)
     server = Server(d0, TP, os.path.join(tmp, job + "-server.log"))
     ref = fresh = src = None
+    stacks = False
     try:
         # While the server boots: the reference.  Dense: an offline vllm.LLM
         # (the same settings, no weight transfer) that loads each version's
@@ -418,14 +434,17 @@ def run_model(c, t, sock, tmp, name):
                                                 "args": [os.path.join(tmp, job + "-want.pt")]})
             print("  note: the first worker RPC after the failed stage: HTTP %d %s" % (
                 r.status_code, r.text[:160].replace("\n", " ")), flush=True)
-    except BaseException:
+    except BaseException as e:
         c.check(False, "%s: the test raised" % name)
+        if "Timeout" in type(e).__name__:
+            server.dump_stacks()
+            stacks = True
         raise
     finally:
         if src is not None:
             src.close()
         if c.passed != c.total:
-            print("%s server log (tail):%s" % (name, server.tail(40)))
+            print("%s server log (tail):%s" % (name, server.tail(400 if stacks else 40)))
         if os.environ.get("DTE_VLLM_HTTP_KEEP_LOG"):
             shutil.copy(server.logpath, os.environ["DTE_VLLM_HTTP_KEEP_LOG"] + "-" + name)
         server.close()
