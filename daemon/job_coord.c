@@ -291,12 +291,15 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 		if (j->join_next_ns < *soonest)
 			*soonest = j->join_next_ns;
 	}
-	for (const struct jmember *m = j->members; m; m = m->next)
-		if (member_state(m) == COORD_M_PLANNED || member_state(m) == COORD_M_EXPIRED) {
+	for (const struct jmember *m = j->members; m; m = m->next) {
+		enum coord_mstate st = member_state(m);
+
+		if (st == COORD_M_PLANNED || st == COORD_M_EXPIRED) {
 			any = 1;
 			if (m->next_ns < *soonest)
 				*soonest = m->next_ns;
 		}
+	}
 	if (!j->is_coord && jsink_ahead_oldest(j)) {
 		uint64_t t = ahead_ask_ns(j);
 
