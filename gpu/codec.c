@@ -43,6 +43,49 @@ int dtc_varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v)
 	return DTC_ECORRUPT;
 }
 
+size_t dtc_gap_put(uint8_t *p, uint64_t gap)
+{
+	if (gap < GAP1_MAX) {
+		p[0] = (uint8_t)gap;
+		return 1;
+	}
+	if (gap < GAP2_MAX) {
+		gap -= GAP1_MAX;
+		p[0] = (uint8_t)(0x80 | (gap >> 8));
+		p[1] = (uint8_t)gap;
+		return 2;
+	}
+	p[0] = GAP_ESCAPE;
+	return 1 + dtc_varint_put(p + 1, gap);
+}
+
+int dtc_gap_get(const uint8_t **pp, const uint8_t *end, uint64_t *gap)
+{
+	const uint8_t *p = *pp;
+	uint8_t b;
+	int rc;
+
+	if (p >= end)
+		return DTC_ETRUNC;
+	b = *p++;
+	if (b < 0x80) {
+		*gap = b;
+	} else if (b < GAP_ESCAPE) {
+		if (p >= end)
+			return DTC_ETRUNC;
+		*gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *p++;
+	} else if (b == GAP_ESCAPE) {
+		if ((rc = dtc_varint_get(&p, end, gap)) != DTC_OK)
+			return rc;
+		if (*gap < GAP2_MAX)
+			return DTC_ECORRUPT;	/* non-canonical: refuse */
+	} else {
+		return DTC_ECORRUPT;
+	}
+	*pp = p;
+	return DTC_OK;
+}
+
 static void put_u64(uint8_t *p, uint64_t v)
 {
 	for (int i = 0; i < 8; i++)
@@ -84,18 +127,7 @@ int dtc_sparse_encode(const uint64_t *pos, const uint16_t *val, uint64_t count,
 		if (pos[i] < next || pos[i] >= box_size)
 			return DTC_EINVAL;	/* unsorted, duplicate or outside */
 		gap = pos[i] - next;
-		if (gap < GAP1_MAX) {
-			tmp[0] = (uint8_t)gap;
-			n = 1;
-		} else if (gap < GAP2_MAX) {
-			gap -= GAP1_MAX;
-			tmp[0] = (uint8_t)(0x80 | (gap >> 8));
-			tmp[1] = (uint8_t)gap;
-			n = 2;
-		} else {
-			tmp[0] = GAP_ESCAPE;
-			n = 1 + dtc_varint_put(tmp + 1, gap);
-		}
+		n = dtc_gap_put(tmp, gap);
 		if (cap - o < n)
 			return DTC_ENOSPC;
 		memcpy(out + o, tmp, n);
@@ -145,25 +177,9 @@ int dtc_sparse_decode(const uint8_t *in, size_t len, uint64_t box_size,
 	(void)dtc_varint_get(&p, end, &c);	/* skip the count, checked above */
 	for (uint64_t i = 0; i < c; i++) {
 		uint64_t gap;
-		uint8_t b;
 
-		if (p >= end)
-			return DTC_ETRUNC;
-		b = *p++;
-		if (b < 0x80) {
-			gap = b;
-		} else if (b < GAP_ESCAPE) {
-			if (p >= end)
-				return DTC_ETRUNC;
-			gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *p++;
-		} else if (b == GAP_ESCAPE) {
-			if ((rc = dtc_varint_get(&p, end, &gap)) != DTC_OK)
-				return rc;
-			if (gap < GAP2_MAX)
-				return DTC_ECORRUPT;	/* non-canonical: refuse */
-		} else {
-			return DTC_ECORRUPT;
-		}
+		if ((rc = dtc_gap_get(&p, end, &gap)) != DTC_OK)
+			return rc;
 		if (next >= box_size || gap >= box_size - next)
 			return DTC_ERANGE;
 		pos[i] = next + gap;

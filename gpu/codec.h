@@ -85,4 +85,13 @@ int dtc_chunk_unpack(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
 size_t dtc_varint_put(uint8_t *p, uint64_t v);
 int dtc_varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v);
 
+/* One gap code of a sparse payload's positions (the three forms above):
+ * put writes at most DTC_GAP_MAX bytes and returns how many; get reads
+ * from [*p, end), advances *p only on success, and refuses truncation
+ * (DTC_ETRUNC) and the escape form of a gap that has a shorter one
+ * (DTC_ECORRUPT), so every gap has exactly one encoding. */
+#define DTC_GAP_MAX (1 + DTC_VARINT_MAX)
+size_t dtc_gap_put(uint8_t *p, uint64_t gap);
+int dtc_gap_get(const uint8_t **p, const uint8_t *end, uint64_t *gap);
+
 #endif

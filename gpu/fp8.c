@@ -1,7 +1,10 @@
 /* FP8 E4M3FN block quantization of BF16 weights, bit-exact with the
  * engines' own quantizers (gpu/fp8.h; docs/INTEGRATION.md "FP8
  * block-scaled weights").  Pure functions of their inputs; one thread. */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include "gpu/codec.h"
 #include "gpu/compute.h"
 #include "gpu/fp8.h"
 
@@ -172,4 +175,425 @@ int dtc_fp8_diff_bf16(const uint16_t *old_w, const uint16_t *new_w, uint64_t row
 	}
 	*out = d;
 	return DTC_OK;
+}
+
+/* ---- snapshot-free detect (gpu/fp8.h) ---- */
+
+/* θ_{t-1}'s BF16 lies in [*lo, *hi] (bit patterns of BF16 values, lo's
+ * value <= hi's); 0 when θ_t or an end is not finite.  *bf16 is what
+ * dtc_adamw_flag says of the element. */
+static int old_bf16(const struct dtc_consts *k, float th, float m, float v, uint16_t *lo,
+		    uint16_t *hi, int *bf16)
+{
+	uint16_t b = dtc_bf16_rne(th);
+	float u, p, e;
+
+	*lo = *hi = b;
+	*bf16 = 1;
+	if (!dtc_f32_finite(th))
+		return 0;
+	*bf16 = 0;
+	if (dtc_adamw_quiet(k, th, m, v))
+		return 1;
+	u = dtc_adamw_u(k, m, v);
+	if (dtc_adamw_still(k, th, u))
+		return 1;
+	p = dtc_adamw_prev(k, th, u);
+	e = dtc_guard_bound(p, th, u);
+	*lo = dtc_bf16_rne(p - e);
+	*hi = dtc_bf16_rne(p + e);
+	*bf16 = *lo != b || *hi != b;
+	return dtc_f32_finite(dtc_bf16_f32(*lo)) && dtc_f32_finite(dtc_bf16_f32(*hi));
+}
+
+/* Whether an element's code may differ, its block's scale being known
+ * and unchanged (rs = RN32(1 / scale)). */
+static int code_may_differ(uint16_t b, uint16_t lo, uint16_t hi, float rs)
+{
+	float lv = dtc_bf16_f32(lo), hv = dtc_bf16_f32(hi);
+	uint8_t q = dtc_fp8_code(b, rs);
+
+	if (lo == b && hi == b)
+		return 0;
+	if (lv <= 0.0f && hv >= 0.0f)
+		return 1;	/* ±0 in reach: monotonicity cannot tell 0x00 from 0x80 */
+	return dtc_fp8_code(lo, rs) != q || dtc_fp8_code(hi, rs) != q;
+}
+
+int dtc_fp8_detect_adamw(const struct dtc_consts *k, const float *theta, const float *m,
+			 const float *v, uint64_t rows, uint64_t cols, uint64_t ld,
+			 uint32_t block_rows, uint32_t block_cols, unsigned flags,
+			 uint64_t *changed, uint8_t *whole, struct dtc_fp8_detect *out)
+{
+	int rc = check_shape(theta, m, rows, cols, ld, block_rows, block_cols, flags,
+			     DTC_FP8_FLAGS_ALL);
+	struct dtc_fp8_detect d = { 0 };
+	uint16_t *lo, *hi;
+
+	if (rc)
+		return rc;
+	if (!k || !v || !out || (uint64_t)block_rows * block_cols > UINT32_MAX)
+		return DTC_EINVAL;
+	lo = malloc((size_t)block_rows * block_cols * sizeof(*lo));
+	hi = malloc((size_t)block_rows * block_cols * sizeof(*hi));
+	if (!lo || !hi) {
+		free(lo);
+		free(hi);
+		return DTC_ENOMEM;
+	}
+	if (changed)
+		memset(changed, 0, ceil_div(rows * cols, 64) * sizeof(*changed));
+	uint64_t bcols = ceil_div(cols, block_cols);
+
+	for (uint64_t r0 = 0, br = 0; r0 < rows; r0 += block_rows, br++) {
+		uint64_t r1 = rows - r0 < block_rows ? rows : r0 + block_rows;
+
+		for (uint64_t c0 = 0, bc = 0; c0 < cols; c0 += block_cols, bc++) {
+			uint64_t c1 = cols - c0 < block_cols ? cols : c0 + block_cols;
+			float amax = 0.0f, alo = 0.0f, ahi = 0.0f;
+			int finite = 1;
+			size_t i = 0;
+
+			/* Pass 1: the new amax exactly, the old one's bounds. */
+			for (uint64_t r = r0; r < r1; r++) {
+				for (uint64_t c = c0; c < c1; c++, i++) {
+					uint64_t x = r * ld + c;
+					int f;
+					float lv, hv, al, ah;
+
+					finite &= old_bf16(k, theta[x], m[x], v[x], &lo[i], &hi[i], &f);
+					d.bf16 += (uint64_t)f;
+					amax = dtc_fp8_amax_step(amax, dtc_bf16_f32(dtc_bf16_rne(theta[x])));
+					lv = dtc_bf16_f32(lo[i]);
+					hv = dtc_bf16_f32(hi[i]);
+					al = lv > 0.0f ? lv : hv < 0.0f ? -hv : 0.0f;
+					ah = -lv > hv ? -lv : hv;
+					alo = al > alo ? al : alo;
+					ahi = ah > ahi ? ah : ahi;
+				}
+			}
+			float sn = dtc_fp8_block_scale(amax, flags);
+			uint32_t so_lo = dtc_f32_bits(dtc_fp8_block_scale(alo, flags));
+			uint32_t so_hi = dtc_f32_bits(dtc_fp8_block_scale(ahi, flags));
+			int w = !finite || so_lo != so_hi || so_lo != dtc_f32_bits(sn);
+
+			d.blocks++;
+			if (whole)
+				whole[br * bcols + bc] = (uint8_t)w;
+			if (w) {
+				d.whole++;
+				continue;
+			}
+			/* Pass 2: one known scale, old and new; the codes. */
+			float rs = 1.0f / sn;
+
+			i = 0;
+			for (uint64_t r = r0; r < r1; r++) {
+				for (uint64_t c = c0; c < c1; c++, i++) {
+					uint64_t p = r * cols + c;
+
+					if (!code_may_differ(dtc_bf16_rne(theta[r * ld + c]), lo[i],
+							     hi[i], rs))
+						continue;
+					d.codes++;
+					if (changed)
+						changed[p / 64] |= UINT64_C(1) << (p % 64);
+				}
+			}
+		}
+	}
+	free(lo);
+	free(hi);
+	*out = d;
+	return DTC_OK;
+}
+
+/* ---- FP8 delta payload (gpu/fp8.h) ---- */
+
+static int bit(const uint64_t *bm, uint64_t p)
+{
+	return (int)((bm[p / 64] >> (p % 64)) & 1u);
+}
+
+static void put_f32(uint8_t *p, float f)
+{
+	uint32_t u = dtc_f32_bits(f);
+
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(u >> (8 * i));
+}
+
+static float get_f32(const uint8_t *p)
+{
+	return dtc_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+			    (uint32_t)p[3] << 24);
+}
+
+size_t dtc_fp8_delta_bound(uint64_t rows, uint64_t cols, uint32_t block_rows,
+			   uint32_t block_cols, uint64_t nwhole, uint64_t count)
+{
+	uint64_t per_block = (uint64_t)block_rows * block_cols + 4 + DTC_GAP_MAX;
+	uint64_t b;
+
+	(void)rows;
+	(void)cols;
+	if (nwhole > (SIZE_MAX / 2) / (per_block ? per_block : 1) ||
+	    count > (SIZE_MAX / 2) / (DTC_GAP_MAX + 1))
+		return SIZE_MAX;
+	b = 2 * DTC_VARINT_MAX + nwhole * per_block + count * (DTC_GAP_MAX + 1);
+	return (size_t)b;
+}
+
+/* Block grid geometry of one matrix. */
+struct grid {
+	uint64_t rows, cols, bcols, nblocks;
+	uint32_t br, bc;
+};
+
+static struct grid grid_of(uint64_t rows, uint64_t cols, uint32_t br, uint32_t bc)
+{
+	struct grid g = { rows, cols, ceil_div(cols, bc), 0, br, bc };
+
+	g.nblocks = ceil_div(rows, br) * g.bcols;
+	return g;
+}
+
+static uint64_t block_of(const struct grid *g, uint64_t p)
+{
+	return (p / g->cols / g->br) * g->bcols + (p % g->cols) / g->bc;
+}
+
+/* Rows [*r0, *r1) and cols [*c0, *c1) of block b. */
+static void block_box(const struct grid *g, uint64_t b, uint64_t *r0, uint64_t *r1,
+		      uint64_t *c0, uint64_t *c1)
+{
+	*r0 = b / g->bcols * g->br;
+	*c0 = b % g->bcols * g->bc;
+	*r1 = g->rows - *r0 < g->br ? g->rows : *r0 + g->br;
+	*c1 = g->cols - *c0 < g->bc ? g->cols : *c0 + g->bc;
+}
+
+/* Bytes of the payload for `whole` (bits of `changed` outside whole
+ * blocks as codes); *nwhole / *count receive the two list lengths. */
+static uint64_t delta_size(const struct grid *g, const uint64_t *changed, const uint8_t *whole,
+			   uint64_t *nwhole, uint64_t *count)
+{
+	uint8_t tmp[DTC_GAP_MAX];
+	uint64_t size = 0, nw = 0, cnt = 0, next = 0;
+
+	for (uint64_t b = 0; b < g->nblocks; b++) {
+		uint64_t r0, r1, c0, c1;
+
+		if (!whole[b])
+			continue;
+		block_box(g, b, &r0, &r1, &c0, &c1);
+		size += dtc_gap_put(tmp, b - next) + 4 + (r1 - r0) * (c1 - c0);
+		next = b + 1;
+		nw++;
+	}
+	next = 0;
+	for (uint64_t p = 0; p < g->rows * g->cols; p++) {
+		if (!bit(changed, p) || whole[block_of(g, p)])
+			continue;
+		size += dtc_gap_put(tmp, p - next) + 1;
+		next = p + 1;
+		cnt++;
+	}
+	*nwhole = nw;
+	*count = cnt;
+	return size + dtc_varint_put(tmp, nw) + dtc_varint_put(tmp, cnt);
+}
+
+int dtc_fp8_delta_encode(const uint16_t *w, uint64_t rows, uint64_t cols, uint64_t ld,
+			 uint32_t block_rows, uint32_t block_cols, unsigned flags,
+			 const uint64_t *changed, const uint8_t *whole, uint8_t *out,
+			 size_t cap, size_t *outlen)
+{
+	int rc = check_shape(w, out, rows, cols, ld, block_rows, block_cols, flags,
+			     DTC_FP8_FLAGS_ALL);
+	struct grid g = grid_of(rows, cols, block_rows, block_cols);
+	uint64_t nwhole, count, next = 0, nw_all, zero;
+	uint8_t tmp[DTC_GAP_MAX], *all = NULL;
+	size_t o = 0, n;
+	float *sf;
+
+	if (rc)
+		return rc;
+	if (!changed || !whole || !outlen)
+		return DTC_EINVAL;
+	sf = malloc((g.nblocks ? g.nblocks : 1) * sizeof(*sf));
+	all = malloc(g.nblocks ? g.nblocks : 1);
+	rc = DTC_ENOMEM;
+	if (!sf || !all)
+		goto out;
+	for (uint64_t b = 0; b < g.nblocks; b++) {
+		uint64_t r0, r1, c0, c1;
+
+		block_box(&g, b, &r0, &r1, &c0, &c1);
+		sf[b] = dtc_fp8_block_scale(block_amax(w, ld, r0, r1, c0, c1), flags);
+	}
+	/* Where codes and their positions would outweigh the matrix, every
+	 * block whole: the same update, dense. */
+	memset(all, 1, g.nblocks);
+	if (delta_size(&g, changed, all, &nw_all, &zero) <=
+	    delta_size(&g, changed, whole, &nwhole, &count)) {
+		whole = all;
+		nwhole = nw_all;
+		count = 0;
+	}
+	rc = DTC_ENOSPC;
+#define EMIT(src, len) do { n = (len); if (cap - o < n) goto out; memcpy(out + o, (src), n); o += n; } while (0)
+	EMIT(tmp, dtc_varint_put(tmp, nwhole));
+	for (uint64_t b = 0; b < g.nblocks; b++) {
+		if (!whole[b])
+			continue;
+		EMIT(tmp, dtc_gap_put(tmp, b - next));
+		next = b + 1;
+	}
+	EMIT(tmp, dtc_varint_put(tmp, count));
+	next = 0;
+	for (uint64_t p = 0; count && p < rows * cols; p++) {
+		if (!bit(changed, p) || whole[block_of(&g, p)])
+			continue;
+		EMIT(tmp, dtc_gap_put(tmp, p - next));
+		next = p + 1;
+	}
+	for (uint64_t b = 0; b < g.nblocks; b++) {
+		if (!whole[b])
+			continue;
+		put_f32(tmp, sf[b]);
+		EMIT(tmp, 4);
+	}
+	for (uint64_t b = 0; b < g.nblocks; b++) {
+		uint64_t r0, r1, c0, c1;
+		float rs = 1.0f / sf[b];
+
+		if (!whole[b])
+			continue;
+		block_box(&g, b, &r0, &r1, &c0, &c1);
+		for (uint64_t r = r0; r < r1; r++)
+			for (uint64_t c = c0; c < c1; c++) {
+				tmp[0] = dtc_fp8_code(w[r * ld + c], rs);
+				EMIT(tmp, 1);
+			}
+	}
+	for (uint64_t p = 0; count && p < rows * cols; p++) {
+		if (!bit(changed, p) || whole[block_of(&g, p)])
+			continue;
+		tmp[0] = dtc_fp8_code(w[p / cols * ld + p % cols], 1.0f / sf[block_of(&g, p)]);
+		EMIT(tmp, 1);
+	}
+#undef EMIT
+	*outlen = o;
+	rc = DTC_OK;
+out:
+	free(sf);
+	free(all);
+	return rc;
+}
+
+/* Parse (and check) the two position lists; with `write` also apply.
+ * `inwhole` is one byte per block, zeroed by the caller. */
+static int delta_walk(const uint8_t *in, size_t len, const struct grid *g, uint64_t ld,
+		      uint8_t *inwhole, int write, uint8_t *codes, float *scales,
+		      uint64_t *ncodes, uint64_t *nwhole)
+{
+	const uint8_t *p = in, *end = in + len, *pos_at, *data;
+	uint64_t nw, cnt, next = 0, elems = 0, gap;
+	int rc;
+
+	if ((rc = dtc_varint_get(&p, end, &nw)) != DTC_OK)
+		return rc;
+	if (nw > g->nblocks)
+		return DTC_ECORRUPT;
+	for (uint64_t i = 0; i < nw; i++) {
+		uint64_t r0, r1, c0, c1, b;
+
+		if ((rc = dtc_gap_get(&p, end, &gap)) != DTC_OK)
+			return rc;
+		if (next >= g->nblocks || gap >= g->nblocks - next)
+			return DTC_ERANGE;
+		b = next + gap;
+		next = b + 1;
+		inwhole[b] = 1;
+		block_box(g, b, &r0, &r1, &c0, &c1);
+		elems += (r1 - r0) * (c1 - c0);
+	}
+	if ((rc = dtc_varint_get(&p, end, &cnt)) != DTC_OK)
+		return rc;
+	if (cnt > g->rows * g->cols)
+		return DTC_ECORRUPT;
+	pos_at = p;
+	next = 0;
+	for (uint64_t i = 0; i < cnt; i++) {
+		if ((rc = dtc_gap_get(&p, end, &gap)) != DTC_OK)
+			return rc;
+		if (next >= g->rows * g->cols || gap >= g->rows * g->cols - next)
+			return DTC_ERANGE;
+		next += gap;
+		if (inwhole[block_of(g, next)])
+			return DTC_ECORRUPT;	/* a code inside a whole block */
+		next++;
+	}
+	/* scales, whole blocks' codes, codes: exactly that many bytes */
+	if ((uint64_t)(end - p) / 4 < nw || (uint64_t)(end - p) - 4 * nw < elems ||
+	    (uint64_t)(end - p) - 4 * nw - elems < cnt)
+		return DTC_ETRUNC;
+	if ((uint64_t)(end - p) != 4 * nw + elems + cnt)
+		return DTC_ECORRUPT;
+	if (!write)
+		return DTC_OK;
+	data = p;
+	for (uint64_t b = 0, i = 0; b < g->nblocks; b++)
+		if (inwhole[b])
+			scales[b] = get_f32(data + 4 * i++);
+	data += 4 * nw;
+	for (uint64_t b = 0; b < g->nblocks; b++) {
+		uint64_t r0, r1, c0, c1;
+
+		if (!inwhole[b])
+			continue;
+		block_box(g, b, &r0, &r1, &c0, &c1);
+		for (uint64_t r = r0; r < r1; r++) {
+			memcpy(codes + r * ld + c0, data, c1 - c0);
+			data += c1 - c0;
+		}
+	}
+	p = pos_at;
+	next = 0;
+	for (uint64_t i = 0; i < cnt; i++) {
+		(void)dtc_gap_get(&p, end, &gap);	/* checked above */
+		next += gap;
+		codes[next / g->cols * ld + next % g->cols] = *data++;
+		next++;
+	}
+	if (ncodes)
+		*ncodes = cnt;
+	if (nwhole)
+		*nwhole = nw;
+	return DTC_OK;
+}
+
+int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+			uint64_t ld, uint32_t block_rows, uint32_t block_cols, uint8_t *codes,
+			float *scales, uint64_t *ncodes, uint64_t *nwhole)
+{
+	int rc = check_shape(in, codes, rows, cols, ld, block_rows, block_cols, 0, 0);
+	struct grid g = grid_of(rows, cols, block_rows, block_cols);
+	uint8_t *inwhole;
+
+	if (rc)
+		return rc;
+	if (!scales)
+		return DTC_EINVAL;
+	inwhole = calloc(g.nblocks ? g.nblocks : 1, 1);
+	if (!inwhole)
+		return DTC_ENOMEM;
+	rc = delta_walk(in, len, &g, ld, inwhole, 0, codes, scales, ncodes, nwhole);
+	if (rc == DTC_OK) {
+		memset(inwhole, 0, g.nblocks);
+		rc = delta_walk(in, len, &g, ld, inwhole, 1, codes, scales, ncodes, nwhole);
+	}
+	free(inwhole);
+	return rc;
 }

@@ -214,4 +214,82 @@ int dtc_fp8_diff_bf16(const uint16_t *old_w, const uint16_t *new_w, uint64_t row
 		      unsigned flags, uint64_t *changed, uint8_t *scale_changed,
 		      struct dtc_fp8_diff *out);
 
+/* Snapshot-free FP8 detect: which FP8 codes and block scales of a matrix
+ * may differ between θ_{t-1} and θ_t, from θ_t and the optimizer's new
+ * moments alone (the AdamW inversion of gpu/elem.h), without ever missing
+ * one.
+ *
+ * The guard.  For every element the BF16 detect's interval [θ̂−e, θ̂+e]
+ * holds θ_{t-1} (dtc_guard_bound; dtc_adamw_quiet and dtc_adamw_still
+ * prove it exactly where they answer), so its old BF16 lies in
+ * [RNE(θ̂−e), RNE(θ̂+e)] = [lo, hi]: RNE is monotone.  Everything after is
+ * monotone too: |x| bounds the old block amax in [max lo_abs, max hi_abs];
+ * the block scale (clamp, division or product, power-of-two ceilings) is a
+ * non-decreasing function of the amax, so if both ends give the same scale
+ * bits, that is the old scale; and with one scale, code(x) =
+ * e4m3fn(RN32(x * RN32(1/s))) is non-decreasing in x, so if code(lo) ==
+ * code(hi) every old value in between had that code.  The one place
+ * monotonicity says nothing is the sign of zero (0x00 and 0x80 are one
+ * value): an interval that reaches zero from both sides is always flagged.
+ * A block is sent whole (`whole`) when its new scale differs from the old
+ * or the old one is not pinned to one value, or an element of it is not
+ * finite (NaN/Inf in θ_t or in the reconstruction); otherwise only its
+ * codes that may differ are flagged.  Flags as dtc_fp8_quantize_bf16's;
+ * the second quantization (dtc_fp8_requant) is not covered.
+ */
+struct dtc_consts;
+
+struct dtc_fp8_detect {
+	uint64_t blocks;	/* blocks in the matrix */
+	uint64_t whole;		/* blocks to send whole */
+	uint64_t codes;		/* codes flagged outside whole blocks */
+	uint64_t bf16;		/* elements the BF16 detect flags (dtc_adamw_flag) */
+};
+
+/* theta, m, v: row-major [rows, cols] FP32 with leading dimension ld.
+ * `changed` (may be NULL): bitmap over rows x cols as dtc_fp8_diff_bf16's,
+ * bits only outside whole blocks; `whole` (may be NULL): one byte per
+ * block, row-major.  DTC_EINVAL as dtc_fp8_quantize_bf16, or for
+ * DTC_FP8_DEQUANT_BF16; DTC_ENOMEM. */
+int dtc_fp8_detect_adamw(const struct dtc_consts *k, const float *theta, const float *m,
+			 const float *v, uint64_t rows, uint64_t cols, uint64_t ld,
+			 uint32_t block_rows, uint32_t block_cols, unsigned flags,
+			 uint64_t *changed, uint8_t *whole, struct dtc_fp8_detect *out);
+
+/* FP8 delta payload of one matrix [rows, cols] with blocks
+ * block_rows x block_cols (the FP8 twin of gpu/codec.h's sparse payload):
+ *     nwhole      LEB128 varint
+ *     blocks      nwhole gap codes over the block grid (row-major index)
+ *     count       LEB128 varint
+ *     positions   count gap codes over rows x cols (row-major), none in a
+ *                 whole block
+ *     scales      nwhole FP32 scales, little-endian
+ *     block codes each whole block's codes, row-major within the block
+ *                 (edge blocks partial)
+ *     codes       count FP8 codes, one byte each
+ * A whole block carries its new scale and every code; a flagged code
+ * elsewhere keeps its block's scale.  Gap codes as gpu/codec.h. */
+size_t dtc_fp8_delta_bound(uint64_t rows, uint64_t cols, uint32_t block_rows,
+			   uint32_t block_cols, uint64_t nwhole, uint64_t count);
+
+/* Encode from the new BF16 matrix w (leading dimension ld), `changed`
+ * and `whole` as dtc_fp8_detect_adamw writes them (bits inside whole
+ * blocks are ignored); codes and scales computed as
+ * dtc_fp8_quantize_bf16 with `flags`.  When that payload would be no
+ * smaller than every block whole (a dense version: 1 + 4 bytes a block
+ * besides its codes, plus the two counts), that is what it writes. */
+int dtc_fp8_delta_encode(const uint16_t *w, uint64_t rows, uint64_t cols, uint64_t ld,
+			 uint32_t block_rows, uint32_t block_cols, unsigned flags,
+			 const uint64_t *changed, const uint8_t *whole, uint8_t *out,
+			 size_t cap, size_t *outlen);
+
+/* Check the whole payload first (hostile input: DTC_ETRUNC, DTC_ECORRUPT,
+ * DTC_ERANGE, as gpu/codec.h; nothing written then), then write it into
+ * codes [rows, cols] (leading dimension ld) and scales
+ * [ceil(rows/br), ceil(cols/bc)] row-major.  *ncodes / *nwhole (may be
+ * NULL) receive what it wrote. */
+int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+			uint64_t ld, uint32_t block_rows, uint32_t block_cols, uint8_t *codes,
+			float *scales, uint64_t *ncodes, uint64_t *nwhole);
+
 #endif

@@ -85,8 +85,39 @@ class Diff(C.Structure):
                 ("blocks_changed", C.c_uint64)]
 
 
+class HParams(C.Structure):
+    _fields_ = [("lr", C.c_double), ("beta1", C.c_double), ("beta2", C.c_double),
+                ("eps", C.c_double), ("weight_decay", C.c_double), ("step", C.c_int64),
+                ("variant", C.c_int32)]
+
+
+class Detect(C.Structure):
+    _fields_ = [("blocks", C.c_uint64), ("whole", C.c_uint64), ("codes", C.c_uint64),
+                ("bf16", C.c_uint64)]
+
+
 def load():
     lib = C.CDLL(LIB)
+    lib.dtc_hparams_derive.argtypes = [C.POINTER(HParams), C.c_void_p, C.c_char_p, C.c_uint]
+    lib.dtc_fp8_detect_adamw.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p,
+                                         C.c_uint64, C.c_uint64, C.c_uint64, C.c_uint32,
+                                         C.c_uint32, C.c_uint, C.c_void_p, C.c_void_p,
+                                         C.POINTER(Detect)]
+    lib.dtc_fp8_delta_bound.argtypes = [C.c_uint64, C.c_uint64, C.c_uint32, C.c_uint32,
+                                        C.c_uint64, C.c_uint64]
+    lib.dtc_fp8_delta_bound.restype = C.c_size_t
+    lib.dtc_fp8_delta_encode.argtypes = [C.c_void_p, C.c_uint64, C.c_uint64, C.c_uint64,
+                                         C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p,
+                                         C.c_void_p, C.c_void_p, C.c_size_t,
+                                         C.POINTER(C.c_size_t)]
+    lib.dtc_fp8_delta_apply.argtypes = [C.c_void_p, C.c_size_t, C.c_uint64, C.c_uint64,
+                                        C.c_uint64, C.c_uint32, C.c_uint32, C.c_void_p,
+                                        C.c_void_p, C.POINTER(C.c_uint64),
+                                        C.POINTER(C.c_uint64)]
+    lib.dtc_sparse_bound.argtypes = [C.c_uint64]
+    lib.dtc_sparse_bound.restype = C.c_size_t
+    lib.dtc_sparse_encode.argtypes = [C.c_void_p, C.c_void_p, C.c_uint64, C.c_uint64,
+                                      C.c_void_p, C.c_size_t, C.POINTER(C.c_size_t)]
     lib.dtc_fp8_quantize_bf16.argtypes = [C.c_void_p, C.c_uint64, C.c_uint64, C.c_uint64,
                                           C.c_uint32, C.c_uint32, C.c_uint, C.c_void_p,
                                           C.c_void_p]
@@ -301,19 +332,106 @@ def requant_check(lib, cases, problems):
     return out
 
 
+def fp8_step(lib, opt, p, old, new, flags, engine_fn, tally, problems, where):
+    """One real AdamW step in FP8 space: the snapshot-free detect (from the
+    optimizer's live state only) against the truth of both versions, its
+    delta applied to the engine's own FP8 of the old version against the
+    engine's own FP8 of the new, and the bytes of each way to send it."""
+    import numpy as np
+    import torch
+    rows, cols = p.shape
+    st = opt.state[p]
+    grp = opt.param_groups[0]
+    hp = HParams(grp["lr"], grp["betas"][0], grp["betas"][1], grp["eps"],
+                 grp["weight_decay"], int(st["step"]), 0)
+    k = C.create_string_buffer(1024)     # struct dtc_consts, opaque here
+    why = C.create_string_buffer(256)
+    if lib.dtc_hparams_derive(C.byref(hp), k, why, len(why)) != 0:
+        raise RuntimeError("dtc_hparams_derive: %s" % why.value)
+    nb = ((rows + 127) // 128) * ((cols + 127) // 128)
+    words = (rows * cols + 63) // 64
+    flagged = np.zeros(words, dtype=np.uint64)
+    whole = np.zeros(nb, dtype=np.uint8)
+    det = Detect()
+    th, m, v = (t.detach().contiguous() for t in (p.data, st["exp_avg"], st["exp_avg_sq"]))
+    rc = lib.dtc_fp8_detect_adamw(k, th.data_ptr(), m.data_ptr(), v.data_ptr(), rows, cols,
+                                  cols, 128, 128, flags, flagged.ctypes.data,
+                                  whole.ctypes.data, C.byref(det))
+    if rc != 0:
+        raise RuntimeError("dtc_fp8_detect_adamw: %d" % rc)
+    truth = np.zeros(words, dtype=np.uint64)
+    sc = np.zeros(nb, dtype=np.uint8)
+    d = Diff()
+    rc = lib.dtc_fp8_diff_bf16(old.data_ptr(), new.data_ptr(), rows, cols, cols, 128, 128,
+                               flags, truth.ctypes.data, sc.ctypes.data, C.byref(d))
+    if rc != 0:
+        raise RuntimeError("dtc_fp8_diff_bf16: %d" % rc)
+    # every changed code flagged or in a whole block, every changed scale whole
+    bcols = (cols + 127) // 128
+    idx = np.arange(rows * cols)
+    in_whole = whole[(idx // cols // 128) * bcols + (idx % cols) // 128].astype(bool)
+    t_bits = np.unpackbits(truth.view(np.uint8), bitorder="little")[:rows * cols].astype(bool)
+    f_bits = np.unpackbits(flagged.view(np.uint8), bitorder="little")[:rows * cols].astype(bool)
+    missed = int((t_bits & ~f_bits & ~in_whole).sum()) + int((sc.astype(bool) & ~whole.astype(bool)).sum())
+    # the delta onto the engine's FP8 of the old version
+    cap = lib.dtc_fp8_delta_bound(rows, cols, 128, 128, nb, rows * cols)
+    buf = np.zeros(cap, dtype=np.uint8)
+    n = C.c_size_t()
+    rc = lib.dtc_fp8_delta_encode(new.data_ptr(), rows, cols, cols, 128, 128, flags,
+                                  flagged.ctypes.data, whole.ctypes.data, buf.ctypes.data, cap,
+                                  C.byref(n))
+    if rc != 0:
+        raise RuntimeError("dtc_fp8_delta_encode: %d" % rc)
+    qo, so = engine_fn(old)
+    qn, sn = engine_fn(new)
+    sink_q, sink_s = qo.clone().contiguous(), so.clone().contiguous()
+    rc = lib.dtc_fp8_delta_apply(buf.ctypes.data, n.value, rows, cols, cols, 128, 128,
+                                 sink_q.data_ptr(), sink_s.data_ptr(), None, None)
+    exact = rc == 0 and torch.equal(sink_q, qn) and torch.equal(sink_s, sn)
+    if not exact or missed:
+        problems.append("%s: delta apply rc %d exact %s missed %d" % (where, rc, exact, missed))
+    # BF16 sparse: the positions whose BF16 changed (a lower bound of what
+    # the BF16 path sends: it adds the guard's few false alarms)
+    pos = np.nonzero((old.view(torch.int16) != new.view(torch.int16)).flatten().numpy())[0]
+    pos = pos.astype(np.uint64)
+    vals = new.flatten().view(torch.int16).numpy()[pos.astype(np.int64)].astype(np.uint16)
+    bcap = lib.dtc_sparse_bound(len(pos))
+    bbuf = np.zeros(bcap, dtype=np.uint8)
+    bn = C.c_size_t()
+    rc = lib.dtc_sparse_encode(pos.ctypes.data, vals.ctypes.data, len(pos), rows * cols,
+                               bbuf.ctypes.data, bcap, C.byref(bn))
+    if rc != 0:
+        raise RuntimeError("dtc_sparse_encode: %d" % rc)
+    tally["versions"] += 1
+    tally["exact"] += int(exact and not missed)
+    tally["fp8"] += n.value
+    tally["dense"] += rows * cols + 4 * nb
+    tally["bf16"] += bn.value
+    tally["bf16_dense"] += 2 * rows * cols
+    tally["flagged"] += det.codes
+    tally["codes"] += d.codes_changed
+    tally["whole"] += det.whole
+    tally["scales"] += d.scales_changed
+
+
 def sparsity(lib, fns, problems):
     """fp8-sparsity lines from real AdamW steps; checks the last step's
-    diff against the engines' own quantization of both versions."""
+    diff against the engines' own quantization of both versions; then
+    the snapshot-free FP8 detect and delta on every step (fp8-sparse)."""
     import numpy as np
     import torch
     rows, cols = SPARSE_SHAPE
     check = {UE8M0: fns[0], 0: fns[1]}
+    total = {"versions": 0, "exact": 0, "fp8": 0, "dense": 0, "bf16": 0}
     for i, lr in enumerate(LRS):
         g = torch.Generator().manual_seed(100 + i)
         p = torch.nn.Parameter(torch.randn(SPARSE_SHAPE, generator=g) * 0.02)
         opt = torch.optim.AdamW([p], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
         signal = torch.randn(SPARSE_SHAPE, generator=g) * 1e-3
         acc = {f: np.zeros(4) for f in (0, UE8M0)}
+        sparse = {f: dict.fromkeys(("versions", "exact", "fp8", "dense", "bf16", "bf16_dense",
+                                    "flagged", "codes", "whole", "scales"), 0)
+                  for f in (0, UE8M0)}
         for step in range(WARMUP + STEPS):
             old = p.data.to(torch.bfloat16)
             p.grad = signal + torch.randn(SPARSE_SHAPE, generator=g) * 1e-3
@@ -328,6 +446,8 @@ def sparsity(lib, fns, problems):
                 if rc != 0:
                     raise RuntimeError("dtc_fp8_diff_bf16: %d" % rc)
                 acc[flags] += (d.bf16_changed, d.codes_changed, d.scales_changed, d.blocks)
+                fp8_step(lib, opt, p, old, new, flags, check[flags][3], sparse[flags],
+                         problems, "fp8-sparse lr=%g flags=%d step %d" % (lr, flags, step))
                 if step == WARMUP + STEPS - 1:
                     fn = check[flags][3]
                     qo, so = fn(old)
@@ -343,6 +463,17 @@ def sparsity(lib, fns, problems):
             print("fp8-sparsity: lr=%g scale=%s bf16_changed=%.4f%% fp8_changed=%.4f%% "
                   "scales_changed=%.2f%% (%d/%d blocks over %d steps)" % (
                       lr, name, 100 * b / n, 100 * q / n, 100 * s / nb, s, nb, STEPS))
+            t = sparse[flags]
+            print("fp8-sparse: lr=%g scale=%s engine=%s versions=%d exact=%d/%d "
+                  "codes=%d flagged=%d scales=%d whole=%d bytes_fp8_delta=%d "
+                  "bytes_fp8_dense=%d bytes_bf16_sparse=%d bytes_bf16_dense=%d "
+                  "vs_fp8_dense=%.4f vs_bf16_sparse=%.3f" % (
+                      lr, name, check[flags][0], t["versions"], t["exact"], t["versions"],
+                      t["codes"], t["flagged"], t["scales"], t["whole"], t["fp8"], t["dense"],
+                      t["bf16"], t["bf16_dense"], t["fp8"] / t["dense"], t["fp8"] / t["bf16"]))
+            for key in total:
+                total[key] += t[key]
+    return total
 
 
 def main():
@@ -397,17 +528,20 @@ def main():
             engine, label, flags, tot, ok, tot))
     t_rq = time.time() - t_rq
     t2 = time.time()
-    sparsity(lib, fns, problems)
+    sp = sparsity(lib, fns, problems)
     t_sparse = time.time() - t2
     for line in problems[:20]:
         print("MISMATCH " + line)
     engines = len({f[0] for f in fns})
     print("fp8-quant: engines=%d shapes=%d elements=%d exact=%d/%d" % (
         engines, len(cases) + 1, total, exact, total))
+    print("fp8-sparse: engines=2 versions=%d exact=%d/%d bytes_vs_dense=%.4f "
+          "bytes_vs_bf16_sparse=%.3f" % (sp["versions"], sp["exact"], sp["versions"],
+                                         sp["fp8"] / sp["dense"], sp["fp8"] / sp["bf16"]))
     print("fp8-quant-time: imports %.1fs, quantize+compare %.1fs (requant %.1fs), "
           "sparsity %.1fs, total %.1fs" % (t_import, t2 - t0 - t_import, t_rq, t_sparse,
                                             time.time() - t0))
-    return 0 if exact == total and not problems else 1
+    return 0 if exact == total and sp["exact"] == sp["versions"] and not problems else 1
 
 
 if __name__ == "__main__":

@@ -353,6 +353,314 @@ static void test_diff_matches_requantization(void **state)
 	free(qb);
 }
 
+/* ------------------------------------------------ snapshot-free detect */
+
+static uint64_t rng_state = 7;
+
+static double unif(void)
+{
+	rng_state = dtc_mix64(rng_state + 0x9e3779b97f4a7c15ull);
+	return ((double)(rng_state >> 11) + 0.5) * 0x1p-53;
+}
+
+static double gauss(void)
+{
+	return sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif());
+}
+
+static void derive(struct dtc_consts *k, int variant, double lr, int64_t step)
+{
+	struct dtc_hparams hp = { lr, 0.9, 0.999, 1e-8, 0.01, step, variant };
+	char why[128];
+
+	assert_int_equal(dtc_hparams_derive(&hp, k, why, sizeof(why)), DTC_OK);
+}
+
+static void to_bf16(const float *th, uint16_t *b, int n)
+{
+	for (int i = 0; i < n; i++)
+		b[i] = dtc_bf16_rne(th[i]);
+}
+
+struct det_tally {
+	uint64_t steps, codes_true, scales_true, flagged, whole, fn_codes, fn_scales;
+	uint64_t delta_bytes, dense_bytes, dense_steps;
+};
+
+/* Simulated AdamW steps (elem.h's forward) on a matrix with partial edge
+ * blocks and outliers that move block maxima: every code that changed
+ * must be flagged or in a whole block, every block whose scale changed
+ * must be whole, and the delta payload applied to the old FP8 must give
+ * exactly the engine's quantization of the new BF16. */
+static void run_detect(int variant, double lr, unsigned flags, struct det_tally *t)
+{
+	enum { R = 200, C = 300, N = R * C, NB = 2 * 3, STEPS = 5 };
+	float *th = malloc(N * sizeof(float)), *m = calloc(N, sizeof(float));
+	float *v = calloc(N, sizeof(float)), *prev = malloc(N * sizeof(float));
+	uint16_t *bo = malloc(N * sizeof(uint16_t)), *bn = malloc(N * sizeof(uint16_t));
+	uint8_t *qs = malloc(N), *qn = malloc(N), *out, sc[NB], whole[NB];
+	uint64_t truth[(N + 63) / 64], flagged[(N + 63) / 64];
+	float ss[NB], sn[NB];
+	size_t cap = dtc_fp8_delta_bound(R, C, 128, 128, NB, N), len;
+
+	out = malloc(cap);
+	assert_true(th && m && v && prev && bo && bn && qs && qn && out);
+	for (int i = 0; i < N; i++)
+		th[i] = (float)(gauss() * (i % 499 == 0 ? 0.08 : 0.02));
+	for (int t0 = 1; t0 <= STEPS; t0++) {
+		struct dtc_consts k;
+		struct dtc_fp8_diff d;
+		struct dtc_fp8_detect det;
+
+		derive(&k, variant, lr, t0);
+		memcpy(prev, th, N * sizeof(float));
+		for (int i = 0; i < N; i++) {
+			/* outliers' gradients are large: their block's amax moves */
+			float g = (float)(gauss() * 1e-3 * (i % 499 == 0 ? 100.0 : 1.0));
+
+			m[i] = 0.9f * m[i] + 0.1f * g;
+			v[i] = 0.999f * v[i] + 0.001f * g * g;
+			th[i] = dtc_adamw_forward(&k, prev[i], m[i], v[i]);
+		}
+		to_bf16(prev, bo, N);
+		to_bf16(th, bn, N);
+		assert_int_equal(dtc_fp8_diff_bf16(bo, bn, R, C, C, 128, 128, flags, truth, sc, &d),
+				 DTC_OK);
+		assert_int_equal(dtc_fp8_detect_adamw(&k, th, m, v, R, C, C, 128, 128, flags,
+						      flagged, whole, &det), DTC_OK);
+		assert_int_equal(det.blocks, NB);
+		for (int b = 0; b < NB; b++)
+			t->fn_scales += sc[b] && !whole[b];
+		for (int i = 0; i < N; i++) {
+			int blk = (i / C / 128) * 3 + (i % C) / 128;
+			int fl = (int)(flagged[i / 64] >> (i % 64) & 1);
+
+			t->fn_codes += (truth[i / 64] >> (i % 64) & 1) && !fl && !whole[blk];
+			assert_false(fl && whole[blk]);	/* bits only outside whole blocks */
+		}
+		t->codes_true += d.codes_changed;
+		t->scales_true += d.scales_changed;
+		t->flagged += det.codes;
+		t->whole += det.whole;
+		t->steps++;
+
+		/* The sink: the engine's FP8 of the old BF16, then the delta. */
+		uint64_t nc, nw;
+
+		assert_int_equal(dtc_fp8_quantize_bf16(bo, R, C, C, 128, 128, flags, qs, ss), DTC_OK);
+		assert_int_equal(dtc_fp8_quantize_bf16(bn, R, C, C, 128, 128, flags, qn, sn), DTC_OK);
+		assert_int_equal(dtc_fp8_delta_encode(bn, R, C, C, 128, 128, flags, flagged, whole,
+						      out, cap, &len), DTC_OK);
+		assert_int_equal(dtc_fp8_delta_apply(out, len, R, C, C, 128, 128, qs, ss, &nc, &nw),
+				 DTC_OK);
+		if (nc == 0 && nw == NB) {	/* dense: the sparse form would not be smaller */
+			t->dense_steps++;
+		} else {
+			assert_int_equal(nc, det.codes);
+			assert_int_equal(nw, det.whole);
+		}
+		assert_true(len <= N + 5 * NB + 2);	/* never more than dense */
+		assert_memory_equal(qs, qn, N);
+		for (int b = 0; b < NB; b++)
+			assert_int_equal(dtc_f32_bits(ss[b]), dtc_f32_bits(sn[b]));
+		t->delta_bytes += len;
+		t->dense_bytes += N + 4 * NB;
+	}
+	free(th);
+	free(m);
+	free(v);
+	free(prev);
+	free(bo);
+	free(bn);
+	free(qs);
+	free(qn);
+	free(out);
+}
+
+static void test_detect_adamw(void **state)
+{
+	static const unsigned fl[] = { 0, DTC_FP8_UE8M0, DTC_FP8_UE8M0_LOG2, DTC_FP8_SCALE_RECIP };
+	static const double lrs[] = { 1e-6, 1e-5, 1e-4, 1e-3 };
+
+	(void)state;
+	for (int variant = DTC_VARIANT_TORCH; variant <= DTC_VARIANT_FUSED; variant++) {
+		for (unsigned f = 0; f < sizeof(fl) / sizeof(fl[0]); f++) {
+			struct det_tally all = { 0 };
+
+			for (unsigned l = 0; l < sizeof(lrs) / sizeof(lrs[0]); l++) {
+				struct det_tally t = { 0 };
+
+				run_detect(variant, lrs[l], fl[f], &t);
+				print_message("variant=%d flags=%u lr=%g codes=%llu flagged=%llu "
+					      "scales=%llu whole=%llu bytes=%llu dense=%llu dense_steps=%llu\n",
+					      variant, fl[f], lrs[l], (unsigned long long)t.codes_true,
+					      (unsigned long long)t.flagged,
+					      (unsigned long long)t.scales_true,
+					      (unsigned long long)t.whole,
+					      (unsigned long long)t.delta_bytes,
+					      (unsigned long long)t.dense_bytes,
+					      (unsigned long long)t.dense_steps);
+				assert_int_equal(t.fn_codes, 0);
+				assert_int_equal(t.fn_scales, 0);
+				/* few false alarms: at most twice the true changes, plus one per step */
+				assert_true(t.flagged <= 2 * t.codes_true + t.steps);
+				all.codes_true += t.codes_true;
+				all.scales_true += t.scales_true;
+			}
+			/* the simulation exercises both kinds of change */
+			assert_true(all.codes_true > 0);
+			assert_true(all.scales_true > 0 || (fl[f] & (DTC_FP8_UE8M0 | DTC_FP8_UE8M0_LOG2)));
+		}
+	}
+}
+
+/* Values planted where the guard is all that stands between the detect
+ * and a miss: θ_{t-1} within a few FP32 ulps of the midpoint of two BF16
+ * values whose FP8 codes differ (one block, scale 2^-8 pinned by a 1.75
+ * that does not move), with steps of a few ulps.  A trap is an element
+ * whose reconstruction θ̂ rounds to the new code while θ_{t-1} had
+ * another: without the guard's width the detect misses exactly those. */
+static void test_detect_guard_traps(void **state)
+{
+	enum { R = 128, C = 128, N = R * C };
+	float *th = malloc(N * sizeof(float)), *m = malloc(N * sizeof(float));
+	float *v = malloc(N * sizeof(float)), *prev = malloc(N * sizeof(float));
+	uint64_t flagged[N / 64];
+	uint8_t whole;
+	uint64_t traps = 0, missed = 0, changed = 0;
+
+	(void)state;
+	assert_true(th && m && v && prev);
+	for (int variant = DTC_VARIANT_TORCH; variant <= DTC_VARIANT_FUSED; variant++) {
+		for (int l = 0; l < 3; l++) {
+			struct dtc_consts k;
+			struct dtc_fp8_detect det;
+			double lr = l == 0 ? 1e-6 : l == 1 ? 1e-4 : 1e-3;
+
+			derive(&k, variant, lr, 3);
+			for (int i = 0; i < N; i++) {
+				/* BF16 pair (1 + (8 + 2q)/128)·2^-8 and the next: its FP8 codes
+				 * (x·256, step 1/8) differ; q picks one of 4 such pairs */
+				int q = (i >> 3) & 3, j = (i & 7) - 4, s = (i >> 5) % 97;
+				float mid = (1.0f + (8.5f + 16.0f * (float)q) / 128.0f) * 0x1p-8f;
+
+				prev[i] = dtc_bits_f32((uint32_t)((int32_t)dtc_f32_bits(mid) + j));
+				if (i & 0x1000)
+					prev[i] = -prev[i];
+				/* a step of a few ulps either way: m from s, v fixed */
+				m[i] = ((float)s - 48.0f) * 1e-12f;
+				v[i] = 1e-20f;
+			}
+			prev[0] = 1.75f;	/* the block's amax: scale 1.75/448 = 2^-8 */
+			m[0] = 0.0f;
+			v[0] = 0.0f;
+			for (int i = 0; i < N; i++)
+				th[i] = dtc_adamw_forward(&k, prev[i], m[i], v[i]);
+			/* decay moves the FP32 1.75 a little, never its BF16 */
+			assert_int_equal(dtc_bf16_rne(th[0]), dtc_bf16_rne(1.75f));
+			assert_int_equal(dtc_fp8_detect_adamw(&k, th, m, v, R, C, C, 128, 128, 0,
+							      flagged, &whole, &det), DTC_OK);
+			assert_int_equal(whole, 0);	/* the scale is pinned */
+			float rs = 1.0f / dtc_fp8_block_scale(dtc_fabsf(dtc_bf16_f32(dtc_bf16_rne(th[0]))), 0);
+
+			for (int i = 1; i < N; i++) {
+				uint8_t qo = dtc_fp8_code(dtc_bf16_rne(prev[i]), rs);
+				uint8_t qn = dtc_fp8_code(dtc_bf16_rne(th[i]), rs);
+				float u = dtc_adamw_u(&k, m[i], v[i]);
+				uint8_t qh = dtc_fp8_code(dtc_bf16_rne(dtc_adamw_prev(&k, th[i], u)), rs);
+				int fl = (int)(flagged[i / 64] >> (i % 64) & 1);
+
+				changed += qo != qn;
+				traps += qo != qn && qh == qn;
+				missed += qo != qn && !fl && !whole;
+			}
+		}
+	}
+	print_message("planted: changed=%llu traps=%llu missed=%llu\n",
+		      (unsigned long long)changed, (unsigned long long)traps,
+		      (unsigned long long)missed);
+	assert_true(traps > 0);		/* the planting reaches the guard */
+	assert_int_equal(missed, 0);
+	free(th);
+	free(m);
+	free(v);
+	free(prev);
+}
+
+/* A payload that the decoder must refuse, with the sink left as it was. */
+static void expect_refused(const uint8_t *in, size_t len, int want)
+{
+	enum { R = 130, C = 140, NB = 4 };
+	uint8_t codes[R * C], before[R * C];
+	float scales[NB], sbefore[NB];
+
+	for (int i = 0; i < R * C; i++)
+		codes[i] = before[i] = (uint8_t)(i * 7);
+	for (int b = 0; b < NB; b++)
+		scales[b] = sbefore[b] = (float)b + 0.5f;
+	int rc = dtc_fp8_delta_apply(in, len, R, C, C, 128, 128, codes, scales, NULL, NULL);
+
+	if (want)
+		assert_int_equal(rc, want);
+	else
+		assert_true(rc < 0);
+	assert_memory_equal(codes, before, sizeof(codes));
+	assert_memory_equal(scales, sbefore, sizeof(scales));
+}
+
+static void test_delta_hostile(void **state)
+{
+	enum { R = 130, C = 140, N = R * C, NB = 4 };
+	uint16_t w[N];
+	uint64_t changed[(N + 63) / 64] = { 0 };
+	uint8_t whole[NB] = { 0, 1, 0, 0 }, buf[N * 2], bad[N * 2];
+	size_t len;
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		w[i] = dtc_bf16_rne((float)(i % 101) * 1e-3f - 0.05f);
+	changed[0] = 0x8001;			/* (0,0) and (0,15): block 0 */
+	changed[(129 * C + 139) / 64] |= UINT64_C(1) << ((129 * C + 139) % 64);	/* block 3 */
+	changed[(5 * C + 130) / 64] |= UINT64_C(1) << ((5 * C + 130) % 64);	/* in whole block 1: ignored */
+	assert_int_equal(dtc_fp8_delta_encode(w, R, C, C, 128, 128, 0, changed, whole, buf,
+					      sizeof(buf), &len), DTC_OK);
+	/* 1 + 1 (block 1) + 1 + 3 gap codes (the last a long one) + 4 +
+	 * 128 x 12 block codes + 3 codes */
+	assert_int_equal(len, 1 + 1 + 1 + 1 + 1 + 4 + 4 + 128 * 12 + 3);
+	for (size_t l = 0; l < len; l++)
+		expect_refused(buf, l, 0);	/* every truncation */
+	memcpy(bad, buf, len);
+	bad[len] = 0;
+	expect_refused(bad, len + 1, DTC_ECORRUPT);	/* a trailing byte */
+	memcpy(bad, buf, len);
+	bad[0] = 5;				/* more whole blocks than the grid has */
+	expect_refused(bad, len, DTC_ECORRUPT);
+	bad[0] = 1;
+	bad[1] = 4;				/* block index 4 of 4 */
+	expect_refused(bad, len, DTC_ERANGE);
+	bad[1] = 1;
+	bad[4] = 0x7f;				/* second code jumps into whole block 1 */
+	expect_refused(bad, len, DTC_ECORRUPT);
+	memcpy(bad, buf, len);
+	bad[5] = 0xC0;				/* a gap escape */
+	bad[6] = 0x05;				/* ... of a gap that has a shorter form */
+	expect_refused(bad, len, DTC_ECORRUPT);
+	memcpy(bad, buf, len);
+	bad[5] = 0xC1;				/* no such gap form */
+	expect_refused(bad, len, DTC_ECORRUPT);
+
+	/* and the untouched payload applies: 3 codes, 1 block */
+	uint8_t codes[N] = { 0 };
+	float scales[NB] = { 0 };
+	uint64_t nc, nw;
+
+	assert_int_equal(dtc_fp8_delta_apply(buf, len, R, C, C, 128, 128, codes, scales, &nc, &nw),
+			 DTC_OK);
+	assert_int_equal(nc, 3);
+	assert_int_equal(nw, 1);
+	assert_true(scales[1] > 0.0f && scales[0] == 0.0f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -366,6 +674,9 @@ int main(void)
 		cmocka_unit_test(test_requant),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_diff_matches_requantization),
+		cmocka_unit_test(test_detect_adamw),
+		cmocka_unit_test(test_detect_guard_traps),
+		cmocka_unit_test(test_delta_hostile),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
