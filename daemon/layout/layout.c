@@ -153,6 +153,7 @@ void dte_layout_fini(struct dte_layout *l)
 	free(l->pieces);
 	free(l->bufs);
 	free(l->tensors);
+	free(l->fp8);
 	names_free(l->names);
 	if (l->rule)
 		l->rule_ops->free(l->rule);
@@ -689,5 +690,131 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
 			rc = layout_check_cluster(l, spec, ext, a, i, err, errlen);
 	}
 	free(ext);
+	return rc;
+}
+
+int dte_layout_add_fp8(struct dte_layout *l, const struct dte_layout_fp8 *f)
+{
+	if (layout_grow((void **)&l->fp8, &l->cap_fp8, l->nfp8, sizeof(*l->fp8)))
+		return -1;
+	l->fp8[l->nfp8++] = *f;
+	return 0;
+}
+
+const struct dte_layout_fp8 *dte_layout_fp8_find(const struct dte_layout *l, uint32_t rank,
+						 uint32_t buf)
+{
+	for (size_t i = 0; i < l->nfp8; i++)
+		if (l->fp8[i].rank == rank && l->fp8[i].buf == buf)
+			return &l->fp8[i];
+	return NULL;
+}
+
+/* One dim of a piece on both grids: canonical [lo, hi) of a dim of size
+ * n, at row/column `at` of the rank's matrix. */
+static int fp8_dim_ok(int64_t lo, int64_t hi, int64_t n, int64_t at)
+{
+	const int64_t B = DTE_FP8_BLOCK;
+
+	return lo % B == 0 && at % B == 0 && ((hi - lo) % B == 0 || hi == n);
+}
+
+int dte_layout_fp8_check(const struct dte_layout *l, const struct dte_spec *spec, char *err,
+			 size_t errlen)
+{
+	for (size_t i = 0; i < l->npieces; i++) {
+		struct dte_piece tmp;
+		const struct dte_piece *p = dte_layout_piece(l, i, &tmp);
+		const struct dte_layout_fp8 *f = dte_layout_fp8_find(l, p->rank, p->buf);
+		const struct dte_spec_tensor *t;
+		int64_t mat, in, row, col;
+
+		if (!f)
+			continue;
+		t = &spec->t[p->tensor];
+		mat = p->offset / (f->rows * f->cols);
+		in = p->offset % (f->rows * f->cols);
+		row = in / f->cols;
+		col = in % f->cols;
+		if (t->ndim != 2 || p->stride[0] != f->cols || p->stride[1] != 1 ||
+		    !fp8_dim_ok(p->lo[0], p->hi[0], t->shape[0], row) ||
+		    !fp8_dim_ok(p->lo[1], p->hi[1], t->shape[1], col)) {
+			const struct dte_layout_buffer *b = dte_layout_buffer_find(l, p->rank, p->buf);
+
+			return dte_layout_err(err, errlen,
+				"fp8: %s rank %u: %s rows [%lld, %lld) cols [%lld, %lld) at row %lld col %lld%s of the rank's matrix are not on the %d x %d block grid (the engines refuse such a split: vLLM validate_fp8_block_shape, SGLang validate_block_quant_shapes)",
+				b ? b->name : "?", p->rank, t->name, (long long)p->lo[0],
+				(long long)p->hi[0], (long long)p->lo[1], (long long)p->hi[1],
+				(long long)row, (long long)col, mat ? " (an expert's matrix)" : "",
+				DTE_FP8_BLOCK, DTE_FP8_BLOCK);
+		}
+	}
+	return 0;
+}
+
+static int64_t fp8_blocks(int64_t n)
+{
+	return (n + DTE_FP8_BLOCK - 1) / DTE_FP8_BLOCK;
+}
+
+int dte_layout_fp8_use(const struct dte_layout *src, const struct dte_layout *sink,
+		       const struct dte_spec *spec, struct dte_layout_fp8_use *out)
+{
+	uint64_t *first = calloc(spec->n + 1, sizeof(*first)), nbits = 0, *bits = NULL;
+	struct dte_layout_fp8_use u = { 0 };
+	int rc = -1;
+
+	if (!first)
+		return -1;
+	for (size_t i = 0; i < sink->nfp8; i++) {
+		u.weights++;
+		u.scales += (uint64_t)(sink->fp8[i].mats * fp8_blocks(sink->fp8[i].rows) *
+				       fp8_blocks(sink->fp8[i].cols));
+	}
+	/* first[t]: 1 + the tensor's first block bit, 0 when not held FP8 */
+	for (size_t i = 0; i < sink->npieces; i++) {
+		struct dte_piece tmp;
+		const struct dte_piece *p = dte_layout_piece(sink, i, &tmp);
+		const struct dte_spec_tensor *t = &spec->t[p->tensor];
+
+		if (first[p->tensor] || t->ndim != 2 || !dte_layout_fp8_find(sink, p->rank, p->buf))
+			continue;
+		first[p->tensor] = 1 + nbits;
+		nbits += (uint64_t)(fp8_blocks(t->shape[0]) * fp8_blocks(t->shape[1]));
+		u.tensors++;
+	}
+	u.blocks = nbits;
+	bits = calloc(nbits / 64 + 1, sizeof(*bits));
+	if (!bits)
+		goto out;
+	for (size_t i = 0; i < src->npieces; i++) {
+		struct dte_piece tmp;
+		const struct dte_piece *p = dte_layout_piece(src, i, &tmp);
+		const struct dte_spec_tensor *t = &spec->t[p->tensor];
+		int64_t r0, r1, c0, c1, bc;
+
+		if (!first[p->tensor])
+			continue;
+		/* blocks [r0, r1) x [c0, c1) lie whole inside the piece */
+		r0 = fp8_blocks(p->lo[0]);
+		c0 = fp8_blocks(p->lo[1]);
+		r1 = p->hi[0] == t->shape[0] ? fp8_blocks(t->shape[0]) : p->hi[0] / DTE_FP8_BLOCK;
+		c1 = p->hi[1] == t->shape[1] ? fp8_blocks(t->shape[1]) : p->hi[1] / DTE_FP8_BLOCK;
+		bc = fp8_blocks(t->shape[1]);
+		for (int64_t r = r0; r < r1; r++)
+			for (int64_t c = c0; c < c1; c++) {
+				uint64_t b = first[p->tensor] - 1 + (uint64_t)(r * bc + c);
+
+				bits[b / 64] |= UINT64_C(1) << (b % 64);
+			}
+	}
+	u.split = nbits;
+	for (uint64_t b = 0; b < nbits; b++)
+		u.split -= (bits[b / 64] >> (b % 64)) & 1u;
+	*out = u;
+	rc = 0;
+out:
+	free(first);
+	free(bits);
 	return rc;
 }

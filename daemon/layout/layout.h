@@ -56,6 +56,23 @@ struct dte_layout_tensor {
 	const char *name;
 };
 
+/* A sink weight held as FP8 block-scaled (a sink layout with fp8=1):
+ * buffer `buf` of `rank` holds float8_e4m3fn codes of `mats` row-major
+ * [rows, cols] matrices (the rank's runtime tensor: MoE w13/w2 one per
+ * local expert), with the same piece maps a BF16 sink has (one byte an
+ * element), and buffer `scale_buf` holds their FP32 weight_scale_inv,
+ * row-major [mats, ceil(rows/128), ceil(cols/128)] (vLLM
+ * fp8_utils.create_fp8_scale_parameter, SGLang Fp8LinearMethod
+ * create_fp8_weight_; FusedMoE: Fp8MoEMethod.create_weights).  Block
+ * (i, j) of a matrix is block (lo0/128 + i', lo1/128 + j') of the
+ * canonical tensor its piece maps there: dte_layout_fp8_check() makes
+ * every piece of such a buffer sit on both block grids. */
+#define DTE_FP8_BLOCK 128
+struct dte_layout_fp8 {
+	uint32_t rank, buf, scale_buf;
+	int64_t  mats, rows, cols;
+};
+
 struct dte_layout_names;
 struct dte_layout_rule;
 struct dte_layout;
@@ -94,6 +111,8 @@ struct dte_layout {
 	struct dte_layout_rule   *rule;
 	const struct dte_layout_rule_ops *rule_ops;  /* with rule */
 	int                       no_tensors;  /* for a plan only: runtime tensors not kept */
+	struct dte_layout_fp8    *fp8;       /* sinks with fp8=1: the FP8 weights */
+	size_t                    nfp8, cap_fp8;
 };
 
 void dte_layout_init(struct dte_layout *l, int role, uint64_t spec_hash);
@@ -113,6 +132,30 @@ int64_t dte_layout_add_buffer_named(struct dte_layout *l, uint32_t rank, int64_t
 				    const char *name);
 int  dte_layout_add_tensor_named(struct dte_layout *l, uint32_t rank, uint32_t buf, int64_t offset,
 				 uint32_t ndim, const int64_t *shape, const char *name);
+int  dte_layout_add_fp8(struct dte_layout *l, const struct dte_layout_fp8 *f);
+/* Every piece in an FP8 buffer on the 128 x 128 block grid of both its
+ * canonical tensor and the rank's matrix (a ragged block only at the
+ * canonical tensor's end), so that each block of the sink is one block of
+ * one canonical tensor; -1 with the first piece that is not, and why. */
+int  dte_layout_fp8_check(const struct dte_layout *l, const struct dte_spec *spec, char *err,
+			  size_t errlen);
+/* What a sink's FP8 weights ask of a source (dtectl plan's fp8 line):
+ * how many canonical blocks of the FP8-held tensors no single source
+ * piece holds whole.  The FP8 detect (gpu/fp8.h) computes a block's scale
+ * from all of its elements, so a source can send FP8 only for blocks it
+ * holds whole; split blocks need the BF16 on the sink's side. */
+struct dte_layout_fp8_use {
+	uint64_t weights;       /* FP8 weight buffers */
+	uint64_t scales;        /* their scale elements */
+	uint64_t tensors;       /* canonical tensors held FP8 */
+	uint64_t blocks;        /* their 128 x 128 blocks */
+	uint64_t split;         /* of those, held whole by no source piece */
+};
+int dte_layout_fp8_use(const struct dte_layout *src, const struct dte_layout *sink,
+		       const struct dte_spec *spec, struct dte_layout_fp8_use *out);
+/* The FP8 record of buffer (rank, buf); NULL when it holds BF16. */
+const struct dte_layout_fp8 *dte_layout_fp8_find(const struct dte_layout *l, uint32_t rank,
+						 uint32_t buf);
 /* Room for this many more pieces, buffers and tensors (0: no more). */
 int  dte_layout_reserve(struct dte_layout *l, size_t pieces, size_t bufs, size_t tensors);
 /* Generators call this once done: lookups want buffers sorted by (rank, id). */

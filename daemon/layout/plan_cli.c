@@ -192,6 +192,15 @@ static void plan_print_text(const struct plan_args *a, const struct dte_spec *sp
 	}
 	printf("total: elements=%" PRIu64 " dense_bytes=%" PRIu64 " sparse_bytes=%" PRIu64 " density=%g\n",
 	       total, total * PLAN_DENSE_BYTES_PER_ELEM, sparse_bytes(total, a->density), a->density);
+	if (sink->nfp8) {
+		struct dte_layout_fp8_use u;
+
+		if (dte_layout_fp8_use(src, sink, spec, &u) == 0)
+			printf("fp8: weights=%" PRIu64 " scales=%" PRIu64 " tensors=%" PRIu64
+			       " blocks=%" PRIu64 " split_blocks=%" PRIu64 "%s\n", u.weights, u.scales,
+			       u.tensors, u.blocks, u.split,
+			       u.split ? " (blocks no source shard holds whole)" : "");
+	}
 }
 
 static json_t *i64s(const int64_t *v, uint32_t n)
@@ -219,12 +228,29 @@ static json_t *plan_json_buffers(const struct dte_layout *l)
 	return arr;
 }
 
+static json_t *plan_json_fp8(const struct dte_layout *l)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; i < l->nfp8; i++) {
+		const struct dte_layout_fp8 *f = &l->fp8[i];
+
+		json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:I, s:I, s:I}", "rank",
+						     (int)f->rank, "buf", (int)f->buf, "scale_buf",
+						     (int)f->scale_buf, "mats", (json_int_t)f->mats,
+						     "rows", (json_int_t)f->rows, "cols", (json_int_t)f->cols));
+	}
+	return arr;
+}
+
 static json_t *plan_json_side(const struct dte_layout *l, uint32_t nodes, int dump)
 {
 	json_t *o = json_pack("{s:s, s:i, s:I, s:i}", "desc", l->desc, "ranks", (int)l->nranks,
 			      "pieces", (json_int_t)l->npieces, "nodes", (int)nodes);
 	if (dump)
 		json_object_set_new(o, "buffers", plan_json_buffers(l));
+	if (dump && l->nfp8)
+		json_object_set_new(o, "fp8", plan_json_fp8(l));
 	return o;
 }
 
@@ -260,6 +286,15 @@ static int plan_print_json(const struct plan_args *a, const struct dte_spec *spe
 		"sparse_bytes", (json_int_t)sparse_bytes(total, a->density), "density", a->density);
 	if (!root)
 		return -1;
+	if (sink->nfp8) {
+		struct dte_layout_fp8_use u;
+
+		if (dte_layout_fp8_use(src, sink, spec, &u) == 0)
+			json_object_set_new(root, "fp8", json_pack("{s:I, s:I, s:I, s:I, s:I}",
+				"weights", (json_int_t)u.weights, "scales", (json_int_t)u.scales,
+				"tensors", (json_int_t)u.tensors, "blocks", (json_int_t)u.blocks,
+				"split_blocks", (json_int_t)u.split));
+	}
 	if (a->dump) {
 		json_t *ents = json_array(), *names = json_array();
 		for (i = 0; i < spec->n; i++)

@@ -537,6 +537,9 @@ def vllm_engine():
         return ranks
 
     run.moe = run_moe
+    # For other tests that build vLLM layers per rank (fp8_layout.py):
+    # the rank every patched module reads.
+    run.set_rank = lambda r, tp: rank.update(r=r, tp=tp)
     return getattr(vllm, "__version__", "?"), run
 
 

@@ -2083,6 +2083,50 @@ static void test_plan_only_families(void **state)
 	}
 }
 
+/* An FP8 sink (fp8=1) is mapped by dtectl plan but refused at attach,
+ * naming why (the data path moves BF16 elements, not the codes and
+ * scales the engine computes with); a split off the 128 x 128 block
+ * grid is refused by the layout itself. */
+static void test_fp8_sink_refused(void **state)
+{
+	static const char *cfg =
+		"{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"hidden_size\":128,"
+		"\"intermediate_size\":256,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+		"\"num_key_value_heads\":1,\"head_dim\":128,\"vocab_size\":256,"
+		"\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}";
+	struct jcreate_args jc = { 0 };
+	struct jcreate_res jr = { 0 };
+	struct jattach_args rq = { 0 };
+	uint64_t ids[64] = { 0 };
+	char err[512];
+	int deferred = 0;
+
+	(void)state;
+	jc.name = "fp8";
+	jc.token = "tok";
+	jc.coordinator = "local";
+	jc.model_config = (char *)cfg;
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), 0);
+	rq.job = "fp8";
+	rq.token = "tok";
+	rq.role = "sink";
+	rq.layout = "sglang:tp=1,fp8=1";
+	rq.n_buffers = 0;
+	rq.buffers = ids;
+	err[0] = 0;
+	assert_int_equal(job_attach(eng, RQ(77, 1), &rq, &deferred, err, sizeof(err)), -EOPNOTSUPP);
+	assert_non_null(strstr(err, "FP8 sinks are plan-only"));
+	assert_false(deferred);
+	/* The test model of job tj (hidden 64): up_proj's rows start inside
+	 * gate_up's first block, so the layout refuses it before any plan */
+	rq.job = "tj";
+	rq.layout = "vllm:tp=1,fp8=1";
+	err[0] = 0;
+	assert_int_equal(job_attach(eng, RQ(77, 2), &rq, &deferred, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "block grid"));
+	assert_false(deferred);
+}
+
 /* Last: every transition of a sink version in the tests above left it
  * where the table says, with that state stored (jsink_step_check); and
  * every pair's stored state is the one its fields give (pair_sm.h), of
@@ -2148,6 +2192,7 @@ int main(void)
 		cmocka_unit_test(test_skip_write),
 		cmocka_unit_test(test_roles),
 		cmocka_unit_test(test_plan_only_families),
+		cmocka_unit_test(test_fp8_sink_refused),
 		cmocka_unit_test(test_sink_states),
 	};
 

