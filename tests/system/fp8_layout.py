@@ -22,13 +22,19 @@ checkpoints are made: one scale per 128 x 128 block of each HF tensor):
   vLLM's modules read it (engines_upstream.vllm_engine), and the model
   dtype the FP8 method reads from the current VllmConfig.
 
+Qwen3-MoE experts go through each engine's own FusedMoE built with that
+quant_config (SGLang: topology published as engines_upstream.sglang_moe
+does, weight_loader with make_expert_params_mapping's ids; vLLM:
+FusedMoEFactory and its load_weights), scales included.
+
 For every case dted accepts, every rank's `weight` bytes and
 `weight_scale_inv` must equal what the plan's entries place (codes: the
 entry's map; scales: each 128 x 128 block of an entry takes its
 canonical block's scale).  For every case dted refuses, SGLang must
-refuse too (validate_block_quant_shapes); vLLM merged layers load such
-splits anyway (linear.py _maybe_allow_fp8_block_shape_mismatch), which
-is printed, not counted.
+refuse too (validate_block_quant_shapes, validate_fp8_block_shape_moe
+for experts); vLLM's merged layers load off-grid partitions anyway
+(linear.py _maybe_allow_fp8_block_shape_mismatch), and so do its FP8
+experts here: printed, not counted.
 
 Prints `fp8-layout: engines=2 cases=N ranks=R tensors=T exact=T/T
 refused=K agreed=K`; exits 77 (SKIP) when a venv is missing.
@@ -54,8 +60,17 @@ def qwen3(hidden, inter, heads, kv, hd, layers=1, vocab=512):
             "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
 
-# (label, config, tp): accepted and refused splits, replicated and split
-# KV heads, ragged K at tp 1.
+def qwen3_moe(moe_inter, experts=4, layers=1):
+    cfg = qwen3(256, 256, 2, 1, 128, layers=layers)
+    cfg.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+               moe_intermediate_size=moe_inter, num_experts=experts, num_experts_per_tok=2,
+               decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    return cfg
+
+
+# (label, config, tp[, ep]): accepted and refused splits, replicated and
+# split KV heads, ragged K at tp 1; FusedMoE experts (MoE-TP 2, expert
+# parallel 2, and an expert split off the grid).
 CASES = [
     ("d256-tp1", qwen3(256, 512, 4, 2, 128), 1),
     ("d256-tp2", qwen3(256, 512, 4, 2, 128, layers=2), 2),
@@ -63,6 +78,9 @@ CASES = [
     ("k320-tp1", qwen3(320, 256, 2, 1, 128), 1),          # K ragged (320), tp 1
     ("i384-tp2", qwen3(256, 384, 4, 2, 128), 2),          # 192 per rank: refused
     ("hd64-tp2", qwen3(256, 512, 8, 2, 64), 2),           # k/v 64 rows: refused
+    ("moe-tp2", qwen3_moe(256, layers=2), 2),             # experts' 128 rows a rank
+    ("moe-tp2-ep2", qwen3_moe(256), 2, 2),                # 2 whole experts a rank
+    ("moe-i128-tp2", qwen3_moe(128), 2),                  # 64 rows a rank: refused
 ]
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -78,6 +96,16 @@ def hf_shapes(cfg):
     shapes = {}
     for n in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % n
+        if cfg.get("num_experts"):
+            # the experts only: what FusedMoE loads (attention is covered
+            # by the dense cases)
+            Im = cfg["moe_intermediate_size"]
+            for e in range(cfg["num_experts"]):
+                q = p + "mlp.experts.%d." % e
+                shapes[q + "gate_proj.weight"] = (Im, H)
+                shapes[q + "up_proj.weight"] = (Im, H)
+                shapes[q + "down_proj.weight"] = (H, Im)
+            continue
         shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
         shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
         shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
@@ -101,13 +129,13 @@ def hf_fp8(cfg, seed):
     return out
 
 
-def dted_plan(cfg, tp, engine, tmp):
+def dted_plan(cfg, tp, ep, engine, tmp):
     """dtectl plan's sink (entries, buffers, fp8 records), or its refusal."""
     path = os.path.join(tmp, "config.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     r = subprocess.run([DTECTL, "plan", "--model", path, "--source", "fsdp:dp=1", "--sink",
-                        "%s:tp=%d,fp8=1" % (engine, tp), "--json", "--dump-entries"],
+                        "%s:tp=%d,ep=%d,fp8=1" % (engine, tp, ep), "--json", "--dump-entries"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         return None, r.stderr.strip()
@@ -130,7 +158,7 @@ def dted_place(plan, hf):
             f["mats"] * -(-f["rows"] // 128) * -(-f["cols"] // 128), dtype=np.float32)
     for e in plan["plan_entries"]:
         f = fp8.get((e["sink_rank"], e["sink_buf"]))
-        if f is None:
+        if f is None or tensors[e["tensor"]] not in hf:
             continue
         src = hf[tensors[e["tensor"]]]
         scl = hf[tensors[e["tensor"]] + "_scale_inv"]
@@ -210,6 +238,75 @@ def engine_load(layers, hf):
     return out
 
 
+def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx):
+    """Per rank {our buffer name: array} of the experts, through the
+    engine's own FusedMoE with the FP8 quant_config: SGLang
+    (fused_moe_triton/layer.py FusedMoE, topology published as
+    engines_upstream.sglang_moe does, weight_loader with
+    make_expert_params_mapping's shard and expert ids, scales too); vLLM
+    (FusedMoEFactory, load_weights with names relative to the block).
+    Parameter names are reported as the layout names them
+    (<prefix>.w13_weight[_scale_inv], whatever module holds them)."""
+    import numpy as np
+    import torch
+    E, H, Im = cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    ranks = []
+    for r in range(tp):
+        out = {}
+        with rank_ctx(r, tp, ep):
+            for n in range(cfg["num_hidden_layers"]):
+                prefix = "model.layers.%d.mlp.experts" % n
+                mine = {k: v for k, v in hf.items() if k.startswith(prefix + ".")}
+                if engine == "sglang":
+                    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+                    moe = FusedMoE(num_experts=E, hidden_size=H, intermediate_size=Im,
+                                   layer_id=n, top_k=cfg["num_experts_per_tok"],
+                                   params_dtype=torch.bfloat16, prefix=prefix, quant_config=qc)
+                    mapping = FusedMoE.make_expert_params_mapping(
+                        ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+                        ckpt_up_proj_name="up_proj", num_experts=E)
+                    params = dict(moe.named_parameters())
+                    for name, arr in mine.items():
+                        for param_name, weight_name, expert_id, shard_id in mapping:
+                            if "mlp." + weight_name not in name:
+                                continue
+                            target = name.replace(weight_name, param_name)
+                            param = params[target[len(prefix) + 1:]]
+                            param.weight_loader(param, _tensor(arr), target, shard_id=shard_id,
+                                                expert_id=expert_id)
+                            break
+                        else:
+                            raise RuntimeError("no expert mapping for %s" % name)
+                    named = moe.named_parameters()
+                else:
+                    from vllm.model_executor.layers.fused_moe import layer as moe_layer
+                    with cfg_ctx(ep):
+                        block = moe_layer.FusedMoEFactory(
+                            num_experts=E, top_k=cfg["num_experts_per_tok"], hidden_size=H,
+                            intermediate_size=Im, params_dtype=torch.bfloat16,
+                            renormalize=True, prefix=prefix, quant_config=qc,
+                            dp_size=1, pcp_size=1)
+                        # a generator: nothing loads until it is consumed
+                        loaded = set(block.load_weights([(k[len(prefix) + 1:], _tensor(v))
+                                                         for k, v in mine.items()]))
+                        if not loaded:
+                            raise RuntimeError("vLLM loaded nothing into %s" % prefix)
+                    named = block.named_parameters()
+                for pn, t in named:
+                    d = t.data.detach().contiguous()
+                    a = (d.view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d).numpy()
+                    out[prefix + "." + pn.rsplit(".", 1)[-1]] = np.ascontiguousarray(a).ravel()
+        ranks.append(out)
+    return ranks
+
+
+def _tensor(arr):
+    import numpy as np
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    return t.view(torch.float8_e4m3fn) if arr.dtype == np.uint8 else t
+
+
 def engine_run(engine, jobs_path):
     """Every case of jobs_path for one engine; JSON result lines."""
     import numpy as np
@@ -227,9 +324,22 @@ def engine_run(engine, jobs_path):
         from sglang.srt.runtime_context import get_parallel
         version = getattr(sglang, "__version__", "?")
 
-        def rank_ctx(r, tp):
-            return get_parallel().override(tp_rank=r, tp_size=tp, attn_tp_rank=r,
-                                           attn_tp_size=tp, attn_dp_size=1, attn_cp_size=1)
+        import contextlib
+        from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+        from sglang.srt.server_args import ServerArgs
+
+        @contextlib.contextmanager
+        def rank_ctx(r, tp, ep=1):
+            # FusedMoE reads the published topology (engines_upstream.sglang_moe)
+            reset_context()
+            publish(ServerArgs(model_path="dummy", tp_size=tp, ep_size=ep, device="cpu"),
+                    role="test", ranks=SpawnRanks(world_rank=r))
+            try:
+                with get_parallel().override(tp_rank=r, tp_size=tp, attn_tp_rank=r,
+                                             attn_tp_size=tp, attn_dp_size=1, attn_cp_size=1):
+                    yield
+            finally:
+                reset_context()
         cfg_ctx = None
     else:
         import contextlib
@@ -241,16 +351,19 @@ def engine_run(engine, jobs_path):
         version = vllm.__version__
         _, run = eu.vllm_engine()      # patches where vLLM reads the TP rank
 
+        from vllm.config import ParallelConfig
+
         @contextlib.contextmanager
-        def rank_ctx(r, tp):
+        def rank_ctx(r, tp, ep=1):
             run.set_rank(r, tp)
             yield
 
-        def cfg_ctx():
+        def cfg_ctx(ep=1):
             # Fp8LinearMethod.__init__ reads the model dtype from the
             # current VllmConfig's model_config (fp8.py); the model here
-            # is BF16, as the model loader sets it.
-            vc = VllmConfig()
+            # is BF16, as the model loader sets it.  A fresh one per rank
+            # (each its own process), expert parallel as the case says.
+            vc = VllmConfig(parallel_config=ParallelConfig(enable_expert_parallel=ep > 1))
             vc.model_config = types.SimpleNamespace(dtype=torch.bfloat16)
             return set_current_vllm_config(vc)
     qc = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
@@ -264,13 +377,19 @@ def engine_run(engine, jobs_path):
             hf = {k: z[k] for k in z.files}
         res = {"label": job["label"], "engine": engine, "version": version, "ranks": []}
         try:
-            with (cfg_ctx() if cfg_ctx else _null()):
-                for r in range(job["tp"]):
-                    with rank_ctx(r, job["tp"]):
-                        layers = engine_layers(engine, job["cfg"], qc, mods)
-                        got = engine_load(layers, hf)
-                    res["ranks"].append({n: {"dtype": str(a.dtype), "hex": a.tobytes().hex()}
-                                         for n, a in got.items()})
+            if job["cfg"].get("num_experts"):
+                ranks = engine_moe(engine, job["cfg"], job["tp"], job["ep"], qc, hf, rank_ctx,
+                                   cfg_ctx)
+            else:
+                ranks = []
+                with (cfg_ctx() if cfg_ctx else _null()):
+                    for r in range(job["tp"]):
+                        with rank_ctx(r, job["tp"]):
+                            layers = engine_layers(engine, job["cfg"], qc, mods)
+                            ranks.append(engine_load(layers, hf))
+            for got in ranks:
+                res["ranks"].append({n: {"dtype": str(a.dtype), "hex": a.tobytes().hex()}
+                                     for n, a in got.items()})
         except (ValueError, RuntimeError, AssertionError) as e:
             # ValueError: the engines' shape validation; vLLM's loaders
             # may instead fail to place a mismatched merge's scales
@@ -318,13 +437,15 @@ def main():
     engines = set()
     try:
         jobs, want = [], {}
-        for k, (label, cfg, tp) in enumerate(CASES):
+        for k, case in enumerate(CASES):
+            label, cfg, tp = case[:3]
+            ep = case[3] if len(case) > 3 else 1
             hf = hf_fp8(cfg, 100 + k)
             npz = os.path.join(tmp, "%s.npz" % label)
             np.savez(npz, **hf)
-            jobs.append({"label": label, "cfg": cfg, "tp": tp, "hf": npz})
+            jobs.append({"label": label, "cfg": cfg, "tp": tp, "ep": ep, "hf": npz})
             for engine in ("sglang", "vllm"):
-                plan, why = dted_plan(cfg, tp, engine, tmp)
+                plan, why = dted_plan(cfg, tp, ep, engine, tmp)
                 want[(label, engine)] = (dted_place(plan, hf) if plan else None, why)
         jobs_path = os.path.join(tmp, "jobs.json")
         with open(jobs_path, "w") as f:
@@ -349,9 +470,8 @@ def main():
                             engine, res["label"], dted_why[dted_why.find("fp8:"):][:80],
                             res["refused"][:80]))
                     elif engine == "vllm":
-                        lines.append("  %s %s: dted refuses; vLLM loads it "
-                                     "(linear.py _maybe_allow_fp8_block_shape_mismatch)" % (
-                                         engine, res["label"]))
+                        lines.append("  %s %s: dted refuses; vLLM loads it" % (
+                            engine, res["label"]))
                     else:
                         bad.append("%s %s: dted refuses (%s), the engine loads it" % (
                             engine, res["label"], dted_why))
@@ -378,6 +498,8 @@ def main():
                         else:
                             exact += 1
                     mine = {n for (rr, n) in placed if rr == r}
+                    if any(".mlp.experts." in n for n in got):
+                        mine = {n for n in mine if ".mlp.experts." in n}
                     for name in sorted(mine - set(got)):
                         bad.append("%s %s rank %d: dted's %s is not an engine parameter" % (
                             engine, res["label"], r, name))
