@@ -742,7 +742,7 @@ int dte_layout_fp8_check(const struct dte_layout *l, const struct dte_spec *spec
 			const struct dte_layout_buffer *b = dte_layout_buffer_find(l, p->rank, p->buf);
 
 			return dte_layout_err(err, errlen,
-				"fp8: %s rank %u: %s rows [%lld, %lld) cols [%lld, %lld) at row %lld col %lld%s of the rank's matrix are not on the %d x %d block grid (the engines refuse such a split: vLLM validate_fp8_block_shape, SGLang validate_block_quant_shapes)",
+				"fp8: %s rank %u: %s rows [%lld, %lld) cols [%lld, %lld) at row %lld col %lld%s of the rank's matrix are not on the %d x %d block grid, so a block of the engine's scales would not be one block of one tensor (SGLang refuses such splits, validate_block_quant_shapes; docs/INTEGRATION.md)",
 				b ? b->name : "?", p->rank, t->name, (long long)p->lo[0],
 				(long long)p->hi[0], (long long)p->lo[1], (long long)p->hi[1],
 				(long long)row, (long long)col, mat ? " (an expert's matrix)" : "",

@@ -22,6 +22,10 @@ checkpoints are made: one scale per 128 x 128 block of each HF tensor):
   vLLM's modules read it (engines_upstream.vllm_engine), and the model
   dtype the FP8 method reads from the current VllmConfig.
 
+DeepSeek-V3's MLA projections are built as each engine's
+DeepseekV2AttentionMLA builds them and loaded as its load_weights fuses
+[q_a_proj; kv_a_proj_with_mqa] (engine_mla).
+
 Qwen3-MoE experts go through each engine's own FusedMoE built with that
 quant_config (SGLang: topology published as engines_upstream.sglang_moe
 does, weight_loader with make_expert_params_mapping's ids; vLLM:
@@ -68,6 +72,23 @@ def qwen3_moe(moe_inter, experts=4, layers=1):
     return cfg
 
 
+def deepseek_v3(q_lora=256, heads=4, layers=1):
+    """DeepSeek-V3's config fields (../shared/models/deepseek-v3.json) at
+    dims on the 128 grid; q_lora 0: no q_lora_rank (DeepSeek-V2-Lite)."""
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+           "attention_bias": False, "first_k_dense_replace": 1, "hidden_act": "silu",
+           "hidden_size": 256, "intermediate_size": 256, "kv_lora_rank": 256,
+           "max_position_embeddings": 4096, "moe_intermediate_size": 256, "moe_layer_freq": 1,
+           "n_group": 1, "n_routed_experts": 4, "n_shared_experts": 1, "norm_topk_prob": True,
+           "num_attention_heads": heads, "num_experts_per_tok": 2, "num_hidden_layers": layers,
+           "num_key_value_heads": heads, "q_lora_rank": q_lora or None,
+           "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6,
+           "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+           "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
+           "torch_dtype": "bfloat16", "v_head_dim": 128, "vocab_size": 512}
+    return cfg
+
+
 # (label, config, tp[, ep]): accepted and refused splits, replicated and
 # split KV heads, ragged K at tp 1; FusedMoE experts (MoE-TP 2, expert
 # parallel 2, and an expert split off the grid).
@@ -81,6 +102,9 @@ CASES = [
     ("moe-tp2", qwen3_moe(256, layers=2), 2),             # experts' 128 rows a rank
     ("moe-tp2-ep2", qwen3_moe(256), 2, 2),                # 2 whole experts a rank
     ("moe-i128-tp2", qwen3_moe(128), 2),                  # 64 rows a rank: refused
+    ("mla-tp2", deepseek_v3(layers=2), 2),                # [q_a; kv_a] 256 + 320 rows
+    ("mla-noq-tp2", deepseek_v3(q_lora=0), 2),            # q_proj, kv_a_proj_with_mqa
+    ("mla-tp4", deepseek_v3(heads=4), 4),                 # one head a rank: 192 kv_b rows
 ]
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -92,10 +116,24 @@ STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"),
 
 def hf_shapes(cfg):
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
-    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg.get("head_dim")
     shapes = {}
     for n in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % n
+        if cfg.get("kv_lora_rank"):
+            # MLA attention only (the MLP is the dense and MoE cases')
+            nh, qr, kr = cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+            nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+            a = p + "self_attn."
+            if qr:
+                shapes[a + "q_a_proj.weight"] = (qr, H)
+                shapes[a + "q_b_proj.weight"] = (nh * (nope + rope), qr)
+            else:
+                shapes[a + "q_proj.weight"] = (nh * (nope + rope), H)
+            shapes[a + "kv_a_proj_with_mqa.weight"] = (kr + rope, H)
+            shapes[a + "kv_b_proj.weight"] = (nh * (nope + vd), kr)
+            shapes[a + "o_proj.weight"] = (H, nh * vd)
+            continue
         if cfg.get("num_experts"):
             # the experts only: what FusedMoE loads (attention is covered
             # by the dense cases)
@@ -300,6 +338,90 @@ def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx):
     return ranks
 
 
+def engine_mla(engine, cfg, tp, qc, hf, rank_ctx, cfg_ctx):
+    """Per rank {name: array} of MLA's FP8 projections, built as each
+    engine's DeepseekV2AttentionMLA.__init__ builds them and loaded as
+    its load_weights does:
+    - SGLang (models/deepseek_v2.py ~2070-2162): fused_qkv_a_proj_with_mqa
+      a ReplicatedLinear [q_lora + kv_lora + rope, H], loaded with
+      torch.cat([q_a_proj, kv_a_proj_with_mqa]) of the weights and, alike,
+      of their weight_scale_inv (deepseek_common/deepseek_weight_loader.py
+      ~455-500); q_b_proj / q_proj and kv_b_proj ColumnParallelLinear,
+      o_proj RowParallelLinear, on the attention-TP group;
+      kv_a_proj_with_mqa a ReplicatedLinear without q_lora;
+    - vLLM (models/deepseek_v2.py): fused_qkv_a_proj its own
+      DeepSeekV2FusedQkvAProjLinear (a MergedColumnParallelLinear with
+      disable_tp), shards 0 / 1 from load_weights' mla_params_mapping;
+      the rest as SGLang's."""
+    import torch
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    qr, kr = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    dt = torch.bfloat16
+    if engine == "sglang":
+        from sglang.srt.layers import linear
+        kw = {"parallel_group": "attn_tp"}
+        fused_name = "fused_qkv_a_proj_with_mqa"
+    else:
+        from vllm.model_executor.layers import linear
+        from vllm.model_executor.models.deepseek_v2 import DeepSeekV2FusedQkvAProjLinear
+        kw = {}
+        fused_name = "fused_qkv_a_proj"
+    ranks = []
+    for r in range(tp):
+        out = {}
+        with rank_ctx(r, tp), (cfg_ctx() if cfg_ctx else _null()):
+            for n in range(cfg["num_hidden_layers"]):
+                a = "model.layers.%d.self_attn." % n
+                L = {}
+                if qr and engine == "sglang":
+                    L[fused_name] = linear.ReplicatedLinear(
+                        H, qr + kr + rope, bias=False, params_dtype=dt, quant_config=qc,
+                        prefix=a + fused_name)
+                elif qr:
+                    L[fused_name] = DeepSeekV2FusedQkvAProjLinear(
+                        H, [qr, kr + rope], quant_config=qc, prefix=a + fused_name)
+                else:
+                    L["kv_a_proj_with_mqa"] = linear.ReplicatedLinear(
+                        H, kr + rope, bias=False, params_dtype=dt, quant_config=qc,
+                        prefix=a + "kv_a_proj_with_mqa")
+                qname = "q_b_proj" if qr else "q_proj"
+                L[qname] = linear.ColumnParallelLinear(
+                    qr or H, nh * (nope + rope), bias=False, params_dtype=dt, quant_config=qc,
+                    prefix=a + qname, **kw)
+                L["kv_b_proj"] = linear.ColumnParallelLinear(
+                    kr, nh * (nope + vd), bias=False, params_dtype=dt, quant_config=qc,
+                    prefix=a + "kv_b_proj", **kw)
+                L["o_proj"] = linear.RowParallelLinear(
+                    nh * vd, H, bias=False, params_dtype=dt, quant_config=qc,
+                    reduce_results=False, prefix=a + "o_proj", **kw)
+                for suffix in ("weight", "weight_scale_inv"):
+                    for mod, layer in L.items():
+                        param = getattr(layer, suffix)
+                        if mod != fused_name:
+                            param.weight_loader(param, _tensor(hf[a + mod + "." + suffix]))
+                        elif engine == "sglang":
+                            param.weight_loader(param, _tensor(np_cat(
+                                hf[a + "q_a_proj." + suffix],
+                                hf[a + "kv_a_proj_with_mqa." + suffix])))
+                        else:
+                            param.weight_loader(param, _tensor(hf[a + "q_a_proj." + suffix]), 0)
+                            param.weight_loader(
+                                param, _tensor(hf[a + "kv_a_proj_with_mqa." + suffix]), 1)
+                for mod, layer in L.items():
+                    for pn, t in layer.named_parameters():
+                        d = t.data.detach().contiguous()
+                        arr = (d.view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d)
+                        out[a + mod + "." + pn] = arr.numpy().ravel().copy()
+        ranks.append(out)
+    return ranks
+
+
+def np_cat(x, y):
+    import numpy as np
+    return np.concatenate([x, y], axis=0)
+
+
 def _tensor(arr):
     import numpy as np
     import torch
@@ -377,7 +499,9 @@ def engine_run(engine, jobs_path):
             hf = {k: z[k] for k in z.files}
         res = {"label": job["label"], "engine": engine, "version": version, "ranks": []}
         try:
-            if job["cfg"].get("num_experts"):
+            if job["cfg"].get("kv_lora_rank"):
+                ranks = engine_mla(engine, job["cfg"], job["tp"], qc, hf, rank_ctx, cfg_ctx)
+            elif job["cfg"].get("num_experts"):
                 ranks = engine_moe(engine, job["cfg"], job["tp"], job["ep"], qc, hf, rank_ctx,
                                    cfg_ctx)
             else:
@@ -500,6 +624,9 @@ def main():
                     mine = {n for (rr, n) in placed if rr == r}
                     if any(".mlp.experts." in n for n in got):
                         mine = {n for n in mine if ".mlp.experts." in n}
+                    if any(".self_attn." in n for n in got) and \
+                            res["label"].startswith("mla"):
+                        mine = {n for n in mine if ".self_attn." in n}
                     for name in sorted(mine - set(got)):
                         bad.append("%s %s rank %d: dted's %s is not an engine parameter" % (
                             engine, res["label"], r, name))
