@@ -492,10 +492,59 @@ out:
 	return rc;
 }
 
-/* Parse (and check) the two position lists; with `write` also apply.
- * `inwhole` is one byte per block, zeroed by the caller. */
+/* What delta_walk does once the payload checked out. */
+enum walk_mode { WALK_CHECK, WALK_APPLY, WALK_INVERT, WALK_CSUM };
+
+/* The checksum key of a scale's two 16-bit halves: a domain apart from
+ * the codes' positions. */
+#define FP8_SCALE_KEYS	(UINT64_C(1) << 62)
+
+static uint64_t scale_term(uint64_t b, uint32_t bits)
+{
+	return dtc_csum_term(FP8_SCALE_KEYS + 2 * b, (uint16_t)bits) +
+	       dtc_csum_term(FP8_SCALE_KEYS + 2 * b + 1, (uint16_t)(bits >> 16));
+}
+
+/* One value of the payload against one place in memory: APPLY writes
+ * memory from the payload, INVERT the payload copy `inv` from memory,
+ * CSUM adds both to their sums.  Codes: 1 byte; scales: 4. */
+struct walk {
+	int mode;
+	const uint8_t *in;
+	uint8_t *inv;			/* INVERT: the copy being rewritten */
+	uint64_t sum_mem, sum_pay;	/* CSUM */
+};
+
+static void walk_code(struct walk *w, const uint8_t *at, uint8_t *mem, uint64_t pos)
+{
+	if (w->mode == WALK_APPLY)
+		*mem = *at;
+	else if (w->mode == WALK_INVERT)
+		w->inv[at - w->in] = *mem;
+	else {
+		w->sum_mem += dtc_csum_term(pos, *mem);
+		w->sum_pay += dtc_csum_term(pos, *at);
+	}
+}
+
+static void walk_scale(struct walk *w, const uint8_t *at, float *mem, uint64_t b)
+{
+	if (w->mode == WALK_APPLY)
+		*mem = get_f32(at);
+	else if (w->mode == WALK_INVERT)
+		put_f32(w->inv + (at - w->in), *mem);
+	else {
+		w->sum_mem += scale_term(b, dtc_f32_bits(*mem));
+		w->sum_pay += scale_term(b, dtc_f32_bits(get_f32(at)));
+	}
+}
+
+/* Parse (and check) the two position lists; past WALK_CHECK also visit
+ * every value with its place.  `inwhole` is one byte per block, zeroed by
+ * the caller.  A code's checksum position is its row-major index in the
+ * rows x cols matrix (not in ld), a scale's its block. */
 static int delta_walk(const uint8_t *in, size_t len, const struct grid *g, uint64_t ld,
-		      uint8_t *inwhole, int write, uint8_t *codes, float *scales,
+		      uint8_t *inwhole, struct walk *w, uint8_t *codes, float *scales,
 		      uint64_t *ncodes, uint64_t *nwhole)
 {
 	const uint8_t *p = in, *end = in + len, *pos_at, *data;
@@ -541,45 +590,47 @@ static int delta_walk(const uint8_t *in, size_t len, const struct grid *g, uint6
 		return DTC_ETRUNC;
 	if ((uint64_t)(end - p) != 4 * nw + elems + cnt)
 		return DTC_ECORRUPT;
-	if (!write)
+	if (ncodes)
+		*ncodes = cnt;
+	if (nwhole)
+		*nwhole = nw;
+	if (w->mode == WALK_CHECK)
 		return DTC_OK;
 	data = p;
-	for (uint64_t b = 0, i = 0; b < g->nblocks; b++)
-		if (inwhole[b])
-			scales[b] = get_f32(data + 4 * i++);
-	data += 4 * nw;
+	for (uint64_t b = 0; b < g->nblocks; b++)
+		if (inwhole[b]) {
+			walk_scale(w, data, &scales[b], b);
+			data += 4;
+		}
 	for (uint64_t b = 0; b < g->nblocks; b++) {
 		uint64_t r0, r1, c0, c1;
 
 		if (!inwhole[b])
 			continue;
 		block_box(g, b, &r0, &r1, &c0, &c1);
-		for (uint64_t r = r0; r < r1; r++) {
-			memcpy(codes + r * ld + c0, data, c1 - c0);
-			data += c1 - c0;
-		}
+		for (uint64_t r = r0; r < r1; r++)
+			for (uint64_t c = c0; c < c1; c++)
+				walk_code(w, data++, codes + r * ld + c, r * g->cols + c);
 	}
 	p = pos_at;
 	next = 0;
 	for (uint64_t i = 0; i < cnt; i++) {
 		(void)dtc_gap_get(&p, end, &gap);	/* checked above */
 		next += gap;
-		codes[next / g->cols * ld + next % g->cols] = *data++;
+		walk_code(w, data++, codes + next / g->cols * ld + next % g->cols, next);
 		next++;
 	}
-	if (ncodes)
-		*ncodes = cnt;
-	if (nwhole)
-		*nwhole = nw;
 	return DTC_OK;
 }
 
-int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
-			uint64_t ld, uint32_t block_rows, uint32_t block_cols, uint8_t *codes,
-			float *scales, uint64_t *ncodes, uint64_t *nwhole)
+/* Check the payload, then walk it in `mode`. */
+static int delta_run(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols, uint64_t ld,
+		     uint32_t block_rows, uint32_t block_cols, struct walk *w, uint8_t *codes,
+		     float *scales, uint64_t *ncodes, uint64_t *nwhole)
 {
 	int rc = check_shape(in, codes, rows, cols, ld, block_rows, block_cols, 0, 0);
 	struct grid g = grid_of(rows, cols, block_rows, block_cols);
+	struct walk check = { WALK_CHECK, in, NULL, 0, 0 };
 	uint8_t *inwhole;
 
 	if (rc)
@@ -589,11 +640,54 @@ int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t c
 	inwhole = calloc(g.nblocks ? g.nblocks : 1, 1);
 	if (!inwhole)
 		return DTC_ENOMEM;
-	rc = delta_walk(in, len, &g, ld, inwhole, 0, codes, scales, ncodes, nwhole);
+	rc = delta_walk(in, len, &g, ld, inwhole, &check, codes, scales, ncodes, nwhole);
 	if (rc == DTC_OK) {
 		memset(inwhole, 0, g.nblocks);
-		rc = delta_walk(in, len, &g, ld, inwhole, 1, codes, scales, ncodes, nwhole);
+		rc = delta_walk(in, len, &g, ld, inwhole, w, codes, scales, NULL, NULL);
 	}
 	free(inwhole);
+	return rc;
+}
+
+int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+			uint64_t ld, uint32_t block_rows, uint32_t block_cols, uint8_t *codes,
+			float *scales, uint64_t *ncodes, uint64_t *nwhole)
+{
+	struct walk w = { WALK_APPLY, in, NULL, 0, 0 };
+
+	return delta_run(in, len, rows, cols, ld, block_rows, block_cols, &w, codes, scales,
+			 ncodes, nwhole);
+}
+
+int dtc_fp8_delta_invert(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+			 uint64_t ld, uint32_t block_rows, uint32_t block_cols,
+			 const uint8_t *codes, const float *scales, uint8_t *out, size_t cap)
+{
+	struct walk w = { WALK_INVERT, in, out, 0, 0 };
+
+	if (!out || !in || cap < len)
+		return !out || !in ? DTC_EINVAL : DTC_ENOSPC;
+	memcpy(out, in, len);
+	/* the walk only reads memory in this mode */
+	return delta_run(in, len, rows, cols, ld, block_rows, block_cols, &w, (uint8_t *)codes,
+			 (float *)scales, NULL, NULL);
+}
+
+int dtc_fp8_delta_csum(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+		       uint64_t ld, uint32_t block_rows, uint32_t block_cols,
+		       const uint8_t *codes, const float *scales, uint64_t *sum_memory,
+		       uint64_t *sum_payload)
+{
+	struct walk w = { WALK_CSUM, in, NULL, 0, 0 };
+	int rc;
+
+	if (!sum_memory || !sum_payload)
+		return DTC_EINVAL;
+	rc = delta_run(in, len, rows, cols, ld, block_rows, block_cols, &w, (uint8_t *)codes,
+		       (float *)scales, NULL, NULL);
+	if (rc == DTC_OK) {
+		*sum_memory = w.sum_mem;
+		*sum_payload = w.sum_pay;
+	}
 	return rc;
 }

@@ -292,4 +292,23 @@ int dtc_fp8_delta_apply(const uint8_t *in, size_t len, uint64_t rows, uint64_t c
 			uint64_t ld, uint32_t block_rows, uint32_t block_cols, uint8_t *codes,
 			float *scales, uint64_t *ncodes, uint64_t *nwhole);
 
+/* The undo of a payload, before it is applied: `out` (cap >= len bytes)
+ * receives the same payload with every value replaced by what codes and
+ * scales hold there now, so applying `out` afterwards restores them bit
+ * for bit.  Checks as dtc_fp8_delta_apply; codes and scales are only read. */
+int dtc_fp8_delta_invert(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+			 uint64_t ld, uint32_t block_rows, uint32_t block_cols,
+			 const uint8_t *codes, const float *scales, uint8_t *out, size_t cap);
+
+/* The verify that reads memory: over the places the payload writes, the
+ * element checksum (gpu/elem.h) of what codes and scales hold
+ * (*sum_memory) and of the payload's own values (*sum_payload); after an
+ * apply they are equal unless a write went missing or astray.  A code's
+ * key is its row-major position in the rows x cols matrix, a scale's two
+ * 16-bit halves take keys of their own (2^62 + 2·block, + 1). */
+int dtc_fp8_delta_csum(const uint8_t *in, size_t len, uint64_t rows, uint64_t cols,
+		       uint64_t ld, uint32_t block_rows, uint32_t block_cols,
+		       const uint8_t *codes, const float *scales, uint64_t *sum_memory,
+		       uint64_t *sum_payload);
+
 #endif

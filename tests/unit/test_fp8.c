@@ -384,7 +384,7 @@ static void to_bf16(const float *th, uint16_t *b, int n)
 
 struct det_tally {
 	uint64_t steps, codes_true, scales_true, flagged, whole, fn_codes, fn_scales;
-	uint64_t delta_bytes, dense_bytes, dense_steps;
+	uint64_t delta_bytes, dense_bytes, dense_steps, caught;
 };
 
 /* Simulated AdamW steps (elem.h's forward) on a matrix with partial edge
@@ -451,8 +451,50 @@ static void run_detect(int variant, double lr, unsigned flags, struct det_tally 
 		assert_int_equal(dtc_fp8_quantize_bf16(bn, R, C, C, 128, 128, flags, qn, sn), DTC_OK);
 		assert_int_equal(dtc_fp8_delta_encode(bn, R, C, C, 128, 128, flags, flagged, whole,
 						      out, cap, &len), DTC_OK);
+		/* the undo, taken before the apply */
+		uint8_t *undo = malloc(len), *q0 = malloc(N);
+		float s0[NB];
+		uint64_t sm, sp;
+
+		assert_true(undo && q0);
+		memcpy(q0, qs, N);
+		memcpy(s0, ss, sizeof(s0));
+		assert_int_equal(dtc_fp8_delta_invert(out, len, R, C, C, 128, 128, qs, ss, undo, len),
+				 DTC_OK);
 		assert_int_equal(dtc_fp8_delta_apply(out, len, R, C, C, 128, 128, qs, ss, &nc, &nw),
 				 DTC_OK);
+		/* the verify reads memory: equal after the apply ... */
+		assert_int_equal(dtc_fp8_delta_csum(out, len, R, C, C, 128, 128, qs, ss, &sm, &sp),
+				 DTC_OK);
+		assert_true(sm == sp);
+		if (nc + nw) {
+			/* ... and not with one write undone (a code, or a scale) */
+			uint8_t *undone = malloc(N);
+
+			assert_non_null(undone);
+			memcpy(undone, qs, N);
+			for (int i = 0; i < N; i++)
+				if (undone[i] != q0[i]) {
+					undone[i] = q0[i];
+					break;
+				}
+			if (memcmp(undone, qs, N)) {
+				assert_int_equal(dtc_fp8_delta_csum(out, len, R, C, C, 128, 128, undone,
+								    ss, &sm, &sp), DTC_OK);
+				assert_true(sm != sp);
+				t->caught++;
+			}
+			free(undone);
+		}
+		/* the undo restores the old FP8 bit for bit, then the delta again */
+		assert_int_equal(dtc_fp8_delta_apply(undo, len, R, C, C, 128, 128, qs, ss, NULL, NULL),
+				 DTC_OK);
+		assert_memory_equal(qs, q0, N);
+		assert_memory_equal(ss, s0, sizeof(s0));
+		assert_int_equal(dtc_fp8_delta_apply(out, len, R, C, C, 128, 128, qs, ss, NULL, NULL),
+				 DTC_OK);
+		free(undo);
+		free(q0);
 		if (nc == 0 && nw == NB) {	/* dense: the sparse form would not be smaller */
 			t->dense_steps++;
 		} else {
@@ -501,6 +543,7 @@ static void test_detect_adamw(void **state)
 					      (unsigned long long)t.dense_bytes,
 					      (unsigned long long)t.dense_steps);
 				assert_int_equal(t.fn_codes, 0);
+				assert_true(t.caught > 0);	/* the skipped write was tried */
 				assert_int_equal(t.fn_scales, 0);
 				/* few false alarms: at most twice the true changes, plus one per step */
 				assert_true(t.flagged <= 2 * t.codes_true + t.steps);
@@ -627,8 +670,16 @@ static void test_delta_hostile(void **state)
 	/* 1 + 1 (block 1) + 1 + 3 gap codes (the last a long one) + 4 +
 	 * 128 x 12 block codes + 3 codes */
 	assert_int_equal(len, 1 + 1 + 1 + 1 + 1 + 4 + 4 + 128 * 12 + 3);
-	for (size_t l = 0; l < len; l++)
+	for (size_t l = 0; l < len; l++) {
+		static uint8_t inv[N * 2], mc[N];
+		static float ms[NB];
+		uint64_t a, b;
+
 		expect_refused(buf, l, 0);	/* every truncation */
+		assert_true(dtc_fp8_delta_invert(buf, l, R, C, C, 128, 128, mc, ms, inv,
+						 sizeof(inv)) < 0);
+		assert_true(dtc_fp8_delta_csum(buf, l, R, C, C, 128, 128, mc, ms, &a, &b) < 0);
+	}
 	memcpy(bad, buf, len);
 	bad[len] = 0;
 	expect_refused(bad, len + 1, DTC_ECORRUPT);	/* a trailing byte */
