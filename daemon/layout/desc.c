@@ -22,8 +22,8 @@ static const struct dte_layout_kind desc_kinds[] = {
 	{ "json", DTE_LAYOUT_SOURCE, 0, 1, "declarative pieces (gen_json.c)", 0, { NULL }, { 0 } },
 	{ "sglang", DTE_LAYOUT_SINK, 0, 0, "SGLang (TP, FusedMoE EP; fp8=1: block-FP8 linear weights)",
 	  3, { "tp", "ep", "fp8" }, { 1, 1, 0 } },
-	{ "vllm", DTE_LAYOUT_SINK, 0, 0, "vLLM (TP, FusedMoE EP = 1 or TP; fp8=1: block-FP8 linear weights)",
-	  3, { "tp", "ep", "fp8" }, { 1, 1, 0 } },
+	{ "vllm", DTE_LAYOUT_SINK, 0, 0, "vLLM (TP, FusedMoE EP = 1 or TP*DP; dp: a data-parallel group's engines, experts over all; fp8=1: block-FP8 linear weights)",
+	  4, { "tp", "ep", "fp8", "dp" }, { 1, 1, 0, 1 } },
 	{ "json", DTE_LAYOUT_SINK, 0, 1, "declarative pieces (gen_json.c)", 0, { NULL }, { 0 } },
 };
 #define DESC_NKINDS (sizeof(desc_kinds) / sizeof(desc_kinds[0]))
@@ -215,7 +215,7 @@ static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const 
 		struct dte_fsdp_cfg c = { v[0], plan_only };
 		rc = dte_layout_fsdp(l, spec, &c, err, errlen);
 	} else if (IS("sglang") || IS("vllm")) {
-		struct dte_infer_cfg c = { v[0], v[1], v[2] };
+		struct dte_infer_cfg c = { v[0], v[1], v[2], IS("vllm") ? v[3] : 1 };
 		rc = IS("vllm") ? dte_layout_vllm(l, spec, &c, err, errlen)
 				: dte_layout_sglang(l, spec, &c, err, errlen);
 	} else {

@@ -33,6 +33,7 @@ struct dte_fsdp_cfg {
 struct dte_infer_cfg {
 	int64_t tp, ep;
 	int64_t fp8;    /* 1: linear weights held FP8 with 128 x 128 block scales */
+	int64_t dp;     /* vLLM: engines of a data-parallel group sharing the experts */
 };
 
 int dte_layout_megatron(struct dte_layout *l, const struct dte_spec *spec,

@@ -36,6 +36,11 @@ struct infer_ctx {
 	int                     oom;
 	int                     vllm;  /* vLLM's parameter names where they differ */
 	int                     fp8;   /* linear weights held block-FP8 (fp8=1) */
+	/* The experts' group: vLLM with data parallel shards routed experts
+	 * over all tp*dp ranks of the engines (FusedMoEParallelConfig.make,
+	 * flatten_tp_across_dp_and_pcp: rank dp_rank*tp + tp_rank); else the
+	 * engine's TP group. */
+	int64_t                 moe_size, moe_rank;
 };
 
 /* One runtime tensor of shape {d0[, d1[, d2]]} (0 ends the shape) in a
@@ -235,7 +240,7 @@ mlp:
 		infer_linear(x, "model.layers.%lld.mlp.down_proj.weight", L, H, Il, 0);
 		infer_piece(x, LT(DTE_SPEC_DOWN), 0, H, t * Il, Il, 0, Il);
 	} else {
-		int64_t mtp = T / ep, ep_idx = t / mtp, mt = t % mtp;
+		int64_t mtp = x->moe_size / ep, ep_idx = x->moe_rank / mtp, mt = x->moe_rank % mtp;
 		int64_t El = c->experts / ep, Ip = c->moe_intermediate / mtp, e;
 		infer_replicated(x, LT(DTE_SPEC_ROUTER), "model.layers.%lld.mlp.gate.weight", L);
 		if (c->router_bias)
@@ -273,11 +278,13 @@ static int infer_check(const struct dte_spec *spec, const struct dte_infer_cfg *
 		       const char *who, char *err, size_t errlen)
 {
 	const struct dte_spec_cfg *c = &spec->cfg;
-	int64_t T = cfg->tp, Vp, l;
+	int64_t T = cfg->tp, G = cfg->tp * cfg->dp, Vp, l;
 	int dense = 0;
 
-	if (T < 1 || T > INFER_MAX_TP || cfg->ep < 1 || cfg->ep > INFER_MAX_TP)
-		return dte_layout_err(err, errlen, "%s: tp and ep must be in [1, %d]", who, INFER_MAX_TP);
+	if (T < 1 || T > INFER_MAX_TP || cfg->ep < 1 || cfg->ep > INFER_MAX_TP || cfg->dp < 1 ||
+	    cfg->dp > INFER_MAX_TP || G > INFER_MAX_TP)
+		return dte_layout_err(err, errlen, "%s: tp, dp, ep and tp*dp must be in [1, %d]", who,
+				      INFER_MAX_TP);
 	if (c->heads % T)
 		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide num_attention_heads=%lld",
 				      who, (long long)T, (long long)c->heads);
@@ -293,21 +300,24 @@ static int infer_check(const struct dte_spec *spec, const struct dte_infer_cfg *
 	if (dense && c->intermediate % T)
 		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide intermediate_size=%lld",
 				      who, (long long)T, (long long)c->intermediate);
+	if (!c->experts && cfg->dp > 1)
+		return dte_layout_err(err, errlen, "%s: dp=%lld describes experts spread over the engines of a data-parallel group; a dense model's engines are replicas (dp=1 each)",
+				      who, (long long)cfg->dp);
 	if (!c->experts)
 		return cfg->ep > 1 ? dte_layout_err(err, errlen, "%s: ep=%lld but the model has no experts",
 						    who, (long long)cfg->ep) : 0;
-	if (T % cfg->ep)
-		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide tp=%lld",
-				      who, (long long)cfg->ep, (long long)T);
+	if (G % cfg->ep)
+		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide tp*dp=%lld",
+				      who, (long long)cfg->ep, (long long)G);
 	if (c->experts % cfg->ep)
 		return dte_layout_err(err, errlen, "%s: ep=%lld does not divide num_experts=%lld",
 				      who, (long long)cfg->ep, (long long)c->experts);
 	if (c->shared_experts && (c->moe_intermediate * c->shared_experts) % T)
 		return dte_layout_err(err, errlen, "%s: tp=%lld does not divide the shared experts' intermediate size %lld",
 				      who, (long long)T, (long long)(c->moe_intermediate * c->shared_experts));
-	if (c->moe_intermediate % (T / cfg->ep))
-		return dte_layout_err(err, errlen, "%s: MoE tensor parallel size tp/ep=%lld does not divide moe_intermediate_size=%lld",
-				      who, (long long)(T / cfg->ep), (long long)c->moe_intermediate);
+	if (c->moe_intermediate % (G / cfg->ep))
+		return dte_layout_err(err, errlen, "%s: MoE tensor parallel size tp*dp/ep=%lld does not divide moe_intermediate_size=%lld",
+				      who, (long long)(G / cfg->ep), (long long)c->moe_intermediate);
 	return 0;
 }
 
@@ -315,6 +325,7 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 			  const struct dte_infer_cfg *cfg, const char *who,
 			  char *err, size_t errlen)
 {
+	char dp[32] = "";
 	struct infer_ctx x;
 	int64_t t, layer;
 
@@ -325,8 +336,10 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 	if (cfg->fp8 != 0 && cfg->fp8 != 1)
 		return dte_layout_err(err, errlen, "%s: fp8 is 0 or 1 (1: linear weights held as float8_e4m3fn with 128 x 128 FP32 block scales), not %lld",
 				      who, (long long)cfg->fp8);
-	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld,ep=%lld%s%s", who, (long long)cfg->tp, (long long)cfg->ep,
-		 cfg->fp8 ? ",fp8=1" : "", spec->cfg.arch != DTE_SPEC_ARCH_MLA ? "" : !strcmp(who, "vllm")
+	if (cfg->dp > 1)
+		snprintf(dp, sizeof(dp), ",dp=%lld", (long long)cfg->dp);
+	snprintf(l->desc, sizeof(l->desc), "%s:tp=%lld%s,ep=%lld%s%s", who, (long long)cfg->tp, dp,
+		 (long long)cfg->ep, cfg->fp8 ? ",fp8=1" : "", spec->cfg.arch != DTE_SPEC_ARCH_MLA ? "" : !strcmp(who, "vllm")
 		 ? " [MLA: derived W_UK/W_UV from kv_b_proj NOT written]"
 		 : " [MLA: derived w_kc/w_vc from kv_b_proj NOT written]");
 	memset(&x, 0, sizeof(x));
@@ -334,14 +347,21 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 	x.spec = spec;
 	x.vllm = !strcmp(who, "vllm");
 	x.fp8 = cfg->fp8 == 1;
-	for (t = 0; t < cfg->tp && !x.oom; t++) {
+	/* Rank g of a data-parallel group is engine g / tp's TP rank g % tp:
+	 * every engine holds everything but the routed experts (dp = 1: the
+	 * one engine). */
+	x.moe_size = cfg->tp * cfg->dp;
+	for (t = 0; t < cfg->tp * cfg->dp && !x.oom; t++) {
+		int64_t tr = t % cfg->tp;
+
 		x.rank = (uint32_t)t;
-		infer_vocab(&x, spec->embed, cfg->tp, t, "model.embed_tokens.weight");
+		x.moe_rank = t;
+		infer_vocab(&x, spec->embed, cfg->tp, tr, "model.embed_tokens.weight");
 		for (layer = 0; layer < spec->cfg.layers; layer++)
-			infer_layer(&x, layer, cfg->tp, t, cfg->ep);
+			infer_layer(&x, layer, cfg->tp, tr, cfg->ep);
 		infer_replicated(&x, spec->final_norm, "model.norm.weight", 0);
 		if (spec->lm_head >= 0)
-			infer_vocab(&x, spec->lm_head, cfg->tp, t, "lm_head.weight");
+			infer_vocab(&x, spec->lm_head, cfg->tp, tr, "lm_head.weight");
 	}
 	if (x.oom)
 		return dte_layout_err(err, errlen, "%s: out of memory", who);
@@ -352,6 +372,9 @@ static int infer_generate(struct dte_layout *l, const struct dte_spec *spec,
 int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,
 		      const struct dte_infer_cfg *cfg, char *err, size_t errlen)
 {
+	if (cfg->dp != 1)
+		return dte_layout_err(err, errlen, "sglang: dp=%lld: SGLang's data-parallel attention (attention TP = tp/dp inside one engine) is not modelled yet",
+				      (long long)cfg->dp);
 	return infer_generate(l, spec, cfg, "sglang", err, errlen);
 }
 
@@ -362,8 +385,8 @@ int dte_layout_sglang(struct dte_layout *l, const struct dte_spec *spec,
 int dte_layout_vllm(struct dte_layout *l, const struct dte_spec *spec,
 		    const struct dte_infer_cfg *cfg, char *err, size_t errlen)
 {
-	if (cfg->ep != 1 && cfg->ep != cfg->tp)
-		return dte_layout_err(err, errlen, "vllm: expert parallel spans all tp ranks: ep must be 1 or tp=%lld, not %lld",
-				      (long long)cfg->tp, (long long)cfg->ep);
+	if (cfg->ep != 1 && cfg->ep != cfg->tp * cfg->dp)
+		return dte_layout_err(err, errlen, "vllm: expert parallel spans all tp*dp ranks: ep must be 1 or tp*dp=%lld, not %lld",
+				      (long long)(cfg->tp * cfg->dp), (long long)cfg->ep);
 	return infer_generate(l, spec, cfg, "vllm", err, errlen);
 }

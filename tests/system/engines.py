@@ -112,9 +112,17 @@ def refusals(c):
     moe = dict(CFG, num_experts=8, moe_intermediate_size=64)
     c.check(dsg.layout_of(dsg._Parallel(0, 4, 4, 2, 1, None), moe) == "sglang:tp=4,ep=2",
             "sglang: MoE with moe_ep_size 2 -> sglang:tp=4,ep=2")
-    pc = types.SimpleNamespace(data_parallel_size=2, enable_expert_parallel=True)
-    c.raises(IntegrationError, lambda: dvl.layout_of(pc, 2, moe),
-             "vllm: MoE with dp 2 (experts over tp*dp engines) refused")
+    pc = types.SimpleNamespace(data_parallel_size=2, enable_expert_parallel=True,
+                               data_parallel_rank=1)
+    c.check(dvl.sink_place(pc, 1, 2, moe, 5) == ("vllm:tp=2,dp=2,ep=4", 3, 5),
+            "vllm: MoE with dp 2: the DP group is one replica (5), experts over tp*dp=4 "
+            "ranks, DP rank 1 TP rank 1 is rank 3: %s" % (dvl.sink_place(pc, 1, 2, moe, 5),))
+    pc0 = types.SimpleNamespace(data_parallel_size=2, enable_expert_parallel=False,
+                                data_parallel_rank=1)
+    c.check(dvl.sink_place(pc0, 0, 2, moe, 5) == ("vllm:tp=2,dp=2,ep=1", 2, 5),
+            "vllm: MoE with dp 2 without expert parallel: MoE-TP over the 4 ranks")
+    c.check(dvl.sink_place(pc0, 0, 2, CFG, 5) == ("vllm:tp=2", 0, 6),
+            "vllm: dense dp 2: DP rank 1 is replica 5 + 1 at TP rank 0")
     pc1 = types.SimpleNamespace(data_parallel_size=1, enable_expert_parallel=True)
     c.check(dvl.layout_of(pc1, 2, moe) == "vllm:tp=2,ep=2", "vllm: EP within one engine: ep = tp")
     c.check(dvl.layout_of(pc, 2, CFG) == "vllm:tp=2", "vllm: dense dp 2: each DP rank a replica")

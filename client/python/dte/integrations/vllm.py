@@ -18,11 +18,14 @@ Written against vLLM 0.33.0; what it relies on:
   * TP rank and size: vllm.distributed.parallel_state.
     get_tensor_model_parallel_rank / _world_size.
   * Expert parallel: FusedMoEParallelConfig.make (model_executor/layers/
-    fused_moe/config.py) flattens TP across DP, and with
-    enable_expert_parallel ep_size = tp * dp with MoE-TP 1.  Within one
-    engine (dp 1) that is the vllm:tp=T,ep=T layout; a MoE model with
-    dp > 1 shards its experts across engines, which no sink layout
-    describes: refused.  Dense models with dp > 1: every DP rank is a full
+    fused_moe/config.py) flattens TP across DP (flatten_tp_across_dp_and_pcp:
+    rank dp_rank * tp + tp_rank), and with enable_expert_parallel ep_size =
+    tp * dp with MoE-TP 1.  Within one engine (dp 1) that is the
+    vllm:tp=T,ep=T layout.  A MoE model with dp D > 1 shards its experts
+    across the D engines: the group is one replica, layout
+    vllm:tp=T,dp=D,ep=(T*D or 1), rank dp_rank * T + tp_rank
+    (tests/system/vllm_dp_moe_layout.py checks that layout against vLLM's
+    own FusedMoE).  Dense models with dp > 1: every DP rank is a full
     replica, replica = base replica + data_parallel_rank.
   * Pausing (AsyncLLM.pause_generation(mode=..., clear_cache=...),
     v1/engine/core.py EngineCoreProc.pause_scheduler): "abort" aborts
@@ -253,14 +256,26 @@ def _tp():
 def layout_of(parallel_config, tp, model_config):
     dp = int(getattr(parallel_config, "data_parallel_size", 1) or 1)
     moe = _engine.has_experts(model_config)
+    ep = getattr(parallel_config, "enable_expert_parallel", False)
     if moe and dp > 1:
-        raise IntegrationError(
-            "vllm: a MoE model with data_parallel_size %d shards its experts over tp*dp = %d "
-            "ranks across engines (FusedMoEParallelConfig.make); no sink layout describes "
-            "that: use dp 1 per engine" % (dp, tp * dp))
-    if moe and getattr(parallel_config, "enable_expert_parallel", False):
+        # the experts over every rank of the D engines (FusedMoEParallelConfig.make)
+        return "vllm:tp=%d,dp=%d,ep=%d" % (tp, dp, tp * dp if ep else 1)
+    if moe and ep:
         return "vllm:tp=%d,ep=%d" % (tp, tp)
     return "vllm:tp=%d" % tp
+
+
+def sink_place(parallel_config, tp_rank, tp, model_config, replica):
+    """(layout, rank, replica) of one worker: a dense model's DP engines
+    are replicas of their own (replica + data_parallel_rank); a MoE
+    model's DP group is one replica whose rank dp_rank * tp + tp_rank is
+    the rank FusedMoEParallelConfig.make gives the worker."""
+    dp = int(getattr(parallel_config, "data_parallel_size", 1) or 1)
+    dp_rank = int(getattr(parallel_config, "data_parallel_rank", 0) or 0)
+    layout = layout_of(parallel_config, tp, model_config)
+    if _engine.has_experts(model_config) and dp > 1:
+        return layout, dp_rank * tp + tp_rank, int(replica)
+    return layout, tp_rank, int(replica) + dp_rank
 
 
 class DteWorkerExtension:
@@ -284,13 +299,12 @@ class DteWorkerExtension:
         try:
             if getattr(self, "_dte_sink", None) is not None:
                 return self._dte_result(True, parts=self._dte_sink.parts)
-            rank, tp = _tp()
-            self._dte_rank = rank
+            tp_rank, tp = _tp()
             pc = self.vllm_config.parallel_config
             attach = dict(attach)
-            attach["replica"] = int(attach["replica"]) + int(getattr(pc, "data_parallel_rank", 0)
-                                                             or 0)
-            layout = layout_of(pc, tp, attach["model_config"])
+            layout, rank, attach["replica"] = sink_place(pc, tp_rank, tp, attach["model_config"],
+                                                         attach["replica"])
+            self._dte_rank = rank
             model = self._dte_model()
             view = VLLMComputeView(model)
             self._dte_sink = _engine.EngineSink(model.named_parameters(), rank, layout, attach,

@@ -36,7 +36,9 @@ controller does it):
   init_weight_transfer_engine({"socket", "job", "token", "model_config",
       "coordinator", "replica", "ignore"})   every worker attaches its
       weights to its node's dted as a sink (EngineSink + VLLMComputeView),
-      replica = replica + data_parallel_rank, layout vllm:tp=T[,ep=T].
+      replica = replica + data_parallel_rank, layout vllm:tp=T[,ep=T]; a MoE
+      model's data-parallel group is one replica, vllm:tp=T,dp=D,ep=(T*D|1),
+      rank dp_rank*T + tp_rank (vllm.sink_place).
   start_weight_update()                      opens the session (nothing moves)
   update_weights({"version": v})             PHASE 1: v is staged on every
       participant of this worker; nothing is written.  Returns on every
@@ -194,15 +196,15 @@ def _build():
             if self.sink is not None:            # idempotent, like dte_attach
                 return
             from . import _engine
-            from .vllm import VLLMComputeView, _tp, layout_of
-            rank, tp = _tp()
+            from .vllm import VLLMComputeView, _tp, sink_place
+            tp_rank, tp = _tp()
             pc = self.parallel_config
             attach = _engine.attach_request(init_info.socket, init_info.job, init_info.token,
                                             init_info.model_config, init_info.coordinator,
                                             init_info.replica, init_info.ignore)
-            attach["replica"] = int(attach["replica"]) + int(getattr(pc, "data_parallel_rank", 0)
-                                                             or 0)
-            layout = layout_of(pc, tp, attach["model_config"])
+            layout, rank, attach["replica"] = sink_place(pc, tp_rank, tp,
+                                                         attach["model_config"],
+                                                         attach["replica"])
             view = VLLMComputeView(self.model)
             self.sink = _engine.EngineSink(self.model.named_parameters(), rank, layout, attach,
                                            view=view)
