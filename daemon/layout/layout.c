@@ -768,6 +768,7 @@ int dte_layout_fp8_use(const struct dte_layout *src, const struct dte_layout *si
 		return -1;
 	for (size_t i = 0; i < sink->nfp8; i++) {
 		u.weights++;
+		u.codes += (uint64_t)(sink->fp8[i].mats * sink->fp8[i].rows * sink->fp8[i].cols);
 		u.scales += (uint64_t)(sink->fp8[i].mats * fp8_blocks(sink->fp8[i].rows) *
 				       fp8_blocks(sink->fp8[i].cols));
 	}

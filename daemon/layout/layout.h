@@ -146,7 +146,8 @@ int  dte_layout_fp8_check(const struct dte_layout *l, const struct dte_spec *spe
  * holds whole; split blocks need the BF16 on the sink's side. */
 struct dte_layout_fp8_use {
 	uint64_t weights;       /* FP8 weight buffers */
-	uint64_t scales;        /* their scale elements */
+	uint64_t codes;         /* their elements (one byte each) */
+	uint64_t scales;        /* their scale elements (four bytes each) */
 	uint64_t tensors;       /* canonical tensors held FP8 */
 	uint64_t blocks;        /* their 128 x 128 blocks */
 	uint64_t split;         /* of those, held whole by no source piece */
