@@ -19,9 +19,6 @@
 #include "gpu/compute.h"
 #include "gpu/detect.h"
 
-#define GAP1_MAX	128u
-#define GAP2_MAX	(128u + 16384u)
-#define GAP_ESCAPE	0xC0u
 #define APPLY_PAR_MIN	(1u << 16)	/* positions; below this one thread is faster */
 #define APPLY_MAX_PARTS	8
 
@@ -32,32 +29,6 @@ struct cut {
 	size_t off;
 	uint64_t next;
 };
-
-/* One gap code at *p (bounds-checked against end). */
-static inline int gap_get(const uint8_t **p, const uint8_t *end, uint64_t *gap)
-{
-	uint8_t b;
-	int rc;
-
-	if (*p >= end)
-		return DTC_ETRUNC;
-	b = *(*p)++;
-	if (b < 0x80) {
-		*gap = b;
-	} else if (b < GAP_ESCAPE) {
-		if (*p >= end)
-			return DTC_ETRUNC;
-		*gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *(*p)++;
-	} else if (b == GAP_ESCAPE) {
-		if ((rc = dtc_varint_get(p, end, gap)) != DTC_OK)
-			return rc;
-		if (*gap < GAP2_MAX)
-			return DTC_ECORRUPT;	/* non-canonical: refuse */
-	} else {
-		return DTC_ECORRUPT;
-	}
-	return DTC_OK;
-}
 
 /* The check pass: dtc_sparse_decode's validation without its output.
  * *vals gets the byte offset of the values; cuts[k] (k < ncuts) where
@@ -81,7 +52,7 @@ static int payload_scan(const uint8_t *in, size_t len, uint64_t box_size, uint64
 			cuts[k].next = next;
 			k++;
 		}
-		if ((rc = gap_get(&p, end, &gap)) != DTC_OK)
+		if ((rc = dtc_gap_get(&p, end, &gap)) != DTC_OK)
 			return rc;
 		if (next >= box_size || gap >= box_size - next)
 			return DTC_ERANGE;
@@ -161,7 +132,7 @@ static void share_write(struct share *s)
 	if (s->first >= s->last)
 		return;
 	/* The first position, then the walk follows the gaps. */
-	(void)gap_get(&p, s->end, &gap);
+	(void)dtc_gap_get(&p, s->end, &gap);
 	cur = s->next + gap;
 	box_walk_seek(&w, e, cur);
 	while (i < s->last) {
@@ -172,7 +143,7 @@ static void share_write(struct share *s)
 			__builtin_prefetch(&dst[at[k]], 1);
 			if (i + k + 1 == s->last)
 				break;
-			(void)gap_get(&p, s->end, &gap);
+			(void)dtc_gap_get(&p, s->end, &gap);
 			cur += gap + 1;
 			w.col += (int64_t)gap + 1;
 			if (w.col >= w.row_len) {

@@ -5,9 +5,9 @@
 #include "gpu/compute.h"
 #include "gpu/xxh.h"
 
-#define GAP1_MAX	128u
-#define GAP2_MAX	(128u + 16384u)
-#define GAP_ESCAPE	0xC0u
+#define GAP1_MAX	DTC_GAP1_MAX
+#define GAP2_MAX	DTC_GAP2_MAX
+#define GAP_ESCAPE	DTC_GAP_ESCAPE
 #define VARINT_MAX	DTC_VARINT_MAX
 
 size_t dtc_varint_put(uint8_t *p, uint64_t v)
@@ -57,33 +57,6 @@ size_t dtc_gap_put(uint8_t *p, uint64_t gap)
 	}
 	p[0] = GAP_ESCAPE;
 	return 1 + dtc_varint_put(p + 1, gap);
-}
-
-int dtc_gap_get(const uint8_t **pp, const uint8_t *end, uint64_t *gap)
-{
-	const uint8_t *p = *pp;
-	uint8_t b;
-	int rc;
-
-	if (p >= end)
-		return DTC_ETRUNC;
-	b = *p++;
-	if (b < 0x80) {
-		*gap = b;
-	} else if (b < GAP_ESCAPE) {
-		if (p >= end)
-			return DTC_ETRUNC;
-		*gap = GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *p++;
-	} else if (b == GAP_ESCAPE) {
-		if ((rc = dtc_varint_get(&p, end, gap)) != DTC_OK)
-			return rc;
-		if (*gap < GAP2_MAX)
-			return DTC_ECORRUPT;	/* non-canonical: refuse */
-	} else {
-		return DTC_ECORRUPT;
-	}
-	*pp = p;
-	return DTC_OK;
 }
 
 static void put_u64(uint8_t *p, uint64_t v)

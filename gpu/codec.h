@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "gpu/compute.h"
 
 /* Upper bound of the encoded size of `count` positions and values. */
 size_t dtc_sparse_bound(uint64_t count);
@@ -91,7 +92,37 @@ int dtc_varint_get(const uint8_t **p, const uint8_t *end, uint64_t *v);
  * (DTC_ETRUNC) and the escape form of a gap that has a shorter one
  * (DTC_ECORRUPT), so every gap has exactly one encoding. */
 #define DTC_GAP_MAX (1 + DTC_VARINT_MAX)
+#define DTC_GAP1_MAX	128u			/* 0xxxxxxx */
+#define DTC_GAP2_MAX	(128u + 16384u)		/* 10xxxxxx yyyyyyyy */
+#define DTC_GAP_ESCAPE	0xC0u			/* 0xC0 <LEB128> */
 size_t dtc_gap_put(uint8_t *p, uint64_t gap);
-int dtc_gap_get(const uint8_t **p, const uint8_t *end, uint64_t *gap);
+
+/* Inline: the apply's position loop runs it once an element. */
+static inline int dtc_gap_get(const uint8_t **pp, const uint8_t *end, uint64_t *gap)
+{
+	const uint8_t *p = *pp;
+	uint8_t b;
+	int rc;
+
+	if (p >= end)
+		return DTC_ETRUNC;
+	b = *p++;
+	if (b < 0x80) {
+		*gap = b;
+	} else if (b < DTC_GAP_ESCAPE) {
+		if (p >= end)
+			return DTC_ETRUNC;
+		*gap = DTC_GAP1_MAX + ((uint64_t)(b & 0x3f) << 8) + *p++;
+	} else if (b == DTC_GAP_ESCAPE) {
+		if ((rc = dtc_varint_get(&p, end, gap)) != DTC_OK)
+			return rc;
+		if (*gap < DTC_GAP2_MAX)
+			return DTC_ECORRUPT;	/* non-canonical: refused */
+	} else {
+		return DTC_ECORRUPT;
+	}
+	*pp = p;
+	return DTC_OK;
+}
 
 #endif
