@@ -242,6 +242,7 @@ def main():
                     named = "checksum" in why and ("[%d]" % f) in why
                 else:
                     named = ("holds version %d" % (v - 1)) in why and \
+                        "checksum failures" in why and \
                         rep.workers.get(f, {}).get("checksum_failures", 0) >= 1
                 c.check(named, "v%d %s: the report names rank %s and its checksum failure "
                         "(%s; daemon %s)" % (v, e.name, f, why, rep.workers.get(f)))

@@ -464,8 +464,13 @@ class SGLangController:
             for r in range(tp):
                 if r not in at:
                     x = w.get(r)
+                    # the daemon's count says why a staged version did not land
+                    # (its verify read a wrong sum and undid the apply)
+                    cf = x.get("checksum_failures", 0) if x is not None else 0
                     rep.failed[r] = "not attached" if x is None else \
-                        "holds version %d (staged %d)" % (x["applied"], x["staged"])
+                        "holds version %d (staged %d)%s" % (
+                            x["applied"], x["staged"],
+                            "; checksum failures: %d" % cf if cf else "")
             if not tp:
                 rep.error = "no worker attached (is --custom-weight-loader %s set?)" \
                     % self.load_format
