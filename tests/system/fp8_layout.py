@@ -167,13 +167,13 @@ def hf_fp8(cfg, seed):
     return out
 
 
-def dted_plan(cfg, tp, ep, engine, tmp):
+def dted_plan(cfg, tp, ep, engine, tmp, fp8=1):
     """dtectl plan's sink (entries, buffers, fp8 records), or its refusal."""
     path = os.path.join(tmp, "config.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     r = subprocess.run([DTECTL, "plan", "--model", path, "--source", "fsdp:dp=1", "--sink",
-                        "%s:tp=%d,ep=%d,fp8=1" % (engine, tp, ep), "--json", "--dump-entries"],
+                        "%s:tp=%d,ep=%d,fp8=%d" % (engine, tp, ep, fp8), "--json", "--dump-entries"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         return None, r.stderr.strip()
@@ -276,7 +276,7 @@ def engine_load(layers, hf):
     return out
 
 
-def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx):
+def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx, first=0):
     """Per rank {our buffer name: array} of the experts, through the
     engine's own FusedMoE with the FP8 quant_config: SGLang
     (fused_moe_triton/layer.py FusedMoE, topology published as
@@ -292,7 +292,7 @@ def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx):
     for r in range(tp):
         out = {}
         with rank_ctx(r, tp, ep):
-            for n in range(cfg["num_hidden_layers"]):
+            for n in range(first, cfg["num_hidden_layers"]):
                 prefix = "model.layers.%d.mlp.experts" % n
                 mine = {k: v for k, v in hf.items() if k.startswith(prefix + ".")}
                 if engine == "sglang":
@@ -331,9 +331,7 @@ def engine_moe(engine, cfg, tp, ep, qc, hf, rank_ctx, cfg_ctx):
                             raise RuntimeError("vLLM loaded nothing into %s" % prefix)
                     named = block.named_parameters()
                 for pn, t in named:
-                    d = t.data.detach().contiguous()
-                    a = (d.view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d).numpy()
-                    out[prefix + "." + pn.rsplit(".", 1)[-1]] = np.ascontiguousarray(a).ravel()
+                    out[prefix + "." + pn.rsplit(".", 1)[-1]] = _bits(t)
         ranks.append(out)
     return ranks
 
@@ -395,7 +393,7 @@ def engine_mla(engine, cfg, tp, qc, hf, rank_ctx, cfg_ctx):
                 L["o_proj"] = linear.RowParallelLinear(
                     nh * vd, H, bias=False, params_dtype=dt, quant_config=qc,
                     reduce_results=False, prefix=a + "o_proj", **kw)
-                for suffix in ("weight", "weight_scale_inv"):
+                for suffix in ("weight", "weight_scale_inv") if qc is not None else ("weight",):
                     for mod, layer in L.items():
                         param = getattr(layer, suffix)
                         if mod != fused_name:
@@ -410,32 +408,51 @@ def engine_mla(engine, cfg, tp, qc, hf, rank_ctx, cfg_ctx):
                                 param, _tensor(hf[a + "kv_a_proj_with_mqa." + suffix]), 1)
                 for mod, layer in L.items():
                     for pn, t in layer.named_parameters():
-                        d = t.data.detach().contiguous()
-                        arr = (d.view(torch.uint8) if d.dtype == torch.float8_e4m3fn else d)
-                        out[a + mod + "." + pn] = arr.numpy().ravel().copy()
+                        out[a + mod + "." + pn] = _bits(t)
         ranks.append(out)
     return ranks
 
 
 def np_cat(x, y):
+    """torch.cat([x, y]) as SGLang's loader fuses [q_a; kv_a] (numpy arrays
+    or torch tensors alike)."""
     import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        return torch.cat([x, y], dim=0)
     return np.concatenate([x, y], axis=0)
 
 
 def _tensor(arr):
+    """A numpy array as the engines' loaders take it (uint8: FP8 codes);
+    a torch tensor as it is."""
     import numpy as np
     import torch
+    if isinstance(arr, torch.Tensor):
+        return arr
     t = torch.from_numpy(np.ascontiguousarray(arr))
     return t.view(torch.float8_e4m3fn) if arr.dtype == np.uint8 else t
 
 
-def engine_run(engine, jobs_path):
-    """Every case of jobs_path for one engine; JSON result lines."""
-    import numpy as np
+def _bits(t):
+    """A parameter's bytes as numpy: FP8 as uint8, BF16 as int16."""
     import torch
+    d = t.data.detach().contiguous()
+    if d.dtype == torch.float8_e4m3fn:
+        d = d.view(torch.uint8)
+    elif d.dtype == torch.bfloat16:
+        d = d.view(torch.int16)
+    return d.numpy().ravel().copy()
+
+
+def engine_contexts(engine):
+    """What a one-process test needs to build one engine's layers per
+    rank: SimpleNamespace(version, linear (the engine's linear module),
+    Fp8Config, rank_ctx(r, tp, ep=1), cfg_ctx (vLLM: the current VllmConfig;
+    SGLang: None))."""
+    import contextlib
     import types
-    with open(jobs_path) as f:
-        jobs = json.load(f)
+    import torch
     if engine == "sglang":
         import engines_upstream as eu
         sys.path.insert(0, eu.ENGINES_DIR)
@@ -443,11 +460,8 @@ def engine_run(engine, jobs_path):
         import sglang
         from sglang.srt.layers import linear
         from sglang.srt.layers.quantization.fp8 import Fp8Config
-        from sglang.srt.runtime_context import get_parallel
-        version = getattr(sglang, "__version__", "?")
-
-        import contextlib
-        from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+        from sglang.srt.runtime_context import (SpawnRanks, get_parallel, publish,
+                                                reset_context)
         from sglang.srt.server_args import ServerArgs
 
         @contextlib.contextmanager
@@ -462,32 +476,42 @@ def engine_run(engine, jobs_path):
                     yield
             finally:
                 reset_context()
-        cfg_ctx = None
-    else:
-        import contextlib
-        import engines_upstream as eu
-        import vllm
-        from vllm.config import VllmConfig, set_current_vllm_config
-        from vllm.model_executor.layers import linear
-        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
-        version = vllm.__version__
-        _, run = eu.vllm_engine()      # patches where vLLM reads the TP rank
+        return types.SimpleNamespace(version=getattr(sglang, "__version__", "?"), linear=linear,
+                                     Fp8Config=Fp8Config, rank_ctx=rank_ctx, cfg_ctx=None)
+    import engines_upstream as eu
+    import vllm
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+    _, run = eu.vllm_engine()      # patches where vLLM reads the TP rank
 
-        from vllm.config import ParallelConfig
+    @contextlib.contextmanager
+    def rank_ctx(r, tp, ep=1):
+        run.set_rank(r, tp)
+        yield
 
-        @contextlib.contextmanager
-        def rank_ctx(r, tp, ep=1):
-            run.set_rank(r, tp)
-            yield
+    def cfg_ctx(ep=1):
+        # Fp8LinearMethod.__init__ reads the model dtype from the current
+        # VllmConfig's model_config (fp8.py); the model here is BF16, as
+        # the model loader sets it.  A fresh one per rank (each its own
+        # process), expert parallel as the case says.
+        vc = VllmConfig(parallel_config=ParallelConfig(enable_expert_parallel=ep > 1))
+        vc.model_config = types.SimpleNamespace(dtype=torch.bfloat16)
+        return set_current_vllm_config(vc)
+    return types.SimpleNamespace(version=vllm.__version__, linear=linear, Fp8Config=Fp8Config,
+                                 rank_ctx=rank_ctx, cfg_ctx=cfg_ctx)
 
-        def cfg_ctx(ep=1):
-            # Fp8LinearMethod.__init__ reads the model dtype from the
-            # current VllmConfig's model_config (fp8.py); the model here
-            # is BF16, as the model loader sets it.  A fresh one per rank
-            # (each its own process), expert parallel as the case says.
-            vc = VllmConfig(parallel_config=ParallelConfig(enable_expert_parallel=ep > 1))
-            vc.model_config = types.SimpleNamespace(dtype=torch.bfloat16)
-            return set_current_vllm_config(vc)
+
+def engine_run(engine, jobs_path):
+    """Every case of jobs_path for one engine; JSON result lines."""
+    import numpy as np
+    import torch
+    import types
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    ctx = engine_contexts(engine)
+    version, linear, Fp8Config = ctx.version, ctx.linear, ctx.Fp8Config
+    rank_ctx, cfg_ctx = ctx.rank_ctx, ctx.cfg_ctx
     qc = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
                    weight_block_size=[128, 128])
     mods = types.SimpleNamespace(QKVParallelLinear=linear.QKVParallelLinear,
@@ -548,13 +572,14 @@ class _null:
 
 # ---- driver (system python) ------------------------------------------------------------------
 
-def run_engine(engine, jobs_path):
+def run_engine(engine, jobs_path, script=None):
+    """`script --engine ENGINE JOBS` in the engine's venv: its RESULT lines."""
     import engines_upstream as eu
     py = os.path.join(eu.VENV, "bin", "python") if engine == "sglang" else VLLM_PY
     if not os.access(py, os.X_OK):
         return None, "no %s" % py
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONPATH=HERE)
-    r = subprocess.run([py, os.path.abspath(__file__), "--engine", engine, jobs_path],
+    r = subprocess.run([py, script or os.path.abspath(__file__), "--engine", engine, jobs_path],
                        capture_output=True, text=True, timeout=1200, env=env)
     out = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode != 0 or not out:
