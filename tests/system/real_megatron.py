@@ -383,6 +383,12 @@ def _optimizer_shards(optimizer, names):
 
 
 def _rank_main(rank, world, port, args, to_main, from_main):
+    # A rank once died of a C++ exception escaping a thread (std::terminate:
+    # "std::length_error vector::reserve", SIGABRT) under two CPU hogs, with
+    # nothing to say where: a fatal signal now prints every thread's Python
+    # stack to stderr, which the test's log keeps.
+    import faulthandler
+    faulthandler.enable(all_threads=True)
     try:
         _rank(rank, world, port, args, to_main, from_main)
     except BaseException as e:  # noqa: BLE001 - reported to the test process
