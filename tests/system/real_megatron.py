@@ -39,7 +39,8 @@ import io
 import json
 import math
 import os
-import socket
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -345,12 +346,6 @@ def write_hf_checkpoint(path, cfg, hf):
 
 
 # --------------------------------------------------------- one rank
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _blob(obj):
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -382,7 +377,7 @@ def _optimizer_shards(optimizer, names):
     return out
 
 
-def _rank_main(rank, world, port, args, to_main, from_main):
+def _rank_main(rank, world, store, args, to_main, from_main):
     # A rank once died of a C++ exception escaping a thread (std::terminate:
     # "std::length_error vector::reserve", SIGABRT) under two CPU hogs, with
     # nothing to say where: a fatal signal now prints every thread's Python
@@ -390,13 +385,13 @@ def _rank_main(rank, world, port, args, to_main, from_main):
     import faulthandler
     faulthandler.enable(all_threads=True)
     try:
-        _rank(rank, world, port, args, to_main, from_main)
+        _rank(rank, world, store, args, to_main, from_main)
     except BaseException as e:  # noqa: BLE001 - reported to the test process
         to_main.put(("error", rank, "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc())))
         raise SystemExit(1)
 
 
-def _rank(rank, world, port, args, to_main, from_main):
+def _rank(rank, world, store, args, to_main, from_main):
     import warnings
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -416,7 +411,10 @@ def _rank(rank, world, port, args, to_main, from_main):
     from megatron.core.transformer.module import Float16Module
     from dte.source import Source
 
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+    # A FileStore in the run's own directory: a TCP port picked by binding
+    # port 0 and released before rank 0 binds it again can be taken by
+    # anything in between (one loaded run waited 120 s for version 0).
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
                             world_size=world)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
                                  expert_tensor_parallel_size=1 if moe else None)
@@ -542,8 +540,8 @@ def run(cfg, sock, job, token, versions, tp, dp, ep, optimizer_kind, on_version=
     from_main = [ctx.Queue() for _ in range(world)]
     args = dict(cfg=cfg, tp=tp, dp=dp, ep=ep, optimizer=optimizer_kind, sock=sock, job=job,
                 token=token, versions=versions, go_timeout_s=go_timeout_s, lr=lr)
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, to_main, from_main[r]),
+    store = os.path.join(tempfile.mkdtemp(prefix="dte-mcore-store-"), "store")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, store, args, to_main, from_main[r]),
                          name="mcore-rank%d" % r, daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -606,6 +604,7 @@ def run(cfg, sock, job, token, versions, tp, dp, ep, optimizer_kind, on_version=
             if p.is_alive():
                 p.terminate()
                 p.join(10)
+        shutil.rmtree(os.path.dirname(store), ignore_errors=True)
     return out
 
 
@@ -614,7 +613,17 @@ def _get(q, deadline, procs, what):
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RuntimeError("no word from the ranks for %s within the deadline" % what)
+            # Where were they?  Every live rank prints its threads' Python
+            # stacks (faulthandler, _rank_main) before the test gives up.
+            for p in procs:
+                if p.exitcode is None and p.pid:
+                    try:
+                        os.kill(p.pid, signal.SIGABRT)
+                    except OSError:
+                        pass
+            time.sleep(2.0)
+            raise RuntimeError("no word from the ranks for %s within the deadline (their "
+                               "stacks are above)" % what)
         try:
             return q.get(timeout=min(left, 1.0))
         except queue.Empty:
