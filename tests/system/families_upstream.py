@@ -82,17 +82,7 @@ def hf_shapes(cfg):
     for n in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % n
         if cfg["model_type"] == "deepseek_v3":
-            nh, qr, kr = cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
-            nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-            a = p + "self_attn."
-            if qr:
-                shapes[a + "q_a_proj.weight"] = (qr, H)
-                shapes[a + "q_b_proj.weight"] = (nh * (nope + rope), qr)
-            else:
-                shapes[a + "q_proj.weight"] = (nh * (nope + rope), H)
-            shapes[a + "kv_a_proj_with_mqa.weight"] = (kr + rope, H)
-            shapes[a + "kv_b_proj.weight"] = (nh * (nope + vd), kr)
-            shapes[a + "o_proj.weight"] = (H, nh * vd)
+            shapes.update(fl.mla_shapes(cfg, p))
         else:
             nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
             a = p + "self_attn."
@@ -110,11 +100,7 @@ def hf_shapes(cfg):
         shapes[s + "gate_proj.weight"] = (Im * sh, H)
         shapes[s + "up_proj.weight"] = (Im * sh, H)
         shapes[s + "down_proj.weight"] = (H, Im * sh)
-        for e in range(E):
-            q = p + "mlp.experts.%d." % e
-            shapes[q + "gate_proj.weight"] = (Im, H)
-            shapes[q + "up_proj.weight"] = (Im, H)
-            shapes[q + "down_proj.weight"] = (H, Im)
+        shapes.update(fl.expert_shapes(p, E, H, Im))
     return shapes
 
 
@@ -309,17 +295,11 @@ def main():
                 nbad = len(bad)
                 for r, got in enumerate(res["ranks"]):
                     ranks += 1
-                    for name, hexed in sorted(got.items()):
-                        tensors += 1
-                        g = np.frombuffer(bytes.fromhex(hexed), dtype=np.int16)
-                        w = placed.get((r, name))
-                        if w is None or w.shape != g.shape or not np.array_equal(w, g):
-                            bad.append("%s %s rank %d: %s %s" % (
-                                engine, res["label"], r, name,
-                                "is no buffer of dted's layout" if w is None else
-                                "differs from dted's placement (%s vs %s)" % (w.shape, g.shape)))
-                        else:
-                            exact += 1
+                    n, wrong = fl.rank_mismatches(got, placed, r, np.int16)
+                    tensors += n
+                    exact += n - len(wrong)
+                    bad += ["%s %s rank %d: %s %s" % (engine, res["label"], r, name, why)
+                            for name, why in wrong]
                 lines.append("  %s %s: %d ranks %s" % (engine, res["label"], len(res["ranks"]),
                                                        "exact" if len(bad) == nbad else "DIFFER"))
     for ln in lines:

@@ -114,6 +114,53 @@ STACKED = (("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"),
            ("gate_up_proj", "up_proj", 1))
 
 
+def mla_shapes(cfg, p):
+    """DeepSeek-V3's HF attention tensors of layer prefix p (MLA, with or
+    without q_lora), as its checkpoints name and shape them."""
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    qr, kr = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    a = p + "self_attn."
+    out = {}
+    if qr:
+        out[a + "q_a_proj.weight"] = (qr, H)
+        out[a + "q_b_proj.weight"] = (nh * (nope + rope), qr)
+    else:
+        out[a + "q_proj.weight"] = (nh * (nope + rope), H)
+    out[a + "kv_a_proj_with_mqa.weight"] = (kr + rope, H)
+    out[a + "kv_b_proj.weight"] = (nh * (nope + vd), kr)
+    out[a + "o_proj.weight"] = (H, nh * vd)
+    return out
+
+
+def expert_shapes(p, E, H, Im):
+    """The routed experts' HF tensors of layer prefix p."""
+    out = {}
+    for e in range(E):
+        q = p + "mlp.experts.%d." % e
+        out[q + "gate_proj.weight"] = (Im, H)
+        out[q + "up_proj.weight"] = (Im, H)
+        out[q + "down_proj.weight"] = (H, Im)
+    return out
+
+
+def rank_mismatches(got, placed, rank, dtype=None):
+    """One engine rank's parameters ({name: hex bytes, or {"dtype",
+    "hex"}}) against dted's placements ({(rank, name): array}): (how many
+    were compared, [(name, what is wrong)])."""
+    import numpy as np
+    bad = []
+    for name, v in sorted(got.items()):
+        hexed, dt = (v["hex"], v["dtype"]) if isinstance(v, dict) else (v, dtype)
+        g = np.frombuffer(bytes.fromhex(hexed), dtype=dt)
+        w = placed.get((rank, name))
+        if w is None:
+            bad.append((name, "is no buffer of dted's layout"))
+        elif w.shape != g.shape or not np.array_equal(w.view(np.uint8), g.view(np.uint8)):
+            bad.append((name, "differs from dted's placement (shapes %s %s)" % (w.shape, g.shape)))
+    return len(got), bad
+
+
 def hf_shapes(cfg):
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
     nH, nKV, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg.get("head_dim")
@@ -122,27 +169,12 @@ def hf_shapes(cfg):
         p = "model.layers.%d." % n
         if cfg.get("kv_lora_rank"):
             # MLA attention only (the MLP is the dense and MoE cases')
-            nh, qr, kr = cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
-            nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-            a = p + "self_attn."
-            if qr:
-                shapes[a + "q_a_proj.weight"] = (qr, H)
-                shapes[a + "q_b_proj.weight"] = (nh * (nope + rope), qr)
-            else:
-                shapes[a + "q_proj.weight"] = (nh * (nope + rope), H)
-            shapes[a + "kv_a_proj_with_mqa.weight"] = (kr + rope, H)
-            shapes[a + "kv_b_proj.weight"] = (nh * (nope + vd), kr)
-            shapes[a + "o_proj.weight"] = (H, nh * vd)
+            shapes.update(mla_shapes(cfg, p))
             continue
         if cfg.get("num_experts"):
             # the experts only: what FusedMoE loads (attention is covered
             # by the dense cases)
-            Im = cfg["moe_intermediate_size"]
-            for e in range(cfg["num_experts"]):
-                q = p + "mlp.experts.%d." % e
-                shapes[q + "gate_proj.weight"] = (Im, H)
-                shapes[q + "up_proj.weight"] = (Im, H)
-                shapes[q + "down_proj.weight"] = (H, Im)
+            shapes.update(expert_shapes(p, cfg["num_experts"], H, cfg["moe_intermediate_size"]))
             continue
         shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
         shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
@@ -650,21 +682,11 @@ def main():
                     continue
                 for r, got in enumerate(res["ranks"]):
                     ranks += 1
-                    for name, v in sorted(got.items()):
-                        tensors += 1
-                        g = np.frombuffer(bytes.fromhex(v["hex"]), dtype=v["dtype"])
-                        w = placed.get((r, name))
-                        if w is None:
-                            bad.append("%s %s rank %d: %s not an FP8 buffer of dted's layout"
-                                       % (engine, res["label"], r, name))
-                        elif w.shape != g.shape or not np.array_equal(
-                                w.view(np.uint8), g.view(np.uint8)):
-                            n = int((w.view(np.uint8) != g.view(np.uint8)).sum()) \
-                                if w.shape == g.shape else -1
-                            bad.append("%s %s rank %d: %s differs (%d bytes; shapes %s %s)" % (
-                                engine, res["label"], r, name, n, w.shape, g.shape))
-                        else:
-                            exact += 1
+                    n, wrong = rank_mismatches(got, placed, r)
+                    tensors += n
+                    exact += n - len(wrong)
+                    bad += ["%s %s rank %d: %s %s" % (engine, res["label"], r, name, why)
+                            for name, why in wrong]
                     mine = {n for (rr, n) in placed if rr == r}
                     if any(".mlp.experts." in n for n in got):
                         mine = {n for n in mine if ".mlp.experts." in n}

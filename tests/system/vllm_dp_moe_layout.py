@@ -31,6 +31,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import fp8_layout as fl  # noqa: E402  (rank_mismatches)
 B = os.environ.get("B", "build")
 DTECTL = os.path.join(B, "bin", "dtectl")
 VLLM_PY = os.environ.get("DTE_VLLM_PY", "/opt/dted-vllm/bin/python")
@@ -182,16 +183,11 @@ def main():
                 bad.append("%s: dted has %d ranks, vLLM %d" % (case, nranks, len(res["ranks"])))
             for g, got in enumerate(res["ranks"]):
                 ranks += 1
-                for name, hexed in sorted(got.items()):
-                    tensors += 1
-                    a = np.frombuffer(bytes.fromhex(hexed), dtype=np.int16)
-                    w = placed.get((g, name))
-                    if w is None or w.shape != a.shape or not np.array_equal(w, a):
-                        bad.append("tp=%d dp=%d ep=%d rank %d (dp rank %d, tp rank %d): %s "
-                                   "differs from dted's placement" % (
-                                       case + (g, g // case[0], g % case[0], name)))
-                    else:
-                        exact += 1
+                n, wrong = fl.rank_mismatches(got, placed, g, np.int16)
+                tensors += n
+                exact += n - len(wrong)
+                bad += ["tp=%d dp=%d ep=%d rank %d (dp rank %d, tp rank %d): %s %s" % (
+                    case + (g, g // case[0], g % case[0], name, why)) for name, why in wrong]
             print("  vllm:tp=%d,dp=%d,ep=%d: %d ranks, experts %s" % (
                 case + (len(res["ranks"]), "exact" if len(bad) == nbad else "DIFFER")))
     for b in bad[:20]:
