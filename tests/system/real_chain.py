@@ -13,7 +13,9 @@ VLLMController) and synced after every version.  Then:
     (vllm_real_lib.hf_to_vllm, independent of dted's layout code), θ_v the
     masters megatron's optimizer holds, gathered by real_megatron.to_hf;
   * generations: greedy tokens and logprobs of a fixed prompt batch are
-    bit-identical to a fresh vllm.LLM loaded from a checkpoint of RNE(θ_v).
+    bit-identical to a reference vllm.LLM (same settings, no dted) after
+    vLLM's own reload_weights with RNE(θ_v) (real_vllm.py's dense
+    reference; it started from the same θ_0 checkpoint).
 
 Prints `real-chain: versions=V exact=V/V generations=G/G`.  Runs in the
 vLLM venv (/opt/dted-vllm, which carries megatron-core too); never skips.
@@ -56,7 +58,6 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dte-real-chain-")
     daemon = harness.Daemon(tmp, "real-chain")
     sock = daemon.sock
-    fresh = vl.FreshEngines(sys.executable, os.environ)
     job, token = "chain", "chain-token"
     state = {"exact": 0, "gens": 0, "gens_ok": 0, "versions": 0}
     ps = vl.prompts(vocab=cfg["vocab_size"])
@@ -73,12 +74,13 @@ def main():
         llm = LLM(model=d0, tensor_parallel_size=1,
                   worker_extension_cls="dte.integrations.vllm.DteWorkerExtension",
                   **vl.engine_kwargs())
+        ref = LLM(model=d0, tensor_parallel_size=1, **vl.engine_kwargs())
         cfg_text = open(os.path.join(d0, "config.json")).read()
         ctl = VLLMController(llm, job, token, cfg_text, socket=sock, replica=0)
         ctl.attach()
         vl.generate(llm, ps)
-        eng.update(llm=llm, ctl=ctl)
-        print("  engine up and attached in %.1fs" % (time.time() - t0), flush=True)
+        eng.update(llm=llm, ctl=ctl, ref=ref)
+        print("  engines up and attached in %.1fs" % (time.time() - t0), flush=True)
 
     def on_version(v, hf):
         rep = eng["ctl"].sync(v, raise_on_failure=False)
@@ -90,13 +92,13 @@ def main():
         state["exact"] += c.check(rep.ok and not bad and checked == len(want[0]),
                                   "v%d exact (%d checked): %s" % (v, checked, bad[:4]))
         got = vl.generate(eng["llm"], ps)
-        dv = os.path.join(tmp, "v%d" % v)
-        rm.write_hf_checkpoint(dv, cfg, hf)
-        ref = fresh.generate(dv, ps)
-        shutil.rmtree(dv, ignore_errors=True)
+        eng["ref"].collective_rpc(vl.worker_reload, args=(
+            vl.pack({n: vl.rne_bf16(t) for n, t in hf.items()}),))
+        eng["ref"].reset_prefix_cache()
+        ref = vl.generate(eng["ref"], ps)
         state["gens"] += 1
-        state["gens_ok"] += c.check(got == ref, "v%d generations bit-identical to a fresh engine "
-                                    "on RNE(θ_v)" % v)
+        state["gens_ok"] += c.check(got == ref, "v%d generations bit-identical to the reference "
+                                    "engine reloaded with RNE(θ_v)" % v)
         print("  v%d: %s" % (v, rep.summary()), flush=True)
 
     try:
@@ -110,7 +112,6 @@ def main():
         c.check(out["inner"] and all("AdamW" in n or "Adam" in n for n in out["inner"]),
                 "megatron's inner optimizer: %s" % out["inner"])
     finally:
-        fresh.close()
         eng.clear()
         daemon.stop(10)
     if c.passed != c.total:
