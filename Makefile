@@ -55,7 +55,7 @@ UNIT_TESTS   :=   # CMocka binaries under $(B)/tests, built from tests/unit/<nam
 SYSTEM_TESTS :=   # executable scripts run from the repo root by `make test`
 GEN_HEADERS  :=   # generated headers every object depends on
 
-.PHONY: all test unit-test system-test list-tests asan clean distclean demo bench bench-dense bench-scan \
+.PHONY: all test unit-test system-test list-tests asan clean distclean demo bench bench-dense bench-scan bench-ab \
         test-gpu bench-gpu
 all:
 

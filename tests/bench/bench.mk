@@ -41,6 +41,14 @@ bench-dense: all
 bench-k4: all
 	B=$(B) $(PYTHON) tests/bench/bench_k4.py
 
+# The engine against an older commit, same run (issue 31): each figure
+# interleaved ABBA between this tree and a worktree of AB_BASE, each
+# running its own scripts and binaries (tests/bench/ab_engine.sh, ab.py;
+# root, about 25 minutes).  docs/BENCHMARKS.md, "The engine as an
+# instance: same-run A/B".
+bench-ab: all
+	PYTHON=$(PYTHON) tests/bench/ab_engine.sh
+
 # `dtectl plan` at real size (Qwen3-235B-A22B, fsdp:dp=64 and
 # megatron:tp=8,dp=32,ep=32): CPU seconds and max RSS, `bench plan ...`
 # (docs/BENCHMARKS.md, "Plan at real size"; also part of `make bench`).
