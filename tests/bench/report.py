@@ -406,8 +406,43 @@ def write(res, root):
     w("Plots: %s (their numbers: docs/%s; `python3 tests/bench/report.py --plots` draws "
       "them again from it)." % (", ".join("docs/" + p for p in made), PLOT_DATA))
     check_met(L)
+    L = keep_apart(L, os.path.join(docs, "BENCHMARKS.md"))
     with open(os.path.join(docs, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(L) + "\n")
+
+
+APART_MARKS = ("(measured apart", "(measured by `make test`)")
+
+
+def keep_apart(L, path):
+    """The sections of the existing file measured by other commands (a
+    heading with "(measured apart" or "(measured by `make test`)": make
+    bench-plan, bench-replan, bench-ab, ...) are not this run's to drop:
+    carried over as they are, before "## Exact commands", unless this run
+    wrote a section of the same heading."""
+    try:
+        with open(path) as f:
+            old = f.read().splitlines()
+    except OSError:
+        return L
+    have = {x for x in L if x.startswith("## ")}
+    keep, cur = [], None
+    for line in old:
+        if line.startswith("## "):
+            cur = [] if any(m in line for m in APART_MARKS) and line not in have else None
+            if cur is not None:
+                keep.append(cur)
+        if cur is not None:
+            cur.append(line)
+    if not keep:
+        return L
+    at = L.index("## Exact commands") if "## Exact commands" in L else len(L)
+    out = L[:at]
+    for sec in keep:
+        while sec and not sec[-1].strip():
+            sec.pop()
+        out += sec + [""]
+    return out + L[at:]
 
 
 def write_apply_verify(w, av):
