@@ -161,10 +161,24 @@ static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const 
 	int source = role == DTE_LAYOUT_SOURCE;
 	const struct dte_layout_kind *k = NULL;
 	int64_t v[DTE_LAYOUT_KIND_MAX_KEYS];
+	const struct dte_spec *canon = spec;
+	struct dte_spec rt;
 	int rc;
 
+	/* FP32 tensors are carried as halves (spec.h): the generators map the
+	 * runtime tensors as the engines and trainers allocate them, on the
+	 * spec's runtime view, and dte_layout_halves carries their pieces
+	 * over.  A json: layout is written in the canonical coordinates.  A
+	 * rule (a plan-only fsdp: layout) is not carried over: the arrays. */
 	dte_layout_init(l, role, spec->hash);
 	l->no_tensors = plan_only;
+	memset(&rt, 0, sizeof(rt));
+	if (spec->halves && strncmp(desc, "json:", 5)) {
+		if (dte_spec_runtime(spec, &rt))
+			return dte_layout_err(err, errlen, "out of memory");
+		spec = &rt;
+		plan_only = 0;
+	}
 	for (i = 0; i < DESC_NKINDS && !k; i++)
 		if (desc_kinds[i].role == (source ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK) &&
 		    strlen(desc_kinds[i].name) == len && !strncmp(desc, desc_kinds[i].name, len))
@@ -222,6 +236,10 @@ static int desc_layout(struct dte_layout *l, const struct dte_spec *spec, const 
 		rc = dte_layout_err(err, errlen, "%s: no generator for this layout", k->name);
 	}
 #undef IS
+	if (!rc && spec != canon)
+		rc = dte_layout_halves(l, canon, err, errlen);
+	if (spec != canon)
+		dte_spec_runtime_fini(&rt);
 	if (rc)
 		dte_layout_fini(l);
 	return rc;

@@ -510,7 +510,8 @@ static const char *piece_str(char *buf, size_t len, const struct dte_layout *l,
 
 /* Marks every element of a piece in a bitmap over [base, base+nbits);
  * returns 1 when an element was already marked. */
-static int piece_mark(const struct dte_piece *p, uint8_t *bits, int64_t base, int64_t nbits)
+static int piece_mark(const struct dte_piece *p, int units, uint8_t *bits, int64_t base,
+		      int64_t nbits)
 {
 	int64_t idx[DTE_MAX_DIMS] = { 0 };
 	int64_t pos;
@@ -520,8 +521,9 @@ static int piece_mark(const struct dte_piece *p, uint8_t *bits, int64_t base, in
 		pos = p->offset;
 		for (d = 0; d < p->ndim; d++)
 			pos += idx[d] * p->stride[d];
-		pos -= base;
-		if (pos >= 0 && pos < nbits) {
+		/* Halves (units 2): each FP32 element once, at its low half. */
+		pos = pos / units - base;
+		if ((units == 1 || idx[p->ndim - 1] == 0) && pos >= 0 && pos < nbits) {
 			if (bits[pos >> 3] & (1u << (pos & 7)))
 				return 1;
 			bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
@@ -550,7 +552,7 @@ static int layout_check_cluster(const struct dte_layout *l, const struct dte_spe
 	for (i = a; i < b; i++) {
 		struct dte_piece tmp;
 		const struct dte_piece *p = dte_layout_piece(l, ext[i].piece, &tmp);
-		int64_t v = dte_piece_volume(p);
+		int64_t v = dte_piece_volume(p) / dte_piece_units(l, spec, p);
 		if (ext[i].max - ext[i].min + 1 != v)
 			all_dense = 0;
 		if (ext[i].max > max)
@@ -579,7 +581,8 @@ overlap:
 		return dte_layout_err(err, errlen, "out of memory");
 	for (i = a; i < b; i++) {
 		struct dte_piece tmp;
-		if (piece_mark(dte_layout_piece(l, ext[i].piece, &tmp), bits, min, nbits)) {
+		const struct dte_piece *p = dte_layout_piece(l, ext[i].piece, &tmp);
+		if (piece_mark(p, dte_piece_units(l, spec, p), bits, min, nbits)) {
 			free(bits);
 			return dte_layout_err(err, errlen, "overlapping pieces in rank %u buffer %u: %s maps onto elements another piece already maps",
 					      ext[i].rank, ext[i].buf,
@@ -630,6 +633,15 @@ static int layout_check_piece(const struct dte_layout *l, const struct dte_spec 
 			return dte_layout_err(err, errlen, "piece %zu: box %s outside tensor %s", i,
 					      dte_layout_box_str(s, sizeof(s), p->ndim, p->lo, p->hi), t->name);
 	piece_extent(p, &min, &max);
+	if (dte_piece_units(l, spec, p) == 2) {
+		/* A source's FP32 tensor: 16-bit units of an FP32 buffer. */
+		if (p->offset % 2 || p->ndim < 1 || p->stride[p->ndim - 1] != 1 ||
+		    p->hi[p->ndim - 1] - p->lo[p->ndim - 1] != 2)
+			return dte_layout_err(err, errlen, "piece %zu (%s): an FP32 tensor's piece must hold "
+					      "both halves of its elements", i, piece_str(s, sizeof(s), l, spec, i));
+		min = min < 0 ? -1 : min / 2;
+		max /= 2;
+	}
 	x->rank = p->rank;
 	x->buf = p->buf;
 	x->piece = i;
@@ -690,6 +702,68 @@ int dte_layout_validate(const struct dte_layout *l, const struct dte_spec *spec,
 			rc = layout_check_cluster(l, spec, ext, a, i, err, errlen);
 	}
 	free(ext);
+	return rc;
+}
+
+static int halves_piece(struct dte_piece *p)
+{
+	uint32_t d;
+
+	if (p->ndim + 1 > DTE_MAX_DIMS || __builtin_mul_overflow(p->offset, 2, &p->offset))
+		return -1;
+	for (d = 0; d < p->ndim; d++)
+		if (__builtin_mul_overflow(p->stride[d], 2, &p->stride[d]))
+			return -1;
+	p->lo[p->ndim] = 0;
+	p->hi[p->ndim] = 2;
+	p->stride[p->ndim] = 1;
+	p->ndim++;
+	return 0;
+}
+
+int dte_layout_halves(struct dte_layout *l, const struct dte_spec *spec, char *err, size_t errlen)
+{
+	int sink = l->role == DTE_LAYOUT_SINK;
+	uint8_t *mark = NULL;     /* sink, per buffer: 1 an FP32 tensor's, 2 a 16-bit one's */
+	size_t i, k;
+	int rc = 0;
+
+	if (!spec->halves)
+		return 0;
+	if (l->rule)
+		return dte_layout_err(err, errlen, "layout %s: kept as a rule, cannot carry FP32 tensors", l->desc);
+	if (sink && !(mark = calloc(l->nbufs ? l->nbufs : 1, 1)))
+		return dte_layout_err(err, errlen, "out of memory");
+	for (i = 0; i < l->npieces && !rc; i++) {
+		struct dte_piece *p = &l->pieces[i];
+		int h = p->tensor < spec->n && dte_spec_is_halves(spec, p->tensor);
+		if (sink && (k = layout_buffer_index(l, p->rank, p->buf)) != SIZE_MAX)
+			mark[k] |= h ? 1 : 2;
+		if (h && halves_piece(p))
+			rc = dte_layout_err(err, errlen, "layout %s: piece of %s cannot carry halves",
+					    l->desc, spec->t[p->tensor].name);
+	}
+	for (k = 0; sink && k < l->nbufs && !rc; k++) {
+		struct dte_layout_buffer *b = &l->bufs[k];
+		if (!(mark[k] & 1))
+			continue;
+		if (mark[k] != 1)
+			rc = dte_layout_err(err, errlen, "sink rank %u buffer %u (%s) holds an FP32 tensor and "
+					    "16-bit ones; FP32 tensors need buffers of their own",
+					    b->rank, b->id, b->name);
+		else if (dte_layout_fp8_find(l, b->rank, b->id))
+			rc = dte_layout_err(err, errlen, "sink rank %u buffer %u (%s): an FP32 tensor in an "
+					    "FP8 buffer", b->rank, b->id, b->name);
+		else if (__builtin_mul_overflow(b->length, 2, &b->length))
+			rc = dte_layout_err(err, errlen, "sink rank %u buffer %u (%s) too long", b->rank,
+					    b->id, b->name);
+	}
+	for (i = 0; sink && i < l->ntensors && !rc; i++) {
+		struct dte_layout_tensor *t = &l->tensors[i];
+		if ((k = layout_buffer_index(l, t->rank, t->buf)) != SIZE_MAX && mark[k] == 1)
+			t->offset *= 2;
+	}
+	free(mark);
 	return rc;
 }
 

@@ -193,6 +193,25 @@ static inline const struct dte_layout_buffer *dte_layout_buffer(const struct dte
 	return l->rule ? l->rule_ops->buffer(l, i, tmp) : &l->bufs[i];
 }
 
+/* Carries a layout a generator made on the spec's runtime view
+ * (dte_spec_runtime) over to the canonical spec: every piece of an FP32
+ * tensor gets the trailing half dim [0, 2) at stride 1, its other strides
+ * and its offset doubled, so it addresses 16-bit units.  A sink's buffer
+ * holding such a tensor is registered as 16-bit units (length doubled, its
+ * runtime tensors' offsets too) and may hold nothing else; a source's
+ * buffers stay FP32 elements (the halves of θ, read as 16-bit units).
+ * -1 with why. */
+int dte_layout_halves(struct dte_layout *l, const struct dte_spec *spec, char *err,
+		      size_t errlen);
+/* 2 for a source piece of an FP32 tensor (its map is in 16-bit units of
+ * an FP32 buffer), 1 otherwise. */
+static inline int dte_piece_units(const struct dte_layout *l, const struct dte_spec *spec,
+				  const struct dte_piece *p)
+{
+	return l->role == DTE_LAYOUT_SOURCE && p->tensor < spec->n &&
+	       dte_spec_is_halves(spec, p->tensor) ? 2 : 1;
+}
+
 /* Number of elements in a piece's box. */
 int64_t dte_piece_volume(const struct dte_piece *p);
 /* Intersect two boxes of ndim dims; returns the volume (0: empty). */

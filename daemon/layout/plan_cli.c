@@ -173,8 +173,10 @@ static void plan_print_text(const struct plan_args *a, const struct dte_spec *sp
 	size_t i, nl = p->nlinks * p->sink_replicas;
 	uint64_t total = (uint64_t)p->elements * p->sink_replicas;
 
-	printf("model: type=%s tensors=%u elements=%lld spec_hash=%016" PRIx64 "\n",
-	       spec->cfg.model_type, spec->n, (long long)spec->total_elems, spec->hash);
+	/* Elements are 16-bit units: an FP32 tensor counts its halves. */
+	printf("model: type=%s tensors=%u elements=%lld spec_hash=%016" PRIx64 "%s%.0u\n",
+	       spec->cfg.model_type, spec->n, (long long)spec->total_elems, spec->hash,
+	       spec->halves ? " fp32_tensors=" : "", spec->halves);
 	printf("source: %s ranks=%u pieces=%zu nodes=%u\n", src->desc, src->nranks, src->npieces, p->src_nodes);
 	printf("sink: %s ranks=%u pieces=%zu nodes=%u replicas=%u\n", sink->desc, sink->nranks,
 	       sink->npieces, p->sink_nodes, p->sink_replicas);
@@ -275,9 +277,10 @@ static int plan_print_json(const struct plan_args *a, const struct dte_spec *spe
 			"dense_bytes", (json_int_t)(l->elements * PLAN_DENSE_BYTES_PER_ELEM),
 			"sparse_bytes", (json_int_t)sparse_bytes(l->elements, a->density)));
 	}
-	root = json_pack("{s:{s:s, s:i, s:I, s:s}, s:o, s:o, s:s, s:I, s:I, s:i, s:I, s:o, s:{s:I, s:I, s:I, s:f}}",
+	root = json_pack("{s:{s:s, s:i, s:I, s:s, s:i}, s:o, s:o, s:s, s:I, s:I, s:i, s:I, s:o, s:{s:I, s:I, s:I, s:f}}",
 		"model", "type", spec->cfg.model_type, "tensors", (int)spec->n,
 		"elements", (json_int_t)spec->total_elems, "spec_hash", hash,
+		"fp32_tensors", (int)spec->halves,
 		"source", plan_json_side(src, p->src_nodes, a->dump),
 		"sink", plan_json_side(sink, p->sink_nodes, a->dump),
 		"coverage", "exact", "entries", (json_int_t)p->n, "detections", (json_int_t)p->ndetect,

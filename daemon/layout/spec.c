@@ -481,6 +481,54 @@ static uint64_t spec_hash(const struct dte_spec *s)
 	return h;
 }
 
+/* FP32 tensors become their halves (spec.h): one more dim of extent 2.
+ * The hash is taken before, over the engines' shapes and dtypes. */
+static int spec_halves(struct dte_spec *s)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n; i++) {
+		struct dte_spec_tensor *t = &s->t[i];
+		if (t->dtype != DTE_SPEC_DTYPE_FP32)
+			continue;
+		if (t->ndim + 1 > DTE_MAX_DIMS ||
+		    __builtin_add_overflow(s->total_elems, t->numel, &s->total_elems))
+			return -2;
+		t->shape[t->ndim++] = 2;
+		t->numel *= 2;
+		s->halves++;
+	}
+	return 0;
+}
+
+int dte_spec_runtime(const struct dte_spec *spec, struct dte_spec *rt)
+{
+	uint32_t i;
+
+	*rt = *spec;
+	rt->runtime = 1;
+	rt->halves = 0;
+	rt->t = malloc((spec->n ? spec->n : 1) * sizeof(*rt->t));
+	if (!rt->t)
+		return -1;
+	memcpy(rt->t, spec->t, spec->n * sizeof(*rt->t));
+	for (i = 0; i < rt->n && !spec->runtime; i++) {
+		struct dte_spec_tensor *t = &rt->t[i];
+		if (t->dtype != DTE_SPEC_DTYPE_FP32)
+			continue;
+		t->shape[--t->ndim] = 0;
+		t->numel /= 2;
+		rt->total_elems -= t->numel;
+	}
+	return 0;
+}
+
+void dte_spec_runtime_fini(struct dte_spec *rt)
+{
+	free(rt->t);
+	memset(rt, 0, sizeof(*rt));
+}
+
 static int spec_from_json(struct dte_spec *spec, json_t *root, char *err, size_t errlen)
 {
 	int rc;
@@ -495,6 +543,10 @@ static int spec_from_json(struct dte_spec *spec, json_t *root, char *err, size_t
 		goto fail;
 	}
 	spec->hash = spec_hash(spec);
+	if (spec_halves(spec)) {
+		spec_err(err, errlen, "config.json: model has more than 2^63 elements");
+		goto fail;
+	}
 	return 0;
 fail:
 	dte_spec_fini(spec);

@@ -46,8 +46,11 @@ enum { DTE_SPEC_GROUP_DECAY = 0, DTE_SPEC_GROUP_NO_DECAY = 1 };
 /* The dtype the engines hold a canonical tensor in (and the spec hash
  * covers): BF16 unless the engines allocate it FP32 (the MoE routers'
  * e_score_correction_bias of DeepSeek-V3 and GLM-4.5, GLM-4.5's router
- * weight).  The sync data path moves BF16 sink elements (docs/SUPPORTED.md
- * says what that means for an FP32 tensor). */
+ * weight).  The sync data path moves 16-bit sink elements, so an FP32
+ * tensor T[..., n] is carried as its halves T'[..., n, 2]: element
+ * (..., i, h) is half h of T[..., i]'s bits in memory order (h = 0 the
+ * low half, little-endian), and the spec's shape, numel and total_elems
+ * are T''s (docs/SYNC.md "FP32 tensors"). */
 enum { DTE_SPEC_DTYPE_BF16 = 0, DTE_SPEC_DTYPE_FP32 = 1 };
 
 /* Tensor-name families (struct dte_spec_family.arch). */
@@ -99,6 +102,10 @@ struct dte_spec {
 	int32_t                *layer_idx;   /* [layers * DTE_SPEC_NKINDS] */
 	int32_t                *expert_base; /* [layers], -1 for dense layers */
 	int32_t                 embed, lm_head, final_norm;
+	uint32_t                halves;      /* FP32 tensors carried as halves */
+	/* A runtime view (dte_spec_runtime): FP32 tensors in the engines'
+	 * own shape, for generators; never a plan's or a job's spec. */
+	int                     runtime;
 };
 
 /* The model families whose tensor names the spec knows (model_type or
@@ -129,6 +136,20 @@ int32_t dte_spec_layer_tensor(const struct dte_spec *spec, int64_t layer,
 			      enum dte_spec_kind kind);
 int32_t dte_spec_expert_tensor(const struct dte_spec *spec, int64_t layer,
 			       int64_t expert, enum dte_spec_kind kind);
+/* 1 when the tensor is an FP32 one carried as halves (its last dim is
+ * the half, extent 2). */
+static inline int dte_spec_is_halves(const struct dte_spec *spec, uint32_t id)
+{
+	return !spec->runtime && spec->t[id].dtype == DTE_SPEC_DTYPE_FP32;
+}
+/* The runtime view of a spec: the same tensors (ids, names, kinds) with
+ * every FP32 one in its own shape [..., n] instead of its halves.  The
+ * layout generators map runtime tensors and run on this view;
+ * dte_layout_halves() then carries their FP32 pieces over to the halves.
+ * It shares the spec's lookups: free it with dte_spec_runtime_fini, before
+ * the spec.  -1 on no memory. */
+int  dte_spec_runtime(const struct dte_spec *spec, struct dte_spec *rt);
+void dte_spec_runtime_fini(struct dte_spec *rt);
 /* "bf16" / "fp32". */
 const char *dte_spec_dtype_name(int dtype);
 

@@ -59,6 +59,27 @@ def router_bias(cfg):
     return cfg.get("topk_method") == "noaux_tc" if is_mla(cfg) else True
 
 
+def fp32_names(cfg):
+    """The canonical tensors the engines hold in FP32, which a sink holds
+    as 16-bit halves (layout_reference.halves): e_score_correction_bias
+    (vLLM 0.33 deepseek_v2.py DeepseekV2MoE: float32 with topk_method
+    noaux_tc; SGLang 0.5.23 deepseek_v2.py MoEGate correction_bias_dtype),
+    GLM-4.5's router weight and bias (SGLang glm4_moe.py Glm4MoeGate,
+    vLLM glm4_moe.py Glm4MoE: params_dtype=torch.float32).  DeepSeek's
+    router weight is FP32 only with router_fp32 / moe_router_dtype, which
+    the published configs do not set."""
+    out = set()
+    for l in range(cfg["num_hidden_layers"]):
+        if not moe_layer(cfg, l):
+            continue
+        m = "model.layers.%d.mlp.gate." % l
+        if router_bias(cfg):
+            out.add(m + "e_score_correction_bias")
+        if cfg["model_type"] == "glm4_moe" or cfg.get("router_fp32") or cfg.get("moe_router_dtype") == "float32":
+            out.add(m + "weight")
+    return out
+
+
 def hf_shapes(cfg):
     """The Hugging Face checkpoint's tensors (modeling_deepseek_v3.py /
     modeling_glm4_moe.py names), MTP layers excluded (the engines skip
@@ -324,7 +345,7 @@ def check(cfg, source, sink):
     kind, _, opts = sink.partition(":")
     o = dict(kv.split("=") for kv in opts.split(","))
     tp, ep = int(o["tp"]), int(o["ep"])
-    return lr.compare_sink(plan, src, engine_sink(cfg, w, tp, ep, kind == "vllm")), plan
+    return lr.compare_sink(plan, src, engine_sink(cfg, w, tp, ep, kind == "vllm"), fp32_names(cfg)), plan
 
 
 def small(real, **kw):

@@ -269,11 +269,24 @@ def sglang_sink(cfg, w, tp, ep=1):
 
 
 # ----------------------------------------------------------------- checking
-def apply_plan(plan, src_bufs, sink_shapes):
+def halves(t):
+    """An FP32 tensor as the 16-bit units a sink holds it in: [..., n, 2],
+    unit (i, h) = half h of element i, written here as value * 2 + h (so
+    each unit of each element is told apart); padding stays UNSET."""
+    t = t.to(torch.float64)
+    u = torch.stack([t * 2, t * 2 + 1], dim=-1)
+    u[t == UNSET] = UNSET
+    return u
+
+
+def apply_plan(plan, src_bufs, sink_shapes, fp32=()):
     """Runs the C plan's box maps: returns {(rank, id): fp64 array} and the
-    per-element write counts."""
+    per-element write counts.  Entries of the tensors named in `fp32` (held
+    FP32 by the engines) address 16-bit units of the source's FP32 buffers:
+    unit u is half u % 2 of element u // 2, valued as halves() values."""
     got = {k: np.full(n, UNSET) for k, n in sink_shapes.items()}
     writes = {k: np.zeros(n, dtype=np.int32) for k, n in sink_shapes.items()}
+    fp32_ids = {i for i, n in enumerate(plan["tensors"]) if n in set(fp32)}
     for e in plan["plan_entries"]:
         ext = e["extent"]
         grids = np.meshgrid(*[np.arange(x, dtype=np.int64) for x in ext], indexing="ij")
@@ -281,9 +294,11 @@ def apply_plan(plan, src_bufs, sink_shapes):
         di = e["dst_offset"] + sum(g * s for g, s in zip(grids, e["dst_stride"]))
         src = src_bufs[(e["src_rank"], e["src_buf"])]
         dst = (e["sink_rank"], e["sink_buf"])
-        if si.min() < 0 or si.max() >= len(src) or di.min() < 0 or di.max() >= len(got[dst]):
+        unit = 2 if e["tensor"] in fp32_ids else 1
+        if si.min() < 0 or si.max() // unit >= len(src) or di.min() < 0 or di.max() >= len(got[dst]):
             raise AssertionError("entry out of bounds: %r" % e)
-        got[dst][di.reshape(-1)] = src[si.reshape(-1)]
+        si = si.reshape(-1)
+        got[dst][di.reshape(-1)] = src[si] if unit == 1 else src[si // 2] * 2 + si % 2
         np.add.at(writes[dst], di.reshape(-1), 1)
     return got, writes
 
@@ -296,15 +311,19 @@ def run_plan(model, source, sink):
     return json.loads(r.stdout)
 
 
-def compare_sink(plan, src, ref):
+def compare_sink(plan, src, ref, fp32=()):
     """Apply `plan` to the source buffers `src` (apply_plan) and compare
     every sink buffer with the reference {rank: [(name, tensor), ...]}:
     names and sizes as the plan's, every mapped element written once and
-    equal, padding never written.  Returns the sink elements checked."""
+    equal, padding never written.  A parameter that holds a tensor named
+    in `fp32` is an FP32 one: the sink holds its halves().  Returns the
+    sink elements (16-bit units) checked."""
     shapes, want = {}, {}
     bufs = {(b["rank"], b["id"]): b for b in plan["sink"]["buffers"]}
     for rank, tensors in ref.items():
         for i, (name, t) in enumerate(tensors):
+            if name in fp32:
+                t = halves(t)
             b = bufs.get((rank, i))
             if not b or b["name"] != name or b["length"] != t.numel():
                 raise AssertionError("sink rank %d buffer %d: reference %s[%d], plan %r" % (rank, i, name, t.numel(), b))
@@ -312,7 +331,7 @@ def compare_sink(plan, src, ref):
             want[(rank, i)] = t.reshape(-1).numpy()
     if len(bufs) != len(shapes):
         raise AssertionError("plan has %d sink buffers, reference %d" % (len(bufs), len(shapes)))
-    got, writes = apply_plan(plan, src, shapes)
+    got, writes = apply_plan(plan, src, shapes, fp32)
     for key in shapes:
         name = bufs[key]["name"]
         mapped = want[key] != UNSET

@@ -584,6 +584,199 @@ static void test_compact_matches_reference(void **state)
 	check_against_ref(DATA "models/qwen3-0.6b.json", "megatron:tp=2,dp=2,dopt=1", "sglang:tp=4", 2, 1, 2);
 }
 
+/* GLM-4.5's structure at small dims (the published config's fields): its
+ * router weight and e_score_correction_bias are FP32 in the engines. */
+static const char glm_small[] =
+	"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,"
+	"\"head_dim\":16,\"hidden_size\":64,\"intermediate_size\":96,\"model_type\":\"glm4_moe\","
+	"\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,"
+	"\"num_attention_heads\":4,\"num_experts_per_tok\":2,\"num_hidden_layers\":3,"
+	"\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"tie_word_embeddings\":false,"
+	"\"topk_group\":1,\"use_qk_norm\":false,\"vocab_size\":300}";
+
+/* Piece k of a layout made on the canonical spec against piece k of the
+ * same description on the runtime view: the same, and for an FP32 tensor
+ * its halves (trailing [0, 2) at stride 1, the rest doubled). */
+static void check_halves_piece(const struct dte_spec *s, const struct dte_piece *c,
+			       const struct dte_piece *r, int *halves)
+{
+	uint32_t d;
+
+	assert_int_equal(c->tensor, r->tensor);
+	assert_int_equal(c->rank, r->rank);
+	assert_int_equal(c->buf, r->buf);
+	if (!dte_spec_is_halves(s, c->tensor)) {
+		assert_memory_equal(c, r, sizeof(*c));
+		return;
+	}
+	(*halves)++;
+	assert_int_equal(c->ndim, r->ndim + 1);
+	assert_int_equal(c->offset, 2 * r->offset);
+	for (d = 0; d < r->ndim; d++) {
+		assert_int_equal(c->lo[d], r->lo[d]);
+		assert_int_equal(c->hi[d], r->hi[d]);
+		assert_int_equal(c->stride[d], 2 * r->stride[d]);
+	}
+	assert_int_equal(c->lo[d], 0);
+	assert_int_equal(c->hi[d], 2);
+	assert_int_equal(c->stride[d], 1);
+}
+
+/* FP32 tensors carried as halves (spec.h): every generator's layout is its
+ * runtime layout with the FP32 pieces carried over, a sink's FP32 buffers
+ * count 16-bit units, and the plans between them cover every 16-bit unit
+ * of every sink, each source unit detected once. */
+static void test_fp32_halves(void **state)
+{
+	static const char *const srcs[] = { "megatron:tp=2,dp=2,ep=2,etp=1", "megatron:tp=1,dp=4",
+					    "fsdp:dp=3" };
+	static const char *const sinks[] = { "sglang:tp=2", "sglang:tp=2,ep=2", "vllm:tp=2,ep=2",
+					     "vllm:tp=1" };
+	struct dte_spec s, rt;
+	struct dte_layout c, r, kl;
+	char err[512];
+	size_t i, j, k;
+	int halves = 0;
+
+	(void)state;
+	assert_int_equal(dte_spec_load_string(&s, glm_small, err, sizeof(err)), 0);
+	assert_int_equal(s.halves, 2 * 2);   /* layers 1, 2: router weight and bias */
+	assert_int_equal(dte_spec_runtime(&s, &rt), 0);
+	for (i = 0; i < 4 + 3; i++) {
+		int role = i < 4 ? DTE_LAYOUT_SINK : DTE_LAYOUT_SOURCE;
+		const char *d = i < 4 ? sinks[i] : srcs[i - 4];
+		if (dte_layout_from_desc(&c, &s, d, role, err, sizeof(err)) ||
+		    dte_layout_from_desc(&r, &rt, d, role, err, sizeof(err)))
+			fail_msg("%s: %s", d, err);
+		assert_int_equal(c.npieces, r.npieces);
+		assert_int_equal(c.nbufs, r.nbufs);
+		for (k = 0; k < c.npieces; k++)
+			check_halves_piece(&s, &c.pieces[k], &r.pieces[k], &halves);
+		for (k = 0; k < c.nbufs; k++) {
+			/* A sink's FP32 buffers are 16-bit units, a source's stay FP32. */
+			int fp32 = 0;
+			for (j = 0; j < c.npieces; j++)
+				fp32 |= c.pieces[j].rank == c.bufs[k].rank && c.pieces[j].buf == c.bufs[k].id &&
+					dte_spec_is_halves(&s, c.pieces[j].tensor);
+			assert_int_equal(c.bufs[k].length,
+					 (fp32 && role == DTE_LAYOUT_SINK ? 2 : 1) * r.bufs[k].length);
+		}
+		if (dte_layout_validate(&c, &s, err, sizeof(err)))
+			fail_msg("%s: %s", d, err);
+		dte_layout_fini(&c);
+		dte_layout_fini(&r);
+	}
+	assert_true(halves > 0);
+	for (i = 0; i < 3; i++) {
+		struct dte_layout sl;
+		if (dte_layout_from_desc(&sl, &s, srcs[i], DTE_LAYOUT_SOURCE, err, sizeof(err)))
+			fail_msg("%s", err);
+		for (j = 0; j < 4; j++) {
+			struct dte_plan p;
+			struct dte_plan_opts o = { 1, 8 };
+			int64_t want = 0;
+			if (dte_layout_from_desc(&kl, &s, sinks[j], DTE_LAYOUT_SINK, err, sizeof(err)))
+				fail_msg("%s", err);
+			if (dte_plan_build(&p, &s, &sl, &kl, &o, err, sizeof(err)))
+				fail_msg("%s -> %s: %s", srcs[i], sinks[j], err);
+			for (k = 0; k < kl.npieces; k++)
+				want += dte_piece_volume(&kl.pieces[k]);
+			assert_int_equal(p.elements, want);
+			assert_int_equal(p.detect_elements, s.total_elems);
+			for (k = 0; k < p.n; k++) {
+				struct dte_plan_entry e;
+				dte_plan_entry(&p, k, &e);
+				if (!dte_spec_is_halves(&s, e.tensor))
+					continue;
+				/* Both halves of an element always travel together. */
+				assert_int_equal(e.map.extent[e.map.ndim - 1], 2);
+				assert_int_equal(e.map.src_stride[e.map.ndim - 1], 1);
+				assert_int_equal(e.map.dst_stride[e.map.ndim - 1], 1);
+				assert_int_equal(e.map.src_offset % 2, 0);
+				assert_int_equal(e.map.dst_offset % 2, 0);
+			}
+			dte_plan_fini(&p);
+			dte_layout_fini(&kl);
+		}
+		dte_layout_fini(&sl);
+	}
+	dte_spec_runtime_fini(&rt);
+	dte_spec_fini(&s);
+}
+
+/* Adds a layer norm's whole piece at offset 0 of buffer 0 (left in *p). */
+static void norm_piece(struct dte_layout *l, struct dte_piece *p, int32_t norm)
+{
+	memset(p, 0, sizeof(*p));
+	p->tensor = (uint32_t)norm;
+	p->ndim = 1;
+	p->hi[0] = 64;
+	p->stride[0] = 1;
+	assert_int_equal(dte_layout_add_piece(l, p), 0);
+}
+
+/* A source's FP32 pieces address 16-bit units of its FP32 buffers: the
+ * validation finds them overlapping an FP32-element piece; a sink buffer
+ * that would mix halves and 16-bit elements is refused. */
+static void test_fp32_halves_checked(void **state)
+{
+	struct dte_spec s;
+	struct dte_layout l;
+	struct dte_piece p;
+	int32_t norm, bias;
+	char err[512];
+	int at;
+
+	(void)state;
+	assert_int_equal(dte_spec_load_string(&s, glm_small, err, sizeof(err)), 0);
+	norm = dte_spec_find(&s, "model.layers.1.input_layernorm.weight");
+	bias = dte_spec_find(&s, "model.layers.1.mlp.gate.e_score_correction_bias");
+	assert_true(norm >= 0 && bias >= 0);
+	for (at = 60; at <= 64; at += 4) {
+		dte_layout_init(&l, DTE_LAYOUT_SOURCE, s.hash);
+		assert_int_equal(dte_layout_add_buffer(&l, 0, 0, 68, "theta"), 0);
+		dte_layout_sort_buffers(&l);
+		norm_piece(&l, &p, norm);
+		p.tensor = (uint32_t)bias;
+		p.ndim = 2;
+		p.hi[0] = 4;
+		p.hi[1] = 2;
+		p.stride[0] = 2;
+		p.stride[1] = 1;
+		p.offset = 2 * at;    /* 16-bit units: FP32 elements at .. at + 3 */
+		assert_int_equal(dte_layout_add_piece(&l, &p), 0);
+		if (at == 60) {
+			assert_int_equal(dte_layout_validate(&l, &s, err, sizeof(err)), -1);
+			assert_non_null(strstr(err, "overlapping"));
+		} else {
+			assert_int_equal(dte_layout_validate(&l, &s, err, sizeof(err)), 0);
+		}
+		dte_layout_fini(&l);
+	}
+	/* One past the buffer's end, in FP32 elements. */
+	dte_layout_init(&l, DTE_LAYOUT_SOURCE, s.hash);
+	assert_int_equal(dte_layout_add_buffer(&l, 0, 0, 4, "theta"), 0);
+	dte_layout_sort_buffers(&l);
+	p.offset = 2;
+	assert_int_equal(dte_layout_add_piece(&l, &p), 0);
+	assert_int_equal(dte_layout_validate(&l, &s, err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "outside"));
+	dte_layout_fini(&l);
+	/* A sink buffer with an FP32 tensor's runtime piece and a norm. */
+	dte_layout_init(&l, DTE_LAYOUT_SINK, s.hash);
+	assert_int_equal(dte_layout_add_buffer(&l, 0, 0, 68, "mixed"), 0);
+	dte_layout_sort_buffers(&l);
+	norm_piece(&l, &p, norm);
+	p.tensor = (uint32_t)bias;
+	p.hi[0] = 4;
+	p.offset = 64;
+	assert_int_equal(dte_layout_add_piece(&l, &p), 0);
+	assert_int_equal(dte_layout_halves(&l, &s, err, sizeof(err)), -1);
+	assert_non_null(strstr(err, "need buffers of their own"));
+	dte_layout_fini(&l);
+	dte_spec_fini(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -592,6 +785,8 @@ int main(void)
 		cmocka_unit_test(test_gap_and_overlap_named),
 		cmocka_unit_test(test_replicas_share_detection),
 		cmocka_unit_test(test_compact_matches_reference),
+		cmocka_unit_test(test_fp32_halves),
+		cmocka_unit_test(test_fp32_halves_checked),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

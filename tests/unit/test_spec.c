@@ -210,11 +210,16 @@ static void test_oversized_configs(void **state)
  * q_lora_rank-null (V2-Lite style) variant. */
 static void test_deepseek_glm(void **state)
 {
-	static const struct { const char *file; int64_t elems; uint32_t tensors; } m[] = {
-		{ MODELS "deepseek-v3.json", 671026419200LL, 45395 },
-		{ MODELS "kimi-k2.json",     1026408232448LL, 69975 },
-		{ MODELS "glm-4.5.json",     352797805472LL, 44005 },
+	/* fp32: the elements the engines hold in FP32, which the spec carries
+	 * as halves (two 16-bit units each): DeepSeek-V3 58 MoE layers x 256
+	 * experts' e_score_correction_bias; Kimi-K2 60 x 384; GLM-4.5 89 x
+	 * (160 + 160 x 5120 of the router weight). */
+	static const struct { const char *file; int64_t elems, fp32; uint32_t tensors; } m[] = {
+		{ MODELS "deepseek-v3.json", 671026419200LL, 58 * 256, 45395 },
+		{ MODELS "kimi-k2.json",     1026408232448LL, 60 * 384, 69975 },
+		{ MODELS "glm-4.5.json",     352797805472LL, 89 * (160 + 160 * 5120), 44005 },
 	};
+	struct dte_spec rt;
 	const char *lite = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, "
 		"\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
 		"\"vocab_size\": 100, \"q_lora_rank\": null, \"kv_lora_rank\": 16, "
@@ -227,8 +232,12 @@ static void test_deepseek_glm(void **state)
 	size_t i;
 	for (i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
 		load(&s, m[i].file);
-		assert_int_equal(s.total_elems, m[i].elems);
+		assert_int_equal(s.total_elems, m[i].elems + m[i].fp32);
 		assert_int_equal(s.n, m[i].tensors);
+		assert_int_equal(dte_spec_runtime(&s, &rt), 0);
+		assert_int_equal(rt.total_elems, m[i].elems);
+		assert_int_equal(rt.n, m[i].tensors);
+		dte_spec_runtime_fini(&rt);
 		dte_spec_fini(&s);
 	}
 	load(&s, m[0].file);
@@ -236,7 +245,18 @@ static void test_deepseek_glm(void **state)
 	id = dte_spec_find(&s, "model.layers.3.mlp.gate.e_score_correction_bias");
 	assert_true(id >= 0);
 	assert_int_equal(s.t[id].dtype, DTE_SPEC_DTYPE_FP32);
+	assert_true(dte_spec_is_halves(&s, (uint32_t)id));
+	assert_int_equal(s.t[id].ndim, 2);
 	assert_int_equal(s.t[id].shape[0], 256);
+	assert_int_equal(s.t[id].shape[1], 2);
+	assert_int_equal(s.t[id].numel, 512);
+	assert_int_equal(s.halves, 58);
+	assert_int_equal(dte_spec_runtime(&s, &rt), 0);
+	assert_false(dte_spec_is_halves(&rt, (uint32_t)id));
+	assert_int_equal(rt.t[id].ndim, 1);
+	assert_int_equal(rt.t[id].numel, 256);
+	assert_int_equal(rt.hash, s.hash);
+	dte_spec_runtime_fini(&rt);
 	id = dte_spec_find(&s, "model.layers.0.self_attn.kv_b_proj.weight");
 	assert_int_equal(s.t[id].shape[0], 128 * 256);
 	assert_int_equal(s.t[id].shape[1], 512);
