@@ -385,22 +385,14 @@ static int name_ok(const char *s)
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
 /* Families `dtectl plan` maps but whose sync the data path cannot keep
- * exact yet (docs/SUPPORTED.md): a tensor the engines hold in FP32 would
- * move as BF16 sink elements, and an MLA engine derives w_kc/w_vc
+ * exact yet (docs/SUPPORTED.md): an MLA engine derives w_kc/w_vc
  * (SGLang, DeepseekV2AttentionMLA via post_load_weights) or W_UK/W_UV
  * (vLLM, MLA process_weights_after_loading) from kv_b_proj after loading,
  * which dted does not rebuild.  Refused at job creation, naming why,
- * rather than served inexact. */
+ * rather than served inexact.  Tensors the engines hold in FP32 move as
+ * their exact halves (daemon/layout/spec.h, job_capture.c entry_raw). */
 static int spec_syncable(const struct dte_spec *s, char *err, size_t errlen)
 {
-	for (uint32_t i = 0; i < s->n; i++)
-		if (s->t[i].dtype != DTE_SPEC_DTYPE_BF16) {
-			snprintf(err, errlen, "model config: %s is held in %s by the engines and dted "
-				 "moves BF16 elements only, so a sync of this model would not be exact "
-				 "(dtectl plan maps it; docs/SUPPORTED.md)", s->t[i].name,
-				 dte_spec_dtype_name(s->t[i].dtype));
-			return -EOPNOTSUPP;
-		}
 	if (s->cfg.arch == DTE_SPEC_ARCH_MLA) {
 		snprintf(err, errlen, "model config: multi-head latent attention: the engines derive "
 			 "w_kc/w_vc (SGLang) and W_UK/W_UV (vLLM) from kv_b_proj after loading and dted "

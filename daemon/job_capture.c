@@ -306,8 +306,8 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				one = p->dirty[refs[m].entry];
 			}
 		}
-		if (!members || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
-			continue;
+		if (!members || e->raw || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
+			continue;	/* raw: sent whole every version, nothing to mark */
 		{
 			uint64_t words = dtc_bitmap_words(&e->map), cnt;
 			struct dtc_src s;
@@ -395,6 +395,8 @@ static int snapshot_all(struct jcap *c)
 			struct dtc_src s;
 			int r;
 
+			if (e->raw)
+				continue;	/* sent whole every version (entry_raw) */
 			if (cap_src(c, e, &s) < 0) {
 				CAPFAIL("source buffers missing");
 				goto out;
@@ -745,6 +747,56 @@ static int entry_dense(struct jcap *c, struct det *d, size_t pi, const struct je
 	return 0;
 }
 
+/* An FP32 tensor's halves (jentry.raw): the source's 16-bit units as
+ * they are, every one every version (the AdamW inversion says nothing of
+ * bits below BF16; these tensors are small: E floats a layer, GLM-4.5's
+ * router E x H), with their checksum from the same read.  In a dense pair
+ * the dense encoding; in a sparse one every position of the box, so the
+ * sink applies, verifies and undoes it as any sparse entry. */
+static int entry_raw(struct jcap *c, size_t pi, const struct jentry *e, const struct dtc_src *s,
+		     uint64_t *count, uint64_t *sum)
+{
+	struct dtc_bytes *raw = &c->p[pi].raw;
+	const struct dbuf *pb = cap_buf(c, e->src_buf);
+	int sparse = c->p[pi].sparse;
+	uint64_t *pos = NULL;
+	uint16_t *vals;
+	size_t at, len = 0, bound = sparse ? dtc_sparse_bound(e->box) : 2 * e->box;
+	int r;
+
+	if (!pb || pb->cuda)
+		return CAPFAIL("tensor %u is FP32: its halves are read from host sources only",
+			       e->tensor);
+	if (s->len > UINT64_MAX / 2)
+		return CAPFAIL("source buffer too long");
+	vals = malloc(e->box * sizeof(*vals));
+	if (sparse && vals && (pos = malloc(e->box * sizeof(*pos))))
+		for (uint64_t i = 0; i < e->box; i++)
+			pos[i] = i;
+	if (!vals || (sparse && !pos) || bytes_reserve(&c->eng->cpool->bp, raw, 8 + bound) < 0) {
+		free(vals);
+		free(pos);
+		return CAPFAIL("out of memory");
+	}
+	at = raw->n;
+	r = dtc_raw16_extract_csum(&e->map, (const uint16_t *)(const void *)s->param, 2 * s->len,
+				   vals, sum);
+	if (r == DTC_OK && sparse)
+		r = dtc_sparse_encode(pos, vals, e->box, e->box, raw->p + at + 8, bound, &len);
+	else if (r == DTC_OK)
+		r = dtc_dense_encode(vals, e->box, raw->p + at + 8, bound, &len);
+	free(vals);
+	free(pos);
+	if (r != DTC_OK)
+		return CAPFAIL("FP32 tensor %u: %s", e->tensor, dtc_strerror(r));
+	bytes_len(raw, at, len);
+	raw->n += 8 + len;
+	*count = e->box;
+	if (!sparse)
+		c->dense_elements += e->box;
+	return 0;
+}
+
 /* Sparse from a bitmap (device sources, detect = snapshot): extract, then
  * encode straight into the pair's payload. */
 static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
@@ -1024,7 +1076,10 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 
 		if (cap_src(c, e, &s) < 0)
 			return CAPFAIL("source buffers missing");
-		if (!p->sparse) {
+		if (e->raw) {
+			if ((rc = entry_raw(c, pi, e, &s, &cnt, &sum)) < 0)
+				return rc;
+		} else if (!p->sparse) {
 			cnt = e->box;
 			if ((rc = entry_dense(c, d, pi, e, &s, &sum)) < 0)
 				return rc;

@@ -1694,7 +1694,12 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 			 m->n_src_stride, m->n_dst_stride);
 		return -EINVAL;
 	}
+	if (m->tensor >= j->spec.n) {
+		snprintf(err, errlen, "entry %u: tensor %u not in the model spec", m->id, m->tensor);
+		return -EINVAL;
+	}
 	e->tensor = m->tensor;
+	e->raw = (uint8_t)dte_spec_is_halves(&j->spec, m->tensor);
 	e->group = m->group;
 	e->src_buf = m->src_buffer;
 	e->src_buf_m = m->src_buffer_m;
@@ -1729,7 +1734,11 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 		}
 		slen = p->length < mm->length ? p->length : mm->length;
 		slen = slen < v->length ? slen : v->length;
-		if ((rc = dtc_entry_check(&e->map, slen, UINT64_MAX)) != DTC_OK) {
+		if (e->raw && slen > UINT64_MAX / 2) {
+			snprintf(err, errlen, "entry %u: source buffer too long", m->id);
+			return -EINVAL;
+		}
+		if ((rc = dtc_entry_check(&e->map, e->raw ? 2 * slen : slen, UINT64_MAX)) != DTC_OK) {
 			snprintf(err, errlen, "entry %u: source side: %s", m->id, dtc_strerror(rc));
 			return -EINVAL;
 		}

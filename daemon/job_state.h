@@ -80,6 +80,10 @@ struct jentry {
 	uint32_t dst_buf;                         /* layout buffer id, sink rank */
 	uint64_t box;                             /* elements */
 	struct dte_box_map map;
+	/* An FP32 tensor's halves (daemon/layout/spec.h): the source map is
+	 * in 16-bit units of its FP32 buffer, and the entry is sent whole
+	 * every version as the bits are (job_capture.c entry_raw). */
+	uint8_t  raw;
 };
 
 /* Every entry from one source participant to one sink participant. */

@@ -106,6 +106,33 @@ int dtc_dense_extract_csum(const struct dtc_backend *be, const struct dte_box_ma
 	return dtc_dense_extract_csum_each(be, e, param, param_len, out, sum, NULL, NULL);
 }
 
+int dtc_raw16_extract_csum(const struct dte_box_map *e, const uint16_t *src, uint64_t src_len,
+			   uint16_t *out, uint64_t *sum)
+{
+	struct dte_box_map ce;
+	struct box_rows r;
+	uint64_t s = 0;
+	int rc;
+
+	if (!src || !out || !sum)
+		return DTC_EINVAL;
+	if ((rc = dtc_entry_check(e, src_len, UINT64_MAX)) != DTC_OK)
+		return rc;
+	box_coalesce(e, BOX_SRC | BOX_DST, &ce);
+	for (box_rows_init(&r, &ce, 0, dtc_box_size(&ce)); box_rows_next(&r); ) {
+		int64_t ss = ce.src_stride[ce.ndim - 1], ds = ce.dst_stride[ce.ndim - 1];
+
+		for (uint64_t i = 0; i < r.n; i++) {
+			uint16_t v = src[r.src + (int64_t)i * ss];
+
+			out[r.p + i] = v;
+			s += dtc_csum_term((uint64_t)(r.dst + (int64_t)i * ds), v);
+		}
+	}
+	*sum = s;
+	return DTC_OK;
+}
+
 int dtc_scatter_apply(const struct dtc_backend *be, const struct dte_box_map *e,
 		      const uint64_t *pos, const uint16_t *val, uint64_t n,
 		      uint16_t *dst, uint64_t dst_len)

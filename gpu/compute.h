@@ -113,6 +113,15 @@ int dtc_dense_extract_csum_each(const struct dtc_backend *be, const struct dte_b
 				const float *param, uint64_t param_len, uint16_t *out,
 				uint64_t *sum, dtc_out_fn done, void *arg);
 
+/* An FP32 tensor's halves (daemon/layout/spec.h): e's source indices
+ * are 16-bit units of src (an FP32 buffer read as src_len 16-bit units,
+ * little-endian halves), copied as they are into out (box_size of them,
+ * canonical order), and *sum gets their checksum terms at e's destination
+ * indices, as dtc_checksum_box() of a sink holding them will be.  Host
+ * memory only; the entry is checked first. */
+int dtc_raw16_extract_csum(const struct dte_box_map *e, const uint16_t *src, uint64_t src_len,
+			   uint16_t *out, uint64_t *sum);
+
 /* Write val[i] at the destination of box position pos[i].  Every position
  * is checked (< box size, destination inside dst_len) before anything is
  * written: on error dst is untouched. */

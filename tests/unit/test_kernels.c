@@ -534,6 +534,45 @@ static void test_extract_csum(void **state)
 	free(big);
 }
 
+/* An FP32 tensor's halves (daemon/layout/spec.h): a 20 x 30 FP32 source
+ * tensor, its [4:12, 5:25] sub-box as halves [8, 20, 2] into a transposed
+ * 16-bit sink ([c][r][h]).  Every unit arrives as the source's exact bits
+ * (each FP32 value read back whole from the sink), and the sum equals the
+ * sink buffer's checksum where nothing else is written. */
+static void test_raw16_halves(void **state)
+{
+	const struct dtc_backend *cpu = dtc_backend_cpu();
+	/* source: 16-bit units of a row-major [20][30] FP32 array */
+	struct dte_box_map e = { 3, { 8, 20, 2 }, 2 * (4 * 30 + 5), { 2 * 30, 2, 1 },
+				 0, { 2, 2 * 8, 1 }, };
+	float src[600];
+	uint16_t out[320], dst[320];
+	uint64_t sum = 0, want = 0, cd;
+
+	(void)state;
+	for (int i = 0; i < 600; i++)
+		src[i] = gaussf() * 1e-3f;
+	assert_int_equal(dtc_raw16_extract_csum(&e, (const uint16_t *)(const void *)src, 1200, out, &sum),
+			 DTC_OK);
+	assert_int_equal(dtc_dense_apply(cpu, &e, out, dst, 320), DTC_OK);
+	for (int r = 0; r < 8; r++)
+		for (int c = 0; c < 20; c++) {
+			float got;
+
+			memcpy(&got, &dst[2 * (c * 8 + r)], 4);
+			assert_memory_equal(&got, &src[(4 + r) * 30 + 5 + c], 4);
+		}
+	for (uint64_t p = 0; p < 320; p++)
+		want += dtc_csum_term((uint64_t)ref_index(&e, p, 1), out[p]);
+	assert_int_equal(sum, want);
+	assert_int_equal(dtc_checksum_buffer(cpu, dst, 320, &cd), DTC_OK);
+	assert_int_equal(cd, sum);
+	/* One unit past the source's end is refused, nothing written. */
+	e.src_offset = 1200 - (7 * 60 + 19 * 2 + 1);
+	assert_int_not_equal(dtc_raw16_extract_csum(&e, (const uint16_t *)(const void *)src, 1200,
+						     out, &sum), DTC_OK);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -547,6 +586,7 @@ int main(void)
 		cmocka_unit_test(test_checksum_large),
 		cmocka_unit_test(test_checksum_strided),
 		cmocka_unit_test(test_extract_csum),
+		cmocka_unit_test(test_raw16_halves),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
