@@ -337,7 +337,7 @@ int dte_layout_buffers(const char *model_config, const char *layout, int role, u
 struct dte_layout_tensor_info {
 	uint32_t buffer;
 	uint32_t ndim;
-	int64_t  offset;                /* elements */
+	int64_t  offset;                /* elements (a sink's FP32 tensor: 16-bit units) */
 	int64_t  shape[6];
 	char     name[96];
 };
@@ -345,6 +345,21 @@ struct dte_layout_tensor_info {
 int dte_layout_tensors(const char *model_config, const char *layout, int role, uint32_t rank,
 		       struct dte_layout_tensor_info *out, size_t cap, size_t *n, char *err,
 		       size_t errlen);
+
+/* No daemon needed: the model's tensors the engines hold in FP32 (GLM-4.5's
+ * router weight, the MoE routers' e_score_correction_bias), by canonical
+ * (Hugging Face) name.  dted moves them as their exact bits, as 16-bit
+ * halves: a sink registers such a parameter as 16-bit units, twice its
+ * elements (dte_layout_buffers' length and dte_layout_tensors' offset
+ * count those units), and a source may hold one without optimizer state
+ * (an HF buffer): it is sent whole every version.  Writes min(cap, count)
+ * names and the count to *n. */
+struct dte_model_tensor_name {
+	char name[128];
+};
+
+int dte_model_fp32_tensors(const char *model_config, struct dte_model_tensor_name *out, size_t cap,
+			   size_t *n, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -605,3 +605,35 @@ int dte_layout_tensors(const char *model_config, const char *layout, int role, u
 	dte_layout_fini(&l);
 	return DTE_OK;
 }
+
+_Static_assert(sizeof(((struct dte_model_tensor_name *)0)->name) == DTE_SPEC_NAME_MAX,
+	       "dte.h dte_model_tensor_name.name[] must hold DTE_SPEC_NAME_MAX");
+
+int dte_model_fp32_tensors(const char *model_config, struct dte_model_tensor_name *out, size_t cap,
+			   size_t *n, char *err, size_t errlen)
+{
+	struct dte_spec spec;
+	size_t k = 0;
+	char e[256];
+
+	if (!model_config || !n || (cap && !out)) {
+		if (err && errlen)
+			snprintf(err, errlen, "dte_model_fp32_tensors: bad argument");
+		return DTE_ERR_INVAL;
+	}
+	if (dte_spec_load_string(&spec, model_config, e, sizeof(e)) < 0) {
+		if (err && errlen)
+			snprintf(err, errlen, "model config: %s", e);
+		return DTE_ERR_INVAL;
+	}
+	for (uint32_t i = 0; i < spec.n; i++) {
+		if (!dte_spec_is_halves(&spec, i))
+			continue;
+		if (k < cap)
+			snprintf(out[k].name, sizeof(out[k].name), "%s", spec.t[i].name);
+		k++;
+	}
+	*n = k;
+	dte_spec_fini(&spec);
+	return DTE_OK;
+}

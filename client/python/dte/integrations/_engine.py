@@ -12,7 +12,14 @@ the node's daemon:
   * BF16 CPU parameters moved once, at attach, into a memfd arena
     (param.data points at the arena afterwards; a CPU engine keeps
     working on the same values) so the daemon can map them;
-  * FP32 parameters (SGLang's --rl-on-policy-target keeps the Qwen3 norms
+  * FP32 parameters of tensors the engines hold in FP32 (GLM-4.5's router
+    weight, the MoE routers' e_score_correction_bias: vLLM 0.33
+    glm4_moe.py Glm4MoE and deepseek_v2.py DeepseekV2MoE, SGLang 0.5.23
+    glm4_moe.py Glm4MoeGate and deepseek_v2.py MoEGate allocate them
+    torch.float32) in place, as their 16-bit halves: the layout counts
+    such a buffer in 16-bit units, twice the elements, and the daemon
+    writes the trainer's exact FP32 bits (dte._lib.fp32_tensors);
+  * other FP32 parameters (SGLang's --rl-on-policy-target keeps the Qwen3 norms
     in FP32: RMSNorm(weight_dtype=torch.float32) in sglang/srt/models/
     qwen3.py and qwen2.py) through a BF16 shadow on the same device.  The
     daemon writes the shadow; commit() widens it into the FP32 parameter.
@@ -213,7 +220,9 @@ class EngineSink:
             mname = model[name]
             p = params[mname].data
             fn = self.view.prepare(mname, params[mname])
-            if p.numel() != length or (name in shapes and tuple(p.shape) != shapes[name]):
+            halves = p.dtype == torch.float32 and length == 2 * p.numel()
+            if (p.numel() != length and not halves) or \
+                    (name in shapes and tuple(p.shape) != shapes[name]):
                 # the shape too: a [E/ep, 2I, H] w13 and an [E, 2I/ep, H] one
                 # have the same size and very different contents
                 raise IntegrationError("%s rank %d: %s is %s, the layout's is %s"
@@ -228,6 +237,8 @@ class EngineSink:
                                            "engine; dted writes BF16 there only"
                                            % (self.layout, self.rank, mname, p.dtype))
                 regs[name] = ("derived", params[mname], fn)
+            elif halves:
+                regs[name] = ("halves", params[mname], None)
             elif p.dtype == torch.bfloat16:
                 regs[name] = ("bf16", params[mname], None)
             elif p.dtype == torch.float32:
@@ -241,6 +252,8 @@ class EngineSink:
             for name, (kind, p, fn) in regs.items():
                 if kind == "bf16":
                     tensors[name] = p.data
+                elif kind == "halves":
+                    tensors[name] = p.data.view(torch.bfloat16)   # the same memory
                 else:
                     shadow = torch.zeros(p.shape, dtype=torch.bfloat16, device=p.device) \
                         if kind == "derived" else p.data.to(torch.bfloat16).contiguous()
@@ -257,11 +270,11 @@ class EngineSink:
             # engine post-processes (a fresh sink's first version is dense,
             # so they need no initial values: nothing reads them before it).
             self.arena = Arena("engine-r%d-%d" % (self.replica, self.rank),
-                               [(n, tuple(p.shape), torch.bfloat16)
-                                for n, (_k, p, _f) in regs.items()])
+                               [(n, tuple(p.shape), torch.float32 if k == "halves" else
+                                 torch.bfloat16) for n, (k, p, _f) in regs.items()])
             for name, (kind, p, fn) in regs.items():
                 t = self.arena.tensor(name)
-                if kind == "bf16":
+                if kind in ("bf16", "halves"):
                     t.copy_(p.data)
                     p.data = t
                 elif kind == "fp32":
