@@ -21,11 +21,16 @@ sglang:tp=T[,ep=E]` / `vllm:...` entries place there:
   QKVParallelLinear with bias (attention_bias), o_proj, dense and shared
   MLPs, routed experts.
 
-Not compared: the routers (SGLang's MoEGate / Glm4MoeGate and vLLM's
-GateLinear hold them, GLM-4.5's in FP32) and e_score_correction_bias
-(FP32 in both engines: the BF16 data path cannot hold them, which is why
-these families are plan-only; docs/SUPPORTED.md), embeddings and norms
-(the Qwen3 upstream tests cover those layers).
+- the routers of both: `mlp.gate.weight` and the FP32
+  `e_score_correction_bias` in the engines' own gate modules (SGLang
+  MoEGate / Glm4MoeGate; vLLM GateLinear, FP32 for GLM, with the bias
+  parameter the models attach), loaded as load_weights does (the
+  parameter's weight_loader, else default_weight_loader).  The FP32 ones
+  are compared as dted places them: 16-bit halves, the exact bits
+  (random finite FP32 values).
+
+Not compared: embeddings and norms (the Qwen3 upstream tests cover those
+layers).
 
 Prints `families-upstream: engines=2 cases=N ranks=R tensors=T exact=T/T`;
 exits 77 (SKIP) without the venvs.
@@ -96,6 +101,8 @@ def hf_shapes(cfg):
             shapes[m + "up_proj.weight"] = (I, H)
             shapes[m + "down_proj.weight"] = (H, I)
             continue
+        shapes[p + "mlp.gate.weight"] = (E, H)
+        shapes[p + "mlp.gate.e_score_correction_bias"] = (E,)
         s = p + "mlp.shared_experts."
         shapes[s + "gate_proj.weight"] = (Im * sh, H)
         shapes[s + "up_proj.weight"] = (Im * sh, H)
@@ -104,10 +111,22 @@ def hf_shapes(cfg):
     return shapes
 
 
+def fp32_names(cfg):
+    """What the engines hold in FP32 (SGLang glm4_moe.py Glm4MoeGate and
+    deepseek_v2.py MoEGate, vLLM glm4_moe.py Glm4MoE and deepseek_v2.py
+    DeepseekV2MoE): the bias always (noaux_tc), GLM's router weight."""
+    return {n for n in hf_shapes(cfg) if n.endswith("e_score_correction_bias") or
+            (cfg["model_type"] == "glm4_moe" and n.endswith("mlp.gate.weight"))}
+
+
 def hf_bf16(cfg, seed):
+    """Random BF16 bits per HF tensor; an FP32 one as its random finite
+    FP32 values' 16-bit halves, [..., n, 2] (how dted's spec carries it)."""
     import numpy as np
     rng = np.random.default_rng(seed)
-    return {n: rng.integers(-32768, 32767, size=sh, dtype=np.int16)
+    fp32 = fp32_names(cfg)
+    return {n: (rng.standard_normal(sh).astype(np.float32).view(np.int16).reshape(sh + (2,))
+                if n in fp32 else rng.integers(-32768, 32767, size=sh, dtype=np.int16))
             for n, sh in hf_shapes(cfg).items()}
 
 
@@ -126,16 +145,54 @@ def dted_place(plan, hf):
         key = (e["sink_rank"], b["name"])
         if key not in out:
             out[key] = np.zeros(b["length"], dtype=np.int16)
-        src = hf[t]
-        if src.ndim == 1:
-            (l0,), (x0,), (s0,) = e["lo"], e["extent"], e["dst_stride"]
-            out[key][e["dst_offset"] + np.arange(x0) * s0] = src[l0:l0 + x0]
-            continue
-        (l0, l1), (x0, x1), (s0, s1) = e["lo"], e["extent"], e["dst_stride"]
-        i = np.arange(x0)[:, None]
-        j = np.arange(x1)[None, :]
-        out[key][e["dst_offset"] + i * s0 + j * s1] = src[l0:l0 + x0, l1:l1 + x1]
+        grids = np.meshgrid(*[np.arange(x) for x in e["extent"]], indexing="ij")
+        dst = e["dst_offset"] + sum(g * st for g, st in zip(grids, e["dst_stride"]))
+        out[key][dst] = hf[t][tuple(slice(lo, lo + x) for lo, x in zip(e["lo"], e["extent"]))]
     return out
+
+
+def engine_gate(engine, cfg, tp, hf, rank_ctx, cfg_ctx):
+    """The MoE layers' routers per rank as the engines build and load them:
+    {name: int16 array} (an FP32 parameter as its 16-bit halves)."""
+    import types
+    import numpy as np
+    import torch
+    ns = types.SimpleNamespace(**cfg)
+    glm = cfg["model_type"] == "glm4_moe"
+    if engine == "sglang":
+        from sglang.srt.model_loader.weight_utils import default_weight_loader
+        from sglang.srt.models.deepseek_v2 import MoEGate
+        from sglang.srt.models.glm4_moe import Glm4MoeGate
+    else:
+        from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    ranks = []
+    for r in range(tp):
+        out = {}
+        with rank_ctx(r, tp), (cfg_ctx() if cfg_ctx else fl._null()):
+            for n in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]):
+                m = "model.layers.%d.mlp.gate" % n
+                if engine == "sglang":
+                    gate = Glm4MoeGate(ns, prefix=m) if glm else MoEGate(ns, None, prefix=m)
+                else:
+                    # vllm glm4_moe.py Glm4MoE / deepseek_v2.py DeepseekV2MoE
+                    kw = dict(out_dtype=torch.float32, params_dtype=torch.float32) if glm else {}
+                    gate = GateLinear(cfg["hidden_size"], cfg["n_routed_experts"], prefix=m, **kw)
+                    gate.e_score_correction_bias = torch.nn.Parameter(
+                        torch.empty(cfg["n_routed_experts"], dtype=torch.float32))
+                for leaf in ("weight", "e_score_correction_bias"):
+                    param = getattr(gate, leaf)
+                    arr = hf[m + "." + leaf]
+                    t = torch.from_numpy(arr.copy()).view(
+                        torch.float32 if param.dtype == torch.float32 and arr.shape[-1:] == (2,)
+                        else torch.bfloat16)
+                    if t.dtype == torch.float32:
+                        t = t.reshape(arr.shape[:-1])
+                    getattr(param, "weight_loader", default_weight_loader)(param, t)
+                    out[m + "." + leaf] = np.ascontiguousarray(
+                        param.data.contiguous().view(torch.int16).numpy()).ravel()
+        ranks.append(out)
+    return ranks
 
 
 # ---- engine side ------------------------------------------------------------------------------
@@ -180,6 +237,7 @@ def engine_dense(engine, cfg, tp, hf, rank_ctx, cfg_ctx):
                     prefix=m + "down_proj")
                 for name, arr in hf.items():
                     if not name.startswith(p) or ".experts." in name or "kv_a" in name or \
+                            ".mlp.gate." in name or \
                             "q_a_proj" in name or "q_b_proj" in name or "kv_b" in name or \
                             (cfg["model_type"] == "deepseek_v3" and ".self_attn." in name):
                         continue
@@ -222,6 +280,8 @@ def engine_run(engine, jobs_path):
                 for d, m in zip(ranks, fl.engine_mla(engine, cfg, tp, None, _as_bf16(attn),
                                                      ctx.rank_ctx, ctx.cfg_ctx)):
                     d.update(m)
+            for d, g in zip(ranks, engine_gate(engine, cfg, tp, hf, ctx.rank_ctx, ctx.cfg_ctx)):
+                d.update(g)
             mcfg = dict(cfg, num_experts=cfg["n_routed_experts"])
             experts = {k: v for k, v in hf.items() if ".mlp.experts." in k}
             for d, m in zip(ranks, fl.engine_moe(engine, mcfg, tp, ep, None, _as_bf16(experts),
