@@ -180,9 +180,18 @@ struct dte_attach_params {
 	 * "rank group lo hi name d0[,d1..]" per shard; shard k's param,
 	 * exp_avg, exp_avg_sq are buffers 3k, 3k+1, 3k+2.  NULL otherwise. */
 	const char     *shards;
+	/* Sinks: DTE_ATTACH_REDERIVES when this sink rebuilds, after every
+	 * apply, what its engine derives from the weights (multi-head latent
+	 * attention: SGLang's w_kc/w_vc, vLLM's W_UK/W_UV from kv_b_proj;
+	 * dte.integrations.vllm does).  A sink of an MLA model without it is
+	 * refused at attach: it would serve stale attention.  Read only when
+	 * size covers it. */
+	uint32_t        flags;
 };
 
 /* Returns once the coordinator planned with the participant. */
+#define DTE_ATTACH_REDERIVES (1u << 0)
+
 int dte_attach(dte_t *h, const struct dte_attach_params *p, uint64_t *participant);
 int dte_detach(dte_t *h, const char *job, uint64_t participant);
 

@@ -149,6 +149,8 @@ int dte_attach(dte_t *h, const struct dte_attach_params *p, uint64_t *participan
 	at.buffers = (uint64_t *)p->buffers;
 	if (FITS(struct dte_attach_params, p, shards) && p->shards)
 		at.shards = (char *)p->shards;
+	if (FITS(struct dte_attach_params, p, flags))
+		at.rederives = (p->flags & DTE_ATTACH_REDERIVES) != 0;
 	req.cmd_case = DTE__REQUEST__CMD_ATTACH;
 	req.attach = &at;
 	rc = do_call(h, &req, -1, ATTACH_WAIT_MS, &resp);

@@ -304,7 +304,7 @@ Dte__Status dcmd_attach(struct dsrv *srv, struct dsess *s, const Dte__Request *r
 	struct jattach_args a = {
 		.job = q->job, .token = q->token, .role = q->role, .layout = q->layout,
 		.rank = q->rank, .replica = q->replica, .buffers = q->buffers,
-		.n_buffers = q->n_buffers, .shards = q->shards,
+		.n_buffers = q->n_buffers, .shards = q->shards, .rederives = q->rederives,
 	};
 	char err[512];
 	int deferred = 0;

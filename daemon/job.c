@@ -384,22 +384,24 @@ static int name_ok(const char *s)
 
 #define FAIL(rc, ...) derr_fail(err, errlen, rc, __VA_ARGS__)
 
-/* Families `dtectl plan` maps but whose sync the data path cannot keep
- * exact yet (docs/SUPPORTED.md): an MLA engine derives w_kc/w_vc
- * (SGLang, DeepseekV2AttentionMLA via post_load_weights) or W_UK/W_UV
- * (vLLM, MLA process_weights_after_loading) from kv_b_proj after loading,
- * which dted does not rebuild.  Refused at job creation, naming why,
- * rather than served inexact.  Tensors the engines hold in FP32 move as
- * their exact halves (daemon/layout/spec.h, job_capture.c entry_raw). */
-static int spec_syncable(const struct dte_spec *s, char *err, size_t errlen)
+/* An MLA engine derives w_kc/w_vc (SGLang, DeepseekV2AttentionMLA via
+ * post_load_weights) or W_UK/W_UV (vLLM, MLAAttention.process_weights_
+ * after_loading) from kv_b_proj after loading; dted writes kv_b_proj.  A
+ * sink of such a model attaches only if it says it rebuilds them after
+ * every apply (AttachRequest.rederives: dte.integrations.vllm does), so
+ * none serves stale attention unknowingly.  (Tensors the engines hold in
+ * FP32 move as their exact halves: layout/spec.h, job_capture.c
+ * entry_raw.) */
+static int sink_syncable(const struct job *j, const struct jattach_args *rq, char *err,
+			 size_t errlen)
 {
-	if (s->cfg.arch == DTE_SPEC_ARCH_MLA) {
-		snprintf(err, errlen, "model config: multi-head latent attention: the engines derive "
-			 "w_kc/w_vc (SGLang) and W_UK/W_UV (vLLM) from kv_b_proj after loading and dted "
-			 "does not rebuild them yet, so a sync would serve stale attention (dtectl plan "
-			 "maps it; docs/SUPPORTED.md)");
-		return -EOPNOTSUPP;
-	}
+	if (j->spec.cfg.arch == DTE_SPEC_ARCH_MLA && !rq->rederives)
+		return FAIL(-EOPNOTSUPP, "job %s: multi-head latent attention: the engines derive "
+			    "w_kc/w_vc (SGLang) or W_UK/W_UV (vLLM) from kv_b_proj after loading and "
+			    "dted writes kv_b_proj only; this sink does not say it rebuilds them "
+			    "after every apply (dte_attach_params.flags DTE_ATTACH_REDERIVES; "
+			    "dte.integrations.vllm does), so it would serve stale attention "
+			    "(docs/SUPPORTED.md)", j->name);
 	return 0;
 }
 
@@ -446,10 +448,6 @@ int job_create(struct dte_engine *e, const struct jcreate_args *rq, struct jcrea
 			    rq->name);
 	if (dte_spec_load_string(&spec, rq->model_config, serr, sizeof(serr)) < 0)
 		return FAIL(-EINVAL, "job %s: model config: %s", rq->name, serr);
-	if ((src = spec_syncable(&spec, serr, sizeof(serr))) < 0) {
-		dte_spec_fini(&spec);
-		return FAIL(src, "job %s: %s", rq->name, serr);
-	}
 	j = job_find(e, rq->name);
 	if (j) {
 		const char *why = spec.hash != j->spec.hash ? "model" :
@@ -546,6 +544,8 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 			    j->name);
 	if ((lrc = jstore_attach_check(j, role, lerr, sizeof(lerr))) < 0)
 		return FAIL(lrc, "%s", lerr);
+	if (role == JROLE_SINK && (lrc = sink_syncable(j, rq, err, errlen)) < 0)
+		return lrc;
 	if (rq->shards && *rq->shards && (role != JROLE_SOURCE || !dte_layout_desc_sharded(rq->layout)))
 		return FAIL(-EINVAL, "job %s: shards go with a source of an "
 			    "mcore: or fsdp2: layout, not %s %s", j->name,

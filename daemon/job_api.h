@@ -63,6 +63,7 @@ struct jattach_args {
 	const uint64_t *buffers;     /* registered ids, one per layout buffer of the rank */
 	size_t n_buffers;
 	const char *shards;
+	int rederives;               /* sinks: rebuilds the engine's derived copies */
 };
 
 /* One optimizer group of a publish or mark. */

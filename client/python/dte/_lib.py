@@ -104,7 +104,11 @@ class _AttachParams(ctypes.Structure):
                 ("token", ctypes.c_char_p), ("role", ctypes.c_int),
                 ("layout", ctypes.c_char_p), ("rank", ctypes.c_uint32),
                 ("replica", ctypes.c_uint32), ("buffers", ctypes.POINTER(ctypes.c_uint64)),
-                ("nbuffers", ctypes.c_size_t), ("shards", ctypes.c_char_p)]
+                ("nbuffers", ctypes.c_size_t), ("shards", ctypes.c_char_p),
+                ("flags", ctypes.c_uint32)]
+
+
+ATTACH_REDERIVES = 1 << 0   # dte.h DTE_ATTACH_REDERIVES
 
 
 class _LayoutBuffer(ctypes.Structure):
@@ -401,11 +405,15 @@ class Client:
         self._check(lib().dte_job_create(self._h, ctypes.byref(p), ctypes.byref(created)))
         return bool(created.value)
 
-    def attach(self, job, token, role, layout, rank, buffers, replica=0, shards=None):
-        """shards: the rank's shard table (mcore:/fsdp2: sources; dte.h)."""
+    def attach(self, job, token, role, layout, rank, buffers, replica=0, shards=None,
+               rederives=False):
+        """shards: the rank's shard table (mcore:/fsdp2: sources; dte.h).
+        rederives: a sink that rebuilds its engine's derived copies (MLA's
+        W_UK/W_UV) after every apply (DTE_ATTACH_REDERIVES)."""
         arr = (ctypes.c_uint64 * max(len(buffers), 1))(*buffers)
         p = _AttachParams(ctypes.sizeof(_AttachParams), _b(job), _b(token), role, _b(layout),
-                          rank, replica, arr, len(buffers), _b(shards))
+                          rank, replica, arr, len(buffers), _b(shards),
+                          ATTACH_REDERIVES if rederives else 0)
         out = ctypes.c_uint64()
         self._check(lib().dte_attach(self._h, ctypes.byref(p), ctypes.byref(out)))
         return out.value

@@ -33,10 +33,14 @@ class Sink:
     """One inference process: its ranks attached to a job as sinks."""
 
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
-                 replica=0, client=None):
+                 replica=0, client=None, rederives=False):
+        """rederives: this process rebuilds, after every apply, what its
+        engine derives from the weights (MLA's W_UK/W_UV from kv_b_proj);
+        the daemon refuses a sink of such a model that does not say so."""
         self.job, self.token, self.layout = job, token, layout
         self.model_config = model_config
         self.replica = replica
+        self.rederives = rederives
         self.cli = client or _lib.Client(socket)
         self._own_cli = client is None
         # A sink may arrive first: creating the job (same parameters) is idempotent.
@@ -76,7 +80,7 @@ class Sink:
 
     def _attach(self, rank, ids):
         part = self.cli.attach(self.job, self.token, _lib.SINK, self.layout, rank, ids,
-                               replica=self.replica)
+                               replica=self.replica, rederives=self.rederives)
         self.parts.append(part)
         self.ranks.append(rank)
         return part

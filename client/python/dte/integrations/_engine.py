@@ -117,13 +117,25 @@ class ComputeView:
         own post-load processing would); raise IntegrationError when
         neither is possible, naming the layer and what would make it work;
       * refresh(): after every commit, rebuild what compute reads that is
-        derived from the parameters (a packed GEMM copy); returns seconds.
+        derived from the parameters (a packed GEMM copy); returns seconds;
+      * derives(model_name): True for an engine parameter refresh()
+        rebuilds from the layout's (not written by dted, not refused as
+        one the layout misses);
+      * rederives: True when refresh() rebuilds what the engine derives
+        from the weights after loading (MLA's W_UK/W_UV from kv_b_proj):
+        the daemon attaches a sink of such a model only then.
 
     Never a silent no-op: a parameter compute does not read is either made
     to be read or refused at attach."""
 
+    rederives = False
+
     def model_name(self, layout_name):
         return layout_name
+
+    def derives(self, model_name):
+        """True for a parameter refresh() rebuilds from others."""
+        return False
 
     def prepare(self, model_name, param):
         return None
@@ -201,14 +213,6 @@ class EngineSink:
                 "%s rank %d: the model has no parameter %s (the layout's names are the "
                 "engine's own: %s...)" % (self.layout, self.rank, ", ".join(missing[:4]),
                                          ", ".join(model[n] for n in names[:3])))
-        held = set(model.values())
-        extra = [n for n, p in params.items() if n not in held and n not in ignore
-                 and p.is_floating_point()]
-        if extra:
-            raise IntegrationError(
-                "%s rank %d: parameters %s are not in the layout, so they would never be "
-                "updated; pass them in ignore= if that is intended"
-                % (self.layout, self.rank, ", ".join(extra[:4])))
         dev = {params[model[n]].device.type for n in names}
         if len(dev) != 1 or dev.pop() not in ("cuda", "cpu"):
             raise IntegrationError("%s rank %d: parameters must all be on one CUDA device "
@@ -247,6 +251,19 @@ class EngineSink:
                 raise IntegrationError("%s rank %d: %s is %s; dted writes BF16 (and FP32 "
                                        "through a BF16 shadow) only"
                                        % (self.layout, self.rank, mname, p.dtype))
+        # Checked once the view has seen every parameter: what it rebuilds
+        # from them after each apply (MLA's W_UK_T / W_UV) is not extra.
+        held = set(model.values())
+        extra = [n for n, p in params.items() if n not in held and n not in ignore
+                 and p.is_floating_point() and not self.view.derives(n)]
+        if extra:
+            raise IntegrationError(
+                "%s rank %d: parameters %s are not in the layout, so they would never be "
+                "updated; pass them in ignore= if that is intended"
+                % (self.layout, self.rank, ", ".join(extra[:4])))
+        # the view has seen every parameter: whether it rebuilds what the
+        # engine derives (MLA) is known now, before the daemon is asked
+        self.sink.rederives = bool(self.view.rederives)
         if params[model[names[0]]].is_cuda:
             tensors = {}
             for name, (kind, p, fn) in regs.items():

@@ -159,6 +159,8 @@ class VLLMComputeView(_engine.ModuleComputeView):
         self.routed = _routed_prefixes(model)
         self.repack = []          # layers whose CPU GEMM copy is rebuilt after an apply
         self.prepacked = []       # expert weights written through a canonical shadow
+        self.mla = []             # MLAAttention layers whose W_UK/W_UV are re-derived
+        self.mla_dtype = None
         self.cpu = _vllm_cpu()
 
     def model_name(self, layout_name):
@@ -173,6 +175,8 @@ class VLLMComputeView(_engine.ModuleComputeView):
             return None
         qm = getattr(mod, "quant_method", None)
         qname = type(qm).__name__ if qm is not None else ""
+        if leaf == "weight":
+            self._mla(mod_name, mod, param)
         if hasattr(mod, "cpu_linear") and leaf == "weight":
             if param.numel() == 0:
                 raise IntegrationError(
@@ -189,6 +193,51 @@ class VLLMComputeView(_engine.ModuleComputeView):
         if qname == "UnquantizedFusedMoEMethod" and leaf in ("w13_weight", "w2_weight"):
             return self._experts(mod_name, mod, qm, leaf, param)
         return None
+
+    def _mla(self, mod_name, mod, param):
+        """Multi-head latent attention: vLLM's MLAAttention derives W_UK_T
+        and W_UV from its kv_b_proj once loaded (model_executor/layers/
+        attention/mla_attention.py MLAAttention.process_weights_after_
+        loading: split_kv_b_proj, then replace_parameter(..., prefer_copy=
+        True), in place), so a kv_b_proj written by dted is re-derived the
+        same way after every apply (refresh), as vLLM's loader does
+        (model_loader/utils.py process_weights_after_loading: every
+        deferred attention layer, after the linear layers, with the model
+        dtype).  AMX's MLA packs its own copies and empties the weight:
+        refused."""
+        try:
+            from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+        except ImportError:
+            return
+        for m in self.modules.values():
+            if not isinstance(m, MLAAttention) or getattr(m, "kv_b_proj", None) is not mod:
+                continue
+            if getattr(m, "is_aiter_triton_fp8_bmm_enabled", False) or \
+                    getattr(m, "is_aiter_triton_fp4_bmm_enabled", False):
+                raise IntegrationError(
+                    "vllm: %s feeds ROCm aiter's quantized MLA BMM (W_K/W_V requantized and "
+                    "its Triton kernels precompiled in process_weights_after_loading, about a "
+                    "minute); dted does not redo that per version" % mod_name)
+            if getattr(m, "is_amx_bmm_enabled", False) or param.numel() == 0:
+                raise IntegrationError(
+                    "vllm: %s.weight is empty: vLLM-CPU's AMX MLA packed W_UK/W_UV itself and "
+                    "dropped kv_b_proj (MLAAttention.process_weights_after_loading), so dted "
+                    "has no kv_b_proj to write and cannot re-derive them; serve MLA models on "
+                    "a CPU without AMX tiles or on a GPU" % mod_name)
+            if m not in self.mla:
+                self.mla.append(m)
+            self.mla_dtype = param.dtype
+            self.rederives = True
+
+    # What MLAAttention.process_weights_after_loading writes with
+    # replace_parameter (the unquantized path, and the ones it refuses
+    # nothing for: DCP's gathered copy).
+    MLA_DERIVED = ("W_UK_T", "W_UV", "W_UK_T_dcp_qrep")
+
+    def derives(self, model_name):
+        mod_name, _, leaf = model_name.rpartition(".")
+        m = self.modules.get(mod_name)
+        return leaf in self.MLA_DERIVED and m is not None and m in self.mla
 
     def _experts(self, mod_name, mod, qm, leaf, param):
         kernel = getattr(qm, "moe_kernel", None)
@@ -233,18 +282,22 @@ class VLLMComputeView(_engine.ModuleComputeView):
         return write
 
     def refresh(self):
-        if not self.repack:
+        if not self.repack and not self.mla:
             return 0.0
-        from vllm.model_executor.layers import utils
-        dispatch = getattr(utils.dispatch_cpu_unquantized_gemm, "_dte_orig",
-                           utils.dispatch_cpu_unquantized_gemm)
         t0 = time.perf_counter()
-        for mod in self.repack:
-            dispatch(mod, remove_weight=False)
+        if self.repack:
+            from vllm.model_executor.layers import utils
+            dispatch = getattr(utils.dispatch_cpu_unquantized_gemm, "_dte_orig",
+                               utils.dispatch_cpu_unquantized_gemm)
+            for mod in self.repack:
+                dispatch(mod, remove_weight=False)
+        for m in self.mla:      # after the linear layers, as vLLM's loader
+            m.process_weights_after_loading(self.mla_dtype)
         return time.perf_counter() - t0
 
     def describe(self):
-        return {"repacked_layers": len(self.repack), "prepacked_experts": len(self.prepacked)}
+        return {"repacked_layers": len(self.repack), "prepacked_experts": len(self.prepacked),
+                "mla_layers": len(self.mla)}
 
 
 def _tp():
