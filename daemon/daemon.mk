@@ -20,6 +20,10 @@ DAEMON_SRCS += daemon/engine_io_uv.c
 DAEMON_SRCS += daemon/wake.c
 # Negative errno -> wire status, the daemon's one error convention (derr.h).
 DAEMON_SRCS += daemon/derr.c
+# The relay forest of a sink rank's replicas, its model and simulation
+# (issue 34; daemon/relay_plan.h).
+DAEMON_SRCS += daemon/relay_plan.c
+UNIT_TESTS   += test_relay_plan
 # The reply a control handler builds, below dispatch.c (no call loop).
 DAEMON_SRCS += daemon/dreply.c
 # K > 1: the published values of elements first marked since a publish

@@ -89,3 +89,14 @@ $(B)/tests/bench_replan: tests/bench/bench_replan.c $(INTERNAL_LIBS) $(GEN_HEADE
 
 bench-replan: $(B)/tests/bench_replan
 	$(B)/tests/bench_replan $(BENCH_REPLAN_ARGS)
+
+# Relay fan-out at 1000 nodes, modelled (issue 34; daemon/relay_plan.h):
+# the planner's forest simulated part by part, the per-hop check measured
+# in the same run (`bench fanout-model ...`, `bench fanout-sim ...`).
+$(B)/tests/bench_fanout_sim: tests/bench/bench_fanout_sim.c $(INTERNAL_LIBS) $(GEN_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
+		$(PKG_LIBS) -ldl
+
+bench-fanout-sim: $(B)/tests/bench_fanout_sim
+	$(B)/tests/bench_fanout_sim
