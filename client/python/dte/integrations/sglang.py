@@ -123,9 +123,52 @@ class SGLangComputeView(_engine.ModuleComputeView):
     """What an SGLang worker's compute reads: the parameters, in place,
     for the unquantized methods (sglang/srt/layers/quantization/unquant.py);
     a layer quantized after loading (FP8 block scales, Marlin) is refused
-    at attach, naming it."""
+    at attach, naming it.
+
+    Multi-head latent attention (DeepSeek-V3, Kimi-K2): SGLang's attention
+    multiplies by w_kc / w_vc, which the model's post_load_weights derives
+    from kv_b_proj after loading (SGLang 0.5.23 models/deepseek_common/
+    deepseek_weight_loader.py DeepseekV2WeightLoaderMixin.post_load_weights,
+    the end of load_weights), written in place (bind_or_assign) for the
+    layers whose kv_b_proj it is given; refresh() runs it for those
+    layers after every apply."""
 
     engine = "sglang"
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.mla = []             # kv_b_proj weight names post_load_weights re-derives from
+
+    def prepare(self, model_name, param):
+        fn = super().prepare(model_name, param)
+        mod_name, mod, leaf = self.owner(model_name)
+        attn = self.modules.get(mod_name.rpartition(".")[0])
+        if leaf == "weight" and mod_name.endswith(".self_attn.kv_b_proj") and \
+                attn is not None and hasattr(attn, "w_kc"):
+            if not callable(getattr(self.model, "post_load_weights", None)):
+                raise _engine.IntegrationError(
+                    "sglang: %s feeds MLA's w_kc/w_vc but %s has no post_load_weights to "
+                    "derive them again" % (mod_name, type(self.model).__name__))
+            if getattr(attn, "use_deep_gemm_bmm", False):
+                raise _engine.IntegrationError(
+                    "sglang: %s's w_kc/w_vc are DeepGEMM block-scaled copies; dted writes "
+                    "unquantized kv_b_proj only" % mod_name)
+            if model_name not in self.mla:
+                self.mla.append(model_name)
+            self.rederives = True
+        return fn
+
+    def refresh(self):
+        if not self.mla:
+            return 0.0
+        t0 = time.perf_counter()
+        # layer ids from "model.layers.N.self_attn.kv_b_proj.weight", as
+        # post_load_weights parses weight_names
+        self.model.post_load_weights(weight_names=list(self.mla))
+        return time.perf_counter() - t0
+
+    def describe(self):
+        return {"mla_layers": len(self.mla)}
 
 def layout_of(par, model_config):
     if par.attn_tp_size != par.tp_size:
