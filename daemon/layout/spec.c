@@ -416,9 +416,14 @@ static int spec_build_tensors(struct dte_spec *s)
 			rc |= spec_add(&b, DTE_SPEC_DOWN, l, -1, 2, H, I, "%s.%d.mlp.down_proj.weight", p, l);
 			continue;
 		}
+		/* GLM-4.5's router weight is FP32 in the engines (router_fp32)
+		 * but a trained parameter: a BF16 trainer's forward multiplies
+		 * by RNE-BF16 of its master (Megatron-Core's Float16Module casts
+		 * TopKRouter.weight like every parameter), so it is a BF16
+		 * canonical tensor, widened into the engine's FP32 parameter by
+		 * the sink (dte.integrations' FP32 shadow).  Only what has no
+		 * optimizer and is used in FP32 as it is moves as FP32 bits. */
 		rc |= spec_add(&b, DTE_SPEC_ROUTER, l, -1, 2, c->experts, H, "%s.%d.mlp.gate.weight", p, l);
-		if (!rc && c->router_fp32)
-			s->t[s->n - 1].dtype = DTE_SPEC_DTYPE_FP32;
 		if (c->router_bias) {
 			rc |= spec_add(&b, DTE_SPEC_ROUTER_BIAS, l, -1, 1, c->experts, 0,
 				       "%s.%d.mlp.gate.e_score_correction_bias", p, l);

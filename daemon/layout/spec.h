@@ -43,10 +43,11 @@ enum dte_spec_kind {
  * no weight decay on norms and biases). */
 enum { DTE_SPEC_GROUP_DECAY = 0, DTE_SPEC_GROUP_NO_DECAY = 1 };
 
-/* The dtype the engines hold a canonical tensor in (and the spec hash
- * covers): BF16 unless the engines allocate it FP32 (the MoE routers'
- * e_score_correction_bias of DeepSeek-V3 and GLM-4.5, GLM-4.5's router
- * weight).  The sync data path moves 16-bit sink elements, so an FP32
+/* The dtype a canonical tensor moves in (and the spec hash covers): BF16,
+ * the RNE of a trainer's master, unless the engines hold it FP32 and the
+ * trainer uses it as FP32 bits with no optimizer (the MoE routers'
+ * e_score_correction_bias of DeepSeek-V3 and GLM-4.5: an FP32 buffer the
+ * aux-loss-free balancing moves).  The sync data path moves 16-bit sink elements, so an FP32
  * tensor T[..., n] is carried as its halves T'[..., n, 2]: element
  * (..., i, h) is half h of T[..., i]'s bits in memory order (h = 0 the
  * low half, little-endian), and the spec's shape, numel and total_elems
@@ -88,7 +89,8 @@ struct dte_spec_cfg {
 	int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
 	int64_t shared_experts;   /* n_shared_experts (0: none) */
 	int     router_bias;      /* mlp.gate.e_score_correction_bias per MoE layer */
-	int     router_fp32;      /* the engines hold mlp.gate.weight in FP32 */
+	int     router_fp32;      /* the engines hold mlp.gate.weight in FP32 (a BF16
+				   * canonical tensor all the same: spec.c) */
 	int64_t first_dense;      /* first_k_dense_replace */
 };
 

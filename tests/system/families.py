@@ -59,15 +59,14 @@ def router_bias(cfg):
     return cfg.get("topk_method") == "noaux_tc" if is_mla(cfg) else True
 
 
-def fp32_names(cfg):
-    """The canonical tensors the engines hold in FP32, which a sink holds
-    as 16-bit halves (layout_reference.halves): e_score_correction_bias
-    (vLLM 0.33 deepseek_v2.py DeepseekV2MoE: float32 with topk_method
-    noaux_tc; SGLang 0.5.23 deepseek_v2.py MoEGate correction_bias_dtype),
-    GLM-4.5's router weight and bias (SGLang glm4_moe.py Glm4MoeGate,
-    vLLM glm4_moe.py Glm4MoE: params_dtype=torch.float32).  DeepSeek's
-    router weight is FP32 only with router_fp32 / moe_router_dtype, which
-    the published configs do not set."""
+def engine_fp32_names(cfg):
+    """The tensors the engines allocate FP32: e_score_correction_bias (vLLM
+    0.33 deepseek_v2.py DeepseekV2MoE: float32 with topk_method noaux_tc;
+    SGLang 0.5.23 deepseek_v2.py MoEGate correction_bias_dtype), GLM-4.5's
+    router weight and bias (SGLang glm4_moe.py Glm4MoeGate, vLLM
+    glm4_moe.py Glm4MoE: params_dtype=torch.float32).  DeepSeek's router
+    weight is FP32 only with router_fp32 / moe_router_dtype, which the
+    published configs do not set."""
     out = set()
     for l in range(cfg["num_hidden_layers"]):
         if not moe_layer(cfg, l):
@@ -78,6 +77,16 @@ def fp32_names(cfg):
         if cfg["model_type"] == "glm4_moe" or cfg.get("router_fp32") or cfg.get("moe_router_dtype") == "float32":
             out.add(m + "weight")
     return out
+
+
+def fp32_names(cfg):
+    """Of those, what moves as FP32 bits, a sink holding it as 16-bit
+    halves (layout_reference.halves): the bias, an FP32 buffer no optimizer
+    steps (HF Glm4MoeTopkRouter / DeepseekV3TopkRouter register_buffer,
+    Megatron TopKRouter.expert_bias).  A router weight is a trained
+    parameter whose BF16 trainer forward uses RNE-BF16 of its master: BF16,
+    widened by the sink into the engine's FP32 parameter."""
+    return {n for n in engine_fp32_names(cfg) if n.endswith("e_score_correction_bias")}
 
 
 def hf_shapes(cfg):

@@ -3,9 +3,12 @@
 
 The engines hold GLM-4.5's router weight and e_score_correction_bias in
 FP32 (SGLang 0.5.23 models/glm4_moe.py Glm4MoeGate, vLLM 0.33
-models/glm4_moe.py Glm4MoE: torch.float32), so RNE-BF16 of the trainer's
-θ would not be what they load: dted moves those tensors as their exact
-bits (16-bit halves, docs/SYNC.md "FP32 tensors").
+models/glm4_moe.py Glm4MoE: torch.float32).  The bias is an FP32 buffer
+the trainer uses as it is and no optimizer steps: dted moves its exact
+bits (16-bit halves, docs/SYNC.md "FP32 tensors").  The router weight is
+a trained parameter whose BF16 trainer forward uses RNE-BF16 of its
+master: it moves as BF16 and the sink widens it into the FP32 parameter
+(daemon/layout/spec.c).
 
 A tiny transformers 5 Glm4MoeForCausalLM (random init; the published
 glm-4.5.json's structure at small dims: attention bias, shared experts,
@@ -15,12 +18,12 @@ step also moves every bias as aux-loss-free balancing does (outside the
 optimizer; by less than a BF16 ulp on some steps, so only its FP32 bits
 change).  Two engines' workers are sinks through dte.integrations'
 EngineSink, their parameters allocated as the engines allocate them (BF16,
-the FP32 router tensors FP32): SGLang TP 2 with EP 2 and vLLM TP 2 with
-expert parallel.  After every version every worker's every parameter must
-equal the independent converter's (tests/system/families.py engine_sink,
-from the engines' module definitions) applied to the trainer's θ: RNE-BF16
-for BF16 parameters, θ's own FP32 bits for the FP32 ones; padding never
-written.
+the router weight and bias FP32): SGLang TP 2 with EP 2 and vLLM TP 2
+with expert parallel.  After every version every worker's every parameter
+must equal the independent converter's (tests/system/families.py
+engine_sink, from the engines' module definitions) applied to the
+trainer's θ: RNE-BF16, widened in the FP32 router weight, and θ's own
+FP32 bits in the bias; padding never written.
 
 Prints `families-sync: model=glm4_moe engines=2 versions=V exact=V/V
 fp32_tensors=N fp32_only_steps=S`.
@@ -119,8 +122,10 @@ def main():
     cfg_text = model.config.to_json_string()
     ref_cfg = dict(small, **json.loads(cfg_text))
     fp32 = _lib.fp32_tensors(cfg_text)
-    c.check(fp32 == fam.fp32_names(ref_cfg) and len(fp32) == 4,
-            "the daemon's FP32 tensors are the engines' (%s)" % sorted(fp32))
+    engine_fp32 = fam.engine_fp32_names(ref_cfg)
+    c.check(fp32 == fam.fp32_names(ref_cfg) and len(fp32) == 2 and len(engine_fp32) == 4,
+            "the daemon moves the FP32 biases as their bits (%s); the engines' FP32 router "
+            "weights are widened BF16" % sorted(fp32))
     biases = {n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")}
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -142,7 +147,7 @@ def main():
         for replica, (engine, tp, ep) in enumerate(SINKS):
             vllm = engine == "vllm"
             layout = "%s:tp=%d,ep=%d" % (engine, tp, ep)
-            params = engine_params(fam, ref_cfg, w0, tp, ep, vllm, fp32)
+            params = engine_params(fam, ref_cfg, w0, tp, ep, vllm, engine_fp32)
             att = dict(replica=replica, job=job, token="tok", model_config=cfg_text,
                        coordinator="local", socket=daemon.sock)
             workers = [_engine.EngineSink(params[r].items(), r, layout, att) for r in range(tp)]

@@ -112,11 +112,13 @@ def hf_shapes(cfg):
 
 
 def fp32_names(cfg):
-    """What the engines hold in FP32 (SGLang glm4_moe.py Glm4MoeGate and
-    deepseek_v2.py MoEGate, vLLM glm4_moe.py Glm4MoE and deepseek_v2.py
-    DeepseekV2MoE): the bias always (noaux_tc), GLM's router weight."""
-    return {n for n in hf_shapes(cfg) if n.endswith("e_score_correction_bias") or
-            (cfg["model_type"] == "glm4_moe" and n.endswith("mlp.gate.weight"))}
+    """What moves as FP32 bits: the e_score_correction_bias the engines
+    hold FP32 (SGLang glm4_moe.py Glm4MoeGate and deepseek_v2.py MoEGate,
+    vLLM glm4_moe.py Glm4MoE and deepseek_v2.py DeepseekV2MoE; noaux_tc),
+    an FP32 buffer no optimizer steps.  GLM's FP32 router weight is a BF16
+    tensor widened into the engine's FP32 parameter (daemon/layout/
+    spec.c): compared as the BF16 it must hold exactly."""
+    return {n for n in hf_shapes(cfg) if n.endswith("e_score_correction_bias")}
 
 
 def hf_bf16(cfg, seed):
@@ -125,8 +127,15 @@ def hf_bf16(cfg, seed):
     import numpy as np
     rng = np.random.default_rng(seed)
     fp32 = fp32_names(cfg)
+
+    def finite_bf16(sh):
+        # for a BF16 tensor an engine widens into FP32 (GLM's router
+        # weight): finite values, so the widening can be checked by value
+        hi = rng.standard_normal(sh).astype(np.float32).view(np.uint32) >> 16
+        return hi.astype(np.uint16).view(np.int16)
     return {n: (rng.standard_normal(sh).astype(np.float32).view(np.int16).reshape(sh + (2,))
-                if n in fp32 else rng.integers(-32768, 32767, size=sh, dtype=np.int16))
+                if n in fp32 else finite_bf16(sh) if n.endswith("mlp.gate.weight")
+                else rng.integers(-32768, 32767, size=sh, dtype=np.int16))
             for n, sh in hf_shapes(cfg).items()}
 
 
@@ -189,8 +198,15 @@ def engine_gate(engine, cfg, tp, hf, rank_ctx, cfg_ctx):
                     if t.dtype == torch.float32:
                         t = t.reshape(arr.shape[:-1])
                     getattr(param, "weight_loader", default_weight_loader)(param, t)
-                    out[m + "." + leaf] = np.ascontiguousarray(
-                        param.data.contiguous().view(torch.int16).numpy()).ravel()
+                    v = param.data.contiguous()
+                    if v.dtype == torch.float32 and t.dtype == torch.bfloat16:
+                        # a BF16 tensor in an FP32 parameter: exactly widened,
+                        # compared as the BF16 it holds
+                        b = v.to(torch.bfloat16)
+                        if not torch.equal(b.float(), v):
+                            raise AssertionError("%s.%s holds no widened BF16" % (m, leaf))
+                        v = b
+                    out[m + "." + leaf] = np.ascontiguousarray(v.view(torch.int16).numpy()).ravel()
         ranks.append(out)
     return ranks
 

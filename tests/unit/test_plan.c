@@ -640,7 +640,7 @@ static void test_fp32_halves(void **state)
 
 	(void)state;
 	assert_int_equal(dte_spec_load_string(&s, glm_small, err, sizeof(err)), 0);
-	assert_int_equal(s.halves, 2 * 2);   /* layers 1, 2: router weight and bias */
+	assert_int_equal(s.halves, 2);       /* layers 1, 2: e_score_correction_bias */
 	assert_int_equal(dte_spec_runtime(&s, &rt), 0);
 	for (i = 0; i < 4 + 3; i++) {
 		int role = i < 4 ? DTE_LAYOUT_SINK : DTE_LAYOUT_SOURCE;

@@ -211,13 +211,14 @@ static void test_oversized_configs(void **state)
 static void test_deepseek_glm(void **state)
 {
 	/* fp32: the elements the engines hold in FP32, which the spec carries
-	 * as halves (two 16-bit units each): DeepSeek-V3 58 MoE layers x 256
-	 * experts' e_score_correction_bias; Kimi-K2 60 x 384; GLM-4.5 89 x
-	 * (160 + 160 x 5120 of the router weight). */
+	 * as halves (two 16-bit units each): the e_score_correction_bias of
+	 * DeepSeek-V3's 58 MoE layers x 256 experts, Kimi-K2's 60 x 384,
+	 * GLM-4.5's 89 x 160 (its FP32 router weight is a BF16 canonical
+	 * tensor: spec.c). */
 	static const struct { const char *file; int64_t elems, fp32; uint32_t tensors; } m[] = {
 		{ MODELS "deepseek-v3.json", 671026419200LL, 58 * 256, 45395 },
 		{ MODELS "kimi-k2.json",     1026408232448LL, 60 * 384, 69975 },
-		{ MODELS "glm-4.5.json",     352797805472LL, 89 * (160 + 160 * 5120), 44005 },
+		{ MODELS "glm-4.5.json",     352797805472LL, 89 * 160, 44005 },
 	};
 	struct dte_spec rt;
 	const char *lite = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, "
@@ -265,7 +266,9 @@ static void test_deepseek_glm(void **state)
 	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.weight")].dtype, DTE_SPEC_DTYPE_BF16);
 	dte_spec_fini(&s);
 	load(&s, m[2].file);
-	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.weight")].dtype, DTE_SPEC_DTYPE_FP32);
+	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.weight")].dtype, DTE_SPEC_DTYPE_BF16);
+	assert_int_equal(s.t[dte_spec_find(&s, "model.layers.3.mlp.gate.e_score_correction_bias")].dtype,
+			 DTE_SPEC_DTYPE_FP32);
 	assert_true(dte_spec_find(&s, "model.layers.0.self_attn.q_proj.bias") >= 0);
 	dte_spec_fini(&s);
 	assert_int_equal(dte_spec_load_string(&s, lite, err, sizeof(err)), 0);
