@@ -20,7 +20,7 @@ py=${PYTHON:-/usr/bin/python3}
 if [ ! -d "$dir" ]; then
 	git -C "$here" worktree add --detach "$dir" "$base" >/dev/null
 fi
-benches="bench_scan bench_detect_once bench_codec bench_snapshot bench_apply"
+benches=${BENCH_BINS:?BENCH_BINS: the bench binaries (tests/bench/bench.mk; make bench-ab sets it)}
 for t in "$here" "$dir"; do
 	(cd "$t" && make -s -j2 all >/dev/null &&
 	 make -s $(for b in $benches; do printf 'build/tests/%s ' "$b"; done) >/dev/null)

@@ -26,7 +26,10 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
-bench: all $(B)/tests/bench_scan $(B)/tests/bench_detect_once $(B)/tests/bench_codec $(B)/tests/bench_snapshot $(B)/tests/bench_apply
+# The binaries `make bench` runs (bench-ab builds the same in both trees).
+BENCH_BINS := bench_scan bench_detect_once bench_codec bench_snapshot bench_apply
+
+bench: all $(addprefix $(B)/tests/,$(BENCH_BINS))
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
 
 # The dense path alone, timed per stage, in about a minute (root, ip netns):
@@ -47,7 +50,7 @@ bench-k4: all
 # root, about 25 minutes).  docs/BENCHMARKS.md, "The engine as an
 # instance: same-run A/B".
 bench-ab: all
-	PYTHON=$(PYTHON) tests/bench/ab_engine.sh
+	PYTHON=$(PYTHON) BENCH_BINS="$(BENCH_BINS)" tests/bench/ab_engine.sh
 
 # `dtectl plan` at real size (Qwen3-235B-A22B, fsdp:dp=64 and
 # megatron:tp=8,dp=32,ep=32): CPU seconds and max RSS, `bench plan ...`
