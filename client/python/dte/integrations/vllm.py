@@ -161,6 +161,15 @@ class VLLMComputeView(_engine.ModuleComputeView):
         self.prepacked = []       # expert weights written through a canonical shadow
         self.mla = []             # MLAAttention layers whose W_UK/W_UV are re-derived
         self.mla_dtype = None
+        self.mla_of = {}          # id(kv_b_proj) -> the MLAAttention layers reading it
+        try:
+            from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+        except ImportError:
+            MLAAttention = None
+        for m in self.modules.values() if MLAAttention is not None else ():
+            kvb = getattr(m, "kv_b_proj", None) if isinstance(m, MLAAttention) else None
+            if kvb is not None:
+                self.mla_of.setdefault(id(kvb), []).append(m)
         self.cpu = _vllm_cpu()
 
     def model_name(self, layout_name):
@@ -205,13 +214,7 @@ class VLLMComputeView(_engine.ModuleComputeView):
         deferred attention layer, after the linear layers, with the model
         dtype).  AMX's MLA packs its own copies and empties the weight:
         refused."""
-        try:
-            from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-        except ImportError:
-            return
-        for m in self.modules.values():
-            if not isinstance(m, MLAAttention) or getattr(m, "kv_b_proj", None) is not mod:
-                continue
+        for m in self.mla_of.get(id(mod), ()):
             if getattr(m, "is_aiter_triton_fp8_bmm_enabled", False) or \
                     getattr(m, "is_aiter_triton_fp4_bmm_enabled", False):
                 raise IntegrationError(
