@@ -44,6 +44,24 @@ from dte import demo  # noqa: E402  (stdlib only: safe before the ASan re-exec)
 VLLM_PY = "/opt/dted-vllm/bin/python"
 
 
+def vllm_cpu_env():
+    """The CPU engine settings the vLLM tests share (defaults: a caller's
+    own values win)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def vllm_test_env(here):
+    """A real-vLLM test's environment: `here` and client/python first on
+    PYTHONPATH (vLLM's worker processes import the test's helpers and dte),
+    then vllm_cpu_env()."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [here, PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    vllm_cpu_env()
+
+
 def vllm_plugin_env(here, omp_bind="auto"):
     """dte's vLLM general plugin entry point, as an installed dte declares
     it (group vllm.general_plugins, name dted), in a fresh dist-info
@@ -63,10 +81,7 @@ def vllm_plugin_env(here, omp_bind="auto"):
         [plugin, here, PYDIR] +
         [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     os.environ["VLLM_PLUGINS"] = "dted"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    vllm_cpu_env()
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
     return plugin
 

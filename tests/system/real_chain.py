@@ -32,11 +32,7 @@ import harness  # noqa: E402
 if __name__ == "__main__":
     harness.venv_reexec(os.environ.get("DTE_VLLM_PYTHON", harness.VLLM_PY))
 
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [HERE, harness.PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+harness.vllm_test_env(HERE)
 
 import json  # noqa: E402
 import shutil  # noqa: E402
