@@ -222,7 +222,6 @@ static int spec_parse_ds(struct dte_spec_cfg *c, json_t *root, char *err, size_t
 		if (spec_bool(root, "use_qk_norm", 0, &c->qk_norm, err, errlen))
 			return -1;
 		c->router_bias = 1;
-		c->router_fp32 = 1;
 	}
 	if (c->layers * (c->experts * 3 + 32) > SPEC_MAX_TENSORS)
 		return spec_err(err, errlen, "config.json: %lld layers of %lld experts are over %d tensors",
@@ -416,7 +415,7 @@ static int spec_build_tensors(struct dte_spec *s)
 			rc |= spec_add(&b, DTE_SPEC_DOWN, l, -1, 2, H, I, "%s.%d.mlp.down_proj.weight", p, l);
 			continue;
 		}
-		/* GLM-4.5's router weight is FP32 in the engines (router_fp32)
+		/* GLM-4.5's router weight is FP32 in the engines
 		 * but a trained parameter: a BF16 trainer's forward multiplies
 		 * by RNE-BF16 of its master (Megatron-Core's Float16Module casts
 		 * TopKRouter.weight like every parameter), so it is a BF16

@@ -89,8 +89,6 @@ struct dte_spec_cfg {
 	int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
 	int64_t shared_experts;   /* n_shared_experts (0: none) */
 	int     router_bias;      /* mlp.gate.e_score_correction_bias per MoE layer */
-	int     router_fp32;      /* the engines hold mlp.gate.weight in FP32 (a BF16
-				   * canonical tensor all the same: spec.c) */
 	int64_t first_dense;      /* first_k_dense_replace */
 };
 
