@@ -116,7 +116,11 @@ unit-test: all $$(UNIT_BINS)
 	@B=$(B) ./tests/run-all.sh $(UNIT_BINS) --
 
 system-test: all
-	@B=$(B) PYTHON=$(PYTHON) ./tests/run-all.sh -- $(SYSTEM_TESTS)
+	@B=$(B) PYTHON=$(PYTHON) TEST_JOBS=$(TEST_JOBS) ./tests/run-all.sh -- $(SYSTEM_TESTS)
+
+# System test scripts run side by side in this many lanes, longest first;
+# those marked `# dte-test: exclusive` afterwards, alone (tests/run-system.sh).
+TEST_JOBS ?= 2
 
 # The fixture's seeded schedules (tests/unit/test_fixture.c): the issue's
 # 2000 per run in the plain pass (~2 min here), 100 under the sanitizers.
@@ -126,7 +130,7 @@ FX_SCHEDULES ?= $(if $(filter 1,$(SANITIZE)),100,2000)
 FX_EXPLORE ?= $(if $(filter 1,$(SANITIZE)),20,200)
 
 test: all $$(UNIT_BINS)
-	@B=$(B) PYTHON=$(PYTHON) FX_SCHEDULES=$(FX_SCHEDULES) FX_EXPLORE=$(FX_EXPLORE) ./tests/run-all.sh $(UNIT_BINS) -- $(SYSTEM_TESTS)
+	@B=$(B) PYTHON=$(PYTHON) TEST_JOBS=$(TEST_JOBS) FX_SCHEDULES=$(FX_SCHEDULES) FX_EXPLORE=$(FX_EXPLORE) ./tests/run-all.sh $(UNIT_BINS) -- $(SYSTEM_TESTS)
 
 list-tests:
 	@printf 'unit %s\n' $(UNIT_BINS)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # One trial of every fault scenario (the full matrix is `make test-faults`).
 # link-cut needs network namespaces and disk-full a tmpfs mount: root.
+# dte-test: exclusive (fault timings, a shaped link, a tmpfs: run alone)
 if [ "$(id -u)" != 0 ]; then
 	echo "SKIP: the fault matrix needs root (network namespaces, a tmpfs mount)"
 	exit 77

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: exclusive (it asserts a 50 ms bound on the loop's answers: run alone)
 """The loop answers clients while a dense version of 2^28 elements is
 applied (issue 17: heavy work off the loop thread, docs/SYNC.md).
 

@@ -19,7 +19,6 @@ skips where that interpreter or FSDP2 is missing.
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -41,12 +40,6 @@ import torch  # noqa: E402
 STEPS = 6
 LR = 2e-3
 SINK_TP = 2
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hf_model(cfg, seed):
@@ -104,7 +97,7 @@ def hf_model(cfg, seed):
     return root
 
 
-def child(rank, world, port, sock, cfg_text, form, result_path):
+def child(rank, world, store, sock, cfg_text, form, result_path):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from dte import _lib, sink as dsink, toy
@@ -112,8 +105,8 @@ def child(rank, world, port, sock, cfg_text, form, result_path):
     import trainers_lib as tl
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file store, not a TCP port: nothing another test can take meanwhile.
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     cfg = json.loads(cfg_text)
     job = "fsdp2-%s-%d" % (form, world)
     out = {"versions": 0, "exact": 0, "dense_after_first": 0, "unstepped": 0, "bad": []}
@@ -186,7 +179,8 @@ def run(tmp, sock, cfg_text, form, world):
     import torch.multiprocessing as mp
     path = os.path.join(tmp, "result-%s-%d.json" % (form, world))
     os.environ["DTE_FSDP2_CHILD"] = "1"
-    mp.start_processes(child, args=(world, free_port(), sock, cfg_text, form, path),
+    store = os.path.join(tmp, "store-%s-%d" % (form, world))
+    mp.start_processes(child, args=(world, store, sock, cfg_text, form, path),
                        nprocs=world, join=True, start_method="spawn")
     with open(path) as f:
         return json.load(f)
