@@ -221,8 +221,11 @@ def _to_cpu(tensor, as_numpy=False, record_stream=False):
     # transformer/moe/moe_utils.py maybe_move_tensor_to_cpu, for tensors
     # already on the CPU: upstream returns them as they are, and so never
     # makes the numpy arrays the alltoall dispatcher asks for (as_numpy).
+    # On a GPU the array is a host copy (tensor.to("cpu")): the dispatcher's
+    # splits never change after this point even if the device tensor does,
+    # so a copy here too, never a view of the live tensor.
     if torch.is_tensor(tensor) and as_numpy:
-        return tensor.numpy()
+        return tensor.detach().clone().numpy()
     return tensor
 
 

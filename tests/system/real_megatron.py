@@ -382,8 +382,13 @@ def _rank_main(rank, world, store, args, to_main, from_main):
     # "std::length_error vector::reserve", SIGABRT) under two CPU hogs, with
     # nothing to say where: a fatal signal now prints every thread's Python
     # stack to stderr, which the test's log keeps.
+    # A fatal signal in a thread with no Python frames (gloo's workers: a
+    # SIGSEGV once came while the main thread only waited in
+    # _coalescing_manager's work.wait()) also prints the native stack
+    # (torch/csrc: c10::FatalSignalHandler).
     import faulthandler
     faulthandler.enable(all_threads=True)
+    torch._C._set_print_stack_traces_on_fatal_signal(True)
     try:
         _rank(rank, world, store, args, to_main, from_main)
     except BaseException as e:  # noqa: BLE001 - reported to the test process
