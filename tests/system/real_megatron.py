@@ -28,6 +28,13 @@ exactness: no version after the first goes dense, DP shards cut
 parameters, the loss falls, and θ_0 written by write_hf_checkpoint is HF
 Qwen3's names, shapes and RNE(θ_0).
 
+GLM-4.5 (glm_config: the published config at small dims) with ep=2: the
+block spec's dense first layer, a shared expert, QKV bias, partial rotary,
+sigmoid routing with the routers' aux-loss-free expert_bias, an FP32 buffer
+Megatron updates every step outside the optimizer, which
+Source.megatron_core registers at rank 0; into SGLang-layout engine
+workers (GlmSink), the bias held bit for bit in FP32.
+
 Prints `real-megatron: megatron-core=<version> configs=N versions=V exact=V/V`.
 
 For a whole-chain test: run(...) drives the ranks and calls
@@ -64,6 +71,10 @@ VERSIONS = 6
 BUCKET = 4000            # elements: several buckets per rank
 SEQ, MICRO = 16, 2
 TIMEOUT_S = 120          # one version, one rank: generous on a shared 2-core machine
+# Version 0 also waits for each rank's process start and imports (torch,
+# megatron-core, sympy): over 120 s once beside two CPU hogs and two
+# engine tests, the ranks still importing when the deadline came.
+START_S = 600
 
 
 # ------------------------------------------------------------ the model
@@ -86,6 +97,29 @@ def qwen3_config(moe=False, **over):
     return cfg
 
 
+def glm_config():
+    """GLM-4.5 (tests/data/layout/models/glm-4.5.json: every field of the
+    published config) at small dims: 3 layers, the first dense
+    (first_k_dense_replace), 4 routed experts and 1 shared, QKV bias,
+    partial rotary, a sigmoid router with its FP32 e_score_correction_bias."""
+    import families as fam
+    with open(os.path.join(fam.MODELS, "glm-4.5.json")) as f:
+        real = json.load(f)
+    return fam.small(real, num_hidden_layers=3, first_k_dense_replace=1, hidden_size=64,
+                     head_dim=16, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4,
+                     num_experts_per_tok=2, vocab_size=300, max_position_embeddings=128,
+                     pad_token_id=None, eos_token_id=None)
+
+
+def is_moe(cfg):
+    return cfg["model_type"] in ("qwen3_moe", "glm4_moe")
+
+
+def n_experts(cfg):
+    return cfg["n_routed_experts"] if cfg["model_type"] == "glm4_moe" else cfg["num_experts"]
+
+
 def padded_vocab(cfg, tp):
     """Megatron's training pads the vocab to a multiple of 128 * TP
     (megatron/training/tokenizer vocab_size_with_padding,
@@ -98,13 +132,13 @@ def sequence_parallel(cfg, tp):
     """MoE layers with TP train only with sequence parallelism
     (transformer/moe/moe_layer.py MoELayer.forward raises without it);
     dense runs go without."""
-    return cfg["model_type"] == "qwen3_moe" and tp > 1
+    return is_moe(cfg) and tp > 1
 
 
 def transformer_config(cfg, tp, ep):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
-    moe = cfg["model_type"] == "qwen3_moe"
+    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
     kw = dict(
         num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
         ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
@@ -120,11 +154,26 @@ def transformer_config(cfg, tp, ep):
     if moe:
         # Experts whole on each EP rank (expert TP 1).
         kw.update(expert_tensor_parallel_size=1, sequence_parallel=sequence_parallel(cfg, tp))
-        kw.update(num_moe_experts=cfg["num_experts"],
+        kw.update(num_moe_experts=n_experts(cfg),
                   moe_ffn_hidden_size=cfg["moe_intermediate_size"],
                   moe_router_topk=cfg["num_experts_per_tok"], moe_grouped_gemm=False,
                   moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
                   moe_aux_loss_coeff=0.0, moe_router_pre_softmax=False)
+    if glm:
+        # GLM-4.5's config.json in Megatron-Core's terms: QKV bias, no QK norm, dense first layers
+        # (moe_layer_freq), a shared expert (SharedExpertMLP), sigmoid
+        # routing scaled by routed_scaling_factor with the aux-loss-free
+        # expert bias (TopKRouter.expert_bias, updated by
+        # finalize_model_grads._update_router_expert_bias every step).
+        k, L = cfg["first_k_dense_replace"], cfg["num_hidden_layers"]
+        kw.update(qk_layernorm=cfg["use_qk_norm"], add_qkv_bias=cfg["attention_bias"],
+                  num_moe_experts=cfg["n_routed_experts"],
+                  moe_shared_expert_intermediate_size=cfg["n_shared_experts"] *
+                  cfg["moe_intermediate_size"],
+                  moe_layer_freq=[0] * k + [1] * (L - k),
+                  moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                  moe_router_bias_update_rate=1e-3,
+                  moe_router_topk_scaling_factor=cfg["routed_scaling_factor"])
     return TransformerConfig(**kw)
 
 
@@ -228,11 +277,24 @@ def to_hf(cfg, ranks):
       final_layernorm weights and mlp.router.weight: whole on every TP rank;
     - SequentialMLP: mlp.experts.local_experts.i.linear_fc{1,2}.weight of
       EP rank e is expert e*E/ep + i, split over the expert-TP ranks like
-      the dense MLP."""
+      the dense MLP;
+    - GLM-4.5 (glm4_moe): linear_qkv.bias split like the weight's rows; no
+      QK norms; layers below first_k_dense_replace dense (moe_layer_freq);
+      mlp.shared_experts.linear_fc{1,2}.weight (SharedExpertMLP, split over
+      TP like the dense MLP); mlp.router.expert_bias, an FP32 buffer every
+      rank holds alike (r["buffers"]), is the checkpoint's
+      mlp.gate.e_score_correction_bias."""
     H, nq, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, V, L = cfg["head_dim"], cfg["vocab_size"], cfg["num_hidden_layers"]
     qpg = nq // nkv
-    moe = cfg["model_type"] == "qwen3_moe"
+    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
+    bufs = {}
+    for r in ranks:
+        for name, t in r.get("buffers", []):
+            if name in bufs and not torch.equal(bufs[name].view(torch.int32), t.view(torch.int32)):
+                raise AssertionError("%s differs between ranks" % name)
+            bufs.setdefault(name, t)
+    buf_taken = set()
     # 1. Whole TP-local (or expert-TP-local) tensors from the DP shards.
     parts = {}
     for r in ranks:
@@ -277,14 +339,30 @@ def to_hf(cfg, ranks):
         hf[h + "self_attn.q_proj.weight"] = qkv[:, :qpg].reshape(nq * hd, H)
         hf[h + "self_attn.k_proj.weight"] = qkv[:, qpg].reshape(nkv * hd, H)
         hf[h + "self_attn.v_proj.weight"] = qkv[:, qpg + 1].reshape(nkv * hd, H)
-        hf[h + "self_attn.q_norm.weight"] = replicated(a + "q_layernorm.weight")
-        hf[h + "self_attn.k_norm.weight"] = replicated(a + "k_layernorm.weight")
+        if cfg.get("attention_bias"):
+            qkvb = torch.cat(tps(a + "linear_qkv.bias")).reshape(nkv, qpg + 2, hd)
+            hf[h + "self_attn.q_proj.bias"] = qkvb[:, :qpg].reshape(nq * hd)
+            hf[h + "self_attn.k_proj.bias"] = qkvb[:, qpg].reshape(nkv * hd)
+            hf[h + "self_attn.v_proj.bias"] = qkvb[:, qpg + 1].reshape(nkv * hd)
+        if not glm or cfg["use_qk_norm"]:
+            hf[h + "self_attn.q_norm.weight"] = replicated(a + "q_layernorm.weight")
+            hf[h + "self_attn.k_norm.weight"] = replicated(a + "k_layernorm.weight")
         hf[h + "self_attn.o_proj.weight"] = torch.cat(tps(a + "linear_proj.weight"), 1)
         hf[h + "post_attention_layernorm.weight"] = replicated(p + "pre_mlp_layernorm.weight")
         m = p + "mlp."
-        if moe:
+        if moe and (not glm or n >= cfg["first_k_dense_replace"]):
             hf[h + "mlp.gate.weight"] = replicated(m + "router.weight")
-            El = cfg["num_experts"] // ep
+            if glm:
+                bn = m + "router.expert_bias"
+                if bn not in bufs:
+                    raise AssertionError("no rank reported %s" % bn)
+                buf_taken.add(bn)
+                hf[h + "mlp.gate.e_score_correction_bias"] = bufs[bn]
+                sh = h + "mlp.shared_experts."
+                hf[sh + "gate_proj.weight"], hf[sh + "up_proj.weight"] = \
+                    gate_up(tps(m + "shared_experts.linear_fc1.weight"))
+                hf[sh + "down_proj.weight"] = torch.cat(tps(m + "shared_experts.linear_fc2.weight"), 1)
+            El = n_experts(cfg) // ep
             for e in range(ep):
                 for i in range(El):
                     x = m + "experts.local_experts.%d." % i
@@ -299,7 +377,7 @@ def to_hf(cfg, ranks):
             hf[h + "mlp.down_proj.weight"] = torch.cat(tps(m + "linear_fc2.weight"), 1)
     hf["model.norm.weight"] = replicated("decoder.final_layernorm.weight")
     hf["lm_head.weight"] = torch.cat(tps("output_layer.weight"))[:V]
-    unused = {k[0] for k in local} - taken
+    unused = ({k[0] for k in local} - taken) | (set(bufs) - buf_taken)
     if unused:
         raise AssertionError("parameters the converter does not know: %s" % sorted(unused)[:4])
     return hf
@@ -401,7 +479,7 @@ def _rank(rank, world, store, args, to_main, from_main):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     cfg, tp, dp, ep, kind = args["cfg"], args["tp"], args["dp"], args["ep"], args["optimizer"]
-    moe = cfg["model_type"] == "qwen3_moe"
+    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
     import mcore_shim
     mcore_shim.install(moe=moe, sequence_parallel=sequence_parallel(cfg, tp))
     import torch.distributed as dist
@@ -409,7 +487,8 @@ def _rank(rank, world, store, args, to_main, from_main):
     from megatron.core.distributed import (DistributedDataParallel,
                                            DistributedDataParallelConfig, finalize_model_grads)
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
+                                                          get_gpt_layer_local_spec)
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -426,10 +505,17 @@ def _rank(rank, world, store, args, to_main, from_main):
     model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)
     tcfg = transformer_config(cfg, tp, ep)
-    spec = get_gpt_layer_local_spec(num_experts=cfg.get("num_experts") if moe else None,
-                                    moe_grouped_gemm=False, qk_layernorm=True,
-                                    normalization="RMSNorm")
+    if glm:
+        # Dense and MoE layers mixed (moe_layer_freq): the block spec, of
+        # local (non-TE) layers.
+        spec = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=False,
+                                          normalization="RMSNorm")
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=cfg.get("num_experts") if moe else None,
+                                        moe_grouped_gemm=False, qk_layernorm=True,
+                                        normalization="RMSNorm")
     model = GPTModel(tcfg, spec, vocab_size=padded_vocab(cfg, tp),
+                     rotary_percent=cfg.get("partial_rotary_factor", 1.0),
                      max_sequence_length=cfg["max_position_embeddings"], pre_process=True,
                      post_process=True, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope", rotary_base=int(cfg["rope_theta"]))
@@ -473,8 +559,16 @@ def _rank(rank, world, store, args, to_main, from_main):
         # after each step): one DP replica of each.
         bf16 = [(names[id(p)], p.detach().float().clone()) for p in model.parameters()
                 if (edp_rank if is_expert(names[id(p)]) else info["dp_rank"]) == 0]
+        # The routers' FP32 expert_bias buffers, which no optimizer holds.
+        bufs = []
+        for n, b in model.named_buffers():
+            if n.endswith(".router.expert_bias"):
+                while n.startswith("module."):
+                    n = n[len("module."):]
+                bufs.append((n, b.detach().float().clone()))
         to_main.put(("version", rank, version, _blob(dict(
-            info, shards=_optimizer_shards(optimizer, names), bf16=bf16, **extra))))
+            info, shards=_optimizer_shards(optimizer, names), bf16=bf16, buffers=bufs,
+            **extra))))
 
     def wait_go(version):
         msg = from_main.get(timeout=args["go_timeout_s"])
@@ -555,7 +649,7 @@ def run(cfg, sock, job, token, versions, tp, dp, ep, optimizer_kind, on_version=
     try:
         for v in range(versions + 1):
             got = {}
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + (max(timeout_s, START_S) if v == 0 else timeout_s)
             while len(got) < world:
                 msg = _get(to_main, deadline, procs, "version %d" % v)
                 if msg[0] == "error":
@@ -665,17 +759,62 @@ def check_checkpoint(c, desc, path, cfg, theta0):
 
 
 CONFIGS = [
-    # (name, moe, tp, dp, ep, inner optimizer, peak lr, sink tp, sink ep).  At an RL
+    # (name, model, tp, dp, ep, inner optimizer, peak lr, sink tp, sink ep).  At an RL
     # rate (1e-5) most BF16 weights stay put and must be proven unchanged; at a
     # pretraining rate (1e-3) most move.
-    ("dense tp=2", False, 2, 1, 1, "torch", 1e-5, 2, 1),
-    ("dense tp=2", False, 2, 1, 1, "fused", 1e-3, 1, 1),
-    ("dense dp=2", False, 1, 2, 1, "fused", 1e-5, 2, 1),
-    ("moe ep=2", True, 1, 2, 2, "torch", 1e-5, 2, 2),
-    ("moe ep=2", True, 1, 2, 2, "fused", 1e-5, 2, 1),
+    ("dense tp=2", "qwen3", 2, 1, 1, "torch", 1e-5, 2, 1),
+    ("dense tp=2", "qwen3", 2, 1, 1, "fused", 1e-3, 1, 1),
+    ("dense dp=2", "qwen3", 1, 2, 1, "fused", 1e-5, 2, 1),
+    ("moe ep=2", "qwen3_moe", 1, 2, 2, "torch", 1e-5, 2, 2),
+    ("moe ep=2", "qwen3_moe", 1, 2, 2, "fused", 1e-5, 2, 1),
     # TP 2 with EP 2 (expert TP 1): sequence parallel, norms summed over TP.
-    ("moe tp=2 ep=2", True, 2, 1, 2, "fused", 1e-5, 2, 2),
+    ("moe tp=2 ep=2", "qwen3_moe", 2, 1, 2, "fused", 1e-5, 2, 2),
+    # GLM-4.5 (glm_config): into SGLang-layout engine workers, its routers'
+    # FP32 expert_bias as their bits.
+    ("glm4_moe ep=2", "glm4_moe", 1, 2, 2, "fused", 1e-5, 2, 2),
 ]
+
+
+class GlmSink:
+    """GLM-4.5's sinks: SGLang-layout engine workers (dte.integrations
+    EngineSink, as families_sync.py holds them), the engine's tensors
+    allocated as the engine does (its FP32 router tensors FP32) from θ_0,
+    checked after every version against families.engine_sink, the
+    converter from the engines' module facts, of what they must serve
+    (families_sync.served: RNE-BF16 of θ, the FP32 bias as its bits)."""
+
+    def __init__(self, sock, job, cfg, cfg_text, tp, ep):
+        from dte import _lib
+        import families as fam
+        self.fam, self.cfg, self.tp, self.ep = fam, cfg, tp, ep
+        self.fp32 = _lib.fp32_tensors(cfg_text)
+        self.engine_fp32 = fam.engine_fp32_names(cfg)
+        self.att = dict(replica=0, job=job, token="tok", model_config=cfg_text,
+                        coordinator="local", socket=sock)
+        self.workers, self.params = [], None
+
+    def start(self, hf0):
+        """Attach with θ_0 loaded, as an engine started from its checkpoint."""
+        import families_sync as fs
+        from dte.integrations import _engine
+        self.params = fs.engine_params(self.fam, self.cfg, fs.served(hf0, self.fp32), self.tp,
+                                       self.ep, False, self.engine_fp32)
+        layout = "sglang:tp=%d,ep=%d" % (self.tp, self.ep)
+        self.workers = [_engine.EngineSink(self.params[r].items(), r, layout, self.att)
+                        for r in range(self.tp)]
+
+    def apply(self, v, hf):
+        import families_sync as fs
+        for wk in self.workers:
+            wk.stage(v, 60000)
+        for wk in self.workers:
+            wk.commit(v, 60000)
+        return fs.mismatches(self.fam, self.cfg, fs.served(hf, self.fp32), self.tp, self.ep,
+                             False, self.params)
+
+    def close(self):
+        for wk in self.workers:
+            wk.close()
 
 
 def main():
@@ -692,31 +831,45 @@ def main():
     daemon = harness.Daemon(tmp, "real-mcore", sync_mode="sparse")
     sock = daemon.sock
     versions = exact = 0
+    # DTE_REAL_MCORE_ONLY=glm4_moe (a model of CONFIGS): only its configs.
+    only = os.environ.get("DTE_REAL_MCORE_ONLY")
+    configs = [x for x in CONFIGS if not only or x[1] == only]
     try:
         daemon.start()
-        for i, (label, moe, tp, dp, ep, kind, lr, stp, sep) in enumerate(CONFIGS):
-            cfg = qwen3_config(moe)
+        for i, (label, model, tp, dp, ep, kind, lr, stp, sep) in enumerate(configs):
+            glm = model == "glm4_moe"
+            cfg = glm_config() if glm else qwen3_config(model == "qwen3_moe")
             cfg_text = json.dumps(cfg)
             job = "real-mcore-%d" % i
             desc = "%s %s lr=%g -> sglang:tp=%d%s" % (label, kind, lr, stp,
                                                      ",ep=%d" % sep if sep > 1 else "")
             t0 = time.time()
-            arenas = tl.SglangSinkArenas(cfg_text, stp, sep, label=job + "-sink")
-            sink = dsink.Sink(sock, job, "tok", cfg_text, arenas.layout)
-            arenas.attach(sink)
+            arenas = sink = None
+            if glm:
+                sink = GlmSink(sock, job, cfg, cfg_text, stp, sep)
+            else:
+                arenas = tl.SglangSinkArenas(cfg_text, stp, sep, label=job + "-sink")
+                sink = dsink.Sink(sock, job, "tok", cfg_text, arenas.layout)
+                arenas.attach(sink)
             ckpt = os.path.join(tmp, "hf-%d" % i)
             seen = {"n": 0, "exact": 0}
             theta0 = {}
 
-            def init_hf(hf, ckpt=ckpt, cfg=cfg, theta0=theta0):
+            def init_hf(hf, ckpt=ckpt, cfg=cfg, theta0=theta0, sink=sink, glm=glm):
                 theta0.update(hf)
-                write_hf_checkpoint(ckpt, cfg, hf)
+                if glm:
+                    sink.start(hf)
+                else:
+                    write_hf_checkpoint(ckpt, cfg, hf)
 
             def on_version(v, hf, sink=sink, arenas=arenas, seen=seen, cfg=cfg, stp=stp,
-                           sep=sep, desc=desc):
+                           sep=sep, desc=desc, glm=glm):
                 seen["n"] += 1
-                sink.apply(v, timeout_ms=60000)
-                bad, n = tl.sink_mismatches(ref, cfg, arenas, hf, stp, sep)
+                if glm:
+                    bad, n = sink.apply(v, hf)
+                else:
+                    sink.apply(v, timeout_ms=60000)
+                    bad, n = tl.sink_mismatches(ref, cfg, arenas, hf, stp, sep)
                 seen["exact"] += bad == 0 and n > 0
                 c.check(bad == 0 and n > 0, "%s v%d: %d of %d sink elements differ from "
                         "RNE(θ_v)" % (desc, v, bad, n))
@@ -729,7 +882,8 @@ def main():
                 c.check(False, "%s: %s: %s" % (desc, type(e).__name__, e))
             finally:
                 sink.close()
-                arenas.close()
+                if arenas is not None:
+                    arenas.close()
             vs = out.get("versions", [])
             c.check(seen["n"] == len(vs) == VERSIONS, "%s: %d of %d versions" % (
                 desc, seen["n"], VERSIONS))
@@ -750,7 +904,7 @@ def main():
                 loss = [sum(x["loss"]) / len(x["loss"]) for x in vs]
                 c.check(loss and loss[-1] < loss[0], "%s: the loss did not fall: %s" % (
                     desc, ["%.3f" % x for x in loss]))
-                if c.check(bool(theta0), "%s: no θ_0" % desc):
+                if c.check(bool(theta0), "%s: no θ_0" % desc) and not glm:
                     check_checkpoint(c, desc, ckpt, cfg, theta0)
             versions += seen["n"]
             exact += seen["exact"]
@@ -765,9 +919,9 @@ def main():
                       time.time() - t0), flush=True)
     finally:
         daemon.stop(30)
-    ok = c.total > 0 and c.passed == c.total and exact == versions == VERSIONS * len(CONFIGS)
+    ok = c.total > 0 and c.passed == c.total and exact == versions == VERSIONS * len(configs)
     print("real-megatron: megatron-core=%s configs=%d versions=%d exact=%d/%d" % (
-        mc_version, len(CONFIGS), versions, exact, versions), flush=True)
+        mc_version, len(configs), versions, exact, versions), flush=True)
     if not ok:
         sys.stderr.write(daemon.log_text()[-4000:])
     return 0 if ok else 1

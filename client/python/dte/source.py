@@ -1133,6 +1133,8 @@ def _megatron_core(cls, model_chunks, optimizer, socket, job, token, model_confi
         # of the expert-data-parallel group).
         eg = ep * (etp or tp)
         entries = [e for e in entries if (rank // eg if trainers.is_expert(e[0]) else rank // tp) == 0]
+    if rank == 0:
+        entries += trainers.megatron_core_buffers(model_chunks)
     desc = "mcore:tp=%d,dp=%d,ep=%d%s" % (tp, dp, ep, ",etp=%d" % etp if etp else "")
     src = cls(socket, job, token, model_config, desc, coordinator, interval)
     try:

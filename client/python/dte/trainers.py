@@ -138,6 +138,36 @@ def megatron_core_shards(model_chunks, optimizer, names=None):
     return out
 
 
+def megatron_core_buffers(model_chunks):
+    """[(name, shape, 0, n, theta, m, v, None, None)]: the FP32 buffers the
+    layout sends as their bits (the MoE routers' expert_bias), which no
+    optimizer steps.  TopKRouter registers `expert_bias` as an FP32 buffer
+    when moe_router_enable_expert_bias (megatron/core/transformer/moe/
+    router.py, TopKRouter.__init__); Float16Module casts it to BF16 with the
+    model, and the router's own _maintain_float32_expert_bias makes it FP32
+    again (a new tensor) at its first forward, so it is called here first:
+    the memory registered is the memory _update_router_expert_bias
+    (distributed/finalize_model_grads.py) then copies each update into.
+    Every rank holds the same values; the layout takes rank 0's
+    (daemon/layout/gen_megatron.c mg_buffers).  Moments: zeros, unread."""
+    out = []
+    for chunk in model_chunks:
+        for mod in chunk.modules():
+            keep = getattr(mod, "_maintain_float32_expert_bias", None)
+            if keep is not None and getattr(mod, "expert_bias", None) is not None:
+                keep()
+        for n, b in chunk.named_buffers():
+            n = strip_wrappers(n)
+            if not n.endswith(".router.expert_bias"):
+                continue
+            if b.dtype != torch.float32:
+                raise SourceError("source: %s is %s; Megatron keeps the routers' expert_bias "
+                                  "in FP32" % (n, b.dtype))
+            z = torch.zeros(b.numel(), dtype=torch.float32, device=b.device)
+            out.append((n, tuple(b.shape), 0, b.numel(), b, z, z.clone(), None, None))
+    return out
+
+
 def _mc_entry(names, model_p, key, master, inner, lo, hi):
     name = names.get(id(model_p))
     if name is None:
