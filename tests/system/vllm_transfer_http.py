@@ -128,8 +128,15 @@ class Server:
                "--worker-extension-cls", "vllm_transfer_http.WorkerChecks",
                "--uvicorn-log-level", "warning", "--disable-log-stats"]
         # PYTHONFAULTHANDLER: a process of the server that gets SIGABRT
-        # prints every thread's Python stack first (dump_stacks).
+        # prints every thread's Python stack first (dump_stacks).  A
+        # forward that stalls on a TP worker (the CPU shared-memory
+        # collectives wait without a timeout) makes the engine core raise
+        # after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (envs.py; default 300,
+        # the client's own timeout): 120 here, so the server says so before
+        # the client gives up; INFO, so its "No available shared memory
+        # broadcast block" warnings reach the log.
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", PYTHONFAULTHANDLER="1",
+                   VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="120", VLLM_LOGGING_LEVEL="INFO",
                    VLLM_CPU_OMP_THREADS_BIND="0|1" if tp == 2 else "auto")
         self.logpath = logpath
         self.log = open(logpath, "w")
@@ -157,8 +164,15 @@ class Server:
         server, engine core, workers: its session) prints its threads'
         Python stacks into the log and ends (one run beside two CPU hogs
         timed out a /v1/completions after an update at TP 2, with nothing
-        in any log to say where it stood)."""
+        in any log to say where it stood).  First each process's
+        scheduler state (R: running, a spin; S/D: blocked, and where)."""
+        import signal
+        import subprocess
         import time
+        ps = subprocess.run(["ps", "-s", str(self.proc.pid), "-L", "-o",
+                             "pid,lwp,stat,pcpu,wchan:24,comm"], capture_output=True, text=True)
+        self.log.write("dump_stacks: the server's processes and threads:\n%s\n" % ps.stdout)
+        self.log.flush()
         try:
             os.killpg(self.proc.pid, signal.SIGABRT)
         except OSError:
