@@ -621,10 +621,16 @@ int dte_megatron_check(const struct dte_spec *spec, const struct dte_megatron_cf
  * where the TE spec fuses them into linear_qkv.layer_norm_weight and
  * linear_fc1.layer_norm_weight (its sharded_state_dict_keys_map says the
  * same).  A dense layer's pre_mlp_layernorm is the TE spec's
- * linear_fc1.layer_norm_weight; an MoE layer has pre_mlp_layernorm in both. */
+ * linear_fc1.layer_norm_weight; an MoE layer has pre_mlp_layernorm in both.
+ * With multi_latent_attention the local spec keeps MLASelfAttention's
+ * q_layernorm and kv_layernorm as modules too, where the TE spec fuses them
+ * into linear_q_up_proj / linear_kv_up_proj (mg_mla).  A name is looked up
+ * as it is first, so a Qwen3 layer's own q_layernorm stays itself. */
 static const struct { const char *local, *te; } mg_local_norms[] = {
 	{ ".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight" },
 	{ ".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight" },
+	{ ".self_attention.q_layernorm.weight", ".self_attention.linear_q_up_proj.layer_norm_weight" },
+	{ ".self_attention.kv_layernorm.weight", ".self_attention.linear_kv_up_proj.layer_norm_weight" },
 };
 
 /* The TE spec's name of a local-spec norm, or 0 when `in` is none. */

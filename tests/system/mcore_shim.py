@@ -341,3 +341,59 @@ def inner_adam(cls):
 
 
 __all__ = ["install", "inner_adam", "CudaOnCpu", "PINNED"]
+
+
+class MLACoreAttention(torch.nn.Module):
+    """The core attention MLASelfAttention builds (megatron/core/transformer/
+    multi_latent_attention.py, MultiLatentAttention.__init__: build_module(
+    submodules.core_attention, ..., softmax_scale=..., k_channels=q_head_dim,
+    v_channels=v_head_dim, ...)), for ranks without TransformerEngine: the
+    local spec's DotProductAttention takes no k_channels / v_channels (the
+    heads' key and value widths differ in MLA), so without TE megatron-core
+    cannot build an MLA layer at all.  What TE's DotProductAttention
+    computes there, in plain torch: causal softmax(q k^T * softmax_scale) v
+    per head, 'sbhd' in, [s, b, heads * v_channels] out.  It holds no
+    weights: nothing dted reads or the optimizer steps passes through it."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type,
+                 softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None,
+                 pg_collection=None, attention_dropout=None):
+        super().__init__()
+        if getattr(config, "context_parallel_size", 1) != 1:
+            _fail("MLACoreAttention", "context parallelism")
+        # None: 1/sqrt(the key width) (scaled_dot_product_attention's
+        # default; Attention.__init__ builds one before MLA's own).
+        self.scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            _fail("MLACoreAttention.forward", "packed sequences or an attention bias")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))   # [b, h, s, d]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               scale=self.scale)
+        s, b = out.shape[2], out.shape[0]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def mla_core_attention(block_spec):
+    """Every MLA layer of a block spec (get_gpt_decoder_block_spec, local
+    layers) with MLACoreAttention as its core attention."""
+    where = "megatron/core/transformer/multi_latent_attention.py (HAVE_TE)"
+    mla = _module("megatron.core.transformer.multi_latent_attention", where)
+    # Its `from megatron.core.extensions.transformer_engine import TELinear`
+    # succeeds without TransformerEngine (the extension hands out mock
+    # objects then), so HAVE_TE is True and MultiLatentAttention.__init__
+    # calls isinstance(linear_proj, <a mock>): TE is not here, say so.
+    if not isinstance(_need(mla, "TELinear", where), type):
+        _replace(mla, "HAVE_TE", False, where)
+    MLASelfAttention = mla.MLASelfAttention
+    n = 0
+    for ls in block_spec.layer_specs:
+        att = ls.submodules.self_attention
+        if att.module is MLASelfAttention:
+            att.submodules.core_attention = MLACoreAttention
+            n += 1
+    if not n:
+        _fail("mla_core_attention", "no MLASelfAttention layer in the spec")
+    return block_spec

@@ -33,7 +33,12 @@ block spec's dense first layer, a shared expert, QKV bias, partial rotary,
 sigmoid routing with the routers' aux-loss-free expert_bias, an FP32 buffer
 Megatron updates every step outside the optimizer, which
 Source.megatron_core registers at rank 0; into SGLang-layout engine
-workers (GlmSink), the bias held bit for bit in FP32.
+workers (GlmSink), the bias held bit for bit in FP32.  DeepSeek-V3
+(deepseek_config) the same way with MLA as megatron-core's local spec
+builds it (q_layernorm / kv_layernorm modules, which the mcore layout
+takes as the TE spec's fused norms); its core attention, which has no
+weights, is mcore_shim.MLACoreAttention (upstream's local one cannot do
+MLA).
 
 Prints `real-megatron: megatron-core=<version> configs=N versions=V exact=V/V`.
 
@@ -112,12 +117,35 @@ def glm_config():
                      pad_token_id=None, eos_token_id=None)
 
 
+def deepseek_config():
+    """DeepSeek-V3 (tests/data/layout/models/deepseek-v3.json) at small
+    dims: MLA with q_lora, 3 layers (the first dense), 4 routed experts and
+    1 shared, sigmoid routing with the FP32 e_score_correction_bias; one
+    expert group (group-limited routing changes no weight)."""
+    import families as fam
+    with open(os.path.join(fam.MODELS, "deepseek-v3.json")) as f:
+        real = json.load(f)
+    return fam.small(real, num_hidden_layers=3, first_k_dense_replace=1, hidden_size=64,
+                     num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+                     kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                     intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4,
+                     num_experts_per_tok=2, n_group=1, topk_group=1, vocab_size=300,
+                     max_position_embeddings=128)
+
+
+FAMILIES = ("glm4_moe", "deepseek_v3")     # the routers' expert_bias, shared experts
+
+
 def is_moe(cfg):
-    return cfg["model_type"] in ("qwen3_moe", "glm4_moe")
+    return cfg["model_type"] in ("qwen3_moe",) + FAMILIES
+
+
+def is_mla(cfg):
+    return cfg["model_type"] == "deepseek_v3"
 
 
 def n_experts(cfg):
-    return cfg["n_routed_experts"] if cfg["model_type"] == "glm4_moe" else cfg["num_experts"]
+    return cfg["n_routed_experts"] if cfg["model_type"] in FAMILIES else cfg["num_experts"]
 
 
 def padded_vocab(cfg, tp):
@@ -137,12 +165,13 @@ def sequence_parallel(cfg, tp):
 
 def transformer_config(cfg, tp, ep):
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
+    from megatron.core.transformer.transformer_config import (MLATransformerConfig,
+                                                              TransformerConfig)
+    moe, glm = is_moe(cfg), cfg["model_type"] in FAMILIES
     kw = dict(
         num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
         ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
-        num_query_groups=cfg["num_key_value_heads"], kv_channels=cfg["head_dim"],
+        num_query_groups=cfg["num_key_value_heads"], kv_channels=cfg.get("head_dim"),
         normalization="RMSNorm", layernorm_epsilon=cfg["rms_norm_eps"], qk_layernorm=True,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
@@ -166,7 +195,8 @@ def transformer_config(cfg, tp, ep):
         # expert bias (TopKRouter.expert_bias, updated by
         # finalize_model_grads._update_router_expert_bias every step).
         k, L = cfg["first_k_dense_replace"], cfg["num_hidden_layers"]
-        kw.update(qk_layernorm=cfg["use_qk_norm"], add_qkv_bias=cfg["attention_bias"],
+        kw.update(qk_layernorm=cfg.get("use_qk_norm", False),
+                  add_qkv_bias=cfg["attention_bias"],
                   num_moe_experts=cfg["n_routed_experts"],
                   moe_shared_expert_intermediate_size=cfg["n_shared_experts"] *
                   cfg["moe_intermediate_size"],
@@ -174,6 +204,17 @@ def transformer_config(cfg, tp, ep):
                   moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
                   moe_router_bias_update_rate=1e-3,
                   moe_router_topk_scaling_factor=cfg["routed_scaling_factor"])
+    if is_mla(cfg):
+        # DeepSeek-V3's MLA (transformer/multi_latent_attention.py), its
+        # q_a_layernorm / kv_a_layernorm the spec's q_layernorm /
+        # kv_layernorm.  rope_type "rope", not the config's yarn: the
+        # position encoding has no weight.
+        kw.update(qk_layernorm=True, num_query_groups=cfg["num_attention_heads"],
+                  q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
+                  qk_head_dim=cfg["qk_nope_head_dim"], qk_pos_emb_head_dim=cfg["qk_rope_head_dim"],
+                  v_head_dim=cfg["v_head_dim"], rope_type="rope", rotary_base=cfg["rope_theta"])
+        kw.pop("kv_channels")
+        return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
 
 
@@ -285,9 +326,9 @@ def to_hf(cfg, ranks):
       rank holds alike (r["buffers"]), is the checkpoint's
       mlp.gate.e_score_correction_bias."""
     H, nq, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd, V, L = cfg["head_dim"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    hd, V, L = cfg.get("head_dim"), cfg["vocab_size"], cfg["num_hidden_layers"]
     qpg = nq // nkv
-    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
+    moe, glm, mla = is_moe(cfg), cfg["model_type"] in FAMILIES, is_mla(cfg)
     bufs = {}
     for r in ranks:
         for name, t in r.get("buffers", []):
@@ -330,11 +371,7 @@ def to_hf(cfg, ranks):
         halves = [c.chunk(2, 0) for c in chunks]
         return torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
 
-    hf = {"model.embed_tokens.weight": torch.cat(tps("embedding.word_embeddings.weight"))[:V]}
-    for n in range(L):
-        p, h = "decoder.layers.%d." % n, "model.layers.%d." % n
-        a = p + "self_attention."
-        hf[h + "input_layernorm.weight"] = replicated(p + "input_layernorm.weight")
+    def attention(h, a):
         qkv = torch.cat(tps(a + "linear_qkv.weight")).reshape(nkv, qpg + 2, hd, H)
         hf[h + "self_attn.q_proj.weight"] = qkv[:, :qpg].reshape(nq * hd, H)
         hf[h + "self_attn.k_proj.weight"] = qkv[:, qpg].reshape(nkv * hd, H)
@@ -344,12 +381,29 @@ def to_hf(cfg, ranks):
             hf[h + "self_attn.q_proj.bias"] = qkvb[:, :qpg].reshape(nq * hd)
             hf[h + "self_attn.k_proj.bias"] = qkvb[:, qpg].reshape(nkv * hd)
             hf[h + "self_attn.v_proj.bias"] = qkvb[:, qpg + 1].reshape(nkv * hd)
-        if not glm or cfg["use_qk_norm"]:
+        if not glm or cfg.get("use_qk_norm"):
             hf[h + "self_attn.q_norm.weight"] = replicated(a + "q_layernorm.weight")
             hf[h + "self_attn.k_norm.weight"] = replicated(a + "k_layernorm.weight")
         hf[h + "self_attn.o_proj.weight"] = torch.cat(tps(a + "linear_proj.weight"), 1)
-        hf[h + "post_attention_layernorm.weight"] = replicated(p + "pre_mlp_layernorm.weight")
-        m = p + "mlp."
+
+    def mla_attention(h, a):
+        # MLASelfAttention (local spec: q_layernorm / kv_layernorm are
+        # modules): get_query_key_value_tensors splits each head of
+        # linear_q_up_proj into [nope; rope], linear_kv_down_proj into
+        # [kv_lora; rope] and each head of linear_kv_up_proj into [k_nope;
+        # v], the checkpoint's orders (modeling_deepseek_v3.py
+        # DeepseekV3Attention): straight copies; the up projections column
+        # parallel, linear_proj row parallel (this test runs TP 1).
+        s_ = h + "self_attn."
+        hf[s_ + "q_a_proj.weight"] = replicated(a + "linear_q_down_proj.weight")
+        hf[s_ + "q_a_layernorm.weight"] = replicated(a + "q_layernorm.weight")
+        hf[s_ + "q_b_proj.weight"] = torch.cat(tps(a + "linear_q_up_proj.weight"))
+        hf[s_ + "kv_a_proj_with_mqa.weight"] = replicated(a + "linear_kv_down_proj.weight")
+        hf[s_ + "kv_a_layernorm.weight"] = replicated(a + "kv_layernorm.weight")
+        hf[s_ + "kv_b_proj.weight"] = torch.cat(tps(a + "linear_kv_up_proj.weight"))
+        hf[s_ + "o_proj.weight"] = torch.cat(tps(a + "linear_proj.weight"), 1)
+
+    def mlp(n, h, m):
         if moe and (not glm or n >= cfg["first_k_dense_replace"]):
             hf[h + "mlp.gate.weight"] = replicated(m + "router.weight")
             if glm:
@@ -375,6 +429,14 @@ def to_hf(cfg, ranks):
             hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"] = \
                 gate_up(tps(m + "linear_fc1.weight"))
             hf[h + "mlp.down_proj.weight"] = torch.cat(tps(m + "linear_fc2.weight"), 1)
+
+    hf = {"model.embed_tokens.weight": torch.cat(tps("embedding.word_embeddings.weight"))[:V]}
+    for n in range(L):
+        p, h = "decoder.layers.%d." % n, "model.layers.%d." % n
+        hf[h + "input_layernorm.weight"] = replicated(p + "input_layernorm.weight")
+        (mla_attention if mla else attention)(h, p + "self_attention.")
+        hf[h + "post_attention_layernorm.weight"] = replicated(p + "pre_mlp_layernorm.weight")
+        mlp(n, h, p + "mlp.")
     hf["model.norm.weight"] = replicated("decoder.final_layernorm.weight")
     hf["lm_head.weight"] = torch.cat(tps("output_layer.weight"))[:V]
     unused = ({k[0] for k in local} - taken) | (set(bufs) - buf_taken)
@@ -479,7 +541,7 @@ def _rank(rank, world, store, args, to_main, from_main):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     cfg, tp, dp, ep, kind = args["cfg"], args["tp"], args["dp"], args["ep"], args["optimizer"]
-    moe, glm = is_moe(cfg), cfg["model_type"] == "glm4_moe"
+    moe, glm = is_moe(cfg), cfg["model_type"] in FAMILIES
     import mcore_shim
     mcore_shim.install(moe=moe, sequence_parallel=sequence_parallel(cfg, tp))
     import torch.distributed as dist
@@ -510,6 +572,8 @@ def _rank(rank, world, store, args, to_main, from_main):
         # local (non-TE) layers.
         spec = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=False,
                                           normalization="RMSNorm")
+        if is_mla(cfg):
+            spec = mcore_shim.mla_core_attention(spec)
     else:
         spec = get_gpt_layer_local_spec(num_experts=cfg.get("num_experts") if moe else None,
                                         moe_grouped_gemm=False, qk_layernorm=True,
@@ -772,12 +836,38 @@ CONFIGS = [
     # GLM-4.5 (glm_config): into SGLang-layout engine workers, its routers'
     # FP32 expert_bias as their bits.
     ("glm4_moe ep=2", "glm4_moe", 1, 2, 2, "fused", 1e-5, 2, 2),
+    # DeepSeek-V3 (deepseek_config): MLA as the local spec names it, the
+    # same router and experts.
+    ("deepseek_v3 ep=2", "deepseek_v3", 1, 2, 2, "torch", 1e-5, 2, 2),
 ]
 
 
+class BareWorker:
+    """A ComputeView of an engine worker that holds only the parameters:
+    nothing is derived from them (no W_UK/W_UV of MLA), so it rebuilds
+    all there is after every apply (nothing) and says so."""
+    rederives = True
+
+    def model_name(self, layout_name):
+        return layout_name
+
+    def derives(self, model_name):
+        return False
+
+    def prepare(self, model_name, param):
+        return None
+
+    def refresh(self):
+        return 0.0
+
+    def describe(self):
+        return {"bare": True}
+
+
 class GlmSink:
-    """GLM-4.5's sinks: SGLang-layout engine workers (dte.integrations
-    EngineSink, as families_sync.py holds them), the engine's tensors
+    """GLM-4.5's and DeepSeek-V3's sinks: SGLang-layout engine workers
+    (dte.integrations EngineSink, as families_sync.py holds them; of MLA
+    a BareWorker view, whose parameters are all it has), the engine's tensors
     allocated as the engine does (its FP32 router tensors FP32) from θ_0,
     checked after every version against families.engine_sink, the
     converter from the engines' module facts, of what they must serve
@@ -800,7 +890,8 @@ class GlmSink:
         self.params = fs.engine_params(self.fam, self.cfg, fs.served(hf0, self.fp32), self.tp,
                                        self.ep, False, self.engine_fp32)
         layout = "sglang:tp=%d,ep=%d" % (self.tp, self.ep)
-        self.workers = [_engine.EngineSink(self.params[r].items(), r, layout, self.att)
+        view = BareWorker() if is_mla(self.cfg) else None
+        self.workers = [_engine.EngineSink(self.params[r].items(), r, layout, self.att, view=view)
                         for r in range(self.tp)]
 
     def apply(self, v, hf):
@@ -837,8 +928,9 @@ def main():
     try:
         daemon.start()
         for i, (label, model, tp, dp, ep, kind, lr, stp, sep) in enumerate(configs):
-            glm = model == "glm4_moe"
-            cfg = glm_config() if glm else qwen3_config(model == "qwen3_moe")
+            glm = model in FAMILIES
+            cfg = {"glm4_moe": glm_config, "deepseek_v3": deepseek_config}.get(
+                model, lambda: qwen3_config(model == "qwen3_moe"))()
             cfg_text = json.dumps(cfg)
             job = "real-mcore-%d" % i
             desc = "%s %s lr=%g -> sglang:tp=%d%s" % (label, kind, lr, stp,
