@@ -607,6 +607,7 @@ Dte__Status dcmd_job(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 	rep->storage_head = info.storage_head;
 	rep->storage_broken = info.storage_broken;
 	rep->storage_error = str(info.storage_error);
+	rep->plan_error = str(info.plan_error);
 	return DTE__STATUS__STATUS_OK;
 }
 

@@ -69,7 +69,7 @@ static void waiter_unpark(struct dte_engine *e, const struct jwait *w)
 static int waiter_try(struct dte_engine *e, struct jwait *w, int expired)
 {
 	struct job *j = job_find(e, w->job);
-	char msg[1024];
+	char msg[2048];
 
 	if (!j) {
 		job_done(&w->rq, -ENOENT, "job vanished", NULL);
@@ -148,8 +148,9 @@ static int waiter_try(struct dte_engine *e, struct jwait *w, int expired)
 		if (l && l->info.role == JROLE_SINK && expired && jsink_park_ending(j, l))
 			return 0;
 		if (!l || expired) {
-			snprintf(msg, sizeof(msg), "job %s: %s", j->name,
-				 l ? "no new version staged in time" : "participant gone");
+			snprintf(msg, sizeof(msg), "job %s: %s%s%s", j->name,
+				 l ? "no new version staged in time" : "participant gone",
+				 j->coord_plan_err[0] ? "; no plan: " : "", j->coord_plan_err);
 			job_done(&w->rq, l ? -ETIMEDOUT : -ENOENT, msg, NULL);
 			return 1;
 		}
@@ -1263,6 +1264,10 @@ int job_info(struct dte_engine *e, const char *name, struct jjob_info *rep, stru
 	rep->versions = j->published;
 	rep->refused = j->refused;
 	jstore_info(j, rep);
+	/* The coordinator's reason it could not plan, else this member's
+	 * reason it rejected the newest plan. */
+	rep->plan_error = j->coord_plan_err[0] ? j->coord_plan_err :
+			  j->plan_error[0] ? j->plan_error : NULL;
 	for (i = 0; i < j->npairs; i++)
 		rep->entries += j->pairs[i].n;
 	/* Members: the coordinator's own list; a member's, the nodes of the

@@ -235,6 +235,7 @@ struct jjob_info {
 	int64_t storage_head;
 	uint64_t storage_broken;
 	const char *storage_error;
+	const char *plan_error;      /* coordinator: why there is no plan (NULL: none) */
 };
 
 /* dtectl history */

@@ -431,6 +431,7 @@ struct jsinkplan {
 	struct dte_layout lay;
 	struct dte_plan plan;
 	int ok;			/* built; else its error was logged when tried */
+	char err[512];		/* !ok: why (dtectl job's plan_error) */
 	int used;		/* by the re-plan under way */
 	uint64_t gen;		/* this build's number: what members' part keys name */
 	uint32_t nranks, nsrc;
@@ -457,6 +458,7 @@ struct jplan_cache {
 	uint64_t src_gen;
 	int src_ok;		/* src built (plain; full once every shard came) */
 	int src_full;		/* a sharded source's layout with every rank's shards */
+	char src_err[1024];	/* !src_ok: why (dtectl job's plan_error) */
 	struct dte_layout src;
 	struct jsinkplan **sp;	/* each its own allocation: a plan borrows its layout */
 	size_t nsp, capsp;
@@ -563,10 +565,11 @@ static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const 
 		return NULL;
 	c->sp[c->nsp++] = s;
 	snprintf(s->desc, sizeof(s->desc), "%s", desc);
-	if (jlayout_build(j, JROLE_SINK, desc, rank, NULL, &s->lay, err, sizeof(err)) < 0)
+	if (jlayout_build(j, JROLE_SINK, desc, rank, NULL, &s->lay, s->err, sizeof(s->err)) < 0)
 		return s;
 	if (dte_plan_build(&s->plan, &j->spec, &c->src, &s->lay, &opts, err, sizeof(err)) < 0) {
 		DLOG_E("job %s: plan %s -> %s: %s", j->name, c->src_desc, desc, err);
+		snprintf(s->err, sizeof(s->err), "%s", err);
 		dte_layout_fini(&s->lay);
 		return s;
 	}
@@ -1161,9 +1164,13 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
 		c->src_gen = gen;
 		c->src_ok = jlayout_build(j, JROLE_SOURCE, srcdesc, 0, NULL, &c->src, err,
 					  sizeof(err)) == 0;
+		if (!c->src_ok)
+			snprintf(c->src_err, sizeof(c->src_err), "source %s: %s", srcdesc, err);
 	}
-	if (!c->src_ok)
+	if (!c->src_ok) {
+		snprintf(j->coord_plan_err, sizeof(j->coord_plan_err), "%s", c->src_err);
 		return -EINVAL;
+	}
 	*complete = 1;
 	if (!sharded) {
 		for (size_t i = 0; i < c->src.npieces; i++)
@@ -1179,6 +1186,9 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
 	if (!c->src_full) {
 		if (sharded_sources(j, srcdesc, srcby, &c->src, complete, err, sizeof(err)) < 0) {
 			DLOG_E("job %s: source %s: %s", j->name, srcdesc, err);
+			snprintf(c->src_err, sizeof(c->src_err),
+				 "the sources' shard tables do not make a layout of %s: %s", srcdesc, err);
+			snprintf(j->coord_plan_err, sizeof(j->coord_plan_err), "%s", c->src_err);
 			c->src_ok = 0;
 			return -EINVAL;
 		}
@@ -1202,6 +1212,7 @@ static void replan(struct job *j)
 	int have_src = 0;
 
 	memset(&b, 0, sizeof(b));
+	j->coord_plan_err[0] = 0;	/* this re-plan's reason, if it finds one */
 	if (!c && !(c = j->plan_cache = calloc(1, sizeof(*c))))
 		goto oom;
 	for (struct jmember *m = j->members; m; m = m->next)
@@ -1283,6 +1294,9 @@ static void replan(struct job *j)
 			if (!(s = cache_sink(j, c, dst->layout, dst->rank)))
 				goto oom;
 			s->used = 1;
+			if (!s->ok && s->err[0])
+				snprintf(j->coord_plan_err, sizeof(j->coord_plan_err), "plan %s -> %s: %s",
+					 c->src_desc, s->desc, s->err);
 			if (!s->ok || dst->rank >= s->nranks)
 				continue;
 			top = s->nsrc < nranks ? s->nsrc : nranks;

@@ -405,6 +405,10 @@ struct job {
 	char **src_shards;        /* [n_src_shards]: shard table per source rank (JOINs) */
 	uint32_t n_src_shards;
 	uint64_t src_shards_gen;  /* bumped with every shard table kept (the plan cache's key) */
+	/* Why the newest re-plan could not plan the sources (their layout
+	 * did not build: a tensor no rank registered, a gap); "" when it
+	 * could.  dtectl job shows it; a sink's wait that times out says it. */
+	char coord_plan_err[1024];
 	/* Layouts and plans kept across re-plans (job_coord.c): a (source,
 	 * sink layout) plan depends on the spec and the two descriptions
 	 * alone. */

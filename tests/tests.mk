@@ -13,6 +13,8 @@ SYSTEM_TESTS += tests/system/supported_matrix.py
 SYSTEM_TESTS += tests/system/families.py
 # A failed check (skip-write) through the vLLM and SGLang controllers: undone, split kept paused.
 SYSTEM_TESTS += tests/system/controllers_failed_check.py
+# A source that leaves a tensor out: plan_error in dtectl job, and the sink's wait says why.
+SYSTEM_TESTS += tests/system/plan_error.py
 
 # Unit tests that talk to libdte link it too (not an INTERNAL_LIB: it
 # repeats the proto and layout objects).

@@ -90,11 +90,14 @@ class Sink:
         return min(self.cli.wait_staged(self.job, p, timeout_ms) for p in self.parts)
 
     def _wait_for(self, part, version, deadline):
+        why = ""
         while True:
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0:
-                raise _lib.DteError(_lib.ERR_TIMEOUT, "sink: version %d not staged in time"
-                                    % version)
+                # The daemon's own words when it knows why (the
+                # coordinator here could not plan: "; no plan: ...").
+                raise _lib.DteError(_lib.ERR_TIMEOUT, "sink: version %d not staged in time%s"
+                                    % (version, " (%s)" % why if why else ""))
             applied, staged = self.cli.query_version(self.job, part)
             if applied >= version or staged >= version:
                 return
@@ -103,6 +106,7 @@ class Sink:
             except _lib.DteError as e:
                 if e.code != _lib.ERR_TIMEOUT:
                     raise
+                why = e.msg[e.msg.index("no plan:"):] if "no plan:" in e.msg else why
             # An older version staged wakes us up without the one we want.
             time.sleep(0.002)
 
