@@ -31,8 +31,15 @@ def Daemon(tmp, name, **kw):
     return harness.Daemon(tmp, name, **kw)
 
 
-def forge(to, records, node="forge", expect=0, wait_ms=1500, netns=None, dev="lo"):
-    """Run dte-peer-forge; returns (exit status, stdout lines)."""
+def forge(to, records, node="forge", expect=0, wait_ms=None, netns=None, dev="lo"):
+    """Run dte-peer-forge; returns (exit status, stdout lines).  wait_ms:
+    how long it stays connected for answers (default 1.5 s; with expect,
+    up to 30 s: it leaves as soon as the expected records came).  Once,
+    beside two CPU hogs and two other tests, a sink daemon answered none of
+    two forged COUNTS within 1.5 s and never logged them: the forge had
+    gone, and with its link what it sent."""
+    if wait_ms is None:
+        wait_ms = 30000 if expect else 1500
     cmd = [FORGE, "--to", to, "--node", node, "--wait-ms", str(wait_ms)]
     if expect:
         cmd += ["--expect", str(expect)]

@@ -98,7 +98,7 @@ def misbehave(c, coord, sink, held, auth):
         d = sink if target == "sink" else coord
         mine = [r for t, r in recs if t == target]
         rc, out = csl.forge(d.address, mine, expect=len(mine) if auth else 0,
-                            wait_ms=1500 if auth else 800)
+                            wait_ms=30000 if auth else 800)  # leaves once answered
         c.check(rc == 0 or not auth, "forged records to %s sent: %s" % (d.name, out[-1:]))
         refused += sum(1 for x in out if x.startswith("recv REFUSED") and "MAC" in x)
     end = time.time() + 5
