@@ -842,32 +842,10 @@ CONFIGS = [
 ]
 
 
-class BareWorker:
-    """A ComputeView of an engine worker that holds only the parameters:
-    nothing is derived from them (no W_UK/W_UV of MLA), so it rebuilds
-    all there is after every apply (nothing) and says so."""
-    rederives = True
-
-    def model_name(self, layout_name):
-        return layout_name
-
-    def derives(self, model_name):
-        return False
-
-    def prepare(self, model_name, param):
-        return None
-
-    def refresh(self):
-        return 0.0
-
-    def describe(self):
-        return {"bare": True}
-
-
 class GlmSink:
     """GLM-4.5's and DeepSeek-V3's sinks: SGLang-layout engine workers
     (dte.integrations EngineSink, as families_sync.py holds them; of MLA
-    a BareWorker view, whose parameters are all it has), the engine's tensors
+    a view whose parameters are all it has), the engine's tensors
     allocated as the engine does (its FP32 router tensors FP32) from θ_0,
     checked after every version against families.engine_sink, the
     converter from the engines' module facts, of what they must serve
@@ -890,7 +868,14 @@ class GlmSink:
         self.params = fs.engine_params(self.fam, self.cfg, fs.served(hf0, self.fp32), self.tp,
                                        self.ep, False, self.engine_fp32)
         layout = "sglang:tp=%d,ep=%d" % (self.tp, self.ep)
-        view = BareWorker() if is_mla(self.cfg) else None
+        view = None
+        if is_mla(self.cfg):
+            class BareWorker(_engine.ComputeView):
+                """An engine worker that holds only the parameters: nothing
+                is derived from them (no W_UK/W_UV), so it rebuilds all
+                there is after every apply (nothing), and says so."""
+                rederives = True
+            view = BareWorker()
         self.workers = [_engine.EngineSink(self.params[r].items(), r, layout, self.att, view=view)
                         for r in range(self.tp)]
 
