@@ -53,7 +53,7 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date +%s)}
 
 ARCH=$(dpkg-architecture -qDEB_HOST_ARCH)
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
-OUT=$B/deb
+OUT=${DEB_OUT:-$B/deb}
 STAGE=$OUT/stage
 
 [ -x "$DTED" ] || die "$DTED is missing: run make first"

@@ -28,9 +28,11 @@ DEB_MAINTAINER ?= $(shell sed -n '/^[^\#[:space:]]/{p;q;}' packaging/MAINTAINER)
 .PHONY: man deb
 man: $(MAN_PAGES)
 
-# Always rebuilt: staging is quick and a stale package is worse.
+# Always rebuilt: staging is quick and a stale package is worse.  Into
+# DEB_OUT (emptied first; the tests give each their own).
+DEB_OUT ?= $(B)/deb
 deb: $(BINS) $(LIBS) $(MAN_PAGES)
-	B=$(B) DEB_VERSION='$(DEB_VERSION)' DEB_MAINTAINER='$(DEB_MAINTAINER)' \
+	B=$(B) DEB_OUT='$(DEB_OUT)' DEB_VERSION='$(DEB_VERSION)' DEB_MAINTAINER='$(DEB_MAINTAINER)' \
 	DTED=$(B)/bin/dted DTECTL='$(filter %/dtectl,$(BINS))' \
 	LIBDTE_SO='$(filter %/libdte.so.0,$(LIBS))' LIBDTE_A='$(filter %/libdte.a,$(LIBS))' \
 	CUDA_PLUGIN='$(filter %/dte-cuda.so,$(LIBS))' \

@@ -123,10 +123,10 @@ problems() { grep '^problem=' "$1" | sed 's/^problem=/  /'; }
 unset MAKEFLAGS MFLAGS MAKELEVEL
 MK="make --no-print-directory"
 [ "$B" = build-asan ] && MK="$MK SANITIZE=1"
-if $MK deb >"$T/make.log" 2>&1; then ok "make deb"; else bad "make deb"; tail -20 "$T/make.log"; fi
-PDEB=$(ls "$B"/deb/python3-dte_*_all.deb 2>/dev/null | head -1)
+if $MK deb DEB_OUT="$T/deb" >"$T/make.log" 2>&1; then ok "make deb"; else bad "make deb"; tail -20 "$T/make.log"; fi
+PDEB=$(ls "$T"/deb/python3-dte_*_all.deb 2>/dev/null | head -1)
 V=${PDEB##*/python3-dte_}; V=${V%_all.deb}
-LDEB=$B/deb/libdte0_${V}_$ARCH.deb
+LDEB=$T/deb/libdte0_${V}_$ARCH.deb
 deb=fail
 dn=0/0; wn=0/0
 R=$T/root
@@ -137,7 +137,7 @@ if [ -n "$PDEB" ] && [ -e "$LDEB" ]; then
 		 dpkg-deb -f '$PDEB' Depends | grep -q 'python3:any' &&
 		 dpkg-deb -f '$PDEB' Depends | grep -q 'python3-torch'"
 	check "dted recommends python3-dte" sh -c \
-		"dpkg-deb -f '$B/deb/dted_${V}_$ARCH.deb' Recommends | grep -q python3-dte"
+		"dpkg-deb -f '$T/deb/dted_${V}_$ARCH.deb' Recommends | grep -q python3-dte"
 	D=$R/usr/lib/python3/dist-packages/dte
 	miss=""
 	for m in $SHIPPED; do [ -f "$D/$m" ] || miss="$miss $m"; done

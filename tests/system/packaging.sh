@@ -31,9 +31,9 @@ unset MAKEFLAGS MFLAGS MAKELEVEL
 MK="make --no-print-directory"
 grep -q '^include packaging/packaging.mk' Makefile || MK="$MK -f Makefile -f packaging/packaging.mk"
 [ "$B" = build-asan ] && MK="$MK SANITIZE=1"
-if $MK man deb >"$T/make.log" 2>&1; then ok "make man deb"; else bad "make man deb"; tail -20 "$T/make.log"; fi
+if $MK man deb DEB_OUT="$T/deb" >"$T/make.log" 2>&1; then ok "make man deb"; else bad "make man deb"; tail -20 "$T/make.log"; fi
 
-DEB=$(ls "$B"/deb/dted_*_"$ARCH".deb 2>/dev/null | head -1)
+DEB=$(ls "$T"/deb/dted_*_"$ARCH".deb 2>/dev/null | head -1)
 DEBV=${DEB##*/dted_}; DEBV=${DEBV%_"$ARCH".deb}
 check "package version $DEBV is $VERSION-<revision>" \
 	sh -c "echo '$DEBV' | grep -qE '^$VERSION-[0-9]+\$'"
@@ -127,7 +127,7 @@ if [ -z "$DEB" ]; then
 	exit 1
 fi
 DEBS=$DEB
-[ $HAVE_LIB -eq 1 ] && DEBS="$DEBS $B/deb/libdte0_${DEBV}_$ARCH.deb $B/deb/libdte-dev_${DEBV}_$ARCH.deb $B/deb/python3-dte_${DEBV}_all.deb"
+[ $HAVE_LIB -eq 1 ] && DEBS="$DEBS $T/deb/libdte0_${DEBV}_$ARCH.deb $T/deb/libdte-dev_${DEBV}_$ARCH.deb $T/deb/python3-dte_${DEBV}_all.deb"
 
 # lintian: no errors, no warnings; the overrides it honours are explained
 # in packaging/lintian-overrides.
@@ -152,10 +152,10 @@ grep -q '^/usr/lib/python3/' "$T/list" && miss="$miss (python modules: python3-d
 [ -z "$miss" ] && ok "dted package contents" || bad "dted package lacks:$miss"
 
 if [ $HAVE_LIB -eq 1 ]; then
-	dpkg-deb -c "$B/deb/libdte0_${DEBV}_$ARCH.deb" >"$T/lib0"
+	dpkg-deb -c "$T/deb/libdte0_${DEBV}_$ARCH.deb" >"$T/lib0"
 	grep -q " \./usr/lib/$MA/libdte\.so\.0$" "$T/lib0" &&
 		ok "libdte0 holds libdte.so.0" || bad "libdte0 holds libdte.so.0"
-	dpkg-deb -c "$B/deb/libdte-dev_${DEBV}_$ARCH.deb" | awk '{ print $6 }' >"$T/dev"
+	dpkg-deb -c "$T/deb/libdte-dev_${DEBV}_$ARCH.deb" | awk '{ print $6 }' >"$T/dev"
 	miss=""
 	for f in ./usr/include/dte/dte.h ./usr/lib/$MA/libdte.so ./usr/lib/$MA/libdte.a \
 		 ./usr/lib/$MA/pkgconfig/dte.pc; do
@@ -173,7 +173,7 @@ check "conffiles: /etc/dted/dted.conf" grep -qxF /etc/dted/dted.conf "$T/ctl/con
 check "md5sums match" sh -c "cd '$X' && md5sum --quiet -c '$T/ctl/md5sums'"
 check "maintainer scripts parse" sh -c "sh -n '$T/ctl/postinst' && sh -n '$T/ctl/prerm' && sh -n '$T/ctl/postrm'"
 if [ $HAVE_LIB -eq 1 ]; then
-	dpkg-deb -e "$B/deb/libdte0_${DEBV}_$ARCH.deb" "$T/ctl0"
+	dpkg-deb -e "$T/deb/libdte0_${DEBV}_$ARCH.deb" "$T/ctl0"
 	check "libdte0: shlibs and ldconfig trigger" sh -c \
 		"grep -q '^libdte 0 libdte0' '$T/ctl0/shlibs' && grep -qx 'activate-noawait ldconfig' '$T/ctl0/triggers'"
 fi
