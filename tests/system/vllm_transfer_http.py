@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dte-test: serial=vllm (a real vLLM-CPU engine: one at a time, tests/run-system.sh)
 """dted as vLLM's weight transfer backend, driven over vLLM's own HTTP
 endpoints (entrypoints/rl/online/api_router.py) of the real OpenAI-
 compatible server of vllm-cpu (the venv scripts/install-deps.sh makes at
@@ -132,11 +133,13 @@ class Server:
         # forward that stalls on a TP worker (the CPU shared-memory
         # collectives wait without a timeout) makes the engine core raise
         # after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (envs.py; default 300,
-        # the client's own timeout): 120 here, so the server says so before
-        # the client gives up; INFO, so its "No available shared memory
+        # the client's own timeout): 240 here, so the server says so before
+        # the client gives up (120 s was too short once: a loaded run's
+        # first forward beside another test's TP 2 engine stalled past it,
+        # now tests/run-system.sh's serial=vllm keeps them apart); INFO, so its "No available shared memory
         # broadcast block" warnings reach the log.
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", PYTHONFAULTHANDLER="1",
-                   VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="120", VLLM_LOGGING_LEVEL="INFO",
+                   VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="240", VLLM_LOGGING_LEVEL="INFO",
                    VLLM_CPU_OMP_THREADS_BIND="0|1" if tp == 2 else "auto")
         self.logpath = logpath
         self.log = open(logpath, "w")
