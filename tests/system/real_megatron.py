@@ -33,7 +33,7 @@ block spec's dense first layer, a shared expert, QKV bias, partial rotary,
 sigmoid routing with the routers' aux-loss-free expert_bias, an FP32 buffer
 Megatron updates every step outside the optimizer, which
 Source.megatron_core registers at rank 0; into SGLang-layout engine
-workers (GlmSink), the bias held bit for bit in FP32.  DeepSeek-V3
+workers (FamilySink), the bias held bit for bit in FP32.  DeepSeek-V3
 (deepseek_config) the same way with MLA as megatron-core's local spec
 builds it (q_layernorm / kv_layernorm modules, which the mcore layout
 takes as the TE spec's fused norms); its core attention, which has no
@@ -167,7 +167,7 @@ def transformer_config(cfg, tp, ep):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import (MLATransformerConfig,
                                                               TransformerConfig)
-    moe, glm = is_moe(cfg), cfg["model_type"] in FAMILIES
+    moe, family = is_moe(cfg), cfg["model_type"] in FAMILIES
     kw = dict(
         num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
         ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
@@ -188,7 +188,7 @@ def transformer_config(cfg, tp, ep):
                   moe_router_topk=cfg["num_experts_per_tok"], moe_grouped_gemm=False,
                   moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
                   moe_aux_loss_coeff=0.0, moe_router_pre_softmax=False)
-    if glm:
+    if family:
         # GLM-4.5's config.json in Megatron-Core's terms: QKV bias, no QK norm, dense first layers
         # (moe_layer_freq), a shared expert (SharedExpertMLP), sigmoid
         # routing scaled by routed_scaling_factor with the aux-loss-free
@@ -328,7 +328,7 @@ def to_hf(cfg, ranks):
     H, nq, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, V, L = cfg.get("head_dim"), cfg["vocab_size"], cfg["num_hidden_layers"]
     qpg = nq // nkv
-    moe, glm, mla = is_moe(cfg), cfg["model_type"] in FAMILIES, is_mla(cfg)
+    moe, family, mla = is_moe(cfg), cfg["model_type"] in FAMILIES, is_mla(cfg)
     bufs = {}
     for r in ranks:
         for name, t in r.get("buffers", []):
@@ -381,7 +381,7 @@ def to_hf(cfg, ranks):
             hf[h + "self_attn.q_proj.bias"] = qkvb[:, :qpg].reshape(nq * hd)
             hf[h + "self_attn.k_proj.bias"] = qkvb[:, qpg].reshape(nkv * hd)
             hf[h + "self_attn.v_proj.bias"] = qkvb[:, qpg + 1].reshape(nkv * hd)
-        if not glm or cfg.get("use_qk_norm"):
+        if not family or cfg.get("use_qk_norm"):
             hf[h + "self_attn.q_norm.weight"] = replicated(a + "q_layernorm.weight")
             hf[h + "self_attn.k_norm.weight"] = replicated(a + "k_layernorm.weight")
         hf[h + "self_attn.o_proj.weight"] = torch.cat(tps(a + "linear_proj.weight"), 1)
@@ -404,9 +404,9 @@ def to_hf(cfg, ranks):
         hf[s_ + "o_proj.weight"] = torch.cat(tps(a + "linear_proj.weight"), 1)
 
     def mlp(n, h, m):
-        if moe and (not glm or n >= cfg["first_k_dense_replace"]):
+        if moe and (not family or n >= cfg["first_k_dense_replace"]):
             hf[h + "mlp.gate.weight"] = replicated(m + "router.weight")
-            if glm:
+            if family:
                 bn = m + "router.expert_bias"
                 if bn not in bufs:
                     raise AssertionError("no rank reported %s" % bn)
@@ -541,7 +541,7 @@ def _rank(rank, world, store, args, to_main, from_main):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     cfg, tp, dp, ep, kind = args["cfg"], args["tp"], args["dp"], args["ep"], args["optimizer"]
-    moe, glm = is_moe(cfg), cfg["model_type"] in FAMILIES
+    moe, family = is_moe(cfg), cfg["model_type"] in FAMILIES
     import mcore_shim
     mcore_shim.install(moe=moe, sequence_parallel=sequence_parallel(cfg, tp))
     import torch.distributed as dist
@@ -567,7 +567,7 @@ def _rank(rank, world, store, args, to_main, from_main):
     model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)
     tcfg = transformer_config(cfg, tp, ep)
-    if glm:
+    if family:
         # Dense and MoE layers mixed (moe_layer_freq): the block spec, of
         # local (non-TE) layers.
         spec = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=False,
@@ -842,7 +842,7 @@ CONFIGS = [
 ]
 
 
-class GlmSink:
+class FamilySink:
     """GLM-4.5's and DeepSeek-V3's sinks: SGLang-layout engine workers
     (dte.integrations EngineSink, as families_sync.py holds them; of MLA
     a view whose parameters are all it has), the engine's tensors
@@ -913,7 +913,7 @@ def main():
     try:
         daemon.start()
         for i, (label, model, tp, dp, ep, kind, lr, stp, sep) in enumerate(configs):
-            glm = model in FAMILIES
+            family = model in FAMILIES
             cfg = {"glm4_moe": glm_config, "deepseek_v3": deepseek_config}.get(
                 model, lambda: qwen3_config(model == "qwen3_moe"))()
             cfg_text = json.dumps(cfg)
@@ -922,8 +922,8 @@ def main():
                                                      ",ep=%d" % sep if sep > 1 else "")
             t0 = time.time()
             arenas = sink = None
-            if glm:
-                sink = GlmSink(sock, job, cfg, cfg_text, stp, sep)
+            if family:
+                sink = FamilySink(sock, job, cfg, cfg_text, stp, sep)
             else:
                 arenas = tl.SglangSinkArenas(cfg_text, stp, sep, label=job + "-sink")
                 sink = dsink.Sink(sock, job, "tok", cfg_text, arenas.layout)
@@ -932,17 +932,17 @@ def main():
             seen = {"n": 0, "exact": 0}
             theta0 = {}
 
-            def init_hf(hf, ckpt=ckpt, cfg=cfg, theta0=theta0, sink=sink, glm=glm):
+            def init_hf(hf, ckpt=ckpt, cfg=cfg, theta0=theta0, sink=sink, family=family):
                 theta0.update(hf)
-                if glm:
+                if family:
                     sink.start(hf)
                 else:
                     write_hf_checkpoint(ckpt, cfg, hf)
 
             def on_version(v, hf, sink=sink, arenas=arenas, seen=seen, cfg=cfg, stp=stp,
-                           sep=sep, desc=desc, glm=glm):
+                           sep=sep, desc=desc, family=family):
                 seen["n"] += 1
-                if glm:
+                if family:
                     bad, n = sink.apply(v, hf)
                 else:
                     sink.apply(v, timeout_ms=60000)
@@ -981,7 +981,7 @@ def main():
                 loss = [sum(x["loss"]) / len(x["loss"]) for x in vs]
                 c.check(loss and loss[-1] < loss[0], "%s: the loss did not fall: %s" % (
                     desc, ["%.3f" % x for x in loss]))
-                if c.check(bool(theta0), "%s: no θ_0" % desc) and not glm:
+                if c.check(bool(theta0), "%s: no θ_0" % desc) and not family:
                     check_checkpoint(c, desc, ckpt, cfg, theta0)
             versions += seen["n"]
             exact += seen["exact"]
