@@ -324,7 +324,11 @@ int dte_query_version(dte_t *h, const char *job, uint64_t participant, uint64_t 
  * the count to *n; err (may be NULL) says why on DTE_ERR_INVAL. */
 struct dte_layout_buffer_info {
 	uint32_t id;
-	int64_t  length;                /* elements */
+	/* Elements, as the client registers the buffer: 16-bit units for a
+	 * sink's FP8 weight (its float8_e4m3fn codes two to a unit: bytes / 2)
+	 * and its FP32 weight_scale_inv (two units a scale), with -1 for an
+	 * FP8 weight of odd length (sglang:/vllm: fp8=1, issue 33). */
+	int64_t  length;
 	char     name[96];
 };
 

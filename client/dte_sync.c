@@ -562,7 +562,9 @@ int dte_layout_buffers(const char *model_config, const char *layout, int role, u
 			continue;
 		if (k < cap) {
 			out[k].id = l.bufs[i].id;
-			out[k].length = l.bufs[i].length;
+			out[k].length = role == DTE_SINK ?
+				dte_layout_units(&l, rank, l.bufs[i].id, l.bufs[i].length) :
+				l.bufs[i].length;
 			snprintf(out[k].name, sizeof(out[k].name), "%s", l.bufs[i].name);
 		}
 		k++;

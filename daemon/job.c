@@ -523,6 +523,7 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 	struct dte_layout lay;
 	struct jlocal *l = NULL;
 	char lerr[256];
+	int64_t need;
 	int lrc;
 	int role;
 	size_t n = 0, i, k;
@@ -554,6 +555,10 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 	if ((lrc = jlayout_build(j, role, rq->layout, rq->rank, rq->shards, &lay, lerr,
 				 sizeof(lerr))) < 0)
 		return FAIL(lrc, "job %s: %s", j->name, lerr);
+	if (role == JROLE_SINK && lay.nfp8 && (lrc = jstore_fp8_check(j, err, errlen)) < 0) {
+		dte_layout_fini(&lay);
+		return lrc;
+	}
 	/* A shard table names its own rank on every line: it must be this one. */
 	for (i = 0; dte_layout_desc_sharded(rq->layout) && i < lay.nbufs; i++)
 		if (lay.bufs[i].rank != rq->rank) {
@@ -596,10 +601,15 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 			     role == JROLE_SOURCE ? "source" : "sink", dbuf_dtype_name(want));
 			goto fail;
 		}
-		if (b->length < (uint64_t)lb->length) {
-			FAIL(st, "job %s: buffer %llu (%s) holds %llu elements; the layout needs %lld",
+		/* A sink's FP8 codes and scales are registered as 16-bit units. */
+		need = role == JROLE_SINK ? dte_layout_units(&lay, lb->rank, lb->id, lb->length) :
+					    lb->length;
+		if (need < 0 || b->length < (uint64_t)need) {
+			FAIL(st, "job %s: buffer %llu (%s) holds %llu elements; the layout needs %lld%s",
 			     j->name, (unsigned long long)b->id, lb->name,
-			     (unsigned long long)b->length, (long long)lb->length);
+			     (unsigned long long)b->length, (long long)need,
+			     need != lb->length ? " 16-bit units (FP8 codes two to a unit, scales "
+			     "two a scale)" : "");
 			goto fail;
 		}
 		for (size_t q = 0; q < k; q++)

@@ -37,11 +37,12 @@
 #include "daemon/side_table.h"
 #include "gpu/codec.h"
 #include "gpu/compute.h"
+#include "gpu/fp8.h"
 #include "gpu/xxh.h"
 
 /* What makes two entries read the same source elements. */
 struct det_key {
-	uint32_t src_buf, src_buf_m, src_buf_v, group, ndim;
+	uint32_t src_buf, src_buf_m, src_buf_v, group, ndim, fp8;
 	int64_t extent[DTE_MAX_DIMS];
 	int64_t src_offset;
 	int64_t src_stride[DTE_MAX_DIMS];
@@ -88,6 +89,7 @@ static void key_of(const struct jentry *e, struct det_key *k)
 	k->src_buf_v = e->src_buf_v;
 	k->group = e->group;
 	k->ndim = e->map.ndim;
+	k->fp8 = e->fp8;
 	k->src_offset = e->map.src_offset;
 	for (uint32_t d = 0; d < e->map.ndim && d < DTE_MAX_DIMS; d++) {
 		k->extent[d] = e->map.extent[d];
@@ -306,7 +308,7 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				one = p->dirty[refs[m].entry];
 			}
 		}
-		if (!members || e->raw || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
+		if (!members || e->raw || e->fp8 || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
 			continue;	/* raw: sent whole every version, nothing to mark */
 		{
 			uint64_t words = dtc_bitmap_words(&e->map), cnt;
@@ -395,8 +397,8 @@ static int snapshot_all(struct jcap *c)
 			struct dtc_src s;
 			int r;
 
-			if (e->raw)
-				continue;	/* sent whole every version (entry_raw) */
+			if (e->raw || e->fp8)
+				continue;	/* sent whole every version (entry_raw, entry_fp8) */
 			if (cap_src(c, e, &s) < 0) {
 				CAPFAIL("source buffers missing");
 				goto out;
@@ -797,6 +799,169 @@ static int entry_raw(struct jcap *c, size_t pi, const struct jentry *e, const st
 	return 0;
 }
 
+/* The units of an FP8 sink's element box (gpu/fp8.h dtc_fp8_box_units)
+ * with what the FP8 detect flags, kept for the entry after (a box's codes
+ * entry is followed by its scales entry, dte_plan_fp8_split): computed
+ * once for both. */
+struct jfp8_box {
+	uint32_t src_buf, group, flags;
+	int64_t src_offset, src_stride[2], fbox[2];
+	int detect;
+	uint16_t *codes, *scales;
+	uint64_t *code_changed, *scale_changed;
+};
+
+static void fp8_box_free(struct jfp8_box *b)
+{
+	if (b) {
+		free(b->codes);
+		free(b->scales);
+		free(b->code_changed);
+		free(b->scale_changed);
+		free(b);
+	}
+}
+
+static int fp8_box_same(const struct jfp8_box *b, const struct jentry *e, int detect)
+{
+	return b && b->src_buf == e->src_buf && b->group == e->group &&
+	       b->flags == e->fp8_flags && b->src_offset == e->map.src_offset &&
+	       b->src_stride[0] == e->map.src_stride[0] && b->src_stride[1] == e->map.src_stride[1] &&
+	       b->fbox[0] == e->fbox[0] && b->fbox[1] == e->fbox[1] && b->detect == detect;
+}
+
+/* The 16-bit checksum of units u (row-major over e's extent) at e's
+ * destination indices, as dtc_checksum_box() of a sink holding them. */
+static uint64_t units_csum(const struct jentry *e, const uint16_t *u)
+{
+	int64_t idx[DTE_MAX_DIMS] = { 0 };
+	uint64_t s = 0;
+
+	for (uint64_t i = 0; i < e->box; i++) {
+		int64_t at = e->map.dst_offset;
+
+		for (uint32_t d = 0; d < e->map.ndim; d++)
+			at += idx[d] * e->map.dst_stride[d];
+		s += dtc_csum_term((uint64_t)at, u[i]);
+		for (uint32_t d = e->map.ndim; d-- > 0;) {
+			if (++idx[d] < e->map.extent[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+	return s;
+}
+
+/* An FP8 sink's entry (jentry.fp8): the units the source computes from
+ * θ's element box with the engine's quantizer.  A dense pair gets all of
+ * them; a sparse one those the FP8 detect flags when it can run (host
+ * sources, detect = adamw, no marks), else every unit as positions (K >
+ * 1, detect = snapshot: the detect sees one step, so the sink gets all,
+ * as entry_raw does).  *sum: the checksum of every unit of the box. */
+static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const struct dtc_src *s,
+		     uint64_t *count, uint64_t *sum)
+{
+	struct jcap_pair *p = &c->p[pi];
+	struct dtc_bytes *raw = &p->raw;
+	int sparse = p->sparse;
+	int detect = sparse && c->detect == JDETECT_ADAMW && !p->dirty && entry_host(c, e);
+	uint64_t R = (uint64_t)e->fbox[0], C = (uint64_t)e->fbox[1], nb, n = 0;
+	const uint16_t *u;
+	const uint64_t *chg;
+	uint64_t *pos = NULL;
+	uint16_t *vals = NULL;
+	size_t at, len = 0, bound;
+	int r;
+
+	if (!entry_host(c, e))
+		return CAPFAIL("tensor %u goes to an FP8 sink: its codes and scales are computed "
+			       "from host sources only", e->tensor);
+	if (detect && e->group >= c->ngroups)
+		return CAPFAIL("optimizer group %u has no hyper-parameters (%zu given)", e->group,
+			       c->ngroups);
+	if (!fp8_box_same(c->f8, e, detect)) {
+		struct jfp8_box *b = calloc(1, sizeof(*b));
+		struct dtc_fp8_detect det = { 0 };
+
+		fp8_box_free(c->f8);
+		c->f8 = b;
+		nb = ((R + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK) * ((C + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK);
+		if (!b || !(b->codes = malloc(R * C / 2 * sizeof(*b->codes))) ||
+		    !(b->scales = malloc(2 * nb * sizeof(*b->scales))) ||
+		    (detect && (!(b->code_changed = malloc((R * C / 2 + 63) / 64 * 8)) ||
+				!(b->scale_changed = malloc((2 * nb + 63) / 64 * 8)))))
+			return CAPFAIL("out of memory");
+		r = dtc_fp8_box_units(detect ? &c->k[e->group] : NULL, s->param, s->exp_avg,
+				      s->exp_avg_sq, s->len, e->map.src_offset, e->map.src_stride, R, C,
+				      e->fp8_flags, b->codes, b->scales, b->code_changed,
+				      b->scale_changed, &det);
+		if (r != DTC_OK) {
+			fp8_box_free(b);
+			c->f8 = NULL;
+			return CAPFAIL("FP8 tensor %u: %s", e->tensor, dtc_strerror(r));
+		}
+		b->src_buf = e->src_buf;
+		b->group = e->group;
+		b->flags = e->fp8_flags;
+		b->src_offset = e->map.src_offset;
+		b->src_stride[0] = e->map.src_stride[0];
+		b->src_stride[1] = e->map.src_stride[1];
+		b->fbox[0] = e->fbox[0];
+		b->fbox[1] = e->fbox[1];
+		b->detect = detect;
+		if (detect) {
+			c->scans++;
+			c->scan_elements += R * C;
+		}
+	}
+	u = e->fp8 == JFP8_CODES ? c->f8->codes : c->f8->scales;
+	chg = e->fp8 == JFP8_CODES ? c->f8->code_changed : c->f8->scale_changed;
+	*sum = units_csum(e, u);
+	c->fp8_units += e->box;
+	if (detect)
+		for (uint64_t w = 0; w < (e->box + 63) / 64; w++)
+			n += (uint64_t)__builtin_popcountll(chg[w]);
+	else
+		n = e->box;
+	*count = sparse ? n : e->box;
+	if (!*count)
+		return 0;	/* nothing flagged: COUNTS says 0 */
+	bound = sparse ? dtc_sparse_bound(*count) : 2 * e->box;
+	if (sparse && (!(pos = malloc(*count * sizeof(*pos))) ||
+		       !(vals = malloc(*count * sizeof(*vals))))) {
+		free(pos);
+		return CAPFAIL("out of memory");
+	}
+	if (bytes_reserve(&c->eng->cpool->bp, raw, 8 + bound) < 0) {
+		free(pos);
+		free(vals);
+		return CAPFAIL("out of memory");
+	}
+	at = raw->n;
+	if (sparse) {
+		uint64_t k = 0;
+
+		for (uint64_t i = 0; i < e->box; i++) {
+			if (detect && !(chg[i / 64] >> (i % 64) & 1))
+				continue;
+			pos[k] = i;
+			vals[k++] = u[i];
+		}
+		r = dtc_sparse_encode(pos, vals, k, e->box, raw->p + at + 8, bound, &len);
+	} else {
+		r = dtc_dense_encode(u, e->box, raw->p + at + 8, bound, &len);
+		c->dense_elements += e->box;
+	}
+	free(pos);
+	free(vals);
+	if (r != DTC_OK)
+		return CAPFAIL("FP8 tensor %u: %s", e->tensor, dtc_strerror(r));
+	bytes_len(raw, at, len);
+	raw->n += 8 + len;
+	c->fp8_sent += *count;
+	return 0;
+}
+
 /* Sparse from a bitmap (device sources, detect = snapshot): extract, then
  * encode straight into the pair's payload. */
 static int entry_sparse(struct jcap *c, struct det *d, size_t pi, const struct jentry *e,
@@ -1079,6 +1244,9 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 		if (e->raw) {
 			if ((rc = entry_raw(c, pi, e, &s, &cnt, &sum)) < 0)
 				return rc;
+		} else if (e->fp8) {
+			if ((rc = entry_fp8(c, pi, e, &s, &cnt, &sum)) < 0)
+				return rc;
 		} else if (!p->sparse) {
 			cnt = e->box;
 			if ((rc = entry_dense(c, d, pi, e, &s, &sum)) < 0)
@@ -1244,6 +1412,7 @@ void jcap_free(struct jcap *c)
 	free(c->buf_ids);
 	free(c->bufs);
 	free(c->k);
+	fp8_box_free(c->f8);
 	free(c);
 	dmetrics_set(DM_MARK_TABLE_BYTES, NULL, (double)side_held());
 	/* No capture left running and no part still going out: the kept

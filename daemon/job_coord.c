@@ -25,6 +25,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "gpu/compute.h"
+#include "gpu/fp8.h"
 
 /* ------------------------------------------------------- member: JOIN */
 
@@ -540,6 +541,27 @@ static int sinkplan_index(struct jsinkplan *s, uint32_t nsrc)
 	return 0;
 }
 
+/* Every entry of a sink plan into an FP8 buffer must split into whole
+ * blocks' codes and scales (dte_plan_fp8_split): checked once a build, so
+ * a layout pair where no source holds a block whole is refused as a plan
+ * (dtectl job's plan_error) rather than per pair. */
+static int sinkplan_fp8_check(const struct jsinkplan *s, const struct dte_spec *spec, char *err,
+			      size_t errlen)
+{
+	struct dte_plan_entry pe;
+	struct dte_fp8_split sp;
+
+	for (size_t q = 0; s->lay.nfp8 && q < s->plan.n; q++) {
+		const struct dte_layout_fp8 *f;
+
+		dte_plan_entry(&s->plan, q, &pe);
+		f = dte_layout_fp8_find(&s->lay, pe.sink_rank, pe.sink_buf);
+		if (f && dte_plan_fp8_split(f, &pe, spec->t[pe.tensor].name, &sp, err, errlen) < 0)
+			return -EINVAL;
+	}
+	return 0;
+}
+
 /* The cached plan of sink layout desc (built, and indexed, when not
  * cached); NULL when out of memory.  ->ok 0: it cannot be built (logged). */
 static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const char *desc,
@@ -570,6 +592,13 @@ static struct jsinkplan *cache_sink(struct job *j, struct jplan_cache *c, const 
 	if (dte_plan_build(&s->plan, &j->spec, &c->src, &s->lay, &opts, err, sizeof(err)) < 0) {
 		DLOG_E("job %s: plan %s -> %s: %s", j->name, c->src_desc, desc, err);
 		snprintf(s->err, sizeof(s->err), "%s", err);
+		dte_layout_fini(&s->lay);
+		return s;
+	}
+	if (sinkplan_fp8_check(s, &j->spec, err, sizeof(err)) < 0) {
+		DLOG_E("job %s: plan %s -> %s: %s", j->name, c->src_desc, desc, err);
+		snprintf(s->err, sizeof(s->err), "%s", err);
+		dte_plan_fini(&s->plan);
 		dte_layout_fini(&s->lay);
 		return s;
 	}
@@ -724,21 +753,50 @@ static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan
 	uint8_t *buf = NULL;
 	size_t cap = 0, len = 0;
 
+	uint32_t id = 0;
+
 	for (size_t k = k0; k < k1; k++) {
 		struct dte_plan_entry pe;
+		struct dte_fp8_split sp;
+		const struct dte_layout_fp8 *f;
 		Dtep__Entry e;
 		size_t sz;
+		int n = 1;
 
 		dte_plan_entry(&s->plan, s->q_of[k], &pe);
-		entry_fill(&e, &pe, (uint32_t)(k - k0), t[2], t[1]);
-		sz = protobuf_c_message_get_packed_size(&e.base);
-		if (buf_reserve(&buf, &cap, len + 1 + 10 + sz) < 0) {
-			free(buf);
-			return -ENOMEM;
+		/* An FP8 sink's entry goes as its codes, then its scales
+		 * (checked when the plan was built: sinkplan_fp8_check). */
+		f = dte_layout_fp8_find(&s->lay, pe.sink_rank, pe.sink_buf);
+		if (f && dte_plan_fp8_split(f, &pe, "", &sp, NULL, 0) < 0)
+			f = NULL;
+		if (f)
+			n = 2;
+		for (int h = 0; h < n; h++) {
+			entry_fill(&e, &pe, id++, t[2], t[1]);
+			if (f) {
+				struct dte_box_map *m = h ? &sp.scales : &sp.codes;
+
+				e.fp8 = h ? JFP8_SCALES : JFP8_CODES;
+				e.fp8_flags = f->flags;
+				e.n_src_extent = 2;
+				e.src_extent = sp.src_extent;
+				e.dst_buffer = h ? f->scale_buf : pe.sink_buf;
+				e.n_extent = e.n_src_stride = e.n_dst_stride = m->ndim;
+				e.extent = m->extent;
+				e.src_offset = m->src_offset;
+				e.src_stride = m->src_stride;
+				e.dst_offset = m->dst_offset;
+				e.dst_stride = m->dst_stride;
+			}
+			sz = protobuf_c_message_get_packed_size(&e.base);
+			if (buf_reserve(&buf, &cap, len + 1 + 10 + sz) < 0) {
+				free(buf);
+				return -ENOMEM;
+			}
+			buf[len++] = PLAN_ENTRIES_KEY;
+			len += varint_put(buf + len, sz);
+			len += protobuf_c_message_pack(&e.base, buf + len);
 		}
-		buf[len++] = PLAN_ENTRIES_KEY;
-		len += varint_put(buf + len, sz);
-		len += protobuf_c_message_pack(&e.base, buf + len);
 	}
 	if (!buf && !(buf = malloc(1)))
 		return -ENOMEM;
@@ -1693,16 +1751,58 @@ void jplan_free(struct job *j)
 	j->naddr = 0;
 }
 
+/* An FP8 sink's entry (proto field fp8): its units must be exactly the
+ * codes or the block scales of its element box (layout/plan.h,
+ * dte_fp8_split), so the source computes what the sink was told to
+ * expect; a peer's PLAN that says otherwise is refused. */
+static int entry_fp8_from_msg(const Dtep__Entry *m, struct jentry *e, char *err, size_t errlen)
+{
+	const int64_t B = DTE_FP8_BLOCK;
+	int64_t R, C;
+
+	if (!m->fp8 && !m->n_src_extent)
+		return 0;
+	if (m->fp8 != JFP8_CODES && m->fp8 != JFP8_SCALES) {
+		snprintf(err, errlen, "entry %u: fp8 %u is neither codes (1) nor scales (2)", m->id,
+			 m->fp8);
+		return -EINVAL;
+	}
+	if (m->n_src_extent != 2 || m->src_extent[0] <= 0 || m->src_extent[1] <= 0 ||
+	    m->src_extent[1] % 2 || (m->fp8_flags & ~(uint32_t)DTC_FP8_FLAGS_ALL) ||
+	    ((m->fp8_flags & DTC_FP8_UE8M0) && (m->fp8_flags & DTC_FP8_UE8M0_LOG2)) || e->raw) {
+		snprintf(err, errlen, "entry %u: FP8 box or quantizer flags invalid", m->id);
+		return -EINVAL;
+	}
+	R = m->src_extent[0];
+	C = m->src_extent[1];
+	if (m->fp8 == JFP8_CODES ? e->map.ndim != 2 || e->map.extent[0] != R ||
+				   e->map.extent[1] != C / 2 :
+	    e->map.ndim != 3 || e->map.extent[0] != (R + B - 1) / B ||
+	    e->map.extent[1] != (C + B - 1) / B || e->map.extent[2] != 2) {
+		snprintf(err, errlen, "entry %u: FP8 %s units do not match its %lld x %lld box",
+			 m->id, m->fp8 == JFP8_CODES ? "code" : "scale", (long long)R, (long long)C);
+		return -EINVAL;
+	}
+	e->fp8 = (uint8_t)m->fp8;
+	e->fp8_flags = m->fp8_flags;
+	e->fbox[0] = R;
+	e->fbox[1] = C;
+	return 0;
+}
+
 static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e, char *err,
 			  size_t errlen)
 {
 	struct jlocal *sl = job_local(j, m->src), *dl = job_local(j, m->dst);
 	uint32_t nd = (uint32_t)m->n_extent;
+	struct dte_box_map em, dm;	/* an FP8 entry's element box; its units alone */
 	struct dbuf *p, *mm, *v, *d;
 	uint64_t slen;
 	int rc;
 
 	memset(e, 0, sizeof(*e));
+	memset(&em, 0, sizeof(em));
+	memset(&dm, 0, sizeof(dm));
 	if (nd < 1 || nd > DTE_MAX_DIMS || m->n_src_stride != nd || m->n_dst_stride != nd) {
 		snprintf(err, errlen, "entry %u: %u dims with %zu/%zu strides", m->id, nd,
 			 m->n_src_stride, m->n_dst_stride);
@@ -1732,9 +1832,22 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 		snprintf(err, errlen, "entry %u: empty or bad box", m->id);
 		return -EINVAL;
 	}
+	if ((rc = entry_fp8_from_msg(m, e, err, errlen)) < 0)
+		return rc;
 	if (e->group >= JOB_MAX_GROUPS) {
 		snprintf(err, errlen, "entry %u: optimizer group %u out of range", m->id, e->group);
 		return -EINVAL;
+	}
+	if (e->fp8) {
+		em.ndim = 2;
+		em.extent[0] = e->fbox[0];
+		em.extent[1] = e->fbox[1];
+		em.src_offset = e->map.src_offset;
+		em.src_stride[0] = e->map.src_stride[0];
+		em.src_stride[1] = e->map.src_stride[1];
+		dm = e->map;
+		dm.src_offset = 0;
+		memset(dm.src_stride, 0, sizeof(dm.src_stride));
 	}
 	/* Every index must land inside the buffers registered here. */
 	if (sl) {
@@ -1752,7 +1865,8 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 			snprintf(err, errlen, "entry %u: source buffer too long", m->id);
 			return -EINVAL;
 		}
-		if ((rc = dtc_entry_check(&e->map, e->raw ? 2 * slen : slen, UINT64_MAX)) != DTC_OK) {
+		if ((rc = dtc_entry_check(e->fp8 ? &em : &e->map, e->raw ? 2 * slen : slen,
+					  UINT64_MAX)) != DTC_OK) {
 			snprintf(err, errlen, "entry %u: source side: %s", m->id, dtc_strerror(rc));
 			return -EINVAL;
 		}
@@ -1763,7 +1877,7 @@ static int entry_from_msg(struct job *j, const Dtep__Entry *m, struct jentry *e,
 			snprintf(err, errlen, "entry %u: sink buffer %u not attached", m->id, e->dst_buf);
 			return -EINVAL;
 		}
-		if ((rc = dtc_entry_check(&e->map, UINT64_MAX, d->length)) != DTC_OK) {
+		if ((rc = dtc_entry_check(e->fp8 ? &dm : &e->map, UINT64_MAX, d->length)) != DTC_OK) {
 			snprintf(err, errlen, "entry %u: sink side: %s", m->id, dtc_strerror(rc));
 			return -EINVAL;
 		}

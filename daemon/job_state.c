@@ -236,15 +236,6 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 		/* The layout library says why; what it refuses is the request. */
 		return -EINVAL;
 	}
-	if (l->nfp8) {
-		/* dtectl plan maps FP8 sinks; the data path moves BF16 elements
-		 * (gpu/fp8.h has the FP8 detect and payload, no engine path yet). */
-		dte_layout_fini(l);
-		return derr_fail(err, errlen, -EOPNOTSUPP, "%s: FP8 sinks are plan-only: dted moves "
-				 "BF16 elements, so a sync would not write the FP8 codes and scales the "
-				 "engine computes with (dtectl plan maps them; docs/INTEGRATION.md, "
-				 "\"FP8 block-scaled weights\")", desc);
-	}
 	if (rank >= l->nranks) {
 		uint32_t top = l->nranks ? l->nranks - 1 : 0;
 

@@ -84,7 +84,16 @@ struct jentry {
 	 * in 16-bit units of its FP32 buffer, and the entry is sent whole
 	 * every version as the bits are (job_capture.c entry_raw). */
 	uint8_t  raw;
+	/* An entry into an FP8 sink (layout/plan.h, dte_fp8_split): map's
+	 * extent and dst side are 16-bit units of dst_buf; its src_offset and
+	 * src_stride[0..1] are the element box [fbox[0], fbox[1]] the source
+	 * quantizes with fp8_flags (job_capture.c entry_fp8). */
+	uint8_t  fp8;                             /* 0, JFP8_CODES or JFP8_SCALES */
+	uint32_t fp8_flags;
+	int64_t  fbox[2];
 };
+
+enum { JFP8_CODES = 1, JFP8_SCALES = 2 };
 
 /* Every entry from one source participant to one sink participant. */
 struct jpair {
@@ -532,6 +541,8 @@ struct jcap {
 	uint64_t side_kept, side_uncertain, side_left_out, side_dropped;
 	int side_wrong;           /* a test build's fault (job_ext.h): drops to break */
 	uint64_t dense_elements;  /* read for dense pairs (shared ones once) */
+	struct jfp8_box *f8;      /* the last FP8 box computed (job_capture.c entry_fp8) */
+	uint64_t fp8_units, fp8_sent;  /* FP8 entries' units, and those sent */
 	struct jcap *next;        /* eng->inflight */
 };
 

@@ -170,6 +170,16 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 	return 0;
 }
 
+int jstore_fp8_check(const struct job *j, char *err, size_t errlen)
+{
+	if (j->store && j->store->cfg.reader)
+		return derr_fail(err, errlen, -EOPNOTSUPP, "job %s reads from storage, which holds "
+				 "BF16 values; an FP8 sink's codes and scales are computed by a source "
+				 "from θ and the optimizer state: attach it to a job fed over UCX "
+				 "(docs/SYNC.md, \"FP8 sinks\")", j->name);
+	return 0;
+}
+
 /* ------------------------------------------------------------ helpers */
 
 /* The storage library's codes (DTS_*, small negatives of their own) as

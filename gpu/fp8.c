@@ -691,3 +691,138 @@ int dtc_fp8_delta_csum(const uint8_t *in, size_t len, uint64_t rows, uint64_t co
 	}
 	return rc;
 }
+
+/* One strip's θ (and m, v) as row-major [rows, cols] with leading
+ * dimension *ld: the source itself when its rows are contiguous, else
+ * gathered into g (3 x rows x cols floats). */
+static void strip_view(const float *const src[3], int n, int64_t at, const int64_t st[2],
+		       uint64_t rows, uint64_t cols, float *g, const float *out[3], uint64_t *ld)
+{
+	if (st[1] == 1 && st[0] >= (int64_t)cols) {
+		for (int q = 0; q < n; q++)
+			out[q] = src[q] + at;
+		*ld = (uint64_t)st[0];
+		return;
+	}
+	for (int q = 0; q < n; q++) {
+		float *o = g + (size_t)q * rows * cols;
+
+		for (uint64_t r = 0; r < rows; r++)
+			for (uint64_t c = 0; c < cols; c++)
+				o[r * cols + c] = src[q][at + (int64_t)r * st[0] + (int64_t)c * st[1]];
+		out[q] = o;
+	}
+	*ld = cols;
+}
+
+int dtc_fp8_box_units(const struct dtc_consts *k, const float *theta, const float *m,
+		      const float *v, uint64_t src_len, int64_t src_offset,
+		      const int64_t src_stride[2], uint64_t rows, uint64_t cols, unsigned flags,
+		      uint16_t *codes, uint16_t *scales, uint64_t *code_changed,
+		      uint64_t *scale_changed, struct dtc_fp8_detect *det)
+{
+	const uint64_t B = DTC_FP8_BLOCK;
+	const float *src[3] = { theta, m, v }, *sv[3];
+	struct dte_box_map map;
+	uint64_t bc, strip, ld;
+	uint16_t *w = NULL;
+	uint8_t *c8 = NULL, *wh = NULL;
+	float *sf = NULL, *g = NULL;
+	uint64_t *chg = NULL;
+	int n = k ? 3 : 1, rc;
+
+	if (!theta || !codes || !scales || !src_stride || !rows || !cols || cols % 2 ||
+	    (flags & ~(unsigned)DTC_FP8_FLAGS_ALL) ||
+	    ((flags & DTC_FP8_UE8M0) && (flags & DTC_FP8_UE8M0_LOG2)) ||
+	    (k && (!m || !v || !code_changed || !scale_changed || !det)) ||
+	    rows > (UINT64_C(1) << 31) || cols > (UINT64_C(1) << 31))
+		return DTC_EINVAL;
+	memset(&map, 0, sizeof(map));
+	map.ndim = 2;
+	map.extent[0] = (int64_t)rows;
+	map.extent[1] = (int64_t)cols;
+	map.src_offset = src_offset;
+	map.src_stride[0] = src_stride[0];
+	map.src_stride[1] = src_stride[1];
+	if ((rc = dtc_entry_check(&map, src_len, UINT64_MAX)) != DTC_OK)
+		return rc;
+	bc = ceil_div(cols, B);
+	strip = B * cols;
+	w = malloc(strip * sizeof(*w));
+	c8 = malloc(strip);
+	sf = malloc(bc * sizeof(*sf));
+	g = malloc((size_t)n * strip * sizeof(*g));
+	if (k) {
+		chg = malloc(ceil_div(strip, 64) * sizeof(*chg));
+		wh = malloc(bc);
+	}
+	if (!w || !c8 || !sf || !g || (k && (!chg || !wh))) {
+		rc = DTC_ENOMEM;
+		goto out;
+	}
+	if (k) {
+		memset(code_changed, 0, ceil_div(rows * cols / 2, 64) * sizeof(*code_changed));
+		memset(scale_changed, 0, ceil_div(ceil_div(rows, B) * bc * 2, 64) *
+		       sizeof(*scale_changed));
+	}
+	for (uint64_t r0 = 0, br = 0; r0 < rows; r0 += B, br++) {
+		uint64_t sr = rows - r0 < B ? rows - r0 : B;
+
+		strip_view(src, n, src_offset + (int64_t)r0 * src_stride[0], src_stride, sr, cols, g,
+			   sv, &ld);
+		for (uint64_t r = 0; r < sr; r++)
+			for (uint64_t c = 0; c < cols; c++)
+				w[r * cols + c] = dtc_bf16_rne(sv[0][r * ld + c]);
+		if ((rc = dtc_fp8_quantize_bf16(w, sr, cols, cols, B, B, flags, c8, sf)) != DTC_OK)
+			goto out;
+		for (uint64_t r = 0; r < sr; r++)
+			for (uint64_t j = 0; j < cols / 2; j++)
+				codes[(r0 + r) * (cols / 2) + j] =
+					(uint16_t)(c8[r * cols + 2 * j] |
+						   (unsigned)c8[r * cols + 2 * j + 1] << 8);
+		for (uint64_t b = 0; b < bc; b++) {
+			uint32_t bits = dtc_f32_bits(sf[b]);
+
+			scales[2 * (br * bc + b)] = (uint16_t)(bits & 0xffffu);
+			scales[2 * (br * bc + b) + 1] = (uint16_t)(bits >> 16);
+		}
+		if (!k)
+			continue;
+		struct dtc_fp8_detect d;
+
+		if ((rc = dtc_fp8_detect_adamw(k, sv[0], sv[1], sv[2], sr, cols, ld, B, B, flags,
+					       chg, wh, &d)) != DTC_OK)
+			goto out;
+		det->blocks += d.blocks;
+		det->whole += d.whole;
+		det->codes += d.codes;
+		det->bf16 += d.bf16;
+		for (uint64_t r = 0; r < sr; r++) {
+			for (uint64_t j = 0; j < cols / 2; j++) {
+				uint64_t p = r * cols + 2 * j, u = (r0 + r) * (cols / 2) + j;
+				int hit = wh[2 * j / B] || (chg[p / 64] >> (p % 64) & 1) ||
+					  (chg[(p + 1) / 64] >> ((p + 1) % 64) & 1);
+
+				if (hit)
+					code_changed[u / 64] |= UINT64_C(1) << (u % 64);
+			}
+		}
+		for (uint64_t b = 0; b < bc; b++) {
+			uint64_t u = 2 * (br * bc + b);
+
+			if (!wh[b])
+				continue;
+			scale_changed[u / 64] |= UINT64_C(1) << (u % 64);
+			scale_changed[(u + 1) / 64] |= UINT64_C(1) << ((u + 1) % 64);
+		}
+	}
+	rc = DTC_OK;
+out:
+	free(w);
+	free(c8);
+	free(sf);
+	free(g);
+	free(chg);
+	free(wh);
+	return rc;
+}

@@ -256,6 +256,28 @@ int dtc_fp8_detect_adamw(const struct dtc_consts *k, const float *theta, const f
 			 uint32_t block_rows, uint32_t block_cols, unsigned flags,
 			 uint64_t *changed, uint8_t *whole, struct dtc_fp8_detect *out);
 
+/* What a source sends an FP8 sink (daemon/layout/plan.h, dte_fp8_split):
+ * the 16-bit units of one element box [rows, cols] of θ (host FP32 at
+ * src_offset with strides src_stride[0..1] in theta[0 .. src_len)),
+ * quantized by flags as dtc_fp8_quantize_bf16 does RNE-BF16(θ):
+ *     codes   rows x cols/2 units, row-major: codes 2j and 2j+1 of a row,
+ *             the first in the low byte (cols even);
+ *     scales  ceil(rows/128) x ceil(cols/128) x 2 units: each 128 x 128
+ *             block's FP32 scale, its low half first.
+ * With k (a sparse version; m and v at the same map), code_changed and
+ * scale_changed (bitmaps over those units, fully written) flag every unit
+ * that may differ from what the same quantizer made of θ_{t-1}
+ * (dtc_fp8_detect_adamw: a code that may change flags its unit; a block
+ * whose scale may change flags all of its units and its scale's two), and
+ * *det adds up that detect's counts; k NULL: neither is read or written.
+ * Works in strips of 128 rows (a few MB whatever the box).  DTC_EINVAL,
+ * DTC_EBOX (the map leaves theta), DTC_ENOMEM. */
+int dtc_fp8_box_units(const struct dtc_consts *k, const float *theta, const float *m,
+		      const float *v, uint64_t src_len, int64_t src_offset,
+		      const int64_t src_stride[2], uint64_t rows, uint64_t cols, unsigned flags,
+		      uint16_t *codes, uint16_t *scales, uint64_t *code_changed,
+		      uint64_t *scale_changed, struct dtc_fp8_detect *det);
+
 /* FP8 delta payload of one matrix [rows, cols] with blocks
  * block_rows x block_cols (the FP8 twin of gpu/codec.h's sparse payload):
  *     nwhole      LEB128 varint

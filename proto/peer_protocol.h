@@ -42,6 +42,11 @@
  *      carries the member's nonce, every PLAN to it echoes it
  *      (join_nonce).  A v4 daemon sends tokens and no MAC: 5..5.
  *      With auth = off on a job both ends send the token as in 4.
+ *   6  Entry.fp8 (issue 33): an entry into an FP8 sink moves 16-bit
+ *      units the source computes with the engine's quantizer from the
+ *      element box src_extent (daemon/layout/plan.h, dte_fp8_split).  A
+ *      v5 daemon would read such an entry's unit map as BF16 elements of
+ *      the source: 6..6.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -89,8 +94,8 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     5u
-#define PEER_PROTO_MIN_VERSION 5u
+#define PEER_PROTO_VERSION     6u
+#define PEER_PROTO_MIN_VERSION 6u
 
 #define PEER_TERM_COUNTER_BITS 24
 #define PEER_TERM_BOOT_BITS    39

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "daemon/layout/gen.h"
+#include "gpu/fp8.h"
 
 #define INFER_MAX_TP 4096
 #define INFER_VOCAB_PAD 64
@@ -91,6 +92,13 @@ static void infer_linear(struct infer_ctx *x, const char *fmt, long long layer, 
 	f.mats = mats;
 	f.rows = rows;
 	f.cols = cols;
+	/* The quantizer each engine runs on BF16 weights it holds as block
+	 * FP8 (docs/INTEGRATION.md, "FP8 block-scaled weights"): SGLang's
+	 * quant_weight_ue8m0 (fp8_utils.per_block_cast_to_fp8, power-of-two
+	 * scales); vLLM's Fp8PerBlockOnlineLinearMethod
+	 * (deep_gemm.per_block_cast_to_fp8, use_ue8m0=False) as eager CPU
+	 * torch divides by 448. */
+	f.flags = x->vllm ? 0u : (uint32_t)DTC_FP8_UE8M0;
 	if (sbuf < 0 || dte_layout_add_tensor(x->l, x->rank, (uint32_t)sbuf, 0, d2 ? 3 : 2,
 					      d2 ? shape : shape + 1, name) ||
 	    dte_layout_add_fp8(x->l, &f))

@@ -784,6 +784,19 @@ const struct dte_layout_fp8 *dte_layout_fp8_find(const struct dte_layout *l, uin
 	return NULL;
 }
 
+int64_t dte_layout_units(const struct dte_layout *l, uint32_t rank, uint32_t id, int64_t length)
+{
+	for (size_t i = 0; i < l->nfp8; i++) {
+		if (l->fp8[i].rank != rank)
+			continue;
+		if (l->fp8[i].buf == id)
+			return length % 2 ? -1 : length / 2;
+		if (l->fp8[i].scale_buf == id)
+			return 2 * length;
+	}
+	return length;
+}
+
 /* One dim of a piece on both grids: canonical [lo, hi) of a dim of size
  * n, at row/column `at` of the rank's matrix. */
 static int fp8_dim_ok(int64_t lo, int64_t hi, int64_t n, int64_t at)

@@ -71,6 +71,9 @@ struct dte_layout_tensor {
 struct dte_layout_fp8 {
 	uint32_t rank, buf, scale_buf;
 	int64_t  mats, rows, cols;
+	/* The engine's quantizer (gpu/fp8.h enum dtc_fp8_flags): what the
+	 * source computes the codes and scales with (daemon/job_capture.c). */
+	uint32_t flags;
 };
 
 struct dte_layout_names;
@@ -157,6 +160,12 @@ int dte_layout_fp8_use(const struct dte_layout *src, const struct dte_layout *si
 /* The FP8 record of buffer (rank, buf); NULL when it holds BF16. */
 const struct dte_layout_fp8 *dte_layout_fp8_find(const struct dte_layout *l, uint32_t rank,
 						 uint32_t buf);
+/* The 16-bit units a client registers buffer (rank, id) as, and a sink
+ * moves (issue 33): an FP8 weight's codes two to a unit (its bytes / 2),
+ * its FP32 scales as their halves (2 a scale), any other buffer its
+ * elements.  -1 for an FP8 buffer of odd length. */
+int64_t dte_layout_units(const struct dte_layout *l, uint32_t rank, uint32_t id, int64_t length);
+
 /* Room for this many more pieces, buffers and tensors (0: no more). */
 int  dte_layout_reserve(struct dte_layout *l, size_t pieces, size_t bufs, size_t tensors);
 /* Generators call this once done: lookups want buffers sorted by (rank, id). */

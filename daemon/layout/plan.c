@@ -817,3 +817,64 @@ void dte_plan_fini(struct dte_plan *plan)
 	free(plan->links);
 	memset(plan, 0, sizeof(*plan));
 }
+
+int dte_plan_fp8_split(const struct dte_layout_fp8 *f, const struct dte_plan_entry *pe,
+		       const char *tensor, struct dte_fp8_split *out, char *err, size_t errlen)
+{
+	const int64_t B = DTE_FP8_BLOCK;
+	int64_t R = pe->map.extent[0], C = pe->map.extent[1], off = pe->map.dst_offset;
+	int64_t mat, in, row, col, sr, sc, at;
+
+	memset(out, 0, sizeof(*out));
+	if (f->rows <= 0 || f->cols <= 0 || f->mats <= 0)
+		return dte_layout_err(err, errlen, "fp8: %s: empty matrix", tensor);
+	if (pe->map.ndim != 2 || pe->map.dst_stride[0] != f->cols || pe->map.dst_stride[1] != 1 ||
+	    R <= 0 || C <= 0 || off < 0 || off >= f->mats * f->rows * f->cols)
+		return dte_layout_err(err, errlen, "fp8: %s: an entry is not a box of rows of the "
+				      "rank's [%lld, %lld] matrix", tensor, (long long)f->rows,
+				      (long long)f->cols);
+	mat = off / (f->rows * f->cols);
+	in = off % (f->rows * f->cols);
+	row = in / f->cols;
+	col = in % f->cols;
+	if (row % B || col % B || (R % B && row + R != f->rows) || (C % B && col + C != f->cols) ||
+	    row + R > f->rows || col + C > f->cols)
+		return dte_layout_err(err, errlen, "fp8: %s: rows [%lld, %lld) cols [%lld, %lld) of "
+				      "the rank's matrix are not whole %lld x %lld blocks: a source "
+				      "piece (or a %lld-element plan slab) splits a block, so no source "
+				      "holds it whole to compute its scale (docs/SYNC.md, \"FP8 "
+				      "sinks\")", tensor, (long long)row, (long long)(row + R),
+				      (long long)col, (long long)(col + C), (long long)B, (long long)B,
+				      (long long)DTE_PLAN_ENTRY_MAX);
+	if (f->cols % 2)
+		return dte_layout_err(err, errlen, "fp8: %s: %lld codes a row: dted moves FP8 codes "
+				      "two to a 16-bit unit, so a row needs an even count", tensor,
+				      (long long)f->cols);
+	sr = (f->rows + B - 1) / B;
+	sc = (f->cols + B - 1) / B;
+	at = mat * sr * sc + (row / B) * sc + col / B;
+	out->src_extent[0] = R;
+	out->src_extent[1] = C;
+	out->codes.ndim = 2;
+	out->codes.extent[0] = R;
+	out->codes.extent[1] = C / 2;
+	out->codes.dst_offset = off / 2;
+	out->codes.dst_stride[0] = f->cols / 2;
+	out->codes.dst_stride[1] = 1;
+	out->scales.ndim = 3;
+	out->scales.extent[0] = (R + B - 1) / B;
+	out->scales.extent[1] = (C + B - 1) / B;
+	out->scales.extent[2] = 2;
+	out->scales.dst_offset = 2 * at;
+	out->scales.dst_stride[0] = 2 * sc;
+	out->scales.dst_stride[1] = 2;
+	out->scales.dst_stride[2] = 1;
+	for (int m = 0; m < 2; m++) {
+		struct dte_box_map *x = m ? &out->scales : &out->codes;
+
+		x->src_offset = pe->map.src_offset;
+		x->src_stride[0] = pe->map.src_stride[0];
+		x->src_stride[1] = pe->map.src_stride[1];
+	}
+	return 0;
+}

@@ -95,6 +95,28 @@ int dte_plan_build(struct dte_plan *plan, const struct dte_spec *spec,
 int dte_plan_count(struct dte_plan *plan, const struct dte_spec *spec,
 		   const struct dte_layout *src, const struct dte_layout *sink,
 		   const struct dte_plan_opts *opts, char *err, size_t errlen);
+/* How a plan entry into an FP8 buffer (f) moves: as two entries of 16-bit
+ * units that the source computes from the entry's element box with the
+ * engine's quantizer (f->flags) and everything below the capture carries
+ * as any 16-bit entry (staging, apply, the verify that reads memory,
+ * undo, storage):
+ *  - codes: the box's [R, C] codes as [R, C/2] units of the codes buffer,
+ *    two adjacent codes of a row to a unit, the first in its low byte
+ *    (the bytes' memory order on a little-endian host);
+ *  - scales: its blocks' scales as [ceil(R/128), ceil(C/128), 2] units of
+ *    the scale buffer, each scale's low half first.
+ * Both maps' src_offset and src_stride[0..1] are the element box's, whose
+ * extent is src_extent.  -1 with the reason when the box is not whole
+ * 128 x 128 blocks of one sink matrix (a source piece or a plan slab
+ * splits a block, so no source holds it whole) or a row has an odd
+ * number of codes. */
+struct dte_fp8_split {
+	struct dte_box_map codes, scales;
+	int64_t src_extent[2];
+};
+int dte_plan_fp8_split(const struct dte_layout_fp8 *f, const struct dte_plan_entry *pe,
+		       const char *tensor, struct dte_fp8_split *out, char *err, size_t errlen);
+
 void dte_plan_fini(struct dte_plan *plan);
 /* Entry i (< plan->n) written out into *e (unused dims zero). */
 void dte_plan_entry(const struct dte_plan *plan, size_t i, struct dte_plan_entry *e);

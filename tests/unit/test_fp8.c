@@ -631,6 +631,113 @@ static void test_detect_guard_traps(void **state)
 }
 
 /* A payload that the decoder must refuse, with the sink left as it was. */
+/* What a source sends an FP8 sink (dtc_fp8_box_units): the 16-bit
+ * units of a strided element box are the engine's codes two to a unit
+ * and its scales' halves, exactly as dtc_fp8_quantize_bf16 of RNE(θ)
+ * gives them, whether the rows are read in place or gathered (a
+ * transposed source); and after real AdamW steps every unit that changed
+ * is flagged (a code's unit, a whole block's every unit and its scale). */
+static void test_box_units(void **state)
+{
+	enum { R = 300, C = 260, LD = 301, OFF = 7, NB = 3 * 3, NU = R * C / 2 };
+	static const unsigned flag_sets[] = { 0, DTC_FP8_UE8M0 };
+	const size_t n = OFF + (size_t)R * LD;
+	float *th = malloc(n * sizeof(float)), *m = calloc(n, sizeof(float));
+	float *v = calloc(n, sizeof(float)), *tt = malloc(n * sizeof(float));
+	uint16_t *w = malloc((size_t)R * C * 2), *u0 = malloc(NU * 2), *u1 = malloc(NU * 2);
+	uint16_t s0[2 * NB], s1[2 * NB];
+	uint8_t *q = malloc((size_t)R * C);
+	uint64_t cchg[(NU + 63) / 64], schg[(2 * NB + 63) / 64];
+	float sc[NB];
+	uint64_t changed = 0, units_changed = 0;
+
+	(void)state;
+	assert_true(th && m && v && tt && w && u0 && u1 && q);
+	for (size_t i = 0; i < n; i++)
+		th[i] = (float)(gauss() * (i % 311 == 0 ? 0.06 : 0.015));
+	for (size_t f = 0; f < sizeof(flag_sets) / sizeof(*flag_sets); f++) {
+		unsigned flags = flag_sets[f];
+		const int64_t rows_st[2] = { LD, 1 }, cols_st[2] = { 1, R };
+
+		/* in place: rows of LD, from OFF */
+		assert_int_equal(dtc_fp8_box_units(NULL, th, NULL, NULL, n, OFF, rows_st, R, C, flags,
+						   u0, s0, NULL, NULL, NULL), DTC_OK);
+		for (int r = 0; r < R; r++)
+			for (int c = 0; c < C; c++)
+				w[r * C + c] = dtc_bf16_rne(th[OFF + r * LD + c]);
+		assert_int_equal(dtc_fp8_quantize_bf16(w, R, C, C, 128, 128, flags, q, sc), DTC_OK);
+		for (int i = 0; i < NU; i++)
+			assert_int_equal(u0[i], q[2 * i] | q[2 * i + 1] << 8);
+		for (int b = 0; b < NB; b++) {
+			assert_int_equal(s0[2 * b], dtc_f32_bits(sc[b]) & 0xffff);
+			assert_int_equal(s0[2 * b + 1], dtc_f32_bits(sc[b]) >> 16);
+		}
+		/* gathered: the same box stored column-major */
+		for (int r = 0; r < R; r++)
+			for (int c = 0; c < C; c++)
+				tt[c * R + r] = th[OFF + r * LD + c];
+		assert_int_equal(dtc_fp8_box_units(NULL, tt, NULL, NULL, n, 0, cols_st, R, C, flags,
+						   u1, s1, NULL, NULL, NULL), DTC_OK);
+		assert_memory_equal(u0, u1, NU * 2);
+		assert_memory_equal(s0, s1, sizeof(s0));
+		/* AdamW steps: nothing that changed goes unflagged */
+		for (int t0 = 1; t0 <= 4; t0++) {
+			struct dtc_consts k;
+			struct dtc_fp8_detect det = { 0 };
+
+			derive(&k, DTC_VARIANT_TORCH, t0 % 2 ? 1e-3 : 1e-5, t0);
+			assert_int_equal(dtc_fp8_box_units(NULL, th, NULL, NULL, n, OFF, rows_st, R, C,
+							   flags, u0, s0, NULL, NULL, NULL), DTC_OK);
+			for (size_t i = 0; i < n; i++) {
+				float g = (float)(gauss() * 1e-3 * (i % 311 == 0 ? 100.0 : 1.0));
+
+				m[i] = 0.9f * m[i] + 0.1f * g;
+				v[i] = 0.999f * v[i] + 0.001f * g * g;
+				th[i] = dtc_adamw_forward(&k, th[i], m[i], v[i]);
+			}
+			assert_int_equal(dtc_fp8_box_units(&k, th, m, v, n, OFF, rows_st, R, C, flags,
+							   u1, s1, cchg, schg, &det), DTC_OK);
+			assert_int_equal(det.blocks, NB);
+			for (int i = 0; i < NU; i++) {
+				int fl = (int)(cchg[i / 64] >> (i % 64) & 1);
+
+				changed += u0[i] != u1[i];
+				units_changed += fl;
+				if (u0[i] != u1[i] && !fl)
+					fail_msg("flags %u step %d: code unit %d changed, not flagged", flags,
+						 t0, i);
+			}
+			for (int i = 0; i < 2 * NB; i++)
+				if (s0[i] != s1[i] && !(schg[i / 64] >> (i % 64) & 1))
+					fail_msg("flags %u step %d: scale unit %d changed, not flagged",
+						 flags, t0, i);
+		}
+	}
+	assert_true(changed > 0 && units_changed >= changed);
+	print_message("box-units: changed=%llu flagged=%llu\n", (unsigned long long)changed,
+		      (unsigned long long)units_changed);
+	/* odd columns, a map leaving θ, flags that conflict */
+	{
+		const int64_t st[2] = { LD, 1 };
+
+		assert_int_equal(dtc_fp8_box_units(NULL, th, NULL, NULL, n, OFF, st, R, C - 1, 0, u0,
+						   s0, NULL, NULL, NULL), DTC_EINVAL);
+		assert_int_equal(dtc_fp8_box_units(NULL, th, NULL, NULL, OFF + (R - 1) * LD + C - 1,
+						   OFF, st, R, C, 0, u0, s0, NULL, NULL, NULL), DTC_EBOX);
+		assert_int_equal(dtc_fp8_box_units(NULL, th, NULL, NULL, n, OFF, st, R, C,
+						   DTC_FP8_UE8M0 | DTC_FP8_UE8M0_LOG2, u0, s0, NULL,
+						   NULL, NULL), DTC_EINVAL);
+	}
+	free(th);
+	free(m);
+	free(v);
+	free(tt);
+	free(w);
+	free(u0);
+	free(u1);
+	free(q);
+}
+
 static void expect_refused(const uint8_t *in, size_t len, int want)
 {
 	enum { R = 130, C = 140, NB = 4 };
@@ -728,6 +835,7 @@ int main(void)
 		cmocka_unit_test(test_detect_adamw),
 		cmocka_unit_test(test_detect_guard_traps),
 		cmocka_unit_test(test_delta_hostile),
+		cmocka_unit_test(test_box_units),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

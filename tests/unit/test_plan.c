@@ -594,6 +594,157 @@ static const char glm_small[] =
 	"\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"tie_word_embeddings\":false,"
 	"\"topk_group\":1,\"use_qk_norm\":false,\"vocab_size\":300}";
 
+static const char qwen_fp8[] =
+	"{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"hidden_size\":256,"
+	"\"intermediate_size\":512,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+	"\"num_key_value_heads\":2,\"head_dim\":128,\"vocab_size\":256,"
+	"\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}";
+
+/* Adds 1 at every destination index of m into cnt[0 .. n). */
+static void count_dst(const struct dte_box_map *m, uint32_t *cnt, int64_t n)
+{
+	int64_t idx[DTE_MAX_DIMS] = { 0 };
+	uint64_t total = 1;
+
+	for (uint32_t d = 0; d < m->ndim; d++)
+		total *= (uint64_t)m->extent[d];
+	for (uint64_t i = 0; i < total; i++) {
+		int64_t at = m->dst_offset;
+
+		for (uint32_t d = 0; d < m->ndim; d++)
+			at += idx[d] * m->dst_stride[d];
+		assert_true(at >= 0 && at < n);
+		cnt[at]++;
+		for (uint32_t d = m->ndim; d-- > 0;) {
+			if (++idx[d] < m->extent[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+}
+
+/* FP8 sinks (issue 33): every plan entry into an FP8 buffer splits into
+ * its codes (two to a 16-bit unit) and its blocks' scales (two units a
+ * scale), which together cover every unit a client registers for those
+ * buffers (dte_layout_units) exactly once; a source whose pieces split a
+ * 128 x 128 block is refused, naming the block's rows. */
+static void test_fp8_split(void **state)
+{
+	static const char *const srcs[] = { "fsdp:dp=1", "megatron:tp=2", "megatron:tp=1,dp=2" };
+	static const char *const sinks[] = { "sglang:tp=2,fp8=1", "vllm:tp=1,fp8=1" };
+	struct dte_spec s;
+	char err[512];
+	size_t checked = 0;
+
+	(void)state;
+	assert_int_equal(dte_spec_load_string(&s, qwen_fp8, err, sizeof(err)), 0);
+	for (size_t i = 0; i < sizeof(srcs) / sizeof(*srcs); i++) {
+		for (size_t j = 0; j < sizeof(sinks) / sizeof(*sinks); j++) {
+			struct dte_layout src, sink;
+			struct dte_plan plan;
+			uint32_t **cnt;
+
+			assert_int_equal(dte_layout_from_desc(&src, &s, srcs[i], DTE_LAYOUT_SOURCE, err,
+							      sizeof(err)), 0);
+			assert_int_equal(dte_layout_from_desc(&sink, &s, sinks[j], DTE_LAYOUT_SINK, err,
+							      sizeof(err)), 0);
+			assert_true(sink.nfp8 > 0);
+			assert_int_equal(dte_plan_build(&plan, &s, &src, &sink, NULL, err,
+							sizeof(err)), 0);
+			cnt = calloc(2 * sink.nfp8, sizeof(*cnt));
+			assert_non_null(cnt);
+			for (size_t f = 0; f < sink.nfp8; f++) {
+				const struct dte_layout_fp8 *x = &sink.fp8[f];
+				const struct dte_layout_buffer *cb =
+					dte_layout_buffer_find(&sink, x->rank, x->buf);
+				const struct dte_layout_buffer *sb =
+					dte_layout_buffer_find(&sink, x->rank, x->scale_buf);
+
+				assert_int_equal(dte_layout_units(&sink, x->rank, x->buf, cb->length),
+						 cb->length / 2);
+				assert_int_equal(dte_layout_units(&sink, x->rank, x->scale_buf,
+								  sb->length), 2 * sb->length);
+				assert_int_equal(cb->length, x->mats * x->rows * x->cols);
+				cnt[2 * f] = calloc((size_t)cb->length / 2, sizeof(**cnt));
+				cnt[2 * f + 1] = calloc(2 * (size_t)sb->length, sizeof(**cnt));
+				assert_true(cnt[2 * f] && cnt[2 * f + 1]);
+			}
+			for (size_t q = 0; q < plan.n; q++) {
+				struct dte_plan_entry pe;
+				struct dte_fp8_split sp;
+				const struct dte_layout_fp8 *x;
+				size_t f;
+
+				dte_plan_entry(&plan, q, &pe);
+				if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
+					continue;
+				f = (size_t)(x - sink.fp8);
+				if (dte_plan_fp8_split(x, &pe, s.t[pe.tensor].name, &sp, err,
+						       sizeof(err)) < 0)
+					fail_msg("%s -> %s: %s", srcs[i], sinks[j], err);
+				assert_int_equal(sp.src_extent[0], pe.map.extent[0]);
+				assert_int_equal(sp.src_extent[1], pe.map.extent[1]);
+				assert_int_equal(sp.codes.src_offset, pe.map.src_offset);
+				count_dst(&sp.codes, cnt[2 * f], x->mats * x->rows * x->cols / 2);
+				count_dst(&sp.scales, cnt[2 * f + 1], 2 * x->mats *
+					  ((x->rows + 127) / 128) * ((x->cols + 127) / 128));
+				checked++;
+			}
+			for (size_t f = 0; f < sink.nfp8; f++) {
+				const struct dte_layout_fp8 *x = &sink.fp8[f];
+				int64_t nc = x->mats * x->rows * x->cols / 2;
+				int64_t ns = 2 * x->mats * ((x->rows + 127) / 128) * ((x->cols + 127) / 128);
+
+				for (int64_t u = 0; u < nc; u++)
+					if (cnt[2 * f][u] != 1)
+						fail_msg("%s -> %s: FP8 buffer %u code unit %lld written %u times",
+							 srcs[i], sinks[j], x->buf, (long long)u, cnt[2 * f][u]);
+				for (int64_t u = 0; u < ns; u++)
+					if (cnt[2 * f + 1][u] != 1)
+						fail_msg("%s -> %s: FP8 buffer %u scale unit %lld written %u times",
+							 srcs[i], sinks[j], x->buf, (long long)u,
+							 cnt[2 * f + 1][u]);
+				free(cnt[2 * f]);
+				free(cnt[2 * f + 1]);
+			}
+			free(cnt);
+			dte_plan_fini(&plan);
+			dte_layout_fini(&sink);
+			dte_layout_fini(&src);
+		}
+	}
+	assert_true(checked > 0);
+	/* fsdp:dp=4 shards k_proj's 256 rows 64 to a rank: no source holds a
+	 * block of it whole. */
+	{
+		struct dte_layout src, sink;
+		struct dte_plan plan;
+		int refused = 0;
+
+		assert_int_equal(dte_layout_from_desc(&src, &s, "fsdp:dp=4", DTE_LAYOUT_SOURCE, err,
+						      sizeof(err)), 0);
+		assert_int_equal(dte_layout_from_desc(&sink, &s, "sglang:tp=1,fp8=1",
+						      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
+		assert_int_equal(dte_plan_build(&plan, &s, &src, &sink, NULL, err, sizeof(err)), 0);
+		for (size_t q = 0; q < plan.n && !refused; q++) {
+			struct dte_plan_entry pe;
+			struct dte_fp8_split sp;
+			const struct dte_layout_fp8 *x;
+
+			dte_plan_entry(&plan, q, &pe);
+			if ((x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)) &&
+			    dte_plan_fp8_split(x, &pe, s.t[pe.tensor].name, &sp, err, sizeof(err)) < 0)
+				refused = 1;
+		}
+		assert_true(refused);
+		assert_non_null(strstr(err, "not whole 128 x 128 blocks"));
+		dte_plan_fini(&plan);
+		dte_layout_fini(&sink);
+		dte_layout_fini(&src);
+	}
+	dte_spec_fini(&s);
+}
+
 /* Piece k of a layout made on the canonical spec against piece k of the
  * same description on the runtime view: the same, and for an FP32 tensor
  * its halves (trailing [0, 2) at stride 1, the rest doubled). */
@@ -787,6 +938,7 @@ int main(void)
 		cmocka_unit_test(test_compact_matches_reference),
 		cmocka_unit_test(test_fp32_halves),
 		cmocka_unit_test(test_fp32_halves_checked),
+		cmocka_unit_test(test_fp8_split),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

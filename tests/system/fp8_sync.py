@@ -1,0 +1,255 @@
+#!/usr/bin/python3
+"""FP8 block-scaled sinks synced by dted, exact against the engine's own
+quantizer, sparse in FP8 space (issue 33).
+
+One dted, then two (the sinks' own over UCX); a Qwen3 model on the 128 grid (hidden 256, intermediate 512,
+4 heads of 128, 2 KV heads, 2 layers) trains with real torch AdamW as
+Source.hf (fsdp2:dp=1: every tensor whole, so every 128 x 128 block is
+held whole by one source piece).  The sink is `sglang:tp=2,fp8=1`: per TP
+rank the engine's OWN FP8 linear layers (SGLang 0.5.23
+QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear built
+with `Fp8Config(is_checkpoint_fp8_serialized=True,
+weight_block_size=[128, 128])`, as models/qwen3.py builds them, in the
+engines venv; fp8_layout.engine_layers), whose `weight`
+(float8_e4m3fn) and `weight_scale_inv` (FP32) parameters are moved into
+memfd arenas and registered as 16-bit units (dte_layout_buffers' lengths);
+the BF16 tensors (embeddings, norms, lm_head) beside them.
+
+After every version each rank's FP8 parameters must equal, byte for
+byte, what the engine's own code makes of the trainer's θ: RNE-BF16 of
+each checkpoint tensor, quantized by SGLang's quant_weight_ue8m0
+(fp8_utils.per_block_cast_to_fp8, UE8M0 scales: what its DeepSeek loader
+runs on BF16 weights it serves as FP8), loaded through the parameters'
+own weight_loaders into a second set of the same layers.  The BF16
+buffers must equal the independent converter's (sglang_reference).
+Versions after the first are sparse: dted sends only the FP8 codes (two
+to a unit) the snapshot-free FP8 detect flags and the whole blocks whose
+scale may change; the weights start near a UE8M0 scale boundary (init
+std 0.0135: amax/448 near 2^-13) so some blocks' scales do change.
+
+Prints each version's units and payload bytes, then per run `fp8-sync:
+engine=sglang daemons=D versions=V exact=V/V sparse=S scale_changes=N
+code_changes=C units_sent=U units_dense=D dense_bytes=B
+sparse_bytes_avg=A`.
+Exits 1 (never a skip) when the engines venv is missing.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import engines_upstream as eu  # noqa: E402
+
+if __name__ == "__main__":
+    harness.venv_reexec(os.path.join(eu.VENV, "bin", "python"))
+
+import torch  # noqa: E402
+
+import fp8_layout  # noqa: E402
+import sglang_reference as ref  # noqa: E402
+from dte import _lib, qwen3  # noqa: E402
+from dte.checks import Checks  # noqa: E402
+from dte.shm import Arena  # noqa: E402
+from dte.source import Source  # noqa: E402
+
+JOB, TOKEN = "fp8-sync", "fp8-token"
+TP = 2
+LAYOUT = "sglang:tp=%d,ep=1,fp8=1" % TP
+VERSIONS = int(os.environ.get("DTE_FP8_SYNC_VERSIONS", "10"))
+LRS = (1e-3, 1e-5, 2e-3, 1e-6, 3e-4, 1e-7)
+
+
+def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label):
+    """Rank r of the sink: the engine's FP8 layers with every parameter in
+    a memfd arena, attached.  (part, {layer prefix: layer}, {buffer name:
+    BF16 tensor}, arena)."""
+    bufs = _lib.layout_buffers(cfg_text, LAYOUT, _lib.SINK, r)
+    arena = Arena("%s-r%d" % (label, r), [(n, (length,), "bf16") for _i, length, n in bufs])
+    with ctx.rank_ctx(r, TP):
+        layers = fp8_layout.engine_layers("sglang", cfg, qc, mods)
+    names = {n for _i, _l, n in bufs}
+    for prefix, layer in layers.items():
+        for pn in ("weight", "weight_scale_inv"):
+            param = getattr(layer, pn)
+            name = "%s.%s" % (prefix, pn)
+            assert name in names, "%s is no buffer of %s" % (name, LAYOUT)
+            mem = arena.tensor(name)
+            dt = torch.float8_e4m3fn if param.dtype == torch.float8_e4m3fn else torch.float32
+            view = mem.view(torch.uint8).view(dt).view(param.shape)
+            assert view.numel() == param.numel(), name
+            param.data = view
+    bf16 = {n: arena.tensor(n) for _i, _l, n in bufs
+            if not any(n.startswith(p + ".") for p in layers)}
+    ids = [cli.register_fd(arena.fd, loc.offset, length, _lib.BF16, loc.name)
+           for (_i, length, _n), loc in zip(bufs, arena.locs())]
+    part = cli.attach(JOB, TOKEN, _lib.SINK, LAYOUT, r, ids)
+    return part, layers, bf16, arena
+
+
+def engine_quant(theta, cfg, layers_ref, quant):
+    """The engine's FP8 of RNE-BF16(θ) through its own loaders into
+    layers_ref: {parameter name: uint8 bytes}."""
+    import numpy as np
+    hf = {}
+    for name, shape in fp8_layout.hf_shapes(cfg).items():
+        w, s = quant(theta[name].detach().to(torch.bfloat16), [128, 128])
+        hf[name] = w.view(torch.uint8).numpy()
+        hf[name + "_scale_inv"] = s.to(torch.float32).numpy()
+    got = fp8_layout.engine_load(layers_ref, hf)
+    return {n: np.ascontiguousarray(a).view(np.uint8) for n, a in got.items()}
+
+
+def run(c, ctx, qc, mods, quant, ndaemons):
+    """One sync of VERSIONS versions: the source and both sink ranks on one
+    dted, or the sinks on a second dted (over UCX, the first one the
+    coordinator).  Its summary line."""
+    import numpy as np
+    cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                            vocab_size=512)
+    cfg_text = json.dumps(cfg)
+    tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
+    ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
+    tag = "daemons=%d " % ndaemons
+    src = cli = None
+    exact = sparse = scale_changes = code_changes = sent = dense_units = 0
+    sparse_bytes = dense_bytes = 0
+    per_version = []
+    try:
+        for d in ds:
+            d.start()
+        params = {n: torch.nn.Parameter(t.clone()) for n, t in
+                  qwen3.init_hf_weights(cfg, seed=5, std=0.0135).items()}
+        opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99), eps=1e-8,
+                                weight_decay=0.01)
+        src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text)
+        cli = _lib.Client(ds[-1].sock)
+        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, 1)
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons)
+                     for r in range(TP)]
+            refs = []
+            for r in range(TP):
+                with ctx.rank_ctx(r, TP):
+                    refs.append(fp8_layout.engine_layers("sglang", cfg, qc, mods))
+        finally:
+            torch.set_default_dtype(torch.float32)
+        gen = torch.Generator().manual_seed(9)
+        prev = None
+        for v in range(1, VERSIONS + 1):
+            for g in opt.param_groups:
+                g["lr"] = LRS[(v - 1) % len(LRS)]
+            opt.zero_grad(set_to_none=True)
+            for p in params.values():
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+            info = src.publish(v, asynchronous=False)
+            for r, (part, _l, _b, _a) in enumerate(sinks):
+                while cli.wait_staged(JOB, part, 60000) < v:
+                    pass
+                res = cli.apply(JOB, part, v)
+                c.check(res["checksum_ok"], "%sv%d rank %d: the daemon's checksum holds"
+                        % (tag, v, r))
+            try:
+                src.wait(v)
+            except _lib.DteError as e:
+                c.check(False, "%sv%d: every sink applied it: %s" % (tag, v, e.msg))
+            if info["dense"] == 0:
+                sparse += 1
+                sparse_bytes += info["bytes"]
+            else:
+                dense_bytes = info["bytes"]
+            sent += info["changed"]
+            dense_units += info["elements"]
+            theta = {n: p.detach() for n, p in params.items()}
+            want_bf16 = ref.expected_sink_from_hf(theta, cfg, TP)
+            bad, now = [], []
+            codes0, scales0 = code_changes, scale_changes
+            for r, (_part, layers, bf16, _a) in enumerate(sinks):
+                want = engine_quant(theta, cfg, refs[r], quant)
+                for name, w in want.items():
+                    mod, pn = name.rsplit(".", 1)
+                    got = getattr(layers[mod], pn).data.contiguous().view(torch.uint8).numpy()
+                    if not np.array_equal(got.ravel(), w.ravel()):
+                        bad.append("rank %d %s: %d of %d bytes differ" % (
+                            r, name, int((got.ravel() != w.ravel()).sum()), w.size))
+                    if prev is not None and pn == "weight_scale_inv":
+                        scale_changes += int((prev[r][name].view(np.float32) !=
+                                              w.view(np.float32)).sum())
+                    elif prev is not None:
+                        code_changes += int((prev[r][name] != w.ravel()).sum())
+                for name, t in bf16.items():
+                    wb = want_bf16[r][name].view(-1)
+                    gb = t.view(torch.int16)[:wb.numel()]
+                    if not torch.equal(gb, wb) or t.view(torch.int16)[wb.numel():].any():
+                        bad.append("rank %d %s (BF16) differs" % (r, name))
+                now.append({n: w.ravel().copy() for n, w in want.items()})
+            prev = now
+            per_version.append("%sv%d lr=%g %s units=%d bytes=%d codes_changed=%d "
+                               "scales_changed=%d" % (
+                                   tag, v, LRS[(v - 1) % len(LRS)],
+                                   "dense" if info["dense"] else "sparse", info["changed"],
+                                   info["bytes"], code_changes - codes0,
+                                   scale_changes - scales0))
+            exact += not bad
+            c.check(not bad, "%sv%d (%s, %d units sent): every FP8 code and scale is the "
+                    "engine's quantization of RNE-BF16(θ), every BF16 element RNE(θ)%s" % (
+                        tag, v, "dense" if info["dense"] else "sparse", info["changed"],
+                        "" if not bad else ": " + "; ".join(bad[:4])))
+        c.check(sparse == VERSIONS - 1, "%sversions 2..%d sparse (%d)" % (tag, VERSIONS, sparse))
+        c.check(scale_changes > 0, "%ssome blocks' scales changed (%d), so whole blocks moved"
+                % (tag, scale_changes))
+        c.check(all(d.running() for d in ds), "%sdaemons alive" % tag)
+    except Exception:
+        for d in ds:
+            print(d.log_tail(40))
+        raise
+    finally:
+        if cli:
+            cli.close()
+        if src:
+            src.close()
+        for d in ds:
+            rc = d.stop()
+            c.check(rc == 0, "%sdted exits cleanly (%s)" % (tag, rc))
+        if c.passed != c.total:
+            for d in ds:
+                print(d.log_tail(40))
+        shutil.rmtree(tmp, ignore_errors=True)
+    for line in per_version:
+        print("  " + line)
+    return ("fp8-sync: engine=sglang daemons=%d versions=%d exact=%d/%d sparse=%d "
+            "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
+            "sparse_bytes_avg=%d" % (ndaemons, VERSIONS, exact, VERSIONS, sparse, scale_changes,
+                                     code_changes, sent, dense_units, dense_bytes,
+                                     sparse_bytes // max(sparse, 1)))
+
+
+def main():
+    c = Checks("fp8-sync")
+    if not os.path.isdir(eu.ENGINES_DIR):
+        print("FAIL: %s is missing (scripts/install-deps.sh)" % eu.ENGINES_DIR)
+        return 1
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    ctx = fp8_layout.engine_contexts("sglang")
+    from sglang.srt.layers.quantization.fp8_utils import quant_weight_ue8m0
+    import types
+    qc = ctx.Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
+                       weight_block_size=[128, 128])
+    mods = types.SimpleNamespace(QKVParallelLinear=ctx.linear.QKVParallelLinear,
+                                 RowParallelLinear=ctx.linear.RowParallelLinear,
+                                 MergedColumnParallelLinear=ctx.linear.MergedColumnParallelLinear)
+    lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, n) for n in (1, 2)]
+    for line in lines:
+        print(line)
+    c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
