@@ -175,8 +175,10 @@ class ModuleComputeView(ComputeView):
         if qm is not None and type(qm).__name__ not in UNQUANTIZED:
             raise IntegrationError(
                 "%s: %s computes through %s, which post-processes its weights after "
-                "loading (process_weights_after_loading); dted writes unquantized BF16 "
-                "weights only: serve the model unquantized"
+                "loading (process_weights_after_loading), and this integration does not "
+                "re-run that after an apply: serve the model unquantized, or register "
+                "block-FP8 weights as they are loaded through dte.Sink with an fp8=1 "
+                "layout (docs/INTEGRATION.md, \"FP8 block-scaled weights\")"
                 % (self.engine, mod_name, type(qm).__name__))
         return None
 
