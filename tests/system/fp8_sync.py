@@ -46,6 +46,7 @@ import engines_upstream as eu  # noqa: E402
 
 if __name__ == "__main__":
     harness.venv_reexec(os.path.join(eu.VENV, "bin", "python"))
+    harness.asan_reexec()      # a sanitizer build's libdte wants its runtime first
 
 import torch  # noqa: E402
 
