@@ -746,7 +746,8 @@ static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
 }
 
 /* Pair t's entries, q_of[k0 .. k1) of plan s (entry ids from 0), packed
- * into the free slot g.  0 or -ENOMEM. */
+ * into the free slot g (an FP8 entry as its codes and its scales).  0,
+ * -ENOMEM, or -EINVAL for an FP8 entry sinkplan_fp8_check let through. */
 static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan *s, size_t k0,
 		     size_t k1)
 {
@@ -767,8 +768,10 @@ static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan
 		/* An FP8 sink's entry goes as its codes, then its scales
 		 * (checked when the plan was built: sinkplan_fp8_check). */
 		f = dte_layout_fp8_find(&s->lay, pe.sink_rank, pe.sink_buf);
-		if (f && dte_plan_fp8_split(f, &pe, "", &sp, NULL, 0) < 0)
-			f = NULL;
+		if (f && dte_plan_fp8_split(f, &pe, "", &sp, NULL, 0) < 0) {
+			free(buf);	/* cannot be: sinkplan_fp8_check passed */
+			return -EINVAL;
+		}
 		if (f)
 			n = 2;
 		for (int h = 0; h < n; h++) {

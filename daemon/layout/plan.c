@@ -335,6 +335,11 @@ static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t 
 	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX)
 		return plan_add(x, si, ki, lo, hi, whole);
 	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	/* Slabs of whole 128-row blocks: an FP8 sink's entry must hold its
+	 * blocks whole (dte_plan_fp8_split); slab starts stay on the grid of
+	 * a box that starts on it. */
+	if (step > DTE_FP8_BLOCK)
+		step -= step % DTE_FP8_BLOCK;
 	for (int64_t a = l0; a < h0 && !rc; a += step) {
 		lo[d] = a;
 		hi[d] = a + step < h0 ? a + step : h0;

@@ -200,9 +200,11 @@ static void plan_print_text(const struct plan_args *a, const struct dte_spec *sp
 		if (dte_layout_fp8_use(src, sink, spec, &u) == 0)
 			printf("fp8: weights=%" PRIu64 " codes=%" PRIu64 " scales=%" PRIu64
 			       " dense_bytes=%" PRIu64 " tensors=%" PRIu64 " blocks=%" PRIu64
-			       " split_blocks=%" PRIu64 "%s\n", u.weights, u.codes, u.scales,
+			       " split_blocks=%" PRIu64 " syncable=%s%s\n", u.weights, u.codes, u.scales,
 			       u.codes + 4 * u.scales, u.tensors, u.blocks, u.split,
-			       u.split ? " (blocks no source shard holds whole)" : "");
+			       u.split ? "no" : "yes",
+			       u.split ? " (blocks no source shard holds whole: dted refuses this "
+			       "pair's plan; docs/SYNC.md, \"FP8 sinks\")" : "");
 	}
 }
 
@@ -294,12 +296,12 @@ static int plan_print_json(const struct plan_args *a, const struct dte_spec *spe
 		struct dte_layout_fp8_use u;
 
 		if (dte_layout_fp8_use(src, sink, spec, &u) == 0)
-			json_object_set_new(root, "fp8", json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			json_object_set_new(root, "fp8", json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}",
 				"weights", (json_int_t)u.weights, "codes", (json_int_t)u.codes,
 				"dense_bytes", (json_int_t)(u.codes + 4 * u.scales),
 				"scales", (json_int_t)u.scales,
 				"tensors", (json_int_t)u.tensors, "blocks", (json_int_t)u.blocks,
-				"split_blocks", (json_int_t)u.split));
+				"split_blocks", (json_int_t)u.split, "syncable", u.split == 0));
 	}
 	if (a->dump) {
 		json_t *ents = json_array(), *names = json_array();

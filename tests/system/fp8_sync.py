@@ -231,6 +231,66 @@ def run(c, ctx, qc, mods, quant, ndaemons):
                                      sparse_bytes // max(sparse, 1)))
 
 
+def split_refused(c, cfg):
+    """fsdp2:dp=2 where rank 1 holds the last 64 rows of one k_proj (rank 0
+    everything else): no source holds that tensor's second 128-row block
+    whole, so the coordinator refuses the plan for the FP8 sink and says
+    so where a user looks (dtectl job's plan_error, the sink's wait), as
+    `dtectl plan` says (syncable=no)."""
+    from dte import sink as dsink
+    from dte.shard import Shard
+    from dte.source import ShardSource
+    cfg_text = json.dumps(cfg)
+    cut = "model.layers.0.self_attn.k_proj.weight"
+    tmp = tempfile.mkdtemp(prefix="dte-fp8-split-")
+    d = harness.Daemon(tmp, "fp8-split")
+    srcs, sink, keep = [], None, []
+    try:
+        d.start()
+        wanted = [(p.name, tuple(p.shape)) for p in
+                  _lib.layout_tensors(cfg_text, "fsdp:dp=1", _lib.SOURCE, 0)]
+        for rank in range(2):
+            shards, specs = [], []
+            for n, sh in wanted:
+                numel = sh[0] * (sh[1] if len(sh) > 1 else 1)
+                at = numel - 64 * sh[1] if n == cut else None
+                lo, hi = ((0, at) if rank == 0 else (at, numel)) if at else \
+                    ((0, numel) if rank == 0 else (0, 0))
+                if hi > lo:
+                    specs.append((n, (hi - lo,), torch.float32))
+                    shards.append((n, sh, lo, hi))
+            arenas = [Arena("fp8-split-%d-%d" % (rank, k), specs) for k in range(3)]
+            keep += arenas
+            src = ShardSource(d.sock, JOB, TOKEN, cfg_text, "fsdp2:dp=2")
+            src.arenas = arenas
+            src.attach_shards(rank, [Shard(n, sh, lo, hi, *[a.tensor(n) for a in arenas],
+                                           None, None) for n, sh, lo, hi in shards])
+            srcs.append(src)
+        bufs = _lib.layout_buffers(cfg_text, "sglang:tp=1,ep=1,fp8=1", _lib.SINK, 0)
+        arena = Arena("fp8-split-sink", [(n, (length,), "bf16") for _i, length, n in bufs])
+        keep.append(arena)
+        sink = dsink.Sink(d.sock, JOB, TOKEN, cfg_text, "sglang:tp=1,ep=1,fp8=1")
+        sink.attach_host(0, {loc.name: (loc.fd, loc.offset, loc.nbytes)
+                             for loc in arena.locs()})
+        err = d.ctl_json("job", JOB).get("plan_error", "")
+        c.check("not whole 128 x 128 blocks" in err and cut in err,
+                "split block: dtectl job's plan_error names %s: %r" % (cut, err[:200]))
+        try:
+            sink.stage(1, timeout_ms=1500)
+            c.check(False, "split block: a version staged")
+        except _lib.DteError as e:
+            c.check(e.code == _lib.ERR_TIMEOUT and "no plan:" in e.msg and cut in e.msg,
+                    "split block: the sink's wait says why: %s" % e.msg[:200])
+    finally:
+        if sink:
+            sink.close()
+        for s in srcs:
+            s.close()
+        rc = d.stop()
+        c.check(rc == 0, "split block: dted exits cleanly (%s)" % rc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     c = Checks("fp8-sync")
     if not os.path.isdir(eu.ENGINES_DIR):
@@ -247,6 +307,9 @@ def main():
                                  RowParallelLinear=ctx.linear.RowParallelLinear,
                                  MergedColumnParallelLinear=ctx.linear.MergedColumnParallelLinear)
     lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, n) for n in (1, 2)]
+    split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
+                                       num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=128, vocab_size=256))
     for line in lines:
         print(line)
     c.finish()

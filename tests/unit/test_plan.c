@@ -348,6 +348,8 @@ static void ref_split(struct ref *r, const struct dte_layout *src, const struct 
 		return;
 	}
 	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	if (step > DTE_FP8_BLOCK)
+		step -= step % DTE_FP8_BLOCK;	/* plan.c: whole FP8 blocks */
 	for (int64_t a = l0; a < h0; a += step) {
 		lo[d] = a;
 		hi[d] = a + step < h0 ? a + step : h0;
@@ -714,6 +716,45 @@ static void test_fp8_split(void **state)
 		}
 	}
 	assert_true(checked > 0);
+	/* A matrix past DTE_PLAN_ENTRY_MAX is cut into slabs of whole blocks
+	 * (gate_proj 12288 x 1536: 16 M / 1536 is 10922 rows, 10880 cut). */
+	{
+		static const char big[] =
+			"{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\","
+			"\"hidden_size\":1536,\"intermediate_size\":12288,\"num_hidden_layers\":1,"
+			"\"num_attention_heads\":12,\"num_key_value_heads\":4,\"head_dim\":128,"
+			"\"vocab_size\":256,\"tie_word_embeddings\":false}";
+		struct dte_spec bs;
+		struct dte_layout src, sink;
+		struct dte_plan plan;
+		size_t fp8_entries = 0, slabs = 0;
+
+		assert_int_equal(dte_spec_load_string(&bs, big, err, sizeof(err)), 0);
+		assert_int_equal(dte_layout_from_desc(&src, &bs, "fsdp:dp=1", DTE_LAYOUT_SOURCE, err,
+						      sizeof(err)), 0);
+		assert_int_equal(dte_layout_from_desc(&sink, &bs, "sglang:tp=1,fp8=1",
+						      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
+		assert_int_equal(dte_plan_build(&plan, &bs, &src, &sink, NULL, err, sizeof(err)), 0);
+		for (size_t q = 0; q < plan.n; q++) {
+			struct dte_plan_entry pe;
+			struct dte_fp8_split sp;
+			const struct dte_layout_fp8 *x;
+
+			dte_plan_entry(&plan, q, &pe);
+			if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
+				continue;
+			fp8_entries++;
+			slabs += pe.map.extent[0] * pe.map.extent[1] < x->rows * x->cols &&
+				 pe.map.extent[0] % 128 == 0 && pe.map.extent[0] > 8192;
+			if (dte_plan_fp8_split(x, &pe, bs.t[pe.tensor].name, &sp, err, sizeof(err)) < 0)
+				fail_msg("slab: %s", err);
+		}
+		assert_true(fp8_entries > 0 && slabs > 0);
+		dte_plan_fini(&plan);
+		dte_layout_fini(&sink);
+		dte_layout_fini(&src);
+		dte_spec_fini(&bs);
+	}
 	/* fsdp:dp=4 shards k_proj's 256 rows 64 to a rank: no source holds a
 	 * block of it whole. */
 	{
