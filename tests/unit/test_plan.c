@@ -755,6 +755,47 @@ static void test_fp8_split(void **state)
 		dte_layout_fini(&src);
 		dte_spec_fini(&bs);
 	}
+	/* The real DeepSeek-V3 and Kimi-K2 from Megatron without the
+	 * distributed optimizer: every FP8 entry the coordinator would send
+	 * splits (its slabs included: q_b_proj is 24576 x 1536 at TP 1). */
+	{
+		static const char *const models[] = { "deepseek-v3.json", "kimi-k2.json" };
+
+		for (size_t mi = 0; mi < sizeof(models) / sizeof(*models); mi++) {
+			struct dte_spec ms;
+			struct dte_layout src, sink;
+			struct dte_plan plan;
+			char path[128];
+			size_t n = 0;
+
+			snprintf(path, sizeof(path), "tests/data/layout/models/%s", models[mi]);
+			spec_load(&ms, path);
+			assert_int_equal(dte_layout_from_desc(&src, &ms, "megatron:tp=8,dp=2,ep=8,etp=1,dopt=0",
+							      DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
+			assert_int_equal(dte_layout_from_desc(&sink, &ms, "sglang:tp=8,ep=8,fp8=1",
+							      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
+			assert_int_equal(dte_plan_build(&plan, &ms, &src, &sink, NULL, err, sizeof(err)), 0);
+			for (size_t q = 0; q < plan.n; q++) {
+				struct dte_plan_entry pe;
+				struct dte_fp8_split sp;
+				const struct dte_layout_fp8 *x;
+
+				dte_plan_entry(&plan, q, &pe);
+				if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
+					continue;
+				n++;
+				if (dte_plan_fp8_split(x, &pe, ms.t[pe.tensor].name, &sp, err,
+						       sizeof(err)) < 0)
+					fail_msg("%s: %s", models[mi], err);
+			}
+			assert_true(n > 0);
+			print_message("fp8-split: %s entries=%zu split=0\n", models[mi], n);
+			dte_plan_fini(&plan);
+			dte_layout_fini(&sink);
+			dte_layout_fini(&src);
+			dte_spec_fini(&ms);
+		}
+	}
 	/* fsdp:dp=4 shards k_proj's 256 rows 64 to a rank: no source holds a
 	 * block of it whole. */
 	{
