@@ -270,6 +270,9 @@ static int scan_side(struct jcap *c, const struct det_ref *refs, const struct de
 	return DTC_OK;
 }
 
+static int scan_fp8(struct jcap *c, const struct det_ref *refs, const struct det *d,
+		    const struct jentry *e);
+
 /* Pass 1 of a mark (and of a publish of device sources): this step's
  * changed set, once per detection, ORed into every member pair's dirty
  * bitmap (pairs without one are captured dense). */
@@ -308,8 +311,13 @@ static int scan_all(struct jcap *c, const struct det_ref *refs, const struct det
 				one = p->dirty[refs[m].entry];
 			}
 		}
-		if (!members || e->raw || e->fp8 || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
+		if (!members || e->raw || (c->kind == JCAP_PUBLISH && entry_host(c, e)))
 			continue;	/* raw: sent whole every version, nothing to mark */
+		if (e->fp8) {
+			if (scan_fp8(c, refs, &dets[g], e) < 0)
+				goto out;
+			continue;
+		}
 		{
 			uint64_t words = dtc_bitmap_words(&e->map), cnt;
 			struct dtc_src s;
@@ -852,25 +860,14 @@ static uint64_t units_csum(const struct jentry *e, const uint16_t *u)
 	return s;
 }
 
-/* An FP8 sink's entry (jentry.fp8): the units the source computes from
- * θ's element box with the engine's quantizer.  A dense pair gets all of
- * them; a sparse one those the FP8 detect flags when it can run (host
- * sources, detect = adamw, no marks), else every unit as positions (K >
- * 1, detect = snapshot: the detect sees one step, so the sink gets all,
- * as entry_raw does).  *sum: the checksum of every unit of the box. */
-static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const struct dtc_src *s,
-		     uint64_t *count, uint64_t *sum)
+/* c->f8 for e's element box: computed (with the FP8 detect when asked)
+ * unless the last one computed is that box. */
+static int fp8_box_get(struct jcap *c, const struct jentry *e, const struct dtc_src *s,
+		       int detect)
 {
-	struct jcap_pair *p = &c->p[pi];
-	struct dtc_bytes *raw = &p->raw;
-	int sparse = p->sparse;
-	int detect = sparse && c->detect == JDETECT_ADAMW && !p->dirty && entry_host(c, e);
-	uint64_t R = (uint64_t)e->fbox[0], C = (uint64_t)e->fbox[1], nb, n = 0;
-	const uint16_t *u;
-	const uint64_t *chg;
-	uint64_t *pos = NULL;
-	uint16_t *vals = NULL;
-	size_t at, len = 0, bound;
+	uint64_t R = (uint64_t)e->fbox[0], C = (uint64_t)e->fbox[1], nb;
+	struct dtc_fp8_detect det = { 0 };
+	struct jfp8_box *b;
 	int r;
 
 	if (!entry_host(c, e))
@@ -879,48 +876,105 @@ static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const st
 	if (detect && e->group >= c->ngroups)
 		return CAPFAIL("optimizer group %u has no hyper-parameters (%zu given)", e->group,
 			       c->ngroups);
-	if (!fp8_box_same(c->f8, e, detect)) {
-		struct jfp8_box *b = calloc(1, sizeof(*b));
-		struct dtc_fp8_detect det = { 0 };
-
-		fp8_box_free(c->f8);
-		c->f8 = b;
-		nb = ((R + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK) * ((C + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK);
-		if (!b || !(b->codes = malloc(R * C / 2 * sizeof(*b->codes))) ||
-		    !(b->scales = malloc(2 * nb * sizeof(*b->scales))) ||
-		    (detect && (!(b->code_changed = malloc((R * C / 2 + 63) / 64 * 8)) ||
-				!(b->scale_changed = malloc((2 * nb + 63) / 64 * 8)))))
-			return CAPFAIL("out of memory");
-		r = dtc_fp8_box_units(detect ? &c->k[e->group] : NULL, s->param, s->exp_avg,
-				      s->exp_avg_sq, s->len, e->map.src_offset, e->map.src_stride, R, C,
-				      e->fp8_flags, b->codes, b->scales, b->code_changed,
-				      b->scale_changed, &det);
-		if (r != DTC_OK) {
-			fp8_box_free(b);
-			c->f8 = NULL;
-			return CAPFAIL("FP8 tensor %u: %s", e->tensor, dtc_strerror(r));
-		}
-		b->src_buf = e->src_buf;
-		b->group = e->group;
-		b->flags = e->fp8_flags;
-		b->src_offset = e->map.src_offset;
-		b->src_stride[0] = e->map.src_stride[0];
-		b->src_stride[1] = e->map.src_stride[1];
-		b->fbox[0] = e->fbox[0];
-		b->fbox[1] = e->fbox[1];
-		b->detect = detect;
-		if (detect) {
-			c->scans++;
-			c->scan_elements += R * C;
-		}
+	if (fp8_box_same(c->f8, e, detect))
+		return 0;
+	fp8_box_free(c->f8);
+	c->f8 = b = calloc(1, sizeof(*b));
+	nb = ((R + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK) * ((C + DTC_FP8_BLOCK - 1) / DTC_FP8_BLOCK);
+	if (!b || !(b->codes = malloc(R * C / 2 * sizeof(*b->codes))) ||
+	    !(b->scales = malloc(2 * nb * sizeof(*b->scales))) ||
+	    (detect && (!(b->code_changed = malloc((R * C / 2 + 63) / 64 * 8)) ||
+			!(b->scale_changed = malloc((2 * nb + 63) / 64 * 8)))))
+		return CAPFAIL("out of memory");
+	r = dtc_fp8_box_units(detect ? &c->k[e->group] : NULL, s->param, s->exp_avg,
+			      s->exp_avg_sq, s->len, e->map.src_offset, e->map.src_stride, R, C,
+			      e->fp8_flags, b->codes, b->scales, b->code_changed,
+			      b->scale_changed, &det);
+	if (r != DTC_OK) {
+		fp8_box_free(b);
+		c->f8 = NULL;
+		return CAPFAIL("FP8 tensor %u: %s", e->tensor, dtc_strerror(r));
 	}
+	b->src_buf = e->src_buf;
+	b->group = e->group;
+	b->flags = e->fp8_flags;
+	b->src_offset = e->map.src_offset;
+	b->src_stride[0] = e->map.src_stride[0];
+	b->src_stride[1] = e->map.src_stride[1];
+	b->fbox[0] = e->fbox[0];
+	b->fbox[1] = e->fbox[1];
+	b->detect = detect;
+	if (detect) {
+		c->scans++;
+		c->scan_elements += R * C;
+	}
+	return 0;
+}
+
+/* The FP8 detect's flags of e's units (its codes or its scales). */
+static const uint64_t *fp8_changed(const struct jcap *c, const struct jentry *e)
+{
+	return e->fp8 == JFP8_CODES ? c->f8->code_changed : c->f8->scale_changed;
+}
+
+/* A mark (K > 1) of an FP8 entry's detection: this step's flagged units
+ * ORed into every member pair's dirty bitmap (over the entry's units),
+ * as scan_all does for BF16 elements.  A unit that differs between the
+ * sink's version and the published one changed at some step between. */
+static int scan_fp8(struct jcap *c, const struct det_ref *refs, const struct det *d,
+		    const struct jentry *e)
+{
+	struct dtc_src s;
+	const uint64_t *chg;
+	int rc;
+
+	if (cap_src(c, e, &s) < 0)
+		return CAPFAIL("source buffers missing");
+	if ((rc = fp8_box_get(c, e, &s, 1)) < 0)
+		return rc;
+	chg = fp8_changed(c, e);
+	for (size_t m = d->first; m < d->first + d->members; m++) {
+		const struct jcap_pair *p = &c->p[refs[m].pair];
+		uint64_t *dst = p->dirty ? p->dirty[refs[m].entry] : NULL;
+
+		for (uint64_t w = 0; dst && w < (e->box + 63) / 64; w++)
+			dst[w] |= chg[w];
+	}
+	c->scan_entries += d->members;
+	return 0;
+}
+
+/* An FP8 sink's entry (jentry.fp8): the units the source computes from
+ * θ's element box with the engine's quantizer.  A dense pair gets all of
+ * them; a sparse one those the FP8 detect flags this step ORed with the
+ * pair's marks (K > 1: earlier steps' flags, scan_fp8) when it can run
+ * (host sources, detect = adamw), else every unit as positions
+ * (detect = snapshot: nothing kept to compare with, as entry_raw does).
+ * *sum: the checksum of every unit of the box. */
+static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const struct dtc_src *s,
+		     const uint64_t *mark, uint64_t *count, uint64_t *sum)
+{
+	struct jcap_pair *p = &c->p[pi];
+	struct dtc_bytes *raw = &p->raw;
+	int sparse = p->sparse;
+	int detect = sparse && c->detect == JDETECT_ADAMW;
+	const uint16_t *u;
+	const uint64_t *chg = NULL;
+	uint64_t *pos = NULL, n = 0;
+	uint16_t *vals = NULL;
+	size_t at, len = 0, bound;
+	int r;
+
+	if ((r = fp8_box_get(c, e, s, detect)) < 0)
+		return r;
 	u = e->fp8 == JFP8_CODES ? c->f8->codes : c->f8->scales;
-	chg = e->fp8 == JFP8_CODES ? c->f8->code_changed : c->f8->scale_changed;
+	if (detect)
+		chg = fp8_changed(c, e);
 	*sum = units_csum(e, u);
 	c->fp8_units += e->box;
 	if (detect)
 		for (uint64_t w = 0; w < (e->box + 63) / 64; w++)
-			n += (uint64_t)__builtin_popcountll(chg[w]);
+			n += (uint64_t)__builtin_popcountll(chg[w] | (mark ? mark[w] : 0));
 	else
 		n = e->box;
 	*count = sparse ? n : e->box;
@@ -942,7 +996,7 @@ static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const st
 		uint64_t k = 0;
 
 		for (uint64_t i = 0; i < e->box; i++) {
-			if (detect && !(chg[i / 64] >> (i % 64) & 1))
+			if (detect && !((chg[i / 64] | (mark ? mark[i / 64] : 0)) >> (i % 64) & 1))
 				continue;
 			pos[k] = i;
 			vals[k++] = u[i];
@@ -1245,7 +1299,8 @@ static int capture_pair(struct jcap *c, size_t pi, struct det *dets, size_t ndet
 			if ((rc = entry_raw(c, pi, e, &s, &cnt, &sum)) < 0)
 				return rc;
 		} else if (e->fp8) {
-			if ((rc = entry_fp8(c, pi, e, &s, &cnt, &sum)) < 0)
+			if ((rc = entry_fp8(c, pi, e, &s, p->dirty ? p->dirty[i] : NULL, &cnt,
+					    &sum)) < 0)
 				return rc;
 		} else if (!p->sparse) {
 			cnt = e->box;

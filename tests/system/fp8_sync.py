@@ -104,10 +104,12 @@ def engine_quant(theta, cfg, layers_ref, quant):
     return {n: np.ascontiguousarray(a).view(np.uint8) for n, a in got.items()}
 
 
-def run(c, ctx, qc, mods, quant, ndaemons):
-    """One sync of VERSIONS versions: the source and both sink ranks on one
-    dted, or the sinks on a second dted (over UCX, the first one the
-    coordinator).  Its summary line."""
+def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
+    """One sync of `versions` versions: the source and both sink ranks on
+    one dted, or the sinks on a second dted (over UCX, the first one the
+    coordinator); with k > 1 the trainer marks k - 1 steps and publishes
+    the k-th (the FP8 detect's flags of every step ORed: scan_fp8).  Its
+    summary line."""
     import numpy as np
     cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=128,
@@ -115,7 +117,7 @@ def run(c, ctx, qc, mods, quant, ndaemons):
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
-    tag = "daemons=%d " % ndaemons
+    tag = "daemons=%d K=%d " % (ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
     sparse_bytes = dense_bytes = 0
@@ -127,9 +129,9 @@ def run(c, ctx, qc, mods, quant, ndaemons):
                   qwen3.init_hf_weights(cfg, seed=5, std=0.0135).items()}
         opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99), eps=1e-8,
                                 weight_decay=0.01)
-        src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text)
+        src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k)
         cli = _lib.Client(ds[-1].sock)
-        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, 1)
+        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k)
         torch.set_default_dtype(torch.bfloat16)
         try:
             sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons)
@@ -142,13 +144,16 @@ def run(c, ctx, qc, mods, quant, ndaemons):
             torch.set_default_dtype(torch.float32)
         gen = torch.Generator().manual_seed(9)
         prev = None
-        for v in range(1, VERSIONS + 1):
-            for g in opt.param_groups:
-                g["lr"] = LRS[(v - 1) % len(LRS)]
-            opt.zero_grad(set_to_none=True)
-            for p in params.values():
-                p.grad = torch.randn(p.shape, generator=gen)
-            opt.step()
+        for v in range(1, versions + 1):
+            for step in range(k):
+                for g in opt.param_groups:
+                    g["lr"] = LRS[(v - 1) % len(LRS)]
+                opt.zero_grad(set_to_none=True)
+                for p in params.values():
+                    p.grad = torch.randn(p.shape, generator=gen)
+                opt.step()
+                if step < k - 1:
+                    src.mark()
             info = src.publish(v, asynchronous=False)
             for r, (part, _l, _b, _a) in enumerate(sinks):
                 while cli.wait_staged(JOB, part, 60000) < v:
@@ -202,7 +207,7 @@ def run(c, ctx, qc, mods, quant, ndaemons):
                     "engine's quantization of RNE-BF16(θ), every BF16 element RNE(θ)%s" % (
                         tag, v, "dense" if info["dense"] else "sparse", info["changed"],
                         "" if not bad else ": " + "; ".join(bad[:4])))
-        c.check(sparse == VERSIONS - 1, "%sversions 2..%d sparse (%d)" % (tag, VERSIONS, sparse))
+        c.check(sparse == versions - 1, "%sversions 2..%d sparse (%d)" % (tag, versions, sparse))
         c.check(scale_changes > 0, "%ssome blocks' scales changed (%d), so whole blocks moved"
                 % (tag, scale_changes))
         c.check(all(d.running() for d in ds), "%sdaemons alive" % tag)
@@ -224,9 +229,9 @@ def run(c, ctx, qc, mods, quant, ndaemons):
         shutil.rmtree(tmp, ignore_errors=True)
     for line in per_version:
         print("  " + line)
-    return ("fp8-sync: engine=sglang daemons=%d versions=%d exact=%d/%d sparse=%d "
+    return ("fp8-sync: engine=sglang daemons=%d K=%d versions=%d exact=%d/%d sparse=%d "
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
-            "sparse_bytes_avg=%d" % (ndaemons, VERSIONS, exact, VERSIONS, sparse, scale_changes,
+            "sparse_bytes_avg=%d" % (ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
                                      sparse_bytes // max(sparse, 1)))
 
@@ -307,6 +312,7 @@ def main():
                                  RowParallelLinear=ctx.linear.RowParallelLinear,
                                  MergedColumnParallelLinear=ctx.linear.MergedColumnParallelLinear)
     lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, n) for n in (1, 2)]
+    lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=128, vocab_size=256))
