@@ -27,6 +27,9 @@ to a unit) the snapshot-free FP8 detect flags and the whole blocks whose
 scale may change; the weights start near a UE8M0 scale boundary (init
 std 0.0135: amax/448 near 2^-13) so some blocks' scales do change.
 
+A BF16 sink (`sglang:tp=2`) synced from the same steps is the baseline:
+per version `fp8-sync: bytes vN lr=.. fp8=B bf16=B ratio=R`.
+
 Prints each version's units and payload bytes, then per run `fp8-sync:
 engine=sglang daemons=D versions=V exact=V/V sparse=S scale_changes=N
 code_changes=C units_sent=U units_dense=D dense_bytes=B
@@ -64,14 +67,17 @@ VERSIONS = int(os.environ.get("DTE_FP8_SYNC_VERSIONS", "10"))
 LRS = (1e-3, 1e-5, 2e-3, 1e-6, 3e-4, 1e-7)
 
 
-def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label):
+def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label, layout=LAYOUT):
     """Rank r of the sink: the engine's FP8 layers with every parameter in
-    a memfd arena, attached.  (part, {layer prefix: layer}, {buffer name:
-    BF16 tensor}, arena)."""
-    bufs = _lib.layout_buffers(cfg_text, LAYOUT, _lib.SINK, r)
+    a memfd arena, attached (the BF16 baseline, layout without fp8: no
+    layers, every buffer BF16).  (part, {layer prefix: layer}, {buffer
+    name: BF16 tensor}, arena)."""
+    bufs = _lib.layout_buffers(cfg_text, layout, _lib.SINK, r)
     arena = Arena("%s-r%d" % (label, r), [(n, (length,), "bf16") for _i, length, n in bufs])
-    with ctx.rank_ctx(r, TP):
-        layers = fp8_layout.engine_layers("sglang", cfg, qc, mods)
+    layers = {}
+    if layout == LAYOUT:
+        with ctx.rank_ctx(r, TP):
+            layers = fp8_layout.engine_layers("sglang", cfg, qc, mods)
     names = {n for _i, _l, n in bufs}
     for prefix, layer in layers.items():
         for pn in ("weight", "weight_scale_inv"):
@@ -87,7 +93,7 @@ def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label):
             if not any(n.startswith(p + ".") for p in layers)}
     ids = [cli.register_fd(arena.fd, loc.offset, length, _lib.BF16, loc.name)
            for (_i, length, _n), loc in zip(bufs, arena.locs())]
-    part = cli.attach(JOB, TOKEN, _lib.SINK, LAYOUT, r, ids)
+    part = cli.attach(JOB, TOKEN, _lib.SINK, layout, r, ids)
     return part, layers, bf16, arena
 
 
@@ -104,12 +110,13 @@ def engine_quant(theta, cfg, layers_ref, quant):
     return {n: np.ascontiguousarray(a).view(np.uint8) for n, a in got.items()}
 
 
-def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
+def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT, out=None):
     """One sync of `versions` versions: the source and both sink ranks on
     one dted, or the sinks on a second dted (over UCX, the first one the
     coordinator); with k > 1 the trainer marks k - 1 steps and publishes
-    the k-th (the FP8 detect's flags of every step ORed: scan_fp8).  Its
-    summary line."""
+    the k-th (the FP8 detect's flags of every step ORed: scan_fp8).  With
+    a layout without fp8, the BF16 baseline on the same steps.  Its
+    summary line; out (a list) gets each version's payload bytes."""
     import numpy as np
     cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=128,
@@ -117,7 +124,7 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
-    tag = "daemons=%d K=%d " % (ndaemons, k)
+    tag = "%sdaemons=%d K=%d " % ("" if layout == LAYOUT else "bf16 ", ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
     sparse_bytes = dense_bytes = 0
@@ -134,8 +141,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
         cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k)
         torch.set_default_dtype(torch.bfloat16)
         try:
-            sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons)
-                     for r in range(TP)]
+            sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons,
+                               layout) for r in range(TP)]
             refs = []
             for r in range(TP):
                 with ctx.rank_ctx(r, TP):
@@ -165,6 +172,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
                 src.wait(v)
             except _lib.DteError as e:
                 c.check(False, "%sv%d: every sink applied it: %s" % (tag, v, e.msg))
+            if out is not None:
+                out.append(info["bytes"])
             if info["dense"] == 0:
                 sparse += 1
                 sparse_bytes += info["bytes"]
@@ -177,7 +186,7 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
             bad, now = [], []
             codes0, scales0 = code_changes, scale_changes
             for r, (_part, layers, bf16, _a) in enumerate(sinks):
-                want = engine_quant(theta, cfg, refs[r], quant)
+                want = engine_quant(theta, cfg, refs[r], quant) if layers else {}
                 for name, w in want.items():
                     mod, pn = name.rsplit(".", 1)
                     got = getattr(layers[mod], pn).data.contiguous().view(torch.uint8).numpy()
@@ -208,8 +217,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
                         tag, v, "dense" if info["dense"] else "sparse", info["changed"],
                         "" if not bad else ": " + "; ".join(bad[:4])))
         c.check(sparse == versions - 1, "%sversions 2..%d sparse (%d)" % (tag, versions, sparse))
-        c.check(scale_changes > 0, "%ssome blocks' scales changed (%d), so whole blocks moved"
-                % (tag, scale_changes))
+        c.check(scale_changes > 0 or not layers, "%ssome blocks' scales changed (%d), so whole "
+                "blocks moved" % (tag, scale_changes))
         c.check(all(d.running() for d in ds), "%sdaemons alive" % tag)
     except Exception:
         for d in ds:
@@ -229,9 +238,10 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS):
         shutil.rmtree(tmp, ignore_errors=True)
     for line in per_version:
         print("  " + line)
-    return ("fp8-sync: engine=sglang daemons=%d K=%d versions=%d exact=%d/%d sparse=%d "
+    return ("fp8-sync: %s daemons=%d K=%d versions=%d exact=%d/%d sparse=%d "
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
-            "sparse_bytes_avg=%d" % (ndaemons, k, versions, exact, versions, sparse, scale_changes,
+            "sparse_bytes_avg=%d" % ("engine=sglang" if layout == LAYOUT else "baseline=bf16",
+                                     ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
                                      sparse_bytes // max(sparse, 1)))
 
@@ -311,13 +321,20 @@ def main():
     mods = types.SimpleNamespace(QKVParallelLinear=ctx.linear.QKVParallelLinear,
                                  RowParallelLinear=ctx.linear.RowParallelLinear,
                                  MergedColumnParallelLinear=ctx.linear.MergedColumnParallelLinear)
-    lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, n) for n in (1, 2)]
+    fp8_bytes, bf16_bytes = [], []
+    lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, 1, out=fp8_bytes),
+             run(c, ctx, qc, mods, quant_weight_ue8m0, 2),
+             run(c, ctx, qc, mods, None, 1, layout="sglang:tp=%d,ep=1" % TP, out=bf16_bytes)]
     lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=128, vocab_size=256))
     for line in lines:
         print(line)
+    # The same steps' payloads, FP8 units against BF16 elements.
+    for v, (f, b) in enumerate(zip(fp8_bytes, bf16_bytes), 1):
+        print("fp8-sync: bytes v%d lr=%g fp8=%d bf16=%d ratio=%.3f" % (
+            v, LRS[(v - 1) % len(LRS)], f, b, f / b if b else float("nan")))
     c.finish()
 
 
