@@ -2,7 +2,8 @@
 """FP8 block-scaled sinks synced by dted, exact against the engine's own
 quantizer, sparse in FP8 space (issue 33).
 
-One dted, then two (the sinks' own over UCX); a Qwen3 model on the 128 grid (hidden 256, intermediate 512,
+One dted, then two (the sinks' own over UCX), and a TP-sharded source
+(megatron:tp=2) across two; a Qwen3 model on the 128 grid (hidden 256, intermediate 512,
 4 heads of 128, 2 KV heads, 2 layers) trains with real torch AdamW as
 Source.hf (fsdp2:dp=1: every tensor whole, so every 128 x 128 block is
 held whole by one source piece).  The sink is `sglang:tp=2,fp8=1`: per TP
@@ -110,13 +111,59 @@ def engine_quant(theta, cfg, layers_ref, quant):
     return {n: np.ascontiguousarray(a).view(np.uint8) for n, a in got.items()}
 
 
-def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT, out=None):
+class MegatronSource:
+    """dte.megatron's TP-sharded stand-in trainer (megatron:tp=TP, its own
+    forward and backward on a toy task) attached rank by rank as the job's
+    source, with Source.hf's publish, wait and close."""
+
+    def __init__(self, sock, cfg, cfg_text, init):
+        from dte import megatron, toy
+        self.layout = "megatron:tp=%d" % TP
+        self.model = megatron.MegatronModel(cfg, tp=TP, hf=init, label="fp8-mg",
+                                            placement=self.layout)
+        self.trainer = megatron.Trainer(self.model, lr=LRS[0], betas=(0.9, 0.99))
+        self.task = toy.ToyTask(cfg["vocab_size"])
+        self.cli = _lib.Client(sock)
+        self.cli.job_create(JOB, cfg_text, TOKEN, "local", 1)
+        self.parts = []
+        for r in range(TP):
+            want = _lib.layout_buffers(cfg_text, self.layout, _lib.SOURCE, r)
+            ids = [self.cli.register_fd(self.model.arenas[r][kind].fd, 0, length, _lib.FP32,
+                                        "%s r%d" % (kind, r))
+                   for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
+            self.parts.append(self.cli.attach(JOB, TOKEN, _lib.SOURCE, self.layout, r, ids))
+        self.rec = None
+
+    def step(self, v):
+        self.rec = self.trainer.step(*self.task.batch_at(v))
+
+    def publish(self, v, asynchronous=False):
+        infos = [self.cli.publish(JOB, p, v, self.rec["step"], harness.groups_of(self.rec))
+                 for p in self.parts]
+        return {k: sum(i[k] for i in infos) for k in ("dense", "changed", "elements", "bytes")}
+
+    def wait(self, v):
+        self.cli.wait(JOB, v, 60000)
+
+    def theta(self):
+        return {n: t.detach() for n, t in self.model.to_hf().items()}
+
+    def close(self):
+        self.cli.close()
+        self.trainer.close()
+
+
+def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT, out=None,
+        source="hf"):
     """One sync of `versions` versions: the source and both sink ranks on
     one dted, or the sinks on a second dted (over UCX, the first one the
     coordinator); with k > 1 the trainer marks k - 1 steps and publishes
     the k-th (the FP8 detect's flags of every step ORed: scan_fp8).  With
-    a layout without fp8, the BF16 baseline on the same steps.  Its
-    summary line; out (a list) gets each version's payload bytes."""
+    a layout without fp8, the BF16 baseline on the same steps.  source
+    "megatron": the trainer is TP-sharded (dte.megatron's stand-in in
+    megatron:tp=2, its own forward and backward), so entries start at
+    column offsets of the row-parallel matrices.  Its summary line; out (a
+    list) gets each version's payload bytes."""
     import numpy as np
     cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=128,
@@ -124,7 +171,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
-    tag = "%sdaemons=%d K=%d " % ("" if layout == LAYOUT else "bf16 ", ndaemons, k)
+    tag = "%s%sdaemons=%d K=%d " % ("" if layout == LAYOUT else "bf16 ",
+                                  "" if source == "hf" else source + " ", ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
     sparse_bytes = dense_bytes = 0
@@ -132,11 +180,15 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     try:
         for d in ds:
             d.start()
-        params = {n: torch.nn.Parameter(t.clone()) for n, t in
-                  qwen3.init_hf_weights(cfg, seed=5, std=0.0135).items()}
-        opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99), eps=1e-8,
-                                weight_decay=0.01)
-        src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k)
+        init = qwen3.init_hf_weights(cfg, seed=5, std=0.0135)
+        if source == "hf":
+            params = {n: torch.nn.Parameter(t.clone()) for n, t in init.items()}
+            opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99),
+                                    eps=1e-8, weight_decay=0.01)
+            src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k)
+        else:
+            src = MegatronSource(ds[0].sock, cfg, cfg_text, init)
+            opt = src.trainer.opt
         cli = _lib.Client(ds[-1].sock)
         cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k)
         torch.set_default_dtype(torch.bfloat16)
@@ -155,6 +207,9 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
             for step in range(k):
                 for g in opt.param_groups:
                     g["lr"] = LRS[(v - 1) % len(LRS)]
+                if source != "hf":
+                    src.step(v)
+                    continue
                 opt.zero_grad(set_to_none=True)
                 for p in params.values():
                     p.grad = torch.randn(p.shape, generator=gen)
@@ -181,7 +236,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
                 dense_bytes = info["bytes"]
             sent += info["changed"]
             dense_units += info["elements"]
-            theta = {n: p.detach() for n, p in params.items()}
+            theta = src.theta() if source != "hf" else {n: p.detach() for n, p in
+                                                         params.items()}
             want_bf16 = ref.expected_sink_from_hf(theta, cfg, TP)
             bad, now = [], []
             codes0, scales0 = code_changes, scale_changes
@@ -240,7 +296,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
         print("  " + line)
     return ("fp8-sync: %s daemons=%d K=%d versions=%d exact=%d/%d sparse=%d "
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
-            "sparse_bytes_avg=%d" % ("engine=sglang" if layout == LAYOUT else "baseline=bf16",
+            "sparse_bytes_avg=%d" % (("engine=sglang" if layout == LAYOUT else "baseline=bf16") +
+                                     ("" if source == "hf" else " source=" + source),
                                      ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
                                      sparse_bytes // max(sparse, 1)))
@@ -324,7 +381,8 @@ def main():
     fp8_bytes, bf16_bytes = [], []
     lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, 1, out=fp8_bytes),
              run(c, ctx, qc, mods, quant_weight_ue8m0, 2),
-             run(c, ctx, qc, mods, None, 1, layout="sglang:tp=%d,ep=1" % TP, out=bf16_bytes)]
+             run(c, ctx, qc, mods, None, 1, layout="sglang:tp=%d,ep=1" % TP, out=bf16_bytes),
+             run(c, ctx, qc, mods, quant_weight_ue8m0, 2, versions=6, source="megatron")]
     lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,
