@@ -625,6 +625,47 @@ static void count_dst(const struct dte_box_map *m, uint32_t *cnt, int64_t n)
 	}
 }
 
+/* The plan srcd -> sinkd of spec s, each entry into an FP8 buffer split
+ * (dte_plan_fp8_split) until one is refused: how many there were, how
+ * many were slabs of a bigger matrix (more than 8192 rows), and the
+ * first refusal's reason. */
+struct fp8_walk {
+	size_t entries, slabs;
+	int refused;
+	char err[512];
+};
+
+static void fp8_walk(const struct dte_spec *s, const char *srcd, const char *sinkd,
+		     struct fp8_walk *w)
+{
+	struct dte_layout src, sink;
+	struct dte_plan plan;
+
+	memset(w, 0, sizeof(*w));
+	assert_int_equal(dte_layout_from_desc(&src, s, srcd, DTE_LAYOUT_SOURCE, w->err,
+					      sizeof(w->err)), 0);
+	assert_int_equal(dte_layout_from_desc(&sink, s, sinkd, DTE_LAYOUT_SINK, w->err,
+					      sizeof(w->err)), 0);
+	assert_int_equal(dte_plan_build(&plan, s, &src, &sink, NULL, w->err, sizeof(w->err)), 0);
+	for (size_t q = 0; q < plan.n && !w->refused; q++) {
+		struct dte_plan_entry pe;
+		struct dte_fp8_split sp;
+		const struct dte_layout_fp8 *x;
+
+		dte_plan_entry(&plan, q, &pe);
+		if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
+			continue;
+		w->entries++;
+		w->slabs += pe.map.extent[0] * pe.map.extent[1] < x->rows * x->cols &&
+			    pe.map.extent[0] > 8192;
+		w->refused = dte_plan_fp8_split(x, &pe, s->t[pe.tensor].name, &sp, w->err,
+						sizeof(w->err)) < 0;
+	}
+	dte_plan_fini(&plan);
+	dte_layout_fini(&sink);
+	dte_layout_fini(&src);
+}
+
 /* FP8 sinks (issue 33): every plan entry into an FP8 buffer splits into
  * its codes (two to a 16-bit unit) and its blocks' scales (two units a
  * scale), which together cover every unit a client registers for those
@@ -725,34 +766,13 @@ static void test_fp8_split(void **state)
 			"\"num_attention_heads\":12,\"num_key_value_heads\":4,\"head_dim\":128,"
 			"\"vocab_size\":256,\"tie_word_embeddings\":false}";
 		struct dte_spec bs;
-		struct dte_layout src, sink;
-		struct dte_plan plan;
-		size_t fp8_entries = 0, slabs = 0;
+		struct fp8_walk w;
 
 		assert_int_equal(dte_spec_load_string(&bs, big, err, sizeof(err)), 0);
-		assert_int_equal(dte_layout_from_desc(&src, &bs, "fsdp:dp=1", DTE_LAYOUT_SOURCE, err,
-						      sizeof(err)), 0);
-		assert_int_equal(dte_layout_from_desc(&sink, &bs, "sglang:tp=1,fp8=1",
-						      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
-		assert_int_equal(dte_plan_build(&plan, &bs, &src, &sink, NULL, err, sizeof(err)), 0);
-		for (size_t q = 0; q < plan.n; q++) {
-			struct dte_plan_entry pe;
-			struct dte_fp8_split sp;
-			const struct dte_layout_fp8 *x;
-
-			dte_plan_entry(&plan, q, &pe);
-			if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
-				continue;
-			fp8_entries++;
-			slabs += pe.map.extent[0] * pe.map.extent[1] < x->rows * x->cols &&
-				 pe.map.extent[0] % 128 == 0 && pe.map.extent[0] > 8192;
-			if (dte_plan_fp8_split(x, &pe, bs.t[pe.tensor].name, &sp, err, sizeof(err)) < 0)
-				fail_msg("slab: %s", err);
-		}
-		assert_true(fp8_entries > 0 && slabs > 0);
-		dte_plan_fini(&plan);
-		dte_layout_fini(&sink);
-		dte_layout_fini(&src);
+		fp8_walk(&bs, "fsdp:dp=1", "sglang:tp=1,fp8=1", &w);
+		if (w.refused)
+			fail_msg("slab: %s", w.err);
+		assert_true(w.entries > 0 && w.slabs > 0);
 		dte_spec_fini(&bs);
 	}
 	/* The real DeepSeek-V3 and Kimi-K2 from Megatron without the
@@ -763,66 +783,27 @@ static void test_fp8_split(void **state)
 
 		for (size_t mi = 0; mi < sizeof(models) / sizeof(*models); mi++) {
 			struct dte_spec ms;
-			struct dte_layout src, sink;
-			struct dte_plan plan;
+			struct fp8_walk w;
 			char path[128];
-			size_t n = 0;
 
 			snprintf(path, sizeof(path), "tests/data/layout/models/%s", models[mi]);
 			spec_load(&ms, path);
-			assert_int_equal(dte_layout_from_desc(&src, &ms, "megatron:tp=8,dp=2,ep=8,etp=1,dopt=0",
-							      DTE_LAYOUT_SOURCE, err, sizeof(err)), 0);
-			assert_int_equal(dte_layout_from_desc(&sink, &ms, "sglang:tp=8,ep=8,fp8=1",
-							      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
-			assert_int_equal(dte_plan_build(&plan, &ms, &src, &sink, NULL, err, sizeof(err)), 0);
-			for (size_t q = 0; q < plan.n; q++) {
-				struct dte_plan_entry pe;
-				struct dte_fp8_split sp;
-				const struct dte_layout_fp8 *x;
-
-				dte_plan_entry(&plan, q, &pe);
-				if (!(x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)))
-					continue;
-				n++;
-				if (dte_plan_fp8_split(x, &pe, ms.t[pe.tensor].name, &sp, err,
-						       sizeof(err)) < 0)
-					fail_msg("%s: %s", models[mi], err);
-			}
-			assert_true(n > 0);
-			print_message("fp8-split: %s entries=%zu split=0\n", models[mi], n);
-			dte_plan_fini(&plan);
-			dte_layout_fini(&sink);
-			dte_layout_fini(&src);
+			fp8_walk(&ms, "megatron:tp=8,dp=2,ep=8,etp=1,dopt=0", "sglang:tp=8,ep=8,fp8=1", &w);
+			if (w.refused)
+				fail_msg("%s: %s", models[mi], w.err);
+			assert_true(w.entries > 0);
+			print_message("fp8-split: %s entries=%zu split=0\n", models[mi], w.entries);
 			dte_spec_fini(&ms);
 		}
 	}
 	/* fsdp:dp=4 shards k_proj's 256 rows 64 to a rank: no source holds a
 	 * block of it whole. */
 	{
-		struct dte_layout src, sink;
-		struct dte_plan plan;
-		int refused = 0;
+		struct fp8_walk w;
 
-		assert_int_equal(dte_layout_from_desc(&src, &s, "fsdp:dp=4", DTE_LAYOUT_SOURCE, err,
-						      sizeof(err)), 0);
-		assert_int_equal(dte_layout_from_desc(&sink, &s, "sglang:tp=1,fp8=1",
-						      DTE_LAYOUT_SINK, err, sizeof(err)), 0);
-		assert_int_equal(dte_plan_build(&plan, &s, &src, &sink, NULL, err, sizeof(err)), 0);
-		for (size_t q = 0; q < plan.n && !refused; q++) {
-			struct dte_plan_entry pe;
-			struct dte_fp8_split sp;
-			const struct dte_layout_fp8 *x;
-
-			dte_plan_entry(&plan, q, &pe);
-			if ((x = dte_layout_fp8_find(&sink, pe.sink_rank, pe.sink_buf)) &&
-			    dte_plan_fp8_split(x, &pe, s.t[pe.tensor].name, &sp, err, sizeof(err)) < 0)
-				refused = 1;
-		}
-		assert_true(refused);
-		assert_non_null(strstr(err, "not whole 128 x 128 blocks"));
-		dte_plan_fini(&plan);
-		dte_layout_fini(&sink);
-		dte_layout_fini(&src);
+		fp8_walk(&s, "fsdp:dp=4", "sglang:tp=1,fp8=1", &w);
+		assert_true(w.refused);
+		assert_non_null(strstr(w.err, "not whole 128 x 128 blocks"));
 	}
 	dte_spec_fini(&s);
 }
