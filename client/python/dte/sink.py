@@ -29,6 +29,11 @@ class SinkError(RuntimeError):
     pass
 
 
+# Dtypes an FP8 sink registers as 16-bit units (dte_layout_buffers).
+_UNITS = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), torch.float32, torch.uint8)
+               if d is not None)
+
+
 class Sink:
     """One inference process: its ranks attached to a job as sinks."""
 
@@ -67,14 +72,21 @@ class Sink:
         return self._attach(rank, ids)
 
     def attach_cuda(self, rank, tensors):
-        """tensors: {buffer name: contiguous BF16 CUDA tensor}."""
+        """tensors: {buffer name: contiguous BF16 CUDA tensor}; an FP8 sink's
+        float8_e4m3fn weights and FP32 weight_scale_inv (fp8=1 layouts) are
+        taken as they are and registered as 16-bit units (the lengths
+        expected() gives)."""
         from .source import register_cuda_tensor
         ids = []
         for _bid, length, name in self.expected(rank):
             t = tensors.get(name)
-            if t is None or t.dtype != torch.bfloat16 or t.numel() != length:
-                raise SinkError("sink: %r must be a BF16 CUDA tensor of %d elements" % (
-                    name, length))
+            if t is not None and t.dtype in _UNITS and t.is_contiguous() and t.dim() > 0 and \
+                    t.numel() * t.element_size() == 2 * length:
+                t = t.reshape(-1).view(torch.int16)     # the same memory, 16-bit units
+            if t is None or t.dtype not in (torch.bfloat16, torch.int16) or t.numel() != length:
+                raise SinkError("sink: %r must be a BF16 CUDA tensor of %d elements (an FP8 "
+                                "sink's float8_e4m3fn or FP32 tensor: %d bytes)" % (
+                                    name, length, 2 * length))
             ids.append(register_cuda_tensor(self.cli, t, _lib.BF16, name))
         return self._attach(rank, ids)
 
