@@ -148,6 +148,12 @@ static void writer_and_reader_jobs(void **state)
 	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), 0);
 	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "sources"));
+	/* A reader writes stored BF16 into its sinks' pieces: an FP8 sink's
+	 * codes and scales are a source's to compute, so it is refused; the
+	 * writer's job (fed over UCX) takes it. */
+	assert_int_equal(jstore_fp8_check(j, err, sizeof(err)), -EOPNOTSUPP);
+	assert_non_null(strstr(err, "FP8 sink"));
+	assert_int_equal(jstore_fp8_check(job_find(eng, "w"), err, sizeof(err)), 0);
 	/* A root that cannot be made: the job is not created. */
 	rq = req("bad", "storage", "/proc/no/such/dir", "reader");
 	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), -EINVAL);
