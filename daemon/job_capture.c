@@ -1373,13 +1373,18 @@ static int frame_part(struct jcap *c, struct jcap_pair *p, uint8_t **chunk, size
 	return 0;
 }
 
-/* The side tables' counts (metrics may be updated from a worker). */
-static void side_metrics(const struct jcap *c)
+/* The side tables' and the FP8 entries' counts (metrics may be updated
+ * from a worker). */
+static void capture_metrics(const struct jcap *c)
 {
 	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "kept", (double)c->side_kept);
 	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "uncertain", (double)c->side_uncertain);
 	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "over_cap", (double)c->side_left_out);
 	dmetrics_add(DM_MARK_TABLE_ELEMENTS, "not_sent", (double)c->side_dropped);
+	if (c->fp8_units) {
+		dmetrics_add(DM_FP8_UNITS, "covered", (double)c->fp8_units);
+		dmetrics_add(DM_FP8_UNITS, "sent", (double)c->fp8_sent);
+	}
 	dmetrics_set(DM_MARK_TABLE_BYTES, NULL, (double)side_held());
 	dmetrics_set(DM_MARK_TABLE_PEAK, NULL, (double)side_peak());
 }
@@ -1425,7 +1430,7 @@ out:
 	free(dets);
 	free(refs);
 	c->work_ms = (double)(jio_now(c->eng) - t0) / 1e6;
-	side_metrics(c);
+	capture_metrics(c);
 	return rc;
 }
 

@@ -123,6 +123,11 @@ static const struct family fam[DM__COUNT] = {
 			"its sources published (from the sink's APPLIED acknowledgements)",
 		.type = T_GAUGE,
 		.labels = { "job_name", "sink", "sink_node" } },
+	[DM_FP8_UNITS] = { .name = "dted_fp8_units_total",
+		.help = "16-bit units of FP8 sinks' codes and scales the captures computed "
+			"(covered) and sent (sent; docs/SYNC.md, \"FP8 sinks\")",
+		.type = T_COUNTER,
+		.labels = { "outcome" } },
 };
 
 struct series {
@@ -315,6 +320,9 @@ void dmetrics_init(void)
 	pthread_mutex_lock(&lock);
 	memset(st, 0, sizeof(st));
 	for (unsigned i = 0; i < 2; i++) {
+		static const char *const fp8[] = { "covered", "sent" };
+
+		series_get(DM_FP8_UNITS, fp8[i]);
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);

@@ -283,6 +283,19 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
         c.check(sparse == versions - 1, "%sversions 2..%d sparse (%d)" % (tag, versions, sparse))
         c.check(scale_changes > 0 or not layers, "%ssome blocks' scales changed (%d), so whole "
                 "blocks moved" % (tag, scale_changes))
+        if "fp8=1" in layout:
+            # What the source's daemon counted: every FP8 unit of both ranks
+            # computed each version, those sent among them.
+            units = sum(length for r in range(TP) for _i, length, n in
+                        _lib.layout_buffers(cfg_text, layout, _lib.SINK, r)
+                        if any(n.startswith(p + ".") for p in sinks[r][1]))
+            m = {}
+            for line in harness.dtectl(ds[0].sock, "metrics").stdout.splitlines():
+                if line.startswith("dted_fp8_units_total{"):
+                    m[line.split('"')[1]] = float(line.split()[-1])
+            c.check(m.get("covered") == units * versions and 0 < m.get("sent", 0) < m["covered"],
+                    "%sdted_fp8_units_total: covered %s = %d units x %d versions, sent %s"
+                    % (tag, m.get("covered"), units, versions, m.get("sent")))
         c.check(all(d.running() for d in ds), "%sdaemons alive" % tag)
     except Exception:
         for d in ds:
