@@ -81,6 +81,18 @@ struct det {
 	size_t nsp;
 };
 
+/* The units of an FP8 sink's element box (gpu/fp8.h dtc_fp8_box_units)
+ * with what the FP8 detect flags, kept for the entry after (a box's codes
+ * entry is followed by its scales entry, dte_plan_fp8_split): computed
+ * once for both. */
+struct jfp8_box {
+	uint32_t src_buf, group, flags;
+	int64_t src_offset, src_stride[2], fbox[2];
+	int detect;
+	uint16_t *codes, *scales;
+	uint64_t *code_changed, *scale_changed;
+};
+
 static void key_of(const struct jentry *e, struct det_key *k)
 {
 	memset(k, 0, sizeof(*k));
@@ -377,6 +389,25 @@ out:
 	return rc;
 }
 
+static int fp8_box_get(struct jcap *c, const struct jentry *e, const struct dtc_src *s,
+		       int detect);
+
+/* detect = snapshot of an FP8 entry: OR into bm every unit that differs
+ * from the kept one (all of them with none kept), then keep u. */
+static int snap_units(struct jsnap *sn, const uint16_t *u, uint64_t n, uint64_t *bm,
+		      uint64_t *cnt)
+{
+	uint64_t c0 = 0;
+
+	for (uint64_t i = 0; i < n; i++)
+		if (!sn->vals || sn->n != n || sn->vals[i] != u[i])
+			bm[i / 64] |= UINT64_C(1) << (i % 64);
+	for (uint64_t w = 0; w < (n + 63) / 64; w++)
+		c0 += (uint64_t)__builtin_popcountll(bm[w]);
+	*cnt = c0;
+	return jsnap_keep(sn, u, n);
+}
+
 /* detect = snapshot: every entry of every pair compares the current BF16
  * values with those kept from the pair's previous capture, ORs the
  * difference into its dirty bitmap (when it keeps one) and keeps the
@@ -405,8 +436,8 @@ static int snapshot_all(struct jcap *c)
 			struct dtc_src s;
 			int r;
 
-			if (e->raw || e->fp8)
-				continue;	/* sent whole every version (entry_raw, entry_fp8) */
+			if (e->raw)
+				continue;	/* sent whole every version (entry_raw) */
 			if (cap_src(c, e, &s) < 0) {
 				CAPFAIL("source buffers missing");
 				goto out;
@@ -429,8 +460,16 @@ static int snapshot_all(struct jcap *c)
 				memset(tmp, 0, words * sizeof(*tmp));
 				bm = tmp;
 			}
-			r = jsnap_scan(&p->snap[q], jdev_host(), &e->map, s.param, s.len, bm,
-				       words, &cnt);
+			if (e->fp8) {
+				/* The units themselves are what the sink holds. */
+				if (fp8_box_get(c, e, &s, 0) < 0)
+					goto out;
+				r = snap_units(&p->snap[q], e->fp8 == JFP8_CODES ? c->f8->codes :
+					       c->f8->scales, e->box, bm, &cnt);
+			} else {
+				r = jsnap_scan(&p->snap[q], jdev_host(), &e->map, s.param, s.len, bm,
+					       words, &cnt);
+			}
 			if (r != DTC_OK) {
 				CAPFAIL("snapshot scan: %s", dtc_strerror(r));
 				goto out;
@@ -807,18 +846,6 @@ static int entry_raw(struct jcap *c, size_t pi, const struct jentry *e, const st
 	return 0;
 }
 
-/* The units of an FP8 sink's element box (gpu/fp8.h dtc_fp8_box_units)
- * with what the FP8 detect flags, kept for the entry after (a box's codes
- * entry is followed by its scales entry, dte_plan_fp8_split): computed
- * once for both. */
-struct jfp8_box {
-	uint32_t src_buf, group, flags;
-	int64_t src_offset, src_stride[2], fbox[2];
-	int detect;
-	uint16_t *codes, *scales;
-	uint64_t *code_changed, *scale_changed;
-};
-
 static void fp8_box_free(struct jfp8_box *b)
 {
 	if (b) {
@@ -948,8 +975,8 @@ static int scan_fp8(struct jcap *c, const struct det_ref *refs, const struct det
  * θ's element box with the engine's quantizer.  A dense pair gets all of
  * them; a sparse one those the FP8 detect flags this step ORed with the
  * pair's marks (K > 1: earlier steps' flags, scan_fp8) when it can run
- * (host sources, detect = adamw), else every unit as positions
- * (detect = snapshot: nothing kept to compare with, as entry_raw does).
+ * (host sources, detect = adamw), or, with detect = snapshot, those
+ * that differ from what the pair last sent (snapshot_all, snap_units).
  * *sum: the checksum of every unit of the box. */
 static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const struct dtc_src *s,
 		     const uint64_t *mark, uint64_t *count, uint64_t *sum)
@@ -958,6 +985,9 @@ static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const st
 	struct dtc_bytes *raw = &p->raw;
 	int sparse = p->sparse;
 	int detect = sparse && c->detect == JDETECT_ADAMW;
+	/* detect = snapshot: snapshot_all flagged the units that differ from
+	 * those the pair last sent, in the pair's bitmap */
+	int snap = sparse && c->detect == JDETECT_SNAPSHOT && mark;
 	const uint16_t *u;
 	const uint64_t *chg = NULL;
 	uint64_t *pos = NULL, n = 0;
@@ -972,9 +1002,9 @@ static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const st
 		chg = fp8_changed(c, e);
 	*sum = units_csum(e, u);
 	c->fp8_units += e->box;
-	if (detect)
+	if (detect || snap)
 		for (uint64_t w = 0; w < (e->box + 63) / 64; w++)
-			n += (uint64_t)__builtin_popcountll(chg[w] | (mark ? mark[w] : 0));
+			n += (uint64_t)__builtin_popcountll((chg ? chg[w] : 0) | (mark ? mark[w] : 0));
 	else
 		n = e->box;
 	*count = sparse ? n : e->box;
@@ -996,7 +1026,8 @@ static int entry_fp8(struct jcap *c, size_t pi, const struct jentry *e, const st
 		uint64_t k = 0;
 
 		for (uint64_t i = 0; i < e->box; i++) {
-			if (detect && !((chg[i / 64] | (mark ? mark[i / 64] : 0)) >> (i % 64) & 1))
+			if ((detect || snap) &&
+			    !(((chg ? chg[i / 64] : 0) | (mark ? mark[i / 64] : 0)) >> (i % 64) & 1))
 				continue;
 			pos[k] = i;
 			vals[k++] = u[i];

