@@ -789,6 +789,22 @@ SINK_SAW_DUP = r"(COUNTS from \S+ for version %(v)d duplicated|" \
                r"for version %(v)d but sink \S+ holds \d+ \(dropped\))"
 
 
+SINK_REFUSED_CORRUPT = r"sink \S+ refuses version %d: .*payload corrupt"
+SRC_HEARD_CORRUPT = r"reports version %d refused: .*payload corrupt"
+EFFECT_WAIT_S = 30.0    # how long a fault's effect may take to show in the logs
+
+
+def await_log(d, off, pattern, timeout):
+    """d's log of its current process from off, once the regex pattern is
+    in it or at the deadline (then without it)."""
+    end = time.time() + timeout
+    while True:
+        text = d.log_since()[off:]
+        if re.search(pattern, text) or time.time() >= end:
+            return text
+        time.sleep(0.05)
+
+
 def sc_hooked(name):
     """Receiver-side router hooks (tests/faults/testhook.c) fire every third
     version from 3 on, on every daemon main() armed them on: lands when
@@ -818,14 +834,20 @@ def sc_hooked(name):
                                (d.name, fv, fired[d.name]))
                 text = {n: d.log_since()[offs[n]:] for n, d in cl.daemons.items()}
                 if name == "corrupt-payload":
+                    # publish() gives a faulted version FAULT_WAIT_S; under
+                    # load sink1 may refuse it, and src hear of it, only
+                    # after that: wait for both (a failed trial once read
+                    # the logs just before sink1's refusal and its counter
+                    # just after it).
+                    for n, pat in (("sink1", SINK_REFUSED_CORRUPT % fv),
+                                   ("src", SRC_HEARD_CORRUPT % fv)):
+                        text[n] = await_log(cl.daemons[n], offs[n], pat, EFFECT_WAIT_S)
                     refused = (cl.daemons["sink1"].ctl_json("job", JOB) or {}).get("refused", 0)
-                    said = re.findall(r"sink \S+ refuses version %d: .*payload corrupt" % fv,
-                                      text["sink1"])
+                    said = re.findall(SINK_REFUSED_CORRUPT % fv, text["sink1"])
                     proof.effect(said and refused > refused0,
                                  "sink1 refused v%d as corrupt (%d log lines, job refused %s -> "
                                  "%s)" % (fv, len(said), refused0, refused))
-                    proof.effect(re.search(r"reports version %d refused: .*payload corrupt" % fv,
-                                           text["src"]) is not None,
+                    proof.effect(re.search(SRC_HEARD_CORRUPT % fv, text["src"]) is not None,
                                  "src heard sink1's refusal of v%d" % fv)
                 elif name == "dup":
                     for d in armed:

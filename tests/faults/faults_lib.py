@@ -120,6 +120,9 @@ class HookDaemon(harness.Daemon):
         return rc
 
 
+QUIT_S = 10.0      # how long a child has to exit after `quit`
+
+
 class LineProc:
     """A child speaking one line per command."""
 
@@ -167,12 +170,25 @@ class LineProc:
             return None
 
     def close(self):
-        """Ask it to quit; returns its exit status (0 when it did)."""
+        """Ask it to quit; returns its exit status (0 when it did).  One
+        still running after QUIT_S has its threads' stacks written to its
+        stderr (faulthandler, registered in the child) before it is killed:
+        a trainer once took longer than that under load, and nothing said
+        where it was."""
         if self.proc.poll() is None:
             try:
                 self.send("quit")
-                return self.proc.wait(10)
+                return self.proc.wait(QUIT_S)
             except Exception:
+                if self.proc.poll() is None:
+                    sys.stderr.write("child %d did not quit within %.0f s; its stacks:\n"
+                                     % (self.proc.pid, QUIT_S))
+                    sys.stderr.flush()
+                    self.proc.send_signal(signal.SIGUSR1)
+                    try:
+                        self.proc.wait(2)
+                    except subprocess.TimeoutExpired:
+                        pass
                 self.kill()
         return self.proc.returncode
 
@@ -382,6 +398,8 @@ def _sink_main(work, sock, coord_addr, replica, rank):
 
 
 if __name__ == "__main__":
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # LineProc.close
     if sys.argv[1] == "--trainer":
         _trainer_main(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "--sink":
