@@ -120,8 +120,10 @@ static int swap_part(struct jarrive *a, struct jaswap *w, char *err, size_t errl
 			bound += 8 + (w->dense ? 2 * w->cnt[i] : dtc_sparse_bound(w->cnt[i]));
 	if (dtc_chunk_info(w->data, w->len, &claimed, &codec) != DTC_OK || claimed > bound ||
 	    dtc_chunk_view(w->data, w->len, &view, &raw_len) != DTC_OK || !view) {
-		snprintf(err, errlen, "source %llx part %u: header, framing or checksum invalid",
-			 (unsigned long long)w->src, w->part);
+		/* Worded as the staging path's (job_sink_stage.c): an operator
+		 * or a test matches one phrase whichever path saw it. */
+		snprintf(err, errlen, "source %llx: payload corrupt (header, framing or checksum) "
+			 "in part %u", (unsigned long long)w->src, w->part);
 		return -EBADMSG;
 	}
 	w->voff = (size_t)(view - w->data);

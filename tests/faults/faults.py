@@ -789,7 +789,8 @@ SINK_SAW_DUP = r"(COUNTS from \S+ for version %(v)d duplicated|" \
                r"for version %(v)d but sink \S+ holds \d+ \(dropped\))"
 
 
-SINK_REFUSED_CORRUPT = r"sink \S+ refuses version %d: .*payload corrupt"
+SINK_REFUSED_CORRUPT = (r"sink \S+(?: refuses version %(v)d: |: version %(v)d applied on arrival "
+                        r"fails \().*payload corrupt")
 SRC_HEARD_CORRUPT = r"reports version %d refused: .*payload corrupt"
 EFFECT_WAIT_S = 30.0    # how long a fault's effect may take to show in the logs
 
@@ -834,16 +835,17 @@ def sc_hooked(name):
                                (d.name, fv, fired[d.name]))
                 text = {n: d.log_since()[offs[n]:] for n, d in cl.daemons.items()}
                 if name == "corrupt-payload":
-                    # publish() gives a faulted version FAULT_WAIT_S; under
-                    # load sink1 may refuse it, and src hear of it, only
-                    # after that: wait for both (a failed trial once read
-                    # the logs just before sink1's refusal and its counter
-                    # just after it).
-                    for n, pat in (("sink1", SINK_REFUSED_CORRUPT % fv),
+                    # sink1 refuses the version in staging ("refuses
+                    # version"), or, parked, undoes it on arrival ("applied
+                    # on arrival fails"): both say "payload corrupt".  (Two
+                    # loaded runs failed here when the pattern knew only the
+                    # first and the arrival path worded it otherwise.)  The
+                    # lines are awaited with a deadline, not read once.
+                    for n, pat in (("sink1", SINK_REFUSED_CORRUPT % {"v": fv}),
                                    ("src", SRC_HEARD_CORRUPT % fv)):
                         text[n] = await_log(cl.daemons[n], offs[n], pat, EFFECT_WAIT_S)
                     refused = (cl.daemons["sink1"].ctl_json("job", JOB) or {}).get("refused", 0)
-                    said = re.findall(SINK_REFUSED_CORRUPT % fv, text["sink1"])
+                    said = re.findall(SINK_REFUSED_CORRUPT % {"v": fv}, text["sink1"])
                     proof.effect(said and refused > refused0,
                                  "sink1 refused v%d as corrupt (%d log lines, job refused %s -> "
                                  "%s)" % (fv, len(said), refused0, refused))

@@ -349,6 +349,15 @@ def _trainer_main(work, seed):
                 print("err unknown command", flush=True)
         except Exception as e:  # reported to the parent, which decides
             print("err %s" % str(e).replace("\n", " "), flush=True)
+    # Asked to quit: the client closed here, while faulthandler still
+    # answers SIGUSR1 (LineProc.close), then out without the interpreter's
+    # teardown of torch and the arenas.  A trainer once outlived QUIT_S
+    # after quit under load, in that teardown (SIGUSR1's handler was gone:
+    # it died of the signal, -10).
+    if cli:
+        cli.close()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _sink_main(work, sock, coord_addr, replica, rank):
