@@ -753,8 +753,7 @@ static int seg_build(struct jseg *g, const uint64_t t[5], const struct jsinkplan
 {
 	uint8_t *buf = NULL;
 	size_t cap = 0, len = 0;
-
-	uint32_t id = 0;
+	uint32_t id = 0;		/* entry ids: an FP8 entry takes two */
 
 	for (size_t k = k0; k < k1; k++) {
 		struct dte_plan_entry pe;
