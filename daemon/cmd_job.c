@@ -595,6 +595,7 @@ Dte__Status dcmd_job(struct dsrv *srv, struct dsess *s, const Dte__Request *req,
 		p->version = pi->version;
 		p->staged = pi->staged;
 		p->checksum_failures = pi->checksum_failures;
+		p->relay_parent = pi->relay_parent;
 		rep->participants[i] = p;
 		rep->n_participants = i + 1;
 	}

@@ -38,6 +38,8 @@ static const struct {
 	[DCONF_K_SYNC_MODE] = { "daemon", "sync_mode" },
 	[DCONF_K_PEER_AUTH] = { "peer", "auth" },
 	[DCONF_K_PEER_AUTH_OFF_JOBS] = { "peer", "auth_off_jobs" },
+	[DCONF_K_PEER_RELAY_FANOUT] = { "peer", "relay_fanout" },
+	[DCONF_K_PEER_RELAY_ROOTS] = { "peer", "relay_roots" },
 };
 
 struct parse_ctx {
@@ -57,6 +59,7 @@ void dconf_defaults(struct dconf *c)
 	c->mark_table_bytes = DCONF_DEFAULT_MARK_TABLE;
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->sync_mode, sizeof(c->sync_mode), "auto");
+	c->peer_relay_roots = 1;
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
@@ -302,6 +305,18 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 	}
 	if (strcmp(key, "auth_off_jobs") == 0)
 		return copy_str(c->peer_auth_off_jobs, sizeof(c->peer_auth_off_jobs), v, p, key);
+	if (strcmp(key, "relay_fanout") == 0) {
+		if (!parse_u64(v, 0, 64, 0, &x))
+			return bad_value(p, key, v, "0 (off)..64");
+		c->peer_relay_fanout = (uint32_t)x;
+		return 1;
+	}
+	if (strcmp(key, "relay_roots") == 0) {
+		if (!parse_u64(v, 1, 4096, 0, &x))
+			return bad_value(p, key, v, "1..4096");
+		c->peer_relay_roots = (uint32_t)x;
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -513,6 +528,8 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 		break;
 	case DCONF_K_PEER_AUTH: snprintf(val, vlen, "%s", c->peer_auth ? "on" : "off"); break;
 	case DCONF_K_PEER_AUTH_OFF_JOBS: snprintf(val, vlen, "%s", c->peer_auth_off_jobs); break;
+	case DCONF_K_PEER_RELAY_FANOUT: snprintf(val, vlen, "%u", c->peer_relay_fanout); break;
+	case DCONF_K_PEER_RELAY_ROOTS: snprintf(val, vlen, "%u", c->peer_relay_roots); break;
 	case DCONF_K__COUNT:
 		return -1;
 	}

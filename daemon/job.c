@@ -281,6 +281,12 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n)
 	e->max_staged = n;
 }
 
+void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots)
+{
+	e->relay_fanout = fanout;
+	e->relay_roots = roots;
+}
+
 static void job_free(struct job *j)
 {
 	while (j->locals) {
@@ -987,6 +993,51 @@ static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refus
 	}
 }
 
+/* A RELAYED (docs/SYNC.md, "Relay between sink daemons"): the record a
+ * relay forwards to sink m->to, as its source sealed it, after its data.
+ * Checked as that record would be had it come from its source (the job,
+ * its MAC over it and its data), then taken by the sink it is for. */
+static void relayed_in(struct dte_engine *e, struct job *j, const char *from,
+		       const Dtep__Relayed *m, const void *data, size_t len)
+{
+	const uint8_t *rec = (const uint8_t *)data + (len - m->record_len);
+	size_t dlen = len - m->record_len;
+	ProtobufCMessage *in = NULL;
+	const Dtep__JobRef *ref = NULL;
+	const char *why = NULL;
+
+	if (m->record_len == 0 || m->record_len > len)
+		why = "its record length is past its data";
+	else if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS && dlen)
+		why = "a COUNTS carries no data";
+	else if (m->type != DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS &&
+		 m->type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD)
+		why = "it relays neither a COUNTS nor a PAYLOAD";
+	else if (!(in = protobuf_c_message_unpack(m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS ?
+						  &dtep__counts__descriptor :
+						  &dtep__payload__descriptor,
+						  NULL, m->record_len, rec)))
+		why = "its record does not decode";
+	else if (!(ref = peer_auth_ref(in)) || !ref->job || strcmp(ref->job, j->name))
+		why = "its record names another job";
+	if (why) {
+		j->refused++;
+		refuse(e, from, j->name, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, why);
+		goto out;
+	}
+	/* The record's own MAC, over it and its data, as its source sealed
+	 * it (or the relay, for a source on its node). */
+	if (!check_ref(e, from, m->type, ref, in, dlen ? data : NULL, dlen))
+		goto out;
+	if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS)
+		jsink_counts(j, from, (const Dtep__Counts *)in, rec, m->record_len, m->to);
+	else
+		jsink_payload(j, from, (const Dtep__Payload *)in, data, dlen, m->to);
+out:
+	if (in)
+		protobuf_c_message_free_unpacked(in, NULL);
+}
+
 void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType type,
 		   const uint8_t *hdr, size_t hdrlen,
 		   const void *data, size_t len)
@@ -1005,6 +1056,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: d = &dtep__applied__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED: d = &dtep__refused__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: d = &dtep__plan_ack__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED: d = &dtep__relayed__descriptor; break;
 	default:
 		e->refused++;
 		DLOG_W("peer %s: unknown record type %d dropped", from, (int)type);
@@ -1039,7 +1091,8 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		DLOG_D("job layer took: record type %d from %s version %llu key %016llx", (int)type,
 		       from, (unsigned long long)v, e->io.record_key(e->io.ctx, hdr, hdrlen));
 	}
-	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
+	if (len && type != DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD &&
+	    type != DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED) {
 		refuse(e, from, NULL, type, "unexpected data after a record that carries none");
 		goto out;
 	}
@@ -1094,7 +1147,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		const Dtep__Counts *m = (const Dtep__Counts *)msg;
 
 		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
-			jsink_counts(j, from, m, hdr, hdrlen);
+			jsink_counts(j, from, m, hdr, hdrlen, 0);
 		if (j && jsink_ahead_oldest(j))
 			jctl_update(e);	/* its wait for the plan is timed (jctl_retry) */
 		break;
@@ -1103,11 +1156,15 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		const Dtep__Payload *m = (const Dtep__Payload *)msg;
 
 		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
-			jsink_payload(j, from, m, data, len);
+			jsink_payload(j, from, m, data, len, 0);
 		if (j && jsink_ahead_oldest(j))
 			jctl_update(e);	/* its wait for the plan is timed (jctl_retry) */
 		break;
 	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED:
+		if ((j = check_ref(e, from, type, ((const Dtep__Relayed *)msg)->job, msg, data, len)))
+			relayed_in(e, j, from, (const Dtep__Relayed *)msg, data, len);
+		break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
 		const Dtep__Staged *m = (const Dtep__Staged *)msg;
 
@@ -1316,6 +1373,7 @@ int job_info(struct dte_engine *e, const char *name, struct jjob_info *rep, stru
 		p->replica = pi->replica;
 		p->node = pi->node;
 		p->local = l != NULL;
+		p->relay_parent = pi->relay_parent;
 		if (l) {
 			int sink = l->info.role == JROLE_SINK;
 

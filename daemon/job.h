@@ -68,6 +68,12 @@ void dte_engine_free(struct dte_engine *e);
  * max_staged_versions); past it its staging is dropped and its next
  * version is dense (daemon/job_sink_stage.c). */
 void job_set_max_staged(struct dte_engine *e, uint32_t n);
+/* As the jobs' coordinator: relay trees over each sink rank's replicas,
+ * each replica feeding `fanout` others, `roots` of them fed by the
+ * sources (config [peer] relay_fanout, relay_roots; docs/SYNC.md,
+ * "Relay between sink daemons").  fanout 0: off, every replica fed by
+ * the sources.  Takes effect at the next re-plan. */
+void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots);
 
 /* Called after every job the engine creates (not an idempotent repeat),
  * with the request: main.c registers job_persist.c's save here, so a

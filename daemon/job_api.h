@@ -211,6 +211,7 @@ struct jpart_info {
 	uint64_t version;
 	uint64_t staged;
 	uint64_t checksum_failures;
+	uint64_t relay_parent;    /* docs/SYNC.md, "Relay": 0 fed by the sources */
 };
 
 /* dtectl job */

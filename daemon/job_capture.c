@@ -1435,6 +1435,11 @@ int jcap_run(struct jcap *c)
 	if (group_detections(c, &refs, &dets, &ndets) < 0)
 		goto out;
 	c->detections = ndets;
+	/* A relayed pair is not framed (its tree's root pair carries the
+	 * version): its entries keep no detection's results waiting. */
+	for (size_t i = 0; i < c->np; i++)
+		for (size_t q = 0; c->p[i].relayed && q < c->p[i].n; q++)
+			dets[c->p[i].det[q]].left--;
 	if (scan_all(c, refs, dets, ndets) < 0)
 		goto out;
 	if (c->detect == JDETECT_SNAPSHOT && snapshot_all(c) < 0)
@@ -1451,7 +1456,7 @@ int jcap_run(struct jcap *c)
 	if (!c->part_bytes)
 		c->part_bytes = JOB_PART_BYTES_DEFAULT;
 	for (size_t i = 0; i < c->np; i++)
-		if (capture_pair(c, i, dets, ndets) < 0)
+		if (!c->p[i].relayed && capture_pair(c, i, dets, ndets) < 0)
 			goto out;
 	c->read_ms = (double)(jio_now(c->eng) - t0) / 1e6;
 	rc = 0;
@@ -1484,6 +1489,7 @@ void jcap_free(struct jcap *c)
 		jsnap_free_all(p->snap, p->n);
 		free(p->e);
 		free(p->det);
+		free(p->direct);
 		free(p->counts);
 		free(p->cbuf);
 		free(p->csum);

@@ -24,6 +24,7 @@
 #include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/relay_plan.h"
 #include "gpu/compute.h"
 #include "gpu/fp8.h"
 
@@ -1003,7 +1004,7 @@ static void send_plans(struct job *j, struct built *b)
 {
 	size_t i, k, mi, np, na, *poff = NULL;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
-	uint32_t *pidx = NULL;
+	uint32_t *pidx = NULL, *par_of = NULL;
 	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
 	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
@@ -1027,12 +1028,20 @@ static void send_plans(struct job *j, struct built *b)
 		pa[i].rank = p->rank;
 		pa[i].replica = p->replica;
 		pa[i].node = (char *)p->node;
+		pa[i].relay_parent = p->relay_parent;
+		pa[i].relay_root = p->relay_root;
 	}
 	for (m = j->members, i = 0; m; m = m->next, i++) {
 		dtep__plan__addresses_entry__init(&ae[i]);
 		ae[i].key = m->node;
 		ae[i].value = m->address;
 	}
+	if (!(par_of = calloc(b->nparts ? b->nparts : 1, sizeof(*par_of))))
+		goto oom;
+	for (i = 0; i < b->nparts; i++)
+		for (k = 0; b->parts[i]->relay_parent && k < b->nparts; k++)
+			if (b->parts[k]->id == b->parts[i]->relay_parent)
+				par_of[i] = (uint32_t)k;
 	if (pairs_by_member(b, &poff, &pidx) < 0 ||
 	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
 	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
@@ -1057,6 +1066,11 @@ static void send_plans(struct job *j, struct built *b)
 			pmark[b->ps[pidx[k]]] = stamp;
 			pmark[b->pd[pidx[k]]] = stamp;
 		}
+		/* A relay's children: it forwards to them (their nodes'
+		 * addresses come with them). */
+		for (i = 0; i < b->nparts; i++)
+			if (b->parts[i]->relay_parent && b->pmem[par_of[i]] == mi)
+				pmark[i] = stamp;
 		for (i = 0, np = 0; i < b->nparts; i++)
 			if (pmark[i] == stamp) {
 				psel[np++] = (uint32_t)i;
@@ -1133,6 +1147,7 @@ out:
 	free(pa);
 	free(poff);
 	free(pidx);
+	free(par_of);
 	free(ae);
 	free(pmark);
 	free(mmark);
@@ -1261,6 +1276,84 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
  * plan of everyone attached.  What depends only on layouts is cached
  * (struct jplan_cache); what is rebuilt is the mapping of the cached
  * entries onto the participants attached now, by sink rank. */
+/* Relay (docs/SYNC.md, "Relay between sink daemons"): the replicas of
+ * one sink layout hold, rank for rank, the same entries, so the sources
+ * need send rank r's records to a few of them (the roots) and every
+ * other replica's rank r gets them from a replica that has them: a tree
+ * per (layout, rank), its shape relay_plan_shape's (replica i >= roots
+ * fed by replica (i - roots) / fanout, in replica order).  Sets each
+ * sink's relay_parent and relay_root (0 for sinks not relayed); -ENOMEM. */
+static int cmp_sink(const void *a, const void *b)
+{
+	const struct jpinfo *x = *(const struct jpinfo *const *)a;
+	const struct jpinfo *y = *(const struct jpinfo *const *)b;
+	int c = strcmp(x->layout, y->layout);
+
+	if (c)
+		return c;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	if (x->replica != y->replica)
+		return x->replica < y->replica ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, size_t *trees)
+{
+	uint32_t fanout = j->eng->relay_fanout, roots = j->eng->relay_roots ? j->eng->relay_roots : 1;
+	struct jpinfo **s;
+	size_t n = 0, g0, g1;
+
+	*trees = 0;
+	for (size_t i = 0; i < nparts; i++) {
+		parts[i]->relay_parent = 0;
+		parts[i]->relay_root = 0;
+		n += parts[i]->role == JROLE_SINK;
+	}
+	if (!fanout || n < 2)
+		return 0;
+	if (!(s = malloc(n * sizeof(*s))))
+		return -ENOMEM;
+	n = 0;
+	for (size_t i = 0; i < nparts; i++)
+		if (parts[i]->role == JROLE_SINK)
+			s[n++] = parts[i];
+	qsort(s, n, sizeof(*s), cmp_sink);
+	for (g0 = 0; g0 < n; g0 = g1) {
+		struct relay_in in = { .bytes = 1, .part_bytes = 1, .src_rate = 1, .sink_rate = 1 };
+		struct relay_plan rp;
+
+		for (g1 = g0 + 1; g1 < n && s[g1]->rank == s[g0]->rank &&
+		     !strcmp(s[g1]->layout, s[g0]->layout); g1++)
+			;
+		in.replicas = (uint32_t)(g1 - g0);
+		if (in.replicas < 2 || roots >= in.replicas)
+			continue;
+		if (relay_plan_shape(&in, roots, fanout, &rp) < 0) {
+			free(s);
+			return -ENOMEM;
+		}
+		for (uint32_t k = 0; k < in.replicas; k++) {
+			struct jpinfo *x = s[g0 + k];
+			int32_t up = rp.parent[k];
+
+			x->relay_parent = up < 0 ? 0 : s[g0 + (size_t)up]->id;
+			x->relay_root = up < 0 ? x->id : 0;
+		}
+		/* parents precede their children: roots are known by now */
+		for (uint32_t k = 0; k < in.replicas; k++) {
+			struct jpinfo *x = s[g0 + k];
+
+			if (rp.parent[k] >= 0)
+				x->relay_root = s[g0 + (size_t)rp.parent[k]]->relay_root;
+		}
+		*trees += roots;
+		relay_plan_fini(&rp);
+	}
+	free(s);
+	return 0;
+}
+
 static void replan(struct job *j)
 {
 	struct built b;
@@ -1270,6 +1363,7 @@ static void replan(struct job *j)
 	uint32_t *srcidx = NULL, nranks = 0;
 	const char *srcdesc = NULL;
 	int have_src = 0;
+	size_t relay_trees = 0;
 
 	memset(&b, 0, sizeof(b));
 	j->coord_plan_err[0] = 0;	/* this re-plan's reason, if it finds one */
@@ -1324,6 +1418,8 @@ static void replan(struct job *j)
 			}
 		have_src = nranks && cache_source(j, c, srcdesc, srcby, &b.complete) == 0;
 	}
+	if (relay_assign(j, b.parts, b.nparts, &relay_trees) < 0)
+		goto oom;
 	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
 	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
 		goto oom;
@@ -1403,10 +1499,11 @@ static void replan(struct job *j)
 		cache_sweep(c);
 	j->coord_complete = b.complete;
 	DLOG_N("job %s: plan epoch %llx (boot %llx, %llu): %zu participants, %zu entries in %zu "
-	       "pairs (%zu packed anew)%s", j->name, (unsigned long long)j->coord_epoch,
+	       "pairs (%zu packed anew)%s; relay trees %zu", j->name,
+	       (unsigned long long)j->coord_epoch,
 	       (unsigned long long)peer_term_boot(j->coord_epoch),
 	       (unsigned long long)peer_term_counter(j->coord_epoch), b.nparts, total, b.npairs,
-	       packed, b.complete ? "" : " (incomplete)");
+	       packed, b.complete ? "" : " (incomplete)", relay_trees);
 	send_plans(j, &b);
 	/* Pairs no member has any more go. */
 	if (seg_rehash(c, c->nseg, 0) < 0)
@@ -2077,6 +2174,16 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		parts[i].rank = p->rank;
 		parts[i].replica = p->replica;
 		snprintf(parts[i].node, sizeof(parts[i].node), "%s", p->node);
+		parts[i].relay_parent = p->relay_parent;
+		parts[i].relay_root = p->relay_root;
+		if ((p->relay_parent || p->relay_root) &&
+		    (parts[i].role != JROLE_SINK || !p->relay_root || p->relay_parent == p->id ||
+		     (p->relay_root == p->id) != !p->relay_parent)) {
+			snprintf(err, sizeof(err), "participant %llx: relay parent %llx and root %llx "
+				 "malformed", (unsigned long long)p->id,
+				 (unsigned long long)p->relay_parent, (unsigned long long)p->relay_root);
+			goto bad;
+		}
 	}
 	/* Group entries into (src, dst) pairs, entries in id order. */
 	for (i = 0; i < m->n_entries; i++) {

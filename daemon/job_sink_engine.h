@@ -22,10 +22,13 @@ void jsink_ahead_replay(struct job *j);
 void jsink_ahead_free(struct job *j);
 /* When the oldest record still waiting came (jio_now), 0: none waits. */
 uint64_t jsink_ahead_oldest(const struct job *j);
+/* A COUNTS or PAYLOAD for a local sink: m->dst's (to 0), or relayed to
+ * sink `to` by its relay parent (RELAYED; docs/SYNC.md, "Relay between
+ * sink daemons"), m->dst then that sink's tree root. */
 void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
-		  size_t hdrlen);
+		  size_t hdrlen, uint64_t to);
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
-		   size_t len);
+		   size_t len, uint64_t to);
 void jsink_free(struct dte_engine *e, struct jlocal *l);
 /* Send the APPLIED the storage writer's sink (struct jwriter) held back at its last apply. */
 void jsink_send_deferred(struct job *j, struct jlocal *l);

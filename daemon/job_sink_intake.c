@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/coord_sm.h"
+#include "daemon/job_auth.h"
+#include "proto/peer_auth.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
 #include "daemon/job_sink_engine.h"
@@ -22,6 +24,7 @@
 #include "daemon/metrics.h"
 #include "daemon/recvpool.h"
 #include "daemon/sink_sm.h"
+#include "gpu/codec.h"
 
 static void pend_refuse(struct job *j, struct jlocal *l, struct jpend *p, const char *why)
 {
@@ -186,6 +189,7 @@ struct jahead {
 	char from[JOB_NODE_MAX];
 	uint8_t *hdr, *data;
 	size_t hdrlen, len;
+	uint64_t to;              /* relayed for this sink (RELAYED.to); 0: direct */
 };
 
 #define JAHEAD_MAX_RECORDS 4096
@@ -216,7 +220,7 @@ static int term_ahead(const struct job *j, uint64_t epoch)
 /* 0 when the record now waits for the plan of its term; -ENOSPC (a bound
  * reached) or -ENOMEM when it cannot: the caller refuses it. */
 static int ahead_keep(struct job *j, uint64_t epoch, Dtep__PeerMsgType type, const char *from,
-		      const ProtobufCMessage *msg, const void *data, size_t len)
+		      const ProtobufCMessage *msg, const void *data, size_t len, uint64_t to)
 {
 	uint64_t now = jio_now(j->eng);
 	struct jahead *a, **pp;
@@ -253,6 +257,7 @@ static int ahead_keep(struct job *j, uint64_t epoch, Dtep__PeerMsgType type, con
 	a->epoch = epoch;
 	a->t_ns = now;
 	a->type = type;
+	a->to = to;
 	snprintf(a->from, sizeof(a->from), "%s", from);
 	a->hdrlen = protobuf_c_message_pack(msg, a->hdr);
 	a->len = len;
@@ -282,14 +287,14 @@ void jsink_ahead_replay(struct job *j)
 			Dtep__Counts *m = dtep__counts__unpack(NULL, a->hdrlen, a->hdr);
 
 			if (m) {
-				jsink_counts(j, a->from, m, a->hdr, a->hdrlen);
+				jsink_counts(j, a->from, m, a->hdr, a->hdrlen, a->to);
 				dtep__counts__free_unpacked(m, NULL);
 			}
 		} else {
 			Dtep__Payload *m = dtep__payload__unpack(NULL, a->hdrlen, a->hdr);
 
 			if (m) {
-				jsink_payload(j, a->from, m, a->data, a->len);
+				jsink_payload(j, a->from, m, a->data, a->len, a->to);
 				dtep__payload__free_unpacked(m, NULL);
 			}
 		}
@@ -316,7 +321,7 @@ void jsink_ahead_free(struct job *j)
 
 static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, const char *from,
 			       uint64_t version, Dtep__PeerMsgType type,
-			       const ProtobufCMessage *msg, const void *data, size_t len)
+			       const ProtobufCMessage *msg, const void *data, size_t len, uint64_t to)
 {
 	struct jlocal *l = job_local(j, dst);
 
@@ -326,7 +331,7 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 		return NULL;
 	}
 	if (epoch != j->epoch && term_ahead(j, epoch) &&
-	    ahead_keep(j, epoch, type, from, msg, data, len) == 0) {
+	    ahead_keep(j, epoch, type, from, msg, data, len, to) == 0) {
 		DLOG_I("job %s: version %llu for sink %llx under term %llx, newer than the plan "
 		       "held (%llx): kept until its plan comes", j->name, (unsigned long long)version,
 		       (unsigned long long)dst, (unsigned long long)epoch,
@@ -340,19 +345,140 @@ static struct jlocal *sink_for(struct job *j, uint64_t dst, uint64_t epoch, cons
 	return l;
 }
 
-void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
-		  size_t hdrlen)
+/* ----------------------------------------------------------------- relay */
+
+/* Relay (docs/SYNC.md, "Relay between sink daemons"): sink l took a
+ * record addressed to its tree's root (the root itself from a source, a
+ * member from its parent): it goes on, unchanged, to each of l's
+ * children as a RELAYED, the record after its data.  A part is checked
+ * first (its chunk's header, and a raw chunk's bytes against the xxh3 its
+ * source sealed): a relay does not pass on what it would refuse.  A record from a source on this node
+ * carries no MAC (it never left the process): it is sealed here, so the
+ * child can check it as any source's. */
+static int part_sound(const void *data, size_t len, uint64_t xxh3)
 {
-	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version,
-				    DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m->base, NULL, 0);
+	const uint8_t *raw;
+	size_t raw_len;
+	uint64_t rl, x = 0;
+	int codec;
+
+	if (len < DTC_CHUNK_HDR || dtc_chunk_info(data, len, &rl, &codec) != DTC_OK)
+		return 0;
+	for (int b = 0; b < 8; b++)
+		x |= (uint64_t)((const uint8_t *)data)[24 + b] << (8 * b);
+	if (x != xxh3)
+		return 0;
+	/* Raw, its bytes are hashed here; compressed, the MAC checked where
+	 * it came in covers them, and unpacking is the staging's. */
+	return codec != DTC_CODEC_RAW || dtc_chunk_view(data, len, &raw, &raw_len) == DTC_OK;
+}
+
+static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgType type,
+			  const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	ProtobufCBinaryData *mf = peer_auth_mac_field((ProtobufCMessage *)msg), keep = { 0 };
+	Dtep__Relayed r = DTEP__RELAYED__INIT;
+	Dtep__JobRef ref;
+	uint8_t mac[32], *buf = NULL;
+	size_t rl, n = 0;
+
+	for (size_t i = 0; i < j->nparts; i++)
+		n += j->parts[i].relay_parent == l->info.id;
+	if (!n)
+		return;
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD &&
+	    !part_sound(data, len, ((const Dtep__Payload *)msg)->xxh3)) {
+		j->relay_bad++;
+		dmetrics_add(DM_RELAYED_BYTES, "failed", (double)len * (double)n);
+		DLOG_W("job %s: sink %llx: a part's data does not match its checksum: not relayed "
+		       "to its %zu children", j->name, (unsigned long long)l->info.id, n);
+		return;
+	}
+	if (mf && !mf->len && job_auth_seal(j->eng, type, msg, data, len, mac) == 1) {
+		keep = *mf;
+		mf->data = mac;
+		mf->len = sizeof(mac);
+	}
+	rl = protobuf_c_message_get_packed_size(msg);
+	if ((buf = malloc(len + rl)))
+		protobuf_c_message_pack(msg, buf + len);
+	if (keep.data || (mf && mf->data == mac))
+		*mf = keep;
+	if (!buf) {
+		DLOG_E("job %s: out of memory relaying a record", j->name);
+		return;
+	}
+	if (len)
+		memcpy(buf, data, len);
+	job_fill_ref(j, &ref);
+	r.job = &ref;
+	r.type = type;
+	r.record_len = (uint32_t)rl;
+	for (size_t i = 0; i < j->nparts; i++) {
+		const struct jpinfo *c = &j->parts[i];
+
+		if (c->relay_parent != l->info.id)
+			continue;
+		r.to = c->id;
+		if (job_send_to_node(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &r.base, buf,
+				     len + rl) < 0) {
+			j->relay_bad++;
+			dmetrics_add(DM_RELAYED_BYTES, "failed", (double)(len + rl));
+			DLOG_W("job %s: relaying to sink %llx on %s failed: it misses this version",
+			       j->name, (unsigned long long)c->id, c->node);
+		} else {
+			j->relayed_records++;
+			j->relayed_bytes += len + rl;
+			dmetrics_add(DM_RELAYED_BYTES, "sent", (double)(len + rl));
+		}
+	}
+	free(buf);
+}
+
+/* Whether local sink l takes a record of its tree (dst: the sink the
+ * source addressed; to: 0 when it came from the source, else l, relayed
+ * by l's parent), after passing it on to l's children.  A relayed record
+ * must name l's root; a member the source sends this version directly
+ * (direct) forwards the relayed copy and takes the direct one. */
+static int relay_take(struct job *j, const struct jlocal *l, uint64_t dst, uint64_t to,
+		      const uint64_t *direct, size_t ndirect, Dtep__PeerMsgType type,
+		      const ProtobufCMessage *msg, const void *data, size_t len)
+{
+	const struct jpinfo *me = job_part(j, l->info.id);
+
+	if (!to) {
+		if (me && me->relay_root == l->info.id)
+			relay_forward(j, l, type, msg, data, len);
+		return 1;
+	}
+	if (!me || !me->relay_parent || me->relay_root != dst) {
+		j->refused++;
+		DLOG_W("job %s: a relayed record for sink %llx of tree %llx, which is not its tree "
+		       "in this plan (dropped)", j->name, (unsigned long long)l->info.id,
+		       (unsigned long long)dst);
+		return 0;
+	}
+	relay_forward(j, l, type, msg, data, len);
+	for (size_t i = 0; i < ndirect; i++)
+		if (direct[i] == l->info.id)
+			return 0;
+	return 1;
+}
+
+void jsink_counts(struct job *j, const char *from, const Dtep__Counts *m, const uint8_t *hdr,
+		  size_t hdrlen, uint64_t to)
+{
+	struct jlocal *l = sink_for(j, to ? to : m->dst, m->epoch, from, m->version,
+				    DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m->base, NULL, 0, to);
 	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;
 	char why[192];
 
-	if (!l)
+	if (!l || !relay_take(j, l, m->dst, to, m->relay_direct, m->n_relay_direct,
+			      DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m->base, NULL, 0))
 		return;
-	pair = job_pair(j, m->src, m->dst);
+	pair = job_pair(j, m->src, l->info.id);
 	if (!pair || pair->n != m->n_counts || m->version == 0 ||
 	    (m->mode != DTEP__MODE__MODE_SPARSE && m->mode != DTEP__MODE__MODE_DENSE) ||
 	    m->payload_bytes > ((uint64_t)1 << 40) || m->parts > JOB_MAX_PARTS ||
@@ -411,10 +537,10 @@ static int same_part(const struct jpart *pt, const Dtep__Payload *m, size_t len)
  * number, a range past the pair, an index past what COUNTS names) refuses
  * the version. */
 void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, const void *data,
-		   size_t len)
+		   size_t len, uint64_t to)
 {
-	struct jlocal *l = sink_for(j, m->dst, m->epoch, from, m->version,
-				    DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len);
+	struct jlocal *l = sink_for(j, to ? to : m->dst, m->epoch, from, m->version,
+				    DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len, to);
 	const struct jpair *pair;
 	struct jpend *p;
 	struct jpend_src *s;
@@ -429,7 +555,10 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->held);
 		return;
 	}
-	pair = job_pair(j, m->src, m->dst);
+	if (!relay_take(j, l, m->dst, to, m->relay_direct, m->n_relay_direct,
+			DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len))
+		return;
+	pair = job_pair(j, m->src, l->info.id);
 	if (!len || len > ((size_t)1 << 40) || !pair || m->version == 0 ||
 	    m->part >= JOB_MAX_PARTS) {
 		j->refused++;

@@ -386,6 +386,8 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 		pl.n_counts = q->entries;
 		pl.counts = q->counts;
 	}
+	pl.n_relay_direct = cp->ndirect;
+	pl.relay_direct = cp->direct;
 	/* The chunk itself goes out (no copy in the router): it comes back
 	 * to the engine's pool once sent (part_released, jcap_chunk_release);
 	 * its ticket says which engine, and times a remote pair's part. */
@@ -493,6 +495,8 @@ static int send_pair(struct job *j, const struct jcap *c, const struct jcap_pair
 	m.checksums = ckp;
 	m.payload_bytes = cp->chunk_len;
 	m.parts = cp->nparts;
+	m.n_relay_direct = cp->ndirect;
+	m.relay_direct = cp->direct;
 	if (job_send_to_node(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &m.base, NULL, 0) < 0)
 		goto out;
 	rc = 0;
@@ -504,6 +508,40 @@ out:
 
 static void cap_event_make(struct job *j, struct jlocal *l);
 static void cap_event_fill(struct jlocal *l, struct jpublish_res *rep);
+
+/* Relay (docs/SYNC.md, "Relay between sink daemons"): a sink whose PLAN
+ * names a relay parent gets this source's version through its tree's
+ * root when its pair's version is the root pair's (both sparse on the
+ * same base, or both dense): the root's records are forwarded to it
+ * unchanged.  Otherwise (a repair, a new replica, the cost model chose
+ * otherwise) this source sends to it directly and names it in the root's
+ * records (relay_direct), so it takes none of what is forwarded; it
+ * still forwards it to its own children. */
+static int relay_decide(struct job *j, struct jcap *c)
+{
+	for (size_t i = 0; i < c->np; i++) {
+		struct jcap_pair *cp = &c->p[i], *root = NULL;
+		const struct jpinfo *d = job_part(j, cp->dst);
+		uint64_t *nd;
+
+		if (!d || !d->relay_parent)
+			continue;
+		for (size_t k = 0; k < c->np && !root; k++)
+			if (c->p[k].dst == d->relay_root)
+				root = &c->p[k];
+		if (!root)
+			continue;	/* not fed by this source: nothing is forwarded */
+		if (root->sparse == cp->sparse) {
+			cp->relayed = 1;
+			continue;
+		}
+		if (!(nd = realloc(root->direct, (root->ndirect + 1) * sizeof(*nd))))
+			return -ENOMEM;
+		root->direct = nd;
+		root->direct[root->ndirect++] = cp->dst;
+	}
+	return 0;
+}
 
 int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpublish_args *rq,
 		struct jpublish_res *rep, int *deferred, char *err, size_t errlen)
@@ -580,6 +618,12 @@ int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpubl
 		if (!cp->sparse)
 			dmetrics_add(DM_DENSE_FALLBACKS, pair_sm_why_name(ch.why), 1);
 		cap_take_dirty(j, c, cp);
+	}
+	if (relay_decide(j, c) < 0) {
+		for (size_t i = 0; i < c->np; i++)
+			cap_return_dirty(j, c, &c->p[i], 1);
+		jcap_free(c);
+		return FAIL(-ENOMEM, "out of memory");
 	}
 	if (dev)
 		cap_event_make(j, l);
@@ -735,6 +779,18 @@ static void hist_reason(struct jhist *h, const struct jcap_pair *cp)
 		memcpy(h->reason + n, one, strlen(one) + 1);
 }
 
+/* A relayed pair's tree root, among the capture's pairs. */
+static const struct jcap_pair *relay_root_of(const struct job *j, const struct jcap *c,
+					     const struct jcap_pair *cp)
+{
+	const struct jpinfo *d = job_part(j, cp->dst);
+
+	for (size_t k = 0; d && k < c->np; k++)
+		if (c->p[k].dst == d->relay_root)
+			return &c->p[k];
+	return NULL;
+}
+
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 {
 	struct jres res = { .op = JOP_PUBLISH };
@@ -771,13 +827,15 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		struct jcap_pair *cp = &c->p[i];
 		struct jpair *p = job_pair(j, l->info.id, cp->dst);
 
-		if (!p || p->hash != cp->hash)
+		const struct jcap_pair *r = cp->relayed ? relay_root_of(j, c, cp) : cp;
+
+		if (!p || p->hash != cp->hash || !r)
 			continue;
 		rep.sinks++;
 		rep.dense += !cp->sparse;
-		rep.changed += cp->changed;
-		rep.elements += cp->elements;
-		rep.bytes += cp->chunk_len;
+		rep.changed += r->changed;
+		rep.elements += r->elements;
+		rep.bytes += cp->chunk_len;	/* 0 relayed: this source sent none of it */
 	}
 	jsource_of(l)->last_version = c->version;
 	jsource_of(l)->covered = c->step;
@@ -801,11 +859,25 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 	h = hist_get(j, c->version, c->step);
 	h->capture_ms += rep.capture_ms;
 	cost_captured(j, c, rep.dense, rep.sinks);
-	for (size_t i = 0; i < c->np; i++) {
-		struct jcap_pair *cp = &c->p[i];
+	/* Relayed pairs after the others: one went out when its root's did. */
+	for (size_t n = 0; n < 2 * c->np; n++) {
+		struct jcap_pair *cp = &c->p[n % c->np];
 		struct jpair *p = job_pair(j, l->info.id, cp->dst);
+		const struct jcap_pair *r = cp;
 		int rc;
 
+		if ((n < c->np) == cp->relayed)
+			continue;
+		if (cp->relayed) {
+			const struct jpair *rp;
+
+			r = relay_root_of(j, c, cp);
+			rp = r ? job_pair(j, l->info.id, r->dst) : NULL;
+			if (p && p->hash == cp->hash && !(rp && rp->sm.last_sent == c->version)) {
+				pair_sm_event(&p->sm, PAIR_EV_SEND_FAILED, c->version, j->epoch);
+				continue;
+			}
+		}
 		if (!p || p->hash != cp->hash) {
 			/* Re-planned while capturing: these entries are not the
 			 * pair's any more; its next version is dense. */
@@ -813,7 +885,7 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 				pair_sm_event(&p->sm, PAIR_EV_REPAIR, c->version, j->epoch);
 			continue;
 		}
-		rc = send_pair(j, c, cp);
+		rc = cp->relayed ? 0 : send_pair(j, c, cp);
 		if (rc < 0) {
 			/* that sink misses this version; the rest proceed */
 			pair_sm_event(&p->sm, PAIR_EV_SEND_FAILED, c->version, j->epoch);
@@ -821,16 +893,16 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 		}
 		dmetrics_add(DM_WIRE_BYTES, cp->sparse ? "sparse" : "dense", (double)cp->chunk_len);
 		h->bytes += cp->chunk_len;
-		h->changed += cp->changed;
-		h->elements += cp->elements;
+		h->changed += r->changed;
+		h->elements += r->elements;
 		h->pairs++;
 		if (cp->sparse)
 			h->sparse++;
 		else
 			h->dense++;
 		pair_sm_event(&p->sm, PAIR_EV_SENT, c->version, j->epoch);
-		pair_cost_sent(&p->sm, c->version, !cp->sparse, cp->why, cp->changed, cp->elements,
-			       cp->chunk_len);
+		pair_cost_sent(&p->sm, c->version, !cp->sparse, cp->why, r->changed, r->elements,
+			       r->chunk_len);
 		hist_reason(h, cp);
 		sinks++;
 	}

@@ -71,6 +71,10 @@ struct jpinfo {
 	char     layout[JOB_DESC_MAX];
 	uint32_t rank, replica;
 	char     node[JOB_NODE_MAX];
+	/* A sink under relay (PLAN, Participant.relay_parent/_root): the
+	 * replica its records come through (0: the sources) and its tree's
+	 * root (itself for the root; 0: not relayed). */
+	uint64_t relay_parent, relay_root;
 };
 
 /* One plan entry as this daemon uses it. */
@@ -427,6 +431,9 @@ struct job {
 	/* counters and history */
 	uint64_t refused;
 	uint64_t dup_parts;       /* PAYLOAD parts delivered twice: the copy dropped */
+	/* relay (job_sink_intake.c): records and bytes forwarded to this
+	 * daemon's sinks' children, and forwards refused or failed */
+	uint64_t relayed_records, relayed_bytes, relay_bad;
 	/* COUNTS and PAYLOAD of a term newer than the plan held, waiting for
 	 * its PLAN (job_sink_intake.c, jsink_ahead_*): oldest first, bounded. */
 	struct jahead *ahead;
@@ -471,6 +478,13 @@ struct jcap_pair {
 	struct jsnap *snap;       /* detect = snapshot: taken from the pair like dirty */
 	int want_dirty;           /* allocate dirty if missing (a scan fills it) */
 	int sparse, remote;
+	/* Relay (docs/SYNC.md): this version reaches this sink through its
+	 * relay tree (the root's pair carries it), so it is neither framed
+	 * nor sent; a root's pair names the members of its tree sent
+	 * directly instead (COUNTS/PAYLOAD.relay_direct). */
+	int relayed;
+	uint64_t *direct;
+	size_t ndirect;
 	enum pair_why why;        /* pair_sm_choose: PAIR_WHY_NONE = sparse */
 	char reason[128];
 	/* results */
@@ -611,6 +625,9 @@ struct dte_engine {
 	uint32_t verify_full_every; /* sink: full checksum pass every N versions; 0: default */
 	size_t part_bytes;        /* source: payload part size; 0: JOB_PART_BYTES_DEFAULT */
 	int mode_policy;          /* source: enum pair_mode_policy (config sync_mode) */
+	/* coordinator: relay trees over each sink rank's replicas ([peer]
+	 * relay_fanout, relay_roots; job_coord.c relay_assign); fanout 0: off */
+	uint32_t relay_fanout, relay_roots;
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
 	/* Extension points (job_ext.h): a test build's hooks, copied from

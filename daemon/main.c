@@ -169,6 +169,9 @@ static void reload(void)
 	side_set_cap(conf.mark_table_bytes);
 	memcpy(conf.sync_mode, nc.sync_mode, sizeof(conf.sync_mode));
 	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
+	conf.peer_relay_fanout = nc.peer_relay_fanout;
+	conf.peer_relay_roots = nc.peer_relay_roots;
+	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -422,6 +425,7 @@ int main(int argc, char **argv)
 	job_set_verify_full_every(srv.eng, conf.verify_full_every);
 	side_set_cap(conf.mark_table_bytes);
 	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
+	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots);
 	{
 		char perr[256];
 

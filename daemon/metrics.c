@@ -128,6 +128,12 @@ static const struct family fam[DM__COUNT] = {
 			"(covered) and sent (sent; docs/SYNC.md, \"FP8 sinks\")",
 		.type = T_COUNTER,
 		.labels = { "outcome" } },
+	[DM_RELAYED_BYTES] = { .name = "dted_relayed_bytes_total",
+		.help = "Bytes of COUNTS and PAYLOAD this daemon's sinks forwarded to their relay "
+			"children (sent), or could not (failed: a send refused, a part that "
+			"did not match its checksum; docs/SYNC.md, \"Relay between sink daemons\")",
+		.type = T_COUNTER,
+		.labels = { "outcome" } },
 };
 
 struct series {
@@ -321,8 +327,10 @@ void dmetrics_init(void)
 	memset(st, 0, sizeof(st));
 	for (unsigned i = 0; i < 2; i++) {
 		static const char *const fp8[] = { "covered", "sent" };
+		static const char *const relayed[] = { "sent", "failed" };
 
 		series_get(DM_FP8_UNITS, fp8[i]);
+		series_get(DM_RELAYED_BYTES, relayed[i]);
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);

@@ -51,6 +51,7 @@ enum dmetric_id {
 	DM_JOB_PUBLISHED_VERSION, /* gauge{job_name}: newest version the local sources published */
 	DM_SINK_VERSIONS_BEHIND,  /* gauge{job_name,sink,sink_node}: that minus the sink's APPLIED */
 	DM_FP8_UNITS,             /* counter{outcome}: FP8 sinks' units captured (covered) and sent */
+	DM_RELAYED_BYTES,         /* counter{outcome}: bytes local sinks relayed (sent) or could not (failed) */
 	DM__COUNT
 };
 

@@ -120,8 +120,17 @@ static const char *const type_names[] = {
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED] = "APPLIED",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED] = "REFUSED",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK] = "PLAN_ACK",
+	[DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED] = "RELAYED",
 };
-#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK
+#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED
+
+/* The records that carry data after their header: PAYLOAD, and RELAYED
+ * (a forwarded PAYLOAD's part, or a forwarded record). */
+static int has_data(unsigned type)
+{
+	return type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ||
+	       type == DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED;
+}
 
 const char *droute_ucx_type_name(unsigned type)
 {
@@ -567,7 +576,7 @@ static int send_packed(struct droute_ucx *r, const char *node, const char *hostp
 		return -EINVAL;
 	if (type < 1 || (type > TYPE_MAX && type != DROUTE_MSG_ADDR))
 		return -EINVAL;
-	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
+	if (has_data(type)) {
 		if (msglen > r->hdr_cap)
 			return -EMSGSIZE;
 	} else {
@@ -762,7 +771,7 @@ static void on_recv(dte_peer_t *peer, unsigned type, const void *hdr, size_t hle
 	 * rendezvous PAYLOAD completes after later small records, and the
 	 * engine takes payload parts before their COUNTS (peer protocol 2,
 	 * docs/SYNC.md).  The router does not read what it carries. */
-	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD) {
+	if (has_data(type)) {
 		deliver(r, n, type, msg, msglen, data, len);
 		goto out;
 	}
@@ -820,7 +829,7 @@ static void *on_alloc(dte_peer_t *peer, unsigned type, const void *hdr, size_t h
 	/* A large part gets memory of its own (the peer layer's malloc),
 	 * which the engine keeps as it is: staging it would cost a copy of
 	 * every byte to free the extent again. */
-	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD && len >= DROUTE_DIRECT_MIN) {
+	if (has_data(type) && len >= DROUTE_DIRECT_MIN) {
 		r->st.direct++;
 		/* A fresh sink's dense version: memory faulted in ahead. */
 		if (!(p = recvpool_get(len)) || !(s = malloc(sizeof(*s)))) {
@@ -1171,7 +1180,7 @@ int droute_ucx_init(struct droute_ucx **out, uv_loop_t *loop, const struct drout
 		r->hdr_cap = r->ctx.max_am_header > 8 ? r->ctx.max_am_header - 8 : 0;
 	for (type = 1; type <= TYPE_MAX; type++)
 		dte_peer_handler_set(&r->ctx, type, on_recv,
-				     type == DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD ? on_alloc : NULL, r);
+				     has_data(type) ? on_alloc : NULL, r);
 	dte_peer_handler_set(&r->ctx, DROUTE_MSG_ADDR, on_recv, NULL, r);
 
 	if (p->listen_address && *p->listen_address &&

@@ -17,6 +17,9 @@ BINS += $(B)/bin/dte-peer-forge
 # Three daemons, real UCX, real AdamW: loopback, then network namespaces.
 # Both import tests/system/sync_local.py (the single-daemon harness).
 SYSTEM_TESTS += tests/system/cluster_sync.py tests/system/cluster_sync_netns.py
+# Relay between sink daemons (issue 34): chain, tree, a late replica, a relay
+# killed mid-version.
+SYSTEM_TESTS += tests/system/relay_sync.py
 
 # Peers that prove the job key (peer protocol 5): the forge without it is
 # refused and counted, nothing lost; with auth off it is not refused.

@@ -7,7 +7,10 @@
  * carries JobRef.mac, and a REFUSED of a job the refuser holds carries
  * Refused.mac: keyed BLAKE2b-256 (libsodium crypto_generichash)
  * over a domain tag, the record type, the record packed with an empty mac
- * and, for PAYLOAD, the data's length and bytes.  The receiver repacks
+ * and, for PAYLOAD, the data's length and bytes.  A RELAYED's MAC covers
+ * its header alone: its data is a record sealed by its source with that
+ * record's data, whose own MAC covers them (protocol 7; hashing every
+ * relayed byte again would cost a relay what its check costs).  The receiver repacks
  * what it decoded with the mac emptied and compares in constant time, so
  * what it checks is exactly what it then reads.  The token must be
  * guessable by no one: the key is no stronger than the token.

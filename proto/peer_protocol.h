@@ -47,6 +47,11 @@
  *      element box src_extent (daemon/layout/plan.h, dte_fp8_split).  A
  *      v5 daemon would read such an entry's unit map as BF16 elements of
  *      the source: 6..6.
+ *   7  relay between sink daemons (issue 34): Participant.relay_parent and
+ *      relay_root, COUNTS/PAYLOAD.relay_direct, RELAYED (new type 10, a
+ *      COUNTS or PAYLOAD forwarded unchanged, its data after it).  A v6
+ *      source would send to every replica and a v6 sink would drop what a
+ *      relay forwards: 7..7.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -94,8 +99,8 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     6u
-#define PEER_PROTO_MIN_VERSION 6u
+#define PEER_PROTO_VERSION     7u
+#define PEER_PROTO_MIN_VERSION 7u
 
 #define PEER_TERM_COUNTER_BITS 24
 #define PEER_TERM_BOOT_BITS    39

@@ -25,6 +25,7 @@ enum fault {
 	F_STORAGE_READ_STALL,
 	F_WRONG_DROP,
 	F_SKIP_WRITE,
+	F_DIE_RELAY,
 };
 
 static const struct {
@@ -43,6 +44,7 @@ static const struct {
 	{ "storage-read-stall", F_STORAGE_READ_STALL },
 	{ "wrong-drop", F_WRONG_DROP },
 	{ "skip-write", F_SKIP_WRITE },
+	{ "die-in-relay", F_DIE_RELAY },
 };
 
 struct held {
@@ -64,6 +66,7 @@ static struct {
 	uint64_t corrupted;      /* last version corrupted (once each) */
 	struct held *held;
 	uint64_t ctl_sent;       /* drop-join: remote JOINs so far */
+	uint64_t relay_armed;    /* die-in-relay: the version whose first record came */
 } th;
 
 /* Outside th: th is reset at init, a handle the loop knows must not be. */
@@ -178,7 +181,8 @@ int testhook_init(uv_loop_t *loop)
 		 * must not run fault-free and pass. */
 		DLOG_E("test hook: refusing DTE_TEST_HOOK=\"%s\" (want <fault>@<version>[/<period>], "
 		       "<fault> one of die-in-counts die-in-payload corrupt-payload dup reorder "
-		       "capture-stall wrong-value drop-join drop-plan storage-read-stall wrong-drop skip-write)", env);
+		       "capture-stall wrong-value drop-join drop-plan storage-read-stall wrong-drop skip-write "
+		       "die-in-relay)", env);
 		th.fault = F_NONE;
 		return -1;
 	}
@@ -249,6 +253,18 @@ int testhook_send(Dtep__PeerMsgType type, const uint8_t *hdr, size_t hdrlen)
 		       (unsigned long long)n, (unsigned long long)term);
 		return 1;
 	}
+	if (th.fault == F_DIE_RELAY) {
+		/* A relay dies mid-version: its first RELAYED of the version
+		 * goes, the rest (and everything else) never does. */
+		if (type != DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED || !th.relay_armed ||
+		    ++th.seen < 2)
+			return 0;
+		DLOG_W("test hook: die-in-relay at version %llu: dropping every send, SIGKILL in "
+		       "300 ms", (unsigned long long)th.relay_armed);
+		th.dying = 1;
+		uv_timer_start(&timer, on_timer, 300, 0);
+		return 1;
+	}
 	if (th.fault != F_DIE_COUNTS && th.fault != F_DIE_PAYLOAD)
 		return 0;
 	want = th.fault == F_DIE_COUNTS ? DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS
@@ -302,6 +318,22 @@ int testhook_deliver(const char *from_node, Dtep__PeerMsgType type, const uint8_
 {
 	uint64_t v;
 
+	if (th.fault == F_DIE_RELAY && !th.relay_armed) {
+		/* From the sources, or relayed from a parent: its version. */
+		v = record_version(type, hdr, hdrlen);
+		if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED) {
+			Dtep__Relayed *r = dtep__relayed__unpack(NULL, hdrlen, hdr);
+
+			if (r && r->record_len && r->record_len <= len)
+				v = record_version((Dtep__PeerMsgType)r->type,
+						   (const uint8_t *)data + len - r->record_len,
+						   r->record_len);
+			if (r)
+				dtep__relayed__free_unpacked(r, NULL);
+		}
+		if (v && version_hit(v))
+			th.relay_armed = v;
+	}
 	if (th.fault != F_CORRUPT && th.fault != F_DUP && th.fault != F_REORDER)
 		return 0;
 	if (th.fault == F_REORDER && th.held) {

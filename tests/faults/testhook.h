@@ -21,6 +21,12 @@
  *                     before gets out): sinks hold some COUNTS, not all.
  *   die-in-payload    the same at the second remote PAYLOAD: a sink holds
  *                     COUNTS announcing a payload that never comes.
+ *   die-in-relay      relay (a sink daemon forwarding to its relay
+ *                     children): once the first remote COUNTS or PAYLOAD
+ *                     of the version came in, its second RELAYED is
+ *                     dropped with every send after it and the daemon
+ *                     SIGKILLs itself 300 ms later: the children hold one
+ *                     record of the version, not all.
  *   corrupt-payload   receiver: one byte in the middle of the first
  *                     non-empty PAYLOAD of the version is flipped.
  *   dup               receiver: every COUNTS/PAYLOAD/STAGED/APPLIED of the

@@ -1043,7 +1043,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			park(fuzz_u8(&in));
 			break;
 		case 0: {
-			Dtep__PeerMsgType type = (Dtep__PeerMsgType)(fuzz_u8(&in) % 10);
+			Dtep__PeerMsgType type = (Dtep__PeerMsgType)(fuzz_u8(&in) % 11);	/* 10: RELAYED */
 			const char *from = nodes[fuzz_u8(&in) % 3];
 			size_t hl = (size_t)fuzz_uint(&in, 2), dl;
 			const uint8_t *h;

@@ -748,6 +748,73 @@ static void test_sync_and_misbehaving_peer(void **state)
 			s.dst = 67890;
 			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED, &s.base, NULL, 0);
 		}
+		/* RELAYED records (peer protocol 7) this sink cannot take: a
+		 * record length past the data, a relayed STAGED, an inner
+		 * record of another job or sealed under another key, and a
+		 * well-formed one for a sink that is in no relay tree.  Each
+		 * refused or dropped, nothing staged, nothing written. */
+		{
+			Dtep__Counts cm = DTEP__COUNTS__INIT;
+			Dtep__Relayed rl = DTEP__RELAYED__INIT;
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT, iref = DTEP__JOB_REF__INIT;
+			uint64_t cnt[64] = { 0 }, refused = j->refused, auth = j->auth_refused;
+			const struct jpair *pp = job_pair(j, src.participant, sink.participant);
+			uint8_t *inner;
+			size_t in_n;
+
+			assert_true(pp->n <= 64);
+			iref.job = "tj";
+			iref.token = "tok";
+			cm.job = &iref;
+			cm.epoch = j->epoch;
+			cm.version = 3;
+			cm.base_version = 2;
+			cm.src = src.participant;
+			cm.dst = sink.participant;
+			cm.n_counts = pp->n;
+			cm.counts = cnt;
+			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
+					     &in_n);
+			ref.job = "tj";
+			ref.token = "tok";
+			rl.job = &ref;
+			rl.to = sink.participant;
+			rl.type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
+			rl.record_len = (uint32_t)in_n + 1;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			assert_int_equal(j->refused, refused + 1);
+			rl.record_len = (uint32_t)in_n;
+			rl.type = DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			assert_int_equal(j->refused, refused + 2);
+			rl.type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
+			free(inner);
+			iref.job = "tj2";
+			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
+					     &in_n);
+			rl.record_len = (uint32_t)in_n;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			assert_int_equal(j->refused, refused + 3);
+			free(inner);
+			iref.job = "tj";
+			iref.token = "not-the-token";
+			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
+					     &in_n);
+			rl.record_len = (uint32_t)in_n;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			assert_int_equal(j->auth_refused, auth + 1);
+			assert_int_equal(j->refused, refused + 4);
+			free(inner);
+			iref.token = "tok";
+			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
+					     &in_n);
+			rl.record_len = (uint32_t)in_n;
+			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			assert_int_equal(j->refused, refused + 5);	/* in no relay tree */
+			free(inner);
+			assert_int_equal(staged(), 2);
+			assert_true(unchanged(snap));
+		}
 		/* Membership records speaking for this node from another:
 		 * a LEAVE naming our participants, a JOIN replacing them with
 		 * none, and a PLAN sent to the coordinator.  Refused; the plan

@@ -1,0 +1,284 @@
+#!/usr/bin/python3
+"""Relay between sink daemons (issue 34; docs/SYNC.md, "Relay between sink
+daemons"), on real dted daemons over real UCX (loopback).
+
+Node "coord" is the job's coordinator and holds the sources: a
+Megatron-Core-layout TP=2 trainer doing real torch AdamW steps.  Each sink
+node "sN" holds one SGLang TP=2 replica (both ranks).  The coordinator's
+[peer] relay_fanout makes each sink rank's replicas a tree: the sources
+send to the root only, every other replica gets the root's records
+forwarded, unchanged, by its parent.
+
+  chain   relay_fanout = 1, four replicas s1 -> s2 -> s3 -> s4: every
+          version exact on every replica; the coordinator's link to s2..s4
+          carries no payload (its bytes to them stay a fraction of its bytes
+          to s1), s1..s3 forward (dted_relayed_bytes_total{outcome=sent})
+          and s4, the chain's end, forwards nothing.
+  tree    relay_fanout = 2, replicas s1 -> (s2, s3), s2 -> s4; a fifth
+          replica (s5) joins mid-run: its first version is dense, sent to
+          it directly while the others' sparse versions are relayed
+          (relay_direct).  Then the relay s2 is killed mid-version
+          (dted-faults, die-in-relay: it forwards one record of the
+          version and dies): the replicas below it must hold the version
+          before, whole (torn=0), the coordinator re-plans them under
+          another parent, and from the next version on every replica is
+          exact again (wrong=0).
+
+Final line: `relay: versions=N exact=N/N torn=0 wrong=0 ...`.
+"""
+
+import os
+import sys
+import time
+
+import harness  # sets ROOT and B, puts client/python on sys.path
+
+from cluster_sync_lib import Daemon, Workdir, asan_reexec  # noqa: E402
+
+asan_reexec([sys.executable] + sys.argv)
+
+import torch  # noqa: E402
+
+import sync_local as sl  # noqa: E402  (model, layouts, the independent converter)
+from dte import _lib, megatron, toy  # noqa: E402
+from dte.checks import Checks  # noqa: E402
+
+JOB, TOKEN, TP = sl.JOB, sl.TOKEN, sl.TP
+DTED_FAULTS = harness.DTED_FAULTS
+
+
+class Rep:
+    """One SGLang TP=2 replica, both ranks on one sink daemon."""
+
+    def __init__(self, k, daemon, coord_addr):
+        self.k, self.daemon = k, daemon
+        self.model = None
+        self.cli = _lib.Client(daemon.sock)
+        self.cli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord_addr, 1)
+        from dte import sglang
+        self.model = sglang.SGLangModel(sl.CFG, tp=TP, label="relay-rep%d" % k,
+                                        placement=sl.SINK_LAYOUT)
+        self.parts = [sl.attach_sink(self.cli, self.model.arenas[r], r, k) for r in range(TP)]
+        self.held = 0
+
+    def apply(self, version, timeout_ms=20000):
+        """Wait for version staged on both ranks and apply it; the results,
+        or None when it did not come in time."""
+        out = []
+        for p in self.parts:
+            try:
+                got = self.cli.wait_staged(JOB, p, timeout_ms)
+            except _lib.DteError as e:
+                if "no new version staged in time" not in str(e):
+                    raise
+                return None
+            if got < version:
+                return None
+            out.append(self.cli.apply(JOB, p, version))
+        self.held = version
+        return out
+
+    def tensors(self, r):
+        return self.model.weights(r)
+
+    def close(self):
+        try:
+            self.cli.close()
+        except Exception:
+            pass
+
+
+def metric(d, name, label):
+    m = d.metrics()
+    for k, v in m.items():
+        if k.startswith(name + "{") and label in k:
+            return v
+    return 0.0
+
+
+def peer_bytes_out(coord, node):
+    p = coord.peer(node)
+    return p["bytes_out"] if p else 0
+
+
+def wait_for(cond, what, timeout=20.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    print("timed out waiting for %s" % what, flush=True)
+    return False
+
+
+def run(c, name, fanout, n_reps, versions, late=None, kill=None):
+    """One job: coord + n_reps sink daemons (+1 when late), the chain or
+    tree of fanout.  late: (version, replica index) joining then; kill:
+    (version, replica index) whose daemon dies relaying that version.
+    Returns (versions, exact, torn, wrong)."""
+    work = Workdir("dte-relay-%s-" % name)
+    daemons = []
+    reps = []
+    total = n_reps + (1 if late else 0)
+    n_ok = n_exact = torn = wrong = missed = 0
+    ok = False
+    try:
+        coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
+                       relay_fanout=str(fanout)).start()
+        daemons.append(coord)
+        sinks = []
+        for k in range(total):
+            kw = {}
+            if kill and kill[1] == k:
+                kw = dict(binary=DTED_FAULTS, hook="die-in-relay@%d" % kill[0])
+            d = Daemon(work.path, "s%d" % (k + 1), part_size="64K", sync_mode="sparse", **kw)
+            sinks.append(d.start())
+            daemons.append(d)
+        megatron.shard_shapes = sl.flat_order_shapes
+        model = megatron.MegatronModel(sl.CFG, tp=TP, seed=0, label="relay-src",
+                                       placement=sl.SRC_LAYOUT)
+        trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
+        task = toy.ToyTask(sl.CFG["vocab_size"])
+        tcli = _lib.Client(coord.sock)
+        tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+        src_parts = sl.attach_sources(tcli, model)
+        for k in range(n_reps):
+            reps.append(Rep(k, sinks[k], coord.address))
+        job = coord.ctl_json("job", JOB)
+        c.check(job and job.get("complete") and
+                len(job.get("participants", [])) == TP + TP * n_reps,
+                "%s: coordinator planned %d sources + %d sinks" % (name, TP, TP * n_reps))
+        log = coord.log_text()
+        c.check("relay trees %d" % TP in log,
+                "%s: the plan has one relay tree per sink rank (%d)" % (name, TP))
+        before = None     # expected weights of the version before
+        step = 0
+        dead = None
+        for v in range(1, versions + 1):
+            step += 1
+            rec = trainer.step(*task.batch_at(step))
+            if late and v == late[0]:
+                reps.append(Rep(late[1], sinks[late[1]], coord.address))
+                reps[-1].since = v
+            infos = [tcli.publish(JOB, p, v, rec["step"], sl.groups_of(rec)) for p in src_parts]
+            want = sl.expected(model)
+            good = True
+            for rp in reps:
+                if rp is dead:
+                    continue
+                res = rp.apply(v, timeout_ms=3000 if kill and v == kill[0] else 20000)
+                if res is None:
+                    # Not staged: it must still hold the version before,
+                    # whole (a relay died with this version in flight).
+                    exp_ok = kill and v == kill[0]
+                    bad = [] if before is None else \
+                        [m for r in range(TP) for m in sl.exact(before[r], rp.tensors(r))]
+                    if bad:
+                        torn += 1
+                        print("%s v%d replica %d: neither v%d nor v%d: %s" %
+                              (name, v, rp.k, v - 1, v, ", ".join(bad[:4])), flush=True)
+                    c.check(exp_ok and not bad,
+                            "%s v%d: replica %d below the dead relay kept v%d whole" %
+                            (name, v, rp.k, v - 1))
+                    missed += 1
+                    good = False
+                    continue
+                if not all(x["checksum_ok"] for x in res):
+                    c.check(False, "%s v%d replica %d: checksum failed" % (name, v, rp.k))
+                bad = [m for r in range(TP) for m in sl.exact(want[r], rp.tensors(r))]
+                if bad:
+                    wrong += 1
+                    good = False
+                    print("%s v%d replica %d differs: %s" % (name, v, rp.k, ", ".join(bad[:4])),
+                          flush=True)
+            n_ok += 1
+            n_exact += good
+            dense = sum(i["dense"] for i in infos)
+            fed = sum(i["sinks"] for i in infos)
+            if v == 1:
+                c.check(dense == fed, "%s v1: dense to every sink (%d/%d)" % (name, dense, fed))
+            if late and v == late[0]:
+                c.check(0 < dense < fed, "%s v%d: dense only to the replica that joined "
+                        "(%d of %d pairs), sent to it directly" % (name, v, dense, fed))
+            if late and v == late[0] + 1:
+                c.check(dense == 0, "%s v%d: every pair sparse again (%d dense)" % (name, v, dense))
+            if kill and v == kill[0]:
+                dead = reps[kill[1]]
+                c.check(wait_for(lambda: dead.daemon.proc.poll() is not None,
+                                 "the relay's death"),
+                        "%s v%d: relay s%d died relaying it (die-in-relay)" %
+                        (name, v, kill[1] + 1))
+                c.check("test hook: die-in-relay" in dead.daemon.log_text(),
+                        "%s: the relay's hook fired" % name)
+                dead.close()
+                # The coordinator notices and re-plans the replicas below it.
+                c.check(wait_for(lambda: (coord.peer(dead.daemon.name) or {}).get("state") ==
+                                 "down", "coord to see the relay down"),
+                        "%s: coord sees the dead relay down" % name)
+                c.check(wait_for(lambda: len((coord.ctl_json("job", JOB) or {})
+                                             .get("participants", [])) ==
+                                 TP + TP * (len(reps) - 1), "the re-plan"),
+                        "%s: re-planned without the dead relay's sinks" % name)
+            if kill and v == kill[0] + 2:
+                c.check(good, "%s v%d: every replica exact again after the relay died" %
+                        (name, v))
+            before = want
+        # Where the bytes went: the sources fed the roots alone.
+        root_node = sinks[0].name
+        to_root = peer_bytes_out(coord, root_node)
+        for d in sinks[1:]:
+            if kill and d is sinks[kill[1]]:
+                continue
+            b = peer_bytes_out(coord, d.name)
+            if not (late and d is sinks[late[1]]) and not kill:
+                c.check(b < to_root / 10,
+                        "%s: coord sent %s %d bytes, the root %s %d (no payload: relayed)" %
+                        (name, d.name, b, root_node, to_root))
+        fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
+               for d in sinks if not (kill and d is sinks[kill[1]])}
+        print("%s: relayed bytes by node: %s; coord -> root %d bytes" % (name, fwd, to_root),
+              flush=True)
+        if fanout == 1 and not late and not kill:
+            c.check(all(fwd[s.name] > 0 for s in sinks[:-1]) and fwd[sinks[-1].name] == 0,
+                    "%s: every replica but the chain's end forwards" % name)
+        for rp in reps:
+            rp.close()
+        for d in daemons:
+            if d.proc.poll() is None:
+                c.check(d.stop() == 0, "%s: %s shuts down cleanly" % (name, d.name))
+        ok = True
+    finally:
+        for rp in reps:
+            rp.close()
+        for d in daemons:
+            try:
+                d.stop()
+            except Exception:
+                pass
+        work.close(keep=not ok or c.passed != c.total)
+        if not ok or c.passed != c.total:
+            print("%s: work dir kept: %s" % (name, work.path), flush=True)
+    return n_ok, n_exact, torn, wrong, missed
+
+
+def main():
+    c = Checks("relay")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    a = run(c, "chain", 1, 4, 8)
+    b = run(c, "tree", 2, 4, 14, late=(5, 4), kill=(9, 1))
+    versions, exact = a[0] + b[0], a[1] + b[1]
+    torn, wrong = a[2] + b[2], a[3] + b[3]
+    c.check(torn == 0 and wrong == 0, "no replica torn or wrong")
+    c.check(b[4] == 2, "the two replicas below the killed relay missed its version (%d)" % b[4])
+    # exact: versions every live replica held exactly; the killed relay's
+    # version is not, for the two replicas below it, which kept the one
+    # before (missed), whole.
+    print("relay: versions=%d exact=%d/%d torn=%d wrong=%d missed=%d (below the killed relay, "
+          "each kept its version before whole)" % (versions, exact, versions, torn, wrong,
+                                                   a[4] + b[4]), flush=True)
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()
