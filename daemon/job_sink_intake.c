@@ -373,6 +373,11 @@ static int part_sound(const void *data, size_t len, uint64_t xxh3)
 	return codec != DTC_CODEC_RAW || dtc_chunk_view(data, len, &raw, &raw_len) == DTC_OK;
 }
 
+static void relay_release(void *data, void *arg)
+{
+	free(data);	/* NULL: a receiver on this node took it (route.h) */
+}
+
 static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgType type,
 			  const ProtobufCMessage *msg, const void *data, size_t len)
 {
@@ -416,12 +421,22 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 	r.record_len = (uint32_t)rl;
 	for (size_t i = 0; i < j->nparts; i++) {
 		const struct jpinfo *c = &j->parts[i];
+		int rc;
 
 		if (c->relay_parent != l->info.id)
 			continue;
 		r.to = c->id;
-		if (job_send_to_node(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &r.base, buf,
-				     len + rl) < 0) {
+		/* The last child gets the buffer itself (a chain's one child:
+		 * no copy in the router); the others a copy each. */
+		if (--n == 0) {
+			rc = job_send_to_node_given(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED,
+						    &r.base, buf, len + rl, relay_release, NULL);
+			buf = NULL;
+		} else {
+			rc = job_send_to_node(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED,
+					      &r.base, buf, len + rl);
+		}
+		if (rc < 0) {
 			j->relay_bad++;
 			dmetrics_add(DM_RELAYED_BYTES, "failed", (double)(len + rl));
 			DLOG_W("job %s: relaying to sink %llx on %s failed: it misses this version",

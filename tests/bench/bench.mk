@@ -27,7 +27,7 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
 # The binaries `make bench` runs (bench-ab builds the same in both trees).
-BENCH_BINS := bench_scan bench_detect_once bench_codec bench_snapshot bench_apply
+BENCH_BINS := bench_scan bench_detect_once bench_codec bench_snapshot bench_apply bench_fanout_sim
 
 bench: all $(addprefix $(B)/tests/,$(BENCH_BINS))
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
@@ -103,3 +103,10 @@ $(B)/tests/bench_fanout_sim: tests/bench/bench_fanout_sim.c $(INTERNAL_LIBS) $(G
 
 bench-fanout-sim: $(B)/tests/bench_fanout_sim
 	$(B)/tests/bench_fanout_sim
+
+# Relay fan-out measured (issue 34; docs/BENCHMARKS.md, "Relay fan-out,
+# measured"): 1..16 sink daemons in network namespaces, every NIC shaped
+# to 10 Gbit/s, direct against relay in the same run (root; about 10
+# minutes).  BENCH_FANOUT_SINKS, BENCH_FANOUT_GBIT, BENCH_FANOUT_FANOUT.
+bench-fanout: all
+	B=$(B) $(PYTHON) tests/bench/bench_fanout.py

@@ -25,6 +25,9 @@ figure:
     bench baseline dense_line_rate_ratio=R snapshot_detect_ratio=R dte_margin_bytes_ratio=R
     bench k4 fp_rate=R table_bytes_per_element=B ...              (tests/bench/bench_k4.py)
     bench plan model=qwen3-235b layout=L s=S mb=M ...              (tests/bench/bench_plan.py)
+    bench fanout sinks=N version=V direct_s=S relay_s=R ratio_to_one_sink=X ...
+                                                   (tests/bench/bench_fanout.py, issue 34)
+    bench fanout-sim nodes=1024 ...                (tests/bench/bench_fanout_sim.c)
 bytes_per_change: the default configuration's wire bytes (zstd_level 0, the
 guard band included) per element whose BF16 truly changed, lr 1e-6.
 dense_line_rate_ratio: (dense bytes at the link rate) / dted's dense sync
@@ -60,6 +63,7 @@ os.environ["B"] = B
 
 import bench_codec  # noqa: E402
 import bench_e2e  # noqa: E402
+import bench_fanout  # noqa: E402
 import bench_k4  # noqa: E402
 import bench_plan  # noqa: E402
 import bench_stall  # noqa: E402
@@ -177,6 +181,14 @@ def main():
     log("plan: dte-plan on Qwen3-235B-A22B (fsdp:dp=64, megatron:tp=8,dp=32,ep=32)")
     res["plan"] = bench_plan.run(log=log)
 
+    log("fanout: N sink daemons in namespaces, direct against relay (issue 34)")
+    res["fanout"] = bench_fanout.run_all(log=log)
+    r = subprocess.run([os.path.join(B, "tests", "bench_fanout_sim")], capture_output=True,
+                       text=True)
+    res["fanout_sim"] = [x for x in r.stdout.splitlines() if x.startswith("bench fanout-sim")]
+    if r.returncode:
+        res["fanout_sim"] = ["bench fanout-sim failed: %s" % r.stderr.strip()[-200:]]
+
     why = bench_e2e.Link.available()
     if why:
         log("e2e: skipped (%s)" % why)
@@ -214,6 +226,7 @@ def main():
     lines = summary(res) + [bench_stall.summary_line(res["stall_async"])]
     lines.append(bench_k4.line(res["k4"]))
     lines += bench_plan.lines(res["plan"])
+    lines += bench_fanout.lines(res["fanout"]) + res["fanout_sim"]
     av = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-verify:")]
     dn = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-dense:")]
     lines.append("bench apply-verify " + " ".join(

@@ -219,6 +219,11 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None):
                                              .get("participants", [])) ==
                                  TP + TP * (len(reps) - 1), "the re-plan"),
                         "%s: re-planned without the dead relay's sinks" % name)
+            if kill and v == kill[0] + 1:
+                # Re-parented, their last version unacknowledged under the
+                # old term: dense to them (sent directly), sparse elsewhere.
+                c.check(0 < dense < fed, "%s v%d: dense only to the replicas below the dead "
+                        "relay (%d of %d pairs)" % (name, v, dense, fed))
             if kill and v == kill[0] + 2:
                 c.check(good, "%s v%d: every replica exact again after the relay died" %
                         (name, v))
