@@ -115,7 +115,8 @@ def run(n, relay, net):
     daemons, reps = [], []
     out = {"sparse": [], "exact": True}
     try:
-        kw = dict(part_size="256K", sync_mode="sparse", log_level="notice")
+        kw = dict(part_size="256K", sync_mode="sparse",
+                  log_level=os.environ.get("BENCH_FANOUT_LOG", "notice"))
         coord = Daemon(work.path, "coord", host=net.addrs[0], netns=net.names[0],
                        dev=net.devs[0], relay_fanout=str(FANOUT if relay else 0), **kw).start()
         daemons.append(coord)
@@ -170,7 +171,9 @@ def run(n, relay, net):
                 d.stop()
             except Exception:
                 pass
-        work.close()
+        work.close(keep=bool(os.environ.get("BENCH_FANOUT_KEEP")))
+        if os.environ.get("BENCH_FANOUT_KEEP"):
+            print("  kept %s" % work.path, flush=True)
     return out
 
 
