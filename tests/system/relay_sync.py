@@ -13,7 +13,12 @@ forwarded, unchanged, by its parent.
           version exact on every replica; the coordinator's link to s2..s4
           carries no payload (its bytes to them stay a fraction of its bytes
           to s1), s1..s3 forward (dted_relayed_bytes_total{outcome=sent})
-          and s4, the chain's end, forwards nothing.
+          and s4, the chain's end, forwards nothing.  Then s2's daemon is
+          stopped (SIGSTOP) for three versions: s3 and s4 miss two of them,
+          holding what they held, whole; at the third the sources, without
+          their acknowledgements for two versions, send them a dense
+          version directly (routed around the stopped relay); continued,
+          every replica is exact again.
   tree    relay_fanout = 2, replicas s1 -> (s2, s3), s2 -> s4; a fifth
           replica (s5) joins mid-run: its first version is dense, sent to
           it directly while the others' sparse versions are relayed
@@ -28,6 +33,7 @@ Final line: `relay: versions=N exact=N/N torn=0 wrong=0 ...`.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -60,20 +66,26 @@ class Rep:
                                         placement=sl.SINK_LAYOUT)
         self.parts = [sl.attach_sink(self.cli, self.model.arenas[r], r, k) for r in range(TP)]
         self.held = 0
+        self.want = None     # the expected weights of the version it holds
 
     def apply(self, version, timeout_ms=20000):
         """Wait for version staged on both ranks and apply it; the results,
         or None when it did not come in time."""
         out = []
+        end = time.time() + timeout_ms / 1000.0
         for p in self.parts:
-            try:
-                got = self.cli.wait_staged(JOB, p, timeout_ms)
-            except _lib.DteError as e:
-                if "no new version staged in time" not in str(e):
-                    raise
-                return None
-            if got < version:
-                return None
+            got = 0
+            while got < version:
+                # A replica catching up stages older versions first.
+                left = int((end - time.time()) * 1000)
+                if left <= 0:
+                    return None
+                try:
+                    got = self.cli.wait_staged(JOB, p, left)
+                except _lib.DteError as e:
+                    if "no new version staged in time" not in str(e):
+                        raise
+                    return None
             out.append(self.cli.apply(JOB, p, version))
         self.held = version
         return out
@@ -111,10 +123,12 @@ def wait_for(cond, what, timeout=20.0):
     return False
 
 
-def run(c, name, fanout, n_reps, versions, late=None, kill=None):
+def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
     """One job: coord + n_reps sink daemons (+1 when late), the chain or
     tree of fanout.  late: (version, replica index) joining then; kill:
-    (version, replica index) whose daemon dies relaying that version.
+    (version, replica index) whose daemon dies relaying that version; lag:
+    (version, replica index) whose daemon is stopped (SIGSTOP) for that
+    version and the two after it, then continued.
     Returns (versions, exact, torn, wrong)."""
     work = Workdir("dte-relay-%s-" % name)
     daemons = []
@@ -148,44 +162,62 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None):
         c.check(job and job.get("complete") and
                 len(job.get("participants", [])) == TP + TP * n_reps,
                 "%s: coordinator planned %d sources + %d sinks" % (name, TP, TP * n_reps))
+        parents = [int(x.get("relay_parent", 0) or 0) for x in job.get("participants", [])
+                   if x.get("role") == "sink"] if job else []
+        c.check(sum(1 for x in parents if x) == TP * (n_reps - 1),
+                "%s: dtectl job shows a relay parent for every replica but the roots (%s)" %
+                (name, parents))
         log = coord.log_text()
         c.check("relay trees %d" % TP in log,
                 "%s: the plan has one relay tree per sink rank (%d)" % (name, TP))
         before = None     # expected weights of the version before
         step = 0
         dead = None
+        stopped = None
         for v in range(1, versions + 1):
             step += 1
             rec = trainer.step(*task.batch_at(step))
+            if lag and v == lag[0]:
+                # Where the bytes went so far: the sources fed the root alone.
+                bytes_out = {d.name: peer_bytes_out(coord, d.name) for d in sinks}
+                stopped = reps[lag[1]]
+                os.kill(stopped.daemon.pid, signal.SIGSTOP)
+            if lag and v == lag[0] + 3:
+                os.kill(stopped.daemon.pid, signal.SIGCONT)
+                stopped = None
             if late and v == late[0]:
                 reps.append(Rep(late[1], sinks[late[1]], coord.address))
                 reps[-1].since = v
             infos = [tcli.publish(JOB, p, v, rec["step"], sl.groups_of(rec)) for p in src_parts]
             want = sl.expected(model)
             good = True
+            lagging = lag and lag[0] <= v <= lag[0] + 1
             for rp in reps:
-                if rp is dead:
+                if rp is dead or rp is stopped:
                     continue
-                res = rp.apply(v, timeout_ms=3000 if kill and v == kill[0] else 20000)
+                short = (kill and v == kill[0]) or lagging
+                res = rp.apply(v, timeout_ms=3000 if short else 20000)
                 if res is None:
-                    # Not staged: it must still hold the version before,
-                    # whole (a relay died with this version in flight).
-                    exp_ok = kill and v == kill[0]
-                    bad = [] if before is None else \
-                        [m for r in range(TP) for m in sl.exact(before[r], rp.tensors(r))]
+                    # Not staged: it must still hold the version it held,
+                    # whole (a relay died with this version in flight, or
+                    # is stopped and its children not yet routed around).
+                    exp_ok = (kill and v == kill[0]) or lagging
+                    bad = [] if rp.want is None else \
+                        [m for r in range(TP) for m in sl.exact(rp.want[r], rp.tensors(r))]
                     if bad:
                         torn += 1
                         print("%s v%d replica %d: neither v%d nor v%d: %s" %
                               (name, v, rp.k, v - 1, v, ", ".join(bad[:4])), flush=True)
                     c.check(exp_ok and not bad,
-                            "%s v%d: replica %d below the dead relay kept v%d whole" %
-                            (name, v, rp.k, v - 1))
+                            "%s v%d: replica %d below the %s relay kept v%d whole" %
+                            (name, v, rp.k, "stopped" if lagging else "dead", rp.held))
                     missed += 1
                     good = False
                     continue
                 if not all(x["checksum_ok"] for x in res):
                     c.check(False, "%s v%d replica %d: checksum failed" % (name, v, rp.k))
                 bad = [m for r in range(TP) for m in sl.exact(want[r], rp.tensors(r))]
+                rp.want = want
                 if bad:
                     wrong += 1
                     good = False
@@ -219,6 +251,18 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None):
                                              .get("participants", [])) ==
                                  TP + TP * (len(reps) - 1), "the re-plan"),
                         "%s: re-planned without the dead relay's sinks" % name)
+            if lag and v == lag[0] + 2:
+                # The replicas below the stopped relay acknowledged nothing
+                # for two versions: the sources route around it, dense and
+                # direct, and they hold this version although it is stopped.
+                below = [rp for rp in reps if rp.k > lag[1]]
+                c.check(0 < dense < fed and all(rp.held == v for rp in below),
+                        "%s v%d: replicas below the stopped relay routed around it (%d of %d "
+                        "pairs dense, held %s)" % (name, v, dense, fed,
+                                                   [rp.held for rp in below]))
+            if lag and v == lag[0] + 4:
+                c.check(good, "%s v%d: every replica exact again, the stopped relay too" %
+                        (name, v))
             if kill and v == kill[0] + 1:
                 # Re-parented, their last version unacknowledged under the
                 # old term: dense to them (sent directly), sparse elsewhere.
@@ -228,13 +272,16 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None):
                 c.check(good, "%s v%d: every replica exact again after the relay died" %
                         (name, v))
             before = want
-        # Where the bytes went: the sources fed the roots alone.
+        # Where the bytes went: the sources fed the roots alone (before a
+        # stopped relay made them send its subtree directly).
+        if not lag:
+            bytes_out = {d.name: peer_bytes_out(coord, d.name) for d in sinks}
         root_node = sinks[0].name
-        to_root = peer_bytes_out(coord, root_node)
+        to_root = bytes_out[root_node]
         for d in sinks[1:]:
             if kill and d is sinks[kill[1]]:
                 continue
-            b = peer_bytes_out(coord, d.name)
+            b = bytes_out[d.name]
             if not (late and d is sinks[late[1]]) and not kill:
                 c.check(b < to_root / 10,
                         "%s: coord sent %s %d bytes, the root %s %d (no payload: relayed)" %
@@ -270,17 +317,20 @@ def main():
     c = Checks("relay")
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    a = run(c, "chain", 1, 4, 8)
+    a = run(c, "chain", 1, 4, 12, lag=(5, 1))
     b = run(c, "tree", 2, 4, 14, late=(5, 4), kill=(9, 1))
     versions, exact = a[0] + b[0], a[1] + b[1]
     torn, wrong = a[2] + b[2], a[3] + b[3]
     c.check(torn == 0 and wrong == 0, "no replica torn or wrong")
     c.check(b[4] == 2, "the two replicas below the killed relay missed its version (%d)" % b[4])
+    c.check(a[4] == 4, "the two replicas below the stopped relay missed two versions each (%d)" %
+            a[4])
     # exact: versions every live replica held exactly; the killed relay's
     # version is not, for the two replicas below it, which kept the one
     # before (missed), whole.
-    print("relay: versions=%d exact=%d/%d torn=%d wrong=%d missed=%d (below the killed relay, "
-          "each kept its version before whole)" % (versions, exact, versions, torn, wrong,
+    print("relay: versions=%d exact=%d/%d torn=%d wrong=%d missed=%d (below the killed relay "
+          "or the stopped one, each kept the version it held whole)" % (
+              versions, exact, versions, torn, wrong,
                                                    a[4] + b[4]), flush=True)
     c.finish()
 
