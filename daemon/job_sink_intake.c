@@ -562,7 +562,11 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 	struct jpart *pt;
 	char why[192];
 
-	if (!l)
+	/* Its relay children get it whatever this sink does with it: this
+	 * sink may hold the version already (sent to it directly) while they
+	 * wait for it (relay_take). */
+	if (!l || !relay_take(j, l, m->dst, to, m->relay_direct, m->n_relay_direct,
+			      DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len))
 		return;
 	if (record_dropped(l, m->version)) {
 		DLOG_I("job %s: PAYLOAD part %u for version %llu but sink %llx holds %llu (dropped)",
@@ -570,9 +574,6 @@ void jsink_payload(struct job *j, const char *from, const Dtep__Payload *m, cons
 		       (unsigned long long)l->info.id, (unsigned long long)jsink_of(l)->held);
 		return;
 	}
-	if (!relay_take(j, l, m->dst, to, m->relay_direct, m->n_relay_direct,
-			DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m->base, data, len))
-		return;
 	pair = job_pair(j, m->src, l->info.id);
 	if (!len || len > ((size_t)1 << 40) || !pair || m->version == 0 ||
 	    m->part >= JOB_MAX_PARTS) {
