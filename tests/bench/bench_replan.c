@@ -413,6 +413,7 @@ int main(int argc, char **argv)
 	uint64_t total, recs, per, smax, kmax, fper, ftotal;
 	char err[512], *config;
 	const char *mname;
+	unsigned relay = 0;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model"))
@@ -427,6 +428,8 @@ int main(int argc, char **argv)
 			replicas = (unsigned)strtoul(argv[i + 1], NULL, 10);
 		else if (!strcmp(argv[i], "--tp"))
 			tp = (unsigned)strtoul(argv[i + 1], NULL, 10);
+		else if (!strcmp(argv[i], "--relay-fanout"))
+			relay = (unsigned)strtoul(argv[i + 1], NULL, 10);
 		else {
 			fprintf(stderr, "bench_replan: unknown option %s\n", argv[i]);
 			return 2;
@@ -462,6 +465,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_replan: no engine\n");
 		return 1;
 	}
+	/* --relay-fanout N: the coordinator plans relay trees too (issue 34) */
+	job_set_relay(e, relay, 1);
 	jc.name = JOB;
 	jc.model_config = config;
 	jc.token = TOKEN;
