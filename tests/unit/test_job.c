@@ -497,6 +497,18 @@ static void feed(const char *from, Dtep__PeerMsgType type, const ProtobufCMessag
 	spin();
 }
 
+/* A RELAYED from "evil" carrying inner (a COUNTS) as its source would
+ * have sealed it. */
+static void feed_relayed(Dtep__Relayed *rl, const ProtobufCMessage *inner)
+{
+	size_t n;
+	uint8_t *rec = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, inner, NULL, 0, &n);
+
+	rl->record_len = (uint32_t)n;
+	feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl->base, rec, n);
+	free(rec);
+}
+
 static size_t snapshot(void **out)
 {
 	size_t total = 0, off = 0;
@@ -790,28 +802,16 @@ static void test_sync_and_misbehaving_peer(void **state)
 			rl.type = DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS;
 			free(inner);
 			iref.job = "tj2";
-			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
-					     &in_n);
-			rl.record_len = (uint32_t)in_n;
-			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			feed_relayed(&rl, &cm.base);
 			assert_int_equal(j->refused, refused + 3);
-			free(inner);
 			iref.job = "tj";
 			iref.token = "not-the-token";
-			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
-					     &in_n);
-			rl.record_len = (uint32_t)in_n;
-			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			feed_relayed(&rl, &cm.base);
 			assert_int_equal(j->auth_refused, auth + 1);
 			assert_int_equal(j->refused, refused + 4);
-			free(inner);
 			iref.token = "tok";
-			inner = pack_as_peer(DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS, &cm.base, NULL, 0,
-					     &in_n);
-			rl.record_len = (uint32_t)in_n;
-			feed("evil", DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &rl.base, inner, in_n);
+			feed_relayed(&rl, &cm.base);
 			assert_int_equal(j->refused, refused + 5);	/* in no relay tree */
-			free(inner);
 			assert_int_equal(staged(), 2);
 			assert_true(unchanged(snap));
 		}
