@@ -509,6 +509,19 @@ out:
 static void cap_event_make(struct job *j, struct jlocal *l);
 static void cap_event_fill(struct jlocal *l, struct jpublish_res *rep);
 
+/* The capture's pair into cp's relay tree root (cp itself for a root),
+ * NULL when its sink is in no tree or the root is not fed by this source. */
+static struct jcap_pair *relay_root_of(const struct job *j, struct jcap *c,
+				       const struct jcap_pair *cp)
+{
+	const struct jpinfo *d = job_part(j, cp->dst);
+
+	for (size_t k = 0; d && k < c->np; k++)
+		if (c->p[k].dst == d->relay_root)
+			return &c->p[k];
+	return NULL;
+}
+
 /* Relay (docs/SYNC.md, "Relay between sink daemons"): a sink whose PLAN
  * names a relay parent gets this source's version through its tree's
  * root when its pair's version is the root pair's (both sparse on the
@@ -520,17 +533,12 @@ static void cap_event_fill(struct jlocal *l, struct jpublish_res *rep);
 static int relay_decide(struct job *j, struct jcap *c)
 {
 	for (size_t i = 0; i < c->np; i++) {
-		struct jcap_pair *cp = &c->p[i], *root = NULL;
+		struct jcap_pair *cp = &c->p[i], *root;
 		const struct jpinfo *d = job_part(j, cp->dst);
 		uint64_t *nd;
 
-		if (!d || !d->relay_parent)
-			continue;
-		for (size_t k = 0; k < c->np && !root; k++)
-			if (c->p[k].dst == d->relay_root)
-				root = &c->p[k];
-		if (!root)
-			continue;	/* not fed by this source: nothing is forwarded */
+		if (!d || !d->relay_parent || !(root = relay_root_of(j, c, cp)))
+			continue;	/* no tree, or its root not fed by this source */
 		if (root->sparse == cp->sparse) {
 			cp->relayed = 1;
 			continue;
@@ -777,18 +785,6 @@ static void hist_reason(struct jhist *h, const struct jcap_pair *cp)
 	n = strlen(h->reason);
 	if (n + strlen(one) < sizeof(h->reason))
 		memcpy(h->reason + n, one, strlen(one) + 1);
-}
-
-/* A relayed pair's tree root, among the capture's pairs. */
-static const struct jcap_pair *relay_root_of(const struct job *j, const struct jcap *c,
-					     const struct jcap_pair *cp)
-{
-	const struct jpinfo *d = job_part(j, cp->dst);
-
-	for (size_t k = 0; d && k < c->np; k++)
-		if (c->p[k].dst == d->relay_root)
-			return &c->p[k];
-	return NULL;
 }
 
 static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
