@@ -827,6 +827,9 @@ struct built {
 	uint64_t *mkey;
 	uint8_t *changed;
 	int complete;
+	/* Per part: its relay parent's index in parts (relay_assign), for
+	 * parts whose relay_parent is set. */
+	uint32_t *par_of;
 };
 
 static int pair_add(struct built *b, uint32_t src, uint32_t dst, const uint64_t t[5])
@@ -1004,7 +1007,7 @@ static void send_plans(struct job *j, struct built *b)
 {
 	size_t i, k, mi, np, na, *poff = NULL;
 	Dtep__Participant *pa = calloc(b->nparts ? b->nparts : 1, sizeof(*pa));
-	uint32_t *pidx = NULL, *par_of = NULL;
+	uint32_t *pidx = NULL;
 	Dtep__Plan__AddressesEntry *ae = calloc(b->nmem ? b->nmem : 1, sizeof(*ae));
 	uint32_t *pmark = calloc(b->nparts ? b->nparts : 1, sizeof(*pmark));
 	uint32_t *mmark = calloc(b->nmem ? b->nmem : 1, sizeof(*mmark));
@@ -1036,12 +1039,6 @@ static void send_plans(struct job *j, struct built *b)
 		ae[i].key = m->node;
 		ae[i].value = m->address;
 	}
-	if (!(par_of = calloc(b->nparts ? b->nparts : 1, sizeof(*par_of))))
-		goto oom;
-	for (i = 0; i < b->nparts; i++)
-		for (k = 0; b->parts[i]->relay_parent && k < b->nparts; k++)
-			if (b->parts[k]->id == b->parts[i]->relay_parent)
-				par_of[i] = (uint32_t)k;
 	if (pairs_by_member(b, &poff, &pidx) < 0 ||
 	    pieces_pack(&ppc, 4, pa, sizeof(*pa), b->nparts) < 0 ||
 	    pieces_pack(&apc, 6, ae, sizeof(*ae), b->nmem) < 0)
@@ -1069,7 +1066,7 @@ static void send_plans(struct job *j, struct built *b)
 		/* A relay's children: it forwards to them (their nodes'
 		 * addresses come with them). */
 		for (i = 0; i < b->nparts; i++)
-			if (b->parts[i]->relay_parent && b->pmem[par_of[i]] == mi)
+			if (b->parts[i]->relay_parent && b->pmem[b->par_of[i]] == mi)
 				pmark[i] = stamp;
 		for (i = 0, np = 0; i < b->nparts; i++)
 			if (pmark[i] == stamp) {
@@ -1147,7 +1144,6 @@ out:
 	free(pa);
 	free(poff);
 	free(pidx);
-	free(par_of);
 	free(ae);
 	free(pmark);
 	free(mmark);
@@ -1272,21 +1268,18 @@ static int cache_source(struct job *j, struct jplan_cache *c, const char *srcdes
 	return 0;
 }
 
-/* Every join and leave: the next term, and each member its part of the
- * plan of everyone attached.  What depends only on layouts is cached
- * (struct jplan_cache); what is rebuilt is the mapping of the cached
- * entries onto the participants attached now, by sink rank. */
 /* Relay (docs/SYNC.md, "Relay between sink daemons"): the replicas of
  * one sink layout hold, rank for rank, the same entries, so the sources
  * need send rank r's records to a few of them (the roots) and every
  * other replica's rank r gets them from a replica that has them: a tree
  * per (layout, rank), its shape relay_plan_shape's (replica i >= roots
  * fed by replica (i - roots) / fanout, in replica order).  Sets each
- * sink's relay_parent and relay_root (0 for sinks not relayed); -ENOMEM. */
-static int cmp_sink(const void *a, const void *b)
+ * sink's relay_parent and relay_root (0 for sinks not relayed) and, for
+ * each relayed part, par_of[i], its parent's index in parts; -ENOMEM. */
+static int cmp_sink(const void *a, const void *b, void *parts)
 {
-	const struct jpinfo *x = *(const struct jpinfo *const *)a;
-	const struct jpinfo *y = *(const struct jpinfo *const *)b;
+	const struct jpinfo *x = ((struct jpinfo **)parts)[*(const uint32_t *)a];
+	const struct jpinfo *y = ((struct jpinfo **)parts)[*(const uint32_t *)b];
 	int c = strcmp(x->layout, y->layout);
 
 	if (c)
@@ -1298,10 +1291,11 @@ static int cmp_sink(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, size_t *trees)
+static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
+			size_t *trees)
 {
 	uint32_t fanout = j->eng->relay_fanout, roots = j->eng->relay_roots ? j->eng->relay_roots : 1;
-	struct jpinfo **s;
+	uint32_t *s;
 	size_t n = 0, g0, g1;
 
 	*trees = 0;
@@ -1317,14 +1311,14 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, siz
 	n = 0;
 	for (size_t i = 0; i < nparts; i++)
 		if (parts[i]->role == JROLE_SINK)
-			s[n++] = parts[i];
-	qsort(s, n, sizeof(*s), cmp_sink);
+			s[n++] = (uint32_t)i;
+	qsort_r(s, n, sizeof(*s), cmp_sink, parts);
 	for (g0 = 0; g0 < n; g0 = g1) {
 		struct relay_in in = { .bytes = 1, .part_bytes = 1, .src_rate = 1, .sink_rate = 1 };
 		struct relay_plan rp;
 
-		for (g1 = g0 + 1; g1 < n && s[g1]->rank == s[g0]->rank &&
-		     !strcmp(s[g1]->layout, s[g0]->layout); g1++)
+		for (g1 = g0 + 1; g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
+		     !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout); g1++)
 			;
 		in.replicas = (uint32_t)(g1 - g0);
 		if (in.replicas < 2 || roots >= in.replicas)
@@ -1333,19 +1327,19 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, siz
 			free(s);
 			return -ENOMEM;
 		}
+		/* A parent precedes its children (relay_plan.h): its root is
+		 * known when theirs is set. */
 		for (uint32_t k = 0; k < in.replicas; k++) {
-			struct jpinfo *x = s[g0 + k];
+			struct jpinfo *x = parts[s[g0 + k]];
 			int32_t up = rp.parent[k];
 
-			x->relay_parent = up < 0 ? 0 : s[g0 + (size_t)up]->id;
-			x->relay_root = up < 0 ? x->id : 0;
-		}
-		/* parents precede their children: roots are known by now */
-		for (uint32_t k = 0; k < in.replicas; k++) {
-			struct jpinfo *x = s[g0 + k];
-
-			if (rp.parent[k] >= 0)
-				x->relay_root = s[g0 + (size_t)rp.parent[k]]->relay_root;
+			if (up < 0) {
+				x->relay_root = x->id;
+				continue;
+			}
+			par_of[s[g0 + k]] = s[g0 + (size_t)up];
+			x->relay_parent = parts[par_of[s[g0 + k]]]->id;
+			x->relay_root = parts[par_of[s[g0 + k]]]->relay_root;
 		}
 		*trees += roots;
 		relay_plan_fini(&rp);
@@ -1354,6 +1348,10 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, siz
 	return 0;
 }
 
+/* Every join and leave: the next term, and each member its part of the
+ * plan of everyone attached.  What depends only on layouts is cached
+ * (struct jplan_cache); what is rebuilt is the mapping of the cached
+ * entries onto the participants attached now, by sink rank. */
 static void replan(struct job *j)
 {
 	struct built b;
@@ -1418,7 +1416,8 @@ static void replan(struct job *j)
 			}
 		have_src = nranks && cache_source(j, c, srcdesc, srcby, &b.complete) == 0;
 	}
-	if (relay_assign(j, b.parts, b.nparts, &relay_trees) < 0)
+	if (!(b.par_of = calloc(b.nparts ? b.nparts : 1, sizeof(*b.par_of))) ||
+	    relay_assign(j, b.parts, b.nparts, b.par_of, &relay_trees) < 0)
 		goto oom;
 	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
 	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
@@ -1522,6 +1521,7 @@ out:
 	free(b.pslot);
 	free(b.mkey);
 	free(b.changed);
+	free(b.par_of);
 }
 
 static void refuse_join(struct job *j, const char *from, const char *why)
