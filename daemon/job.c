@@ -1000,13 +1000,17 @@ static void on_refused(struct dte_engine *e, const char *from, const Dtep__Refus
 static void relayed_in(struct dte_engine *e, struct job *j, const char *from,
 		       const Dtep__Relayed *m, const void *data, size_t len)
 {
-	const uint8_t *rec = (const uint8_t *)data + (len - m->record_len);
-	size_t dlen = len - m->record_len;
+	const uint8_t *rec = NULL;
+	size_t dlen = 0;
 	ProtobufCMessage *in = NULL;
 	const Dtep__JobRef *ref = NULL;
 	const char *why = NULL;
 
-	if (m->record_len == 0 || m->record_len > len)
+	if (m->record_len && m->record_len <= len) {
+		dlen = len - m->record_len;
+		rec = (const uint8_t *)data + dlen;
+	}
+	if (!rec)
 		why = "its record length is past its data";
 	else if (m->type == DTEP__PEER_MSG_TYPE__PEER_MSG_COUNTS && dlen)
 		why = "a COUNTS carries no data";

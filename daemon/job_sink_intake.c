@@ -359,14 +359,11 @@ static int part_sound(const void *data, size_t len, uint64_t xxh3)
 {
 	const uint8_t *raw;
 	size_t raw_len;
-	uint64_t rl, x = 0;
+	uint64_t rl;
 	int codec;
 
-	if (len < DTC_CHUNK_HDR || dtc_chunk_info(data, len, &rl, &codec) != DTC_OK)
-		return 0;
-	for (int b = 0; b < 8; b++)
-		x |= (uint64_t)((const uint8_t *)data)[24 + b] << (8 * b);
-	if (x != xxh3)
+	if (len < DTC_CHUNK_HDR || dtc_chunk_info(data, len, &rl, &codec) != DTC_OK ||
+	    dtc_chunk_xxh3(data) != xxh3)
 		return 0;
 	/* Raw, its bytes are hashed here; compressed, the MAC checked where
 	 * it came in covers them, and unpacking is the staging's. */
@@ -386,6 +383,7 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 	Dtep__JobRef ref;
 	uint8_t mac[32], *buf = NULL;
 	size_t rl, n = 0;
+	int sealed = 0;
 
 	for (size_t i = 0; i < j->nparts; i++)
 		n += j->parts[i].relay_parent == l->info.id;
@@ -399,15 +397,17 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 		       "to its %zu children", j->name, (unsigned long long)l->info.id, n);
 		return;
 	}
+	/* Sealed into the caller's message for packing, then put back. */
 	if (mf && !mf->len && job_auth_seal(j->eng, type, msg, data, len, mac) == 1) {
 		keep = *mf;
 		mf->data = mac;
 		mf->len = sizeof(mac);
+		sealed = 1;
 	}
 	rl = protobuf_c_message_get_packed_size(msg);
 	if ((buf = malloc(len + rl)))
 		protobuf_c_message_pack(msg, buf + len);
-	if (keep.data || (mf && mf->data == mac))
+	if (sealed)
 		*mf = keep;
 	if (!buf) {
 		DLOG_E("job %s: out of memory relaying a record", j->name);

@@ -358,7 +358,6 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	const struct jpair *p = j ? job_pair(j, c->participant, cp->dst) : NULL;
 	const struct jpinfo *dst = j ? job_part(j, cp->dst) : NULL;
 	struct part_ticket *t;
-	uint64_t x = 0;
 	int rc;
 
 	if (cp->parts_lost)
@@ -367,8 +366,6 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 		cp->parts_lost = 1;
 		return;
 	}
-	for (int b = 0; b < 8; b++)
-		x |= (uint64_t)q->chunk[24 + b] << (8 * b);
 	job_fill_ref(j, &ref);
 	pl.job = &ref;
 	pl.epoch = j->epoch;
@@ -376,7 +373,7 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	pl.src = c->participant;
 	pl.dst = cp->dst;
 	pl.encoding = q->chunk[4];
-	pl.xxh3 = x;
+	pl.xxh3 = dtc_chunk_xxh3(q->chunk);
 	pl.part = q->part;
 	pl.first_entry = q->first;
 	pl.entries = q->entries;

@@ -298,6 +298,11 @@ int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec)
 	return DTC_OK;
 }
 
+uint64_t dtc_chunk_xxh3(const uint8_t *in)
+{
+	return get_u64(in + 24);
+}
+
 int dtc_chunk_unpack(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
 		     size_t *outlen)
 {

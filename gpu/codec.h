@@ -73,6 +73,9 @@ int dtc_chunk_view(const uint8_t *in, size_t len, const uint8_t **raw, size_t *r
 
 /* Header fields of a chunk (checked for consistency with len). */
 int dtc_chunk_info(const uint8_t *in, size_t len, uint64_t *raw_len, int *codec);
+/* The xxh3 a chunk's header carries (of its raw bytes); `in` holds at
+ * least DTC_CHUNK_HDR bytes.  Unchecked: dtc_chunk_view / _unpack check it. */
+uint64_t dtc_chunk_xxh3(const uint8_t *in);
 
 /* Unframe, decompress, verify the checksum; `cap` is the room in out. */
 int dtc_chunk_unpack(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
