@@ -76,11 +76,7 @@ class Rep:
         for p in self.parts:
             got = 0
             while got < version:
-                # A replica catching up stages older versions first: it
-                # applies them as an engine would (wait_staged answers at
-                # once while one newer than the applied is staged).
-                if got:
-                    self.cli.apply(JOB, p, got)
+                # A replica catching up stages older versions first.
                 left = int((end - time.time()) * 1000)
                 if left <= 0:
                     return None
