@@ -74,18 +74,20 @@ class Rep:
         out = []
         end = time.time() + timeout_ms / 1000.0
         for p in self.parts:
-            got = 0
-            while got < version:
-                # A replica catching up stages older versions first.
+            while self.cli.query_version(JOB, p)[1] < version:
+                # A replica catching up stages older versions first, and
+                # wait_staged answers at once while one of them is staged
+                # and not applied: asked again after a short pause, not
+                # in a spin on the control socket.
                 left = int((end - time.time()) * 1000)
                 if left <= 0:
                     return None
                 try:
-                    got = self.cli.wait_staged(JOB, p, left)
+                    if self.cli.wait_staged(JOB, p, min(left, 1000)) < version:
+                        time.sleep(0.005)
                 except _lib.DteError as e:
-                    if "no new version staged in time" not in str(e):
+                    if e.code != _lib.ERR_TIMEOUT:
                         raise
-                    return None
             out.append(self.cli.apply(JOB, p, version))
         self.held = version
         return out
