@@ -28,6 +28,9 @@ forwarded, unchanged, by its parent.
           before, whole (torn=0), the coordinator re-plans them under
           another parent, and from the next version on every replica is
           exact again (wrong=0).
+  mixed   relay_fanout = 1, replicas of two layouts (SGLang TP 2 and TP 1):
+          trees per (layout, rank), no parent of another layout or rank,
+          every replica of either layout exact (run_mixed).
 
 Final line: `relay: versions=N exact=N/N torn=0 wrong=0 ...`.
 """
@@ -56,17 +59,31 @@ DTED_FAULTS = harness.DTED_FAULTS
 class Rep:
     """One SGLang TP=2 replica, both ranks on one sink daemon."""
 
-    def __init__(self, k, daemon, coord_addr):
-        self.k, self.daemon = k, daemon
+    def __init__(self, k, daemon, coord_addr, tp=TP):
+        self.k, self.daemon, self.tp = k, daemon, tp
+        self.layout = "sglang:tp=%d" % tp
         self.model = None
         self.cli = _lib.Client(daemon.sock)
         self.cli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord_addr, 1)
         from dte import sglang
-        self.model = sglang.SGLangModel(sl.CFG, tp=TP, label="relay-rep%d" % k,
-                                        placement=sl.SINK_LAYOUT)
-        self.parts = [sl.attach_sink(self.cli, self.model.arenas[r], r, k) for r in range(TP)]
+        self.model = sglang.SGLangModel(sl.CFG, tp=tp, label="relay-rep%d" % k,
+                                        placement=self.layout)
+        if tp == TP:
+            self.parts = [sl.attach_sink(self.cli, self.model.arenas[r], r, k)
+                          for r in range(TP)]
+        else:
+            self.parts = [self.attach(r) for r in range(tp)]
         self.held = 0
         self.want = None     # the expected weights of the version it holds
+
+    def attach(self, rank):
+        """sync_local.attach_sink for another SGLang TP (its own layout)."""
+        ids = []
+        for _bid, length, name in _lib.layout_buffers(sl.CFG_TEXT, self.layout, _lib.SINK,
+                                                      rank):
+            loc = self.model.arenas[rank].loc(name)
+            ids.append(self.cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
+        return self.cli.attach(JOB, TOKEN, _lib.SINK, self.layout, rank, ids, replica=self.k)
 
     def apply(self, version, timeout_ms=20000):
         """Wait for version staged on both ranks and apply it; the results,
@@ -315,13 +332,104 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
     return n_ok, n_exact, torn, wrong, missed
 
 
+def run_mixed(c, versions):
+    """Two sink layouts in one job, relay_fanout = 1: replicas s1, s2, s3
+    hold SGLang TP 2, s4 and s5 SGLang TP 1.  Relay trees are per
+    (layout, rank): s1 -> s2 -> s3 for each TP 2 rank, s4 -> s5 for the TP
+    1 rank (three trees); no sink's parent is of another layout or rank;
+    the sources feed s1 and s4 alone; every replica, of either layout,
+    exact after every version (each checked against the independent
+    converter at its own TP).  Returns (versions, exact)."""
+    work = Workdir("dte-relay-mixed-")
+    daemons, reps = [], []
+    tps = [TP, TP, TP, 1, 1]
+    n_exact = 0
+    ok = False
+    try:
+        coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
+                       relay_fanout="1").start()
+        daemons.append(coord)
+        sinks = [Daemon(work.path, "s%d" % (k + 1), part_size="64K",
+                        sync_mode="sparse").start() for k in range(len(tps))]
+        daemons += sinks
+        megatron.shard_shapes = sl.flat_order_shapes
+        model = megatron.MegatronModel(sl.CFG, tp=TP, seed=1, label="relay-mixed-src",
+                                       placement=sl.SRC_LAYOUT)
+        trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
+        task = toy.ToyTask(sl.CFG["vocab_size"])
+        tcli = _lib.Client(coord.sock)
+        tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+        src_parts = sl.attach_sources(tcli, model)
+        for k, tp in enumerate(tps):
+            reps.append(Rep(k, sinks[k], coord.address, tp=tp))
+        job = coord.ctl_json("job", JOB) or {}
+        snk = {int(x["id"]): x for x in job.get("participants", []) if x.get("role") == "sink"}
+        c.check(len(snk) == sum(tps), "mixed: coordinator planned %d sinks (%d)"
+                % (sum(tps), len(snk)))
+        cross = [(i, x.get("relay_parent")) for i, x in snk.items()
+                 if x.get("relay_parent") and
+                 (snk.get(int(x["relay_parent"]), {}).get("layout") != x.get("layout") or
+                  snk.get(int(x["relay_parent"]), {}).get("rank") != x.get("rank"))]
+        c.check(not cross and sum(1 for x in snk.values() if x.get("relay_parent")) ==
+                2 * TP + 1, "mixed: every relay parent of the sink's own layout and rank, "
+                "%d relayed sinks (%d; across layouts or ranks: %s)" %
+                (2 * TP + 1, sum(1 for x in snk.values() if x.get("relay_parent")), cross))
+        c.check("relay trees %d" % (TP + 1) in coord.log_text(),
+                "mixed: the plan has one relay tree per (layout, rank): %d" % (TP + 1))
+        for v in range(1, versions + 1):
+            rec = trainer.step(*task.batch_at(v))
+            for p in src_parts:
+                tcli.publish(JOB, p, v, rec["step"], sl.groups_of(rec))
+            good = True
+            for rp in reps:
+                want = harness.expected_sglang(model, sl.CFG, rp.tp)
+                res = rp.apply(v)
+                bad = ["not staged"] if res is None else \
+                    [m for r in range(rp.tp) for m in sl.exact(want[r], rp.tensors(r))]
+                if res is not None and not all(x["checksum_ok"] for x in res):
+                    bad.append("checksum failed")
+                if bad:
+                    good = False
+                    print("mixed v%d replica s%d (%s) differs: %s" % (v, rp.k + 1, rp.layout,
+                                                                      ", ".join(bad[:4])),
+                          flush=True)
+            n_exact += c.check(good, "mixed v%d: every replica of both layouts exact" % v)
+        out = {d.name: peer_bytes_out(coord, d.name) for d in sinks}
+        fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"') for d in sinks}
+        print("mixed: coord -> sinks bytes %s; relayed bytes by node %s" % (out, fwd), flush=True)
+        c.check(all(out[n] < out["s1"] / 10 for n in ("s2", "s3")) and
+                out["s5"] < out["s4"] / 10,
+                "mixed: the sources fed each layout's root alone (s1, s4): %s" % out)
+        c.check(fwd["s1"] > 0 and fwd["s2"] > 0 and fwd["s4"] > 0 and
+                fwd["s3"] == 0 and fwd["s5"] == 0,
+                "mixed: s1, s2 and s4 forward, the chains' ends s3 and s5 do not: %s" % fwd)
+        for rp in reps:
+            rp.close()
+        for d in daemons:
+            c.check(d.stop() == 0, "mixed: %s shuts down cleanly" % d.name)
+        ok = True
+    finally:
+        for rp in reps:
+            rp.close()
+        for d in daemons:
+            try:
+                d.stop()
+            except Exception:
+                pass
+        work.close(keep=not ok or c.passed != c.total)
+        if not ok or c.passed != c.total:
+            print("mixed: work dir kept: %s" % work.path, flush=True)
+    return versions, n_exact
+
+
 def main():
     c = Checks("relay")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     a = run(c, "chain", 1, 4, 12, lag=(5, 1))
     b = run(c, "tree", 2, 4, 14, late=(5, 4), kill=(9, 1))
-    versions, exact = a[0] + b[0], a[1] + b[1]
+    m = run_mixed(c, 6)
+    versions, exact = a[0] + b[0] + m[0], a[1] + b[1] + m[1]
     torn, wrong = a[2] + b[2], a[3] + b[3]
     c.check(torn == 0 and wrong == 0, "no replica torn or wrong")
     c.check(b[4] == 2, "the two replicas below the killed relay missed its version (%d)" % b[4])
