@@ -142,6 +142,35 @@ def wait_for(cond, what, timeout=20.0):
     return False
 
 
+def trainer_on(coord, seed, label):
+    """The Megatron-Core-layout TP=2 trainer on the coordinator's daemon,
+    its job created and its sources attached: (model, trainer, task,
+    client, source participant ids)."""
+    megatron.shard_shapes = sl.flat_order_shapes
+    model = megatron.MegatronModel(sl.CFG, tp=TP, seed=seed, label=label,
+                                   placement=sl.SRC_LAYOUT)
+    trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
+    task = toy.ToyTask(sl.CFG["vocab_size"])
+    tcli = _lib.Client(coord.sock)
+    tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+    return model, trainer, task, tcli, sl.attach_sources(tcli, model)
+
+
+def teardown(c, name, work, reps, daemons, ok):
+    """Every replica closed, every daemon stopped; the work directory kept
+    (and said) when the run broke off or a check failed."""
+    for rp in reps:
+        rp.close()
+    for d in daemons:
+        try:
+            d.stop()
+        except Exception:
+            pass
+    work.close(keep=not ok or c.passed != c.total)
+    if not ok or c.passed != c.total:
+        print("%s: work dir kept: %s" % (name, work.path), flush=True)
+
+
 def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
     """One job: coord + n_reps sink daemons (+1 when late), the chain or
     tree of fanout.  late: (version, replica index) joining then; kill:
@@ -167,14 +196,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
             d = Daemon(work.path, "s%d" % (k + 1), part_size="64K", sync_mode="sparse", **kw)
             sinks.append(d.start())
             daemons.append(d)
-        megatron.shard_shapes = sl.flat_order_shapes
-        model = megatron.MegatronModel(sl.CFG, tp=TP, seed=0, label="relay-src",
-                                       placement=sl.SRC_LAYOUT)
-        trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
-        task = toy.ToyTask(sl.CFG["vocab_size"])
-        tcli = _lib.Client(coord.sock)
-        tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
-        src_parts = sl.attach_sources(tcli, model)
+        model, trainer, task, tcli, src_parts = trainer_on(coord, 0, "relay-src")
         for k in range(n_reps):
             reps.append(Rep(k, sinks[k], coord.address))
         job = coord.ctl_json("job", JOB)
@@ -319,16 +341,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                 c.check(d.stop() == 0, "%s: %s shuts down cleanly" % (name, d.name))
         ok = True
     finally:
-        for rp in reps:
-            rp.close()
-        for d in daemons:
-            try:
-                d.stop()
-            except Exception:
-                pass
-        work.close(keep=not ok or c.passed != c.total)
-        if not ok or c.passed != c.total:
-            print("%s: work dir kept: %s" % (name, work.path), flush=True)
+        teardown(c, name, work, reps, daemons, ok)
     return n_ok, n_exact, torn, wrong, missed
 
 
@@ -352,14 +365,7 @@ def run_mixed(c, versions):
         sinks = [Daemon(work.path, "s%d" % (k + 1), part_size="64K",
                         sync_mode="sparse").start() for k in range(len(tps))]
         daemons += sinks
-        megatron.shard_shapes = sl.flat_order_shapes
-        model = megatron.MegatronModel(sl.CFG, tp=TP, seed=1, label="relay-mixed-src",
-                                       placement=sl.SRC_LAYOUT)
-        trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
-        task = toy.ToyTask(sl.CFG["vocab_size"])
-        tcli = _lib.Client(coord.sock)
-        tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
-        src_parts = sl.attach_sources(tcli, model)
+        model, trainer, task, tcli, src_parts = trainer_on(coord, 1, "relay-mixed-src")
         for k, tp in enumerate(tps):
             reps.append(Rep(k, sinks[k], coord.address, tp=tp))
         job = coord.ctl_json("job", JOB) or {}
@@ -409,16 +415,7 @@ def run_mixed(c, versions):
             c.check(d.stop() == 0, "mixed: %s shuts down cleanly" % d.name)
         ok = True
     finally:
-        for rp in reps:
-            rp.close()
-        for d in daemons:
-            try:
-                d.stop()
-            except Exception:
-                pass
-        work.close(keep=not ok or c.passed != c.total)
-        if not ok or c.passed != c.total:
-            print("mixed: work dir kept: %s" % work.path, flush=True)
+        teardown(c, "mixed", work, reps, daemons, ok)
     return versions, n_exact
 
 
