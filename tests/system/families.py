@@ -19,7 +19,7 @@
    written exactly once (padding never).  The converter reads nothing from
    the C layout code.
 
-Prints `families: deepseek_v3=plan-exact glm4_moe=plan-exact
+Prints `families-plan: deepseek_v3=plan-exact glm4_moe=plan-exact
 kimi_k2=plan-exact` and `families-elements: configs=N exact=N/N ...`.
 Engine load (the engines' own load_weights) is NOT run here: see
 docs/SUPPORTED.md.
@@ -424,7 +424,7 @@ def main():
             except AssertionError as ex:
                 ok = False
                 print("FAIL %s %s -> %s: %s" % (label, source, sink, ex))
-    print("families: " + " ".join("%s=%s" % (k, status[k]) for k in sorted(status)))
+    print("families-plan: " + " ".join("%s=%s" % (k, status[k]) for k in sorted(status)))
     print("families-elements: configs=%d exact=%d/%d sink_elements=%d engine_load=not-run"
           % (n, good, n, elems))
     return 0 if ok else 1
