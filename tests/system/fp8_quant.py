@@ -535,7 +535,7 @@ def main():
     engines = len({f[0] for f in fns})
     print("fp8-quant: engines=%d shapes=%d elements=%d exact=%d/%d" % (
         engines, len(cases) + 1, total, exact, total))
-    print("fp8-sparse: engines=2 versions=%d exact=%d/%d bytes_vs_dense=%.4f "
+    print("fp8: engines=2 versions=%d exact=%d/%d bytes_vs_dense=%.4f "
           "bytes_vs_bf16_sparse=%.3f" % (sp["versions"], sp["exact"], sp["versions"],
                                          sp["fp8"] / sp["dense"], sp["fp8"] / sp["bf16"]))
     print("fp8-quant-time: imports %.1fs, quantize+compare %.1fs (requant %.1fs), "
