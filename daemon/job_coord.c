@@ -153,6 +153,8 @@ out:
 
 static void member_free(struct jmember *m)
 {
+	free(m->sel_p);
+	free(m->sel_q);
 	free(m->part);
 	free(m->plan);
 	free(m->p);
@@ -990,6 +992,133 @@ static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t
 	u->data = bytes + k;
 }
 
+/* ------------------------------------- what changed since its last PLAN */
+
+/* A member's selection in a re-plan (peer protocol 8): its participants
+ * (index into the PLAN's participants, id, hash of the packed bytes) and
+ * its pairs (index into the built pairs, ids, key), each sorted by id. */
+struct sel_new_part {
+	uint64_t id, h;
+	uint32_t i;
+};
+
+struct sel_new_pair {
+	uint64_t src, dst, key;
+	uint32_t k;
+};
+
+static int cmp_snp(const void *a, const void *b)
+{
+	const struct sel_new_part *x = a, *y = b;
+
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int cmp_snq(const void *a, const void *b)
+{
+	const struct sel_new_pair *x = a, *y = b;
+
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+static int in_sorted(const uint64_t *v, size_t n, uint64_t x)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (v[mid] == x)
+			return 1;
+		if (v[mid] < x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
+/* Whether m, holding the plan its selection describes, can be sent only
+ * the difference to (np, nq): every pair it loses ends at a participant
+ * it loses.  Then up[] marks the participants to send (new or changed),
+ * add[] the pairs (new, or their entries changed), and drop[0..*ndrop)
+ * the participants gone, ascending.  1 yes, 0 no (a whole PLAN). */
+static int sel_delta(const struct jmember *m, const struct sel_new_part *np, size_t nnp,
+		     const struct sel_new_pair *nq, size_t nnq, uint8_t *up, uint8_t *add,
+		     uint64_t *drop, size_t *ndrop)
+{
+	size_t a = 0, b = 0, nd = 0;
+
+	while (a < m->nsel_p || b < nnp) {
+		if (b == nnp || (a < m->nsel_p && m->sel_p[a].id < np[b].id)) {
+			drop[nd++] = m->sel_p[a++].id;
+		} else if (a == m->nsel_p || np[b].id < m->sel_p[a].id) {
+			up[np[b++].i] = 1;
+		} else {
+			if (m->sel_p[a].h != np[b].h)
+				up[np[b].i] = 1;
+			a++;
+			b++;
+		}
+	}
+	for (a = 0, b = 0; a < m->nsel_q || b < nnq;) {
+		const struct jsel_pair *o = a < m->nsel_q ? &m->sel_q[a] : NULL;
+		const struct sel_new_pair *n = b < nnq ? &nq[b] : NULL;
+		int c = !o ? 1 : !n ? -1 : o->src != n->src ? (o->src < n->src ? -1 : 1) :
+			o->dst != n->dst ? (o->dst < n->dst ? -1 : 1) : 0;
+
+		if (c < 0) {
+			if (!in_sorted(drop, nd, o->src) && !in_sorted(drop, nd, o->dst))
+				return 0;
+			a++;
+		} else if (c > 0) {
+			add[n->k] = 1;
+			b++;
+		} else {
+			if (o->key != n->key)
+				add[n->k] = 1;
+			a++;
+			b++;
+		}
+	}
+	*ndrop = nd;
+	return 1;
+}
+
+/* m's selection becomes (np, nq): what its PLAN of this term gives it. */
+static int sel_keep(struct jmember *m, const struct sel_new_part *np, size_t nnp,
+		    const struct sel_new_pair *nq, size_t nnq)
+{
+	struct jsel_part *p = malloc((nnp ? nnp : 1) * sizeof(*p));
+	struct jsel_pair *q = malloc((nnq ? nnq : 1) * sizeof(*q));
+
+	m->sel_ok = 0;
+	if (!p || !q) {
+		free(p);
+		free(q);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < nnp; i++) {
+		p[i].id = np[i].id;
+		p[i].h = np[i].h;
+	}
+	for (size_t i = 0; i < nnq; i++) {
+		q[i].src = nq[i].src;
+		q[i].dst = nq[i].dst;
+		q[i].key = nq[i].key;
+	}
+	free(m->sel_p);
+	free(m->sel_q);
+	m->sel_p = p;
+	m->sel_q = q;
+	m->nsel_p = nnp;
+	m->nsel_q = nnq;
+	m->sel_ok = 1;
+	return 0;
+}
+
 /* A member's PLAN names the participants it deals with and the addresses
  * of their nodes, not the whole job's: its own participants (announced
  * by their presence) and the other end of each of its entries.  That is
@@ -1014,8 +1143,11 @@ static void send_plans(struct job *j, struct built *b)
 	uint32_t *psel = calloc(b->nparts ? b->nparts : 1, sizeof(*psel));
 	uint32_t *asel = calloc(b->nmem ? b->nmem : 1, sizeof(*asel));
 	struct pieces ppc = { 0 }, apc = { 0 };
-	uint8_t *pbody = NULL, *tbody = NULL;
-	size_t pcap = 0, tcap = 0;
+	uint8_t *pbody = NULL, *tbody = NULL, *ebody = NULL, *up = NULL, *add = NULL;
+	size_t pcap = 0, tcap = 0, ecap = 0, ndelta = 0;
+	struct sel_new_part *snp = NULL;
+	struct sel_new_pair *snq = NULL;
+	uint64_t *drop = NULL;
 	struct jmember *m;
 	Dtep__JobRef ref;
 
@@ -1049,7 +1181,8 @@ static void send_plans(struct job *j, struct built *b)
 		ProtobufCMessageUnknownField uf[3];
 		struct coord_step st = member_step(j, m->node, m, COORD_EV_PLAN_SENT);
 		uint32_t stamp = (uint32_t)mi + 1;
-		size_t plen = 0, tlen = 0, nu = 0;
+		size_t plen = 0, tlen = 0, nu = 0, elen = 0, nq, nd = 0;
+		int delta;
 
 		if (st.act != COORD_A_SEND) {
 			member_bad_action(j, m->node, COORD_EV_PLAN_SENT, st);
@@ -1072,7 +1205,6 @@ static void send_plans(struct job *j, struct built *b)
 			if (pmark[i] == stamp) {
 				psel[np++] = (uint32_t)i;
 				mmark[b->pmem[i]] = stamp;
-				plen += ppc.at[i + 1] - ppc.at[i];
 			}
 		for (i = 0, na = 0; i < b->nmem; i++)
 			if (mmark[i] == stamp) {
@@ -1086,11 +1218,52 @@ static void send_plans(struct job *j, struct built *b)
 		tail.join_seq = m->join_seq;
 		tail.join_nonce.data = j->auth ? m->nonce : NULL;
 		tail.join_nonce.len = j->auth ? sizeof(m->nonce) : 0;
-		if (b->changed[mi] &&
-		    member_part(m, b, pidx + poff[mi], poff[mi + 1] - poff[mi], b->mkey[mi]) < 0)
+		/* What it gets now, against what its last PLAN gave it: only the
+		 * difference when it acknowledged that one and lost no pair
+		 * but with a participant it lost (peer protocol 8). */
+		nq = poff[mi + 1] - poff[mi];
+		snp = malloc((np ? np : 1) * sizeof(*snp));
+		snq = malloc((nq ? nq : 1) * sizeof(*snq));
+		up = calloc(np ? np : 1, 1);
+		add = calloc(nq ? nq : 1, 1);
+		drop = malloc((m->nsel_p ? m->nsel_p : 1) * sizeof(*drop));
+		if (!snp || !snq || !up || !add || !drop)
 			goto oom;
+		for (i = 0; i < np; i++) {
+			snp[i].id = b->parts[psel[i]]->id;
+			snp[i].h = XXH64(ppc.buf + ppc.at[psel[i]], ppc.at[psel[i] + 1] - ppc.at[psel[i]],
+					 0);
+			snp[i].i = (uint32_t)i;
+		}
+		for (k = 0; k < nq; k++) {
+			uint32_t x = pidx[poff[mi] + k];
+
+			snq[k].src = b->parts[b->ps[x]]->id;
+			snq[k].dst = b->parts[b->pd[x]]->id;
+			snq[k].key = XXH64(b->pt[x], sizeof(b->pt[x]), 0);
+			snq[k].k = (uint32_t)k;
+		}
+		qsort(snp, np, sizeof(*snp), cmp_snp);
+		qsort(snq, nq, sizeof(*snq), cmp_snq);
+		delta = m->sel_ok && !m->need_full && m->plan_term && m->acked_term == m->plan_term &&
+			sel_delta(m, snp, np, snq, nq, up, add, drop, &nd);
+		for (i = 0; i < np; i++)
+			if (!delta || up[i])
+				plen += ppc.at[psel[i] + 1] - ppc.at[psel[i]];
+		if (delta) {
+			tail.base_epoch = m->plan_term;
+			tail.n_drop = nd;
+			tail.drop = drop;
+			for (k = 0; k < nq; k++)
+				if (add[k])
+					elen += b->c->seg[b->pslot[pidx[poff[mi] + k]]].len;
+		} else if (b->changed[mi] &&
+			   member_part(m, b, pidx + poff[mi], poff[mi + 1] - poff[mi], b->mkey[mi]) < 0) {
+			goto oom;
+		}
 		tlen += protobuf_c_message_get_packed_size(&tail.base);
-		if (buf_reserve(&pbody, &pcap, plen) < 0 || buf_reserve(&tbody, &tcap, tlen) < 0)
+		if (buf_reserve(&pbody, &pcap, plen) < 0 || buf_reserve(&tbody, &tcap, tlen) < 0 ||
+		    buf_reserve(&ebody, &ecap, elen) < 0)
 			goto oom;
 		{
 			uint8_t *at = pbody;
@@ -1098,8 +1271,19 @@ static void send_plans(struct job *j, struct built *b)
 			for (i = 0; i < np; i++) {
 				size_t a0 = ppc.at[psel[i]], a1 = ppc.at[psel[i] + 1];
 
+				if (delta && !up[i])
+					continue;
 				memcpy(at, ppc.buf + a0, a1 - a0);
 				at += a1 - a0;
+			}
+			at = ebody;
+			for (k = 0; delta && k < nq; k++) {
+				const struct jseg *g = &b->c->seg[b->pslot[pidx[poff[mi] + k]]];
+
+				if (!add[k])
+					continue;
+				memcpy(at, g->bytes, g->len);
+				at += g->len;
 			}
 			at = tbody;
 			for (i = 0; i < na; i++) {
@@ -1111,13 +1295,26 @@ static void send_plans(struct job *j, struct built *b)
 			protobuf_c_message_pack(&tail.base, at);
 			if (plen)
 				unknown_from(&uf[nu++], pbody, plen);
-			if (m->part_len)
+			if (delta && elen)
+				unknown_from(&uf[nu++], ebody, elen);
+			else if (!delta && m->part_len)
 				unknown_from(&uf[nu++], m->part, m->part_len);
 			/* peer_proto (7) is never 0: the tail is never empty. */
 			unknown_from(&uf[nu++], tbody, tlen);
 			plan.base.n_unknown_fields = (unsigned)nu;
 			plan.base.unknown_fields = uf;
 		}
+		if (sel_keep(m, snp, np, snq, nq) < 0)
+			DLOG_W("job %s: out of memory keeping what %s holds: its next plan is whole",
+			       j->name, m->node);
+		m->need_full = 0;
+		if (delta) {
+			m->plans_delta++;
+			ndelta++;
+		} else {
+			m->plans_full++;
+		}
+		dmetrics_add(DM_PLANS, delta ? "sent_changes" : "sent_whole", 1);
 		/* Kept until acknowledged: retries and duplicate JOINs resend it. */
 		free(m->plan);
 		m->plan_len = protobuf_c_message_get_packed_size(&plan.base);
@@ -1135,12 +1332,29 @@ static void send_plans(struct job *j, struct built *b)
 			DLOG_W("job %s: cannot send plan epoch %llx to %s (retried)", j->name,
 			       (unsigned long long)j->coord_epoch, m->node);
 		member_done(j, m->node, st);
+		free(snp);
+		free(snq);
+		free(up);
+		free(add);
+		free(drop);
+		snp = NULL;
+		snq = NULL;
+		up = add = NULL;
+		drop = NULL;
 	}
+	DLOG_I("job %s: plan epoch %llx: %zu of %zu members sent only what changed", j->name,
+	       (unsigned long long)j->coord_epoch, ndelta, b->nmem);
 	jctl_update(j->eng);
 	goto out;
 oom:
 	DLOG_E("job %s: out of memory sending plans", j->name);
 out:
+	free(snp);
+	free(snq);
+	free(up);
+	free(add);
+	free(drop);
+	free(ebody);
 	free(pa);
 	free(poff);
 	free(pidx);
@@ -1747,6 +1961,10 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 	free(mem->p);
 	mem->p = np;
 	mem->n = m->n_participants;
+	/* A new JOIN is answered with a whole plan: the member may not hold
+	 * the one it was sent last (it restarted, rejected that plan, or
+	 * did not take a PLAN carrying only what changed). */
+	mem->need_full = 1;
 	replan(j);
 	member_done(j, node, st);
 	return;
@@ -2048,11 +2266,30 @@ static void plan_ghost_check(struct job *j)
 	}
 }
 
+/* Whether a PLAN of what changed drops participant id, or names it. */
+static int plan_drops(const Dtep__Plan *m, uint64_t id)
+{
+	for (size_t i = 0; i < m->n_drop; i++)
+		if (m->drop[i] == id)
+			return 1;
+	return 0;
+}
+
+static int plan_names(const Dtep__Plan *m, uint64_t id)
+{
+	for (size_t i = 0; i < m->n_participants; i++)
+		if (m->participants[i]->id == id)
+			return 1;
+	return 0;
+}
+
 int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, size_t whylen)
 {
 	struct jpinfo *parts = NULL;
 	struct jpair *pairs = NULL;
-	size_t npairs = 0, i, k;
+	char (*an)[JOB_NODE_MAX] = NULL;
+	char (*aa)[JOB_ADDR_MAX] = NULL;
+	size_t npairs = 0, i, k, nkeep = 0, nan = 0;
 	uint64_t cur = j->epoch, nb = peer_term_boot(m->epoch);
 	struct coord_plan_in in = {
 		.proto_ok = peer_proto_supported(m->peer_proto),
@@ -2148,18 +2385,42 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		       (unsigned long long)m->epoch, from, coord_sm_verdict_name(d.v));
 		return 0;
 	}
+	if (m->base_epoch && m->base_epoch != cur) {
+		/* Only what changed since a plan this member does not hold
+		 * (it rejected it, or restarted): nothing taken, nothing
+		 * acknowledged; a new JOIN, which the coordinator answers with
+		 * a whole plan. */
+		j->plans_delta_refused++;
+		dmetrics_add(DM_PLANS, "changes_refused", 1);
+		DLOG_N("job %s: plan %llx from %s changes plan %llx, this node holds %llx: "
+		       "asking for the whole plan", j->name, (unsigned long long)m->epoch, from,
+		       (unsigned long long)m->base_epoch, (unsigned long long)cur);
+		job_send_join(j);
+		return 0;
+	}
 	send_plan_ack(j, from, m->epoch);
 	jctl_update(j->eng);
-	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536) {
+	if (m->n_participants > 65536 || m->n_entries > (1u << 24) || m->n_addresses > 65536 ||
+	    m->n_drop > 65536) {
 		snprintf(err, sizeof(err), "plan too large");
 		goto bad;
 	}
-	parts = calloc(m->n_participants ? m->n_participants : 1, sizeof(*parts));
-	pairs = calloc(m->n_entries ? m->n_entries : 1, sizeof(*pairs));
+	/* A plan of only what changed (peer protocol 8) keeps, of the plan
+	 * held, every participant not dropped nor sent again, and (below)
+	 * every pair with neither end dropped nor sent again. */
+	if (m->base_epoch)
+		for (i = 0; i < j->nparts; i++)
+			nkeep += !plan_drops(m, j->parts[i].id) && !plan_names(m, j->parts[i].id);
+	parts = calloc(nkeep + m->n_participants ? nkeep + m->n_participants : 1, sizeof(*parts));
+	pairs = calloc(m->n_entries + (m->base_epoch ? j->npairs : 0) ?
+		       m->n_entries + (m->base_epoch ? j->npairs : 0) : 1, sizeof(*pairs));
 	if (!parts || !pairs) {
 		snprintf(err, sizeof(err), "out of memory");
 		goto bad;
 	}
+	for (i = 0, k = 0; m->base_epoch && i < j->nparts; i++)
+		if (!plan_drops(m, j->parts[i].id) && !plan_names(m, j->parts[i].id))
+			parts[m->n_participants + k++] = j->parts[i];
 	for (i = 0; i < m->n_participants; i++) {
 		const Dtep__Participant *p = m->participants[i];
 
@@ -2218,6 +2479,25 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 			goto bad;
 		p->n++;
 	}
+	for (size_t q = 0, n0 = npairs; m->base_epoch && q < j->npairs; q++) {
+		const struct jpair *o = &j->pairs[q];
+		int sent = plan_drops(m, o->src) || plan_drops(m, o->dst);
+
+		for (k = 0; k < n0 && !sent; k++)
+			sent = pairs[k].src == o->src && pairs[k].dst == o->dst;
+		if (sent)
+			continue;
+		/* Kept: its entries copied (the state moves below, by hash). */
+		pairs[npairs].src = o->src;
+		pairs[npairs].dst = o->dst;
+		if (o->n && !(pairs[npairs].e = malloc(o->n * sizeof(*o->e)))) {
+			snprintf(err, sizeof(err), "out of memory");
+			goto bad;
+		}
+		if (o->n)
+			memcpy(pairs[npairs].e, o->e, o->n * sizeof(*o->e));
+		pairs[npairs++].n = o->n;
+	}
 	for (k = 0; k < npairs; k++) {
 		struct jpair *old;
 
@@ -2231,23 +2511,46 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 			pair_sm_replanned(&pairs[k].sm, NULL);	/* entries changed: dense */
 		}
 	}
+	/* Addresses: the message's, and (a plan of what changed) the held
+	 * ones of nodes it does not name. */
+	{
+		size_t na = m->n_addresses + (m->base_epoch ? j->naddr : 0);
+
+		an = calloc(na ? na : 1, sizeof(*an));
+		aa = calloc(na ? na : 1, sizeof(*aa));
+		if (!an || !aa) {
+			snprintf(err, sizeof(err), "out of memory");
+			goto bad;
+		}
+		for (i = 0; i < m->n_addresses; i++, nan++) {
+			snprintf(an[nan], JOB_NODE_MAX, "%s", m->addresses[i]->key ? m->addresses[i]->key : "");
+			snprintf(aa[nan], JOB_ADDR_MAX, "%s", m->addresses[i]->value ? m->addresses[i]->value : "");
+		}
+		for (i = 0; m->base_epoch && i < j->naddr; i++) {
+			int named = 0;
+
+			for (k = 0; k < m->n_addresses && !named; k++)
+				named = !strcmp(an[k], j->addr_node[i]);
+			if (named)
+				continue;
+			memcpy(an[nan], j->addr_node[i], JOB_NODE_MAX);
+			memcpy(aa[nan++], j->addr_addr[i], JOB_ADDR_MAX);
+		}
+	}
 	jplan_free(j);
 	j->epoch = m->epoch;
 	j->complete = m->complete;
 	j->parts = parts;
-	j->nparts = m->n_participants;
+	j->nparts = m->n_participants + nkeep;
 	j->pairs = pairs;
 	j->npairs = npairs;
 	j->plan_error[0] = '\0';
-	j->addr_node = calloc(m->n_addresses ? m->n_addresses : 1, sizeof(*j->addr_node));
-	j->addr_addr = calloc(m->n_addresses ? m->n_addresses : 1, sizeof(*j->addr_addr));
-	if (j->addr_node && j->addr_addr) {
-		for (i = 0; i < m->n_addresses; i++) {
-			snprintf(j->addr_node[j->naddr], JOB_NODE_MAX, "%s", m->addresses[i]->key ? m->addresses[i]->key : "");
-			snprintf(j->addr_addr[j->naddr], JOB_ADDR_MAX, "%s", m->addresses[i]->value ? m->addresses[i]->value : "");
-			j->naddr++;
-		}
-	}
+	j->addr_node = an;
+	j->addr_addr = aa;
+	j->naddr = nan;
+	j->plans_delta += m->base_epoch != 0;
+	if (m->base_epoch)
+		dmetrics_add(DM_PLANS, "taken_changes", 1);
 	for (struct jlocal *l = j->locals; l; l = l->next)
 		if (job_part(j, l->info.id))
 			l->announced = 1;
@@ -2270,5 +2573,7 @@ bad:
 		free(pairs[k].e);
 	free(pairs);
 	free(parts);
+	free(an);
+	free(aa);
 	return 0;
 }

@@ -342,6 +342,16 @@ struct jmember {
 	size_t part_len;
 	uint64_t part_hash;       /* the key of what it was made of */
 	int part_ok;
+	/* What the plan of plan_term gives it (peer protocol 8: the next
+	 * PLAN may carry only the difference): its participants by id with
+	 * a hash of each one's packed bytes, and its pairs (source id, sink
+	 * id, key of their entries), both sorted; sel_ok when they describe
+	 * plan_term.  need_full: its next PLAN is whole (a new JOIN). */
+	struct jsel_part { uint64_t id, h; } *sel_p;
+	struct jsel_pair { uint64_t src, dst, key; } *sel_q;
+	size_t nsel_p, nsel_q;
+	int sel_ok, need_full;
+	uint64_t plans_delta, plans_full;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
 	int expired;              /* past deadline_ns unacknowledged: retried every PEER_PLAN_SLOW_MS */
@@ -443,6 +453,8 @@ struct job {
 	 * plan again with its JOIN (job.c, ahead_ask): when, how often. */
 	uint64_t ahead_asked_ns, ahead_asks;
 	uint64_t ghosts_told;      /* plans naming a participant of this node it does not hold (plan_ghost_check) */
+	uint64_t plans_delta;      /* plans taken that carried only what changed (peer protocol 8) */
+	uint64_t plans_delta_refused; /* ... on a plan this node did not hold: asked for the whole one */
 	uint64_t published;
 	/* Running estimates of a capture's reads (pair_sm_choose): bytes of
 	 * θ, m, v a detect reads per second (12/element), bytes of θ a dense

@@ -134,6 +134,13 @@ static const struct family fam[DM__COUNT] = {
 			"did not match its checksum; docs/SYNC.md, \"Relay between sink daemons\")",
 		.type = T_COUNTER,
 		.labels = { "outcome" } },
+	[DM_PLANS] = { .name = "dted_plans_total",
+		.help = "PLANs this daemon sent as coordinator, whole (sent_whole) or only what "
+			"changed since the one acknowledged (sent_changes), and took as a member "
+			"that carried only changes (taken_changes) or could not take, holding "
+			"another plan (changes_refused; docs/SYNC.md, \"Membership\")",
+		.type = T_COUNTER,
+		.labels = { "kind" } },
 };
 
 struct series {
@@ -331,6 +338,8 @@ void dmetrics_init(void)
 
 		series_get(DM_FP8_UNITS, fp8[i]);
 		series_get(DM_RELAYED_BYTES, relayed[i]);
+		series_get(DM_PLANS, i ? "sent_changes" : "sent_whole");
+		series_get(DM_PLANS, i ? "changes_refused" : "taken_changes");
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);

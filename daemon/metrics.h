@@ -52,6 +52,7 @@ enum dmetric_id {
 	DM_SINK_VERSIONS_BEHIND,  /* gauge{job_name,sink,sink_node}: that minus the sink's APPLIED */
 	DM_FP8_UNITS,             /* counter{outcome}: FP8 sinks' units captured (covered) and sent */
 	DM_RELAYED_BYTES,         /* counter{outcome}: bytes local sinks relayed (sent) or could not (failed) */
+	DM_PLANS,                 /* counter{kind}: PLANs sent whole or as changes, taken as changes, changes refused */
 	DM__COUNT
 };
 

@@ -52,6 +52,16 @@
  *      COUNTS or PAYLOAD forwarded unchanged, its data after it).  A v6
  *      source would send to every replica and a v6 sink would drop what a
  *      relay forwards: 7..7.
+ *   8  a PLAN carries only what changed (issue 34, "re-planned
+ *      incrementally"): to a member whose last PLAN it acknowledged and
+ *      whose pairs that are gone all end at a participant gone, the
+ *      coordinator sends base_epoch (that PLAN's term), drop (the
+ *      participants gone, with their pairs) and only the participants,
+ *      pairs (whole) and addresses that are new or changed.  The member
+ *      takes it only on the plan of base_epoch; otherwise it takes
+ *      nothing, does not acknowledge it, and JOINs again: the coordinator
+ *      answers a new JOIN with a whole PLAN.  A v7 member would take a
+ *      delta for the whole plan: 8..8.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -99,8 +109,8 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     7u
-#define PEER_PROTO_MIN_VERSION 7u
+#define PEER_PROTO_VERSION     8u
+#define PEER_PROTO_MIN_VERSION 8u
 
 #define PEER_TERM_COUNTER_BITS 24
 #define PEER_TERM_BOOT_BITS    39

@@ -17,8 +17,11 @@
  *  replica the other ranks of that replica leave, one LEAVE each.
  * peak_mb is the resident peak of the phase (VmHWM, reset before it).
  *
+ * Members acknowledge every PLAN between the phases (--ack 0: never, so
+ * every PLAN is whole, as before peer protocol 8).
+ *
  * usage: bench_replan [--model PATH] [--source DESC] [--sink DESC]
- *                     [--sources N] [--replicas N] [--tp N]
+ *                     [--sources N] [--replicas N] [--tp N] [--ack 0|1]
  * Prints `bench replan ...` lines. */
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +49,7 @@ struct bnode {
 	uint32_t rank, replica;
 	uint64_t seq;
 	uint64_t recs, bytes;	/* sent to it in the phase */
+	uint64_t ack;		/* the term of the last PLAN it got, not yet acknowledged */
 };
 
 static struct {
@@ -58,6 +62,7 @@ static struct {
 	uint8_t *buf;
 	size_t cap;
 	uint64_t other_recs;	/* to a node not in the table (none expected) */
+	int acks;		/* members acknowledge each PLAN (ack_all), as daemons do */
 } B;
 
 struct dte_timer {
@@ -138,6 +143,8 @@ static int io_send(void *ctx, const char *node, const char *address, Dtep__PeerM
 	}
 	to->recs++;
 	to->bytes += n + len;
+	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN)
+		to->ack = ((const Dtep__Plan *)msg)->epoch;
 	return 0;
 }
 
@@ -254,6 +261,26 @@ static void join(struct bnode *n, const char *srcdesc, const char *sinkdesc, uin
 	m.n_participants = 1;
 	m.participants = &pp;
 	deliver(n, DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &m.base);
+}
+
+/* Every member acknowledges the PLAN it got last (a member daemon does
+ * as it takes one), between the timed re-plans: the coordinator then
+ * sends the next one as only what changed (peer protocol 8). */
+static void ack_all(void)
+{
+	for (size_t i = 0; B.acks && i < B.nn; i++) {
+		Dtep__PlanAck m = DTEP__PLAN_ACK__INIT;
+		Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+
+		if (!B.n[i].ack)
+			continue;
+		ref.job = JOB;
+		m.job = &ref;
+		m.epoch = B.n[i].ack;
+		m.node = B.n[i].name;
+		B.n[i].ack = 0;
+		deliver(&B.n[i], DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK, &m.base);
+	}
 }
 
 static void leave(struct bnode *n)
@@ -410,11 +437,12 @@ int main(int argc, char **argv)
 	struct dte_engine *e;
 	struct job *j;
 	struct bnode *victim;
-	uint64_t total, recs, per, smax, kmax, fper, ftotal;
+	uint64_t total, recs, per, smax, kmax, fper, ftotal, ltotal, lper;
 	char err[512], *config;
 	const char *mname;
 	unsigned relay = 0;
 
+	B.acks = 1;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model"))
 			model = argv[i + 1];
@@ -430,6 +458,8 @@ int main(int argc, char **argv)
 			tp = (unsigned)strtoul(argv[i + 1], NULL, 10);
 		else if (!strcmp(argv[i], "--relay-fanout"))
 			relay = (unsigned)strtoul(argv[i + 1], NULL, 10);
+		else if (!strcmp(argv[i], "--ack"))
+			B.acks = atoi(argv[i + 1]) != 0;
 		else {
 			fprintf(stderr, "bench_replan: unknown option %s\n", argv[i]);
 			return 2;
@@ -480,10 +510,14 @@ int main(int argc, char **argv)
 	/* The sinks first (no source yet: nothing to plan), then every
 	 * source but the last; the last completes the job. */
 	phase_start(&setup);
-	for (size_t i = sources; i < B.nn; i++)
+	for (size_t i = sources; i < B.nn; i++) {
 		join(&B.n[i], srcdesc, sinkdesc, j->spec.hash);
-	for (size_t i = 0; i + 1 < sources; i++)
+		ack_all();
+	}
+	for (size_t i = 0; i + 1 < sources; i++) {
 		join(&B.n[i], srcdesc, sinkdesc, j->spec.hash);
+		ack_all();
+	}
 	phase_end(&setup);
 	phase_print("setup", &setup);
 	phase_start(&first);
@@ -491,6 +525,7 @@ int main(int argc, char **argv)
 	phase_end(&first);
 	phase_print("first", &first);
 	phase_bytes(&ftotal, &recs, &fper, &smax, &kmax);
+	ack_all();
 	if (!j->coord_complete)
 		fprintf(stderr, "bench_replan: the plan is not complete after every JOIN\n");
 	victim = &B.n[B.nn - tp];
@@ -498,11 +533,14 @@ int main(int argc, char **argv)
 	leave(victim);
 	phase_end(&lv);
 	phase_print("leave", &lv);
+	phase_bytes(&ltotal, &recs, &lper, &smax, &kmax);
+	ack_all();
 	phase_start(&jn);
 	join(victim, srcdesc, sinkdesc, j->spec.hash);
 	phase_end(&jn);
 	phase_print("join", &jn);
 	phase_bytes(&total, &recs, &per, &smax, &kmax);
+	ack_all();
 	phase_start(&rep);
 	for (size_t i = B.nn - tp; i < B.nn; i++)
 		leave(&B.n[i]);
@@ -511,9 +549,11 @@ int main(int argc, char **argv)
 	printf("bench replan model=%s source=%s sink=%s nodes=%zu sources=%u sinks=%u "
 	       "setup_s=%.1f first_ms=%.1f leave_ms=%.1f join_ms=%.1f replica_leave_ms=%.1f "
 	       "plan_bytes_per_member=%llu plan_bytes_total=%llu first_plan_bytes_total=%llu "
-	       "peak_mb=%.0f\n", mname, srcdesc, sinkdesc, B.nn, sources, replicas * tp,
+	       "leave_plan_bytes_total=%llu acks=%d peak_mb=%.0f\n", mname, srcdesc, sinkdesc,
+	       B.nn, sources, replicas * tp,
 	       setup.cpu_ms / 1e3, first.cpu_ms, lv.cpu_ms, jn.cpu_ms, rep.cpu_ms,
 	       (unsigned long long)per, (unsigned long long)total, (unsigned long long)ftotal,
+	       (unsigned long long)ltotal, B.acks,
 	       first.peak_mb > jn.peak_mb ? first.peak_mb : jn.peak_mb);
 	if (B.other_recs)
 		fprintf(stderr, "bench_replan: %llu records to unknown nodes\n",

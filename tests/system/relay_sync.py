@@ -329,6 +329,18 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                         (name, d.name, b, root_node, to_root))
         fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
                for d in sinks if not (kill and d is sinks[kill[1]])}
+        plans = {k: metric(coord, "dted_plans_total", 'kind="%s"' % k)
+                 for k in ("sent_whole", "sent_changes")}
+        taken = {d.name: metric(d, "dted_plans_total", 'kind="taken_changes"')
+                 for d in sinks if not (kill and d is sinks[kill[1]])}
+        print("%s: plans sent %s; taken as changes by node %s" % (name, plans, taken),
+              flush=True)
+        if late or kill:
+            # A join and a leave re-plan: the members that acknowledged
+            # the plan before get only what changed (peer protocol 8).
+            c.check(plans["sent_changes"] > 0 and any(taken.values()),
+                    "%s: re-plans sent members only what changed (%s, taken %s)"
+                    % (name, plans, taken))
         print("%s: relayed bytes by node: %s; coord -> root %d bytes" % (name, fwd, to_root),
               flush=True)
         if fanout == 1 and not late and not kill:

@@ -107,6 +107,7 @@
 #include "daemon/job.h"
 #include "daemon/job_persist.h"
 #include "daemon/job_state.h"
+#include "daemon/metrics.h"
 #include "gpu/backend.h"
 #include "proto/peer_protocol.h"
 
@@ -1021,6 +1022,31 @@ static void test_fixture_explore(void **state)
 		      (unsigned long long)t.parks_expired, (unsigned long long)t.orphaned,
 		      (unsigned long long)t.arrival_parts, (unsigned long long)t.arrival_versions,
 		      (unsigned long long)t.arrival_undos, (unsigned long long)t.arrival_retreats);
+	/* Re-plans carried only what changed to members that held the plan
+	 * before (peer protocol 8), and members that did not (a restart, a
+	 * lost plan) asked for the whole one: both happen under these
+	 * schedules, and no invariant broke. */
+	{
+		double kinds[4] = { 0 };
+		static const char *const names[4] = { "sent_whole", "sent_changes", "taken_changes",
+						       "changes_refused" };
+		size_t len = 0;
+		char *text = dmetrics_render(&len);
+
+		for (int k = 0; text && k < 4; k++) {
+			char key[96];
+			const char *at;
+
+			snprintf(key, sizeof(key), "dted_plans_total{kind=\"%s\"} ", names[k]);
+			if ((at = strstr(text, key)))
+				kinds[k] = strtod(at + strlen(key), NULL);
+		}
+		free(text);
+		print_message("fixture-explore: plans sent_whole=%.0f sent_changes=%.0f "
+			      "taken_changes=%.0f changes_refused=%.0f\n", kinds[0], kinds[1],
+			      kinds[2], kinds[3]);
+		assert_true(kinds[1] > 0 && kinds[2] > 0);
+	}
 	print_message("fixture-explore: nodes=%d schedules=%llu steps=%llu actions=%llu "
 		      "partitions=%llu leaves=%llu joins=%llu restarts=%llu violations=%llu\n", NODES,
 		      (unsigned long long)schedules, (unsigned long long)t.steps,

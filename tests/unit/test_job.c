@@ -926,6 +926,40 @@ static void test_sync_and_misbehaving_peer(void **state)
 			/* this daemon's own member side holds the newest term */
 			assert_int_equal(j->epoch, t0 + 2);
 		}
+		/* Peer protocol 8: those re-plans reached this node's own member
+		 * as only what changed (it had acknowledged the plan before),
+		 * its pair kept.  A PLAN of only what changed on a plan it does
+		 * not hold is not taken nor acknowledged: this node JOINs again,
+		 * and the coordinator (this node) answers with a whole plan of a
+		 * newer term. */
+		{
+			Dtep__Plan pl = DTEP__PLAN__INIT;
+			Dtep__JobRef ref = DTEP__JOB_REF__INIT;
+			uint64_t held = j->epoch, seq = j->join_seq, refused = j->plans_delta_refused;
+			uint64_t whole;
+			struct jmember *me;
+
+			for (me = j->members; me && strcmp(me->node, fix_node_name(fx, 0)); me = me->next)
+				;
+			assert_non_null(me);
+			assert_true(j->plans_delta >= 2);
+			assert_true(me->plans_delta >= 2);
+			whole = me->plans_full;
+			ref.job = "tj";
+			ref.token = "tok";
+			pl.job = &ref;
+			pl.epoch = held + 1;
+			pl.base_epoch = held - 1;
+			pl.complete = 1;
+			pl.peer_proto = PEER_PROTO_VERSION;
+			feed(fix_node_name(fx, 0), DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN, &pl.base, NULL, 0);
+			assert_int_equal(j->plans_delta_refused, refused + 1);
+			assert_true(j->join_seq > seq);
+			assert_true(j->epoch > held);
+			assert_int_equal(me->plans_full, whole + 1);
+			assert_int_equal(j->nparts, 2);
+			assert_non_null(job_pair(j, src.participant, sink.participant));
+		}
 	}
 	assert_true(unchanged(snap));
 	free(snap);
