@@ -1817,6 +1817,33 @@ static void answer_empty(struct job *j, const char *node, const Dtep__Join *m)
 		       (unsigned long long)j->coord_epoch);
 }
 
+/* A JOIN names each participant's layout: validated by building it,
+ * unless the plan cache holds that layout built already (a plain
+ * source's, or a sink layout's plan): then only the rank is checked.
+ * At Qwen3-235B, building sglang:tp=8 for every sink that joins was most
+ * of a join's re-plan (bench_replan).  1 with *nranks set, or 0. */
+static int cache_ranks(const struct job *j, int role, const char *desc, const char *shards,
+		       uint32_t *nranks)
+{
+	const struct jplan_cache *c = j->plan_cache;
+
+	if (!c)
+		return 0;
+	if (role == JROLE_SOURCE) {
+		if ((shards && *shards) || dte_layout_desc_sharded(desc) || !c->src_ok ||
+		    strcmp(c->src_desc, desc))
+			return 0;
+		*nranks = c->src.nranks;
+		return 1;
+	}
+	for (size_t i = 0; i < c->nsp; i++)
+		if (c->sp[i]->ok && !strcmp(c->sp[i]->desc, desc)) {
+			*nranks = c->sp[i]->nranks;
+			return 1;
+		}
+	return 0;
+}
+
 void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 {
 	const char *node = m->node && *m->node ? m->node : from;
@@ -1873,15 +1900,30 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m)
 		const Dtep__Participant *p = m->participants[i];
 		struct dte_layout l;
 		int role = p->role == DTEP__ROLE__ROLE_SOURCE ? JROLE_SOURCE : JROLE_SINK;
+		uint32_t nranks = 0;
 
-		if (!p->layout || strlen(p->layout) >= JOB_DESC_MAX ||
-		    jlayout_build(j, role, p->layout ? p->layout : "", p->rank,
-				  role == JROLE_SOURCE ? p->shards : NULL, &l, err, sizeof(err)) < 0) {
-			snprintf(why, sizeof(why), "participant %llx: %s", (unsigned long long)p->id,
-				 p->layout && strlen(p->layout) < JOB_DESC_MAX ? err : "bad layout");
+		if (!p->layout || strlen(p->layout) >= JOB_DESC_MAX) {
+			snprintf(why, sizeof(why), "participant %llx: bad layout",
+				 (unsigned long long)p->id);
 			goto refused;
 		}
-		dte_layout_fini(&l);
+		if (cache_ranks(j, role, p->layout, role == JROLE_SOURCE ? p->shards : NULL,
+				&nranks)) {
+			/* Built for a plan already (so valid): its ranks suffice. */
+			if (p->rank >= nranks) {
+				snprintf(why, sizeof(why), "participant %llx: %s has ranks 0..%u; rank %u "
+					 "does not exist", (unsigned long long)p->id, p->layout,
+					 nranks ? nranks - 1 : 0, p->rank);
+				goto refused;
+			}
+		} else if (jlayout_build(j, role, p->layout, p->rank,
+					 role == JROLE_SOURCE ? p->shards : NULL, &l, err,
+					 sizeof(err)) < 0) {
+			snprintf(why, sizeof(why), "participant %llx: %s", (unsigned long long)p->id, err);
+			goto refused;
+		} else {
+			dte_layout_fini(&l);
+		}
 		/* Sources must all describe one trainer; ranks and sink slots are unique. */
 		for (struct jmember *o = j->members; o; o = o->next) {
 			if (!strcmp(o->node, node))

@@ -914,6 +914,22 @@ static void test_sync_and_misbehaving_peer(void **state)
 			jn.join_seq = 2;
 			feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
 			assert_int_equal(j->coord_epoch, t0 + 1);
+			/* a rank its layout does not have is refused (validated from
+			 * the plan cache, which holds sglang:tp=1 built: no new build) */
+			{
+				uint64_t r0 = j->refused, e0 = j->coord_epoch;
+
+				pa.rank = 5;
+				jn.peer_proto = PEER_PROTO_VERSION;
+				jn.join_seq = 10;
+				feed("peer2", DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+				assert_int_equal(j->refused, r0 + 1);
+				assert_int_equal(j->coord_epoch, e0);
+				assert_int_equal(m->n, 1);
+				assert_int_equal(m->p[0].rank, 0);
+				assert_int_equal(m->join_seq, 1);
+				pa.rank = 0;
+			}
 			/* it leaves: re-planned without it */
 			jn.peer_proto = PEER_PROTO_VERSION;
 			jn.join_seq = 3;
