@@ -994,29 +994,19 @@ static void unknown_from(ProtobufCMessageUnknownField *u, uint8_t *bytes, size_t
 
 /* ------------------------------------- what changed since its last PLAN */
 
-/* A member's selection in a re-plan (peer protocol 8): its participants
- * (index into the PLAN's participants, id, hash of the packed bytes) and
- * its pairs (index into the built pairs, ids, key), each sorted by id. */
-struct sel_new_part {
-	uint64_t id, h;
-	uint32_t i;
-};
-
-struct sel_new_pair {
-	uint64_t src, dst, key;
-	uint32_t k;
-};
-
+/* A member's selection in a re-plan (peer protocol 8, struct jmember):
+ * its participants (index into the PLAN's, id, hash of the packed bytes)
+ * and its pairs (index among its pairs, ids, key), each sorted by id. */
 static int cmp_snp(const void *a, const void *b)
 {
-	const struct sel_new_part *x = a, *y = b;
+	const struct jsel_part *x = a, *y = b;
 
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
 static int cmp_snq(const void *a, const void *b)
 {
-	const struct sel_new_pair *x = a, *y = b;
+	const struct jsel_pair *x = a, *y = b;
 
 	if (x->src != y->src)
 		return x->src < y->src ? -1 : 1;
@@ -1045,8 +1035,8 @@ static int in_sorted(const uint64_t *v, size_t n, uint64_t x)
  * it loses.  Then up[] marks the participants to send (new or changed),
  * add[] the pairs (new, or their entries changed), and drop[0..*ndrop)
  * the participants gone, ascending.  1 yes, 0 no (a whole PLAN). */
-static int sel_delta(const struct jmember *m, const struct sel_new_part *np, size_t nnp,
-		     const struct sel_new_pair *nq, size_t nnq, uint8_t *up, uint8_t *add,
+static int sel_delta(const struct jmember *m, const struct jsel_part *np, size_t nnp,
+		     const struct jsel_pair *nq, size_t nnq, uint8_t *up, uint8_t *add,
 		     uint64_t *drop, size_t *ndrop)
 {
 	size_t a = 0, b = 0, nd = 0;
@@ -1065,9 +1055,8 @@ static int sel_delta(const struct jmember *m, const struct sel_new_part *np, siz
 	}
 	for (a = 0, b = 0; a < m->nsel_q || b < nnq;) {
 		const struct jsel_pair *o = a < m->nsel_q ? &m->sel_q[a] : NULL;
-		const struct sel_new_pair *n = b < nnq ? &nq[b] : NULL;
-		int c = !o ? 1 : !n ? -1 : o->src != n->src ? (o->src < n->src ? -1 : 1) :
-			o->dst != n->dst ? (o->dst < n->dst ? -1 : 1) : 0;
+		const struct jsel_pair *n = b < nnq ? &nq[b] : NULL;
+		int c = !o ? 1 : !n ? -1 : cmp_snq(o, n);
 
 		if (c < 0) {
 			if (!in_sorted(drop, nd, o->src) && !in_sorted(drop, nd, o->dst))
@@ -1087,36 +1076,18 @@ static int sel_delta(const struct jmember *m, const struct sel_new_part *np, siz
 	return 1;
 }
 
-/* m's selection becomes (np, nq): what its PLAN of this term gives it. */
-static int sel_keep(struct jmember *m, const struct sel_new_part *np, size_t nnp,
-		    const struct sel_new_pair *nq, size_t nnq)
+/* m's selection becomes (np, nq), which it takes: what its PLAN of this
+ * term gives it. */
+static void sel_keep(struct jmember *m, struct jsel_part *np, size_t nnp,
+		     struct jsel_pair *nq, size_t nnq)
 {
-	struct jsel_part *p = malloc((nnp ? nnp : 1) * sizeof(*p));
-	struct jsel_pair *q = malloc((nnq ? nnq : 1) * sizeof(*q));
-
-	m->sel_ok = 0;
-	if (!p || !q) {
-		free(p);
-		free(q);
-		return -ENOMEM;
-	}
-	for (size_t i = 0; i < nnp; i++) {
-		p[i].id = np[i].id;
-		p[i].h = np[i].h;
-	}
-	for (size_t i = 0; i < nnq; i++) {
-		q[i].src = nq[i].src;
-		q[i].dst = nq[i].dst;
-		q[i].key = nq[i].key;
-	}
 	free(m->sel_p);
 	free(m->sel_q);
-	m->sel_p = p;
-	m->sel_q = q;
+	m->sel_p = np;
+	m->sel_q = nq;
 	m->nsel_p = nnp;
 	m->nsel_q = nnq;
 	m->sel_ok = 1;
-	return 0;
 }
 
 /* A member's PLAN names the participants it deals with and the addresses
@@ -1145,8 +1116,8 @@ static void send_plans(struct job *j, struct built *b)
 	struct pieces ppc = { 0 }, apc = { 0 };
 	uint8_t *pbody = NULL, *tbody = NULL, *ebody = NULL, *up = NULL, *add = NULL;
 	size_t pcap = 0, tcap = 0, ecap = 0, ndelta = 0;
-	struct sel_new_part *snp = NULL;
-	struct sel_new_pair *snq = NULL;
+	struct jsel_part *snp = NULL;
+	struct jsel_pair *snq = NULL;
 	uint64_t *drop = NULL;
 	struct jmember *m;
 	Dtep__JobRef ref;
@@ -1304,9 +1275,9 @@ static void send_plans(struct job *j, struct built *b)
 			plan.base.n_unknown_fields = (unsigned)nu;
 			plan.base.unknown_fields = uf;
 		}
-		if (sel_keep(m, snp, np, snq, nq) < 0)
-			DLOG_W("job %s: out of memory keeping what %s holds: its next plan is whole",
-			       j->name, m->node);
+		sel_keep(m, snp, np, snq, nq);
+		snp = NULL;
+		snq = NULL;
 		m->need_full = 0;
 		if (delta) {
 			m->plans_delta++;
@@ -1332,13 +1303,9 @@ static void send_plans(struct job *j, struct built *b)
 			DLOG_W("job %s: cannot send plan epoch %llx to %s (retried)", j->name,
 			       (unsigned long long)j->coord_epoch, m->node);
 		member_done(j, m->node, st);
-		free(snp);
-		free(snq);
 		free(up);
 		free(add);
 		free(drop);
-		snp = NULL;
-		snq = NULL;
 		up = add = NULL;
 		drop = NULL;
 	}

@@ -346,9 +346,11 @@ struct jmember {
 	 * PLAN may carry only the difference): its participants by id with
 	 * a hash of each one's packed bytes, and its pairs (source id, sink
 	 * id, key of their entries), both sorted; sel_ok when they describe
-	 * plan_term.  need_full: its next PLAN is whole (a new JOIN). */
-	struct jsel_part { uint64_t id, h; } *sel_p;
-	struct jsel_pair { uint64_t src, dst, key; } *sel_q;
+	 * plan_term.  i and k are where each stood in the re-plan that made
+	 * them (job_coord.c, send_plans).  need_full: its next PLAN is whole
+	 * (a new JOIN). */
+	struct jsel_part { uint64_t id, h; uint32_t i; } *sel_p;
+	struct jsel_pair { uint64_t src, dst, key; uint32_t k; } *sel_q;
 	size_t nsel_p, nsel_q;
 	int sel_ok, need_full;
 	uint64_t plans_delta, plans_full;
