@@ -440,7 +440,16 @@ int job_create(struct dte_engine *e, const struct jcreate_args *rq, struct jcrea
 	if (k > 1000000)
 		return FAIL(-EINVAL, "job %s: publish interval %u out of range",
 			    rq->name, k);
-	if (!rq->detect || !*rq->detect || !strcmp(rq->detect, "adamw"))
+	if (scfg.relay &&
+	    (!rq->detect || !*rq->detect || !strcmp(rq->detect, "snapshot")))
+		/* A relay reader's source holds stored BF16 values and no
+		 * optimizer state (job_storage.c, relay_start). */
+		detect = JDETECT_SNAPSHOT;
+	else if (scfg.relay)
+		return FAIL(-EINVAL, "job %s: a relay reader (storage_role reader, transport both) "
+			    "finds changes by snapshot: it has no optimizer state for detect \"%s\"",
+			    rq->name, rq->detect);
+	else if (!rq->detect || !*rq->detect || !strcmp(rq->detect, "adamw"))
 		detect = JDETECT_ADAMW;
 	else if (!strcmp(rq->detect, "snapshot"))
 		detect = JDETECT_SNAPSHOT;
@@ -552,6 +561,9 @@ int job_attach(struct dte_engine *e, const struct jreq *req, const struct jattac
 			    j->name);
 	if ((lrc = jstore_attach_check(j, role, lerr, sizeof(lerr))) < 0)
 		return FAIL(lrc, "%s", lerr);
+	if (!strcmp(rq->layout, JSTORE_CANON_LAYOUT))
+		return FAIL(-EINVAL, "job %s: layout %s is the daemon's own (storage writer's sink, "
+			    "relay reader's source), not a client's", j->name, JSTORE_CANON_LAYOUT);
 	if (role == JROLE_SINK && (lrc = sink_syncable(j, rq, err, errlen)) < 0)
 		return lrc;
 	if (rq->shards && *rq->shards && (role != JROLE_SOURCE || !dte_layout_desc_sharded(rq->layout)))

@@ -226,9 +226,10 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 		/* The daemon would read a file a client names. */
 		return derr_fail(err, errlen, -EINVAL, "json: layouts are not accepted from "
 				 "clients; use a generator (megatron:, fsdp:, sglang:, vllm:)");
-	if (role == JROLE_SINK && !strcmp(desc, JSTORE_CANON_LAYOUT)) {
-		/* The storage writer's sink (job_storage.c). */
-		if ((rc = jstore_canonical_layout(&j->spec, l, err, errlen)) < 0)
+	if (!strcmp(desc, JSTORE_CANON_LAYOUT)) {
+		/* The storage writer's sink, a relay reader's source
+		 * (job_storage.c). */
+		if ((rc = jstore_canonical_layout(&j->spec, role, l, err, errlen)) < 0)
 			return rc;
 	} else if (dte_layout_from_desc_shards(l, &j->spec, desc,
 					       role == JROLE_SOURCE ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK,
@@ -246,22 +247,26 @@ int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank
 	return 0;
 }
 
-int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
-			    size_t errlen)
+int jstore_canonical_layout(const struct dte_spec *spec, int role, struct dte_layout *l,
+			    char *err, size_t errlen)
 {
+	int src = role == JROLE_SOURCE;
 	int64_t off = 0;
 
-	dte_layout_init(l, DTE_LAYOUT_SINK, spec->hash);
+	dte_layout_init(l, src ? DTE_LAYOUT_SOURCE : DTE_LAYOUT_SINK, spec->hash);
 	snprintf(l->desc, sizeof(l->desc), "%s", JSTORE_CANON_LAYOUT);
 	for (uint32_t t = 0; t < spec->n; t++) {
 		const struct dte_spec_tensor *st = &spec->t[t];
+		/* A source's FP32 tensor is 16-bit units of its FP32 buffer
+		 * (dte_piece_units): its halves, two units to an element. */
+		int64_t units = src && dte_spec_is_halves(spec, t) ? 2 : 1;
 		struct dte_piece p;
 		int64_t s = 1;
 
 		memset(&p, 0, sizeof(p));
 		p.tensor = t;
 		p.ndim = st->ndim;
-		p.offset = off;
+		p.offset = off * units;	/* off counts buffer elements */
 		for (int d = (int)st->ndim - 1; d >= 0; d--) {
 			p.hi[d] = st->shape[d];
 			p.stride[d] = s;
@@ -269,7 +274,13 @@ int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, c
 		}
 		if (dte_layout_add_piece(l, &p) < 0)
 			goto oom;
-		off += st->numel;
+		/* The sink's buffer is BF16, one unit an element; the
+		 * source's is FP32, one element a BF16 tensor's element or
+		 * an FP32 tensor's two halves.  No optimizer state: the
+		 * exp_avg and exp_avg_sq ids name θ's buffer (buf_m = buf_v
+		 * = 0), read by no detect (the relay reader's job is detect
+		 * = snapshot). */
+		off += st->numel / units;
 	}
 	if (dte_layout_add_buffer(l, 0, 0, off, "canonical") < 0)
 		goto oom;

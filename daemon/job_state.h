@@ -726,11 +726,14 @@ struct jhist *jhist_find(struct job *j, uint64_t version);
  * the layout is built from (one rank's, or every rank's); NULL: none. */
 int jlayout_build(const struct job *j, int role, const char *desc, uint32_t rank,
 		  const char *shards, struct dte_layout *l, char *err, size_t errlen);
-/* The sink layout of the storage writer's participant (job_storage.c). */
+/* The layout of the storage writer's sink and of a relay reader's source
+ * (job_storage.c): daemon-owned, never a client's. */
 #define JSTORE_CANON_LAYOUT "canonical"
-/* The canonical sink layout (rank 0, buffer 0). */
-int jstore_canonical_layout(const struct dte_spec *spec, struct dte_layout *l, char *err,
-			    size_t errlen);
+/* The canonical layout (rank 0, buffer 0) for role JROLE_SINK (BF16: every
+ * spec tensor row-major, back to back) or JROLE_SOURCE (FP32: the same
+ * order, an FP32 tensor's halves as the bits of its elements). */
+int jstore_canonical_layout(const struct dte_spec *spec, int role, struct dte_layout *l,
+			    char *err, size_t errlen);
 /* The waits (struct jwait).  jwait_add: a copy of *w joins the table,
  * due timeout_ms from now; 0, or -ENOMEM.  jwait_check: every wait's
  * completion is asked (expired: past its deadline); those that answered

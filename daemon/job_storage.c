@@ -29,6 +29,8 @@
 #include "daemon/job_state.h"
 #include "daemon/job_coord.h"
 #include "daemon/job_sink_engine.h"
+#include "daemon/job_src.h"
+#include "daemon/job_src_engine.h"
 #include "daemon/job_local.h"
 #include "daemon/job_task.h"
 #include "daemon/job_storage.h"
@@ -47,6 +49,11 @@
 #define APPLY_POLL_MS      10u     /* while staged versions wait for apply */
 /* Buffer owners that are not control connections (those count from 1). */
 #define OWNER_BASE         (1ull << 62)
+/* A relay reader applies at most this many versions to its source before
+ * it publishes the last of them (a reader behind the writer catches up in
+ * one version: the snapshot detect sends what changed since the last). */
+#define RELAY_BATCH        64u
+#define RELAY_SETTLE_MS    200.0
 
 /* A local sink participant fed from storage. */
 struct rsink {
@@ -61,6 +68,7 @@ struct rsink {
 };
 
 struct rread;
+struct rfeed;
 
 struct jstore {
 	struct jstore_cfg cfg;
@@ -91,6 +99,19 @@ struct jstore {
 	struct rsink *sinks;
 	uint64_t broken;
 	char error[256];
+	/* relay reader (relay_start; s->r and the watch as a reader's) */
+	uint64_t src;              /* its source participant; 0: not a relay */
+	struct dbuf *theta;        /* that source's FP32 buffer */
+	uint64_t *foff;            /* [ntensors]: tensor starts in theta's elements */
+	uint8_t *halves;           /* [ntensors]: an FP32 tensor, carried as halves */
+	int64_t pend;              /* read into theta, not published yet; -1 none */
+	int64_t pub;               /* published, its capture not seen ended; -1 none */
+	int64_t step;              /* publishes so far (the step each one names) */
+	struct rfeed *fd;          /* the read on a worker, or NULL */
+	uint64_t relay_reads, relay_bytes; /* versions read, chunk bytes read */
+	size_t fed;                /* pairs the last publish had */
+	uint64_t seen_epoch, seen_at; /* the plan a first publish waits on, since when */
+	uint64_t read_at;          /* the last read's start */
 };
 
 /* In the engine: store_owners (the writers' buffer owners drawn:
@@ -131,8 +152,10 @@ int jstore_parse(const struct jcreate_args *rq, struct jstore_cfg *c, char *err,
 		c->reader = 1;
 	else if (strcmp(role, "writer"))
 		return derr_fail(err, errlen, -EINVAL, "storage_role \"%s\" unknown (writer, reader)", role);
-	if (c->reader && c->transport != JSTORE_STORAGE)
-		return derr_fail(err, errlen, -EINVAL, "a reader job takes transport storage, not %s", t);
+	/* A reader job with transport both is a relay reader: its
+	 * coordinator alone reads the directory and feeds the job's sinks,
+	 * on every daemon of the cluster, over UCX (relay_start). */
+	c->relay = c->reader && c->transport == JSTORE_BOTH;
 	if ((c->watch_mode = dts_watch_mode_parse(watch)) < 0)
 		return derr_fail(err, errlen, -EINVAL, "storage_watch \"%s\" unknown (inotify, poll)", watch);
 	c->keyframe_every = rq->keyframe_every ? rq->keyframe_every : DEF_KEYFRAME_EVERY;
@@ -965,7 +988,7 @@ static void on_timer(void *arg)
 
 static void timer_update(struct jstore *s)
 {
-	int want = s->job && s->staging >= 0;
+	int want = s->job && (s->staging >= 0 || s->pend >= 0 || s->pub >= 0);
 
 	if (want && !s->timer_on)
 		jio_timer_start(s->eng, s->timer, APPLY_POLL_MS, APPLY_POLL_MS);
@@ -1275,12 +1298,18 @@ static void reader_read(struct jstore *s, struct job *j)
 	jtask_start(s->eng, &r->task);
 }
 
+static void relay_tick(struct jstore *s, struct job *j);
+
 static void reader_tick(struct jstore *s)
 {
 	struct job *j = s->job;
 
 	if (!j)
 		return;
+	if (s->src) {
+		relay_tick(s, j);
+		return;
+	}
 	if (s->rd) {
 		s->rekick = 1;	/* looked at again when the read is back */
 		return;
@@ -1327,6 +1356,290 @@ static int reader_start(struct jstore *s, struct job *j, char *err, size_t errle
 	return 0;
 }
 
+
+/* ------------------------------------------------------- relay reader */
+
+/* A relay reader (storage_role reader, transport both; docs/STORAGE.md,
+ * "One reader per cluster") is the job's coordinator: it alone reads the
+ * directory, and the cluster's sinks, on any daemon, are fed over UCX by
+ * the source it holds.  That source is daemon-owned, like the writer's
+ * canonical sink: the canonical layout (jstore_canonical_layout) over one
+ * FP32 buffer, θ, holding the stored BF16 values exactly (an FP32
+ * tensor's halves as its bits), and the job's detect is snapshot (no
+ * optimizer state).  A read on a worker applies the versions the library
+ * hands out, fully verified, to θ (a keyframe all of it, a delta its
+ * positions), up to RELAY_BATCH of them; back on the loop the last one is
+ * published (job_publish, as a trainer's); the engine then plans, sends,
+ * relays and checks it like any version.  θ is written only between
+ * captures: a read starts once the last publish's capture is over. */
+struct rfeed {
+	struct jtask task;         /* first: the task is the read */
+	struct jstore *s;
+	uint64_t t0;
+	/* results, for the loop */
+	uint32_t n;                /* versions applied to θ */
+	uint64_t last;             /* the newest of them */
+	uint64_t changed, stored;  /* elements given, chunk bytes read */
+	int dense;                 /* one of them was a keyframe */
+	int rc;                    /* the last dts_reader_next's; DTS_EAGAIN: nothing more */
+	char err[512];
+	int ack_rc;                /* recording the position */
+	char ack_err[256];
+};
+
+/* One verified version into θ: BF16 values widened (exact), an FP32
+ * tensor's halves stored as the 16-bit units of its elements. */
+static void relay_apply(const struct jstore *s, const struct dts_version *v)
+{
+	float *th = s->theta->ptr;
+
+	for (uint32_t t = 0; t < v->ntensors && t < s->model.ntensors; t++) {
+		const struct dts_tensor_data *td = &v->t[t];
+		uint64_t n = v->dense ? s->numel[t] : td->count;
+
+		if (s->halves[t]) {
+			uint16_t *u = (uint16_t *)(th + s->foff[t]);
+
+			for (uint64_t q = 0; q < n; q++)
+				u[v->dense ? q : td->pos[q]] = td->val[q];
+		} else {
+			float *f = th + s->foff[t];
+
+			for (uint64_t q = 0; q < n; q++)
+				f[v->dense ? q : td->pos[q]] = dtc_bf16_f32(td->val[q]);
+		}
+	}
+}
+
+
+static void rfeed_run(struct jtask *t)
+{
+	struct rfeed *f = (struct rfeed *)t;
+	struct jstore *s = f->s;
+
+	/* Test builds only (job_ext.h): may hold the read here. */
+	if (s->eng->ext.storage_read)
+		s->eng->ext.storage_read((uint64_t)(dts_reader_position(s->r) + 1));
+	for (f->rc = DTS_EAGAIN; f->n < RELAY_BATCH;) {
+		struct dts_version *v = NULL;
+
+		if ((f->rc = dts_reader_next(s->r, &v, f->err, sizeof(f->err))) != DTS_OK)
+			break;
+		relay_apply(s, v);
+		f->n++;
+		f->last = v->version;
+		f->changed += v->changed;
+		f->stored += v->stored;
+		f->dense |= v->dense;
+		dts_version_free(v);
+		/* θ holds it: the reader's position (retention keeps what a
+		 * registered reader still needs; a restarted relay starts
+		 * again from the newest keyframe). */
+		if ((f->ack_rc = dts_reader_ack(s->r, f->last, f->ack_err, sizeof(f->ack_err))))
+			break;
+	}
+}
+
+static void rfeed_done(struct jtask *t, int cancelled)
+{
+	struct rfeed *f = (struct rfeed *)t;
+	struct jstore *s = f->s;
+	struct job *j = s->job;
+
+	s->fd = NULL;
+	if (!j) {
+		/* The job went while the read was out: the store is ours. */
+		free(f);
+		store_destroy(s);
+		return;
+	}
+	s->rpos = dts_reader_position(s->r);
+	if (!cancelled) {
+		if (f->ack_rc)
+			DLOG_W("job %s: storage: cannot record position v%llu: %s", j->name,
+			       (unsigned long long)f->last, f->ack_err);
+		if (f->rc != DTS_OK && f->rc != DTS_EAGAIN)
+			reader_refused(s, j, f->rc, f->err);
+		if (f->n) {
+			s->pend = (int64_t)f->last;
+			s->relay_reads += f->n;
+			s->relay_bytes += f->stored;
+			DLOG_I("job %s: storage relay: read %u version%s up to v%llu (%llu elements, "
+			       "%llu stored bytes%s) in %.1f ms", j->name, f->n, f->n == 1 ? "" : "s",
+			       (unsigned long long)f->last, (unsigned long long)f->changed,
+			       (unsigned long long)f->stored, f->dense ? ", a keyframe" : "",
+			       job_ms_since(s->eng, f->t0));
+		}
+	}
+	free(f);
+	relay_tick(s, j);
+}
+
+static void relay_read(struct jstore *s, struct job *j)
+{
+	struct rfeed *f = calloc(1, sizeof(*f));
+
+	if (!f) {
+		DLOG_E("job %s: storage: out of memory", j->name);
+		return;
+	}
+	f->s = s;
+	f->t0 = s->read_at = jio_now(s->eng);
+	f->task.run = rfeed_run;
+	f->task.done = rfeed_done;
+	s->fd = f;
+	jtask_start(s->eng, &f->task);
+}
+
+/* Publish what θ holds, as a trainer would (async: the capture runs on a
+ * worker, relay_tick sees it end).  0 while the source is not planned yet
+ * or still busy (asked again at the next tick). */
+static int relay_publish(struct jstore *s, struct job *j, struct jlocal *l)
+{
+	/* No optimizer: one group, nothing stepped (detect = snapshot reads
+	 * no hyper-parameter; the capture only wants a group per entry). */
+	struct jhparams g = { .lr = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+			      .unchanged = 1 };
+	struct jpublish_args a = { .job = j->name, .participant = s->src,
+				   .version = (uint64_t)s->pend, .step = s->step + 1,
+				   .groups = &g, .n_groups = 1, .async = 1 };
+	struct jreq rq = { .conn = s->owner };
+	struct jpublish_res rep;
+	char err[512];
+	int deferred, rc;
+
+	size_t fed = 0;
+
+	if (!l->announced || !j->complete)
+		return 0;
+	for (size_t i = 0; i < j->npairs; i++)
+		fed += j->pairs[i].src == s->src;
+	if (!s->fed) {
+		/* No sink had the last one (a relay just started, or one whose
+		 * sinks all left): a version published to nobody reaches
+		 * nobody until the writer's next, so it waits for a plan with
+		 * sinks, unchanged for RELAY_SETTLE_MS (the members of a
+		 * restarted relay rejoin within a few ms of each other). */
+		if (j->epoch != s->seen_epoch || !fed) {
+			s->seen_epoch = j->epoch;
+			s->seen_at = jio_now(s->eng);
+			return 0;
+		}
+		if (job_ms_since(s->eng, s->seen_at) < RELAY_SETTLE_MS)
+			return 0;
+	}
+	memset(&rep, 0, sizeof(rep));
+	rc = job_publish(s->eng, &rq, &a, &rep, &deferred, err, sizeof(err));
+	if (rc == -EBUSY)
+		return 0;
+	if (rc < 0) {
+		/* Not sent: θ keeps it, the next version's snapshot compare
+		 * sends what changed since the last one sent. */
+		DLOG_W("job %s: storage relay: v%lld not published: %s", j->name,
+		       (long long)s->pend, err);
+		s->pend = -1;
+		return 1;
+	}
+	s->step++;
+	s->fed = fed;
+	s->pub = s->pend;
+	s->pend = -1;
+	return 1;
+}
+
+/* The relay reader's turn: the last capture over, publish what was read,
+ * then read on. */
+static void relay_tick(struct jstore *s, struct job *j)
+{
+	struct jlocal *l = job_local(j, s->src);
+
+	if (s->fd) {
+		s->rekick = 1;	/* looked at again when the read is back */
+		return;
+	}
+	if (!l)
+		return;	/* the job is going */
+	if (s->pub >= 0) {
+		struct jpublish_res rep;
+		char err[512];
+		int rc = jsrc_captured(j, l, (uint64_t)s->pub, &rep, err, sizeof(err));
+
+		if (!rc)
+			goto out;	/* θ is still read */
+		if (rc < 0)
+			DLOG_W("job %s: storage relay: v%lld: %s", j->name, (long long)s->pub, err);
+		s->pub = -1;
+	}
+	/* A version waiting for sinks (relay_publish) may be overtaken by
+	 * newer ones: θ is not read meanwhile, so reads go on, at the
+	 * watch's pace rather than the timer's. */
+	if (s->pend >= 0 && !relay_publish(s, j, l) &&
+	    job_ms_since(s->eng, s->read_at) < WATCH_MS)
+		goto out;
+	if (s->pub < 0 && !s->eng->stopping)
+		relay_read(s, j);
+out:
+	s->rekick = 0;
+	timer_update(s);
+}
+
+static int relay_start(struct jstore *s, struct job *j, char *err, size_t errlen)
+{
+	struct dte_layout lay;
+	struct jlocal *l;
+	uint64_t total, id;
+	int fd, e;
+
+	if ((e = reader_start(s, j, err, errlen)) < 0)
+		return e;
+	if ((e = jstore_canonical_layout(&j->spec, JROLE_SOURCE, &lay, err, errlen)) < 0)
+		return e;
+	total = (uint64_t)lay.bufs[0].length;
+	dte_layout_fini(&lay);
+	if (!(s->foff = calloc(j->spec.n + 1, sizeof(*s->foff))) ||
+	    !(s->halves = calloc(j->spec.n + 1, 1)))
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
+	for (uint32_t t = 0, off = 0; t < j->spec.n; t++) {
+		s->halves[t] = (uint8_t)dte_spec_is_halves(&j->spec, t);
+		s->foff[t] = off;
+		off += s->numel[t] / (s->halves[t] ? 2 : 1);
+	}
+	/* θ lives in a sealed memfd like a trainer's (its pages are the
+	 * captures' to read). */
+	fd = memfd_create("dted-relay", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 4 : 4)) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		e = -errno;
+		if (fd >= 0)
+			close(fd);
+		return derr_fail(err, errlen, e, "relay source buffer: %s", strerror(-e));
+	}
+	s->owner = OWNER_BASE + ++s->eng->store_owners;
+	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_FP32,
+				  "storage relay", &id, err, errlen)) < 0)
+		return e;
+	s->theta = dbuf_get(s->owner, id);
+	if (!(l = jlocal_new(JROLE_SOURCE, 1)))
+		return derr_fail(err, errlen, -ENOMEM, "out of memory");
+	l->bufs[0] = s->theta;
+	l->buf_ids[0] = 0;
+	dbuf_ref(s->theta);
+	l->info.id = job_participant_id_new(j->eng);
+	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
+	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(j->eng));
+	l->owner = s->owner;
+	l->next = j->locals;
+	j->locals = l;
+	s->src = l->info.id;
+	s->pend = s->pub = -1;
+	DLOG_N("job %s: storage relay reader: one read of %s/%s feeds the job's sinks over UCX "
+	       "(source %llx, %llu FP32 elements)", j->name, s->cfg.root, j->name,
+	       (unsigned long long)s->src, (unsigned long long)total);
+	job_send_join(j);
+	reader_tick(s);
+	return 0;
+}
+
 /* ----------------------------------------------------------- lifecycle */
 
 int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t errlen)
@@ -1366,7 +1679,9 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 	s->model.numel = s->numel;
 	s->staging = -1;
 	j->store = s;
-	if ((rc = cfg->reader ? reader_start(s, j, err, errlen) :
+	s->pend = s->pub = -1;
+	if ((rc = cfg->relay ? (j->is_coord ? relay_start(s, j, err, errlen) : 0) :
+		  cfg->reader ? reader_start(s, j, err, errlen) :
 		  j->is_coord ? writer_start(s, j, err, errlen) : 0) < 0) {
 		jstore_free(j);
 		return rc;
@@ -1399,6 +1714,8 @@ static void store_destroy(struct jstore *s)
 	free(s->toff);
 	free(s->numel);
 	free(s->tens);
+	free(s->foff);
+	free(s->halves);
 	s->toff = NULL;
 	s->numel = NULL;
 	s->tens = NULL;
@@ -1423,7 +1740,7 @@ void jstore_free(struct job *j)
 	 * mirror and the tensor tables: its completion (rread_done,
 	 * commit_after) frees the store once it is back, on the loop.  Job
 	 * deletion does not wait for it; shutdown does (job_tasks_drain). */
-	if (s->rd || s->wc)
+	if (s->rd || s->wc || s->fd)
 		return;
 	store_destroy(s);
 }
@@ -1437,7 +1754,10 @@ void jstore_info(const struct job *j, struct jjob_info *rep)
 	if (!s)
 		return;
 	rep->storage_root = s->cfg.root;
-	rep->storage_role = s->cfg.reader ? "reader" : "writer";
+	/* A relay reader's job: its coordinator reads ("relay reader"), the
+	 * other daemons' sinks are fed over UCX ("relay member"). */
+	rep->storage_role = s->cfg.relay ? (s->src ? "relay reader" : "relay member") :
+			    s->cfg.reader ? "reader" : "writer";
 	rep->storage_head = s->w ? s->head : s->r ? s->rpos : -1;
 	rep->storage_broken = s->broken;
 	rep->storage_error = s->error;

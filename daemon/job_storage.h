@@ -17,6 +17,14 @@
  * then every version in order, each fully verified by the library, mapped
  * through the sink layout's pieces, staged for wait_staged/apply and
  * checked after apply against a predicted checksum.
+ *
+ * Relay reader (role reader, transport both): one reader for a whole
+ * cluster.  The job's coordinator alone reads the directory, into a
+ * daemon-owned source participant (the canonical layout, FP32, detect =
+ * snapshot), and publishes each version it read; the cluster's sinks, on
+ * any daemon, are planned from that source and fed over UCX like any
+ * sink, relayed between sink daemons where the coordinator's relay_fanout
+ * says so.  The other daemons of the job read nothing.
  */
 #ifndef DTED_JOB_STORAGE_H
 #define DTED_JOB_STORAGE_H
@@ -34,6 +42,7 @@ struct dte_layout;
 struct jstore_cfg {
 	int      transport;        /* enum below */
 	int      reader;           /* role reader (else writer) */
+	int      relay;            /* reader with transport both: a relay reader */
 	char     root[4096];
 	uint32_t keyframe_every;
 	uint32_t keep_versions;

@@ -20,6 +20,10 @@ SYSTEM_TESTS += tests/system/cluster_sync.py tests/system/cluster_sync_netns.py
 # Relay between sink daemons (issue 34): chain, tree, a late replica, a relay
 # killed mid-version.
 SYSTEM_TESTS += tests/system/relay_sync.py
+# One storage reader per cluster (issue 34, cross-cluster): a relay reader
+# feeds the cluster's sink daemons over UCX, relayed; a corrupt chunk and
+# the reader killed and restarted.
+SYSTEM_TESTS += tests/system/storage_relay.py
 
 # Peers that prove the job key (peer protocol 5): the forge without it is
 # refused and counted, nothing lost; with auth off it is not refused.

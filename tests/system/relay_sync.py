@@ -59,12 +59,14 @@ DTED_FAULTS = harness.DTED_FAULTS
 class Rep:
     """One SGLang TP=2 replica, both ranks on one sink daemon."""
 
-    def __init__(self, k, daemon, coord_addr, tp=TP):
+    def __init__(self, k, daemon, coord_addr, tp=TP, **create):
+        """create: more job_create arguments (storage_relay.py's relay
+        reader job: transport, storage_root, storage_role)."""
         self.k, self.daemon, self.tp = k, daemon, tp
         self.layout = "sglang:tp=%d" % tp
         self.model = None
         self.cli = _lib.Client(daemon.sock)
-        self.cli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord_addr, 1)
+        self.cli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord_addr, 1, **create)
         from dte import sglang
         self.model = sglang.SGLangModel(sl.CFG, tp=tp, label="relay-rep%d" % k,
                                         placement=self.layout)

@@ -19,6 +19,7 @@
 #include "daemon/job_state.h"
 #include "daemon/job_storage.h"
 #include "daemon/layout/layout.h"
+#include "daemon/layout/plan.h"
 #include "daemon/log.h"
 #include "daemon/route.h"
 #include "daemon/storage/storage.h"
@@ -76,9 +77,16 @@ static void parse_fields(void **state)
 	assert_non_null(strstr(err, "storage_root"));
 	rq = req("j", "both", "relative/dir", NULL);
 	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
+	/* Reader with transport both: the relay reader (one per cluster). */
 	rq = req("j", "both", "/x", "reader");
-	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
-	assert_non_null(strstr(err, "reader"));
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
+	assert_true(c.reader && c.relay);
+	rq = req("j", "storage", "/x", "reader");
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
+	assert_true(c.reader && !c.relay);
+	rq = req("j", "both", "/x", "writer");
+	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), 0);
+	assert_true(!c.reader && !c.relay);
 	rq = req("j", "storage", "/x", "spectator");
 	assert_int_equal(jstore_parse(&rq, &c, err, sizeof(err)), -EINVAL);
 	rq = req("j", "storage", "/x", "reader");
@@ -95,7 +103,7 @@ static void canonical_layout(void **state)
 	char err[256];
 	int64_t off = 0;
 
-	assert_int_equal(jstore_canonical_layout(&spec, &l, err, sizeof(err)), 0);
+	assert_int_equal(jstore_canonical_layout(&spec, JROLE_SINK, &l, err, sizeof(err)), 0);
 	assert_int_equal(dte_layout_validate(&l, &spec, err, sizeof(err)), 0);
 	assert_int_equal(l.npieces, spec.n);
 	assert_int_equal(l.nbufs, 1);
@@ -110,6 +118,66 @@ static void canonical_layout(void **state)
 		off += spec.t[t].numel;
 	}
 	dte_layout_fini(&l);
+}
+
+/* GLM-4.5's structure at small dims: its e_score_correction_bias is an
+ * FP32 tensor (carried as halves). */
+static const char glm_small[] =
+	"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,"
+	"\"head_dim\":16,\"hidden_size\":64,\"intermediate_size\":96,\"model_type\":\"glm4_moe\","
+	"\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,"
+	"\"num_attention_heads\":4,\"num_experts_per_tok\":2,\"num_hidden_layers\":3,"
+	"\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"tie_word_embeddings\":false,"
+	"\"topk_group\":1,\"use_qk_norm\":false,\"vocab_size\":300}";
+
+/* The relay reader's source (canonical, FP32, no optimizer state): every
+ * BF16 tensor one FP32 element per element, every FP32 tensor its halves
+ * as 16-bit units of its elements; valid, and planned to an engine's
+ * layout exactly as a generator's source is (the same sink elements). */
+static void canonical_source_layout(void **state)
+{
+	struct dte_spec g;
+	struct dte_layout src, fsdp, sink;
+	struct dte_plan p, q;
+	char err[256];
+	int64_t floats = 0, halves = 0;
+
+	assert_int_equal(dte_spec_load_string(&g, glm_small, err, sizeof(err)), 0);
+	assert_int_equal(jstore_canonical_layout(&g, JROLE_SOURCE, &src, err, sizeof(err)), 0);
+	assert_int_equal(src.role, DTE_LAYOUT_SOURCE);
+	assert_int_equal(dte_layout_validate(&src, &g, err, sizeof(err)), 0);
+	for (uint32_t t = 0; t < g.n; t++) {
+		const struct dte_piece *pc = &src.pieces[t];
+
+		assert_int_equal(pc->buf, 0);
+		assert_int_equal(pc->buf_m, 0);	/* no optimizer state: θ's id */
+		assert_int_equal(pc->buf_v, 0);
+		if (dte_spec_is_halves(&g, t)) {
+			halves++;
+			assert_int_equal(pc->offset, 2 * floats);	/* 16-bit units */
+			assert_int_equal(pc->hi[pc->ndim - 1], 2);
+			floats += g.t[t].numel / 2;
+		} else {
+			assert_int_equal(pc->offset, floats);
+			floats += g.t[t].numel;
+		}
+	}
+	assert_true(halves > 0);	/* the spec has FP32 tensors to carry */
+	assert_int_equal(src.bufs[0].length, floats);
+	assert_int_equal(dte_layout_from_desc(&sink, &g, "sglang:tp=2", DTE_LAYOUT_SINK, err,
+					      sizeof(err)), 0);
+	assert_int_equal(dte_layout_from_desc(&fsdp, &g, "fsdp:dp=2", DTE_LAYOUT_SOURCE, err,
+					      sizeof(err)), 0);
+	assert_int_equal(dte_plan_build(&p, &g, &src, &sink, NULL, err, sizeof(err)), 0);
+	assert_int_equal(dte_plan_build(&q, &g, &fsdp, &sink, NULL, err, sizeof(err)), 0);
+	assert_int_equal(p.elements, q.elements);
+	assert_int_equal(p.detect_elements, g.total_elems);
+	dte_plan_fini(&p);
+	dte_plan_fini(&q);
+	dte_layout_fini(&src);
+	dte_layout_fini(&fsdp);
+	dte_layout_fini(&sink);
+	dte_spec_fini(&g);
 }
 
 static void writer_and_reader_jobs(void **state)
@@ -246,6 +314,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(parse_fields),
 		cmocka_unit_test(canonical_layout),
+		cmocka_unit_test(canonical_source_layout),
 		cmocka_unit_test(writer_and_reader_jobs),
 		cmocka_unit_test(bare_keyframe_and_requests),
 	};
