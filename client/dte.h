@@ -154,7 +154,8 @@ struct dte_job_params {
 	const char *transport;          /* NULL = "ucx"; "storage", "both" */
 	/* Storage transport (docs/STORAGE.md); NULL / 0 take the defaults. */
 	const char *storage_root;       /* directory both clusters mount */
-	const char *storage_role;       /* "writer" (default) | "reader" */
+	const char *storage_role;       /* "writer" (default) | "reader"; with transport
+					 * "both", a reader is its cluster's relay reader */
 	uint32_t    keyframe_every;     /* N (10) */
 	uint32_t    keep_versions;      /* K (32) */
 	uint32_t    keep_keyframes;     /* M (2) */
