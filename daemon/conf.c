@@ -40,6 +40,7 @@ static const struct {
 	[DCONF_K_PEER_AUTH_OFF_JOBS] = { "peer", "auth_off_jobs" },
 	[DCONF_K_PEER_RELAY_FANOUT] = { "peer", "relay_fanout" },
 	[DCONF_K_PEER_RELAY_ROOTS] = { "peer", "relay_roots" },
+	[DCONF_K_PEER_RELAY_LAG] = { "peer", "relay_lag_ms" },
 };
 
 struct parse_ctx {
@@ -60,6 +61,7 @@ void dconf_defaults(struct dconf *c)
 	snprintf(c->compute_backend, sizeof(c->compute_backend), "auto");
 	snprintf(c->sync_mode, sizeof(c->sync_mode), "auto");
 	c->peer_relay_roots = 1;
+	c->peer_relay_lag_ms = 1000;
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
@@ -317,6 +319,12 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_relay_roots = (uint32_t)x;
 		return 1;
 	}
+	if (strcmp(key, "relay_lag_ms") == 0) {
+		if (!parse_u64(v, 0, 3600000, 0, &x))
+			return bad_value(p, key, v, "0 (off)..3600000");
+		c->peer_relay_lag_ms = (uint32_t)x;
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -530,6 +538,7 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_PEER_AUTH_OFF_JOBS: snprintf(val, vlen, "%s", c->peer_auth_off_jobs); break;
 	case DCONF_K_PEER_RELAY_FANOUT: snprintf(val, vlen, "%u", c->peer_relay_fanout); break;
 	case DCONF_K_PEER_RELAY_ROOTS: snprintf(val, vlen, "%u", c->peer_relay_roots); break;
+	case DCONF_K_PEER_RELAY_LAG: snprintf(val, vlen, "%u", c->peer_relay_lag_ms); break;
 	case DCONF_K__COUNT:
 		return -1;
 	}

@@ -281,10 +281,12 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n)
 	e->max_staged = n;
 }
 
-void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots)
+void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32_t lag_ms)
 {
 	e->relay_fanout = fanout;
 	e->relay_roots = roots;
+	e->relay_lag_ms = lag_ms;
+	jctl_update(e);	/* the lag check's timer (job_coord.c, relay_lag_check) */
 }
 
 static void job_free(struct job *j)

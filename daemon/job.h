@@ -73,7 +73,7 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n);
  * sources (config [peer] relay_fanout, relay_roots; docs/SYNC.md,
  * "Relay between sink daemons").  fanout 0: off, every replica fed by
  * the sources.  Takes effect at the next re-plan. */
-void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots);
+void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32_t lag_ms);
 
 /* Called after every job the engine creates (not an idempotent repeat),
  * with the request: main.c registers job_persist.c's save here, so a

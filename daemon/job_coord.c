@@ -290,6 +290,14 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 {
 	int any = 0;
 
+	if (j->is_coord && j->relay_trees && j->eng->relay_lag_ms) {
+		uint64_t t = j->lag_next_ns ? j->lag_next_ns : jio_now(j->eng);
+
+		any = 1;
+		if (t < *soonest)
+			*soonest = t;
+	}
+
 	if (j->join_acked < j->join_seq) {
 		any = 1;
 		if (j->join_next_ns < *soonest)
@@ -338,11 +346,17 @@ void jctl_update(struct dte_engine *e)
 	e->ctl_timer_on = 1;
 }
 
+static void relay_lag_check(struct job *j, uint64_t now);
+
 void jctl_retry(struct dte_engine *e)
 {
 	uint64_t now = jio_now(e);
 
 	for (struct job *j = e->jobs; j; j = j->next) {
+		if (j->is_coord && j->relay_trees && e->relay_lag_ms && now >= j->lag_next_ns) {
+			j->lag_next_ns = now + (uint64_t)e->relay_lag_ms * 1000000u / 4;
+			relay_lag_check(j, now);
+		}
 		if (j->join_acked < j->join_seq && now >= j->join_next_ns) {
 			j->join_retries++;
 			DLOG_I("job %s: JOIN %llu not acknowledged; sent again (retry %llu, next in %u ms)",
@@ -1467,6 +1481,8 @@ static int cmp_sink(const void *a, const void *b, void *parts)
 		return c;
 	if (x->rank != y->rank)
 		return x->rank < y->rank ? -1 : 1;
+	if (x->lagging != y->lagging)
+		return x->lagging - y->lagging;	/* a lagging relay: a leaf */
 	if (x->replica != y->replica)
 		return x->replica < y->replica ? -1 : 1;
 	return x->id < y->id ? -1 : x->id > y->id;
@@ -1527,6 +1543,138 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uin
 	}
 	free(s);
 	return 0;
+}
+
+/* A relay that lags but lives (docs/SYNC.md, "Relay between sink
+ * daemons"): a relay (a sink with children in the plan, not a root) that
+ * has not staged a version its parent holds and the sources sent it under
+ * the current plan, for [peer] relay_lag_ms, is planned as a leaf of its
+ * tree (cmp_sink), so its children get another parent from the next
+ * version on; once it holds what its tree's root holds it takes its place
+ * again, at a moment no version is on its way (a re-plan re-parents
+ * replicas, who would miss one in flight).  What a sink holds and was
+ * sent is what the coordinator's own
+ * sources know (their pairs' pair_sm: staged, last_sent and the term it
+ * went out under), so only sinks fed by a source on this daemon are
+ * judged, and a root is not (nothing above it to compare with: a lagging
+ * root's children keep the pairs' own rules, dense and direct once
+ * unacknowledged).  A replica that missed a version because the relay
+ * above it lagged was not sent it under the plan that re-parented it, so
+ * it is not judged for that version. */
+struct lag_sink {
+	uint64_t id, staged;
+	uint64_t sent;             /* newest sent to it under the current term */
+	int kids;                  /* it has children in the plan */
+};
+
+static int cmp_lag(const void *a, const void *b)
+{
+	const struct lag_sink *x = a, *y = b;
+
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static struct lag_sink *lag_find(struct lag_sink *v, size_t n, uint64_t id)
+{
+	struct lag_sink k = { .id = id };
+
+	return id ? bsearch(&k, v, n, sizeof(*v), cmp_lag) : NULL;
+}
+
+static void replan(struct job *j);
+
+static void relay_lag_check(struct job *j, uint64_t now)
+{
+	uint64_t lag_ns = (uint64_t)j->eng->relay_lag_ms * 1000000u;
+	struct lag_sink *v;
+	size_t n = 0, k = 0, changed = 0;
+	int quiet = 1;
+
+	for (size_t i = 0; i < j->npairs; i++)
+		n += job_local(j, j->pairs[i].src) != NULL;
+	if (!n || !(v = malloc(n * sizeof(*v))))
+		return;
+	for (size_t i = 0; i < j->npairs; i++) {
+		const struct jpair *p = &j->pairs[i];
+
+		if (!job_local(j, p->src))
+			continue;
+		v[k++] = (struct lag_sink){ p->dst, p->sm.staged,
+					    p->sm.sent_epoch == j->epoch ? p->sm.last_sent : 0, 0 };
+		quiet &= v[k - 1].sent <= p->sm.staged;
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		quiet &= l->info.role != JROLE_SOURCE || !jsource_of(l)->busy;
+	qsort(v, k, sizeof(*v), cmp_lag);
+	/* One entry a sink: the newest any local source saw or sent. */
+	n = 0;
+	for (size_t i = 0; i < k; i++) {
+		if (n && v[n - 1].id == v[i].id) {
+			if (v[i].staged > v[n - 1].staged)
+				v[n - 1].staged = v[i].staged;
+			if (v[i].sent > v[n - 1].sent)
+				v[n - 1].sent = v[i].sent;
+		} else {
+			v[n++] = v[i];
+		}
+	}
+	for (struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->n; i++) {
+			struct lag_sink *up = lag_find(v, n, m->p[i].relay_parent);
+
+			if (up)
+				up->kids = 1;
+		}
+	for (struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->n; i++) {
+			struct jpinfo *x = &m->p[i];
+			const struct lag_sink *me = lag_find(v, n, x->id);
+			const struct lag_sink *up = me ? lag_find(v, n, x->relay_parent) : NULL;
+			const struct lag_sink *root = me ? lag_find(v, n, x->relay_root) : NULL;
+
+			if (x->role != JROLE_SINK || !me)
+				continue;
+			if (x->lagging) {
+				/* A leaf now, maybe under a parent that lags too:
+				 * caught up once it holds what the root holds. */
+				uint64_t top = root && root->staged > me->staged ? root->staged : 0;
+
+				if (up && up->staged > top)
+					top = up->staged;
+				/* And it moves back between versions: a re-plan
+				 * while one is on its way costs the replicas it
+				 * re-parents that version. */
+				if (top > me->staged || !quiet)
+					continue;
+				x->lagging = 0;
+				x->lag_since_ns = 0;
+				changed++;
+				dmetrics_add(DM_RELAY_LAG, "caught_up", 1);
+				DLOG_N("job %s: relay %llx on %s caught up (v%llu): planned in its place "
+				       "again", j->name, (unsigned long long)x->id, x->node,
+				       (unsigned long long)me->staged);
+				continue;
+			}
+			if (!me->kids || !up || me->sent <= me->staged || up->staged < me->sent) {
+				x->lag_since_ns = 0;
+				continue;
+			}
+			if (!x->lag_since_ns)
+				x->lag_since_ns = now;
+			if (now - x->lag_since_ns < lag_ns)
+				continue;
+			x->lagging = 1;
+			changed++;
+			dmetrics_add(DM_RELAY_LAG, "lagging", 1);
+			DLOG_N("job %s: relay %llx on %s lags (holds v%llu; v%llu sent, its parent holds "
+			       "it, for %llu ms): planned as a leaf, its children under another parent",
+			       j->name, (unsigned long long)x->id, x->node,
+			       (unsigned long long)me->staged, (unsigned long long)me->sent,
+			       (unsigned long long)((now - x->lag_since_ns) / 1000000u));
+		}
+	free(v);
+	if (changed)
+		replan(j);
 }
 
 /* Every join and leave: the next term, and each member its part of the
@@ -1600,6 +1748,7 @@ static void replan(struct job *j)
 	if (!(b.par_of = calloc(b.nparts ? b.nparts : 1, sizeof(*b.par_of))) ||
 	    relay_assign(j, b.parts, b.nparts, b.par_of, &relay_trees) < 0)
 		goto oom;
+	j->relay_trees = relay_trees;
 	if (!(b.mkey = calloc(b.nmem ? b.nmem : 1, sizeof(*b.mkey))) ||
 	    !(b.changed = calloc(b.nmem ? b.nmem : 1, sizeof(*b.changed))))
 		goto oom;

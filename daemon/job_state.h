@@ -75,6 +75,11 @@ struct jpinfo {
 	 * replica its records come through (0: the sources) and its tree's
 	 * root (itself for the root; 0: not relayed). */
 	uint64_t relay_parent, relay_root;
+	/* Coordinator only (relay_lag_check): since when this sink has been
+	 * behind a neighbour in its tree (0: not), and whether it is planned
+	 * as a leaf for that. */
+	uint64_t lag_since_ns;
+	int lagging;
 };
 
 /* One plan entry as this daemon uses it. */
@@ -395,6 +400,10 @@ struct job {
 	char coordinator[JOB_ADDR_MAX];
 	char transport[16];
 	struct jstore *store;     /* transport storage/both (job_storage.c) */
+	/* Coordinator, relay on: trees in the current plan, and when relay
+	 * lag is looked at next (job_coord.c, relay_lag_check); 0: not due. */
+	size_t relay_trees;
+	uint64_t lag_next_ns;
 	char *config;             /* config.json text */
 	struct dte_spec spec;
 	uint32_t interval;        /* K */
@@ -642,6 +651,9 @@ struct dte_engine {
 	/* coordinator: relay trees over each sink rank's replicas ([peer]
 	 * relay_fanout, relay_roots; job_coord.c relay_assign); fanout 0: off */
 	uint32_t relay_fanout, relay_roots;
+	/* [peer] relay_lag_ms: a relay this long behind its tree is re-planned
+	 * as a leaf (job_coord.c, relay_lag_check); 0: off */
+	uint32_t relay_lag_ms;
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
 	/* Extension points (job_ext.h): a test build's hooks, copied from

@@ -171,7 +171,9 @@ static void reload(void)
 	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	conf.peer_relay_fanout = nc.peer_relay_fanout;
 	conf.peer_relay_roots = nc.peer_relay_roots;
-	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots);
+	conf.peer_relay_lag_ms = nc.peer_relay_lag_ms;
+	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots,
+		      conf.peer_relay_lag_ms);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -425,7 +427,8 @@ int main(int argc, char **argv)
 	job_set_verify_full_every(srv.eng, conf.verify_full_every);
 	side_set_cap(conf.mark_table_bytes);
 	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
-	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots);
+	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots,
+		      conf.peer_relay_lag_ms);
 	{
 		char perr[256];
 

@@ -141,6 +141,12 @@ static const struct family fam[DM__COUNT] = {
 			"another plan (changes_refused; docs/SYNC.md, \"Membership\")",
 		.type = T_COUNTER,
 		.labels = { "kind" } },
+	[DM_RELAY_LAG] = { .name = "dted_relay_lag_replans_total",
+		.help = "Relays this daemon, as coordinator, planned as leaves because they lagged "
+			"([peer] relay_lag_ms; lagging) and planned in their place again once "
+			"caught up (caught_up; docs/SYNC.md, \"Relay between sink daemons\")",
+		.type = T_COUNTER,
+		.labels = { "event" } },
 };
 
 struct series {
@@ -340,6 +346,7 @@ void dmetrics_init(void)
 		series_get(DM_RELAYED_BYTES, relayed[i]);
 		series_get(DM_PLANS, i ? "sent_changes" : "sent_whole");
 		series_get(DM_PLANS, i ? "changes_refused" : "taken_changes");
+		series_get(DM_RELAY_LAG, i ? "caught_up" : "lagging");
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);

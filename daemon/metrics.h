@@ -53,6 +53,7 @@ enum dmetric_id {
 	DM_FP8_UNITS,             /* counter{outcome}: FP8 sinks' units captured (covered) and sent */
 	DM_RELAYED_BYTES,         /* counter{outcome}: bytes local sinks relayed (sent) or could not (failed) */
 	DM_PLANS,                 /* counter{kind}: PLANs sent whole or as changes, taken as changes, changes refused */
+	DM_RELAY_LAG,             /* counter{event}: relays planned as leaves for lagging (lagging), back (caught_up) */
 	DM__COUNT
 };
 

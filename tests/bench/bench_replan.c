@@ -496,7 +496,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	/* --relay-fanout N: the coordinator plans relay trees too (issue 34) */
-	job_set_relay(e, relay, 1);
+	job_set_relay(e, relay, 1, 0);
 	jc.name = JOB;
 	jc.model_config = config;
 	jc.token = TOKEN;

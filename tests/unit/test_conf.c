@@ -32,6 +32,7 @@ static void test_defaults(void **state)
 	assert_string_equal(c.compute_backend, "auto");
 	assert_int_equal(c.peer_listen_port, 7370);
 	assert_int_equal(c.peer_part_bytes, 256u << 10);
+	assert_int_equal(c.peer_relay_lag_ms, 1000);
 	assert_true(c.node_name[0] != '\0');
 }
 
@@ -62,7 +63,8 @@ static void test_values(void **state)
 			      "node_name = n1\n"
 			      "[peer]\n"
 			      "listen_port = 9000\n"
-			      "part_size = 256K\n",
+			      "part_size = 256K\n"
+			      "relay_lag_ms = 0\n",
 			      err, sizeof(err)), 0);
 	assert_int_equal(dconf_finish(&c, err, sizeof(err)), 0);
 	assert_string_equal(c.socket, "/tmp/x/dted.sock");
@@ -76,6 +78,7 @@ static void test_values(void **state)
 	assert_string_equal(c.node_name, "n1");
 	assert_int_equal(c.peer_listen_port, 9000);
 	assert_int_equal(c.peer_part_bytes, 256u << 10);
+	assert_int_equal(c.peer_relay_lag_ms, 0);
 }
 
 struct bad_case {
@@ -103,6 +106,7 @@ static void test_errors_name_file_line(void **state)
 		{ "[peer]\nlisten_port = 70000\n", "listen_port: invalid value", 2 },
 		{ "[peer]\npart_size = 1K\n", "part_size: invalid value", 2 },
 		{ "[peer]\npart_size = 2G\n", "part_size: invalid value", 2 },
+		{ "[peer]\nrelay_lag_ms = 3600001\n", "relay_lag_ms: invalid value", 2 },
 		{ "[peer]\nlisten_addr = x\n", "unknown key 'listen_addr' in [peer]", 2 },
 		{ "x = 1\n", "outside any section", 1 },
 		{ "[daemon]\nthis line has no equals\n", "syntax error", 2 },
