@@ -195,11 +195,13 @@ int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen)
 
 int jstore_fp8_check(const struct job *j, char *err, size_t errlen)
 {
-	if (j->store && j->store->cfg.reader)
+	/* A relay reader's sinks are fed by its source, which quantizes θ
+	 * (the stored BF16 values) with the engine's rule as any source. */
+	if (j->store && j->store->cfg.reader && !j->store->cfg.relay)
 		return derr_fail(err, errlen, -EOPNOTSUPP, "job %s reads from storage, which holds "
 				 "BF16 values; an FP8 sink's codes and scales are computed by a source "
-				 "from θ and the optimizer state: attach it to a job fed over UCX "
-				 "(docs/SYNC.md, \"FP8 sinks\")", j->name);
+				 "from θ: attach it to a job fed over UCX, or make this cluster's reader "
+				 "a relay reader (transport both; docs/STORAGE.md)", j->name);
 	return 0;
 }
 

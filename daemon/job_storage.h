@@ -71,9 +71,10 @@ void jstore_free(struct job *j);
 /* Whether a participant of this role may attach here; -EINVAL with the reason. */
 int jstore_attach_check(const struct job *j, int role, char *err, size_t errlen);
 /* Whether a sink whose layout holds FP8 weights may attach here: not to a
- * reader, which writes stored BF16 values into its sinks' pieces (the
- * FP8 codes and scales are the source's to compute).  -EOPNOTSUPP with
- * the reason. */
+ * plain reader, which writes stored BF16 values into its sinks' pieces
+ * (the FP8 codes and scales are the source's to compute); a relay
+ * reader's job is fed by its source, which computes them.  -EOPNOTSUPP
+ * with the reason. */
 int jstore_fp8_check(const struct job *j, char *err, size_t errlen);
 
 

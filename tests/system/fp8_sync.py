@@ -165,7 +165,7 @@ class MegatronSource:
 
 
 def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT, out=None,
-        source="hf", detect=None):
+        source="hf", detect=None, storage=False):
     """One sync of `versions` versions: the source and both sink ranks on
     one dted, or the sinks on a second dted (over UCX, the first one the
     coordinator); with k > 1 the trainer marks k - 1 steps and publishes
@@ -175,7 +175,11 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     megatron:tp=2, its own forward and backward), so entries start at
     column offsets of the row-parallel matrices.  Its summary line; out (a
     list) gets each version's payload bytes.  detect "snapshot": the job
-    option (units compared with those the pair last sent)."""
+    option (units compared with those the pair last sent).  storage: two
+    clusters sharing only a directory (docs/STORAGE.md): the trainer's
+    daemon writes each version there (transport storage), the sinks'
+    daemon is its cluster's relay reader (transport both) and quantizes
+    what it read into the FP8 sinks; source "hf" only."""
     import numpy as np
     cfg = qwen3.make_config(None, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=128,
@@ -184,10 +188,12 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
     tmp = tempfile.mkdtemp(prefix="dte-fp8-sync-")
     ds = [harness.Daemon(tmp, "fp8-sync-%d" % i) for i in range(ndaemons)]
     tag = "%s%s%sdaemons=%d K=%d " % (layout.split(":")[0] + " " if layout != LAYOUT else "",
+                                    "storage " if storage else
                                     "" if source == "hf" else source + " ",
                                     "detect=%s " % detect if detect else "", ndaemons, k)
     src = cli = None
     exact = sparse = scale_changes = code_changes = sent = dense_units = 0
+    relay_note = ""
     sparse_bytes = dense_bytes = 0
     per_version = []
     try:
@@ -199,13 +205,18 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
             opt = torch.optim.AdamW(list(params.values()), lr=LRS[0], betas=(0.9, 0.99),
                                     eps=1e-8, weight_decay=0.01)
             src = Source.hf(params, opt, ds[0].sock, JOB, TOKEN, cfg_text, interval=k,
-                            detect=detect)
+                            detect=detect, job_options=dict(
+                                transport="storage", storage_root=tmp) if storage else None)
         else:
             src = MegatronSource(ds[0].sock, cfg, cfg_text, init)
             opt = src.trainer.opt
         cli = _lib.Client(ds[-1].sock)
-        cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k,
-                       detect=detect)
+        if storage:
+            cli.job_create(JOB, cfg_text, TOKEN, "local", k, transport="both",
+                           storage_root=tmp, storage_role="reader")
+        else:
+            cli.job_create(JOB, cfg_text, TOKEN, "local" if ndaemons == 1 else ds[0].address, k,
+                           detect=detect)
         torch.set_default_dtype(torch.bfloat16)
         try:
             sinks = [sink_rank(cli, cfg_text, cfg, r, ctx, qc, mods, "fp8-sink%d" % ndaemons,
@@ -297,12 +308,28 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
                         _lib.layout_buffers(cfg_text, layout, _lib.SINK, r)
                         if any(n.startswith(p + ".") for p in sinks[r][1]))
             m = {}
-            for line in harness.dtectl(ds[0].sock, "metrics").stdout.splitlines():
+            # The daemon whose source quantizes: the relay reader's with storage.
+            for line in harness.dtectl(ds[-1 if storage else 0].sock,
+                                       "metrics").stdout.splitlines():
                 if line.startswith("dted_fp8_units_total{"):
                     m[line.split('"')[1]] = float(line.split()[-1])
             c.check(m.get("covered") == units * versions and 0 < m.get("sent", 0) < m["covered"],
                     "%sdted_fp8_units_total: covered %s = %d units x %d versions, sent %s"
                     % (tag, m.get("covered"), units, versions, m.get("sent")))
+        if storage:
+            # The writer's publishes (info) moved BF16 into storage; what
+            # the sinks got is the relay reader's: its history.
+            hist = json.loads(harness.dtectl(ds[-1].sock, "--json", "history", JOB)
+                              .stdout or "{}").get("versions", [])
+            rel = {h["version"]: h for h in hist}
+            c.check(sorted(rel) == list(range(1, versions + 1)) and
+                    rel[1]["mode"] == "dense" and
+                    all(rel[v]["mode"] == "sparse" for v in range(2, versions + 1)),
+                    "%sthe relay reader published every version, v1 dense, then sparse: %s" % (
+                        tag, [(v, rel[v]["mode"]) for v in sorted(rel)]))
+            relay_note = " relay_dense_bytes=%d relay_sparse_bytes_avg=%d" % (
+                rel.get(1, {}).get("bytes", 0),
+                sum(rel[v]["bytes"] for v in rel if v > 1) // max(len(rel) - 1, 1))
         c.check(all(d.running() for d in ds), "%sdaemons alive" % tag)
     except Exception:
         for d in ds:
@@ -326,11 +353,15 @@ def run(c, ctx, qc, mods, quant, ndaemons, k=1, versions=VERSIONS, layout=LAYOUT
             "scale_changes=%d code_changes=%d units_sent=%d units_dense=%d dense_bytes=%d "
             "sparse_bytes_avg=%d" % (("rule=" + layout.split(":")[0] if "fp8=1" in layout
                                       else "baseline=bf16") +
-                                     ("" if source == "hf" else " source=" + source) +
+                                     (" source=storage-relay" if storage else
+                                      "" if source == "hf" else " source=" + source) +
                                      (" detect=" + detect if detect else ""),
                                      ndaemons, k, versions, exact, versions, sparse, scale_changes,
                                      code_changes, sent, dense_units, dense_bytes,
-                                     sparse_bytes // max(sparse, 1)))
+                                     sparse_bytes // max(sparse, 1)) +
+            # storage: units and bytes above are the writer's (BF16 into
+            # the directory); the relay reader's FP8 payloads here.
+            relay_note)
 
 
 def split_refused(c, cfg):
@@ -428,6 +459,9 @@ def main():
                  layout="vllm:tp=%d,ep=1,fp8=1" % TP),
              run(c, ctx, qc, mods, quant_weight_ue8m0, 1, versions=6, detect="snapshot")]
     lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 1, k=3, versions=6))
+    # Across clusters: written to storage, read once by the sinks' cluster's
+    # relay reader, quantized there.
+    lines.append(run(c, ctx, qc, mods, quant_weight_ue8m0, 2, versions=6, storage=True))
     split_refused(c, qwen3.make_config(None, hidden_size=256, intermediate_size=512,
                                        num_hidden_layers=1, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=128, vocab_size=256))

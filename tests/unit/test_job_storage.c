@@ -226,6 +226,32 @@ static void writer_and_reader_jobs(void **state)
 	rq = req("bad", "storage", "/proc/no/such/dir", "reader");
 	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), -EINVAL);
 	assert_null(job_find(eng, "bad"));
+	/* A relay reader (reader, transport both) on its coordinator: its own
+	 * canonical source, FP32, detect snapshot (adamw refused); sinks and
+	 * FP8 sinks welcome, sources not, nor a client's canonical layout. */
+	rq = req("rr", "both", root, "reader");
+	rq.detect = "adamw";
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "snapshot"));
+	rq.detect = NULL;
+	assert_int_equal(job_create(eng, &rq, &rep, err, sizeof(err)), 0);
+	j = job_find(eng, "rr");
+	assert_non_null(j);
+	assert_int_equal(j->detect, JDETECT_SNAPSHOT);
+	l = j->locals;
+	assert_non_null(l);
+	assert_null(l->next);
+	assert_int_equal(l->info.role, JROLE_SOURCE);
+	assert_string_equal(l->info.layout, JSTORE_CANON_LAYOUT);
+	assert_int_equal(l->nbufs, 1);
+	assert_int_equal(l->bufs[0]->dtype, DBUF_FP32);
+	assert_int_equal(l->bufs[0]->length, (uint64_t)spec.total_elems);
+	jstore_info(j, &info);
+	assert_string_equal(info.transport, "both");
+	assert_string_equal(info.storage_role, "relay reader");
+	assert_int_equal(jstore_attach_check(j, JROLE_SINK, err, sizeof(err)), 0);
+	assert_int_equal(jstore_attach_check(j, JROLE_SOURCE, err, sizeof(err)), -EINVAL);
+	assert_int_equal(jstore_fp8_check(j, err, sizeof(err)), 0);
 	for (int i = 0; i < 20; i++)
 		uv_run(&loop, UV_RUN_NOWAIT);
 }

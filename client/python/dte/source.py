@@ -425,15 +425,17 @@ class Source:
     """One trainer process: its ranks attached to a job as sources."""
 
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
-                 interval=1, client=None, detect=None):
+                 interval=1, client=None, detect=None, job_options=None):
         """detect: the job option ("adamw", the default, or "snapshot";
-        docs/SYNC.md) when this Source creates the job."""
+        docs/SYNC.md) when this Source creates the job.  job_options: more
+        Client.job_create arguments, e.g. a storage writer's
+        dict(transport="storage", storage_root="/mnt/dte") (docs/STORAGE.md)."""
         self.job, self.token, self.layout = job, token, layout
         self.model_config = model_config
         self.cli = client or _lib.Client(socket)
         self._own_cli = client is None
         self.created = self.cli.job_create(job, model_config, token, coordinator, interval,
-                                           detect=detect)
+                                           detect=detect, **(job_options or {}))
         self.parts = []          # participant id per attached rank
         self.ranks = []
         self.watches = {}        # id(optimizer) -> OptimizerWatch
@@ -850,9 +852,9 @@ class ShardSource(Source):
     shards are registered by IPC handle."""
 
     def __init__(self, socket, job, token, model_config, layout, coordinator="local",
-                 interval=1, client=None, detect=None):
+                 interval=1, client=None, detect=None, job_options=None):
         super().__init__(socket, job, token, model_config, layout, coordinator, interval, client,
-                         detect)
+                         detect, job_options)
         self.shards = []         # per attached part: [Shard]
 
     @staticmethod
@@ -1053,7 +1055,7 @@ def hf_places(named, wanted):
 
 
 def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordinator="local",
-        interval=1, label="hf-source", detect=None):
+        interval=1, label="hf-source", detect=None, job_options=None):
     if not (isinstance(cls, type) and issubclass(cls, ShardSource)):
         cls = ShardSource
     named = collections.OrderedDict(named_params)
@@ -1074,7 +1076,7 @@ def _hf(cls, named_params, optimizer, socket, job, token, model_config, coordina
     # which nothing reads.
     fp32 = _lib.fp32_tensors(model_config)
     src = cls(socket, job, token, model_config, "fsdp2:dp=1", coordinator, interval,
-              detect=detect)
+              detect=detect, job_options=job_options)
     try:
         w = src.watch(optimizer)
         if w.where != "state":
