@@ -82,6 +82,10 @@ struct jpublish_args {
 	const struct jhparams *groups;
 	size_t n_groups;
 	int async;                   /* answered at once; wait_captured later */
+	/* The engine's own (a relay reader's, job_storage.c): the last
+	 * published version again, to the pairs it was never sent (sinks
+	 * planned since), its source unchanged since; never a client's. */
+	int again;
 };
 
 struct jmark_args {

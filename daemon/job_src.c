@@ -548,6 +548,25 @@ static int relay_decide(struct job *j, struct jcap *c)
 	return 0;
 }
 
+/* A publish again (jpublish_args.again): only the pairs that were never
+ * sent `version` stay in the capture (their first version, dense); the
+ * others leave it before anything of theirs was taken.  How many stay. */
+static size_t keep_unsent(struct job *j, struct jlocal *l, struct jcap *c, uint64_t version)
+{
+	size_t w = 0;
+
+	for (size_t i = 0; i < c->np; i++) {
+		const struct jpair *p = job_pair(j, l->info.id, c->p[i].dst);
+
+		if (p && p->sm.last_sent < version)
+			c->p[w++] = c->p[i];
+		else
+			free(c->p[i].e);	/* cap_new's only allocation in it */
+	}
+	c->np = w;
+	return w;
+}
+
 int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpublish_args *rq,
 		struct jpublish_res *rep, int *deferred, char *err, size_t errlen)
 {
@@ -569,7 +588,8 @@ int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpubl
 	if (!j->complete)
 		return FAIL(-EINVAL,
 			    "job %s is incomplete: not every source rank is attached", j->name);
-	if (rq->version <= jsource_of(l)->last_version)
+	if (rq->version <= jsource_of(l)->last_version &&
+	    !(rq->again && rq->version == jsource_of(l)->last_version))
 		return FAIL(-EINVAL,
 			    "job %s: version %llu is not after the last published %llu", j->name,
 			    (unsigned long long)rq->version,
@@ -589,6 +609,11 @@ int job_publish(struct dte_engine *e, const struct jreq *req, const struct jpubl
 	free(k);
 	if (!c)
 		return FAIL(-ENOMEM, "out of memory");
+	if (rq->again && !keep_unsent(j, l, c, rq->version)) {
+		jcap_free(c);
+		return FAIL(-EEXIST, "job %s: every sink was sent version %llu", j->name,
+			    (unsigned long long)rq->version);
+	}
 	c->version = rq->version;
 	c->base = jsource_of(l)->last_version;
 	c->scan = stepped && rq->step == jsource_of(l)->covered + 1;

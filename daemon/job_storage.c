@@ -106,6 +106,7 @@ struct jstore {
 	uint8_t *halves;           /* [ntensors]: an FP32 tensor, carried as halves */
 	int64_t pend;              /* read into theta, not published yet; -1 none */
 	int64_t pub;               /* published, its capture not seen ended; -1 none */
+	int64_t last;              /* the newest published (θ holds it); -1 none */
 	int64_t step;              /* publishes so far (the step each one names) */
 	struct rfeed *fd;          /* the read on a worker, or NULL */
 	uint64_t relay_reads, relay_bytes; /* versions read, chunk bytes read */
@@ -1540,12 +1541,57 @@ static int relay_publish(struct jstore *s, struct job *j, struct jlocal *l)
 		DLOG_W("job %s: storage relay: v%lld not published: %s", j->name,
 		       (long long)s->pend, err);
 		s->pend = -1;
+		s->last = -1;	/* θ holds no version published: none again */
 		return 1;
 	}
 	s->step++;
 	s->fed = fed;
-	s->pub = s->pend;
+	s->pub = s->last = s->pend;
 	s->pend = -1;
+	return 1;
+}
+
+/* Sinks planned since the last publish (a replica that joined, one a
+ * restart or a re-plan gave a new pair) would otherwise wait for the
+ * writer's next version: θ still holds the last one, so it is published
+ * again to them alone (jpublish_args.again: their pairs' first version,
+ * dense), once the plan has been unchanged for RELAY_SETTLE_MS.  1 when
+ * a capture started. */
+static int relay_again(struct jstore *s, struct job *j, struct jlocal *l)
+{
+	struct jhparams g = { .lr = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+			      .unchanged = 1 };
+	struct jpublish_args a = { .job = j->name, .participant = s->src,
+				   .version = (uint64_t)s->last, .step = s->step,
+				   .groups = &g, .n_groups = 1, .async = 1, .again = 1 };
+	struct jreq rq = { .conn = s->owner };
+	struct jpublish_res rep;
+	size_t unsent = 0;
+	char err[512];
+	int deferred;
+
+	if (s->last < 0 || !l->announced || !j->complete)
+		return 0;
+	for (size_t i = 0; i < j->npairs; i++)
+		unsent += j->pairs[i].src == s->src && j->pairs[i].sm.last_sent < (uint64_t)s->last;
+	if (!unsent)
+		return 0;
+	if (j->epoch != s->seen_epoch) {
+		s->seen_epoch = j->epoch;
+		s->seen_at = jio_now(s->eng);
+		return 0;
+	}
+	if (job_ms_since(s->eng, s->seen_at) < RELAY_SETTLE_MS)
+		return 0;
+	memset(&rep, 0, sizeof(rep));
+	if (job_publish(s->eng, &rq, &a, &rep, &deferred, err, sizeof(err)) < 0) {
+		DLOG_W("job %s: storage relay: v%lld again to %zu new sink pair%s: %s", j->name,
+		       (long long)s->last, unsent, unsent == 1 ? "" : "s", err);
+		return 0;
+	}
+	DLOG_I("job %s: storage relay: v%lld again, to the %zu sink pair%s planned since", j->name,
+	       (long long)s->last, unsent, unsent == 1 ? "" : "s");
+	s->pub = s->last;
 	return 1;
 }
 
@@ -1577,6 +1623,8 @@ static void relay_tick(struct jstore *s, struct job *j)
 	 * watch's pace rather than the timer's. */
 	if (s->pend >= 0 && !relay_publish(s, j, l) &&
 	    job_ms_since(s->eng, s->read_at) < WATCH_MS)
+		goto out;
+	if (s->pend < 0 && s->pub < 0 && relay_again(s, j, l))
 		goto out;
 	if (s->pub < 0 && !s->eng->stopping)
 		relay_read(s, j);
@@ -1633,7 +1681,7 @@ static int relay_start(struct jstore *s, struct job *j, char *err, size_t errlen
 	l->next = j->locals;
 	j->locals = l;
 	s->src = l->info.id;
-	s->pend = s->pub = -1;
+	s->pend = s->pub = s->last = -1;
 	DLOG_N("job %s: storage relay reader: one read of %s/%s feeds the job's sinks over UCX "
 	       "(source %llx, %llu FP32 elements)", j->name, s->cfg.root, j->name,
 	       (unsigned long long)s->src, (unsigned long long)total);
@@ -1681,7 +1729,7 @@ int jstore_start(struct job *j, const struct jstore_cfg *cfg, char *err, size_t 
 	s->model.numel = s->numel;
 	s->staging = -1;
 	j->store = s;
-	s->pend = s->pub = -1;
+	s->pend = s->pub = s->last = -1;
 	if ((rc = cfg->relay ? (j->is_coord ? relay_start(s, j, err, errlen) : 0) :
 		  cfg->reader ? reader_start(s, j, err, errlen) :
 		  j->is_coord ? writer_start(s, j, err, errlen) : 0) < 0) {
