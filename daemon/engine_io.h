@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
 #include "proto/peer.pb-c.h"
+#include "proto/peer_auth.h"
 
 struct dte_timer;	/* the implementation's */
 struct dte_wake;	/* the implementation's */
@@ -52,7 +53,7 @@ typedef void (*dte_io_recv_fn)(void *ctx, const char *from_node, Dtep__PeerMsgTy
 			       const uint8_t *hdr, size_t hdrlen, const void *data, size_t len);
 typedef void (*dte_io_down_fn)(void *ctx, const char *node);
 typedef int (*dte_io_seal_fn)(void *ctx, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
-			      const void *data, size_t len, uint8_t mac[32]);
+			      const void *data, size_t len, uint8_t mac[PEER_AUTH_MACBYTES]);
 
 struct dte_engine_io {
 	void *ctx;

@@ -40,7 +40,7 @@ void job_auth_setup(struct job *j)
 }
 
 int job_auth_seal(void *engine, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
-		  const void *data, size_t len, uint8_t mac[32])
+		  const void *data, size_t len, uint8_t mac[PEER_AUTH_MACBYTES])
 {
 	Dtep__JobRef *ref = peer_auth_ref(msg);
 	const char *name = ref ? ref->job : NULL;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
 #include "proto/peer.pb-c.h"
+#include "proto/peer_auth.h"
 
 struct dte_engine;
 struct job;
@@ -37,7 +38,7 @@ void job_auth_setup(struct job *j);
 /* route.c's sealer (route_set_sealer, its context the struct dte_engine):
  * 1 with the MAC of a record of a job with auth on, else 0. */
 int job_auth_seal(void *engine, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
-		  const void *data, size_t len, uint8_t mac[32]);
+		  const void *data, size_t len, uint8_t mac[PEER_AUTH_MACBYTES]);
 
 /* A record for j from daemon `from` (not this one): 0 when it may be read,
  * else -EACCES with the reason in why (counted here). */

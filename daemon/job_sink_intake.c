@@ -381,7 +381,7 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 	ProtobufCBinaryData *mf = peer_auth_mac_field((ProtobufCMessage *)msg), keep = { 0 };
 	Dtep__Relayed r = DTEP__RELAYED__INIT;
 	Dtep__JobRef ref;
-	uint8_t mac[32], *buf = NULL;
+	uint8_t mac[PEER_AUTH_MACBYTES], *buf = NULL;
 	size_t rl, n = 0;
 	int sealed = 0;
 

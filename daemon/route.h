@@ -26,6 +26,7 @@
 #include <uv.h>
 #include <protobuf-c/protobuf-c.h>
 #include "proto/peer.pb-c.h"
+#include "proto/peer_auth.h"
 
 /* A transport: one way records leave this daemon.  route.c dispatches
  * every send to one of two: the local queue (records for this daemon,
@@ -188,7 +189,7 @@ void route_set_receiver(route_recv_fn recv, route_down_fn down, void *ctx);
  * the send with it.  Records for this daemon are not sealed: they never
  * leave the process.  data is the PAYLOAD's. */
 typedef int (*route_seal_fn)(void *ctx, Dtep__PeerMsgType type, const ProtobufCMessage *msg,
-			     const void *data, size_t len, uint8_t mac[32]);
+			     const void *data, size_t len, uint8_t mac[PEER_AUTH_MACBYTES]);
 void route_set_sealer(route_seal_fn seal, void *ctx);
 
 /* The receiver and the sealer registered with ctx go (an engine being

@@ -1,12 +1,13 @@
 /* proto/peer_auth.c — job keys and record MACs (proto/peer_auth.h), on
- * libsodium's BLAKE2b. */
+ * libsodium: the key by BLAKE2b, a record's MAC by Poly1305 under a
+ * one-time key from XChaCha20. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sodium.h>
 #include "proto/peer_auth.h"
 
-static const char tag[] = "dted-peer-record-v5";
+static const char tag[] = "dted-peer-record-v9";
 
 int peer_auth_init(void)
 {
@@ -52,22 +53,24 @@ ProtobufCBinaryData *peer_auth_mac_field(const ProtobufCMessage *msg)
 	return ref ? &ref->mac : NULL;
 }
 
-int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
-		  const ProtobufCMessage *msg, const void *data, size_t len,
-		  uint8_t mac[PEER_AUTH_MACBYTES])
+/* The tag of a record under the one-time key XChaCha20(key, nonce)'s
+ * first 32 bytes (the construction of XChaCha20-Poly1305's tag, here
+ * over the record's encoding rather than a ciphertext): Poly1305 over the
+ * domain tag, the type, the header's length and bytes, the data's length
+ * and bytes.  A random 192-bit nonce per record makes each key one-time. */
+static int mac_tag(const uint8_t key[PEER_AUTH_KEYBYTES], const uint8_t *nonce, unsigned type,
+		   const ProtobufCMessage *msg, ProtobufCBinaryData *field, const void *data,
+		   size_t len, uint8_t tagout[PEER_AUTH_TAGBYTES])
 {
-	ProtobufCBinaryData *field = peer_auth_mac_field(msg), keep;
-	crypto_generichash_state st;
-	uint8_t stackbuf[512], *hdr, le[8];
+	ProtobufCBinaryData keep = *field;
+	crypto_onetimeauth_state st;
+	uint8_t stackbuf[512], *hdr, le[8], otk[crypto_onetimeauth_KEYBYTES];
 	size_t hdrlen;
 
-	if (!field)
-		return -EINVAL;
 	if (type == DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED) {
 		data = NULL;	/* peer_auth.h: the relayed record's MAC covers it */
 		len = 0;
 	}
-	keep = *field;
 	field->len = 0;
 	field->data = NULL;
 	hdrlen = protobuf_c_message_get_packed_size(msg);
@@ -78,24 +81,39 @@ int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 	}
 	protobuf_c_message_pack(msg, hdr);
 	*field = keep;
-	crypto_generichash_init(&st, key, PEER_AUTH_KEYBYTES, PEER_AUTH_MACBYTES);
-	crypto_generichash_update(&st, (const unsigned char *)tag, sizeof(tag));
+	crypto_stream_xchacha20(otk, sizeof(otk), nonce, key);
+	crypto_onetimeauth_init(&st, otk);
+	crypto_onetimeauth_update(&st, (const unsigned char *)tag, sizeof(tag));
 	for (int i = 0; i < 4; i++)
 		le[i] = (uint8_t)(type >> (8 * i));
-	crypto_generichash_update(&st, le, 4);
+	crypto_onetimeauth_update(&st, le, 4);
 	for (int i = 0; i < 8; i++)
 		le[i] = (uint8_t)((uint64_t)hdrlen >> (8 * i));
-	crypto_generichash_update(&st, le, 8);
-	crypto_generichash_update(&st, hdr, hdrlen);
+	crypto_onetimeauth_update(&st, le, 8);
+	crypto_onetimeauth_update(&st, hdr, hdrlen);
 	for (int i = 0; i < 8; i++)
 		le[i] = (uint8_t)((uint64_t)len >> (8 * i));
-	crypto_generichash_update(&st, le, 8);
+	crypto_onetimeauth_update(&st, le, 8);
 	if (len)
-		crypto_generichash_update(&st, data, len);
-	crypto_generichash_final(&st, mac, PEER_AUTH_MACBYTES);
+		crypto_onetimeauth_update(&st, data, len);
+	crypto_onetimeauth_final(&st, tagout);
+	sodium_memzero(otk, sizeof(otk));
+	sodium_memzero(&st, sizeof(st));
 	if (hdr != stackbuf)
 		free(hdr);
 	return 0;
+}
+
+int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
+		  const ProtobufCMessage *msg, const void *data, size_t len,
+		  uint8_t mac[PEER_AUTH_MACBYTES])
+{
+	ProtobufCBinaryData *field = peer_auth_mac_field(msg);
+
+	if (!field)
+		return -EINVAL;
+	randombytes_buf(mac, PEER_AUTH_MAC_NONCEBYTES);
+	return mac_tag(key, mac, type, msg, field, data, len, mac + PEER_AUTH_MAC_NONCEBYTES);
 }
 
 int peer_auth_seal(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type, ProtobufCMessage *msg,
@@ -117,15 +135,17 @@ int peer_auth_seal(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type, Protobu
 int peer_auth_check(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		    const ProtobufCMessage *msg, const void *data, size_t len)
 {
-	const ProtobufCBinaryData *field = peer_auth_mac_field(msg);
-	uint8_t want[PEER_AUTH_MACBYTES];
+	ProtobufCBinaryData *field = peer_auth_mac_field(msg);
+	uint8_t got[PEER_AUTH_MACBYTES], want[PEER_AUTH_TAGBYTES];
 	int rc;
 
 	if (!field)
 		return -EINVAL;
 	if (field->len != PEER_AUTH_MACBYTES || !field->data)
 		return -ENOKEY;
-	if ((rc = peer_auth_mac(key, type, msg, data, len, want)) < 0)
+	/* The field is emptied while the header is packed: its bytes first. */
+	memcpy(got, field->data, sizeof(got));
+	if ((rc = mac_tag(key, got, type, msg, field, data, len, want)) < 0)
 		return rc;
-	return crypto_verify_32(want, field->data) == 0 ? 0 : -EBADMSG;
+	return crypto_verify_16(want, got + PEER_AUTH_MAC_NONCEBYTES) == 0 ? 0 : -EBADMSG;
 }

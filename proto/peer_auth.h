@@ -5,9 +5,13 @@
  * NUL-terminated: every daemon the user gave the token derives it, and
  * nothing on the wire shows it.  Every job record (field 1 is its JobRef)
  * carries JobRef.mac, and a REFUSED of a job the refuser holds carries
- * Refused.mac: keyed BLAKE2b-256 (libsodium crypto_generichash)
- * over a domain tag, the record type, the record packed with an empty mac
- * and, for PAYLOAD, the data's length and bytes.  A RELAYED's MAC covers
+ * Refused.mac: a random 192-bit nonce and a Poly1305 tag (peer protocol
+ * 9) under the one-time key XChaCha20(job key, nonce) — the first 32
+ * bytes of its keystream, as XChaCha20-Poly1305 makes its tag key — over
+ * a domain tag, the record type, the record packed with an empty mac
+ * and, for PAYLOAD, the data's length and bytes.  (Protocol 5..8 used
+ * keyed BLAKE2b-256, about 3.5x slower per byte: a relay checks every part
+ * it forwards, docs/BENCHMARKS.md "Relay fan-out, modelled".)  A RELAYED's MAC covers
  * its header alone: its data is a record sealed by its source with that
  * record's data, whose own MAC covers them (protocol 7; hashing every
  * relayed byte again would cost a relay what its check costs).  The receiver repacks
@@ -24,7 +28,9 @@
 #include "proto/peer.pb-c.h"
 
 #define PEER_AUTH_KEYBYTES   32u
-#define PEER_AUTH_MACBYTES   32u
+#define PEER_AUTH_MAC_NONCEBYTES 24u   /* crypto_stream_xchacha20_NONCEBYTES */
+#define PEER_AUTH_TAGBYTES   16u       /* crypto_onetimeauth_BYTES */
+#define PEER_AUTH_MACBYTES   (PEER_AUTH_MAC_NONCEBYTES + PEER_AUTH_TAGBYTES)
 #define PEER_AUTH_NONCEBYTES 16u
 
 /* sodium_init; 0 or -EIO.  Safe to call more than once. */
@@ -44,8 +50,8 @@ Dtep__JobRef *peer_auth_ref(const ProtobufCMessage *msg);
  * NULL for a record with neither. */
 ProtobufCBinaryData *peer_auth_mac_field(const ProtobufCMessage *msg);
 
-/* The MAC of a record (its MAC field is ignored: emptied for the
- * computation, then restored).  0 or -ENOMEM. */
+/* The MAC of a record, a fresh nonce and its tag (its MAC field is
+ * ignored: emptied for the computation, then restored).  0 or -ENOMEM. */
 int peer_auth_mac(const uint8_t key[PEER_AUTH_KEYBYTES], unsigned type,
 		  const ProtobufCMessage *msg, const void *data, size_t len,
 		  uint8_t mac[PEER_AUTH_MACBYTES]);
