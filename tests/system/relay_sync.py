@@ -14,14 +14,14 @@ forwarded, unchanged, by its parent.
           carries no payload (its bytes to them stay a fraction of its bytes
           to s1), s1..s3 forward (dted_relayed_bytes_total{outcome=sent})
           and s4, the chain's end, forwards nothing.  Then s2's daemon is
-          stopped (SIGSTOP) for three versions: s3 and s4 miss the first,
-          holding what they held, whole; the coordinator, seeing s2 behind
-          its parent for [peer] relay_lag_ms (1000 ms), re-plans it as the
-          chain's end (s1 -> s3 -> s4 -> s2), so the next version reaches
-          s3 and s4 (dense, directly: their last one went out under the
-          old plan) and the one after is relayed by s1 and s3 while s2 is
-          still stopped; continued, s2 catches up, takes its place again,
-          and every replica is exact.
+          stopped (SIGSTOP) for five versions: s3 and s4 miss the first
+          two, holding what they held, whole; the coordinator, seeing s2
+          two versions behind its parent for [peer] relay_lag_ms (1000
+          ms), re-plans it as the chain's end (s1 -> s3 -> s4 -> s2), so
+          the third reaches s3 and s4 (dense, directly: their last one
+          went out under the old plan) and the next two are relayed by s1
+          and s3, sparse, while s2 is still stopped; continued, s2 catches
+          up, takes its place again, and every replica is exact.
   tree    relay_fanout = 2, replicas s1 -> (s2, s3), s2 -> s4; a fifth
           replica (s5) joins mid-run: its first version is dense, sent to
           it directly while the others' sparse versions are relayed
@@ -228,7 +228,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                 bytes_out = {d.name: peer_bytes_out(coord, d.name) for d in sinks}
                 stopped = reps[lag[1]]
                 os.kill(stopped.daemon.pid, signal.SIGSTOP)
-            if lag and v == lag[0] + 3:
+            if lag and v == lag[0] + 5:
                 os.kill(stopped.daemon.pid, signal.SIGCONT)
                 stopped = None
             if late and v == late[0]:
@@ -237,7 +237,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
             infos = [tcli.publish(JOB, p, v, rec["step"], sl.groups_of(rec)) for p in src_parts]
             want = sl.expected(model)
             good = True
-            lagging = lag and v == lag[0]
+            lagging = lag and lag[0] <= v <= lag[0] + 1
             for rp in reps:
                 if rp is dead or rp is stopped:
                     continue
@@ -297,8 +297,12 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                                              .get("participants", [])) ==
                                  TP + TP * (len(reps) - 1), "the re-plan"),
                         "%s: re-planned without the dead relay's sinks" % name)
-            if lag and v == lag[0] + 1:
-                # Re-planned around the stopped relay before this version.
+            if lag and v == lag[0] + 2:
+                # Two versions behind its parent for relay_lag_ms: the
+                # coordinator planned the stopped relay as a leaf before
+                # this version, whose replicas below it get it dense and
+                # directly (their last version went out under the old
+                # plan), although it is still stopped.
                 stopped_ids = [p["id"] for p in (coord.ctl_json("job", JOB) or {})
                                .get("participants", []) if p.get("role") == "sink" and
                                p.get("node") == stopped.daemon.name]
@@ -306,7 +310,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                            for p in (coord.ctl_json("job", JOB) or {}).get("participants", [])
                            if p.get("role") == "sink"}
                 log = coord.log_text()
-                c.check("lags (holds v%d" % (v - 2) in log and
+                c.check("lags (holds v%d" % (v - 3) in log and
                         "planned as a leaf" in log,
                         "%s: the coordinator saw the stopped relay lag and planned it as a "
                         "leaf" % name)
@@ -314,18 +318,19 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                         parents.get("s3") != 0,
                         "%s v%d: s3's parent is no longer the stopped relay (%s; stopped %s)" %
                         (name, v, parents, stopped_ids))
-                c.check(good, "%s v%d: the replicas below the stopped relay got it (routed "
-                        "around at the next version)" % (name, v))
-            if lag and v == lag[0] + 2:
-                # The replicas below the stopped relay acknowledged nothing
-                # for two versions: the sources route around it, dense and
-                # direct, and they hold this version although it is stopped.
                 below = [rp for rp in reps if rp.k > lag[1]]
-                c.check(0 < dense < fed and all(rp.held == v for rp in below),
+                c.check(good and 0 < dense < fed and all(rp.held == v for rp in below),
                         "%s v%d: replicas below the stopped relay routed around it (%d of %d "
                         "pairs dense, held %s)" % (name, v, dense, fed,
                                                    [rp.held for rp in below]))
-            if lag and v == lag[0] + 4:
+            if lag and lag[0] + 3 <= v <= lag[0] + 4:
+                # Still stopped: the replicas that were below it are relayed
+                # by their new parent, sparse; only its own pairs go dense.
+                c.check(good and dense == fed // len(reps),
+                        "%s v%d: with the relay still stopped, every other replica got it "
+                        "sparse through its new parent (%d of %d pairs dense: the stopped "
+                        "relay's)" % (name, v, dense, fed))
+            if lag and v == lag[0] + 6:
                 c.check(good, "%s v%d: every replica exact again, the stopped relay too" %
                         (name, v))
             if kill and v == kill[0] + 1:
@@ -480,7 +485,7 @@ def main():
     torn, wrong = a[2] + b[2], a[3] + b[3]
     c.check(torn == 0 and wrong == 0, "no replica torn or wrong")
     c.check(b[4] == 2, "the two replicas below the killed relay missed its version (%d)" % b[4])
-    c.check(a[4] == 2, "the two replicas below the stopped relay missed one version each, "
+    c.check(a[4] == 4, "the two replicas below the stopped relay missed two versions each, "
             "then were routed around it (%d)" % a[4])
     # exact: versions every live replica held exactly; the killed relay's
     # version is not, for the two replicas below it, which kept the one
