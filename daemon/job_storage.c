@@ -1494,45 +1494,57 @@ static void relay_read(struct jstore *s, struct job *j)
 	jtask_start(s->eng, &f->task);
 }
 
-/* Publish what θ holds, as a trainer would (async: the capture runs on a
- * worker, relay_tick sees it end).  0 while the source is not planned yet
- * or still busy (asked again at the next tick). */
-static int relay_publish(struct jstore *s, struct job *j, struct jlocal *l)
+/* Whether the plan has been unchanged for RELAY_SETTLE_MS (the members of
+ * a restarted relay rejoin within a few ms of each other): a version sent
+ * to the sinks planned so far reaches no sink planned a moment later. */
+static int relay_settled(struct jstore *s, const struct job *j)
 {
-	/* No optimizer: one group, nothing stepped (detect = snapshot reads
-	 * no hyper-parameter; the capture only wants a group per entry). */
+	if (j->epoch != s->seen_epoch) {
+		s->seen_epoch = j->epoch;
+		s->seen_at = jio_now(s->eng);
+		return 0;
+	}
+	return job_ms_since(s->eng, s->seen_at) >= RELAY_SETTLE_MS;
+}
+
+/* The source publishes what θ holds, as a trainer would (async: the
+ * capture runs on a worker, relay_tick sees it end).  No optimizer: one
+ * group, nothing stepped (detect = snapshot reads no hyper-parameter; the
+ * capture only wants a group per entry).  again: the version published
+ * last, to the pairs never sent it (jpublish_args.again). */
+static int relay_source_publish(struct jstore *s, struct job *j, uint64_t version, int64_t step,
+				int again, char *err, size_t errlen)
+{
 	struct jhparams g = { .lr = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
 			      .unchanged = 1 };
-	struct jpublish_args a = { .job = j->name, .participant = s->src,
-				   .version = (uint64_t)s->pend, .step = s->step + 1,
-				   .groups = &g, .n_groups = 1, .async = 1 };
+	struct jpublish_args a = { .job = j->name, .participant = s->src, .version = version,
+				   .step = step, .groups = &g, .n_groups = 1, .async = 1,
+				   .again = again };
 	struct jreq rq = { .conn = s->owner };
 	struct jpublish_res rep;
-	char err[512];
-	int deferred, rc;
+	int deferred;
 
+	memset(&rep, 0, sizeof(rep));
+	return job_publish(s->eng, &rq, &a, &rep, &deferred, err, errlen);
+}
+
+/* Publish what was read.  0 while the source is not planned yet, is still
+ * busy, or (no sink had the last one: a relay just started, or one whose
+ * sinks all left) the plan has no sinks or has not settled (asked again
+ * at the next tick). */
+static int relay_publish(struct jstore *s, struct job *j, struct jlocal *l)
+{
 	size_t fed = 0;
+	char err[512];
+	int rc;
 
 	if (!l->announced || !j->complete)
 		return 0;
 	for (size_t i = 0; i < j->npairs; i++)
 		fed += j->pairs[i].src == s->src;
-	if (!s->fed) {
-		/* No sink had the last one (a relay just started, or one whose
-		 * sinks all left): a version published to nobody reaches
-		 * nobody until the writer's next, so it waits for a plan with
-		 * sinks, unchanged for RELAY_SETTLE_MS (the members of a
-		 * restarted relay rejoin within a few ms of each other). */
-		if (j->epoch != s->seen_epoch || !fed) {
-			s->seen_epoch = j->epoch;
-			s->seen_at = jio_now(s->eng);
-			return 0;
-		}
-		if (job_ms_since(s->eng, s->seen_at) < RELAY_SETTLE_MS)
-			return 0;
-	}
-	memset(&rep, 0, sizeof(rep));
-	rc = job_publish(s->eng, &rq, &a, &rep, &deferred, err, sizeof(err));
+	if (!s->fed && (!relay_settled(s, j) || !fed))
+		return 0;
+	rc = relay_source_publish(s, j, (uint64_t)s->pend, s->step + 1, 0, err, sizeof(err));
 	if (rc == -EBUSY)
 		return 0;
 	if (rc < 0) {
@@ -1554,37 +1566,20 @@ static int relay_publish(struct jstore *s, struct job *j, struct jlocal *l)
 /* Sinks planned since the last publish (a replica that joined, one a
  * restart or a re-plan gave a new pair) would otherwise wait for the
  * writer's next version: θ still holds the last one, so it is published
- * again to them alone (jpublish_args.again: their pairs' first version,
- * dense), once the plan has been unchanged for RELAY_SETTLE_MS.  1 when
- * a capture started. */
+ * again to them alone (their pairs' first version, dense), once the plan
+ * has settled.  1 when a capture started. */
 static int relay_again(struct jstore *s, struct job *j, struct jlocal *l)
 {
-	struct jhparams g = { .lr = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-			      .unchanged = 1 };
-	struct jpublish_args a = { .job = j->name, .participant = s->src,
-				   .version = (uint64_t)s->last, .step = s->step,
-				   .groups = &g, .n_groups = 1, .async = 1, .again = 1 };
-	struct jreq rq = { .conn = s->owner };
-	struct jpublish_res rep;
 	size_t unsent = 0;
 	char err[512];
-	int deferred;
 
 	if (s->last < 0 || !l->announced || !j->complete)
 		return 0;
 	for (size_t i = 0; i < j->npairs; i++)
 		unsent += j->pairs[i].src == s->src && j->pairs[i].sm.last_sent < (uint64_t)s->last;
-	if (!unsent)
+	if (!unsent || !relay_settled(s, j))
 		return 0;
-	if (j->epoch != s->seen_epoch) {
-		s->seen_epoch = j->epoch;
-		s->seen_at = jio_now(s->eng);
-		return 0;
-	}
-	if (job_ms_since(s->eng, s->seen_at) < RELAY_SETTLE_MS)
-		return 0;
-	memset(&rep, 0, sizeof(rep));
-	if (job_publish(s->eng, &rq, &a, &rep, &deferred, err, sizeof(err)) < 0) {
+	if (relay_source_publish(s, j, (uint64_t)s->last, s->step, 1, err, sizeof(err)) < 0) {
 		DLOG_W("job %s: storage relay: v%lld again to %zu new sink pair%s: %s", j->name,
 		       (long long)s->last, unsent, unsent == 1 ? "" : "s", err);
 		return 0;

@@ -33,7 +33,6 @@ import glob
 import json
 import os
 import sys
-import time
 
 import harness  # sets ROOT and B, puts client/python on sys.path
 
@@ -51,16 +50,6 @@ from dte.checks import Checks  # noqa: E402
 JOB, TOKEN, TP = sl.JOB, sl.TOKEN, sl.TP
 KEYFRAME_EVERY = 5
 REPLICAS = 3
-
-
-def until(cond, what, timeout=20.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    print("timed out waiting for %s" % what, flush=True)
-    return False
 
 
 def main():
@@ -194,7 +183,7 @@ def main():
         def berr():
             return str((b.ctl_json("job", JOB, check=False) or {}).get("storage_error", ""))
 
-        c.check(until(lambda: "checksum" in berr().lower(), "b to refuse v%d" % v),
+        c.check(rs.wait_for(lambda: "checksum" in berr().lower(), "b to refuse v%d" % v),
                 "b refused v%d with the reason: %s" % (v, berr()))
         w.ctl("storage", "keyframe", JOB)
         v, want = publish()
@@ -214,7 +203,7 @@ def main():
         # The job comes back from b's job state; it reads the newest
         # keyframe and the chain after it, and publishes only the newest.
         c.check(b.wait_log("storage relay reader"), "b restarted as the relay reader")
-        c.check(until(lambda: len((b.ctl_json("job", JOB, check=False) or {})
+        c.check(rs.wait_for(lambda: len((b.ctl_json("job", JOB, check=False) or {})
                                   .get("participants", [])) == 1 + TP * REPLICAS,
                       "the replicas to join b again"),
                 "the replicas joined the restarted b")
