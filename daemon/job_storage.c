@@ -1644,7 +1644,7 @@ static int relay_start(struct jstore *s, struct job *j, char *err, size_t errlen
 	if (!(s->foff = calloc(j->spec.n + 1, sizeof(*s->foff))) ||
 	    !(s->halves = calloc(j->spec.n + 1, 1)))
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
-	for (uint32_t t = 0, off = 0; t < j->spec.n; t++) {
+	for (uint64_t t = 0, off = 0; t < j->spec.n; t++) {
 		s->halves[t] = (uint8_t)dte_spec_is_halves(&j->spec, t);
 		s->foff[t] = off;
 		off += s->numel[t] / (s->halves[t] ? 2 : 1);
