@@ -647,13 +647,55 @@ static void writer_sink_staged(struct job *j, struct jlocal *l)
 		writer_staged(s, j, l);
 }
 
+/* The daemon-owned canonical buffer of the writer's sink (BF16) or the
+ * relay reader's source (FP32): `total` elements in a sealed memfd like a
+ * client's buffer, registered under the store's own owner. */
+static int canon_buffer(struct jstore *s, uint64_t total, int dtype, const char *name,
+			struct dbuf **out, char *err, size_t errlen)
+{
+	size_t elem = dtype == DBUF_FP32 ? 4 : 2;
+	uint64_t id;
+	int fd, e;
+
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, (off_t)((total ? total : 1) * elem)) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		e = -errno;
+		if (fd >= 0)
+			close(fd);
+		return derr_fail(err, errlen, e, "%s: %s", name, strerror(-e));
+	}
+	s->owner = OWNER_BASE + ++s->eng->store_owners;
+	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, dtype, name, &id, err,
+				  errlen)) < 0)
+		return e;
+	*out = dbuf_get(s->owner, id);
+	return 0;
+}
+
+/* l (made with one buffer slot) becomes the job's participant in the
+ * canonical layout over buf, owned by the store; its id. */
+static uint64_t canon_link(struct jstore *s, struct job *j, struct jlocal *l, struct dbuf *buf)
+{
+	l->bufs[0] = buf;
+	l->buf_ids[0] = 0;
+	dbuf_ref(buf);
+	l->info.id = job_participant_id_new(j->eng);
+	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
+	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(j->eng));
+	l->owner = s->owner;
+	l->next = j->locals;
+	j->locals = l;
+	return l->info.id;
+}
+
 static int writer_start(struct jstore *s, struct job *j, char *err, size_t errlen)
 {
 	struct dts_writer_cfg wc;
 	struct jlocal *l = NULL;
-	uint64_t total = s->toff[s->model.ntensors], id;
+	uint64_t total = s->toff[s->model.ntensors];
 	int64_t head;
-	int fd, e;
+	int e;
 
 	memset(&wc, 0, sizeof(wc));
 	wc.root = s->cfg.root;
@@ -662,21 +704,9 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 	wc.keyframe_every = s->cfg.keyframe_every;
 	if ((e = dts_writer_open(&s->w, &wc, err, errlen)))
 		return dts_errno(e);
-	/* The canonical copy lives in a sealed memfd like any sink's buffer. */
-	fd = memfd_create("dted-storage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 2 : 2)) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-		e = -errno;
-		snprintf(err, errlen, "canonical copy: %s", strerror(-e));
-		if (fd >= 0)
-			close(fd);
+	if ((e = canon_buffer(s, total, DBUF_BF16, "storage canonical", &s->mirror, err,
+			      errlen)) < 0)
 		return e;
-	}
-	s->owner = OWNER_BASE + ++s->eng->store_owners;
-	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_BF16,
-				  "storage canonical", &id, err, errlen)) < 0)
-		return e;
-	s->mirror = dbuf_get(s->owner, id);
 	head = s->head = dts_writer_head(s->w);
 	s->mirror_known = 1;
 	if (head >= 0) {
@@ -695,15 +725,7 @@ static int writer_start(struct jstore *s, struct job *j, char *err, size_t errle
 		jlocal_free(j->eng, l);
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
 	}
-	l->bufs[0] = s->mirror;
-	dbuf_ref(s->mirror);
-	l->info.id = job_participant_id_new(j->eng);
-	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
-	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(j->eng));
-	l->owner = s->owner;
-	l->next = j->locals;
-	j->locals = l;
-	s->canon = l->info.id;
+	s->canon = canon_link(s, j, l, s->mirror);
 	DLOG_N("job %s: storage writer on %s/%s (keyframe every %u, keep %u versions, %u "
 	       "keyframes), head v%lld", j->name, s->cfg.root, j->name, s->cfg.keyframe_every,
 	       s->cfg.keep_versions, s->cfg.keep_keyframes, (long long)head);
@@ -1632,50 +1654,33 @@ static int relay_start(struct jstore *s, struct job *j, char *err, size_t errlen
 {
 	struct dte_layout lay;
 	struct jlocal *l;
-	uint64_t total, id;
-	int fd, e;
+	uint64_t total;
+	int e;
 
 	if ((e = reader_start(s, j, err, errlen)) < 0)
 		return e;
 	if ((e = jstore_canonical_layout(&j->spec, JROLE_SOURCE, &lay, err, errlen)) < 0)
 		return e;
 	total = (uint64_t)lay.bufs[0].length;
-	dte_layout_fini(&lay);
 	if (!(s->foff = calloc(j->spec.n + 1, sizeof(*s->foff))) ||
-	    !(s->halves = calloc(j->spec.n + 1, 1)))
+	    !(s->halves = calloc(j->spec.n + 1, 1))) {
+		dte_layout_fini(&lay);
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
-	for (uint64_t t = 0, off = 0; t < j->spec.n; t++) {
-		s->halves[t] = (uint8_t)dte_spec_is_halves(&j->spec, t);
-		s->foff[t] = off;
-		off += s->numel[t] / (s->halves[t] ? 2 : 1);
 	}
+	/* Where θ holds each tensor: its piece's offset (piece t is tensor t;
+	 * an FP32 tensor's in 16-bit units, dte_piece_units). */
+	for (uint32_t t = 0; t < j->spec.n; t++) {
+		s->halves[t] = dte_piece_units(&lay, &j->spec, &lay.pieces[t]) == 2;
+		s->foff[t] = (uint64_t)lay.pieces[t].offset / (s->halves[t] ? 2 : 1);
+	}
+	dte_layout_fini(&lay);
 	/* θ lives in a sealed memfd like a trainer's (its pages are the
 	 * captures' to read). */
-	fd = memfd_create("dted-relay", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0 || ftruncate(fd, (off_t)(total ? total * 4 : 4)) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-		e = -errno;
-		if (fd >= 0)
-			close(fd);
-		return derr_fail(err, errlen, e, "relay source buffer: %s", strerror(-e));
-	}
-	s->owner = OWNER_BASE + ++s->eng->store_owners;
-	if ((e = dbuf_register_fd(s->owner, fd, 0, total ? total : 1, DBUF_FP32,
-				  "storage relay", &id, err, errlen)) < 0)
+	if ((e = canon_buffer(s, total, DBUF_FP32, "storage relay", &s->theta, err, errlen)) < 0)
 		return e;
-	s->theta = dbuf_get(s->owner, id);
 	if (!(l = jlocal_new(JROLE_SOURCE, 1)))
 		return derr_fail(err, errlen, -ENOMEM, "out of memory");
-	l->bufs[0] = s->theta;
-	l->buf_ids[0] = 0;
-	dbuf_ref(s->theta);
-	l->info.id = job_participant_id_new(j->eng);
-	snprintf(l->info.layout, sizeof(l->info.layout), "%s", JSTORE_CANON_LAYOUT);
-	snprintf(l->info.node, sizeof(l->info.node), "%s", jio_self(j->eng));
-	l->owner = s->owner;
-	l->next = j->locals;
-	j->locals = l;
-	s->src = l->info.id;
+	s->src = canon_link(s, j, l, s->theta);
 	s->pend = s->pub = s->last = -1;
 	DLOG_N("job %s: storage relay reader: one read of %s/%s feeds the job's sinks over UCX "
 	       "(source %llx, %llu FP32 elements)", j->name, s->cfg.root, j->name,
