@@ -120,16 +120,6 @@ static void canonical_layout(void **state)
 	dte_layout_fini(&l);
 }
 
-/* GLM-4.5's structure at small dims: its e_score_correction_bias is an
- * FP32 tensor (carried as halves). */
-static const char glm_small[] =
-	"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,"
-	"\"head_dim\":16,\"hidden_size\":64,\"intermediate_size\":96,\"model_type\":\"glm4_moe\","
-	"\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,"
-	"\"num_attention_heads\":4,\"num_experts_per_tok\":2,\"num_hidden_layers\":3,"
-	"\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"tie_word_embeddings\":false,"
-	"\"topk_group\":1,\"use_qk_norm\":false,\"vocab_size\":300}";
-
 /* The relay reader's source (canonical, FP32, no optimizer state): every
  * BF16 tensor one FP32 element per element, every FP32 tensor its halves
  * as 16-bit units of its elements; valid, and planned to an engine's
@@ -142,7 +132,12 @@ static void canonical_source_layout(void **state)
 	char err[256];
 	int64_t floats = 0, halves = 0;
 
-	assert_int_equal(dte_spec_load_string(&g, glm_small, err, sizeof(err)), 0);
+	/* GLM-4.5's structure at small dims: its e_score_correction_bias
+	 * is an FP32 tensor (carried as halves). */
+	char *glm = slurp("tests/data/layout/tiny-glm4-moe.json");
+
+	assert_int_equal(dte_spec_load_string(&g, glm, err, sizeof(err)), 0);
+	free(glm);
 	assert_int_equal(jstore_canonical_layout(&g, JROLE_SOURCE, &src, err, sizeof(err)), 0);
 	assert_int_equal(src.role, DTE_LAYOUT_SOURCE);
 	assert_int_equal(dte_layout_validate(&src, &g, err, sizeof(err)), 0);

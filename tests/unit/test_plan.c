@@ -11,6 +11,7 @@
 #include <cmocka.h>
 #include "daemon/layout/gen.h"
 #include "daemon/layout/plan.h"
+#include "tests/unit/slurp.h"
 
 #define DATA "tests/data/layout/"
 
@@ -586,15 +587,17 @@ static void test_compact_matches_reference(void **state)
 	check_against_ref(DATA "models/qwen3-0.6b.json", "megatron:tp=2,dp=2,dopt=1", "sglang:tp=4", 2, 1, 2);
 }
 
-/* GLM-4.5's structure at small dims (the published config's fields): its
- * router weight and e_score_correction_bias are FP32 in the engines. */
-static const char glm_small[] =
-	"{\"architectures\":[\"Glm4MoeForCausalLM\"],\"attention_bias\":true,\"first_k_dense_replace\":1,"
-	"\"head_dim\":16,\"hidden_size\":64,\"intermediate_size\":96,\"model_type\":\"glm4_moe\","
-	"\"moe_intermediate_size\":16,\"n_group\":1,\"n_routed_experts\":4,\"n_shared_experts\":1,"
-	"\"num_attention_heads\":4,\"num_experts_per_tok\":2,\"num_hidden_layers\":3,"
-	"\"num_key_value_heads\":2,\"partial_rotary_factor\":0.5,\"tie_word_embeddings\":false,"
-	"\"topk_group\":1,\"use_qk_norm\":false,\"vocab_size\":300}";
+/* GLM-4.5's structure at small dims (the published config's fields,
+ * tests/data/layout/tiny-glm4-moe.json): its router weight and
+ * e_score_correction_bias are FP32 in the engines. */
+static int load_glm_small(struct dte_spec *s, char *err, size_t errlen)
+{
+	char *text = slurp(DATA "tiny-glm4-moe.json");
+	int rc = dte_spec_load_string(s, text, err, errlen);
+
+	free(text);
+	return rc;
+}
 
 static const char qwen_fp8[] =
 	"{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"hidden_size\":256,"
@@ -853,7 +856,7 @@ static void test_fp32_halves(void **state)
 	int halves = 0;
 
 	(void)state;
-	assert_int_equal(dte_spec_load_string(&s, glm_small, err, sizeof(err)), 0);
+	assert_int_equal(load_glm_small(&s, err, sizeof(err)), 0);
 	assert_int_equal(s.halves, 2);       /* layers 1, 2: e_score_correction_bias */
 	assert_int_equal(dte_spec_runtime(&s, &rt), 0);
 	for (i = 0; i < 4 + 3; i++) {
@@ -942,7 +945,7 @@ static void test_fp32_halves_checked(void **state)
 	int at;
 
 	(void)state;
-	assert_int_equal(dte_spec_load_string(&s, glm_small, err, sizeof(err)), 0);
+	assert_int_equal(load_glm_small(&s, err, sizeof(err)), 0);
 	norm = dte_spec_find(&s, "model.layers.1.input_layernorm.weight");
 	bias = dte_spec_find(&s, "model.layers.1.mlp.gate.e_score_correction_bias");
 	assert_true(norm >= 0 && bias >= 0);
