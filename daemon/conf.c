@@ -41,6 +41,7 @@ static const struct {
 	[DCONF_K_PEER_RELAY_FANOUT] = { "peer", "relay_fanout" },
 	[DCONF_K_PEER_RELAY_ROOTS] = { "peer", "relay_roots" },
 	[DCONF_K_PEER_RELAY_LAG] = { "peer", "relay_lag_ms" },
+	[DCONF_K_PEER_RELAY_SHAPE] = { "peer", "relay_shape" },
 };
 
 struct parse_ctx {
@@ -62,6 +63,7 @@ void dconf_defaults(struct dconf *c)
 	snprintf(c->sync_mode, sizeof(c->sync_mode), "auto");
 	c->peer_relay_roots = 1;
 	c->peer_relay_lag_ms = 1000;
+	c->peer_relay_measured = 1;
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
@@ -325,6 +327,12 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_relay_lag_ms = (uint32_t)x;
 		return 1;
 	}
+	if (strcmp(key, "relay_shape") == 0) {
+		if (strcmp(v, "measured") && strcmp(v, "fixed"))
+			return bad_value(p, key, v, "measured or fixed");
+		c->peer_relay_measured = !strcmp(v, "measured");
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -539,6 +547,9 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_PEER_RELAY_FANOUT: snprintf(val, vlen, "%u", c->peer_relay_fanout); break;
 	case DCONF_K_PEER_RELAY_ROOTS: snprintf(val, vlen, "%u", c->peer_relay_roots); break;
 	case DCONF_K_PEER_RELAY_LAG: snprintf(val, vlen, "%u", c->peer_relay_lag_ms); break;
+	case DCONF_K_PEER_RELAY_SHAPE:
+		snprintf(val, vlen, "%s", c->peer_relay_measured ? "measured" : "fixed");
+		break;
 	case DCONF_K__COUNT:
 		return -1;
 	}

@@ -289,6 +289,11 @@ void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32
 	jctl_update(e);	/* the lag check's timer (job_coord.c, relay_lag_check) */
 }
 
+void job_set_relay_shape(struct dte_engine *e, int measured)
+{
+	e->relay_measured = measured;
+}
+
 static void job_free(struct job *j)
 {
 	while (j->locals) {
@@ -302,6 +307,7 @@ static void job_free(struct job *j)
 	jcoord_free(j);
 	jstore_free(j);
 	dte_spec_fini(&j->spec);
+	free(j->links);
 	free(j->config);
 	free(j);
 }
@@ -1062,7 +1068,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 {
 	ProtobufCMessage *msg = NULL;
 	const ProtobufCMessageDescriptor *d;
-	struct job *j;
+	struct job *j = NULL;
 
 	switch (type) {
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN: d = &dtep__join__descriptor; break;
@@ -1075,6 +1081,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED: d = &dtep__refused__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: d = &dtep__plan_ack__descriptor; break;
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED: d = &dtep__relayed__descriptor; break;
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_RATES: d = &dtep__rates__descriptor; break;
 	default:
 		e->refused++;
 		DLOG_W("peer %s: unknown record type %d dropped", from, (int)type);
@@ -1153,6 +1160,14 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		}
 		break;
 	}
+	case DTEP__PEER_MSG_TYPE__PEER_MSG_RATES: {
+		const Dtep__Rates *m = (const Dtep__Rates *)msg;
+
+		if ((j = check_ref(e, from, type, m->job, msg, data, len)) && j->is_coord &&
+		    speaks_for(j, from, type, m->node))
+			jcoord_rates(j, from, m);
+		break;
+	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK: {
 		const Dtep__PlanAck *m = (const Dtep__PlanAck *)msg;
 
@@ -1203,6 +1218,10 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	default:
 		break;
 	}
+	/* Sends timed for the send rates (a relay's forwards, a source's
+	 * parts): the control timer reports them (job_coord.c, RATES). */
+	if (j && !e->ctl_timer_on && (jlinks_busy(j) || j->rates_gen != j->rates_sent_gen))
+		jctl_update(e);
 out:
 	protobuf_c_message_free_unpacked(msg, NULL);
 	jwait_check(e);

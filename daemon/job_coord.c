@@ -9,6 +9,7 @@
  * a re-plan when the pair's entries are unchanged.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
@@ -153,6 +154,7 @@ out:
 
 static void member_free(struct jmember *m)
 {
+	free(m->rates);
 	free(m->sel_p);
 	free(m->sel_q);
 	free(m->part);
@@ -303,6 +305,25 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 		if (j->join_next_ns < *soonest)
 			*soonest = j->join_next_ns;
 	}
+	/* Send rates: a sample to report (or sends in flight that will make
+	 * one), at most every PEER_RATES_MIN_MS; the coordinator's own go to
+	 * the shape check. */
+	if (j->rates_gen != j->rates_sent_gen || jlinks_busy(j)) {
+		uint64_t t = j->rates_sent_ns + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
+		uint64_t later = jio_now(j->eng) + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
+
+		/* in flight, no sample yet: look again, not at every tick */
+		if (j->rates_gen == j->rates_sent_gen && t < later)
+			t = later;
+		any = 1;
+		if (t < *soonest)
+			*soonest = t;
+	}
+	if (j->shape_due_ns) {
+		any = 1;
+		if (j->shape_due_ns < *soonest)
+			*soonest = j->shape_due_ns;
+	}
 	for (const struct jmember *m = j->members; m; m = m->next) {
 		enum coord_mstate st = member_state(m);
 
@@ -347,12 +368,19 @@ void jctl_update(struct dte_engine *e)
 }
 
 static void relay_lag_check(struct job *j, uint64_t now);
+static void rates_tick(struct job *j, uint64_t now);
+static void shape_check(struct job *j, uint64_t now);
 
 void jctl_retry(struct dte_engine *e)
 {
 	uint64_t now = jio_now(e);
 
 	for (struct job *j = e->jobs; j; j = j->next) {
+		if (j->rates_gen != j->rates_sent_gen &&
+		    now >= j->rates_sent_ns + (uint64_t)PEER_RATES_MIN_MS * 1000000u)
+			rates_tick(j, now);
+		if (j->shape_due_ns && now >= j->shape_due_ns)
+			shape_check(j, now);
 		if (j->is_coord && j->relay_trees && e->relay_lag_ms && now >= j->lag_next_ns) {
 			j->lag_next_ns = now + (uint64_t)e->relay_lag_ms * 1000000u / 4;
 			relay_lag_check(j, now);
@@ -1483,44 +1511,221 @@ static int cmp_sink(const void *a, const void *b, void *parts)
 		return x->rank < y->rank ? -1 : 1;
 	if (x->lagging != y->lagging)
 		return x->lagging - y->lagging;	/* a lagging relay: a leaf */
+	if (x->slow != y->slow)
+		return x->slow - y->slow;	/* a slow link: a leaf */
 	if (x->replica != y->replica)
 		return x->replica < y->replica ? -1 : 1;
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
-			size_t *trees)
+/* Measured send rates by node (relay_shape = measured): up, the fastest
+ * a node sent toward any other (RATES, and this daemon's own jlinks), and
+ * down, the fastest any node sent toward it.  A relay forwards at its
+ * up; a sink that never sent is judged by its down. */
+struct node_rate {
+	const char *node;
+	double up, down;
+};
+
+static int cmp_node_rate(const void *a, const void *b)
 {
-	uint32_t fanout = j->eng->relay_fanout, roots = j->eng->relay_roots ? j->eng->relay_roots : 1;
+	return strcmp(((const struct node_rate *)a)->node, ((const struct node_rate *)b)->node);
+}
+
+static struct node_rate *rate_find(struct node_rate *v, size_t n, const char *node)
+{
+	struct node_rate k = { .node = node };
+
+	return n ? bsearch(&k, v, n, sizeof(*v), cmp_node_rate) : NULL;
+}
+
+static void rate_link(struct node_rate *v, size_t n, const char *from, const char *to, double Bps)
+{
+	struct node_rate *a = rate_find(v, n, from), *b = rate_find(v, n, to);
+
+	if (Bps <= 0)
+		return;
+	if (a && Bps > a->up)
+		a->up = Bps;
+	if (b && Bps > b->down)
+		b->down = Bps;
+}
+
+/* The nodes of the job's members with what was measured of them; NULL
+ * (n 0) when nothing was, or out of memory.  pair_bytes: the largest a
+ * member reported (a version's bytes per pair, recent versions). */
+static struct node_rate *node_rates(const struct job *j, size_t *n, double *pair_bytes)
+{
+	const char *self = jio_self(j->eng);
+	struct node_rate *v;
+	size_t k = 0, any = j->nlinks;
+
+	*n = 0;
+	*pair_bytes = j->pair_bytes;
+	for (const struct jmember *m = j->members; m; m = m->next) {
+		k++;
+		any += m->nrates;
+		if (m->pair_bytes > *pair_bytes)
+			*pair_bytes = m->pair_bytes;
+	}
+	if (!any || !(v = calloc(k + 1, sizeof(*v))))
+		return NULL;
+	k = 0;
+	for (const struct jmember *m = j->members; m; m = m->next)
+		v[k++].node = m->node;
+	v[k++].node = self;
+	qsort(v, k, sizeof(*v), cmp_node_rate);
+	*n = 0;
+	for (size_t i = 0; i < k; i++)	/* this daemon is a member too, mostly */
+		if (!*n || strcmp(v[*n - 1].node, v[i].node))
+			v[(*n)++] = v[i];
+	for (size_t i = 0; i < j->nlinks; i++)
+		rate_link(v, *n, self, j->links[i].node, j->links[i].m.Bps);
+	for (const struct jmember *m = j->members; m; m = m->next)
+		if (strcmp(m->node, self))	/* its own: the jlinks above */
+			for (size_t i = 0; i < m->nrates; i++)
+				rate_link(v, *n, m->node, m->rates[i].to, m->rates[i].Bps);
+	return v;
+}
+
+static double node_rate_of(struct node_rate *v, size_t n, const char *node)
+{
+	const struct node_rate *r = rate_find(v, n, node);
+
+	return !r ? 0 : r->up > 0 ? r->up : r->down;
+}
+
+/* One signature step (FNV-1a over 64-bit words). */
+static uint64_t sig_mix(uint64_t h, uint64_t x)
+{
+	for (int i = 0; i < 8; i++, x >>= 8)
+		h = (h ^ (x & 0xff)) * 0x100000001b3ull;
+	return h;
+}
+
+/* The measured shape of one group's replicas (parts[s[0..k)], one
+ * layout and rank): each one's slow flag, and its roots and fanout.
+ * Logged when it is not the configured shape. */
+static void group_measured(struct job *j, struct jpinfo **parts, const uint32_t *s, uint32_t k,
+			   struct node_rate *nr, size_t nnr, double pair_bytes, uint32_t *roots,
+			   uint32_t *fanout, int quiet)
+{
+	struct relay_measured in = {
+		.replicas = k, .roots = *roots, .fanout = *fanout, .max_fanout = *fanout,
+		.part_bytes = (double)j->eng->part_bytes,
+		/* a relay's check of a part before it forwards it: about
+		 * 3 GB/s (bench_peer_auth's Poly1305) */
+		.verify_s = (double)j->eng->part_bytes / 3e9, .latency = 50e-6,
+	};
+	struct relay_choice ch;
+	double *rate = calloc(k, sizeof(*rate)), src = 0;
+	uint8_t *slow = calloc(k, 1);
+	uint32_t nsrc = 0;
+
+	if (!rate || !slow)
+		goto out;
+	for (uint32_t i = 0; i < k; i++)
+		rate[i] = node_rate_of(nr, nnr, parts[s[i]]->node);
+	/* The sources' send rate: the slowest source node's, measured. */
+	for (const struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->n; i++)
+			if (m->p[i].role == JROLE_SOURCE) {
+				double r = node_rate_of(nr, nnr, m->p[i].node);
+
+				nsrc++;
+				if (r > 0 && (!src || r < src))
+					src = r;
+			}
+	in.rate = rate;
+	in.src_rate = src;
+	/* One replica rank's bytes: a pair-version's from each source rank. */
+	in.bytes = pair_bytes * (nsrc ? nsrc : 1);
+	if (relay_choose_measured(&in, &ch, slow) < 0)
+		goto out;
+	for (uint32_t i = 0; i < k; i++)
+		parts[s[i]]->slow = slow[i];
+	if (!quiet && (ch.nslow || ch.modelled))
+		DLOG_N("job %s: relay shape of %s rank %u from measured rates: %u roots, fanout %u%s"
+		       " (model %.3g s, configured %.3g s), %u slow of %u (median %.3g MB/s)",
+		       j->name, parts[s[0]]->layout, parts[s[0]]->rank, ch.roots, ch.fanout,
+		       ch.modelled ? "" : " as configured", ch.model_s, ch.fixed_s, ch.nslow, k,
+		       ch.median / 1e6);
+	*roots = ch.roots;
+	*fanout = ch.fanout;
+out:
+	free(rate);
+	free(slow);
+}
+
+/* Relay trees of parts (s: the sinks' indices, sorted by cmp_sink).
+ * dry: only the shape's signature (and the slow flags), no parents. */
+static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
+			   size_t *trees, uint64_t *sig, int dry)
+{
+	uint32_t fanout0 = j->eng->relay_fanout;
+	uint32_t roots0 = j->eng->relay_roots ? j->eng->relay_roots : 1;
 	uint32_t *s;
-	size_t n = 0, g0, g1;
+	size_t n = 0, g0, g1, nnr = 0;
+	struct node_rate *nr = NULL;
+	double pair_bytes = 0;
+	uint64_t h = 0xcbf29ce484222325ull;
 
 	*trees = 0;
 	for (size_t i = 0; i < nparts; i++) {
-		parts[i]->relay_parent = 0;
-		parts[i]->relay_root = 0;
+		if (!dry) {
+			parts[i]->relay_parent = 0;
+			parts[i]->relay_root = 0;
+		}
 		n += parts[i]->role == JROLE_SINK;
 	}
-	if (!fanout || n < 2)
+	if (!fanout0 || n < 2) {
+		*sig = h;
 		return 0;
+	}
 	if (!(s = malloc(n * sizeof(*s))))
 		return -ENOMEM;
+	if (j->eng->relay_measured)
+		nr = node_rates(j, &nnr, &pair_bytes);
 	n = 0;
 	for (size_t i = 0; i < nparts; i++)
 		if (parts[i]->role == JROLE_SINK)
 			s[n++] = (uint32_t)i;
+	/* Groups first (layout, rank), each group's slow flags from the
+	 * rates, then the order within each group (cmp_sink reads them). */
 	qsort_r(s, n, sizeof(*s), cmp_sink, parts);
+	for (g0 = 0; g0 < n && nr; g0 = g1) {
+		uint32_t roots = roots0, fanout = fanout0;
+
+		for (g1 = g0 + 1; g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
+		     !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout); g1++)
+			;
+		group_measured(j, parts, s + g0, (uint32_t)(g1 - g0), nr, nnr, pair_bytes, &roots,
+			       &fanout, 1);
+	}
+	if (nr)
+		qsort_r(s, n, sizeof(*s), cmp_sink, parts);
 	for (g0 = 0; g0 < n; g0 = g1) {
 		struct relay_in in = { .bytes = 1, .part_bytes = 1, .src_rate = 1, .sink_rate = 1 };
 		struct relay_plan rp;
+		uint32_t roots = roots0, fanout = fanout0;
 
 		for (g1 = g0 + 1; g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
 		     !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout); g1++)
 			;
 		in.replicas = (uint32_t)(g1 - g0);
-		if (in.replicas < 2 || roots >= in.replicas)
+		if (nr)
+			group_measured(j, parts, s + g0, in.replicas, nr, nnr, pair_bytes, &roots,
+				       &fanout, dry != 2);
+		/* The signature: each group's members in tree order, roots,
+		 * fanout. */
+		h = sig_mix(h, roots);
+		h = sig_mix(h, fanout);
+		for (size_t k = g0; k < g1; k++)
+			h = sig_mix(h, parts[s[k]]->id);
+		if (dry || in.replicas < 2 || roots >= in.replicas)
 			continue;
 		if (relay_plan_shape(&in, roots, fanout, &rp) < 0) {
+			free(nr);
 			free(s);
 			return -ENOMEM;
 		}
@@ -1541,8 +1746,16 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uin
 		*trees += roots;
 		relay_plan_fini(&rp);
 	}
+	free(nr);
 	free(s);
+	*sig = h;
 	return 0;
+}
+
+static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
+			size_t *trees)
+{
+	return relay_assign_do(j, parts, nparts, par_of, trees, &j->shape_sig, 0);
 }
 
 /* A relay that lags but lives (docs/SYNC.md, "Relay between sink
@@ -1584,6 +1797,149 @@ static struct lag_sink *lag_find(struct lag_sink *v, size_t n, uint64_t id)
 
 static void replan(struct job *j);
 
+/* No version on its way from this daemon's sources: none capturing, and
+ * every pair's sink staged what was sent to it under the current term.
+ * A re-plan re-parents replicas, who would miss a version in flight. */
+static int versions_quiet(const struct job *j)
+{
+	for (size_t i = 0; i < j->npairs; i++) {
+		const struct jpair *p = &j->pairs[i];
+
+		if (job_local((struct job *)j, p->src) && p->sm.sent_epoch == j->epoch &&
+		    p->sm.last_sent > p->sm.staged)
+			return 0;
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->info.role == JROLE_SOURCE && jsource_of(l)->busy)
+			return 0;
+	return 1;
+}
+
+/* --------------------------------------------- relay shape from measured links */
+
+/* A member's send rates go to the coordinator (peer protocol 10, RATES);
+ * the coordinator's own wait for the shape check. */
+static void rates_tick(struct job *j, uint64_t now)
+{
+	Dtep__Rates r = DTEP__RATES__INIT;
+	Dtep__JobRef ref;
+	Dtep__LinkRate *lr = NULL, **lp = NULL;
+	size_t n = 0;
+	int rc;
+
+	j->rates_sent_gen = j->rates_gen;
+	j->rates_sent_ns = now;
+	if (j->is_coord) {
+		if (j->eng->relay_measured && j->eng->relay_fanout && !j->shape_due_ns)
+			j->shape_due_ns = now;
+		return;
+	}
+	if (j->coord_proto < PEER_PROTO_RATES || !j->coord_node[0] || j->coord_down)
+		return;
+	if (j->nlinks && (!(lr = calloc(j->nlinks, sizeof(*lr))) ||
+			  !(lp = calloc(j->nlinks, sizeof(*lp))))) {
+		free(lr);
+		return;
+	}
+	for (size_t i = 0; i < j->nlinks; i++) {
+		if (j->links[i].m.Bps <= 0)
+			continue;
+		dtep__link_rate__init(&lr[n]);
+		lr[n].to = j->links[i].node;
+		lr[n].bytes_per_s = j->links[i].m.Bps;
+		lp[n] = &lr[n];
+		n++;
+	}
+	job_fill_ref(j, &ref);
+	r.job = &ref;
+	r.node = (char *)jio_self(j->eng);
+	r.links = lp;
+	r.n_links = n;
+	r.pair_bytes = j->pair_bytes;
+	rc = jio_send(j->eng, j->coord_node, NULL, DTEP__PEER_MSG_TYPE__PEER_MSG_RATES, &r.base,
+		      NULL, 0);
+	if (rc < 0)
+		DLOG_I("job %s: cannot send RATES to %s: %s", j->name, j->coord_node, strerror(-rc));
+	free(lr);
+	free(lp);
+}
+
+/* Members' links the coordinator keeps, at most. */
+#define RATES_MAX_LINKS 4096
+
+void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
+{
+	struct jmember *mem = member_find(j, from);
+	struct jlinkrate *v = NULL;
+	size_t n = 0;
+
+	if (!mem)
+		return;	/* not (yet) a member: its next RATES counts */
+	if (m->n_links > RATES_MAX_LINKS || !isfinite(m->pair_bytes) || m->pair_bytes < 0) {
+		j->refused++;
+		DLOG_W("job %s: RATES from %s refused: %zu links, pair bytes %g", j->name, from,
+		       m->n_links, m->pair_bytes);
+		return;
+	}
+	if (m->n_links && !(v = calloc(m->n_links, sizeof(*v))))
+		return;
+	for (size_t i = 0; i < m->n_links; i++) {
+		const Dtep__LinkRate *l = m->links[i];
+
+		if (!l || !l->to || !l->to[0] || !isfinite(l->bytes_per_s) || l->bytes_per_s <= 0)
+			continue;
+		snprintf(v[n].to, sizeof(v[n].to), "%s", l->to);
+		v[n++].Bps = l->bytes_per_s;
+	}
+	free(mem->rates);
+	mem->rates = v;
+	mem->nrates = n;
+	mem->pair_bytes = m->pair_bytes;
+	if (j->eng->relay_measured && j->eng->relay_fanout && !j->shape_due_ns) {
+		j->shape_due_ns = jio_now(j->eng);
+		jctl_update(j->eng);
+	}
+}
+
+static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
+			   size_t *trees, uint64_t *sig, int dry);
+
+/* New rates: re-planned when they choose another shape than the plan's
+ * (relay_assign_do's signature), between versions. */
+static void shape_check(struct job *j, uint64_t now)
+{
+	struct jpinfo **parts;
+	size_t n = 0, trees;
+	uint64_t sig;
+
+	j->shape_due_ns = 0;
+	if (!j->is_coord || !j->eng->relay_measured || !j->eng->relay_fanout)
+		return;
+	if (!versions_quiet(j)) {
+		j->shape_due_ns = now + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
+		return;
+	}
+	for (struct jmember *m = j->members; m; m = m->next)
+		n += m->n;
+	if (!n || !(parts = malloc(n * sizeof(*parts))))
+		return;
+	n = 0;
+	for (struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->n; i++)
+			parts[n++] = &m->p[i];
+	if (relay_assign_do(j, parts, n, NULL, &trees, &sig, 1) == 0 && sig != j->shape_sig) {
+		j->reshapes++;
+		dmetrics_add(DM_RELAY_RESHAPES, "measured", 1);
+		relay_assign_do(j, parts, n, NULL, &trees, &sig, 2);	/* says why */
+		DLOG_N("job %s: the measured send rates choose another relay shape: re-planned",
+		       j->name);
+		free(parts);
+		replan(j);
+		return;
+	}
+	free(parts);
+}
+
 static void relay_lag_check(struct job *j, uint64_t now)
 {
 	uint64_t lag_ns = (uint64_t)j->eng->relay_lag_ms * 1000000u;
@@ -1602,10 +1958,8 @@ static void relay_lag_check(struct job *j, uint64_t now)
 			continue;
 		v[k++] = (struct lag_sink){ p->dst, p->sm.staged,
 					    p->sm.sent_epoch == j->epoch ? p->sm.last_sent : 0, 0 };
-		quiet &= v[k - 1].sent <= p->sm.staged;
 	}
-	for (struct jlocal *l = j->locals; l; l = l->next)
-		quiet &= l->info.role != JROLE_SOURCE || !jsource_of(l)->busy;
+	quiet = versions_quiet(j);
 	qsort(v, k, sizeof(*v), cmp_lag);
 	/* One entry a sink: the newest any local source saw or sent. */
 	n = 0;
@@ -2509,6 +2863,7 @@ int jplan_recv(struct job *j, const char *from, const Dtep__Plan *m, char *why, 
 		return -EACCES;
 	}
 	snprintf(j->coord_node, sizeof(j->coord_node), "%s", from);
+	j->coord_proto = m->peer_proto;
 	if (d.v == COORD_P_REFUSE_NOT_TERM) {
 		snprintf(why, whylen, "plan epoch %llx is not a term", (unsigned long long)m->epoch);
 		DLOG_W("job %s: PLAN from %s refused: %s", j->name, from, why);

@@ -16,6 +16,8 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
 void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
 void jcoord_node_down(struct job *j, const char *node);
 void jcoord_free(struct job *j);
+/* A member's measured send rates (peer protocol 10; the relay shape). */
+void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m);
 /* A PLAN_ACK from a member. */
 void jcoord_plan_ack(struct job *j, const char *from, const Dtep__PlanAck *m);
 /* Retries of JOINs and PLANs not acknowledged yet; (re)arms e->ctl_timer. */

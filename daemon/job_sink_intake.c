@@ -16,6 +16,7 @@
 #include <string.h>
 #include "daemon/coord_sm.h"
 #include "daemon/job_auth.h"
+#include "daemon/job_capture.h"
 #include "proto/peer_auth.h"
 #include "daemon/job_sink_int.h"
 #include "daemon/job_state.h"
@@ -370,9 +371,27 @@ static int part_sound(const void *data, size_t len, uint64_t xxh3)
 	return codec != DTC_CODEC_RAW || dtc_chunk_view(data, len, &raw, &raw_len) == DTC_OK;
 }
 
+/* A relayed record given to the transport: its buffer, and the send
+ * timed for the node's send rate (jlink) when it goes to another node.
+ * The capture pool holds the engine's place (it outlives the engine
+ * while records are out: job_capture.c, jcap_chunk_release). */
+struct relay_ticket {
+	struct jcap_pool *pool;
+	int timed;
+	char job[JOB_NAME_MAX];
+	char node[JOB_NODE_MAX];
+	uint64_t len;
+};
+
 static void relay_release(void *data, void *arg)
 {
+	struct relay_ticket *t = arg;
+
 	free(data);	/* NULL: a receiver on this node took it (route.h) */
+	if (t->timed && t->pool->eng)
+		jlink_done(t->pool->eng, t->job, t->node, t->len);
+	jcap_chunk_release(t->pool, NULL, 0);
+	free(t);
 }
 
 static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgType type,
@@ -381,7 +400,8 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 	ProtobufCBinaryData *mf = peer_auth_mac_field((ProtobufCMessage *)msg), keep = { 0 };
 	Dtep__Relayed r = DTEP__RELAYED__INIT;
 	Dtep__JobRef ref;
-	uint8_t mac[PEER_AUTH_MACBYTES], *buf = NULL;
+	uint8_t mac[PEER_AUTH_MACBYTES], *buf = NULL, *give;
+	struct relay_ticket *t;
 	size_t rl, n = 0;
 	int sealed = 0;
 
@@ -427,14 +447,29 @@ static void relay_forward(struct job *j, const struct jlocal *l, Dtep__PeerMsgTy
 			continue;
 		r.to = c->id;
 		/* The last child gets the buffer itself (a chain's one child:
-		 * no copy in the router); the others a copy each. */
+		 * no copy); the others a copy each.  Each is given, so its
+		 * completion times the link (jlink). */
 		if (--n == 0) {
-			rc = job_send_to_node_given(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED,
-						    &r.base, buf, len + rl, relay_release, NULL);
+			give = buf;
 			buf = NULL;
+		} else if ((give = malloc(len + rl))) {
+			memcpy(give, buf, len + rl);
+		}
+		if (!give || !(t = calloc(1, sizeof(*t)))) {
+			free(give);
+			rc = -ENOMEM;
 		} else {
-			rc = job_send_to_node(j, c->node, DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED,
-					      &r.base, buf, len + rl);
+			t->pool = j->eng->cpool;
+			t->timed = !jio_is_self(j->eng, c->node, NULL);
+			snprintf(t->job, sizeof(t->job), "%s", j->name);
+			snprintf(t->node, sizeof(t->node), "%s", c->node);
+			t->len = len + rl;
+			jcap_chunk_given(t->pool);
+			if (t->timed)
+				jlink_out(j, c->node);
+			rc = job_send_to_node_given(j, c->node,
+						    DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED, &r.base, give,
+						    len + rl, relay_release, t);
 		}
 		if (rc < 0) {
 			j->relay_bad++;

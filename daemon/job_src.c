@@ -331,6 +331,7 @@ struct part_ticket {
 	int remote;               /* timed for the pair's link estimate */
 	size_t cap;
 	char job[JOB_NAME_MAX];
+	char node[JOB_NODE_MAX];  /* the sink's, for the node's send rate (jlink) */
 	uint64_t src, dst, len;
 };
 
@@ -343,6 +344,8 @@ static void part_released(void *chunk, void *arg)
 	jcap_chunk_release(t->pool, chunk, t->cap);
 	if (p)
 		pair_cost_part_done(&p->sm, jio_now(j->eng), t->len);
+	if (j)
+		jlink_done(j->eng, t->job, t->node, t->len);
 	free(t);
 }
 
@@ -400,8 +403,11 @@ static void send_part(struct job *j, const struct jcap *c, struct jcap_pair *cp,
 	t->src = c->participant;
 	t->dst = cp->dst;
 	t->len = q->len;
-	if (cp->remote)
+	snprintf(t->node, sizeof(t->node), "%s", dst->node);
+	if (cp->remote) {
 		pair_cost_part_out(&job_pair(j, c->participant, cp->dst)->sm, jio_now(j->eng));
+		jlink_out(j, dst->node);
+	}
 	rc = job_send_to_node_given(j, dst->node, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &pl.base,
 				    q->chunk, q->len, part_released, t);
 	q->chunk = NULL;
@@ -910,6 +916,9 @@ static void publish_done(struct job *j, struct jlocal *l, struct jcap *c)
 			continue;
 		}
 		dmetrics_add(DM_WIRE_BYTES, cp->sparse ? "sparse" : "dense", (double)cp->chunk_len);
+		/* A pair-version's bytes, for the relay shape's model (RATES) */
+		if (cp->chunk_len)
+			j->pair_bytes = pair_cost_ewma(j->pair_bytes, (double)cp->chunk_len);
 		h->bytes += cp->chunk_len;
 		h->changed += r->changed;
 		h->elements += r->elements;

@@ -166,6 +166,48 @@ int job_send_to_node_given(struct job *j, const char *node, Dtep__PeerMsgType ty
 	return rc;
 }
 
+/* Send rates toward nodes (struct jlink; RATES, the relay shape). */
+static struct jlink *jlink_get(struct job *j, const char *node, int add)
+{
+	struct jlink *k;
+
+	for (size_t i = 0; i < j->nlinks; i++)
+		if (!strcmp(j->links[i].node, node))
+			return &j->links[i];
+	if (!add || !(k = realloc(j->links, (j->nlinks + 1) * sizeof(*k))))
+		return NULL;
+	j->links = k;
+	k = &j->links[j->nlinks++];
+	memset(k, 0, sizeof(*k));
+	snprintf(k->node, sizeof(k->node), "%s", node);
+	return k;
+}
+
+void jlink_out(struct job *j, const char *node)
+{
+	struct jlink *k = node ? jlink_get(j, node, 1) : NULL;
+
+	if (k)
+		rate_meter_out(&k->m, jio_now(j->eng));
+}
+
+void jlink_done(struct dte_engine *e, const char *job, const char *node, uint64_t bytes)
+{
+	struct job *j = job_find(e, job);
+	struct jlink *k = j ? jlink_get(j, node, 0) : NULL;
+
+	if (k && rate_meter_done(&k->m, jio_now(e), bytes))
+		j->rates_gen++;
+}
+
+int jlinks_busy(const struct job *j)
+{
+	for (size_t i = 0; i < j->nlinks; i++)
+		if (j->links[i].m.inflight)
+			return 1;
+	return 0;
+}
+
 void jpair_free_state(struct jpair *p)
 {
 	if (p->dirty) {

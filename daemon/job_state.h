@@ -80,6 +80,24 @@ struct jpinfo {
 	 * as a leaf for that. */
 	uint64_t lag_since_ns;
 	int lagging;
+	/* Coordinator, [peer] relay_shape = measured (relay_assign): its
+	 * node's measured rate is under half its tree's median, so it is
+	 * planned as a leaf (after any lagging relay). */
+	int slow;
+};
+
+/* This daemon's send rate toward one node in a job (peer protocol 10,
+ * RATES; job_coord.c, the relay shape): PAYLOAD parts of its sources and
+ * records its relays forwarded. */
+struct jlink {
+	char node[JOB_NODE_MAX];
+	struct rate_meter m;
+};
+
+/* A member's reported send rate toward one node (RATES). */
+struct jlinkrate {
+	char to[JOB_NODE_MAX];
+	double Bps;
 };
 
 /* One plan entry as this daemon uses it. */
@@ -359,6 +377,11 @@ struct jmember {
 	size_t nsel_p, nsel_q;
 	int sel_ok, need_full;
 	uint64_t plans_delta, plans_full;
+	/* Its newest RATES (peer protocol 10): send rates toward nodes, and
+	 * the bytes of its sources' recent pair-versions (0: none). */
+	struct jlinkrate *rates;
+	size_t nrates;
+	double pair_bytes;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
 	int expired;              /* past deadline_ns unacknowledged: retried every PEER_PLAN_SLOW_MS */
@@ -404,6 +427,22 @@ struct job {
 	 * lag is looked at next (job_coord.c, relay_lag_check); 0: not due. */
 	size_t relay_trees;
 	uint64_t lag_next_ns;
+	/* Send rates measured here (struct jlink; rates_gen counts new
+	 * samples, rates_sent_gen the newest a RATES carried, at
+	 * rates_sent_ns) and the bytes of this daemon's sources' recent
+	 * pair-versions.  A member sends them to a coordinator whose PLAN
+	 * said coord_proto >= PEER_PROTO_RATES. */
+	struct jlink *links;
+	size_t nlinks;
+	double pair_bytes;
+	uint32_t rates_gen, rates_sent_gen;
+	uint64_t rates_sent_ns;
+	uint32_t coord_proto;
+	/* Coordinator, relay_shape = measured: new rates came (shape_due_ns:
+	 * when the shape is looked at again; 0: not due) and the signature
+	 * of the shape the current plan was made with (relay_assign). */
+	uint64_t shape_due_ns, shape_sig;
+	uint64_t reshapes;
 	char *config;             /* config.json text */
 	struct dte_spec spec;
 	uint32_t interval;        /* K */
@@ -654,6 +693,7 @@ struct dte_engine {
 	/* [peer] relay_lag_ms: a relay this long behind its tree is re-planned
 	 * as a leaf (job_coord.c, relay_lag_check); 0: off */
 	uint32_t relay_lag_ms;
+	int relay_measured;       /* [peer] relay_shape = measured (job_set_relay_shape) */
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
 	/* Extension points (job_ext.h): a test build's hooks, copied from
@@ -732,6 +772,14 @@ uint64_t job_participant_id_new(struct dte_engine *e);
 /* Frees a pair's source side (dirty bitmaps, snapshot). */
 void jpair_free_state(struct jpair *p);
 struct jhist *jhist_find(struct job *j, uint64_t version);
+/* Send rates (struct jlink): a part or relayed record to remote `node`
+ * went out (jlink_out) and its transport is done with it (jlink_done,
+ * from the release callback: the job is looked up by name, it may be
+ * gone); jlinks_busy while any is in flight.  A new sample bumps
+ * j->rates_gen. */
+void jlink_out(struct job *j, const char *node);
+void jlink_done(struct dte_engine *e, const char *job, const char *node, uint64_t bytes);
+int  jlinks_busy(const struct job *j);
 /* Builds a layout for a participant description; 0, or a negative errno
  * (-EINVAL: the description, rank or shards refused; -ENOMEM) with err.  For
  * a source that registers shards (mcore:, fsdp2:) `shards` is the table

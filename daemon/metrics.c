@@ -147,6 +147,12 @@ static const struct family fam[DM__COUNT] = {
 			"caught up (caught_up; docs/SYNC.md, \"Relay between sink daemons\")",
 		.type = T_COUNTER,
 		.labels = { "event" } },
+	[DM_RELAY_RESHAPES] = { .name = "dted_relay_reshapes_total",
+		.help = "Re-plans this daemon, as coordinator, made because the members' measured "
+			"send rates chose another relay shape ([peer] relay_shape = measured; "
+			"docs/SYNC.md, \"Relay shape from measured links\")",
+		.type = T_COUNTER,
+		.labels = { "cause" } },
 };
 
 struct series {
@@ -347,6 +353,8 @@ void dmetrics_init(void)
 		series_get(DM_PLANS, i ? "sent_changes" : "sent_whole");
 		series_get(DM_PLANS, i ? "changes_refused" : "taken_changes");
 		series_get(DM_RELAY_LAG, i ? "caught_up" : "lagging");
+		if (!i)
+			series_get(DM_RELAY_RESHAPES, "measured");
 		series_get(DM_WIRE_BYTES, modes[i]);
 		series_get(DM_VERIFY, results[i]);
 		series_get(DM_APPLY_VERIFY, kinds[i]);

@@ -237,7 +237,7 @@ void pair_sm_choose(const struct pair_sm *s, uint64_t src_last, uint64_t epoch, 
 	else if (r->dense_run >= PAIR_COST_PROBE)
 		why = "probe";	/* measure the changed fraction again */
 	else if (in->scan_Bps <= 0 || !r->sparse_seen || !in->elements ||
-		 (!in->local && r->link_Bps <= 0) ||
+		 (!in->local && r->link.Bps <= 0) ||
 		 (in->local && r->apply_sparse_Bps <= 0 && r->apply_dense_Bps <= 0))
 		why = "no_estimate";
 	if (why) {
@@ -251,8 +251,8 @@ void pair_sm_choose(const struct pair_sm *s, uint64_t src_last, uint64_t epoch, 
 	asp = r->apply_sparse_Bps > 0 ? r->apply_sparse_Bps : r->apply_dense_Bps;
 	ad = r->apply_dense_Bps > 0 ? r->apply_dense_Bps : r->apply_sparse_Bps;
 	out->sparse_s = stages(in->local, e * 12.0 / in->scan_Bps,
-			       in->local ? 0 : sb / r->link_Bps, asp > 0 ? sb / asp : 0);
-	out->dense_s = stages(in->local, dread, in->local ? 0 : 2.0 * e / r->link_Bps,
+			       in->local ? 0 : sb / r->link.Bps, asp > 0 ? sb / asp : 0);
+	out->dense_s = stages(in->local, dread, in->local ? 0 : 2.0 * e / r->link.Bps,
 			      ad > 0 ? 2.0 * e / ad : 0);
 	if (out->dense_s < PAIR_COST_MARGIN * out->sparse_s)
 		out->why = PAIR_WHY_COST;
@@ -299,33 +299,43 @@ void pair_cost_applied(struct pair_sm *s, uint64_t version, double apply_s)
 	*rate = pair_cost_ewma(*rate, (double)r->sent_bytes / apply_s);
 }
 
-/* A link sample needs this many bytes: small sends measure latency. */
-#define PAIR_LINK_SAMPLE_BYTES (4u << 20)
+void rate_meter_out(struct rate_meter *m, uint64_t now_ns)
+{
+	if (!m->inflight++)
+		m->busy_t0_ns = now_ns;
+}
+
+int rate_meter_done(struct rate_meter *m, uint64_t now_ns, uint64_t bytes)
+{
+	if (!m->inflight)
+		return 0;	/* reset under it (re-plan): nothing to time */
+	m->done_bytes += bytes;
+	if (--m->inflight)
+		return 0;
+	m->busy_ns += now_ns > m->busy_t0_ns ? now_ns - m->busy_t0_ns : 0;
+	m->busy_bytes += m->done_bytes;
+	m->done_bytes = 0;
+	if (m->busy_bytes < RATE_SAMPLE_BYTES || !m->busy_ns)
+		return 0;
+	m->Bps = pair_cost_ewma(m->Bps, (double)m->busy_bytes * 1e9 / (double)m->busy_ns);
+	m->samples++;
+	m->busy_bytes = 0;
+	m->busy_ns = 0;
+	return 1;
+}
+
+void rate_meter_drop(struct rate_meter *m)
+{
+	if (m->inflight && !--m->inflight)
+		m->done_bytes = 0;
+}
 
 void pair_cost_part_out(struct pair_sm *s, uint64_t now_ns)
 {
-	struct pair_rates *r = &s->r;
-
-	if (!r->inflight++)
-		r->busy_t0_ns = now_ns;
+	rate_meter_out(&s->r.link, now_ns);
 }
 
 void pair_cost_part_done(struct pair_sm *s, uint64_t now_ns, uint64_t bytes)
 {
-	struct pair_rates *r = &s->r;
-
-	if (!r->inflight)
-		return;	/* state reset under it (re-plan): nothing to time */
-	r->done_bytes += bytes;
-	if (--r->inflight)
-		return;
-	r->busy_ns += now_ns > r->busy_t0_ns ? now_ns - r->busy_t0_ns : 0;
-	r->busy_bytes += r->done_bytes;
-	r->done_bytes = 0;
-	if (r->busy_bytes >= PAIR_LINK_SAMPLE_BYTES && r->busy_ns) {
-		r->link_Bps = pair_cost_ewma(r->link_Bps,
-					     (double)r->busy_bytes * 1e9 / (double)r->busy_ns);
-		r->busy_bytes = 0;
-		r->busy_ns = 0;
-	}
+	rate_meter_done(&s->r.link, now_ns, bytes);
 }

@@ -91,11 +91,32 @@ struct pair_step {
 	enum pair_action act;
 };
 
+/* A send rate (bytes per second) measured while sends were in flight:
+ * rate_meter_out when one starts, rate_meter_done when it completed with
+ * its bytes; the time with none in flight does not count, so a link that
+ * waits for data (a relay fed slowly, a sparse source) is not taken for a
+ * slow one.  A sample is taken once RATE_SAMPLE_BYTES went (small sends
+ * measure latency), and Bps follows samples by pair_cost_ewma. */
+#define RATE_SAMPLE_BYTES (4u << 20)
+
+struct rate_meter {
+	uint32_t inflight;        /* sends in flight now */
+	uint64_t busy_t0_ns;      /* since when */
+	uint64_t busy_ns, busy_bytes, done_bytes;
+	uint32_t samples;         /* samples behind Bps */
+	double Bps;               /* 0: not measured yet */
+};
+
+void rate_meter_out(struct rate_meter *m, uint64_t now_ns);
+/* 1 when this completion made a new sample. */
+int  rate_meter_done(struct rate_meter *m, uint64_t now_ns, uint64_t bytes);
+/* A send that will not complete (its link went down): no time, no bytes. */
+void rate_meter_drop(struct rate_meter *m);
+
 /* Running estimates of what a version of this pair costs (pair_cost_*):
  * measured by the source's daemon, kept with the pair's state (a re-plan
  * that keeps the entries keeps them).  0 means not measured yet. */
 struct pair_rates {
-	double link_Bps;          /* wire bytes per second while parts were in flight */
 	double apply_sparse_Bps;  /* the sink's apply: payload bytes per second */
 	double apply_dense_Bps;
 	double changed_frac;      /* changed / elements of recent sparse versions */
@@ -105,10 +126,8 @@ struct pair_rates {
 	/* the version last sent, for the apply rate when its APPLIED comes */
 	uint64_t sent_version, sent_bytes;
 	int sent_dense;
-	/* link: parts in flight now, since when, and what the busy time so
-	 * far carried (a sample is taken once it is large enough) */
-	uint32_t inflight;
-	uint64_t busy_t0_ns, busy_ns, busy_bytes, done_bytes;
+	/* the link: wire bytes per second while parts were in flight */
+	struct rate_meter link;
 };
 
 struct pair_sm {
@@ -160,8 +179,8 @@ enum pair_why pair_sm_decide(const struct pair_sm *s, uint64_t src_last, uint64_
  * Reading θ, m and v costs 12 B per element; a dense version reads 4 B
  * (θ) and sends 2 B.  Where sparse is allowed, the source estimates both
  * from what it measured and sends the cheaper one:
- *   sparse_s = stages(E·12 / scan_Bps,  S / link_Bps,  S / apply_sparse_Bps)
- *   dense_s  = stages(E·4  / dense_Bps, 2E / link_Bps, 2E / apply_dense_Bps)
+ *   sparse_s = stages(E·12 / scan_Bps,  S / link.Bps,  S / apply_sparse_Bps)
+ *   dense_s  = stages(E·4  / dense_Bps, 2E / link.Bps, 2E / apply_dense_Bps)
  * with E the pair's elements, S = E · changed_frac · bytes_per_changed its
  * expected sparse payload.  A remote pair's stages run on two machines
  * and overlap (parts go while the source still reads): stages = max.  A

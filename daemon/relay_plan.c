@@ -105,6 +105,67 @@ int relay_plan_build(const struct relay_in *in, struct relay_plan *out)
 	return relay_plan_shape(in, best_k, best_f, out);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int relay_choose_measured(const struct relay_measured *in, struct relay_choice *out,
+			  uint8_t *slow)
+{
+	double *known;
+	uint32_t n = 0, roots, fanout;
+
+	memset(out, 0, sizeof(*out));
+	if (!in || !in->rate || !slow || in->replicas < 1 || in->roots < 1 || in->fanout < 1)
+		return -1;
+	roots = in->roots < in->replicas ? in->roots : in->replicas;
+	fanout = in->fanout;
+	out->roots = roots;
+	out->fanout = fanout;
+	memset(slow, 0, in->replicas);
+	if (!(known = malloc(in->replicas * sizeof(*known))))
+		return -1;
+	for (uint32_t i = 0; i < in->replicas; i++)
+		if (in->rate[i] > 0 && isfinite(in->rate[i]))
+			known[n++] = in->rate[i];
+	if (n) {
+		qsort(known, n, sizeof(*known), cmp_double);
+		out->median = n % 2 ? known[n / 2] : 0.5 * (known[n / 2 - 1] + known[n / 2]);
+	}
+	free(known);
+	for (uint32_t i = 0; i < in->replicas && n >= 2; i++)
+		if (in->rate[i] > 0 && in->rate[i] < RELAY_SLOW_FRACTION * out->median) {
+			slow[i] = 1;
+			out->nslow++;
+		}
+	if (out->median > 0 && in->src_rate > 0 && in->bytes > 0 && in->part_bytes > 0) {
+		struct relay_in m = {
+			.replicas = in->replicas, .bytes = in->bytes, .part_bytes = in->part_bytes,
+			.src_rate = in->src_rate, .sink_rate = out->median, .latency = in->latency,
+			.verify_s = in->verify_s, .verify_lanes = 1,
+			.max_fanout = in->max_fanout ? in->max_fanout : in->fanout,
+		};
+		struct relay_plan best;
+
+		if (relay_plan_build(&m, &best) < 0)
+			return -1;
+		out->fixed_s = relay_model_s(&m, roots, roots == in->replicas ? 1 : fanout);
+		out->model_s = best.model_s;
+		if (best.model_s < RELAY_RESHAPE_GAIN * out->fixed_s) {
+			out->roots = best.roots;
+			out->fanout = best.fanout;
+			out->modelled = 1;
+		} else {
+			out->model_s = out->fixed_s;
+		}
+		relay_plan_fini(&best);
+	}
+	return 0;
+}
+
 void relay_plan_fini(struct relay_plan *p)
 {
 	free(p->parent);

@@ -56,6 +56,41 @@ int  relay_plan_shape(const struct relay_in *in, uint32_t roots, uint32_t fanout
 		      struct relay_plan *out);
 void relay_plan_fini(struct relay_plan *p);
 
+/* The shape from measured rates ([peer] relay_shape = measured;
+ * docs/SYNC.md, "Relay shape from measured links").  rate[i] is replica
+ * i's measured send rate (0: not measured); a replica under
+ * RELAY_SLOW_FRACTION of the median of the measured ones is slow (its
+ * tree plans it as a leaf, after the others).  With the sources' rate,
+ * the median and a version's bytes known, the roots and fanout are the
+ * model's best (relay_plan_build, fanout at most max_fanout) when its
+ * time is under RELAY_RESHAPE_GAIN of the configured shape's (roots,
+ * fanout): the configured one otherwise, so equal links keep it. */
+#define RELAY_SLOW_FRACTION 0.5
+#define RELAY_RESHAPE_GAIN  0.8
+
+struct relay_measured {
+	uint32_t replicas;
+	const double *rate;     /* [replicas] */
+	double src_rate;        /* the sources' send rate; 0: not measured */
+	double bytes;           /* a version's bytes for one replica's rank; 0: unknown */
+	double part_bytes, latency, verify_s;
+	uint32_t roots, fanout; /* configured (relay_roots, relay_fanout) */
+	uint32_t max_fanout;    /* 0: fanout */
+};
+
+struct relay_choice {
+	uint32_t roots, fanout;
+	double median;          /* of the measured rates (0: none) */
+	double model_s, fixed_s;/* the model's time of the chosen and the configured shape (modelled) */
+	int modelled;           /* roots and fanout came from the model */
+	uint32_t nslow;
+};
+
+/* slow: the caller's [replicas], set to 1 for each slow replica.  -1 on
+ * bad input. */
+int relay_choose_measured(const struct relay_measured *in, struct relay_choice *out,
+			  uint8_t *slow);
+
 /* A deterministic part-by-part simulation of the forest: the sources'
  * uplink sends each part to the roots in order; a replica's part arrives
  * a serialization (part / the slower of the two NICs) plus a latency after

@@ -121,8 +121,9 @@ static const char *const type_names[] = {
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_REFUSED] = "REFUSED",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_PLAN_ACK] = "PLAN_ACK",
 	[DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED] = "RELAYED",
+	[DTEP__PEER_MSG_TYPE__PEER_MSG_RATES] = "RATES",
 };
-#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_RELAYED
+#define TYPE_MAX DTEP__PEER_MSG_TYPE__PEER_MSG_RATES
 
 /* The records that carry data after their header: PAYLOAD, and RELAYED
  * (a forwarded PAYLOAD's part, or a forwarded record). */

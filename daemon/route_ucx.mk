@@ -24,6 +24,9 @@ SYSTEM_TESTS += tests/system/relay_sync.py
 # feeds the cluster's sink daemons over UCX, relayed; a corrupt chunk and
 # the reader killed and restarted.
 SYSTEM_TESTS += tests/system/storage_relay.py
+# The relay shape from measured links (issue 34): one replica's uplink
+# shaped slow in network namespaces; the members' RATES make it a leaf.
+SYSTEM_TESTS += tests/system/relay_shape.py
 
 # Peers that prove the job key (peer protocol 5): the forge without it is
 # refused and counted, nothing lost; with auth off it is not refused.

@@ -68,6 +68,12 @@
  *      (32): about 3.5x less CPU per byte for every PAYLOAD sealed and
  *      checked, a relay's check of each part it forwards among them.  A
  *      v8 daemon refuses every v9 record's MAC: 9..9.
+ *  10  RATES (new type 11, member -> coordinator): the member's measured
+ *      send rate toward each node it sent parts to in the job, and the
+ *      bytes of its sources' recent pair-versions, for the relay shape
+ *      ([peer] relay_shape = measured; docs/SYNC.md).  Additive: a member
+ *      sends RATES only to a coordinator whose PLAN says 10 or more, and
+ *      a v10 coordinator plans a v9 member's links as unmeasured: 9..10.
  *
  * ## Terms (PLAN.epoch, COUNTS.epoch, PAYLOAD.epoch)
  *   epoch = boot << PEER_TERM_COUNTER_BITS | counter
@@ -115,7 +121,7 @@
 
 #include <stdint.h>
 
-#define PEER_PROTO_VERSION     9u
+#define PEER_PROTO_VERSION     10u
 #define PEER_PROTO_MIN_VERSION 9u
 
 #define PEER_TERM_COUNTER_BITS 24
@@ -126,6 +132,10 @@
 #define PEER_RETRY_MAX_MS      3200u
 #define PEER_PLAN_DEADLINE_MS  60000u
 #define PEER_PLAN_SLOW_MS      30000u
+/* A member's RATES (version 10) go at most this often. */
+#define PEER_RATES_MIN_MS      250u
+/* The first version that has RATES. */
+#define PEER_PROTO_RATES       10u
 
 static inline uint64_t peer_term(uint64_t boot, uint64_t counter)
 {

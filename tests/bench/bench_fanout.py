@@ -125,7 +125,8 @@ def run(n, relay, net):
         kw = dict(part_size="256K", sync_mode="sparse",
                   log_level=os.environ.get("BENCH_FANOUT_LOG", "notice"))
         coord = Daemon(work.path, "coord", host=net.addrs[0], netns=net.names[0],
-                       dev=net.devs[0], relay_fanout=str(FANOUT if relay else 0), **kw).start()
+                       dev=net.devs[0], relay_fanout=str(FANOUT if relay else 0),
+                       relay_shape=os.environ.get("BENCH_FANOUT_SHAPE", "fixed"), **kw).start()
         daemons.append(coord)
         for k in range(n):
             daemons.append(Daemon(work.path, "s%d" % k, host=net.addrs[k + 1],

@@ -948,6 +948,9 @@ static void write_seeds(const char *dir)
 		Dtep__Leave lv = DTEP__LEAVE__INIT;
 		Dtep__Plan pl = DTEP__PLAN__INIT;
 		Dtep__PlanAck pa2 = DTEP__PLAN_ACK__INIT;
+		Dtep__Rates ra = DTEP__RATES__INIT;
+		Dtep__LinkRate lr[3] = { DTEP__LINK_RATE__INIT, DTEP__LINK_RATE__INIT,
+					 DTEP__LINK_RATE__INIT }, *lrp[3] = { &lr[0], &lr[1], &lr[2] };
 		uint64_t ids[2] = { src.participant, sink.participant };
 		struct rec r = { 0 };
 		struct job *j = job_find(eng, "fj");
@@ -1002,6 +1005,26 @@ static void write_seeds(const char *dir)
 		n += seed_raw(b + n, &r, 2);
 		seed_write(dir, "join-dup-and-plan-ack", b, n);
 		free(r.msg), free(r.data);
+		/* Version 10: a member's RATES after its JOIN, one rate NaN,
+		 * one toward a node of no member, one negative. */
+		ra.job = &ref;
+		ra.node = "peer2";
+		lr[0].to = "fz";
+		lr[0].bytes_per_s = 1e9;
+		lr[1].to = "nowhere";
+		lr[1].bytes_per_s = NAN;
+		lr[2].to = "fz";
+		lr[2].bytes_per_s = -5;
+		ra.n_links = 3;
+		ra.links = lrp;
+		ra.pair_bytes = 4096;
+		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_JOIN, &jn.base, NULL, 0);
+		n = seed_raw(b, &r, 2);
+		free(r.msg), free(r.data);
+		rec_keep(&r, DTEP__PEER_MSG_TYPE__PEER_MSG_RATES, &ra.base, NULL, 0);
+		n += seed_raw(b + n, &r, 2);
+		seed_write(dir, "join-and-rates", b, n);
+		free(r.msg), free(r.data);
 	}
 	teardown();
 	for (size_t i = 0; i < nsent; i++) {
@@ -1043,7 +1066,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			park(fuzz_u8(&in));
 			break;
 		case 0: {
-			Dtep__PeerMsgType type = (Dtep__PeerMsgType)(fuzz_u8(&in) % 11);	/* 10: RELAYED */
+			Dtep__PeerMsgType type = (Dtep__PeerMsgType)(fuzz_u8(&in) % 12);	/* 10: RELAYED, 11: RATES */
 			const char *from = nodes[fuzz_u8(&in) % 3];
 			size_t hl = (size_t)fuzz_uint(&in, 2), dl;
 			const uint8_t *h;

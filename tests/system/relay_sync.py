@@ -190,8 +190,11 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
     n_ok = n_exact = torn = wrong = missed = 0
     ok = False
     try:
+        # relay_shape = fixed: the checks name which replica relays to
+        # which (a stopped relay's stalled sends would read as a slow link
+        # to the measured shape: tests/system/relay_shape.py's).
         coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
-                       relay_fanout=str(fanout)).start()
+                       relay_fanout=str(fanout), relay_shape="fixed").start()
         daemons.append(coord)
         sinks = []
         for k in range(total):
@@ -415,7 +418,7 @@ def run_mixed(c, versions):
     ok = False
     try:
         coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
-                       relay_fanout="1").start()
+                       relay_fanout="1", relay_shape="fixed").start()
         daemons.append(coord)
         sinks = [Daemon(work.path, "s%d" % (k + 1), part_size="64K",
                         sync_mode="sparse").start() for k in range(len(tps))]

@@ -67,7 +67,7 @@ def main():
     try:
         w = Daemon(work.path, "w").start()
         b = Daemon(work.path, "b", part_size="64K", sync_mode="sparse",
-                   relay_fanout="1").start()
+                   relay_fanout="1", relay_shape="fixed").start()
         sinks = [Daemon(work.path, "s%d" % (k + 1), part_size="64K",
                         sync_mode="sparse").start() for k in range(REPLICAS)]
         daemons += [w, b] + sinks

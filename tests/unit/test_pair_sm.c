@@ -490,7 +490,7 @@ static struct pair_sm costed(double frac, double link_Bps, double apply_Bps)
 
 	pair_cost_sent(&s, 3, 0, PAIR_WHY_NONE, (uint64_t)(frac * (double)EL), EL,
 		       (uint64_t)(3.0 * frac * (double)EL));
-	s.r.link_Bps = link_Bps;
+	s.r.link.Bps = link_Bps;
 	s.r.apply_sparse_Bps = s.r.apply_dense_Bps = apply_Bps;
 	return s;
 }
@@ -579,7 +579,7 @@ static void test_cost_no_estimate(void **state)
 	/* a dense version does not measure the changed fraction */
 	s = sent(3, E1);
 	pair_cost_sent(&s, 3, 1, PAIR_WHY_INITIAL, EL, EL, 2 * EL);
-	s.r.link_Bps = 12.5e9;
+	s.r.link.Bps = 12.5e9;
 	in = host(0);
 	pair_sm_choose(&s, 3, E1, 1, 0, &in, &ch);
 	assert_string_equal(ch.reason, "mode=sparse reason=no_estimate");
@@ -676,17 +676,17 @@ static void test_cost_measure(void **state)
 	pair_cost_part_out(&s, 0);
 	pair_cost_part_out(&s, 1000000);
 	pair_cost_part_done(&s, 2000000, 4u << 20);
-	assert_true(s.r.link_Bps == 0);
+	assert_true(s.r.link.Bps == 0);
 	pair_cost_part_done(&s, 3000000, 4u << 20);
-	assert_true(s.r.link_Bps > 2.79e9 && s.r.link_Bps < 2.8e9);	/* 8 MiB / 3 ms */
+	assert_true(s.r.link.Bps > 2.79e9 && s.r.link.Bps < 2.8e9);	/* 8 MiB / 3 ms */
 	pair_cost_part_out(&s, 10000000);
 	pair_cost_part_done(&s, 11000000, 4u << 20);
 	/* the idle 7 ms are not link time: the second sample is 4 GiB/s-ish */
-	assert_true(s.r.link_Bps > 0.75 * 2.796e9 + 0.25 * 4.19e9 - 1e7 &&
-		    s.r.link_Bps < 0.75 * 2.796e9 + 0.25 * 4.2e9 + 1e7);
+	assert_true(s.r.link.Bps > 0.75 * 2.796e9 + 0.25 * 4.19e9 - 1e7 &&
+		    s.r.link.Bps < 0.75 * 2.796e9 + 0.25 * 4.2e9 + 1e7);
 	/* a completion with nothing in flight (state reset) is ignored */
 	pair_cost_part_done(&s, 12000000, 1u << 30);
-	assert_int_equal(s.r.inflight, 0);
+	assert_int_equal(s.r.link.inflight, 0);
 	/* apply rate: only the version last sent, only with bytes */
 	pair_cost_sent(&s, 7, 1, PAIR_WHY_INITIAL, 0, 1000000, 2000000);
 	pair_cost_applied(&s, 7, 0.001);

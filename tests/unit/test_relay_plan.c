@@ -166,12 +166,81 @@ static void test_fanout_scales(void **state)
 	}
 }
 
+/* relay_choose_measured: a replica under half the median of the measured
+ * send rates is slow (a leaf); unmeasured ones are neither; roots and
+ * fanout move off the configured shape only when the model gains more
+ * than RELAY_RESHAPE_GAIN. */
+static void test_measured_shape(void **state)
+{
+	double rate[5] = { 1e9, 1.1e9, 2e7, 0.9e9, 0 };
+	uint8_t slow[5];
+	struct relay_measured in = {
+		.replicas = 5, .rate = rate, .roots = 1, .fanout = 1, .part_bytes = 256 << 10,
+		.latency = 50e-6, .verify_s = 1e-4,
+	};
+	struct relay_choice ch;
+
+	/* no source rate or bytes: the configured shape, the slow one found */
+	assert_int_equal(relay_choose_measured(&in, &ch, slow), 0);
+	assert_int_equal(ch.roots, 1);
+	assert_int_equal(ch.fanout, 1);
+	assert_int_equal(ch.modelled, 0);
+	assert_int_equal(ch.nslow, 1);
+	assert_int_equal(slow[2], 1);
+	assert_int_equal(slow[0] + slow[1] + slow[3] + slow[4], 0);
+	assert_true(ch.median > 0.89e9 && ch.median < 1.01e9);	/* of the 4 measured */
+
+	/* at half the median exactly: not slow */
+	rate[2] = 0.5 * ch.median;
+	assert_int_equal(relay_choose_measured(&in, &ch, slow), 0);
+	assert_int_equal(ch.nslow, 0);
+
+	/* one measured rate: nothing to compare it with */
+	{
+		double one[3] = { 0, 1e6, 0 };
+		struct relay_measured o = in;
+
+		o.replicas = 3;
+		o.rate = one;
+		assert_int_equal(relay_choose_measured(&o, &ch, slow), 0);
+		assert_int_equal(ch.nslow, 0);
+	}
+
+	/* equal links, a chain configured, a large version: the chain is
+	 * within the gain of the model's best, so it stays */
+	for (int i = 0; i < 5; i++)
+		rate[i] = 1.25e9;
+	in.src_rate = 1.25e9;
+	in.bytes = 64e6;
+	assert_int_equal(relay_choose_measured(&in, &ch, slow), 0);
+	assert_int_equal(ch.roots, 1);
+	assert_int_equal(ch.fanout, 1);
+	assert_int_equal(ch.modelled, 0);
+	assert_true(ch.model_s > 0 && ch.model_s == ch.fixed_s);
+
+	/* every replica a root (direct) configured, a source link 10x
+	 * slower than the replicas': the model relays (fewer roots) */
+	in.roots = 5;
+	in.fanout = 4;
+	in.src_rate = 1.25e8;
+	assert_int_equal(relay_choose_measured(&in, &ch, slow), 0);
+	assert_int_equal(ch.modelled, 1);
+	assert_true(ch.roots < 5);
+	assert_true(ch.fanout >= 1 && ch.fanout <= 4);
+	assert_true(ch.model_s < RELAY_RESHAPE_GAIN * ch.fixed_s);
+
+	/* bad input */
+	in.rate = NULL;
+	assert_int_equal(relay_choose_measured(&in, &ch, slow), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shapes),
 		cmocka_unit_test(test_simulation_by_hand),
 		cmocka_unit_test(test_fanout_scales),
+		cmocka_unit_test(test_measured_shape),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

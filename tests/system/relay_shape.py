@@ -1,0 +1,248 @@
+#!/usr/bin/python3
+"""Relay shape from measured links (issue 34: "a chain or a tree, chosen
+by the coordinator's plan from the measured link rates"; docs/SYNC.md,
+"Relay shape from measured links").
+
+Five daemons, each in its own network namespace on a bridge: the
+coordinator with the trainer (megatron:tp=1, real AdamW steps) and four
+sink daemons s0..s3, one SGLang TP=1 replica each, [peer] relay_fanout = 1
+(a chain) and relay_shape = measured.  Replica order makes the first plan
+the chain s0 -> s1 -> s2 -> s3, s0 the root.  s0's uplink alone is shaped
+slow (tc tbf on its veth, 80 Mbit/s; its downlink and every other link are
+not), so what only s0 itself can measure shows it: the coordinator's
+own sends to s0 go at full speed.
+
+v1 is dense and goes down the chain through s0's slow uplink.  Each
+daemon times the parts it sends and forwards and reports the rates to
+the coordinator (RATES, peer protocol 10); the coordinator finds s0's
+rate under half the median, and, between versions, re-plans: s0 a leaf
+at the chain's end, s1 the root.  Checked: the first plan's chain; the
+re-plan (dted_relay_reshapes_total, the log's reason, dtectl job's
+parents: nobody below s0); every replica exact after every version; s0
+forwards nothing after the re-plan and s1 does.  Without the members'
+reports the coordinator would see s1 receive slowly and take s1 for the
+slow one (the test fails then: s1 would be the leaf).
+
+Prints `relay-shape: replicas=4 slow=s0 reshapes=N versions=V exact=V/V
+fast_staged_s=A/B` where A and B are how long the three fast replicas took
+to stage v1 (through s0) and v2 (a sparse version that changed about as
+many bytes, s0 a leaf) -- for the reader, not asserted.  Needs root and
+ip netns (SKIP otherwise)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import harness  # noqa: E402  (sets B, client/python on sys.path)
+
+from cluster_sync_lib import Daemon, Netns, Workdir, asan_reexec  # noqa: E402
+
+asan_reexec([sys.executable] + sys.argv)
+
+import torch  # noqa: E402
+
+from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
+from dte.checks import Checks  # noqa: E402
+
+JOB, TOKEN = "shape", "shape-token"
+SRC, SINK = "megatron:tp=1", "sglang:tp=1"
+CFG = qwen3.make_config(None, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                        vocab_size=8192)
+CFG_TEXT = json.dumps(CFG)
+N = 4
+SLOW_MBIT = 80
+VERSIONS = 5
+
+
+class Replica:
+    def __init__(self, k, daemon, coord_addr):
+        self.k, self.daemon = k, daemon
+        self.cli = _lib.Client(daemon.sock)
+        self.cli.job_create(JOB, CFG_TEXT, TOKEN, coord_addr, 1)
+        self.model = sglang.SGLangModel(CFG, tp=1, label="shape%d" % k, placement=SINK)
+        ids = []
+        for _bid, length, name in _lib.layout_buffers(CFG_TEXT, SINK, _lib.SINK, 0):
+            loc = self.model.arenas[0].loc(name)
+            ids.append(self.cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
+        self.part = self.cli.attach(JOB, TOKEN, _lib.SINK, SINK, 0, ids, replica=k)
+
+    def close(self):
+        try:
+            self.cli.close()
+        except Exception:
+            pass
+
+
+def metric(d, name, label=""):
+    for k, v in d.metrics().items():
+        if (k == name or k.startswith(name + "{")) and label in k:
+            return v
+    return 0.0
+
+
+def sink_parents(coord):
+    """{replica index: (participant id, relay parent id)} from dtectl job."""
+    job = coord.ctl_json("job", JOB) or {}
+    out = {}
+    for x in job.get("participants", []):
+        if x.get("role") == "sink":
+            out[int(x.get("replica", 0))] = (int(x["id"]), int(x.get("relay_parent", 0) or 0))
+    return out
+
+
+def chain_order(par):
+    """The replicas from the root down, when par is one chain; else None."""
+    by_id = {pid: k for k, (pid, _up) in par.items()}
+    roots = [k for k, (_pid, up) in par.items() if not up]
+    if len(roots) != 1:
+        return None
+    order, seen = [roots[0]], {roots[0]}
+    while True:
+        kids = [k for k, (_pid, up) in par.items() if up == par[order[-1]][0]]
+        if not kids:
+            break
+        if len(kids) != 1 or kids[0] in seen:
+            return None
+        order.append(kids[0])
+        seen.add(kids[0])
+    return order if len(order) == len(par) and all(
+        by_id.get(up, -1) in seen for _pid, up in par.values() if up) else None
+
+
+def wait_for(cond, timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    return cond()
+
+
+def main():
+    c = Checks("relay-shape")
+    if not Netns.available() or not subprocess.run(["which", "tc"],
+                                                   capture_output=True).returncode == 0:
+        print("SKIP: needs root, ip netns and tc", flush=True)
+        sys.exit(77)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = Netns(N + 1)
+    work = Workdir("dte-relay-shape-")
+    daemons, reps = [], []
+    exact = reshapes = 0
+    fast = {}
+    ok = False
+    try:
+        net.setup()
+        # s0's uplink only: its veth's egress, inside its namespace.
+        subprocess.run(["tc", "-n", net.names[1], "qdisc", "replace", "dev", net.devs[1], "root",
+                        "tbf", "rate", "%dmbit" % SLOW_MBIT, "burst", "64k", "latency", "100ms"],
+                       check=True, capture_output=True)
+        kw = dict(part_size="256K", sync_mode="sparse", log_level="info")
+        coord = Daemon(work.path, "coord", host=net.addrs[0], netns=net.names[0],
+                       dev=net.devs[0], relay_fanout="1", relay_shape="measured",
+                       relay_lag_ms="0", **kw).start()
+        daemons.append(coord)
+        sinks = []
+        for k in range(N):
+            d = Daemon(work.path, "s%d" % k, host=net.addrs[k + 1], netns=net.names[k + 1],
+                       dev=net.devs[k + 1], **kw).start()
+            sinks.append(d)
+            daemons.append(d)
+        model = megatron.MegatronModel(CFG, tp=1, seed=0, label="shape-src", placement=SRC)
+        trainer = megatron.Trainer(model, lr=1e-5, warmup=1)
+        task = toy.ToyTask(CFG["vocab_size"])
+        tcli = _lib.Client(coord.sock)
+        tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
+        want = _lib.layout_buffers(CFG_TEXT, SRC, _lib.SOURCE, 0)
+        ids = [tcli.register_fd(model.arenas[0][kind].fd, 0, length, _lib.FP32, kind)
+               for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
+        src = tcli.attach(JOB, TOKEN, _lib.SOURCE, SRC, 0, ids)
+        for k in range(N):
+            reps.append(Replica(k, sinks[k], coord.address))
+        first = wait_for(lambda: chain_order(sink_parents(coord)), 20)
+        c.check(first == [0, 1, 2, 3], "the first plan is the chain s0 -> s1 -> s2 -> s3 in "
+                "replica order (%s)" % first)
+        fwd0 = None
+        for v in range(1, VERSIONS + 1):
+            # v2 moves about as many bytes as the dense v1 (lr 1e-3: most
+            # elements change), for the fast_staged_s comparison.
+            lr = 1e-3 if v == 2 else 1e-5
+            trainer.sched.base_lrs = [lr] * len(trainer.opt.param_groups)
+            for g in trainer.opt.param_groups:
+                g["lr"] = lr
+            rec = trainer.step(*task.batch_at(v))
+            t0 = time.perf_counter()
+            info = tcli.publish(JOB, src, v, rec["step"], harness.groups_of(rec))
+            staged = {}
+            for r in sorted(reps, key=lambda r: r.k == 0):	# s0 last
+                got = r.cli.wait_staged(JOB, r.part, 60000)
+                staged[r.k] = time.perf_counter() - t0
+                c.check(got >= v, "v%d: s%d staged it (%d)" % (v, r.k, got))
+            fast[v] = max(staged[k] for k in range(1, N))
+            print("relay-shape: v%d %s bytes=%d staged_s %s" % (
+                v, "dense" if info["dense"] else "sparse", info["bytes"],
+                " ".join("s%d=%.3f" % (k, staged[k]) for k in range(N))), flush=True)
+            for r in reps:
+                res = r.cli.apply(JOB, r.part, v)
+                c.check(res["checksum_ok"], "v%d: s%d's checksum holds" % (v, r.k))
+            want_w = harness.expected_sglang(model, CFG, 1)
+            bad = [(r.k, harness.mismatches(want_w[0], r.model.weights(0))[:3]) for r in reps]
+            bad = [b for b in bad if b[1]]
+            exact += c.check(not bad, "v%d: every replica exact (%s)" % (v, bad))
+            if v == 1:
+                # The rates of v1 come in; the coordinator re-plans
+                # between versions (nothing is in flight now).
+                reshaped = wait_for(lambda: metric(coord, "dted_relay_reshapes_total",
+                                                   'cause="measured"') >= 1, 20)
+                c.check(reshaped, "the coordinator re-planned for the measured rates "
+                        "(dted_relay_reshapes_total %s)" % metric(
+                            coord, "dted_relay_reshapes_total", 'cause="measured"'))
+                after = wait_for(lambda: chain_order(sink_parents(coord)), 10)
+                c.check(after == [1, 2, 3, 0], "after it the chain is s1 -> s2 -> s3 -> s0: "
+                        "the slow uplink a leaf (%s)" % after)
+                log = coord.log_text()
+                c.check("from measured rates" in log and "1 slow of 4" in log,
+                        "the coordinator's log says why: %s" % [
+                            x for x in log.splitlines() if "relay shape" in x][-2:])
+                fwd0 = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
+                        for d in sinks}
+        fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"') for d in sinks}
+        c.check(fwd0 is not None and fwd0["s0"] > 0 and fwd["s0"] == fwd0["s0"] and
+                fwd["s1"] > fwd0["s1"],
+                "s0 forwarded v1 and nothing after the re-plan, s1 forwards since: %s -> %s" %
+                (fwd0, fwd))
+        reshapes = metric(coord, "dted_relay_reshapes_total", 'cause="measured"')
+        c.check(reshapes == 1, "one re-plan: the shape held once chosen (%s)" % reshapes)
+        for r in reps:
+            r.close()
+        reps = []
+        tcli.close()
+        for d in daemons:
+            c.check(d.stop() == 0, "%s shuts down cleanly" % d.name)
+        daemons = []
+        ok = True
+    finally:
+        for r in reps:
+            r.close()
+        for d in daemons:
+            if not ok:
+                print(d.log_tail(30), flush=True)
+            try:
+                d.stop()
+            except Exception:
+                pass
+        net.close()
+        work.close(keep=not ok)
+    print("relay-shape: replicas=%d slow=s0 reshapes=%d versions=%d exact=%d/%d "
+          "fast_staged_s=%.3f/%.3f" % (N, reshapes, VERSIONS, exact, VERSIONS,
+                                        fast.get(1, 0), fast.get(2, 0)), flush=True)
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()
