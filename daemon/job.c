@@ -1201,8 +1201,12 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_STAGED: {
 		const Dtep__Staged *m = (const Dtep__Staged *)msg;
 
-		if ((j = check_ref(e, from, type, m->job, msg, data, len)))
+		if ((j = check_ref(e, from, type, m->job, msg, data, len))) {
 			jsrc_staged(j, m);
+			/* a member reports what its sources saw (RATES.seen) */
+			if (!j->is_coord)
+				j->rates_gen++;
+		}
 		break;
 	}
 	case DTEP__PEER_MSG_TYPE__PEER_MSG_APPLIED: {

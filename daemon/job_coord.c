@@ -155,6 +155,7 @@ out:
 static void member_free(struct jmember *m)
 {
 	free(m->rates);
+	free(m->seen);
 	free(m->sel_p);
 	free(m->sel_q);
 	free(m->part);
@@ -1767,14 +1768,47 @@ static int relay_assign(struct job *j, struct jpinfo **parts, size_t nparts, uin
  * version on; once it holds what its tree's root holds it takes its place
  * again, at a moment no version is on its way (a re-plan re-parents
  * replicas, who would miss one in flight).  What a sink holds and was
- * sent is what the coordinator's own
- * sources know (their pairs' pair_sm: staged, last_sent and the term it
- * went out under), so only sinks fed by a source on this daemon are
- * judged, and a root is not (nothing above it to compare with: a lagging
- * root's children keep the pairs' own rules, dense and direct once
+ * sent is what the sources know (their pairs' pair_sm: staged, last_sent
+ * and the term it went out under): the coordinator's own, and the
+ * members' as their RATES report it (peer protocol 10, RATES.seen, under
+ * the member's term: its sent counts only when that is the newest plan's,
+ * coord_epoch).  A root
+ * is not judged (nothing above it to compare with: a lagging root's
+ * children keep the pairs' own rules, dense and direct once
  * unacknowledged).  A replica that missed a version because the relay
  * above it lagged was not sent it under the plan that re-parented it, so
  * it is not judged for that version. */
+
+static void replan(struct job *j);
+
+/* No version on its way from this daemon's sources: none capturing, and
+ * every pair's sink staged what was sent to it under the current term.
+ * A re-plan re-parents replicas, who would miss a version in flight. */
+static int versions_quiet(const struct job *j)
+{
+	for (size_t i = 0; i < j->npairs; i++) {
+		const struct jpair *p = &j->pairs[i];
+
+		if (job_local((struct job *)j, p->src) && p->sm.sent_epoch == j->epoch &&
+		    p->sm.last_sent > p->sm.staged)
+			return 0;
+	}
+	for (struct jlocal *l = j->locals; l; l = l->next)
+		if (l->info.role == JROLE_SOURCE && jsource_of(l)->busy)
+			return 0;
+	/* ...nor from the members' sources, as they last reported */
+	for (const struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->nseen && m->seen_epoch == j->coord_epoch; i++)
+			if (m->seen[i].sent > m->seen[i].staged)
+				return 0;
+	return 1;
+}
+
+/* --------------------------------------------- relay shape from measured links */
+
+/* What this daemon's sources know of each sink they feed: per sink, the
+ * newest version it staged and the newest sent to it under the current
+ * term (0: none), one entry a sink, sorted by id.  *n 0 when none. */
 struct lag_sink {
 	uint64_t id, staged;
 	uint64_t sent;             /* newest sent to it under the current term */
@@ -1795,36 +1829,68 @@ static struct lag_sink *lag_find(struct lag_sink *v, size_t n, uint64_t id)
 	return id ? bsearch(&k, v, n, sizeof(*v), cmp_lag) : NULL;
 }
 
-static void replan(struct job *j);
-
-/* No version on its way from this daemon's sources: none capturing, and
- * every pair's sink staged what was sent to it under the current term.
- * A re-plan re-parents replicas, who would miss a version in flight. */
-static int versions_quiet(const struct job *j)
+/* Merged by sink: the newest any entry saw or sent. */
+static size_t lag_merge(struct lag_sink *v, size_t k)
 {
+	size_t n = 0;
+
+	qsort(v, k, sizeof(*v), cmp_lag);
+	for (size_t i = 0; i < k; i++) {
+		if (n && v[n - 1].id == v[i].id) {
+			if (v[i].staged > v[n - 1].staged)
+				v[n - 1].staged = v[i].staged;
+			if (v[i].sent > v[n - 1].sent)
+				v[n - 1].sent = v[i].sent;
+		} else {
+			v[n++] = v[i];
+		}
+	}
+	return n;
+}
+
+static struct lag_sink *local_seen(const struct job *j, size_t extra, size_t *n)
+{
+	struct lag_sink *v;
+	size_t k = 0;
+
+	*n = 0;
+	for (size_t i = 0; i < j->npairs; i++)
+		k += job_local((struct job *)j, j->pairs[i].src) != NULL;
+	if (!(k + extra) || !(v = malloc((k + extra) * sizeof(*v))))
+		return NULL;
+	k = 0;
 	for (size_t i = 0; i < j->npairs; i++) {
 		const struct jpair *p = &j->pairs[i];
 
-		if (job_local((struct job *)j, p->src) && p->sm.sent_epoch == j->epoch &&
-		    p->sm.last_sent > p->sm.staged)
-			return 0;
+		if (job_local((struct job *)j, p->src))
+			v[k++] = (struct lag_sink){ p->dst, p->sm.staged,
+						    p->sm.sent_epoch == j->epoch ? p->sm.last_sent : 0,
+						    0 };
 	}
-	for (struct jlocal *l = j->locals; l; l = l->next)
-		if (l->info.role == JROLE_SOURCE && jsource_of(l)->busy)
-			return 0;
-	return 1;
+	*n = lag_merge(v, k);
+	return v;
 }
 
-/* --------------------------------------------- relay shape from measured links */
+/* The plan this member holds has relay trees (RATES are for them). */
+static int plan_relayed(const struct job *j)
+{
+	for (size_t i = 0; i < j->nparts; i++)
+		if (j->parts[i].relay_root)
+			return 1;
+	return 0;
+}
 
-/* A member's send rates go to the coordinator (peer protocol 10, RATES);
- * the coordinator's own wait for the shape check. */
+/* A member's send rates, and what its sources know of the sinks they
+ * feed, go to the coordinator (peer protocol 10, RATES); the
+ * coordinator's own wait for the shape check. */
 static void rates_tick(struct job *j, uint64_t now)
 {
 	Dtep__Rates r = DTEP__RATES__INIT;
 	Dtep__JobRef ref;
 	Dtep__LinkRate *lr = NULL, **lp = NULL;
-	size_t n = 0;
+	Dtep__SinkSeen *ss = NULL, **sp = NULL;
+	struct lag_sink *seen = NULL;
+	size_t n = 0, nseen = 0;
 	int rc;
 
 	j->rates_sent_gen = j->rates_gen;
@@ -1834,13 +1900,30 @@ static void rates_tick(struct job *j, uint64_t now)
 			j->shape_due_ns = now;
 		return;
 	}
-	if (j->coord_proto < PEER_PROTO_RATES || !j->coord_node[0] || j->coord_down)
+	if (j->coord_proto < PEER_PROTO_RATES || !j->coord_node[0] || j->coord_down ||
+	    !plan_relayed(j))
 		return;
-	if (j->nlinks && (!(lr = calloc(j->nlinks, sizeof(*lr))) ||
-			  !(lp = calloc(j->nlinks, sizeof(*lp))))) {
+	seen = local_seen(j, 0, &nseen);
+	if ((j->nlinks && (!(lr = calloc(j->nlinks, sizeof(*lr))) ||
+			   !(lp = calloc(j->nlinks, sizeof(*lp))))) ||
+	    (nseen && (!(ss = calloc(nseen, sizeof(*ss))) ||
+		       !(sp = calloc(nseen, sizeof(*sp)))))) {
 		free(lr);
+		free(lp);
+		free(ss);
+		free(seen);
 		return;
 	}
+	for (size_t i = 0; i < nseen; i++) {
+		dtep__sink_seen__init(&ss[i]);
+		ss[i].sink = seen[i].id;
+		ss[i].staged = seen[i].staged;
+		ss[i].sent = seen[i].sent;
+		sp[i] = &ss[i];
+	}
+	r.epoch = j->epoch;
+	r.seen = sp;
+	r.n_seen = nseen;
 	for (size_t i = 0; i < j->nlinks; i++) {
 		if (j->links[i].m.Bps <= 0)
 			continue;
@@ -1862,27 +1945,44 @@ static void rates_tick(struct job *j, uint64_t now)
 		DLOG_I("job %s: cannot send RATES to %s: %s", j->name, j->coord_node, strerror(-rc));
 	free(lr);
 	free(lp);
+	free(ss);
+	free(sp);
+	free(seen);
 }
 
-/* Members' links the coordinator keeps, at most. */
+/* Members' links and sinks seen the coordinator keeps, at most. */
 #define RATES_MAX_LINKS 4096
+#define RATES_MAX_SEEN  (1u << 20)
 
 void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
 {
 	struct jmember *mem = member_find(j, from);
 	struct jlinkrate *v = NULL;
+	struct jseen *sv = NULL;
 	size_t n = 0;
 
 	if (!mem)
 		return;	/* not (yet) a member: its next RATES counts */
-	if (m->n_links > RATES_MAX_LINKS || !isfinite(m->pair_bytes) || m->pair_bytes < 0) {
+	if (m->n_links > RATES_MAX_LINKS || m->n_seen > RATES_MAX_SEEN ||
+	    !isfinite(m->pair_bytes) || m->pair_bytes < 0) {
 		j->refused++;
-		DLOG_W("job %s: RATES from %s refused: %zu links, pair bytes %g", j->name, from,
-		       m->n_links, m->pair_bytes);
+		DLOG_W("job %s: RATES from %s refused: %zu links, %zu sinks seen, pair bytes %g",
+		       j->name, from, m->n_links, m->n_seen, m->pair_bytes);
 		return;
 	}
-	if (m->n_links && !(v = calloc(m->n_links, sizeof(*v))))
+	if ((m->n_links && !(v = calloc(m->n_links, sizeof(*v)))) ||
+	    (m->n_seen && !(sv = calloc(m->n_seen, sizeof(*sv))))) {
+		free(v);
 		return;
+	}
+	for (size_t i = 0; i < m->n_seen; i++)
+		sv[i] = (struct jseen){ m->seen[i]->sink, m->seen[i]->staged, m->seen[i]->sent };
+	free(mem->seen);
+	mem->seen = sv;
+	mem->nseen = m->n_seen;
+	mem->seen_epoch = m->epoch;
+	DLOG_D("job %s: RATES from %s: %zu links, %zu sinks seen under %llx", j->name, from,
+	       m->n_links, m->n_seen, (unsigned long long)m->epoch);
 	for (size_t i = 0; i < m->n_links; i++) {
 		const Dtep__LinkRate *l = m->links[i];
 
@@ -1944,35 +2044,22 @@ static void relay_lag_check(struct job *j, uint64_t now)
 {
 	uint64_t lag_ns = (uint64_t)j->eng->relay_lag_ms * 1000000u;
 	struct lag_sink *v;
-	size_t n = 0, k = 0, changed = 0;
-	int quiet = 1;
+	size_t n = 0, k, extra = 0, changed = 0;
+	int quiet;
 
-	for (size_t i = 0; i < j->npairs; i++)
-		n += job_local(j, j->pairs[i].src) != NULL;
-	if (!n || !(v = malloc(n * sizeof(*v))))
+	/* One entry a sink: the newest this daemon's sources and the
+	 * members' (RATES.seen) saw or sent. */
+	for (struct jmember *m = j->members; m; m = m->next)
+		extra += m->nseen;
+	if (!(v = local_seen(j, extra, &k)))
 		return;
-	for (size_t i = 0; i < j->npairs; i++) {
-		const struct jpair *p = &j->pairs[i];
-
-		if (!job_local(j, p->src))
-			continue;
-		v[k++] = (struct lag_sink){ p->dst, p->sm.staged,
-					    p->sm.sent_epoch == j->epoch ? p->sm.last_sent : 0, 0 };
-	}
+	for (struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->nseen; i++)
+			v[k++] = (struct lag_sink){ m->seen[i].sink, m->seen[i].staged,
+						    m->seen_epoch == j->coord_epoch ? m->seen[i].sent : 0,
+						    0 };
+	n = lag_merge(v, k);
 	quiet = versions_quiet(j);
-	qsort(v, k, sizeof(*v), cmp_lag);
-	/* One entry a sink: the newest any local source saw or sent. */
-	n = 0;
-	for (size_t i = 0; i < k; i++) {
-		if (n && v[n - 1].id == v[i].id) {
-			if (v[i].staged > v[n - 1].staged)
-				v[n - 1].staged = v[i].staged;
-			if (v[i].sent > v[n - 1].sent)
-				v[n - 1].sent = v[i].sent;
-		} else {
-			v[n++] = v[i];
-		}
-	}
 	for (struct jmember *m = j->members; m; m = m->next)
 		for (size_t i = 0; i < m->n; i++) {
 			struct lag_sink *up = lag_find(v, n, m->p[i].relay_parent);

@@ -16,9 +16,17 @@ void job_metrics_collect(struct dte_engine *e)
 {
 	dmetrics_clear(DM_JOB_PUBLISHED_VERSION);
 	dmetrics_clear(DM_SINK_VERSIONS_BEHIND);
+	dmetrics_clear(DM_LINK_RATE);
 	for (struct job *j = e->jobs; j; j = j->next) {
 		uint64_t latest = 0;
 		int sources = 0;
+
+		for (size_t i = 0; i < j->nlinks; i++)
+			if (j->links[i].m.Bps > 0) {
+				const char *labels[] = { j->name, j->links[i].node };
+
+				dmetrics_set_labels(DM_LINK_RATE, labels, j->links[i].m.Bps);
+			}
 
 		for (struct jlocal *l = j->locals; l; l = l->next) {
 			if (l->info.role != JROLE_SOURCE)

@@ -382,6 +382,11 @@ struct jmember {
 	struct jlinkrate *rates;
 	size_t nrates;
 	double pair_bytes;
+	/* ...and what its sources know of the sinks they feed (RATES.seen,
+	 * under its plan of term seen_epoch): the relay lag check's. */
+	struct jseen { uint64_t sink, staged, sent; } *seen;
+	size_t nseen;
+	uint64_t seen_epoch;
 	uint64_t next_ns, deadline_ns;
 	uint32_t backoff_ms;
 	int expired;              /* past deadline_ns unacknowledged: retried every PEER_PLAN_SLOW_MS */

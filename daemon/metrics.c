@@ -147,6 +147,12 @@ static const struct family fam[DM__COUNT] = {
 			"caught up (caught_up; docs/SYNC.md, \"Relay between sink daemons\")",
 		.type = T_COUNTER,
 		.labels = { "event" } },
+	[DM_LINK_RATE] = { .name = "dted_link_send_rate_bytes",
+		.help = "Bytes per second this daemon measured sending a job's parts and relayed "
+			"records toward a node, while any was in flight (reported to the coordinator "
+			"for the relay shape; docs/SYNC.md, \"Relay shape from measured links\")",
+		.type = T_GAUGE,
+		.labels = { "job_name", "node" } },
 	[DM_RELAY_RESHAPES] = { .name = "dted_relay_reshapes_total",
 		.help = "Re-plans this daemon, as coordinator, made because the members' measured "
 			"send rates chose another relay shape ([peer] relay_shape = measured; "

@@ -54,6 +54,7 @@ enum dmetric_id {
 	DM_RELAYED_BYTES,         /* counter{outcome}: bytes local sinks relayed (sent) or could not (failed) */
 	DM_PLANS,                 /* counter{kind}: PLANs sent whole or as changes, taken as changes, changes refused */
 	DM_RELAY_LAG,             /* counter{event}: relays planned as leaves for lagging (lagging), back (caught_up) */
+	DM_LINK_RATE,             /* gauge{job_name,node}: this daemon's measured send rate toward node (RATES) */
 	DM_RELAY_RESHAPES,        /* counter{cause}: re-plans for a relay shape the measured rates chose (measured) */
 	DM__COUNT
 };

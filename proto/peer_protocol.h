@@ -71,7 +71,10 @@
  *  10  RATES (new type 11, member -> coordinator): the member's measured
  *      send rate toward each node it sent parts to in the job, and the
  *      bytes of its sources' recent pair-versions, for the relay shape
- *      ([peer] relay_shape = measured; docs/SYNC.md).  Additive: a member
+ *      ([peer] relay_shape = measured; docs/SYNC.md), and what its sources
+ *      know of the sinks they feed (seen: staged, sent under its term),
+ *      for the relay lag check.  Sent only while its plan has relay
+ *      trees.  Additive: a member
  *      sends RATES only to a coordinator whose PLAN says 10 or more, and
  *      a v10 coordinator plans a v9 member's links as unmeasured: 9..10.
  *

@@ -134,7 +134,7 @@ def main():
     work = Workdir("dte-relay-shape-")
     daemons, reps = [], []
     exact = reshapes = 0
-    fast = {}
+    fast, rates = {}, {}
     ok = False
     try:
         net.setup()
@@ -211,6 +211,17 @@ def main():
                             x for x in log.splitlines() if "relay shape" in x][-2:])
                 fwd0 = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
                         for d in sinks}
+                # What each end measured (dted_link_send_rate_bytes): s0
+                # its forwards to s1 slow, the coordinator its parts to s0
+                # fast; only s0's own report could tell the coordinator.
+                rates["s0->s1"] = metric(sinks[0], "dted_link_send_rate_bytes", 'node="s1"')
+                rates["coord->s0"] = metric(coord, "dted_link_send_rate_bytes", 'node="s0"')
+                rates["s1->s2"] = metric(sinks[1], "dted_link_send_rate_bytes", 'node="s2"')
+                c.check(0 < rates["s0->s1"] < rates["coord->s0"] / 2 and
+                        rates["s0->s1"] < rates["s1->s2"] / 2,
+                        "s0 measured its sends to s1 slow, the coordinator its sends to s0 and "
+                        "s1 its sends to s2 fast: %s" % {k: "%.1f MB/s" % (v / 1e6)
+                                                         for k, v in rates.items()})
         fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"') for d in sinks}
         c.check(fwd0 is not None and fwd0["s0"] > 0 and fwd["s0"] == fwd0["s0"] and
                 fwd["s1"] > fwd0["s1"],
@@ -239,8 +250,9 @@ def main():
         net.close()
         work.close(keep=not ok)
     print("relay-shape: replicas=%d slow=s0 reshapes=%d versions=%d exact=%d/%d "
-          "fast_staged_s=%.3f/%.3f" % (N, reshapes, VERSIONS, exact, VERSIONS,
-                                        fast.get(1, 0), fast.get(2, 0)), flush=True)
+          "fast_staged_s=%.3f/%.3f slow_MBps=%.1f fast_MBps=%.1f" % (
+              N, reshapes, VERSIONS, exact, VERSIONS, fast.get(1, 0), fast.get(2, 0),
+              rates.get("s0->s1", 0) / 1e6, rates.get("s1->s2", 0) / 1e6), flush=True)
     c.finish()
 
 

@@ -34,6 +34,11 @@ forwarded, unchanged, by its parent.
   mixed   relay_fanout = 1, replicas of two layouts (SGLang TP 2 and TP 1):
           trees per (layout, rank), no parent of another layout or rank,
           every replica of either layout exact (run_mixed).
+  apart   the chain's stopped relay again, with the coordinator on a
+          daemon of its own (c0, no participants): the trainer daemon's
+          sources are the only ones that know what each sink staged and
+          was sent, so the coordinator judges the lag from the trainer
+          daemon's RATES.seen (peer protocol 10).
 
 Final line: `relay: versions=N exact=N/N torn=0 wrong=0 ...`.
 """
@@ -124,6 +129,22 @@ class Rep:
             pass
 
 
+class Boss:
+    """The job created on a coordinator of its own (run's apart), held
+    open with the replicas (teardown closes it)."""
+
+    def __init__(self, daemon):
+        self.daemon, self.k, self.held, self.want = daemon, -1, 0, None
+        self.cli = _lib.Client(daemon.sock)
+        self.cli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+
+    def close(self):
+        try:
+            self.cli.close()
+        except Exception:
+            pass
+
+
 def metric(d, name, label):
     m = d.metrics()
     for k, v in m.items():
@@ -147,17 +168,18 @@ def wait_for(cond, what, timeout=20.0):
     return False
 
 
-def trainer_on(coord, seed, label):
-    """The Megatron-Core-layout TP=2 trainer on the coordinator's daemon,
-    its job created and its sources attached: (model, trainer, task,
-    client, source participant ids)."""
+def trainer_on(coord, seed, label, coord_addr="local"):
+    """The Megatron-Core-layout TP=2 trainer on daemon coord (the job's
+    coordinator unless coord_addr names another), its job created and its
+    sources attached: (model, trainer, task, client, source participant
+    ids)."""
     megatron.shard_shapes = sl.flat_order_shapes
     model = megatron.MegatronModel(sl.CFG, tp=TP, seed=seed, label=label,
                                    placement=sl.SRC_LAYOUT)
     trainer = megatron.Trainer(model, lr=sl.LR, warmup=sl.WARMUP)
     task = toy.ToyTask(sl.CFG["vocab_size"])
     tcli = _lib.Client(coord.sock)
-    tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, "local", 1)
+    tcli.job_create(JOB, sl.CFG_TEXT, TOKEN, coord_addr, 1)
     return model, trainer, task, tcli, sl.attach_sources(tcli, model)
 
 
@@ -176,16 +198,19 @@ def teardown(c, name, work, reps, daemons, ok):
         print("%s: work dir kept: %s" % (name, work.path), flush=True)
 
 
-def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
+def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None, apart=False):
     """One job: coord + n_reps sink daemons (+1 when late), the chain or
     tree of fanout.  late: (version, replica index) joining then; kill:
     (version, replica index) whose daemon dies relaying that version; lag:
     (version, replica index) whose daemon is stopped (SIGSTOP) for that
-    version and the two after it, then continued.
+    version and the two after it, then continued.  apart: the coordinator
+    is a daemon of its own (c0, no participants), so what the sources know
+    of the sinks reaches it only in the trainer daemon's RATES.
     Returns (versions, exact, torn, wrong)."""
     work = Workdir("dte-relay-%s-" % name)
     daemons = []
     reps = []
+    extra = []       # apart: the coordinator's own client
     total = n_reps + (1 if late else 0)
     n_ok = n_exact = torn = wrong = missed = 0
     ok = False
@@ -193,9 +218,17 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
         # relay_shape = fixed: the checks name which replica relays to
         # which (a stopped relay's stalled sends would read as a slow link
         # to the measured shape: tests/system/relay_shape.py's).
-        coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse",
-                       relay_fanout=str(fanout), relay_shape="fixed").start()
+        relay = dict(relay_fanout=str(fanout), relay_shape="fixed")
+        boss = None
+        if apart:
+            boss = Daemon(work.path, "c0", part_size="64K", sync_mode="sparse", **relay).start()
+            daemons.append(boss)
+            relay = {}
+            # the job on the coordinator, which holds no participant
+            extra.append(Boss(boss))
+        coord = Daemon(work.path, "coord", part_size="64K", sync_mode="sparse", **relay).start()
         daemons.append(coord)
+        boss = boss or coord
         sinks = []
         for k in range(total):
             kw = {}
@@ -204,10 +237,11 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
             d = Daemon(work.path, "s%d" % (k + 1), part_size="64K", sync_mode="sparse", **kw)
             sinks.append(d.start())
             daemons.append(d)
-        model, trainer, task, tcli, src_parts = trainer_on(coord, 0, "relay-src")
+        model, trainer, task, tcli, src_parts = trainer_on(
+            coord, 0, "relay-src", boss.address if apart else "local")
         for k in range(n_reps):
-            reps.append(Rep(k, sinks[k], coord.address))
-        job = coord.ctl_json("job", JOB)
+            reps.append(Rep(k, sinks[k], boss.address))
+        job = boss.ctl_json("job", JOB)
         c.check(job and job.get("complete") and
                 len(job.get("participants", [])) == TP + TP * n_reps,
                 "%s: coordinator planned %d sources + %d sinks" % (name, TP, TP * n_reps))
@@ -216,7 +250,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
         c.check(sum(1 for x in parents if x) == TP * (n_reps - 1),
                 "%s: dtectl job shows a relay parent for every replica but the roots (%s)" %
                 (name, parents))
-        log = coord.log_text()
+        log = boss.log_text()
         c.check("relay trees %d" % TP in log,
                 "%s: the plan has one relay tree per sink rank (%d)" % (name, TP))
         before = None     # expected weights of the version before
@@ -235,7 +269,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                 os.kill(stopped.daemon.pid, signal.SIGCONT)
                 stopped = None
             if late and v == late[0]:
-                reps.append(Rep(late[1], sinks[late[1]], coord.address))
+                reps.append(Rep(late[1], sinks[late[1]], boss.address))
                 reps[-1].since = v
             infos = [tcli.publish(JOB, p, v, rec["step"], sl.groups_of(rec)) for p in src_parts]
             want = sl.expected(model)
@@ -293,10 +327,10 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                         "%s: the relay's hook fired" % name)
                 dead.close()
                 # The coordinator notices and re-plans the replicas below it.
-                c.check(wait_for(lambda: (coord.peer(dead.daemon.name) or {}).get("state") ==
+                c.check(wait_for(lambda: (boss.peer(dead.daemon.name) or {}).get("state") ==
                                  "down", "coord to see the relay down"),
                         "%s: coord sees the dead relay down" % name)
-                c.check(wait_for(lambda: len((coord.ctl_json("job", JOB) or {})
+                c.check(wait_for(lambda: len((boss.ctl_json("job", JOB) or {})
                                              .get("participants", [])) ==
                                  TP + TP * (len(reps) - 1), "the re-plan"),
                         "%s: re-planned without the dead relay's sinks" % name)
@@ -306,13 +340,13 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                 # this version, whose replicas below it get it dense and
                 # directly (their last version went out under the old
                 # plan), although it is still stopped.
-                stopped_ids = [p["id"] for p in (coord.ctl_json("job", JOB) or {})
+                stopped_ids = [p["id"] for p in (boss.ctl_json("job", JOB) or {})
                                .get("participants", []) if p.get("role") == "sink" and
                                p.get("node") == stopped.daemon.name]
                 parents = {p.get("node"): int(p.get("relay_parent", 0) or 0)
-                           for p in (coord.ctl_json("job", JOB) or {}).get("participants", [])
+                           for p in (boss.ctl_json("job", JOB) or {}).get("participants", [])
                            if p.get("role") == "sink"}
-                log = coord.log_text()
+                log = boss.log_text()
                 c.check("lags (holds v%d" % (v - 3) in log and
                         "planned as a leaf" in log,
                         "%s: the coordinator saw the stopped relay lag and planned it as a "
@@ -346,10 +380,10 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                         (name, v))
             before = want
         if lag:
-            c.check(wait_for(lambda: "caught up" in coord.log_text(), "the relay to catch up"),
+            c.check(wait_for(lambda: "caught up" in boss.log_text(), "the relay to catch up"),
                     "%s: the stopped relay, continued, caught up and took its place again" %
                     name)
-            lagm = {e: metric(coord, "dted_relay_lag_replans_total", 'event="%s"' % e)
+            lagm = {e: metric(boss, "dted_relay_lag_replans_total", 'event="%s"' % e)
                     for e in ("lagging", "caught_up")}
             c.check(lagm == {"lagging": TP, "caught_up": TP},
                     "%s: dted_relay_lag_replans_total counts the stopped relay's %d ranks "
@@ -370,7 +404,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                         (name, d.name, b, root_node, to_root))
         fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
                for d in sinks if not (kill and d is sinks[kill[1]])}
-        plans = {k: metric(coord, "dted_plans_total", 'kind="%s"' % k)
+        plans = {k: metric(boss, "dted_plans_total", 'kind="%s"' % k)
                  for k in ("sent_whole", "sent_changes")}
         taken = {d.name: metric(d, "dted_plans_total", 'kind="taken_changes"')
                  for d in sinks if not (kill and d is sinks[kill[1]])}
@@ -399,7 +433,7 @@ def run(c, name, fanout, n_reps, versions, late=None, kill=None, lag=None):
                 c.check(d.stop() == 0, "%s: %s shuts down cleanly" % (name, d.name))
         ok = True
     finally:
-        teardown(c, name, work, reps, daemons, ok)
+        teardown(c, name, work, reps + extra, daemons, ok)
     return n_ok, n_exact, torn, wrong, missed
 
 
@@ -484,19 +518,25 @@ def main():
     a = run(c, "chain", 1, 4, 12, lag=(5, 1))
     b = run(c, "tree", 2, 4, 14, late=(5, 4), kill=(9, 1))
     m = run_mixed(c, 6)
-    versions, exact = a[0] + b[0] + m[0], a[1] + b[1] + m[1]
-    torn, wrong = a[2] + b[2], a[3] + b[3]
+    # The same stopped relay with the coordinator on a daemon of its own:
+    # the lag is judged from the trainer daemon's RATES.seen.
+    d = run(c, "apart", 1, 4, 9, lag=(3, 1), apart=True)
+    versions, exact = a[0] + b[0] + m[0] + d[0], a[1] + b[1] + m[1] + d[1]
+    torn, wrong = a[2] + b[2] + d[2], a[3] + b[3] + d[3]
     c.check(torn == 0 and wrong == 0, "no replica torn or wrong")
     c.check(b[4] == 2, "the two replicas below the killed relay missed its version (%d)" % b[4])
     c.check(a[4] == 4, "the two replicas below the stopped relay missed two versions each, "
             "then were routed around it (%d)" % a[4])
+    c.check(d[4] == 4, "apart: the two replicas below the stopped relay missed two versions "
+            "each, then were routed around it by a coordinator that feeds none of them (%d)" %
+            d[4])
     # exact: versions every live replica held exactly; the killed relay's
     # version is not, for the two replicas below it, which kept the one
     # before (missed), whole.
     print("relay: versions=%d exact=%d/%d torn=%d wrong=%d missed=%d (below the killed relay "
           "or the stopped one, each kept the version it held whole)" % (
               versions, exact, versions, torn, wrong,
-                                                   a[4] + b[4]), flush=True)
+                                                   a[4] + b[4] + d[4]), flush=True)
     c.finish()
 
 
