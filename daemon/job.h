@@ -75,7 +75,7 @@ void job_set_max_staged(struct dte_engine *e, uint32_t n);
  * the sources.  Takes effect at the next re-plan. */
 void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32_t lag_ms);
 /* [peer] relay_shape: measured (1): the coordinator orders each tree by
- * the members' measured send rates (a node under half its tree's median
+ * the members' measured send rates (a node under a third of its tree's median
  * is a leaf) and, with rates of the sources and the relays, picks roots
  * and fanout (at most relay_fanout) by relay_plan_build's model; fixed
  * (0, the engine's default): relay_roots and relay_fanout in replica

@@ -81,7 +81,7 @@ struct jpinfo {
 	uint64_t lag_since_ns;
 	int lagging;
 	/* Coordinator, [peer] relay_shape = measured (relay_assign): its
-	 * node's measured rate is under half its tree's median, so it is
+	 * node's measured rate is under a third of its tree's median, so it is
 	 * planned as a leaf (after any lagging relay). */
 	int slow;
 };

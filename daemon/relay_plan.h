@@ -65,7 +65,7 @@ void relay_plan_fini(struct relay_plan *p);
  * model's best (relay_plan_build, fanout at most max_fanout) when its
  * time is under RELAY_RESHAPE_GAIN of the configured shape's (roots,
  * fanout): the configured one otherwise, so equal links keep it. */
-#define RELAY_SLOW_FRACTION 0.5
+#define RELAY_SLOW_FRACTION (1.0 / 3.0)
 #define RELAY_RESHAPE_GAIN  0.8
 
 struct relay_measured {

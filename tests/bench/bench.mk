@@ -110,3 +110,10 @@ bench-fanout-sim: $(B)/tests/bench_fanout_sim
 # minutes).  BENCH_FANOUT_SINKS, BENCH_FANOUT_GBIT, BENCH_FANOUT_FANOUT.
 bench-fanout: all
 	B=$(B) $(PYTHON) tests/bench/bench_fanout.py
+
+# The relay shape from measured links against the fixed one (issue 34;
+# docs/BENCHMARKS.md, "Relay shape, measured"): 8 sink daemons, one
+# replica's uplink congested to 200 Mbit/s (root; under a minute).
+# BENCH_SHAPE_SINKS, BENCH_SHAPE_SLOW_MBIT, BENCH_FANOUT_GBIT.
+bench-fanout-shape: all
+	B=$(B) $(PYTHON) tests/bench/bench_fanout_shape.py

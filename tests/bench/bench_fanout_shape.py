@@ -4,7 +4,7 @@
 link rates"; docs/BENCHMARKS.md, "Relay shape, measured"): one source
 daemon and N sink daemons (8 unless BENCH_SHAPE_SINKS says otherwise) in
 network namespaces, every NIC shaped to BENCH_FANOUT_GBIT (10) both ways,
-except replica 0's uplink, congested to BENCH_SHAPE_SLOW_MBIT (1000).
+except replica 0's uplink, congested to BENCH_SHAPE_SLOW_MBIT (200).
 relay_fanout = 1: the first plan is the chain s0 -> s1 -> ... in replica
 order, the congested uplink at its head.
 
@@ -35,7 +35,7 @@ from bench_fanout import harness, Daemon, Netns, Workdir, torch  # noqa: E402
 from dte import _lib, megatron, toy  # noqa: E402
 
 N = int(os.environ.get("BENCH_SHAPE_SINKS", "8"))
-SLOW_MBIT = int(os.environ.get("BENCH_SHAPE_SLOW_MBIT", "1000"))
+SLOW_MBIT = int(os.environ.get("BENCH_SHAPE_SLOW_MBIT", "200"))
 LRS = {1: 1e-5, 2: 1e-3, 3: 1e-5, 4: 1e-5, 5: 1e-5}
 
 
@@ -99,6 +99,8 @@ def run(net, measured):
                                                    'cause="measured"') < 1:
                     time.sleep(0.05)
         out["reshapes"] = int(metric(coord, "dted_relay_reshapes_total", 'cause="measured"'))
+        out["why"] = [x.split(": ", 1)[-1] for x in coord.log_text().splitlines()
+                      if "relay shape of" in x]
     finally:
         for r in reps:
             r.close()
@@ -130,6 +132,8 @@ def run_all(log=print):
             log("  fanout-shape %s: %s" % ("measured" if measured else "fixed",
                                            " ".join("v%d=%.3fs" % kv for kv in
                                                     sorted(r["t"].items()))))
+            for why in r.get("why", []):
+                log("    %s" % why)
     finally:
         net.close()
     return res

@@ -28,6 +28,8 @@ figure:
     bench fanout sinks=N version=V direct_s=S relay_s=R ratio_to_one_sink=X ...
                                                    (tests/bench/bench_fanout.py, issue 34)
     bench fanout-sim nodes=1024 ...                (tests/bench/bench_fanout_sim.c)
+    bench fanout-shape sinks=8 slow_mbit=M version=V fixed_s=S measured_s=T speedup=X ...
+                                                   (tests/bench/bench_fanout_shape.py)
 bytes_per_change: the default configuration's wire bytes (zstd_level 0, the
 guard band included) per element whose BF16 truly changed, lr 1e-6.
 dense_line_rate_ratio: (dense bytes at the link rate) / dted's dense sync
@@ -64,6 +66,7 @@ os.environ["B"] = B
 import bench_codec  # noqa: E402
 import bench_e2e  # noqa: E402
 import bench_fanout  # noqa: E402
+import bench_fanout_shape  # noqa: E402
 import bench_k4  # noqa: E402
 import bench_plan  # noqa: E402
 import bench_stall  # noqa: E402
@@ -188,6 +191,8 @@ def main():
     res["fanout_sim"] = [x for x in r.stdout.splitlines() if x.startswith("bench fanout-sim")]
     if r.returncode:
         res["fanout_sim"] = ["bench fanout-sim failed: %s" % r.stderr.strip()[-200:]]
+    log("fanout-shape: one congested uplink, the fixed relay shape against the measured one")
+    res["fanout_shape"] = bench_fanout_shape.run_all(log=log)
 
     why = bench_e2e.Link.available()
     if why:
@@ -227,6 +232,7 @@ def main():
     lines.append(bench_k4.line(res["k4"]))
     lines += bench_plan.lines(res["plan"])
     lines += bench_fanout.lines(res["fanout"]) + res["fanout_sim"]
+    lines += bench_fanout_shape.lines(res["fanout_shape"])
     av = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-verify:")]
     dn = [kv(x) for x in res["apply_verify"]["lines"] if x.startswith("apply-dense:")]
     lines.append("bench apply-verify " + " ".join(

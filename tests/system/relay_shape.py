@@ -15,7 +15,7 @@ own sends to s0 go at full speed.
 v1 is dense and goes down the chain through s0's slow uplink.  Each
 daemon times the parts it sends and forwards and reports the rates to
 the coordinator (RATES, peer protocol 10); the coordinator finds s0's
-rate under half the median, and, between versions, re-plans: s0 a leaf
+rate under a third of the median, and, between versions, re-plans: s0 a leaf
 at the chain's end, s1 the root.  Checked: the first plan's chain; the
 re-plan (dted_relay_reshapes_total, the log's reason, dtectl job's
 parents: nobody below s0); every replica exact after every version; s0
