@@ -42,6 +42,7 @@ static const struct {
 	[DCONF_K_PEER_RELAY_ROOTS] = { "peer", "relay_roots" },
 	[DCONF_K_PEER_RELAY_LAG] = { "peer", "relay_lag_ms" },
 	[DCONF_K_PEER_RELAY_SHAPE] = { "peer", "relay_shape" },
+	[DCONF_K_PEER_RELAY_RATE_AGE] = { "peer", "relay_rate_max_age_ms" },
 };
 
 struct parse_ctx {
@@ -64,6 +65,7 @@ void dconf_defaults(struct dconf *c)
 	c->peer_relay_roots = 1;
 	c->peer_relay_lag_ms = 1000;
 	c->peer_relay_measured = 1;
+	c->peer_relay_rate_age_ms = 300000;
 	snprintf(c->peer_listen_address, sizeof(c->peer_listen_address), "0.0.0.0");
 	c->peer_listen_port = 7370;
 	c->peer_staging_bytes = DCONF_DEFAULT_STAGING;
@@ -333,6 +335,12 @@ static int peer_key(struct parse_ctx *p, const char *key, const char *v)
 		c->peer_relay_measured = !strcmp(v, "measured");
 		return 1;
 	}
+	if (strcmp(key, "relay_rate_max_age_ms") == 0) {
+		if (!parse_u64(v, 1000, 86400000, 0, &x))
+			return bad_value(p, key, v, "1000..86400000");
+		c->peer_relay_rate_age_ms = (uint32_t)x;
+		return 1;
+	}
 	snprintf(p->msg, sizeof(p->msg), "unknown key '%s' in [peer]", key);
 	return 0;
 }
@@ -549,6 +557,9 @@ int dconf_describe(const struct dconf *c, unsigned i, const char **section, cons
 	case DCONF_K_PEER_RELAY_LAG: snprintf(val, vlen, "%u", c->peer_relay_lag_ms); break;
 	case DCONF_K_PEER_RELAY_SHAPE:
 		snprintf(val, vlen, "%s", c->peer_relay_measured ? "measured" : "fixed");
+		break;
+	case DCONF_K_PEER_RELAY_RATE_AGE:
+		snprintf(val, vlen, "%u", c->peer_relay_rate_age_ms);
 		break;
 	case DCONF_K__COUNT:
 		return -1;

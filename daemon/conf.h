@@ -50,7 +50,7 @@ enum dconf_key {
 	DCONF_K_PEER_PART_SIZE, DCONF_K_JOB_STATE_DIR, DCONF_K_MARK_TABLE_SIZE,
 	DCONF_K_SYNC_MODE, DCONF_K_PEER_AUTH, DCONF_K_PEER_AUTH_OFF_JOBS,
 	DCONF_K_PEER_RELAY_FANOUT, DCONF_K_PEER_RELAY_ROOTS, DCONF_K_PEER_RELAY_LAG,
-	DCONF_K_PEER_RELAY_SHAPE,
+	DCONF_K_PEER_RELAY_SHAPE, DCONF_K_PEER_RELAY_RATE_AGE,
 	DCONF_K__COUNT
 };
 
@@ -100,6 +100,7 @@ struct dconf {
 	uint32_t peer_relay_roots;     /* replicas of a rank the sources feed */
 	uint32_t peer_relay_lag_ms;    /* coordinator: a relay this far behind is re-planned; 0 off */
 	int      peer_relay_measured;  /* coordinator: relay_shape = measured (1) or fixed */
+	uint32_t peer_relay_rate_age_ms; /* measured send rates older than this are not used */
 	unsigned char src[DCONF_K__COUNT];  /* enum dconf_src per key */
 };
 

@@ -289,9 +289,11 @@ void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32
 	jctl_update(e);	/* the lag check's timer (job_coord.c, relay_lag_check) */
 }
 
-void job_set_relay_shape(struct dte_engine *e, int measured)
+void job_set_relay_shape(struct dte_engine *e, int measured, uint32_t rate_age_ms)
 {
 	e->relay_measured = measured;
+	e->relay_rate_age_ms = rate_age_ms ? rate_age_ms : 300000;
+	jctl_update(e);	/* rates' expiry (job_coord.c, shape_check) */
 }
 
 static void job_free(struct job *j)

@@ -79,8 +79,11 @@ void job_set_relay(struct dte_engine *e, uint32_t fanout, uint32_t roots, uint32
  * is a leaf) and, with rates of the sources and the relays, picks roots
  * and fanout (at most relay_fanout) by relay_plan_build's model; fixed
  * (0, the engine's default): relay_roots and relay_fanout in replica
- * order (job_coord.c, relay_assign; docs/SYNC.md). */
-void job_set_relay_shape(struct dte_engine *e, int measured);
+ * order (job_coord.c, relay_assign; docs/SYNC.md).  rate_age_ms ([peer]
+ * relay_rate_max_age_ms; 0: 300000): a rate not measured again for this
+ * long is not used (a leaf sends nothing: its old rate expires, and it
+ * is planned in its place again to be measured anew). */
+void job_set_relay_shape(struct dte_engine *e, int measured, uint32_t rate_age_ms);
 
 /* Called after every job the engine creates (not an idempotent repeat),
  * with the request: main.c registers job_persist.c's save here, so a

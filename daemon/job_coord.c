@@ -325,6 +325,11 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 		if (j->shape_due_ns < *soonest)
 			*soonest = j->shape_due_ns;
 	}
+	if (j->rates_expiry_ns && j->is_coord) {
+		any = 1;
+		if (j->rates_expiry_ns < *soonest)
+			*soonest = j->rates_expiry_ns;
+	}
 	for (const struct jmember *m = j->members; m; m = m->next) {
 		enum coord_mstate st = member_state(m);
 
@@ -380,6 +385,11 @@ void jctl_retry(struct dte_engine *e)
 		if (j->rates_gen != j->rates_sent_gen &&
 		    now >= j->rates_sent_ns + (uint64_t)PEER_RATES_MIN_MS * 1000000u)
 			rates_tick(j, now);
+		if (j->rates_expiry_ns && now >= j->rates_expiry_ns) {
+			j->rates_expiry_ns = 0;
+			if (!j->shape_due_ns)
+				j->shape_due_ns = now;	/* a rate expired */
+		}
 		if (j->shape_due_ns && now >= j->shape_due_ns)
 			shape_check(j, now);
 		if (j->is_coord && j->relay_trees && e->relay_lag_ms && now >= j->lag_next_ns) {
@@ -1519,6 +1529,13 @@ static int cmp_sink(const void *a, const void *b, void *parts)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* A rate measured at sample_ns is used until [peer]
+ * relay_rate_max_age_ms after it. */
+static int rate_fresh(const struct dte_engine *e, uint64_t sample_ns, uint64_t now)
+{
+	return now <= sample_ns + (uint64_t)e->relay_rate_age_ms * 1000000u;
+}
+
 /* Measured send rates by node (relay_shape = measured): up, the fastest
  * a node sent toward any other (RATES, and this daemon's own jlinks), and
  * down, the fastest any node sent toward it.  A relay forwards at its
@@ -1558,6 +1575,7 @@ static void rate_link(struct node_rate *v, size_t n, const char *from, const cha
 static struct node_rate *node_rates(const struct job *j, size_t *n, double *pair_bytes)
 {
 	const char *self = jio_self(j->eng);
+	uint64_t now = jio_now(j->eng);
 	struct node_rate *v;
 	size_t k = 0, any = j->nlinks;
 
@@ -1581,11 +1599,13 @@ static struct node_rate *node_rates(const struct job *j, size_t *n, double *pair
 		if (!*n || strcmp(v[*n - 1].node, v[i].node))
 			v[(*n)++] = v[i];
 	for (size_t i = 0; i < j->nlinks; i++)
-		rate_link(v, *n, self, j->links[i].node, j->links[i].m.Bps);
+		if (rate_fresh(j->eng, j->links[i].m.sample_ns, now))
+			rate_link(v, *n, self, j->links[i].node, j->links[i].m.Bps);
 	for (const struct jmember *m = j->members; m; m = m->next)
 		if (strcmp(m->node, self))	/* its own: the jlinks above */
 			for (size_t i = 0; i < m->nrates; i++)
-				rate_link(v, *n, m->node, m->rates[i].to, m->rates[i].Bps);
+				if (rate_fresh(j->eng, m->rates[i].sample_ns, now))
+					rate_link(v, *n, m->node, m->rates[i].to, m->rates[i].Bps);
 	return v;
 }
 
@@ -1880,6 +1900,26 @@ static int plan_relayed(const struct job *j)
 	return 0;
 }
 
+
+/* The coordinator: when the next rate it uses expires (0: none); the
+ * shape is looked at again then (a slow leaf sends nothing, so its rate
+ * is never measured again: once expired it takes its place again). */
+static void rates_expiry(struct job *j, uint64_t now)
+{
+	uint64_t age = (uint64_t)j->eng->relay_rate_age_ms * 1000000u, t = 0;
+
+	for (size_t i = 0; i < j->nlinks; i++)
+		if (j->links[i].m.Bps > 0 && rate_fresh(j->eng, j->links[i].m.sample_ns, now) &&
+		    (!t || j->links[i].m.sample_ns + age < t))
+			t = j->links[i].m.sample_ns + age;
+	for (const struct jmember *m = j->members; m; m = m->next)
+		for (size_t i = 0; i < m->nrates; i++)
+			if (rate_fresh(j->eng, m->rates[i].sample_ns, now) &&
+			    (!t || m->rates[i].sample_ns + age < t))
+				t = m->rates[i].sample_ns + age;
+	j->rates_expiry_ns = t ? t + 1 : 0;
+}
+
 /* A member's send rates, and what its sources know of the sinks they
  * feed, go to the coordinator (peer protocol 10, RATES); the
  * coordinator's own wait for the shape check. */
@@ -1925,11 +1965,12 @@ static void rates_tick(struct job *j, uint64_t now)
 	r.seen = sp;
 	r.n_seen = nseen;
 	for (size_t i = 0; i < j->nlinks; i++) {
-		if (j->links[i].m.Bps <= 0)
+		if (j->links[i].m.Bps <= 0 || !rate_fresh(j->eng, j->links[i].m.sample_ns, now))
 			continue;
 		dtep__link_rate__init(&lr[n]);
 		lr[n].to = j->links[i].node;
 		lr[n].bytes_per_s = j->links[i].m.Bps;
+		lr[n].age_ms = (now - j->links[i].m.sample_ns) / 1000000u;
 		lp[n] = &lr[n];
 		n++;
 	}
@@ -1959,6 +2000,7 @@ void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
 	struct jmember *mem = member_find(j, from);
 	struct jlinkrate *v = NULL;
 	struct jseen *sv = NULL;
+	uint64_t now = jio_now(j->eng);
 	size_t n = 0;
 
 	if (!mem)
@@ -1985,10 +2027,13 @@ void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
 	       m->n_links, m->n_seen, (unsigned long long)m->epoch);
 	for (size_t i = 0; i < m->n_links; i++) {
 		const Dtep__LinkRate *l = m->links[i];
+		uint64_t age = l ? l->age_ms * 1000000u : 0;
 
-		if (!l || !l->to || !l->to[0] || !isfinite(l->bytes_per_s) || l->bytes_per_s <= 0)
+		if (!l || !l->to || !l->to[0] || !isfinite(l->bytes_per_s) || l->bytes_per_s <= 0 ||
+		    l->age_ms > (uint64_t)j->eng->relay_rate_age_ms)
 			continue;
 		snprintf(v[n].to, sizeof(v[n].to), "%s", l->to);
+		v[n].sample_ns = now > age ? now - age : 0;
 		v[n++].Bps = l->bytes_per_s;
 	}
 	free(mem->rates);
@@ -1996,7 +2041,7 @@ void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
 	mem->nrates = n;
 	mem->pair_bytes = m->pair_bytes;
 	if (j->eng->relay_measured && j->eng->relay_fanout && !j->shape_due_ns) {
-		j->shape_due_ns = jio_now(j->eng);
+		j->shape_due_ns = now;
 		jctl_update(j->eng);
 	}
 }
@@ -2015,6 +2060,7 @@ static void shape_check(struct job *j, uint64_t now)
 	j->shape_due_ns = 0;
 	if (!j->is_coord || !j->eng->relay_measured || !j->eng->relay_fanout)
 		return;
+	rates_expiry(j, now);
 	if (!versions_quiet(j)) {
 		j->shape_due_ns = now + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
 		return;

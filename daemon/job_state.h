@@ -94,10 +94,12 @@ struct jlink {
 	struct rate_meter m;
 };
 
-/* A member's reported send rate toward one node (RATES). */
+/* A member's reported send rate toward one node (RATES), and when its
+ * newest sample was taken (the coordinator's clock). */
 struct jlinkrate {
 	char to[JOB_NODE_MAX];
 	double Bps;
+	uint64_t sample_ns;
 };
 
 /* One plan entry as this daemon uses it. */
@@ -447,6 +449,7 @@ struct job {
 	 * when the shape is looked at again; 0: not due) and the signature
 	 * of the shape the current plan was made with (relay_assign). */
 	uint64_t shape_due_ns, shape_sig;
+	uint64_t rates_expiry_ns; /* the next measured rate to expire (0: none) */
 	uint64_t reshapes;
 	char *config;             /* config.json text */
 	struct dte_spec spec;
@@ -699,6 +702,7 @@ struct dte_engine {
 	 * as a leaf (job_coord.c, relay_lag_check); 0: off */
 	uint32_t relay_lag_ms;
 	int relay_measured;       /* [peer] relay_shape = measured (job_set_relay_shape) */
+	uint32_t relay_rate_age_ms; /* [peer] relay_rate_max_age_ms */
 	struct dte_wake *parts_wake; /* a worker framed a part (job_src.c sends it) */
 	int closing;              /* handles closed, their callbacks not run yet */
 	/* Extension points (job_ext.h): a test build's hooks, copied from

@@ -173,9 +173,10 @@ static void reload(void)
 	conf.peer_relay_roots = nc.peer_relay_roots;
 	conf.peer_relay_lag_ms = nc.peer_relay_lag_ms;
 	conf.peer_relay_measured = nc.peer_relay_measured;
+	conf.peer_relay_rate_age_ms = nc.peer_relay_rate_age_ms;
 	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots,
 		      conf.peer_relay_lag_ms);
-	job_set_relay_shape(srv.eng, conf.peer_relay_measured);
+	job_set_relay_shape(srv.eng, conf.peer_relay_measured, conf.peer_relay_rate_age_ms);
 	if (strcmp(nc.socket, conf.socket) || strcmp(nc.runtime_dir, conf.runtime_dir) ||
 	    nc.max_frame_bytes != conf.max_frame_bytes || nc.max_clients != conf.max_clients ||
 	    strcmp(nc.compute_backend, conf.compute_backend) ||
@@ -431,7 +432,7 @@ int main(int argc, char **argv)
 	job_set_mode_policy(srv.eng, strcmp(conf.sync_mode, "sparse") ? 0 : 1);
 	job_set_relay(srv.eng, conf.peer_relay_fanout, conf.peer_relay_roots,
 		      conf.peer_relay_lag_ms);
-	job_set_relay_shape(srv.eng, conf.peer_relay_measured);
+	job_set_relay_shape(srv.eng, conf.peer_relay_measured, conf.peer_relay_rate_age_ms);
 	{
 		char perr[256];
 

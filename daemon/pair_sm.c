@@ -319,6 +319,7 @@ int rate_meter_done(struct rate_meter *m, uint64_t now_ns, uint64_t bytes)
 		return 0;
 	m->Bps = pair_cost_ewma(m->Bps, (double)m->busy_bytes * 1e9 / (double)m->busy_ns);
 	m->samples++;
+	m->sample_ns = now_ns;
 	m->busy_bytes = 0;
 	m->busy_ns = 0;
 	return 1;

@@ -104,6 +104,7 @@ struct rate_meter {
 	uint64_t busy_t0_ns;      /* since when */
 	uint64_t busy_ns, busy_bytes, done_bytes;
 	uint32_t samples;         /* samples behind Bps */
+	uint64_t sample_ns;       /* when the newest was taken */
 	double Bps;               /* 0: not measured yet */
 };
 

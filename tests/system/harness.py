@@ -152,7 +152,8 @@ DAEMON_KEYS = ("node_name", "log_level", "runtime_dir", "socket", "socket_group"
                "compute_backend", "metrics_listen", "max_staged_versions",
                "verify_full_every", "job_state_dir", "mark_table_size", "sync_mode")
 PEER_KEYS = ("advertise_address", "staging_size", "part_size", "auth", "auth_off_jobs",
-             "relay_fanout", "relay_roots", "relay_lag_ms", "relay_shape")
+             "relay_fanout", "relay_roots", "relay_lag_ms", "relay_shape",
+             "relay_rate_max_age_ms")
 
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 

@@ -19,11 +19,14 @@ rate under a third of the median, and, between versions, re-plans: s0 a leaf
 at the chain's end, s1 the root.  Checked: the first plan's chain; the
 re-plan (dted_relay_reshapes_total, the log's reason, dtectl job's
 parents: nobody below s0); every replica exact after every version; s0
-forwards nothing after the re-plan and s1 does.  Without the members'
+forwards nothing after the re-plan and s1 does.  A leaf sends nothing,
+so its rate is never measured again: after [peer] relay_rate_max_age_ms
+(10 s here) it expires, the coordinator plans the first chain again, and
+the next large version through s0 makes it a leaf again.  Without the members'
 reports the coordinator would see s1 receive slowly and take s1 for the
 slow one (the test fails then: s1 would be the leaf).
 
-Prints `relay-shape: replicas=4 slow=s0 reshapes=N versions=V exact=V/V
+Prints `relay-shape: replicas=4 slow=s0 reshapes=3 versions=6 exact=6/6
 fast_staged_s=A/B` where A and B are how long the three fast replicas took
 to stage v1 (through s0) and v2 (a sparse version that changed about as
 many bytes, s0 a leaf) -- for the reader, not asserted.  Needs root and
@@ -55,6 +58,7 @@ CFG_TEXT = json.dumps(CFG)
 N = 4
 SLOW_MBIT = 80
 VERSIONS = 5
+AGE_MS = 10000      # [peer] relay_rate_max_age_ms on every daemon
 
 
 class Replica:
@@ -142,7 +146,8 @@ def main():
         subprocess.run(["tc", "-n", net.names[1], "qdisc", "replace", "dev", net.devs[1], "root",
                         "tbf", "rate", "%dmbit" % SLOW_MBIT, "burst", "64k", "latency", "100ms"],
                        check=True, capture_output=True)
-        kw = dict(part_size="256K", sync_mode="sparse", log_level="info")
+        kw = dict(part_size="256K", sync_mode="sparse", log_level="info",
+                  relay_rate_max_age_ms=str(AGE_MS))
         coord = Daemon(work.path, "coord", host=net.addrs[0], netns=net.names[0],
                        dev=net.devs[0], relay_fanout="1", relay_shape="measured",
                        relay_lag_ms="0", **kw).start()
@@ -167,11 +172,11 @@ def main():
         first = wait_for(lambda: chain_order(sink_parents(coord)), 20)
         c.check(first == [0, 1, 2, 3], "the first plan is the chain s0 -> s1 -> s2 -> s3 in "
                 "replica order (%s)" % first)
-        fwd0 = None
-        for v in range(1, VERSIONS + 1):
-            # v2 moves about as many bytes as the dense v1 (lr 1e-3: most
-            # elements change), for the fast_staged_s comparison.
-            lr = 1e-3 if v == 2 else 1e-5
+        def version(v, lr):
+            """Publish v at lr; every replica stages (s0 last), applies and
+            is checked exact.  Returns when the three fast replicas had
+            staged it."""
+            nonlocal exact
             trainer.sched.base_lrs = [lr] * len(trainer.opt.param_groups)
             for g in trainer.opt.param_groups:
                 g["lr"] = lr
@@ -183,7 +188,6 @@ def main():
                 got = r.cli.wait_staged(JOB, r.part, 60000)
                 staged[r.k] = time.perf_counter() - t0
                 c.check(got >= v, "v%d: s%d staged it (%d)" % (v, r.k, got))
-            fast[v] = max(staged[k] for k in range(1, N))
             print("relay-shape: v%d %s bytes=%d staged_s %s" % (
                 v, "dense" if info["dense"] else "sparse", info["bytes"],
                 " ".join("s%d=%.3f" % (k, staged[k]) for k in range(N))), flush=True)
@@ -194,6 +198,16 @@ def main():
             bad = [(r.k, harness.mismatches(want_w[0], r.model.weights(0))[:3]) for r in reps]
             bad = [b for b in bad if b[1]]
             exact += c.check(not bad, "v%d: every replica exact (%s)" % (v, bad))
+            return max(staged[k] for k in range(1, N))
+
+        def reshapes_now():
+            return metric(coord, "dted_relay_reshapes_total", 'cause="measured"')
+
+        fwd0 = None
+        for v in range(1, VERSIONS + 1):
+            # v2 moves about as many bytes as the dense v1 (lr 1e-3: most
+            # elements change), for the fast_staged_s comparison.
+            fast[v] = version(v, 1e-3 if v == 2 else 1e-5)
             if v == 1:
                 # The rates of v1 come in; the coordinator re-plans
                 # between versions (nothing is in flight now).
@@ -222,13 +236,30 @@ def main():
                         "s0 measured its sends to s1 slow, the coordinator its sends to s0 and "
                         "s1 its sends to s2 fast: %s" % {k: "%.1f MB/s" % (v / 1e6)
                                                          for k, v in rates.items()})
-        fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"') for d in sinks}
-        c.check(fwd0 is not None and fwd0["s0"] > 0 and fwd["s0"] == fwd0["s0"] and
-                fwd["s1"] > fwd0["s1"],
-                "s0 forwarded v1 and nothing after the re-plan, s1 forwards since: %s -> %s" %
-                (fwd0, fwd))
-        reshapes = metric(coord, "dted_relay_reshapes_total", 'cause="measured"')
-        c.check(reshapes == 1, "one re-plan: the shape held once chosen (%s)" % reshapes)
+            if v == 2:
+                # v2 came well within the rates' age: s0 a leaf still
+                fwd = {d.name: metric(d, "dted_relayed_bytes_total", 'outcome="sent"')
+                       for d in sinks}
+                c.check(fwd0 is not None and fwd0["s0"] > 0 and fwd["s0"] == fwd0["s0"] and
+                        fwd["s1"] > fwd0["s1"] and reshapes_now() == 1,
+                        "s0 forwarded v1 and not v2, s1 forwarded v2, one re-plan: %s -> %s" %
+                        (fwd0, fwd))
+        # s0 sends nothing as a leaf, so its rate is never measured again:
+        # once relay_rate_max_age_ms passed it is unmeasured, not slow, and
+        # the coordinator plans it in its place; the next large version
+        # through it measures it slow again.
+        back = wait_for(lambda: reshapes_now() >= 2, AGE_MS / 1000.0 + 20)
+        order = wait_for(lambda: chain_order(sink_parents(coord)) == [0, 1, 2, 3], 10)
+        c.check(back and order, "s0's rate expired after relay_rate_max_age_ms: the first "
+                "chain again (%s, %s re-plans)" % (chain_order(sink_parents(coord)),
+                                                    reshapes_now()))
+        version(VERSIONS + 1, 1e-3)
+        again = wait_for(lambda: reshapes_now() >= 3, 20)
+        order = wait_for(lambda: chain_order(sink_parents(coord)) == [1, 2, 3, 0], 10)
+        c.check(again and order, "v%d through s0 measured it slow again: a leaf again (%s, "
+                "%s re-plans)" % (VERSIONS + 1, chain_order(sink_parents(coord)),
+                                  reshapes_now()))
+        reshapes = reshapes_now()
         for r in reps:
             r.close()
         reps = []
@@ -251,7 +282,7 @@ def main():
         work.close(keep=not ok)
     print("relay-shape: replicas=%d slow=s0 reshapes=%d versions=%d exact=%d/%d "
           "fast_staged_s=%.3f/%.3f slow_MBps=%.1f fast_MBps=%.1f" % (
-              N, reshapes, VERSIONS, exact, VERSIONS, fast.get(1, 0), fast.get(2, 0),
+              N, reshapes, VERSIONS + 1, exact, VERSIONS + 1, fast.get(1, 0), fast.get(2, 0),
               rates.get("s0->s1", 0) / 1e6, rates.get("s1->s2", 0) / 1e6), flush=True)
     c.finish()
 
