@@ -1206,7 +1206,7 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 		if ((j = check_ref(e, from, type, m->job, msg, data, len))) {
 			jsrc_staged(j, m);
 			/* a member reports what its sources saw (RATES.seen) */
-			if (!j->is_coord)
+			if (!j->is_coord && jcoord_rates_wanted(j))
 				j->rates_gen++;
 		}
 		break;
@@ -1226,7 +1226,8 @@ void job_peer_recv(struct dte_engine *e, const char *from, Dtep__PeerMsgType typ
 	}
 	/* Sends timed for the send rates (a relay's forwards, a source's
 	 * parts): the control timer reports them (job_coord.c, RATES). */
-	if (j && !e->ctl_timer_on && (jlinks_busy(j) || j->rates_gen != j->rates_sent_gen))
+	if (j && !e->ctl_timer_on && (jlinks_busy(j) || j->rates_gen != j->rates_sent_gen) &&
+	    jcoord_rates_wanted(j))
 		jctl_update(e);
 out:
 	protobuf_c_message_free_unpacked(msg, NULL);

@@ -289,6 +289,14 @@ static uint64_t ahead_ask_ns(const struct job *j)
 	return j->ahead_asked_ns && j->ahead_asked_ns + wait > t ? j->ahead_asked_ns + wait : t;
 }
 
+static int plan_relayed(const struct job *j);
+
+int jcoord_rates_wanted(const struct job *j)
+{
+	return j->is_coord ? j->eng->relay_measured && j->eng->relay_fanout :
+	       j->coord_proto >= PEER_PROTO_RATES && plan_relayed(j);
+}
+
 static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 {
 	int any = 0;
@@ -309,7 +317,7 @@ static int job_ctl_pending(const struct job *j, uint64_t *soonest)
 	/* Send rates: a sample to report (or sends in flight that will make
 	 * one), at most every PEER_RATES_MIN_MS; the coordinator's own go to
 	 * the shape check. */
-	if (j->rates_gen != j->rates_sent_gen || jlinks_busy(j)) {
+	if ((j->rates_gen != j->rates_sent_gen || jlinks_busy(j)) && jcoord_rates_wanted(j)) {
 		uint64_t t = j->rates_sent_ns + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
 		uint64_t later = jio_now(j->eng) + (uint64_t)PEER_RATES_MIN_MS * 1000000u;
 
@@ -1692,21 +1700,26 @@ static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, 
 	uint64_t h = 0xcbf29ce484222325ull;
 
 	*trees = 0;
+	if (fanout0 && j->eng->relay_measured)
+		nr = node_rates(j, &nnr, &pair_bytes);
 	for (size_t i = 0; i < nparts; i++) {
 		if (!dry) {
 			parts[i]->relay_parent = 0;
 			parts[i]->relay_root = 0;
 		}
+		if (!nr)
+			parts[i]->slow = 0;	/* nothing measured, or relay_shape fixed */
 		n += parts[i]->role == JROLE_SINK;
 	}
 	if (!fanout0 || n < 2) {
+		free(nr);
 		*sig = h;
 		return 0;
 	}
-	if (!(s = malloc(n * sizeof(*s))))
+	if (!(s = malloc(n * sizeof(*s)))) {
+		free(nr);
 		return -ENOMEM;
-	if (j->eng->relay_measured)
-		nr = node_rates(j, &nnr, &pair_bytes);
+	}
 	n = 0;
 	for (size_t i = 0; i < nparts; i++)
 		if (parts[i]->role == JROLE_SINK)

@@ -16,6 +16,10 @@ void jcoord_join(struct job *j, const char *from, const Dtep__Join *m);
 void jcoord_leave(struct job *j, const char *from, const Dtep__Leave *m);
 void jcoord_node_down(struct job *j, const char *node);
 void jcoord_free(struct job *j);
+/* Whether this daemon reports or uses send rates in job j: a coordinator
+ * with relay_shape measured, a member whose plan has relay trees and
+ * whose coordinator speaks peer protocol 10. */
+int  jcoord_rates_wanted(const struct job *j);
 /* A member's measured send rates (peer protocol 10; the relay shape). */
 void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m);
 /* A PLAN_ACK from a member. */
