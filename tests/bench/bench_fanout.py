@@ -47,11 +47,11 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
 import harness  # noqa: E402  (B, client/python on sys.path)
-from cluster_sync_lib import Daemon, Netns, Workdir  # noqa: E402
+from cluster_sync_lib import Daemon, Netns, Tp1Replica, Workdir  # noqa: E402
 
 import torch  # noqa: E402
 
-from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
+from dte import _lib, megatron, qwen3, toy  # noqa: E402
 
 JOB, TOKEN = "fanout", "fanout-token"
 SRC, SINK = "megatron:tp=1", "sglang:tp=1"
@@ -95,24 +95,8 @@ def expected(model):
     return harness.expected_sglang(model, CFG, 1)
 
 
-class Replica:
-    def __init__(self, k, daemon, coord_addr):
-        self.k, self.daemon = k, daemon
-        self.cli = _lib.Client(daemon.sock)
-        self.cli.job_create(JOB, CFG_TEXT, TOKEN, coord_addr, 1)
-        self.model = sglang.SGLangModel(CFG, tp=1, label="fo%d" % k, placement=SINK)
-        want = _lib.layout_buffers(CFG_TEXT, SINK, _lib.SINK, 0)
-        ids = []
-        for _bid, length, name in want:
-            loc = self.model.arenas[0].loc(name)
-            ids.append(self.cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
-        self.part = self.cli.attach(JOB, TOKEN, _lib.SINK, SINK, 0, ids, replica=k)
-
-    def close(self):
-        try:
-            self.cli.close()
-        except Exception:
-            pass
+def Replica(k, daemon, coord_addr):
+    return Tp1Replica(k, daemon, coord_addr, JOB, TOKEN, CFG, "fo%d" % k)
 
 
 def run(n, relay, net):

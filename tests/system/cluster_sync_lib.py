@@ -108,6 +108,34 @@ class Workdir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+class Tp1Replica:
+    """One SGLang TP=1 replica (sglang:tp=1, BF16 memfd arenas in this
+    process) on daemon, its job created there with coordinator coord_addr
+    and its rank attached as replica k: .cli, .part, .model."""
+
+    LAYOUT = "sglang:tp=1"
+
+    def __init__(self, k, daemon, coord_addr, job, token, cfg, label):
+        import json
+        from dte import _lib, sglang
+        text = json.dumps(cfg)
+        self.k, self.daemon = k, daemon
+        self.cli = _lib.Client(daemon.sock)
+        self.cli.job_create(job, text, token, coord_addr, 1)
+        self.model = sglang.SGLangModel(cfg, tp=1, label=label, placement=self.LAYOUT)
+        ids = []
+        for _bid, length, name in _lib.layout_buffers(text, self.LAYOUT, _lib.SINK, 0):
+            loc = self.model.arenas[0].loc(name)
+            ids.append(self.cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
+        self.part = self.cli.attach(job, token, _lib.SINK, self.LAYOUT, 0, ids, replica=k)
+
+    def close(self):
+        try:
+            self.cli.close()
+        except Exception:
+            pass
+
+
 def peer_proto_version():
     """PEER_PROTO_VERSION of this tree (proto/peer_protocol.h)."""
     import re

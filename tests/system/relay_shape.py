@@ -40,13 +40,13 @@ import time
 
 import harness  # noqa: E402  (sets B, client/python on sys.path)
 
-from cluster_sync_lib import Daemon, Netns, Workdir, asan_reexec  # noqa: E402
+from cluster_sync_lib import Daemon, Netns, Tp1Replica, Workdir, asan_reexec  # noqa: E402
 
 asan_reexec([sys.executable] + sys.argv)
 
 import torch  # noqa: E402
 
-from dte import _lib, megatron, qwen3, sglang, toy  # noqa: E402
+from dte import _lib, megatron, qwen3, toy  # noqa: E402
 from dte.checks import Checks  # noqa: E402
 
 JOB, TOKEN = "shape", "shape-token"
@@ -61,23 +61,8 @@ VERSIONS = 5
 AGE_MS = 10000      # [peer] relay_rate_max_age_ms on every daemon
 
 
-class Replica:
-    def __init__(self, k, daemon, coord_addr):
-        self.k, self.daemon = k, daemon
-        self.cli = _lib.Client(daemon.sock)
-        self.cli.job_create(JOB, CFG_TEXT, TOKEN, coord_addr, 1)
-        self.model = sglang.SGLangModel(CFG, tp=1, label="shape%d" % k, placement=SINK)
-        ids = []
-        for _bid, length, name in _lib.layout_buffers(CFG_TEXT, SINK, _lib.SINK, 0):
-            loc = self.model.arenas[0].loc(name)
-            ids.append(self.cli.register_fd(loc.fd, loc.offset, length, _lib.BF16, name))
-        self.part = self.cli.attach(JOB, TOKEN, _lib.SINK, SINK, 0, ids, replica=k)
-
-    def close(self):
-        try:
-            self.cli.close()
-        except Exception:
-            pass
+def Replica(k, daemon, coord_addr):
+    return Tp1Replica(k, daemon, coord_addr, JOB, TOKEN, CFG, "shape%d" % k)
 
 
 def metric(d, name, label=""):
