@@ -1933,6 +1933,13 @@ static void rates_expiry(struct job *j, uint64_t now)
 	j->rates_expiry_ns = t ? t + 1 : 0;
 }
 
+/* The shape is looked at this long after the newest rates came (each
+ * new RATES or own sample pushes it on): one look once every member's
+ * report of a version is in, not one per report, which would re-plan
+ * on part of the picture (a replica whose own report is not in yet is
+ * judged by what it was sent). */
+#define SHAPE_SETTLE_NS (2ull * PEER_RATES_MIN_MS * 1000000u)
+
 /* A member's send rates, and what its sources know of the sinks they
  * feed, go to the coordinator (peer protocol 10, RATES); the
  * coordinator's own wait for the shape check. */
@@ -1949,8 +1956,8 @@ static void rates_tick(struct job *j, uint64_t now)
 	j->rates_sent_gen = j->rates_gen;
 	j->rates_sent_ns = now;
 	if (j->is_coord) {
-		if (j->eng->relay_measured && j->eng->relay_fanout && !j->shape_due_ns)
-			j->shape_due_ns = now;
+		if (j->eng->relay_measured && j->eng->relay_fanout)
+			j->shape_due_ns = now + SHAPE_SETTLE_NS;
 		return;
 	}
 	if (j->coord_proto < PEER_PROTO_RATES || !j->coord_node[0] || j->coord_down ||
@@ -2004,6 +2011,7 @@ static void rates_tick(struct job *j, uint64_t now)
 	free(seen);
 }
 
+
 /* Members' links and sinks seen the coordinator keeps, at most. */
 #define RATES_MAX_LINKS 4096
 #define RATES_MAX_SEEN  (1u << 20)
@@ -2053,8 +2061,8 @@ void jcoord_rates(struct job *j, const char *from, const Dtep__Rates *m)
 	mem->rates = v;
 	mem->nrates = n;
 	mem->pair_bytes = m->pair_bytes;
-	if (j->eng->relay_measured && j->eng->relay_fanout && !j->shape_due_ns) {
-		j->shape_due_ns = now;
+	if (j->eng->relay_measured && j->eng->relay_fanout) {
+		j->shape_due_ns = now + SHAPE_SETTLE_NS;
 		jctl_update(j->eng);
 	}
 }
