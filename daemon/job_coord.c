@@ -2188,6 +2188,33 @@ static void relay_lag_check(struct job *j, uint64_t now)
 			       (unsigned long long)me->staged, (unsigned long long)me->sent,
 			       (unsigned long long)((now - x->lag_since_ns) / 1000000u));
 		}
+	/* A replica's ranks move together: each rank of a replica that has
+	 * one lagging is planned as a leaf in the same re-plan, so no
+	 * version reaches some of its ranks by a new parent and the others
+	 * not (judged apart, from reports that came at different moments,
+	 * the ranks of one stopped relay were re-planned two versions
+	 * apart).  Each takes its place again once it caught up. */
+	for (struct jmember *m = j->members; m && changed; m = m->next)
+		for (size_t i = 0; i < m->n; i++) {
+			const struct jpinfo *x = &m->p[i];
+
+			if (x->role != JROLE_SINK || !x->lagging)
+				continue;
+			for (size_t q = 0; q < m->n; q++) {
+				struct jpinfo *y = &m->p[q];
+
+				if (y->role != JROLE_SINK || y->lagging || y->replica != x->replica ||
+				    strcmp(y->layout, x->layout))
+					continue;
+				y->lagging = 1;
+				y->lag_since_ns = x->lag_since_ns;
+				changed++;
+				dmetrics_add(DM_RELAY_LAG, "lagging", 1);
+				DLOG_N("job %s: sink %llx on %s planned as a leaf with rank %u of its "
+				       "replica, which lags", j->name, (unsigned long long)y->id, y->node,
+				       x->rank);
+			}
+		}
 	free(v);
 	if (changed)
 		replan(j);

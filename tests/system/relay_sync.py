@@ -96,8 +96,10 @@ class Rep:
         return self.cli.attach(JOB, TOKEN, _lib.SINK, self.layout, rank, ids, replica=self.k)
 
     def apply(self, version, timeout_ms=20000):
-        """Wait for version staged on both ranks and apply it; the results,
-        or None when it did not come in time."""
+        """Wait for version staged on every rank, then apply it on each (as
+        the integrations do: sglang.py's _wait_staged, before pausing
+        anything); the results, or None when it did not come in time (no
+        rank applied)."""
         out = []
         end = time.time() + timeout_ms / 1000.0
         for p in self.parts:
@@ -115,6 +117,7 @@ class Rep:
                 except _lib.DteError as e:
                     if e.code != _lib.ERR_TIMEOUT:
                         raise
+        for p in self.parts:
             out.append(self.cli.apply(JOB, p, version))
         self.held = version
         return out
