@@ -1686,6 +1686,17 @@ out:
 	free(slow);
 }
 
+/* The end of the group (one layout and rank) starting at s[g0]. */
+static size_t group_end(struct jpinfo **parts, const uint32_t *s, size_t g0, size_t n)
+{
+	size_t g1 = g0 + 1;
+
+	while (g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
+	       !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout))
+		g1++;
+	return g1;
+}
+
 /* Relay trees of parts (s: the sinks' indices, sorted by cmp_sink).
  * dry: only the shape's signature (and the slow flags), no parents. */
 static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, uint32_t *par_of,
@@ -1693,8 +1704,8 @@ static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, 
 {
 	uint32_t fanout0 = j->eng->relay_fanout;
 	uint32_t roots0 = j->eng->relay_roots ? j->eng->relay_roots : 1;
-	uint32_t *s;
-	size_t n = 0, g0, g1, nnr = 0;
+	uint32_t *s, *shape = NULL;
+	size_t n = 0, g0, g1, g, nnr = 0;
 	struct node_rate *nr = NULL;
 	double pair_bytes = 0;
 	uint64_t h = 0xcbf29ce484222325ull;
@@ -1724,32 +1735,32 @@ static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, 
 	for (size_t i = 0; i < nparts; i++)
 		if (parts[i]->role == JROLE_SINK)
 			s[n++] = (uint32_t)i;
-	/* Groups first (layout, rank), each group's slow flags from the
-	 * rates, then the order within each group (cmp_sink reads them). */
+	/* Groups first (layout, rank), each group's slow flags, roots and
+	 * fanout from the rates (shape[2g], shape[2g+1]), then the order
+	 * within each group (cmp_sink reads the flags; the groups stay). */
 	qsort_r(s, n, sizeof(*s), cmp_sink, parts);
-	for (g0 = 0; g0 < n && nr; g0 = g1) {
-		uint32_t roots = roots0, fanout = fanout0;
-
-		for (g1 = g0 + 1; g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
-		     !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout); g1++)
-			;
-		group_measured(j, parts, s + g0, (uint32_t)(g1 - g0), nr, nnr, pair_bytes, &roots,
-			       &fanout, 1);
+	if (nr && !(shape = malloc(2 * n * sizeof(*shape)))) {
+		free(nr);
+		free(s);
+		return -ENOMEM;
+	}
+	for (g0 = 0, g = 0; g0 < n && nr; g0 = g1, g++) {
+		g1 = group_end(parts, s, g0, n);
+		shape[2 * g] = roots0;
+		shape[2 * g + 1] = fanout0;
+		group_measured(j, parts, s + g0, (uint32_t)(g1 - g0), nr, nnr, pair_bytes,
+			       &shape[2 * g], &shape[2 * g + 1], dry != 2);
 	}
 	if (nr)
 		qsort_r(s, n, sizeof(*s), cmp_sink, parts);
-	for (g0 = 0; g0 < n; g0 = g1) {
+	for (g0 = 0, g = 0; g0 < n; g0 = g1, g++) {
 		struct relay_in in = { .bytes = 1, .part_bytes = 1, .src_rate = 1, .sink_rate = 1 };
 		struct relay_plan rp;
-		uint32_t roots = roots0, fanout = fanout0;
+		uint32_t roots = shape ? shape[2 * g] : roots0;
+		uint32_t fanout = shape ? shape[2 * g + 1] : fanout0;
 
-		for (g1 = g0 + 1; g1 < n && parts[s[g1]]->rank == parts[s[g0]]->rank &&
-		     !strcmp(parts[s[g1]]->layout, parts[s[g0]]->layout); g1++)
-			;
+		g1 = group_end(parts, s, g0, n);
 		in.replicas = (uint32_t)(g1 - g0);
-		if (nr)
-			group_measured(j, parts, s + g0, in.replicas, nr, nnr, pair_bytes, &roots,
-				       &fanout, dry != 2);
 		/* The signature: each group's members in tree order, roots,
 		 * fanout. */
 		h = sig_mix(h, roots);
@@ -1759,6 +1770,7 @@ static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, 
 		if (dry || in.replicas < 2 || roots >= in.replicas)
 			continue;
 		if (relay_plan_shape(&in, roots, fanout, &rp) < 0) {
+			free(shape);
 			free(nr);
 			free(s);
 			return -ENOMEM;
@@ -1780,6 +1792,7 @@ static int relay_assign_do(struct job *j, struct jpinfo **parts, size_t nparts, 
 		*trees += roots;
 		relay_plan_fini(&rp);
 	}
+	free(shape);
 	free(nr);
 	free(s);
 	*sig = h;
