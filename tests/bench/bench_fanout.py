@@ -47,14 +47,13 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
 
 import harness  # noqa: E402  (B, client/python on sys.path)
-from cluster_sync_lib import Daemon, Netns, Tp1Replica, Workdir  # noqa: E402
+from cluster_sync_lib import Daemon, Netns, Tp1Replica, Tp1Trainer, Workdir  # noqa: E402
 
 import torch  # noqa: E402
 
-from dte import _lib, megatron, qwen3, toy  # noqa: E402
+from dte import qwen3  # noqa: E402
 
 JOB, TOKEN = "fanout", "fanout-token"
-SRC, SINK = "megatron:tp=1", "sglang:tp=1"
 GBIT = float(os.environ.get("BENCH_FANOUT_GBIT", "10"))
 SINKS = [int(x) for x in os.environ.get("BENCH_FANOUT_SINKS", "1,2,4,8,16").split(",")]
 FANOUT = int(os.environ.get("BENCH_FANOUT_FANOUT", "1"))
@@ -115,16 +114,8 @@ def run(n, relay, net):
         for k in range(n):
             daemons.append(Daemon(work.path, "s%d" % k, host=net.addrs[k + 1],
                                   netns=net.names[k + 1], dev=net.devs[k + 1], **kw).start())
-        torch.manual_seed(0)
-        model = megatron.MegatronModel(CFG, tp=1, seed=0, label="fo-src", placement=SRC)
-        trainer = megatron.Trainer(model, lr=LR, warmup=WARMUP)
-        task = toy.ToyTask(CFG["vocab_size"])
-        tcli = _lib.Client(coord.sock)
-        tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
-        want = _lib.layout_buffers(CFG_TEXT, SRC, _lib.SOURCE, 0)
-        ids = [tcli.register_fd(model.arenas[0][kind].fd, 0, length, _lib.FP32, kind)
-               for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
-        src = tcli.attach(JOB, TOKEN, _lib.SOURCE, SRC, 0, ids)
+        tr = Tp1Trainer(coord.sock, JOB, TOKEN, CFG, "fo-src", LR, WARMUP)
+        model, trainer, task, tcli, src = tr.model, tr.trainer, tr.task, tr.cli, tr.src
         for k in range(n):
             reps.append(Replica(k, daemons[k + 1], coord.address))
         cpu0 = {d.name: proc_cpu_mem(d.pid)[0] for d in daemons}

@@ -32,7 +32,6 @@ sys.path.insert(0, HERE)
 
 import bench_fanout as bf  # noqa: E402  (harness, CFG, Replica, shape)
 from bench_fanout import harness, Daemon, Netns, Workdir, torch  # noqa: E402
-from dte import _lib, megatron, toy  # noqa: E402
 
 N = int(os.environ.get("BENCH_SHAPE_SINKS", "8"))
 SLOW_MBIT = int(os.environ.get("BENCH_SHAPE_SLOW_MBIT", "200"))
@@ -60,16 +59,8 @@ def run(net, measured):
         for k in range(N):
             daemons.append(Daemon(work.path, "s%d" % k, host=net.addrs[k + 1],
                                   netns=net.names[k + 1], dev=net.devs[k + 1], **kw).start())
-        torch.manual_seed(0)
-        model = megatron.MegatronModel(bf.CFG, tp=1, seed=0, label="fs-src", placement=bf.SRC)
-        trainer = megatron.Trainer(model, lr=LRS[1], warmup=1)
-        task = toy.ToyTask(bf.CFG["vocab_size"])
-        tcli = _lib.Client(coord.sock)
-        tcli.job_create(bf.JOB, bf.CFG_TEXT, bf.TOKEN, "local", 1)
-        want = _lib.layout_buffers(bf.CFG_TEXT, bf.SRC, _lib.SOURCE, 0)
-        ids = [tcli.register_fd(model.arenas[0][kind].fd, 0, length, _lib.FP32, kind)
-               for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
-        src = tcli.attach(bf.JOB, bf.TOKEN, _lib.SOURCE, bf.SRC, 0, ids)
+        tr = bf.Tp1Trainer(coord.sock, bf.JOB, bf.TOKEN, bf.CFG, "fs-src", LRS[1], 1)
+        model, trainer, task, tcli, src = tr.model, tr.trainer, tr.task, tr.cli, tr.src
         for k in range(N):
             reps.append(bf.Replica(k, daemons[k + 1], coord.address))
         for v in sorted(LRS):

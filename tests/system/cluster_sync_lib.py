@@ -136,6 +136,32 @@ class Tp1Replica:
             pass
 
 
+class Tp1Trainer:
+    """dte.megatron's stand-in trainer as megatron:tp=1 (FP32 theta, m, v
+    in memfds, real torch AdamW) attached as the job's source on the
+    coordinator's daemon, the job created there: .model, .trainer, .task,
+    .cli, .src."""
+
+    LAYOUT = "megatron:tp=1"
+
+    def __init__(self, sock, job, token, cfg, label, lr, warmup):
+        import json
+        import torch
+        from dte import _lib, megatron, toy
+        text = json.dumps(cfg)
+        torch.manual_seed(0)
+        self.model = megatron.MegatronModel(cfg, tp=1, seed=0, label=label,
+                                            placement=self.LAYOUT)
+        self.trainer = megatron.Trainer(self.model, lr=lr, warmup=warmup)
+        self.task = toy.ToyTask(cfg["vocab_size"])
+        self.cli = _lib.Client(sock)
+        self.cli.job_create(job, text, token, "local", 1)
+        want = _lib.layout_buffers(text, self.LAYOUT, _lib.SOURCE, 0)
+        ids = [self.cli.register_fd(self.model.arenas[0][kind].fd, 0, length, _lib.FP32, kind)
+               for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
+        self.src = self.cli.attach(job, token, _lib.SOURCE, self.LAYOUT, 0, ids)
+
+
 def peer_proto_version():
     """PEER_PROTO_VERSION of this tree (proto/peer_protocol.h)."""
     import re

@@ -40,17 +40,16 @@ import time
 
 import harness  # noqa: E402  (sets B, client/python on sys.path)
 
-from cluster_sync_lib import Daemon, Netns, Tp1Replica, Workdir, asan_reexec  # noqa: E402
+from cluster_sync_lib import Daemon, Netns, Tp1Replica, Tp1Trainer, Workdir, asan_reexec  # noqa: E402
 
 asan_reexec([sys.executable] + sys.argv)
 
 import torch  # noqa: E402
 
-from dte import _lib, megatron, qwen3, toy  # noqa: E402
+from dte import qwen3  # noqa: E402
 from dte.checks import Checks  # noqa: E402
 
 JOB, TOKEN = "shape", "shape-token"
-SRC, SINK = "megatron:tp=1", "sglang:tp=1"
 CFG = qwen3.make_config(None, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=32,
                         vocab_size=8192)
@@ -143,15 +142,8 @@ def main():
                        dev=net.devs[k + 1], **kw).start()
             sinks.append(d)
             daemons.append(d)
-        model = megatron.MegatronModel(CFG, tp=1, seed=0, label="shape-src", placement=SRC)
-        trainer = megatron.Trainer(model, lr=1e-5, warmup=1)
-        task = toy.ToyTask(CFG["vocab_size"])
-        tcli = _lib.Client(coord.sock)
-        tcli.job_create(JOB, CFG_TEXT, TOKEN, "local", 1)
-        want = _lib.layout_buffers(CFG_TEXT, SRC, _lib.SOURCE, 0)
-        ids = [tcli.register_fd(model.arenas[0][kind].fd, 0, length, _lib.FP32, kind)
-               for (_b, length, _n), kind in zip(want, ("param", "exp_avg", "exp_avg_sq"))]
-        src = tcli.attach(JOB, TOKEN, _lib.SOURCE, SRC, 0, ids)
+        tr = Tp1Trainer(coord.sock, JOB, TOKEN, CFG, "shape-src", 1e-5, 1)
+        model, trainer, task, tcli, src = tr.model, tr.trainer, tr.task, tr.cli, tr.src
         for k in range(N):
             reps.append(Replica(k, sinks[k], coord.address))
         first = wait_for(lambda: chain_order(sink_parents(coord)), 20)
