@@ -17,6 +17,13 @@
  *    those queued instead of the oldest).
  * A run is a function of its seed: the same seed, the same schedule.
  *
+ * Timed links (fix_set_links) replace the seeded schedule with a model of
+ * the network, for benchmarks: each node's NIC sends and takes its
+ * records one after another at its rate, a hop costs a latency, a record
+ * with data is checked by its receiver's loop at a cost per byte, and
+ * records are delivered at the time that gives (work and wakes run at
+ * once, in queue order; the clock moves to the next record or timer).
+ *
  * Not thread-safe: everything runs on the caller's thread. */
 #ifndef DTE_TEST_FIXTURE_H
 #define DTE_TEST_FIXTURE_H
@@ -25,7 +32,7 @@
 #include <stdint.h>
 #include "daemon/engine_io.h"
 
-#define FX_MAX_NODES 8
+#define FX_MAX_NODES 4096
 
 struct fx;
 
@@ -40,12 +47,35 @@ struct fix_stats {
 	uint64_t steps, records, delivered, dropped, duplicated, reordered;
 	uint64_t works, wakes, timers;
 	uint64_t cut;		/* records lost to a partition or a node's restart */
+	uint64_t data_bytes;	/* records' data sent (headers aside, not scaled) */
 };
 
 /* A fixture of n nodes (named node0..node<n-1>, at "fx:<i>") with seed
  * and faults (NULL: none).  The nodes' engines are made with
  * fx_engine_new. */
 struct fx *fix_new(unsigned n, uint64_t seed, const struct fx_faults *faults);
+/* Timed links (see above): every node's NIC rates in bytes per second
+ * (fix_set_node_link: one node's own), one latency, and a scale: each
+ * byte of a record's data stands for byte_scale bytes on the links and
+ * in the receiver's check (a small model's parts standing for a large
+ * one's); headers count as they are. */
+struct fx_links {
+	double up_Bps, down_Bps;
+	uint64_t latency_ns;
+	double byte_scale;
+	double check_ns_per_byte;	/* the receiver's loop, per (scaled) data byte */
+	/* How many of a record's len data bytes are scaled (NULL: all of
+	 * them), e.g. a payload's and not a control record's. */
+	size_t (*scaled)(Dtep__PeerMsgType type, const ProtobufCMessage *msg, size_t len);
+};
+/* 0, or -EINVAL (a rate or scale not positive, records already queued). */
+int fix_set_links(struct fx *fx, const struct fx_links *links);
+/* Node i's own NIC rates (0: the fixture's). */
+void fix_set_node_link(struct fx *fx, unsigned i, double up_Bps, double down_Bps);
+/* Wall time this process spent in node i's callbacks (records received,
+ * timers, work, wakes): what its engine's code cost. */
+uint64_t fix_node_busy_ns(const struct fx *fx, unsigned i);
+
 /* Frees the fixture's queues (the engines must be freed first). */
 void fix_free(struct fx *fx);
 
