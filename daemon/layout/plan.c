@@ -319,8 +319,10 @@ static int plan_add(struct plan_ctx *x, uint32_t si, uint32_t ki, const int64_t 
 	return 0;
 }
 
+int64_t dte_plan_entry_max = DTE_PLAN_ENTRY_MAX;
+
 /* plan_add() for the box [lo, hi), cut into entries of at most
- * DTE_PLAN_ENTRY_MAX elements: slabs along dimension d holding as many
+ * dte_plan_entry_max elements: slabs along dimension d holding as many
  * whole sub-boxes of the inner dimensions as fit, or, when one sub-box is
  * already too big, one index of d at a time, cut further inside. */
 static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t *lo, int64_t *hi,
@@ -332,9 +334,9 @@ static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t 
 
 	for (uint32_t i = d + 1; i < ndim; i++)
 		inner *= hi[i] - lo[i];
-	if (d >= ndim || inner * (h0 - l0) <= DTE_PLAN_ENTRY_MAX)
+	if (d >= ndim || inner * (h0 - l0) <= dte_plan_entry_max)
 		return plan_add(x, si, ki, lo, hi, whole);
-	step = inner >= DTE_PLAN_ENTRY_MAX ? 1 : DTE_PLAN_ENTRY_MAX / inner;
+	step = inner >= dte_plan_entry_max ? 1 : dte_plan_entry_max / inner;
 	/* Slabs of whole 128-row blocks: an FP8 sink's entry must hold its
 	 * blocks whole (dte_plan_fp8_split); slab starts stay on the grid of
 	 * a box that starts on it. */
@@ -343,7 +345,7 @@ static int plan_add_split(struct plan_ctx *x, uint32_t si, uint32_t ki, int64_t 
 	for (int64_t a = l0; a < h0 && !rc; a += step) {
 		lo[d] = a;
 		hi[d] = a + step < h0 ? a + step : h0;
-		rc = inner > DTE_PLAN_ENTRY_MAX && d + 1 < ndim ? plan_add_split(x, si, ki, lo, hi, d + 1, 0)
+		rc = inner > dte_plan_entry_max && d + 1 < ndim ? plan_add_split(x, si, ki, lo, hi, d + 1, 0)
 								: plan_add(x, si, ki, lo, hi, 0);
 	}
 	lo[d] = l0;
@@ -850,7 +852,7 @@ int dte_plan_fp8_split(const struct dte_layout_fp8 *f, const struct dte_plan_ent
 				      "holds it whole to compute its scale (docs/SYNC.md, \"FP8 "
 				      "sinks\")", tensor, (long long)row, (long long)(row + R),
 				      (long long)col, (long long)(col + C), (long long)B, (long long)B,
-				      (long long)DTE_PLAN_ENTRY_MAX);
+				      (long long)dte_plan_entry_max);
 	if (f->cols % 2)
 		return dte_layout_err(err, errlen, "fp8: %s: %lld codes a row: dted moves FP8 codes "
 				      "two to a 16-bit unit, so a row needs an even count", tensor,

@@ -28,6 +28,11 @@
  * can send a large tensor's payload in parts while it still detects the
  * rest, and its per-entry scratch stays a few MiB. */
 #define DTE_PLAN_ENTRY_MAX ((int64_t)1 << 24)
+/* The cut in use: DTE_PLAN_ENTRY_MAX.  Only a program that holds every
+ * engine of a job (tests/bench/bench_fanout_fixture.c: a tiny model's
+ * entries cut as a large model's are, relative to its size) sets another,
+ * before any plan; every member of a job must plan with the same cut. */
+extern int64_t dte_plan_entry_max;
 
 struct dte_plan_opts {
 	uint32_t sink_replicas;    /* 0 means 1 */
