@@ -47,14 +47,15 @@ double relay_model_s(const struct relay_in *in, uint32_t roots, uint32_t fanout)
 	src = part / in->src_rate;          /* the sources' uplink, one copy */
 	sink = part / in->sink_rate;        /* one replica NIC, one copy */
 	depth = depth_of(in->replicas, roots, fanout);
-	/* per part: the sources send `roots` copies, a relay `fanout`, and a
-	 * replica's NIC takes one in */
-	b = fmax(roots * src, sink);
+	/* per part: the sources send `roots` copies, a relay `fanout`, a
+	 * replica's NIC takes one in, and every replica checks it (a relay
+	 * before it forwards it, every replica before it stages it) */
+	b = fmax(fmax(roots * src, sink), in->verify_s / (in->verify_lanes ? in->verify_lanes : 1));
 	if (depth)
-		b = fmax(b, fmax(fanout * sink, in->verify_s / (in->verify_lanes ? in->verify_lanes : 1)));
+		b = fmax(b, fanout * sink);
 	/* the first part's trip: to the last root, then each level's last
-	 * child, each after a verify */
-	fill = roots * src + fmax(sink - src, 0) + in->latency;
+	 * child, each after a verify; the last replica's check of it */
+	fill = roots * src + fmax(sink - src, 0) + in->latency + in->verify_s;
 	if (depth)
 		fill += depth * (in->verify_s + fanout * sink + in->latency);
 	return (double)(P - 1) * b + fill;
@@ -191,11 +192,25 @@ static void sim_done(struct relay_sim *out, double t)
 	out->last_s = fmax(out->last_s, t);
 }
 
+/* A leaf replica's check of part q, arrived at t, on its lanes (part q
+ * on lane q mod L, each lane one part at a time, parts in order); done
+ * once it has checked the last. */
+static void leaf_check(const struct relay_in *in, struct relay_sim *out, double *lanes,
+		       double *done, uint32_t L, uint64_t q, uint64_t P, double t)
+{
+	double *ln = &lanes[q % L];
+
+	*ln = fmax(*ln, t) + in->verify_s;
+	*done = fmax(*done, *ln);
+	if (q == P - 1)
+		sim_done(out, *done);
+}
+
 int relay_simulate(const struct relay_in *in, const struct relay_plan *p, struct relay_sim *out)
 {
 	uint32_t R, f, k, L = in && in->verify_lanes ? in->verify_lanes : 1;
 	uint64_t P;
-	double part, up, *down = NULL, **vec = NULL, *lane = NULL;
+	double part, up, *down = NULL, **vec = NULL, *lane = NULL, *llanes = NULL, *ldone = NULL;
 	int rc = -1;
 
 	memset(out, 0, sizeof(*out));
@@ -215,7 +230,10 @@ int relay_simulate(const struct relay_in *in, const struct relay_plan *p, struct
 	vec = calloc(R, sizeof(*vec));
 	down = calloc(R, sizeof(*down));
 	lane = malloc(L * sizeof(*lane));
-	if (!vec || !down || !lane)
+	/* every leaf's own check lanes (a relay's are `lane`, in its turn) */
+	llanes = calloc((size_t)R * L, sizeof(*llanes));
+	ldone = calloc(R, sizeof(*ldone));
+	if (!vec || !down || !lane || !llanes || !ldone)
 		goto out;
 #define FEEDS(i) ((uint64_t)k + (uint64_t)(i) * f < R)
 	for (uint32_t r = 0; r < k; r++)
@@ -229,8 +247,8 @@ int relay_simulate(const struct relay_in *in, const struct relay_plan *p, struct
 					     in->latency);
 			if (vec[r])
 				vec[r][q] = t;
-			if (q == P - 1)
-				sim_done(out, t);
+			else
+				leaf_check(in, out, &llanes[(size_t)r * L], &ldone[r], L, q, P, t);
 		}
 	out->source_sends = out->sends = P * k;
 	for (uint32_t i = 0; i < R; i++) {
@@ -252,15 +270,18 @@ int relay_simulate(const struct relay_in *in, const struct relay_plan *p, struct
 			double *ln = &lane[q % L];
 			double ready = (*ln = fmax(*ln, vec[i][q]) + in->verify_s);
 
+			ldone[i] = fmax(ldone[i], ready);	/* its own check */
 			for (uint32_t c = c0; c < c1; c++) {
 				double t = send_part(&up, &down[c], ready, part, in->sink_rate,
 						     in->sink_rate, in->latency);
 				if (vec[c])
 					vec[c][q] = t;
-				if (q == P - 1)
-					sim_done(out, t);
+				else
+					leaf_check(in, out, &llanes[(size_t)c * L], &ldone[c], L, q,
+						   P, t);
 			}
 		}
+		sim_done(out, ldone[i]);
 		out->sends += P * (c1 - c0);
 		out->max_uplink_busy_s = fmax(out->max_uplink_busy_s,
 					      (double)P * (c1 - c0) * part / in->sink_rate);
@@ -275,5 +296,7 @@ out:
 	free(vec);
 	free(down);
 	free(lane);
+	free(llanes);
+	free(ldone);
 	return rc;
 }

@@ -113,16 +113,19 @@ static void test_simulation_by_hand(void **state)
 	assert_true(p.model_s < p.direct_s);
 	relay_plan_fini(&p);
 	/* A relay's check takes 2 s a part: on one lane parts are ready at
-	 * 3, 5, 7, 9 s and reach the child 1 s later (both NICs 1 MB/s);
-	 * on two lanes at 3, 4, 5, 6 s. */
+	 * 3, 5, 7, 9 s and reach the child 1 s later (both NICs 1 MB/s),
+	 * at 4, 6, 8, 10 s, and the child checks them too: its last at 12 s.
+	 * On two lanes the root's are ready at 3, 4, 5, 6 s, reach the child
+	 * at 4, 5, 6, 7 s, checked there by 6, 7, 8, 9 s. */
 	in.src_rate = in.sink_rate = 1e6;
 	in.verify_s = 2;
 	assert_int_equal(relay_plan_shape(&in, 1, 1, &p), 0);
 	assert_int_equal(relay_simulate(&in, &p, &s), 0);
-	assert_true(fabs(s.last_s - 10.0) < 1e-9);
+	assert_true(fabs(s.last_s - 12.0) < 1e-9);
+	assert_true(fabs(s.first_done_s - 9.0) < 1e-9);	/* the root's own last check */
 	in.verify_lanes = 2;
 	assert_int_equal(relay_simulate(&in, &p, &s), 0);
-	assert_true(fabs(s.last_s - 7.0) < 1e-9);
+	assert_true(fabs(s.last_s - 9.0) < 1e-9);
 	relay_plan_fini(&p);
 	/* checks slower than the NIC make the planner send direct */
 	in.verify_lanes = 1;
