@@ -34,6 +34,7 @@
 #include "gpu/backend.h"
 
 #define NODES 3	/* node0: coordinator and source; every other node: a sink */
+#define NODES_MAX 5	/* the relay schedules: four sinks in a chain */
 #define SCHEDULES_DEFAULT 100
 #define VERSIONS 3
 #define MAX_STEPS 2000000ull
@@ -42,11 +43,12 @@
 #define CONN(node) ((uint64_t)(node) * 100 + 1)
 #define SRC_CONN CONN(0)
 
-static struct side src, sinks[NODES];	/* sinks[k]: node k's (k >= 1) */
+static struct side src, sinks[NODES_MAX];	/* sinks[k]: node k's (k >= 1) */
 
 struct run {
 	struct fx *fx;
-	struct dte_engine *eng[NODES];
+	unsigned n;
+	struct dte_engine *eng[NODES_MAX];
 };
 
 static struct run *cur;
@@ -54,7 +56,7 @@ static uint64_t want_staged;
 
 static int sink_staged(void *arg)
 {
-	for (unsigned k = 1; k < NODES; k++) {
+	for (unsigned k = 1; k < cur->n; k++) {
 		uint64_t staged = 0, applied = 0;
 
 		if (fxs_query(cur->eng[k], CONN(k), &sinks[k], &staged, &applied) ||
@@ -70,7 +72,7 @@ static int job_ready(void *arg)
 
 	if (!j0 || !j0->complete)
 		return 0;
-	for (unsigned k = 1; k < NODES; k++) {
+	for (unsigned k = 1; k < cur->n; k++) {
 		struct job *jk = job_find(cur->eng[k], "fx");
 
 		if (!jk || !jk->complete || !job_pair(j0, src.participant, sinks[k].participant) ||
@@ -111,20 +113,23 @@ static void apply(struct run *r, unsigned node, uint32_t id, uint64_t version)
 	assert_true(rep.checksum_ok);
 }
 
-/* One schedule: the whole sync under seed; its steps, its violations. */
-static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint64_t *steps,
-			     uint64_t *refused, struct fix_stats *io)
+/* One schedule: the whole sync under seed on nodes engines (relay: the
+ * sinks in a chain, relay_fanout 1); its steps, its violations, and
+ * (relayed) the records the sinks forwarded. */
+static uint64_t schedule_on(unsigned nodes, int relay, uint64_t seed, const struct fx_faults *faults,
+			    uint64_t *steps, uint64_t *refused, struct fix_stats *io,
+			    uint64_t *relayed)
 {
 	struct jcreate_args jc = { 0 };
-	struct run r = { 0 };
+	struct run r = { .n = nodes };
 	struct fix_stats st;
 	char err[512];
 	uint64_t bad, v;
 
 	memset(&ans, 0, sizeof(ans));
 	cur = &r;
-	assert_non_null(r.fx = fix_new(NODES, seed, faults));
-	for (unsigned i = 0; i < NODES; i++) {
+	assert_non_null(r.fx = fix_new(nodes, seed, faults));
+	for (unsigned i = 0; i < nodes; i++) {
 		struct dte_engine_io eio;
 		struct jcreate_res jr = { 0 };
 
@@ -138,9 +143,11 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 			fail_msg("job_create on node%u: %s", i, err);
 		assert_int_equal(jr.coordinator, i == 0);
 	}
+	if (relay)
+		job_set_relay(r.eng[0], 1, 1, 0);
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
 	attach(&r, 0, &src, SRC_CONN, 1, "source", "megatron:tp=1", 0);
-	for (unsigned k = 1; k < NODES; k++) {
+	for (unsigned k = 1; k < nodes; k++) {
 		side_register(&sinks[k], CONN(k), "sglang:tp=1", DTE_LAYOUT_SINK);
 		attach(&r, k, &sinks[k], CONN(k), 1 + k, "sink", "sglang:tp=1", k - 1);
 	}
@@ -168,16 +175,21 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 				 (unsigned long long)seed, (unsigned long long)v);
 	}
 	bad = 0;
-	for (unsigned k = 1; k < NODES; k++) {
+	for (unsigned k = 1; k < nodes; k++) {
 		apply(&r, k, 100 + k, v);
 		bad += sink_violations(&src, &sinks[k]);
+	}
+	for (unsigned k = 1; relayed && k < nodes; k++) {
+		struct job *jk = job_find(r.eng[k], "fx");
+
+		*relayed += jk ? jk->relayed_records : 0;
 	}
 	if (bad)
 		print_message("seed %llu: %llu sink elements differ from RNE(theta)\n",
 			      (unsigned long long)seed, (unsigned long long)bad);
 	/* The buffer registry is the process's and dte_engine_free ends it
 	 * (dbuf_fini): every participant goes first, on every node. */
-	for (unsigned k = NODES; k-- > 0;)
+	for (unsigned k = nodes; k-- > 0;)
 		job_conn_gone(r.eng[k], CONN(k));
 	fix_settle(r.fx, MAX_STEPS);
 	fix_stats(r.fx, &st);
@@ -188,14 +200,14 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 	io->timers += st.timers;
 	io->works += st.works;
 	/* Every sink version went where its table said (jsink_step_check). */
-	for (unsigned i = 0; i < NODES; i++)
+	for (unsigned i = 0; i < nodes; i++)
 		if (r.eng[i]->sink_sm_bugs)
 			fail_msg("seed %llu: node%u: %llu sink versions not where the table said",
 				 (unsigned long long)seed, i,
 				 (unsigned long long)r.eng[i]->sink_sm_bugs);
 	/* ...and every pair's stored state is the one its fields give
 	 * (pair_sm.h): the pairs freed, and those still planned. */
-	for (unsigned i = 0; i < NODES; i++) {
+	for (unsigned i = 0; i < nodes; i++) {
 		uint64_t bugs = r.eng[i]->pair_sm_bugs;
 
 		for (struct job *j = r.eng[i]->jobs; j; j = j->next)
@@ -205,14 +217,20 @@ static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint
 			fail_msg("seed %llu: node%u: %llu pair events left a state its fields do not "
 				 "give", (unsigned long long)seed, i, (unsigned long long)bugs);
 	}
-	for (unsigned i = NODES; i-- > 0;)
+	for (unsigned i = nodes; i-- > 0;)
 		dte_engine_free(r.eng[i]);
 	fix_free(r.fx);
 	side_unmap(&src);
-	for (unsigned k = 1; k < NODES; k++)
+	for (unsigned k = 1; k < nodes; k++)
 		side_unmap(&sinks[k]);
 	cur = NULL;
 	return bad;
+}
+
+static uint64_t one_schedule(uint64_t seed, const struct fx_faults *faults, uint64_t *steps,
+			     uint64_t *refused, struct fix_stats *io)
+{
+	return schedule_on(NODES, 0, seed, faults, steps, refused, io, NULL);
 }
 
 static unsigned env_pct(const char *name, unsigned dflt)
@@ -266,10 +284,44 @@ static void test_fixture_sync(void **state)
 		assert_int_equal(refused, 0);
 }
 
+/* Relay (issue 34) on the same I/O: four sinks in a chain, each
+ * forwarding what it verified to the next, records duplicated and
+ * reordered; every sink exact, and the chain really relayed (the sinks'
+ * forwarded records counted).  A tenth of FX_SCHEDULES (at least 10). */
+static void test_fixture_relay(void **state)
+{
+	const char *env = getenv("FX_SCHEDULES");
+	uint64_t schedules = (env && *env ? strtoull(env, NULL, 10) : SCHEDULES_DEFAULT) / 10;
+	uint64_t steps = 0, violations = 0, refused = 0, relayed = 0;
+	struct fix_stats io = { 0 };
+	struct fx_faults f = { .drop_pct = 0, .dup_pct = env_pct("FX_DUP", 10),
+			       .reorder_pct = env_pct("FX_REORDER", 30) };
+
+	if (schedules < 10)
+		schedules = 10;
+	for (uint64_t s = 0; s < schedules; s++) {
+		uint64_t k = 0;
+
+		violations += schedule_on(NODES_MAX, 1, 0x7e1a0000ull + s, &f, &k, &refused, &io,
+					  &relayed);
+		steps += k;
+	}
+	print_message("fixture-relay: nodes=%d schedules=%llu steps=%llu relayed=%llu "
+		      "duplicated=%llu reordered=%llu violations=%llu\n", NODES_MAX,
+		      (unsigned long long)schedules, (unsigned long long)steps,
+		      (unsigned long long)relayed, (unsigned long long)io.duplicated,
+		      (unsigned long long)io.reordered, (unsigned long long)violations);
+	assert_int_equal(violations, 0);
+	assert_int_equal(refused, 0);
+	/* every schedule: three relays forward each version's records */
+	assert_true(relayed >= schedules * 3);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fixture_sync),
+		cmocka_unit_test(test_fixture_relay),
 	};
 
 	return cmocka_run_group_tests(tests, fxs_setup, fxs_teardown);
