@@ -27,7 +27,8 @@ $(B)/tests/bench_codec: tests/bench/bench_codec.c $(B)/lib/libdtecompute.a
 	$(CC) $(CFLAGS) $(DTC_FPFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdtecompute.a $(COMPUTE_LIBS)
 
 # The binaries `make bench` runs (bench-ab builds the same in both trees).
-BENCH_BINS := bench_scan bench_detect_once bench_codec bench_snapshot bench_apply bench_fanout_sim
+BENCH_BINS := bench_scan bench_detect_once bench_codec bench_snapshot bench_apply bench_fanout_sim \
+	      bench_fanout_fixture
 
 bench: all $(addprefix $(B)/tests/,$(BENCH_BINS))
 	B=$(B) PYTHON=$(PYTHON) $(PYTHON) tests/bench/run.py
@@ -117,3 +118,22 @@ bench-fanout: all
 # BENCH_SHAPE_SINKS, BENCH_SHAPE_SLOW_MBIT, BENCH_FANOUT_GBIT.
 bench-fanout-shape: all
 	B=$(B) $(PYTHON) tests/bench/bench_fanout_shape.py
+
+# Relay fan-out with the real engine code (issue 34): 1 + N engines in one
+# process on the fixture's timed links (tests/unit/fixture.h), direct
+# against the planner's relay trees, N = 1..16 at 10 Gbit/s and 896
+# replicas at 400 Gbit/s (`bench fanout-fixture ...`, `bench fanout-sim
+# engine=fixture ...`).  BENCH_FANOUT_FIXTURE_ARGS: its options.
+$(B)/tests/bench_fanout_fixture: tests/bench/bench_fanout_fixture.c tests/bench/fanout_check.h \
+		$(FIXTURE_DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) \
+		-Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group $(PKG_LIBS) $(CMOCKA_LIBS) -ldl
+
+bench-fanout-fixture: $(B)/tests/bench_fanout_fixture
+	$(B)/tests/bench_fanout_fixture $(BENCH_FANOUT_FIXTURE_ARGS)
+
+# make test runs it small (N = 1, 4, 8), checking the engine against the
+# planner's model: tests/system/fanout_fixture.py.
+TEST_PROGS += $(B)/tests/bench_fanout_fixture
+SYSTEM_TESTS += tests/system/fanout_fixture.py

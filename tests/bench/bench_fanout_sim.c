@@ -20,9 +20,13 @@
  *   bench fanout-model version=sparse|dense verify_lanes=L sinks=N direct_s=..
  *       relay_s=.. ratio_to_one_sink=..   (10 Gbit/s links, as the namespace
  *       measurement the issue asks for would shape them)
- *   bench fanout-sim nodes=1024 version_s=.. relay_s=.. ratio=.. verify_us=..
+ *   bench fanout-model-1024 nodes=1024 version_s=.. relay_s=.. ratio=.. verify_us=..
  *       verify_lanes=14 relay_plan_ms=.. roots=.. fanout=.. depth=..
- *   bench fanout-sim-needed ... verify_lanes=L   (lanes for the NIC's rate)
+ *   bench fanout-model-1024-needed ... verify_lanes=L   (lanes for the NIC's rate)
+ *
+ * The same deployment with the real engine code (1 + 896 engines on the
+ * fixture's timed links, against this model in the same run):
+ * tests/bench/bench_fanout_fixture.c's `bench fanout-sim` line.
  *
  * A model of the relay (docs/SYNC.md, "Relay between sink daemons"); the
  * data path itself is measured by tests/bench/bench_fanout.py. */
@@ -30,87 +34,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <xxhash.h>
 #include "daemon/relay_plan.h"
-#include <sodium.h>
-#include "proto/peer_auth.h"
+#include "tests/bench/fanout_check.h"
 
 #define GB 1e9
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double median9(double *t)
-{
-	for (int i = 1; i < 9; i++)
-		for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-			double x = t[j];
-			t[j] = t[j - 1];
-			t[j - 1] = x;
-		}
-	return t[4];
-}
-
-/* A relay's check of one part, in seconds (median of 9 rounds of 64):
- * the chunk's XXH3, and the record's MAC (once to check it, once to seal
- * it again for the next hop's address: the MAC covers src and dst). */
-static int verify_cost(size_t n, double *xxh3_s, double *mac_s, double *mac8_s)
-{
-	uint8_t key[PEER_AUTH_KEYBYTES], mac[PEER_AUTH_MACBYTES], *data = malloc(n);
-	double tx[9], tm[9], t8[9];
-	volatile uint64_t sink = 0;
-
-	if (!data || peer_auth_init() < 0)
-		return -1;
-	for (size_t i = 0; i < n; i++)
-		data[i] = (uint8_t)(i * 131 + 7);
-	peer_auth_key(key, "bench", "bench-token");
-	for (int r = 0; r < 9; r++) {
-		Dtep__Payload m = DTEP__PAYLOAD__INIT;
-		Dtep__JobRef ref = DTEP__JOB_REF__INIT;
-		const unsigned reps = 64;
-		double t0;
-
-		ref.job = "bench";
-		m.job = &ref;
-		m.epoch = 0x159acf74ad000005ull;
-		m.version = 1234;
-		m.src = 0x716a8f6500000001ull;
-		m.dst = 0x3e7850e300000002ull;
-		t0 = now();
-		for (unsigned k = 0; k < reps; k++)
-			sink += XXH3_64bits(data, n) + k;
-		tx[r] = (now() - t0) / reps;
-		t0 = now();
-		for (unsigned k = 0; k < reps; k++) {
-			m.part = k;
-			peer_auth_mac(key, DTEP__PEER_MSG_TYPE__PEER_MSG_PAYLOAD, &m.base, data, n, mac);
-			sink += mac[0];
-		}
-		tm[r] = (now() - t0) / reps;
-		/* The baseline: protocol 5..8's MAC, keyed BLAKE2b-256 over
-		 * the same bytes (libsodium, one call: no cheaper than the
-		 * streaming one it used). */
-		t0 = now();
-		for (unsigned k = 0; k < reps; k++) {
-			data[0] = (uint8_t)k;
-			crypto_generichash(mac, 32, data, n, key, PEER_AUTH_KEYBYTES);
-			sink += mac[0];
-		}
-		t8[r] = (now() - t0) / reps;
-	}
-	free(data);
-	*xxh3_s = median9(tx);
-	*mac_s = median9(tm);
-	*mac8_s = median9(t8);
-	return sink == 42 ? -1 : 0;
-}
 
 static int run(const struct relay_in *in, struct relay_plan *p, struct relay_sim *relay,
 	       struct relay_sim *direct, double *plan_s)
@@ -201,7 +128,7 @@ int main(void)
 		in.replicas = sink_nodes;
 		if (run(&in, &p, &s, &d, &plan_s) < 0)
 			return 1;
-		printf("bench fanout-sim%s nodes=%u sources=%u sinks=%u version_s=%.4f relay_s=%.4f "
+		printf("bench fanout-model-1024%s nodes=%u sources=%u sinks=%u version_s=%.4f relay_s=%.4f "
 		       "ratio=%.1f ratio_to_one_sink=%.3f verify_us=%.1f verify_lanes=%u "
 		       "relay_plan_ms=%.2f roots=%u fanout=%u depth=%u source_sends=%llu "
 		       "max_uplink_busy_s=%.4f\n", l ? "-needed" : "",

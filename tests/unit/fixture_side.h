@@ -44,6 +44,8 @@ void side_register(struct side *sd, uint64_t conn, const char *desc, int role);
 void side_reregister(struct side *sd, uint64_t conn);
 void side_unmap(struct side *sd);
 
+/* The trainer's learning rate (1e-3 unless a bench sets another). */
+extern double fxs_lr;
 struct dtc_hparams hp_of(int64_t step);
 /* One AdamW step over every element of the source (torch's single-tensor
  * AdamW; θ by ref_torch_adamw), gradients drawn from seed. */

@@ -116,9 +116,11 @@ static float frand(unsigned *s)
 	return (float)((*s >> 8) & 0xffff) / 65536.0f;
 }
 
+double fxs_lr = 1e-3;
+
 struct dtc_hparams hp_of(int64_t step)
 {
-	struct dtc_hparams hp = { .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+	struct dtc_hparams hp = { .lr = fxs_lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
 				  .weight_decay = 0.0, .step = step, .variant = DTC_VARIANT_TORCH };
 	return hp;
 }
