@@ -12,11 +12,12 @@
  * modelled.  Each node's NIC sends and takes one record after another at
  * its rate, a hop costs a latency, and a receiver's loop checks a
  * record's data at the per-byte cost of the data path's check, measured
- * here in this run (fanout_check.h).  The model is tiny (4 MiB of
- * memory per replica; 128 KiB of BF16) and its capture's parts are
- * PART_BYTES: each data byte stands for SCALE bytes (a part for a 256 KiB
- * one) on the links and in the checks, so a version's parts pipeline
- * through the trees as full-size parts would.  The scaled bytes are what
+ * here in this run (fanout_check.h).  The model is tiny (an engine and
+ * its replica about 3 MB of memory; 128 KiB of BF16) and its capture's parts are
+ * PART_BYTES: each payload byte stands for SCALE bytes (a part for a
+ * 256 KiB one) on the links and in the checks, so a version's parts
+ * pipeline through the trees as full-size parts would (COUNTS and
+ * control records count as they are).  The scaled bytes are what
  * the lines report.  Every replica is applied and checked exact against
  * RNE(theta) (the fixture's independent mapping) after every version.
  *
@@ -37,7 +38,13 @@
  *
  * usage: bench_fanout_fixture [--sinks 1,2,4,8,16] [--gbit 10] [--big N]
  *                             [--big-gbit 400] [--versions V] [--lr LR]
- * (--big 0: no large run). */
+ *                             [--entry-max E] [--big-entry-max E]
+ *                             [--shape ROOTS,FANOUT]
+ * (--big 0: no large run; --entry-max: the plan's entry cut for the
+ * small runs, 128 elements, so that a part holds about PART_BYTES as a
+ * real model's do; the large run's, 1024, to keep it at 2.5 GB; --shape:
+ * this forest instead of the planner's, to hold the engine against the
+ * model shape by shape). */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
