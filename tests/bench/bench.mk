@@ -15,7 +15,8 @@ bench-apply: $(B)/tests/bench_apply
 # What peer auth costs per PAYLOAD part (docs/SYNC.md, "Peers that prove
 # the job key"; end to end: tests/bench/peer_auth_e2e.py, and
 # BENCH_E2E_AUTH=on|off with tests/bench/dense_probe.py).
-$(B)/tests/bench_peer_auth: tests/bench/bench_peer_auth.c $(B)/lib/libdteproto.a $(GEN_HEADERS)
+$(B)/tests/bench_peer_auth: tests/bench/bench_peer_auth.c tests/bench/fanout_check.h $(B)/lib/libdteproto.a \
+		$(GEN_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) $(B)/lib/libdteproto.a $(PKG_LIBS)
 
@@ -97,7 +98,8 @@ bench-replan: $(B)/tests/bench_replan
 # Relay fan-out at 1000 nodes, modelled (issue 34; daemon/relay_plan.h):
 # the planner's forest simulated part by part, the per-hop check measured
 # in the same run (`bench fanout-model ...`, `bench fanout-sim ...`).
-$(B)/tests/bench_fanout_sim: tests/bench/bench_fanout_sim.c $(INTERNAL_LIBS) $(GEN_HEADERS)
+$(B)/tests/bench_fanout_sim: tests/bench/bench_fanout_sim.c tests/bench/fanout_check.h $(INTERNAL_LIBS) \
+		$(GEN_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
 		$(PKG_LIBS) -ldl

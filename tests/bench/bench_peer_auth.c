@@ -17,14 +17,7 @@
 #include <sodium.h>
 #include <xxhash.h>
 #include "proto/peer_auth.h"
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "tests/bench/fanout_check.h"
 
 int main(int argc, char **argv)
 {
@@ -46,12 +39,7 @@ int main(int argc, char **argv)
 		Dtep__JobRef ref = DTEP__JOB_REF__INIT;
 		double t0, tm = 1e9, tx = 1e9, tb = 1e9, t;
 
-		ref.job = "bench";
-		m.job = &ref;
-		m.epoch = 0x159acf74ad000005ull;
-		m.version = 1234;
-		m.src = 0x716a8f6500000001ull;
-		m.dst = 0x3e7850e300000002ull;
+		bench_sample_payload(&m, &ref);
 		m.xxh3 = XXH3_64bits(data, n);
 		if (reps < 4)
 			reps = 4;

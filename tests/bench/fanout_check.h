@@ -3,7 +3,8 @@
  * (daemon/job_sink_intake.c, relay_forward: the record's MAC checked
  * where it comes in, proto/peer_auth.h; the raw chunk's XXH3), and the
  * keyed BLAKE2b of protocols 5..8 for comparison.  Shared by the fan-out
- * benches (bench_fanout_sim.c, bench_fanout_fixture.c). */
+ * benches (bench_fanout_sim.c, bench_fanout_fixture.c) and
+ * bench_peer_auth.c. */
 #ifndef DTE_BENCH_FANOUT_CHECK_H
 #define DTE_BENCH_FANOUT_CHECK_H
 
@@ -14,7 +15,7 @@
 #include <sodium.h>
 #include "proto/peer_auth.h"
 
-static double now(void)
+static inline double now(void)
 {
 	struct timespec ts;
 
@@ -22,7 +23,19 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double median9(double *t)
+/* A PAYLOAD header as a source fills one (job, epoch, version, ends),
+ * for the benches that MAC a part. */
+static inline void bench_sample_payload(Dtep__Payload *m, Dtep__JobRef *ref)
+{
+	ref->job = "bench";
+	m->job = ref;
+	m->epoch = 0x159acf74ad000005ull;
+	m->version = 1234;
+	m->src = 0x716a8f6500000001ull;
+	m->dst = 0x3e7850e300000002ull;
+}
+
+static inline double median9(double *t)
 {
 	for (int i = 1; i < 9; i++)
 		for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
@@ -36,7 +49,7 @@ static double median9(double *t)
 /* A relay's check of one part, in seconds (median of 9 rounds of 64):
  * the chunk's XXH3, and the record's MAC (once to check it, once to seal
  * it again for the next hop's address: the MAC covers src and dst). */
-static int verify_cost(size_t n, double *xxh3_s, double *mac_s, double *mac8_s)
+static inline int verify_cost(size_t n, double *xxh3_s, double *mac_s, double *mac8_s)
 {
 	uint8_t key[PEER_AUTH_KEYBYTES], mac[PEER_AUTH_MACBYTES], *data = malloc(n);
 	double tx[9], tm[9], t8[9];
@@ -53,12 +66,7 @@ static int verify_cost(size_t n, double *xxh3_s, double *mac_s, double *mac8_s)
 		const unsigned reps = 64;
 		double t0;
 
-		ref.job = "bench";
-		m.job = &ref;
-		m.epoch = 0x159acf74ad000005ull;
-		m.version = 1234;
-		m.src = 0x716a8f6500000001ull;
-		m.dst = 0x3e7850e300000002ull;
+		bench_sample_payload(&m, &ref);
 		t0 = now();
 		for (unsigned k = 0; k < reps; k++)
 			sink += XXH3_64bits(data, n) + k;
