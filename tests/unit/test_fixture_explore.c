@@ -21,7 +21,11 @@
  *    client reconnects, registers the same memory again and attaches.
  *    The coordinator (with the trainer's source) restarts too.
  * The transport duplicates and reorders records meanwhile (FX_DUP,
- * FX_REORDER; FX_DROP loses them).
+ * FX_REORDER; FX_DROP loses them).  Odd seeds relay (issue 34): every
+ * engine runs with relay_fanout 1, so replica 0's sink forwards what it
+ * verified to replica 1's through all of the above, under the same
+ * invariants (`fixture-explore: relay ... relayed_bytes=N`, required
+ * above 0).
  *
  * Before every step (and so after every one), whatever runs:
  *  (a) every sink's memory is a whole version: its hash (XXH3 over the
@@ -193,6 +197,7 @@ static struct {
 	unsigned act;
 	const char *doing;
 	uint64_t violations;
+	int relay;		/* this schedule's sinks relay (odd seeds) */
 	struct xstats s;
 } X;
 
@@ -395,6 +400,11 @@ static struct dte_engine *engine_make(unsigned i)
 	fix_io(X.fx, i, &eio);
 	assert_non_null(e = dte_engine_new_io(&eio, dtc_backend_cpu(), "cpu"));
 	job_set_created_hook(e, created);
+	/* Odd seeds: relay on, as [peer] relay_fanout = 1 on every daemon
+	 * (the coordinator's rules it): replica 0's sink feeds replica 1's,
+	 * through every leave, join, restart and partition below. */
+	if (X.relay)
+		job_set_relay(e, 1, 1, 0);
 	if (jpersist_init(e, X.n[i].dir, err, sizeof(err)))
 		fail_msg("job_state_dir: %s", err);
 	return e;
@@ -722,6 +732,7 @@ static void schedule_start(uint64_t seed, const struct fx_faults *faults)
 	memset(&ans, 0, sizeof(ans));
 	X.seed = seed;
 	X.rng = seed ^ 0x6578706c6f726521ull;
+	X.relay = (int)(seed & 1);
 	X.doing = "start";
 	assert_non_null(X.fx = fix_new(NODES, seed, faults));
 	for (unsigned i = 0; i < NODES; i++) {
@@ -1027,15 +1038,22 @@ static void test_fixture_explore(void **state)
 	 * lost plan) asked for the whole one: both happen under these
 	 * schedules, and no invariant broke. */
 	{
-		double kinds[4] = { 0 };
+		double kinds[4] = { 0 }, relayed = 0, relay_failed = 0;
 		static const char *const names[4] = { "sent_whole", "sent_changes", "taken_changes",
 						       "changes_refused" };
 		size_t len = 0;
 		char *text = dmetrics_render(&len);
+		const char *at;
+
+		if (text && (at = strstr(text, "dted_relayed_bytes_total{outcome=\"sent\"} ")))
+			relayed = strtod(at + strlen("dted_relayed_bytes_total{outcome=\"sent\"} "),
+					 NULL);
+		if (text && (at = strstr(text, "dted_relayed_bytes_total{outcome=\"failed\"} ")))
+			relay_failed = strtod(at + strlen("dted_relayed_bytes_total{outcome=\"failed\"} "),
+					      NULL);
 
 		for (int k = 0; text && k < 4; k++) {
 			char key[96];
-			const char *at;
 
 			snprintf(key, sizeof(key), "dted_plans_total{kind=\"%s\"} ", names[k]);
 			if ((at = strstr(text, key)))
@@ -1046,6 +1064,13 @@ static void test_fixture_explore(void **state)
 			      "taken_changes=%.0f changes_refused=%.0f\n", kinds[0], kinds[1],
 			      kinds[2], kinds[3]);
 		assert_true(kinds[1] > 0 && kinds[2] > 0);
+		/* half the schedules relay (odd seeds): the relay really
+		 * forwarded, under the same invariants */
+		print_message("fixture-explore: relay schedules=%llu relayed_bytes=%.0f "
+			      "relay_failed_bytes=%.0f\n", (unsigned long long)(schedules + 1) / 2,
+			      relayed, relay_failed);
+		if (schedules >= 2)
+			assert_true(relayed > 0);
 	}
 	print_message("fixture-explore: nodes=%d schedules=%llu steps=%llu actions=%llu "
 		      "partitions=%llu leaves=%llu joins=%llu restarts=%llu violations=%llu\n", NODES,
