@@ -24,7 +24,7 @@
  * FX_REORDER; FX_DROP loses them).  Odd seeds relay (issue 34): every
  * engine runs with relay_fanout 1, so replica 0's sink forwards what it
  * verified to replica 1's through all of the above, under the same
- * invariants (`fixture-explore: relay ... relayed_bytes=N`, required
+ * invariants (`fixture-explore: relay_schedules=.. relayed_bytes=N`, required
  * above 0).
  *
  * Before every step (and so after every one), whatever runs:
@@ -1066,7 +1066,7 @@ static void test_fixture_explore(void **state)
 		assert_true(kinds[1] > 0 && kinds[2] > 0);
 		/* half the schedules relay (odd seeds): the relay really
 		 * forwarded, under the same invariants */
-		print_message("fixture-explore: relay schedules=%llu relayed_bytes=%.0f "
+		print_message("fixture-explore: relay_schedules=%llu relayed_bytes=%.0f "
 			      "relay_failed_bytes=%.0f\n", (unsigned long long)(schedules + 1) / 2,
 			      relayed, relay_failed);
 		if (schedules >= 2)
