@@ -31,8 +31,9 @@ struct fx_node {
 	dte_io_seal_fn seal;
 	void *engine;
 	int cut;		/* partitioned: records to and from it are lost */
-	/* timed links (fix_set_links): when its NIC is free each way, and
-	 * when its loop is done checking what came in */
+	/* timed links (fix_set_links): what waits for its NIC, whose turn
+	 * is next; when its NIC is free to take a record in, and when its
+	 * loop is done checking what came in */
 	struct fx_uq *uq, *rr;	/* records waiting for its NIC, per destination */
 	int up_busy;		/* a record of its own is on its NIC */
 	uint64_t down_free, cpu_free;
@@ -88,9 +89,7 @@ struct fx {
 	struct dte_wake *wakes;
 	struct fx_work *works;	/* queued, oldest first */
 	struct fx_rec *recs;	/* queued, oldest first */
-	struct fx_rec *recs_tail;
 	size_t nrecs, nworks, nwakes;	/* nwakes: pending */
-	size_t nqueued;			/* timed: records waiting for a NIC */
 	/* timed links: records in a heap by (due, seq) instead of recs */
 	int timed;
 	struct fx_links links;
@@ -205,9 +204,8 @@ static void work_unlink(struct fx *fx, struct fx_work *q)
 static void work_do(struct fx *fx, struct fx_work *q)
 {
 	struct dte_work *w = q->w;
-	int cancel = q->cancelled;
-
 	struct fx_node *n = q->n;
+	int cancel = q->cancelled;
 	uint64_t t0 = wall_ns();
 
 	work_unlink(fx, q);
@@ -405,6 +403,33 @@ static void heap_filter(struct fx *fx, int (*drop)(const struct fx_rec *r, unsig
 
 static void nic_kick(struct fx *fx, struct fx_node *n);
 
+/* The records of the list at *pp that drop(r, i) says are lost, freed
+ * and counted cut: how many; *last (if not NULL) the list's last left. */
+static size_t list_filter(struct fx *fx, struct fx_rec **pp,
+			  int (*drop)(const struct fx_rec *r, unsigned i), unsigned i,
+			  struct fx_rec **last)
+{
+	size_t n = 0;
+
+	if (last)
+		*last = NULL;
+	while (*pp) {
+		struct fx_rec *r = *pp;
+
+		if (drop(r, i)) {
+			*pp = r->next;
+			fx->st.cut++;
+			rec_free(r);
+			n++;
+		} else {
+			if (last)
+				*last = r;
+			pp = &r->next;
+		}
+	}
+	return n;
+}
+
 /* Timed: the records drop(r, i) says are lost leave the heap and the
  * NICs' queues; a NIC whose record was lost takes its next. */
 static void timed_filter(struct fx *fx, int (*drop)(const struct fx_rec *r, unsigned i), unsigned i)
@@ -415,22 +440,8 @@ static void timed_filter(struct fx *fx, int (*drop)(const struct fx_rec *r, unsi
 
 		for (struct fx_uq **pp = &n->uq; *pp;) {
 			struct fx_uq *q = *pp;
-			struct fx_rec **rp = &q->head, *last = NULL;
 
-			while (*rp) {
-				struct fx_rec *r = *rp;
-
-				if (drop(r, i)) {
-					*rp = r->next;
-					fx->nqueued--;
-					fx->st.cut++;
-					rec_free(r);
-				} else {
-					last = r;
-					rp = &r->next;
-				}
-			}
-			q->tail = last;
+			list_filter(fx, &q->head, drop, i, &q->tail);
 			if (!q->head) {
 				if (n->rr == q)
 					n->rr = q->next;
@@ -474,7 +485,6 @@ static void nic_kick(struct fx *fx, struct fx_node *n)
 	r = q->head;
 	q->head = r->next;
 	r->next = NULL;
-	fx->nqueued--;
 	n->rr = q->next;
 	if (!q->head) {	/* served: the destination leaves the turn */
 		for (pp = &n->uq; *pp != q; pp = &(*pp)->next)
@@ -541,15 +551,14 @@ static void nic_queue(struct fx *fx, struct fx_rec *r)
 	else
 		q->head = r;
 	q->tail = r;
-	fx->nqueued++;
 	nic_kick(fx, n);
 }
 
 static void heap_push(struct fx *fx, struct fx_rec *r)
 {
 	if (fx->nrecs == fx->heap_cap) {
-			size_t cap = fx->heap_cap ? fx->heap_cap * 2 : 1024;
-			struct fx_rec **h = realloc(fx->heap, cap * sizeof(*h));
+		size_t cap = fx->heap_cap ? fx->heap_cap * 2 : 1024;
+		struct fx_rec **h = realloc(fx->heap, cap * sizeof(*h));
 
 		if (!h) {	/* lost, as a full transport would lose it */
 			fx->st.dropped++;
@@ -1075,10 +1084,6 @@ void fix_partition(struct fx *fx, unsigned i, int on)
 	fx->nodes[i].cut = !!on;
 }
 
-/* What is queued between node i and the others is lost: its links broke
- * (as route_ucx.c drops a node's pending records before it tells the
- * engine the node went down, nothing sent before the down arrives after
- * it). */
 static int rec_on_link(const struct fx_rec *r, unsigned i)
 {
 	return r->from != r->to && (r->from == i || r->to == i);
@@ -1089,26 +1094,23 @@ static int rec_to_self(const struct fx_rec *r, unsigned i)
 	return r->from == i && r->to == i;
 }
 
+/* The queued records drop(r, i) says are lost, whichever queue holds
+ * them. */
+static void recs_drop(struct fx *fx, int (*drop)(const struct fx_rec *r, unsigned i), unsigned i)
+{
+	if (fx->timed)
+		timed_filter(fx, drop, i);
+	else
+		fx->nrecs -= list_filter(fx, &fx->recs, drop, i, NULL);
+}
+
+/* What is queued between node i and the others is lost: its links broke
+ * (as route_ucx.c drops a node's pending records before it tells the
+ * engine the node went down, nothing sent before the down arrives after
+ * it). */
 static void links_drop(struct fx *fx, unsigned i)
 {
-	struct fx_rec **pp = &fx->recs;
-
-	if (fx->timed) {
-		timed_filter(fx, rec_on_link, i);
-		return;
-	}
-	while (*pp) {
-		struct fx_rec *r = *pp;
-
-		if (r->from != r->to && (r->from == i || r->to == i)) {
-			*pp = r->next;
-			fx->nrecs--;
-			fx->st.cut++;
-			rec_free(r);
-		} else {
-			pp = &r->next;
-		}
-	}
+	recs_drop(fx, rec_on_link, i);
 }
 
 void fix_node_down(struct fx *fx, unsigned i)
@@ -1130,23 +1132,8 @@ void fix_node_down(struct fx *fx, unsigned i)
 
 void fix_node_gone(struct fx *fx, unsigned i)
 {
-	struct fx_rec **pp = &fx->recs;
-
 	/* Its own records to itself went with the process too. */
-	if (fx->timed)
-		timed_filter(fx, rec_to_self, i);
-	while (*pp) {
-		struct fx_rec *r = *pp;
-
-		if (r->from == i && r->to == i) {
-			*pp = r->next;
-			fx->nrecs--;
-			fx->st.cut++;
-			rec_free(r);
-		} else {
-			pp = &r->next;
-		}
-	}
+	recs_drop(fx, rec_to_self, i);
 	links_drop(fx, i);
 	for (unsigned k = 0; k < fx->n; k++) {
 		struct fx_node *o = &fx->nodes[k];
