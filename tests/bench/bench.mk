@@ -87,7 +87,7 @@ UNIT_TESTS += test_bufpool
 # "Re-plan at 1000 nodes"): one coordinator engine on a stub transport,
 # 128 source ranks and 112 sink replicas of tp=8 joining one per node.
 # BENCH_REPLAN_ARGS: e.g. --model tests/data/layout/models/qwen3-235b-a22b.json
-$(B)/tests/bench_replan: tests/bench/bench_replan.c $(INTERNAL_LIBS) $(GEN_HEADERS)
+$(B)/tests/bench_replan: tests/bench/bench_replan.c tests/bench/peak_rss.h $(INTERNAL_LIBS) $(GEN_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LDFLAGS) -Wl,--start-group $(INTERNAL_LIBS) -Wl,--end-group \
 		$(PKG_LIBS) -ldl
@@ -126,7 +126,7 @@ bench-fanout-shape: all
 # against the planner's relay trees, N = 1..16 at 10 Gbit/s and 896
 # replicas at 400 Gbit/s (`bench fanout-fixture ...`, `bench fanout-sim
 # engine=fixture ...`).  BENCH_FANOUT_FIXTURE_ARGS: its options.
-$(B)/tests/bench_fanout_fixture: tests/bench/bench_fanout_fixture.c tests/bench/fanout_check.h \
+$(B)/tests/bench_fanout_fixture: tests/bench/bench_fanout_fixture.c tests/bench/fanout_check.h tests/bench/peak_rss.h \
 		$(FIXTURE_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(FIXTURE_SRCS) -o $@ $(LDFLAGS) \

@@ -64,6 +64,7 @@
 #include "daemon/relay_plan.h"
 #include "gpu/backend.h"
 #include "tests/bench/fanout_check.h"
+#include "tests/bench/peak_rss.h"
 
 #define PART_BYTES 256
 #define PART_MODEL (256.0 * 1024)	/* what a part stands for */
@@ -96,22 +97,6 @@ struct result {
 	uint64_t violations, records;
 	unsigned roots, fanout;
 };
-
-static struct run *cur;
-
-static double peak_mb(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	double kb = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, "VmHWM:", 6))
-			kb = strtod(line + 6, NULL);
-	if (f)
-		fclose(f);
-	return kb / 1024;
-}
 
 /* A payload's data stands for SCALE times its bytes; a COUNTS' (a count
  * per entry) and the control records' are as they are. */
@@ -151,18 +136,8 @@ static int all_staged(void *arg)
 static int job_ready(void *arg)
 {
 	struct run *r = arg;
-	struct job *j0 = job_find(r->eng[0], "fx");
 
-	if (!j0 || !j0->complete)
-		return 0;
-	for (unsigned k = 1; k < r->n; k++) {
-		struct job *jk = job_find(r->eng[k], "fx");
-
-		if (!jk || !jk->complete || !job_pair(j0, r->src.participant, r->sinks[k].participant) ||
-		    !job_pair(jk, r->src.participant, r->sinks[k].participant))
-			return 0;
-	}
-	return 1;
+	return fxs_pairs_ready(r->eng, r->n, &r->src, r->sinks);
 }
 
 /* Steps until pred, checked every `every` steps and whenever nothing but
@@ -201,24 +176,8 @@ static int run_one(unsigned sinks, double src_Bps, double sink_Bps, uint64_t lat
 	    fix_set_links(r.fx, &lk))
 		return -ENOMEM;
 	fix_set_node_link(r.fx, 0, src_Bps, src_Bps);
-	cur = &r;
-	for (unsigned i = 0; i < r.n; i++) {
-		struct jcreate_args jc = { 0 };
-		struct jcreate_res jr = { 0 };
-		struct dte_engine_io eio;
-
-		fix_io(r.fx, i, &eio);
-		if (!(r.eng[i] = dte_engine_new_io(&eio, dtc_backend_cpu(), "cpu")))
-			return -ENOMEM;
-		jc.name = "fx";
-		jc.model_config = fxs_config;
-		jc.token = "tok";
-		jc.coordinator = fix_node_address(r.fx, 0);
-		if (job_create(r.eng[i], &jc, &jr, err, sizeof(err))) {
-			fprintf(stderr, "job_create on node%u: %s\n", i, err);
-			return -EINVAL;
-		}
-	}
+	for (unsigned i = 0; i < r.n; i++)
+		r.eng[i] = fxs_engine(r.fx, i);
 	job_set_part_bytes(r.eng[0], PART_BYTES);
 	if (roots)
 		job_set_relay(r.eng[0], fanout, roots, 0);
@@ -308,7 +267,6 @@ static int run_one(unsigned sinks, double src_Bps, double sink_Bps, uint64_t lat
 		side_unmap(&r.sinks[k]);
 	free(r.sinks);
 	free(r.eng);
-	cur = NULL;
 	res->wall_s = now() - w0;
 	return 0;
 }

@@ -36,6 +36,7 @@
 #include "gpu/backend.h"
 #include "proto/peer_auth.h"
 #include "proto/peer_protocol.h"
+#include "tests/bench/peak_rss.h"
 
 #define JOB "bench"
 #define TOKEN "bench-token"
@@ -313,20 +314,6 @@ static void peak_reset(void)
 			(void)0;	/* an older kernel: the peak is the process's */
 		close(fd);
 	}
-}
-
-static double peak_mb(void)
-{
-	char line[256];
-	double kb = 0;
-	FILE *f = fopen("/proc/self/status", "r");
-
-	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, "VmHWM:", 6))
-			kb = strtod(line + 6, NULL);
-	if (f)
-		fclose(f);
-	return kb / 1024.0;
 }
 
 static double ms_between(const struct timespec *a, const struct timespec *b)

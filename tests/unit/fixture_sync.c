@@ -51,6 +51,42 @@ int fxs_teardown(void **state)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ nodes */
+
+struct dte_engine *fxs_engine(struct fx *fx, unsigned i)
+{
+	struct jcreate_args jc = { .name = "fx", .model_config = fxs_config, .token = "tok" };
+	struct jcreate_res jr = { 0 };
+	struct dte_engine_io eio;
+	struct dte_engine *e;
+	char err[512];
+
+	fix_io(fx, i, &eio);
+	assert_non_null(e = dte_engine_new_io(&eio, dtc_backend_cpu(), "cpu"));
+	jc.coordinator = fix_node_address(fx, 0);
+	if (job_create(e, &jc, &jr, err, sizeof(err)))
+		fail_msg("job_create on node%u: %s", i, err);
+	assert_int_equal(jr.coordinator, i == 0);
+	return e;
+}
+
+int fxs_pairs_ready(struct dte_engine *const *eng, unsigned n, const struct side *src,
+		    const struct side *sinks)
+{
+	struct job *j0 = job_find(eng[0], "fx");
+
+	if (!j0 || !j0->complete)
+		return 0;
+	for (unsigned k = 1; k < n; k++) {
+		struct job *jk = job_find(eng[k], "fx");
+
+		if (!jk || !jk->complete || !job_pair(j0, src->participant, sinks[k].participant) ||
+		    !job_pair(jk, src->participant, sinks[k].participant))
+			return 0;
+	}
+	return 1;
+}
+
 /* ------------------------------------------------------------------ sides */
 
 static void side_add(struct side *sd, size_t i, uint64_t conn, uint64_t length)

@@ -40,6 +40,14 @@ void catch_done(const struct jreq *rq, int rc, const char *err, const struct jre
 /* A request of connection c with id i, answered in catch_done. */
 #define RQ(c, i) (&(struct jreq){ .conn = (c), .id = (i), .done = catch_done })
 
+/* Node i's engine on the fixture's I/O with the job "fx" of fxs_config
+ * (token "tok"), node 0 its coordinator. */
+struct dte_engine *fxs_engine(struct fx *fx, unsigned i);
+/* The job complete on nodes 0..n-1, and each sink k (1 <= k < n, on node
+ * k) planned from src (on node 0) both there and on node 0. */
+int fxs_pairs_ready(struct dte_engine *const *eng, unsigned n, const struct side *src,
+		    const struct side *sinks);
+
 /* Called before every step the helpers below run (the explorer's
  * invariants); NULL: none. */
 extern void (*fxs_each_step)(void);

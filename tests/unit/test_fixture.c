@@ -68,18 +68,7 @@ static int sink_staged(void *arg)
 
 static int job_ready(void *arg)
 {
-	struct job *j0 = job_find(cur->eng[0], "fx");
-
-	if (!j0 || !j0->complete)
-		return 0;
-	for (unsigned k = 1; k < cur->n; k++) {
-		struct job *jk = job_find(cur->eng[k], "fx");
-
-		if (!jk || !jk->complete || !job_pair(j0, src.participant, sinks[k].participant) ||
-		    !job_pair(jk, src.participant, sinks[k].participant))
-			return 0;
-	}
-	return 1;
+	return fxs_pairs_ready(cur->eng, cur->n, &src, sinks);
 }
 
 static void attach(struct run *r, unsigned node, struct side *sd, uint64_t conn, uint32_t id,
@@ -120,29 +109,15 @@ static uint64_t schedule_on(unsigned nodes, int relay, uint64_t seed, const stru
 			    uint64_t *steps, uint64_t *refused, struct fix_stats *io,
 			    uint64_t *relayed)
 {
-	struct jcreate_args jc = { 0 };
 	struct run r = { .n = nodes };
 	struct fix_stats st;
-	char err[512];
 	uint64_t bad, v;
 
 	memset(&ans, 0, sizeof(ans));
 	cur = &r;
 	assert_non_null(r.fx = fix_new(nodes, seed, faults));
-	for (unsigned i = 0; i < nodes; i++) {
-		struct dte_engine_io eio;
-		struct jcreate_res jr = { 0 };
-
-		fix_io(r.fx, i, &eio);
-		assert_non_null(r.eng[i] = dte_engine_new_io(&eio, dtc_backend_cpu(), "cpu"));
-		jc.name = "fx";
-		jc.model_config = fxs_config;
-		jc.token = "tok";
-		jc.coordinator = fix_node_address(r.fx, 0);
-		if (job_create(r.eng[i], &jc, &jr, err, sizeof(err)))
-			fail_msg("job_create on node%u: %s", i, err);
-		assert_int_equal(jr.coordinator, i == 0);
-	}
+	for (unsigned i = 0; i < nodes; i++)
+		r.eng[i] = fxs_engine(r.fx, i);
 	if (relay)
 		job_set_relay(r.eng[0], 1, 1, 0);
 	side_register(&src, SRC_CONN, "megatron:tp=1", DTE_LAYOUT_SOURCE);
